@@ -1,0 +1,9 @@
+// The kiln umbrella header: include this one.
+#pragma once
+
+#include "kiln/device.h"
+#include "kiln/dtype.h"
+#include "kiln/error.h"
+#include "kiln/ops.h"
+#include "kiln/scalar.h"
+#include "kiln/tensor.h"

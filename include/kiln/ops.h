@@ -1,0 +1,193 @@
+// Every kiln op as a free function: factories, elementwise, reductions, indexing and NN ops.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/tensor.h"
+
+namespace kiln {
+
+// ---------------------------------------------------------------- factories
+Tensor empty(const Shape& shape, TensorOptions options = {});
+Tensor zeros(const Shape& shape, TensorOptions options = {});
+Tensor ones(const Shape& shape, TensorOptions options = {});
+// The dtype defaults to the value's kind (bool, int64 or float32), as torch.full.
+Tensor full(const Shape& shape, const Scalar& value, TensorOptions options = {});
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor empty_like(const Tensor& t);
+Tensor full_like(const Tensor& t, const Scalar& value);
+// A 0-dim tensor holding `value`.
+Tensor scalar_tensor(const Scalar& value, TensorOptions options = {});
+// int64 when start, end and step are all integral, else float32.
+Tensor arange(const Scalar& end, TensorOptions options = {});
+Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step = 1,
+              TensorOptions options = {});
+Tensor linspace(double start, double end, int64_t steps, TensorOptions options = {});
+Tensor eye(int64_t n, TensorOptions options = {});
+Tensor eye(int64_t n, int64_t m, TensorOptions options = {});
+
+// Random factories draw from one process-wide generator; manual_seed makes them reproducible.
+void manual_seed(uint64_t seed);
+Tensor rand(const Shape& shape, TensorOptions options = {});   // uniform [0, 1)
+Tensor randn(const Shape& shape, TensorOptions options = {});  // standard normal
+// Uniform integers in [low, high); int64 unless options say otherwise.
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options = {});
+Tensor randint(int64_t high, const Shape& shape, TensorOptions options = {});
+
+namespace detail {
+Tensor from_buffer(const void* data, int64_t count, DType dtype, const Shape& shape);
+}
+// Copies `data` into a new tensor of the given shape (1-D when no shape is given).
+template <typename T>
+Tensor from_vector(const std::vector<T>& data, std::optional<Shape> shape = std::nullopt) {
+  return detail::from_buffer(data.data(), static_cast<int64_t>(data.size()), dtype_of<T>,
+                             shape.value_or(Shape{static_cast<int64_t>(data.size())}));
+}
+Tensor from_vector(const std::vector<bool>& data, std::optional<Shape> shape = std::nullopt);
+// Wraps user memory without copying. The memory must outlive the tensor and its views unless a
+// deleter is given, which kiln calls when the last of them goes away.
+Tensor from_blob(void* data, const Shape& shape, TensorOptions options = {},
+                 std::function<void(void*)> deleter = nullptr);
+Tensor from_blob(void* data, const Shape& shape, const Shape& strides, TensorOptions options = {},
+                 std::function<void(void*)> deleter = nullptr);
+
+// ---------------------------------------------------------------- elementwise, unary
+Tensor neg(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor sign(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor log1p(const Tensor& x);
+Tensor expm1(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor reciprocal(const Tensor& x);
+Tensor sin(const Tensor& x);
+Tensor cos(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+// approximate: "none" (the erf form) or "tanh".
+Tensor gelu(const Tensor& x, const std::string& approximate = "none");
+Tensor silu(const Tensor& x);
+Tensor softplus(const Tensor& x, double beta = 1.0, double threshold = 20.0);
+Tensor erf(const Tensor& x);
+Tensor floor(const Tensor& x);
+Tensor ceil(const Tensor& x);
+Tensor round(const Tensor& x);  // half to even, as torch
+Tensor logical_not(const Tensor& x);
+Tensor isnan(const Tensor& x);
+Tensor isfinite(const Tensor& x);
+
+// ---------------------------------------------------------------- elementwise, binary (broadcasting)
+Tensor add(const Tensor& a, const Tensor& b, const Scalar& alpha = 1);
+Tensor add(const Tensor& a, const Scalar& b);
+Tensor sub(const Tensor& a, const Tensor& b, const Scalar& alpha = 1);
+Tensor sub(const Tensor& a, const Scalar& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Scalar& b);
+// True division: integer inputs give float32.
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Scalar& b);
+Tensor pow(const Tensor& base, const Tensor& exponent);
+Tensor pow(const Tensor& base, const Scalar& exponent);
+Tensor pow(const Scalar& base, const Tensor& exponent);
+// Python's modulo: the result has the sign of the divisor.
+Tensor remainder(const Tensor& a, const Tensor& b);
+Tensor remainder(const Tensor& a, const Scalar& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, const Scalar& b);
+Tensor ne(const Tensor& a, const Scalar& b);
+Tensor lt(const Tensor& a, const Scalar& b);
+Tensor le(const Tensor& a, const Scalar& b);
+Tensor gt(const Tensor& a, const Scalar& b);
+Tensor ge(const Tensor& a, const Scalar& b);
+Tensor logical_and(const Tensor& a, const Tensor& b);
+Tensor logical_or(const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& condition, const Tensor& a, const Scalar& b);
+Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt);
+
+// ---------------------------------------------------------------- reductions
+// An empty `dims` reduces over every dimension. Negative dims count from the end.
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false,
+           std::optional<DType> dtype = std::nullopt);
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor prod(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor max(const Tensor& x);
+std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor min(const Tensor& x);
+std::tuple<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor amax(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor amin(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// Without a dim: the index into the flattened tensor.
+Tensor argmax(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
+Tensor argmin(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
+Tensor var(const Tensor& x, const std::vector<int64_t>& dims = {}, int64_t correction = 1,
+           bool keepdim = false);
+Tensor std(const Tensor& x, const std::vector<int64_t>& dims = {}, int64_t correction = 1,
+           bool keepdim = false);
+Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+Tensor all(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor any(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+
+// ---------------------------------------------------------------- linear algebra (oneDNN GEMM)
+Tensor mm(const Tensor& a, const Tensor& b);
+Tensor bmm(const Tensor& a, const Tensor& b);
+// torch.matmul: 1-D/2-D products and batched products with broadcast batch dims.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// x @ weight^T + bias; bias may be undefined.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+// beta * self + alpha * (m1 @ m2)
+Tensor addmm(const Tensor& self, const Tensor& m1, const Tensor& m2, const Scalar& beta = 1,
+             const Scalar& alpha = 1);
+
+// ---------------------------------------------------------------- indexing and joining
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+
+// ---------------------------------------------------------------- neural-network ops
+enum class Reduction { None, Mean, Sum };
+
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+// Normalizes over the trailing dims given by normalized_shape; weight and bias may be undefined.
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
+                  const Tensor& bias = {}, double eps = 1e-5);
+// logits [N, C] (or [C]) and int64 class indices [N] (or []).
+Tensor cross_entropy(const Tensor& logits, const Tensor& target,
+                     Reduction reduction = Reduction::Mean);
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target,
+                Reduction reduction = Reduction::Mean);
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
+// Zeroes each element with probability p and scales the rest by 1/(1-p); identity when !train.
+Tensor dropout(const Tensor& x, double p, bool train = true);
+
+// ---------------------------------------------------------------- comparison helpers
+// Same shape and every |a - b| <= atol + rtol * |b| (NaNs equal when equal_nan).
+bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8,
+              bool equal_nan = false);
+// Same shape, dtype and values.
+bool equal(const Tensor& a, const Tensor& b);
+
+// ---------------------------------------------------------------- threads
+// One thread pool (OpenMP's, shared with oneDNN) for the whole library.
+void set_num_threads(int n);
+int get_num_threads();
+
+}  // namespace kiln

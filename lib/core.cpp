@@ -1,0 +1,227 @@
+// DType, Device, Scalar and Error basics, and the TensorImpl helpers every op uses.
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "lib/tensor_impl.h"
+
+namespace kiln {
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::Bool: return "bool";
+    case DType::Int32: return "int32";
+    case DType::Int64: return "int64";
+    case DType::Float32: return "float32";
+    case DType::Float64: return "float64";
+  }
+  return "unknown";
+}
+
+size_t element_size(DType t) {
+  switch (t) {
+    case DType::Bool: return 1;
+    case DType::Int32: return 4;
+    case DType::Int64: return 8;
+    case DType::Float32: return 4;
+    case DType::Float64: return 8;
+  }
+  return 0;
+}
+
+DType promote_types(DType a, DType b) {
+  // The enum is ordered so that the larger of two types holds both (bool < int32 < int64 < f32 < f64).
+  return static_cast<int>(a) >= static_cast<int>(b) ? a : b;
+}
+
+bool can_cast(DType from, DType to) {
+  if (is_floating_point(from) && !is_floating_point(to)) return false;
+  if (from != kBool && to == kBool) return false;
+  return true;
+}
+
+std::ostream& operator<<(std::ostream& os, DType t) { return os << dtype_name(t); }
+
+std::string Device::str() const {
+  return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
+}
+std::ostream& operator<<(std::ostream& os, const Device& d) { return os << d.str(); }
+
+std::ostream& operator<<(std::ostream& os, const Scalar& s) {
+  if (s.is_bool()) return os << (s.to_int() ? "true" : "false");
+  if (s.is_integral()) return os << s.to_int();
+  return os << s.to_double();
+}
+
+namespace detail {
+
+void throw_error(const char* file, int line, const std::string& msg) {
+  (void)file;
+  (void)line;
+  throw Error(msg);
+}
+
+int64_t TensorImpl::numel() const { return shape_numel(sizes); }
+
+int64_t shape_numel(const Shape& sizes) {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& sizes) {
+  Shape strides(sizes.size());
+  int64_t s = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= std::max<int64_t>(sizes[i], 1);
+  }
+  return strides;
+}
+
+bool is_contiguous_layout(const Shape& sizes, const Shape& strides) {
+  int64_t expected = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    if (sizes[i] == 0) return true;
+    if (sizes[i] != 1 && strides[i] != expected) return false;
+    expected *= sizes[i];
+  }
+  return true;
+}
+
+Tensor make_empty(const Shape& shape, DType dtype) {
+  for (int64_t s : shape) KILN_CHECK(s >= 0, "empty: negative dimension in shape ", shape_str(shape));
+  auto storage = std::make_shared<Storage>();
+  size_t nbytes = static_cast<size_t>(shape_numel(shape)) * element_size(dtype);
+  size_t alloc = (nbytes + 63) / 64 * 64;
+  if (alloc == 0) alloc = 64;
+  storage->data = std::aligned_alloc(64, alloc);
+  KILN_CHECK(storage->data != nullptr, "empty: out of memory allocating ", nbytes, " bytes for ",
+             dtype_name(dtype), shape_str(shape));
+  storage->nbytes = nbytes;
+  storage->deleter = [](void* p) { std::free(p); };
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::move(storage);
+  impl->sizes = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor make_view(const Tensor& base, Shape sizes, Shape strides, int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = base.impl()->storage;
+  impl->offset = offset;
+  impl->sizes = std::move(sizes);
+  impl->strides = std::move(strides);
+  impl->dtype = base.dtype();
+  return Tensor(std::move(impl));
+}
+
+Tensor wrap_scalar(const Scalar& s) {
+  Tensor t = make_empty({}, s.kind());
+  switch (s.kind()) {
+    case DType::Bool: *t.data_ptr<bool>() = s.to<bool>(); break;
+    case DType::Int64: *t.data_ptr<int64_t>() = s.to_int(); break;
+    default: *t.data_ptr<double>() = s.to_double(); break;
+  }
+  t.impl()->wrapped_number = true;
+  return t;
+}
+
+int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
+  int64_t n = std::max<int64_t>(ndim, 1);  // a 0-dim tensor accepts dim 0 and -1, as in torch
+  KILN_CHECK(dim >= -n && dim < n, op, ": dimension out of range (expected to be in range of [", -n,
+             ", ", n - 1, "], but got ", dim, ")");
+  return dim < 0 ? dim + n : dim;
+}
+
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+  size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    KILN_CHECK(da == db || da == 1 || db == 1, op, ": shapes ", shape_str(a), " and ", shape_str(b),
+               " cannot be broadcast together (size ", da, " vs ", db, " at dimension ", i, ")");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+Shape broadcast_strides(const Tensor& t, const Shape& shape) {
+  const Shape& sz = t.sizes();
+  const Shape& st = t.strides();
+  Shape out(shape.size(), 0);
+  size_t off = shape.size() - sz.size();
+  for (size_t i = 0; i < sz.size(); ++i) out[off + i] = sz[i] == 1 ? 0 : st[i];
+  return out;
+}
+
+bool may_overlap(const Tensor& a, const Tensor& b) {
+  if (a.impl()->storage != b.impl()->storage) return false;
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  if (a.sizes() == b.sizes() && a.strides() == b.strides() && a.storage_offset() == b.storage_offset())
+    return false;  // the same view: element i is read before it is written
+  return true;
+}
+
+void bump_version(const Tensor& t) { t.impl()->storage->version.fetch_add(1); }
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << ']';
+  return os.str();
+}
+
+std::string describe(const Tensor& t) {
+  if (!t.defined()) return "undefined";
+  std::string s = std::string(dtype_name(t.dtype())) + shape_str(t.sizes());
+  if (!t.device().is_cpu()) s += " on " + t.device().str();
+  return s;
+}
+
+namespace {
+std::optional<DType> promote_opt(std::optional<DType> a, std::optional<DType> b) {
+  if (!a) return b;
+  if (!b) return a;
+  return promote_types(*a, *b);
+}
+std::optional<DType> combine_categories(std::optional<DType> higher, std::optional<DType> lower) {
+  if (!higher) return lower;
+  if (is_floating_point(*higher)) return higher;
+  if (*higher == kBool || (lower && is_floating_point(*lower))) return promote_opt(higher, lower);
+  return higher;
+}
+}  // namespace
+
+DType result_type(const std::vector<Tensor>& operands) {
+  std::optional<DType> dim_result, zero_result, wrapped_result;
+  for (const Tensor& t : operands) {
+    if (!t.defined()) continue;
+    DType d = t.dtype();
+    if (t.impl()->wrapped_number) {
+      wrapped_result = promote_opt(wrapped_result, is_floating_point(d) ? kFloat32 : d);
+    } else if (t.dim() == 0) {
+      zero_result = promote_opt(zero_result, d);
+    } else {
+      dim_result = promote_opt(dim_result, d);
+    }
+  }
+  auto r = combine_categories(dim_result, combine_categories(zero_result, wrapped_result));
+  KILN_CHECK(r.has_value(), "result_type: no operands");
+  return *r;
+}
+
+void check_defined(const Tensor& t, const char* op, const char* arg) {
+  KILN_CHECK(t.defined(), op, ": argument '", arg, "' is an undefined tensor");
+}
+
+void check_cpu(const Tensor& t, const char* op) {
+  KILN_CHECK(t.device().is_cpu(), op, ": expected a CPU tensor, got ", describe(t));
+}
+
+}  // namespace detail
+}  // namespace kiln

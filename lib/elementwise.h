@@ -1,0 +1,98 @@
+// Elementwise op drivers: dtype rule, broadcasting, conversion and in-place handling around map_kernel.
+#pragma once
+
+#include <type_traits>
+
+#include "lib/dispatch.h"
+#include "lib/loops.h"
+#include "lib/op_table.h"
+#include "lib/tensor_impl.h"
+
+namespace kiln::detail {
+
+inline void check_elementwise_input(const OpDef& def, const Tensor& t, const char* arg) {
+  check_defined(t, def.name.c_str(), arg);
+  check_cpu(t, def.name.c_str());
+  KILN_CHECK(def.supports_bool || t.dtype() != kBool, def.name, ": not supported for bool tensors (",
+             arg, " is ", describe(t), ")");
+}
+
+// Runs f over the compute type chosen by the rule, instantiating only the types the rule allows.
+template <DTypeRule Rule, typename F>
+void dispatch_for_rule(DType compute, const OpDef& def, F&& f) {
+  if constexpr (Rule == DTypeRule::Float) dispatch_floating(compute, def.name.c_str(), f);
+  else if constexpr (Rule == DTypeRule::Logical) f(TypeTag<bool>{});
+  else dispatch_all(compute, f);
+}
+
+inline DType compute_type(DTypeRule rule, DType promoted) {
+  if (rule == DTypeRule::Float) return to_floating(promoted);
+  if (rule == DTypeRule::Logical) return kBool;
+  return promoted;
+}
+
+constexpr bool produces_bool(DTypeRule rule) {
+  return rule == DTypeRule::Predicate || rule == DTypeRule::Logical;
+}
+
+// Writes `result` into `self` for an in-place op after checking torch's casting rule.
+inline void finish_inplace(const OpDef& def, Tensor& self, const Tensor& result) {
+  KILN_CHECK(can_cast(result.dtype(), self.dtype()), def.name, "_: result type ", result.dtype(),
+             " can't be cast to the desired output type ", self.dtype(), " of ", describe(self));
+  KILN_CHECK(result.sizes() == self.sizes(), def.name, "_: output with shape ",
+             shape_str(self.sizes()), " doesn't match the broadcast shape ",
+             shape_str(result.sizes()));
+  self.copy_(result);
+}
+
+// f is a generic lambda over the compute type T. Rule must be def's dtype rule; it is a template
+// argument so that only the compute types the rule allows are instantiated.
+template <DTypeRule Rule, typename F>
+Tensor unary_op(const OpDef& def, const Tensor& x, const F& f) {
+  KILN_CHECK(def.dtype_rule == Rule, def.name, ": dtype rule mismatch");
+  check_elementwise_input(def, x, "input");
+  DType compute = compute_type(def.dtype_rule, x.dtype());
+  Tensor in = x.to(compute);
+  Tensor out = make_empty(x.sizes(), produces_bool(def.dtype_rule) ? kBool : compute);
+  dispatch_for_rule<Rule>(compute, def, [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    if constexpr (produces_bool(Rule)) map_kernel<bool, T>(f, out, in);
+    else map_kernel<T, T>(f, out, in);
+  });
+  return out;
+}
+
+// out = f(a, b) with broadcasting. When `inplace` is given (a is then *inplace), the result is
+// written into it; the inputs are untouched if a check fails.
+template <DTypeRule Rule, typename F>
+Tensor binary_op(const OpDef& def, const Tensor& a, const Tensor& b, const F& f,
+                 Tensor* inplace = nullptr) {
+  KILN_CHECK(def.dtype_rule == Rule, def.name, ": dtype rule mismatch");
+  check_elementwise_input(def, a, inplace ? "self" : "input");
+  check_elementwise_input(def, b, "other");
+  Shape shape = broadcast_shapes(a.sizes(), b.sizes(), def.name.c_str());
+  DType compute = compute_type(def.dtype_rule, result_type({a, b}));
+  DType out_type = produces_bool(def.dtype_rule) ? kBool : compute;
+  Tensor ta = a.to(compute), tb = b.to(compute);
+  Tensor out;
+  bool direct = inplace && out_type == inplace->dtype() && shape == inplace->sizes() &&
+                ta.is_same(*inplace);
+  if (direct) {
+    out = *inplace;
+    if (may_overlap(out, tb)) tb = tb.clone();
+  } else {
+    out = make_empty(shape, out_type);
+  }
+  dispatch_for_rule<Rule>(compute, def, [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    if constexpr (produces_bool(Rule)) map_kernel<bool, T, T>(f, out, ta, tb);
+    else map_kernel<T, T, T>(f, out, ta, tb);
+  });
+  if (inplace) {
+    if (direct) bump_version(out);
+    else finish_inplace(def, *inplace, out);
+  }
+  return out;
+}
+
+}  // namespace kiln::detail

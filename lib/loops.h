@@ -1,0 +1,135 @@
+// The elementwise loop engine: N typed operands read or written at broadcast strides over one shape.
+//
+// Dimensions are first coalesced (two adjacent dims merge when every operand steps through them as
+// one), so a contiguous or simply broadcast operation becomes a single flat loop the compiler
+// vectorizes. The flat index range is split across threads; each chunk walks its rows with an
+// odometer over the outer dims and calls the inner loop once per row segment.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "lib/parallel.h"
+#include "lib/tensor_impl.h"
+
+namespace kiln::detail {
+
+template <size_t N>
+struct LoopGeometry {
+  std::vector<int64_t> sizes;                    // innermost last
+  std::vector<std::array<int64_t, N>> strides;   // bytes, per dim, per operand
+  std::array<char*, N> base{};
+};
+
+// Builds the geometry for operands already viewed at `shape` (strides in elements).
+template <size_t N>
+LoopGeometry<N> make_geometry(const Shape& shape, const std::array<char*, N>& base,
+                              const std::array<Shape, N>& elem_strides,
+                              const std::array<int64_t, N>& elem_sizes) {
+  LoopGeometry<N> g;
+  g.base = base;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    std::array<int64_t, N> s;
+    for (size_t k = 0; k < N; ++k) s[k] = elem_strides[k][d] * elem_sizes[k];
+    if (!g.sizes.empty()) {
+      bool merge = true;
+      for (size_t k = 0; k < N; ++k) merge &= g.strides.back()[k] == s[k] * shape[d];
+      if (merge) {
+        g.sizes.back() *= shape[d];
+        g.strides.back() = s;
+        continue;
+      }
+    }
+    g.sizes.push_back(shape[d]);
+    g.strides.push_back(s);
+  }
+  if (g.sizes.empty()) {  // a single element
+    g.sizes.push_back(1);
+    g.strides.push_back(std::array<int64_t, N>{});
+  }
+  return g;
+}
+
+template <size_t... I>
+constexpr auto index_tuple(std::index_sequence<I...>) {
+  return std::make_tuple(std::integral_constant<size_t, I>{}...);
+}
+
+// Calls row(ptrs, n, inner_strides) over every element of the geometry, in parallel chunks.
+template <size_t N, typename Row>
+void run_geometry(const LoopGeometry<N>& g, int64_t grain, const Row& row) {
+  const int64_t ndim = static_cast<int64_t>(g.sizes.size());
+  const int64_t inner = g.sizes.back();
+  int64_t total = 1;
+  for (int64_t s : g.sizes) total *= s;
+  if (total == 0) return;
+  const std::array<int64_t, N> inner_strides = g.strides.back();
+  parallel_for(total, grain, [&](int64_t begin, int64_t end) {
+    // Decompose `begin` into the outer multi-index and the inner offset.
+    std::vector<int64_t> idx(ndim, 0);
+    int64_t rem = begin / inner;
+    int64_t i = begin % inner;
+    for (int64_t d = ndim - 2; d >= 0; --d) {
+      idx[d] = rem % g.sizes[d];
+      rem /= g.sizes[d];
+    }
+    std::array<char*, N> p;
+    for (size_t k = 0; k < N; ++k) {
+      p[k] = g.base[k];
+      for (int64_t d = 0; d < ndim - 1; ++d) p[k] += idx[d] * g.strides[d][k];
+    }
+    int64_t pos = begin;
+    while (pos < end) {
+      int64_t len = std::min(inner - i, end - pos);
+      std::array<char*, N> q;
+      for (size_t k = 0; k < N; ++k) q[k] = p[k] + i * inner_strides[k];
+      row(q, len, inner_strides);
+      pos += len;
+      i = 0;
+      for (int64_t d = ndim - 2; d >= 0; --d) {  // odometer step over the outer dims
+        for (size_t k = 0; k < N; ++k) p[k] += g.strides[d][k];
+        if (++idx[d] < g.sizes[d]) break;
+        for (size_t k = 0; k < N; ++k) p[k] -= g.strides[d][k] * g.sizes[d];
+        idx[d] = 0;
+      }
+    }
+  });
+}
+
+// out[i] = f(in_0[i], ..., in_k[i]) over out's shape. `out` must be a CPU tensor of type Out;
+// each input must be of type Ins... and broadcastable to out's shape. `out` may be one of the
+// inputs (same view), but must not otherwise overlap them.
+template <typename Out, typename... Ins, typename F, typename... Ts>
+void map_kernel(const F& f, const Tensor& out, const Ts&... ins) {
+  static_assert(sizeof...(Ins) == sizeof...(Ts), "one type per input");
+  constexpr size_t N = 1 + sizeof...(Ins);
+  const Shape& shape = out.sizes();
+  std::array<char*, N> base{out.impl()->data(), ins.impl()->data()...};
+  std::array<Shape, N> strides{out.strides(), broadcast_strides(ins, shape)...};
+  std::array<int64_t, N> esz{sizeof(Out), sizeof(Ins)...};
+  auto g = make_geometry<N>(shape, base, strides, esz);
+  run_geometry<N>(g, kParallelGrain, [&](const std::array<char*, N>& p, int64_t n,
+                                         const std::array<int64_t, N>& s) {
+    bool contiguous = true;
+    for (size_t k = 0; k < N; ++k) contiguous &= s[k] == esz[k];
+    auto body = [&](auto... I) {
+      Out* __restrict o = reinterpret_cast<Out*>(p[0]);
+      if (contiguous) {
+        std::tuple<const Ins* __restrict...> in{reinterpret_cast<const Ins*>(p[1 + I])...};
+        for (int64_t j = 0; j < n; ++j) o[j] = static_cast<Out>(f(std::get<decltype(I)::value>(in)[j]...));
+      } else {
+        for (int64_t j = 0; j < n; ++j)
+          *reinterpret_cast<Out*>(p[0] + j * s[0]) =
+              static_cast<Out>(f(*reinterpret_cast<const Ins*>(p[1 + I] + j * s[1 + I])...));
+      }
+    };
+    std::apply(body, index_tuple(std::index_sequence_for<Ins...>{}));
+  });
+}
+
+
+}  // namespace kiln::detail

@@ -1,0 +1,242 @@
+// Factory ops: tensors made from shapes, ranges, random draws and user memory.
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <random>
+
+#include "kiln/ops.h"
+#include "lib/dispatch.h"
+#include "lib/op_table.h"
+#include "lib/tensor_impl.h"
+
+namespace kiln {
+
+using detail::make_empty;
+
+namespace {
+const detail::OpDef& def_factory(const char* name) {
+  return detail::register_op({name, detail::OpKind::Factory, 0, detail::DTypeRule::Custom});
+}
+const detail::OpDef& empty_def = def_factory("empty");
+const detail::OpDef& full_def = def_factory("full");
+const detail::OpDef& arange_def = def_factory("arange");
+const detail::OpDef& linspace_def = def_factory("linspace");
+const detail::OpDef& eye_def = def_factory("eye");
+const detail::OpDef& rand_def = def_factory("rand");
+const detail::OpDef& randn_def = def_factory("randn");
+const detail::OpDef& randint_def = def_factory("randint");
+
+void check_factory(const char* op, const Shape& shape, const TensorOptions& o) {
+  KILN_CHECK(o.device_.is_cpu(), op, ": device ", o.device_, " is not available in this build");
+  for (int64_t s : shape)
+    KILN_CHECK(s >= 0, op, ": negative dimension ", s, " in shape ", detail::shape_str(shape));
+}
+
+// The process-wide generator: a 64-bit Mersenne Twister; draws are serial so results do not
+// depend on the thread count.
+struct Generator {
+  std::mutex mu;
+  std::mt19937_64 engine{0x6b696c6eULL};
+};
+Generator& generator() {
+  static Generator g;
+  return g;
+}
+// Uniform in [0, 1) with 53 (double) random bits.
+double next_uniform(std::mt19937_64& e) { return static_cast<double>(e() >> 11) * 0x1.0p-53; }
+}  // namespace
+
+Tensor empty(const Shape& shape, TensorOptions options) {
+  (void)empty_def;
+  check_factory("empty", shape, options);
+  return make_empty(shape, options.dtype_or(kFloat32));
+}
+Tensor zeros(const Shape& shape, TensorOptions options) { return full(shape, 0, options.dtype(options.dtype_or(kFloat32))); }
+Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1, options.dtype(options.dtype_or(kFloat32))); }
+Tensor full(const Shape& shape, const Scalar& value, TensorOptions options) {
+  (void)full_def;
+  check_factory("full", shape, options);
+  DType dt = options.dtype_or(value.is_floating_point() ? kFloat32 : value.kind());
+  Tensor t = make_empty(shape, dt);
+  t.fill_(value);
+  return t;
+}
+Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), t.dtype()); }
+Tensor ones_like(const Tensor& t) { return ones(t.sizes(), t.dtype()); }
+Tensor empty_like(const Tensor& t) { return empty(t.sizes(), t.dtype()); }
+Tensor full_like(const Tensor& t, const Scalar& value) { return full(t.sizes(), value, t.dtype()); }
+Tensor scalar_tensor(const Scalar& value, TensorOptions options) {
+  return full({}, value, options.dtype(options.dtype_or(value.is_floating_point() ? kFloat32 : value.kind())));
+}
+
+Tensor arange(const Scalar& end, TensorOptions options) { return arange(0, end, 1, options); }
+Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, TensorOptions options) {
+  (void)arange_def;
+  check_factory("arange", {}, options);
+  bool all_int = !start.is_floating_point() && !end.is_floating_point() && !step.is_floating_point();
+  DType dt = options.dtype_or(all_int ? kInt64 : kFloat32);
+  double s = start.to_double(), e = end.to_double(), st = step.to_double();
+  KILN_CHECK(st != 0, "arange: step must be nonzero");
+  KILN_CHECK(std::isfinite(s) && std::isfinite(e), "arange: unsupported range ", start, " -> ", end);
+  KILN_CHECK((st > 0 && e >= s) || (st < 0 && e <= s), "arange: upper bound (", end,
+             ") and lower bound (", start, ") inconsistent with step sign (", step, ")");
+  int64_t n = all_int ? (end.to_int() - start.to_int() + step.to_int() - (st > 0 ? 1 : -1)) / step.to_int()
+                      : static_cast<int64_t>(std::ceil((e - s) / st));
+  Tensor t = make_empty({n}, dt);
+  detail::dispatch_all(dt, [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    T* p = t.data_ptr<T>();
+    for (int64_t i = 0; i < n; ++i) {
+      if (all_int) p[i] = static_cast<T>(start.to_int() + i * step.to_int());
+      else p[i] = static_cast<T>(s + static_cast<double>(i) * st);
+    }
+  });
+  return t;
+}
+
+Tensor linspace(double start, double end, int64_t steps, TensorOptions options) {
+  (void)linspace_def;
+  check_factory("linspace", {}, options);
+  KILN_CHECK(steps >= 0, "linspace: number of steps must be non-negative, got ", steps);
+  DType dt = options.dtype_or(kFloat32);
+  Tensor t = make_empty({steps}, dt);
+  double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0.0;
+  detail::dispatch_all(dt, [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    T* p = t.data_ptr<T>();
+    // Fill symmetrically from both ends, as torch does, so the last value is exactly `end`.
+    int64_t half = steps / 2;
+    for (int64_t i = 0; i < steps; ++i)
+      p[i] = static_cast<T>(i < half ? start + step * i : end - step * (steps - 1 - i));
+  });
+  return t;
+}
+
+Tensor eye(int64_t n, TensorOptions options) { return eye(n, n, options); }
+Tensor eye(int64_t n, int64_t m, TensorOptions options) {
+  (void)eye_def;
+  check_factory("eye", {n, m}, options);
+  Tensor t = zeros({n, m}, options);
+  for (int64_t i = 0; i < std::min(n, m); ++i) t.select(0, i).select(0, i).fill_(1);
+  return t;
+}
+
+void manual_seed(uint64_t seed) {
+  auto& g = generator();
+  std::lock_guard<std::mutex> lock(g.mu);
+  g.engine.seed(seed);
+}
+
+Tensor rand(const Shape& shape, TensorOptions options) {
+  (void)rand_def;
+  check_factory("rand", shape, options);
+  DType dt = options.dtype_or(kFloat32);
+  Tensor t = make_empty(shape, dt);
+  auto& g = generator();
+  std::lock_guard<std::mutex> lock(g.mu);
+  detail::dispatch_floating(dt, "rand", [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    T* p = t.data_ptr<T>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      T v = static_cast<T>(next_uniform(g.engine));
+      p[i] = v < T(1) ? v : std::nextafter(T(1), T(0));  // rounding to float must not reach 1
+    }
+  });
+  return t;
+}
+
+Tensor randn(const Shape& shape, TensorOptions options) {
+  (void)randn_def;
+  check_factory("randn", shape, options);
+  DType dt = options.dtype_or(kFloat32);
+  Tensor t = make_empty(shape, dt);
+  auto& g = generator();
+  std::lock_guard<std::mutex> lock(g.mu);
+  detail::dispatch_floating(dt, "randn", [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    T* p = t.data_ptr<T>();
+    const int64_t n = t.numel();
+    for (int64_t i = 0; i < n; i += 2) {  // Box-Muller: two normals per pair of uniforms
+      double u1 = 1.0 - next_uniform(g.engine);  // (0, 1]
+      double u2 = next_uniform(g.engine);
+      double r = std::sqrt(-2.0 * std::log(u1));
+      p[i] = static_cast<T>(r * std::cos(2.0 * M_PI * u2));
+      if (i + 1 < n) p[i + 1] = static_cast<T>(r * std::sin(2.0 * M_PI * u2));
+    }
+  });
+  return t;
+}
+
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options) {
+  (void)randint_def;
+  check_factory("randint", shape, options);
+  KILN_CHECK(low < high, "randint: expected low < high, got low=", low, " high=", high);
+  DType dt = options.dtype_or(kInt64);
+  Tensor t = make_empty(shape, kInt64);
+  auto& g = generator();
+  {
+    std::lock_guard<std::mutex> lock(g.mu);
+    uint64_t range = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
+    int64_t* p = t.data_ptr<int64_t>();
+    // Rejection sampling keeps every value equally likely.
+    uint64_t limit = std::numeric_limits<uint64_t>::max() - std::numeric_limits<uint64_t>::max() % range;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      uint64_t r;
+      do r = g.engine();
+      while (r >= limit);
+      p[i] = low + static_cast<int64_t>(r % range);
+    }
+  }
+  return t.to(dt);
+}
+Tensor randint(int64_t high, const Shape& shape, TensorOptions options) {
+  return randint(0, high, shape, options);
+}
+
+namespace detail {
+Tensor from_buffer(const void* data, int64_t count, DType dtype, const Shape& shape) {
+  KILN_CHECK(count == 0 || data != nullptr, "from_vector: null data pointer");
+  Tensor t = make_empty(shape, dtype);
+  KILN_CHECK(t.numel() == count, "from_vector: ", count, " values do not fill shape ",
+             shape_str(shape), " (", t.numel(), " elements)");
+  if (count) std::memcpy(t.raw_data_ptr(), data, static_cast<size_t>(count) * element_size(dtype));
+  return t;
+}
+}  // namespace detail
+
+Tensor from_vector(const std::vector<bool>& data, std::optional<Shape> shape) {
+  std::vector<uint8_t> bytes(data.begin(), data.end());
+  return detail::from_buffer(bytes.data(), static_cast<int64_t>(bytes.size()), kBool,
+                             shape.value_or(Shape{static_cast<int64_t>(data.size())}));
+}
+
+Tensor from_blob(void* data, const Shape& shape, TensorOptions options,
+                 std::function<void(void*)> deleter) {
+  return from_blob(data, shape, detail::contiguous_strides(shape), options, std::move(deleter));
+}
+
+Tensor from_blob(void* data, const Shape& shape, const Shape& strides, TensorOptions options,
+                 std::function<void(void*)> deleter) {
+  KILN_CHECK(data != nullptr, "from_blob: data pointer is null (shape ", detail::shape_str(shape), ")");
+  KILN_CHECK(shape.size() == strides.size(), "from_blob: shape ", detail::shape_str(shape),
+             " and strides ", detail::shape_str(strides), " differ in length");
+  check_factory("from_blob", shape, options);
+  int64_t extent = 0;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    KILN_CHECK(strides[i] >= 0, "from_blob: negative stride in ", detail::shape_str(strides));
+    if (shape[i] > 0) extent += (shape[i] - 1) * strides[i];
+  }
+  DType dt = options.dtype_or(kFloat32);
+  auto storage = std::make_shared<detail::Storage>();
+  storage->data = data;
+  storage->nbytes = static_cast<size_t>(extent + 1) * element_size(dt);
+  storage->deleter = std::move(deleter);
+  auto impl = std::make_shared<detail::TensorImpl>();
+  impl->storage = std::move(storage);
+  impl->sizes = shape;
+  impl->strides = strides;
+  impl->dtype = dt;
+  return Tensor(std::move(impl));
+}
+
+}  // namespace kiln

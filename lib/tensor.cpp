@@ -1,0 +1,250 @@
+// Tensor's metadata, data access, conversions and copies; its op methods forward to kiln/ops.h.
+#include <cmath>
+
+#include "kiln/ops.h"
+#include "lib/dispatch.h"
+#include "lib/loops.h"
+#include "lib/tensor_impl.h"
+
+namespace kiln {
+
+using detail::describe;
+
+namespace {
+const detail::TensorImpl& impl_of(const Tensor& t, const char* what) {
+  KILN_CHECK(t.defined(), what, ": called on an undefined tensor");
+  return *t.impl();
+}
+}  // namespace
+
+const Shape& Tensor::sizes() const { return impl_of(*this, "sizes").sizes; }
+const Shape& Tensor::strides() const { return impl_of(*this, "strides").strides; }
+int64_t Tensor::size(int64_t d) const { return sizes()[detail::wrap_dim(d, dim(), "size")]; }
+int64_t Tensor::stride(int64_t d) const { return strides()[detail::wrap_dim(d, dim(), "stride")]; }
+int64_t Tensor::dim() const { return static_cast<int64_t>(sizes().size()); }
+int64_t Tensor::numel() const { return impl_of(*this, "numel").numel(); }
+DType Tensor::dtype() const { return impl_of(*this, "dtype").dtype; }
+Device Tensor::device() const { return impl_of(*this, "device").device(); }
+int64_t Tensor::storage_offset() const { return impl_of(*this, "storage_offset").offset; }
+bool Tensor::is_contiguous() const {
+  return detail::is_contiguous_layout(sizes(), impl_of(*this, "is_contiguous").strides);
+}
+void* Tensor::raw_data_ptr() const { return impl_of(*this, "data_ptr").data(); }
+
+template <typename T>
+T* Tensor::data_ptr() {
+  KILN_CHECK(dtype() == dtype_of<T>, "data_ptr: requested ", dtype_of<T>, " data from a tensor of ",
+             describe(*this));
+  return reinterpret_cast<T*>(impl_->data());
+}
+template <typename T>
+const T* Tensor::data_ptr() const {
+  return const_cast<Tensor*>(this)->data_ptr<T>();
+}
+
+Scalar Tensor::item() const {
+  KILN_CHECK(numel() == 1, "item: a tensor with ", numel(), " elements cannot be converted to a ",
+             "scalar (", describe(*this), ")");
+  return detail::dispatch_all(dtype(), [&](auto tag) -> Scalar {
+    using T = KILN_TYPE(tag);
+    return Scalar(*reinterpret_cast<const T*>(impl_->data()));
+  });
+}
+template <typename T>
+T Tensor::item() const {
+  return item().to<T>();
+}
+
+template <typename T>
+std::vector<T> Tensor::to_vector() const {
+  Tensor c = to(dtype_of<T>).contiguous();
+  const T* p = c.data_ptr<T>();
+  return std::vector<T>(p, p + c.numel());
+}
+template <>
+std::vector<bool> Tensor::to_vector<bool>() const {
+  Tensor c = to(kBool).contiguous();
+  const bool* p = c.data_ptr<bool>();
+  return std::vector<bool>(p, p + c.numel());
+}
+
+#define KILN_INSTANTIATE_ACCESSORS(T)          \
+  template T* Tensor::data_ptr<T>();           \
+  template const T* Tensor::data_ptr<T>() const; \
+  template T Tensor::item<T>() const;
+KILN_INSTANTIATE_ACCESSORS(bool)
+KILN_INSTANTIATE_ACCESSORS(int32_t)
+KILN_INSTANTIATE_ACCESSORS(int64_t)
+KILN_INSTANTIATE_ACCESSORS(float)
+KILN_INSTANTIATE_ACCESSORS(double)
+template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
+
+namespace detail {
+// dst[i] = src[i] converted, src broadcast to dst's shape. The caller handles overlap.
+void copy_kernel(const Tensor& dst, const Tensor& src) {
+  dispatch_all(dst.dtype(), [&](auto dtag) {
+    using D = KILN_TYPE(dtag);
+    dispatch_all(src.dtype(), [&](auto stag) {
+      using S = KILN_TYPE(stag);
+      if constexpr (std::is_same_v<D, bool>) {
+        map_kernel<D, S>([](S v) { return v != S(0); }, dst, src);
+      } else if constexpr (std::is_floating_point_v<S> && std::is_integral_v<D>) {
+        // NaN and out-of-range values are undefined behaviour in C++; pin them like x86 does.
+        map_kernel<D, S>(
+            [](S v) {
+              if (!(v >= S(std::numeric_limits<D>::min()) && v < -S(std::numeric_limits<D>::min())))
+                return std::numeric_limits<D>::min();
+              return static_cast<D>(v);
+            },
+            dst, src);
+      } else {
+        map_kernel<D, S>([](S v) { return static_cast<D>(v); }, dst, src);
+      }
+    });
+  });
+}
+}  // namespace detail
+
+Tensor Tensor::to(DType dtype) const {
+  detail::check_defined(*this, "to");
+  if (dtype == this->dtype()) return *this;
+  Tensor out = detail::make_empty(sizes(), dtype);
+  detail::copy_kernel(out, *this);
+  return out;
+}
+
+Tensor Tensor::to(Device device) const {
+  detail::check_defined(*this, "to");
+  if (device == this->device()) return *this;
+  KILN_FAIL("to: device ", device, " is not available in this build (tensor ", describe(*this), ")");
+}
+
+Tensor Tensor::contiguous() const {
+  detail::check_defined(*this, "contiguous");
+  return is_contiguous() ? *this : clone();
+}
+
+Tensor Tensor::clone() const {
+  detail::check_defined(*this, "clone");
+  Tensor out = detail::make_empty(sizes(), dtype());
+  detail::copy_kernel(out, *this);
+  return out;
+}
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  detail::check_defined(*this, "copy_", "self");
+  detail::check_defined(src, "copy_", "src");
+  Shape b = detail::broadcast_shapes(sizes(), src.sizes(), "copy_");
+  KILN_CHECK(b == sizes(), "copy_: source ", describe(src), " cannot be broadcast to destination ",
+             describe(*this));
+  detail::copy_kernel(*this, detail::may_overlap(*this, src) ? src.clone() : src);
+  detail::bump_version(*this);
+  return *this;
+}
+
+Tensor& Tensor::zero_() { return fill_(0); }
+
+Tensor& Tensor::fill_(const Scalar& value) {
+  detail::check_defined(*this, "fill_");
+  detail::copy_kernel(*this, detail::wrap_scalar(value));
+  detail::bump_version(*this);
+  return *this;
+}
+
+// --- method forwards
+Tensor Tensor::add(const Tensor& o, const Scalar& alpha) const { return kiln::add(*this, o, alpha); }
+Tensor Tensor::sub(const Tensor& o, const Scalar& alpha) const { return kiln::sub(*this, o, alpha); }
+Tensor Tensor::mul(const Tensor& o) const { return kiln::mul(*this, o); }
+Tensor Tensor::div(const Tensor& o) const { return kiln::div(*this, o); }
+Tensor Tensor::pow(const Tensor& e) const { return kiln::pow(*this, e); }
+Tensor Tensor::pow(const Scalar& e) const { return kiln::pow(*this, e); }
+Tensor Tensor::neg() const { return kiln::neg(*this); }
+Tensor Tensor::abs() const { return kiln::abs(*this); }
+Tensor Tensor::exp() const { return kiln::exp(*this); }
+Tensor Tensor::log() const { return kiln::log(*this); }
+Tensor Tensor::sqrt() const { return kiln::sqrt(*this); }
+Tensor Tensor::tanh() const { return kiln::tanh(*this); }
+Tensor Tensor::sigmoid() const { return kiln::sigmoid(*this); }
+Tensor Tensor::relu() const { return kiln::relu(*this); }
+Tensor Tensor::clamp(std::optional<Scalar> min, std::optional<Scalar> max) const {
+  return kiln::clamp(*this, min, max);
+}
+Tensor Tensor::eq(const Tensor& o) const { return kiln::eq(*this, o); }
+Tensor Tensor::ne(const Tensor& o) const { return kiln::ne(*this, o); }
+Tensor Tensor::lt(const Tensor& o) const { return kiln::lt(*this, o); }
+Tensor Tensor::le(const Tensor& o) const { return kiln::le(*this, o); }
+Tensor Tensor::gt(const Tensor& o) const { return kiln::gt(*this, o); }
+Tensor Tensor::ge(const Tensor& o) const { return kiln::ge(*this, o); }
+Tensor Tensor::sum(std::optional<DType> dtype) const { return kiln::sum(*this, {}, false, dtype); }
+Tensor Tensor::sum(const std::vector<int64_t>& dims, bool keepdim, std::optional<DType> dtype) const {
+  return kiln::sum(*this, dims, keepdim, dtype);
+}
+Tensor Tensor::mean() const { return kiln::mean(*this); }
+Tensor Tensor::mean(const std::vector<int64_t>& dims, bool keepdim) const {
+  return kiln::mean(*this, dims, keepdim);
+}
+Tensor Tensor::prod() const { return kiln::prod(*this); }
+Tensor Tensor::prod(int64_t dim, bool keepdim) const { return kiln::prod(*this, {dim}, keepdim); }
+Tensor Tensor::max() const { return kiln::max(*this); }
+std::tuple<Tensor, Tensor> Tensor::max(int64_t dim, bool keepdim) const {
+  return kiln::max(*this, dim, keepdim);
+}
+Tensor Tensor::min() const { return kiln::min(*this); }
+std::tuple<Tensor, Tensor> Tensor::min(int64_t dim, bool keepdim) const {
+  return kiln::min(*this, dim, keepdim);
+}
+Tensor Tensor::amax(const std::vector<int64_t>& dims, bool keepdim) const {
+  return kiln::amax(*this, dims, keepdim);
+}
+Tensor Tensor::amin(const std::vector<int64_t>& dims, bool keepdim) const {
+  return kiln::amin(*this, dims, keepdim);
+}
+Tensor Tensor::argmax(std::optional<int64_t> dim, bool keepdim) const {
+  return kiln::argmax(*this, dim, keepdim);
+}
+Tensor Tensor::argmin(std::optional<int64_t> dim, bool keepdim) const {
+  return kiln::argmin(*this, dim, keepdim);
+}
+Tensor Tensor::var(const std::vector<int64_t>& dims, int64_t correction, bool keepdim) const {
+  return kiln::var(*this, dims, correction, keepdim);
+}
+Tensor Tensor::std(const std::vector<int64_t>& dims, int64_t correction, bool keepdim) const {
+  return kiln::std(*this, dims, correction, keepdim);
+}
+Tensor Tensor::logsumexp(const std::vector<int64_t>& dims, bool keepdim) const {
+  return kiln::logsumexp(*this, dims, keepdim);
+}
+Tensor Tensor::all() const { return kiln::all(*this); }
+Tensor Tensor::any() const { return kiln::any(*this); }
+Tensor Tensor::matmul(const Tensor& o) const { return kiln::matmul(*this, o); }
+Tensor Tensor::mm(const Tensor& o) const { return kiln::mm(*this, o); }
+Tensor Tensor::softmax(int64_t dim) const { return kiln::softmax(*this, dim); }
+Tensor Tensor::log_softmax(int64_t dim) const { return kiln::log_softmax(*this, dim); }
+
+// --- operators
+Tensor operator-(const Tensor& a) { return neg(a); }
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+Tensor operator+(const Tensor& a, const Scalar& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Scalar& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Scalar& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Scalar& b) { return div(a, b); }
+Tensor operator+(const Scalar& a, const Tensor& b) { return add(detail::wrap_scalar(a), b); }
+Tensor operator-(const Scalar& a, const Tensor& b) { return sub(detail::wrap_scalar(a), b); }
+Tensor operator*(const Scalar& a, const Tensor& b) { return mul(detail::wrap_scalar(a), b); }
+Tensor operator/(const Scalar& a, const Tensor& b) { return div(detail::wrap_scalar(a), b); }
+Tensor& operator+=(Tensor& a, const Tensor& b) { return a.add_(b); }
+Tensor& operator-=(Tensor& a, const Tensor& b) { return a.sub_(b); }
+Tensor& operator*=(Tensor& a, const Tensor& b) { return a.mul_(b); }
+Tensor& operator/=(Tensor& a, const Tensor& b) { return a.div_(b); }
+Tensor& operator+=(Tensor& a, const Scalar& b) { return a.add_(b); }
+Tensor& operator-=(Tensor& a, const Scalar& b) { return a.sub_(b); }
+Tensor& operator*=(Tensor& a, const Scalar& b) { return a.mul_(b); }
+Tensor& operator/=(Tensor& a, const Scalar& b) { return a.div_(b); }
+
+}  // namespace kiln

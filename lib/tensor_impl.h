@@ -1,0 +1,80 @@
+// TensorImpl and Storage: the data behind a kiln::Tensor handle, plus shape helpers used by every op.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/tensor.h"
+
+namespace kiln::detail {
+
+// A block of memory. Views share one Storage; the deleter runs when the last of them goes.
+struct Storage {
+  void* data = nullptr;
+  size_t nbytes = 0;
+  Device device = kCPU;
+  std::function<void(void*)> deleter;
+
+  Storage() = default;
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  ~Storage() {
+    if (deleter) deleter(data);
+  }
+  // Bumped by every in-place write so that saved tensors can detect they were modified.
+  std::atomic<uint64_t> version{0};
+};
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  int64_t offset = 0;  // in elements
+  Shape sizes;
+  Shape strides;  // in elements
+  DType dtype = kFloat32;
+  // A 0-dim tensor made from a C++ number: it takes the lowest priority in type promotion.
+  bool wrapped_number = false;
+
+  int64_t numel() const;
+  char* data() const {
+    return static_cast<char*>(storage->data) + offset * static_cast<int64_t>(element_size(dtype));
+  }
+  Device device() const { return storage->device; }
+};
+
+// Allocates a contiguous tensor (64-byte aligned, uninitialized).
+Tensor make_empty(const Shape& shape, DType dtype);
+// A view of `base`'s storage with new geometry.
+Tensor make_view(const Tensor& base, Shape sizes, Shape strides, int64_t offset);
+Tensor wrap_scalar(const Scalar& s);  // 0-dim wrapped-number tensor
+
+Shape contiguous_strides(const Shape& sizes);
+int64_t shape_numel(const Shape& sizes);
+bool is_contiguous_layout(const Shape& sizes, const Shape& strides);
+// Wraps a possibly negative dim into [0, ndim); names the op in the error.
+int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);
+// numpy broadcasting of two shapes; the error names the op and both shapes.
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
+// Strides that read `t` as if expanded to `shape` (0 where broadcast); `shape` must be a broadcast of it.
+Shape broadcast_strides(const Tensor& t, const Shape& shape);
+// True when writing `a` may change what `b` reads (they share storage, and are not the same view).
+bool may_overlap(const Tensor& a, const Tensor& b);
+// dst[i] = src[i] converted to dst's dtype, src broadcast to dst's shape; they must not overlap.
+void copy_kernel(const Tensor& dst, const Tensor& src);
+// Bumps the version counter of `t`'s storage after an in-place write.
+void bump_version(const Tensor& t);
+
+std::string shape_str(const Shape& s);  // "[2, 3]"
+std::string describe(const Tensor& t);  // "float32[2, 3]", or "undefined"
+
+// The common dtype of operands as torch computes it: tensors with dims rank above 0-dim tensors,
+// which rank above wrapped numbers; a lower tier only counts when it is of a higher category.
+DType result_type(const std::vector<Tensor>& operands);
+
+void check_defined(const Tensor& t, const char* op, const char* arg = "input");
+void check_cpu(const Tensor& t, const char* op);
+
+}  // namespace kiln::detail

@@ -1,0 +1,136 @@
+// Implementation of the shared test helpers in tests/testing.h.
+#include "tests/testing.h"
+
+#include <cmath>
+#include <sstream>
+
+namespace kiln::testing {
+
+std::mt19937_64& rng() {
+  static std::mt19937_64 gen;
+  static std::string seeded_for;
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "";
+  if (name != seeded_for) {
+    gen.seed(std::hash<std::string>{}(name));
+    seeded_for = name;
+  }
+  return gen;
+}
+
+Shape random_shape(int min_rank, int max_rank, int64_t max_size, bool allow_zero) {
+  auto& g = rng();
+  int rank = std::uniform_int_distribution<int>(min_rank, max_rank)(g);
+  Shape s(rank);
+  for (auto& d : s) {
+    // Size 0 rarely, size 1 often (for broadcasting), otherwise up to max_size.
+    int pick = std::uniform_int_distribution<int>(0, 9)(g);
+    if (allow_zero && pick == 0) d = 0;
+    else if (pick <= 2) d = 1;
+    else d = std::uniform_int_distribution<int64_t>(1, max_size)(g);
+  }
+  return s;
+}
+
+Tensor random_tensor(const Shape& shape, DType dtype, double lo, double hi) {
+  auto& g = rng();
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<double> v(n);
+  for (auto& x : v) {
+    if (dtype == kBool) x = std::uniform_int_distribution<int>(0, 1)(g);
+    else if (is_integral(dtype)) x = std::floor(std::uniform_real_distribution<double>(lo, hi)(g));
+    else x = std::uniform_real_distribution<double>(lo, hi)(g);
+  }
+  return from_vector(v, shape).to(dtype);
+}
+
+std::vector<std::pair<std::string, Tensor>> layouts(const Tensor& t) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  Tensor c = t.contiguous();
+  out.emplace_back("contiguous", c);
+  if (t.dim() >= 2) {
+    // Reverse the dims, copy, reverse back: same values, column-major-like strides.
+    std::vector<int64_t> rev(t.dim());
+    for (int64_t i = 0; i < t.dim(); ++i) rev[i] = t.dim() - 1 - i;
+    out.emplace_back("transposed", c.permute(rev).contiguous().permute(rev));
+  }
+  if (t.dim() >= 1) {
+    // Every other element of a tensor twice as long in the last dim.
+    Shape big = t.sizes();
+    big.back() *= 2;
+    Tensor b = zeros(big, t.dtype());
+    Tensor view = b.slice(-1, 0, std::nullopt, 2);
+    view.copy_(c);
+    out.emplace_back("strided", view);
+  }
+  bool has_one = false;
+  for (int64_t d : t.sizes()) has_one |= d == 1;
+  if (has_one) {
+    // Squeeze-then-expand: the size-1 dims become stride-0 broadcasts of the same values.
+    Shape sq;
+    for (int64_t d : t.sizes()) if (d != 1) sq.push_back(d);
+    Shape view_shape = t.sizes();
+    out.emplace_back("expanded", c.reshape(sq).reshape(view_shape).expand(view_shape));
+  }
+  return out;
+}
+
+std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
+
+std::vector<int64_t> unravel(int64_t flat, const Shape& shape) {
+  std::vector<int64_t> idx(shape.size());
+  for (size_t i = shape.size(); i-- > 0;) {
+    idx[i] = shape[i] ? flat % shape[i] : 0;
+    flat = shape[i] ? flat / shape[i] : 0;
+  }
+  return idx;
+}
+
+int64_t ravel(const std::vector<int64_t>& index, const Shape& shape) {
+  int64_t flat = 0;
+  for (size_t i = 0; i < shape.size(); ++i) flat = flat * shape[i] + index[i];
+  return flat;
+}
+
+double broadcast_at(const Tensor& t, const std::vector<double>& tv, const std::vector<int64_t>& index,
+                    const Shape& shape) {
+  const Shape& ts = t.sizes();
+  size_t off = shape.size() - ts.size();
+  int64_t flat = 0;
+  for (size_t i = 0; i < ts.size(); ++i) flat = flat * ts[i] + (ts[i] == 1 ? 0 : index[off + i]);
+  return tv[flat];
+}
+
+void expect_close(const Tensor& actual, const std::vector<double>& expected, const Shape& shape,
+                  DType dtype, double rtol, double atol) {
+  ASSERT_TRUE(actual.defined());
+  ASSERT_EQ(actual.sizes(), shape);
+  ASSERT_EQ(actual.dtype(), dtype);
+  std::vector<double> got = values(actual);
+  ASSERT_EQ(got.size(), expected.size());
+  int reported = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    double e = expected[i], a = got[i];
+    bool ok = (std::isnan(e) && std::isnan(a)) || a == e || std::fabs(a - e) <= atol + rtol * std::fabs(e);
+    if (!ok && reported++ < 5) {
+      ADD_FAILURE() << "element " << i << " of shape " << ::testing::PrintToString(shape)
+                    << ": got " << a << ", expected " << e;
+    }
+  }
+}
+
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "expected kiln::Error, nothing was thrown";
+  } catch (const kiln::Error& e) {
+    std::string msg = e.what();
+    for (const auto& p : parts)
+      EXPECT_NE(msg.find(p), std::string::npos) << "message '" << msg << "' lacks '" << p << "'";
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected kiln::Error, got another exception: " << e.what();
+  }
+}
+
+}  // namespace kiln::testing

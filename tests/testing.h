@@ -1,0 +1,49 @@
+// Shared test helpers: seeded random shapes and tensors, non-contiguous layouts of the same values,
+// and comparison of a kiln result against a float64 reference computed by a plain loop.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kiln/kiln.h"
+
+namespace kiln::testing {
+
+// A generator seeded per test from the test's name, so failures reproduce.
+std::mt19937_64& rng();
+
+// A random shape of rank in [min_rank, max_rank], each size in [0 or 1, max_size].
+Shape random_shape(int min_rank = 0, int max_rank = 4, int64_t max_size = 5, bool allow_zero = true);
+
+// A tensor of `shape` with values uniform in [lo, hi) (integers for integral dtypes, 0/1 for bool),
+// made from std::mt19937_64 (independent of kiln's own generator).
+Tensor random_tensor(const Shape& shape, DType dtype = kFloat32, double lo = -3.0, double hi = 3.0);
+
+// The same values as `t` in several memory layouts: "contiguous", "transposed" (a permuted view of
+// a permuted copy), "strided" (every other element of a larger tensor), and "expanded" when `t` has
+// size-1 dims to broadcast. Every variant equals `t` elementwise.
+std::vector<std::pair<std::string, Tensor>> layouts(const Tensor& t);
+
+// Values of t in row-major order, as doubles.
+std::vector<double> values(const Tensor& t);
+
+// Row-major multi-index of a flat position, and the flat position of a multi-index.
+std::vector<int64_t> unravel(int64_t flat, const Shape& shape);
+int64_t ravel(const std::vector<int64_t>& index, const Shape& shape);
+// Reads element `index` of t, where t is broadcast to `shape` (numpy rules).
+double broadcast_at(const Tensor& t, const std::vector<double>& t_values,
+                    const std::vector<int64_t>& index, const Shape& shape);
+
+// Asserts that `actual` has `shape` and dtype `dtype` and matches `expected` (row-major) within
+// atol + rtol * |expected|, NaNs matching NaNs. Prints the first mismatches.
+void expect_close(const Tensor& actual, const std::vector<double>& expected, const Shape& shape,
+                  DType dtype, double rtol = 1e-5, double atol = 1e-6);
+
+// Asserts that f() throws kiln::Error whose message contains every one of `parts`.
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts);
+
+}  // namespace kiln::testing
