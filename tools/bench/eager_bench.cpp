@@ -1,0 +1,159 @@
+// Eager-kernel benchmarks. The same run first measures this machine's limits (a STREAM-style triad
+// for memory bandwidth, oneDNN's sgemm on a large square for GEMM throughput), then prints every
+// figure as a fraction of its limit in a table after Google Benchmark's own output.
+#include <benchmark/benchmark.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
+
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kiln/kiln.h"
+
+namespace {
+
+using kiln::Tensor;
+
+constexpr int64_t k16M = 16 * 1024 * 1024;
+
+// --- limits
+void BM_Limit_TriadBandwidth(benchmark::State& state) {
+  // Three arrays of 32M floats (384 MiB in all), far larger than any cache.
+  const int64_t n = 32 * 1024 * 1024;
+  std::vector<float> a(n), b(n), c(n);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) b[i] = 1.0f, c[i] = 2.0f;
+  const float s = 3.0f;
+  for (auto _ : state) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
+    benchmark::DoNotOptimize(a.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["bytes/s"] = benchmark::Counter(3.0 * n * sizeof(float),
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_Limit_GemmPeak(benchmark::State& state) {
+  const int64_t n = 2048;
+  std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n);
+  for (auto _ : state) {
+    dnnl_sgemm('N', 'N', n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.counters["flop/s"] = benchmark::Counter(2.0 * n * n * n,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// --- kiln eager figures
+void set_bytes(benchmark::State& state, double bytes) {
+  state.counters["bytes/s"] =
+      benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
+}
+void set_flops(benchmark::State& state, double flops) {
+  state.counters["flop/s"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_Add16M(benchmark::State& state) {
+  Tensor a = kiln::randn({k16M}), b = kiln::randn({k16M});
+  for (auto _ : state) benchmark::DoNotOptimize((a + b).raw_data_ptr());
+  set_bytes(state, 3.0 * k16M * 4);  // read a and b, write the sum
+}
+
+void BM_GeluFromPrimitives16M(benchmark::State& state) {
+  // Written from primitives as a user would: each op is its own pass in eager mode. Bytes counted
+  // are the minimum (read x, write y), i.e. what one fused kernel would move.
+  Tensor x = kiln::randn({k16M});
+  for (auto _ : state) {
+    Tensor y = x * 0.5 * (1.0 + kiln::erf(x * 0.7071067811865476));
+    benchmark::DoNotOptimize(y.raw_data_ptr());
+  }
+  set_bytes(state, 2.0 * k16M * 4);
+}
+
+void BM_Softmax4096(benchmark::State& state) {
+  Tensor x = kiln::randn({4096, 4096});
+  for (auto _ : state) benchmark::DoNotOptimize(kiln::softmax(x, 1).raw_data_ptr());
+  set_bytes(state, 2.0 * 4096 * 4096 * 4);
+}
+
+void BM_LayerNorm4096(benchmark::State& state) {
+  Tensor x = kiln::randn({4096, 4096}), w = kiln::randn({4096}), b = kiln::randn({4096});
+  for (auto _ : state)
+    benchmark::DoNotOptimize(kiln::layer_norm(x, {4096}, w, b).raw_data_ptr());
+  set_bytes(state, 2.0 * 4096 * 4096 * 4);
+}
+
+void BM_Mm1000(benchmark::State& state) {
+  Tensor a = kiln::randn({1000, 1000}), b = kiln::randn({1000, 1000});
+  for (auto _ : state) benchmark::DoNotOptimize(kiln::mm(a, b).raw_data_ptr());
+  set_flops(state, 2.0 * 1000 * 1000 * 1000);
+}
+
+void BM_Addmm1000(benchmark::State& state) {
+  Tensor bias = kiln::randn({1000}), a = kiln::randn({1000, 1000}), b = kiln::randn({1000, 1000});
+  for (auto _ : state) benchmark::DoNotOptimize(kiln::addmm(bias, a, b).raw_data_ptr());
+  set_flops(state, 2.0 * 1000 * 1000 * 1000 + 1000 * 1000);
+}
+
+BENCHMARK(BM_Limit_TriadBandwidth)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Limit_GemmPeak)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Add16M)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_GeluFromPrimitives16M)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Softmax4096)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_LayerNorm4096)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Mm1000)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Addmm1000)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Prints Google Benchmark's usual table, then every figure against the limit measured in this run.
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const Run& r : runs) {
+      if (r.run_type != Run::RT_Iteration) continue;
+      for (const auto& [name, counter] : r.counters) rates_[r.benchmark_name()][name] = counter.value;
+    }
+  }
+  void Finalize() override {
+    ConsoleReporter::Finalize();
+    double bw = rate("BM_Limit_TriadBandwidth", "bytes/s");
+    double peak = rate("BM_Limit_GemmPeak", "flop/s");
+    std::printf("\n%-30s %14s %26s %9s\n", "figure", "measured", "limit (this run)", "fraction");
+    for (const auto& [bench, counters] : rates_) {
+      if (bench.rfind("BM_Limit", 0) == 0) continue;
+      if (counters.count("bytes/s") && bw > 0) {
+        double v = counters.at("bytes/s");
+        std::printf("%-30s %9.2f GB/s %17.2f GB/s triad %9.3f\n", bench.c_str(), v / 1e9, bw / 1e9,
+                    v / bw);
+      } else if (counters.count("flop/s") && peak > 0) {
+        double v = counters.at("flop/s");
+        std::printf("%-30s %6.1f GFLOP/s %14.1f GFLOP/s sgemm %9.3f\n", bench.c_str(), v / 1e9,
+                    peak / 1e9, v / peak);
+      }
+    }
+    std::printf("(threads: %d)\n", omp_get_max_threads());
+  }
+
+ private:
+  double rate(const std::string& bench, const std::string& counter) const {
+    for (const auto& [name, counters] : rates_)
+      if (name.rfind(bench, 0) == 0 && counters.count(counter)) return counters.at(counter);
+    return 0;
+  }
+  std::map<std::string, std::map<std::string, double>> rates_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  RatioReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  return 0;
+}
