@@ -1,10 +1,249 @@
-// PLACEHOLDER: replaced by the indexing and joining implementation.
+// Indexing and joining ops: index_select, gather, embedding, cat and stack.
+//
+// Every index is read and range-checked before anything is written, so a bad index raises
+// kiln::Error naming the op, the value and the valid range, and never reads out of bounds.
+// index_select and embedding copy whole rows: the source is viewed as [outer, size, inner]
+// (contiguous) and each output row is one memcpy of `inner` elements, in parallel over rows.
+// gather walks the output's rows and reads the source at its own strides. cat copies each piece
+// into its narrowed slice of the output with copy_kernel (which converts dtypes and parallelizes);
+// stack is cat of the pieces unsqueezed at the new dim.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
 #include "kiln/ops.h"
+#include "lib/dispatch.h"
+#include "lib/op_table.h"
+#include "lib/parallel.h"
+#include "lib/tensor_impl.h"
+
 namespace kiln {
-#define TODO KILN_FAIL("not implemented yet")
-Tensor index_select(const Tensor&, int64_t, const Tensor&) { TODO; }
-Tensor gather(const Tensor&, int64_t, const Tensor&) { TODO; }
-Tensor embedding(const Tensor&, const Tensor&) { TODO; }
-Tensor cat(const std::vector<Tensor>&, int64_t) { TODO; }
-Tensor stack(const std::vector<Tensor>&, int64_t) { TODO; }
+
+using detail::describe;
+using detail::DTypeRule;
+using detail::OpKind;
+using detail::shape_str;
+
+namespace {
+
+const detail::OpDef& index_select_def =
+    detail::register_op({"index_select", OpKind::Index, 2, DTypeRule::Custom});
+const detail::OpDef& gather_def =
+    detail::register_op({"gather", OpKind::Index, 2, DTypeRule::Custom});
+const detail::OpDef& embedding_def =
+    detail::register_op({"embedding", OpKind::Index, 2, DTypeRule::Custom});
+const detail::OpDef& cat_def = detail::register_op({"cat", OpKind::Join, -1, DTypeRule::Same});
+const detail::OpDef& stack_def = detail::register_op({"stack", OpKind::Join, -1, DTypeRule::Same});
+
+void check_input(const Tensor& t, const char* op, const char* arg) {
+  detail::check_defined(t, op, arg);
+  detail::check_cpu(t, op);
+}
+
+void check_index_dtype(const Tensor& index, const char* op, bool allow_int32) {
+  bool ok = index.dtype() == kInt64 || (allow_int32 && index.dtype() == kInt32);
+  KILN_CHECK(ok, op, ": expected ", allow_int32 ? "an int32 or int64" : "an int64",
+             " index tensor, got ", describe(index));
+}
+
+// The index values in row-major order, each checked to lie in [0, size).
+std::vector<int64_t> read_indices(const Tensor& index, int64_t size, const char* op,
+                                  const std::string& what) {
+  std::vector<int64_t> v = index.to_vector<int64_t>();
+  for (int64_t x : v) {
+    KILN_CHECK(x >= 0 && x < size, op, ": index ", x, " is out of range for ", what, " of size ",
+               size, " (valid range [0, ", size, "))");
+  }
+  return v;
+}
+
+// out viewed as [outer, n, inner] (contiguous) gets rows src[outer, idx[j], inner], src being a
+// contiguous [outer, size, inner] tensor of out's dtype.
+void copy_rows(const Tensor& out, const Tensor& src, const std::vector<int64_t>& idx, int64_t outer,
+               int64_t size, int64_t inner) {
+  const int64_t n = static_cast<int64_t>(idx.size());
+  const size_t esz = element_size(src.dtype());
+  const size_t row_bytes = static_cast<size_t>(inner) * esz;
+  const char* s = src.impl()->data();
+  char* o = out.impl()->data();
+  const int64_t grain = std::max<int64_t>(1, detail::kParallelGrain / std::max<int64_t>(inner, 1));
+  detail::parallel_for(outer * n, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t b = r / n, j = r % n;
+      std::memcpy(o + static_cast<size_t>(r) * row_bytes,
+                  s + static_cast<size_t>(b * size + idx[j]) * row_bytes, row_bytes);
+    }
+  });
+}
+
+// Rows `idx` of x along dim (x's dims as given; `dim` already wrapped) into a new tensor of
+// out_shape, whose elements are laid out as [outer, idx.size(), inner].
+Tensor select_rows(const Tensor& x, int64_t dim, const std::vector<int64_t>& idx,
+                   const Shape& out_shape) {
+  Tensor out = detail::make_empty(out_shape, x.dtype());
+  if (out.numel() == 0) return out;
+  Tensor src = x.contiguous();
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < dim; ++d) outer *= x.size(d);
+  for (int64_t d = dim + 1; d < x.dim(); ++d) inner *= x.size(d);
+  copy_rows(out, src, idx, outer, x.dim() == 0 ? 1 : x.size(dim), inner);
+  return out;
+}
+
+// Copies the pieces (already checked, all of rank out.dim()) into out along dim.
+void join_into(const Tensor& out, const std::vector<Tensor>& pieces, int64_t dim) {
+  int64_t offset = 0;
+  for (const Tensor& p : pieces) {
+    int64_t len = p.size(dim);
+    if (len > 0 && out.numel() > 0) detail::copy_kernel(out.narrow(dim, offset, len), p);
+    offset += len;
+  }
+}
+
+}  // namespace
+
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+  const char* op = index_select_def.name.c_str();
+  check_input(x, op, "input");
+  check_input(index, op, "index");
+  check_index_dtype(index, op, true);
+  KILN_CHECK(index.dim() <= 1, op, ": index must be a 1-D vector, got ", describe(index));
+  int64_t d = detail::wrap_dim(dim, x.dim(), op);
+  if (x.dim() == 0) {
+    KILN_CHECK(index.numel() == 1, op, ": an index into a 0-dim tensor must have exactly one ",
+               "value, got ", describe(index));
+    std::vector<int64_t> idx = read_indices(index, 1, op, "a 0-dim tensor");
+    return select_rows(x, 0, idx, {});
+  }
+  std::vector<int64_t> idx =
+      read_indices(index, x.size(d), op, "dimension " + std::to_string(d) + " of " + describe(x));
+  Shape out_shape = x.sizes();
+  out_shape[d] = static_cast<int64_t>(idx.size());
+  return select_rows(x, d, idx, out_shape);
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  const char* op = embedding_def.name.c_str();
+  check_input(weight, op, "weight");
+  check_input(indices, op, "indices");
+  check_index_dtype(indices, op, true);
+  KILN_CHECK(weight.dim() == 2, op, ": expected weight to be a 2-D [num_embeddings, ",
+             "embedding_dim] matrix, got ", describe(weight));
+  std::vector<int64_t> idx =
+      read_indices(indices, weight.size(0), op, "weight " + describe(weight) + " with rows");
+  Shape out_shape = indices.sizes();
+  out_shape.push_back(weight.size(1));
+  return select_rows(weight, 0, idx, out_shape);
+}
+
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
+  const char* op = gather_def.name.c_str();
+  check_input(x, op, "input");
+  check_input(index, op, "index");
+  check_index_dtype(index, op, false);
+  KILN_CHECK(index.dim() == x.dim(), op, ": index ", describe(index),
+             " must have the same number of dimensions as input ", describe(x));
+  const int64_t d = detail::wrap_dim(dim, x.dim(), op);
+  for (int64_t k = 0; k < x.dim(); ++k) {
+    KILN_CHECK(k == d || index.size(k) <= x.size(k), op, ": index ", describe(index),
+               " must not be larger than input ", describe(x), " in dimension ", k,
+               " (apart from dimension ", d, ")");
+  }
+  const int64_t size = x.dim() == 0 ? 1 : x.size(d);
+  std::vector<int64_t> idx =
+      read_indices(index, size, op, "dimension " + std::to_string(d) + " of " + describe(x));
+  Tensor out = detail::make_empty(index.sizes(), x.dtype());
+  const int64_t n = out.numel();
+  if (n == 0) return out;
+  if (x.dim() == 0) {
+    detail::copy_kernel(out, x);
+    return out;
+  }
+  // Rows of the output along its last dim; each row's source offset from the outer dims.
+  const int64_t nd = x.dim(), last = nd - 1, row = index.size(last);
+  const Shape& xs = x.strides();
+  const Shape& is = index.sizes();
+  const int64_t rows = n / row;
+  const int64_t step = d == last ? 0 : xs[last];
+  const int64_t dstride = xs[d];
+  const int64_t grain = std::max<int64_t>(1, detail::kParallelGrain / row);
+  detail::dispatch_all(x.dtype(), [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    const T* src = reinterpret_cast<const T*>(x.impl()->data());
+    T* dst = reinterpret_cast<T*>(out.impl()->data());
+    detail::parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        int64_t rem = r, base = 0;
+        for (int64_t k = last - 1; k >= 0; --k) {
+          int64_t i = rem % is[k];
+          rem /= is[k];
+          if (k != d) base += i * xs[k];
+        }
+        const int64_t* ir = idx.data() + r * row;
+        T* o = dst + r * row;
+        for (int64_t j = 0; j < row; ++j) o[j] = src[base + j * step + ir[j] * dstride];
+      }
+    });
+  });
+  return out;
+}
+
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  const char* op = cat_def.name.c_str();
+  KILN_CHECK(!tensors.empty(), op, ": expected a non-empty list of tensors");
+  for (const Tensor& t : tensors) check_input(t, op, "tensors");
+  // Legacy behaviour kept by torch: 1-D tensors of size 0 are skipped whatever their shape.
+  const Tensor* ref = nullptr;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    KILN_CHECK(t.dim() > 0, op, ": zero-dimensional tensor (at position ", i,
+               ") cannot be concatenated");
+    if (!(t.dim() == 1 && t.numel() == 0) && !ref) ref = &t;
+  }
+  DType dtype = detail::result_type(tensors);
+  if (!ref) return detail::make_empty({0}, dtype);
+  const int64_t d = detail::wrap_dim(dim, ref->dim(), op);
+  Shape out_shape = ref->sizes();
+  out_shape[d] = 0;
+  std::vector<Tensor> pieces;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    if (t.dim() == 1 && t.numel() == 0) continue;
+    KILN_CHECK(t.dim() == ref->dim(), op, ": tensors must have the same number of dimensions: got ",
+               describe(*ref), " and ", describe(t), " (tensor number ", i, " in the list)");
+    for (int64_t k = 0; k < t.dim(); ++k) {
+      KILN_CHECK(k == d || t.size(k) == ref->size(k), op,
+                 ": sizes of tensors must match except in dimension ", d, ". Expected size ",
+                 ref->size(k), " but got size ", t.size(k), " for tensor number ", i,
+                 " in the list (", describe(*ref), " vs ", describe(t), ")");
+    }
+    out_shape[d] += t.size(d);
+    pieces.push_back(t);
+  }
+  Tensor out = detail::make_empty(out_shape, dtype);
+  join_into(out, pieces, d);
+  return out;
+}
+
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  const char* op = stack_def.name.c_str();
+  KILN_CHECK(!tensors.empty(), op, ": expected a non-empty list of tensors");
+  for (const Tensor& t : tensors) check_input(t, op, "tensors");
+  const Tensor& ref = tensors[0];
+  for (size_t i = 1; i < tensors.size(); ++i) {
+    KILN_CHECK(tensors[i].sizes() == ref.sizes(), op,
+               ": expects each tensor to be equal size, but got ", shape_str(ref.sizes()),
+               " at entry 0 and ", shape_str(tensors[i].sizes()), " at entry ", i);
+  }
+  const int64_t d = detail::wrap_dim(dim, ref.dim() + 1, op);
+  Shape out_shape = ref.sizes();
+  out_shape.insert(out_shape.begin() + d, static_cast<int64_t>(tensors.size()));
+  std::vector<Tensor> pieces;
+  pieces.reserve(tensors.size());
+  for (const Tensor& t : tensors) pieces.push_back(t.unsqueeze(d));
+  Tensor out = detail::make_empty(out_shape, detail::result_type(tensors));
+  join_into(out, pieces, d);
+  return out;
+}
+
 }  // namespace kiln

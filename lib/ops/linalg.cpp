@@ -1,10 +1,445 @@
-// PLACEHOLDER: replaced by the GEMM implementation.
+// Linear-algebra ops (mm, bmm, matmul, linear, addmm): oneDNN's sgemm for float32, a blocked loop
+// else.
+//
+// Every op reduces to one driver, gemm_into: C[b] = beta * C[b] + alpha * A[b] @ B[b] over a batch
+// shape whose dims broadcast (stride 0) on either operand. C is always a fresh contiguous tensor
+// that the caller has pre-filled with the (broadcast) bias when beta != 0, so a bias add folds into
+// the GEMM instead of taking a separate pass.
+//
+// Operand layouts. sgemm reads a row-major matrix ('N', rows `ld` elements apart) or the transpose
+// of one ('T'); an operand whose last two dims fit neither (a general strided or expanded view) is
+// copied to contiguous first. The loop kernel reads A at any strides but needs B's rows
+// unit-strided so that its inner loop vectorizes. When B is the same matrix for every batch (a 2-D
+// weight) and A's batch and row dims merge into one strided dim, the batch folds into M: one large
+// GEMM instead of many small ones.
+//
+// The loop kernel (float64 and integers) is cache-blocked: each thread owns a band of output rows
+// and, for a tile of K x N of B that stays in L2, streams each of its rows through it
+// (C[i, j-tile] += a_ik * B[k, j-tile]), so the innermost loop is a unit-stride axpy. Integers
+// accumulate in the unsigned type of the same width, so overflow wraps as it does in torch instead
+// of being undefined.
+#include <oneapi/dnnl/dnnl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
 #include "kiln/ops.h"
+#include "lib/dispatch.h"
+#include "lib/loops.h"
+#include "lib/op_table.h"
+#include "lib/parallel.h"
+#include "lib/tensor_impl.h"
+
 namespace kiln {
-#define TODO KILN_FAIL("not implemented yet")
-Tensor mm(const Tensor&, const Tensor&) { TODO; }
-Tensor bmm(const Tensor&, const Tensor&) { TODO; }
-Tensor matmul(const Tensor&, const Tensor&) { TODO; }
-Tensor linear(const Tensor&, const Tensor&, const Tensor&) { TODO; }
-Tensor addmm(const Tensor&, const Tensor&, const Tensor&, const Scalar&, const Scalar&) { TODO; }
+
+using detail::describe;
+using detail::DTypeRule;
+using detail::OpKind;
+using detail::shape_str;
+
+namespace {
+
+const detail::OpDef& def_linalg(const char* name, int arity) {
+  return detail::register_op({name, OpKind::Linalg, arity, DTypeRule::Same, false});
+}
+const detail::OpDef& mm_def = def_linalg("mm", 2);
+const detail::OpDef& bmm_def = def_linalg("bmm", 2);
+const detail::OpDef& matmul_def = def_linalg("matmul", 2);
+const detail::OpDef& linear_def = def_linalg("linear", 3);
+const detail::OpDef& addmm_def = def_linalg("addmm", 3);
+
+// "2x3": the dims of a shape joined by 'x', as torch prints matrix shapes in its errors.
+std::string dims_str(const Shape& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? "x" : "") + std::to_string(s[i]);
+  return s.empty() ? "scalar" : out;
+}
+
+void check_input(const Tensor& t, const std::string& op, const char* arg) {
+  detail::check_defined(t, op.c_str(), arg);
+  detail::check_cpu(t, op.c_str());
+  KILN_CHECK(t.dtype() != kBool, op, ": not supported for bool tensors (", arg, " is ", describe(t),
+             ")");
+}
+
+// The dtype an op computes and returns in: the promoted type of its operands.
+DType compute_dtype(const std::string& op, const std::vector<Tensor>& operands) {
+  DType d = detail::result_type(operands);
+  KILN_CHECK(d != kBool, op, ": not supported for bool tensors");
+  return d;
+}
+
+// How sgemm can read a rows x cols matrix at strides (rs, cs), if it can without a copy.
+struct BlasLayout {
+  char trans;  // 'N': row-major, 'T': the transpose of a row-major cols x rows matrix
+  int64_t ld;
+};
+std::optional<BlasLayout> blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  if ((cols <= 1 || cs == 1) && (rows <= 1 || rs >= std::max<int64_t>(cols, 1)))
+    return BlasLayout{'N', rows <= 1 ? std::max<int64_t>(cols, 1) : rs};
+  if ((rows <= 1 || rs == 1) && (cols <= 1 || cs >= std::max<int64_t>(rows, 1)))
+    return BlasLayout{'T', cols <= 1 ? std::max<int64_t>(rows, 1) : cs};
+  return std::nullopt;
+}
+
+// The single stride at which dims [0, count) of (sizes, strides) step as one flattened dim, if
+// they do (size-1 dims are ignored; 0 when all are size 1).
+std::optional<int64_t> merged_stride(const Shape& sizes, const Shape& strides, size_t count) {
+  int64_t stride = -1, expected = 0;
+  for (size_t d = count; d-- > 0;) {
+    if (sizes[d] == 1) continue;
+    if (stride < 0) {
+      stride = strides[d];
+      expected = strides[d] * sizes[d];
+    } else if (strides[d] == expected) {
+      expected *= sizes[d];
+    } else {
+      return std::nullopt;
+    }
+  }
+  return stride < 0 ? 0 : stride;
+}
+
+// One operand of a batched product: per-batch element offsets from `base` and matrix strides.
+struct Operand {
+  const char* base = nullptr;
+  std::vector<int64_t> offsets;
+  int64_t rs = 0, cs = 0;
+};
+
+Operand make_operand(const Tensor& t, const Shape& batch) {
+  Operand o;
+  o.base = t.impl()->data();
+  const size_t nb = batch.size();
+  o.rs = t.strides()[nb];
+  o.cs = t.strides()[nb + 1];
+  int64_t count = detail::shape_numel(batch);
+  o.offsets.resize(static_cast<size_t>(count));
+  std::vector<int64_t> idx(nb, 0);
+  int64_t off = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    o.offsets[i] = off;
+    for (size_t d = nb; d-- > 0;) {  // odometer over the batch dims
+      off += t.strides()[d];
+      if (++idx[d] < batch[d]) break;
+      off -= t.strides()[d] * batch[d];
+      idx[d] = 0;
+    }
+  }
+  return o;
+}
+
+struct GemmProblem {
+  int64_t batches, M, N, K;
+  Operand a, b;
+  char* c;  // contiguous [batches, M, N]
+};
+
+// C = beta * C (beta == 0 writes zeros without reading C, so NaNs there do not survive).
+template <typename T>
+void scale_output(const Tensor& out, T beta) {
+  if (beta == T(1)) return;
+  if (beta == T(0)) {
+    detail::map_kernel<T, T>([](T) { return T(0); }, out, out);
+  } else {
+    detail::map_kernel<T, T>([beta](T x) { return T(beta * x); }, out, out);
+  }
+}
+
+// The type the loop kernel accumulates T in: T itself, or its unsigned twin so overflow wraps.
+template <typename T, bool = std::is_integral_v<T>>
+struct Accum {
+  using type = T;
+};
+template <typename T>
+struct Accum<T, true> {
+  using type = std::make_unsigned_t<T>;
+};
+
+template <typename T>
+void loop_gemm(const GemmProblem& p, T alpha, T beta) {
+  using U = typename Accum<T>::type;
+  constexpr int64_t kRowBlock = 16, kKBlock = 128, kNBlock = 256;
+  const int64_t rows = p.batches * p.M, N = p.N, K = p.K;
+  const int64_t grain = std::max<int64_t>(1, detail::kParallelGrain / std::max<int64_t>(1, N * K));
+  detail::parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r0 = begin; r0 < end; r0 += kRowBlock) {
+      const int64_t r1 = std::min(end, r0 + kRowBlock);
+      for (int64_t r = r0; r < r1; ++r) {
+        T* c = reinterpret_cast<T*>(p.c) + r * N;
+        if (beta == T(0))
+          std::fill(c, c + N, T(0));
+        else if (beta != T(1))
+          for (int64_t j = 0; j < N; ++j) c[j] = T(U(beta) * U(c[j]));
+      }
+      for (int64_t k0 = 0; k0 < K; k0 += kKBlock) {
+        const int64_t k1 = std::min(K, k0 + kKBlock);
+        for (int64_t j0 = 0; j0 < N; j0 += kNBlock) {
+          const int64_t j1 = std::min(N, j0 + kNBlock);
+          for (int64_t r = r0; r < r1; ++r) {
+            const int64_t bi = r / p.M, i = r % p.M;
+            const T* a = reinterpret_cast<const T*>(p.a.base) + p.a.offsets[bi] + i * p.a.rs;
+            const T* bm = reinterpret_cast<const T*>(p.b.base) + p.b.offsets[bi];
+            T* __restrict c = reinterpret_cast<T*>(p.c) + r * N;
+            int64_t k = k0;
+            // Four rows of B per pass over the C segment: a quarter of the loads and stores of C.
+            for (; k + 4 <= k1; k += 4) {
+              const U a0 = U(alpha) * U(a[k * p.a.cs]), a1 = U(alpha) * U(a[(k + 1) * p.a.cs]);
+              const U a2 = U(alpha) * U(a[(k + 2) * p.a.cs]),
+                      a3 = U(alpha) * U(a[(k + 3) * p.a.cs]);
+              const T* __restrict b0 = bm + k * p.b.rs;
+              const T* __restrict b1 = b0 + p.b.rs;
+              const T* __restrict b2 = b1 + p.b.rs;
+              const T* __restrict b3 = b2 + p.b.rs;
+              for (int64_t j = j0; j < j1; ++j)
+                c[j] = T(U(c[j]) + a0 * U(b0[j]) + a1 * U(b1[j]) + a2 * U(b2[j]) + a3 * U(b3[j]));
+            }
+            for (; k < k1; ++k) {
+              const U aik = U(alpha) * U(a[k * p.a.cs]);
+              const T* __restrict brow = bm + k * p.b.rs;
+              for (int64_t j = j0; j < j1; ++j) c[j] = T(U(c[j]) + aik * U(brow[j]));
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+void sgemm_batches(const GemmProblem& p, float alpha, float beta, const BlasLayout& la,
+                   const BlasLayout& lb, const char* op) {
+  std::atomic<int> failed{0};
+  auto one = [&](int64_t bi) {
+    dnnl_status_t st = dnnl_sgemm(la.trans, lb.trans, p.M, p.N, p.K, alpha,
+                                  reinterpret_cast<const float*>(p.a.base) + p.a.offsets[bi], la.ld,
+                                  reinterpret_cast<const float*>(p.b.base) + p.b.offsets[bi], lb.ld,
+                                  beta, reinterpret_cast<float*>(p.c) + bi * p.M * p.N, p.N);
+    if (st != dnnl_success) failed.store(static_cast<int>(st));
+  };
+  // Large products parallelize inside sgemm; many small ones parallelize over the batch.
+  const int64_t work = p.M * p.N * p.K;
+  if (p.batches > 1 && work < 64 * 64 * 64) {
+    const int64_t grain = std::max<int64_t>(1, detail::kParallelGrain / std::max<int64_t>(work, 1));
+    detail::parallel_for(p.batches, grain, [&](int64_t b, int64_t e) {
+      for (int64_t bi = b; bi < e; ++bi) one(bi);
+    });
+  } else {
+    for (int64_t bi = 0; bi < p.batches; ++bi) one(bi);
+  }
+  KILN_CHECK(failed.load() == 0, op, ": oneDNN sgemm failed with status ", failed.load(),
+             " (M=", p.M, ", N=", p.N, ", K=", p.K, ")");
+}
+
+// out (contiguous, batch + [M, N], of dtype `compute`) = beta * out + alpha * a @ b, where a is
+// [..., M, K] and b is [..., K, N] with batch dims that broadcast to `batch`. When beta != 0, out
+// holds the addend on entry. The caller has checked shapes and the alpha/beta kinds.
+void gemm_into(const char* op, const Tensor& out, Tensor a, Tensor b, const Shape& batch,
+               DType compute, const Scalar& alpha, const Scalar& beta) {
+  const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+  const int64_t batches = detail::shape_numel(batch);
+  if (batches == 0 || M == 0 || N == 0) return;
+  if (K == 0) {
+    detail::dispatch_numeric(compute, op, [&](auto tag) {
+      using T = KILN_TYPE(tag);
+      scale_output<T>(out, std::is_floating_point_v<T> ? T(beta.to_double()) : T(beta.to_int()));
+    });
+    return;
+  }
+  const bool blas = compute == kFloat32;
+  a = a.to(compute);
+  b = b.to(compute);
+  auto ok_layout = [&](const Tensor& t, bool is_b) {
+    int64_t r = t.size(-2), c = t.size(-1), rs = t.stride(-2), cs = t.stride(-1);
+    if (blas) return blas_layout(r, c, rs, cs).has_value();
+    return !is_b || c <= 1 || cs == 1;
+  };
+  if (!ok_layout(a, false)) a = a.contiguous();
+  if (!ok_layout(b, true)) b = b.contiguous();
+
+  Shape a_shape = batch, b_shape = batch;
+  a_shape.insert(a_shape.end(), {M, K});
+  b_shape.insert(b_shape.end(), {K, N});
+  Tensor ae = a.expand(a_shape), be = b.expand(b_shape);
+
+  GemmProblem p{batches, M, N, K, {}, {}, static_cast<char*>(out.impl()->data())};
+  // Fold the batch into M when every batch multiplies by the same B and A's rows merge.
+  bool b_shared = true;
+  for (size_t d = 0; d < batch.size(); ++d) b_shared &= batch[d] == 1 || be.strides()[d] == 0;
+  std::optional<int64_t> row_stride;
+  if (batches > 1 && b_shared)
+    row_stride = merged_stride(ae.sizes(), ae.strides(), batch.size() + 1);
+  if (row_stride && (!blas || blas_layout(batches * M, K, *row_stride, ae.stride(-1)))) {
+    Tensor a2 =
+        detail::make_view(ae, {batches * M, K}, {*row_stride, ae.stride(-1)}, ae.storage_offset());
+    Tensor b2 = detail::make_view(be, {K, N}, {be.stride(-2), be.stride(-1)}, be.storage_offset());
+    p.batches = 1;
+    p.M = batches * M;
+    p.a = make_operand(a2, {});
+    p.b = make_operand(b2, {});
+  } else {
+    p.a = make_operand(ae, batch);
+    p.b = make_operand(be, batch);
+  }
+
+  if (blas) {
+    auto la = blas_layout(p.M, p.K, p.a.rs, p.a.cs);
+    auto lb = blas_layout(p.K, p.N, p.b.rs, p.b.cs);
+    KILN_CHECK(la && lb, op, ": internal error: operand layout not accepted by sgemm");
+    sgemm_batches(p, static_cast<float>(alpha.to_double()), static_cast<float>(beta.to_double()),
+                  *la, *lb, op);
+    return;
+  }
+  detail::dispatch_numeric(compute, op, [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      loop_gemm<T>(p, T(alpha.to_double()), T(beta.to_double()));
+    } else {
+      loop_gemm<T>(p, T(alpha.to_int()), T(beta.to_int()));
+    }
+  });
+}
+
+void check_scalar_kind(const char* op, DType compute, const Scalar& s, const char* name) {
+  KILN_CHECK(!(is_integral(compute) && s.is_floating_point()), op,
+             ": for integral input tensors, argument ", name,
+             " must not be a floating point number (got ", s, " for ", dtype_name(compute), ")");
+}
+
+// Whether a tensor of shape `from` broadcasts to exactly `to`.
+bool broadcasts_to(const Shape& from, const Shape& to) {
+  if (from.size() > to.size()) return false;
+  size_t off = to.size() - from.size();
+  for (size_t i = 0; i < from.size(); ++i)
+    if (from[i] != 1 && from[i] != to[off + i]) return false;
+  return true;
+}
+
+std::string pair_str(const Tensor& a, const Tensor& b) {
+  return describe(a) + " and " + describe(b);
+}
+
+}  // namespace
+
+Tensor mm(const Tensor& a, const Tensor& b) {
+  const std::string& op = mm_def.name;
+  check_input(a, op, "mat1");
+  check_input(b, op, "mat2");
+  KILN_CHECK(a.dim() == 2, "mm: expected mat1 to be a 2-D matrix, got ", describe(a));
+  KILN_CHECK(b.dim() == 2, "mm: expected mat2 to be a 2-D matrix, got ", describe(b));
+  KILN_CHECK(a.size(1) == b.size(0), "mm: mat1 and mat2 shapes cannot be multiplied (",
+             dims_str(a.sizes()), " and ", dims_str(b.sizes()), "): ", pair_str(a, b));
+  DType compute = compute_dtype(op, {a, b});
+  Tensor out = detail::make_empty({a.size(0), b.size(1)}, compute);
+  gemm_into("mm", out, a, b, {}, compute, 1, 0);
+  return out;
+}
+
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  const std::string& op = bmm_def.name;
+  check_input(a, op, "batch1");
+  check_input(b, op, "batch2");
+  KILN_CHECK(a.dim() == 3, "bmm: expected batch1 to be a 3-D tensor, got ", describe(a));
+  KILN_CHECK(b.dim() == 3, "bmm: expected batch2 to be a 3-D tensor, got ", describe(b));
+  KILN_CHECK(a.size(0) == b.size(0), "bmm: batch1 and batch2 must have the same batch size (",
+             a.size(0), " vs ", b.size(0), "): ", pair_str(a, b));
+  KILN_CHECK(a.size(2) == b.size(1), "bmm: batch1 and batch2 shapes cannot be multiplied (",
+             dims_str(a.sizes()), " and ", dims_str(b.sizes()), "): ", pair_str(a, b));
+  DType compute = compute_dtype(op, {a, b});
+  Tensor out = detail::make_empty({a.size(0), a.size(1), b.size(2)}, compute);
+  gemm_into("bmm", out, a, b, {a.size(0)}, compute, 1, 0);
+  return out;
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  const std::string& op = matmul_def.name;
+  check_input(a, op, "input");
+  check_input(b, op, "other");
+  KILN_CHECK(a.dim() >= 1 && b.dim() >= 1,
+             "matmul: both arguments need to be at least 1-D, but they are ", a.dim(), "-D and ",
+             b.dim(), "-D (", pair_str(a, b), ")");
+  if (a.dim() == 1 && b.dim() == 1) {
+    KILN_CHECK(a.size(0) == b.size(0), "matmul: 1-D tensors must have the same size for a dot ",
+               "product, got ", pair_str(a, b));
+  }
+  // 1-D operands become a row (left) or a column (right) matrix; those dims are dropped after.
+  Tensor A = a.dim() == 1 ? a.unsqueeze(0) : a;
+  Tensor B = b.dim() == 1 ? b.unsqueeze(1) : b;
+  const int64_t M = A.size(-2), K = A.size(-1), N = B.size(-1);
+  KILN_CHECK(K == B.size(-2), "matmul: shapes cannot be multiplied (", dims_str(a.sizes()), " and ",
+             dims_str(b.sizes()), "): ", pair_str(a, b));
+  Shape batch_a(A.sizes().begin(), A.sizes().end() - 2);
+  Shape batch_b(B.sizes().begin(), B.sizes().end() - 2);
+  size_t nb = std::max(batch_a.size(), batch_b.size());
+  Shape batch(nb);
+  for (size_t i = 0; i < nb; ++i) {
+    int64_t da = i < nb - batch_a.size() ? 1 : batch_a[i - (nb - batch_a.size())];
+    int64_t db = i < nb - batch_b.size() ? 1 : batch_b[i - (nb - batch_b.size())];
+    KILN_CHECK(da == db || da == 1 || db == 1, "matmul: batch dimensions ", shape_str(batch_a),
+               " and ", shape_str(batch_b), " cannot be broadcast together (", pair_str(a, b), ")");
+    batch[i] = da == 1 ? db : da;
+  }
+  DType compute = compute_dtype(op, {a, b});
+  Shape full = batch;
+  full.insert(full.end(), {M, N});
+  Tensor out = detail::make_empty(full, compute);
+  gemm_into("matmul", out, A, B, batch, compute, 1, 0);
+  Shape result = batch;
+  if (a.dim() > 1) result.push_back(M);
+  if (b.dim() > 1) result.push_back(N);
+  return out.view(result);
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const std::string& op = linear_def.name;
+  check_input(x, op, "input");
+  check_input(weight, op, "weight");
+  if (bias.defined()) check_input(bias, op, "bias");
+  KILN_CHECK(x.dim() >= 1, "linear: expected input to be at least 1-D, got ", describe(x));
+  KILN_CHECK(weight.dim() == 2, "linear: expected weight to be a 2-D [out_features, in_features] ",
+             "matrix, got ", describe(weight));
+  KILN_CHECK(x.size(-1) == weight.size(1), "linear: input and weight shapes cannot be multiplied (",
+             dims_str(x.sizes()), " and ", dims_str(weight.sizes()), "^T): input ", describe(x),
+             " has ", x.size(-1), " features, weight ", describe(weight), " expects ",
+             weight.size(1));
+  Shape out_shape(x.sizes().begin(), x.sizes().end() - 1);
+  out_shape.push_back(weight.size(0));
+  if (bias.defined()) {
+    KILN_CHECK(broadcasts_to(bias.sizes(), out_shape), "linear: bias ", describe(bias),
+               " cannot be broadcast to the output shape ", shape_str(out_shape));
+  }
+  DType compute = compute_dtype(op, {x, weight, bias});
+  Tensor out = detail::make_empty(out_shape, compute);
+  if (bias.defined()) detail::copy_kernel(out, bias);
+  Tensor A = x.dim() == 1 ? x.unsqueeze(0) : x;
+  Shape batch(A.sizes().begin(), A.sizes().end() - 2);
+  gemm_into("linear", out, A, weight.t(), batch, compute, 1, bias.defined() ? 1 : 0);
+  return out;
+}
+
+Tensor addmm(const Tensor& self, const Tensor& m1, const Tensor& m2, const Scalar& beta,
+             const Scalar& alpha) {
+  const std::string& op = addmm_def.name;
+  check_input(self, op, "self");
+  check_input(m1, op, "mat1");
+  check_input(m2, op, "mat2");
+  KILN_CHECK(m1.dim() == 2, "addmm: expected mat1 to be a 2-D matrix, got ", describe(m1));
+  KILN_CHECK(m2.dim() == 2, "addmm: expected mat2 to be a 2-D matrix, got ", describe(m2));
+  KILN_CHECK(m1.size(1) == m2.size(0), "addmm: mat1 and mat2 shapes cannot be multiplied (",
+             dims_str(m1.sizes()), " and ", dims_str(m2.sizes()), "): ", pair_str(m1, m2));
+  Shape out_shape{m1.size(0), m2.size(1)};
+  KILN_CHECK(broadcasts_to(self.sizes(), out_shape), "addmm: self ", describe(self),
+             " cannot be broadcast to the output shape ", shape_str(out_shape));
+  DType compute = compute_dtype(op, {self, m1, m2});
+  check_scalar_kind("addmm", compute, beta, "beta");
+  check_scalar_kind("addmm", compute, alpha, "alpha");
+  Tensor out = detail::make_empty(out_shape, compute);
+  const bool use_self = beta.to_double() != 0.0 || beta.to_int() != 0;
+  if (use_self) detail::copy_kernel(out, self);
+  gemm_into("addmm", out, m1, m2, {}, compute, alpha, use_self ? beta : Scalar(0));
+  return out;
+}
+
 }  // namespace kiln
