@@ -1,21 +1,743 @@
-// PLACEHOLDER: replaced by the reductions implementation.
+// Reductions (sum, mean, prod, max/min, amax/amin, argmax/argmin, var/std, logsumexp, all, any).
+//
+// Every reduction goes through one driver. `prepare` validates the dims and views the input so that
+// the kept dims come first and the reduced dims last; when that view is contiguous each output
+// element reduces one contiguous row of length R ("rows" layout). When instead the view with the
+// reduced dims first is contiguous (a reduction over leading dims of a contiguous tensor, as in a
+// bias gradient) the simple accumulating ops read it in place ("cols" layout): for each reduced
+// index a whole contiguous run of outputs is updated, which vectorizes across outputs. Otherwise
+// the rows view is copied once. Work is split across threads over output rows when there are many
+// of them, and over chunks of each row when there are few (per-chunk partials are then combined
+// serially, in order, so ties and first-NaN rules still pick the first occurrence).
+//
+// Accumulation is in double for floating inputs and in 64-bit modular integers for integral ones.
+// Sums add in blocks with several independent lanes: the lanes let the compiler vectorize and the
+// blocks keep the rounding error growing with the block count rather than the element count.
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <type_traits>
+#include <utility>
+
 #include "kiln/ops.h"
+#include "lib/dispatch.h"
+#include "lib/op_table.h"
+#include "lib/parallel.h"
+#include "lib/tensor_impl.h"
+
 namespace kiln {
-#define TODO KILN_FAIL("not implemented yet")
-Tensor sum(const Tensor&, const std::vector<int64_t>&, bool, std::optional<DType>) { TODO; }
-Tensor mean(const Tensor&, const std::vector<int64_t>&, bool) { TODO; }
-Tensor prod(const Tensor&, const std::vector<int64_t>&, bool) { TODO; }
-Tensor max(const Tensor&) { TODO; }
-std::tuple<Tensor, Tensor> max(const Tensor&, int64_t, bool) { TODO; }
-Tensor min(const Tensor&) { TODO; }
-std::tuple<Tensor, Tensor> min(const Tensor&, int64_t, bool) { TODO; }
-Tensor amax(const Tensor&, const std::vector<int64_t>&, bool) { TODO; }
-Tensor amin(const Tensor&, const std::vector<int64_t>&, bool) { TODO; }
-Tensor argmax(const Tensor&, std::optional<int64_t>, bool) { TODO; }
-Tensor argmin(const Tensor&, std::optional<int64_t>, bool) { TODO; }
-Tensor var(const Tensor&, const std::vector<int64_t>&, int64_t, bool) { TODO; }
-Tensor std(const Tensor&, const std::vector<int64_t>&, int64_t, bool) { TODO; }
-Tensor logsumexp(const Tensor&, const std::vector<int64_t>&, bool) { TODO; }
-Tensor all(const Tensor&, const std::vector<int64_t>&, bool) { TODO; }
-Tensor any(const Tensor&, const std::vector<int64_t>&, bool) { TODO; }
+
+using detail::describe;
+using detail::DTypeRule;
+using detail::OpKind;
+using detail::TypeTag;
+
+namespace {
+
+const detail::OpDef& def_reduction(const char* name, DTypeRule rule, bool supports_bool = true) {
+  return detail::register_op({name, OpKind::Reduction, 1, rule, supports_bool});
+}
+
+const detail::OpDef& sum_def = def_reduction("sum", DTypeRule::Custom);
+const detail::OpDef& mean_def = def_reduction("mean", DTypeRule::Custom, false);
+const detail::OpDef& prod_def = def_reduction("prod", DTypeRule::Custom);
+const detail::OpDef& max_def = def_reduction("max", DTypeRule::Same);
+const detail::OpDef& min_def = def_reduction("min", DTypeRule::Same);
+const detail::OpDef& amax_def = def_reduction("amax", DTypeRule::Same);
+const detail::OpDef& amin_def = def_reduction("amin", DTypeRule::Same);
+const detail::OpDef& argmax_def = def_reduction("argmax", DTypeRule::Custom);
+const detail::OpDef& argmin_def = def_reduction("argmin", DTypeRule::Custom);
+const detail::OpDef& var_def = def_reduction("var", DTypeRule::Custom, false);
+const detail::OpDef& std_def = def_reduction("std", DTypeRule::Custom, false);
+const detail::OpDef& logsumexp_def = def_reduction("logsumexp", DTypeRule::Float);
+const detail::OpDef& all_def = def_reduction("all", DTypeRule::Logical);
+const detail::OpDef& any_def = def_reduction("any", DTypeRule::Logical);
+
+template <typename T>
+constexpr bool kIsFloat = std::is_floating_point_v<T>;
+
+// The accumulator of sums and products: double for floats, wrapping 64-bit integers otherwise.
+template <typename T>
+using Wide = std::conditional_t<kIsFloat<T>, double, uint64_t>;
+
+template <typename T>
+bool is_nan(T x) {
+  if constexpr (kIsFloat<T>)
+    return x != x;
+  else
+    return false;
+}
+
+// ------------------------------------------------------------------------------------ geometry
+
+enum class Layout { Rows, Cols };
+
+// The input arranged for reduction: element (row i, reduced index r) is at data[i * R + r] in the
+// Rows layout and at data[r * rows + i] in the Cols layout.
+struct Prepared {
+  Shape out_shape;
+  std::vector<int64_t> reduced_dims;  // wrapped, ascending
+  int64_t rows = 1;
+  int64_t R = 1;
+  Tensor data;  // contiguous
+  Layout layout = Layout::Rows;
+};
+
+// Validates `dims` (empty: all) and arranges `x`. allow_cols: the caller can read the Cols layout.
+Prepared prepare(const Tensor& x, const char* op, const std::vector<int64_t>& dims, bool keepdim,
+                 bool allow_cols) {
+  const int64_t nd = x.dim();
+  std::vector<bool> reduced(static_cast<size_t>(std::max<int64_t>(nd, 1)), dims.empty());
+  if (!dims.empty()) {
+    std::vector<bool> seen(reduced.size(), false);
+    for (int64_t d : dims) {
+      int64_t w = detail::wrap_dim(d, nd, op);
+      KILN_CHECK(!seen[w], op, ": dim ", w, " appears multiple times in the list of dims ",
+                 detail::shape_str(dims), " (input ", describe(x), ")");
+      seen[w] = true;
+      reduced[w] = true;
+    }
+  }
+  Prepared p;
+  std::vector<int64_t> kept_first, reduced_first, kept, red;
+  for (int64_t d = 0; d < nd; ++d) {
+    int64_t s = x.size(d);
+    if (reduced[d]) {
+      red.push_back(d);
+      p.R *= s;
+      if (keepdim) p.out_shape.push_back(1);
+    } else {
+      kept.push_back(d);
+      p.rows *= s;
+      p.out_shape.push_back(s);
+    }
+  }
+  p.reduced_dims = red;
+  kept_first = kept;
+  kept_first.insert(kept_first.end(), red.begin(), red.end());
+  Tensor rows_view = x.permute(kept_first);
+  if (rows_view.is_contiguous()) {
+    p.data = rows_view;
+    return p;
+  }
+  if (allow_cols) {
+    reduced_first = red;
+    reduced_first.insert(reduced_first.end(), kept.begin(), kept.end());
+    Tensor cols_view = x.permute(reduced_first);
+    if (cols_view.is_contiguous()) {
+      p.data = cols_view;
+      p.layout = Layout::Cols;
+      return p;
+    }
+  }
+  p.data = rows_view.contiguous();
+  return p;
+}
+
+// max/min/argmax/... have no identity: they reject a reduction over zero elements, as torch does.
+void check_nonempty(const char* op, const Tensor& x, const Prepared& p, bool all_dims) {
+  if (p.R != 0) return;
+  if (all_dims) {
+    KILN_FAIL(op,
+              ": expected a reduction dim to be specified for an input with no elements (input ",
+              describe(x), "); specify a dim with non-zero size");
+  }
+  KILN_FAIL(op, ": expected reduction dim(s) ", detail::shape_str(p.reduced_dims),
+            " to have non-zero size (input ", describe(x), ")");
+}
+
+void check_input(const Tensor& x, const char* op) {
+  detail::check_defined(x, op);
+  detail::check_cpu(x, op);
+}
+
+// A plain array of accumulators (not std::vector, whose bool specialization packs bits that
+// threads could not write independently).
+template <typename T>
+class Buffer {
+ public:
+  explicit Buffer(int64_t n) : p_(new T[static_cast<size_t>(n)]()) {}
+  T& operator[](int64_t i) { return p_[i]; }
+  T* data() { return p_.get(); }
+
+ private:
+  std::unique_ptr<T[]> p_;
+};
+
+int max_threads() {
+  return omp_in_parallel() ? 1 : omp_get_max_threads();
+}
+
+// ------------------------------------------------------------------------------------- drivers
+
+// Reduces each of `rows` rows of length R. row_fn(i, b, e) reduces elements [b, e) of row i (with
+// b == e only when R == 0); combine(left, right) merges partials of adjacent chunks; store(i, acc)
+// writes the result. None of them may throw.
+template <typename Acc, typename RowFn, typename Combine, typename Store>
+void reduce_rows(int64_t rows, int64_t R, const RowFn& row_fn, const Combine& combine,
+                 const Store& store) {
+  if (rows == 0) return;
+  const int64_t nt = max_threads();
+  const int64_t grain = detail::kParallelGrain;
+  const int64_t work = rows * std::max<int64_t>(R, 1);
+  auto whole_rows = [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) store(i, row_fn(i, int64_t{0}, R));
+  };
+  if (nt <= 1 || work < 2 * grain) {
+    whole_rows(0, rows);
+    return;
+  }
+  if (rows >= 4 * nt || R < 2 * grain) {
+    detail::parallel_for(rows, std::max<int64_t>(1, grain / std::max<int64_t>(R, 1)), whole_rows);
+    return;
+  }
+  // Few long rows: split every row into chunks, one task per (row, chunk).
+  int64_t chunks = std::min<int64_t>(nt, (R + grain - 1) / grain);
+  const int64_t len = (R + chunks - 1) / chunks;
+  chunks = (R + len - 1) / len;  // every chunk non-empty
+  Buffer<Acc> partial(rows * chunks);
+  detail::parallel_for(rows * chunks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      int64_t i = t / chunks, c = t % chunks;
+      partial[t] = row_fn(i, c * len, std::min(R, (c + 1) * len));
+    }
+  });
+  for (int64_t i = 0; i < rows; ++i) {
+    Acc acc = partial[i * chunks];
+    for (int64_t c = 1; c < chunks; ++c) acc = combine(acc, partial[i * chunks + c]);
+    store(i, acc);
+  }
+}
+
+// Reads the Cols layout: data[r * rows + i]. acc_i = lift(x_0i), then step(acc_i, x_ri) for r > 0.
+// With R == 0 every output gets `init`.
+template <typename Acc, typename T, typename Lift, typename Step, typename Combine, typename Store>
+void reduce_cols(const T* data, int64_t rows, int64_t R, Acc init, const Lift& lift,
+                 const Step& step, const Combine& combine, const Store& store) {
+  if (rows == 0) return;
+  if (R == 0) {
+    for (int64_t i = 0; i < rows; ++i) store(i, init);
+    return;
+  }
+  constexpr int64_t kTile = 1024;  // outputs updated together; their accumulators stay in cache
+  // Reduces r in [rb, re) for outputs [cb, ce) into out[0, ce - cb).
+  auto block = [&](int64_t rb, int64_t re, int64_t cb, int64_t ce, Acc* out) {
+    for (int64_t tb = cb; tb < ce; tb += kTile) {
+      const int64_t n = std::min(kTile, ce - tb);
+      Acc* __restrict a = out + (tb - cb);
+      const T* __restrict p = data + rb * rows + tb;
+      for (int64_t j = 0; j < n; ++j) a[j] = lift(p[j]);
+      for (int64_t r = rb + 1; r < re; ++r) {
+        p = data + r * rows + tb;
+        for (int64_t j = 0; j < n; ++j) a[j] = step(a[j], p[j]);
+      }
+    }
+  };
+  const int64_t nt = max_threads();
+  const int64_t grain = detail::kParallelGrain;
+  const int64_t work = rows * R;
+  if (nt <= 1 || work < 2 * grain || rows >= 64 * nt || R < 2 * nt) {
+    // Split over outputs (a single task when the work is small).
+    int64_t g = work < 2 * grain ? rows : std::max<int64_t>(64, grain / R);
+    detail::parallel_for(rows, g, [&](int64_t cb, int64_t ce) {
+      Buffer<Acc> acc(ce - cb);
+      block(0, R, cb, ce, acc.data());
+      for (int64_t i = cb; i < ce; ++i) store(i, acc[i - cb]);
+    });
+    return;
+  }
+  // Few outputs, many reduced elements: split the reduced range, then combine in order.
+  const int64_t chunks = std::min<int64_t>(nt, R);
+  const int64_t len = (R + chunks - 1) / chunks;
+  const int64_t used = (R + len - 1) / len;
+  Buffer<Acc> partial(used * rows);
+  detail::parallel_for(used, 1, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c)
+      block(c * len, std::min(R, (c + 1) * len), 0, rows, partial.data() + c * rows);
+  });
+  for (int64_t i = 0; i < rows; ++i) {
+    Acc acc = partial[i];
+    for (int64_t c = 1; c < used; ++c) acc = combine(acc, partial[c * rows + i]);
+    store(i, acc);
+  }
+}
+
+// A simple accumulating reduction: Ops has `Acc init`, `Acc run(const T*, int64_t n)` (a contiguous
+// run; returns init when n == 0), `Acc lift(T)`, `Acc step(Acc, T)` and `Acc combine(Acc, Acc)`.
+template <typename T, typename Ops, typename Store>
+void run_simple(const Prepared& p, const Ops& ops, const Store& store) {
+  using Acc = decltype(ops.init);
+  const T* data = static_cast<const T*>(p.data.raw_data_ptr());
+  auto combine = [&](Acc a, Acc b) { return ops.combine(a, b); };
+  if (p.layout == Layout::Cols) {
+    reduce_cols<Acc, T>(
+        data, p.rows, p.R, ops.init, [&](T x) { return ops.lift(x); },
+        [&](Acc a, T x) { return ops.step(a, x); }, combine, store);
+    return;
+  }
+  const int64_t R = p.R;
+  reduce_rows<Acc>(
+      p.rows, R, [&](int64_t i, int64_t b, int64_t e) { return ops.run(data + i * R + b, e - b); },
+      combine, store);
+}
+
+// ----------------------------------------------------------------------------------- row kernels
+
+constexpr int kLanes = 8;
+constexpr int64_t kSumBlock = 4096;
+
+// Sum of f(p[i]) accumulated in A: blocks of kSumBlock elements, kLanes independent lanes each.
+template <typename A, typename T, typename F>
+A sum_run(const T* __restrict p, int64_t n, const F& f) {
+  A total = 0;
+  for (int64_t b = 0; b < n; b += kSumBlock) {
+    const int64_t e = std::min(n, b + kSumBlock);
+    A lane[kLanes] = {};
+    int64_t i = b;
+    for (; i + kLanes <= e; i += kLanes)
+      for (int k = 0; k < kLanes; ++k) lane[k] += f(p[i + k]);
+    A tail = 0;
+    for (; i < e; ++i) tail += f(p[i]);
+    A s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    total += s + tail;
+  }
+  return total;
+}
+
+template <typename T>
+struct SumOps {
+  using A = Wide<T>;
+  A init = 0;
+  A run(const T* p, int64_t n) const {
+    return sum_run<A>(p, n, [](T x) { return static_cast<A>(x); });
+  }
+  A lift(T x) const { return static_cast<A>(x); }
+  A step(A a, T x) const { return a + static_cast<A>(x); }
+  A combine(A a, A b) const { return a + b; }
+};
+
+template <typename T>
+struct ProdOps {
+  using A = Wide<T>;
+  A init = 1;
+  A run(const T* __restrict p, int64_t n) const {
+    A lane[4] = {1, 1, 1, 1};
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+      for (int k = 0; k < 4; ++k) lane[k] *= static_cast<A>(p[i + k]);
+    A r = (lane[0] * lane[1]) * (lane[2] * lane[3]);
+    for (; i < n; ++i) r *= static_cast<A>(p[i]);
+    return r;
+  }
+  A lift(T x) const { return static_cast<A>(x); }
+  A step(A a, T x) const { return a * static_cast<A>(x); }
+  A combine(A a, A b) const { return a * b; }
+};
+
+// max or min where a NaN wins over everything.
+template <typename T, bool IsMax>
+T pick(T a, T x) {
+  bool better = IsMax ? x > a : x < a;
+  return (better || is_nan(x)) ? x : a;
+}
+
+template <typename T, bool IsMax>
+T extremum_scalar(const T* __restrict p, int64_t n) {
+  T r = p[0];
+  for (int64_t i = 1; i < n; ++i) r = pick<T, IsMax>(r, p[i]);
+  return r;
+}
+
+template <typename T, bool IsMax>
+struct ExtremumOps {
+  T init{};  // unused: an empty reduction is rejected before
+  // Lanes of plain max (or min) vectorize; for floats a second set of lanes adds x - x, which turns
+  // NaN on a NaN or an infinity, and then the run is redone by the exact NaN-aware scalar loop.
+  T run(const T* __restrict p, int64_t n) const {
+    T lane[kLanes], bad[kLanes];
+    for (int k = 0; k < kLanes; ++k) {
+      lane[k] = p[0];
+      bad[k] = T(0);
+    }
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+      for (int k = 0; k < kLanes; ++k) {
+        T v = p[i + k];
+        lane[k] = (IsMax ? v > lane[k] : v < lane[k]) ? v : lane[k];
+        if constexpr (kIsFloat<T>) bad[k] += v - v;
+      }
+    }
+    if constexpr (kIsFloat<T>) {
+      T any_bad = T(0);
+      for (int k = 0; k < kLanes; ++k) any_bad += bad[k];
+      if (any_bad != T(0) || is_nan(any_bad)) return extremum_scalar<T, IsMax>(p, n);
+    }
+    T r = p[0];
+    for (int k = 0; k < kLanes; ++k) r = pick<T, IsMax>(r, lane[k]);
+    for (; i < n; ++i) r = pick<T, IsMax>(r, p[i]);
+    return r;
+  }
+  T lift(T x) const { return x; }
+  T step(T a, T x) const { return pick<T, IsMax>(a, x); }
+  T combine(T a, T b) const { return pick<T, IsMax>(a, b); }
+};
+
+// all (IsAll) or any: blocks of elements, stopping once the answer is known. Within a block the
+// non-zero elements are counted (or, for bool, the bytes and-ed/or-ed), which vectorizes.
+template <typename T, bool IsAll>
+struct LogicalOps {
+  bool init = IsAll;
+  bool run(const T* __restrict p, int64_t n) const {
+    constexpr int64_t kBlock = 1024;
+    for (int64_t b = 0; b < n; b += kBlock) {
+      const int64_t e = std::min(n, b + kBlock);
+      bool decided;
+      if constexpr (std::is_same_v<T, bool>) {
+        const uint8_t* q = reinterpret_cast<const uint8_t*>(p);
+        uint8_t acc = IsAll ? 1 : 0;
+        for (int64_t i = b; i < e; ++i) {
+          if constexpr (IsAll)
+            acc &= q[i];
+          else
+            acc |= q[i];
+        }
+        decided = (acc != 0) != IsAll;
+      } else {
+        using C = std::conditional_t<sizeof(T) == 8, int64_t, int32_t>;
+        C count = 0;
+        for (int64_t i = b; i < e; ++i) count += static_cast<C>(p[i] != T(0));
+        decided = IsAll ? count != e - b : count != 0;
+      }
+      if (decided) return !IsAll;
+    }
+    return IsAll;
+  }
+  bool lift(T x) const { return x != T(0); }
+  bool step(bool a, T x) const {
+    if constexpr (IsAll)
+      return a & (x != T(0));
+    else
+      return a | (x != T(0));
+  }
+  bool combine(bool a, bool b) const { return IsAll ? (a && b) : (a || b); }
+};
+
+// The best value of a run and its index (relative to the row): ties keep the first, the first NaN
+// wins. p[0] must exist.
+template <typename T, bool IsMax>
+std::pair<T, int64_t> arg_run(const T* __restrict p, int64_t n, int64_t offset) {
+  T best = p[0];
+  int64_t at = 0;
+  if (is_nan(best)) return {best, offset};
+  for (int64_t i = 1; i < n; ++i) {
+    T x = p[i];
+    if (IsMax ? x > best : x < best) {
+      best = x;
+      at = i;
+    } else if (is_nan(x)) {
+      return {x, offset + i};
+    }
+  }
+  return {best, offset + at};
+}
+
+template <typename T, bool IsMax>
+std::pair<T, int64_t> arg_combine(const std::pair<T, int64_t>& left,
+                                  const std::pair<T, int64_t>& right) {
+  if (is_nan(left.first)) return left;
+  if (is_nan(right.first)) return right;
+  bool better = IsMax ? right.first > left.first : right.first < left.first;
+  return better ? right : left;
+}
+
+// ------------------------------------------------------------------------------- op bodies
+
+Tensor sum_like(const char* op, const Tensor& x, const std::vector<int64_t>& dims, bool keepdim,
+                std::optional<DType> dtype, bool mean) {
+  check_input(x, op);
+  if (mean) {
+    KILN_CHECK(is_floating_point(x.dtype()), op,
+               ": could not infer the output dtype; the input must be floating point, got ",
+               describe(x));
+  }
+  Tensor in = dtype ? x.to(*dtype) : x;
+  DType out_type = dtype ? *dtype : (is_floating_point(x.dtype()) ? x.dtype() : kInt64);
+  Prepared p = prepare(in, op, dims, keepdim, true);
+  Tensor out = detail::make_empty(p.out_shape, out_type);
+  const double count = static_cast<double>(p.R);
+  detail::dispatch_all(in.dtype(), [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    using A = Wide<T>;
+    auto write = [&](auto otag) {
+      using O = KILN_TYPE(otag);
+      O* o = out.data_ptr<O>();
+      if constexpr (kIsFloat<T>) {
+        if (mean) {
+          run_simple<T>(p, SumOps<T>{}, [&](int64_t i, A a) { o[i] = static_cast<O>(a / count); });
+          return;
+        }
+      }
+      run_simple<T>(p, SumOps<T>{}, [&](int64_t i, A a) { o[i] = static_cast<O>(a); });
+    };
+    if (out_type == in.dtype())
+      write(TypeTag<T>{});
+    else
+      write(TypeTag<int64_t>{});
+  });
+  return out;
+}
+
+template <bool IsMax>
+Tensor extremum(const char* op, const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  check_input(x, op);
+  Prepared p = prepare(x, op, dims, keepdim, true);
+  check_nonempty(op, x, p, dims.empty());
+  Tensor out = detail::make_empty(p.out_shape, x.dtype());
+  detail::dispatch_all(x.dtype(), [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    T* o = out.data_ptr<T>();
+    run_simple<T>(p, ExtremumOps<T, IsMax>{}, [&](int64_t i, T v) { o[i] = v; });
+  });
+  return out;
+}
+
+template <bool IsAll>
+Tensor logical_reduce(const char* op, const Tensor& x, const std::vector<int64_t>& dims,
+                      bool keepdim) {
+  check_input(x, op);
+  Prepared p = prepare(x, op, dims, keepdim, true);
+  Tensor out = detail::make_empty(p.out_shape, kBool);
+  bool* o = out.data_ptr<bool>();
+  detail::dispatch_all(x.dtype(), [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    run_simple<T>(p, LogicalOps<T, IsAll>{}, [&](int64_t i, bool v) { o[i] = v; });
+  });
+  return out;
+}
+
+// Values (when `values` is non-null) and int64 indices of the max or min along the reduced dims.
+template <bool IsMax>
+void arg_reduce(const char* op, const Tensor& x, const std::vector<int64_t>& dims, bool keepdim,
+                Tensor* values, Tensor* indices) {
+  check_input(x, op);
+  Prepared p = prepare(x, op, dims, keepdim, false);
+  check_nonempty(op, x, p, dims.empty());
+  *indices = detail::make_empty(p.out_shape, kInt64);
+  if (values) *values = detail::make_empty(p.out_shape, x.dtype());
+  int64_t* idx = indices->data_ptr<int64_t>();
+  detail::dispatch_all(x.dtype(), [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    using Acc = std::pair<T, int64_t>;
+    const T* data = static_cast<const T*>(p.data.raw_data_ptr());
+    T* val = values ? values->data_ptr<T>() : nullptr;
+    const int64_t R = p.R;
+    reduce_rows<Acc>(
+        p.rows, R,
+        [&](int64_t i, int64_t b, int64_t e) {
+          return arg_run<T, IsMax>(data + i * R + b, e - b, b);
+        },
+        [](const Acc& l, const Acc& r) { return arg_combine<T, IsMax>(l, r); },
+        [&](int64_t i, const Acc& a) {
+          idx[i] = a.second;
+          if (val) val[i] = a.first;
+        });
+  });
+}
+
+Tensor var_like(const char* op, const Tensor& x, const std::vector<int64_t>& dims,
+                int64_t correction, bool keepdim, bool take_sqrt) {
+  check_input(x, op);
+  KILN_CHECK(is_floating_point(x.dtype()), op,
+             ": std and var only support floating-point dtypes, got ", describe(x));
+  Prepared p = prepare(x, op, dims, keepdim, false);
+  Tensor out = detail::make_empty(p.out_shape, x.dtype());
+  const int64_t R = p.R;
+  const double count = static_cast<double>(R);
+  const double denom = count - static_cast<double>(correction);
+  detail::dispatch_floating(x.dtype(), op, [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    const T* data = static_cast<const T*>(p.data.raw_data_ptr());
+    T* o = out.data_ptr<T>();
+    // Pass 1: the mean of each row.
+    std::vector<double> means(static_cast<size_t>(p.rows));
+    reduce_rows<double>(
+        p.rows, R,
+        [&](int64_t i, int64_t b, int64_t e) {
+          return sum_run<double>(data + i * R + b, e - b, [](T v) { return double(v); });
+        },
+        [](double a, double b) { return a + b; },
+        [&](int64_t i, double s) { means[i] = s / count; });
+    // Pass 2: sums of deviations d and d^2. The corrected two-pass formula subtracts (sum d)^2 / n,
+    // which removes most of the error left in the mean.
+    using Acc = std::pair<double, double>;
+    reduce_rows<Acc>(
+        p.rows, R,
+        [&](int64_t i, int64_t b, int64_t e) {
+          const double m = means[i];
+          const T* q = data + i * R + b;
+          double s = 0, ss = 0;
+          for (int64_t bb = 0; bb < e - b; bb += kSumBlock) {
+            const int64_t ee = std::min(e - b, bb + kSumBlock);
+            double ls[kLanes] = {}, lss[kLanes] = {};
+            int64_t j = bb;
+            for (; j + kLanes <= ee; j += kLanes) {
+              for (int k = 0; k < kLanes; ++k) {
+                double d = double(q[j + k]) - m;
+                ls[k] += d;
+                lss[k] += d * d;
+              }
+            }
+            for (; j < ee; ++j) {
+              double d = double(q[j]) - m;
+              s += d;
+              ss += d * d;
+            }
+            for (int k = 0; k < kLanes; ++k) {
+              s += ls[k];
+              ss += lss[k];
+            }
+          }
+          return Acc{s, ss};
+        },
+        [](const Acc& a, const Acc& b) {
+          return Acc{a.first + b.first, a.second + b.second};
+        },
+        [&](int64_t i, const Acc& a) {
+          double v = std::numeric_limits<double>::quiet_NaN();
+          if (denom > 0) {
+            v = (a.second - a.first * a.first / count) / denom;
+            if (v < 0) v = 0;
+          }
+          o[i] = static_cast<T>(take_sqrt ? std::sqrt(v) : v);
+        });
+  });
+  return out;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------- public entries
+
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim,
+           std::optional<DType> dtype) {
+  return sum_like(sum_def.name.c_str(), x, dims, keepdim, dtype, false);
+}
+
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return sum_like(mean_def.name.c_str(), x, dims, keepdim, std::nullopt, true);
+}
+
+Tensor prod(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  const char* op = prod_def.name.c_str();
+  check_input(x, op);
+  DType out_type = is_floating_point(x.dtype()) ? x.dtype() : kInt64;
+  Prepared p = prepare(x, op, dims, keepdim, true);
+  Tensor out = detail::make_empty(p.out_shape, out_type);
+  detail::dispatch_all(x.dtype(), [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    using O = std::conditional_t<kIsFloat<T>, T, int64_t>;
+    O* o = out.data_ptr<O>();
+    run_simple<T>(p, ProdOps<T>{}, [&](int64_t i, Wide<T> a) { o[i] = static_cast<O>(a); });
+  });
+  return out;
+}
+
+Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return extremum<true>(amax_def.name.c_str(), x, dims, keepdim);
+}
+
+Tensor amin(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return extremum<false>(amin_def.name.c_str(), x, dims, keepdim);
+}
+
+Tensor max(const Tensor& x) {
+  return extremum<true>(max_def.name.c_str(), x, {}, false);
+}
+
+Tensor min(const Tensor& x) {
+  return extremum<false>(min_def.name.c_str(), x, {}, false);
+}
+
+std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
+  Tensor values, indices;
+  arg_reduce<true>(max_def.name.c_str(), x, {dim}, keepdim, &values, &indices);
+  return {values, indices};
+}
+
+std::tuple<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim) {
+  Tensor values, indices;
+  arg_reduce<false>(min_def.name.c_str(), x, {dim}, keepdim, &values, &indices);
+  return {values, indices};
+}
+
+// Without a dim every dim is reduced in order, so the row offset is the flat index (keepdim then
+// keeps every dim as size 1, as torch).
+Tensor argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
+  Tensor indices;
+  std::vector<int64_t> dims;
+  if (dim) dims.push_back(*dim);
+  arg_reduce<true>(argmax_def.name.c_str(), x, dims, keepdim, nullptr, &indices);
+  return indices;
+}
+
+Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
+  Tensor indices;
+  std::vector<int64_t> dims;
+  if (dim) dims.push_back(*dim);
+  arg_reduce<false>(argmin_def.name.c_str(), x, dims, keepdim, nullptr, &indices);
+  return indices;
+}
+
+Tensor var(const Tensor& x, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
+  return var_like(var_def.name.c_str(), x, dims, correction, keepdim, false);
+}
+
+Tensor std(const Tensor& x, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
+  return var_like(std_def.name.c_str(), x, dims, correction, keepdim, true);
+}
+
+// log(sum(exp(x - m))) + m with m the row's max (0 when the max is infinite, so that all -inf gives
+// -inf and any +inf gives +inf); NaN propagates; an empty row gives -inf. Integers become float32.
+Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  const char* op = logsumexp_def.name.c_str();
+  check_input(x, op);
+  Tensor in = is_floating_point(x.dtype()) ? x : x.to(kFloat32);
+  Prepared p = prepare(in, op, dims, keepdim, false);
+  Tensor out = detail::make_empty(p.out_shape, in.dtype());
+  const int64_t R = p.R;
+  detail::dispatch_floating(in.dtype(), op, [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    T* o = out.data_ptr<T>();
+    if (R == 0) {
+      for (int64_t i = 0; i < p.rows; ++i) o[i] = -std::numeric_limits<T>::infinity();
+      return;
+    }
+    const T* data = static_cast<const T*>(p.data.raw_data_ptr());
+    ExtremumOps<T, true> mx;
+    std::vector<T> maxes(static_cast<size_t>(p.rows));
+    reduce_rows<T>(
+        p.rows, R, [&](int64_t i, int64_t b, int64_t e) { return mx.run(data + i * R + b, e - b); },
+        [&](T a, T b) { return mx.combine(a, b); },
+        [&](int64_t i, T m) { maxes[i] = std::isinf(m) ? T(0) : m; });
+    reduce_rows<double>(
+        p.rows, R,
+        [&](int64_t i, int64_t b, int64_t e) {
+          const T m = maxes[i];
+          return sum_run<double>(data + i * R + b, e - b,
+                                 [m](T v) { return static_cast<double>(std::exp(T(v - m))); });
+        },
+        [](double a, double b) { return a + b; },
+        [&](int64_t i, double s) { o[i] = static_cast<T>(std::log(s) + double(maxes[i])); });
+  });
+  return out;
+}
+
+Tensor all(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return logical_reduce<true>(all_def.name.c_str(), x, dims, keepdim);
+}
+
+Tensor any(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return logical_reduce<false>(any_def.name.c_str(), x, dims, keepdim);
+}
+
 }  // namespace kiln
