@@ -37,13 +37,31 @@ T int_pow(T base, T exp) {
   }
 }
 
+// floor, ceil and round are the identity on integers (a detour through double loses int64 bits).
+template <typename T>
+T floor_of(T x) {
+  if constexpr (kIsFloat<T>) return std::floor(x);
+  else return x;
+}
+template <typename T>
+T ceil_of(T x) {
+  if constexpr (kIsFloat<T>) return std::ceil(x);
+  else return x;
+}
+// nearbyint rounds half to even in the default rounding mode, as torch.round does.
+template <typename T>
+T round_of(T x) {
+  if constexpr (kIsFloat<T>) return std::nearbyint(x);
+  else return x;
+}
+
 const detail::OpDef& def_op(const char* name, OpKind kind, int arity, DTypeRule rule,
                             bool supports_bool = true) {
   return detail::register_op({name, kind, arity, rule, supports_bool});
 }
 
 void check_no_zero_divisor(const char* op, const Tensor& b, DType compute) {
-  if (!is_integral(compute, true)) return;
+  if (!is_integral(compute)) return;  // bool operands are rejected with a clearer message later
   KILN_CHECK(!kiln::eq(b, 0).any().item<bool>(), op, ": integer division by zero (divisor ",
              detail::describe(b), ")");
 }
@@ -75,13 +93,13 @@ KILN_UNARY(sin, DTypeRule::Float, true, std::sin(x))
 KILN_UNARY(cos, DTypeRule::Float, true, std::cos(x))
 KILN_UNARY(tanh, DTypeRule::Float, true, std::tanh(x))
 KILN_UNARY(sigmoid, DTypeRule::Float, true, T(1) / (T(1) + std::exp(-x)))
-KILN_UNARY(relu, DTypeRule::Same, false, T(x > T(0) ? x : T(0)))
+// NaN passes through, as torch's relu (clamp_min(x, 0)) does.
+KILN_UNARY(relu, DTypeRule::Same, false, T(x > T(0) || x != x ? x : T(0)))
 KILN_UNARY(silu, DTypeRule::Float, true, x / (T(1) + std::exp(-x)))
 KILN_UNARY(erf, DTypeRule::Float, true, std::erf(x))
-KILN_UNARY(floor, DTypeRule::Same, true, T(kIsFloat<T> ? std::floor(x) : x))
-KILN_UNARY(ceil, DTypeRule::Same, true, T(kIsFloat<T> ? std::ceil(x) : x))
-// nearbyint rounds half to even in the default rounding mode, as torch.round does.
-KILN_UNARY(round, DTypeRule::Same, true, T(kIsFloat<T> ? std::nearbyint(x) : x))
+KILN_UNARY(floor, DTypeRule::Same, true, floor_of(x))
+KILN_UNARY(ceil, DTypeRule::Same, true, ceil_of(x))
+KILN_UNARY(round, DTypeRule::Same, true, round_of(x))
 KILN_UNARY(logical_not, DTypeRule::Logical, true, !x)
 KILN_UNARY(isnan, DTypeRule::Predicate, true, x != x)
 KILN_UNARY(isfinite, DTypeRule::Predicate, true,

@@ -51,8 +51,14 @@ Tensor empty(const Shape& shape, TensorOptions options) {
   check_factory("empty", shape, options);
   return make_empty(shape, options.dtype_or(kFloat32));
 }
-Tensor zeros(const Shape& shape, TensorOptions options) { return full(shape, 0, options.dtype(options.dtype_or(kFloat32))); }
-Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1, options.dtype(options.dtype_or(kFloat32))); }
+Tensor zeros(const Shape& shape, TensorOptions options) {
+  check_factory("zeros", shape, options);
+  return full(shape, 0, options.dtype(options.dtype_or(kFloat32)));
+}
+Tensor ones(const Shape& shape, TensorOptions options) {
+  check_factory("ones", shape, options);
+  return full(shape, 1, options.dtype(options.dtype_or(kFloat32)));
+}
 Tensor full(const Shape& shape, const Scalar& value, TensorOptions options) {
   (void)full_def;
   check_factory("full", shape, options);
@@ -104,8 +110,9 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions options) 
   detail::dispatch_all(dt, [&](auto tag) {
     using T = KILN_TYPE(tag);
     T* p = t.data_ptr<T>();
-    // Fill symmetrically from both ends, as torch does, so the last value is exactly `end`.
-    int64_t half = steps / 2;
+    // Fill symmetrically from both ends, as torch does, so the last value is exactly `end`; a
+    // single step gives `start`.
+    int64_t half = std::max<int64_t>(steps / 2, 1);
     for (int64_t i = 0; i < steps; ++i)
       p[i] = static_cast<T>(i < half ? start + step * i : end - step * (steps - 1 - i));
   });
@@ -196,6 +203,7 @@ Tensor randint(int64_t high, const Shape& shape, TensorOptions options) {
 namespace detail {
 Tensor from_buffer(const void* data, int64_t count, DType dtype, const Shape& shape) {
   KILN_CHECK(count == 0 || data != nullptr, "from_vector: null data pointer");
+  check_factory("from_vector", shape, {});
   Tensor t = make_empty(shape, dtype);
   KILN_CHECK(t.numel() == count, "from_vector: ", count, " values do not fill shape ",
              shape_str(shape), " (", t.numel(), " elements)");

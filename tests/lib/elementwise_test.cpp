@@ -1,0 +1,786 @@
+// Every elementwise op against a float64 reference over random shapes, broadcasts, layouts and
+// dtypes.
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+
+#include "tests/testing.h"
+
+namespace kiln {
+namespace {
+
+using testing::values;
+
+const std::vector<DType> kAllTypes = {kFloat32, kFloat64, kInt32, kInt64, kBool};
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Where an op's inputs are drawn from: [lo, hi), optionally kept away from zero or rounded to
+// multiples of 0.5 (so that comparisons see ties).
+struct Domain {
+  double lo = -3, hi = 3;
+  bool nonzero = false;
+  bool discrete = false;
+};
+
+// How an op's result dtype follows from the promoted input type.
+enum class Rule { Same, Float, Bool };
+
+Tensor make_input(const Shape& shape, DType dt, const Domain& d) {
+  auto& g = testing::rng();
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  std::vector<double> v(n);
+  for (auto& x : v) {
+    if (dt == kBool) {
+      x = std::uniform_int_distribution<int>(0, 1)(g);
+      continue;
+    }
+    x = std::uniform_real_distribution<double>(d.lo, d.hi)(g);
+    if (d.discrete) x = std::round(x * 2) / 2;
+    if (is_integral(dt)) x = std::floor(x);
+    if (d.nonzero && std::fabs(x) < 0.25) x = (x < 0 ? -1 : 1) * (is_integral(dt) ? 1 : 0.5);
+  }
+  return from_vector(v, shape).to(dt);
+}
+
+DType out_type(Rule r, DType promoted) {
+  if (r == Rule::Bool) return kBool;
+  if (r == Rule::Float) return to_floating(promoted);
+  return promoted;
+}
+
+// The reference value as the result dtype stores it (bool keeps only truth; integers are exact).
+double as_type(DType dt, double v) {
+  if (dt == kBool) return v != 0 ? 1 : 0;
+  return v;
+}
+
+struct Tol {
+  double rtol, atol;
+};
+Tol tolerance(DType dt) {
+  if (dt == kFloat64) return {1e-12, 1e-12};
+  if (dt == kFloat32) return {1e-6, 1e-6};
+  return {0, 0};
+}
+
+// torch's promotion of two tensors: dimensioned tensors outrank 0-dim ones, which only count when
+// they are of a higher category (bool < integer < floating).
+DType expected_promotion(const Tensor& a, const Tensor& b) {
+  bool za = a.dim() == 0, zb = b.dim() == 0;
+  if (za == zb) return promote_types(a.dtype(), b.dtype());
+  DType hi = za ? b.dtype() : a.dtype(), lo = za ? a.dtype() : b.dtype();
+  auto category = [](DType d) { return d == kBool ? 0 : is_integral(d) ? 1 : 2; };
+  return category(lo) > category(hi) ? promote_types(hi, lo) : hi;
+}
+
+// Two broadcast-compatible shapes: both derived from one shape by dropping leading dims and
+// setting random dims to 1.
+std::pair<Shape, Shape> broadcast_pair() {
+  auto& g = testing::rng();
+  Shape full = testing::random_shape(0, 4, 5);
+  auto derive = [&](Shape s) {
+    if (!s.empty() && std::uniform_int_distribution<int>(0, 2)(g) == 0) {
+      size_t drop = std::uniform_int_distribution<size_t>(1, s.size())(g);
+      s.erase(s.begin(), s.begin() + drop);
+    }
+    for (auto& d : s)
+      if (std::uniform_int_distribution<int>(0, 3)(g) == 0) d = 1;
+    return s;
+  };
+  return {derive(full), derive(full)};
+}
+
+Shape broadcast(const Shape& a, const Shape& b) {
+  size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+int64_t numel_of(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+// ------------------------------------------------------------------------------------ unary ops
+struct UnaryCase {
+  std::string name;
+  std::function<Tensor(const Tensor&)> fn;
+  std::function<double(double)> ref;
+  Rule rule;
+  Domain domain = {};
+  bool bool_ok = true;
+};
+
+double sigmoid_ref(double x) {
+  return 1 / (1 + std::exp(-x));
+}
+double gelu_ref(double x) {
+  return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+}
+double gelu_tanh_ref(double x) {
+  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+double softplus_ref(double x, double beta, double threshold) {
+  return beta * x > threshold ? x : std::log1p(std::exp(beta * x)) / beta;
+}
+double round_half_even(double x) {
+  double f = std::floor(x), diff = x - f;
+  if (diff > 0.5) return f + 1;
+  if (diff < 0.5) return f;
+  return std::fmod(f, 2.0) == 0 ? f : f + 1;
+}
+
+const std::vector<UnaryCase>& unary_cases() {
+  const Domain positive{0.1, 5}, wide{-6, 6};
+  static const std::vector<UnaryCase> cases = {
+      {"neg",
+       [](const Tensor& x) { return neg(x); },
+       [](double x) { return -x; },
+       Rule::Same,
+       {},
+       false},
+      {"abs", [](const Tensor& x) { return abs(x); }, [](double x) { return std::fabs(x); },
+       Rule::Same},
+      {"sign",
+       [](const Tensor& x) { return sign(x); },
+       [](double x) { return double((x > 0) - (x < 0)); },
+       Rule::Same,
+       {-3, 3, false, true}},
+      {"exp", [](const Tensor& x) { return exp(x); }, [](double x) { return std::exp(x); },
+       Rule::Float},
+      {"log", [](const Tensor& x) { return log(x); }, [](double x) { return std::log(x); },
+       Rule::Float, positive},
+      {"log1p",
+       [](const Tensor& x) { return log1p(x); },
+       [](double x) { return std::log1p(x); },
+       Rule::Float,
+       {-0.9, 3}},
+      {"expm1", [](const Tensor& x) { return expm1(x); }, [](double x) { return std::expm1(x); },
+       Rule::Float},
+      {"sqrt", [](const Tensor& x) { return sqrt(x); }, [](double x) { return std::sqrt(x); },
+       Rule::Float, positive},
+      {"rsqrt", [](const Tensor& x) { return rsqrt(x); }, [](double x) { return 1 / std::sqrt(x); },
+       Rule::Float, positive},
+      {"reciprocal",
+       [](const Tensor& x) { return reciprocal(x); },
+       [](double x) { return 1 / x; },
+       Rule::Float,
+       {-3, 3, true}},
+      {"sin", [](const Tensor& x) { return sin(x); }, [](double x) { return std::sin(x); },
+       Rule::Float, wide},
+      {"cos", [](const Tensor& x) { return cos(x); }, [](double x) { return std::cos(x); },
+       Rule::Float, wide},
+      {"tanh", [](const Tensor& x) { return tanh(x); }, [](double x) { return std::tanh(x); },
+       Rule::Float},
+      {"sigmoid", [](const Tensor& x) { return sigmoid(x); }, sigmoid_ref, Rule::Float, wide},
+      {"relu",
+       [](const Tensor& x) { return relu(x); },
+       [](double x) { return x > 0 ? x : 0; },
+       Rule::Same,
+       {},
+       false},
+      {"gelu", [](const Tensor& x) { return gelu(x); }, gelu_ref, Rule::Float, wide},
+      {"gelu_tanh", [](const Tensor& x) { return gelu(x, "tanh"); }, gelu_tanh_ref, Rule::Float,
+       wide},
+      {"silu", [](const Tensor& x) { return silu(x); }, [](double x) { return x * sigmoid_ref(x); },
+       Rule::Float, wide},
+      {"softplus", [](const Tensor& x) { return softplus(x); },
+       [](double x) { return softplus_ref(x, 1, 20); }, Rule::Float, wide},
+      {"softplus_beta2_threshold1", [](const Tensor& x) { return softplus(x, 2.0, 1.0); },
+       [](double x) { return softplus_ref(x, 2, 1); }, Rule::Float},
+      {"erf", [](const Tensor& x) { return erf(x); }, [](double x) { return std::erf(x); },
+       Rule::Float},
+      {"floor", [](const Tensor& x) { return floor(x); }, [](double x) { return std::floor(x); },
+       Rule::Same},
+      {"ceil", [](const Tensor& x) { return ceil(x); }, [](double x) { return std::ceil(x); },
+       Rule::Same},
+      {"round", [](const Tensor& x) { return round(x); }, round_half_even, Rule::Same},
+      {"round_ties",
+       [](const Tensor& x) { return round(x); },
+       round_half_even,
+       Rule::Same,
+       {-4, 4, false, true}},
+      {"logical_not",
+       [](const Tensor& x) { return logical_not(x); },
+       [](double x) { return double(x == 0); },
+       Rule::Bool,
+       {-2, 2, false, true}},
+      {"isnan", [](const Tensor& x) { return isnan(x); },
+       [](double x) { return double(std::isnan(x)); }, Rule::Bool},
+      {"isfinite", [](const Tensor& x) { return isfinite(x); },
+       [](double x) { return double(std::isfinite(x)); }, Rule::Bool},
+  };
+  return cases;
+}
+
+void PrintTo(const UnaryCase& c, std::ostream* os) {
+  *os << c.name;
+}
+
+class UnaryTest : public ::testing::TestWithParam<UnaryCase> {};
+
+TEST_P(UnaryTest, MatchesReference) {
+  const UnaryCase& c = GetParam();
+  for (DType dt : kAllTypes) {
+    for (int iter = 0; iter < 25; ++iter) {
+      Shape shape = testing::random_shape(0, 4, 5);
+      Tensor x = make_input(shape, dt, c.domain);
+      SCOPED_TRACE(::testing::Message()
+                   << c.name << " of " << dt << ::testing::PrintToString(shape));
+      if (dt == kBool && !c.bool_ok) {
+        EXPECT_THROW(c.fn(x), Error);
+        continue;
+      }
+      DType out = out_type(c.rule, dt);
+      std::vector<double> xv = values(x), expected(xv.size());
+      for (size_t i = 0; i < xv.size(); ++i) expected[i] = as_type(out, c.ref(xv[i]));
+      Tol tol = tolerance(out);
+      for (const auto& [layout, lx] : testing::layouts(x)) {
+        SCOPED_TRACE(layout);
+        testing::expect_close(c.fn(lx), expected, shape, out, tol.rtol, tol.atol);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, UnaryTest, ::testing::ValuesIn(unary_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// ----------------------------------------------------------------------------------- binary ops
+// Which promoted types a case runs on.
+enum class Scope { All, FloatOnly, IntegralOnly };
+
+struct BinaryCase {
+  std::string name;
+  std::function<Tensor(const Tensor&, const Tensor&)> fn;
+  std::function<double(double, double)> ref;
+  Rule rule;
+  Domain a_domain = {}, b_domain = {};
+  bool bool_ok = true;  // whether a bool operand is accepted
+  Scope scope = Scope::All;
+};
+
+double python_mod(double a, double b) {
+  double r = std::fmod(a, b);
+  if (r != 0 && ((r < 0) != (b < 0))) r += b;
+  return r;
+}
+
+const std::vector<BinaryCase>& binary_cases() {
+  const Domain discrete{-3, 3, false, true}, nonzero{-3, 3, true}, exponent{0, 3};
+  static const std::vector<BinaryCase> cases = {
+      {"add", [](const Tensor& a, const Tensor& b) { return add(a, b); },
+       [](double a, double b) { return a + b; }, Rule::Same},
+      {"add_alpha2", [](const Tensor& a, const Tensor& b) { return add(a, b, 2); },
+       [](double a, double b) { return a + 2 * b; }, Rule::Same},
+      {"add_alpha_half",
+       [](const Tensor& a, const Tensor& b) { return add(a, b, 0.5); },
+       [](double a, double b) { return a + 0.5 * b; },
+       Rule::Same,
+       {},
+       {},
+       true,
+       Scope::FloatOnly},
+      {"sub",
+       [](const Tensor& a, const Tensor& b) { return sub(a, b); },
+       [](double a, double b) { return a - b; },
+       Rule::Same,
+       {},
+       {},
+       false},
+      {"sub_alpha3",
+       [](const Tensor& a, const Tensor& b) { return sub(a, b, 3); },
+       [](double a, double b) { return a - 3 * b; },
+       Rule::Same,
+       {},
+       {},
+       false},
+      {"sub_alpha_half",
+       [](const Tensor& a, const Tensor& b) { return sub(a, b, -0.5); },
+       [](double a, double b) { return a + 0.5 * b; },
+       Rule::Same,
+       {},
+       {},
+       false,
+       Scope::FloatOnly},
+      {"mul", [](const Tensor& a, const Tensor& b) { return mul(a, b); },
+       [](double a, double b) { return a * b; }, Rule::Same},
+      {"div",
+       [](const Tensor& a, const Tensor& b) { return div(a, b); },
+       [](double a, double b) { return a / b; },
+       Rule::Float,
+       {},
+       nonzero},
+      {"pow",
+       [](const Tensor& a, const Tensor& b) { return pow(a, b); },
+       [](double a, double b) { return std::pow(a, b); },
+       Rule::Same,
+       {},
+       {},
+       false,
+       Scope::FloatOnly},
+      {"pow_int",
+       [](const Tensor& a, const Tensor& b) { return pow(a, b); },
+       [](double a, double b) { return std::pow(a, b); },
+       Rule::Same,
+       {},
+       exponent,
+       false,
+       Scope::IntegralOnly},
+      {"remainder",
+       [](const Tensor& a, const Tensor& b) { return remainder(a, b); },
+       python_mod,
+       Rule::Same,
+       {-5, 5},
+       nonzero,
+       false,
+       Scope::FloatOnly},
+      {"remainder_int",
+       [](const Tensor& a, const Tensor& b) { return remainder(a, b); },
+       python_mod,
+       Rule::Same,
+       {-7, 7},
+       nonzero,
+       false,
+       Scope::IntegralOnly},
+      {"minimum", [](const Tensor& a, const Tensor& b) { return minimum(a, b); },
+       [](double a, double b) { return std::min(a, b); }, Rule::Same, discrete, discrete},
+      {"maximum", [](const Tensor& a, const Tensor& b) { return maximum(a, b); },
+       [](double a, double b) { return std::max(a, b); }, Rule::Same, discrete, discrete},
+      {"eq", [](const Tensor& a, const Tensor& b) { return eq(a, b); },
+       [](double a, double b) { return double(a == b); }, Rule::Bool, discrete, discrete},
+      {"ne", [](const Tensor& a, const Tensor& b) { return ne(a, b); },
+       [](double a, double b) { return double(a != b); }, Rule::Bool, discrete, discrete},
+      {"lt", [](const Tensor& a, const Tensor& b) { return lt(a, b); },
+       [](double a, double b) { return double(a < b); }, Rule::Bool, discrete, discrete},
+      {"le", [](const Tensor& a, const Tensor& b) { return le(a, b); },
+       [](double a, double b) { return double(a <= b); }, Rule::Bool, discrete, discrete},
+      {"gt", [](const Tensor& a, const Tensor& b) { return gt(a, b); },
+       [](double a, double b) { return double(a > b); }, Rule::Bool, discrete, discrete},
+      {"ge", [](const Tensor& a, const Tensor& b) { return ge(a, b); },
+       [](double a, double b) { return double(a >= b); }, Rule::Bool, discrete, discrete},
+      {"logical_and", [](const Tensor& a, const Tensor& b) { return logical_and(a, b); },
+       [](double a, double b) { return double(a != 0 && b != 0); }, Rule::Bool, discrete, discrete},
+      {"logical_or", [](const Tensor& a, const Tensor& b) { return logical_or(a, b); },
+       [](double a, double b) { return double(a != 0 || b != 0); }, Rule::Bool, discrete, discrete},
+      {"operator_plus", [](const Tensor& a, const Tensor& b) { return a + b; },
+       [](double a, double b) { return a + b; }, Rule::Same},
+      {"operator_minus",
+       [](const Tensor& a, const Tensor& b) { return a - b; },
+       [](double a, double b) { return a - b; },
+       Rule::Same,
+       {},
+       {},
+       false},
+      {"operator_times", [](const Tensor& a, const Tensor& b) { return a * b; },
+       [](double a, double b) { return a * b; }, Rule::Same},
+      {"operator_divide",
+       [](const Tensor& a, const Tensor& b) { return a / b; },
+       [](double a, double b) { return a / b; },
+       Rule::Float,
+       {},
+       nonzero},
+  };
+  return cases;
+}
+
+// Runs `fn` on every pairing of a's and b's layouts and compares with `expected`.
+void check_layouts(const std::function<Tensor(const Tensor&, const Tensor&)>& fn, const Tensor& a,
+                   const Tensor& b, const std::vector<double>& expected, const Shape& shape,
+                   DType out) {
+  Tol tol = tolerance(out);
+  auto la = testing::layouts(a), lb = testing::layouts(b);
+  for (size_t i = 0; i < la.size(); ++i) {
+    for (size_t j = 0; j < lb.size(); ++j) {
+      if (i != 0 && j != 0 && i != j) continue;  // every layout of each side, and matched pairs
+      SCOPED_TRACE(la[i].first + " with " + lb[j].first);
+      testing::expect_close(fn(la[i].second, lb[j].second), expected, shape, out, tol.rtol,
+                            tol.atol);
+    }
+  }
+}
+
+void PrintTo(const BinaryCase& c, std::ostream* os) {
+  *os << c.name;
+}
+
+class BinaryTest : public ::testing::TestWithParam<BinaryCase> {};
+
+TEST_P(BinaryTest, MatchesReference) {
+  const BinaryCase& c = GetParam();
+  for (DType da : kAllTypes) {
+    for (DType db : kAllTypes) {
+      for (int iter = 0; iter < (da == db ? 12 : 3); ++iter) {
+        auto [sa, sb] = broadcast_pair();
+        Tensor a = make_input(sa, da, c.a_domain), b = make_input(sb, db, c.b_domain);
+        DType promoted = expected_promotion(a, b);
+        bool floating = is_floating_point(promoted);
+        if ((c.scope == Scope::FloatOnly && !floating) ||
+            (c.scope == Scope::IntegralOnly && floating))
+          continue;
+        SCOPED_TRACE(::testing::Message() << c.name << ": " << da << ::testing::PrintToString(sa)
+                                          << " with " << db << ::testing::PrintToString(sb));
+        if (!c.bool_ok && (da == kBool || db == kBool)) {
+          EXPECT_THROW(c.fn(a, b), Error);
+          continue;
+        }
+        Shape shape = broadcast(sa, sb);
+        DType out = out_type(c.rule, promoted);
+        std::vector<double> av = values(a), bv = values(b), expected(numel_of(shape));
+        for (size_t i = 0; i < expected.size(); ++i) {
+          auto idx = testing::unravel(static_cast<int64_t>(i), shape);
+          expected[i] = as_type(out, c.ref(testing::broadcast_at(a, av, idx, shape),
+                                           testing::broadcast_at(b, bv, idx, shape)));
+        }
+        check_layouts(c.fn, a, b, expected, shape, out);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, BinaryTest, ::testing::ValuesIn(binary_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// ------------------------------------------------------------------------- ops with C++ numbers
+struct ScalarCase {
+  std::string name;
+  std::function<Tensor(const Tensor&)> fn;
+  std::function<double(double)> ref;
+  // The result dtype for a tensor of the given dtype.
+  std::function<DType(DType)> dtype;
+  bool bool_ok = true;
+  bool int_ok = true;
+};
+
+DType same(DType d) {
+  return d;
+}
+DType at_least_int64(DType d) {
+  return d == kBool ? kInt64 : d;
+}
+DType at_least_float32(DType d) {
+  return is_floating_point(d) ? d : kFloat32;
+}
+
+const std::vector<ScalarCase>& scalar_cases() {
+  static const std::vector<ScalarCase> cases = {
+      {"plus_int", [](const Tensor& t) { return t + 2; }, [](double x) { return x + 2; },
+       at_least_int64},
+      {"int_plus", [](const Tensor& t) { return 2 + t; }, [](double x) { return 2 + x; },
+       at_least_int64},
+      {"plus_float", [](const Tensor& t) { return t + 2.5; }, [](double x) { return x + 2.5; },
+       at_least_float32},
+      {"float_plus", [](const Tensor& t) { return 2.5 + t; }, [](double x) { return 2.5 + x; },
+       at_least_float32},
+      {"minus_int", [](const Tensor& t) { return t - 3; }, [](double x) { return x - 3; }, same,
+       false},
+      {"int_minus", [](const Tensor& t) { return 3 - t; }, [](double x) { return 3 - x; }, same,
+       false},
+      {"minus_float", [](const Tensor& t) { return t - 0.25; }, [](double x) { return x - 0.25; },
+       at_least_float32, false},
+      {"float_minus", [](const Tensor& t) { return 0.25 - t; }, [](double x) { return 0.25 - x; },
+       at_least_float32, false},
+      {"times_int", [](const Tensor& t) { return t * 2; }, [](double x) { return x * 2; },
+       at_least_int64},
+      {"int_times", [](const Tensor& t) { return 3 * t; }, [](double x) { return 3 * x; },
+       at_least_int64},
+      {"times_float", [](const Tensor& t) { return t * 2.5; }, [](double x) { return x * 2.5; },
+       at_least_float32},
+      {"float_times", [](const Tensor& t) { return 2.5 * t; }, [](double x) { return 2.5 * x; },
+       at_least_float32},
+      {"divide_int", [](const Tensor& t) { return t / 2; }, [](double x) { return x / 2; },
+       at_least_float32},
+      {"int_divide", [](const Tensor& t) { return 2 / t; }, [](double x) { return 2 / x; },
+       at_least_float32},
+      {"divide_float", [](const Tensor& t) { return t / 0.5; }, [](double x) { return x / 0.5; },
+       at_least_float32},
+      {"float_divide", [](const Tensor& t) { return 1.5 / t; }, [](double x) { return 1.5 / x; },
+       at_least_float32},
+      {"unary_minus", [](const Tensor& t) { return -t; }, [](double x) { return -x; }, same, false},
+      {"times_bool", [](const Tensor& t) { return t * true; }, [](double x) { return x; }, same},
+      {"add_method_scalar", [](const Tensor& t) { return add(t, 7); },
+       [](double x) { return x + 7; }, at_least_int64},
+      {"sub_method_scalar", [](const Tensor& t) { return sub(t, 7); },
+       [](double x) { return x - 7; }, same, false},
+      {"mul_method_scalar", [](const Tensor& t) { return mul(t, -2); },
+       [](double x) { return -2 * x; }, at_least_int64},
+      {"div_method_scalar", [](const Tensor& t) { return div(t, 4); },
+       [](double x) { return x / 4; }, at_least_float32},
+      {"pow_tensor_int", [](const Tensor& t) { return pow(t, 2); }, [](double x) { return x * x; },
+       same, false},
+      {"pow_tensor_float", [](const Tensor& t) { return pow(t.abs(), 0.5); },
+       [](double x) { return std::sqrt(std::fabs(x)); }, at_least_float32, false},
+      {"pow_method", [](const Tensor& t) { return t.pow(3); }, [](double x) { return x * x * x; },
+       same, false},
+      {"pow_int_base", [](const Tensor& t) { return pow(2, t.abs()); },
+       [](double x) { return std::pow(2, std::fabs(x)); }, same, false},
+      {"pow_float_base", [](const Tensor& t) { return pow(2.5, t); },
+       [](double x) { return std::pow(2.5, x); }, at_least_float32, false},
+      {"remainder_float", [](const Tensor& t) { return remainder(t, -1.5); },
+       [](double x) { return python_mod(x, -1.5); }, at_least_float32, false},
+      {"remainder_int", [](const Tensor& t) { return remainder(t, 3); },
+       [](double x) { return python_mod(x, 3); }, same, false},
+      {"eq_scalar", [](const Tensor& t) { return eq(t, 1); },
+       [](double x) { return double(x == 1); }, [](DType) { return kBool; }},
+      {"ne_scalar", [](const Tensor& t) { return ne(t, 1); },
+       [](double x) { return double(x != 1); }, [](DType) { return kBool; }},
+      {"lt_scalar", [](const Tensor& t) { return lt(t, 0.5); },
+       [](double x) { return double(x < 0.5); }, [](DType) { return kBool; }},
+      {"le_scalar", [](const Tensor& t) { return le(t, 0); },
+       [](double x) { return double(x <= 0); }, [](DType) { return kBool; }},
+      {"gt_scalar", [](const Tensor& t) { return gt(t, -1); },
+       [](double x) { return double(x > -1); }, [](DType) { return kBool; }},
+      {"ge_scalar", [](const Tensor& t) { return ge(t, 1.5); },
+       [](double x) { return double(x >= 1.5); }, [](DType) { return kBool; }},
+  };
+  return cases;
+}
+
+void PrintTo(const ScalarCase& c, std::ostream* os) {
+  *os << c.name;
+}
+
+class ScalarOperandTest : public ::testing::TestWithParam<ScalarCase> {};
+
+TEST_P(ScalarOperandTest, MatchesReferenceAndDType) {
+  const ScalarCase& c = GetParam();
+  const Domain domain{-3, 3, true, true};  // nonzero multiples of 0.5
+  for (DType dt : kAllTypes) {
+    for (int iter = 0; iter < 10; ++iter) {
+      Shape shape = testing::random_shape(0, 4, 5);
+      Tensor x = make_input(shape, dt, domain);
+      SCOPED_TRACE(::testing::Message()
+                   << c.name << " of " << dt << ::testing::PrintToString(shape));
+      if (dt == kBool && !c.bool_ok) {
+        EXPECT_THROW(c.fn(x), Error);
+        continue;
+      }
+      DType out = c.dtype(dt);
+      std::vector<double> xv = values(x), expected(xv.size());
+      for (size_t i = 0; i < xv.size(); ++i) expected[i] = as_type(out, c.ref(xv[i]));
+      Tol tol = tolerance(out);
+      for (const auto& [layout, lx] : testing::layouts(x)) {
+        SCOPED_TRACE(layout);
+        testing::expect_close(c.fn(lx), expected, shape, out, tol.rtol, tol.atol);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, ScalarOperandTest, ::testing::ValuesIn(scalar_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// ------------------------------------------------------------------------------- where, clamp
+TEST(Where, MatchesReferenceWithThreeWayBroadcast) {
+  auto& g = testing::rng();
+  for (DType da : kAllTypes) {
+    for (DType db : kAllTypes) {
+      for (int iter = 0; iter < 4; ++iter) {
+        auto [sa, sb] = broadcast_pair();
+        Shape sc = std::uniform_int_distribution<int>(0, 1)(g) ? sa : sb;
+        for (auto& d : sc)
+          if (std::uniform_int_distribution<int>(0, 2)(g) == 0) d = 1;
+        Tensor cond = make_input(sc, kBool, {}), a = make_input(sa, da, {}),
+               b = make_input(sb, db, {});
+        Shape shape = broadcast(broadcast(sc, sa), sb);
+        DType out = expected_promotion(a, b);
+        std::vector<double> cv = values(cond), av = values(a), bv = values(b),
+                            expected(numel_of(shape));
+        for (size_t i = 0; i < expected.size(); ++i) {
+          auto idx = testing::unravel(static_cast<int64_t>(i), shape);
+          expected[i] = testing::broadcast_at(cond, cv, idx, shape) != 0
+                            ? testing::broadcast_at(a, av, idx, shape)
+                            : testing::broadcast_at(b, bv, idx, shape);
+        }
+        SCOPED_TRACE(::testing::Message()
+                     << "where " << ::testing::PrintToString(sc) << ", " << da
+                     << ::testing::PrintToString(sa) << ", " << db << ::testing::PrintToString(sb));
+        for (const auto& [layout, lc] : testing::layouts(cond)) {
+          SCOPED_TRACE(layout);
+          testing::expect_close(where(lc, a, b), expected, shape, out, 0, 0);
+        }
+        check_layouts([&](const Tensor& x, const Tensor& y) { return where(cond, x, y); }, a, b,
+                      expected, shape, out);
+      }
+    }
+  }
+}
+
+TEST(Where, ScalarOtherKeepsTensorType) {
+  Tensor cond = from_vector(std::vector<bool>{true, false, true});
+  Tensor a = from_vector(std::vector<int32_t>{1, 2, 3});
+  testing::expect_close(where(cond, a, 0), {1, 0, 3}, {3}, kInt32, 0, 0);
+  testing::expect_close(where(cond, a, 0.5), {1, 0.5, 3}, {3}, kFloat32, 0, 0);
+  Tensor f = from_vector(std::vector<double>{1.5, 2.5, 3.5});
+  testing::expect_close(where(cond, f, -1), {1.5, -1, 3.5}, {3}, kFloat64, 0, 0);
+}
+
+struct ClampCase {
+  std::optional<Scalar> lo, hi;
+};
+
+TEST(Clamp, MinOnlyMaxOnlyAndBoth) {
+  const std::vector<ClampCase> cases = {{Scalar(-1), std::nullopt},   {std::nullopt, Scalar(1)},
+                                        {Scalar(-1), Scalar(2)},      {Scalar(-0.5), Scalar(1.5)},
+                                        {std::nullopt, Scalar(0.25)}, {Scalar(2), Scalar(-2)}};
+  for (DType dt : {kFloat32, kFloat64, kInt32, kInt64}) {
+    for (const auto& c : cases) {
+      bool float_bound = (c.lo && c.lo->is_floating_point()) || (c.hi && c.hi->is_floating_point());
+      DType out = float_bound ? to_floating(dt) : dt;
+      for (int iter = 0; iter < 10; ++iter) {
+        Shape shape = testing::random_shape(0, 4, 5);
+        Tensor x = make_input(shape, dt, {-4, 4});
+        std::vector<double> xv = values(x), expected(xv.size());
+        for (size_t i = 0; i < xv.size(); ++i) {
+          double v = xv[i];
+          if (c.lo) v = std::max(v, c.lo->to_double());
+          if (c.hi) v = std::min(v, c.hi->to_double());  // min > max gives max, as torch
+          expected[i] = v;
+        }
+        SCOPED_TRACE(::testing::Message() << "clamp of " << dt << ::testing::PrintToString(shape)
+                                          << " to [" << (c.lo ? *c.lo : Scalar(-999)) << ", "
+                                          << (c.hi ? *c.hi : Scalar(999)) << "]");
+        for (const auto& [layout, lx] : testing::layouts(x)) {
+          SCOPED_TRACE(layout);
+          testing::expect_close(clamp(lx, c.lo, c.hi), expected, shape, out, 0, 0);
+          testing::expect_close(lx.clamp(c.lo, c.hi), expected, shape, out, 0, 0);
+        }
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------ special values
+TEST(SpecialValues, MinimumMaximumPropagateNaN) {
+  for (DType dt : {kFloat32, kFloat64}) {
+    Tensor a = from_vector(std::vector<double>{kNaN, 1, kNaN, -kInf, 2}).to(dt);
+    Tensor b = from_vector(std::vector<double>{1, kNaN, kNaN, 0, kInf}).to(dt);
+    testing::expect_close(minimum(a, b), {kNaN, kNaN, kNaN, -kInf, 2}, {5}, dt, 0, 0);
+    testing::expect_close(maximum(a, b), {kNaN, kNaN, kNaN, 0, kInf}, {5}, dt, 0, 0);
+    testing::expect_close(minimum(b, a), {kNaN, kNaN, kNaN, -kInf, 2}, {5}, dt, 0, 0);
+    testing::expect_close(maximum(b, a), {kNaN, kNaN, kNaN, 0, kInf}, {5}, dt, 0, 0);
+  }
+}
+
+TEST(SpecialValues, PredicatesOnNonFinite) {
+  for (DType dt : {kFloat32, kFloat64}) {
+    Tensor x = from_vector(std::vector<double>{kNaN, kInf, -kInf, 0, -1.5, 1e30}).to(dt);
+    testing::expect_close(isnan(x), {1, 0, 0, 0, 0, 0}, {6}, kBool, 0, 0);
+    testing::expect_close(isfinite(x), {0, 0, 0, 1, 1, 1}, {6}, kBool, 0, 0);
+    testing::expect_close(logical_not(x), {0, 0, 0, 1, 0, 0}, {6}, kBool, 0, 0);
+    testing::expect_close(eq(x, x), {0, 1, 1, 1, 1, 1}, {6}, kBool, 0, 0);
+    testing::expect_close(ne(x, x), {1, 0, 0, 0, 0, 0}, {6}, kBool, 0, 0);
+  }
+  Tensor i = from_vector(std::vector<int64_t>{0, -5, 7});
+  testing::expect_close(isnan(i), {0, 0, 0}, {3}, kBool, 0, 0);
+  testing::expect_close(isfinite(i), {1, 1, 1}, {3}, kBool, 0, 0);
+}
+
+TEST(SpecialValues, ReluAndClampPassNaNThrough) {
+  for (DType dt : {kFloat32, kFloat64}) {
+    Tensor x = from_vector(std::vector<double>{kNaN, -kInf, kInf, -1, 0.5}).to(dt);
+    testing::expect_close(relu(x), {kNaN, 0, kInf, 0, 0.5}, {5}, dt, 0, 0);
+    testing::expect_close(clamp(x, -2, 0.25), {kNaN, -2, 0.25, -1, 0.25}, {5}, dt, 0, 0);
+    testing::expect_close(exp(x), {kNaN, 0, kInf, std::exp(-1), std::exp(0.5)}, {5}, dt, 1e-6, 0);
+    testing::expect_close(sigmoid(x), {kNaN, 0, 1, sigmoid_ref(-1), sigmoid_ref(0.5)}, {5}, dt,
+                          1e-6, 0);
+    testing::expect_close(tanh(x), {kNaN, -1, 1, std::tanh(-1), std::tanh(0.5)}, {5}, dt, 1e-6, 0);
+  }
+}
+
+TEST(SpecialValues, RoundHalfToEven) {
+  Tensor x = from_vector(
+      std::vector<float>{-2.5f, -1.5f, -0.5f, 0.5f, 1.5f, 2.5f, 3.5f, 0.49999997f, -3.7f, 4.2f});
+  testing::expect_close(round(x), {-2, -2, -0.0, 0, 2, 2, 4, 0, -4, 4}, {10}, kFloat32, 0, 0);
+  testing::expect_close(round(x.to(kFloat64)), {-2, -2, -0.0, 0, 2, 2, 4, 0, -4, 4}, {10}, kFloat64,
+                        0, 0);
+  Tensor i = from_vector(std::vector<int32_t>{-3, 0, 5});
+  testing::expect_close(round(i), {-3, 0, 5}, {3}, kInt32, 0, 0);
+  testing::expect_close(floor(i), {-3, 0, 5}, {3}, kInt32, 0, 0);
+  testing::expect_close(ceil(i), {-3, 0, 5}, {3}, kInt32, 0, 0);
+}
+
+TEST(SpecialValues, IntegerRoundingKeepsLargeInt64Exact) {
+  const int64_t big = (int64_t{1} << 53) + 1;  // not representable as a double
+  Tensor x = from_vector(std::vector<int64_t>{big, -big});
+  for (const Tensor& r : {floor(x), ceil(x), round(x), abs(x), sign(x), relu(x), neg(x)})
+    EXPECT_EQ(r.dtype(), kInt64);
+  EXPECT_EQ(floor(x).to_vector<int64_t>(), (std::vector<int64_t>{big, -big}));
+  EXPECT_EQ(ceil(x).to_vector<int64_t>(), (std::vector<int64_t>{big, -big}));
+  EXPECT_EQ(round(x).to_vector<int64_t>(), (std::vector<int64_t>{big, -big}));
+  EXPECT_EQ(abs(x).to_vector<int64_t>(), (std::vector<int64_t>{big, big}));
+  EXPECT_EQ(neg(x).to_vector<int64_t>(), (std::vector<int64_t>{-big, big}));
+  EXPECT_EQ((x + 1).to_vector<int64_t>(), (std::vector<int64_t>{big + 1, -big + 1}));
+}
+
+TEST(SpecialValues, RemainderHasTheSignOfTheDivisor) {
+  Tensor a = from_vector(std::vector<double>{-3, 3, -3.5, 5, 4, -0.0, 7.25});
+  Tensor b = from_vector(std::vector<double>{2, -2, 2, -3, 2, 3, 0});
+  testing::expect_close(remainder(a, b), {1, -1, 0.5, -1, 0, 0, kNaN}, {7}, kFloat64, 0, 0);
+  testing::expect_close(remainder(a.to(kFloat32), -2.5), {-0.5, -2, -1, 0, -1, 0, -0.25}, {7},
+                        kFloat32, 1e-6, 1e-6);
+}
+
+TEST(SpecialValues, IntegerRemainderHasTheSignOfTheDivisor) {
+  Tensor a = from_vector(std::vector<int32_t>{-3, 3, -7, 7, 6, 0});
+  Tensor b = from_vector(std::vector<int32_t>{2, -2, 3, -3, -3, -5});
+  testing::expect_close(remainder(a, b), {1, -1, 2, -2, 0, 0}, {6}, kInt32, 0, 0);
+  testing::expect_close(remainder(a.to(kInt64), 4), {1, 3, 1, 3, 2, 0}, {6}, kInt64, 0, 0);
+  testing::expect_close(remainder(a, -4), {-3, -1, -3, -1, -2, 0}, {6}, kInt32, 0, 0);
+}
+
+TEST(SpecialValues, IntegerPowerAndDivision) {
+  Tensor base = from_vector(std::vector<int64_t>{-3, -2, 0, 1, 2, 3, 10});
+  Tensor exponent = from_vector(std::vector<int64_t>{3, 0, 0, 5, 10, 4, 2});
+  testing::expect_close(pow(base, exponent), {-27, 1, 1, 1, 1024, 81, 100}, {7}, kInt64, 0, 0);
+  testing::expect_close(pow(base, 2), {9, 4, 0, 1, 4, 9, 100}, {7}, kInt64, 0, 0);
+  testing::expect_close(pow(2, exponent), {8, 1, 1, 32, 1024, 16, 4}, {7}, kInt64, 0, 0);
+  // True division of integers gives float32, including division by zero.
+  Tensor num = from_vector(std::vector<int32_t>{7, -7, 1, 0, -1});
+  Tensor den = from_vector(std::vector<int32_t>{2, 2, 0, 0, 0});
+  testing::expect_close(div(num, den), {3.5, -3.5, kInf, kNaN, -kInf}, {5}, kFloat32, 0, 0);
+}
+
+TEST(SpecialValues, SoftplusThresholdSwitchesToIdentity) {
+  Tensor x = from_vector(std::vector<double>{-30, 0, 10, 19.5, 20, 20.5, 100});
+  std::vector<double> expected;
+  for (double v : values(x)) expected.push_back(softplus_ref(v, 1, 20));
+  testing::expect_close(softplus(x), expected, {7}, kFloat64, 1e-12, 1e-300);
+  EXPECT_EQ(softplus(x).to_vector<double>()[6], 100.0);
+  EXPECT_EQ(softplus(x, 0.5, 4).to_vector<double>()[2], 10.0);  // 0.5 * 10 > 4
+}
+
+// A tensor big enough that the loop runs in several chunks across threads, read through
+// transposed, sliced and broadcast views.
+TEST(LargeTensors, NonContiguousInputsAcrossThreads) {
+  int threads = get_num_threads();
+  set_num_threads(4);
+  Tensor base = make_input({70, 41, 33}, kFloat32, {});
+  Tensor a = base.permute({2, 0, 1});  // [33, 70, 41], strided
+  Tensor b = make_input({66, 1, 41}, kFloat64, {}).slice(0, 0, std::nullopt, 2);  // [33, 1, 41]
+  Tensor c = a * b + sin(a);
+  Shape shape{33, 70, 41};
+  std::vector<double> av = values(a), bv = values(b), expected(av.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    auto idx = testing::unravel(static_cast<int64_t>(i), shape);
+    expected[i] = av[i] * testing::broadcast_at(b, bv, idx, shape) + std::sin(av[i]);
+  }
+  testing::expect_close(c, expected, shape, kFloat64, 1e-6, 1e-6);
+  // An in-place op on a large permuted view writes every element exactly once.
+  Tensor d = zeros({70, 41, 33});
+  d.permute({2, 0, 1}).add_(a);
+  testing::expect_close(d, values(base), {70, 41, 33}, kFloat32, 0, 0);
+  set_num_threads(threads);
+}
+
+}  // namespace
+}  // namespace kiln
