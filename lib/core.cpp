@@ -3,34 +3,46 @@
 #include <cstring>
 #include <sstream>
 
+#include "lib/allocator.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::Bool: return "bool";
-    case DType::Int32: return "int32";
-    case DType::Int64: return "int64";
-    case DType::Float32: return "float32";
-    case DType::Float64: return "float64";
+    case DType::Bool:
+      return "bool";
+    case DType::Int32:
+      return "int32";
+    case DType::Int64:
+      return "int64";
+    case DType::Float32:
+      return "float32";
+    case DType::Float64:
+      return "float64";
   }
   return "unknown";
 }
 
 size_t element_size(DType t) {
   switch (t) {
-    case DType::Bool: return 1;
-    case DType::Int32: return 4;
-    case DType::Int64: return 8;
-    case DType::Float32: return 4;
-    case DType::Float64: return 8;
+    case DType::Bool:
+      return 1;
+    case DType::Int32:
+      return 4;
+    case DType::Int64:
+      return 8;
+    case DType::Float32:
+      return 4;
+    case DType::Float64:
+      return 8;
   }
   return 0;
 }
 
 DType promote_types(DType a, DType b) {
-  // The enum is ordered so that the larger of two types holds both (bool < int32 < int64 < f32 < f64).
+  // The enum is ordered so that the larger of two types holds both (bool < int32 < int64 < f32 <
+  // f64).
   return static_cast<int>(a) >= static_cast<int>(b) ? a : b;
 }
 
@@ -40,12 +52,16 @@ bool can_cast(DType from, DType to) {
   return true;
 }
 
-std::ostream& operator<<(std::ostream& os, DType t) { return os << dtype_name(t); }
+std::ostream& operator<<(std::ostream& os, DType t) {
+  return os << dtype_name(t);
+}
 
 std::string Device::str() const {
   return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
 }
-std::ostream& operator<<(std::ostream& os, const Device& d) { return os << d.str(); }
+std::ostream& operator<<(std::ostream& os, const Device& d) {
+  return os << d.str();
+}
 
 std::ostream& operator<<(std::ostream& os, const Scalar& s) {
   if (s.is_bool()) return os << (s.to_int() ? "true" : "false");
@@ -61,7 +77,9 @@ void throw_error(const char* file, int line, const std::string& msg) {
   throw Error(msg);
 }
 
-int64_t TensorImpl::numel() const { return shape_numel(sizes); }
+int64_t TensorImpl::numel() const {
+  return shape_numel(sizes);
+}
 
 int64_t shape_numel(const Shape& sizes) {
   int64_t n = 1;
@@ -90,16 +108,13 @@ bool is_contiguous_layout(const Shape& sizes, const Shape& strides) {
 }
 
 Tensor make_empty(const Shape& shape, DType dtype) {
-  for (int64_t s : shape) KILN_CHECK(s >= 0, "empty: negative dimension in shape ", shape_str(shape));
+  for (int64_t s : shape)
+    KILN_CHECK(s >= 0, "empty: negative dimension in shape ", shape_str(shape));
   auto storage = std::make_shared<Storage>();
   size_t nbytes = static_cast<size_t>(shape_numel(shape)) * element_size(dtype);
-  size_t alloc = (nbytes + 63) / 64 * 64;
-  if (alloc == 0) alloc = 64;
-  storage->data = std::aligned_alloc(64, alloc);
-  KILN_CHECK(storage->data != nullptr, "empty: out of memory allocating ", nbytes, " bytes for ",
-             dtype_name(dtype), shape_str(shape));
+  storage->data = cpu_alloc(nbytes);
   storage->nbytes = nbytes;
-  storage->deleter = [](void* p) { std::free(p); };
+  storage->deleter = [nbytes](void* p) { cpu_free(p, nbytes); };
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::move(storage);
   impl->sizes = shape;
@@ -121,18 +136,25 @@ Tensor make_view(const Tensor& base, Shape sizes, Shape strides, int64_t offset)
 Tensor wrap_scalar(const Scalar& s) {
   Tensor t = make_empty({}, s.kind());
   switch (s.kind()) {
-    case DType::Bool: *t.data_ptr<bool>() = s.to<bool>(); break;
-    case DType::Int64: *t.data_ptr<int64_t>() = s.to_int(); break;
-    default: *t.data_ptr<double>() = s.to_double(); break;
+    case DType::Bool:
+      *t.data_ptr<bool>() = s.to<bool>();
+      break;
+    case DType::Int64:
+      *t.data_ptr<int64_t>() = s.to_int();
+      break;
+    default:
+      *t.data_ptr<double>() = s.to_double();
+      break;
   }
   t.impl()->wrapped_number = true;
   return t;
 }
 
-int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
+int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op, const Tensor* input) {
   int64_t n = std::max<int64_t>(ndim, 1);  // a 0-dim tensor accepts dim 0 and -1, as in torch
   KILN_CHECK(dim >= -n && dim < n, op, ": dimension out of range (expected to be in range of [", -n,
-             ", ", n - 1, "], but got ", dim, ")");
+             ", ", n - 1, "], but got ", dim, ")",
+             input ? " for input " + describe(*input) : std::string());
   return dim < 0 ? dim + n : dim;
 }
 
@@ -161,12 +183,15 @@ Shape broadcast_strides(const Tensor& t, const Shape& shape) {
 bool may_overlap(const Tensor& a, const Tensor& b) {
   if (a.impl()->storage != b.impl()->storage) return false;
   if (a.numel() == 0 || b.numel() == 0) return false;
-  if (a.sizes() == b.sizes() && a.strides() == b.strides() && a.storage_offset() == b.storage_offset())
+  if (a.sizes() == b.sizes() && a.strides() == b.strides() &&
+      a.storage_offset() == b.storage_offset())
     return false;  // the same view: element i is read before it is written
   return true;
 }
 
-void bump_version(const Tensor& t) { t.impl()->storage->version.fetch_add(1); }
+void bump_version(const Tensor& t) {
+  t.impl()->storage->version.fetch_add(1);
+}
 
 std::string shape_str(const Shape& s) {
   std::ostringstream os;

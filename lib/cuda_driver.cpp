@@ -36,7 +36,11 @@ const Driver& driver() {
 }
 }  // namespace
 
-bool is_available() { return driver().loaded && driver().count > 0; }
-int device_count() { return driver().count; }
+bool is_available() {
+  return driver().loaded && driver().count > 0;
+}
+int device_count() {
+  return driver().count;
+}
 
 }  // namespace kiln::cuda

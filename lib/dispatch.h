@@ -16,11 +16,16 @@ struct TypeTag {
 template <typename F>
 decltype(auto) dispatch_all(DType t, F&& f) {
   switch (t) {
-    case DType::Bool: return f(TypeTag<bool>{});
-    case DType::Int32: return f(TypeTag<int32_t>{});
-    case DType::Int64: return f(TypeTag<int64_t>{});
-    case DType::Float32: return f(TypeTag<float>{});
-    case DType::Float64: return f(TypeTag<double>{});
+    case DType::Bool:
+      return f(TypeTag<bool>{});
+    case DType::Int32:
+      return f(TypeTag<int32_t>{});
+    case DType::Int64:
+      return f(TypeTag<int64_t>{});
+    case DType::Float32:
+      return f(TypeTag<float>{});
+    case DType::Float64:
+      return f(TypeTag<double>{});
   }
   KILN_FAIL("unknown dtype");
 }
@@ -29,20 +34,28 @@ decltype(auto) dispatch_all(DType t, F&& f) {
 template <typename F>
 decltype(auto) dispatch_numeric(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::Int32: return f(TypeTag<int32_t>{});
-    case DType::Int64: return f(TypeTag<int64_t>{});
-    case DType::Float32: return f(TypeTag<float>{});
-    case DType::Float64: return f(TypeTag<double>{});
-    default: KILN_FAIL(op, ": not supported for dtype ", t);
+    case DType::Int32:
+      return f(TypeTag<int32_t>{});
+    case DType::Int64:
+      return f(TypeTag<int64_t>{});
+    case DType::Float32:
+      return f(TypeTag<float>{});
+    case DType::Float64:
+      return f(TypeTag<double>{});
+    default:
+      KILN_FAIL(op, ": not supported for dtype ", t);
   }
 }
 
 template <typename F>
 decltype(auto) dispatch_floating(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::Float32: return f(TypeTag<float>{});
-    case DType::Float64: return f(TypeTag<double>{});
-    default: KILN_FAIL(op, ": expected a floating-point dtype, got ", t);
+    case DType::Float32:
+      return f(TypeTag<float>{});
+    case DType::Float64:
+      return f(TypeTag<double>{});
+    default:
+      KILN_FAIL(op, ": expected a floating-point dtype, got ", t);
   }
 }
 

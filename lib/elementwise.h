@@ -1,4 +1,5 @@
-// Elementwise op drivers: dtype rule, broadcasting, conversion and in-place handling around map_kernel.
+// Elementwise op drivers: dtype rule, broadcasting, conversion and in-place handling around
+// map_kernel.
 #pragma once
 
 #include <type_traits>
@@ -13,16 +14,19 @@ namespace kiln::detail {
 inline void check_elementwise_input(const OpDef& def, const Tensor& t, const char* arg) {
   check_defined(t, def.name.c_str(), arg);
   check_cpu(t, def.name.c_str());
-  KILN_CHECK(def.supports_bool || t.dtype() != kBool, def.name, ": not supported for bool tensors (",
-             arg, " is ", describe(t), ")");
+  KILN_CHECK(def.supports_bool || t.dtype() != kBool, def.name,
+             ": not supported for bool tensors (", arg, " is ", describe(t), ")");
 }
 
 // Runs f over the compute type chosen by the rule, instantiating only the types the rule allows.
 template <DTypeRule Rule, typename F>
 void dispatch_for_rule(DType compute, const OpDef& def, F&& f) {
-  if constexpr (Rule == DTypeRule::Float) dispatch_floating(compute, def.name.c_str(), f);
-  else if constexpr (Rule == DTypeRule::Logical) f(TypeTag<bool>{});
-  else dispatch_all(compute, f);
+  if constexpr (Rule == DTypeRule::Float)
+    dispatch_floating(compute, def.name.c_str(), f);
+  else if constexpr (Rule == DTypeRule::Logical)
+    f(TypeTag<bool>{});
+  else
+    dispatch_all(compute, f);
 }
 
 inline DType compute_type(DTypeRule rule, DType promoted) {
@@ -56,8 +60,10 @@ Tensor unary_op(const OpDef& def, const Tensor& x, const F& f) {
   Tensor out = make_empty(x.sizes(), produces_bool(def.dtype_rule) ? kBool : compute);
   dispatch_for_rule<Rule>(compute, def, [&](auto tag) {
     using T = KILN_TYPE(tag);
-    if constexpr (produces_bool(Rule)) map_kernel<bool, T>(f, out, in);
-    else map_kernel<T, T>(f, out, in);
+    if constexpr (produces_bool(Rule))
+      map_kernel<bool, T>(f, out, in);
+    else
+      map_kernel<T, T>(f, out, in);
   });
   return out;
 }
@@ -75,8 +81,8 @@ Tensor binary_op(const OpDef& def, const Tensor& a, const Tensor& b, const F& f,
   DType out_type = produces_bool(def.dtype_rule) ? kBool : compute;
   Tensor ta = a.to(compute), tb = b.to(compute);
   Tensor out;
-  bool direct = inplace && out_type == inplace->dtype() && shape == inplace->sizes() &&
-                ta.is_same(*inplace);
+  bool direct =
+      inplace && out_type == inplace->dtype() && shape == inplace->sizes() && ta.is_same(*inplace);
   if (direct) {
     out = *inplace;
     if (may_overlap(out, tb)) tb = tb.clone();
@@ -85,12 +91,16 @@ Tensor binary_op(const OpDef& def, const Tensor& a, const Tensor& b, const F& f,
   }
   dispatch_for_rule<Rule>(compute, def, [&](auto tag) {
     using T = KILN_TYPE(tag);
-    if constexpr (produces_bool(Rule)) map_kernel<bool, T, T>(f, out, ta, tb);
-    else map_kernel<T, T, T>(f, out, ta, tb);
+    if constexpr (produces_bool(Rule))
+      map_kernel<bool, T, T>(f, out, ta, tb);
+    else
+      map_kernel<T, T, T>(f, out, ta, tb);
   });
   if (inplace) {
-    if (direct) bump_version(out);
-    else finish_inplace(def, *inplace, out);
+    if (direct)
+      bump_version(out);
+    else
+      finish_inplace(def, *inplace, out);
   }
   return out;
 }

@@ -1,4 +1,5 @@
-// The elementwise loop engine: N typed operands read or written at broadcast strides over one shape.
+// The elementwise loop engine: N typed operands read or written at broadcast strides over one
+// shape.
 //
 // Dimensions are first coalesced (two adjacent dims merge when every operand steps through them as
 // one), so a contiguous or simply broadcast operation becomes a single flat loop the compiler
@@ -19,8 +20,8 @@ namespace kiln::detail {
 
 template <size_t N>
 struct LoopGeometry {
-  std::vector<int64_t> sizes;                    // innermost last
-  std::vector<std::array<int64_t, N>> strides;   // bytes, per dim, per operand
+  std::vector<int64_t> sizes;                   // innermost last
+  std::vector<std::array<int64_t, N>> strides;  // bytes, per dim, per operand
   std::array<char*, N> base{};
 };
 
@@ -112,24 +113,25 @@ void map_kernel(const F& f, const Tensor& out, const Ts&... ins) {
   std::array<Shape, N> strides{out.strides(), broadcast_strides(ins, shape)...};
   std::array<int64_t, N> esz{sizeof(Out), sizeof(Ins)...};
   auto g = make_geometry<N>(shape, base, strides, esz);
-  run_geometry<N>(g, kParallelGrain, [&](const std::array<char*, N>& p, int64_t n,
-                                         const std::array<int64_t, N>& s) {
-    bool contiguous = true;
-    for (size_t k = 0; k < N; ++k) contiguous &= s[k] == esz[k];
-    auto body = [&](auto... I) {
-      Out* __restrict o = reinterpret_cast<Out*>(p[0]);
-      if (contiguous) {
-        std::tuple<const Ins* __restrict...> in{reinterpret_cast<const Ins*>(p[1 + I])...};
-        for (int64_t j = 0; j < n; ++j) o[j] = static_cast<Out>(f(std::get<decltype(I)::value>(in)[j]...));
-      } else {
-        for (int64_t j = 0; j < n; ++j)
-          *reinterpret_cast<Out*>(p[0] + j * s[0]) =
-              static_cast<Out>(f(*reinterpret_cast<const Ins*>(p[1 + I] + j * s[1 + I])...));
-      }
-    };
-    std::apply(body, index_tuple(std::index_sequence_for<Ins...>{}));
-  });
+  run_geometry<N>(
+      g, kParallelGrain,
+      [&](const std::array<char*, N>& p, int64_t n, const std::array<int64_t, N>& s) {
+        bool contiguous = true;
+        for (size_t k = 0; k < N; ++k) contiguous &= s[k] == esz[k];
+        auto body = [&](auto... I) {
+          Out* __restrict o = reinterpret_cast<Out*>(p[0]);
+          if (contiguous) {
+            std::tuple<const Ins* __restrict...> in{reinterpret_cast<const Ins*>(p[1 + I])...};
+            for (int64_t j = 0; j < n; ++j)
+              o[j] = static_cast<Out>(f(std::get<decltype(I)::value>(in)[j]...));
+          } else {
+            for (int64_t j = 0; j < n; ++j)
+              *reinterpret_cast<Out*>(p[0] + j * s[0]) =
+                  static_cast<Out>(f(*reinterpret_cast<const Ins*>(p[1 + I] + j * s[1 + I])...));
+          }
+        };
+        std::apply(body, index_tuple(std::index_sequence_for<Ins...>{}));
+      });
 }
-
 
 }  // namespace kiln::detail

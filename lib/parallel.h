@@ -22,7 +22,7 @@ void parallel_for(int64_t n, int64_t grain, const F& f) {
     f(int64_t{0}, n);
     return;
   }
-#pragma omp parallel num_threads(static_cast<int>(chunks))
+#pragma omp parallel num_threads(static_cast <int>(chunks))
   {
     int64_t tid = omp_get_thread_num();
     int64_t nt = omp_get_num_threads();

@@ -13,7 +13,9 @@ void set_num_threads(int n) {
   omp_set_num_threads(n);
 }
 
-int get_num_threads() { return omp_get_max_threads(); }
+int get_num_threads() {
+  return omp_get_max_threads();
+}
 
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool equal_nan) {
   detail::check_defined(a, "allclose");

@@ -17,19 +17,39 @@ const detail::TensorImpl& impl_of(const Tensor& t, const char* what) {
 }
 }  // namespace
 
-const Shape& Tensor::sizes() const { return impl_of(*this, "sizes").sizes; }
-const Shape& Tensor::strides() const { return impl_of(*this, "strides").strides; }
-int64_t Tensor::size(int64_t d) const { return sizes()[detail::wrap_dim(d, dim(), "size")]; }
-int64_t Tensor::stride(int64_t d) const { return strides()[detail::wrap_dim(d, dim(), "stride")]; }
-int64_t Tensor::dim() const { return static_cast<int64_t>(sizes().size()); }
-int64_t Tensor::numel() const { return impl_of(*this, "numel").numel(); }
-DType Tensor::dtype() const { return impl_of(*this, "dtype").dtype; }
-Device Tensor::device() const { return impl_of(*this, "device").device(); }
-int64_t Tensor::storage_offset() const { return impl_of(*this, "storage_offset").offset; }
+const Shape& Tensor::sizes() const {
+  return impl_of(*this, "sizes").sizes;
+}
+const Shape& Tensor::strides() const {
+  return impl_of(*this, "strides").strides;
+}
+int64_t Tensor::size(int64_t d) const {
+  return sizes()[detail::wrap_dim(d, dim(), "size", this)];
+}
+int64_t Tensor::stride(int64_t d) const {
+  return strides()[detail::wrap_dim(d, dim(), "stride", this)];
+}
+int64_t Tensor::dim() const {
+  return static_cast<int64_t>(sizes().size());
+}
+int64_t Tensor::numel() const {
+  return impl_of(*this, "numel").numel();
+}
+DType Tensor::dtype() const {
+  return impl_of(*this, "dtype").dtype;
+}
+Device Tensor::device() const {
+  return impl_of(*this, "device").device();
+}
+int64_t Tensor::storage_offset() const {
+  return impl_of(*this, "storage_offset").offset;
+}
 bool Tensor::is_contiguous() const {
   return detail::is_contiguous_layout(sizes(), impl_of(*this, "is_contiguous").strides);
 }
-void* Tensor::raw_data_ptr() const { return impl_of(*this, "data_ptr").data(); }
+void* Tensor::raw_data_ptr() const {
+  return impl_of(*this, "data_ptr").data();
+}
 
 template <typename T>
 T* Tensor::data_ptr() {
@@ -68,8 +88,8 @@ std::vector<bool> Tensor::to_vector<bool>() const {
   return std::vector<bool>(p, p + c.numel());
 }
 
-#define KILN_INSTANTIATE_ACCESSORS(T)          \
-  template T* Tensor::data_ptr<T>();           \
+#define KILN_INSTANTIATE_ACCESSORS(T)            \
+  template T* Tensor::data_ptr<T>();             \
   template const T* Tensor::data_ptr<T>() const; \
   template T Tensor::item<T>() const;
 KILN_INSTANTIATE_ACCESSORS(bool)
@@ -119,7 +139,8 @@ Tensor Tensor::to(DType dtype) const {
 Tensor Tensor::to(Device device) const {
   detail::check_defined(*this, "to");
   if (device == this->device()) return *this;
-  KILN_FAIL("to: device ", device, " is not available in this build (tensor ", describe(*this), ")");
+  KILN_FAIL("to: device ", device, " is not available in this build (tensor ", describe(*this),
+            ")");
 }
 
 Tensor Tensor::contiguous() const {
@@ -145,7 +166,9 @@ Tensor& Tensor::copy_(const Tensor& src) {
   return *this;
 }
 
-Tensor& Tensor::zero_() { return fill_(0); }
+Tensor& Tensor::zero_() {
+  return fill_(0);
+}
 
 Tensor& Tensor::fill_(const Scalar& value) {
   detail::check_defined(*this, "fill_");
@@ -155,44 +178,97 @@ Tensor& Tensor::fill_(const Scalar& value) {
 }
 
 // --- method forwards
-Tensor Tensor::add(const Tensor& o, const Scalar& alpha) const { return kiln::add(*this, o, alpha); }
-Tensor Tensor::sub(const Tensor& o, const Scalar& alpha) const { return kiln::sub(*this, o, alpha); }
-Tensor Tensor::mul(const Tensor& o) const { return kiln::mul(*this, o); }
-Tensor Tensor::div(const Tensor& o) const { return kiln::div(*this, o); }
-Tensor Tensor::pow(const Tensor& e) const { return kiln::pow(*this, e); }
-Tensor Tensor::pow(const Scalar& e) const { return kiln::pow(*this, e); }
-Tensor Tensor::neg() const { return kiln::neg(*this); }
-Tensor Tensor::abs() const { return kiln::abs(*this); }
-Tensor Tensor::exp() const { return kiln::exp(*this); }
-Tensor Tensor::log() const { return kiln::log(*this); }
-Tensor Tensor::sqrt() const { return kiln::sqrt(*this); }
-Tensor Tensor::tanh() const { return kiln::tanh(*this); }
-Tensor Tensor::sigmoid() const { return kiln::sigmoid(*this); }
-Tensor Tensor::relu() const { return kiln::relu(*this); }
+Tensor Tensor::add(const Tensor& o, const Scalar& alpha) const {
+  return kiln::add(*this, o, alpha);
+}
+Tensor Tensor::sub(const Tensor& o, const Scalar& alpha) const {
+  return kiln::sub(*this, o, alpha);
+}
+Tensor Tensor::mul(const Tensor& o) const {
+  return kiln::mul(*this, o);
+}
+Tensor Tensor::div(const Tensor& o) const {
+  return kiln::div(*this, o);
+}
+Tensor Tensor::pow(const Tensor& e) const {
+  return kiln::pow(*this, e);
+}
+Tensor Tensor::pow(const Scalar& e) const {
+  return kiln::pow(*this, e);
+}
+Tensor Tensor::neg() const {
+  return kiln::neg(*this);
+}
+Tensor Tensor::abs() const {
+  return kiln::abs(*this);
+}
+Tensor Tensor::exp() const {
+  return kiln::exp(*this);
+}
+Tensor Tensor::log() const {
+  return kiln::log(*this);
+}
+Tensor Tensor::sqrt() const {
+  return kiln::sqrt(*this);
+}
+Tensor Tensor::tanh() const {
+  return kiln::tanh(*this);
+}
+Tensor Tensor::sigmoid() const {
+  return kiln::sigmoid(*this);
+}
+Tensor Tensor::relu() const {
+  return kiln::relu(*this);
+}
 Tensor Tensor::clamp(std::optional<Scalar> min, std::optional<Scalar> max) const {
   return kiln::clamp(*this, min, max);
 }
-Tensor Tensor::eq(const Tensor& o) const { return kiln::eq(*this, o); }
-Tensor Tensor::ne(const Tensor& o) const { return kiln::ne(*this, o); }
-Tensor Tensor::lt(const Tensor& o) const { return kiln::lt(*this, o); }
-Tensor Tensor::le(const Tensor& o) const { return kiln::le(*this, o); }
-Tensor Tensor::gt(const Tensor& o) const { return kiln::gt(*this, o); }
-Tensor Tensor::ge(const Tensor& o) const { return kiln::ge(*this, o); }
-Tensor Tensor::sum(std::optional<DType> dtype) const { return kiln::sum(*this, {}, false, dtype); }
-Tensor Tensor::sum(const std::vector<int64_t>& dims, bool keepdim, std::optional<DType> dtype) const {
+Tensor Tensor::eq(const Tensor& o) const {
+  return kiln::eq(*this, o);
+}
+Tensor Tensor::ne(const Tensor& o) const {
+  return kiln::ne(*this, o);
+}
+Tensor Tensor::lt(const Tensor& o) const {
+  return kiln::lt(*this, o);
+}
+Tensor Tensor::le(const Tensor& o) const {
+  return kiln::le(*this, o);
+}
+Tensor Tensor::gt(const Tensor& o) const {
+  return kiln::gt(*this, o);
+}
+Tensor Tensor::ge(const Tensor& o) const {
+  return kiln::ge(*this, o);
+}
+Tensor Tensor::sum(std::optional<DType> dtype) const {
+  return kiln::sum(*this, {}, false, dtype);
+}
+Tensor Tensor::sum(const std::vector<int64_t>& dims, bool keepdim,
+                   std::optional<DType> dtype) const {
   return kiln::sum(*this, dims, keepdim, dtype);
 }
-Tensor Tensor::mean() const { return kiln::mean(*this); }
+Tensor Tensor::mean() const {
+  return kiln::mean(*this);
+}
 Tensor Tensor::mean(const std::vector<int64_t>& dims, bool keepdim) const {
   return kiln::mean(*this, dims, keepdim);
 }
-Tensor Tensor::prod() const { return kiln::prod(*this); }
-Tensor Tensor::prod(int64_t dim, bool keepdim) const { return kiln::prod(*this, {dim}, keepdim); }
-Tensor Tensor::max() const { return kiln::max(*this); }
+Tensor Tensor::prod() const {
+  return kiln::prod(*this);
+}
+Tensor Tensor::prod(int64_t dim, bool keepdim) const {
+  return kiln::prod(*this, {dim}, keepdim);
+}
+Tensor Tensor::max() const {
+  return kiln::max(*this);
+}
 std::tuple<Tensor, Tensor> Tensor::max(int64_t dim, bool keepdim) const {
   return kiln::max(*this, dim, keepdim);
 }
-Tensor Tensor::min() const { return kiln::min(*this); }
+Tensor Tensor::min() const {
+  return kiln::min(*this);
+}
 std::tuple<Tensor, Tensor> Tensor::min(int64_t dim, bool keepdim) const {
   return kiln::min(*this, dim, keepdim);
 }
@@ -217,34 +293,88 @@ Tensor Tensor::std(const std::vector<int64_t>& dims, int64_t correction, bool ke
 Tensor Tensor::logsumexp(const std::vector<int64_t>& dims, bool keepdim) const {
   return kiln::logsumexp(*this, dims, keepdim);
 }
-Tensor Tensor::all() const { return kiln::all(*this); }
-Tensor Tensor::any() const { return kiln::any(*this); }
-Tensor Tensor::matmul(const Tensor& o) const { return kiln::matmul(*this, o); }
-Tensor Tensor::mm(const Tensor& o) const { return kiln::mm(*this, o); }
-Tensor Tensor::softmax(int64_t dim) const { return kiln::softmax(*this, dim); }
-Tensor Tensor::log_softmax(int64_t dim) const { return kiln::log_softmax(*this, dim); }
+Tensor Tensor::all() const {
+  return kiln::all(*this);
+}
+Tensor Tensor::any() const {
+  return kiln::any(*this);
+}
+Tensor Tensor::matmul(const Tensor& o) const {
+  return kiln::matmul(*this, o);
+}
+Tensor Tensor::mm(const Tensor& o) const {
+  return kiln::mm(*this, o);
+}
+Tensor Tensor::softmax(int64_t dim) const {
+  return kiln::softmax(*this, dim);
+}
+Tensor Tensor::log_softmax(int64_t dim) const {
+  return kiln::log_softmax(*this, dim);
+}
 
 // --- operators
-Tensor operator-(const Tensor& a) { return neg(a); }
-Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
-Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
-Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
-Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
-Tensor operator+(const Tensor& a, const Scalar& b) { return add(a, b); }
-Tensor operator-(const Tensor& a, const Scalar& b) { return sub(a, b); }
-Tensor operator*(const Tensor& a, const Scalar& b) { return mul(a, b); }
-Tensor operator/(const Tensor& a, const Scalar& b) { return div(a, b); }
-Tensor operator+(const Scalar& a, const Tensor& b) { return add(detail::wrap_scalar(a), b); }
-Tensor operator-(const Scalar& a, const Tensor& b) { return sub(detail::wrap_scalar(a), b); }
-Tensor operator*(const Scalar& a, const Tensor& b) { return mul(detail::wrap_scalar(a), b); }
-Tensor operator/(const Scalar& a, const Tensor& b) { return div(detail::wrap_scalar(a), b); }
-Tensor& operator+=(Tensor& a, const Tensor& b) { return a.add_(b); }
-Tensor& operator-=(Tensor& a, const Tensor& b) { return a.sub_(b); }
-Tensor& operator*=(Tensor& a, const Tensor& b) { return a.mul_(b); }
-Tensor& operator/=(Tensor& a, const Tensor& b) { return a.div_(b); }
-Tensor& operator+=(Tensor& a, const Scalar& b) { return a.add_(b); }
-Tensor& operator-=(Tensor& a, const Scalar& b) { return a.sub_(b); }
-Tensor& operator*=(Tensor& a, const Scalar& b) { return a.mul_(b); }
-Tensor& operator/=(Tensor& a, const Scalar& b) { return a.div_(b); }
+Tensor operator-(const Tensor& a) {
+  return neg(a);
+}
+Tensor operator+(const Tensor& a, const Tensor& b) {
+  return add(a, b);
+}
+Tensor operator-(const Tensor& a, const Tensor& b) {
+  return sub(a, b);
+}
+Tensor operator*(const Tensor& a, const Tensor& b) {
+  return mul(a, b);
+}
+Tensor operator/(const Tensor& a, const Tensor& b) {
+  return div(a, b);
+}
+Tensor operator+(const Tensor& a, const Scalar& b) {
+  return add(a, b);
+}
+Tensor operator-(const Tensor& a, const Scalar& b) {
+  return sub(a, b);
+}
+Tensor operator*(const Tensor& a, const Scalar& b) {
+  return mul(a, b);
+}
+Tensor operator/(const Tensor& a, const Scalar& b) {
+  return div(a, b);
+}
+Tensor operator+(const Scalar& a, const Tensor& b) {
+  return add(detail::wrap_scalar(a), b);
+}
+Tensor operator-(const Scalar& a, const Tensor& b) {
+  return sub(detail::wrap_scalar(a), b);
+}
+Tensor operator*(const Scalar& a, const Tensor& b) {
+  return mul(detail::wrap_scalar(a), b);
+}
+Tensor operator/(const Scalar& a, const Tensor& b) {
+  return div(detail::wrap_scalar(a), b);
+}
+Tensor& operator+=(Tensor& a, const Tensor& b) {
+  return a.add_(b);
+}
+Tensor& operator-=(Tensor& a, const Tensor& b) {
+  return a.sub_(b);
+}
+Tensor& operator*=(Tensor& a, const Tensor& b) {
+  return a.mul_(b);
+}
+Tensor& operator/=(Tensor& a, const Tensor& b) {
+  return a.div_(b);
+}
+Tensor& operator+=(Tensor& a, const Scalar& b) {
+  return a.add_(b);
+}
+Tensor& operator-=(Tensor& a, const Scalar& b) {
+  return a.sub_(b);
+}
+Tensor& operator*=(Tensor& a, const Scalar& b) {
+  return a.mul_(b);
+}
+Tensor& operator/=(Tensor& a, const Scalar& b) {
+  return a.div_(b);
+}
 
 }  // namespace kiln

@@ -1,4 +1,5 @@
-// TensorImpl and Storage: the data behind a kiln::Tensor handle, plus shape helpers used by every op.
+// TensorImpl and Storage: the data behind a kiln::Tensor handle, plus shape helpers used by every
+// op.
 #pragma once
 
 #include <atomic>
@@ -54,11 +55,12 @@ Tensor wrap_scalar(const Scalar& s);  // 0-dim wrapped-number tensor
 Shape contiguous_strides(const Shape& sizes);
 int64_t shape_numel(const Shape& sizes);
 bool is_contiguous_layout(const Shape& sizes, const Shape& strides);
-// Wraps a possibly negative dim into [0, ndim); names the op in the error.
-int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);
+// Wraps a possibly negative dim into [0, ndim); the error names the op and, when given, the input.
+int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op, const Tensor* input = nullptr);
 // numpy broadcasting of two shapes; the error names the op and both shapes.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
-// Strides that read `t` as if expanded to `shape` (0 where broadcast); `shape` must be a broadcast of it.
+// Strides that read `t` as if expanded to `shape` (0 where broadcast); `shape` must be a broadcast
+// of it.
 Shape broadcast_strides(const Tensor& t, const Shape& shape);
 // True when writing `a` may change what `b` reads (they share storage, and are not the same view).
 bool may_overlap(const Tensor& a, const Tensor& b);

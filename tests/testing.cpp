@@ -25,9 +25,12 @@ Shape random_shape(int min_rank, int max_rank, int64_t max_size, bool allow_zero
   for (auto& d : s) {
     // Size 0 rarely, size 1 often (for broadcasting), otherwise up to max_size.
     int pick = std::uniform_int_distribution<int>(0, 9)(g);
-    if (allow_zero && pick == 0) d = 0;
-    else if (pick <= 2) d = 1;
-    else d = std::uniform_int_distribution<int64_t>(1, max_size)(g);
+    if (allow_zero && pick == 0)
+      d = 0;
+    else if (pick <= 2)
+      d = 1;
+    else
+      d = std::uniform_int_distribution<int64_t>(1, max_size)(g);
   }
   return s;
 }
@@ -38,9 +41,12 @@ Tensor random_tensor(const Shape& shape, DType dtype, double lo, double hi) {
   for (int64_t d : shape) n *= d;
   std::vector<double> v(n);
   for (auto& x : v) {
-    if (dtype == kBool) x = std::uniform_int_distribution<int>(0, 1)(g);
-    else if (is_integral(dtype)) x = std::floor(std::uniform_real_distribution<double>(lo, hi)(g));
-    else x = std::uniform_real_distribution<double>(lo, hi)(g);
+    if (dtype == kBool)
+      x = std::uniform_int_distribution<int>(0, 1)(g);
+    else if (is_integral(dtype))
+      x = std::floor(std::uniform_real_distribution<double>(lo, hi)(g));
+    else
+      x = std::uniform_real_distribution<double>(lo, hi)(g);
   }
   return from_vector(v, shape).to(dtype);
 }
@@ -69,14 +75,17 @@ std::vector<std::pair<std::string, Tensor>> layouts(const Tensor& t) {
   if (has_one) {
     // Squeeze-then-expand: the size-1 dims become stride-0 broadcasts of the same values.
     Shape sq;
-    for (int64_t d : t.sizes()) if (d != 1) sq.push_back(d);
+    for (int64_t d : t.sizes())
+      if (d != 1) sq.push_back(d);
     Shape view_shape = t.sizes();
     out.emplace_back("expanded", c.reshape(sq).reshape(view_shape).expand(view_shape));
   }
   return out;
 }
 
-std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
+std::vector<double> values(const Tensor& t) {
+  return t.to_vector<double>();
+}
 
 std::vector<int64_t> unravel(int64_t flat, const Shape& shape) {
   std::vector<int64_t> idx(shape.size());
@@ -93,8 +102,8 @@ int64_t ravel(const std::vector<int64_t>& index, const Shape& shape) {
   return flat;
 }
 
-double broadcast_at(const Tensor& t, const std::vector<double>& tv, const std::vector<int64_t>& index,
-                    const Shape& shape) {
+double broadcast_at(const Tensor& t, const std::vector<double>& tv,
+                    const std::vector<int64_t>& index, const Shape& shape) {
   const Shape& ts = t.sizes();
   size_t off = shape.size() - ts.size();
   int64_t flat = 0;
@@ -112,7 +121,8 @@ void expect_close(const Tensor& actual, const std::vector<double>& expected, con
   int reported = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     double e = expected[i], a = got[i];
-    bool ok = (std::isnan(e) && std::isnan(a)) || a == e || std::fabs(a - e) <= atol + rtol * std::fabs(e);
+    bool ok = (std::isnan(e) && std::isnan(a)) || a == e ||
+              std::fabs(a - e) <= atol + rtol * std::fabs(e);
     if (!ok && reported++ < 5) {
       ADD_FAILURE() << "element " << i << " of shape " << ::testing::PrintToString(shape)
                     << ": got " << a << ", expected " << e;

@@ -17,7 +17,8 @@ namespace kiln::testing {
 std::mt19937_64& rng();
 
 // A random shape of rank in [min_rank, max_rank], each size in [0 or 1, max_size].
-Shape random_shape(int min_rank = 0, int max_rank = 4, int64_t max_size = 5, bool allow_zero = true);
+Shape random_shape(int min_rank = 0, int max_rank = 4, int64_t max_size = 5,
+                   bool allow_zero = true);
 
 // A tensor of `shape` with values uniform in [lo, hi) (integers for integral dtypes, 0/1 for bool),
 // made from std::mt19937_64 (independent of kiln's own generator).

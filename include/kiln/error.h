@@ -24,11 +24,12 @@ std::string str_cat(const Args&... args) {
 
 }  // namespace kiln
 
-// KILN_CHECK(cond, parts...) throws kiln::Error with the parts streamed together when cond is false.
-#define KILN_CHECK(cond, ...)                                                           \
-  do {                                                                                  \
-    if (!(cond)) ::kiln::detail::throw_error(__FILE__, __LINE__,                        \
-                                             ::kiln::detail::str_cat(__VA_ARGS__)); \
+// KILN_CHECK(cond, parts...) throws kiln::Error with the parts streamed together when cond is
+// false.
+#define KILN_CHECK(cond, ...)                                                                \
+  do {                                                                                       \
+    if (!(cond))                                                                             \
+      ::kiln::detail::throw_error(__FILE__, __LINE__, ::kiln::detail::str_cat(__VA_ARGS__)); \
   } while (0)
 
 #define KILN_FAIL(...) \

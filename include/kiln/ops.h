@@ -84,7 +84,8 @@ Tensor logical_not(const Tensor& x);
 Tensor isnan(const Tensor& x);
 Tensor isfinite(const Tensor& x);
 
-// ---------------------------------------------------------------- elementwise, binary (broadcasting)
+// ---------------------------------------------------------------- elementwise, binary
+// (broadcasting)
 Tensor add(const Tensor& a, const Tensor& b, const Scalar& alpha = 1);
 Tensor add(const Tensor& a, const Scalar& b);
 Tensor sub(const Tensor& a, const Tensor& b, const Scalar& alpha = 1);

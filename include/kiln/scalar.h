@@ -14,7 +14,8 @@ class Scalar {
  public:
   Scalar() : Scalar(int64_t{0}) {}
   Scalar(bool v) : kind_(kBool), i_(v), d_(v) {}
-  template <typename T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>, int> = 0>
+  template <typename T,
+            std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>, int> = 0>
   Scalar(T v) : kind_(kInt64), i_(static_cast<int64_t>(v)), d_(static_cast<double>(v)) {}
   template <typename T, std::enable_if_t<std::is_floating_point_v<T>, int> = 0>
   Scalar(T v) : kind_(kFloat64), i_(static_cast<int64_t>(v)), d_(static_cast<double>(v)) {}
@@ -28,9 +29,12 @@ class Scalar {
   int64_t to_int() const { return i_; }
   template <typename T>
   T to() const {
-    if constexpr (std::is_floating_point_v<T>) return static_cast<T>(d_);
-    else if constexpr (std::is_same_v<T, bool>) return kind_ == kFloat64 ? d_ != 0 : i_ != 0;
-    else return kind_ == kFloat64 ? static_cast<T>(d_) : static_cast<T>(i_);
+    if constexpr (std::is_floating_point_v<T>)
+      return static_cast<T>(d_);
+    else if constexpr (std::is_same_v<T, bool>)
+      return kind_ == kFloat64 ? d_ != 0 : i_ != 0;
+    else
+      return kind_ == kFloat64 ? static_cast<T>(d_) : static_cast<T>(i_);
   }
 
  private:

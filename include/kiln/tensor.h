@@ -29,8 +29,16 @@ struct TensorOptions {
   TensorOptions() = default;
   TensorOptions(DType d) : dtype_(d) {}
   TensorOptions(Device d) : device_(d) {}
-  TensorOptions dtype(DType d) const { auto o = *this; o.dtype_ = d; return o; }
-  TensorOptions device(Device d) const { auto o = *this; o.device_ = d; return o; }
+  TensorOptions dtype(DType d) const {
+    auto o = *this;
+    o.dtype_ = d;
+    return o;
+  }
+  TensorOptions device(Device d) const {
+    auto o = *this;
+    o.device_ = d;
+    return o;
+  }
   DType dtype_or(DType fallback) const { return dtype_.value_or(fallback); }
 };
 

@@ -43,7 +43,9 @@ Generator& generator() {
   return g;
 }
 // Uniform in [0, 1) with 53 (double) random bits.
-double next_uniform(std::mt19937_64& e) { return static_cast<double>(e() >> 11) * 0x1.0p-53; }
+double next_uniform(std::mt19937_64& e) {
+  return static_cast<double>(e() >> 11) * 0x1.0p-53;
+}
 }  // namespace
 
 Tensor empty(const Shape& shape, TensorOptions options) {
@@ -67,34 +69,50 @@ Tensor full(const Shape& shape, const Scalar& value, TensorOptions options) {
   t.fill_(value);
   return t;
 }
-Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), t.dtype()); }
-Tensor ones_like(const Tensor& t) { return ones(t.sizes(), t.dtype()); }
-Tensor empty_like(const Tensor& t) { return empty(t.sizes(), t.dtype()); }
-Tensor full_like(const Tensor& t, const Scalar& value) { return full(t.sizes(), value, t.dtype()); }
+Tensor zeros_like(const Tensor& t) {
+  return zeros(t.sizes(), t.dtype());
+}
+Tensor ones_like(const Tensor& t) {
+  return ones(t.sizes(), t.dtype());
+}
+Tensor empty_like(const Tensor& t) {
+  return empty(t.sizes(), t.dtype());
+}
+Tensor full_like(const Tensor& t, const Scalar& value) {
+  return full(t.sizes(), value, t.dtype());
+}
 Tensor scalar_tensor(const Scalar& value, TensorOptions options) {
-  return full({}, value, options.dtype(options.dtype_or(value.is_floating_point() ? kFloat32 : value.kind())));
+  return full({}, value,
+              options.dtype(options.dtype_or(value.is_floating_point() ? kFloat32 : value.kind())));
 }
 
-Tensor arange(const Scalar& end, TensorOptions options) { return arange(0, end, 1, options); }
+Tensor arange(const Scalar& end, TensorOptions options) {
+  return arange(0, end, 1, options);
+}
 Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, TensorOptions options) {
   (void)arange_def;
   check_factory("arange", {}, options);
-  bool all_int = !start.is_floating_point() && !end.is_floating_point() && !step.is_floating_point();
+  bool all_int =
+      !start.is_floating_point() && !end.is_floating_point() && !step.is_floating_point();
   DType dt = options.dtype_or(all_int ? kInt64 : kFloat32);
   double s = start.to_double(), e = end.to_double(), st = step.to_double();
   KILN_CHECK(st != 0, "arange: step must be nonzero");
-  KILN_CHECK(std::isfinite(s) && std::isfinite(e), "arange: unsupported range ", start, " -> ", end);
+  KILN_CHECK(std::isfinite(s) && std::isfinite(e), "arange: unsupported range ", start, " -> ",
+             end);
   KILN_CHECK((st > 0 && e >= s) || (st < 0 && e <= s), "arange: upper bound (", end,
              ") and lower bound (", start, ") inconsistent with step sign (", step, ")");
-  int64_t n = all_int ? (end.to_int() - start.to_int() + step.to_int() - (st > 0 ? 1 : -1)) / step.to_int()
-                      : static_cast<int64_t>(std::ceil((e - s) / st));
+  int64_t n =
+      all_int ? (end.to_int() - start.to_int() + step.to_int() - (st > 0 ? 1 : -1)) / step.to_int()
+              : static_cast<int64_t>(std::ceil((e - s) / st));
   Tensor t = make_empty({n}, dt);
   detail::dispatch_all(dt, [&](auto tag) {
     using T = KILN_TYPE(tag);
     T* p = t.data_ptr<T>();
     for (int64_t i = 0; i < n; ++i) {
-      if (all_int) p[i] = static_cast<T>(start.to_int() + i * step.to_int());
-      else p[i] = static_cast<T>(s + static_cast<double>(i) * st);
+      if (all_int)
+        p[i] = static_cast<T>(start.to_int() + i * step.to_int());
+      else
+        p[i] = static_cast<T>(s + static_cast<double>(i) * st);
     }
   });
   return t;
@@ -119,7 +137,9 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions options) 
   return t;
 }
 
-Tensor eye(int64_t n, TensorOptions options) { return eye(n, n, options); }
+Tensor eye(int64_t n, TensorOptions options) {
+  return eye(n, n, options);
+}
 Tensor eye(int64_t n, int64_t m, TensorOptions options) {
   (void)eye_def;
   check_factory("eye", {n, m}, options);
@@ -163,7 +183,7 @@ Tensor randn(const Shape& shape, TensorOptions options) {
     using T = KILN_TYPE(tag);
     T* p = t.data_ptr<T>();
     const int64_t n = t.numel();
-    for (int64_t i = 0; i < n; i += 2) {  // Box-Muller: two normals per pair of uniforms
+    for (int64_t i = 0; i < n; i += 2) {         // Box-Muller: two normals per pair of uniforms
       double u1 = 1.0 - next_uniform(g.engine);  // (0, 1]
       double u2 = next_uniform(g.engine);
       double r = std::sqrt(-2.0 * std::log(u1));
@@ -186,7 +206,8 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opti
     uint64_t range = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
     int64_t* p = t.data_ptr<int64_t>();
     // Rejection sampling keeps every value equally likely.
-    uint64_t limit = std::numeric_limits<uint64_t>::max() - std::numeric_limits<uint64_t>::max() % range;
+    uint64_t limit =
+        std::numeric_limits<uint64_t>::max() - std::numeric_limits<uint64_t>::max() % range;
     for (int64_t i = 0; i < t.numel(); ++i) {
       uint64_t r;
       do r = g.engine();
@@ -225,7 +246,8 @@ Tensor from_blob(void* data, const Shape& shape, TensorOptions options,
 
 Tensor from_blob(void* data, const Shape& shape, const Shape& strides, TensorOptions options,
                  std::function<void(void*)> deleter) {
-  KILN_CHECK(data != nullptr, "from_blob: data pointer is null (shape ", detail::shape_str(shape), ")");
+  KILN_CHECK(data != nullptr, "from_blob: data pointer is null (shape ", detail::shape_str(shape),
+             ")");
   KILN_CHECK(shape.size() == strides.size(), "from_blob: shape ", detail::shape_str(shape),
              " and strides ", detail::shape_str(strides), " differ in length");
   check_factory("from_blob", shape, options);

@@ -108,7 +108,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   check_input(index, op, "index");
   check_index_dtype(index, op, true);
   KILN_CHECK(index.dim() <= 1, op, ": index must be a 1-D vector, got ", describe(index));
-  int64_t d = detail::wrap_dim(dim, x.dim(), op);
+  int64_t d = detail::wrap_dim(dim, x.dim(), op, &x);
   if (x.dim() == 0) {
     KILN_CHECK(index.numel() == 1, op, ": an index into a 0-dim tensor must have exactly one ",
                "value, got ", describe(index));
@@ -143,7 +143,7 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   check_index_dtype(index, op, false);
   KILN_CHECK(index.dim() == x.dim(), op, ": index ", describe(index),
              " must have the same number of dimensions as input ", describe(x));
-  const int64_t d = detail::wrap_dim(dim, x.dim(), op);
+  const int64_t d = detail::wrap_dim(dim, x.dim(), op, &x);
   for (int64_t k = 0; k < x.dim(); ++k) {
     KILN_CHECK(k == d || index.size(k) <= x.size(k), op, ": index ", describe(index),
                " must not be larger than input ", describe(x), " in dimension ", k,
@@ -202,7 +202,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   }
   DType dtype = detail::result_type(tensors);
   if (!ref) return detail::make_empty({0}, dtype);
-  const int64_t d = detail::wrap_dim(dim, ref->dim(), op);
+  const int64_t d = detail::wrap_dim(dim, ref->dim(), op, ref);
   Shape out_shape = ref->sizes();
   out_shape[d] = 0;
   std::vector<Tensor> pieces;
@@ -235,7 +235,7 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
                ": expects each tensor to be equal size, but got ", shape_str(ref.sizes()),
                " at entry 0 and ", shape_str(tensors[i].sizes()), " at entry ", i);
   }
-  const int64_t d = detail::wrap_dim(dim, ref.dim() + 1, op);
+  const int64_t d = detail::wrap_dim(dim, ref.dim() + 1, op, &ref);
   Shape out_shape = ref.sizes();
   out_shape.insert(out_shape.begin() + d, static_cast<int64_t>(tensors.size()));
   std::vector<Tensor> pieces;

@@ -1,12 +1,483 @@
-// PLACEHOLDER: replaced by the NN ops implementation.
+// Neural-network ops: softmax, log_softmax, layer_norm, the losses and dropout, with row kernels.
+//
+// softmax and log_softmax work on a contiguous copy of the input (no copy when it already is one)
+// viewed as [outer, D, inner], D being the reduced dim. When inner == 1 every row is contiguous and
+// is processed while it sits in cache: a max pass, an exp-and-sum pass (writing exp(x - max) for
+// softmax) and a final pass (scale by 1/sum, or x - max - log(sum)), rows split across threads.
+// When inner > 1 a task takes a block of adjacent columns (up to kColWidth) and runs the same three
+// passes down the D rows, each inner loop over a contiguous row segment, with the running maxima
+// and sums in per-task arrays. Wide segments matter: narrow ones touch a new page on every row.
+//
+// exp is computed by exp_nonpos below rather than std::exp: it is written in plain arithmetic
+// (Cody-Waite range reduction, a polynomial and an exponent built from integer bits) so that the
+// compiler vectorizes the loops that call it, which a call into libm prevents. The kernels are also
+// compiled for AVX2 + FMA (target_clones), chosen at load time on CPUs that have them.
+//
+// layer_norm normalizes each row of M = prod(normalized_shape) elements: mean, then the biased
+// variance around it (both accumulated in double), then one pass writing (x - mean) * rstd * w + b.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <omp.h>
+
 #include "kiln/ops.h"
+#include "lib/dispatch.h"
+#include "lib/loops.h"
+#include "lib/op_table.h"
+#include "lib/parallel.h"
+#include "lib/tensor_impl.h"
+
 namespace kiln {
-#define TODO KILN_FAIL("not implemented yet")
-Tensor softmax(const Tensor&, int64_t) { TODO; }
-Tensor log_softmax(const Tensor&, int64_t) { TODO; }
-Tensor layer_norm(const Tensor&, const Shape&, const Tensor&, const Tensor&, double) { TODO; }
-Tensor cross_entropy(const Tensor&, const Tensor&, Reduction) { TODO; }
-Tensor nll_loss(const Tensor&, const Tensor&, Reduction) { TODO; }
-Tensor mse_loss(const Tensor&, const Tensor&, Reduction) { TODO; }
-Tensor dropout(const Tensor&, double, bool) { TODO; }
+
+using detail::describe;
+using detail::DTypeRule;
+using detail::OpKind;
+using detail::shape_str;
+
+namespace {
+
+const detail::OpDef& def_nn(const char* name, int arity, DTypeRule rule) {
+  return detail::register_op({name, OpKind::NN, arity, rule});
+}
+const detail::OpDef& softmax_def = def_nn("softmax", 1, DTypeRule::Float);
+const detail::OpDef& log_softmax_def = def_nn("log_softmax", 1, DTypeRule::Float);
+const detail::OpDef& layer_norm_def = def_nn("layer_norm", 3, DTypeRule::Float);
+const detail::OpDef& nll_loss_def = def_nn("nll_loss", 2, DTypeRule::Custom);
+const detail::OpDef& cross_entropy_def = def_nn("cross_entropy", 2, DTypeRule::Custom);
+const detail::OpDef& mse_loss_def = def_nn("mse_loss", 2, DTypeRule::Float);
+const detail::OpDef& dropout_def = def_nn("dropout", 1, DTypeRule::Custom);
+
+void check_input(const Tensor& t, const char* op, const char* arg) {
+  detail::check_defined(t, op, arg);
+  detail::check_cpu(t, op);
+}
+
+// ------------------------------------------------------------------------------- vectorizable exp
+// GCC will not if-convert the selects below while floating-point traps are honoured (it sinks
+// arithmetic into the branches), which keeps the loops scalar: the kernels are compiled without
+// them.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("no-trapping-math")
+#endif
+
+// The hot row kernels are also compiled for AVX2 + FMA and picked at load time where the CPU has
+// them.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define KILN_NN_CLONES __attribute__((target_clones("default", "arch=x86-64-v3")))
+#else
+#define KILN_NN_CLONES
+#endif
+
+// exp(x) for x <= 0 (NaN propagates), rounded into the subnormal range like std::exp: 2^n is
+// applied as 2^(n + 64) (always a normal number) times 2^-64, so that only the last product rounds.
+// float: Cephes' expf polynomial on [-ln2/2, ln2/2], about 1 ulp.
+inline float exp_nonpos(float x) {
+  const float lo = -103.972084f;  // ln(2^-150): below it the result rounds to 0
+  const float magic =
+      12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer kept in the low bits
+  float xc = x < lo ? lo : x;
+  float t = xc * 1.44269504088896341f + magic;
+  float n = t - magic;
+  float r = xc - n * 0.693359375f;  // ln2 split in two so that n * hi is exact
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  uint32_t bits;
+  std::memcpy(&bits, &t, sizeof bits);
+  uint32_t e = (bits << 23) + ((127u + 64u) << 23);  // the low bits of t hold n: 2^(n + 64)
+  float scale;
+  std::memcpy(&scale, &e, sizeof scale);
+  float y = (p * scale) * 0x1p-64f;
+  return x < lo ? 0.0f : y;
+}
+
+// double: Taylor series to degree 13 on [-ln2/2, ln2/2] (truncation below 1e-17), about 1 ulp.
+inline double exp_nonpos(double x) {
+  const double lo = -745.1332191019412;     // ln(2^-1075)
+  const double magic = 6755399441055744.0;  // 1.5 * 2^52
+  double xc = x < lo ? lo : x;
+  double t = xc * 1.4426950408889634 + magic;
+  double n = t - magic;
+  double r = xc - n * 6.93145751953125e-1;
+  r = r - n * 1.42860682030941723212e-6;
+  double p = 1.0 / 6227020800.0;  // 1/13!
+  p = p * r + 1.0 / 479001600.0;
+  p = p * r + 1.0 / 39916800.0;
+  p = p * r + 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * (r * r) + r + 1.0;
+  uint64_t bits;
+  std::memcpy(&bits, &t, sizeof bits);
+  uint64_t e = (bits << 52) + (uint64_t{1023 + 64} << 52);
+  double scale;
+  std::memcpy(&scale, &e, sizeof scale);
+  double y = (p * scale) * 0x1p-64;
+  return x < lo ? 0.0 : y;
+}
+
+// ---------------------------------------------------------------------------- softmax kernels
+constexpr int64_t kSumBlock = 512;   // a row's exp sum: float partial sums per block, then double
+constexpr int64_t kColWidth = 4096;  // columns processed together when the reduced dim is strided
+constexpr int64_t kMinColWidth = 64;
+
+// One contiguous row of n > 0 elements.
+template <typename T, bool Log>
+KILN_NN_CLONES void softmax_row(const T* __restrict x, T* __restrict y, int64_t n) {
+  T m = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+  double total = 0;
+  for (int64_t b = 0; b < n; b += kSumBlock) {
+    const int64_t e = std::min(n, b + kSumBlock);
+    T s = 0;
+    if constexpr (Log) {
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = b; i < e; ++i) s += exp_nonpos(x[i] - m);
+    } else {
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = b; i < e; ++i) {
+        T v = exp_nonpos(x[i] - m);
+        y[i] = v;
+        s += v;
+      }
+    }
+    total += static_cast<double>(s);
+  }
+  if constexpr (Log) {
+    const T ls = static_cast<T>(std::log(total));
+    for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - m) - ls;
+  } else {
+    const T inv = static_cast<T>(1.0 / total);
+    for (int64_t i = 0; i < n; ++i) y[i] *= inv;
+  }
+}
+
+// Columns [0, w) of a [D, stride] block: softmax down each column. m and s are scratch of w
+// elements; the rows are streamed three times, each pass over contiguous row segments.
+template <typename T, bool Log>
+KILN_NN_CLONES void softmax_cols(const T* __restrict x, T* __restrict y, int64_t D, int64_t stride,
+                                 int64_t w, T* __restrict m, double* __restrict s) {
+  for (int64_t j = 0; j < w; ++j) m[j] = -std::numeric_limits<T>::infinity();
+  for (int64_t d = 0; d < D; ++d) {
+    const T* xr = x + d * stride;
+    for (int64_t j = 0; j < w; ++j) m[j] = xr[j] > m[j] ? xr[j] : m[j];
+  }
+  for (int64_t j = 0; j < w; ++j) s[j] = 0;
+  for (int64_t d = 0; d < D; ++d) {
+    const T* xr = x + d * stride;
+    T* yr = y + d * stride;
+#pragma omp simd
+    for (int64_t j = 0; j < w; ++j) {
+      T v = exp_nonpos(xr[j] - m[j]);
+      if constexpr (!Log) yr[j] = v;
+      s[j] += static_cast<double>(v);
+    }
+  }
+  if constexpr (Log) {
+    for (int64_t j = 0; j < w; ++j) s[j] = std::log(s[j]);
+    for (int64_t d = 0; d < D; ++d) {
+      const T* xr = x + d * stride;
+      T* yr = y + d * stride;
+      for (int64_t j = 0; j < w; ++j) yr[j] = (xr[j] - m[j]) - static_cast<T>(s[j]);
+    }
+  } else {
+    // m is free again: it holds the reciprocal sums.
+    for (int64_t j = 0; j < w; ++j) m[j] = static_cast<T>(1.0 / s[j]);
+    for (int64_t d = 0; d < D; ++d) {
+      T* yr = y + d * stride;
+      for (int64_t j = 0; j < w; ++j) yr[j] *= m[j];
+    }
+  }
+}
+
+// x and y contiguous [outer, D, inner], D > 0.
+template <typename T, bool Log>
+void softmax_kernel(const T* x, T* y, int64_t outer, int64_t D, int64_t inner) {
+  if (inner == 1) {
+    detail::parallel_for(outer, std::max<int64_t>(1, detail::kParallelGrain / D),
+                         [&](int64_t b, int64_t e) {
+                           for (int64_t r = b; r < e; ++r)
+                             softmax_row<T, Log>(x + r * D, y + r * D, D);
+                         });
+    return;
+  }
+  // Tasks of [D, width] columns. Wide row segments stream well (narrow ones touch a new page per
+  // row); the width shrinks only to give every thread a task.
+  const bool nested = omp_in_parallel();
+  const int64_t threads = nested ? 1 : omp_get_max_threads();
+  int64_t width = std::min(inner, kColWidth);
+  while (width > kMinColWidth && outer * ((inner + width - 1) / width) < threads &&
+         outer * D * inner >= detail::kParallelGrain)
+    width = std::max(kMinColWidth, (width / 2 + 15) / 16 * 16);
+  const int64_t blocks = (inner + width - 1) / width;
+  // Scratch for each thread, allocated here: nothing may throw inside the parallel region.
+  std::vector<T> maxima(threads * width);
+  std::vector<double> sums(threads * width);
+  detail::parallel_for(outer * blocks, std::max<int64_t>(1, detail::kParallelGrain / (D * width)),
+                       [&](int64_t b, int64_t e) {
+                         const int64_t slot = nested ? 0 : omp_get_thread_num();
+                         T* m = maxima.data() + slot * width;
+                         double* s = sums.data() + slot * width;
+                         for (int64_t task = b; task < e; ++task) {
+                           const int64_t o = task / blocks, j0 = (task % blocks) * width;
+                           const int64_t off = o * D * inner + j0;
+                           softmax_cols<T, Log>(x + off, y + off, D, inner,
+                                                std::min(width, inner - j0), m, s);
+                         }
+                       });
+}
+
+Tensor softmax_impl(const detail::OpDef& def, const Tensor& x, int64_t dim, bool log) {
+  const char* op = def.name.c_str();
+  check_input(x, op, "input");
+  const int64_t d = detail::wrap_dim(dim, x.dim(), op, &x);
+  const DType compute = to_floating(x.dtype());
+  Tensor out = detail::make_empty(x.sizes(), compute);
+  if (out.numel() == 0) return out;
+  Tensor in = x.to(compute).contiguous();
+  const int64_t D = x.dim() == 0 ? 1 : x.size(d);
+  int64_t inner = 1;
+  for (int64_t i = d + 1; i < x.dim(); ++i) inner *= x.size(i);
+  const int64_t outer = out.numel() / (D * inner);
+  detail::dispatch_floating(compute, op, [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    const T* xp = in.data_ptr<T>();
+    T* yp = out.data_ptr<T>();
+    if (log)
+      softmax_kernel<T, true>(xp, yp, outer, D, inner);
+    else
+      softmax_kernel<T, false>(xp, yp, outer, D, inner);
+  });
+  return out;
+}
+
+// ---------------------------------------------------------------------------- layer_norm kernel
+// One row of n > 0 elements; w and b may be null.
+template <typename T>
+KILN_NN_CLONES void layer_norm_row(const T* __restrict x, T* __restrict y, int64_t n,
+                                   const T* __restrict w, const T* __restrict b, double eps) {
+  double sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]);
+  const double mean = sum / static_cast<double>(n);
+  double sq = 0;
+#pragma omp simd reduction(+ : sq)
+  for (int64_t i = 0; i < n; ++i) {
+    double c = static_cast<double>(x[i]) - mean;
+    sq += c * c;
+  }
+  const T rstd = static_cast<T>(1.0 / std::sqrt(sq / static_cast<double>(n) + eps));
+  const T mu = static_cast<T>(mean);
+  if (w && b) {
+    for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - mu) * rstd * w[i] + b[i];
+  } else if (w) {
+    for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - mu) * rstd * w[i];
+  } else if (b) {
+    for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - mu) * rstd + b[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - mu) * rstd;
+  }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
+// --------------------------------------------------------------------------------- nll helpers
+// The checked geometry of a (log_probs or logits, target) pair: input [N, C, K...] or [C].
+struct NllGeometry {
+  int64_t N = 1, C = 0, K = 1;
+  Shape out_shape;  // the target's shape: the unreduced loss
+  Tensor target;    // int64, contiguous
+};
+
+NllGeometry check_nll(const char* op, const Tensor& input, const Tensor& target) {
+  check_input(input, op, "input");
+  check_input(target, op, "target");
+  KILN_CHECK(input.dim() >= 1, op, ": expected input of shape [C], [N, C] or [N, C, d1, ...], got ",
+             describe(input));
+  KILN_CHECK(target.dtype() == kInt64 || target.dtype() == kInt32, op,
+             ": expected target of integer class indices (int64 or int32), got ", describe(target));
+  NllGeometry g;
+  if (input.dim() == 1) {
+    g.C = input.size(0);
+    KILN_CHECK(target.dim() == 0, op, ": for input ", describe(input),
+               " of shape [C] the target must be 0-dim, got ", describe(target));
+  } else {
+    g.N = input.size(0);
+    g.C = input.size(1);
+    Shape expected{g.N};
+    for (int64_t i = 2; i < input.dim(); ++i) {
+      expected.push_back(input.size(i));
+      g.K *= input.size(i);
+    }
+    KILN_CHECK(target.sizes() == expected, op, ": expected target of shape ", shape_str(expected),
+               " for input ", describe(input), ", got ", describe(target));
+  }
+  g.out_shape = target.sizes();
+  g.target = target.to(kInt64).contiguous();
+  const int64_t* t = g.target.data_ptr<int64_t>();
+  const int64_t count = g.target.numel();
+  for (int64_t i = 0; i < count; ++i) {
+    KILN_CHECK(t[i] >= 0 && t[i] < g.C, op, ": target ", t[i], " is out of bounds for ", g.C,
+               " classes (input ", describe(input), ", target ", describe(target), ")");
+  }
+  return g;
+}
+
+// The loss from contiguous log-probabilities lp of type T laid out [N, C, K].
+Tensor nll_from(const Tensor& lp, const NllGeometry& g, Reduction reduction) {
+  const int64_t count = g.N * g.K;
+  const int64_t* t = g.target.data_ptr<int64_t>();
+  Tensor out = detail::make_empty(reduction == Reduction::None ? g.out_shape : Shape{}, lp.dtype());
+  detail::dispatch_floating(lp.dtype(), "nll_loss", [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    const T* p = lp.data_ptr<T>();
+    T* o = out.data_ptr<T>();
+    auto at = [&](int64_t i) {
+      const int64_t n = i / g.K, k = i % g.K;
+      return p[(n * g.C + t[i]) * g.K + k];
+    };
+    if (reduction == Reduction::None) {
+      for (int64_t i = 0; i < count; ++i) o[i] = -at(i);
+      return;
+    }
+    double total = 0;
+    for (int64_t i = 0; i < count; ++i) total -= static_cast<double>(at(i));
+    // Mean over no elements is 0/0 = NaN, as torch.
+    *o = static_cast<T>(reduction == Reduction::Mean ? total / static_cast<double>(count) : total);
+  });
+  return out;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------- public entries
+Tensor softmax(const Tensor& x, int64_t dim) {
+  return softmax_impl(softmax_def, x, dim, false);
+}
+
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  return softmax_impl(log_softmax_def, x, dim, true);
+}
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                  const Tensor& bias, double eps) {
+  const char* op = layer_norm_def.name.c_str();
+  check_input(x, op, "input");
+  const int64_t k = static_cast<int64_t>(normalized_shape.size());
+  KILN_CHECK(k >= 1, op, ": normalized_shape must have at least one dimension, got [] for input ",
+             describe(x));
+  bool match = k <= x.dim();
+  for (int64_t i = 0; match && i < k; ++i) match = x.size(x.dim() - k + i) == normalized_shape[i];
+  KILN_CHECK(match, op, ": normalized_shape ", shape_str(normalized_shape),
+             " does not match the trailing dimensions of input ", describe(x));
+  for (const Tensor* p : {&weight, &bias}) {
+    if (!p->defined()) continue;
+    const char* arg = p == &weight ? "weight" : "bias";
+    detail::check_cpu(*p, op);
+    KILN_CHECK(p->sizes() == normalized_shape, op, ": expected ", arg, " of shape ",
+               shape_str(normalized_shape), " (normalized_shape), got ", describe(*p));
+  }
+  const DType compute = to_floating(x.dtype());
+  Tensor out = detail::make_empty(x.sizes(), compute);
+  if (out.numel() == 0) return out;
+  const int64_t n = detail::shape_numel(normalized_shape);
+  const int64_t rows = out.numel() / n;
+  Tensor in = x.to(compute).contiguous();
+  Tensor w = weight.defined() ? weight.to(compute).contiguous() : Tensor();
+  Tensor b = bias.defined() ? bias.to(compute).contiguous() : Tensor();
+  detail::dispatch_floating(compute, op, [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    const T* xp = in.data_ptr<T>();
+    T* yp = out.data_ptr<T>();
+    const T* wp = w.defined() ? w.data_ptr<T>() : nullptr;
+    const T* bp = b.defined() ? b.data_ptr<T>() : nullptr;
+    detail::parallel_for(rows, std::max<int64_t>(1, detail::kParallelGrain / n),
+                         [&](int64_t begin, int64_t end) {
+                           for (int64_t r = begin; r < end; ++r)
+                             layer_norm_row<T>(xp + r * n, yp + r * n, n, wp, bp, eps);
+                         });
+  });
+  return out;
+}
+
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction) {
+  const char* op = nll_loss_def.name.c_str();
+  NllGeometry g = check_nll(op, log_probs, target);
+  return nll_from(log_probs.to(to_floating(log_probs.dtype())).contiguous(), g, reduction);
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction) {
+  const char* op = cross_entropy_def.name.c_str();
+  NllGeometry g = check_nll(op, logits, target);
+  return nll_from(log_softmax(logits, logits.dim() == 1 ? 0 : 1), g, reduction);
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  const char* op = mse_loss_def.name.c_str();
+  check_input(input, op, "input");
+  check_input(target, op, "target");
+  const Shape shape = detail::broadcast_shapes(input.sizes(), target.sizes(), op);
+  const DType compute = to_floating(detail::result_type({input, target}));
+  Tensor a = input.to(compute), b = target.to(compute);
+  Tensor sq = detail::make_empty(shape, compute);
+  Tensor out = reduction == Reduction::None ? sq : detail::make_empty({}, compute);
+  detail::dispatch_floating(compute, op, [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    detail::map_kernel<T, T, T>(
+        [](T u, T v) {
+          T d = u - v;
+          return d * d;
+        },
+        sq, a, b);
+    if (reduction == Reduction::None) return;
+    const T* p = sq.data_ptr<T>();
+    const int64_t count = sq.numel();
+    double total = 0;
+    for (int64_t i = 0; i < count; ++i) total += static_cast<double>(p[i]);
+    // Mean over no elements is 0/0 = NaN, as torch.
+    *out.data_ptr<T>() =
+        static_cast<T>(reduction == Reduction::Mean ? total / static_cast<double>(count) : total);
+  });
+  return out;
+}
+
+Tensor dropout(const Tensor& x, double p, bool train) {
+  const char* op = dropout_def.name.c_str();
+  check_input(x, op, "input");
+  KILN_CHECK(p >= 0.0 && p <= 1.0, op, ": probability has to be between 0 and 1, but got ", p,
+             " (input ", describe(x), ")");
+  KILN_CHECK(x.is_floating_point(), op, ": expected a floating-point input, got ", describe(x));
+  if (!train || p == 0.0) return x;
+  if (p == 1.0) return zeros(x.sizes(), x.dtype());
+  // Draws come from the process generator in row-major order, so manual_seed reproduces the mask.
+  Tensor u = rand(x.sizes(), kFloat64);
+  Tensor out = detail::make_empty(x.sizes(), x.dtype());
+  const double keep = 1.0 - p;
+  detail::dispatch_floating(x.dtype(), op, [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    const T scale = T(1) / static_cast<T>(keep);  // as torch: the mask divided by 1 - p in T
+    detail::map_kernel<T, T, double>([=](T v, double r) { return r < keep ? v * scale : T(0); },
+                                     out, x, u);
+  });
+  return out;
+}
+
 }  // namespace kiln

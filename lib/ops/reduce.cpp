@@ -91,7 +91,7 @@ Prepared prepare(const Tensor& x, const char* op, const std::vector<int64_t>& di
   if (!dims.empty()) {
     std::vector<bool> seen(reduced.size(), false);
     for (int64_t d : dims) {
-      int64_t w = detail::wrap_dim(d, nd, op);
+      int64_t w = detail::wrap_dim(d, nd, op, &x);
       KILN_CHECK(!seen[w], op, ": dim ", w, " appears multiple times in the list of dims ",
                  detail::shape_str(dims), " (input ", describe(x), ")");
       seen[w] = true;

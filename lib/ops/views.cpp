@@ -53,7 +53,8 @@ Shape infer_shape(const char* op, const Shape& shape, int64_t numel, const Tenso
 
 // Strides for viewing (sizes, strides) as new_sizes without copying, or nullopt when impossible.
 // Groups of old dims that are contiguous among themselves ("chunks") can be re-split freely.
-std::optional<Shape> view_strides(const Shape& sizes, const Shape& strides, const Shape& new_sizes) {
+std::optional<Shape> view_strides(const Shape& sizes, const Shape& strides,
+                                  const Shape& new_sizes) {
   int64_t numel = detail::shape_numel(sizes);
   Shape out(new_sizes.size());
   if (numel == 0 || sizes.empty()) return detail::contiguous_strides(new_sizes);
@@ -105,7 +106,8 @@ Tensor Tensor::reshape(const Shape& shape) const {
 Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
   detail::check_defined(*this, "flatten");
   if (dim() == 0) return reshape({1});
-  int64_t s = wrap_dim(start_dim, dim(), "flatten"), e = wrap_dim(end_dim, dim(), "flatten");
+  int64_t s = wrap_dim(start_dim, dim(), "flatten", this),
+          e = wrap_dim(end_dim, dim(), "flatten", this);
   KILN_CHECK(s <= e, "flatten: start_dim ", start_dim, " comes after end_dim ", end_dim, " for ",
              describe(*this));
   Shape shape(sizes().begin(), sizes().begin() + s);
@@ -124,7 +126,7 @@ Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
   Shape sz(dims.size()), st(dims.size());
   std::vector<bool> seen(dims.size(), false);
   for (size_t i = 0; i < dims.size(); ++i) {
-    int64_t d = wrap_dim(dims[i], dim(), "permute");
+    int64_t d = wrap_dim(dims[i], dim(), "permute", this);
     KILN_CHECK(!seen[d], "permute: dim ", d, " appears more than once in ", shape_str(dims));
     seen[d] = true;
     sz[i] = sizes()[d];
@@ -141,7 +143,8 @@ Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
     wrap_dim(dim1, 0, "transpose");
     return make_view(*this, {}, {}, storage_offset());
   }
-  int64_t a = wrap_dim(dim0, dim(), "transpose"), b = wrap_dim(dim1, dim(), "transpose");
+  int64_t a = wrap_dim(dim0, dim(), "transpose", this),
+          b = wrap_dim(dim1, dim(), "transpose", this);
   Shape sz = sizes(), st = strides();
   std::swap(sz[a], sz[b]);
   std::swap(st[a], st[b]);
@@ -157,7 +160,7 @@ Tensor Tensor::t() const {
 Tensor Tensor::unsqueeze(int64_t d) const {
   detail::check_defined(*this, "unsqueeze");
   (void)unsqueeze_def;
-  int64_t pos = wrap_dim(d, dim() + 1, "unsqueeze");
+  int64_t pos = wrap_dim(d, dim() + 1, "unsqueeze", this);
   Shape sz = sizes(), st = strides();
   int64_t stride = pos < dim() ? sz[pos] * st[pos] : 1;
   sz.insert(sz.begin() + pos, 1);
@@ -183,7 +186,7 @@ Tensor Tensor::squeeze(int64_t d) const {
     wrap_dim(d, 0, "squeeze");
     return make_view(*this, {}, {}, storage_offset());
   }
-  int64_t pos = wrap_dim(d, dim(), "squeeze");
+  int64_t pos = wrap_dim(d, dim(), "squeeze", this);
   if (sizes()[pos] != 1) return make_view(*this, sizes(), strides(), storage_offset());
   Shape sz = sizes(), st = strides();
   sz.erase(sz.begin() + pos);
@@ -200,8 +203,8 @@ Tensor Tensor::expand(const Shape& shape) const {
   Shape sz(shape.size()), st(shape.size());
   for (size_t i = 0; i < shape.size(); ++i) {
     if (i < off) {
-      KILN_CHECK(shape[i] >= 0, "expand: the new leading dimension ", i, " must be non-negative in ",
-                 shape_str(shape));
+      KILN_CHECK(shape[i] >= 0, "expand: the new leading dimension ", i,
+                 " must be non-negative in ", shape_str(shape));
       sz[i] = shape[i];
       st[i] = 0;
       continue;
@@ -217,14 +220,16 @@ Tensor Tensor::expand(const Shape& shape) const {
   return make_view(*this, sz, st, storage_offset());
 }
 
-Tensor Tensor::expand_as(const Tensor& other) const { return expand(other.sizes()); }
+Tensor Tensor::expand_as(const Tensor& other) const {
+  return expand(other.sizes());
+}
 
 Tensor Tensor::slice(int64_t d, std::optional<int64_t> start, std::optional<int64_t> end,
                      int64_t step) const {
   detail::check_defined(*this, "slice");
   (void)slice_def;
   KILN_CHECK(dim() > 0, "slice: cannot slice a 0-dim tensor ", describe(*this));
-  int64_t pos = wrap_dim(d, dim(), "slice");
+  int64_t pos = wrap_dim(d, dim(), "slice", this);
   KILN_CHECK(step > 0, "slice: step must be positive, got ", step);
   int64_t n = sizes()[pos];
   int64_t s = start.value_or(0), e = end.value_or(n);
@@ -241,7 +246,7 @@ Tensor Tensor::slice(int64_t d, std::optional<int64_t> start, std::optional<int6
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   detail::check_defined(*this, "narrow");
   KILN_CHECK(dim() > 0, "narrow: cannot narrow a 0-dim tensor ", describe(*this));
-  int64_t pos = wrap_dim(d, dim(), "narrow");
+  int64_t pos = wrap_dim(d, dim(), "narrow", this);
   int64_t n = sizes()[pos];
   if (start < 0) start += n;
   KILN_CHECK(start >= 0 && length >= 0 && start + length <= n, "narrow: start (", start,
@@ -253,7 +258,7 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
   detail::check_defined(*this, "select");
   (void)select_def;
   KILN_CHECK(dim() > 0, "select: cannot select on a 0-dim tensor ", describe(*this));
-  int64_t pos = wrap_dim(d, dim(), "select");
+  int64_t pos = wrap_dim(d, dim(), "select", this);
   int64_t n = sizes()[pos];
   KILN_CHECK(index >= -n && index < n, "select: index ", index, " is out of bounds for dimension ",
              pos, " with size ", n, " of ", describe(*this));
@@ -268,27 +273,28 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
 std::vector<Tensor> Tensor::split(int64_t split_size, int64_t d) const {
   detail::check_defined(*this, "split");
   KILN_CHECK(dim() > 0, "split: cannot split a 0-dim tensor ", describe(*this));
-  int64_t pos = wrap_dim(d, dim(), "split");
+  int64_t pos = wrap_dim(d, dim(), "split", this);
   int64_t n = sizes()[pos];
-  KILN_CHECK(split_size > 0 || (split_size == 0 && n == 0), "split: split_size must be positive, got ",
-             split_size);
+  KILN_CHECK(split_size > 0 || (split_size == 0 && n == 0),
+             "split: split_size must be positive, got ", split_size);
   std::vector<Tensor> out;
   if (n == 0) return {*this};
-  for (int64_t s = 0; s < n; s += split_size) out.push_back(narrow(pos, s, std::min(split_size, n - s)));
+  for (int64_t s = 0; s < n; s += split_size)
+    out.push_back(narrow(pos, s, std::min(split_size, n - s)));
   return out;
 }
 
 std::vector<Tensor> Tensor::split(const std::vector<int64_t>& split_sizes, int64_t d) const {
   detail::check_defined(*this, "split");
   KILN_CHECK(dim() > 0, "split: cannot split a 0-dim tensor ", describe(*this));
-  int64_t pos = wrap_dim(d, dim(), "split");
+  int64_t pos = wrap_dim(d, dim(), "split", this);
   int64_t total = 0;
   for (int64_t s : split_sizes) {
     KILN_CHECK(s >= 0, "split: split sizes must be non-negative, got ", shape_str(split_sizes));
     total += s;
   }
-  KILN_CHECK(total == sizes()[pos], "split: split sizes ", shape_str(split_sizes), " sum to ", total,
-             " but dimension ", pos, " of ", describe(*this), " has size ", sizes()[pos]);
+  KILN_CHECK(total == sizes()[pos], "split: split sizes ", shape_str(split_sizes), " sum to ",
+             total, " but dimension ", pos, " of ", describe(*this), " has size ", sizes()[pos]);
   std::vector<Tensor> out;
   int64_t start = 0;
   for (int64_t s : split_sizes) {
@@ -302,7 +308,7 @@ std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const {
   detail::check_defined(*this, "chunk");
   KILN_CHECK(chunks > 0, "chunk: number of chunks must be positive, got ", chunks);
   KILN_CHECK(dim() > 0, "chunk: cannot chunk a 0-dim tensor ", describe(*this));
-  int64_t pos = wrap_dim(d, dim(), "chunk");
+  int64_t pos = wrap_dim(d, dim(), "chunk", this);
   int64_t n = sizes()[pos];
   int64_t size = std::max<int64_t>((n + chunks - 1) / chunks, 1);
   return split(size, pos);
@@ -311,7 +317,7 @@ std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const {
 std::vector<Tensor> Tensor::unbind(int64_t d) const {
   detail::check_defined(*this, "unbind");
   KILN_CHECK(dim() > 0, "unbind: cannot unbind a 0-dim tensor ", describe(*this));
-  int64_t pos = wrap_dim(d, dim(), "unbind");
+  int64_t pos = wrap_dim(d, dim(), "unbind", this);
   std::vector<Tensor> out;
   for (int64_t i = 0; i < sizes()[pos]; ++i) out.push_back(select(pos, i));
   return out;

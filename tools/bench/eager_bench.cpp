@@ -2,8 +2,8 @@
 // for memory bandwidth, oneDNN's sgemm on a large square for GEMM throughput), then prints every
 // figure as a fraction of its limit in a table after Google Benchmark's own output.
 #include <benchmark/benchmark.h>
-#include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <cstdio>
 #include <map>
@@ -32,8 +32,8 @@ void BM_Limit_TriadBandwidth(benchmark::State& state) {
     benchmark::DoNotOptimize(a.data());
     benchmark::ClobberMemory();
   }
-  state.counters["bytes/s"] = benchmark::Counter(3.0 * n * sizeof(float),
-                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["bytes/s"] =
+      benchmark::Counter(3.0 * n * sizeof(float), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_Limit_GemmPeak(benchmark::State& state) {
@@ -43,8 +43,8 @@ void BM_Limit_GemmPeak(benchmark::State& state) {
     dnnl_sgemm('N', 'N', n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
     benchmark::DoNotOptimize(c.data());
   }
-  state.counters["flop/s"] = benchmark::Counter(2.0 * n * n * n,
-                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["flop/s"] =
+      benchmark::Counter(2.0 * n * n * n, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // --- kiln eager figures
@@ -82,8 +82,7 @@ void BM_Softmax4096(benchmark::State& state) {
 
 void BM_LayerNorm4096(benchmark::State& state) {
   Tensor x = kiln::randn({4096, 4096}), w = kiln::randn({4096}), b = kiln::randn({4096});
-  for (auto _ : state)
-    benchmark::DoNotOptimize(kiln::layer_norm(x, {4096}, w, b).raw_data_ptr());
+  for (auto _ : state) benchmark::DoNotOptimize(kiln::layer_norm(x, {4096}, w, b).raw_data_ptr());
   set_bytes(state, 2.0 * 4096 * 4096 * 4);
 }
 
@@ -115,7 +114,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& r : runs) {
       if (r.run_type != Run::RT_Iteration) continue;
-      for (const auto& [name, counter] : r.counters) rates_[r.benchmark_name()][name] = counter.value;
+      for (const auto& [name, counter] : r.counters)
+        rates_[r.benchmark_name()][name] = counter.value;
     }
   }
   void Finalize() override {

@@ -27,7 +27,8 @@ int main() {
   Tensor logits = linear(hidden, w2, b2);
   Tensor loss = cross_entropy(logits, target);
   Tensor accuracy = logits.argmax(1).eq(target).to(kFloat32).mean();
-  std::cout << "MLP on random data: loss " << loss.item<float>() << " (chance level ~ log 4 = 1.386)"
+  std::cout << "MLP on random data: loss " << loss.item<float>()
+            << " (chance level ~ log 4 = 1.386)"
             << ", accuracy " << accuracy.item<float>() << "\n\n";
 
   try {

@@ -1,0 +1,108 @@
+// The CPU allocator. Large blocks (1 MiB and up) are 2 MiB-aligned, advised to use transparent huge
+// pages, and kept in a cache when freed: a fresh 64 MiB buffer costs 16k page faults on first
+// touch, which made every large eager op run at a third of memory bandwidth. Cached blocks are
+// reused only for the same rounded size (2 MiB granules), so a steady-state loop allocates nothing
+// new. The cache holds at most KILN_CPU_CACHE_MB (default 1024) MiB; beyond that, freed blocks go
+// back to the system.
+#include "lib/allocator.h"
+
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "kiln/error.h"
+
+namespace kiln::detail {
+
+namespace {
+constexpr size_t kLargeBlock = size_t{1} << 20;
+constexpr size_t kHugePage = size_t{2} << 20;
+
+size_t round_large(size_t n) {
+  return (n + kHugePage - 1) / kHugePage * kHugePage;
+}
+
+size_t cache_limit() {
+  static const size_t limit = [] {
+    const char* env = std::getenv("KILN_CPU_CACHE_MB");
+    long mb = env ? std::atol(env) : 1024;
+    return static_cast<size_t>(mb < 0 ? 0 : mb) << 20;
+  }();
+  return limit;
+}
+
+struct BlockCache {
+  std::mutex mu;
+  std::map<size_t, std::vector<void*>> free_blocks;  // rounded size -> blocks
+  size_t cached = 0;
+};
+BlockCache& cache() {
+  static auto* c = new BlockCache();  // never destroyed: tensors may be freed during exit
+  return *c;
+}
+
+void* system_alloc(size_t alignment, size_t size) {
+  void* p = std::aligned_alloc(alignment, size);
+  if (!p) {
+    cpu_empty_cache();
+    p = std::aligned_alloc(alignment, size);
+  }
+  KILN_CHECK(p != nullptr, "out of memory: failed to allocate ", size, " bytes");
+  return p;
+}
+}  // namespace
+
+void* cpu_alloc(size_t nbytes) {
+  if (nbytes < kLargeBlock)
+    return system_alloc(64, (nbytes + 63) / 64 * 64 + (nbytes == 0 ? 64 : 0));
+  size_t size = round_large(nbytes);
+  {
+    BlockCache& c = cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.free_blocks.find(size);
+    if (it != c.free_blocks.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      c.cached -= size;
+      return p;
+    }
+  }
+  void* p = system_alloc(kHugePage, size);
+  madvise(p, size, MADV_HUGEPAGE);  // advisory: fewer page faults and TLB misses where THP is on
+  return p;
+}
+
+void cpu_free(void* p, size_t nbytes) {
+  if (!p) return;
+  if (nbytes >= kLargeBlock) {
+    size_t size = round_large(nbytes);
+    BlockCache& c = cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (c.cached + size <= cache_limit()) {
+      c.free_blocks[size].push_back(p);
+      c.cached += size;
+      return;
+    }
+  }
+  std::free(p);
+}
+
+void cpu_empty_cache() {
+  BlockCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  for (auto& [size, blocks] : c.free_blocks)
+    for (void* p : blocks) std::free(p);
+  c.free_blocks.clear();
+  c.cached = 0;
+}
+
+size_t cpu_cached_bytes() {
+  BlockCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.cached;
+}
+
+}  // namespace kiln::detail
