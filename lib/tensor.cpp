@@ -184,6 +184,18 @@ Tensor Tensor::add(const Tensor& o, const Scalar& alpha) const {
 Tensor Tensor::sub(const Tensor& o, const Scalar& alpha) const {
   return kiln::sub(*this, o, alpha);
 }
+Tensor Tensor::add(const Scalar& o) const {
+  return kiln::add(*this, o);
+}
+Tensor Tensor::sub(const Scalar& o) const {
+  return kiln::sub(*this, o);
+}
+Tensor Tensor::mul(const Scalar& o) const {
+  return kiln::mul(*this, o);
+}
+Tensor Tensor::div(const Scalar& o) const {
+  return kiln::div(*this, o);
+}
 Tensor Tensor::mul(const Tensor& o) const {
   return kiln::mul(*this, o);
 }

@@ -87,6 +87,17 @@ std::vector<double> values(const Tensor& t) {
   return t.to_vector<double>();
 }
 
+Shape broadcast_shape(const Shape& a, const Shape& b) {
+  size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
 std::vector<int64_t> unravel(int64_t flat, const Shape& shape) {
   std::vector<int64_t> idx(shape.size());
   for (size_t i = shape.size(); i-- > 0;) {

@@ -32,6 +32,9 @@ std::vector<std::pair<std::string, Tensor>> layouts(const Tensor& t);
 // Values of t in row-major order, as doubles.
 std::vector<double> values(const Tensor& t);
 
+// numpy broadcasting of two compatible shapes, computed independently of kiln's own rule.
+Shape broadcast_shape(const Shape& a, const Shape& b);
+
 // Row-major multi-index of a flat position, and the flat position of a multi-index.
 std::vector<int64_t> unravel(int64_t flat, const Shape& shape);
 int64_t ravel(const std::vector<int64_t>& index, const Shape& shape);

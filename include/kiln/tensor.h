@@ -124,8 +124,12 @@ class Tensor {
   // --- common ops as methods (each forwards to the free function in kiln/ops.h)
   Tensor add(const Tensor& other, const Scalar& alpha = 1) const;
   Tensor sub(const Tensor& other, const Scalar& alpha = 1) const;
+  Tensor add(const Scalar& other) const;
+  Tensor sub(const Scalar& other) const;
   Tensor mul(const Tensor& other) const;
+  Tensor mul(const Scalar& other) const;
   Tensor div(const Tensor& other) const;
+  Tensor div(const Scalar& other) const;
   Tensor pow(const Tensor& exponent) const;
   Tensor pow(const Scalar& exponent) const;
   Tensor neg() const;

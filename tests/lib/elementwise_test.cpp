@@ -93,17 +93,6 @@ std::pair<Shape, Shape> broadcast_pair() {
   return {derive(full), derive(full)};
 }
 
-Shape broadcast(const Shape& a, const Shape& b) {
-  size_t n = std::max(a.size(), b.size());
-  Shape out(n);
-  for (size_t i = 0; i < n; ++i) {
-    int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
-    int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
-    out[i] = da == 1 ? db : da;
-  }
-  return out;
-}
-
 int64_t numel_of(const Shape& s) {
   int64_t n = 1;
   for (int64_t d : s) n *= d;
@@ -433,7 +422,7 @@ TEST_P(BinaryTest, MatchesReference) {
           EXPECT_THROW(c.fn(a, b), Error);
           continue;
         }
-        Shape shape = broadcast(sa, sb);
+        Shape shape = testing::broadcast_shape(sa, sb);
         DType out = out_type(c.rule, promoted);
         std::vector<double> av = values(a), bv = values(b), expected(numel_of(shape));
         for (size_t i = 0; i < expected.size(); ++i) {
@@ -591,7 +580,7 @@ TEST(Where, MatchesReferenceWithThreeWayBroadcast) {
           if (std::uniform_int_distribution<int>(0, 2)(g) == 0) d = 1;
         Tensor cond = make_input(sc, kBool, {}), a = make_input(sa, da, {}),
                b = make_input(sb, db, {});
-        Shape shape = broadcast(broadcast(sc, sa), sb);
+        Shape shape = testing::broadcast_shape(testing::broadcast_shape(sc, sa), sb);
         DType out = expected_promotion(a, b);
         std::vector<double> cv = values(cond), av = values(a), bv = values(b),
                             expected(numel_of(shape));
@@ -782,5 +771,18 @@ TEST(LargeTensors, NonContiguousInputsAcrossThreads) {
   set_num_threads(threads);
 }
 
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+TEST(Methods, ScalarOverloadsMatchOperators) {
+  Tensor x = testing::random_tensor({3, 4}, kFloat32);
+  EXPECT_TRUE(equal(x.add(2), x + 2));
+  EXPECT_TRUE(equal(x.sub(2), x - 2));
+  EXPECT_TRUE(equal(x.mul(2.5), x * 2.5));
+  EXPECT_TRUE(equal(x.div(4), x / 4));
+  EXPECT_EQ(arange(4).div(2).dtype(), kFloat32);  // true division of integers
+}
 }  // namespace
 }  // namespace kiln

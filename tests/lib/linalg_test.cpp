@@ -29,17 +29,6 @@ double at_bcast(const std::vector<double>& v, const Shape& s, const std::vector<
   return v[flat];
 }
 
-Shape bcast(const Shape& a, const Shape& b) {
-  size_t n = std::max(a.size(), b.size());
-  Shape out(n);
-  for (size_t i = 0; i < n; ++i) {
-    int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
-    int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
-    out[i] = da == 1 ? db : da;
-  }
-  return out;
-}
-
 struct Ref {
   Shape shape;
   std::vector<double> v;
@@ -51,7 +40,7 @@ Ref ref_matmul(const Tensor& a, const Tensor& b) {
   Shape as = a.dim() == 1 ? Shape{1, a.size(0)} : a.sizes();
   Shape bs = b.dim() == 1 ? Shape{b.size(0), 1} : b.sizes();
   int64_t M = as[as.size() - 2], K = as.back(), N = bs.back();
-  Shape batch = bcast(Shape(as.begin(), as.end() - 2), Shape(bs.begin(), bs.end() - 2));
+  Shape batch = testing::broadcast_shape(Shape(as.begin(), as.end() - 2), Shape(bs.begin(), bs.end() - 2));
   Shape full = batch;
   full.push_back(M);
   full.push_back(N);
