@@ -176,6 +176,9 @@ Tensor softplus(const Tensor& input, double beta, double threshold) {
   };                                                                                        \
   Tensor NAME(const Tensor& a, const Tensor& b) {                                           \
     return detail::binary_op<RULE>(NAME##_def, a, b, NAME##_fn);                            \
+  }                                                                                         \
+  Tensor NAME(const Tensor& a, const Scalar& b) {                                           \
+    return NAME(a, wrap_scalar(b));                                                         \
   }
 
 KILN_BINARY(mul, DTypeRule::Same, true, multiply(x, y))
@@ -192,31 +195,6 @@ KILN_BINARY(ge, DTypeRule::Predicate, true, x >= y)
 KILN_BINARY(logical_and, DTypeRule::Logical, true, x&& y)
 KILN_BINARY(logical_or, DTypeRule::Logical, true, x || y)
 #undef KILN_BINARY
-
-Tensor mul(const Tensor& a, const Scalar& b) {
-  return mul(a, wrap_scalar(b));
-}
-Tensor div(const Tensor& a, const Scalar& b) {
-  return div(a, wrap_scalar(b));
-}
-Tensor eq(const Tensor& a, const Scalar& b) {
-  return eq(a, wrap_scalar(b));
-}
-Tensor ne(const Tensor& a, const Scalar& b) {
-  return ne(a, wrap_scalar(b));
-}
-Tensor lt(const Tensor& a, const Scalar& b) {
-  return lt(a, wrap_scalar(b));
-}
-Tensor le(const Tensor& a, const Scalar& b) {
-  return le(a, wrap_scalar(b));
-}
-Tensor gt(const Tensor& a, const Scalar& b) {
-  return gt(a, wrap_scalar(b));
-}
-Tensor ge(const Tensor& a, const Scalar& b) {
-  return ge(a, wrap_scalar(b));
-}
 
 // add and sub carry alpha: a + alpha * b.
 static const detail::OpDef& add_def = def_op("add", OpKind::Binary, 2, DTypeRule::Same);

@@ -786,3 +786,17 @@ TEST(Methods, ScalarOverloadsMatchOperators) {
 }
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+TEST(Methods, ScalarFormsOfBinaryOps) {
+  Tensor x = from_vector(std::vector<float>{-2, 0.5, 3});
+  EXPECT_EQ(minimum(x, 1).to_vector<float>(), (std::vector<float>{-2, 0.5, 1}));
+  EXPECT_EQ(maximum(x, 1).to_vector<float>(), (std::vector<float>{1, 1, 3}));
+  EXPECT_EQ(logical_and(x, true).to_vector<bool>(), (std::vector<bool>{true, true, true}));
+  EXPECT_EQ(logical_or(x, false).to_vector<bool>(), (std::vector<bool>{true, true, true}));
+  EXPECT_EQ(gt(x, 0).to_vector<bool>(), (std::vector<bool>{false, true, true}));
+  EXPECT_EQ(minimum(arange(3), 1.5).dtype(), kFloat32);  // a float scalar promotes int tensors
+}
+}  // namespace
+}  // namespace kiln

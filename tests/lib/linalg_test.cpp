@@ -40,7 +40,8 @@ Ref ref_matmul(const Tensor& a, const Tensor& b) {
   Shape as = a.dim() == 1 ? Shape{1, a.size(0)} : a.sizes();
   Shape bs = b.dim() == 1 ? Shape{b.size(0), 1} : b.sizes();
   int64_t M = as[as.size() - 2], K = as.back(), N = bs.back();
-  Shape batch = testing::broadcast_shape(Shape(as.begin(), as.end() - 2), Shape(bs.begin(), bs.end() - 2));
+  Shape batch =
+      testing::broadcast_shape(Shape(as.begin(), as.end() - 2), Shape(bs.begin(), bs.end() - 2));
   Shape full = batch;
   full.push_back(M);
   full.push_back(N);
