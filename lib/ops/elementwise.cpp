@@ -63,26 +63,13 @@ T int_pow(T base, T exp) {
   }
 }
 
-// floor, ceil and round are the identity on integers (a detour through double loses int64 bits).
-template <typename T>
-T floor_of(T x) {
+// floor, ceil and round apply to floats and are the identity on integers (a detour through double
+// loses int64 bits). nearbyint rounds half to even in the default rounding mode, as torch.round
+// does.
+template <typename T, typename F>
+T on_floats(T x, F f) {
   if constexpr (kIsFloat<T>)
-    return std::floor(x);
-  else
-    return x;
-}
-template <typename T>
-T ceil_of(T x) {
-  if constexpr (kIsFloat<T>)
-    return std::ceil(x);
-  else
-    return x;
-}
-// nearbyint rounds half to even in the default rounding mode, as torch.round does.
-template <typename T>
-T round_of(T x) {
-  if constexpr (kIsFloat<T>)
-    return std::nearbyint(x);
+    return f(x);
   else
     return x;
 }
@@ -129,9 +116,9 @@ KILN_UNARY(sigmoid, DTypeRule::Float, true, T(1) / (T(1) + std::exp(-x)))
 KILN_UNARY(relu, DTypeRule::Same, false, T(x > T(0) || x != x ? x : T(0)))
 KILN_UNARY(silu, DTypeRule::Float, true, x / (T(1) + std::exp(-x)))
 KILN_UNARY(erf, DTypeRule::Float, true, erf_value(x))
-KILN_UNARY(floor, DTypeRule::Same, true, floor_of(x))
-KILN_UNARY(ceil, DTypeRule::Same, true, ceil_of(x))
-KILN_UNARY(round, DTypeRule::Same, true, round_of(x))
+KILN_UNARY(floor, DTypeRule::Same, true, on_floats(x, [](auto v) { return std::floor(v); }))
+KILN_UNARY(ceil, DTypeRule::Same, true, on_floats(x, [](auto v) { return std::ceil(v); }))
+KILN_UNARY(round, DTypeRule::Same, true, on_floats(x, [](auto v) { return std::nearbyint(v); }))
 KILN_UNARY(logical_not, DTypeRule::Logical, true, !x)
 KILN_UNARY(isnan, DTypeRule::Predicate, true, x != x)
 KILN_UNARY(isfinite, DTypeRule::Predicate, true,

@@ -217,28 +217,35 @@ void PrintTo(const UnaryCase& c, std::ostream* os) {
 
 class UnaryTest : public ::testing::TestWithParam<UnaryCase> {};
 
-TEST_P(UnaryTest, MatchesReference) {
-  const UnaryCase& c = GetParam();
+// Checks a one-input op against its float64 reference over random shapes, every dtype and layout.
+template <typename Fn, typename Ref, typename OutType>
+void check_against_reference(const std::string& name, const Fn& fn, const Ref& ref, bool bool_ok,
+                             const OutType& out_type_of, const Domain& domain, int iters) {
   for (DType dt : kAllTypes) {
-    for (int iter = 0; iter < 25; ++iter) {
+    for (int iter = 0; iter < iters; ++iter) {
       Shape shape = testing::random_shape(0, 4, 5);
-      Tensor x = make_input(shape, dt, c.domain);
-      SCOPED_TRACE(::testing::Message()
-                   << c.name << " of " << dt << ::testing::PrintToString(shape));
-      if (dt == kBool && !c.bool_ok) {
-        EXPECT_THROW(c.fn(x), Error);
+      Tensor x = make_input(shape, dt, domain);
+      SCOPED_TRACE(::testing::Message() << name << " of " << dt << ::testing::PrintToString(shape));
+      if (dt == kBool && !bool_ok) {
+        EXPECT_THROW(fn(x), Error);
         continue;
       }
-      DType out = out_type(c.rule, dt);
+      DType out = out_type_of(dt);
       std::vector<double> xv = values(x), expected(xv.size());
-      for (size_t i = 0; i < xv.size(); ++i) expected[i] = as_type(out, c.ref(xv[i]));
+      for (size_t i = 0; i < xv.size(); ++i) expected[i] = as_type(out, ref(xv[i]));
       Tol tol = tolerance(out);
       for (const auto& [layout, lx] : testing::layouts(x)) {
         SCOPED_TRACE(layout);
-        testing::expect_close(c.fn(lx), expected, shape, out, tol.rtol, tol.atol);
+        testing::expect_close(fn(lx), expected, shape, out, tol.rtol, tol.atol);
       }
     }
   }
+}
+
+TEST_P(UnaryTest, MatchesReference) {
+  const UnaryCase& c = GetParam();
+  check_against_reference(
+      c.name, c.fn, c.ref, c.bool_ok, [&](DType dt) { return out_type(c.rule, dt); }, c.domain, 25);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, UnaryTest, ::testing::ValuesIn(unary_cases()),
@@ -543,26 +550,7 @@ class ScalarOperandTest : public ::testing::TestWithParam<ScalarCase> {};
 TEST_P(ScalarOperandTest, MatchesReferenceAndDType) {
   const ScalarCase& c = GetParam();
   const Domain domain{-3, 3, true, true};  // nonzero multiples of 0.5
-  for (DType dt : kAllTypes) {
-    for (int iter = 0; iter < 10; ++iter) {
-      Shape shape = testing::random_shape(0, 4, 5);
-      Tensor x = make_input(shape, dt, domain);
-      SCOPED_TRACE(::testing::Message()
-                   << c.name << " of " << dt << ::testing::PrintToString(shape));
-      if (dt == kBool && !c.bool_ok) {
-        EXPECT_THROW(c.fn(x), Error);
-        continue;
-      }
-      DType out = c.dtype(dt);
-      std::vector<double> xv = values(x), expected(xv.size());
-      for (size_t i = 0; i < xv.size(); ++i) expected[i] = as_type(out, c.ref(xv[i]));
-      Tol tol = tolerance(out);
-      for (const auto& [layout, lx] : testing::layouts(x)) {
-        SCOPED_TRACE(layout);
-        testing::expect_close(c.fn(lx), expected, shape, out, tol.rtol, tol.atol);
-      }
-    }
-  }
+  check_against_reference(c.name, c.fn, c.ref, c.bool_ok, c.dtype, domain, 10);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, ScalarOperandTest, ::testing::ValuesIn(scalar_cases()),
