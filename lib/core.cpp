@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "lib/allocator.h"
+#include "lib/autograd.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln {
@@ -123,13 +124,40 @@ Tensor make_empty(const Shape& shape, DType dtype) {
   return Tensor(std::move(impl));
 }
 
+Tensor make_empty_strided(const Shape& shape, const Shape& strides, DType dtype) {
+  int64_t extent = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    KILN_CHECK(shape[i] >= 0, "empty_strided: negative dimension in shape ", shape_str(shape));
+    if (shape[i] == 0) extent = 0;
+    if (extent > 0) extent += (shape[i] - 1) * strides[i];
+  }
+  Tensor flat = make_empty({extent}, dtype);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = flat.impl()->storage;
+  impl->sizes = shape;
+  impl->strides = strides;
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor make_zeros_strided(const Shape& shape, const Shape& strides, DType dtype) {
+  Tensor t = is_contiguous_layout(shape, strides) ? make_empty(shape, dtype)
+                                                  : make_empty_strided(shape, strides, dtype);
+  std::memset(t.impl()->storage->data, 0, t.impl()->storage->nbytes);
+  return t;
+}
+
 Tensor make_view(const Tensor& base, Shape sizes, Shape strides, int64_t offset) {
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = base.impl()->storage;
+  const TensorImpl* b = base.impl();
+  impl->storage = b->storage;
   impl->offset = offset;
   impl->sizes = std::move(sizes);
   impl->strides = std::move(strides);
-  impl->dtype = base.dtype();
+  impl->dtype = b->dtype;
+  impl->view_base = b->view_base ? b->view_base : base.impl_ptr();
+  impl->view_version = b->storage->version.load(std::memory_order_relaxed);
+  impl->view_tracks_base = grad_mode();
   return Tensor(std::move(impl));
 }
 

@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "kiln/ops.h"
+#include "lib/autograd.h"
 #include "lib/dispatch.h"
 #include "lib/loops.h"
 #include "lib/tensor_impl.h"
@@ -133,6 +134,11 @@ Tensor Tensor::to(DType dtype) const {
   if (dtype == this->dtype()) return *this;
   Tensor out = detail::make_empty(sizes(), dtype);
   detail::copy_kernel(out, *this);
+  if (detail::needs_grad(*this))
+    detail::record("to", {*this}, {out}, {},
+                   [from = this->dtype()](const detail::BackwardContext& c) {
+                     return std::vector<Tensor>{c.grad().to(from)};
+                   });
   return out;
 }
 
@@ -152,6 +158,9 @@ Tensor Tensor::clone() const {
   detail::check_defined(*this, "clone");
   Tensor out = detail::make_empty(sizes(), dtype());
   detail::copy_kernel(out, *this);
+  if (detail::needs_grad(*this))
+    detail::record("clone", {*this}, {out}, {},
+                   [](const detail::BackwardContext& c) { return std::vector<Tensor>{c.grad()}; });
   return out;
 }
 
@@ -161,8 +170,13 @@ Tensor& Tensor::copy_(const Tensor& src) {
   Shape b = detail::broadcast_shapes(sizes(), src.sizes(), "copy_");
   KILN_CHECK(b == sizes(), "copy_: source ", describe(src), " cannot be broadcast to destination ",
              describe(*this));
-  detail::copy_kernel(*this, detail::may_overlap(*this, src) ? src.clone() : src);
-  detail::bump_version(*this);
+  detail::apply_inplace(
+      *this, "copy_", {&src}, false,
+      [&] {
+        detail::copy_kernel(*this, detail::may_overlap(*this, src) ? src.clone() : src);
+        detail::bump_version(*this);
+      },
+      [&](const Tensor&) { return src.to(dtype()).expand(sizes()); });
   return *this;
 }
 
@@ -172,8 +186,13 @@ Tensor& Tensor::zero_() {
 
 Tensor& Tensor::fill_(const Scalar& value) {
   detail::check_defined(*this, "fill_");
-  detail::copy_kernel(*this, detail::wrap_scalar(value));
-  detail::bump_version(*this);
+  detail::apply_inplace(
+      *this, "fill_", {}, false,
+      [&] {
+        detail::copy_kernel(*this, detail::wrap_scalar(value));
+        detail::bump_version(*this);
+      },
+      [&](const Tensor&) { return full(sizes(), value, dtype()); });
   return *this;
 }
 

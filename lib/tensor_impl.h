@@ -13,6 +13,8 @@
 
 namespace kiln::detail {
 
+struct AutogradMeta;
+
 // A block of memory. Views share one Storage; the deleter runs when the last of them goes.
 struct Storage {
   void* data = nullptr;
@@ -38,6 +40,13 @@ struct TensorImpl {
   DType dtype = kFloat32;
   // A 0-dim tensor made from a C++ number: it takes the lowest priority in type promotion.
   bool wrapped_number = false;
+  std::shared_ptr<AutogradMeta> autograd;
+  // For views: the tensor (never itself a view) whose storage this one looks into. An in-place
+  // write through the view rewrites the base's history; the view's own history is rebuilt from
+  // the base's when the storage version moved past view_version and view_tracks_base is set.
+  std::shared_ptr<TensorImpl> view_base;
+  uint64_t view_version = 0;
+  bool view_tracks_base = false;
 
   int64_t numel() const;
   char* data() const {
@@ -48,7 +57,16 @@ struct TensorImpl {
 
 // Allocates a contiguous tensor (64-byte aligned, uninitialized).
 Tensor make_empty(const Shape& shape, DType dtype);
-// A view of `base`'s storage with new geometry.
+// Allocates a tensor laid out with the given strides (non-overlapping), uninitialized.
+Tensor make_empty_strided(const Shape& shape, const Shape& strides, DType dtype);
+// The same, zero-filled.
+Tensor make_zeros_strided(const Shape& shape, const Shape& strides, DType dtype);
+// g's values laid out with `strides` (g itself when they are contiguous and g is); `origin`
+// receives the storage offset of its first element. Geometry computed relative to a tensor with
+// those strides then addresses the same elements of the result.
+Tensor with_layout(const Tensor& g, const Shape& strides, int64_t* origin);
+// A view of `base`'s storage with new geometry (recorded as a view of base's base, for
+// autograd).
 Tensor make_view(const Tensor& base, Shape sizes, Shape strides, int64_t offset);
 Tensor wrap_scalar(const Scalar& s);  // 0-dim wrapped-number tensor
 

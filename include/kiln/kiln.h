@@ -1,6 +1,7 @@
 // The kiln umbrella header: include this one.
 #pragma once
 
+#include "kiln/autograd.h"
 #include "kiln/device.h"
 #include "kiln/dtype.h"
 #include "kiln/error.h"

@@ -145,6 +145,8 @@ Tensor var(const Tensor& x, const std::vector<int64_t>& dims = {}, int64_t corre
 Tensor std(const Tensor& x, const std::vector<int64_t>& dims = {}, int64_t correction = 1,
            bool keepdim = false);
 Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+// Sums x down to `shape`, which x's shape must broadcast from (the gradient of expand).
+Tensor sum_to_size(const Tensor& x, const Shape& shape);
 Tensor all(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor any(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 
@@ -165,6 +167,23 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+// A copy of self with src added at the given indices: out[..., index[i], ...] += src[..., i, ...]
+// along dim (the gradient of index_select and embedding).
+Tensor index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src);
+// A copy of self with out[index[i][j]][j] += src[i][j] along dim (for dim 0; the gradient of
+// gather).
+Tensor scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src);
+// A copy of self with src written into self.slice(dim, start, end, step) (the gradient of slice).
+Tensor slice_scatter(const Tensor& self, const Tensor& src, int64_t dim = 0,
+                     std::optional<int64_t> start = std::nullopt,
+                     std::optional<int64_t> end = std::nullopt, int64_t step = 1);
+// A view of self's storage with the given geometry; storage_offset is absolute, as in torch.
+Tensor as_strided(const Tensor& self, const Shape& sizes, const Shape& strides,
+                  std::optional<int64_t> storage_offset = std::nullopt);
+// A copy of self (same strides) with src written where as_strided(self, ...) would look.
+Tensor as_strided_scatter(const Tensor& self, const Tensor& src, const Shape& sizes,
+                          const Shape& strides,
+                          std::optional<int64_t> storage_offset = std::nullopt);
 
 // ---------------------------------------------------------------- neural-network ops
 enum class Reduction { None, Mean, Sum };

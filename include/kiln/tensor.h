@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <ostream>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -65,6 +66,28 @@ class Tensor {
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
   detail::TensorImpl* impl() const { return impl_.get(); }
   const std::shared_ptr<detail::TensorImpl>& impl_ptr() const { return impl_; }
+
+  // --- autograd (see kiln/autograd.h)
+  // Marks a floating-point leaf as a parameter whose gradient backward() accumulates in grad().
+  Tensor& requires_grad_(bool requires_grad = true);
+  bool requires_grad() const;
+  // The accumulated gradient of a leaf; undefined until a backward pass reaches it.
+  const Tensor& grad() const;
+  Tensor& mutable_grad();
+  // Accumulates d(this)/d(leaf) into every leaf's grad(); `gradient` may be omitted for a scalar.
+  void backward(const Tensor& gradient = {}, std::optional<bool> retain_graph = std::nullopt,
+                bool create_graph = false) const;
+  // The same data with no history: never requires grad.
+  Tensor detach() const;
+  // True for tensors created by the user rather than by an op that recorded a gradient.
+  bool is_leaf() const;
+  // The name of the op whose backward produces this tensor's gradient, e.g. "mul"; empty for
+  // leaves.
+  std::string grad_fn_name() const;
+  // Keeps grad() for a non-leaf after backward.
+  void retain_grad() const;
+  // Bumped by every in-place write to the storage this tensor shares.
+  uint64_t version() const;
 
   // --- data access
   template <typename T>

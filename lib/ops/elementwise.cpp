@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "kiln/ops.h"
+#include "lib/autograd.h"
 #include "lib/elementwise.h"
 
 namespace kiln {
@@ -87,74 +88,127 @@ void check_no_zero_divisor(const char* op, const Tensor& b, DType compute) {
 }  // namespace
 
 // ------------------------------------------------------------------------------------- unary ops
-// KILN_UNARY(name, rule, supports_bool, expression of x of type T)
-#define KILN_UNARY(NAME, RULE, BOOL_OK, EXPR)                                              \
+namespace {
+// Which tensors a gradient formula reads: the input x, the output y, both or neither.
+enum class Saves { None, X, Y, XY };
+
+std::vector<Tensor> saved_for(Saves saves, const Tensor& x, const Tensor& y) {
+  bool sx = saves == Saves::X || saves == Saves::XY, sy = saves == Saves::Y || saves == Saves::XY;
+  return {sx ? x : Tensor(), sy ? y : Tensor()};
+}
+}  // namespace
+
+// KILN_UNARY(name, rule, supports_bool, scalar expression of x of type T, saves, gradient
+// expression in the tensors g (output gradient), x (input) and y (output); Tensor() for none)
+#define KILN_UNARY(NAME, RULE, BOOL_OK, EXPR, SAVES, GRAD)                                 \
   static const detail::OpDef& NAME##_def = def_op(#NAME, OpKind::Unary, 1, RULE, BOOL_OK); \
   Tensor NAME(const Tensor& input) {                                                       \
-    return detail::unary_op<RULE>(NAME##_def, input, [](auto x) {                          \
+    Tensor out = detail::unary_op<RULE>(NAME##_def, input, [](auto x) {                    \
       using T = decltype(x);                                                               \
       (void)sizeof(T);                                                                     \
       return EXPR;                                                                         \
     });                                                                                    \
+    if (detail::needs_grad(input))                                                         \
+      detail::record(#NAME, {input}, {out}, saved_for(Saves::SAVES, input, out),           \
+                     [](const detail::BackwardContext& c) {                                \
+                       const Tensor &g = c.grad(), &x = c.saved(0), &y = c.saved(1);       \
+                       (void)g, (void)x, (void)y;                                          \
+                       return std::vector<Tensor>{GRAD};                                   \
+                     });                                                                   \
+    return out;                                                                            \
   }
 
-KILN_UNARY(neg, DTypeRule::Same, false, T(-x))
-KILN_UNARY(abs, DTypeRule::Same, true, T(x < T(0) ? T(-x) : x))
-KILN_UNARY(sign, DTypeRule::Same, true, T((T(0) < x) - (x < T(0))))
-KILN_UNARY(exp, DTypeRule::Float, true, std::exp(x))
-KILN_UNARY(log, DTypeRule::Float, true, std::log(x))
-KILN_UNARY(log1p, DTypeRule::Float, true, std::log1p(x))
-KILN_UNARY(expm1, DTypeRule::Float, true, std::expm1(x))
-KILN_UNARY(sqrt, DTypeRule::Float, true, std::sqrt(x))
-KILN_UNARY(rsqrt, DTypeRule::Float, true, T(1) / std::sqrt(x))
-KILN_UNARY(reciprocal, DTypeRule::Float, true, T(1) / x)
-KILN_UNARY(sin, DTypeRule::Float, true, std::sin(x))
-KILN_UNARY(cos, DTypeRule::Float, true, std::cos(x))
-KILN_UNARY(tanh, DTypeRule::Float, true, std::tanh(x))
-KILN_UNARY(sigmoid, DTypeRule::Float, true, T(1) / (T(1) + std::exp(-x)))
+KILN_UNARY(neg, DTypeRule::Same, false, T(-x), None, -g)
+KILN_UNARY(abs, DTypeRule::Same, true, T(x < T(0) ? T(-x) : x), X, g* sign(x))
+KILN_UNARY(sign, DTypeRule::Same, true, T((T(0) < x) - (x < T(0))), None, zeros_like(g))
+KILN_UNARY(exp, DTypeRule::Float, true, std::exp(x), Y, g* y)
+KILN_UNARY(log, DTypeRule::Float, true, std::log(x), X, g / x)
+KILN_UNARY(log1p, DTypeRule::Float, true, std::log1p(x), X, g / (x + 1))
+KILN_UNARY(expm1, DTypeRule::Float, true, std::expm1(x), Y, g*(y + 1))
+KILN_UNARY(sqrt, DTypeRule::Float, true, std::sqrt(x), Y, g / (y * 2))
+KILN_UNARY(rsqrt, DTypeRule::Float, true, T(1) / std::sqrt(x), Y, g*(y* y* y) * -0.5)
+KILN_UNARY(reciprocal, DTypeRule::Float, true, T(1) / x, Y, -g*(y* y))
+KILN_UNARY(sin, DTypeRule::Float, true, std::sin(x), X, g* cos(x))
+KILN_UNARY(cos, DTypeRule::Float, true, std::cos(x), X, -g* sin(x))
+KILN_UNARY(tanh, DTypeRule::Float, true, std::tanh(x), Y, g*(1 - y * y))
+KILN_UNARY(sigmoid, DTypeRule::Float, true, T(1) / (T(1) + std::exp(-x)), Y, g*(y*(1 - y)))
 // NaN passes through, as torch's relu (clamp_min(x, 0)) does.
-KILN_UNARY(relu, DTypeRule::Same, false, T(x > T(0) || x != x ? x : T(0)))
-KILN_UNARY(silu, DTypeRule::Float, true, x / (T(1) + std::exp(-x)))
-KILN_UNARY(erf, DTypeRule::Float, true, erf_value(x))
-KILN_UNARY(floor, DTypeRule::Same, true, on_floats(x, [](auto v) { return std::floor(v); }))
-KILN_UNARY(ceil, DTypeRule::Same, true, on_floats(x, [](auto v) { return std::ceil(v); }))
-KILN_UNARY(round, DTypeRule::Same, true, on_floats(x, [](auto v) { return std::nearbyint(v); }))
-KILN_UNARY(logical_not, DTypeRule::Logical, true, !x)
-KILN_UNARY(isnan, DTypeRule::Predicate, true, x != x)
+KILN_UNARY(relu, DTypeRule::Same, false, T(x > T(0) || x != x ? x : T(0)), Y,
+           where(gt(y, 0), g, 0.0))
+KILN_UNARY(silu, DTypeRule::Float, true, x / (T(1) + std::exp(-x)), X,
+           g*(sigmoid(x) * (1 + x * (1 - sigmoid(x)))))
+KILN_UNARY(erf, DTypeRule::Float, true, erf_value(x), X,
+           g*(exp(-(x* x)) * 1.1283791670955126))  // 2 / sqrt(pi)
+// Piecewise constant: a zero gradient (as torch), not none, so optimizers still see the leaf.
+KILN_UNARY(floor, DTypeRule::Same, true, on_floats(x, [](auto v) { return std::floor(v); }), None,
+           zeros_like(g))
+KILN_UNARY(ceil, DTypeRule::Same, true, on_floats(x, [](auto v) { return std::ceil(v); }), None,
+           zeros_like(g))
+KILN_UNARY(round, DTypeRule::Same, true, on_floats(x, [](auto v) { return std::nearbyint(v); }),
+           None, zeros_like(g))
+KILN_UNARY(logical_not, DTypeRule::Logical, true, !x, None, Tensor())
+KILN_UNARY(isnan, DTypeRule::Predicate, true, x != x, None, Tensor())
 KILN_UNARY(isfinite, DTypeRule::Predicate, true,
            kIsFloat<T> ? (x == x && std::abs(double(x)) != std::numeric_limits<double>::infinity())
-                       : true)
+                       : true,
+           None, Tensor())
 #undef KILN_UNARY
 
 static const detail::OpDef& gelu_def = def_op("gelu", OpKind::Unary, 1, DTypeRule::Float);
 Tensor gelu(const Tensor& input, const std::string& approximate) {
   KILN_CHECK(approximate == "none" || approximate == "tanh",
              "gelu: approximate must be 'none' or 'tanh', got '", approximate, "'");
-  if (approximate == "tanh") {
-    return detail::unary_op<DTypeRule::Float>(gelu_def, input, [](auto x) {
-      using T = decltype(x);
-      const T k = T(0.7978845608028654);  // sqrt(2 / pi)
-      return T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
+  const bool tanh_form = approximate == "tanh";
+  Tensor out =
+      tanh_form ? detail::unary_op<DTypeRule::Float>(
+                      gelu_def, input,
+                      [](auto x) {
+                        using T = decltype(x);
+                        const T k = T(0.7978845608028654);
+                        return T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
+                      })
+                : detail::unary_op<DTypeRule::Float>(gelu_def, input, [](auto x) {
+                    using T = decltype(x);
+                    return T(0.5) * x * (T(1) + erf_value(x * T(0.7071067811865476)));
+                  });
+  if (detail::needs_grad(input))
+    detail::record("gelu", {input}, {out}, {input}, [tanh_form](const detail::BackwardContext& c) {
+      const Tensor &g = c.grad(), &x = c.saved(0);
+      if (tanh_form) {
+        const double k = 0.7978845608028654;  // sqrt(2 / pi)
+        Tensor t = tanh((x + x * x * x * 0.044715) * k);
+        Tensor inner_grad = (x * x * (3 * 0.044715) + 1) * k;
+        return std::vector<Tensor>{g * ((t + 1) * 0.5 + x * 0.5 * (1 - t * t) * inner_grad)};
+      }
+      // Phi(x) + x phi(x): the normal CDF and density.
+      Tensor cdf = (erf(x * 0.7071067811865476) + 1) * 0.5;
+      Tensor pdf = exp(x * x * -0.5) * 0.3989422804014327;  // 1 / sqrt(2 pi)
+      return std::vector<Tensor>{g * (cdf + x * pdf)};
     });
-  }
-  return detail::unary_op<DTypeRule::Float>(gelu_def, input, [](auto x) {
-    using T = decltype(x);
-    return T(0.5) * x * (T(1) + erf_value(x * T(0.7071067811865476)));
-  });
+  return out;
 }
 
 static const detail::OpDef& softplus_def = def_op("softplus", OpKind::Unary, 1, DTypeRule::Float);
 Tensor softplus(const Tensor& input, double beta, double threshold) {
-  return detail::unary_op<DTypeRule::Float>(softplus_def, input, [beta, threshold](auto x) {
+  Tensor out = detail::unary_op<DTypeRule::Float>(softplus_def, input, [beta, threshold](auto x) {
     using T = decltype(x);
     T bx = T(beta) * x;
     return bx > T(threshold) ? x : T(std::log1p(std::exp(bx)) / T(beta));
   });
+  if (detail::needs_grad(input))
+    detail::record("softplus", {input}, {out}, {input},
+                   [beta, threshold](const detail::BackwardContext& c) {
+                     const Tensor &g = c.grad(), &x = c.saved(0);
+                     Tensor bx = x * beta;
+                     return std::vector<Tensor>{where(gt(bx, threshold), g, g * sigmoid(bx))};
+                   });
+  return out;
 }
 
 // ------------------------------------------------------------------------------------ binary ops
-// KILN_BINARY(name, rule, supports_bool, expression of x and y of type T)
-#define KILN_BINARY(NAME, RULE, BOOL_OK, EXPR)                                              \
+// KILN_BINARY(name, rule, supports_bool, scalar expression of x and y of type T, gradient
+// expressions for a and b in the tensors g, a and b; Tensor() for none)
+#define KILN_BINARY(NAME, RULE, BOOL_OK, EXPR, GRAD_A, GRAD_B)                              \
   static const detail::OpDef& NAME##_def = def_op(#NAME, OpKind::Binary, 2, RULE, BOOL_OK); \
   static const auto NAME##_fn = [](auto x, auto y) {                                        \
     using T = decltype(x);                                                                  \
@@ -162,25 +216,45 @@ Tensor softplus(const Tensor& input, double beta, double threshold) {
     return EXPR;                                                                            \
   };                                                                                        \
   Tensor NAME(const Tensor& a, const Tensor& b) {                                           \
-    return detail::binary_op<RULE>(NAME##_def, a, b, NAME##_fn);                            \
+    Tensor out = detail::binary_op<RULE>(NAME##_def, a, b, NAME##_fn);                      \
+    if (detail::needs_grad(a, b))                                                           \
+      detail::record(#NAME, {a, b}, {out}, {a, b}, [](const detail::BackwardContext& c) {   \
+        const Tensor &g = c.grad(), &a = c.saved(0), &b = c.saved(1);                       \
+        (void)g, (void)a, (void)b;                                                          \
+        return std::vector<Tensor>{c.needs_grad(0) ? Tensor(GRAD_A) : Tensor(),             \
+                                   c.needs_grad(1) ? Tensor(GRAD_B) : Tensor()};            \
+      });                                                                                   \
+    return out;                                                                             \
   }                                                                                         \
   Tensor NAME(const Tensor& a, const Scalar& b) {                                           \
     return NAME(a, wrap_scalar(b));                                                         \
   }
 
-KILN_BINARY(mul, DTypeRule::Same, true, multiply(x, y))
-KILN_BINARY(div, DTypeRule::Float, true, x / y)
+namespace {
+// The share of the gradient of maximum/minimum that goes to a: all of it where a wins, half
+// where they tie (as torch).
+Tensor winner_share(const Tensor& a_wins, const Tensor& a, const Tensor& b, DType dtype) {
+  return a_wins.to(dtype) + eq(a, b).to(dtype) * 0.5;
+}
+}  // namespace
+
+KILN_BINARY(mul, DTypeRule::Same, true, multiply(x, y), g* b, g* a)
+KILN_BINARY(div, DTypeRule::Float, true, x / y, g / b, -g* a / (b * b))
 // NaN propagates from either side, as in torch.minimum/maximum.
-KILN_BINARY(minimum, DTypeRule::Same, true, T((x != x || x < y) ? x : y))
-KILN_BINARY(maximum, DTypeRule::Same, true, T((x != x || x > y) ? x : y))
-KILN_BINARY(eq, DTypeRule::Predicate, true, x == y)
-KILN_BINARY(ne, DTypeRule::Predicate, true, x != y)
-KILN_BINARY(lt, DTypeRule::Predicate, true, x < y)
-KILN_BINARY(le, DTypeRule::Predicate, true, x <= y)
-KILN_BINARY(gt, DTypeRule::Predicate, true, x > y)
-KILN_BINARY(ge, DTypeRule::Predicate, true, x >= y)
-KILN_BINARY(logical_and, DTypeRule::Logical, true, x&& y)
-KILN_BINARY(logical_or, DTypeRule::Logical, true, x || y)
+KILN_BINARY(minimum, DTypeRule::Same, true, T((x != x || x < y) ? x : y),
+            g* winner_share(lt(a, b), a, b, g.dtype()),
+            g*(1 - winner_share(lt(a, b), a, b, g.dtype())))
+KILN_BINARY(maximum, DTypeRule::Same, true, T((x != x || x > y) ? x : y),
+            g* winner_share(gt(a, b), a, b, g.dtype()),
+            g*(1 - winner_share(gt(a, b), a, b, g.dtype())))
+KILN_BINARY(eq, DTypeRule::Predicate, true, x == y, Tensor(), Tensor())
+KILN_BINARY(ne, DTypeRule::Predicate, true, x != y, Tensor(), Tensor())
+KILN_BINARY(lt, DTypeRule::Predicate, true, x < y, Tensor(), Tensor())
+KILN_BINARY(le, DTypeRule::Predicate, true, x <= y, Tensor(), Tensor())
+KILN_BINARY(gt, DTypeRule::Predicate, true, x > y, Tensor(), Tensor())
+KILN_BINARY(ge, DTypeRule::Predicate, true, x >= y, Tensor(), Tensor())
+KILN_BINARY(logical_and, DTypeRule::Logical, true, x&& y, Tensor(), Tensor())
+KILN_BINARY(logical_or, DTypeRule::Logical, true, x || y, Tensor(), Tensor())
 #undef KILN_BINARY
 
 // add and sub carry alpha: a + alpha * b.
@@ -219,14 +293,28 @@ Tensor add_impl(const detail::OpDef& def, const Tensor& a, const Tensor& b, cons
 }
 }  // namespace
 
+// d(a + alpha b) = (g, alpha g); sub negates alpha.
+Tensor add_with_grad(const detail::OpDef& def, const Tensor& a, const Tensor& b,
+                     const Scalar& alpha) {
+  Tensor out = add_impl(def, a, b, alpha, nullptr);
+  if (detail::needs_grad(a, b)) {
+    double scale = (&def == &sub_def ? -1.0 : 1.0) * alpha.to_double();
+    detail::record(def.name.c_str(), {a, b}, {out}, {}, [scale](const detail::BackwardContext& c) {
+      const Tensor& g = c.grad();
+      return std::vector<Tensor>{g, c.needs_grad(1) ? (scale == 1.0 ? g : g * scale) : Tensor()};
+    });
+  }
+  return out;
+}
+
 Tensor add(const Tensor& a, const Tensor& b, const Scalar& alpha) {
-  return add_impl(add_def, a, b, alpha, nullptr);
+  return add_with_grad(add_def, a, b, alpha);
 }
 Tensor add(const Tensor& a, const Scalar& b) {
   return add(a, wrap_scalar(b));
 }
 Tensor sub(const Tensor& a, const Tensor& b, const Scalar& alpha) {
-  return add_impl(sub_def, a, b, alpha, nullptr);
+  return add_with_grad(sub_def, a, b, alpha);
 }
 Tensor sub(const Tensor& a, const Scalar& b) {
   return sub(a, wrap_scalar(b));
@@ -238,7 +326,7 @@ Tensor remainder(const Tensor& a, const Tensor& b) {
   detail::check_defined(a, "remainder");
   detail::check_defined(b, "remainder", "other");
   check_no_zero_divisor("remainder", b, detail::result_type({a, b}));
-  return detail::binary_op<DTypeRule::Same>(remainder_def, a, b, [](auto x, auto y) {
+  Tensor out = detail::binary_op<DTypeRule::Same>(remainder_def, a, b, [](auto x, auto y) {
     using T = decltype(x);
     T r;
     if constexpr (kIsFloat<T>)
@@ -248,6 +336,14 @@ Tensor remainder(const Tensor& a, const Tensor& b) {
     if (r != T(0) && ((r < T(0)) != (y < T(0)))) r = T(r + y);
     return r;
   });
+  // a - floor(a / b) * b
+  if (detail::needs_grad(a, b))
+    detail::record("remainder", {a, b}, {out}, {a, b}, [](const detail::BackwardContext& c) {
+      const Tensor& g = c.grad();
+      return std::vector<Tensor>{g,
+                                 c.needs_grad(1) ? -g * floor(c.saved(0) / c.saved(1)) : Tensor()};
+    });
+  return out;
 }
 Tensor remainder(const Tensor& a, const Scalar& b) {
   return remainder(a, wrap_scalar(b));
@@ -263,13 +359,25 @@ Tensor pow(const Tensor& base, const Tensor& exponent) {
                "pow: integers to negative integer powers are not allowed (base ",
                detail::describe(base), ", exponent ", detail::describe(exponent), ")");
   }
-  return detail::binary_op<DTypeRule::Same>(pow_def, base, exponent, [](auto x, auto y) {
+  Tensor out = detail::binary_op<DTypeRule::Same>(pow_def, base, exponent, [](auto x, auto y) {
     using T = decltype(x);
     if constexpr (kIsFloat<T>)
       return T(std::pow(x, y));
     else
       return T(int_pow(x, y));
   });
+  // d/da = b a^(b-1) (0 where b = 0); d/db = a^b log(a) (0 where a = 0 and b >= 0), as torch.
+  if (detail::needs_grad(base, exponent))
+    detail::record("pow", {base, exponent}, {out}, {base, exponent, out},
+                   [](const detail::BackwardContext& c) {
+                     const Tensor &g = c.grad(), &a = c.saved(0), &b = c.saved(1), &y = c.saved(2);
+                     std::vector<Tensor> grads(2);
+                     if (c.needs_grad(0)) grads[0] = where(ne(b, 0), g * b * pow(a, b - 1), 0.0);
+                     if (c.needs_grad(1))
+                       grads[1] = where(logical_or(ne(a, 0), lt(b, 0)), g * y * log(a), 0.0);
+                     return grads;
+                   });
+  return out;
 }
 Tensor pow(const Tensor& base, const Scalar& exponent) {
   return pow(base, wrap_scalar(exponent));
@@ -295,6 +403,13 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
     detail::map_kernel<T, bool, T, T>([](bool c, T x, T y) { return c ? x : y; }, out, condition,
                                       ta, tb);
   });
+  if (detail::needs_grad(a, b))
+    detail::record(
+        "where", {condition, a, b}, {out}, {condition}, [](const detail::BackwardContext& c) {
+          const Tensor &g = c.grad(), &cond = c.saved(0);
+          return std::vector<Tensor>{Tensor(), c.needs_grad(1) ? where(cond, g, 0.0) : Tensor(),
+                                     c.needs_grad(2) ? where(logical_not(cond), g, 0.0) : Tensor()};
+        });
   return out;
 }
 Tensor where(const Tensor& condition, const Tensor& a, const Scalar& b) {
@@ -324,41 +439,62 @@ Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> m
         },
         out, in);
   });
+  // The gradient passes where x lies within the bounds (NaN does not).
+  if (detail::needs_grad(x))
+    detail::record("clamp", {x}, {out}, {x}, [min, max](const detail::BackwardContext& c) {
+      const Tensor& x = c.saved(0);
+      Tensor inside = min ? ge(x, *min) : ones_like(x).to(kBool);
+      if (max) inside = logical_and(inside, le(x, *max));
+      return std::vector<Tensor>{where(inside, c.grad(), 0.0)};
+    });
   return out;
 }
 
 // ---------------------------------------------------------------------------------- in-place ops
+// Without autograd each writes straight into self; with it, see detail::apply_inplace.
 Tensor& Tensor::add_(const Tensor& other, const Scalar& alpha) {
-  add_impl(add_def, *this, other, alpha, this);
+  detail::apply_inplace(
+      *this, "add_", {&other}, false, [&] { add_impl(add_def, *this, other, alpha, this); },
+      [&](const Tensor& self) { return kiln::add(self, other, alpha); });
   return *this;
 }
 Tensor& Tensor::add_(const Scalar& other) {
   return add_(wrap_scalar(other));
 }
 Tensor& Tensor::sub_(const Tensor& other, const Scalar& alpha) {
-  add_impl(sub_def, *this, other, alpha, this);
+  detail::apply_inplace(
+      *this, "sub_", {&other}, false, [&] { add_impl(sub_def, *this, other, alpha, this); },
+      [&](const Tensor& self) { return kiln::sub(self, other, alpha); });
   return *this;
 }
 Tensor& Tensor::sub_(const Scalar& other) {
   return sub_(wrap_scalar(other));
 }
 Tensor& Tensor::mul_(const Tensor& other) {
-  detail::binary_op<DTypeRule::Same>(mul_def, *this, other, mul_fn, this);
+  detail::apply_inplace(
+      *this, "mul_", {&other}, true,
+      [&] { detail::binary_op<DTypeRule::Same>(mul_def, *this, other, mul_fn, this); },
+      [&](const Tensor& self) { return kiln::mul(self, other); });
   return *this;
 }
 Tensor& Tensor::mul_(const Scalar& other) {
   return mul_(wrap_scalar(other));
 }
 Tensor& Tensor::div_(const Tensor& other) {
-  detail::binary_op<DTypeRule::Float>(div_def, *this, other, div_fn, this);
+  detail::apply_inplace(
+      *this, "div_", {&other}, true,
+      [&] { detail::binary_op<DTypeRule::Float>(div_def, *this, other, div_fn, this); },
+      [&](const Tensor& self) { return kiln::div(self, other); });
   return *this;
 }
 Tensor& Tensor::div_(const Scalar& other) {
   return div_(wrap_scalar(other));
 }
 Tensor& Tensor::clamp_(std::optional<Scalar> min, std::optional<Scalar> max) {
-  Tensor result = kiln::clamp(*this, min, max);
-  detail::finish_inplace(clamp_def, *this, result);
+  detail::apply_inplace(
+      *this, "clamp_", {}, true,
+      [&] { detail::finish_inplace(clamp_def, *this, kiln::clamp(*this, min, max)); },
+      [&](const Tensor& self) { return kiln::clamp(self, min, max); });
   return *this;
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kiln/ops.h"
+#include "lib/autograd.h"
 #include "lib/dispatch.h"
 #include "lib/op_table.h"
 #include "lib/parallel.h"
@@ -34,6 +35,10 @@ const detail::OpDef& embedding_def =
     detail::register_op({"embedding", OpKind::Index, 2, DTypeRule::Custom});
 const detail::OpDef& cat_def = detail::register_op({"cat", OpKind::Join, -1, DTypeRule::Same});
 const detail::OpDef& stack_def = detail::register_op({"stack", OpKind::Join, -1, DTypeRule::Same});
+const detail::OpDef& index_add_def =
+    detail::register_op({"index_add", OpKind::Index, 3, DTypeRule::Same});
+const detail::OpDef& scatter_add_def =
+    detail::register_op({"scatter_add", OpKind::Index, 3, DTypeRule::Same});
 
 void check_input(const Tensor& t, const char* op, const char* arg) {
   detail::check_defined(t, op, arg);
@@ -113,13 +118,26 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
     KILN_CHECK(index.numel() == 1, op, ": an index into a 0-dim tensor must have exactly one ",
                "value, got ", describe(index));
     std::vector<int64_t> idx = read_indices(index, 1, op, "a 0-dim tensor");
-    return select_rows(x, 0, idx, {});
+    Tensor out = select_rows(x, 0, idx, {});
+    if (detail::needs_grad(x))
+      detail::record(op, {x, index}, {out}, {}, [](const detail::BackwardContext& c) {
+        return std::vector<Tensor>{c.grad(), Tensor()};
+      });
+    return out;
   }
   std::vector<int64_t> idx =
       read_indices(index, x.size(d), op, "dimension " + std::to_string(d) + " of " + describe(x));
   Shape out_shape = x.sizes();
   out_shape[d] = static_cast<int64_t>(idx.size());
-  return select_rows(x, d, idx, out_shape);
+  Tensor out = select_rows(x, d, idx, out_shape);
+  if (detail::needs_grad(x))
+    detail::record(op, {x, index}, {out}, {index},
+                   [d, in = x.sizes()](const detail::BackwardContext& c) {
+                     const Tensor& g = c.grad();
+                     return std::vector<Tensor>{
+                         index_add(zeros(in, g.dtype()), d, c.saved(0).reshape({-1}), g), Tensor()};
+                   });
+  return out;
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
@@ -133,7 +151,18 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
       read_indices(indices, weight.size(0), op, "weight " + describe(weight) + " with rows");
   Shape out_shape = indices.sizes();
   out_shape.push_back(weight.size(1));
-  return select_rows(weight, 0, idx, out_shape);
+  Tensor out = select_rows(weight, 0, idx, out_shape);
+  // Rows used several times sum their gradients.
+  if (detail::needs_grad(weight))
+    detail::record(
+        op, {weight, indices}, {out}, {indices},
+        [in = weight.sizes()](const detail::BackwardContext& c) {
+          const Tensor& g = c.grad();
+          return std::vector<Tensor>{
+              index_add(zeros(in, g.dtype()), 0, c.saved(0).reshape({-1}), g.reshape({-1, in[1]})),
+              Tensor()};
+        });
+  return out;
 }
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
@@ -153,6 +182,12 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   std::vector<int64_t> idx =
       read_indices(index, size, op, "dimension " + std::to_string(d) + " of " + describe(x));
   Tensor out = detail::make_empty(index.sizes(), x.dtype());
+  if (detail::needs_grad(x))
+    detail::record(
+        op, {x, index}, {out}, {index}, [d, in = x.sizes()](const detail::BackwardContext& c) {
+          const Tensor& g = c.grad();
+          return std::vector<Tensor>{scatter_add(zeros(in, g.dtype()), d, c.saved(0), g), Tensor()};
+        });
   const int64_t n = out.numel();
   if (n == 0) return out;
   if (x.dim() == 0) {
@@ -222,6 +257,24 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   }
   Tensor out = detail::make_empty(out_shape, dtype);
   join_into(out, pieces, d);
+  if (detail::any_needs_grad(tensors)) {
+    std::vector<int64_t> widths;  // -1 for the skipped empty 1-D tensors
+    for (const Tensor& t : tensors)
+      widths.push_back(t.dim() == 1 && t.numel() == 0 ? -1 : t.size(d));
+    detail::record(op, tensors, {out}, {}, [d, widths](const detail::BackwardContext& c) {
+      std::vector<Tensor> grads;
+      int64_t start = 0;
+      for (size_t i = 0; i < widths.size(); ++i) {
+        if (widths[i] < 0 || !c.needs_grad(i)) {
+          grads.emplace_back();
+        } else {
+          grads.push_back(c.grad().narrow(d, start, widths[i]));
+        }
+        start += std::max<int64_t>(widths[i], 0);
+      }
+      return grads;
+    });
+  }
   return out;
 }
 
@@ -243,6 +296,122 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   for (const Tensor& t : tensors) pieces.push_back(t.unsqueeze(d));
   Tensor out = detail::make_empty(out_shape, detail::result_type(tensors));
   join_into(out, pieces, d);
+  if (detail::any_needs_grad(tensors))
+    detail::record(op, tensors, {out}, {},
+                   [d](const detail::BackwardContext& c) { return c.grad().unbind(d); });
+  return out;
+}
+
+Tensor index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
+  const char* op = index_add_def.name.c_str();
+  check_input(self, op, "self");
+  check_input(index, op, "index");
+  check_input(src, op, "source");
+  check_index_dtype(index, op, true);
+  KILN_CHECK(index.dim() <= 1, op, ": index must be a 1-D vector, got ", describe(index));
+  KILN_CHECK(src.dtype() == self.dtype(), op, ": source ", describe(src),
+             " must have the dtype of self ", describe(self));
+  const int64_t nd = std::max<int64_t>(self.dim(), 1);
+  const int64_t d = detail::wrap_dim(dim, nd, op, &self);
+  Tensor s3 = self.dim() == 0 ? self.reshape({1}) : self;
+  Tensor src3 = src.dim() == 0 ? src.reshape({1}) : src;
+  bool shapes_ok = src3.dim() == s3.dim() && src3.size(d) == index.numel();
+  for (int64_t k = 0; shapes_ok && k < s3.dim(); ++k)
+    shapes_ok = k == d || src3.size(k) == s3.size(k);
+  KILN_CHECK(shapes_ok, op, ": source ", describe(src), " must match self ", describe(self),
+             " except in dimension ", d, ", where it must have the index's ", index.numel(),
+             " entries");
+  std::vector<int64_t> idx = read_indices(
+      index, s3.size(d), op, "dimension " + std::to_string(d) + " of " + describe(self));
+  Tensor out = detail::make_empty(self.sizes(), self.dtype());
+  detail::copy_kernel(out, self);
+  Tensor in = src3.contiguous();
+  int64_t outer = 1, inner = 1;
+  for (int64_t k = 0; k < d; ++k) outer *= s3.size(k);
+  for (int64_t k = d + 1; k < s3.dim(); ++k) inner *= s3.size(k);
+  const int64_t n = s3.size(d), m = static_cast<int64_t>(idx.size());
+  // Outer rows and chunks of each inner run are independent; rows repeated in idx add serially.
+  constexpr int64_t kChunk = 1024;
+  const int64_t chunks = (inner + kChunk - 1) / kChunk;
+  detail::dispatch_all(self.dtype(), [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    T* o = out.data_ptr<T>();
+    const T* sp = in.data_ptr<T>();
+    detail::parallel_for(outer * chunks,
+                         std::max<int64_t>(1, detail::kParallelGrain / (m * kChunk + 1)),
+                         [&](int64_t begin, int64_t end) {
+                           for (int64_t w = begin; w < end; ++w) {
+                             const int64_t r = w / chunks, b = (w % chunks) * kChunk;
+                             const int64_t e = std::min(inner, b + kChunk);
+                             for (int64_t j = 0; j < m; ++j) {
+                               T* dst = o + (r * n + idx[j]) * inner;
+                               const T* from = sp + (r * m + j) * inner;
+                               for (int64_t i = b; i < e; ++i) dst[i] = T(dst[i] + from[i]);
+                             }
+                           }
+                         });
+  });
+  if (detail::needs_grad(self, src))
+    detail::record(op, {self, index, src}, {out}, {index},
+                   [d, src_sizes = src.sizes()](const detail::BackwardContext& c) {
+                     const Tensor& g = c.grad();
+                     Tensor gs;
+                     if (c.needs_grad(2)) {
+                       gs = g.dim() == 0 ? g : index_select(g, d, c.saved(0));
+                       gs = gs.reshape(src_sizes);
+                     }
+                     return std::vector<Tensor>{g, Tensor(), gs};
+                   });
+  return out;
+}
+
+Tensor scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
+  const char* op = scatter_add_def.name.c_str();
+  check_input(self, op, "self");
+  check_input(index, op, "index");
+  check_input(src, op, "src");
+  check_index_dtype(index, op, false);
+  KILN_CHECK(src.dtype() == self.dtype(), op, ": src ", describe(src),
+             " must have the dtype of self ", describe(self));
+  KILN_CHECK(index.sizes() == src.sizes() && index.dim() == self.dim(), op, ": index ",
+             describe(index), " must have the shape of src ", describe(src),
+             " and the rank of self ", describe(self));
+  const int64_t d = detail::wrap_dim(dim, std::max<int64_t>(self.dim(), 1), op, &self);
+  for (int64_t k = 0; k < self.dim(); ++k) {
+    KILN_CHECK(k == d || index.size(k) <= self.size(k), op, ": index ", describe(index),
+               " must not be larger than self ", describe(self), " in dimension ", k,
+               " (apart from dimension ", d, ")");
+  }
+  const int64_t size = self.dim() == 0 ? 1 : self.size(d);
+  std::vector<int64_t> idx =
+      read_indices(index, size, op, "dimension " + std::to_string(d) + " of " + describe(self));
+  Tensor out = detail::make_empty(self.sizes(), self.dtype());
+  detail::copy_kernel(out, self);
+  Tensor in = src.contiguous();
+  const Shape& os = out.strides();
+  const Shape& is = index.sizes();
+  detail::dispatch_all(self.dtype(), [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    T* o = out.data_ptr<T>();
+    const T* sp = in.data_ptr<T>();
+    std::vector<int64_t> pos(is.size(), 0);
+    for (size_t p = 0; p < idx.size(); ++p) {
+      int64_t at = 0;
+      for (size_t k = 0; k < pos.size(); ++k)
+        at += (static_cast<int64_t>(k) == d ? idx[p] : pos[k]) * os[k];
+      o[at] = T(o[at] + sp[p]);
+      for (size_t k = pos.size(); k-- > 0;) {  // row-major odometer over index's shape
+        if (++pos[k] < is[k]) break;
+        pos[k] = 0;
+      }
+    }
+  });
+  if (detail::needs_grad(self, src))
+    detail::record(op, {self, index, src}, {out}, {index}, [d](const detail::BackwardContext& c) {
+      const Tensor& g = c.grad();
+      return std::vector<Tensor>{g, Tensor(),
+                                 c.needs_grad(2) ? gather(g, d, c.saved(0)) : Tensor()};
+    });
   return out;
 }
 

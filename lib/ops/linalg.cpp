@@ -26,7 +26,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "kiln/autograd.h"
 #include "kiln/ops.h"
+#include "lib/autograd.h"
 #include "lib/dispatch.h"
 #include "lib/loops.h"
 #include "lib/op_table.h"
@@ -334,6 +336,12 @@ Tensor mm(const Tensor& a, const Tensor& b) {
   DType compute = compute_dtype(op, {a, b});
   Tensor out = detail::make_empty({a.size(0), b.size(1)}, compute);
   gemm_into("mm", out, a, b, {}, compute, 1, 0);
+  if (detail::needs_grad(a, b))
+    detail::record("mm", {a, b}, {out}, {a, b}, [](const detail::BackwardContext& c) {
+      const Tensor &g = c.grad(), &a = c.saved(0), &b = c.saved(1);
+      return std::vector<Tensor>{c.needs_grad(0) ? mm(g, b.t()) : Tensor(),
+                                 c.needs_grad(1) ? mm(a.t(), g) : Tensor()};
+    });
   return out;
 }
 
@@ -350,6 +358,12 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   DType compute = compute_dtype(op, {a, b});
   Tensor out = detail::make_empty({a.size(0), a.size(1), b.size(2)}, compute);
   gemm_into("bmm", out, a, b, {a.size(0)}, compute, 1, 0);
+  if (detail::needs_grad(a, b))
+    detail::record("bmm", {a, b}, {out}, {a, b}, [](const detail::BackwardContext& c) {
+      const Tensor &g = c.grad(), &a = c.saved(0), &b = c.saved(1);
+      return std::vector<Tensor>{c.needs_grad(0) ? bmm(g, b.transpose(1, 2)) : Tensor(),
+                                 c.needs_grad(1) ? bmm(a.transpose(1, 2), g) : Tensor()};
+    });
   return out;
 }
 
@@ -384,12 +398,39 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   DType compute = compute_dtype(op, {a, b});
   Shape full = batch;
   full.insert(full.end(), {M, N});
-  Tensor out = detail::make_empty(full, compute);
-  gemm_into("matmul", out, A, B, batch, compute, 1, 0);
   Shape result = batch;
   if (a.dim() > 1) result.push_back(M);
   if (b.dim() > 1) result.push_back(N);
-  return out.view(result);
+  Tensor out = detail::make_empty(result, compute);
+  {
+    AutoGradMode kernel_only(false);
+    gemm_into("matmul", out.view(full), A, B, batch, compute, 1, 0);
+  }
+  // Gradients of the matrix form (1-D operands as a row or a column), summed over broadcast
+  // batch dims; a 2-D right operand folds the batch into the rows of one GEMM.
+  if (detail::needs_grad(a, b))
+    detail::record("matmul", {a, b}, {out}, {a, b}, [full](const detail::BackwardContext& c) {
+      const Tensor &a = c.saved(0), &b = c.saved(1);
+      Tensor A = a.dim() == 1 ? a.unsqueeze(0) : a;
+      Tensor B = b.dim() == 1 ? b.unsqueeze(1) : b;
+      Tensor g = c.grad().reshape(full);
+      std::vector<Tensor> grads(2);
+      if (c.needs_grad(0))
+        grads[0] = sum_to_size(matmul(g, B.transpose(-1, -2)), A.sizes()).reshape(a.sizes());
+      if (c.needs_grad(1)) {
+        const int64_t K = A.size(-1), N = B.size(-1);
+        if (B.dim() == 2) {
+          Shape a_full(full.begin(), full.end() - 2);
+          a_full.insert(a_full.end(), {A.size(-2), K});
+          grads[1] =
+              mm(A.expand(a_full).reshape({-1, K}).t(), g.reshape({-1, N})).reshape(b.sizes());
+        } else {
+          grads[1] = sum_to_size(matmul(A.transpose(-1, -2), g), B.sizes()).reshape(b.sizes());
+        }
+      }
+      return grads;
+    });
+  return out;
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -413,9 +454,26 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   DType compute = compute_dtype(op, {x, weight, bias});
   Tensor out = detail::make_empty(out_shape, compute);
   if (bias.defined()) detail::copy_kernel(out, bias);
-  Tensor A = x.dim() == 1 ? x.unsqueeze(0) : x;
-  Shape batch(A.sizes().begin(), A.sizes().end() - 2);
-  gemm_into("linear", out, A, weight.t(), batch, compute, 1, bias.defined() ? 1 : 0);
+  {
+    AutoGradMode kernel_only(false);
+    Tensor A = x.dim() == 1 ? x.unsqueeze(0) : x;
+    Shape batch(A.sizes().begin(), A.sizes().end() - 2);
+    gemm_into("linear", x.dim() == 1 ? out.unsqueeze(0) : out, A, weight.t(), batch, compute, 1,
+              bias.defined() ? 1 : 0);
+  }
+  // The batch dims fold into the rows of the weight's GEMM; the bias's gradient is g summed down
+  // to its shape (by the engine).
+  if (detail::needs_grad(x, weight, bias))
+    detail::record("linear", {x, weight, bias}, {out}, {x, weight},
+                   [](const detail::BackwardContext& c) {
+                     const Tensor &g = c.grad(), &x = c.saved(0), &w = c.saved(1);
+                     std::vector<Tensor> grads(3);
+                     if (c.needs_grad(0)) grads[0] = matmul(g, w);
+                     if (c.needs_grad(1))
+                       grads[1] = mm(g.reshape({-1, w.size(0)}).t(), x.reshape({-1, w.size(1)}));
+                     if (c.needs_grad(2)) grads[2] = g;
+                     return grads;
+                   });
   return out;
 }
 
@@ -439,6 +497,17 @@ Tensor addmm(const Tensor& self, const Tensor& m1, const Tensor& m2, const Scala
   const bool use_self = beta.to_double() != 0.0 || beta.to_int() != 0;
   if (use_self) detail::copy_kernel(out, self);
   gemm_into("addmm", out, m1, m2, {}, compute, alpha, use_self ? beta : Scalar(0));
+  if (detail::needs_grad(self, m1, m2))
+    detail::record("addmm", {self, m1, m2}, {out}, {m1, m2},
+                   [b = beta.to_double(), a = alpha.to_double()](const detail::BackwardContext& c) {
+                     const Tensor &g = c.grad(), &m1 = c.saved(0), &m2 = c.saved(1);
+                     Tensor ga = a == 1.0 ? g : g * a;
+                     std::vector<Tensor> grads(3);
+                     if (c.needs_grad(0)) grads[0] = b == 1.0 ? g : g * b;
+                     if (c.needs_grad(1)) grads[1] = mm(ga, m2.t());
+                     if (c.needs_grad(2)) grads[2] = mm(m1.t(), ga);
+                     return grads;
+                   });
   return out;
 }
 

@@ -23,7 +23,9 @@
 
 #include <omp.h>
 
+#include "kiln/autograd.h"
 #include "kiln/ops.h"
+#include "lib/autograd.h"
 #include "lib/dispatch.h"
 #include "lib/loops.h"
 #include "lib/op_table.h"
@@ -267,6 +269,23 @@ Tensor softmax_impl(const detail::OpDef& def, const Tensor& x, int64_t dim, bool
   return out;
 }
 
+// softmax: y (g - sum(g y)); log_softmax: g - exp(y) sum(g), both along the dim.
+Tensor softmax_with_grad(const detail::OpDef& def, const Tensor& x, int64_t dim, bool log) {
+  Tensor out = softmax_impl(def, x, dim, log);
+  if (detail::needs_grad(x)) {
+    const int64_t d = x.dim() == 0 ? 0 : detail::wrap_dim(dim, x.dim(), def.name.c_str(), &x);
+    std::vector<int64_t> dims;
+    if (x.dim() > 0) dims.push_back(d);
+    detail::record(def.name.c_str(), {x}, {out}, {out},
+                   [dims, log](const detail::BackwardContext& c) {
+                     const Tensor &g = c.grad(), &y = c.saved(0);
+                     if (log) return std::vector<Tensor>{g - exp(y) * sum(g, dims, true)};
+                     return std::vector<Tensor>{y * (g - sum(g * y, dims, true))};
+                   });
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------------------- layer_norm kernel
 // One row of n > 0 elements; w and b may be null.
 template <typename T>
@@ -341,6 +360,33 @@ NllGeometry check_nll(const char* op, const Tensor& input, const Tensor& target)
   return g;
 }
 
+Tensor nll_from(const Tensor& lp, const NllGeometry& g, Reduction reduction);
+
+// nll_loss with its gradient: minus the (scaled) output gradient at each target's class.
+Tensor nll_with_grad(const Tensor& log_probs, const NllGeometry& geo, Reduction reduction) {
+  Tensor out;
+  {
+    AutoGradMode kernel_only(false);
+    out = nll_from(log_probs.to(to_floating(log_probs.dtype())).contiguous(), geo, reduction);
+  }
+  if (detail::needs_grad(log_probs)) {
+    const int64_t rank = log_probs.dim(), C = geo.C, count = geo.N * geo.K;
+    detail::record("nll_loss", {log_probs}, {out}, {geo.target},
+                   [rank, C, count, reduction](const detail::BackwardContext& c) {
+                     const Tensor &g = c.grad(), &target = c.saved(0);
+                     Shape class_shape(static_cast<size_t>(rank), 1);
+                     class_shape[rank == 1 ? 0 : 1] = C;
+                     Tensor classes = arange(C).view(class_shape);
+                     Tensor onehot = eq(classes, rank == 1 ? target : target.unsqueeze(1));
+                     Tensor scale = g;
+                     if (reduction == Reduction::None && rank > 1) scale = g.unsqueeze(1);
+                     if (reduction == Reduction::Mean) scale = g / static_cast<double>(count);
+                     return std::vector<Tensor>{where(onehot, -scale, 0.0)};
+                   });
+  }
+  return out;
+}
+
 // The loss from contiguous log-probabilities lp of type T laid out [N, C, K].
 Tensor nll_from(const Tensor& lp, const NllGeometry& g, Reduction reduction) {
   const int64_t count = g.N * g.K;
@@ -370,11 +416,11 @@ Tensor nll_from(const Tensor& lp, const NllGeometry& g, Reduction reduction) {
 
 // ------------------------------------------------------------------------------- public entries
 Tensor softmax(const Tensor& x, int64_t dim) {
-  return softmax_impl(softmax_def, x, dim, false);
+  return softmax_with_grad(softmax_def, x, dim, false);
 }
 
 Tensor log_softmax(const Tensor& x, int64_t dim) {
-  return softmax_impl(log_softmax_def, x, dim, true);
+  return softmax_with_grad(log_softmax_def, x, dim, true);
 }
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
@@ -415,19 +461,40 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
                              layer_norm_row<T>(xp + r * n, yp + r * n, n, wp, bp, eps);
                          });
   });
+  // The statistics are recomputed from x with kiln ops, so the formula differentiates again.
+  // The weight's and bias's gradients are summed over the batch dims by the engine.
+  if (detail::needs_grad(x, weight, bias)) {
+    std::vector<int64_t> dims;
+    for (int64_t i = x.dim() - k; i < x.dim(); ++i) dims.push_back(i);
+    detail::record(
+        op, {x, weight, bias}, {out}, {x, weight}, [dims, eps](const detail::BackwardContext& c) {
+          const Tensor &g = c.grad(), &x = c.saved(0), &w = c.saved(1);
+          Tensor centered = x - mean(x, dims, true);
+          Tensor rstd = rsqrt(mean(centered * centered, dims, true) + eps);
+          Tensor xhat = centered * rstd;
+          std::vector<Tensor> grads(3);
+          if (c.needs_grad(0)) {
+            Tensor gx = w.defined() ? g * w : g;
+            grads[0] = rstd * (gx - mean(gx, dims, true) - xhat * mean(gx * xhat, dims, true));
+          }
+          if (c.needs_grad(1)) grads[1] = g * xhat;
+          if (c.needs_grad(2)) grads[2] = g;
+          return grads;
+        });
+  }
   return out;
 }
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction) {
   const char* op = nll_loss_def.name.c_str();
   NllGeometry g = check_nll(op, log_probs, target);
-  return nll_from(log_probs.to(to_floating(log_probs.dtype())).contiguous(), g, reduction);
+  return nll_with_grad(log_probs, g, reduction);
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction) {
   const char* op = cross_entropy_def.name.c_str();
   NllGeometry g = check_nll(op, logits, target);
-  return nll_from(log_softmax(logits, logits.dim() == 1 ? 0 : 1), g, reduction);
+  return nll_with_grad(log_softmax(logits, logits.dim() == 1 ? 0 : 1), g, reduction);
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
@@ -456,6 +523,15 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
     *out.data_ptr<T>() =
         static_cast<T>(reduction == Reduction::Mean ? total / static_cast<double>(count) : total);
   });
+  if (detail::needs_grad(input, target)) {
+    const double scale = reduction == Reduction::Mean ? 2.0 / static_cast<double>(sq.numel()) : 2.0;
+    detail::record(op, {input, target}, {out}, {input, target},
+                   [scale](const detail::BackwardContext& c) {
+                     Tensor g = (c.saved(0) - c.saved(1)) * (c.grad() * scale);
+                     return std::vector<Tensor>{c.needs_grad(0) ? g : Tensor(),
+                                                c.needs_grad(1) ? -g : Tensor()};
+                   });
+  }
   return out;
 }
 
@@ -466,17 +542,36 @@ Tensor dropout(const Tensor& x, double p, bool train) {
              " (input ", describe(x), ")");
   KILN_CHECK(x.is_floating_point(), op, ": expected a floating-point input, got ", describe(x));
   if (!train || p == 0.0) return x;
-  if (p == 1.0) return zeros(x.sizes(), x.dtype());
+  if (p == 1.0) {
+    Tensor out = zeros(x.sizes(), x.dtype());
+    if (detail::needs_grad(x))
+      detail::record(op, {x}, {out}, {}, [](const detail::BackwardContext&) {
+        return std::vector<Tensor>{Tensor()};  // nothing passes
+      });
+    return out;
+  }
   // Draws come from the process generator in row-major order, so manual_seed reproduces the mask.
   Tensor u = rand(x.sizes(), kFloat64);
   Tensor out = detail::make_empty(x.sizes(), x.dtype());
   const double keep = 1.0 - p;
+  const bool grad = detail::needs_grad(x);
+  // With autograd the mask (0 or 1 / (1 - p)) is kept for the backward pass.
+  Tensor mask = grad ? detail::make_empty(x.sizes(), x.dtype()) : Tensor();
   detail::dispatch_floating(x.dtype(), op, [&](auto tag) {
     using T = KILN_TYPE(tag);
     const T scale = T(1) / static_cast<T>(keep);  // as torch: the mask divided by 1 - p in T
-    detail::map_kernel<T, T, double>([=](T v, double r) { return r < keep ? v * scale : T(0); },
-                                     out, x, u);
+    if (grad) {
+      detail::map_kernel<T, double>([=](double r) { return r < keep ? scale : T(0); }, mask, u);
+      detail::map_kernel<T, T, T>([](T v, T m) { return v * m; }, out, x, mask);
+    } else {
+      detail::map_kernel<T, T, double>([=](T v, double r) { return r < keep ? v * scale : T(0); },
+                                       out, x, u);
+    }
   });
+  if (grad)
+    detail::record(op, {x}, {out}, {mask}, [](const detail::BackwardContext& c) {
+      return std::vector<Tensor>{c.grad() * c.saved(0)};
+    });
   return out;
 }
 

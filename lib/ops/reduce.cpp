@@ -13,13 +13,16 @@
 // Accumulation is in double for floating inputs and in 64-bit modular integers for integral ones.
 // Sums add in blocks with several independent lanes: the lanes let the compiler vectorize and the
 // blocks keep the rounding error growing with the block count rather than the element count.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
 #include <type_traits>
 #include <utility>
 
+#include "kiln/autograd.h"
 #include "kiln/ops.h"
+#include "lib/autograd.h"
 #include "lib/dispatch.h"
 #include "lib/op_table.h"
 #include "lib/parallel.h"
@@ -86,6 +89,7 @@ struct Prepared {
 // Validates `dims` (empty: all) and arranges `x`. allow_cols: the caller can read the Cols layout.
 Prepared prepare(const Tensor& x, const char* op, const std::vector<int64_t>& dims, bool keepdim,
                  bool allow_cols) {
+  AutoGradMode kernel_only(false);  // the views below are the kernel's, not the user's
   const int64_t nd = x.dim();
   std::vector<bool> reduced(static_cast<size_t>(std::max<int64_t>(nd, 1)), dims.empty());
   if (!dims.empty()) {
@@ -616,15 +620,99 @@ Tensor var_like(const char* op, const Tensor& x, const std::vector<int64_t>& dim
 
 }  // namespace
 
+// ------------------------------------------------------------------------------- gradients
+
+// The dims of x a reduction over `dims` removes, ascending (all of them for an empty list).
+std::vector<int64_t> reduced_dims(const Tensor& x, const std::vector<int64_t>& dims) {
+  std::vector<int64_t> out;
+  if (dims.empty()) {
+    for (int64_t d = 0; d < x.dim(); ++d) out.push_back(d);
+  } else {
+    for (int64_t d : dims) out.push_back(detail::wrap_dim(d, x.dim(), "reduce"));
+    std::sort(out.begin(), out.end());
+  }
+  return out;
+}
+
+// A reduction's output (or its gradient) with the reduced dims back as size 1.
+Tensor unreduce(const Tensor& t, const std::vector<int64_t>& rdims, bool keepdim) {
+  if (keepdim) return t;
+  Tensor r = t;
+  for (int64_t d : rdims) r = r.unsqueeze(d);
+  return r;
+}
+
+int64_t reduced_count(const Shape& sizes, const std::vector<int64_t>& rdims) {
+  int64_t n = 1;
+  for (int64_t d : rdims) n *= sizes[d];
+  return n;
+}
+
+// Records a single-input reduction; formula(x, y, g) receives x, the output and its gradient
+// with the reduced dims restored as size 1.
+template <typename F>
+Tensor reduction_with_grad(const detail::OpDef& def, const Tensor& x,
+                           const std::vector<int64_t>& dims, bool keepdim, Tensor out, bool saves_x,
+                           bool saves_out, F formula) {
+  if (!detail::needs_grad(x)) return out;
+  std::vector<int64_t> rdims = reduced_dims(x, dims);
+  std::vector<Tensor> saved{saves_x ? x : Tensor(), saves_out ? out : Tensor()};
+  detail::record(def.name.c_str(), {x}, {out}, saved,
+                 [formula, rdims, keepdim, in = x.sizes()](const detail::BackwardContext& c) {
+                   Tensor y =
+                       c.saved(1).defined() ? unreduce(c.saved(1), rdims, keepdim) : Tensor();
+                   return std::vector<Tensor>{
+                       formula(c.saved(0), y, unreduce(c.grad(), rdims, keepdim), in, rdims)};
+                 });
+  return out;
+}
+
+// The gradient of a max or min over all of `rdims`: shared equally by the elements that tie.
+Tensor extremum_grad(const Tensor& x, const Tensor& y, const Tensor& g,
+                     const std::vector<int64_t>& rdims) {
+  Tensor mask = eq(x, y).to(g.dtype());
+  return mul(g, mask) / sum(mask, rdims, true);
+}
+
 // ------------------------------------------------------------------------------- public entries
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim,
            std::optional<DType> dtype) {
-  return sum_like(sum_def.name.c_str(), x, dims, keepdim, dtype, false);
+  return reduction_with_grad(sum_def, x, dims, keepdim,
+                             sum_like(sum_def.name.c_str(), x, dims, keepdim, dtype, false), false,
+                             false,
+                             [](const Tensor&, const Tensor&, const Tensor& g, const Shape& in,
+                                const std::vector<int64_t>&) { return g.expand(in); });
 }
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  return sum_like(mean_def.name.c_str(), x, dims, keepdim, std::nullopt, true);
+  return reduction_with_grad(
+      mean_def, x, dims, keepdim,
+      sum_like(mean_def.name.c_str(), x, dims, keepdim, std::nullopt, true), false, false,
+      [](const Tensor&, const Tensor&, const Tensor& g, const Shape& in,
+         const std::vector<int64_t>& rdims) {
+        return div(g.expand(in), static_cast<double>(reduced_count(in, rdims)));
+      });
+}
+
+Tensor sum_to_size(const Tensor& x, const Shape& shape) {
+  detail::check_defined(x, "sum_to_size");
+  const int64_t lead = x.dim() - static_cast<int64_t>(shape.size());
+  bool ok = lead >= 0;
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; ok && d < x.dim(); ++d) {
+    if (d < lead) {
+      dims.push_back(d);
+      continue;
+    }
+    int64_t want = shape[d - lead];
+    ok = want == x.size(d) || want == 1;
+    if (want == 1 && x.size(d) != 1) dims.push_back(d);
+  }
+  KILN_CHECK(ok, "sum_to_size: ", describe(x), " cannot be summed to the shape ",
+             detail::shape_str(shape), " (that shape must broadcast to the input's)");
+  if (dims.empty()) return lead == 0 ? x : x.view(shape);
+  return sum(x, dims, true).view(shape);
 }
 
 Tensor prod(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
@@ -639,35 +727,96 @@ Tensor prod(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
     O* o = out.data_ptr<O>();
     run_simple<T>(p, ProdOps<T>{}, [&](int64_t i, Wide<T> a) { o[i] = static_cast<O>(a); });
   });
-  return out;
+  // d prod / d x_i is the product of the others: y / x_i when the input has no zero. With
+  // zeros, each element's product of the others is taken directly (x with that element replaced
+  // by 1, R^2 work per row), which stays exact and differentiable.
+  return reduction_with_grad(
+      prod_def, x, dims, keepdim, out, true, true,
+      [](const Tensor& x, const Tensor& y, const Tensor& g, const Shape&,
+         const std::vector<int64_t>& rdims) {
+        if (!eq(x, 0).any().item<bool>()) return g * y / x;
+        std::vector<int64_t> order, kept_sizes;
+        for (int64_t d = 0; d < x.dim(); ++d)
+          if (!std::binary_search(rdims.begin(), rdims.end(), d)) {
+            order.push_back(d);
+            kept_sizes.push_back(x.size(d));
+          }
+        order.insert(order.end(), rdims.begin(), rdims.end());
+        const int64_t R = reduced_count(x.sizes(), rdims);
+        Shape rows = kept_sizes, square = kept_sizes;
+        rows.push_back(R);
+        square.insert(square.end(), {R, R});
+        Tensor xr = x.permute(order).reshape(rows);
+        Tensor others = where(logical_not(eye(R, kBool)), xr.unsqueeze(-2).expand(square), 1.0);
+        Shape permuted;
+        for (int64_t d : order) permuted.push_back(x.size(d));
+        Shape g_rows = kept_sizes;
+        g_rows.push_back(1);
+        Tensor grad_r = prod(others, {-1}) * g.permute(order).reshape(g_rows);
+        std::vector<int64_t> inverse(order.size());
+        for (size_t i = 0; i < order.size(); ++i) inverse[order[i]] = static_cast<int64_t>(i);
+        return grad_r.reshape(permuted).permute(inverse);
+      });
 }
 
+namespace {
+auto extremum_formula = [](const Tensor& x, const Tensor& y, const Tensor& g, const Shape&,
+                           const std::vector<int64_t>& rdims) {
+  return extremum_grad(x, y, g, rdims);
+};
+
+// max/min along one dim: the gradient goes to the element the index names.
+std::tuple<Tensor, Tensor> values_indices_with_grad(const detail::OpDef& def, const Tensor& x,
+                                                    int64_t dim, bool keepdim, Tensor values,
+                                                    Tensor indices) {
+  if (detail::needs_grad(x)) {
+    int64_t d = detail::wrap_dim(dim, x.dim(), def.name.c_str(), &x);
+    detail::record(def.name.c_str(), {x}, {values, indices}, {indices},
+                   [d, keepdim, in = x.sizes()](const detail::BackwardContext& c) {
+                     if (in.empty()) return std::vector<Tensor>{c.grad()};
+                     Tensor idx = unreduce(c.saved(0), {d}, keepdim);
+                     Tensor g = unreduce(c.grad(), {d}, keepdim);
+                     return std::vector<Tensor>{scatter_add(zeros(in, g.dtype()), d, idx, g)};
+                   });
+  }
+  return {values, indices};
+}
+}  // namespace
+
 Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  return extremum<true>(amax_def.name.c_str(), x, dims, keepdim);
+  return reduction_with_grad(amax_def, x, dims, keepdim,
+                             extremum<true>(amax_def.name.c_str(), x, dims, keepdim), true, true,
+                             extremum_formula);
 }
 
 Tensor amin(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  return extremum<false>(amin_def.name.c_str(), x, dims, keepdim);
+  return reduction_with_grad(amin_def, x, dims, keepdim,
+                             extremum<false>(amin_def.name.c_str(), x, dims, keepdim), true, true,
+                             extremum_formula);
 }
 
 Tensor max(const Tensor& x) {
-  return extremum<true>(max_def.name.c_str(), x, {}, false);
+  return reduction_with_grad(max_def, x, {}, false,
+                             extremum<true>(max_def.name.c_str(), x, {}, false), true, true,
+                             extremum_formula);
 }
 
 Tensor min(const Tensor& x) {
-  return extremum<false>(min_def.name.c_str(), x, {}, false);
+  return reduction_with_grad(min_def, x, {}, false,
+                             extremum<false>(min_def.name.c_str(), x, {}, false), true, true,
+                             extremum_formula);
 }
 
 std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
   Tensor values, indices;
   arg_reduce<true>(max_def.name.c_str(), x, {dim}, keepdim, &values, &indices);
-  return {values, indices};
+  return values_indices_with_grad(max_def, x, dim, keepdim, values, indices);
 }
 
 std::tuple<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim) {
   Tensor values, indices;
   arg_reduce<false>(min_def.name.c_str(), x, {dim}, keepdim, &values, &indices);
-  return {values, indices};
+  return values_indices_with_grad(min_def, x, dim, keepdim, values, indices);
 }
 
 // Without a dim every dim is reduced in order, so the row offset is the flat index (keepdim then
@@ -688,12 +837,36 @@ Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
   return indices;
 }
 
+namespace {
+// d var / d x = 2 (x - mean) / (N - correction).
+Tensor var_grad(const Tensor& x, const Tensor& g, const std::vector<int64_t>& rdims,
+                int64_t correction) {
+  double denom = static_cast<double>(reduced_count(x.sizes(), rdims) - correction);
+  return g * (x - mean(x, rdims, true)) * (2.0 / denom);
+}
+}  // namespace
+
 Tensor var(const Tensor& x, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
-  return var_like(var_def.name.c_str(), x, dims, correction, keepdim, false);
+  return reduction_with_grad(var_def, x, dims, keepdim,
+                             var_like(var_def.name.c_str(), x, dims, correction, keepdim, false),
+                             true, false,
+                             [correction](const Tensor& x, const Tensor&, const Tensor& g,
+                                          const Shape&, const std::vector<int64_t>& rdims) {
+                               return var_grad(x, g, rdims, correction);
+                             });
 }
 
+// d std = d var / (2 std), taken as 0 where std is 0 (as torch).
 Tensor std(const Tensor& x, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
-  return var_like(std_def.name.c_str(), x, dims, correction, keepdim, true);
+  return reduction_with_grad(
+      std_def, x, dims, keepdim, var_like(std_def.name.c_str(), x, dims, correction, keepdim, true),
+      true, true,
+      [correction](const Tensor& x, const Tensor& y, const Tensor& g, const Shape&,
+                   const std::vector<int64_t>& rdims) {
+        Tensor nonzero = ne(y, 0);  // dividing by a safe 1 keeps NaN out of the next derivative
+        Tensor gvar = where(nonzero, g / (where(nonzero, y, 1.0) * 2.0), 0.0);
+        return var_grad(x, gvar, rdims, correction);
+      });
 }
 
 // log(sum(exp(x - m))) + m with m the row's max (0 when the max is infinite, so that all -inf gives
@@ -729,7 +902,9 @@ Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim
         [](double a, double b) { return a + b; },
         [&](int64_t i, double s) { o[i] = static_cast<T>(std::log(s) + double(maxes[i])); });
   });
-  return out;
+  return reduction_with_grad(logsumexp_def, x, dims, keepdim, out, true, true,
+                             [](const Tensor& x, const Tensor& y, const Tensor& g, const Shape&,
+                                const std::vector<int64_t>&) { return g * exp(x - y); });
 }
 
 Tensor all(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {

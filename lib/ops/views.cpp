@@ -1,7 +1,9 @@
 // View ops: new geometry over the same storage, no copies (reshape copies only when it must).
 #include <algorithm>
 
+#include "kiln/autograd.h"
 #include "kiln/ops.h"
+#include "lib/autograd.h"
 #include "lib/op_table.h"
 #include "lib/tensor_impl.h"
 
@@ -26,6 +28,48 @@ const detail::OpDef& squeeze_def = def_view("squeeze");
 const detail::OpDef& expand_def = def_view("expand");
 const detail::OpDef& slice_def = def_view("slice");
 const detail::OpDef& select_def = def_view("select");
+const detail::OpDef& as_strided_def = def_view("as_strided");
+const detail::OpDef& split_def = def_view("split");
+const detail::OpDef& unbind_def = def_view("unbind");
+const detail::OpDef& slice_scatter_def =
+    detail::register_op({"slice_scatter", OpKind::Index, 2, detail::DTypeRule::Same});
+const detail::OpDef& as_strided_scatter_def =
+    detail::register_op({"as_strided_scatter", OpKind::Index, 2, detail::DTypeRule::Same});
+
+// Records a view op whose input gradient is grad_of(output gradient).
+template <typename F>
+Tensor view_with_grad(const detail::OpDef& def, const Tensor& input, Tensor out, F grad_of) {
+  if (detail::needs_grad(input))
+    detail::record(def.name.c_str(), {input}, {out}, {},
+                   [grad_of](const detail::BackwardContext& c) {
+                     return std::vector<Tensor>{grad_of(c.grad())};
+                   });
+  return out;
+}
+
+// The gradients of pieces of one tensor, undefined ones (unused pieces) as zeros.
+std::vector<Tensor> with_zeros(const detail::BackwardContext& c, const std::vector<Shape>& shapes) {
+  DType dtype = kFloat64;
+  for (size_t i = 0; i < c.num_grads(); ++i)
+    if (c.grad(i).defined()) dtype = c.grad(i).dtype();
+  std::vector<Tensor> grads;
+  for (size_t i = 0; i < c.num_grads(); ++i)
+    grads.push_back(c.grad(i).defined() ? c.grad(i) : zeros(shapes[i], dtype));
+  return grads;
+}
+
+// Records a multi-output view op (split, unbind): one node, so that the gradient is one join.
+template <typename F>
+void pieces_with_grad(const detail::OpDef& def, const Tensor& input, const std::vector<Tensor>& out,
+                      F join) {
+  if (!detail::needs_grad(input)) return;
+  std::vector<Shape> shapes;
+  for (const Tensor& t : out) shapes.push_back(t.sizes());
+  detail::record(def.name.c_str(), {input}, out, {},
+                 [join, shapes](const detail::BackwardContext& c) {
+                   return std::vector<Tensor>{join(with_zeros(c, shapes))};
+                 });
+}
 
 // Resolves one -1 in a requested shape against numel.
 Shape infer_shape(const char* op, const Shape& shape, int64_t numel, const Tensor& t) {
@@ -90,16 +134,16 @@ Tensor Tensor::view(const Shape& shape) const {
              describe(*this), " with strides ", shape_str(strides()),
              " (at least one dimension spans across two contiguous subspaces); use .reshape(...) "
              "instead");
-  (void)view_def;
-  return make_view(*this, new_sizes, *st, storage_offset());
+  return view_with_grad(view_def, *this, make_view(*this, new_sizes, *st, storage_offset()),
+                        [in = sizes()](const Tensor& g) { return g.reshape(in); });
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {
   detail::check_defined(*this, "reshape");
   Shape new_sizes = infer_shape("reshape", shape, numel(), *this);
-  (void)reshape_def;
   if (auto st = view_strides(sizes(), strides(), new_sizes))
-    return make_view(*this, new_sizes, *st, storage_offset());
+    return view_with_grad(reshape_def, *this, make_view(*this, new_sizes, *st, storage_offset()),
+                          [in = sizes()](const Tensor& g) { return g.reshape(in); });
   return clone().view(new_sizes);
 }
 
@@ -120,35 +164,38 @@ Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
 
 Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
   detail::check_defined(*this, "permute");
-  (void)permute_def;
   KILN_CHECK(static_cast<int64_t>(dims.size()) == dim(), "permute: number of dims ", dims.size(),
              " doesn't match the input ", describe(*this));
   Shape sz(dims.size()), st(dims.size());
   std::vector<bool> seen(dims.size(), false);
+  std::vector<int64_t> inverse(dims.size());
   for (size_t i = 0; i < dims.size(); ++i) {
     int64_t d = wrap_dim(dims[i], dim(), "permute", this);
     KILN_CHECK(!seen[d], "permute: dim ", d, " appears more than once in ", shape_str(dims));
     seen[d] = true;
     sz[i] = sizes()[d];
     st[i] = strides()[d];
+    inverse[d] = static_cast<int64_t>(i);
   }
-  return make_view(*this, sz, st, storage_offset());
+  return view_with_grad(permute_def, *this, make_view(*this, sz, st, storage_offset()),
+                        [inverse](const Tensor& g) { return g.permute(inverse); });
 }
 
 Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
   detail::check_defined(*this, "transpose");
-  (void)transpose_def;
   if (dim() == 0) {
     wrap_dim(dim0, 0, "transpose");
     wrap_dim(dim1, 0, "transpose");
-    return make_view(*this, {}, {}, storage_offset());
+    return view_with_grad(transpose_def, *this, make_view(*this, {}, {}, storage_offset()),
+                          [](const Tensor& g) { return g; });
   }
   int64_t a = wrap_dim(dim0, dim(), "transpose", this),
           b = wrap_dim(dim1, dim(), "transpose", this);
   Shape sz = sizes(), st = strides();
   std::swap(sz[a], sz[b]);
   std::swap(st[a], st[b]);
-  return make_view(*this, sz, st, storage_offset());
+  return view_with_grad(transpose_def, *this, make_view(*this, sz, st, storage_offset()),
+                        [a, b](const Tensor& g) { return g.transpose(a, b); });
 }
 
 Tensor Tensor::t() const {
@@ -159,44 +206,45 @@ Tensor Tensor::t() const {
 
 Tensor Tensor::unsqueeze(int64_t d) const {
   detail::check_defined(*this, "unsqueeze");
-  (void)unsqueeze_def;
   int64_t pos = wrap_dim(d, dim() + 1, "unsqueeze", this);
   Shape sz = sizes(), st = strides();
   int64_t stride = pos < dim() ? sz[pos] * st[pos] : 1;
   sz.insert(sz.begin() + pos, 1);
   st.insert(st.begin() + pos, stride);
-  return make_view(*this, sz, st, storage_offset());
+  return view_with_grad(unsqueeze_def, *this, make_view(*this, sz, st, storage_offset()),
+                        [pos](const Tensor& g) { return g.squeeze(pos); });
 }
 
 Tensor Tensor::squeeze() const {
   detail::check_defined(*this, "squeeze");
-  (void)squeeze_def;
   Shape sz, st;
   for (int64_t d = 0; d < dim(); ++d) {
     if (sizes()[d] == 1) continue;
     sz.push_back(sizes()[d]);
     st.push_back(strides()[d]);
   }
-  return make_view(*this, sz, st, storage_offset());
+  return view_with_grad(squeeze_def, *this, make_view(*this, sz, st, storage_offset()),
+                        [in = sizes()](const Tensor& g) { return g.reshape(in); });
 }
 
 Tensor Tensor::squeeze(int64_t d) const {
   detail::check_defined(*this, "squeeze");
+  Shape sz = sizes(), st = strides();
   if (dim() == 0) {
     wrap_dim(d, 0, "squeeze");
-    return make_view(*this, {}, {}, storage_offset());
+  } else {
+    int64_t pos = wrap_dim(d, dim(), "squeeze", this);
+    if (sizes()[pos] == 1) {
+      sz.erase(sz.begin() + pos);
+      st.erase(st.begin() + pos);
+    }
   }
-  int64_t pos = wrap_dim(d, dim(), "squeeze", this);
-  if (sizes()[pos] != 1) return make_view(*this, sizes(), strides(), storage_offset());
-  Shape sz = sizes(), st = strides();
-  sz.erase(sz.begin() + pos);
-  st.erase(st.begin() + pos);
-  return make_view(*this, sz, st, storage_offset());
+  return view_with_grad(squeeze_def, *this, make_view(*this, sz, st, storage_offset()),
+                        [in = sizes()](const Tensor& g) { return g.reshape(in); });
 }
 
 Tensor Tensor::expand(const Shape& shape) const {
   detail::check_defined(*this, "expand");
-  (void)expand_def;
   KILN_CHECK(shape.size() >= sizes().size(), "expand: the target shape ", shape_str(shape),
              " has fewer dimensions than the input ", describe(*this));
   size_t off = shape.size() - sizes().size();
@@ -217,7 +265,8 @@ Tensor Tensor::expand(const Shape& shape) const {
     sz[i] = want;
     st[i] = cur == want ? strides()[i - off] : 0;
   }
-  return make_view(*this, sz, st, storage_offset());
+  return view_with_grad(expand_def, *this, make_view(*this, sz, st, storage_offset()),
+                        [in = sizes()](const Tensor& g) { return sum_to_size(g, in); });
 }
 
 Tensor Tensor::expand_as(const Tensor& other) const {
@@ -227,7 +276,6 @@ Tensor Tensor::expand_as(const Tensor& other) const {
 Tensor Tensor::slice(int64_t d, std::optional<int64_t> start, std::optional<int64_t> end,
                      int64_t step) const {
   detail::check_defined(*this, "slice");
-  (void)slice_def;
   KILN_CHECK(dim() > 0, "slice: cannot slice a 0-dim tensor ", describe(*this));
   int64_t pos = wrap_dim(d, dim(), "slice", this);
   KILN_CHECK(step > 0, "slice: step must be positive, got ", step);
@@ -240,7 +288,11 @@ Tensor Tensor::slice(int64_t d, std::optional<int64_t> start, std::optional<int6
   Shape sz = sizes(), st = strides();
   sz[pos] = (e - s + step - 1) / step;
   st[pos] = strides()[pos] * step;
-  return make_view(*this, sz, st, storage_offset() + s * strides()[pos]);
+  return view_with_grad(slice_def, *this,
+                        make_view(*this, sz, st, storage_offset() + s * strides()[pos]),
+                        [in = sizes(), pos, s, e, step](const Tensor& g) {
+                          return slice_scatter(zeros(in, g.dtype()), g, pos, s, e, step);
+                        });
 }
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
@@ -256,7 +308,6 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
 
 Tensor Tensor::select(int64_t d, int64_t index) const {
   detail::check_defined(*this, "select");
-  (void)select_def;
   KILN_CHECK(dim() > 0, "select: cannot select on a 0-dim tensor ", describe(*this));
   int64_t pos = wrap_dim(d, dim(), "select", this);
   int64_t n = sizes()[pos];
@@ -267,7 +318,11 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
   int64_t offset = storage_offset() + index * st[pos];
   sz.erase(sz.begin() + pos);
   st.erase(st.begin() + pos);
-  return make_view(*this, sz, st, offset);
+  return view_with_grad(select_def, *this, make_view(*this, sz, st, offset),
+                        [in = sizes(), pos, index](const Tensor& g) {
+                          return slice_scatter(zeros(in, g.dtype()), g.unsqueeze(pos), pos, index,
+                                               index + 1);
+                        });
 }
 
 std::vector<Tensor> Tensor::split(int64_t split_size, int64_t d) const {
@@ -277,11 +332,10 @@ std::vector<Tensor> Tensor::split(int64_t split_size, int64_t d) const {
   int64_t n = sizes()[pos];
   KILN_CHECK(split_size > 0 || (split_size == 0 && n == 0),
              "split: split_size must be positive, got ", split_size);
-  std::vector<Tensor> out;
   if (n == 0) return {*this};
-  for (int64_t s = 0; s < n; s += split_size)
-    out.push_back(narrow(pos, s, std::min(split_size, n - s)));
-  return out;
+  std::vector<int64_t> sizes_list;
+  for (int64_t s = 0; s < n; s += split_size) sizes_list.push_back(std::min(split_size, n - s));
+  return split(sizes_list, pos);
 }
 
 std::vector<Tensor> Tensor::split(const std::vector<int64_t>& split_sizes, int64_t d) const {
@@ -296,11 +350,16 @@ std::vector<Tensor> Tensor::split(const std::vector<int64_t>& split_sizes, int64
   KILN_CHECK(total == sizes()[pos], "split: split sizes ", shape_str(split_sizes), " sum to ",
              total, " but dimension ", pos, " of ", describe(*this), " has size ", sizes()[pos]);
   std::vector<Tensor> out;
-  int64_t start = 0;
-  for (int64_t s : split_sizes) {
-    out.push_back(narrow(pos, start, s));
-    start += s;
+  {
+    AutoGradMode pieces_only(false);
+    int64_t start = 0;
+    for (int64_t s : split_sizes) {
+      out.push_back(narrow(pos, start, s));
+      start += s;
+    }
   }
+  pieces_with_grad(split_def, *this, out,
+                   [pos](const std::vector<Tensor>& grads) { return cat(grads, pos); });
   return out;
 }
 
@@ -319,7 +378,165 @@ std::vector<Tensor> Tensor::unbind(int64_t d) const {
   KILN_CHECK(dim() > 0, "unbind: cannot unbind a 0-dim tensor ", describe(*this));
   int64_t pos = wrap_dim(d, dim(), "unbind", this);
   std::vector<Tensor> out;
-  for (int64_t i = 0; i < sizes()[pos]; ++i) out.push_back(select(pos, i));
+  {
+    AutoGradMode pieces_only(false);
+    for (int64_t i = 0; i < sizes()[pos]; ++i) out.push_back(select(pos, i));
+  }
+  pieces_with_grad(unbind_def, *this, out,
+                   [pos](const std::vector<Tensor>& grads) { return stack(grads, pos); });
+  return out;
+}
+
+// ------------------------------------------------------------------- strided views and scatters
+
+namespace detail {
+Tensor with_layout(const Tensor& g, const Shape& strides, int64_t* origin) {
+  if (is_contiguous_layout(g.sizes(), strides)) {
+    Tensor c = g.contiguous();
+    *origin = c.storage_offset();
+    return c;
+  }
+  *origin = 0;
+  return as_strided_scatter(make_zeros_strided(g.sizes(), strides, g.dtype()), g, g.sizes(),
+                            strides, 0);
+}
+}  // namespace detail
+
+namespace {
+// Checks that (sizes, strides, offset) stays inside t's storage.
+void check_in_storage(const char* op, const Tensor& t, const Shape& sizes, const Shape& strides,
+                      int64_t offset) {
+  KILN_CHECK(sizes.size() == strides.size(), op, ": sizes ", shape_str(sizes), " and strides ",
+             shape_str(strides), " differ in length");
+  KILN_CHECK(offset >= 0, op, ": negative storage offset ", offset);
+  int64_t last = offset;
+  bool empty = false;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    KILN_CHECK(sizes[i] >= 0 && strides[i] >= 0, op, ": negative size or stride in sizes ",
+               shape_str(sizes), ", strides ", shape_str(strides));
+    empty = empty || sizes[i] == 0;
+    last += (sizes[i] - 1) * strides[i];
+  }
+  const int64_t capacity =
+      static_cast<int64_t>(t.impl()->storage->nbytes / element_size(t.dtype()));
+  KILN_CHECK(empty || last < capacity, op, ": sizes ", shape_str(sizes), ", strides ",
+             shape_str(strides), " and offset ", offset, " reach element ", last,
+             " outside the storage of ", capacity, " elements of ", describe(t));
+}
+}  // namespace
+
+// Whether two elements of the geometry share a memory location.
+bool overlaps(const Shape& sizes, const Shape& strides) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims with size > 1
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 0) return false;
+    if (sizes[i] > 1) dims.emplace_back(strides[i], sizes[i]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 0;  // the furthest element the smaller-stride dims reach
+  for (auto [stride, size] : dims) {
+    if (stride <= span) return true;
+    span += (size - 1) * stride;
+  }
+  return false;
+}
+
+// The gradient of as_strided: each view element's gradient goes to the input element at the
+// same memory location, summed where view elements share one.
+Tensor as_strided_backward(const Tensor& g, const Shape& in_sizes, const Shape& in_strides,
+                           const Shape& sizes, const Shape& strides, int64_t rel) {
+  if (rel >= 0 && !overlaps(sizes, strides)) {
+    Tensor z = detail::make_zeros_strided(in_sizes, in_strides, g.dtype());
+    return as_strided_scatter(z, g, sizes, strides, rel);
+  }
+  Tensor positions = full({}, rel, kInt64);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    Shape along(sizes.size(), 1);
+    along[i] = sizes[i];
+    positions = positions + arange(sizes[i]).view(along) * strides[i];
+  }
+  int64_t in_extent = 1, last = rel;
+  for (size_t i = 0; i < in_sizes.size(); ++i) in_extent += (in_sizes[i] - 1) * in_strides[i];
+  for (size_t i = 0; i < sizes.size(); ++i) last += (sizes[i] - 1) * strides[i];
+  const int64_t shift = std::max<int64_t>(0, -rel);
+  Tensor flat = zeros({shift + std::max(in_extent, last + 1)}, g.dtype());
+  flat = index_add(flat, 0, (positions + shift).reshape({-1}), g.reshape({-1}));
+  return as_strided(flat, in_sizes, in_strides, shift);
+}
+
+Tensor as_strided(const Tensor& self, const Shape& sizes, const Shape& strides,
+                  std::optional<int64_t> storage_offset) {
+  detail::check_defined(self, "as_strided");
+  const int64_t offset = storage_offset.value_or(self.storage_offset());
+  check_in_storage("as_strided", self, sizes, strides, offset);
+  Tensor out = make_view(self, sizes, strides, offset);
+  return view_with_grad(
+      as_strided_def, self, out,
+      [in_sizes = self.sizes(), in_strides = self.strides(), in_offset = self.storage_offset(),
+       sizes, strides, offset](const Tensor& g) {
+        return as_strided_backward(g, in_sizes, in_strides, sizes, strides, offset - in_offset);
+      });
+}
+
+Tensor as_strided_scatter(const Tensor& self, const Tensor& src, const Shape& sizes,
+                          const Shape& strides, std::optional<int64_t> storage_offset) {
+  const char* op = "as_strided_scatter";
+  detail::check_defined(self, op);
+  detail::check_defined(src, op, "src");
+  KILN_CHECK(src.sizes() == sizes, op, ": src ", describe(src), " does not have the shape ",
+             shape_str(sizes), " of the region it is written to");
+  const int64_t offset = storage_offset.value_or(self.storage_offset());
+  Tensor out = self.is_contiguous()
+                   ? detail::make_empty(self.sizes(), self.dtype())
+                   : detail::make_empty_strided(self.sizes(), self.strides(), self.dtype());
+  // The region's position relative to self's first element, applied to out's.
+  const int64_t rel = offset - self.storage_offset();
+  check_in_storage(op, out, sizes, strides, rel);
+  detail::copy_kernel(out, self);
+  detail::copy_kernel(make_view(out, sizes, strides, rel), src);
+  if (detail::needs_grad(self, src))
+    detail::record(
+        op, {self, src}, {out}, {},
+        [in_strides = self.strides(), sizes, strides, rel](const detail::BackwardContext& c) {
+          int64_t origin = 0;
+          Tensor g = detail::with_layout(c.grad(), in_strides, &origin);
+          std::vector<Tensor> grads(2);
+          if (c.needs_grad(0))
+            grads[0] = as_strided_scatter(g, zeros(sizes, g.dtype()), sizes, strides, origin + rel);
+          if (c.needs_grad(1)) grads[1] = as_strided(g, sizes, strides, origin + rel);
+          return grads;
+        });
+  return out;
+}
+
+Tensor slice_scatter(const Tensor& self, const Tensor& src, int64_t dim,
+                     std::optional<int64_t> start, std::optional<int64_t> end, int64_t step) {
+  const char* op = slice_scatter_def.name.c_str();
+  detail::check_defined(self, op);
+  detail::check_defined(src, op, "src");
+  KILN_CHECK(src.dtype() == self.dtype(), op, ": src ", describe(src),
+             " must have the dtype of self ", describe(self));
+  Tensor out;
+  {
+    AutoGradMode kernel_only(false);
+    out = self.clone();
+    Tensor region = out.slice(dim, start, end, step);
+    KILN_CHECK(src.sizes() == region.sizes(), op, ": src ", describe(src),
+               " does not match the shape ", shape_str(region.sizes()), " of the slice of ",
+               describe(self));
+    detail::copy_kernel(region, src);
+  }
+  if (detail::needs_grad(self, src))
+    detail::record(
+        op, {self, src}, {out}, {},
+        [src_sizes = src.sizes(), dim, start, end, step](const detail::BackwardContext& c) {
+          std::vector<Tensor> grads(2);
+          const Tensor& g = c.grad();
+          if (c.needs_grad(0))
+            grads[0] = slice_scatter(g, zeros(src_sizes, g.dtype()), dim, start, end, step);
+          if (c.needs_grad(1)) grads[1] = g.slice(dim, start, end, step);
+          return grads;
+        });
   return out;
 }
 
