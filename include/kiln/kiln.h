@@ -5,6 +5,8 @@
 #include "kiln/device.h"
 #include "kiln/dtype.h"
 #include "kiln/error.h"
+#include "kiln/nn.h"
+#include "kiln/optim.h"
 #include "kiln/ops.h"
 #include "kiln/scalar.h"
 #include "kiln/tensor.h"

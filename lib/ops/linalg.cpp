@@ -325,6 +325,15 @@ std::string pair_str(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
+namespace {
+// a @ b, produced transposed when `like` is a transposed contiguous matrix (a weight used as
+// w.t()), so that the gradient reaches w contiguous instead of through a transposing copy.
+Tensor mm_like(const Tensor& a, const Tensor& b, const Tensor& like) {
+  if (!like.is_contiguous() && like.t().is_contiguous()) return mm(b.t(), a.t()).t();
+  return mm(a, b);
+}
+}  // namespace
+
 Tensor mm(const Tensor& a, const Tensor& b) {
   const std::string& op = mm_def.name;
   check_input(a, op, "mat1");
@@ -339,8 +348,8 @@ Tensor mm(const Tensor& a, const Tensor& b) {
   if (detail::needs_grad(a, b))
     detail::record("mm", {a, b}, {out}, {a, b}, [](const detail::BackwardContext& c) {
       const Tensor &g = c.grad(), &a = c.saved(0), &b = c.saved(1);
-      return std::vector<Tensor>{c.needs_grad(0) ? mm(g, b.t()) : Tensor(),
-                                 c.needs_grad(1) ? mm(a.t(), g) : Tensor()};
+      return std::vector<Tensor>{c.needs_grad(0) ? mm_like(g, b.t(), a) : Tensor(),
+                                 c.needs_grad(1) ? mm_like(a.t(), g, b) : Tensor()};
     });
   return out;
 }
@@ -504,8 +513,8 @@ Tensor addmm(const Tensor& self, const Tensor& m1, const Tensor& m2, const Scala
                      Tensor ga = a == 1.0 ? g : g * a;
                      std::vector<Tensor> grads(3);
                      if (c.needs_grad(0)) grads[0] = b == 1.0 ? g : g * b;
-                     if (c.needs_grad(1)) grads[1] = mm(ga, m2.t());
-                     if (c.needs_grad(2)) grads[2] = mm(m1.t(), ga);
+                     if (c.needs_grad(1)) grads[1] = mm_like(ga, m2.t(), m1);
+                     if (c.needs_grad(2)) grads[2] = mm_like(m1.t(), ga, m2);
                      return grads;
                    });
   return out;

@@ -1,0 +1,225 @@
+// Neural-network modules in the style of libtorch's torch::nn: parameters, submodules, layers.
+#pragma once
+
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/ops.h"
+#include "kiln/tensor.h"
+
+namespace kiln::nn {
+
+// A module owns parameters (tensors an optimizer trains), buffers (state that is not trained) and
+// submodules. Modules are held by std::shared_ptr, as libtorch's module holders do. Every walk
+// over the module tree is iterative, so arbitrarily deep trees cannot overflow the stack.
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  // Parameters are handles: copying a module would silently share them, so it is not allowed.
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // The module's type, used in error messages ("Linear", "LSTMCell", ...).
+  virtual std::string name() const { return "Module"; }
+  // The single-input forward pass; modules without one throw kiln::Error naming themselves.
+  virtual Tensor forward(const Tensor& input);
+  Tensor operator()(const Tensor& input) { return forward(input); }
+
+  // Registers `tensor` under `name` (unique among this module's parameters, buffers and children)
+  // and marks it as requiring grad when asked. Returns the stored handle.
+  Tensor& register_parameter(const std::string& name, Tensor tensor, bool requires_grad = true);
+  Tensor& register_buffer(const std::string& name, Tensor tensor);
+  std::shared_ptr<Module> register_module(const std::string& name, std::shared_ptr<Module> module);
+  template <typename M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    register_module(name, std::static_pointer_cast<Module>(module));
+    return module;
+  }
+
+  // Parameters of this module, then of each child in registration order (depth first, preorder),
+  // each tensor once even when shared between modules. recurse=false lists only this module's.
+  std::vector<Tensor> parameters(bool recurse = true) const;
+  // The same, with dotted paths: "0.weight", "encoder.fc1.bias".
+  std::vector<std::pair<std::string, Tensor>> named_parameters(bool recurse = true) const;
+  std::vector<Tensor> buffers(bool recurse = true) const;
+  std::vector<std::pair<std::string, Tensor>> named_buffers(bool recurse = true) const;
+  // Direct submodules in registration order.
+  std::vector<std::shared_ptr<Module>> children() const;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const;
+  // This module and every descendant (preorder).
+  std::vector<Module*> modules();
+
+  // Training mode (the default) or evaluation mode, for this module and every descendant.
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  // Makes every parameter's grad undefined (torch's set_to_none).
+  void zero_grad();
+  // Converts every floating-point parameter and buffer to `dtype` in place: existing handles to
+  // them see the new dtype. Gradients are dropped.
+  void to(DType dtype);
+
+ private:
+  std::vector<std::pair<std::string, Tensor>> parameters_;
+  std::vector<std::pair<std::string, Tensor>> buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+
+  void check_new_name(const std::string& name, const char* what) const;
+  template <typename Pick>
+  std::vector<std::pair<std::string, Tensor>> collect(bool recurse, Pick pick) const;
+};
+
+// y = x @ weight^T + bias, weight [out, in] and bias [out], both initialized uniformly in
+// [-1/sqrt(in), 1/sqrt(in)] as torch.nn.Linear.
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  std::string name() const override { return "Linear"; }
+  Tensor forward(const Tensor& input) override;
+
+  int64_t in_features, out_features;
+  Tensor weight, bias;  // bias is undefined when constructed with bias=false
+};
+
+// A lookup table: forward(indices) = weight[indices], weight [num, dim] drawn from N(0, 1).
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim);
+  std::string name() const override { return "Embedding"; }
+  Tensor forward(const Tensor& indices) override;
+
+  int64_t num_embeddings, embedding_dim;
+  Tensor weight;
+};
+
+// Normalizes over the trailing normalized_shape dims; weight starts at ones, bias at zeros.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
+  std::string name() const override { return "LayerNorm"; }
+  Tensor forward(const Tensor& input) override;
+
+  Shape normalized_shape;
+  double eps;
+  Tensor weight, bias;  // undefined without elementwise_affine
+};
+
+// Zeroes elements with probability p while training (scaling the rest by 1/(1-p)); the identity
+// in evaluation mode.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5);
+  std::string name() const override { return "Dropout"; }
+  Tensor forward(const Tensor& input) override;
+
+  double p;
+};
+
+class ReLU : public Module {
+ public:
+  std::string name() const override { return "ReLU"; }
+  Tensor forward(const Tensor& input) override { return relu(input); }
+};
+class Tanh : public Module {
+ public:
+  std::string name() const override { return "Tanh"; }
+  Tensor forward(const Tensor& input) override { return tanh(input); }
+};
+class Sigmoid : public Module {
+ public:
+  std::string name() const override { return "Sigmoid"; }
+  Tensor forward(const Tensor& input) override { return sigmoid(input); }
+};
+class GELU : public Module {
+ public:
+  explicit GELU(std::string approximate = "none") : approximate(std::move(approximate)) {}
+  std::string name() const override { return "GELU"; }
+  Tensor forward(const Tensor& input) override { return gelu(input, approximate); }
+
+  std::string approximate;
+};
+
+// Runs its modules in order, each on the previous one's output; they are registered as "0", "1",
+// ... so parameters are named "0.weight" as in torch.nn.Sequential.
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  Sequential(std::initializer_list<std::shared_ptr<Module>> modules);
+  std::string name() const override { return "Sequential"; }
+  Tensor forward(const Tensor& input) override;
+
+  void push_back(std::shared_ptr<Module> module);
+  size_t size() const { return layers_.size(); }
+  const std::shared_ptr<Module>& operator[](size_t i) const { return layers_.at(i); }
+
+ private:
+  std::vector<std::shared_ptr<Module>> layers_;
+};
+
+// An LSTM's hidden and cell state: [batch, hidden] for a cell, [layers, batch, hidden] for LSTM.
+struct LSTMState {
+  Tensor h, c;
+};
+
+// One LSTM step. The input-to-hidden and hidden-to-hidden weights are stored side by side as one
+// weight [4*hidden, input + hidden] with one bias [4*hidden], so a step is a single GEMM:
+//   gates = bias + [x, h] @ weight^T, split into i, f, g, o (torch's gate order)
+//   c' = sigmoid(f) * c + sigmoid(i) * tanh(g),  h' = sigmoid(o) * tanh(c').
+// Initialized uniformly in [-1/sqrt(hidden), 1/sqrt(hidden)] as torch.nn.LSTMCell.
+class LSTMCell : public Module {
+ public:
+  LSTMCell(int64_t input_size, int64_t hidden_size);
+  std::string name() const override { return "LSTMCell"; }
+  // input [batch, input_size]; a missing state (nullopt) starts at zeros.
+  LSTMState forward(const Tensor& input, const std::optional<LSTMState>& state);
+  // h' from a zero state, so that the cell also works as a plain Module (in a Sequential).
+  Tensor forward(const Tensor& input) override { return forward(input, std::nullopt).h; }
+
+  // Views of the two halves of weight, torch's weight_ih [4H, input] and weight_hh [4H, H].
+  Tensor weight_ih() const { return weight.narrow(1, 0, input_size); }
+  Tensor weight_hh() const { return weight.narrow(1, input_size, hidden_size); }
+
+  int64_t input_size, hidden_size;
+  Tensor weight, bias;
+};
+
+struct LSTMOutput {
+  Tensor output;    // [time, batch, hidden]: the last layer's h at every step
+  LSTMState state;  // h_n and c_n, each [layers, batch, hidden]
+};
+
+// A stack of LSTMCells run over a sequence [time, batch, input_size]; the cells are registered as
+// "l0", "l1", .... Dropout with probability `dropout` is applied to each layer's output except the
+// last one's, in training mode.
+class LSTM : public Module {
+ public:
+  LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1, double dropout = 0.0);
+  std::string name() const override { return "LSTM"; }
+  // A missing state (nullopt) starts at zeros.
+  LSTMOutput forward(const Tensor& input, const std::optional<LSTMState>& state);
+  // The output sequence from a zero state, so that the LSTM also works as a plain Module.
+  Tensor forward(const Tensor& input) override { return forward(input, std::nullopt).output; }
+
+  int64_t input_size, hidden_size, num_layers;
+  double dropout;
+  std::vector<std::shared_ptr<LSTMCell>> cells;
+};
+
+namespace utils {
+
+// Scales the gradients of `parameters` in place so that their combined norm (the norm of all of
+// them concatenated; norm_type 2 is L2, infinity the max-abs) is at most max_norm, as
+// torch.nn.utils.clip_grad_norm_. Parameters without a gradient are skipped. Returns the norm
+// measured before clipping.
+double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
+                       double norm_type = 2.0);
+
+}  // namespace utils
+}  // namespace kiln::nn

@@ -1,0 +1,195 @@
+// kiln::optim: SGD and Adam, as one fused pass over raw memory where the layout allows it.
+//
+// An optimizer step is memory bound: written with eager in-place ops, Adam makes about ten passes
+// over each parameter-sized array; the fused loop reads p, grad and the state once and writes
+// them once. It runs when the parameter, its gradient and its state are contiguous CPU float32 or
+// float64 tensors of one dtype and shape (what a module's parameters and backward's gradients
+// are). Anything else takes the fallback built from kiln's in-place ops, which computes the same
+// formulas.
+#include "kiln/optim.h"
+
+#include <cmath>
+#include <initializer_list>
+
+#include "kiln/autograd.h"
+#include "kiln/ops.h"
+#include "lib/dispatch.h"
+#include "lib/parallel.h"
+#include "lib/tensor_impl.h"
+
+namespace kiln::optim {
+
+using detail::describe;
+
+namespace {
+
+bool is_fusable(const Tensor& p, const Tensor& g, std::initializer_list<const Tensor*> state) {
+  if (p.device() != kCPU || !p.is_floating_point() || !p.is_contiguous()) return false;
+  if (g.device() != kCPU || g.dtype() != p.dtype() || !g.is_contiguous() || g.sizes() != p.sizes())
+    return false;
+  for (const Tensor* s : state)
+    if (s->defined() && (s->dtype() != p.dtype() || !s->is_contiguous())) return false;
+  return true;
+}
+
+template <typename T>
+T* data(const Tensor& t) {
+  return static_cast<T*>(t.raw_data_ptr());
+}
+
+void check_non_negative(double value, const char* optimizer, const char* what) {
+  KILN_CHECK(value >= 0.0, optimizer, ": invalid ", what, " ", value, " (must be >= 0)");
+}
+
+}  // namespace
+
+Optimizer::Optimizer(std::vector<Tensor> parameters) : parameters_(std::move(parameters)) {
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const Tensor& p = parameters_[i];
+    KILN_CHECK(p.defined() && p.is_floating_point(), "Optimizer: parameter ", i,
+               " must be a floating-point tensor, got ", describe(p));
+    KILN_CHECK(p.is_leaf(), "Optimizer: can't optimize a non-leaf tensor (parameter ", i, ", ",
+               describe(p), ", made by ", p.grad_fn_name(), ")");
+  }
+}
+
+void Optimizer::zero_grad() {
+  for (Tensor& p : parameters_)
+    if (p.grad().defined()) p.mutable_grad() = Tensor();
+}
+
+// ---------------------------------------------------------------------------- SGD
+
+SGD::SGD(std::vector<Tensor> parameters, SGDOptions options)
+    : Optimizer(std::move(parameters)), options_(options) {
+  check_non_negative(options_.lr, "SGD", "learning rate");
+  check_non_negative(options_.momentum, "SGD", "momentum");
+  check_non_negative(options_.weight_decay, "SGD", "weight_decay");
+  KILN_CHECK(!options_.nesterov || (options_.momentum > 0.0 && options_.dampening == 0.0),
+             "SGD: Nesterov momentum requires a momentum and zero dampening, got momentum ",
+             options_.momentum, " and dampening ", options_.dampening);
+  momentum_buffers_.resize(parameters_.size());
+}
+
+void SGD::step() {
+  NoGradGuard no_grad;
+  const SGDOptions o = options_;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    Tensor& p = parameters_[i];
+    const Tensor& g = p.grad();
+    if (!g.defined()) continue;
+    KILN_CHECK(g.sizes() == p.sizes(), "SGD: gradient ", describe(g), " does not match parameter ",
+               i, " ", describe(p));
+    Tensor& buf = momentum_buffers_[i];
+    const bool first = !buf.defined();
+    if (is_fusable(p, g, {&buf})) {
+      if (o.momentum != 0.0 && first) buf = empty(p.sizes(), p.dtype());
+      detail::dispatch_floating(p.dtype(), "SGD", [&](auto tag) {
+        using T = KILN_TYPE(tag);
+        T* pp = data<T>(p);
+        const T* gp = data<T>(g);
+        T* bp = buf.defined() ? data<T>(buf) : nullptr;
+        const T lr = static_cast<T>(o.lr), wd = static_cast<T>(o.weight_decay);
+        const T momentum = static_cast<T>(o.momentum);
+        const T keep = static_cast<T>(1.0 - o.dampening);
+        const bool use_momentum = o.momentum != 0.0, nesterov = o.nesterov;
+        detail::parallel_for(p.numel(), detail::kParallelGrain, [&](int64_t b, int64_t e) {
+          for (int64_t k = b; k < e; ++k) {
+            T d = gp[k];
+            if (wd != T(0)) d += wd * pp[k];
+            if (use_momentum) {
+              T v = first ? d : momentum * bp[k] + keep * d;
+              bp[k] = v;
+              d = nesterov ? d + momentum * v : v;
+            }
+            pp[k] -= lr * d;
+          }
+        });
+      });
+      detail::bump_version(p);
+      continue;
+    }
+    // The update is computed in the parameter's dtype, whatever the gradient's.
+    Tensor d = g.dtype() == p.dtype() ? g : g.to(p.dtype());
+    if (o.weight_decay != 0.0) d = d.add(p, o.weight_decay);
+    if (o.momentum != 0.0) {
+      if (first)
+        buf = empty(p.sizes(), p.dtype()).copy_(d);
+      else
+        buf.mul_(o.momentum).add_(d, 1.0 - o.dampening);
+      d = o.nesterov ? d.add(buf, o.momentum) : buf;
+    }
+    p.add_(d, -o.lr);
+  }
+}
+
+// ---------------------------------------------------------------------------- Adam
+
+Adam::Adam(std::vector<Tensor> parameters, AdamOptions options)
+    : Optimizer(std::move(parameters)), options_(options) {
+  check_non_negative(options_.lr, "Adam", "learning rate");
+  check_non_negative(options_.eps, "Adam", "epsilon");
+  check_non_negative(options_.weight_decay, "Adam", "weight_decay");
+  KILN_CHECK(options_.beta1 >= 0.0 && options_.beta1 < 1.0 && options_.beta2 >= 0.0 &&
+                 options_.beta2 < 1.0,
+             "Adam: invalid betas (", options_.beta1, ", ", options_.beta2,
+             "): each must be in [0, 1)");
+  state_.resize(parameters_.size());
+}
+
+void Adam::step() {
+  NoGradGuard no_grad;
+  const AdamOptions o = options_;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    Tensor& p = parameters_[i];
+    const Tensor& g = p.grad();
+    if (!g.defined()) continue;
+    KILN_CHECK(g.sizes() == p.sizes(), "Adam: gradient ", describe(g), " does not match parameter ",
+               i, " ", describe(p));
+    State& s = state_[i];
+    if (!s.exp_avg.defined()) {
+      s.exp_avg = zeros(p.sizes(), p.dtype());
+      s.exp_avg_sq = zeros(p.sizes(), p.dtype());
+    }
+    s.step += 1;
+    const double t = static_cast<double>(s.step);
+    const double step_size = o.lr / (1.0 - std::pow(o.beta1, t));
+    const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, t));
+
+    if (is_fusable(p, g, {&s.exp_avg, &s.exp_avg_sq})) {
+      detail::dispatch_floating(p.dtype(), "Adam", [&](auto tag) {
+        using T = KILN_TYPE(tag);
+        T* pp = data<T>(p);
+        const T* gp = data<T>(g);
+        T* mp = data<T>(s.exp_avg);
+        T* vp = data<T>(s.exp_avg_sq);
+        const T wd = static_cast<T>(o.weight_decay), w1 = static_cast<T>(1.0 - o.beta1);
+        const T beta2 = static_cast<T>(o.beta2), w2 = static_cast<T>(1.0 - o.beta2);
+        const T eps = static_cast<T>(o.eps), lr = static_cast<T>(step_size);
+        const T inv_bc2 = static_cast<T>(1.0 / bias_correction2_sqrt);
+        detail::parallel_for(p.numel(), detail::kParallelGrain, [&](int64_t b, int64_t e) {
+          for (int64_t k = b; k < e; ++k) {
+            T grad = gp[k];
+            if (wd != T(0)) grad += wd * pp[k];
+            // exp_avg.lerp_(grad, 1 - beta1), as torch writes it.
+            T m = mp[k] + w1 * (grad - mp[k]);
+            T v = beta2 * vp[k] + w2 * grad * grad;
+            mp[k] = m;
+            vp[k] = v;
+            pp[k] -= lr * m / (std::sqrt(v) * inv_bc2 + eps);
+          }
+        });
+      });
+      detail::bump_version(p);
+      continue;
+    }
+    Tensor grad = g.dtype() == p.dtype() ? g : g.to(p.dtype());
+    if (o.weight_decay != 0.0) grad = grad.add(p, o.weight_decay);
+    s.exp_avg.mul_(o.beta1).add_(grad, 1.0 - o.beta1);
+    s.exp_avg_sq.mul_(o.beta2).add_(grad * grad, 1.0 - o.beta2);
+    Tensor denom = (s.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps);
+    p.add_(s.exp_avg / denom, -step_size);
+  }
+}
+
+}  // namespace kiln::optim
