@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <string>
 
+#include "kiln/autograd.h"
 #include "kiln/ops.h"
 #include "lib/tensor_impl.h"
 
@@ -154,6 +155,7 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
     // Nothing shows the dtype of an empty tensor, so only the default one goes unnamed.
     if (t.dtype() != kFloat32) suffixes.push_back(std::string("dtype=") + dtype_name(t.dtype()));
   } else {
+    NoGradGuard no_history;  // printing is not part of the computation
     Tensor values = t.to(is_floating_point(t.dtype()) ? kFloat64 : kInt64);
     Printer p{values, t.numel() > kSummarizeAbove, Formatter{t.dtype()}};
     std::vector<Value> shown;
@@ -166,6 +168,9 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
     if (t.dtype() != kFloat32 && t.dtype() != kInt64 && t.dtype() != kBool)
       suffixes.push_back(std::string("dtype=") + dtype_name(t.dtype()));
   }
+  if (t.requires_grad())
+    suffixes.push_back(t.is_leaf() ? std::string("requires_grad=True")
+                                   : "grad_fn=<" + t.grad_fn_name() + ">");
   os << prefix << body;
   for (const std::string& s : suffixes) os << ", " << s;
   return os << ')';

@@ -187,5 +187,13 @@ TEST(Print, Undefined) {
   EXPECT_EQ(str(Tensor()), "[ undefined tensor ]");
 }
 
+TEST(Print, AutogradState) {
+  Tensor x = from_vector<double>({1.5, -2});
+  x.requires_grad_();
+  EXPECT_EQ(str(x), "tensor([ 1.5000, -2.0000], dtype=float64, requires_grad=True)");
+  EXPECT_EQ(str(x * 2.0), "tensor([ 3., -4.], dtype=float64, grad_fn=<mul>)");
+  EXPECT_EQ(str(x.detach()), "tensor([ 1.5000, -2.0000], dtype=float64)");
+}
+
 }  // namespace
 }  // namespace kiln

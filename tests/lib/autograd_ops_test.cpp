@@ -7,6 +7,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kiln/testing.h"
@@ -337,59 +338,37 @@ Tensor bool_tensor(const Shape& s) {
 // ------------------------------------------------------------------------------- unary
 
 TEST(AutogradOps, UnaryElementwise) {
-  Cfg c = with_gradgrad();
-  check_unary(
-      "neg", [](const Tensor& x) { return neg(x); }, uniform(-2, 2), c);
-  check_unary(
-      "operator-", [](const Tensor& x) { return -x; }, uniform(-2, 2), c);
-  check_unary(
-      "abs", [](const Tensor& x) { return abs(x); }, signed_mag(0.1, 2), c);
-  check_unary(
-      "exp", [](const Tensor& x) { return exp(x); }, uniform(-2, 2), c);
-  check_unary(
-      "log", [](const Tensor& x) { return log(x); }, uniform(0.2, 3), c);
-  check_unary(
-      "log1p", [](const Tensor& x) { return log1p(x); }, uniform(-0.5, 2), c);
-  check_unary(
-      "expm1", [](const Tensor& x) { return expm1(x); }, uniform(-2, 2), c);
-  check_unary(
-      "sqrt", [](const Tensor& x) { return sqrt(x); }, uniform(0.2, 3), c);
-  check_unary(
-      "rsqrt", [](const Tensor& x) { return rsqrt(x); }, uniform(0.2, 3), c);
-  check_unary(
-      "reciprocal", [](const Tensor& x) { return reciprocal(x); }, signed_mag(0.3, 2), c);
-  check_unary(
-      "sin", [](const Tensor& x) { return sin(x); }, uniform(-3, 3), c);
-  check_unary(
-      "cos", [](const Tensor& x) { return cos(x); }, uniform(-3, 3), c);
-  check_unary(
-      "tanh", [](const Tensor& x) { return tanh(x); }, uniform(-2, 2), c);
-  check_unary(
-      "sigmoid", [](const Tensor& x) { return sigmoid(x); }, uniform(-3, 3), c);
-  check_unary(
-      "relu", [](const Tensor& x) { return relu(x); }, signed_mag(0.1, 2), c);
-  check_unary(
-      "gelu", [](const Tensor& x) { return gelu(x); }, uniform(-3, 3), c);
-  check_unary(
-      "gelu tanh", [](const Tensor& x) { return gelu(x, "tanh"); }, uniform(-3, 3), c);
-  check_unary(
-      "silu", [](const Tensor& x) { return silu(x); }, uniform(-3, 3), c);
-  check_unary(
-      "softplus", [](const Tensor& x) { return softplus(x); }, uniform(-3, 3), c);
-  // beta * x > threshold switches to the identity at x = 0.5: keep clear of that kink.
-  check_unary(
-      "softplus beta=2 threshold=1", [](const Tensor& x) { return softplus(x, 2.0, 1.0); },
-      avoiding(uniform(-2, 2), {0.5}, 0.05), c);
-  check_unary(
-      "erf", [](const Tensor& x) { return erf(x); }, uniform(-2, 2), c);
-  check_unary(
-      "floor", [](const Tensor& x) { return floor(x); }, off_integers(), c);
-  check_unary(
-      "ceil", [](const Tensor& x) { return ceil(x); }, off_integers(), c);
-  check_unary(
-      "round", [](const Tensor& x) { return round(x); }, off_integers(), c);
-  check_unary(
-      "sign", [](const Tensor& x) { return sign(x); }, signed_mag(0.1, 2), c);
+  const Cfg c = with_gradgrad();
+  const std::vector<std::tuple<std::string, Fn1, Gen>> ops = {
+      {"neg", [](const Tensor& x) { return neg(x); }, uniform(-2, 2)},
+      {"operator-", [](const Tensor& x) { return -x; }, uniform(-2, 2)},
+      {"abs", [](const Tensor& x) { return abs(x); }, signed_mag(0.1, 2)},
+      {"exp", [](const Tensor& x) { return exp(x); }, uniform(-2, 2)},
+      {"log", [](const Tensor& x) { return log(x); }, uniform(0.2, 3)},
+      {"log1p", [](const Tensor& x) { return log1p(x); }, uniform(-0.5, 2)},
+      {"expm1", [](const Tensor& x) { return expm1(x); }, uniform(-2, 2)},
+      {"sqrt", [](const Tensor& x) { return sqrt(x); }, uniform(0.2, 3)},
+      {"rsqrt", [](const Tensor& x) { return rsqrt(x); }, uniform(0.2, 3)},
+      {"reciprocal", [](const Tensor& x) { return reciprocal(x); }, signed_mag(0.3, 2)},
+      {"sin", [](const Tensor& x) { return sin(x); }, uniform(-3, 3)},
+      {"cos", [](const Tensor& x) { return cos(x); }, uniform(-3, 3)},
+      {"tanh", [](const Tensor& x) { return tanh(x); }, uniform(-2, 2)},
+      {"sigmoid", [](const Tensor& x) { return sigmoid(x); }, uniform(-3, 3)},
+      {"relu", [](const Tensor& x) { return relu(x); }, signed_mag(0.1, 2)},
+      {"gelu", [](const Tensor& x) { return gelu(x); }, uniform(-3, 3)},
+      {"gelu tanh", [](const Tensor& x) { return gelu(x, "tanh"); }, uniform(-3, 3)},
+      {"silu", [](const Tensor& x) { return silu(x); }, uniform(-3, 3)},
+      {"softplus", [](const Tensor& x) { return softplus(x); }, uniform(-3, 3)},
+      // beta * x > threshold switches to the identity at x = 0.5: keep clear of that kink.
+      {"softplus beta=2 threshold=1", [](const Tensor& x) { return softplus(x, 2.0, 1.0); },
+       avoiding(uniform(-2, 2), {0.5}, 0.05)},
+      {"erf", [](const Tensor& x) { return erf(x); }, uniform(-2, 2)},
+      {"floor", [](const Tensor& x) { return floor(x); }, off_integers()},
+      {"ceil", [](const Tensor& x) { return ceil(x); }, off_integers()},
+      {"round", [](const Tensor& x) { return round(x); }, off_integers()},
+      {"sign", [](const Tensor& x) { return sign(x); }, signed_mag(0.1, 2)},
+  };
+  for (const auto& [name, f, gen] : ops) check_unary(name, f, gen, c);
 }
 
 TEST(AutogradOps, UnaryMethods) {

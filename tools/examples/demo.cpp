@@ -1,5 +1,5 @@
 // The kiln demo: a tour of the eager API (tensors, broadcasting, views, reductions, GEMM, NN ops,
-// errors) ending with a small two-layer network's forward pass and loss.
+// errors), then autograd: a small two-layer network trained on random data with Adam.
 #include <kiln/kiln.h>
 
 #include <iostream>
@@ -30,6 +30,26 @@ int main() {
   std::cout << "MLP on random data: loss " << loss.item<float>()
             << " (chance level ~ log 4 = 1.386)"
             << ", accuracy " << accuracy.item<float>() << "\n\n";
+
+  // The same network trained: backward() fills each parameter's grad(), Adam updates in place.
+  std::vector<Tensor> params{w1, b1, w2, b2};
+  for (Tensor& p : params) p.requires_grad_();
+  optim::Adam adam(params, optim::AdamOptions{0.01});
+  for (int step = 0; step <= 200; ++step) {  // loss and accuracy of the parameters before the step
+    adam.zero_grad();
+    Tensor out = linear(gelu(linear(x, w1, b1)), w2, b2);
+    Tensor l = cross_entropy(out, target);
+    l.backward();
+    adam.step();
+    if (step % 50 == 0) {
+      NoGradGuard no_grad;
+      Tensor acc = out.argmax(1).eq(target).to(kFloat32).mean();
+      std::cout << "step " << step << ": loss " << l.item<float>() << ", accuracy "
+                << acc.item<float>() << "\n";
+    }
+  }
+  Tensor final_loss = cross_entropy(linear(gelu(linear(x, w1, b1)), w2, b2), target);
+  std::cout << "the loss remembers its history: " << final_loss << "\n\n";
 
   try {
     Tensor bad = randn({2, 3}).matmul(randn({4, 5}));

@@ -1,6 +1,8 @@
 // Example: trains a small MLP (kiln::nn, kiln::optim) to separate the two arms of a spiral.
 #include "mlp_train.h"
 
+#include "flags.h"
+
 #include <kiln/kiln.h>
 #include <kiln/nn.h>
 #include <kiln/optim.h>
@@ -116,39 +118,16 @@ void usage(const char* argv0) {
 int main(int argc, char** argv) {
   kiln::examples::MlpTrainConfig config;
   config.log = &std::cout;
-  for (int i = 1; i < argc; ++i) {
-    std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") {
-      usage(argv[0]);
-      return 0;
-    }
-    if (i + 1 >= argc) {
-      usage(argv[0]);
-      return 2;
-    }
-    const char* value = argv[++i];
-    if (flag == "--steps")
-      config.steps = std::atoll(value);
-    else if (flag == "--hidden")
-      config.hidden = std::atoll(value);
-    else if (flag == "--points")
-      config.points_per_class = std::atoll(value);
-    else if (flag == "--lr")
-      config.lr = std::atof(value);
-    else if (flag == "--noise")
-      config.noise = std::atof(value);
-    else if (flag == "--turns")
-      config.turns = std::atof(value);
-    else if (flag == "--seed")
-      config.seed = std::strtoull(value, nullptr, 10);
-    else if (flag == "--log-every")
-      config.log_every = std::atoll(value);
-    else {
-      std::cerr << "unknown flag " << flag << "\n";
-      usage(argv[0]);
-      return 2;
-    }
-  }
+  kiln::examples::Flags flags;
+  flags.add("--steps", &config.steps);
+  flags.add("--hidden", &config.hidden);
+  flags.add("--points", &config.points_per_class);
+  flags.add("--lr", &config.lr);
+  flags.add("--noise", &config.noise);
+  flags.add("--turns", &config.turns);
+  flags.add("--seed", &config.seed);
+  flags.add("--log-every", &config.log_every);
+  if (auto code = flags.parse(argc, argv, [&] { usage(argv[0]); })) return *code;
   try {
     auto r = kiln::examples::train_mlp(config);
     std::cout << "final: loss " << r.final_loss << " (initial " << r.initial_loss << "), accuracy "

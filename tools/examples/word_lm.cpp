@@ -3,6 +3,8 @@
 // project's licence).
 #include "word_lm.h"
 
+#include "flags.h"
+
 #include <kiln/kiln.h>
 #include <kiln/nn.h>
 #include <kiln/optim.h>
@@ -509,56 +511,25 @@ int main(int argc, char** argv) {
   kiln::examples::WordLmConfig c;
   c.log = &std::cout;
   int64_t sample = 0;
+  kiln::examples::Flags flags;
+  flags.add("--epochs", &c.epochs);
+  flags.add("--train-tokens", &c.train_tokens);
+  flags.add("--valid-tokens", &c.valid_tokens);
+  flags.add("--embed", &c.embedding_dim);
+  flags.add("--hidden", &c.hidden_size);
+  flags.add("--layers", &c.num_layers);
+  flags.add("--dropout", &c.dropout);
+  flags.add("--batch", &c.batch_size);
+  flags.add("--bptt", &c.bptt);
+  flags.add("--steps", &c.max_steps_per_epoch);
+  flags.add("--optimizer", &c.optimizer);
+  flags.add("--lr", &c.lr);
+  flags.add("--clip", &c.clip);
+  flags.add("--seed", &c.seed);
+  flags.add("--log-every", &c.log_every);
+  flags.add("--sample", &sample);
+  if (auto code = flags.parse(argc, argv, [&] { usage(argv[0]); })) return *code;
   try {
-    for (int i = 1; i < argc; ++i) {
-      std::string flag = argv[i];
-      if (flag == "--help" || flag == "-h") {
-        usage(argv[0]);
-        return 0;
-      }
-      if (i + 1 >= argc) {
-        usage(argv[0]);
-        return 2;
-      }
-      std::string value = argv[++i];
-      if (flag == "--epochs")
-        c.epochs = std::stoll(value);
-      else if (flag == "--train-tokens")
-        c.train_tokens = std::stoll(value);
-      else if (flag == "--valid-tokens")
-        c.valid_tokens = std::stoll(value);
-      else if (flag == "--embed")
-        c.embedding_dim = std::stoll(value);
-      else if (flag == "--hidden")
-        c.hidden_size = std::stoll(value);
-      else if (flag == "--layers")
-        c.num_layers = std::stoll(value);
-      else if (flag == "--dropout")
-        c.dropout = std::stod(value);
-      else if (flag == "--batch")
-        c.batch_size = std::stoll(value);
-      else if (flag == "--bptt")
-        c.bptt = std::stoll(value);
-      else if (flag == "--steps")
-        c.max_steps_per_epoch = std::stoll(value);
-      else if (flag == "--optimizer")
-        c.optimizer = value;
-      else if (flag == "--lr")
-        c.lr = std::stod(value);
-      else if (flag == "--clip")
-        c.clip = std::stod(value);
-      else if (flag == "--seed")
-        c.seed = std::stoull(value);
-      else if (flag == "--log-every")
-        c.log_every = std::stoll(value);
-      else if (flag == "--sample")
-        sample = std::stoll(value);
-      else {
-        std::cerr << "unknown flag " << flag << "\n";
-        usage(argv[0]);
-        return 2;
-      }
-    }
     if (sample > 0) {
       for (const auto& w : kiln::examples::generate_corpus(sample, c.seed))
         std::cout << (w == "<eos>" ? "\n" : w + " ");
@@ -569,9 +540,6 @@ int main(int argc, char** argv) {
     if (!r.valid_perplexity.empty())
       std::cout << ", final validation perplexity " << r.valid_perplexity.back();
     std::cout << " (vocabulary " << r.vocab_size << ")\n";
-  } catch (const std::logic_error&) {  // std::stoll and friends on a malformed number
-    std::cerr << "error: a flag's value is not a valid number (see --help)\n";
-    return 2;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;
