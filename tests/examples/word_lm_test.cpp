@@ -12,6 +12,18 @@
 namespace kiln::examples {
 namespace {
 
+// A model and corpus small enough for a few seconds of training.
+WordLmConfig small_config() {
+  WordLmConfig c;
+  c.train_tokens = 20000;
+  c.valid_tokens = 2000;
+  c.embedding_dim = 32;
+  c.hidden_size = 64;
+  c.batch_size = 16;
+  c.bptt = 16;
+  return c;
+}
+
 TEST(WordLmExample, CorpusIsDeterministicAndInVocabulary) {
   std::vector<std::string> vocab = word_lm_vocabulary();
   EXPECT_GT(vocab.size(), 200u);
@@ -38,13 +50,7 @@ TEST(WordLmExample, CorpusIsDeterministicAndInVocabulary) {
 }
 
 TEST(WordLmExample, LossFallsInAShortRun) {
-  WordLmConfig c;
-  c.train_tokens = 20000;
-  c.valid_tokens = 2000;
-  c.embedding_dim = 32;
-  c.hidden_size = 64;
-  c.batch_size = 16;
-  c.bptt = 16;
+  WordLmConfig c = small_config();
   c.epochs = 2;
   c.max_steps_per_epoch = 60;
   c.lr = 1e-2;
@@ -72,13 +78,8 @@ TEST(WordLmExample, LossFallsInAShortRun) {
 
 // The SGD path of the example (torch's recipe: lr 20, gradients clipped at 0.25) learns too.
 TEST(WordLmExample, SgdLearns) {
-  WordLmConfig c;
-  c.train_tokens = 20000;
+  WordLmConfig c = small_config();
   c.valid_tokens = 1000;
-  c.embedding_dim = 32;
-  c.hidden_size = 64;
-  c.batch_size = 16;
-  c.bptt = 16;
   c.epochs = 1;
   c.max_steps_per_epoch = 60;
   c.optimizer = "sgd";

@@ -147,6 +147,22 @@ void run_and_check(const Trajectory& tr, DType dtype, Layout layout, Make make,
 const std::vector<Layout> kLayouts{Layout::Contiguous, Layout::StridedParam, Layout::StridedGrad,
                                    Layout::OtherDTypeGrad};
 
+// Runs optimizer Opt with each named options set, in both float dtypes and every layout, against
+// the float64 reference `ref`.
+template <typename Opt, typename Options, typename Ref>
+void check_against_reference(const std::vector<std::pair<std::string, Options>>& configs, Ref ref) {
+  for (DType dtype : {kFloat32, kFloat64}) {
+    Trajectory tr = random_trajectory(dtype);
+    for (const auto& [name, o] : configs) {
+      SCOPED_TRACE(name);
+      for (Layout layout : kLayouts)
+        run_and_check(
+            tr, dtype, layout,
+            [o = o](std::vector<Tensor> ps) { return std::make_unique<Opt>(ps, o); }, ref(tr, o));
+    }
+  }
+}
+
 TEST(Optim, SGDMatchesTorchRules) {
   const std::vector<std::pair<std::string, optim::SGDOptions>> configs = {
       {"plain", {0.1}},
@@ -157,17 +173,7 @@ TEST(Optim, SGDMatchesTorchRules) {
       {"everything", {0.02, 0.7, 0.0, 0.05, true}},
       {"momentum, dampening and decay", {0.3, 0.5, 0.1, 0.2}},
   };
-  for (DType dtype : {kFloat32, kFloat64}) {
-    Trajectory tr = random_trajectory(dtype);
-    for (const auto& [name, o] : configs) {
-      SCOPED_TRACE(name);
-      for (Layout layout : kLayouts)
-        run_and_check(
-            tr, dtype, layout,
-            [o = o](std::vector<Tensor> ps) { return std::make_unique<optim::SGD>(ps, o); },
-            ref_sgd(tr, o));
-    }
-  }
+  check_against_reference<optim::SGD>(configs, ref_sgd);
 }
 
 TEST(Optim, AdamMatchesTorchRules) {
@@ -177,17 +183,7 @@ TEST(Optim, AdamMatchesTorchRules) {
       {"betas and eps", {0.01, 0.5, 0.9, 1e-3}},
       {"weight decay", {0.01, 0.9, 0.999, 1e-8, 0.1}},
   };
-  for (DType dtype : {kFloat32, kFloat64}) {
-    Trajectory tr = random_trajectory(dtype);
-    for (const auto& [name, o] : configs) {
-      SCOPED_TRACE(name);
-      for (Layout layout : kLayouts)
-        run_and_check(
-            tr, dtype, layout,
-            [o = o](std::vector<Tensor> ps) { return std::make_unique<optim::Adam>(ps, o); },
-            ref_adam(tr, o));
-    }
-  }
+  check_against_reference<optim::Adam>(configs, ref_adam);
 }
 
 // A parameter that starts on the fallback (a strided gradient) and continues on the fused loop
