@@ -4,6 +4,7 @@
 #include <benchmark/benchmark.h>
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
+#include "tools/bench/counters.h"
 
 #include <unistd.h>
 
@@ -63,14 +64,8 @@ void BM_Limit_GemmPeak(benchmark::State& state) {
 }
 
 // --- kiln eager figures
-void set_bytes(benchmark::State& state, double bytes) {
-  state.counters["bytes/s"] =
-      benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
-}
-void set_flops(benchmark::State& state, double flops) {
-  state.counters["flop/s"] =
-      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
-}
+using kiln::bench::set_bytes;
+using kiln::bench::set_flops;
 
 void BM_Add16M(benchmark::State& state) {
   Tensor a = kiln::randn({k16M}), b = kiln::randn({k16M});

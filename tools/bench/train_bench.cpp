@@ -3,6 +3,7 @@
 // bytes/s, so eager_bench.cpp's reporter prints each against the sgemm peak or the triad bandwidth
 // measured in the same run.
 #include <benchmark/benchmark.h>
+#include "tools/bench/counters.h"
 
 #include <vector>
 
@@ -14,14 +15,8 @@ namespace {
 
 using kiln::Tensor;
 
-void set_flops(benchmark::State& state, double flops) {
-  state.counters["flop/s"] =
-      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
-}
-void set_bytes(benchmark::State& state, double bytes) {
-  state.counters["bytes/s"] =
-      benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
-}
+using kiln::bench::set_bytes;
+using kiln::bench::set_flops;
 
 // The sizes of torch's classic LSTM benchmark (a large word-LM layer).
 constexpr int64_t kBatch = 64, kInput = 1500, kHidden = 1500;
