@@ -6,7 +6,7 @@
 #include "kiln/dtype.h"
 #include "kiln/error.h"
 #include "kiln/nn.h"
-#include "kiln/optim.h"
 #include "kiln/ops.h"
+#include "kiln/optim.h"
 #include "kiln/scalar.h"
 #include "kiln/tensor.h"
