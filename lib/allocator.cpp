@@ -8,6 +8,7 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -39,6 +40,17 @@ struct BlockCache {
   std::map<size_t, std::vector<void*>> free_blocks;  // rounded size -> blocks
   size_t cached = 0;
 };
+// Bytes handed out and not yet returned, and the most at any time since the last reset.
+std::atomic<size_t> g_in_use{0};
+std::atomic<size_t> g_peak{0};
+
+void note_alloc(size_t n) {
+  size_t now = g_in_use.fetch_add(n, std::memory_order_relaxed) + n;
+  size_t peak = g_peak.load(std::memory_order_relaxed);
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
 BlockCache& cache() {
   static auto* c = new BlockCache();  // never destroyed: tensors may be freed during exit
   return *c;
@@ -56,6 +68,7 @@ void* system_alloc(size_t alignment, size_t size) {
 }  // namespace
 
 void* cpu_alloc(size_t nbytes) {
+  note_alloc(nbytes);
   if (nbytes < kLargeBlock)
     return system_alloc(64, (nbytes + 63) / 64 * 64 + (nbytes == 0 ? 64 : 0));
   size_t size = round_large(nbytes);
@@ -77,6 +90,7 @@ void* cpu_alloc(size_t nbytes) {
 
 void cpu_free(void* p, size_t nbytes) {
   if (!p) return;
+  g_in_use.fetch_sub(nbytes, std::memory_order_relaxed);
   if (nbytes >= kLargeBlock) {
     size_t size = round_large(nbytes);
     BlockCache& c = cache();
@@ -103,6 +117,16 @@ size_t cpu_cached_bytes() {
   BlockCache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
   return c.cached;
+}
+
+size_t cpu_allocated_bytes() {
+  return g_in_use.load();
+}
+size_t cpu_peak_allocated_bytes() {
+  return g_peak.load();
+}
+void cpu_reset_peak() {
+  g_peak.store(g_in_use.load());
 }
 
 }  // namespace kiln::detail

@@ -13,5 +13,9 @@ void cpu_free(void* p, size_t nbytes);
 void cpu_empty_cache();
 // Bytes currently held in the cache (not in use by any tensor).
 size_t cpu_cached_bytes();
+// Bytes held by live tensors, the most held since the last cpu_reset_peak(), and a reset.
+size_t cpu_allocated_bytes();
+size_t cpu_peak_allocated_bytes();
+void cpu_reset_peak();
 
 }  // namespace kiln::detail

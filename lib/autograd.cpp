@@ -37,6 +37,8 @@ Tensor alias(const Tensor& t) {
   impl->strides = src->strides;
   impl->dtype = src->dtype;
   impl->wrapped_number = src->wrapped_number;
+  impl->lazy = src->lazy;
+  impl->lazy_generation = src->lazy_generation;
   return Tensor(std::move(impl));
 }
 
@@ -80,6 +82,12 @@ struct AccumulateGrad final : Node {
     Tensor g = std::move(grads[0]);
     if (!g.defined()) return {};
     AutogradMeta& m = *leaf->autograd;
+    if (TraceState* trace = trace_state()) {
+      // The traced function's replays assign .grad again; the trace restores it when done.
+      bool known = false;
+      for (const auto& [impl, before] : trace->grads) known |= impl == leaf;
+      if (!known) trace->grads.emplace_back(leaf, m.grad);
+    }
     if (!m.grad.defined()) {
       // A gradient nobody else holds can become .grad without a copy.
       bool unique = g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1 &&
@@ -338,17 +346,21 @@ void apply_inplace(Tensor& self, const char* op, std::initializer_list<const Ten
                    bool saves_self, const std::function<void()>& direct,
                    const std::function<Tensor(const Tensor& old_self)>& out_of_place) {
   check_defined(self, op, "self");
+  // In trace mode every write is recorded functionally (trace_assign), never performed; otherwise
+  // pending work that reads self's storage (or fills it) runs before the write.
+  const bool tracing = trace_mode();
+  if (!tracing) prepare_write(self);
   bool recording = grad_mode() && requires_grad(self);
   for (const Tensor* o : others) recording = recording || (grad_mode() && requires_grad(*o));
-  if (!recording) {
+  if (!recording && !tracing) {
     direct();
     return;
   }
-  KILN_CHECK(!is_leaf_requiring_grad(self), op, ": a leaf tensor that requires grad (",
-             describe(self),
+  KILN_CHECK(!recording || !is_leaf_requiring_grad(self), op,
+             ": a leaf tensor that requires grad (", describe(self),
              ") cannot be modified in place; do it under kiln::NoGradGuard, or use an "
              "out-of-place op");
-  if (self.impl()->view_base) {
+  if (recording && self.impl()->view_base) {
     Tensor base(self.impl()->view_base);
     KILN_CHECK(!is_leaf_requiring_grad(base), op, ": a view of a leaf tensor that requires grad (",
                describe(base),
@@ -362,13 +374,20 @@ void apply_inplace(Tensor& self, const char* op, std::initializer_list<const Ten
              " doesn't match the broadcast shape ", shape_str(r.sizes()));
   if (r.dtype() != self.dtype()) r = r.to(self.dtype());
   // A leaf (or self) handed back unchanged has no node of its own to become self's history.
-  if (requires_grad(r) && (!autograd_meta(r)->grad_fn || r.is_same(self))) r = r.clone();
+  if (recording && requires_grad(r) && (!autograd_meta(r)->grad_fn || r.is_same(self)))
+    r = r.clone();
   {
     AutoGradMode off(false);
-    copy_kernel(self, may_overlap(self, r) ? r.clone() : r);
+    if (tracing) {
+      trace_assign(self, r);
+    } else {
+      materialize({r});
+      prepare_write(self);
+      copy_kernel(self, may_overlap(self, r) ? r.clone() : r);
+    }
     bump_version(self);
   }
-  rebase_history(self, r);
+  if (recording) rebase_history(self, r);
 }
 
 // ---------------------------------------------------------------------------------- backward

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "lib/dispatch.h"
+#include "lib/lazy.h"
 #include "lib/loops.h"
 #include "lib/op_table.h"
 #include "lib/tensor_impl.h"
@@ -51,13 +52,16 @@ inline void finish_inplace(const OpDef& def, Tensor& self, const Tensor& result)
 
 // f is a generic lambda over the compute type T. Rule must be def's dtype rule; it is a template
 // argument so that only the compute types the rule allows are instantiated.
+// In lazy mode the call is recorded (as def(x) with `attrs`) instead of run.
 template <DTypeRule Rule, typename F>
-Tensor unary_op(const OpDef& def, const Tensor& x, const F& f) {
+Tensor unary_op(const OpDef& def, const Tensor& x, const F& f, Attrs attrs = {}) {
   KILN_CHECK(def.dtype_rule == Rule, def.name, ": dtype rule mismatch");
   check_elementwise_input(def, x, "input");
   DType compute = compute_type(def.dtype_rule, x.dtype());
+  DType out_type = produces_bool(def.dtype_rule) ? kBool : compute;
+  if (should_record(x)) return lazy_record1(def, {x}, std::move(attrs), {x.sizes(), out_type});
   Tensor in = x.to(compute);
-  Tensor out = make_empty(x.sizes(), produces_bool(def.dtype_rule) ? kBool : compute);
+  Tensor out = make_empty(x.sizes(), out_type);
   dispatch_for_rule<Rule>(compute, def, [&](auto tag) {
     using T = KILN_TYPE(tag);
     if constexpr (produces_bool(Rule))
@@ -69,16 +73,19 @@ Tensor unary_op(const OpDef& def, const Tensor& x, const F& f) {
 }
 
 // out = f(a, b) with broadcasting. When `inplace` is given (a is then *inplace), the result is
-// written into it; the inputs are untouched if a check fails.
+// written into it; the inputs are untouched if a check fails. Out of place, lazy mode records the
+// call (as def(a, b) with `attrs`) instead of running it.
 template <DTypeRule Rule, typename F>
 Tensor binary_op(const OpDef& def, const Tensor& a, const Tensor& b, const F& f,
-                 Tensor* inplace = nullptr) {
+                 Tensor* inplace = nullptr, Attrs attrs = {}) {
   KILN_CHECK(def.dtype_rule == Rule, def.name, ": dtype rule mismatch");
   check_elementwise_input(def, a, inplace ? "self" : "input");
   check_elementwise_input(def, b, "other");
   Shape shape = broadcast_shapes(a.sizes(), b.sizes(), def.name.c_str());
   DType compute = compute_type(def.dtype_rule, result_type({a, b}));
   DType out_type = produces_bool(def.dtype_rule) ? kBool : compute;
+  if (!inplace && should_record(a, b))
+    return lazy_record1(def, {a, b}, std::move(attrs), {std::move(shape), out_type});
   Tensor ta = a.to(compute), tb = b.to(compute);
   Tensor out;
   bool direct =

@@ -12,6 +12,7 @@
 #include "kiln/error.h"
 #include "kiln/ops.h"
 #include "kiln/testing.h"
+#include "lib/lazy.h"
 
 namespace kiln::testing {
 namespace {
@@ -58,8 +59,10 @@ bool has_internal_overlap(const Tensor& t) {
   return false;
 }
 
-// Address of element `flat` (row-major over t's logical shape) in t's strided storage.
+// Address of element `flat` (row-major over t's logical shape) in t's strided storage, for a
+// perturbation: pending work that reads t runs first.
 double* element_address(const Tensor& t, int64_t flat) {
+  detail::prepare_write(t);
   std::vector<int64_t> idx = unravel(flat, t.sizes());
   int64_t offset = 0;
   for (size_t d = 0; d < idx.size(); ++d) offset += idx[d] * t.stride(static_cast<int64_t>(d));

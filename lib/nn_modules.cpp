@@ -148,7 +148,11 @@ void Module::to(DType dtype) {
     if (!t.defined() || !t.is_floating_point() || t.dtype() == dtype) return;
     // Swapping the data under the existing TensorImpl keeps every handle (the module's members,
     // an optimizer's list) and the autograd flags pointing at the converted tensor.
+    // Pending work that reads t runs first, and the new data is computed now: a pending node
+    // holds t's TensorImpl, whose storage is about to change under it.
+    detail::prepare_write(t);
     Tensor converted = t.to(dtype).contiguous();
+    detail::materialize({converted});
     detail::TensorImpl* impl = t.impl();
     const detail::TensorImpl* src = converted.impl();
     impl->storage = src->storage;

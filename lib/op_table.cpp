@@ -1,7 +1,9 @@
 // Storage and look-up for the op table.
 #include "lib/op_table.h"
 
+#include <iomanip>
 #include <memory>
+#include <sstream>
 
 #include "absl/container/flat_hash_map.h"
 #include "kiln/error.h"
@@ -33,6 +35,95 @@ std::vector<const OpDef*> all_ops() {
   std::vector<const OpDef*> out;
   for (const auto& [name, def] : table()) out.push_back(def.get());
   return out;
+}
+
+}  // namespace kiln::detail
+
+namespace kiln::detail {
+
+AttrValue scalar_attr(const Scalar& s) {
+  if (s.is_bool()) return s.to<bool>();
+  if (s.is_integral()) return s.to_int();
+  return s.to_double();
+}
+
+Scalar attr_scalar(const AttrValue& a) {
+  if (auto* b = std::get_if<bool>(&a)) return Scalar(*b);
+  if (auto* i = std::get_if<int64_t>(&a)) return Scalar(*i);
+  return Scalar(std::get<double>(a));
+}
+
+int64_t attr_int(const AttrValue& a) {
+  KILN_CHECK(std::holds_alternative<int64_t>(a), "attribute ", attr_str(a), " is not an integer");
+  return std::get<int64_t>(a);
+}
+
+double attr_double(const AttrValue& a) {
+  if (auto* i = std::get_if<int64_t>(&a)) return static_cast<double>(*i);
+  if (auto* b = std::get_if<bool>(&a)) return *b ? 1.0 : 0.0;
+  KILN_CHECK(std::holds_alternative<double>(a), "attribute ", attr_str(a), " is not a number");
+  return std::get<double>(a);
+}
+
+bool attr_bool(const AttrValue& a) {
+  KILN_CHECK(std::holds_alternative<bool>(a), "attribute ", attr_str(a), " is not a bool");
+  return std::get<bool>(a);
+}
+
+const std::string& attr_string(const AttrValue& a) {
+  KILN_CHECK(std::holds_alternative<std::string>(a), "attribute ", attr_str(a), " is not a string");
+  return std::get<std::string>(a);
+}
+
+const std::vector<int64_t>& attr_ints(const AttrValue& a) {
+  KILN_CHECK(std::holds_alternative<std::vector<int64_t>>(a), "attribute ", attr_str(a),
+             " is not a list of integers");
+  return std::get<std::vector<int64_t>>(a);
+}
+
+DType attr_dtype(const AttrValue& a) {
+  KILN_CHECK(std::holds_alternative<DType>(a), "attribute ", attr_str(a), " is not a dtype");
+  return std::get<DType>(a);
+}
+
+std::optional<int64_t> attr_optional_int(const AttrValue& a) {
+  if (std::holds_alternative<std::monostate>(a)) return std::nullopt;
+  return attr_int(a);
+}
+
+std::optional<DType> attr_optional_dtype(const AttrValue& a) {
+  if (std::holds_alternative<std::monostate>(a)) return std::nullopt;
+  return attr_dtype(a);
+}
+
+std::string attr_str(const AttrValue& a) {
+  std::ostringstream os;
+  std::visit(
+      [&os](const auto& v) {
+        using V = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<V, std::monostate>) {
+          os << "none";
+        } else if constexpr (std::is_same_v<V, bool>) {
+          os << (v ? "true" : "false");
+        } else if constexpr (std::is_same_v<V, double>) {
+          // Round-trips exactly, and always reads as a float (1.0, not 1).
+          std::ostringstream num;
+          num << std::setprecision(17) << v;
+          std::string text = num.str();
+          if (text.find_first_of(".eEn") == std::string::npos) text += ".0";
+          os << text;
+        } else if constexpr (std::is_same_v<V, std::string>) {
+          os << '"' << v << '"';
+        } else if constexpr (std::is_same_v<V, std::vector<int64_t>>) {
+          os << '[';
+          for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+          os << ']';
+        } else {
+          os << v;
+        }
+      },
+      a);
+  return os.str();
 }
 
 }  // namespace kiln::detail

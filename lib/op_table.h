@@ -5,15 +5,56 @@
 // tracer, the fuser, the emitters) look ops up here by name instead of keeping lists of their own.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "kiln/dtype.h"
+#include "kiln/scalar.h"
+#include "kiln/tensor.h"
 
 namespace kiln::detail {
 
-enum class OpKind { Factory, View, Unary, Binary, Ternary, Reduction, Index, Join, Linalg, NN };
+// Graph marks the IR's own nodes (graph inputs, constants) that no public function computes.
+enum class OpKind {
+  Factory,
+  View,
+  Unary,
+  Binary,
+  Ternary,
+  Reduction,
+  Index,
+  Join,
+  Linalg,
+  NN,
+  Graph
+};
+
+// One attribute of an op call: the non-tensor arguments that, with the op and its tensor inputs,
+// determine the result. Ops are values: equality and hashing of a call come from (op, attributes),
+// never from object identity. monostate stands for an absent optional (std::nullopt).
+using AttrValue =
+    std::variant<std::monostate, bool, int64_t, double, std::string, std::vector<int64_t>, DType>;
+using Attrs = std::vector<AttrValue>;  // positional, named by OpDef::attr_names
+
+AttrValue scalar_attr(const Scalar& s);  // bool, int64_t or double, by the scalar's kind
+Scalar attr_scalar(const AttrValue& a);
+int64_t attr_int(const AttrValue& a);
+double attr_double(const AttrValue& a);  // also accepts int64_t and bool
+bool attr_bool(const AttrValue& a);
+const std::string& attr_string(const AttrValue& a);
+const std::vector<int64_t>& attr_ints(const AttrValue& a);
+DType attr_dtype(const AttrValue& a);
+std::optional<int64_t> attr_optional_int(const AttrValue& a);
+std::optional<DType> attr_optional_dtype(const AttrValue& a);
+std::string attr_str(const AttrValue& a);  // for printing: 3, 0.5, true, [1, 2], float32, none
+
+// Runs the op's reference kernel on concrete inputs: the executor calls it with recording and
+// gradient tracking off. Absent optional tensor inputs are undefined Tensors.
+using Invoke = std::vector<Tensor> (*)(const std::vector<Tensor>& inputs, const Attrs& attrs);
 
 enum class DTypeRule {
   Same,       // the promoted input type
@@ -29,6 +70,8 @@ struct OpDef {
   int arity;  // tensor inputs; -1 for variadic
   DTypeRule dtype_rule;
   bool supports_bool = true;
+  Invoke invoke = nullptr;
+  std::vector<std::string> attr_names = {};
 };
 
 // Registers an op at static-initialization time and returns its stored entry.

@@ -23,7 +23,9 @@ using detail::describe;
 
 namespace {
 
+// Inside jit::trace every update must be made of ops, so that the trace records it.
 bool is_fusable(const Tensor& p, const Tensor& g, std::initializer_list<const Tensor*> state) {
+  if (detail::trace_mode()) return false;
   if (p.device() != kCPU || !p.is_floating_point() || !p.is_contiguous()) return false;
   if (g.device() != kCPU || g.dtype() != p.dtype() || !g.is_contiguous() || g.sizes() != p.sizes())
     return false;
@@ -32,8 +34,11 @@ bool is_fusable(const Tensor& p, const Tensor& g, std::initializer_list<const Te
   return true;
 }
 
+// Raw access for the fused loops, which write p and the state in place: pending work that reads
+// them runs first.
 template <typename T>
 T* data(const Tensor& t) {
+  detail::prepare_write(t);
   return static_cast<T*>(t.raw_data_ptr());
 }
 
@@ -81,7 +86,16 @@ void SGD::step() {
     KILN_CHECK(g.sizes() == p.sizes(), "SGD: gradient ", describe(g), " does not match parameter ",
                i, " ", describe(p));
     Tensor& buf = momentum_buffers_[i];
-    const bool first = !buf.defined();
+    bool first = !buf.defined();
+    if (first && o.momentum != 0.0 && detail::trace_mode()) {
+      // A trace replays its first step forever: start from a zero buffer instead, which gives
+      // the first step's buf = g exactly when there is no dampening.
+      KILN_CHECK(o.dampening == 0.0,
+                 "SGD: with dampening, the first step differs from the others; run one step "
+                 "before jit::trace records the step");
+      buf = zeros(p.sizes(), p.dtype());
+      first = false;
+    }
     if (is_fusable(p, g, {&buf})) {
       if (o.momentum != 0.0 && first) buf = empty(p.sizes(), p.dtype());
       detail::dispatch_floating(p.dtype(), "SGD", [&](auto tag) {
@@ -151,7 +165,24 @@ void Adam::step() {
       s.exp_avg = zeros(p.sizes(), p.dtype());
       s.exp_avg_sq = zeros(p.sizes(), p.dtype());
     }
+    if (detail::trace_mode()) {
+      // The step count lives in a tensor, so that replays of a traced step advance it and the
+      // bias corrections follow (torch's capturable Adam does the same for CUDA graphs).
+      if (!s.step_tensor.defined()) s.step_tensor = scalar_tensor(s.step, kFloat64);
+      s.step_tensor.add_(1);
+      Tensor step_size = reciprocal(1.0 - pow(Scalar(o.beta1), s.step_tensor)) * o.lr;
+      Tensor bias_correction2_sqrt = sqrt(1.0 - pow(Scalar(o.beta2), s.step_tensor));
+      Tensor grad = g.dtype() == p.dtype() ? g : g.to(p.dtype());
+      if (o.weight_decay != 0.0) grad = grad.add(p, o.weight_decay);
+      s.exp_avg.mul_(o.beta1).add_(grad, 1.0 - o.beta1);
+      s.exp_avg_sq.mul_(o.beta2).add_(grad * grad, 1.0 - o.beta2);
+      Tensor denom = (s.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps);
+      p.sub_(s.exp_avg / denom * step_size);
+      continue;
+    }
+    if (s.step_tensor.defined()) s.step = s.step_tensor.item<int64_t>();
     s.step += 1;
+    if (s.step_tensor.defined()) s.step_tensor.fill_(s.step);
     const double t = static_cast<double>(s.step);
     const double step_size = o.lr / (1.0 - std::pow(o.beta1, t));
     const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, t));
@@ -190,6 +221,11 @@ void Adam::step() {
     Tensor denom = (s.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps);
     p.add_(s.exp_avg / denom, -step_size);
   }
+}
+
+int64_t Adam::step_count(size_t i) const {
+  const State& s = state_.at(i);
+  return s.step_tensor.defined() ? s.step_tensor.item<int64_t>() : s.step;
 }
 
 }  // namespace kiln::optim

@@ -49,18 +49,23 @@ bool Tensor::is_contiguous() const {
   return detail::is_contiguous_layout(sizes(), impl_of(*this, "is_contiguous").strides);
 }
 void* Tensor::raw_data_ptr() const {
-  return impl_of(*this, "data_ptr").data();
+  KILN_CHECK(defined(), "data_ptr: called on an undefined tensor");
+  return impl_->data();
 }
 
+// The mutable accessor may be written through: pending work that reads this storage runs first.
 template <typename T>
 T* Tensor::data_ptr() {
   KILN_CHECK(dtype() == dtype_of<T>, "data_ptr: requested ", dtype_of<T>, " data from a tensor of ",
              describe(*this));
+  detail::prepare_write(*this);
   return reinterpret_cast<T*>(impl_->data());
 }
 template <typename T>
 const T* Tensor::data_ptr() const {
-  return const_cast<Tensor*>(this)->data_ptr<T>();
+  KILN_CHECK(dtype() == dtype_of<T>, "data_ptr: requested ", dtype_of<T>, " data from a tensor of ",
+             describe(*this));
+  return reinterpret_cast<const T*>(impl_->data());
 }
 
 Scalar Tensor::item() const {
@@ -78,13 +83,13 @@ T Tensor::item() const {
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
-  Tensor c = to(dtype_of<T>).contiguous();
+  const Tensor c = to(dtype_of<T>).contiguous();
   const T* p = c.data_ptr<T>();
   return std::vector<T>(p, p + c.numel());
 }
 template <>
 std::vector<bool> Tensor::to_vector<bool>() const {
-  Tensor c = to(kBool).contiguous();
+  const Tensor c = to(kBool).contiguous();
   const bool* p = c.data_ptr<bool>();
   return std::vector<bool>(p, p + c.numel());
 }
@@ -129,11 +134,34 @@ void copy_kernel(const Tensor& dst, const Tensor& src) {
 }
 }  // namespace detail
 
+namespace {
+const detail::OpDef& to_def =
+    detail::register_op({"to",
+                         detail::OpKind::Unary,
+                         1,
+                         detail::DTypeRule::Custom,
+                         true,
+                         [](const std::vector<Tensor>& in, const detail::Attrs& a) {
+                           return std::vector<Tensor>{in[0].to(detail::attr_dtype(a.at(0)))};
+                         },
+                         {"dtype"}});
+const detail::OpDef& clone_def =
+    detail::register_op({"clone", detail::OpKind::Unary, 1, detail::DTypeRule::Same, true,
+                         [](const std::vector<Tensor>& in, const detail::Attrs&) {
+                           return std::vector<Tensor>{in[0].clone()};
+                         }});
+}  // namespace
+
 Tensor Tensor::to(DType dtype) const {
   detail::check_defined(*this, "to");
   if (dtype == this->dtype()) return *this;
-  Tensor out = detail::make_empty(sizes(), dtype);
-  detail::copy_kernel(out, *this);
+  Tensor out;
+  if (detail::should_record(*this)) {
+    out = detail::lazy_record1(to_def, {*this}, {dtype}, {sizes(), dtype});
+  } else {
+    out = detail::make_empty(sizes(), dtype);
+    detail::copy_kernel(out, *this);
+  }
   if (detail::needs_grad(*this))
     detail::record("to", {*this}, {out}, {},
                    [from = this->dtype()](const detail::BackwardContext& c) {
@@ -156,8 +184,13 @@ Tensor Tensor::contiguous() const {
 
 Tensor Tensor::clone() const {
   detail::check_defined(*this, "clone");
-  Tensor out = detail::make_empty(sizes(), dtype());
-  detail::copy_kernel(out, *this);
+  Tensor out;
+  if (detail::should_record(*this)) {
+    out = detail::lazy_record1(clone_def, {*this}, {}, {sizes(), dtype()});
+  } else {
+    out = detail::make_empty(sizes(), dtype());
+    detail::copy_kernel(out, *this);
+  }
   if (detail::needs_grad(*this))
     detail::record("clone", {*this}, {out}, {},
                    [](const detail::BackwardContext& c) { return std::vector<Tensor>{c.grad()}; });

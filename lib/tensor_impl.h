@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kiln/tensor.h"
+#include "lib/lazy.h"
 
 namespace kiln::detail {
 
@@ -30,6 +31,13 @@ struct Storage {
   }
   // Bumped by every in-place write so that saved tensors can detect they were modified.
   std::atomic<uint64_t> version{0};
+  // Pending: the node output whose value will fill this storage (see lib/lazy.h). In trace mode
+  // it may also be set on a concrete storage: the value written into it by the traced function.
+  LazyRef lazy;
+  // Bumped whenever `lazy` changes, so views can tell their cached node is stale.
+  uint64_t lazy_generation = 0;
+  // Uncomputed nodes holding this storage as a concrete input: writes must flush them first.
+  std::atomic<int64_t> lazy_readers{0};
 };
 
 struct TensorImpl {
@@ -47,13 +55,22 @@ struct TensorImpl {
   std::shared_ptr<TensorImpl> view_base;
   uint64_t view_version = 0;
   bool view_tracks_base = false;
+  // For a tensor over a pending storage: its own value as a node output (a view node for views),
+  // valid while lazy_generation matches the storage's.
+  LazyRef lazy;
+  uint64_t lazy_generation = 0;
 
   int64_t numel() const;
-  char* data() const {
+  char* data() {
+    if (storage->lazy) materialize_storage(*this);
     return static_cast<char*>(storage->data) + offset * static_cast<int64_t>(element_size(dtype));
   }
   Device device() const { return storage->device; }
 };
+
+inline bool is_pending(const Tensor& t) {
+  return t.defined() && t.impl()->storage->lazy.node;
+}
 
 // Allocates a contiguous tensor (64-byte aligned, uninitialized).
 Tensor make_empty(const Shape& shape, DType dtype);

@@ -70,13 +70,15 @@ class Adam : public Optimizer {
   AdamOptions& options() { return options_; }
   // Per-parameter state: steps taken, first and second moment estimates (undefined before the
   // parameter's first update).
-  int64_t step_count(size_t i) const { return state_.at(i).step; }
+  int64_t step_count(size_t i) const;
   const Tensor& exp_avg(size_t i) const { return state_.at(i).exp_avg; }
   const Tensor& exp_avg_sq(size_t i) const { return state_.at(i).exp_avg_sq; }
 
  private:
   struct State {
     int64_t step = 0;
+    // Set once a step is traced (jit::trace): from then on it holds the count.
+    Tensor step_tensor;
     Tensor exp_avg, exp_avg_sq;
   };
   AdamOptions options_;

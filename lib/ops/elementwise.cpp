@@ -64,6 +64,29 @@ T int_pow(T base, T exp) {
   }
 }
 
+// Floating pow. Small integer exponents multiply by squaring and +-0.5 take square roots, in
+// exactly the sequence the canonicalize pass rewrites pow(x, c) into (jit/passes/canonicalize.cpp),
+// so rewritten and unrewritten graphs agree bit for bit (torch's CPU kernel special-cases the
+// same).
+template <typename T>
+T float_pow(T x, T y) {
+  if (y == T(0.5)) return std::sqrt(x);
+  if (y == T(-0.5)) return T(1) / std::sqrt(x);
+  if (y != std::trunc(y) || y == T(0) || std::abs(y) > T(64)) return std::pow(x, y);
+  auto m = static_cast<int64_t>(std::abs(y));
+  T result = x, base = x;
+  bool have = false;
+  while (m) {
+    if (m & 1) {
+      result = have ? T(result * base) : base;
+      have = true;
+    }
+    m >>= 1;
+    if (m) base = T(base * base);
+  }
+  return y < T(0) ? T(T(1) / result) : result;
+}
+
 // floor, ceil and round apply to floats and are the identity on integers (a detour through double
 // loses int64 bits). nearbyint rounds half to even in the default rounding mode, as torch.round
 // does.
@@ -76,9 +99,13 @@ T on_floats(T x, F f) {
 }
 
 const detail::OpDef& def_op(const char* name, OpKind kind, int arity, DTypeRule rule,
-                            bool supports_bool = true) {
-  return detail::register_op({name, kind, arity, rule, supports_bool});
+                            bool supports_bool, detail::Invoke invoke,
+                            std::vector<std::string> attr_names = {}) {
+  return detail::register_op({name, kind, arity, rule, supports_bool, invoke, attr_names});
 }
+
+using Inputs = std::vector<Tensor>;
+using detail::Attrs;
 
 void check_no_zero_divisor(const char* op, const Tensor& b, DType compute) {
   if (!is_integral(compute)) return;  // bool operands are rejected with a clearer message later
@@ -100,22 +127,24 @@ std::vector<Tensor> saved_for(Saves saves, const Tensor& x, const Tensor& y) {
 
 // KILN_UNARY(name, rule, supports_bool, scalar expression of x of type T, saves, gradient
 // expression in the tensors g (output gradient), x (input) and y (output); Tensor() for none)
-#define KILN_UNARY(NAME, RULE, BOOL_OK, EXPR, SAVES, GRAD)                                 \
-  static const detail::OpDef& NAME##_def = def_op(#NAME, OpKind::Unary, 1, RULE, BOOL_OK); \
-  Tensor NAME(const Tensor& input) {                                                       \
-    Tensor out = detail::unary_op<RULE>(NAME##_def, input, [](auto x) {                    \
-      using T = decltype(x);                                                               \
-      (void)sizeof(T);                                                                     \
-      return EXPR;                                                                         \
-    });                                                                                    \
-    if (detail::needs_grad(input))                                                         \
-      detail::record(#NAME, {input}, {out}, saved_for(Saves::SAVES, input, out),           \
-                     [](const detail::BackwardContext& c) {                                \
-                       const Tensor &g = c.grad(), &x = c.saved(0), &y = c.saved(1);       \
-                       (void)g, (void)x, (void)y;                                          \
-                       return std::vector<Tensor>{GRAD};                                   \
-                     });                                                                   \
-    return out;                                                                            \
+#define KILN_UNARY(NAME, RULE, BOOL_OK, EXPR, SAVES, GRAD)                           \
+  static const detail::OpDef& NAME##_def =                                           \
+      def_op(#NAME, OpKind::Unary, 1, RULE, BOOL_OK,                                 \
+             [](const Inputs& in, const Attrs&) { return Inputs{NAME(in[0])}; });    \
+  Tensor NAME(const Tensor& input) {                                                 \
+    Tensor out = detail::unary_op<RULE>(NAME##_def, input, [](auto x) {              \
+      using T = decltype(x);                                                         \
+      (void)sizeof(T);                                                               \
+      return EXPR;                                                                   \
+    });                                                                              \
+    if (detail::needs_grad(input))                                                   \
+      detail::record(#NAME, {input}, {out}, saved_for(Saves::SAVES, input, out),     \
+                     [](const detail::BackwardContext& c) {                          \
+                       const Tensor &g = c.grad(), &x = c.saved(0), &y = c.saved(1); \
+                       (void)g, (void)x, (void)y;                                    \
+                       return std::vector<Tensor>{GRAD};                             \
+                     });                                                             \
+    return out;                                                                      \
   }
 
 KILN_UNARY(neg, DTypeRule::Same, false, T(-x), None, -g)
@@ -154,7 +183,12 @@ KILN_UNARY(isfinite, DTypeRule::Predicate, true,
            None, Tensor())
 #undef KILN_UNARY
 
-static const detail::OpDef& gelu_def = def_op("gelu", OpKind::Unary, 1, DTypeRule::Float);
+static const detail::OpDef& gelu_def =
+    def_op("gelu", OpKind::Unary, 1, DTypeRule::Float, true,
+           [](const Inputs& in, const Attrs& a) {
+             return Inputs{gelu(in[0], detail::attr_string(a.at(0)))};
+           },
+           {"approximate"});
 Tensor gelu(const Tensor& input, const std::string& approximate) {
   KILN_CHECK(approximate == "none" || approximate == "tanh",
              "gelu: approximate must be 'none' or 'tanh', got '", approximate, "'");
@@ -166,11 +200,15 @@ Tensor gelu(const Tensor& input, const std::string& approximate) {
                         using T = decltype(x);
                         const T k = T(0.7978845608028654);
                         return T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
-                      })
-                : detail::unary_op<DTypeRule::Float>(gelu_def, input, [](auto x) {
-                    using T = decltype(x);
-                    return T(0.5) * x * (T(1) + erf_value(x * T(0.7071067811865476)));
-                  });
+                      },
+                      {approximate})
+                : detail::unary_op<DTypeRule::Float>(
+                      gelu_def, input,
+                      [](auto x) {
+                        using T = decltype(x);
+                        return T(0.5) * x * (T(1) + erf_value(x * T(0.7071067811865476)));
+                      },
+                      {approximate});
   if (detail::needs_grad(input))
     detail::record("gelu", {input}, {out}, {input}, [tanh_form](const detail::BackwardContext& c) {
       const Tensor &g = c.grad(), &x = c.saved(0);
@@ -188,13 +226,21 @@ Tensor gelu(const Tensor& input, const std::string& approximate) {
   return out;
 }
 
-static const detail::OpDef& softplus_def = def_op("softplus", OpKind::Unary, 1, DTypeRule::Float);
+static const detail::OpDef& softplus_def = def_op(
+    "softplus", OpKind::Unary, 1, DTypeRule::Float, true,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{softplus(in[0], detail::attr_double(a.at(0)), detail::attr_double(a.at(1)))};
+    },
+    {"beta", "threshold"});
 Tensor softplus(const Tensor& input, double beta, double threshold) {
-  Tensor out = detail::unary_op<DTypeRule::Float>(softplus_def, input, [beta, threshold](auto x) {
-    using T = decltype(x);
-    T bx = T(beta) * x;
-    return bx > T(threshold) ? x : T(std::log1p(std::exp(bx)) / T(beta));
-  });
+  Tensor out = detail::unary_op<DTypeRule::Float>(
+      softplus_def, input,
+      [beta, threshold](auto x) {
+        using T = decltype(x);
+        T bx = T(beta) * x;
+        return bx > T(threshold) ? x : T(std::log1p(std::exp(bx)) / T(beta));
+      },
+      {beta, threshold});
   if (detail::needs_grad(input))
     detail::record("softplus", {input}, {out}, {input},
                    [beta, threshold](const detail::BackwardContext& c) {
@@ -208,26 +254,28 @@ Tensor softplus(const Tensor& input, double beta, double threshold) {
 // ------------------------------------------------------------------------------------ binary ops
 // KILN_BINARY(name, rule, supports_bool, scalar expression of x and y of type T, gradient
 // expressions for a and b in the tensors g, a and b; Tensor() for none)
-#define KILN_BINARY(NAME, RULE, BOOL_OK, EXPR, GRAD_A, GRAD_B)                              \
-  static const detail::OpDef& NAME##_def = def_op(#NAME, OpKind::Binary, 2, RULE, BOOL_OK); \
-  static const auto NAME##_fn = [](auto x, auto y) {                                        \
-    using T = decltype(x);                                                                  \
-    (void)sizeof(T);                                                                        \
-    return EXPR;                                                                            \
-  };                                                                                        \
-  Tensor NAME(const Tensor& a, const Tensor& b) {                                           \
-    Tensor out = detail::binary_op<RULE>(NAME##_def, a, b, NAME##_fn);                      \
-    if (detail::needs_grad(a, b))                                                           \
-      detail::record(#NAME, {a, b}, {out}, {a, b}, [](const detail::BackwardContext& c) {   \
-        const Tensor &g = c.grad(), &a = c.saved(0), &b = c.saved(1);                       \
-        (void)g, (void)a, (void)b;                                                          \
-        return std::vector<Tensor>{c.needs_grad(0) ? Tensor(GRAD_A) : Tensor(),             \
-                                   c.needs_grad(1) ? Tensor(GRAD_B) : Tensor()};            \
-      });                                                                                   \
-    return out;                                                                             \
-  }                                                                                         \
-  Tensor NAME(const Tensor& a, const Scalar& b) {                                           \
-    return NAME(a, wrap_scalar(b));                                                         \
+#define KILN_BINARY(NAME, RULE, BOOL_OK, EXPR, GRAD_A, GRAD_B)                            \
+  static const detail::OpDef& NAME##_def =                                                \
+      def_op(#NAME, OpKind::Binary, 2, RULE, BOOL_OK,                                     \
+             [](const Inputs& in, const Attrs&) { return Inputs{NAME(in[0], in[1])}; });  \
+  static const auto NAME##_fn = [](auto x, auto y) {                                      \
+    using T = decltype(x);                                                                \
+    (void)sizeof(T);                                                                      \
+    return EXPR;                                                                          \
+  };                                                                                      \
+  Tensor NAME(const Tensor& a, const Tensor& b) {                                         \
+    Tensor out = detail::binary_op<RULE>(NAME##_def, a, b, NAME##_fn);                    \
+    if (detail::needs_grad(a, b))                                                         \
+      detail::record(#NAME, {a, b}, {out}, {a, b}, [](const detail::BackwardContext& c) { \
+        const Tensor &g = c.grad(), &a = c.saved(0), &b = c.saved(1);                     \
+        (void)g, (void)a, (void)b;                                                        \
+        return std::vector<Tensor>{c.needs_grad(0) ? Tensor(GRAD_A) : Tensor(),           \
+                                   c.needs_grad(1) ? Tensor(GRAD_B) : Tensor()};          \
+      });                                                                                 \
+    return out;                                                                           \
+  }                                                                                       \
+  Tensor NAME(const Tensor& a, const Scalar& b) {                                         \
+    return NAME(a, wrap_scalar(b));                                                       \
   }
 
 namespace {
@@ -258,8 +306,18 @@ KILN_BINARY(logical_or, DTypeRule::Logical, true, x || y, Tensor(), Tensor())
 #undef KILN_BINARY
 
 // add and sub carry alpha: a + alpha * b.
-static const detail::OpDef& add_def = def_op("add", OpKind::Binary, 2, DTypeRule::Same);
-static const detail::OpDef& sub_def = def_op("sub", OpKind::Binary, 2, DTypeRule::Same, false);
+static const detail::OpDef& add_def =
+    def_op("add", OpKind::Binary, 2, DTypeRule::Same, true,
+           [](const Inputs& in, const Attrs& a) {
+             return Inputs{add(in[0], in[1], detail::attr_scalar(a.at(0)))};
+           },
+           {"alpha"});
+static const detail::OpDef& sub_def =
+    def_op("sub", OpKind::Binary, 2, DTypeRule::Same, false,
+           [](const Inputs& in, const Attrs& a) {
+             return Inputs{sub(in[0], in[1], detail::attr_scalar(a.at(0)))};
+           },
+           {"alpha"});
 
 namespace {
 Tensor add_impl(const detail::OpDef& def, const Tensor& a, const Tensor& b, const Scalar& alpha,
@@ -271,12 +329,13 @@ Tensor add_impl(const detail::OpDef& def, const Tensor& a, const Tensor& b, cons
              ": for integral inputs, alpha must not be a floating-point number (got ", alpha,
              " with ", detail::describe(a), " and ", detail::describe(b), ")");
   bool is_sub = &def == &sub_def;
+  Attrs attrs{detail::scalar_attr(alpha)};
   if (alpha.to_double() == 1.0 && alpha.to_int() == 1) {
     if (is_sub)
       return detail::binary_op<DTypeRule::Same>(
-          def, a, b, [](auto x, auto y) { return decltype(x)(x - y); }, inplace);
+          def, a, b, [](auto x, auto y) { return decltype(x)(x - y); }, inplace, attrs);
     return detail::binary_op<DTypeRule::Same>(
-        def, a, b, [](auto x, auto y) { return decltype(x)(x + y); }, inplace);
+        def, a, b, [](auto x, auto y) { return decltype(x)(x + y); }, inplace, attrs);
   }
   double ad = is_sub ? -alpha.to_double() : alpha.to_double();
   int64_t ai = is_sub ? -alpha.to_int() : alpha.to_int();
@@ -289,7 +348,7 @@ Tensor add_impl(const detail::OpDef& def, const Tensor& a, const Tensor& b, cons
         else
           return T(x + T(ai) * y);
       },
-      inplace);
+      inplace, attrs);
 }
 }  // namespace
 
@@ -321,7 +380,8 @@ Tensor sub(const Tensor& a, const Scalar& b) {
 }
 
 static const detail::OpDef& remainder_def =
-    def_op("remainder", OpKind::Binary, 2, DTypeRule::Same, false);
+    def_op("remainder", OpKind::Binary, 2, DTypeRule::Same, false,
+           [](const Inputs& in, const Attrs&) { return Inputs{remainder(in[0], in[1])}; });
 Tensor remainder(const Tensor& a, const Tensor& b) {
   detail::check_defined(a, "remainder");
   detail::check_defined(b, "remainder", "other");
@@ -349,7 +409,9 @@ Tensor remainder(const Tensor& a, const Scalar& b) {
   return remainder(a, wrap_scalar(b));
 }
 
-static const detail::OpDef& pow_def = def_op("pow", OpKind::Binary, 2, DTypeRule::Same, false);
+static const detail::OpDef& pow_def =
+    def_op("pow", OpKind::Binary, 2, DTypeRule::Same, false,
+           [](const Inputs& in, const Attrs&) { return Inputs{pow(in[0], in[1])}; });
 Tensor pow(const Tensor& base, const Tensor& exponent) {
   detail::check_defined(base, "pow");
   detail::check_defined(exponent, "pow", "exponent");
@@ -362,7 +424,7 @@ Tensor pow(const Tensor& base, const Tensor& exponent) {
   Tensor out = detail::binary_op<DTypeRule::Same>(pow_def, base, exponent, [](auto x, auto y) {
     using T = decltype(x);
     if constexpr (kIsFloat<T>)
-      return T(std::pow(x, y));
+      return float_pow(x, y);
     else
       return T(int_pow(x, y));
   });
@@ -387,7 +449,9 @@ Tensor pow(const Scalar& base, const Tensor& exponent) {
 }
 
 // ----------------------------------------------------------------------------------- where, clamp
-static const detail::OpDef& where_def = def_op("where", OpKind::Ternary, 3, DTypeRule::Custom);
+static const detail::OpDef& where_def =
+    def_op("where", OpKind::Ternary, 3, DTypeRule::Custom, true,
+           [](const Inputs& in, const Attrs&) { return Inputs{where(in[0], in[1], in[2])}; });
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   for (const Tensor* t : {&condition, &a, &b})
     detail::check_elementwise_input(where_def, *t, "input");
@@ -396,13 +460,18 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   Shape shape = detail::broadcast_shapes(
       detail::broadcast_shapes(condition.sizes(), a.sizes(), "where"), b.sizes(), "where");
   DType common = detail::result_type({a, b});
-  Tensor ta = a.to(common), tb = b.to(common);
-  Tensor out = detail::make_empty(shape, common);
-  detail::dispatch_all(common, [&](auto tag) {
-    using T = KILN_TYPE(tag);
-    detail::map_kernel<T, bool, T, T>([](bool c, T x, T y) { return c ? x : y; }, out, condition,
-                                      ta, tb);
-  });
+  Tensor out;
+  if (detail::should_record({condition, a, b})) {
+    out = detail::lazy_record1(where_def, {condition, a, b}, {}, {shape, common});
+  } else {
+    Tensor ta = a.to(common), tb = b.to(common);
+    out = detail::make_empty(shape, common);
+    detail::dispatch_all(common, [&](auto tag) {
+      using T = KILN_TYPE(tag);
+      detail::map_kernel<T, bool, T, T>([](bool c, T x, T y) { return c ? x : y; }, out, condition,
+                                        ta, tb);
+    });
+  }
   if (detail::needs_grad(a, b))
     detail::record(
         "where", {condition, a, b}, {out}, {condition}, [](const detail::BackwardContext& c) {
@@ -416,7 +485,22 @@ Tensor where(const Tensor& condition, const Tensor& a, const Scalar& b) {
   return where(condition, a, wrap_scalar(b));
 }
 
-static const detail::OpDef& clamp_def = def_op("clamp", OpKind::Unary, 1, DTypeRule::Same, false);
+namespace {
+std::optional<Scalar> optional_scalar(const detail::AttrValue& a) {
+  if (std::holds_alternative<std::monostate>(a)) return std::nullopt;
+  return detail::attr_scalar(a);
+}
+detail::AttrValue optional_attr(const std::optional<Scalar>& s) {
+  return s ? detail::scalar_attr(*s) : detail::AttrValue{};
+}
+}  // namespace
+
+static const detail::OpDef& clamp_def =
+    def_op("clamp", OpKind::Unary, 1, DTypeRule::Same, false,
+           [](const Inputs& in, const Attrs& a) {
+             return Inputs{clamp(in[0], optional_scalar(a.at(0)), optional_scalar(a.at(1)))};
+           },
+           {"min", "max"});
 Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max) {
   detail::check_elementwise_input(clamp_def, x, "input");
   KILN_CHECK(min || max, "clamp: at least one of 'min' or 'max' must be given");
@@ -424,21 +508,26 @@ Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> m
   if (min) operands.push_back(wrap_scalar(*min));
   if (max) operands.push_back(wrap_scalar(*max));
   DType common = detail::result_type(operands);
-  Tensor in = x.to(common);
-  Tensor out = detail::make_empty(x.sizes(), common);
-  detail::dispatch_numeric(common, "clamp", [&](auto tag) {
-    using T = KILN_TYPE(tag);
-    T lo = min ? min->to<T>() : std::numeric_limits<T>::lowest();
-    T hi = max ? max->to<T>() : std::numeric_limits<T>::max();
-    bool has_lo = min.has_value(), has_hi = max.has_value();
-    detail::map_kernel<T, T>(
-        [=](T v) {
-          if (has_lo && v < lo) v = lo;  // NaN compares false and passes through
-          if (has_hi && v > hi) v = hi;
-          return v;
-        },
-        out, in);
-  });
+  Tensor out;
+  if (detail::should_record(x))
+    out = detail::lazy_record1(clamp_def, {x}, {optional_attr(min), optional_attr(max)},
+                               {x.sizes(), common});
+  else
+    out = detail::make_empty(x.sizes(), common);
+  if (!detail::is_pending(out))
+    detail::dispatch_numeric(common, "clamp", [&](auto tag) {
+      using T = KILN_TYPE(tag);
+      T lo = min ? min->to<T>() : std::numeric_limits<T>::lowest();
+      T hi = max ? max->to<T>() : std::numeric_limits<T>::max();
+      bool has_lo = min.has_value(), has_hi = max.has_value();
+      detail::map_kernel<T, T>(
+          [=](T v) {
+            if (has_lo && v < lo) v = lo;  // NaN compares false and passes through
+            if (has_hi && v > hi) v = hi;
+            return v;
+          },
+          out, x.to(common));
+    });
   // The gradient passes where x lies within the bounds (NaN does not).
   if (detail::needs_grad(x))
     detail::record("clamp", {x}, {out}, {x}, [min, max](const detail::BackwardContext& c) {

@@ -65,8 +65,10 @@ Tensor full(const Shape& shape, const Scalar& value, TensorOptions options) {
   (void)full_def;
   check_factory("full", shape, options);
   DType dt = options.dtype_or(value.is_floating_point() ? kFloat32 : value.kind());
+  // The kernel directly, not fill_: factories make concrete tensors in every mode (inside a
+  // trace they are the trace's constants), and fill_ would be recorded there.
   Tensor t = make_empty(shape, dt);
-  t.fill_(value);
+  detail::copy_kernel(t, detail::wrap_scalar(value));
   return t;
 }
 Tensor zeros_like(const Tensor& t) {
@@ -144,7 +146,9 @@ Tensor eye(int64_t n, int64_t m, TensorOptions options) {
   (void)eye_def;
   check_factory("eye", {n, m}, options);
   Tensor t = zeros({n, m}, options);
-  for (int64_t i = 0; i < std::min(n, m); ++i) t.select(0, i).select(0, i).fill_(1);
+  Tensor one = detail::wrap_scalar(1);
+  for (int64_t i = 0; i < std::min(n, m); ++i)
+    detail::copy_kernel(t.select(0, i).select(0, i), one);
   return t;
 }
 

@@ -7,13 +7,20 @@
 // gather walks the output's rows and reads the source at its own strides. cat copies each piece
 // into its narrowed slice of the output with copy_kernel (which converts dtypes and parallelizes);
 // stack is cat of the pieces unsqueezed at the new dim.
+//
+// In lazy mode (lib/lazy.h) each op records one node after its checks. Index values are data, so
+// the bounds check makes a pending index concrete at the call; the tensors gathered from or
+// scattered into stay pending, and the node takes the (now concrete) index as an input.
 #include <algorithm>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/ops.h"
 #include "lib/autograd.h"
 #include "lib/dispatch.h"
+#include "lib/lazy.h"
 #include "lib/op_table.h"
 #include "lib/parallel.h"
 #include "lib/tensor_impl.h"
@@ -27,18 +34,47 @@ using detail::shape_str;
 
 namespace {
 
+using detail::attr_int;
+using detail::Attrs;
+using Inputs = std::vector<Tensor>;
+
+const detail::OpDef& def_op(const char* name, OpKind kind, int arity, DTypeRule rule,
+                            detail::Invoke invoke, std::vector<std::string> attr_names = {}) {
+  return detail::register_op({name, kind, arity, rule, true, invoke, std::move(attr_names)});
+}
+
 const detail::OpDef& index_select_def =
-    detail::register_op({"index_select", OpKind::Index, 2, DTypeRule::Custom});
-const detail::OpDef& gather_def =
-    detail::register_op({"gather", OpKind::Index, 2, DTypeRule::Custom});
+    def_op("index_select", OpKind::Index, 2, DTypeRule::Custom,
+           [](const Inputs& in, const Attrs& a) {
+             return Inputs{index_select(in[0], attr_int(a.at(0)), in[1])};
+           },
+           {"dim"});
+const detail::OpDef& gather_def = def_op("gather", OpKind::Index, 2, DTypeRule::Custom,
+                                         [](const Inputs& in, const Attrs& a) {
+                                           return Inputs{gather(in[0], attr_int(a.at(0)), in[1])};
+                                         },
+                                         {"dim"});
 const detail::OpDef& embedding_def =
-    detail::register_op({"embedding", OpKind::Index, 2, DTypeRule::Custom});
-const detail::OpDef& cat_def = detail::register_op({"cat", OpKind::Join, -1, DTypeRule::Same});
-const detail::OpDef& stack_def = detail::register_op({"stack", OpKind::Join, -1, DTypeRule::Same});
+    def_op("embedding", OpKind::Index, 2, DTypeRule::Custom,
+           [](const Inputs& in, const Attrs&) { return Inputs{embedding(in[0], in[1])}; });
+const detail::OpDef& cat_def = def_op(
+    "cat", OpKind::Join, -1, DTypeRule::Same,
+    [](const Inputs& in, const Attrs& a) { return Inputs{cat(in, attr_int(a.at(0)))}; }, {"dim"});
+const detail::OpDef& stack_def = def_op(
+    "stack", OpKind::Join, -1, DTypeRule::Same,
+    [](const Inputs& in, const Attrs& a) { return Inputs{stack(in, attr_int(a.at(0)))}; }, {"dim"});
 const detail::OpDef& index_add_def =
-    detail::register_op({"index_add", OpKind::Index, 3, DTypeRule::Same});
+    def_op("index_add", OpKind::Index, 3, DTypeRule::Same,
+           [](const Inputs& in, const Attrs& a) {
+             return Inputs{index_add(in[0], attr_int(a.at(0)), in[1], in[2])};
+           },
+           {"dim"});
 const detail::OpDef& scatter_add_def =
-    detail::register_op({"scatter_add", OpKind::Index, 3, DTypeRule::Same});
+    def_op("scatter_add", OpKind::Index, 3, DTypeRule::Same,
+           [](const Inputs& in, const Attrs& a) {
+             return Inputs{scatter_add(in[0], attr_int(a.at(0)), in[1], in[2])};
+           },
+           {"dim"});
 
 void check_input(const Tensor& t, const char* op, const char* arg) {
   detail::check_defined(t, op, arg);
@@ -51,10 +87,28 @@ void check_index_dtype(const Tensor& index, const char* op, bool allow_int32) {
              " index tensor, got ", describe(index));
 }
 
-// The index values in row-major order, each checked to lie in [0, size).
+// Recording off for the scope: reading an index runs its conversions at once.
+struct EagerScope {
+  bool lazy = detail::lazy_mode();
+  EagerScope() { detail::set_lazy_mode(false); }
+  ~EagerScope() { detail::set_lazy_mode(lazy); }
+  EagerScope(const EagerScope&) = delete;
+  EagerScope& operator=(const EagerScope&) = delete;
+};
+
+// The index values in row-major order, each checked to lie in [0, size). A pending index is
+// computed first (only its own sub-graph). The values are read through the const accessor: a
+// read must not flush pending work that reads the index (as a write would).
 std::vector<int64_t> read_indices(const Tensor& index, int64_t size, const char* op,
                                   const std::string& what) {
-  std::vector<int64_t> v = index.to_vector<int64_t>();
+  detail::materialize({index});
+  Tensor c;
+  {
+    EagerScope eager;
+    c = index.to(kInt64).contiguous();
+  }
+  const int64_t* p = std::as_const(c).data_ptr<int64_t>();
+  std::vector<int64_t> v(p, p + c.numel());
   for (int64_t x : v) {
     KILN_CHECK(x >= 0 && x < size, op, ": index ", x, " is out of range for ", what, " of size ",
                size, " (valid range [0, ", size, "))");
@@ -105,6 +159,103 @@ void join_into(const Tensor& out, const std::vector<Tensor>& pieces, int64_t dim
   }
 }
 
+// out[...] = x[..., idx[...] along d, ...]: out has index's shape, idx its values (checked).
+void gather_into(const Tensor& out, const Tensor& x, int64_t d, const Tensor& index,
+                 const std::vector<int64_t>& idx) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  if (x.dim() == 0) {
+    detail::copy_kernel(out, x);
+    return;
+  }
+  // Rows of the output along its last dim; each row's source offset from the outer dims.
+  const int64_t nd = x.dim(), last = nd - 1, row = index.size(last);
+  const Shape& xs = x.strides();
+  const Shape& is = index.sizes();
+  const int64_t rows = n / row;
+  const int64_t step = d == last ? 0 : xs[last];
+  const int64_t dstride = xs[d];
+  const int64_t grain = std::max<int64_t>(1, detail::kParallelGrain / row);
+  detail::dispatch_all(x.dtype(), [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    const T* src = reinterpret_cast<const T*>(x.impl()->data());
+    T* dst = reinterpret_cast<T*>(out.impl()->data());
+    detail::parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        int64_t rem = r, base = 0;
+        for (int64_t k = last - 1; k >= 0; --k) {
+          int64_t i = rem % is[k];
+          rem /= is[k];
+          if (k != d) base += i * xs[k];
+        }
+        const int64_t* ir = idx.data() + r * row;
+        T* o = dst + r * row;
+        for (int64_t j = 0; j < row; ++j) o[j] = src[base + j * step + ir[j] * dstride];
+      }
+    });
+  });
+}
+
+// self + src added at rows idx along d; s3 is self's shape with a 0-dim self as [1].
+Tensor index_add_rows(const Tensor& self, int64_t d, const std::vector<int64_t>& idx,
+                      const Tensor& src, const Shape& s3) {
+  Tensor out = detail::make_empty(self.sizes(), self.dtype());
+  detail::copy_kernel(out, self);
+  Tensor in = src.contiguous();
+  int64_t outer = 1, inner = 1;
+  for (int64_t k = 0; k < d; ++k) outer *= s3[k];
+  for (size_t k = d + 1; k < s3.size(); ++k) inner *= s3[k];
+  const int64_t n = s3[d], m = static_cast<int64_t>(idx.size());
+  // Outer rows and chunks of each inner run are independent; rows repeated in idx add serially.
+  constexpr int64_t kChunk = 1024;
+  const int64_t chunks = (inner + kChunk - 1) / kChunk;
+  detail::dispatch_all(self.dtype(), [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    T* o = out.data_ptr<T>();
+    const T* sp = std::as_const(in).data_ptr<T>();
+    detail::parallel_for(outer * chunks,
+                         std::max<int64_t>(1, detail::kParallelGrain / (m * kChunk + 1)),
+                         [&](int64_t begin, int64_t end) {
+                           for (int64_t w = begin; w < end; ++w) {
+                             const int64_t r = w / chunks, b = (w % chunks) * kChunk;
+                             const int64_t e = std::min(inner, b + kChunk);
+                             for (int64_t j = 0; j < m; ++j) {
+                               T* dst = o + (r * n + idx[j]) * inner;
+                               const T* from = sp + (r * m + j) * inner;
+                               for (int64_t i = b; i < e; ++i) dst[i] = T(dst[i] + from[i]);
+                             }
+                           }
+                         });
+  });
+  return out;
+}
+
+// self + src scattered along d at idx (index's values, index's shape `is`).
+Tensor scatter_add_values(const Tensor& self, int64_t d, const std::vector<int64_t>& idx,
+                          const Shape& is, const Tensor& src) {
+  Tensor out = detail::make_empty(self.sizes(), self.dtype());
+  detail::copy_kernel(out, self);
+  Tensor in = src.contiguous();
+  const Shape& os = out.strides();
+  detail::dispatch_all(self.dtype(), [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    T* o = out.data_ptr<T>();
+    const T* sp = std::as_const(in).data_ptr<T>();
+    std::vector<int64_t> pos(is.size(), 0);
+    for (size_t p = 0; p < idx.size(); ++p) {
+      int64_t at = 0;
+      for (size_t k = 0; k < pos.size(); ++k)
+        at += (static_cast<int64_t>(k) == d ? idx[p] : pos[k]) * os[k];
+      o[at] = T(o[at] + sp[p]);
+      for (size_t k = pos.size(); k-- > 0;) {  // row-major odometer over index's shape
+        if (++pos[k] < is[k]) break;
+        pos[k] = 0;
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
@@ -113,30 +264,35 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   check_input(index, op, "index");
   check_index_dtype(index, op, true);
   KILN_CHECK(index.dim() <= 1, op, ": index must be a 1-D vector, got ", describe(index));
-  int64_t d = detail::wrap_dim(dim, x.dim(), op, &x);
+  const int64_t d = detail::wrap_dim(dim, x.dim(), op, &x);
+  std::vector<int64_t> idx;
+  Shape out_shape = x.sizes();
   if (x.dim() == 0) {
     KILN_CHECK(index.numel() == 1, op, ": an index into a 0-dim tensor must have exactly one ",
                "value, got ", describe(index));
-    std::vector<int64_t> idx = read_indices(index, 1, op, "a 0-dim tensor");
-    Tensor out = select_rows(x, 0, idx, {});
-    if (detail::needs_grad(x))
+    idx = read_indices(index, 1, op, "a 0-dim tensor");
+  } else {
+    idx =
+        read_indices(index, x.size(d), op, "dimension " + std::to_string(d) + " of " + describe(x));
+    out_shape[d] = static_cast<int64_t>(idx.size());
+  }
+  Tensor out = detail::should_record(x, index)
+                   ? detail::lazy_record1(index_select_def, {x, index}, {d}, {out_shape, x.dtype()})
+                   : select_rows(x, d, idx, out_shape);
+  if (detail::needs_grad(x)) {
+    if (x.dim() == 0) {
       detail::record(op, {x, index}, {out}, {}, [](const detail::BackwardContext& c) {
         return std::vector<Tensor>{c.grad(), Tensor()};
       });
-    return out;
+    } else {
+      detail::record(
+          op, {x, index}, {out}, {index}, [d, in = x.sizes()](const detail::BackwardContext& c) {
+            const Tensor& g = c.grad();
+            return std::vector<Tensor>{
+                index_add(zeros(in, g.dtype()), d, c.saved(0).reshape({-1}), g), Tensor()};
+          });
+    }
   }
-  std::vector<int64_t> idx =
-      read_indices(index, x.size(d), op, "dimension " + std::to_string(d) + " of " + describe(x));
-  Shape out_shape = x.sizes();
-  out_shape[d] = static_cast<int64_t>(idx.size());
-  Tensor out = select_rows(x, d, idx, out_shape);
-  if (detail::needs_grad(x))
-    detail::record(op, {x, index}, {out}, {index},
-                   [d, in = x.sizes()](const detail::BackwardContext& c) {
-                     const Tensor& g = c.grad();
-                     return std::vector<Tensor>{
-                         index_add(zeros(in, g.dtype()), d, c.saved(0).reshape({-1}), g), Tensor()};
-                   });
   return out;
 }
 
@@ -151,7 +307,10 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
       read_indices(indices, weight.size(0), op, "weight " + describe(weight) + " with rows");
   Shape out_shape = indices.sizes();
   out_shape.push_back(weight.size(1));
-  Tensor out = select_rows(weight, 0, idx, out_shape);
+  Tensor out =
+      detail::should_record(weight, indices)
+          ? detail::lazy_record1(embedding_def, {weight, indices}, {}, {out_shape, weight.dtype()})
+          : select_rows(weight, 0, idx, out_shape);
   // Rows used several times sum their gradients.
   if (detail::needs_grad(weight))
     detail::record(
@@ -181,45 +340,19 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   const int64_t size = x.dim() == 0 ? 1 : x.size(d);
   std::vector<int64_t> idx =
       read_indices(index, size, op, "dimension " + std::to_string(d) + " of " + describe(x));
-  Tensor out = detail::make_empty(index.sizes(), x.dtype());
+  Tensor out;
+  if (detail::should_record(x, index)) {
+    out = detail::lazy_record1(gather_def, {x, index}, {d}, {index.sizes(), x.dtype()});
+  } else {
+    out = detail::make_empty(index.sizes(), x.dtype());
+    gather_into(out, x, d, index, idx);
+  }
   if (detail::needs_grad(x))
     detail::record(
         op, {x, index}, {out}, {index}, [d, in = x.sizes()](const detail::BackwardContext& c) {
           const Tensor& g = c.grad();
           return std::vector<Tensor>{scatter_add(zeros(in, g.dtype()), d, c.saved(0), g), Tensor()};
         });
-  const int64_t n = out.numel();
-  if (n == 0) return out;
-  if (x.dim() == 0) {
-    detail::copy_kernel(out, x);
-    return out;
-  }
-  // Rows of the output along its last dim; each row's source offset from the outer dims.
-  const int64_t nd = x.dim(), last = nd - 1, row = index.size(last);
-  const Shape& xs = x.strides();
-  const Shape& is = index.sizes();
-  const int64_t rows = n / row;
-  const int64_t step = d == last ? 0 : xs[last];
-  const int64_t dstride = xs[d];
-  const int64_t grain = std::max<int64_t>(1, detail::kParallelGrain / row);
-  detail::dispatch_all(x.dtype(), [&](auto tag) {
-    using T = KILN_TYPE(tag);
-    const T* src = reinterpret_cast<const T*>(x.impl()->data());
-    T* dst = reinterpret_cast<T*>(out.impl()->data());
-    detail::parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        int64_t rem = r, base = 0;
-        for (int64_t k = last - 1; k >= 0; --k) {
-          int64_t i = rem % is[k];
-          rem /= is[k];
-          if (k != d) base += i * xs[k];
-        }
-        const int64_t* ir = idx.data() + r * row;
-        T* o = dst + r * row;
-        for (int64_t j = 0; j < row; ++j) o[j] = src[base + j * step + ir[j] * dstride];
-      }
-    });
-  });
   return out;
 }
 
@@ -255,8 +388,13 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     out_shape[d] += t.size(d);
     pieces.push_back(t);
   }
-  Tensor out = detail::make_empty(out_shape, dtype);
-  join_into(out, pieces, d);
+  Tensor out;
+  if (detail::should_record(tensors)) {
+    out = detail::lazy_record1(cat_def, tensors, {d}, {out_shape, dtype});
+  } else {
+    out = detail::make_empty(out_shape, dtype);
+    join_into(out, pieces, d);
+  }
   if (detail::any_needs_grad(tensors)) {
     std::vector<int64_t> widths;  // -1 for the skipped empty 1-D tensors
     for (const Tensor& t : tensors)
@@ -291,11 +429,17 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   const int64_t d = detail::wrap_dim(dim, ref.dim() + 1, op, &ref);
   Shape out_shape = ref.sizes();
   out_shape.insert(out_shape.begin() + d, static_cast<int64_t>(tensors.size()));
-  std::vector<Tensor> pieces;
-  pieces.reserve(tensors.size());
-  for (const Tensor& t : tensors) pieces.push_back(t.unsqueeze(d));
-  Tensor out = detail::make_empty(out_shape, detail::result_type(tensors));
-  join_into(out, pieces, d);
+  const DType dtype = detail::result_type(tensors);
+  Tensor out;
+  if (detail::should_record(tensors)) {
+    out = detail::lazy_record1(stack_def, tensors, {d}, {out_shape, dtype});
+  } else {
+    std::vector<Tensor> pieces;
+    pieces.reserve(tensors.size());
+    for (const Tensor& t : tensors) pieces.push_back(t.unsqueeze(d));
+    out = detail::make_empty(out_shape, dtype);
+    join_into(out, pieces, d);
+  }
   if (detail::any_needs_grad(tensors))
     detail::record(op, tensors, {out}, {},
                    [d](const detail::BackwardContext& c) { return c.grad().unbind(d); });
@@ -313,44 +457,21 @@ Tensor index_add(const Tensor& self, int64_t dim, const Tensor& index, const Ten
              " must have the dtype of self ", describe(self));
   const int64_t nd = std::max<int64_t>(self.dim(), 1);
   const int64_t d = detail::wrap_dim(dim, nd, op, &self);
-  Tensor s3 = self.dim() == 0 ? self.reshape({1}) : self;
-  Tensor src3 = src.dim() == 0 ? src.reshape({1}) : src;
-  bool shapes_ok = src3.dim() == s3.dim() && src3.size(d) == index.numel();
-  for (int64_t k = 0; shapes_ok && k < s3.dim(); ++k)
-    shapes_ok = k == d || src3.size(k) == s3.size(k);
+  // 0-dim self and source count as [1].
+  const Shape s3 = self.dim() == 0 ? Shape{1} : self.sizes();
+  const Shape src3 = src.dim() == 0 ? Shape{1} : src.sizes();
+  bool shapes_ok = src3.size() == s3.size() && src3[d] == index.numel();
+  for (size_t k = 0; shapes_ok && k < s3.size(); ++k)
+    shapes_ok = static_cast<int64_t>(k) == d || src3[k] == s3[k];
   KILN_CHECK(shapes_ok, op, ": source ", describe(src), " must match self ", describe(self),
              " except in dimension ", d, ", where it must have the index's ", index.numel(),
              " entries");
-  std::vector<int64_t> idx = read_indices(
-      index, s3.size(d), op, "dimension " + std::to_string(d) + " of " + describe(self));
-  Tensor out = detail::make_empty(self.sizes(), self.dtype());
-  detail::copy_kernel(out, self);
-  Tensor in = src3.contiguous();
-  int64_t outer = 1, inner = 1;
-  for (int64_t k = 0; k < d; ++k) outer *= s3.size(k);
-  for (int64_t k = d + 1; k < s3.dim(); ++k) inner *= s3.size(k);
-  const int64_t n = s3.size(d), m = static_cast<int64_t>(idx.size());
-  // Outer rows and chunks of each inner run are independent; rows repeated in idx add serially.
-  constexpr int64_t kChunk = 1024;
-  const int64_t chunks = (inner + kChunk - 1) / kChunk;
-  detail::dispatch_all(self.dtype(), [&](auto tag) {
-    using T = KILN_TYPE(tag);
-    T* o = out.data_ptr<T>();
-    const T* sp = in.data_ptr<T>();
-    detail::parallel_for(outer * chunks,
-                         std::max<int64_t>(1, detail::kParallelGrain / (m * kChunk + 1)),
-                         [&](int64_t begin, int64_t end) {
-                           for (int64_t w = begin; w < end; ++w) {
-                             const int64_t r = w / chunks, b = (w % chunks) * kChunk;
-                             const int64_t e = std::min(inner, b + kChunk);
-                             for (int64_t j = 0; j < m; ++j) {
-                               T* dst = o + (r * n + idx[j]) * inner;
-                               const T* from = sp + (r * m + j) * inner;
-                               for (int64_t i = b; i < e; ++i) dst[i] = T(dst[i] + from[i]);
-                             }
-                           }
-                         });
-  });
+  std::vector<int64_t> idx =
+      read_indices(index, s3[d], op, "dimension " + std::to_string(d) + " of " + describe(self));
+  Tensor out = detail::should_record({self, index, src})
+                   ? detail::lazy_record1(index_add_def, {self, index, src}, {d},
+                                          {self.sizes(), self.dtype()})
+                   : index_add_rows(self, d, idx, src, s3);
   if (detail::needs_grad(self, src))
     detail::record(op, {self, index, src}, {out}, {index},
                    [d, src_sizes = src.sizes()](const detail::BackwardContext& c) {
@@ -385,27 +506,10 @@ Tensor scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const T
   const int64_t size = self.dim() == 0 ? 1 : self.size(d);
   std::vector<int64_t> idx =
       read_indices(index, size, op, "dimension " + std::to_string(d) + " of " + describe(self));
-  Tensor out = detail::make_empty(self.sizes(), self.dtype());
-  detail::copy_kernel(out, self);
-  Tensor in = src.contiguous();
-  const Shape& os = out.strides();
-  const Shape& is = index.sizes();
-  detail::dispatch_all(self.dtype(), [&](auto tag) {
-    using T = KILN_TYPE(tag);
-    T* o = out.data_ptr<T>();
-    const T* sp = in.data_ptr<T>();
-    std::vector<int64_t> pos(is.size(), 0);
-    for (size_t p = 0; p < idx.size(); ++p) {
-      int64_t at = 0;
-      for (size_t k = 0; k < pos.size(); ++k)
-        at += (static_cast<int64_t>(k) == d ? idx[p] : pos[k]) * os[k];
-      o[at] = T(o[at] + sp[p]);
-      for (size_t k = pos.size(); k-- > 0;) {  // row-major odometer over index's shape
-        if (++pos[k] < is[k]) break;
-        pos[k] = 0;
-      }
-    }
-  });
+  Tensor out = detail::should_record({self, index, src})
+                   ? detail::lazy_record1(scatter_add_def, {self, index, src}, {d},
+                                          {self.sizes(), self.dtype()})
+                   : scatter_add_values(self, d, idx, index.sizes(), src);
   if (detail::needs_grad(self, src))
     detail::record(op, {self, index, src}, {out}, {index}, [d](const detail::BackwardContext& c) {
       const Tensor& g = c.grad();

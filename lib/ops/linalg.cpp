@@ -18,6 +18,9 @@
 // (C[i, j-tile] += a_ik * B[k, j-tile]), so the innermost loop is a unit-stride axpy. Integers
 // accumulate in the unsigned type of the same width, so overflow wraps as it does in torch instead
 // of being undefined.
+//
+// In lazy mode (lib/lazy.h) each op records one node once its checks and output shape are done;
+// the node stays a library call (the executor runs the op itself).
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
@@ -30,6 +33,7 @@
 #include "kiln/ops.h"
 #include "lib/autograd.h"
 #include "lib/dispatch.h"
+#include "lib/lazy.h"
 #include "lib/loops.h"
 #include "lib/op_table.h"
 #include "lib/parallel.h"
@@ -44,14 +48,31 @@ using detail::shape_str;
 
 namespace {
 
-const detail::OpDef& def_linalg(const char* name, int arity) {
-  return detail::register_op({name, OpKind::Linalg, arity, DTypeRule::Same, false});
+using detail::Attrs;
+using Inputs = std::vector<Tensor>;
+
+const detail::OpDef& def_linalg(const char* name, int arity, detail::Invoke invoke,
+                                std::vector<std::string> attr_names = {}) {
+  return detail::register_op(
+      {name, OpKind::Linalg, arity, DTypeRule::Same, false, invoke, std::move(attr_names)});
 }
-const detail::OpDef& mm_def = def_linalg("mm", 2);
-const detail::OpDef& bmm_def = def_linalg("bmm", 2);
-const detail::OpDef& matmul_def = def_linalg("matmul", 2);
-const detail::OpDef& linear_def = def_linalg("linear", 3);
-const detail::OpDef& addmm_def = def_linalg("addmm", 3);
+const detail::OpDef& mm_def =
+    def_linalg("mm", 2, [](const Inputs& in, const Attrs&) { return Inputs{mm(in[0], in[1])}; });
+const detail::OpDef& bmm_def =
+    def_linalg("bmm", 2, [](const Inputs& in, const Attrs&) { return Inputs{bmm(in[0], in[1])}; });
+const detail::OpDef& matmul_def = def_linalg(
+    "matmul", 2, [](const Inputs& in, const Attrs&) { return Inputs{matmul(in[0], in[1])}; });
+// The bias is an absent (undefined) input when there is none.
+const detail::OpDef& linear_def = def_linalg("linear", 3, [](const Inputs& in, const Attrs&) {
+  return Inputs{linear(in[0], in[1], in[2])};
+});
+const detail::OpDef& addmm_def =
+    def_linalg("addmm", 3,
+               [](const Inputs& in, const Attrs& a) {
+                 return Inputs{addmm(in[0], in[1], in[2], detail::attr_scalar(a.at(0)),
+                                     detail::attr_scalar(a.at(1)))};
+               },
+               {"beta", "alpha"});
 
 // "2x3": the dims of a shape joined by 'x', as torch prints matrix shapes in its errors.
 std::string dims_str(const Shape& s) {
@@ -343,8 +364,13 @@ Tensor mm(const Tensor& a, const Tensor& b) {
   KILN_CHECK(a.size(1) == b.size(0), "mm: mat1 and mat2 shapes cannot be multiplied (",
              dims_str(a.sizes()), " and ", dims_str(b.sizes()), "): ", pair_str(a, b));
   DType compute = compute_dtype(op, {a, b});
-  Tensor out = detail::make_empty({a.size(0), b.size(1)}, compute);
-  gemm_into("mm", out, a, b, {}, compute, 1, 0);
+  Tensor out;
+  if (detail::should_record(a, b)) {
+    out = detail::lazy_record1(mm_def, {a, b}, {}, {{a.size(0), b.size(1)}, compute});
+  } else {
+    out = detail::make_empty({a.size(0), b.size(1)}, compute);
+    gemm_into("mm", out, a, b, {}, compute, 1, 0);
+  }
   if (detail::needs_grad(a, b))
     detail::record("mm", {a, b}, {out}, {a, b}, [](const detail::BackwardContext& c) {
       const Tensor &g = c.grad(), &a = c.saved(0), &b = c.saved(1);
@@ -365,8 +391,14 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   KILN_CHECK(a.size(2) == b.size(1), "bmm: batch1 and batch2 shapes cannot be multiplied (",
              dims_str(a.sizes()), " and ", dims_str(b.sizes()), "): ", pair_str(a, b));
   DType compute = compute_dtype(op, {a, b});
-  Tensor out = detail::make_empty({a.size(0), a.size(1), b.size(2)}, compute);
-  gemm_into("bmm", out, a, b, {a.size(0)}, compute, 1, 0);
+  const Shape out_shape{a.size(0), a.size(1), b.size(2)};
+  Tensor out;
+  if (detail::should_record(a, b)) {
+    out = detail::lazy_record1(bmm_def, {a, b}, {}, {out_shape, compute});
+  } else {
+    out = detail::make_empty(out_shape, compute);
+    gemm_into("bmm", out, a, b, {a.size(0)}, compute, 1, 0);
+  }
   if (detail::needs_grad(a, b))
     detail::record("bmm", {a, b}, {out}, {a, b}, [](const detail::BackwardContext& c) {
       const Tensor &g = c.grad(), &a = c.saved(0), &b = c.saved(1);
@@ -388,13 +420,14 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
                "product, got ", pair_str(a, b));
   }
   // 1-D operands become a row (left) or a column (right) matrix; those dims are dropped after.
-  Tensor A = a.dim() == 1 ? a.unsqueeze(0) : a;
-  Tensor B = b.dim() == 1 ? b.unsqueeze(1) : b;
-  const int64_t M = A.size(-2), K = A.size(-1), N = B.size(-1);
-  KILN_CHECK(K == B.size(-2), "matmul: shapes cannot be multiplied (", dims_str(a.sizes()), " and ",
-             dims_str(b.sizes()), "): ", pair_str(a, b));
-  Shape batch_a(A.sizes().begin(), A.sizes().end() - 2);
-  Shape batch_b(B.sizes().begin(), B.sizes().end() - 2);
+  // (Shapes only here: the views are made when the product runs.)
+  const Shape as = a.dim() == 1 ? Shape{1, a.size(0)} : a.sizes();
+  const Shape bs = b.dim() == 1 ? Shape{b.size(0), 1} : b.sizes();
+  const int64_t M = as[as.size() - 2], K = as.back(), N = bs.back();
+  KILN_CHECK(K == bs[bs.size() - 2], "matmul: shapes cannot be multiplied (", dims_str(a.sizes()),
+             " and ", dims_str(b.sizes()), "): ", pair_str(a, b));
+  Shape batch_a(as.begin(), as.end() - 2);
+  Shape batch_b(bs.begin(), bs.end() - 2);
   size_t nb = std::max(batch_a.size(), batch_b.size());
   Shape batch(nb);
   for (size_t i = 0; i < nb; ++i) {
@@ -410,9 +443,14 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   Shape result = batch;
   if (a.dim() > 1) result.push_back(M);
   if (b.dim() > 1) result.push_back(N);
-  Tensor out = detail::make_empty(result, compute);
-  {
+  Tensor out;
+  if (detail::should_record(a, b)) {
+    out = detail::lazy_record1(matmul_def, {a, b}, {}, {result, compute});
+  } else {
+    out = detail::make_empty(result, compute);
     AutoGradMode kernel_only(false);
+    Tensor A = a.dim() == 1 ? a.unsqueeze(0) : a;
+    Tensor B = b.dim() == 1 ? b.unsqueeze(1) : b;
     gemm_into("matmul", out.view(full), A, B, batch, compute, 1, 0);
   }
   // Gradients of the matrix form (1-D operands as a row or a column), summed over broadcast
@@ -461,9 +499,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                " cannot be broadcast to the output shape ", shape_str(out_shape));
   }
   DType compute = compute_dtype(op, {x, weight, bias});
-  Tensor out = detail::make_empty(out_shape, compute);
-  if (bias.defined()) detail::copy_kernel(out, bias);
-  {
+  Tensor out;
+  if (detail::should_record({x, weight, bias})) {
+    out = detail::lazy_record1(linear_def, {x, weight, bias}, {}, {out_shape, compute});
+  } else {
+    out = detail::make_empty(out_shape, compute);
+    if (bias.defined()) detail::copy_kernel(out, bias);
     AutoGradMode kernel_only(false);
     Tensor A = x.dim() == 1 ? x.unsqueeze(0) : x;
     Shape batch(A.sizes().begin(), A.sizes().end() - 2);
@@ -502,10 +543,17 @@ Tensor addmm(const Tensor& self, const Tensor& m1, const Tensor& m2, const Scala
   DType compute = compute_dtype(op, {self, m1, m2});
   check_scalar_kind("addmm", compute, beta, "beta");
   check_scalar_kind("addmm", compute, alpha, "alpha");
-  Tensor out = detail::make_empty(out_shape, compute);
-  const bool use_self = beta.to_double() != 0.0 || beta.to_int() != 0;
-  if (use_self) detail::copy_kernel(out, self);
-  gemm_into("addmm", out, m1, m2, {}, compute, alpha, use_self ? beta : Scalar(0));
+  Tensor out;
+  if (detail::should_record({self, m1, m2})) {
+    out = detail::lazy_record1(addmm_def, {self, m1, m2},
+                               {detail::scalar_attr(beta), detail::scalar_attr(alpha)},
+                               {out_shape, compute});
+  } else {
+    out = detail::make_empty(out_shape, compute);
+    const bool use_self = beta.to_double() != 0.0 || beta.to_int() != 0;
+    if (use_self) detail::copy_kernel(out, self);
+    gemm_into("addmm", out, m1, m2, {}, compute, alpha, use_self ? beta : Scalar(0));
+  }
   if (detail::needs_grad(self, m1, m2))
     detail::record("addmm", {self, m1, m2}, {out}, {m1, m2},
                    [b = beta.to_double(), a = alpha.to_double()](const detail::BackwardContext& c) {

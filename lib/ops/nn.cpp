@@ -13,12 +13,18 @@
 // compiler vectorizes the loops that call it, which a call into libm prevents. The kernels are also
 // compiled for AVX2 + FMA (target_clones), chosen at load time on CPUs that have them.
 //
+// In lazy mode each op validates its arguments at the call and records a node whose kernel is its
+// public function. nll_loss and cross_entropy read the target to check its classes first (the
+// target alone is materialized when pending); dropout draws its random numbers at the call, in
+// program order, and records the node with those draws as an input.
+//
 // layer_norm normalizes each row of M = prod(normalized_shape) elements: mean, then the biased
 // variance around it (both accumulated in double), then one pass writing (x - mean) * rstd * w + b.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include <omp.h>
@@ -27,6 +33,7 @@
 #include "kiln/ops.h"
 #include "lib/autograd.h"
 #include "lib/dispatch.h"
+#include "lib/lazy.h"
 #include "lib/loops.h"
 #include "lib/op_table.h"
 #include "lib/parallel.h"
@@ -41,16 +48,77 @@ using detail::shape_str;
 
 namespace {
 
-const detail::OpDef& def_nn(const char* name, int arity, DTypeRule rule) {
-  return detail::register_op({name, OpKind::NN, arity, rule});
+using Inputs = std::vector<Tensor>;
+using detail::Attrs;
+
+const detail::OpDef& def_nn(const char* name, int arity, DTypeRule rule, detail::Invoke invoke,
+                            std::vector<std::string> attr_names) {
+  return detail::register_op({name, OpKind::NN, arity, rule, true, invoke, std::move(attr_names)});
 }
-const detail::OpDef& softmax_def = def_nn("softmax", 1, DTypeRule::Float);
-const detail::OpDef& log_softmax_def = def_nn("log_softmax", 1, DTypeRule::Float);
-const detail::OpDef& layer_norm_def = def_nn("layer_norm", 3, DTypeRule::Float);
-const detail::OpDef& nll_loss_def = def_nn("nll_loss", 2, DTypeRule::Custom);
-const detail::OpDef& cross_entropy_def = def_nn("cross_entropy", 2, DTypeRule::Custom);
-const detail::OpDef& mse_loss_def = def_nn("mse_loss", 2, DTypeRule::Float);
-const detail::OpDef& dropout_def = def_nn("dropout", 1, DTypeRule::Custom);
+
+// Losses carry their reduction as an int: 0 none, 1 mean, 2 sum.
+int64_t reduction_attr(Reduction r) {
+  return static_cast<int64_t>(r);
+}
+Reduction attr_reduction(const detail::AttrValue& a) {
+  const int64_t r = detail::attr_int(a);
+  KILN_CHECK(r >= 0 && r <= 2,
+             "expected a reduction attribute of 0 (none), 1 (mean) or 2 (sum), got ", r);
+  return static_cast<Reduction>(r);
+}
+
+Tensor dropout_apply(const Tensor& x, const Tensor& draws, double p);
+
+// softmax and log_softmax: attrs [dim], wrapped.
+const detail::OpDef& softmax_def =
+    def_nn("softmax", 1, DTypeRule::Float,
+           [](const Inputs& in, const Attrs& a) {
+             return Inputs{softmax(in[0], detail::attr_int(a.at(0)))};
+           },
+           {"dim"});
+const detail::OpDef& log_softmax_def =
+    def_nn("log_softmax", 1, DTypeRule::Float,
+           [](const Inputs& in, const Attrs& a) {
+             return Inputs{log_softmax(in[0], detail::attr_int(a.at(0)))};
+           },
+           {"dim"});
+// Inputs (x, weight, bias); weight and bias may be absent.
+const detail::OpDef& layer_norm_def =
+    def_nn("layer_norm", 3, DTypeRule::Float,
+           [](const Inputs& in, const Attrs& a) {
+             return Inputs{layer_norm(in[0], detail::attr_ints(a.at(0)), in[1], in[2],
+                                      detail::attr_double(a.at(1)))};
+           },
+           {"normalized_shape", "eps"});
+// Inputs (log_probs, target).
+const detail::OpDef& nll_loss_def =
+    def_nn("nll_loss", 2, DTypeRule::Custom,
+           [](const Inputs& in, const Attrs& a) {
+             return Inputs{nll_loss(in[0], in[1], attr_reduction(a.at(0)))};
+           },
+           {"reduction"});
+// Inputs (logits, target). A composition (log_softmax, then nll_loss): its pieces record
+// themselves in lazy mode.
+const detail::OpDef& cross_entropy_def =
+    def_nn("cross_entropy", 2, DTypeRule::Custom,
+           [](const Inputs& in, const Attrs& a) {
+             return Inputs{cross_entropy(in[0], in[1], attr_reduction(a.at(0)))};
+           },
+           {"reduction"});
+const detail::OpDef& mse_loss_def =
+    def_nn("mse_loss", 2, DTypeRule::Float,
+           [](const Inputs& in, const Attrs& a) {
+             return Inputs{mse_loss(in[0], in[1], attr_reduction(a.at(0)))};
+           },
+           {"reduction"});
+// Inputs (x, draws): draws are the float64 uniform numbers dropout drew for x (one per element),
+// so that the node itself is deterministic; the draw happens when dropout is called.
+const detail::OpDef& dropout_def =
+    def_nn("dropout", 2, DTypeRule::Custom,
+           [](const Inputs& in, const Attrs& a) {
+             return Inputs{dropout_apply(in[0], in[1], detail::attr_double(a.at(0)))};
+           },
+           {"p"});
 
 void check_input(const Tensor& t, const char* op, const char* arg) {
   detail::check_defined(t, op, arg);
@@ -250,6 +318,7 @@ Tensor softmax_impl(const detail::OpDef& def, const Tensor& x, int64_t dim, bool
   check_input(x, op, "input");
   const int64_t d = detail::wrap_dim(dim, x.dim(), op, &x);
   const DType compute = to_floating(x.dtype());
+  if (detail::should_record(x)) return detail::lazy_record1(def, {x}, {d}, {x.sizes(), compute});
   Tensor out = detail::make_empty(x.sizes(), compute);
   if (out.numel() == 0) return out;
   Tensor in = x.to(compute).contiguous();
@@ -259,7 +328,7 @@ Tensor softmax_impl(const detail::OpDef& def, const Tensor& x, int64_t dim, bool
   const int64_t outer = out.numel() / (D * inner);
   detail::dispatch_floating(compute, op, [&](auto tag) {
     using T = KILN_TYPE(tag);
-    const T* xp = in.data_ptr<T>();
+    const T* xp = std::as_const(in).data_ptr<T>();
     T* yp = out.data_ptr<T>();
     if (log)
       softmax_kernel<T, true>(xp, yp, outer, D, inner);
@@ -351,7 +420,7 @@ NllGeometry check_nll(const char* op, const Tensor& input, const Tensor& target)
   }
   g.out_shape = target.sizes();
   g.target = target.to(kInt64).contiguous();
-  const int64_t* t = g.target.data_ptr<int64_t>();
+  const int64_t* t = std::as_const(g.target).data_ptr<int64_t>();
   const int64_t count = g.target.numel();
   for (int64_t i = 0; i < count; ++i) {
     KILN_CHECK(t[i] >= 0 && t[i] < g.C, op, ": target ", t[i], " is out of bounds for ", g.C,
@@ -365,9 +434,14 @@ Tensor nll_from(const Tensor& lp, const NllGeometry& g, Reduction reduction);
 // nll_loss with its gradient: minus the (scaled) output gradient at each target's class.
 Tensor nll_with_grad(const Tensor& log_probs, const NllGeometry& geo, Reduction reduction) {
   Tensor out;
-  {
+  const DType compute = to_floating(log_probs.dtype());
+  if (detail::should_record(log_probs, geo.target)) {
+    // The target was read (bounds-checked) already; it is recorded as the checked int64 copy.
+    out = detail::lazy_record1(nll_loss_def, {log_probs, geo.target}, {reduction_attr(reduction)},
+                               {reduction == Reduction::None ? geo.out_shape : Shape{}, compute});
+  } else {
     AutoGradMode kernel_only(false);
-    out = nll_from(log_probs.to(to_floating(log_probs.dtype())).contiguous(), geo, reduction);
+    out = nll_from(log_probs.to(compute).contiguous(), geo, reduction);
   }
   if (detail::needs_grad(log_probs)) {
     const int64_t rank = log_probs.dim(), C = geo.C, count = geo.N * geo.K;
@@ -412,6 +486,26 @@ Tensor nll_from(const Tensor& lp, const NllGeometry& g, Reduction reduction) {
   return out;
 }
 
+// dropout's kernel from its draws (float64 uniform numbers shaped like x): x / (1 - p) where the
+// draw is below 1 - p, else 0.
+Tensor dropout_apply(const Tensor& x, const Tensor& draws, double p) {
+  const char* op = dropout_def.name.c_str();
+  check_input(x, op, "input");
+  check_input(draws, op, "draws");
+  KILN_CHECK(draws.dtype() == kFloat64 && draws.sizes() == x.sizes(), op,
+             ": expected float64 draws shaped like the input ", describe(x), ", got ",
+             describe(draws));
+  Tensor out = detail::make_empty(x.sizes(), x.dtype());
+  const double keep = 1.0 - p;
+  detail::dispatch_floating(x.dtype(), op, [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    const T scale = T(1) / static_cast<T>(keep);  // as torch: the mask divided by 1 - p in T
+    detail::map_kernel<T, T, double>([=](T v, double r) { return r < keep ? v * scale : T(0); },
+                                     out, x, draws);
+  });
+  return out;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------- public entries
@@ -442,25 +536,32 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
                shape_str(normalized_shape), " (normalized_shape), got ", describe(*p));
   }
   const DType compute = to_floating(x.dtype());
-  Tensor out = detail::make_empty(x.sizes(), compute);
-  if (out.numel() == 0) return out;
-  const int64_t n = detail::shape_numel(normalized_shape);
-  const int64_t rows = out.numel() / n;
-  Tensor in = x.to(compute).contiguous();
-  Tensor w = weight.defined() ? weight.to(compute).contiguous() : Tensor();
-  Tensor b = bias.defined() ? bias.to(compute).contiguous() : Tensor();
-  detail::dispatch_floating(compute, op, [&](auto tag) {
-    using T = KILN_TYPE(tag);
-    const T* xp = in.data_ptr<T>();
-    T* yp = out.data_ptr<T>();
-    const T* wp = w.defined() ? w.data_ptr<T>() : nullptr;
-    const T* bp = b.defined() ? b.data_ptr<T>() : nullptr;
-    detail::parallel_for(rows, std::max<int64_t>(1, detail::kParallelGrain / n),
-                         [&](int64_t begin, int64_t end) {
-                           for (int64_t r = begin; r < end; ++r)
-                             layer_norm_row<T>(xp + r * n, yp + r * n, n, wp, bp, eps);
-                         });
-  });
+  Tensor out;
+  if (detail::should_record({x, weight, bias})) {
+    out = detail::lazy_record1(layer_norm_def, {x, weight, bias}, {normalized_shape, eps},
+                               {x.sizes(), compute});
+  } else {
+    out = detail::make_empty(x.sizes(), compute);
+    if (out.numel() == 0) return out;
+    const int64_t n = detail::shape_numel(normalized_shape);
+    const int64_t rows = out.numel() / n;
+    Tensor in = x.to(compute).contiguous();
+    Tensor w = weight.defined() ? weight.to(compute).contiguous() : Tensor();
+    Tensor b = bias.defined() ? bias.to(compute).contiguous() : Tensor();
+    detail::dispatch_floating(compute, op, [&](auto tag) {
+      using T = KILN_TYPE(tag);
+      const T* xp = std::as_const(in).data_ptr<T>();
+      T* yp = out.data_ptr<T>();
+      const T* wp = w.defined() ? std::as_const(w).data_ptr<T>() : nullptr;
+      const T* bp = b.defined() ? std::as_const(b).data_ptr<T>() : nullptr;
+      detail::parallel_for(rows, std::max<int64_t>(1, detail::kParallelGrain / n),
+                           [&](int64_t begin, int64_t end) {
+                             for (int64_t r = begin; r < end; ++r)
+                               layer_norm_row<T>(xp + r * n, yp + r * n, n, wp, bp, eps);
+                           });
+    });
+  }
+  if (out.numel() == 0) return out;  // as eager: nothing to differentiate
   // The statistics are recomputed from x with kiln ops, so the formula differentiates again.
   // The weight's and bias's gradients are summed over the batch dims by the engine.
   if (detail::needs_grad(x, weight, bias)) {
@@ -503,28 +604,34 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
   check_input(target, op, "target");
   const Shape shape = detail::broadcast_shapes(input.sizes(), target.sizes(), op);
   const DType compute = to_floating(detail::result_type({input, target}));
-  Tensor a = input.to(compute), b = target.to(compute);
-  Tensor sq = detail::make_empty(shape, compute);
-  Tensor out = reduction == Reduction::None ? sq : detail::make_empty({}, compute);
-  detail::dispatch_floating(compute, op, [&](auto tag) {
-    using T = KILN_TYPE(tag);
-    detail::map_kernel<T, T, T>(
-        [](T u, T v) {
-          T d = u - v;
-          return d * d;
-        },
-        sq, a, b);
-    if (reduction == Reduction::None) return;
-    const T* p = sq.data_ptr<T>();
-    const int64_t count = sq.numel();
-    double total = 0;
-    for (int64_t i = 0; i < count; ++i) total += static_cast<double>(p[i]);
-    // Mean over no elements is 0/0 = NaN, as torch.
-    *out.data_ptr<T>() =
-        static_cast<T>(reduction == Reduction::Mean ? total / static_cast<double>(count) : total);
-  });
+  const int64_t count = detail::shape_numel(shape);
+  Tensor out;
+  if (detail::should_record(input, target)) {
+    out = detail::lazy_record1(mse_loss_def, {input, target}, {reduction_attr(reduction)},
+                               {reduction == Reduction::None ? shape : Shape{}, compute});
+  } else {
+    Tensor a = input.to(compute), b = target.to(compute);
+    Tensor sq = detail::make_empty(shape, compute);
+    out = reduction == Reduction::None ? sq : detail::make_empty({}, compute);
+    detail::dispatch_floating(compute, op, [&](auto tag) {
+      using T = KILN_TYPE(tag);
+      detail::map_kernel<T, T, T>(
+          [](T u, T v) {
+            T d = u - v;
+            return d * d;
+          },
+          sq, a, b);
+      if (reduction == Reduction::None) return;
+      const T* p = sq.data_ptr<T>();
+      double total = 0;
+      for (int64_t i = 0; i < count; ++i) total += static_cast<double>(p[i]);
+      // Mean over no elements is 0/0 = NaN, as torch.
+      *out.data_ptr<T>() =
+          static_cast<T>(reduction == Reduction::Mean ? total / static_cast<double>(count) : total);
+    });
+  }
   if (detail::needs_grad(input, target)) {
-    const double scale = reduction == Reduction::Mean ? 2.0 / static_cast<double>(sq.numel()) : 2.0;
+    const double scale = reduction == Reduction::Mean ? 2.0 / static_cast<double>(count) : 2.0;
     detail::record(op, {input, target}, {out}, {input, target},
                    [scale](const detail::BackwardContext& c) {
                      Tensor g = (c.saved(0) - c.saved(1)) * (c.grad() * scale);
@@ -551,27 +658,30 @@ Tensor dropout(const Tensor& x, double p, bool train) {
     return out;
   }
   // Draws come from the process generator in row-major order, so manual_seed reproduces the mask.
+  // They are drawn here, in program order, also in lazy mode (only what follows is recorded).
   Tensor u = rand(x.sizes(), kFloat64);
-  Tensor out = detail::make_empty(x.sizes(), x.dtype());
+  Tensor out;
+  if (!detail::needs_grad(x)) {
+    if (detail::should_record(x))
+      return detail::lazy_record1(dropout_def, {x, u}, {p}, {x.sizes(), x.dtype()});
+    return dropout_apply(x, u, p);
+  }
+  // With autograd the mask (0 or 1 / (1 - p)) is kept for the backward pass; it is made from the
+  // draws at once, and only the product is recorded in lazy mode.
+  Tensor mask = detail::make_empty(x.sizes(), x.dtype());
   const double keep = 1.0 - p;
-  const bool grad = detail::needs_grad(x);
-  // With autograd the mask (0 or 1 / (1 - p)) is kept for the backward pass.
-  Tensor mask = grad ? detail::make_empty(x.sizes(), x.dtype()) : Tensor();
   detail::dispatch_floating(x.dtype(), op, [&](auto tag) {
     using T = KILN_TYPE(tag);
     const T scale = T(1) / static_cast<T>(keep);  // as torch: the mask divided by 1 - p in T
-    if (grad) {
-      detail::map_kernel<T, double>([=](double r) { return r < keep ? scale : T(0); }, mask, u);
-      detail::map_kernel<T, T, T>([](T v, T m) { return v * m; }, out, x, mask);
-    } else {
-      detail::map_kernel<T, T, double>([=](T v, double r) { return r < keep ? v * scale : T(0); },
-                                       out, x, u);
-    }
+    detail::map_kernel<T, double>([=](double r) { return r < keep ? scale : T(0); }, mask, u);
   });
-  if (grad)
-    detail::record(op, {x}, {out}, {mask}, [](const detail::BackwardContext& c) {
-      return std::vector<Tensor>{c.grad() * c.saved(0)};
-    });
+  {
+    AutoGradMode kernel_only(false);
+    out = mul(x, mask);
+  }
+  detail::record(op, {x}, {out}, {mask}, [](const detail::BackwardContext& c) {
+    return std::vector<Tensor>{c.grad() * c.saved(0)};
+  });
   return out;
 }
 

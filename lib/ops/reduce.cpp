@@ -1,7 +1,9 @@
 // Reductions (sum, mean, prod, max/min, amax/amin, argmax/argmin, var/std, logsumexp, all, any).
 //
-// Every reduction goes through one driver. `prepare` validates the dims and views the input so that
-// the kept dims come first and the reduced dims last; when that view is contiguous each output
+// Every reduction goes through one driver. `geometry` validates the dims from the input's metadata
+// (in lazy mode the call is then recorded: every op here has a node whose kernel is its public
+// function, run later with recording off). `arrange` views the input so that the kept dims come
+// first and the reduced dims last; when that view is contiguous each output
 // element reduces one contiguous row of length R ("rows" layout). When instead the view with the
 // reduced dims first is contiguous (a reduction over leading dims of a contiguous tensor, as in a
 // bias gradient) the simple accumulating ops read it in place ("cols" layout): for each reduced
@@ -24,6 +26,7 @@
 #include "kiln/ops.h"
 #include "lib/autograd.h"
 #include "lib/dispatch.h"
+#include "lib/lazy.h"
 #include "lib/op_table.h"
 #include "lib/parallel.h"
 #include "lib/tensor_impl.h"
@@ -37,24 +40,114 @@ using detail::TypeTag;
 
 namespace {
 
-const detail::OpDef& def_reduction(const char* name, DTypeRule rule, bool supports_bool = true) {
-  return detail::register_op({name, OpKind::Reduction, 1, rule, supports_bool});
+using Inputs = std::vector<Tensor>;
+using detail::Attrs;
+
+const detail::OpDef& def_reduction(const char* name, DTypeRule rule, bool supports_bool,
+                                   detail::Invoke invoke, std::vector<std::string> attr_names) {
+  return detail::register_op(
+      {name, OpKind::Reduction, 1, rule, supports_bool, invoke, std::move(attr_names)});
 }
 
-const detail::OpDef& sum_def = def_reduction("sum", DTypeRule::Custom);
-const detail::OpDef& mean_def = def_reduction("mean", DTypeRule::Custom, false);
-const detail::OpDef& prod_def = def_reduction("prod", DTypeRule::Custom);
-const detail::OpDef& max_def = def_reduction("max", DTypeRule::Same);
-const detail::OpDef& min_def = def_reduction("min", DTypeRule::Same);
-const detail::OpDef& amax_def = def_reduction("amax", DTypeRule::Same);
-const detail::OpDef& amin_def = def_reduction("amin", DTypeRule::Same);
-const detail::OpDef& argmax_def = def_reduction("argmax", DTypeRule::Custom);
-const detail::OpDef& argmin_def = def_reduction("argmin", DTypeRule::Custom);
-const detail::OpDef& var_def = def_reduction("var", DTypeRule::Custom, false);
-const detail::OpDef& std_def = def_reduction("std", DTypeRule::Custom, false);
-const detail::OpDef& logsumexp_def = def_reduction("logsumexp", DTypeRule::Float);
-const detail::OpDef& all_def = def_reduction("all", DTypeRule::Logical);
-const detail::OpDef& any_def = def_reduction("any", DTypeRule::Logical);
+// Attributes: dims are wrapped and ascending, the empty list meaning every dim (as the caller's).
+const detail::OpDef& sum_def =
+    def_reduction("sum", DTypeRule::Custom, true,
+                  [](const Inputs& in, const Attrs& a) {
+                    return Inputs{sum(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)),
+                                      detail::attr_optional_dtype(a.at(2)))};
+                  },
+                  {"dims", "keepdim", "dtype"});
+const detail::OpDef& mean_def = def_reduction(
+    "mean", DTypeRule::Custom, false,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{mean(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
+    },
+    {"dims", "keepdim"});
+const detail::OpDef& prod_def = def_reduction(
+    "prod", DTypeRule::Custom, true,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{prod(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
+    },
+    {"dims", "keepdim"});
+// max() and min() over every element; max_dim and min_dim are max(x, dim) and min(x, dim), which
+// return (values, int64 indices).
+const detail::OpDef& max_def =
+    def_reduction("max", DTypeRule::Same, true,
+                  [](const Inputs& in, const Attrs&) { return Inputs{max(in[0])}; }, {});
+const detail::OpDef& min_def =
+    def_reduction("min", DTypeRule::Same, true,
+                  [](const Inputs& in, const Attrs&) { return Inputs{min(in[0])}; }, {});
+const detail::OpDef& max_dim_def = def_reduction(
+    "max_dim", DTypeRule::Custom, true,
+    [](const Inputs& in, const Attrs& a) {
+      auto [values, indices] = max(in[0], detail::attr_int(a.at(0)), detail::attr_bool(a.at(1)));
+      return Inputs{values, indices};
+    },
+    {"dim", "keepdim"});
+const detail::OpDef& min_dim_def = def_reduction(
+    "min_dim", DTypeRule::Custom, true,
+    [](const Inputs& in, const Attrs& a) {
+      auto [values, indices] = min(in[0], detail::attr_int(a.at(0)), detail::attr_bool(a.at(1)));
+      return Inputs{values, indices};
+    },
+    {"dim", "keepdim"});
+const detail::OpDef& amax_def = def_reduction(
+    "amax", DTypeRule::Same, true,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{amax(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
+    },
+    {"dims", "keepdim"});
+const detail::OpDef& amin_def = def_reduction(
+    "amin", DTypeRule::Same, true,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{amin(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
+    },
+    {"dims", "keepdim"});
+// dim: an int, or none for the flat index over every element.
+const detail::OpDef& argmax_def = def_reduction(
+    "argmax", DTypeRule::Custom, true,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{argmax(in[0], detail::attr_optional_int(a.at(0)), detail::attr_bool(a.at(1)))};
+    },
+    {"dim", "keepdim"});
+const detail::OpDef& argmin_def = def_reduction(
+    "argmin", DTypeRule::Custom, true,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{argmin(in[0], detail::attr_optional_int(a.at(0)), detail::attr_bool(a.at(1)))};
+    },
+    {"dim", "keepdim"});
+const detail::OpDef& var_def =
+    def_reduction("var", DTypeRule::Custom, false,
+                  [](const Inputs& in, const Attrs& a) {
+                    return Inputs{var(in[0], detail::attr_ints(a.at(0)), detail::attr_int(a.at(1)),
+                                      detail::attr_bool(a.at(2)))};
+                  },
+                  {"dims", "correction", "keepdim"});
+const detail::OpDef& std_def =
+    def_reduction("std", DTypeRule::Custom, false,
+                  [](const Inputs& in, const Attrs& a) {
+                    return Inputs{kiln::std(in[0], detail::attr_ints(a.at(0)),
+                                            detail::attr_int(a.at(1)), detail::attr_bool(a.at(2)))};
+                  },
+                  {"dims", "correction", "keepdim"});
+const detail::OpDef& logsumexp_def = def_reduction(
+    "logsumexp", DTypeRule::Float, true,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{logsumexp(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
+    },
+    {"dims", "keepdim"});
+const detail::OpDef& all_def = def_reduction(
+    "all", DTypeRule::Logical, true,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{all(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
+    },
+    {"dims", "keepdim"});
+const detail::OpDef& any_def = def_reduction(
+    "any", DTypeRule::Logical, true,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{any(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
+    },
+    {"dims", "keepdim"});
 
 template <typename T>
 constexpr bool kIsFloat = std::is_floating_point_v<T>;
@@ -75,22 +168,23 @@ bool is_nan(T x) {
 
 enum class Layout { Rows, Cols };
 
-// The input arranged for reduction: element (row i, reduced index r) is at data[i * R + r] in the
-// Rows layout and at data[r * rows + i] in the Cols layout.
-struct Prepared {
+// The checked shape of a reduction, from the input's metadata alone (nothing is read, so it runs
+// before a call is recorded in lazy mode).
+struct Geometry {
   Shape out_shape;
-  std::vector<int64_t> reduced_dims;  // wrapped, ascending
+  std::vector<int64_t> reduced_dims;  // wrapped, ascending (every dim for an empty list)
+  std::vector<int64_t> kept_dims;     // ascending
+  std::vector<int64_t> dims_attr;     // the caller's dims wrapped and sorted (empty stays empty)
+  bool all_dims = false;              // the caller gave no dims
   int64_t rows = 1;
   int64_t R = 1;
-  Tensor data;  // contiguous
-  Layout layout = Layout::Rows;
 };
 
-// Validates `dims` (empty: all) and arranges `x`. allow_cols: the caller can read the Cols layout.
-Prepared prepare(const Tensor& x, const char* op, const std::vector<int64_t>& dims, bool keepdim,
-                 bool allow_cols) {
-  AutoGradMode kernel_only(false);  // the views below are the kernel's, not the user's
+// Validates `dims` (empty: all) against `x`.
+Geometry geometry(const Tensor& x, const char* op, const std::vector<int64_t>& dims, bool keepdim) {
   const int64_t nd = x.dim();
+  Geometry g;
+  g.all_dims = dims.empty();
   std::vector<bool> reduced(static_cast<size_t>(std::max<int64_t>(nd, 1)), dims.empty());
   if (!dims.empty()) {
     std::vector<bool> seen(reduced.size(), false);
@@ -100,33 +194,47 @@ Prepared prepare(const Tensor& x, const char* op, const std::vector<int64_t>& di
                  detail::shape_str(dims), " (input ", describe(x), ")");
       seen[w] = true;
       reduced[w] = true;
+      g.dims_attr.push_back(w);
     }
+    std::sort(g.dims_attr.begin(), g.dims_attr.end());
   }
-  Prepared p;
-  std::vector<int64_t> kept_first, reduced_first, kept, red;
   for (int64_t d = 0; d < nd; ++d) {
     int64_t s = x.size(d);
     if (reduced[d]) {
-      red.push_back(d);
-      p.R *= s;
-      if (keepdim) p.out_shape.push_back(1);
+      g.reduced_dims.push_back(d);
+      g.R *= s;
+      if (keepdim) g.out_shape.push_back(1);
     } else {
-      kept.push_back(d);
-      p.rows *= s;
-      p.out_shape.push_back(s);
+      g.kept_dims.push_back(d);
+      g.rows *= s;
+      g.out_shape.push_back(s);
     }
   }
-  p.reduced_dims = red;
-  kept_first = kept;
-  kept_first.insert(kept_first.end(), red.begin(), red.end());
+  return g;
+}
+
+// The input arranged for reduction: element (row i, reduced index r) is at data[i * R + r] in the
+// Rows layout and at data[r * rows + i] in the Cols layout.
+struct Prepared : Geometry {
+  Tensor data;  // contiguous
+  Layout layout = Layout::Rows;
+};
+
+// Arranges `x` (whose geometry is `g`). allow_cols: the caller can read the Cols layout.
+Prepared arrange(const Tensor& x, const Geometry& g, bool allow_cols) {
+  AutoGradMode kernel_only(false);  // the views below are the kernel's, not the user's
+  Prepared p;
+  static_cast<Geometry&>(p) = g;
+  std::vector<int64_t> kept_first = g.kept_dims;
+  kept_first.insert(kept_first.end(), g.reduced_dims.begin(), g.reduced_dims.end());
   Tensor rows_view = x.permute(kept_first);
   if (rows_view.is_contiguous()) {
     p.data = rows_view;
     return p;
   }
   if (allow_cols) {
-    reduced_first = red;
-    reduced_first.insert(reduced_first.end(), kept.begin(), kept.end());
+    std::vector<int64_t> reduced_first = g.reduced_dims;
+    reduced_first.insert(reduced_first.end(), g.kept_dims.begin(), g.kept_dims.end());
     Tensor cols_view = x.permute(reduced_first);
     if (cols_view.is_contiguous()) {
       p.data = cols_view;
@@ -139,15 +247,21 @@ Prepared prepare(const Tensor& x, const char* op, const std::vector<int64_t>& di
 }
 
 // max/min/argmax/... have no identity: they reject a reduction over zero elements, as torch does.
-void check_nonempty(const char* op, const Tensor& x, const Prepared& p, bool all_dims) {
-  if (p.R != 0) return;
-  if (all_dims) {
+void check_nonempty(const char* op, const Tensor& x, const Geometry& g) {
+  if (g.R != 0) return;
+  if (g.all_dims) {
     KILN_FAIL(op,
               ": expected a reduction dim to be specified for an input with no elements (input ",
               describe(x), "); specify a dim with non-zero size");
   }
-  KILN_FAIL(op, ": expected reduction dim(s) ", detail::shape_str(p.reduced_dims),
+  KILN_FAIL(op, ": expected reduction dim(s) ", detail::shape_str(g.reduced_dims),
             " to have non-zero size (input ", describe(x), ")");
+}
+
+// Records a reduction of x in lazy mode: one output of the given shape and type.
+Tensor record_reduction(const detail::OpDef& def, const Tensor& x, Attrs attrs, const Geometry& g,
+                        DType dtype) {
+  return detail::lazy_record1(def, {x}, std::move(attrs), {g.out_shape, dtype});
 }
 
 void check_input(const Tensor& x, const char* op) {
@@ -456,17 +570,26 @@ std::pair<T, int64_t> arg_combine(const std::pair<T, int64_t>& left,
 
 // ------------------------------------------------------------------------------- op bodies
 
-Tensor sum_like(const char* op, const Tensor& x, const std::vector<int64_t>& dims, bool keepdim,
-                std::optional<DType> dtype, bool mean) {
+// sum (attrs [dims, keepdim, dtype]) or mean (attrs [dims, keepdim]).
+Tensor sum_like(const detail::OpDef& def, const Tensor& x, const std::vector<int64_t>& dims,
+                bool keepdim, std::optional<DType> dtype, bool mean) {
+  const char* op = def.name.c_str();
   check_input(x, op);
   if (mean) {
     KILN_CHECK(is_floating_point(x.dtype()), op,
                ": could not infer the output dtype; the input must be floating point, got ",
                describe(x));
   }
-  Tensor in = dtype ? x.to(*dtype) : x;
   DType out_type = dtype ? *dtype : (is_floating_point(x.dtype()) ? x.dtype() : kInt64);
-  Prepared p = prepare(in, op, dims, keepdim, true);
+  Geometry g = geometry(x, op, dims, keepdim);
+  if (detail::should_record(x)) {
+    Attrs attrs{g.dims_attr, keepdim};
+    if (!mean) attrs.emplace_back(std::monostate{});
+    if (!mean && dtype) attrs[2].emplace<DType>(*dtype);
+    return record_reduction(def, x, std::move(attrs), g, out_type);
+  }
+  Tensor in = dtype ? x.to(*dtype) : x;
+  Prepared p = arrange(in, g, true);
   Tensor out = detail::make_empty(p.out_shape, out_type);
   const double count = static_cast<double>(p.R);
   detail::dispatch_all(in.dtype(), [&](auto tag) {
@@ -491,11 +614,17 @@ Tensor sum_like(const char* op, const Tensor& x, const std::vector<int64_t>& dim
   return out;
 }
 
+// amax/amin (attrs [dims, keepdim]), or max()/min() over every element (no attrs) when `whole`.
 template <bool IsMax>
-Tensor extremum(const char* op, const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+Tensor extremum(const detail::OpDef& def, const Tensor& x, const std::vector<int64_t>& dims,
+                bool keepdim, bool whole) {
+  const char* op = def.name.c_str();
   check_input(x, op);
-  Prepared p = prepare(x, op, dims, keepdim, true);
-  check_nonempty(op, x, p, dims.empty());
+  Geometry g = geometry(x, op, dims, keepdim);
+  check_nonempty(op, x, g);
+  if (detail::should_record(x))
+    return record_reduction(def, x, whole ? Attrs{} : Attrs{g.dims_attr, keepdim}, g, x.dtype());
+  Prepared p = arrange(x, g, true);
   Tensor out = detail::make_empty(p.out_shape, x.dtype());
   detail::dispatch_all(x.dtype(), [&](auto tag) {
     using T = KILN_TYPE(tag);
@@ -506,10 +635,13 @@ Tensor extremum(const char* op, const Tensor& x, const std::vector<int64_t>& dim
 }
 
 template <bool IsAll>
-Tensor logical_reduce(const char* op, const Tensor& x, const std::vector<int64_t>& dims,
+Tensor logical_reduce(const detail::OpDef& def, const Tensor& x, const std::vector<int64_t>& dims,
                       bool keepdim) {
+  const char* op = def.name.c_str();
   check_input(x, op);
-  Prepared p = prepare(x, op, dims, keepdim, true);
+  Geometry g = geometry(x, op, dims, keepdim);
+  if (detail::should_record(x)) return record_reduction(def, x, {g.dims_attr, keepdim}, g, kBool);
+  Prepared p = arrange(x, g, true);
   Tensor out = detail::make_empty(p.out_shape, kBool);
   bool* o = out.data_ptr<bool>();
   detail::dispatch_all(x.dtype(), [&](auto tag) {
@@ -519,13 +651,32 @@ Tensor logical_reduce(const char* op, const Tensor& x, const std::vector<int64_t
   return out;
 }
 
-// Values (when `values` is non-null) and int64 indices of the max or min along the reduced dims.
+// Values (when `values` is non-null) and int64 indices of the max or min along `dim` (every dim in
+// order when absent). def takes attrs [dim (none when absent), keepdim]; with values it has two
+// outputs.
 template <bool IsMax>
-void arg_reduce(const char* op, const Tensor& x, const std::vector<int64_t>& dims, bool keepdim,
+void arg_reduce(const detail::OpDef& def, const Tensor& x, std::optional<int64_t> dim, bool keepdim,
                 Tensor* values, Tensor* indices) {
+  const char* op = def.name.c_str();
   check_input(x, op);
-  Prepared p = prepare(x, op, dims, keepdim, false);
-  check_nonempty(op, x, p, dims.empty());
+  std::vector<int64_t> dims;
+  if (dim) dims.push_back(*dim);
+  Geometry g = geometry(x, op, dims, keepdim);
+  check_nonempty(op, x, g);
+  if (detail::should_record(x)) {
+    Attrs attrs{std::monostate{}, keepdim};
+    if (dim) attrs[0].emplace<int64_t>(g.dims_attr[0]);
+    if (values) {
+      std::vector<Tensor> out = detail::lazy_record(
+          def, {x}, std::move(attrs), {{g.out_shape, x.dtype()}, {g.out_shape, kInt64}});
+      *values = out[0];
+      *indices = out[1];
+    } else {
+      *indices = record_reduction(def, x, std::move(attrs), g, kInt64);
+    }
+    return;
+  }
+  Prepared p = arrange(x, g, false);
   *indices = detail::make_empty(p.out_shape, kInt64);
   if (values) *values = detail::make_empty(p.out_shape, x.dtype());
   int64_t* idx = indices->data_ptr<int64_t>();
@@ -548,12 +699,17 @@ void arg_reduce(const char* op, const Tensor& x, const std::vector<int64_t>& dim
   });
 }
 
-Tensor var_like(const char* op, const Tensor& x, const std::vector<int64_t>& dims,
+// var or std (take_sqrt): attrs [dims, correction, keepdim].
+Tensor var_like(const detail::OpDef& def, const Tensor& x, const std::vector<int64_t>& dims,
                 int64_t correction, bool keepdim, bool take_sqrt) {
+  const char* op = def.name.c_str();
   check_input(x, op);
   KILN_CHECK(is_floating_point(x.dtype()), op,
              ": std and var only support floating-point dtypes, got ", describe(x));
-  Prepared p = prepare(x, op, dims, keepdim, false);
+  Geometry g = geometry(x, op, dims, keepdim);
+  if (detail::should_record(x))
+    return record_reduction(def, x, {g.dims_attr, correction, keepdim}, g, x.dtype());
+  Prepared p = arrange(x, g, false);
   Tensor out = detail::make_empty(p.out_shape, x.dtype());
   const int64_t R = p.R;
   const double count = static_cast<double>(R);
@@ -679,20 +835,19 @@ Tensor extremum_grad(const Tensor& x, const Tensor& y, const Tensor& g,
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim,
            std::optional<DType> dtype) {
   return reduction_with_grad(sum_def, x, dims, keepdim,
-                             sum_like(sum_def.name.c_str(), x, dims, keepdim, dtype, false), false,
-                             false,
+                             sum_like(sum_def, x, dims, keepdim, dtype, false), false, false,
                              [](const Tensor&, const Tensor&, const Tensor& g, const Shape& in,
                                 const std::vector<int64_t>&) { return g.expand(in); });
 }
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  return reduction_with_grad(
-      mean_def, x, dims, keepdim,
-      sum_like(mean_def.name.c_str(), x, dims, keepdim, std::nullopt, true), false, false,
-      [](const Tensor&, const Tensor&, const Tensor& g, const Shape& in,
-         const std::vector<int64_t>& rdims) {
-        return div(g.expand(in), static_cast<double>(reduced_count(in, rdims)));
-      });
+  return reduction_with_grad(mean_def, x, dims, keepdim,
+                             sum_like(mean_def, x, dims, keepdim, std::nullopt, true), false, false,
+                             [](const Tensor&, const Tensor&, const Tensor& g, const Shape& in,
+                                const std::vector<int64_t>& rdims) {
+                               return div(g.expand(in),
+                                          static_cast<double>(reduced_count(in, rdims)));
+                             });
 }
 
 Tensor sum_to_size(const Tensor& x, const Shape& shape) {
@@ -719,14 +874,20 @@ Tensor prod(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   const char* op = prod_def.name.c_str();
   check_input(x, op);
   DType out_type = is_floating_point(x.dtype()) ? x.dtype() : kInt64;
-  Prepared p = prepare(x, op, dims, keepdim, true);
-  Tensor out = detail::make_empty(p.out_shape, out_type);
-  detail::dispatch_all(x.dtype(), [&](auto tag) {
-    using T = KILN_TYPE(tag);
-    using O = std::conditional_t<kIsFloat<T>, T, int64_t>;
-    O* o = out.data_ptr<O>();
-    run_simple<T>(p, ProdOps<T>{}, [&](int64_t i, Wide<T> a) { o[i] = static_cast<O>(a); });
-  });
+  Geometry g = geometry(x, op, dims, keepdim);
+  Tensor out;
+  if (detail::should_record(x)) {
+    out = record_reduction(prod_def, x, {g.dims_attr, keepdim}, g, out_type);
+  } else {
+    Prepared p = arrange(x, g, true);
+    out = detail::make_empty(p.out_shape, out_type);
+    detail::dispatch_all(x.dtype(), [&](auto tag) {
+      using T = KILN_TYPE(tag);
+      using O = std::conditional_t<kIsFloat<T>, T, int64_t>;
+      O* o = out.data_ptr<O>();
+      run_simple<T>(p, ProdOps<T>{}, [&](int64_t i, Wide<T> a) { o[i] = static_cast<O>(a); });
+    });
+  }
   // d prod / d x_i is the product of the others: y / x_i when the input has no zero. With
   // zeros, each element's product of the others is taken directly (x with that element replaced
   // by 1, R^2 work per row), which stays exact and differentiable.
@@ -766,12 +927,11 @@ auto extremum_formula = [](const Tensor& x, const Tensor& y, const Tensor& g, co
 };
 
 // max/min along one dim: the gradient goes to the element the index names.
-std::tuple<Tensor, Tensor> values_indices_with_grad(const detail::OpDef& def, const Tensor& x,
-                                                    int64_t dim, bool keepdim, Tensor values,
-                                                    Tensor indices) {
+std::tuple<Tensor, Tensor> values_indices_with_grad(const char* op, const Tensor& x, int64_t dim,
+                                                    bool keepdim, Tensor values, Tensor indices) {
   if (detail::needs_grad(x)) {
-    int64_t d = detail::wrap_dim(dim, x.dim(), def.name.c_str(), &x);
-    detail::record(def.name.c_str(), {x}, {values, indices}, {indices},
+    int64_t d = detail::wrap_dim(dim, x.dim(), op, &x);
+    detail::record(op, {x}, {values, indices}, {indices},
                    [d, keepdim, in = x.sizes()](const detail::BackwardContext& c) {
                      if (in.empty()) return std::vector<Tensor>{c.grad()};
                      Tensor idx = unreduce(c.saved(0), {d}, keepdim);
@@ -785,55 +945,49 @@ std::tuple<Tensor, Tensor> values_indices_with_grad(const detail::OpDef& def, co
 
 Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   return reduction_with_grad(amax_def, x, dims, keepdim,
-                             extremum<true>(amax_def.name.c_str(), x, dims, keepdim), true, true,
+                             extremum<true>(amax_def, x, dims, keepdim, false), true, true,
                              extremum_formula);
 }
 
 Tensor amin(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   return reduction_with_grad(amin_def, x, dims, keepdim,
-                             extremum<false>(amin_def.name.c_str(), x, dims, keepdim), true, true,
+                             extremum<false>(amin_def, x, dims, keepdim, false), true, true,
                              extremum_formula);
 }
 
 Tensor max(const Tensor& x) {
-  return reduction_with_grad(max_def, x, {}, false,
-                             extremum<true>(max_def.name.c_str(), x, {}, false), true, true,
-                             extremum_formula);
+  return reduction_with_grad(max_def, x, {}, false, extremum<true>(max_def, x, {}, false, true),
+                             true, true, extremum_formula);
 }
 
 Tensor min(const Tensor& x) {
-  return reduction_with_grad(min_def, x, {}, false,
-                             extremum<false>(min_def.name.c_str(), x, {}, false), true, true,
-                             extremum_formula);
+  return reduction_with_grad(min_def, x, {}, false, extremum<false>(min_def, x, {}, false, true),
+                             true, true, extremum_formula);
 }
 
 std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
   Tensor values, indices;
-  arg_reduce<true>(max_def.name.c_str(), x, {dim}, keepdim, &values, &indices);
-  return values_indices_with_grad(max_def, x, dim, keepdim, values, indices);
+  arg_reduce<true>(max_dim_def, x, dim, keepdim, &values, &indices);
+  return values_indices_with_grad("max", x, dim, keepdim, values, indices);
 }
 
 std::tuple<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim) {
   Tensor values, indices;
-  arg_reduce<false>(min_def.name.c_str(), x, {dim}, keepdim, &values, &indices);
-  return values_indices_with_grad(min_def, x, dim, keepdim, values, indices);
+  arg_reduce<false>(min_dim_def, x, dim, keepdim, &values, &indices);
+  return values_indices_with_grad("min", x, dim, keepdim, values, indices);
 }
 
 // Without a dim every dim is reduced in order, so the row offset is the flat index (keepdim then
 // keeps every dim as size 1, as torch).
 Tensor argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
   Tensor indices;
-  std::vector<int64_t> dims;
-  if (dim) dims.push_back(*dim);
-  arg_reduce<true>(argmax_def.name.c_str(), x, dims, keepdim, nullptr, &indices);
+  arg_reduce<true>(argmax_def, x, dim, keepdim, nullptr, &indices);
   return indices;
 }
 
 Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
   Tensor indices;
-  std::vector<int64_t> dims;
-  if (dim) dims.push_back(*dim);
-  arg_reduce<false>(argmin_def.name.c_str(), x, dims, keepdim, nullptr, &indices);
+  arg_reduce<false>(argmin_def, x, dim, keepdim, nullptr, &indices);
   return indices;
 }
 
@@ -848,8 +1002,7 @@ Tensor var_grad(const Tensor& x, const Tensor& g, const std::vector<int64_t>& rd
 
 Tensor var(const Tensor& x, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
   return reduction_with_grad(var_def, x, dims, keepdim,
-                             var_like(var_def.name.c_str(), x, dims, correction, keepdim, false),
-                             true, false,
+                             var_like(var_def, x, dims, correction, keepdim, false), true, false,
                              [correction](const Tensor& x, const Tensor&, const Tensor& g,
                                           const Shape&, const std::vector<int64_t>& rdims) {
                                return var_grad(x, g, rdims, correction);
@@ -859,8 +1012,7 @@ Tensor var(const Tensor& x, const std::vector<int64_t>& dims, int64_t correction
 // d std = d var / (2 std), taken as 0 where std is 0 (as torch).
 Tensor std(const Tensor& x, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
   return reduction_with_grad(
-      std_def, x, dims, keepdim, var_like(std_def.name.c_str(), x, dims, correction, keepdim, true),
-      true, true,
+      std_def, x, dims, keepdim, var_like(std_def, x, dims, correction, keepdim, true), true, true,
       [correction](const Tensor& x, const Tensor& y, const Tensor& g, const Shape&,
                    const std::vector<int64_t>& rdims) {
         Tensor nonzero = ne(y, 0);  // dividing by a safe 1 keeps NaN out of the next derivative
@@ -869,16 +1021,31 @@ Tensor std(const Tensor& x, const std::vector<int64_t>& dims, int64_t correction
       });
 }
 
+namespace {
+Tensor logsumexp_with_grad(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim,
+                           const Tensor& out) {
+  return reduction_with_grad(logsumexp_def, x, dims, keepdim, out, true, true,
+                             [](const Tensor& x, const Tensor& y, const Tensor& g, const Shape&,
+                                const std::vector<int64_t>&) { return g * exp(x - y); });
+}
+}  // namespace
+
 // log(sum(exp(x - m))) + m with m the row's max (0 when the max is infinite, so that all -inf gives
 // -inf and any +inf gives +inf); NaN propagates; an empty row gives -inf. Integers become float32.
 Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   const char* op = logsumexp_def.name.c_str();
   check_input(x, op);
-  Tensor in = is_floating_point(x.dtype()) ? x : x.to(kFloat32);
-  Prepared p = prepare(in, op, dims, keepdim, false);
-  Tensor out = detail::make_empty(p.out_shape, in.dtype());
+  const DType out_type = is_floating_point(x.dtype()) ? x.dtype() : kFloat32;
+  Geometry g = geometry(x, op, dims, keepdim);
+  if (detail::should_record(x)) {
+    Tensor out = record_reduction(logsumexp_def, x, {g.dims_attr, keepdim}, g, out_type);
+    return logsumexp_with_grad(x, dims, keepdim, out);
+  }
+  Tensor in = x.to(out_type);
+  Prepared p = arrange(in, g, false);
+  Tensor out = detail::make_empty(p.out_shape, out_type);
   const int64_t R = p.R;
-  detail::dispatch_floating(in.dtype(), op, [&](auto tag) {
+  detail::dispatch_floating(out_type, op, [&](auto tag) {
     using T = KILN_TYPE(tag);
     T* o = out.data_ptr<T>();
     if (R == 0) {
@@ -902,17 +1069,15 @@ Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim
         [](double a, double b) { return a + b; },
         [&](int64_t i, double s) { o[i] = static_cast<T>(std::log(s) + double(maxes[i])); });
   });
-  return reduction_with_grad(logsumexp_def, x, dims, keepdim, out, true, true,
-                             [](const Tensor& x, const Tensor& y, const Tensor& g, const Shape&,
-                                const std::vector<int64_t>&) { return g * exp(x - y); });
+  return logsumexp_with_grad(x, dims, keepdim, out);
 }
 
 Tensor all(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  return logical_reduce<true>(all_def.name.c_str(), x, dims, keepdim);
+  return logical_reduce<true>(all_def, x, dims, keepdim);
 }
 
 Tensor any(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  return logical_reduce<false>(any_def.name.c_str(), x, dims, keepdim);
+  return logical_reduce<false>(any_def, x, dims, keepdim);
 }
 
 }  // namespace kiln

@@ -16,29 +16,103 @@ using detail::shape_str;
 using detail::wrap_dim;
 
 namespace {
-const detail::OpDef& def_view(const char* name) {
-  return detail::register_op({name, OpKind::View, 1, detail::DTypeRule::Same});
+using detail::attr_int;
+using detail::attr_ints;
+using detail::Attrs;
+using Inputs = std::vector<Tensor>;
+
+const detail::OpDef& def_view(const char* name, detail::Invoke invoke = nullptr,
+                              std::vector<std::string> attr_names = {}) {
+  return detail::register_op(
+      {name, OpKind::View, 1, detail::DTypeRule::Same, true, invoke, std::move(attr_names)});
 }
-const detail::OpDef& view_def = def_view("view");
-const detail::OpDef& reshape_def = def_view("reshape");
-const detail::OpDef& permute_def = def_view("permute");
-const detail::OpDef& transpose_def = def_view("transpose");
-const detail::OpDef& unsqueeze_def = def_view("unsqueeze");
-const detail::OpDef& squeeze_def = def_view("squeeze");
-const detail::OpDef& expand_def = def_view("expand");
-const detail::OpDef& slice_def = def_view("slice");
-const detail::OpDef& select_def = def_view("select");
-const detail::OpDef& as_strided_def = def_view("as_strided");
+const detail::OpDef& view_def = def_view(
+    "view", [](const Inputs& in, const Attrs& a) { return Inputs{in[0].view(attr_ints(a[0]))}; },
+    {"shape"});
+const detail::OpDef& reshape_def = def_view(
+    "reshape",
+    [](const Inputs& in, const Attrs& a) { return Inputs{in[0].reshape(attr_ints(a[0]))}; },
+    {"shape"});
+const detail::OpDef& permute_def = def_view(
+    "permute",
+    [](const Inputs& in, const Attrs& a) { return Inputs{in[0].permute(attr_ints(a[0]))}; },
+    {"dims"});
+const detail::OpDef& transpose_def =
+    def_view("transpose",
+             [](const Inputs& in, const Attrs& a) {
+               return Inputs{in[0].transpose(attr_int(a[0]), attr_int(a[1]))};
+             },
+             {"dim0", "dim1"});
+const detail::OpDef& unsqueeze_def = def_view(
+    "unsqueeze",
+    [](const Inputs& in, const Attrs& a) { return Inputs{in[0].unsqueeze(attr_int(a[0]))}; },
+    {"dim"});
+const detail::OpDef& squeeze_def =
+    def_view("squeeze",
+             [](const Inputs& in, const Attrs& a) {
+               auto d = detail::attr_optional_int(a[0]);
+               return Inputs{d ? in[0].squeeze(*d) : in[0].squeeze()};
+             },
+             {"dim"});
+const detail::OpDef& expand_def =
+    def_view("expand",
+             [](const Inputs& in, const Attrs& a) { return Inputs{in[0].expand(attr_ints(a[0]))}; },
+             {"sizes"});
+const detail::OpDef& slice_def = def_view(
+    "slice",
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{in[0].slice(attr_int(a[0]), attr_int(a[1]), attr_int(a[2]), attr_int(a[3]))};
+    },
+    {"dim", "start", "end", "step"});
+const detail::OpDef& select_def =
+    def_view("select",
+             [](const Inputs& in, const Attrs& a) {
+               return Inputs{in[0].select(attr_int(a[0]), attr_int(a[1]))};
+             },
+             {"dim", "index"});
+// In the IR, as_strided addresses its input's elements in contiguous order: the executor hands
+// it a contiguous input starting at offset 0 (lazy mode records it only over such values).
+const detail::OpDef& as_strided_def =
+    def_view("as_strided",
+             [](const Inputs& in, const Attrs& a) {
+               Tensor x = in[0];
+               if (!x.is_contiguous() || x.storage_offset() != 0) x = x.clone();
+               return Inputs{as_strided(x, attr_ints(a[0]), attr_ints(a[1]), attr_int(a[2]))};
+             },
+             {"sizes", "strides", "offset"});
 const detail::OpDef& split_def = def_view("split");
 const detail::OpDef& unbind_def = def_view("unbind");
+const detail::OpDef& def_scatter(const char* name, detail::Invoke invoke,
+                                 std::vector<std::string> attr_names) {
+  return detail::register_op(
+      {name, OpKind::Index, 2, detail::DTypeRule::Same, true, invoke, std::move(attr_names)});
+}
 const detail::OpDef& slice_scatter_def =
-    detail::register_op({"slice_scatter", OpKind::Index, 2, detail::DTypeRule::Same});
-const detail::OpDef& as_strided_scatter_def =
-    detail::register_op({"as_strided_scatter", OpKind::Index, 2, detail::DTypeRule::Same});
+    def_scatter("slice_scatter",
+                [](const Inputs& in, const Attrs& a) {
+                  return Inputs{slice_scatter(in[0], in[1], attr_int(a[0]), attr_int(a[1]),
+                                              attr_int(a[2]), attr_int(a[3]))};
+                },
+                {"dim", "start", "end", "step"});
+// Like as_strided, the region addresses self's elements in contiguous order from its first one:
+// the executor hands it a contiguous self starting at offset 0 (lazy mode records it only over
+// contiguous values, with the offset relative to self's first element).
+const detail::OpDef& as_strided_scatter_def = def_scatter(
+    "as_strided_scatter",
+    [](const Inputs& in, const Attrs& a) {
+      Tensor x = in[0];
+      if (!x.is_contiguous() || x.storage_offset() != 0) x = x.clone();
+      return Inputs{as_strided_scatter(x, in[1], attr_ints(a[0]), attr_ints(a[1]), attr_int(a[2]))};
+    },
+    {"sizes", "strides", "offset"});
 
-// Records a view op whose input gradient is grad_of(output gradient).
+// Records a view op whose input gradient is grad_of(output gradient). A view of a pending tensor
+// also gets its own node, def(input, attrs) (see lib/lazy.h); without attrs it is derived from its
+// storage's value when used.
 template <typename F>
-Tensor view_with_grad(const detail::OpDef& def, const Tensor& input, Tensor out, F grad_of) {
+Tensor view_with_grad(const detail::OpDef& def, const Tensor& input, std::optional<Attrs> attrs,
+                      Tensor out, F grad_of) {
+  if (attrs) detail::lazy_record_view(def, input, std::move(*attrs), out);
   if (detail::needs_grad(input))
     detail::record(def.name.c_str(), {input}, {out}, {},
                    [grad_of](const detail::BackwardContext& c) {
@@ -134,7 +208,8 @@ Tensor Tensor::view(const Shape& shape) const {
              describe(*this), " with strides ", shape_str(strides()),
              " (at least one dimension spans across two contiguous subspaces); use .reshape(...) "
              "instead");
-  return view_with_grad(view_def, *this, make_view(*this, new_sizes, *st, storage_offset()),
+  return view_with_grad(view_def, *this, Attrs{new_sizes},
+                        make_view(*this, new_sizes, *st, storage_offset()),
                         [in = sizes()](const Tensor& g) { return g.reshape(in); });
 }
 
@@ -142,7 +217,8 @@ Tensor Tensor::reshape(const Shape& shape) const {
   detail::check_defined(*this, "reshape");
   Shape new_sizes = infer_shape("reshape", shape, numel(), *this);
   if (auto st = view_strides(sizes(), strides(), new_sizes))
-    return view_with_grad(reshape_def, *this, make_view(*this, new_sizes, *st, storage_offset()),
+    return view_with_grad(reshape_def, *this, Attrs{new_sizes},
+                          make_view(*this, new_sizes, *st, storage_offset()),
                           [in = sizes()](const Tensor& g) { return g.reshape(in); });
   return clone().view(new_sizes);
 }
@@ -166,7 +242,7 @@ Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
   detail::check_defined(*this, "permute");
   KILN_CHECK(static_cast<int64_t>(dims.size()) == dim(), "permute: number of dims ", dims.size(),
              " doesn't match the input ", describe(*this));
-  Shape sz(dims.size()), st(dims.size());
+  Shape sz(dims.size()), st(dims.size()), normalized(dims.size());
   std::vector<bool> seen(dims.size(), false);
   std::vector<int64_t> inverse(dims.size());
   for (size_t i = 0; i < dims.size(); ++i) {
@@ -176,8 +252,10 @@ Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
     sz[i] = sizes()[d];
     st[i] = strides()[d];
     inverse[d] = static_cast<int64_t>(i);
+    normalized[i] = d;
   }
-  return view_with_grad(permute_def, *this, make_view(*this, sz, st, storage_offset()),
+  return view_with_grad(permute_def, *this, Attrs{normalized},
+                        make_view(*this, sz, st, storage_offset()),
                         [inverse](const Tensor& g) { return g.permute(inverse); });
 }
 
@@ -186,7 +264,8 @@ Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
   if (dim() == 0) {
     wrap_dim(dim0, 0, "transpose");
     wrap_dim(dim1, 0, "transpose");
-    return view_with_grad(transpose_def, *this, make_view(*this, {}, {}, storage_offset()),
+    return view_with_grad(transpose_def, *this, Attrs{int64_t{0}, int64_t{0}},
+                          make_view(*this, {}, {}, storage_offset()),
                           [](const Tensor& g) { return g; });
   }
   int64_t a = wrap_dim(dim0, dim(), "transpose", this),
@@ -194,7 +273,8 @@ Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
   Shape sz = sizes(), st = strides();
   std::swap(sz[a], sz[b]);
   std::swap(st[a], st[b]);
-  return view_with_grad(transpose_def, *this, make_view(*this, sz, st, storage_offset()),
+  return view_with_grad(transpose_def, *this, Attrs{a, b},
+                        make_view(*this, sz, st, storage_offset()),
                         [a, b](const Tensor& g) { return g.transpose(a, b); });
 }
 
@@ -211,7 +291,8 @@ Tensor Tensor::unsqueeze(int64_t d) const {
   int64_t stride = pos < dim() ? sz[pos] * st[pos] : 1;
   sz.insert(sz.begin() + pos, 1);
   st.insert(st.begin() + pos, stride);
-  return view_with_grad(unsqueeze_def, *this, make_view(*this, sz, st, storage_offset()),
+  return view_with_grad(unsqueeze_def, *this, Attrs{pos},
+                        make_view(*this, sz, st, storage_offset()),
                         [pos](const Tensor& g) { return g.squeeze(pos); });
 }
 
@@ -223,23 +304,27 @@ Tensor Tensor::squeeze() const {
     sz.push_back(sizes()[d]);
     st.push_back(strides()[d]);
   }
-  return view_with_grad(squeeze_def, *this, make_view(*this, sz, st, storage_offset()),
+  return view_with_grad(squeeze_def, *this, Attrs{detail::AttrValue{}},
+                        make_view(*this, sz, st, storage_offset()),
                         [in = sizes()](const Tensor& g) { return g.reshape(in); });
 }
 
 Tensor Tensor::squeeze(int64_t d) const {
   detail::check_defined(*this, "squeeze");
   Shape sz = sizes(), st = strides();
+  int64_t squeezed = 0;
   if (dim() == 0) {
     wrap_dim(d, 0, "squeeze");
   } else {
+    squeezed = wrap_dim(d, dim(), "squeeze", this);
     int64_t pos = wrap_dim(d, dim(), "squeeze", this);
     if (sizes()[pos] == 1) {
       sz.erase(sz.begin() + pos);
       st.erase(st.begin() + pos);
     }
   }
-  return view_with_grad(squeeze_def, *this, make_view(*this, sz, st, storage_offset()),
+  return view_with_grad(squeeze_def, *this, Attrs{squeezed},
+                        make_view(*this, sz, st, storage_offset()),
                         [in = sizes()](const Tensor& g) { return g.reshape(in); });
 }
 
@@ -265,7 +350,7 @@ Tensor Tensor::expand(const Shape& shape) const {
     sz[i] = want;
     st[i] = cur == want ? strides()[i - off] : 0;
   }
-  return view_with_grad(expand_def, *this, make_view(*this, sz, st, storage_offset()),
+  return view_with_grad(expand_def, *this, Attrs{sz}, make_view(*this, sz, st, storage_offset()),
                         [in = sizes()](const Tensor& g) { return sum_to_size(g, in); });
 }
 
@@ -288,7 +373,7 @@ Tensor Tensor::slice(int64_t d, std::optional<int64_t> start, std::optional<int6
   Shape sz = sizes(), st = strides();
   sz[pos] = (e - s + step - 1) / step;
   st[pos] = strides()[pos] * step;
-  return view_with_grad(slice_def, *this,
+  return view_with_grad(slice_def, *this, Attrs{pos, s, e, step},
                         make_view(*this, sz, st, storage_offset() + s * strides()[pos]),
                         [in = sizes(), pos, s, e, step](const Tensor& g) {
                           return slice_scatter(zeros(in, g.dtype()), g, pos, s, e, step);
@@ -318,7 +403,7 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
   int64_t offset = storage_offset() + index * st[pos];
   sz.erase(sz.begin() + pos);
   st.erase(st.begin() + pos);
-  return view_with_grad(select_def, *this, make_view(*this, sz, st, offset),
+  return view_with_grad(select_def, *this, Attrs{pos, index}, make_view(*this, sz, st, offset),
                         [in = sizes(), pos, index](const Tensor& g) {
                           return slice_scatter(zeros(in, g.dtype()), g.unsqueeze(pos), pos, index,
                                                index + 1);
@@ -471,7 +556,7 @@ Tensor as_strided(const Tensor& self, const Shape& sizes, const Shape& strides,
   check_in_storage("as_strided", self, sizes, strides, offset);
   Tensor out = make_view(self, sizes, strides, offset);
   return view_with_grad(
-      as_strided_def, self, out,
+      as_strided_def, self, std::nullopt, out,
       [in_sizes = self.sizes(), in_strides = self.strides(), in_offset = self.storage_offset(),
        sizes, strides, offset](const Tensor& g) {
         return as_strided_backward(g, in_sizes, in_strides, sizes, strides, offset - in_offset);
@@ -480,20 +565,34 @@ Tensor as_strided(const Tensor& self, const Shape& sizes, const Shape& strides,
 
 Tensor as_strided_scatter(const Tensor& self, const Tensor& src, const Shape& sizes,
                           const Shape& strides, std::optional<int64_t> storage_offset) {
-  const char* op = "as_strided_scatter";
+  const char* op = as_strided_scatter_def.name.c_str();
   detail::check_defined(self, op);
   detail::check_defined(src, op, "src");
   KILN_CHECK(src.sizes() == sizes, op, ": src ", describe(src), " does not have the shape ",
              shape_str(sizes), " of the region it is written to");
   const int64_t offset = storage_offset.value_or(self.storage_offset());
-  Tensor out = self.is_contiguous()
-                   ? detail::make_empty(self.sizes(), self.dtype())
-                   : detail::make_empty_strided(self.sizes(), self.strides(), self.dtype());
   // The region's position relative to self's first element, applied to out's.
   const int64_t rel = offset - self.storage_offset();
-  check_in_storage(op, out, sizes, strides, rel);
-  detail::copy_kernel(out, self);
-  detail::copy_kernel(make_view(out, sizes, strides, rel), src);
+  Tensor out;
+  if (self.is_contiguous() && detail::should_record(self, src)) {
+    // out would be a fresh contiguous tensor: check the region against one without making it.
+    auto geometry = std::make_shared<detail::TensorImpl>();
+    geometry->storage = std::make_shared<detail::Storage>();
+    geometry->storage->nbytes = static_cast<size_t>(self.numel()) * element_size(self.dtype());
+    geometry->sizes = self.sizes();
+    geometry->strides = detail::contiguous_strides(self.sizes());
+    geometry->dtype = self.dtype();
+    check_in_storage(op, Tensor(std::move(geometry)), sizes, strides, rel);
+    out = detail::lazy_record1(as_strided_scatter_def, {self, src}, {sizes, strides, rel},
+                               {self.sizes(), self.dtype()});
+  } else {
+    out = self.is_contiguous()
+              ? detail::make_empty(self.sizes(), self.dtype())
+              : detail::make_empty_strided(self.sizes(), self.strides(), self.dtype());
+    check_in_storage(op, out, sizes, strides, rel);
+    detail::copy_kernel(out, self);
+    detail::copy_kernel(make_view(out, sizes, strides, rel), src);
+  }
   if (detail::needs_grad(self, src))
     detail::record(
         op, {self, src}, {out}, {},
@@ -516,15 +615,28 @@ Tensor slice_scatter(const Tensor& self, const Tensor& src, int64_t dim,
   detail::check_defined(src, op, "src");
   KILN_CHECK(src.dtype() == self.dtype(), op, ": src ", describe(src),
              " must have the dtype of self ", describe(self));
+  // The slice's range, normalized as Tensor::slice normalizes it.
+  KILN_CHECK(self.dim() > 0, "slice: cannot slice a 0-dim tensor ", describe(self));
+  const int64_t pos = wrap_dim(dim, self.dim(), "slice", &self);
+  KILN_CHECK(step > 0, "slice: step must be positive, got ", step);
+  const int64_t n = self.size(pos);
+  int64_t s = start.value_or(0), e = end.value_or(n);
+  if (s < 0) s += n;
+  if (e < 0) e += n;
+  s = std::clamp<int64_t>(s, 0, n);
+  e = std::clamp<int64_t>(e, s, n);
+  Shape region = self.sizes();
+  region[pos] = (e - s + step - 1) / step;
+  KILN_CHECK(src.sizes() == region, op, ": src ", describe(src), " does not match the shape ",
+             shape_str(region), " of the slice of ", describe(self));
   Tensor out;
-  {
+  if (detail::should_record(self, src)) {
+    out = detail::lazy_record1(slice_scatter_def, {self, src}, {pos, s, e, step},
+                               {self.sizes(), self.dtype()});
+  } else {
     AutoGradMode kernel_only(false);
     out = self.clone();
-    Tensor region = out.slice(dim, start, end, step);
-    KILN_CHECK(src.sizes() == region.sizes(), op, ": src ", describe(src),
-               " does not match the shape ", shape_str(region.sizes()), " of the slice of ",
-               describe(self));
-    detail::copy_kernel(region, src);
+    detail::copy_kernel(out.slice(pos, s, e, step), src);
   }
   if (detail::needs_grad(self, src))
     detail::record(

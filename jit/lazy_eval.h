@@ -1,0 +1,38 @@
+// Lazy mode's evaluator: turns the pending nodes a request needs into a Graph and runs it.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "jit/ir.h"
+#include "lib/lazy.h"
+
+namespace kiln::jit {
+
+// What a graph built from pending nodes is bound to: concrete tensors for its inputs, and the
+// node output each graph output computes.
+struct LazyGraphBinding {
+  std::vector<Tensor> inputs;      // the tensor bound to each graph input (captured by reference)
+  std::vector<int64_t> arguments;  // per graph input: the traced function's argument, or -1
+  std::vector<detail::LazyRef> outputs;
+};
+
+// The graph of every uncomputed node the requests need. Its outputs are the requested values and,
+// when `keep_referenced`, every value still referenced from outside it. Trace placeholders become
+// graph inputs bound to `arguments` (their tensors: `placeholder_values`, when given).
+std::unique_ptr<Graph> build_graph(const std::vector<detail::LazyRef>& requests,
+                                   LazyGraphBinding* binding, bool keep_referenced = true,
+                                   const std::vector<Tensor>* placeholder_values = nullptr);
+
+// Materializes the requested values (lib/lazy.h's evaluator).
+void evaluate(const std::vector<detail::LazyRef>& requests);
+
+struct LazyStats {
+  int64_t evaluations = 0;     // graphs built and run
+  int64_t nodes_executed = 0;  // steps run by those graphs
+  int64_t nodes_in_graphs = 0;
+  int64_t pending = 0;  // uncomputed nodes alive now
+};
+LazyStats lazy_stats();
+
+}  // namespace kiln::jit

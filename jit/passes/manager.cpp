@@ -1,0 +1,193 @@
+// The pass manager: the fixed pass order, switches (KILN_DISABLE_PASSES, KILN_VERIFY) and the
+// passes' own profile.
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <mutex>
+#include <optional>
+
+#include "jit/passes/passes.h"
+#include "kiln/error.h"
+
+namespace kiln::jit {
+
+// The order matters. dce first, so the other passes do not spend time on dead nodes; cse next, so
+// that equal subexpressions are one value when the pattern rules look for "the same x" (softmax's
+// two exps); fold before the rewrites, so rules see constants rather than constant arithmetic;
+// canonicalize before stabilize, so views and x * 1 do not hide a stabilizable pattern; and dce
+// last, for nodes the rewrites left behind that they did not remove themselves.
+const std::vector<PassInfo>& all_passes() {
+  static const std::vector<PassInfo> passes = {
+      {"dce", &eliminate_dead_code}, {"cse", &eliminate_common_subexpressions},
+      {"fold", &fold_constants},     {"canonicalize", &canonicalize},
+      {"stabilize", &stabilize},     {"dce", &eliminate_dead_code},
+  };
+  return passes;
+}
+
+namespace {
+
+bool known_pass(const std::string& name) {
+  for (const PassInfo& p : all_passes())
+    if (name == p.name) return true;
+  return false;
+}
+
+// Every pass name once, in order of first appearance.
+std::vector<std::string> pass_names() {
+  std::vector<std::string> names;
+  for (const PassInfo& p : all_passes()) {
+    bool seen = false;
+    for (const std::string& n : names) seen |= n == p.name;
+    if (!seen) names.emplace_back(p.name);
+  }
+  return names;
+}
+
+std::vector<std::string> parse_list(const char* text) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (const char* c = text;; ++c) {
+    if (*c == ',' || *c == '\0') {
+      size_t b = cur.find_first_not_of(" \t");
+      size_t e = cur.find_last_not_of(" \t");
+      if (b != std::string::npos) out.push_back(cur.substr(b, e - b + 1));
+      cur.clear();
+      if (*c == '\0') break;
+    } else {
+      cur += *c;
+    }
+  }
+  return out;
+}
+
+bool env_verify_default() {
+  const char* v = std::getenv("KILN_VERIFY");
+  if (v && *v) return std::string(v) != "0";
+#ifdef NDEBUG
+  return false;
+#else
+  return true;
+#endif
+}
+
+struct ManagerState {
+  std::mutex mu;
+  std::vector<std::string> disabled;  // "all" disables every pass
+  bool verify;
+  std::vector<PassProfileEntry> profile;  // one per pass name, in pass order
+
+  ManagerState() : verify(env_verify_default()) {
+    if (const char* env = std::getenv("KILN_DISABLE_PASSES")) {
+      for (std::string& name : parse_list(env)) {
+        if (name != "all" && !known_pass(name))
+          std::cerr << "kiln: KILN_DISABLE_PASSES names no pass '" << name << "' (passes: dce, "
+                    << "cse, fold, canonicalize, stabilize, all)\n";
+        disabled.push_back(std::move(name));
+      }
+    }
+    for (const std::string& name : pass_names()) {
+      profile.emplace_back();
+      profile.back().pass = name;
+    }
+  }
+
+  bool is_disabled(const std::string& name) const {
+    for (const std::string& d : disabled)
+      if (d == name || d == "all") return true;
+    return false;
+  }
+};
+
+ManagerState& state() {
+  static ManagerState* s = new ManagerState();  // never destroyed: usable from exit handlers
+  return *s;
+}
+
+void verify_after(const Graph& g, const char* when) {
+  try {
+    g.verify();
+  } catch (const Error& e) {
+    KILN_FAIL("jit: the graph is invalid ", when, ": ", e.what());
+  }
+}
+
+}  // namespace
+
+void set_disabled_passes(const std::vector<std::string>& names) {
+  for (const std::string& n : names)
+    KILN_CHECK(n == "all" || known_pass(n), "set_disabled_passes: no pass named '", n,
+               "' (passes: dce, cse, fold, canonicalize, stabilize, all)");
+  ManagerState& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.disabled = names;
+}
+
+bool pass_disabled(const std::string& name) {
+  ManagerState& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.is_disabled(name);
+}
+
+void set_verify_passes(bool on) {
+  ManagerState& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.verify = on;
+}
+
+bool verify_passes() {
+  ManagerState& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.verify;
+}
+
+void run_passes(Graph& g) {
+  ManagerState& s = state();
+  std::vector<const PassInfo*> enabled;
+  bool verify;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (const PassInfo& p : all_passes())
+      if (!s.is_disabled(p.name)) enabled.push_back(&p);
+    verify = s.verify;
+  }
+  // Checking the input first means a broken graph is blamed on whoever built it, not on dce.
+  if (verify) verify_after(g, "before the passes");
+  for (const PassInfo* p : enabled) {
+    PassContext ctx;
+    const int64_t before = static_cast<int64_t>(g.size());
+    const auto start = std::chrono::steady_clock::now();
+    p->fn(g, ctx);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const int64_t after = static_cast<int64_t>(g.size());
+    if (verify) verify_after(g, std::string("after pass '").append(p->name).append("'").c_str());
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (PassProfileEntry& e : s.profile) {
+      if (e.pass != p->name) continue;
+      e.runs += 1;
+      e.seconds += seconds;
+      e.nodes_before += before;
+      e.nodes_after += after;
+      for (const auto& [rule, n] : ctx.rewrites) e.rewrites[rule] += n;
+    }
+  }
+}
+
+std::vector<PassProfileEntry> pass_profile() {
+  ManagerState& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.profile;
+}
+
+void reset_pass_profile() {
+  ManagerState& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  for (PassProfileEntry& e : s.profile) {
+    std::string name = std::move(e.pass);
+    e = PassProfileEntry();
+    e.pass = std::move(name);
+  }
+}
+
+}  // namespace kiln::jit

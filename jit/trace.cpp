@@ -1,0 +1,317 @@
+// kiln::jit::trace and Function: record a function once on pending placeholders, optimize the
+// recorded graph into a plan, and replay it on later calls behind a guard on the input types.
+//
+// Tracing is abstract: the function runs on placeholders in trace mode, where every op records a
+// node and nothing is computed or written. In-place writes are recorded functionally
+// (lib/lazy.cpp, trace_assign): a written storage's value becomes a node, and the trace's graph
+// outputs that value so each replay writes it back into the captured tensor. .grad assignments by
+// backward become outputs the same way. When the trace ends, every captured tensor and .grad is
+// restored to what it was, so tracing has no side effects.
+#include <atomic>
+#include <mutex>
+
+#include "jit/executor.h"
+#include "jit/lazy_eval.h"
+#include "jit/log.h"
+#include "jit/passes/passes.h"
+#include "kiln/autograd.h"
+#include "kiln/jit.h"
+#include "kiln/ops.h"
+#include "lib/autograd.h"
+#include "lib/tensor_impl.h"
+
+namespace kiln {
+
+bool is_lazy_enabled() {
+  return detail::lazy_mode();
+}
+void set_lazy_enabled(bool enabled) {
+  detail::set_lazy_mode(enabled);
+}
+LazyGuard::LazyGuard(bool enabled) : previous_(detail::lazy_mode()) {
+  detail::set_lazy_mode(enabled);
+}
+LazyGuard::~LazyGuard() {
+  detail::set_lazy_mode(previous_);
+}
+
+void eval(const std::vector<Tensor>& tensors) {
+  detail::materialize(tensors);
+}
+
+namespace jit {
+
+namespace {
+std::atomic<int64_t> g_traces{0}, g_replays{0}, g_guard_failures{0};
+
+struct InputKey {
+  DType dtype;
+  Shape sizes;
+  Device device;
+  bool requires_grad;
+  bool operator==(const InputKey& o) const {
+    return dtype == o.dtype && sizes == o.sizes && device == o.device &&
+           requires_grad == o.requires_grad;
+  }
+};
+
+InputKey key_of(const Tensor& t) {
+  KILN_CHECK(t.defined(), "jit::trace: an input is an undefined tensor");
+  return {t.dtype(), t.sizes(), t.device(), t.requires_grad()};
+}
+
+std::string key_str(const InputKey& k) {
+  std::string s = std::string(dtype_name(k.dtype)) + detail::shape_str(k.sizes);
+  if (!k.device.is_cpu()) s += " on " + k.device.str();
+  if (k.requires_grad) s += " requires_grad";
+  return s;
+}
+
+// What each graph output is for.
+enum class OutputKind : int64_t { Return = 0, WriteBack = 1, Grad = 2 };
+}  // namespace
+
+struct Specialization {
+  std::vector<InputKey> key;
+  std::unique_ptr<Graph> graph;
+  std::unique_ptr<Plan> plan;
+  // Per graph input: the call argument, or -1 for a captured tensor (captures[k]).
+  std::vector<int64_t> arguments;
+  std::vector<Tensor> captures;
+  // Per graph output: what it is for, and for write-backs the storage (as a flat tensor) and for
+  // grads the leaf that receives it.
+  std::vector<OutputKind> kinds;
+  std::vector<Tensor> write_targets;
+  std::vector<std::shared_ptr<detail::TensorImpl>> grad_leaves;
+};
+
+struct FunctionImpl {
+  TracedFn fn;
+  int max_specializations = 8;
+  std::mutex mutex;
+  std::vector<std::unique_ptr<Specialization>> specs;
+  const Specialization* last = nullptr;
+  bool said_fallback = false;
+  std::vector<std::string> warnings;
+
+  std::unique_ptr<Specialization> specialize(const std::vector<Tensor>& inputs);
+  std::vector<Tensor> replay(const Specialization& s, const std::vector<Tensor>& inputs) const;
+};
+
+namespace {
+// Leaves trace mode and undoes what tracing did to captured tensors, also on an exception.
+struct TraceScope {
+  detail::TraceState state;
+  bool lazy = detail::lazy_mode();
+  TraceScope() {
+    KILN_CHECK(!detail::trace_mode(), "jit::trace: traces cannot be nested");
+    detail::set_lazy_mode(true);
+    detail::set_trace_state(&state);
+  }
+  ~TraceScope() {
+    detail::set_trace_state(nullptr);
+    detail::set_lazy_mode(lazy);
+    for (const auto& s : state.written) {
+      s->lazy = detail::LazyRef{};
+      ++s->lazy_generation;
+    }
+    for (auto& [leaf, before] : state.grads) leaf->autograd->grad = before;
+  }
+};
+
+// The node output that holds t's value, recording a copy when t is a concrete tensor (a capture
+// returned as is) so that every output is computed by the graph.
+detail::LazyRef value_ref(const Tensor& t) {
+  detail::LazyInput in = detail::lazy_input(t);
+  if (in.ref) return in.ref;
+  return detail::lazy_input(t.clone()).ref;
+}
+}  // namespace
+
+std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tensor>& inputs) {
+  // Pending work from before belongs to nobody's trace: run it first.
+  detail::flush_pending();
+  eval(inputs);
+  auto spec = std::make_unique<Specialization>();
+  for (const Tensor& t : inputs) spec->key.push_back(key_of(t));
+  std::vector<detail::LazyRef> requests;
+  {
+    TraceScope scope;
+    scope.state.examples = inputs;
+    std::vector<Tensor> placeholders;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      Tensor p = detail::trace_placeholder(input_op(), static_cast<int64_t>(i), inputs[i]);
+      if (inputs[i].requires_grad()) p.requires_grad_(true);
+      placeholders.push_back(p);
+    }
+    std::vector<Tensor> outputs = fn(placeholders);
+    for (const Tensor& t : outputs) {
+      KILN_CHECK(t.defined(), "jit::trace: the traced function returned an undefined tensor");
+      requests.push_back(value_ref(t));
+      spec->kinds.push_back(OutputKind::Return);
+      spec->write_targets.emplace_back();
+      spec->grad_leaves.emplace_back();
+    }
+    for (const auto& storage : scope.state.written) {
+      requests.push_back(storage->lazy);
+      spec->kinds.push_back(OutputKind::WriteBack);
+      const detail::LazyType& t = storage->lazy.node->outputs[storage->lazy.index];
+      spec->write_targets.push_back(detail::flat_storage_tensor(storage, t.dtype));
+      spec->grad_leaves.emplace_back();
+    }
+    for (const auto& [leaf, before] : scope.state.grads) {
+      const Tensor& g = leaf->autograd->grad;
+      if (!g.defined() || g.is_same(before)) continue;
+      requests.push_back(value_ref(g));
+      spec->kinds.push_back(OutputKind::Grad);
+      spec->write_targets.emplace_back();
+      spec->grad_leaves.push_back(leaf);
+    }
+    warnings.insert(warnings.end(), scope.state.warnings.begin(), scope.state.warnings.end());
+    for (const std::string& w : scope.state.warnings) std::cerr << "kiln warning: " << w << '\n';
+
+    // The graph, built while the trace's values are still in place.
+    LazyGraphBinding binding;
+    spec->graph = build_graph(requests, &binding, false, nullptr);
+    // Graph outputs in request order (build_graph lists each node's outputs once).
+    std::vector<Value*> by_request;
+    for (const detail::LazyRef& r : requests) {
+      Value* found = nullptr;
+      for (size_t k = 0; k < binding.outputs.size() && !found; ++k)
+        if (binding.outputs[k].node == r.node && binding.outputs[k].index == r.index)
+          found = spec->graph->outputs()[k];
+      KILN_CHECK(found, "jit::trace: an output of the traced function was not recorded");
+      by_request.push_back(found);
+    }
+    spec->graph->clear_outputs();
+    for (Value* v : by_request) spec->graph->add_output(v);
+    spec->arguments = binding.arguments;
+    spec->captures = binding.inputs;
+  }
+  run_passes(*spec->graph);
+  spec->plan = std::make_unique<Plan>(*spec->graph);
+  g_traces.fetch_add(1);
+  return spec;
+}
+
+std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
+                                         const std::vector<Tensor>& inputs) const {
+  detail::flush_pending();
+  std::vector<Tensor> args(s.arguments.size());
+  for (size_t k = 0; k < s.arguments.size(); ++k)
+    args[k] = s.arguments[k] >= 0 ? inputs[static_cast<size_t>(s.arguments[k])] : s.captures[k];
+  eval(args);
+  std::vector<Tensor> results = s.plan->run(args);
+  std::vector<Tensor> returned;
+  NoGradGuard no_grad;
+  LazyGuard eager(false);
+  for (size_t k = 0; k < s.kinds.size(); ++k) {
+    switch (s.kinds[k]) {
+      case OutputKind::Return:
+        returned.push_back(results[k]);
+        break;
+      case OutputKind::WriteBack: {
+        const Tensor& dst = s.write_targets[k];
+        const Tensor& src = results[k];
+        detail::copy_kernel(dst, detail::may_overlap(dst, src) ? src.clone() : src);
+        detail::bump_version(dst);
+        break;
+      }
+      case OutputKind::Grad:
+        s.grad_leaves[k]->autograd->grad = results[k];
+        break;
+    }
+  }
+  return returned;
+}
+
+std::vector<Tensor> Function::operator()(const std::vector<Tensor>& inputs) const {
+  KILN_CHECK(impl_, "jit::Function: called on an empty Function");
+  FunctionImpl& f = *impl_;
+  std::vector<InputKey> key;
+  for (const Tensor& t : inputs) key.push_back(key_of(t));
+  const Specialization* match = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(f.mutex);
+    for (const auto& s : f.specs)
+      if (s->key == key) match = s.get();
+    if (!match) {
+      g_guard_failures.fetch_add(1);
+      // The reason, against the most recent specialization.
+      std::string reason = "no specialization yet";
+      if (!f.specs.empty()) {
+        const auto& prev = f.specs.back()->key;
+        if (prev.size() != key.size()) {
+          reason = "called with " + std::to_string(key.size()) + " inputs, traced with " +
+                   std::to_string(prev.size());
+        } else {
+          for (size_t i = 0; i < key.size(); ++i)
+            if (!(key[i] == prev[i])) {
+              reason = "input " + std::to_string(i) + " is " + key_str(key[i]) + ", traced as " +
+                       key_str(prev[i]);
+              break;
+            }
+        }
+      }
+      if (static_cast<int>(f.specs.size()) < f.max_specializations && f.fn) {
+        log("guard", "guard failed (", reason, "): tracing specialization ", f.specs.size() + 1,
+            " of at most ", f.max_specializations);
+        f.specs.push_back(f.specialize(inputs));
+        match = f.specs.back().get();
+      } else {
+        KILN_CHECK(f.fn,
+                   "jit::Function: loaded function called with inputs it was not traced "
+                   "for (",
+                   reason, ")");
+        if (!f.said_fallback) {
+          f.said_fallback = true;
+          std::cerr << "kiln: jit::Function reached its limit of " << f.max_specializations
+                    << " specializations (" << reason
+                    << "); further mismatching calls run in plain lazy mode\n";
+        }
+        log("guard", "guard failed (", reason, "): running in plain lazy mode");
+      }
+    }
+    if (match) f.last = match;
+  }
+  if (!match) return f.fn(inputs);
+  g_replays.fetch_add(1);
+  return f.replay(*match, inputs);
+}
+
+std::string Function::graph_str() const {
+  KILN_CHECK(impl_, "jit::Function: empty Function");
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const Specialization* s =
+      impl_->last ? impl_->last : (impl_->specs.empty() ? nullptr : impl_->specs[0].get());
+  return s ? s->graph->str() : std::string();
+}
+
+size_t Function::num_specializations() const {
+  return impl_ ? impl_->specs.size() : 0;
+}
+
+std::vector<std::string> Function::warnings() const {
+  return impl_ ? impl_->warnings : std::vector<std::string>{};
+}
+
+Function trace(TracedFn fn, const std::vector<Tensor>& example_inputs, int max_specializations) {
+  KILN_CHECK(fn, "jit::trace: no function given");
+  KILN_CHECK(max_specializations >= 1, "jit::trace: max_specializations must be at least 1, got ",
+             max_specializations);
+  Function f;
+  f.impl_ = std::make_shared<FunctionImpl>();
+  f.impl_->fn = std::move(fn);
+  f.impl_->max_specializations = max_specializations;
+  f.impl_->specs.push_back(f.impl_->specialize(example_inputs));
+  return f;
+}
+
+Stats stats() {
+  LazyStats l = lazy_stats();
+  return {l.evaluations,   l.nodes_executed, l.pending,
+          g_traces.load(), g_replays.load(), g_guard_failures.load()};
+}
+
+}  // namespace jit
+}  // namespace kiln

@@ -1,0 +1,376 @@
+// Lazy recording: pending tensors, the live list of uncomputed nodes, and the hooks that turn
+// pending tensors concrete (see lib/lazy.h for the model).
+#include "lib/lazy.h"
+
+#include <cstdlib>
+#include <mutex>
+
+#include "kiln/error.h"
+#include "lib/tensor_impl.h"
+
+namespace kiln::detail {
+
+namespace {
+bool env_flag(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  std::string s(v);
+  return !(s == "0" || s == "false" || s == "off" || s == "no");
+}
+
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  long long n = std::strtoll(v, &end, 10);
+  KILN_CHECK(end && *end == '\0' && n > 0, name, " must be a positive integer, got '", v, "'");
+  return n;
+}
+
+thread_local bool t_lazy = env_flag("KILN_LAZY", true);
+thread_local TraceState* t_trace = nullptr;
+// Set while the evaluator runs a graph: kernels then see only concrete tensors, and a flush
+// (from an in-place kernel on an input that pending nodes read) would re-enter the evaluation.
+thread_local int t_evaluating = 0;
+std::atomic<int64_t> g_max_pending{env_int("KILN_MAX_PENDING", 10000)};
+Evaluator g_evaluator = nullptr;
+
+// The live list: every uncomputed node, oldest first. One list for the process (a pending tensor
+// may be handed to another thread); recording on one thread at a time is the common case.
+std::mutex g_live_mutex;
+LazyNode* g_live_head = nullptr;
+LazyNode* g_live_tail = nullptr;
+int64_t g_live_count = 0;
+uint64_t g_serial = 0;
+
+void live_insert(LazyNode* n) {
+  std::lock_guard<std::mutex> lock(g_live_mutex);
+  n->serial = ++g_serial;
+  n->live_prev = g_live_tail;
+  n->live_next = nullptr;
+  if (g_live_tail)
+    g_live_tail->live_next = n;
+  else
+    g_live_head = n;
+  g_live_tail = n;
+  n->in_live_list = true;
+  ++g_live_count;
+}
+
+void live_remove(LazyNode* n) {
+  std::lock_guard<std::mutex> lock(g_live_mutex);
+  if (!n->in_live_list) return;
+  if (n->live_prev)
+    n->live_prev->live_next = n->live_next;
+  else
+    g_live_head = n->live_next;
+  if (n->live_next)
+    n->live_next->live_prev = n->live_prev;
+  else
+    g_live_tail = n->live_prev;
+  n->in_live_list = false;
+  --g_live_count;
+}
+
+// Releasing a node's inputs can release a long chain of producers; they are queued here and
+// freed one at a time instead of recursively.
+thread_local std::vector<std::shared_ptr<LazyNode>> t_release_stack;
+thread_local std::vector<Tensor> t_release_tensors;
+thread_local bool t_releasing = false;
+
+void release_inputs(std::vector<LazyInput>& inputs) {
+  for (LazyInput& in : inputs) {
+    if (in.ref.node && in.ref.node.use_count() == 1)
+      t_release_stack.push_back(std::move(in.ref.node));
+    if (in.tensor.defined()) {
+      in.tensor.impl()->storage->lazy_readers.fetch_sub(1, std::memory_order_relaxed);
+      if (in.tensor.impl_ptr().use_count() == 1) t_release_tensors.push_back(std::move(in.tensor));
+    }
+  }
+  inputs.clear();
+  if (t_releasing) return;
+  t_releasing = true;
+  while (!t_release_stack.empty() || !t_release_tensors.empty()) {
+    if (!t_release_stack.empty()) {
+      std::shared_ptr<LazyNode> n = std::move(t_release_stack.back());
+      t_release_stack.pop_back();
+      n.reset();
+    } else {
+      Tensor t = std::move(t_release_tensors.back());
+      t_release_tensors.pop_back();
+    }
+  }
+  t_releasing = false;
+}
+
+std::shared_ptr<TensorImpl> pending_impl(const LazyRef& ref, const LazyType& type) {
+  auto storage = std::make_shared<Storage>();
+  storage->nbytes = static_cast<size_t>(shape_numel(type.sizes)) * element_size(type.dtype);
+  storage->lazy = ref;
+  auto impl = std::make_shared<TensorImpl>();
+  impl->sizes = type.sizes;
+  impl->strides = contiguous_strides(type.sizes);
+  impl->dtype = type.dtype;
+  impl->lazy = ref;
+  ref.node->storages[ref.index] = storage;
+  impl->storage = std::move(storage);
+  return impl;
+}
+
+bool covers_root(const TensorImpl& impl, const LazyNode& node, uint32_t index) {
+  const LazyType& root = node.outputs[index];
+  return impl.offset == 0 && impl.dtype == root.dtype && impl.sizes == root.sizes &&
+         is_contiguous_layout(impl.sizes, impl.strides);
+}
+}  // namespace
+
+LazyNode::~LazyNode() {
+  if (in_live_list) live_remove(this);
+  release_inputs(inputs);
+}
+
+void LazyNode::mark_computed(std::vector<Tensor> values) {
+  results = std::move(values);
+  computed = true;
+  live_remove(this);
+  release_inputs(inputs);
+}
+
+bool lazy_mode() {
+  return t_lazy;
+}
+bool trace_mode() {
+  return t_trace != nullptr;
+}
+TraceState* trace_state() {
+  return t_trace;
+}
+void set_trace_state(TraceState* state) {
+  t_trace = state;
+}
+
+Tensor flat_storage_tensor(const std::shared_ptr<Storage>& storage, DType dtype) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = storage;
+  impl->sizes = {static_cast<int64_t>(storage->nbytes / element_size(dtype))};
+  impl->strides = {1};
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor trace_placeholder(const OpDef& input_op, int64_t index, const Tensor& t) {
+  return lazy_record1(input_op, {}, {index}, {t.sizes(), t.dtype()});
+}
+
+void trace_assign(const Tensor& self, const Tensor& value) {
+  static const OpDef* as_strided_scatter = find_op("as_strided_scatter");
+  static const OpDef* reshape = find_op("reshape");
+  KILN_CHECK(as_strided_scatter && as_strided_scatter->invoke && reshape,
+             "jit::trace: in-place writes need as_strided_scatter in the op table");
+  std::shared_ptr<Storage> storage = self.impl()->storage;
+  TensorImpl* impl = self.impl();
+  Tensor v = value.dtype() == self.dtype() ? value : value.to(self.dtype());
+  if (v.sizes() != self.sizes()) v = v.expand(self.sizes());
+  // The storage's current value as one tensor: its pending root, or the whole concrete storage.
+  const bool first_write = !storage->lazy;
+  Tensor root;
+  if (first_write) {
+    root = flat_storage_tensor(storage, self.dtype());
+  } else {
+    const LazyType& rt = storage->lazy.node->outputs[storage->lazy.index];
+    root = Tensor(std::make_shared<TensorImpl>());
+    root.impl()->storage = storage;
+    root.impl()->sizes = rt.sizes;
+    root.impl()->strides = contiguous_strides(rt.sizes);
+    root.impl()->dtype = rt.dtype;
+  }
+  const bool whole = impl->offset == 0 && is_contiguous_layout(impl->sizes, impl->strides) &&
+                     self.numel() == root.numel();
+  Tensor updated = whole ? v.reshape(root.sizes())
+                         : lazy_record1(*as_strided_scatter, {root, v},
+                                        {impl->sizes, impl->strides, int64_t{impl->offset}},
+                                        {root.sizes(), root.dtype()});
+  // `updated` may be a view or a leaf; the storage's value must be a node output of its own.
+  LazyInput in = lazy_input(updated);
+  if (!in.ref)
+    in =
+        lazy_input(lazy_record1(*reshape, {updated}, {root.sizes()}, {root.sizes(), root.dtype()}));
+  if (first_write) t_trace->written.push_back(storage);
+  storage->lazy = in.ref;
+  ++storage->lazy_generation;
+}
+
+void trace_warn_value_read(const Tensor& t, const char* what) {
+  if (!t_trace) return;
+  std::string msg = std::string("jit::trace: ") + what + " read the value of a " +
+                    shape_str(t.sizes()) +
+                    " tensor inside the traced function; the trace is specialized to that value "
+                    "and will not follow it when the inputs change (data-dependent control flow "
+                    "cannot be traced)";
+  for (const std::string& w : t_trace->warnings)
+    if (w == msg) return;
+  t_trace->warnings.push_back(msg);
+}
+void set_lazy_mode(bool on) {
+  t_lazy = on;
+}
+
+bool should_record(const Tensor& a) {
+  return t_lazy && (!a.defined() || a.device().is_cpu());
+}
+bool should_record(const Tensor& a, const Tensor& b) {
+  return t_lazy && (!a.defined() || a.device().is_cpu()) && (!b.defined() || b.device().is_cpu());
+}
+bool should_record(const std::vector<Tensor>& inputs) {
+  if (!t_lazy) return false;
+  for (const Tensor& t : inputs)
+    if (t.defined() && !t.device().is_cpu()) return false;
+  return true;
+}
+
+LazyInput lazy_input(const Tensor& t) {
+  LazyInput in;
+  if (!t.defined()) return in;
+  TensorImpl* impl = t.impl();
+  Storage& storage = *impl->storage;
+  if (!storage.lazy) {
+    storage.lazy_readers.fetch_add(1, std::memory_order_relaxed);
+    in.tensor = t;
+    return in;
+  }
+  if (impl->lazy && impl->lazy_generation == storage.lazy_generation) {
+    in.ref = impl->lazy;
+    return in;
+  }
+  const LazyRef& root = storage.lazy;
+  if (covers_root(*impl, *root.node, root.index)) {
+    in.ref = root;
+  } else {
+    // A view whose cached node is missing or stale: re-derive it from the storage's value.
+    static const OpDef* as_strided = find_op("as_strided");
+    Tensor base(std::make_shared<TensorImpl>());
+    base.impl()->storage = impl->storage;
+    const LazyType& rt = root.node->outputs[root.index];
+    base.impl()->sizes = rt.sizes;
+    base.impl()->strides = contiguous_strides(rt.sizes);
+    base.impl()->dtype = rt.dtype;
+    base.impl()->lazy = root;
+    base.impl()->lazy_generation = storage.lazy_generation;
+    in.ref = lazy_record(*as_strided, {base}, {impl->sizes, impl->strides, int64_t{impl->offset}},
+                         {{impl->sizes, impl->dtype}})[0]
+                 .impl()
+                 ->lazy;
+  }
+  impl->lazy = in.ref;
+  impl->lazy_generation = storage.lazy_generation;
+  return in;
+}
+
+std::vector<Tensor> lazy_record(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs,
+                                std::vector<LazyType> outputs) {
+  auto node = std::make_shared<LazyNode>();
+  node->op = &def;
+  node->attrs = std::move(attrs);
+  node->inputs.reserve(inputs.size());
+  for (const Tensor& t : inputs) node->inputs.push_back(lazy_input(t));
+  node->storages.resize(outputs.size());
+  node->outputs = std::move(outputs);
+  live_insert(node.get());
+  std::vector<Tensor> result;
+  result.reserve(node->outputs.size());
+  for (uint32_t i = 0; i < node->outputs.size(); ++i)
+    result.emplace_back(pending_impl(LazyRef{node, i}, node->outputs[i]));
+  if (g_live_count > g_max_pending.load(std::memory_order_relaxed)) flush_pending();
+  return result;
+}
+
+Tensor lazy_record1(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs, LazyType output) {
+  return lazy_record(def, std::move(inputs), std::move(attrs), {std::move(output)})[0];
+}
+
+void lazy_record_view(const OpDef& def, const Tensor& input, Attrs attrs, const Tensor& view) {
+  if (!is_pending(input)) return;
+  TensorImpl* impl = view.impl();
+  auto node = std::make_shared<LazyNode>();
+  node->op = &def;
+  node->attrs = std::move(attrs);
+  node->inputs.push_back(lazy_input(input));
+  node->outputs.push_back({impl->sizes, impl->dtype});
+  node->storages.resize(1);  // a view fills no storage of its own
+  live_insert(node.get());
+  impl->lazy = LazyRef{std::move(node), 0};
+  impl->lazy_generation = impl->storage->lazy_generation;
+}
+
+void set_evaluator(Evaluator e) {
+  g_evaluator = e;
+}
+
+void materialize(const std::vector<Tensor>& tensors) {
+  std::vector<LazyRef> requests;
+  for (const Tensor& t : tensors)
+    if (is_pending(t)) requests.push_back(t.impl()->storage->lazy);
+  if (requests.empty()) return;
+  KILN_CHECK(g_evaluator, "lazy: no evaluator is registered (is the jit linked in?)");
+  g_evaluator(requests);
+}
+
+void materialize_storage(TensorImpl& impl) {
+  KILN_CHECK(g_evaluator, "lazy: no evaluator is registered (is the jit linked in?)");
+  if (t_trace) {
+    // Inside a trace the value is computed from the example inputs and the storage stays
+    // symbolic; data the function wrote into a captured tensor cannot be read back.
+    for (const auto& w : t_trace->written)
+      KILN_CHECK(w != impl.storage, "jit::trace: reading the data of a ", shape_str(impl.sizes),
+                 " tensor that the traced function wrote in place is not supported; use tensor "
+                 "ops instead of reading values");
+    Tensor t(std::shared_ptr<TensorImpl>(std::shared_ptr<TensorImpl>(), &impl));
+    trace_warn_value_read(t, "data access (item(), data_ptr(), printing)");
+    if (!impl.storage->data) g_evaluator({impl.storage->lazy});
+    return;
+  }
+  LazyRef ref = impl.storage->lazy;
+  g_evaluator({ref});
+  KILN_CHECK(!impl.storage->lazy, "lazy: materializing a ", shape_str(impl.sizes),
+             " tensor left it pending");
+}
+
+EvaluationScope::EvaluationScope() {
+  ++t_evaluating;
+}
+EvaluationScope::~EvaluationScope() {
+  --t_evaluating;
+}
+
+void flush_pending() {
+  if (!g_evaluator || g_live_count == 0 || t_evaluating > 0) return;
+  std::vector<LazyRef> requests;
+  {
+    std::lock_guard<std::mutex> lock(g_live_mutex);
+    for (LazyNode* n = g_live_head; n; n = n->live_next)
+      for (uint32_t i = 0; i < n->outputs.size(); ++i) {
+        std::shared_ptr<Storage> s = n->storages[i].lock();
+        if (s && s->lazy.node.get() == n && s->lazy.index == i) requests.push_back(s->lazy);
+      }
+  }
+  if (!requests.empty()) g_evaluator(requests);
+}
+
+void prepare_write(const Tensor& t) {
+  Storage& s = *t.impl()->storage;
+  if (s.lazy || s.lazy_readers.load(std::memory_order_relaxed) > 0) flush_pending();
+}
+
+int64_t pending_count() {
+  std::lock_guard<std::mutex> lock(g_live_mutex);
+  return g_live_count;
+}
+int64_t max_pending() {
+  return g_max_pending.load();
+}
+void set_max_pending(int64_t n) {
+  KILN_CHECK(n > 0, "set_max_pending: expected a positive limit, got ", n);
+  g_max_pending = n;
+}
+
+}  // namespace kiln::detail

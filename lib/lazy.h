@@ -1,0 +1,158 @@
+// Lazy recording: ops record nodes into the thread's pending trace instead of running, and pending
+// tensors become concrete when their data is needed.
+//
+// A pending tensor is a TensorImpl whose Storage carries `lazy`: the node output that will fill it.
+// Its sizes, dtype and device are known at once (ops validate and infer them at record time); its
+// data does not exist yet. Views of a pending tensor share its Storage, as views of a concrete one
+// do, so that materializing the root fills every view at once. Nodes are reference counted: a node
+// lives while a pending tensor, a view or a later node needs it, and nodes nobody can reach are
+// freed at once, so a training loop's pending trace never grows from one iteration to the next.
+//
+// Materializing (jit/lazy_eval.cpp) takes the sub-graph the requested values need, optimizes and
+// runs it, fills the waiting storages, and turns every executed node that is still referenced into
+// a computed node holding its result, so nothing is computed twice. In-place writes to a storage
+// that pending nodes read (or that is itself pending) first flush the pending trace; in trace mode
+// (kiln::jit::trace) they are instead recorded functionally (see jit/trace.cpp).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/tensor.h"
+#include "lib/op_table.h"
+
+namespace kiln::detail {
+
+struct LazyNode;
+struct Storage;
+struct TensorImpl;
+
+// One output of a node.
+struct LazyRef {
+  std::shared_ptr<LazyNode> node;
+  uint32_t index = 0;
+  explicit operator bool() const { return node != nullptr; }
+};
+
+struct LazyType {
+  Shape sizes;
+  DType dtype;
+};
+
+// An input of a node: a pending producer, or a concrete tensor (a leaf). Neither: an absent
+// optional input.
+struct LazyInput {
+  LazyRef ref;
+  Tensor tensor;
+};
+
+struct LazyNode {
+  const OpDef* op = nullptr;
+  Attrs attrs;
+  std::vector<LazyInput> inputs;
+  std::vector<LazyType> outputs;
+  // The storage that waits for each output, when the output is a root (not a view).
+  std::vector<std::weak_ptr<Storage>> storages;
+  // After execution: the result of each output; inputs are then released.
+  std::vector<Tensor> results;
+  bool computed = false;
+  uint64_t serial = 0;  // creation order, for stable graph building
+  // The live list of uncomputed nodes (see live_nodes()).
+  LazyNode* live_prev = nullptr;
+  LazyNode* live_next = nullptr;
+  bool in_live_list = false;
+
+  LazyNode() = default;
+  LazyNode(const LazyNode&) = delete;
+  LazyNode& operator=(const LazyNode&) = delete;
+  ~LazyNode();  // releases inputs iteratively: a million-node chain frees without recursion
+  // Stores results, releases inputs and leaves the live list.
+  void mark_computed(std::vector<Tensor> values);
+};
+
+// ------------------------------------------------------------------------------- mode switches
+// True when this thread records ops: lazy mode on (KILN_LAZY, default on; kiln::LazyGuard) and
+// not inside the executor.
+bool lazy_mode();
+void set_lazy_mode(bool on);
+// True while kiln::jit::trace records a function on this thread.
+bool trace_mode();
+
+// What a trace records besides the values its function returns (see jit/trace.cpp).
+struct TraceState {
+  // Concrete storages the function wrote in place: their `lazy` holds the written value (a flat
+  // [numel] value of the whole storage) until the trace ends and restores them.
+  std::vector<std::shared_ptr<Storage>> written;
+  // Leaves whose .grad the function assigned (by backward), with the .grad they had before.
+  std::vector<std::pair<std::shared_ptr<TensorImpl>, Tensor>> grads;
+  std::vector<std::string> warnings;
+  // The example inputs the placeholders stand for: a value read inside the trace (item()) is
+  // computed from them.
+  std::vector<Tensor> examples;
+};
+TraceState* trace_state();
+void set_trace_state(TraceState* state);
+// In trace mode, an in-place write of `value` into `self` is recorded functionally: the written
+// storage's value becomes a new node, and views read it from there.
+void trace_assign(const Tensor& self, const Tensor& value);
+// The storage of a concrete tensor as one flat [numel] tensor (what trace writes address).
+Tensor flat_storage_tensor(const std::shared_ptr<Storage>& storage, DType dtype);
+// Reports that a traced function read a value: the trace is specialized to it.
+void trace_warn_value_read(const Tensor& t, const char* what);
+
+// Whether a call with these inputs is recorded rather than run: lazy mode, and every defined
+// input on the CPU.
+bool should_record(const Tensor& a);
+bool should_record(const Tensor& a, const Tensor& b);
+bool should_record(const std::vector<Tensor>& inputs);
+
+inline bool is_pending(const Tensor& t);
+
+// ---------------------------------------------------------------------------------- recording
+// Records one call of `def` and returns its pending outputs (contiguous, on the CPU).
+std::vector<Tensor> lazy_record(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs,
+                                std::vector<LazyType> outputs);
+Tensor lazy_record1(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs, LazyType output);
+// Gives `view` (made by make_view over a pending input's storage) its own node: `def(input,
+// attrs)`. Views of concrete tensors are not recorded outside trace mode.
+void lazy_record_view(const OpDef& def, const Tensor& input, Attrs attrs, const Tensor& view);
+
+// A pending placeholder for traced function argument `index`, with t's type.
+Tensor trace_placeholder(const OpDef& input_op, int64_t index, const Tensor& t);
+
+// The node input that stands for `t` (a pending value, a view of one, or a concrete leaf).
+LazyInput lazy_input(const Tensor& t);
+
+// --------------------------------------------------------------------------- materialization
+// Computes every pending tensor among `tensors` in one graph.
+void materialize(const std::vector<Tensor>& tensors);
+// Marks the evaluator's work on this thread: flushes are no-ops inside it.
+struct EvaluationScope {
+  EvaluationScope();
+  ~EvaluationScope();
+  EvaluationScope(const EvaluationScope&) = delete;
+  EvaluationScope& operator=(const EvaluationScope&) = delete;
+};
+
+// Computes every uncomputed node still alive (before an in-place write, or past the size limit).
+void flush_pending();
+// Called before writing into t's storage: flushes pending work that reads it or fills it.
+void prepare_write(const Tensor& t);
+// TensorImpl::data() calls this for a pending storage.
+void materialize_storage(TensorImpl& impl);
+
+// Number of uncomputed nodes alive (the pending trace's size).
+int64_t pending_count();
+// KILN_MAX_PENDING (default 10000): recording past it flushes the pending trace.
+int64_t max_pending();
+void set_max_pending(int64_t n);
+
+// The evaluator lives in jit/ (lib/ does not depend on it); it registers itself at load time.
+using Evaluator = void (*)(const std::vector<LazyRef>& requests);
+void set_evaluator(Evaluator e);
+
+}  // namespace kiln::detail

@@ -1,0 +1,227 @@
+// kiln::jit::trace: replays match eager, captured tensors stay by reference, in-place updates and
+// .grad assignments happen on every call (and never while tracing), guards re-specialize.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "jit/log.h"
+#include "kiln/jit.h"
+#include "kiln/kiln.h"
+#include "lib/allocator.h"
+#include "lib/tensor_impl.h"
+#include "tests/testing.h"
+
+namespace kiln {
+namespace {
+
+using Inputs = std::vector<Tensor>;
+
+TEST(Trace, ReplayMatchesEagerOnNewInputs) {
+  manual_seed(1);
+  Tensor w = randn({5, 3}), b = randn({3});
+  auto fn = [&](const Inputs& in) {
+    Tensor h = tanh(in[0].matmul(w) + b);
+    return Inputs{h * sigmoid(h), h.sum({1}, true)};
+  };
+  jit::Function f = jit::trace(fn, {randn({4, 5})});
+  EXPECT_NE(f.graph_str().find("tanh"), std::string::npos) << f.graph_str();
+  for (int i = 0; i < 5; ++i) {
+    Tensor x = randn({4, 5});
+    Inputs got = f({x});
+    Inputs want;
+    {
+      LazyGuard eager(false);
+      want = fn({x});
+    }
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_TRUE(equal(got[0], want[0]));
+    EXPECT_TRUE(equal(got[1], want[1]));
+    EXPECT_FALSE(detail::is_pending(got[0]));
+  }
+}
+
+TEST(Trace, CapturedTensorsStayByReference) {
+  Tensor scale = full({3}, 2.0);
+  jit::Function f =
+      jit::trace([&](const Inputs& in) { return Inputs{in[0] * scale}; }, {ones({3})});
+  EXPECT_TRUE(equal(f({ones({3})})[0], full({3}, 2.0)));
+  scale.mul_(3.0);  // seen by the next call
+  EXPECT_TRUE(equal(f({ones({3})})[0], full({3}, 6.0)));
+}
+
+TEST(Trace, InPlaceWritesHappenOnEveryCallAndNeverWhileTracing) {
+  Tensor counter = zeros({2});
+  Tensor view_target = zeros({3, 4});
+  jit::Function f = jit::trace(
+      [&](const Inputs& in) {
+        counter.add_(in[0]);
+        view_target.select(1, 2).add_(1.0);  // through a view
+        return Inputs{counter * 10};
+      },
+      {ones({2})});
+  // Tracing wrote nothing.
+  EXPECT_TRUE(equal(counter, zeros({2})));
+  EXPECT_TRUE(equal(view_target, zeros({3, 4})));
+  Inputs out = f({full({2}, 3.0)});
+  EXPECT_TRUE(equal(counter, full({2}, 3.0)));
+  EXPECT_TRUE(equal(out[0], full({2}, 30.0)));
+  f({full({2}, 1.0)});
+  EXPECT_TRUE(equal(counter, full({2}, 4.0)));
+  std::vector<float> v = view_target.to_vector<float>();
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < 4; ++c) EXPECT_EQ(v[r * 4 + c], c == 2 ? 2.0f : 0.0f);
+}
+
+// A small MLP classifier; its training step traced once and replayed must follow eager training.
+struct Model {
+  nn::Sequential net;
+  explicit Model(uint64_t seed)
+      : net((manual_seed(seed),
+             nn::Sequential{std::make_shared<nn::Linear>(6, 16), std::make_shared<nn::GELU>(),
+                            std::make_shared<nn::Linear>(16, 3)})) {}
+};
+
+Tensor loss_of(Model& m, const Tensor& x, const Tensor& y) {
+  return cross_entropy(m.net.forward(x), y);
+}
+
+TEST(Trace, TrainingStepWithAdamMatchesEagerFor100Steps) {
+  Model eager_model(5), traced_model(5);
+  optim::Adam eager_opt(eager_model.net.parameters(), optim::AdamOptions{1e-2});
+  optim::Adam traced_opt(traced_model.net.parameters(), optim::AdamOptions{1e-2});
+  manual_seed(9);
+  Tensor x = randn({32, 6});
+  Tensor y = randint(0, 3, {32});
+  auto step = [&](const Inputs& in) {
+    traced_opt.zero_grad();
+    Tensor loss = loss_of(traced_model, in[0], in[1]);
+    loss.backward();
+    traced_opt.step();
+    return Inputs{loss};
+  };
+  jit::Function f = jit::trace(step, {x, y});
+  for (const auto& p : traced_model.net.parameters()) EXPECT_FALSE(p.grad().defined());
+  for (int i = 0; i < 100; ++i) {
+    eager_opt.zero_grad();
+    Tensor l = loss_of(eager_model, x, y);
+    l.backward();
+    eager_opt.step();
+    float traced = f({x, y})[0].item<float>();
+    float eager = l.item<float>();
+    ASSERT_NEAR(traced, eager, 1e-4 * std::max(1.0f, std::abs(eager))) << "step " << i;
+  }
+  EXPECT_EQ(traced_opt.step_count(0), 100);
+  auto pe = eager_model.net.parameters(), pt = traced_model.net.parameters();
+  for (size_t i = 0; i < pe.size(); ++i) {
+    EXPECT_TRUE(allclose(pt[i], pe[i], 1e-3, 1e-4)) << "parameter " << i;
+    ASSERT_TRUE(pt[i].grad().defined());  // each replay assigns .grad as backward does
+    EXPECT_TRUE(allclose(pt[i].grad(), pe[i].grad(), 1e-3, 1e-4)) << "gradient " << i;
+  }
+  EXPECT_EQ(f.num_specializations(), 1u);
+}
+
+TEST(Trace, GuardsRespecializeAndLogTheReason) {
+  jit::set_log_topics("guard");
+  jit::Function f =
+      jit::trace([](const Inputs& in) { return Inputs{exp(in[0]) * 2}; }, {ones({2, 3})});
+  ::testing::internal::CaptureStderr();
+  Inputs out = f({ones({4, 3})});
+  std::string log = ::testing::internal::GetCapturedStderr();
+  jit::set_log_topics("");
+  EXPECT_EQ(f.num_specializations(), 2u);
+  EXPECT_NE(log.find("[kiln guard]"), std::string::npos) << log;
+  EXPECT_NE(log.find("input 0 is float32[4, 3], traced as float32[2, 3]"), std::string::npos)
+      << log;
+  EXPECT_EQ(out[0].sizes(), Shape({4, 3}));
+  EXPECT_TRUE(allclose(out[0], full({4, 3}, 2 * std::exp(1.0))));
+  // dtype and requires_grad are guarded too.
+  f({ones({2, 3}, kFloat64)});
+  EXPECT_EQ(f.num_specializations(), 3u);
+  f({ones({2, 3}).requires_grad_()});
+  EXPECT_EQ(f.num_specializations(), 4u);
+  f({ones({2, 3})});  // matches the first
+  EXPECT_EQ(f.num_specializations(), 4u);
+}
+
+TEST(Trace, PastTheLimitRunsInPlainLazyModeAndSaysSoOnce) {
+  jit::Function f = jit::trace([](const Inputs& in) { return Inputs{in[0] + 1}; }, {ones({1})}, 2);
+  f({ones({2})});
+  ::testing::internal::CaptureStderr();
+  Inputs a = f({ones({3})});
+  Inputs b = f({ones({4})});
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(f.num_specializations(), 2u);
+  EXPECT_TRUE(equal(a[0], full({3}, 2.0)));
+  EXPECT_TRUE(equal(b[0], full({4}, 2.0)));
+  size_t first = err.find("plain lazy mode");
+  EXPECT_NE(first, std::string::npos) << err;
+  EXPECT_EQ(err.find("plain lazy mode", first + 1), std::string::npos) << err;
+}
+
+TEST(Trace, ReadingAValueWarnsThatTheTraceIsSpecialized) {
+  ::testing::internal::CaptureStderr();
+  jit::Function f = jit::trace(
+      [](const Inputs& in) {
+        double s = in[0].sum().item<double>();  // data-dependent: baked into the trace
+        return Inputs{in[0] * s};
+      },
+      {full({2}, 1.0)});
+  std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(f.warnings().size(), 1u);
+  EXPECT_NE(f.warnings()[0].find("specialized"), std::string::npos);
+  EXPECT_NE(err.find("specialized"), std::string::npos);
+  // The trace uses the value seen while tracing (2), as torch's tracer does.
+  EXPECT_TRUE(equal(f({full({2}, 5.0)})[0], full({2}, 10.0)));
+}
+
+TEST(Trace, ValuesFromInsideATraceCannotEscape) {
+  Tensor leaked;
+  jit::trace(
+      [&](const Inputs& in) {
+        leaked = in[0] * 2;
+        return Inputs{leaked};
+      },
+      {ones({2})});
+  EXPECT_THROW(leaked.item<float>(), Error);
+}
+
+TEST(Trace, PlanReusesSlotsAndTracedStepPeakMemoryIsReported) {
+  Model eager_model(3), traced_model(3);
+  optim::SGD eager_opt(eager_model.net.parameters(), optim::SGDOptions{0.1, 0.9});
+  optim::SGD traced_opt(traced_model.net.parameters(), optim::SGDOptions{0.1, 0.9});
+  manual_seed(4);
+  Tensor x = randn({256, 6});
+  Tensor y = randint(0, 3, {256});
+  auto step = [&](optim::SGD& opt, Model& m, const Inputs& in) {
+    opt.zero_grad();
+    Tensor loss = loss_of(m, in[0], in[1]);
+    loss.backward();
+    opt.step();
+    return Inputs{loss};
+  };
+  jit::Function f =
+      jit::trace([&](const Inputs& in) { return step(traced_opt, traced_model, in); }, {x, y});
+  for (int i = 0; i < 3; ++i) {
+    Tensor le = step(eager_opt, eager_model, {x, y})[0];
+    Tensor lt = f({x, y})[0];
+    EXPECT_NEAR(lt.item<float>(), le.item<float>(), 1e-4);
+  }
+  detail::cpu_reset_peak();
+  size_t base = detail::cpu_allocated_bytes();
+  {
+    LazyGuard eager(false);
+    step(eager_opt, eager_model, {x, y});
+  }
+  size_t eager_peak = detail::cpu_peak_allocated_bytes() - base;
+  detail::cpu_reset_peak();
+  base = detail::cpu_allocated_bytes();
+  f({x, y});
+  size_t traced_peak = detail::cpu_peak_allocated_bytes() - base;
+  std::printf("MLP step peak memory: eager %zu bytes, traced %zu bytes (%.2fx)\n", eager_peak,
+              traced_peak, double(traced_peak) / double(eager_peak));
+  EXPECT_GT(eager_peak, 0u);
+  EXPECT_GT(traced_peak, 0u);
+}
+
+}  // namespace
+}  // namespace kiln
