@@ -9,11 +9,13 @@
 // restored to what it was, so tracing has no side effects.
 #include <atomic>
 #include <mutex>
+#include <sstream>
 
 #include "jit/executor.h"
 #include "jit/lazy_eval.h"
 #include "jit/log.h"
 #include "jit/passes/passes.h"
+#include "jit/serialize.h"
 #include "kiln/autograd.h"
 #include "kiln/jit.h"
 #include "kiln/ops.h"
@@ -293,6 +295,121 @@ size_t Function::num_specializations() const {
 
 std::vector<std::string> Function::warnings() const {
   return impl_ ? impl_->warnings : std::vector<std::string>{};
+}
+
+// Function files: the graph and its captured tensors (serialize.h), and as metadata a line-based
+// description of how the graph is called:
+//   kiln-function 1
+//   inputs <n> then per call argument: dtype code, requires_grad, rank, sizes (the guard)
+//   bindings <k> then per graph input: the call argument, or -1 for a captured tensor
+//   outputs <m> then per graph output: kind (0 return, 1 write-back, 2 grad) and the graph input
+//   whose captured tensor it writes (-1 for returns)
+void Function::save(const std::string& path) const {
+  KILN_CHECK(impl_, "jit::Function::save: empty Function");
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const Specialization* s = impl_->last ? impl_->last : impl_->specs.at(0).get();
+  std::ostringstream meta;
+  meta << "kiln-function 1\ninputs " << s->key.size() << '\n';
+  for (const InputKey& k : s->key) {
+    meta << static_cast<int>(k.dtype) << ' ' << k.requires_grad << ' ' << k.sizes.size();
+    for (int64_t d : k.sizes) meta << ' ' << d;
+    meta << '\n';
+  }
+  meta << "bindings " << s->arguments.size() << '\n';
+  for (int64_t a : s->arguments) meta << a << '\n';
+  meta << "outputs " << s->kinds.size() << '\n';
+  for (size_t k = 0; k < s->kinds.size(); ++k) {
+    int64_t target = -1;
+    for (size_t i = 0; i < s->captures.size() && s->kinds[k] != OutputKind::Return; ++i) {
+      if (!s->captures[i].defined()) continue;
+      const Tensor& cap = s->captures[i];
+      if (s->kinds[k] == OutputKind::WriteBack &&
+          cap.impl()->storage == s->write_targets[k].impl()->storage &&
+          cap.numel() == s->write_targets[k].numel() && cap.is_contiguous() &&
+          cap.storage_offset() == 0)
+        target = static_cast<int64_t>(i);
+      if (s->kinds[k] == OutputKind::Grad && s->captures[i].impl_ptr() == s->grad_leaves[k])
+        target = static_cast<int64_t>(i);
+    }
+    KILN_CHECK(s->kinds[k] == OutputKind::Return || target >= 0, "jit::Function::save: output ", k,
+               " writes a tensor the function never reads; such a function cannot be saved");
+    meta << static_cast<int64_t>(s->kinds[k]) << ' ' << target << '\n';
+  }
+  std::vector<Tensor> constants;
+  for (size_t i = 0; i < s->captures.size(); ++i)
+    constants.push_back(s->arguments[i] >= 0 ? Tensor() : s->captures[i].detach());
+  save_graph(path, *s->graph, constants, meta.str());
+}
+
+Function load(const std::string& path) {
+  LoadedGraph loaded = load_graph(path);
+  std::istringstream meta(loaded.metadata);
+  auto fail = [&](const std::string& what) {
+    KILN_FAIL("kiln::jit::load: ", path, ": bad function description (", what, ")");
+  };
+  auto read_int = [&](const char* what) {
+    int64_t v;
+    if (!(meta >> v)) fail(std::string("reading ") + what);
+    return v;
+  };
+  auto expect_word = [&](const char* word) {
+    std::string w;
+    if (!(meta >> w) || w != word) fail(std::string("expected '") + word + "'");
+  };
+  expect_word("kiln-function");
+  if (read_int("version") != 1) fail("unknown version");
+  auto spec = std::make_unique<Specialization>();
+  expect_word("inputs");
+  int64_t n = read_int("input count");
+  if (n < 0 || n > 1 << 20) fail("input count");
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t dtype = read_int("dtype"), rg = read_int("requires_grad"), rank = read_int("rank");
+    if (dtype < 0 || dtype > static_cast<int64_t>(DType::Float64) || rank < 0 || rank > 64)
+      fail("input type");
+    InputKey k{static_cast<DType>(dtype), {}, kCPU, rg != 0};
+    for (int64_t d = 0; d < rank; ++d) k.sizes.push_back(read_int("size"));
+    spec->key.push_back(k);
+  }
+  expect_word("bindings");
+  const Graph& g = *loaded.graph;
+  if (read_int("binding count") != static_cast<int64_t>(g.inputs().size()) ||
+      loaded.constants.size() != g.inputs().size())
+    fail("bindings do not match the graph's inputs");
+  for (size_t i = 0; i < g.inputs().size(); ++i) {
+    int64_t a = read_int("binding");
+    if (a < -1 || a >= n) fail("binding out of range");
+    if (a < 0 && !loaded.constants[i].defined()) fail("a captured tensor is missing");
+    spec->arguments.push_back(a);
+    spec->captures.push_back(loaded.constants[i]);
+  }
+  expect_word("outputs");
+  if (read_int("output count") != static_cast<int64_t>(g.outputs().size()))
+    fail("outputs do not match the graph's");
+  for (size_t k = 0; k < g.outputs().size(); ++k) {
+    int64_t kind = read_int("output kind"), target = read_int("output target");
+    if (kind < 0 || kind > 2) fail("output kind");
+    spec->kinds.push_back(static_cast<OutputKind>(kind));
+    spec->write_targets.emplace_back();
+    spec->grad_leaves.emplace_back();
+    if (kind == 0) continue;
+    if (target < 0 || target >= static_cast<int64_t>(spec->captures.size()) ||
+        spec->arguments[static_cast<size_t>(target)] >= 0)
+      fail("output target");
+    Tensor& cap = spec->captures[static_cast<size_t>(target)];
+    if (kind == 1) {
+      spec->write_targets.back() = detail::flat_storage_tensor(cap.impl()->storage, cap.dtype());
+    } else {
+      if (!cap.requires_grad()) cap.requires_grad_(true);
+      spec->grad_leaves.back() = cap.impl_ptr();
+    }
+  }
+  spec->graph = std::move(loaded.graph);
+  spec->plan = std::make_unique<Plan>(*spec->graph);
+  Function f;
+  f.impl_ = std::make_shared<FunctionImpl>();
+  f.impl_->max_specializations = 1;
+  f.impl_->specs.push_back(std::move(spec));
+  return f;
 }
 
 Function trace(TracedFn fn, const std::vector<Tensor>& example_inputs, int max_specializations) {

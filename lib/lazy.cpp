@@ -200,8 +200,18 @@ void trace_assign(const Tensor& self, const Tensor& value) {
   ++storage->lazy_generation;
 }
 
+namespace {
+thread_local int t_value_checks = 0;
+}  // namespace
+ValueCheckScope::ValueCheckScope() {
+  ++t_value_checks;
+}
+ValueCheckScope::~ValueCheckScope() {
+  --t_value_checks;
+}
+
 void trace_warn_value_read(const Tensor& t, const char* what) {
-  if (!t_trace) return;
+  if (!t_trace || t_value_checks > 0) return;
   std::string msg = std::string("jit::trace: ") + what + " read the value of a " +
                     shape_str(t.sizes()) +
                     " tensor inside the traced function; the trace is specialized to that value "

@@ -103,6 +103,14 @@ void trace_assign(const Tensor& self, const Tensor& value);
 Tensor flat_storage_tensor(const std::shared_ptr<Storage>& storage, DType dtype);
 // Reports that a traced function read a value: the trace is specialized to it.
 void trace_warn_value_read(const Tensor& t, const char* what);
+// Marks reads that only validate (index bounds): the node still takes the value as an input and
+// its kernel checks again on every replay, so the trace is not specialized to it.
+struct ValueCheckScope {
+  ValueCheckScope();
+  ~ValueCheckScope();
+  ValueCheckScope(const ValueCheckScope&) = delete;
+  ValueCheckScope& operator=(const ValueCheckScope&) = delete;
+};
 
 // Whether a call with these inputs is recorded rather than run: lazy mode, and every defined
 // input on the CPU.

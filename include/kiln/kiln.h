@@ -5,6 +5,7 @@
 #include "kiln/device.h"
 #include "kiln/dtype.h"
 #include "kiln/error.h"
+#include "kiln/jit.h"
 #include "kiln/nn.h"
 #include "kiln/ops.h"
 #include "kiln/optim.h"

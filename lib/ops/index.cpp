@@ -101,6 +101,7 @@ struct EagerScope {
 // read must not flush pending work that reads the index (as a write would).
 std::vector<int64_t> read_indices(const Tensor& index, int64_t size, const char* op,
                                   const std::string& what) {
+  detail::ValueCheckScope checking;
   detail::materialize({index});
   Tensor c;
   {

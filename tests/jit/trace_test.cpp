@@ -100,6 +100,8 @@ TEST(Trace, TrainingStepWithAdamMatchesEagerFor100Steps) {
     return Inputs{loss};
   };
   jit::Function f = jit::trace(step, {x, y});
+  // Bounds checks of the targets read values, but do not specialize the trace.
+  EXPECT_TRUE(f.warnings().empty()) << f.warnings()[0];
   for (const auto& p : traced_model.net.parameters()) EXPECT_FALSE(p.grad().defined());
   for (int i = 0; i < 100; ++i) {
     eager_opt.zero_grad();
@@ -221,6 +223,94 @@ TEST(Trace, PlanReusesSlotsAndTracedStepPeakMemoryIsReported) {
               traced_peak, double(traced_peak) / double(eager_peak));
   EXPECT_GT(eager_peak, 0u);
   EXPECT_GT(traced_peak, 0u);
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "/" + name;
+}
+
+TEST(TraceSave, LoadedFunctionComputesTheSameAndOwnsItsCaptures) {
+  manual_seed(11);
+  Tensor w = randn({4, 3});
+  jit::Function f = jit::trace(
+      [&](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{relu(in[0].matmul(w)).sum({0})};
+      },
+      {randn({5, 4})});
+  std::string path = temp_path("kiln_trace_save.kiln");
+  f.save(path);
+  jit::Function g = jit::load(path);
+  Tensor x = randn({5, 4});
+  EXPECT_TRUE(equal(g({x})[0], f({x})[0]));
+  w.mul_(2.0);  // the loaded function holds its own copy of w
+  EXPECT_FALSE(equal(g({x})[0], f({x})[0]));
+  // It is specialized to the saved input types.
+  EXPECT_THROW(g({randn({6, 4})}), Error);
+}
+
+TEST(TraceSave, LoadedTrainingStepKeepsTraining) {
+  Model a(21), b(21);
+  optim::SGD opt_a(a.net.parameters(), optim::SGDOptions{0.05, 0.9});
+  manual_seed(22);
+  Tensor x = randn({16, 6});
+  Tensor y = randint(0, 3, {16});
+  jit::Function f = jit::trace(
+      [&](const std::vector<Tensor>& in) {
+        opt_a.zero_grad();
+        Tensor loss = loss_of(a, in[0], in[1]);
+        loss.backward();
+        opt_a.step();
+        return std::vector<Tensor>{loss};
+      },
+      {x, y});
+  std::string path = temp_path("kiln_trace_step.kiln");
+  f.save(path);
+  jit::Function g = jit::load(path);
+  for (int i = 0; i < 20; ++i) {
+    float la = f({x, y})[0].item<float>();
+    float lb = g({x, y})[0].item<float>();
+    EXPECT_EQ(la, lb) << "step " << i;
+  }
+}
+
+TEST(TraceSave, CorruptOrTruncatedFilesRaiseClearErrors) {
+  jit::Function f = jit::trace(
+      [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] * 3}; }, {ones({2})});
+  std::string path = temp_path("kiln_trace_bad.kiln");
+  f.save(path);
+  std::string bytes;
+  {
+    std::FILE* fp = std::fopen(path.c_str(), "rb");
+    ASSERT_NE(fp, nullptr);
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, fp)) > 0) bytes.append(buf, n);
+    std::fclose(fp);
+  }
+  for (size_t cut : {size_t{0}, size_t{10}, bytes.size() / 2, bytes.size() - 1}) {
+    std::FILE* fp = std::fopen(path.c_str(), "wb");
+    std::fwrite(bytes.data(), 1, cut, fp);
+    std::fclose(fp);
+    try {
+      jit::load(path);
+      ADD_FAILURE() << "a file cut at " << cut << " bytes loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("kiln_trace_bad.kiln"), std::string::npos) << e.what();
+    }
+  }
+  std::string flipped = bytes;
+  flipped[flipped.size() - 3] ^= 0x5a;
+  std::FILE* fp = std::fopen(path.c_str(), "wb");
+  std::fwrite(flipped.data(), 1, flipped.size(), fp);
+  std::fclose(fp);
+  EXPECT_THROW(jit::load(path), Error);
+  EXPECT_THROW(jit::load(temp_path("does_not_exist.kiln")), Error);
 }
 
 }  // namespace
