@@ -32,15 +32,22 @@ Tensor constant_tensor(const Node& n) {
 }
 }  // namespace
 
-std::vector<Tensor> invoke_node(const Node& node, const std::vector<Tensor>& inputs) {
+namespace {
+// invoke_node without setting up the eager scope (the caller holds one).
+std::vector<Tensor> invoke_in_scope(const Node& node, const std::vector<Tensor>& inputs) {
   if (node.is_constant()) return {constant_tensor(node)};
   const OpDef& op = node.op();
   KILN_CHECK(op.invoke, "jit: op '", op.name, "' has no reference kernel to run");
-  EagerScope eager;
   std::vector<Tensor> out = op.invoke(inputs, node.attrs());
   KILN_CHECK(out.size() == node.num_outputs(), "jit: ", op.name, " returned ", out.size(),
              " values for ", node.num_outputs(), " outputs");
   return out;
+}
+}  // namespace
+
+std::vector<Tensor> invoke_node(const Node& node, const std::vector<Tensor>& inputs) {
+  EagerScope eager;
+  return invoke_in_scope(node, inputs);
 }
 
 Plan::Plan(const Graph& graph) : graph_(graph) {
@@ -63,6 +70,7 @@ Plan::Plan(const Graph& graph) : graph_(graph) {
     for (const Value* in : order[i]->inputs())
       if (in) last_use[in] = i;
   absl::flat_hash_map<const Value*, int64_t> slot_of;
+  absl::flat_hash_set<int64_t> constant_slots;
   absl::flat_hash_set<const Value*> output_set(graph.outputs().begin(), graph.outputs().end());
   for (size_t i = 0; i < order.size(); ++i) {
     const Node* n = order[i];
@@ -70,7 +78,8 @@ Plan::Plan(const Graph& graph) : graph_(graph) {
     for (const Value* in : n->inputs()) step.inputs.push_back(in ? slot_of.at(in) : -1);
     for (size_t k = 0; k < n->num_outputs(); ++k) {
       const Value* v = n->output(k);
-      int64_t s = take_slot();
+      // Constants are bound before the steps run, so their slots are never shared.
+      int64_t s = n->is_constant() ? static_cast<int64_t>(num_slots_++) : take_slot();
       slot_of[v] = s;
       step.outputs.push_back(s);
       if (n->is_input()) input_slots_.push_back(s);
@@ -87,8 +96,14 @@ Plan::Plan(const Graph& graph) : graph_(graph) {
         if (!already) step.release.push_back(s);
       }
     }
-    for (int64_t s : step.release) free_slots.push_back(s);
-    if (!n->is_input()) steps_.push_back(std::move(step));
+    if (n->is_constant()) {
+      // Made once with the plan, bound before the steps: its slot is never shared.
+      constants_.push_back({step.outputs[0], constant_tensor(*n)});
+      constant_slots.insert(step.outputs[0]);
+    }
+    for (int64_t s : step.release)
+      if (!constant_slots.contains(s)) free_slots.push_back(s);
+    if (!n->is_input() && !n->is_constant()) steps_.push_back(std::move(step));
   }
   for (const Value* o : graph.outputs()) output_slots_.push_back(slot_of.at(o));
   // Input slots in graph-input order.
@@ -102,11 +117,13 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
   std::vector<Tensor> slots(num_slots_);
   for (size_t i = 0; i < inputs.size(); ++i)
     slots[static_cast<size_t>(input_slots_[i])] = inputs[i];
+  for (const auto& [slot, value] : constants_) slots[static_cast<size_t>(slot)] = value;
+  EagerScope eager;
   std::vector<Tensor> args;
   for (const Step& step : steps_) {
     args.clear();
     for (int64_t s : step.inputs) args.push_back(s < 0 ? Tensor() : slots[static_cast<size_t>(s)]);
-    std::vector<Tensor> out = invoke_node(*step.node, args);
+    std::vector<Tensor> out = invoke_in_scope(*step.node, args);
     for (int64_t s : step.release) slots[static_cast<size_t>(s)] = Tensor();
     for (size_t k = 0; k < out.size(); ++k) {
       bool released = false;
@@ -116,7 +133,16 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
   }
   std::vector<Tensor> result;
   result.reserve(output_slots_.size());
-  for (int64_t s : output_slots_) result.push_back(slots[static_cast<size_t>(s)]);
+  for (int64_t s : output_slots_) {
+    Tensor t = slots[static_cast<size_t>(s)];
+    // A plan's constants are reused by every run: callers get their own copy.
+    for (const auto& c : constants_)
+      if (c.second.impl()->storage == t.impl()->storage) {
+        t = t.clone();
+        break;
+      }
+    result.push_back(std::move(t));
+  }
   return result;
 }
 

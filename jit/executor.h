@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "jit/ir.h"
@@ -31,6 +32,7 @@ class Plan {
   std::vector<Step> steps_;
   std::vector<int64_t> input_slots_;
   std::vector<int64_t> output_slots_;
+  std::vector<std::pair<int64_t, Tensor>> constants_;  // (slot, value), bound before the steps
   size_t num_slots_ = 0;
 };
 

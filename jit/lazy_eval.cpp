@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "jit/executor.h"
 #include "jit/ir.h"
+#include "jit/log.h"
 #include "jit/passes/passes.h"
 #include "kiln/error.h"
 #include "lib/tensor_impl.h"
@@ -201,6 +202,8 @@ void evaluate(const std::vector<LazyRef>& requests) {
     KILN_CHECK(arg < 0, "jit: a value computed inside jit::trace from its argument ", arg,
                " was used outside the trace; return it from the traced function instead");
   g_evaluations.fetch_add(1, std::memory_order_relaxed);
+  log("lazy", "materializing ", requests.size(), " value(s), ", graph->size(),
+      " nodes, because of ", detail::evaluation_reason());
   g_nodes_recorded_in_graphs.fetch_add(static_cast<int64_t>(graph->size()),
                                        std::memory_order_relaxed);
   run_passes(*graph);

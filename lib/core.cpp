@@ -161,8 +161,22 @@ Tensor make_view(const Tensor& base, Shape sizes, Shape strides, int64_t offset)
   return Tensor(std::move(impl));
 }
 
+namespace {
+// A wrapped number's few bytes live inside its Storage: one allocation instead of three, which
+// matters because every `x * 0.5` makes one.
+struct InlineScalarStorage : Storage {
+  alignas(16) unsigned char bytes[16];
+};
+}  // namespace
+
 Tensor wrap_scalar(const Scalar& s) {
-  Tensor t = make_empty({}, s.kind());
+  auto storage = std::make_shared<InlineScalarStorage>();
+  storage->data = storage->bytes;
+  storage->nbytes = element_size(s.kind());
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::move(storage);
+  impl->dtype = s.kind();
+  Tensor t(std::move(impl));
   switch (s.kind()) {
     case DType::Bool:
       *t.data_ptr<bool>() = s.to<bool>();

@@ -27,13 +27,29 @@ int64_t env_int(const char* name, int64_t fallback) {
   return n;
 }
 
-thread_local bool t_lazy = env_flag("KILN_LAZY", true);
-thread_local TraceState* t_trace = nullptr;
+// Constant-initialized, initial-exec thread-locals: every op reads them, and a dynamic initializer
+// or the general TLS model would put a call on that path.
+const bool g_default_lazy = env_flag("KILN_LAZY", true);
+#define KILN_FAST_TLS __attribute__((tls_model("initial-exec"))) thread_local
+KILN_FAST_TLS signed char t_lazy = -1;  // -1: not yet set on this thread (KILN_LAZY decides)
+KILN_FAST_TLS TraceState* t_trace = nullptr;
+
+inline bool lazy_on() {
+  if (t_lazy < 0) t_lazy = g_default_lazy;
+  return t_lazy != 0;
+}
 // Set while the evaluator runs a graph: kernels then see only concrete tensors, and a flush
 // (from an in-place kernel on an input that pending nodes read) would re-enter the evaluation.
 thread_local int t_evaluating = 0;
+thread_local const char* t_reason = "";
+
 std::atomic<int64_t> g_max_pending{env_int("KILN_MAX_PENDING", 10000)};
 Evaluator g_evaluator = nullptr;
+
+void call_evaluator(const std::vector<LazyRef>& requests, const char* reason) {
+  t_reason = reason;
+  g_evaluator(requests);
+}
 
 // The live list: every uncomputed node, oldest first. One list for the process (a pending tensor
 // may be handed to another thread); recording on one thread at a time is the common case.
@@ -78,7 +94,7 @@ thread_local std::vector<std::shared_ptr<LazyNode>> t_release_stack;
 thread_local std::vector<Tensor> t_release_tensors;
 thread_local bool t_releasing = false;
 
-void release_inputs(std::vector<LazyInput>& inputs) {
+void release_inputs(absl::InlinedVector<LazyInput, 3>& inputs) {
   for (LazyInput& in : inputs) {
     if (in.ref.node && in.ref.node.use_count() == 1)
       t_release_stack.push_back(std::move(in.ref.node));
@@ -137,7 +153,7 @@ void LazyNode::mark_computed(std::vector<Tensor> values) {
 }
 
 bool lazy_mode() {
-  return t_lazy;
+  return lazy_on();
 }
 bool trace_mode() {
   return t_trace != nullptr;
@@ -222,17 +238,18 @@ void trace_warn_value_read(const Tensor& t, const char* what) {
   t_trace->warnings.push_back(msg);
 }
 void set_lazy_mode(bool on) {
-  t_lazy = on;
+  t_lazy = on ? 1 : 0;
 }
 
 bool should_record(const Tensor& a) {
-  return t_lazy && (!a.defined() || a.device().is_cpu());
+  return lazy_on() && (!a.defined() || a.device().is_cpu());
 }
 bool should_record(const Tensor& a, const Tensor& b) {
-  return t_lazy && (!a.defined() || a.device().is_cpu()) && (!b.defined() || b.device().is_cpu());
+  return lazy_on() && (!a.defined() || a.device().is_cpu()) &&
+         (!b.defined() || b.device().is_cpu());
 }
 bool should_record(const std::vector<Tensor>& inputs) {
-  if (!t_lazy) return false;
+  if (!lazy_on()) return false;
   for (const Tensor& t : inputs)
     if (t.defined() && !t.device().is_cpu()) return false;
   return true;
@@ -276,26 +293,46 @@ LazyInput lazy_input(const Tensor& t) {
   return in;
 }
 
-std::vector<Tensor> lazy_record(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs,
-                                std::vector<LazyType> outputs) {
+namespace {
+std::shared_ptr<LazyNode> new_node(const OpDef& def, const std::vector<Tensor>& inputs,
+                                   Attrs&& attrs) {
   auto node = std::make_shared<LazyNode>();
   node->op = &def;
   node->attrs = std::move(attrs);
-  node->inputs.reserve(inputs.size());
   for (const Tensor& t : inputs) node->inputs.push_back(lazy_input(t));
+  return node;
+}
+
+void after_record() {
+  if (g_live_count > g_max_pending.load(std::memory_order_relaxed))
+    flush_pending("the pending trace passed KILN_MAX_PENDING");
+}
+}  // namespace
+
+std::vector<Tensor> lazy_record(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs,
+                                std::vector<LazyType> outputs) {
+  std::shared_ptr<LazyNode> node = new_node(def, inputs, std::move(attrs));
   node->storages.resize(outputs.size());
-  node->outputs = std::move(outputs);
+  node->outputs.assign(std::make_move_iterator(outputs.begin()),
+                       std::make_move_iterator(outputs.end()));
   live_insert(node.get());
   std::vector<Tensor> result;
   result.reserve(node->outputs.size());
   for (uint32_t i = 0; i < node->outputs.size(); ++i)
     result.emplace_back(pending_impl(LazyRef{node, i}, node->outputs[i]));
-  if (g_live_count > g_max_pending.load(std::memory_order_relaxed)) flush_pending();
+  after_record();
   return result;
 }
 
 Tensor lazy_record1(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs, LazyType output) {
-  return lazy_record(def, std::move(inputs), std::move(attrs), {std::move(output)})[0];
+  std::shared_ptr<LazyNode> node = new_node(def, inputs, std::move(attrs));
+  node->storages.resize(1);
+  node->outputs.push_back(std::move(output));
+  live_insert(node.get());
+  Tensor result(pending_impl(LazyRef{node, 0}, node->outputs[0]));
+  node.reset();
+  after_record();
+  return result;
 }
 
 void lazy_record_view(const OpDef& def, const Tensor& input, Attrs attrs, const Tensor& view) {
@@ -322,7 +359,7 @@ void materialize(const std::vector<Tensor>& tensors) {
     if (is_pending(t)) requests.push_back(t.impl()->storage->lazy);
   if (requests.empty()) return;
   KILN_CHECK(g_evaluator, "lazy: no evaluator is registered (is the jit linked in?)");
-  g_evaluator(requests);
+  call_evaluator(requests, "kiln::eval or an op that needs a concrete operand");
 }
 
 void materialize_storage(TensorImpl& impl) {
@@ -336,11 +373,11 @@ void materialize_storage(TensorImpl& impl) {
                  "ops instead of reading values");
     Tensor t(std::shared_ptr<TensorImpl>(std::shared_ptr<TensorImpl>(), &impl));
     trace_warn_value_read(t, "data access (item(), data_ptr(), printing)");
-    if (!impl.storage->data) g_evaluator({impl.storage->lazy});
+    if (!impl.storage->data) call_evaluator({impl.storage->lazy}, "a value read inside a trace");
     return;
   }
   LazyRef ref = impl.storage->lazy;
-  g_evaluator({ref});
+  call_evaluator({ref}, "data access (item, data_ptr, printing)");
   KILN_CHECK(!impl.storage->lazy, "lazy: materializing a ", shape_str(impl.sizes),
              " tensor left it pending");
 }
@@ -352,7 +389,11 @@ EvaluationScope::~EvaluationScope() {
   --t_evaluating;
 }
 
-void flush_pending() {
+const char* evaluation_reason() {
+  return t_reason;
+}
+
+void flush_pending(const char* reason) {
   if (!g_evaluator || g_live_count == 0 || t_evaluating > 0) return;
   std::vector<LazyRef> requests;
   {
@@ -363,12 +404,13 @@ void flush_pending() {
         if (s && s->lazy.node.get() == n && s->lazy.index == i) requests.push_back(s->lazy);
       }
   }
-  if (!requests.empty()) g_evaluator(requests);
+  if (!requests.empty()) call_evaluator(requests, reason);
 }
 
 void prepare_write(const Tensor& t) {
   Storage& s = *t.impl()->storage;
-  if (s.lazy || s.lazy_readers.load(std::memory_order_relaxed) > 0) flush_pending();
+  if (s.lazy || s.lazy_readers.load(std::memory_order_relaxed) > 0)
+    flush_pending("an in-place write to a tensor that pending work reads or fills");
 }
 
 int64_t pending_count() {

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "kiln/tensor.h"
 #include "lib/op_table.h"
 
@@ -53,10 +54,11 @@ struct LazyInput {
 struct LazyNode {
   const OpDef* op = nullptr;
   Attrs attrs;
-  std::vector<LazyInput> inputs;
-  std::vector<LazyType> outputs;
+  // Inline room for the common arities: recording allocates as little as it can.
+  absl::InlinedVector<LazyInput, 3> inputs;
+  absl::InlinedVector<LazyType, 1> outputs;
   // The storage that waits for each output, when the output is a root (not a view).
-  std::vector<std::weak_ptr<Storage>> storages;
+  absl::InlinedVector<std::weak_ptr<Storage>, 1> storages;
   // After execution: the result of each output; inputs are then released.
   std::vector<Tensor> results;
   bool computed = false;
@@ -147,7 +149,9 @@ struct EvaluationScope {
 };
 
 // Computes every uncomputed node still alive (before an in-place write, or past the size limit).
-void flush_pending();
+void flush_pending(const char* reason = "flush");
+// Why the evaluator was called this time (for KILN_LOG=lazy).
+const char* evaluation_reason();
 // Called before writing into t's storage: flushes pending work that reads it or fills it.
 void prepare_write(const Tensor& t);
 // TensorImpl::data() calls this for a pending storage.

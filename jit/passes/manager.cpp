@@ -7,6 +7,8 @@
 #include <optional>
 
 #include "jit/passes/passes.h"
+
+#include "jit/log.h"
 #include "kiln/error.h"
 
 namespace kiln::jit {
@@ -162,6 +164,12 @@ void run_passes(Graph& g) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const int64_t after = static_cast<int64_t>(g.size());
     if (verify) verify_after(g, std::string("after pass '").append(p->name).append("'").c_str());
+    if (!ctx.rewrites.empty() && log_enabled("passes")) {
+      std::string rules;
+      for (const auto& [rule, n] : ctx.rewrites)
+        rules += (rules.empty() ? "" : ", ") + rule + " x" + std::to_string(n);
+      log("passes", p->name, ": ", before, " -> ", after, " nodes (", rules, ")");
+    }
     std::lock_guard<std::mutex> lock(s.mu);
     for (PassProfileEntry& e : s.profile) {
       if (e.pass != p->name) continue;
