@@ -2,7 +2,12 @@
 #include "tests/testing.h"
 
 #include <cmath>
+#include <cstring>
 #include <sstream>
+
+#include "jit/lazy_eval.h"
+#include "kiln/jit.h"
+#include "lib/tensor_impl.h"
 
 namespace kiln::testing {
 
@@ -152,6 +157,61 @@ void expect_error(const std::function<void()>& f, const std::vector<std::string>
   } catch (const std::exception& e) {
     ADD_FAILURE() << "expected kiln::Error, got another exception: " << e.what();
   }
+}
+
+}  // namespace kiln::testing
+
+namespace kiln::testing {
+
+std::vector<unsigned char> bytes(const Tensor& t) {
+  LazyGuard eager(false);
+  Tensor c = t.contiguous();
+  std::vector<unsigned char> out(static_cast<size_t>(c.numel()) * element_size(c.dtype()));
+  if (!out.empty()) std::memcpy(out.data(), c.raw_data_ptr(), out.size());
+  return out;
+}
+
+void expect_bit_equal(const Tensor& lazy, const Tensor& eager, const std::string& what) {
+  ASSERT_EQ(lazy.defined(), eager.defined()) << what;
+  if (!lazy.defined()) return;
+  ASSERT_EQ(lazy.sizes(), eager.sizes()) << what;
+  ASSERT_EQ(lazy.dtype(), eager.dtype()) << what;
+  EXPECT_TRUE(bytes(lazy) == bytes(eager)) << what << ": lazy " << lazy << "\neager " << eager;
+}
+
+void check_lazy(const std::string& what, const std::function<std::vector<Tensor>()>& f,
+                bool expect_pending) {
+  SCOPED_TRACE(what);
+  std::vector<Tensor> eager, lazy;
+  {
+    LazyGuard mode(false);
+    eager = f();
+  }
+  {
+    LazyGuard mode(true);
+    lazy = f();
+    if (expect_pending)
+      for (const Tensor& t : lazy) EXPECT_TRUE(detail::is_pending(t)) << what;
+  }
+  ASSERT_EQ(lazy.size(), eager.size());
+  const int64_t executed = jit::lazy_stats().nodes_executed;
+  for (size_t i = 0; i < lazy.size(); ++i)
+    expect_bit_equal(lazy[i], eager[i], what + " output " + std::to_string(i));
+  // The pending outputs were computed by the executor, not by an eager fallback (empty outputs
+  // have no data to compute).
+  bool has_data = false;
+  for (const Tensor& t : lazy) has_data = has_data || (t.defined() && t.numel() > 0);
+  if (expect_pending && has_data) EXPECT_GT(jit::lazy_stats().nodes_executed, executed) << what;
+}
+
+Tensor input(const Shape& shape, DType dtype, double lo, double hi) {
+  LazyGuard eager(false);
+  return random_tensor(shape, dtype, lo, hi);
+}
+
+std::vector<std::pair<std::string, Tensor>> input_layouts(const Tensor& t) {
+  LazyGuard eager(false);
+  return layouts(t);
 }
 
 }  // namespace kiln::testing

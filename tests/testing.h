@@ -51,3 +51,21 @@ void expect_close(const Tensor& actual, const std::vector<double>& expected, con
 void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts);
 
 }  // namespace kiln::testing
+
+// Lazy mode versus eager mode (tests of the ops' lazy recording).
+namespace kiln::testing {
+
+// The bytes of t's values in row-major order (materializing it, and only it).
+std::vector<unsigned char> bytes(const Tensor& t);
+// Same sizes, dtype and bytes.
+void expect_bit_equal(const Tensor& lazy, const Tensor& eager, const std::string& what);
+// Runs f eagerly and lazily: in lazy mode every output must come back pending and be computed by
+// the executor (unless expect_pending is false: then either may happen), and the values must
+// match eager mode's bit for bit.
+void check_lazy(const std::string& what, const std::function<std::vector<Tensor>()>& f,
+                bool expect_pending = true);
+// Concrete inputs (made eagerly), so that both runs read the same tensors.
+Tensor input(const Shape& shape, DType dtype = kFloat32, double lo = -3.0, double hi = 3.0);
+std::vector<std::pair<std::string, Tensor>> input_layouts(const Tensor& t);
+
+}  // namespace kiln::testing

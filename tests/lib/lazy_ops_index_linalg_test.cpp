@@ -12,6 +12,7 @@
 
 #include "jit/lazy_eval.h"
 #include "kiln/autograd.h"
+#include "kiln/jit.h"
 #include "lib/lazy.h"
 #include "lib/op_table.h"
 #include "lib/tensor_impl.h"
@@ -20,23 +21,16 @@
 namespace kiln {
 namespace {
 
+using testing::bytes;
+using testing::check_lazy;
+using testing::expect_bit_equal;
 using testing::expect_error;
+using testing::input;
+using testing::input_layouts;
 using testing::layouts;
 using testing::random_shape;
 using testing::random_tensor;
 using testing::rng;
-
-// Sets lazy mode for a scope and restores it after.
-class LazyMode {
- public:
-  explicit LazyMode(bool on) : prev_(detail::lazy_mode()) { detail::set_lazy_mode(on); }
-  ~LazyMode() { detail::set_lazy_mode(prev_); }
-  LazyMode(const LazyMode&) = delete;
-  LazyMode& operator=(const LazyMode&) = delete;
-
- private:
-  bool prev_;
-};
 
 // The checks of pendingness assume nothing flushes the trace: a KILN_MAX_PENDING from the
 // environment is lifted for the run.
@@ -58,70 +52,14 @@ int64_t rand_int(int64_t lo, int64_t hi) {  // inclusive
   return std::uniform_int_distribution<int64_t>(lo, hi)(rng());
 }
 
-// The bytes of t's values in row-major order (materializing it, and only it).
-std::vector<unsigned char> bytes(const Tensor& t) {
-  LazyMode eager(false);
-  Tensor c = t.contiguous();
-  std::vector<unsigned char> out(static_cast<size_t>(c.numel()) * element_size(c.dtype()));
-  if (!out.empty()) std::memcpy(out.data(), c.impl()->data(), out.size());
-  return out;
-}
-
-void expect_bit_equal(const Tensor& lazy, const Tensor& eager, const std::string& what) {
-  ASSERT_EQ(lazy.defined(), eager.defined()) << what;
-  if (!lazy.defined()) return;
-  ASSERT_EQ(lazy.sizes(), eager.sizes()) << what;
-  ASSERT_EQ(lazy.dtype(), eager.dtype()) << what;
-  EXPECT_TRUE(bytes(lazy) == bytes(eager)) << what << ": lazy " << lazy << "\neager " << eager;
-  LazyMode eager_mode(false);
-  EXPECT_TRUE(equal(lazy, eager)) << what;
-}
-
-using Fn = std::function<std::vector<Tensor>()>;
-
-// Runs f eagerly and lazily: in lazy mode every output must come back pending (unless
-// expect_pending is false), and the values must match eager mode's bit for bit.
-void check_lazy(const std::string& what, const Fn& f, bool expect_pending = true) {
-  SCOPED_TRACE(what);
-  std::vector<Tensor> eager, lazy;
-  {
-    LazyMode mode(false);
-    eager = f();
-  }
-  {
-    LazyMode mode(true);
-    lazy = f();
-    for (const Tensor& t : lazy) EXPECT_EQ(detail::is_pending(t), expect_pending) << what;
-  }
-  ASSERT_EQ(lazy.size(), eager.size());
-  const int64_t executed = jit::lazy_stats().nodes_executed;
-  for (size_t i = 0; i < lazy.size(); ++i)
-    expect_bit_equal(lazy[i], eager[i], what + " output " + std::to_string(i));
-  // The pending outputs were computed by the executor, not by an eager fallback.
-  if (expect_pending && !lazy.empty()) {
-    EXPECT_GT(jit::lazy_stats().nodes_executed, executed) << what;
-  }
-}
-
-// Concrete inputs (made eagerly), so that both runs read the same tensors.
-Tensor input(const Shape& shape, DType dtype = kFloat32, double lo = -3.0, double hi = 3.0) {
-  LazyMode eager(false);
-  return random_tensor(shape, dtype, lo, hi);
-}
-
 // Index values uniform in [0, high).
 Tensor index_input(const Shape& shape, int64_t high, DType dtype = kInt64) {
-  LazyMode eager(false);
+  LazyGuard eager(false);
   int64_t n = 1;
   for (int64_t s : shape) n *= s;
   std::vector<int64_t> v(static_cast<size_t>(n));
   for (auto& x : v) x = rand_int(0, high - 1);
   return from_vector(v, shape).to(dtype);
-}
-
-std::vector<std::pair<std::string, Tensor>> input_layouts(const Tensor& t) {
-  LazyMode eager(false);
-  return layouts(t);
 }
 
 // One of t's layouts, at random.
@@ -485,7 +423,7 @@ TEST(LazyIndexLinalg, Addmm) {
     }
   }
   // The coefficients are stored as attributes of their own kind.
-  LazyMode lazy(true);
+  LazyGuard lazy(true);
   Tensor out = addmm(input({2, 2}), input({2, 3}), input({3, 2}), 0.5, 2);
   ASSERT_TRUE(detail::is_pending(out));
   const detail::LazyNode& node = node_of(out);
@@ -510,7 +448,7 @@ TEST(LazyIndexLinalg, SliceScatter) {
     const int64_t step = rand_int(1, 3);
     Shape region;
     {
-      LazyMode eager(false);
+      LazyGuard eager(false);
       region = self.slice(dim, start, end, step).sizes();
     }
     Tensor src = input(region, dt);
@@ -532,7 +470,7 @@ TEST(LazyIndexLinalg, SliceScatter) {
     }
   }
   // Attributes are the normalized slice.
-  LazyMode lazy(true);
+  LazyGuard lazy(true);
   Tensor out = slice_scatter(input({4, 6}), input({4, 2}), -1, -5, -1, 2);
   ASSERT_TRUE(detail::is_pending(out));
   const detail::Attrs expected = {int64_t{1}, int64_t{1}, int64_t{5}, int64_t{2}};
@@ -574,7 +512,7 @@ TEST(LazyIndexLinalg, AsStridedScatter) {
         false);
   }
   // The stored offset is relative to self's first element.
-  LazyMode lazy(true);
+  LazyGuard lazy(true);
   Tensor base = input({6, 5});
   Tensor v = base.narrow(0, 1, 4);
   Tensor out = as_strided_scatter(v, input({2, 2}), {2, 2}, {5, 1}, v.storage_offset() + 3);
@@ -588,7 +526,7 @@ TEST(LazyIndexLinalg, AsStridedScatter) {
 // Index values are read at the call: a pending index is computed then (and only it), the data
 // stays pending, and the node takes the concrete index.
 TEST(LazyIndexLinalg, IndexIsConcreteDataStaysPending) {
-  LazyMode lazy(true);
+  LazyGuard lazy(true);
   Tensor x = input({4, 3}).clone();
   Tensor idx = (index_input({5}, 4) * 1).clone();
   ASSERT_TRUE(detail::is_pending(x));
@@ -621,7 +559,7 @@ TEST(LazyIndexLinalg, IndexIsConcreteDataStaysPending) {
 
 // Every check raises at the call in lazy mode, with pending operands, and records nothing.
 TEST(LazyIndexLinalg, ErrorsRaiseAtTheCall) {
-  LazyMode lazy(true);
+  LazyGuard lazy(true);
   Tensor x = input({3, 4}).clone();
   Tensor x64 = input({3, 4}, kFloat64).clone();
   Tensor i = index_input({2}, 3);
@@ -713,7 +651,7 @@ TEST(LazyIndexLinalg, ErrorsRaiseAtTheCall) {
 // The gradients of sum(f(leaves) * g) with respect to the leaves, in one mode.
 std::vector<Tensor> grads_of(bool lazy_mode, const std::function<Tensor(std::vector<Tensor>)>& f,
                              const std::vector<Tensor>& leaves, const Tensor& g) {
-  LazyMode mode(lazy_mode);
+  LazyGuard mode(lazy_mode);
   Tensor out = f(leaves);
   if (lazy_mode) {
     EXPECT_TRUE(detail::is_pending(out));
@@ -727,7 +665,7 @@ void check_backward(const std::string& what, const std::function<Tensor(std::vec
   Shape out_shape;
   DType out_type;
   {
-    LazyMode eager(false);
+    LazyGuard eager(false);
     NoGradGuard no_grad;
     Tensor out = f(leaves);
     out_shape = out.sizes();

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/jit.h"
 #include "lib/lazy.h"
 #include "lib/op_table.h"
 #include "lib/tensor_impl.h"
@@ -15,74 +16,15 @@
 namespace kiln {
 namespace {
 
+using testing::bytes;
+using testing::check_lazy;
+using testing::expect_bit_equal;
+using testing::input;
+using testing::input_layouts;
 using testing::layouts;
 using testing::random_shape;
 using testing::random_tensor;
 using testing::rng;
-
-// Sets lazy mode for a scope and restores it after.
-class LazyMode {
- public:
-  explicit LazyMode(bool on) : prev_(detail::lazy_mode()) { detail::set_lazy_mode(on); }
-  ~LazyMode() { detail::set_lazy_mode(prev_); }
-  LazyMode(const LazyMode&) = delete;
-  LazyMode& operator=(const LazyMode&) = delete;
-
- private:
-  bool prev_;
-};
-
-// The bytes of t's values in row-major order (materializing it).
-std::vector<unsigned char> bytes(const Tensor& t) {
-  LazyMode eager(false);
-  Tensor c = t.contiguous();
-  std::vector<unsigned char> out(static_cast<size_t>(c.numel()) * element_size(c.dtype()));
-  if (!out.empty()) std::memcpy(out.data(), c.raw_data_ptr(), out.size());
-  return out;
-}
-
-void expect_bit_equal(const Tensor& lazy, const Tensor& eager, const std::string& what) {
-  ASSERT_EQ(lazy.defined(), eager.defined()) << what;
-  if (!lazy.defined()) return;
-  EXPECT_EQ(lazy.sizes(), eager.sizes()) << what;
-  EXPECT_EQ(lazy.dtype(), eager.dtype()) << what;
-  if (lazy.sizes() != eager.sizes() || lazy.dtype() != eager.dtype()) return;
-  EXPECT_TRUE(bytes(lazy) == bytes(eager)) << what << ": lazy " << lazy << "\neager " << eager;
-}
-
-using Fn = std::function<std::vector<Tensor>()>;
-
-// Runs f eagerly and lazily: in lazy mode every output must come back pending (unless
-// expect_pending is false), and the values must match eager mode's bit for bit.
-void check_lazy(const std::string& what, const Fn& f, bool expect_pending = true) {
-  SCOPED_TRACE(what);
-  std::vector<Tensor> eager, lazy;
-  {
-    LazyMode mode(false);
-    eager = f();
-  }
-  {
-    LazyMode mode(true);
-    lazy = f();
-    if (expect_pending) {
-      for (const Tensor& t : lazy) EXPECT_TRUE(detail::is_pending(t)) << what;
-    }
-  }
-  ASSERT_EQ(lazy.size(), eager.size());
-  for (size_t i = 0; i < lazy.size(); ++i)
-    expect_bit_equal(lazy[i], eager[i], what + " output " + std::to_string(i));
-}
-
-// Concrete inputs (made eagerly), so that both runs read the same tensors.
-Tensor input(const Shape& shape, DType dtype = kFloat32, double lo = -3.0, double hi = 3.0) {
-  LazyMode eager(false);
-  return random_tensor(shape, dtype, lo, hi);
-}
-
-std::vector<std::pair<std::string, Tensor>> input_layouts(const Tensor& t) {
-  LazyMode eager(false);
-  return layouts(t);
-}
 
 // A random subset of dims of a rank-nd shape, each given as d or d - nd at random.
 std::vector<int64_t> random_dims(int64_t nd) {
@@ -237,7 +179,7 @@ TEST(LazyReduce, PendingInputsChain) {
 }
 
 TEST(LazyReduce, AttrsAreNormalized) {
-  LazyMode lazy(true);
+  LazyGuard lazy(true);
   Tensor x = input({2, 3, 4}, kFloat32);
   Tensor s = sum(x, {-1, 0}, true);
   ASSERT_TRUE(detail::is_pending(s));
@@ -280,7 +222,7 @@ TEST(LazyReduce, AttrsAreNormalized) {
 }
 
 TEST(LazyReduce, ErrorsRaiseAtTheCall) {
-  LazyMode lazy(true);
+  LazyGuard lazy(true);
   Tensor x = exp(input({2, 3}, kFloat32));
   ASSERT_TRUE(detail::is_pending(x));
   Tensor ints = input({2, 3}, kInt32) + 1;
@@ -412,7 +354,7 @@ TEST(LazyNN, DropoutMatchesEagerForTheSameSeed) {
           return std::vector<Tensor>{a, b, c, d};
         },
         false);
-    LazyMode lazy(true);
+    LazyGuard lazy(true);
     EXPECT_TRUE(detail::is_pending(dropout(x, p)));
   }
   check_lazy(
@@ -425,11 +367,11 @@ TEST(LazyNN, DropoutMatchesEagerForTheSameSeed) {
   // The draw happens at the call: reseeding before materializing changes nothing.
   Tensor eager_value;
   {
-    LazyMode eager(false);
+    LazyGuard eager(false);
     manual_seed(99);
     eager_value = dropout(y, 0.5);
   }
-  LazyMode lazy(true);
+  LazyGuard lazy(true);
   manual_seed(99);
   Tensor pending = dropout(y, 0.5);
   ASSERT_TRUE(detail::is_pending(pending));
@@ -439,7 +381,7 @@ TEST(LazyNN, DropoutMatchesEagerForTheSameSeed) {
 }
 
 TEST(LazyNN, ErrorsRaiseAtTheCall) {
-  LazyMode lazy(true);
+  LazyGuard lazy(true);
   Tensor x = exp(input({4, 5}, kFloat32));
   ASSERT_TRUE(detail::is_pending(x));
   Tensor target = input({4}, kInt64, 0, 5);
@@ -473,7 +415,7 @@ std::vector<Tensor> grads_of(const std::vector<Tensor>& leaves,
                              const std::function<Tensor(const std::vector<Tensor>&)>& f) {
   std::vector<Tensor> params;
   {
-    LazyMode eager(false);  // concrete leaves
+    LazyGuard eager(false);  // concrete leaves
     for (const Tensor& l : leaves) {
       Tensor p = l.detach().clone();
       if (is_floating_point(p.dtype())) p.requires_grad_();
@@ -492,11 +434,11 @@ void check_grads(const std::string& what, const std::vector<Tensor>& leaves,
   SCOPED_TRACE(what);
   std::vector<Tensor> eager, lazy;
   {
-    LazyMode mode(false);
+    LazyGuard mode(false);
     eager = grads_of(leaves, f);
   }
   {
-    LazyMode mode(true);
+    LazyGuard mode(true);
     lazy = grads_of(leaves, f);
   }
   ASSERT_EQ(eager.size(), lazy.size());
@@ -516,7 +458,7 @@ TEST(LazyGrad, ReductionsMatchEager) {
     check_grads("prod", {pos, w}, [&](const auto& p) { return weighted(prod(p[0], {1}), p[1]); });
     Tensor zeroed = pos.clone();
     {
-      LazyMode eager(false);
+      LazyGuard eager(false);
       zeroed.select(1, 2).zero_();
     }
     check_grads("prod with zeros", {zeroed, w},
