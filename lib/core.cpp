@@ -265,8 +265,21 @@ std::optional<DType> combine_categories(std::optional<DType> higher, std::option
 }  // namespace
 
 DType result_type(const std::vector<Tensor>& operands) {
+  std::vector<const Tensor*> ptrs;
+  ptrs.reserve(operands.size());
+  for (const Tensor& t : operands) ptrs.push_back(&t);
+  return result_type(ptrs.data(), ptrs.size());
+}
+
+DType result_type(const Tensor& a, const Tensor& b) {
+  const Tensor* ptrs[2] = {&a, &b};
+  return result_type(ptrs, 2);
+}
+
+DType result_type(const Tensor* const* operands, size_t count) {
   std::optional<DType> dim_result, zero_result, wrapped_result;
-  for (const Tensor& t : operands) {
+  for (size_t i = 0; i < count; ++i) {
+    const Tensor& t = *operands[i];
     if (!t.defined()) continue;
     DType d = t.dtype();
     if (t.impl()->wrapped_number) {

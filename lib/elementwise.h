@@ -82,7 +82,7 @@ Tensor binary_op(const OpDef& def, const Tensor& a, const Tensor& b, const F& f,
   check_elementwise_input(def, a, inplace ? "self" : "input");
   check_elementwise_input(def, b, "other");
   Shape shape = broadcast_shapes(a.sizes(), b.sizes(), def.name.c_str());
-  DType compute = compute_type(def.dtype_rule, result_type({a, b}));
+  DType compute = compute_type(def.dtype_rule, result_type(a, b));
   DType out_type = produces_bool(def.dtype_rule) ? kBool : compute;
   if (!inplace && should_record(a, b))
     return lazy_record1(def, {a, b}, std::move(attrs), {std::move(shape), out_type});

@@ -53,14 +53,24 @@ void call_evaluator(const std::vector<LazyRef>& requests, const char* reason) {
 
 // The live list: every uncomputed node, oldest first. One list for the process (a pending tensor
 // may be handed to another thread); recording on one thread at a time is the common case.
-std::mutex g_live_mutex;
+// A spin lock: held for a few pointer updates, and uncontended in the common case, where a mutex
+// would cost more than the update.
+struct SpinLock {
+  std::atomic_flag flag = ATOMIC_FLAG_INIT;
+  void lock() {
+    while (flag.test_and_set(std::memory_order_acquire)) {
+    }
+  }
+  void unlock() { flag.clear(std::memory_order_release); }
+};
+SpinLock g_live_mutex;
 LazyNode* g_live_head = nullptr;
 LazyNode* g_live_tail = nullptr;
 int64_t g_live_count = 0;
 uint64_t g_serial = 0;
 
 void live_insert(LazyNode* n) {
-  std::lock_guard<std::mutex> lock(g_live_mutex);
+  std::lock_guard<SpinLock> lock(g_live_mutex);
   n->serial = ++g_serial;
   n->live_prev = g_live_tail;
   n->live_next = nullptr;
@@ -74,7 +84,7 @@ void live_insert(LazyNode* n) {
 }
 
 void live_remove(LazyNode* n) {
-  std::lock_guard<std::mutex> lock(g_live_mutex);
+  std::lock_guard<SpinLock> lock(g_live_mutex);
   if (!n->in_live_list) return;
   if (n->live_prev)
     n->live_prev->live_next = n->live_next;
@@ -294,12 +304,12 @@ LazyInput lazy_input(const Tensor& t) {
 }
 
 namespace {
-std::shared_ptr<LazyNode> new_node(const OpDef& def, const std::vector<Tensor>& inputs,
+std::shared_ptr<LazyNode> new_node(const OpDef& def, const Tensor* inputs, size_t count,
                                    Attrs&& attrs) {
   auto node = std::make_shared<LazyNode>();
   node->op = &def;
   node->attrs = std::move(attrs);
-  for (const Tensor& t : inputs) node->inputs.push_back(lazy_input(t));
+  for (size_t i = 0; i < count; ++i) node->inputs.push_back(lazy_input(inputs[i]));
   return node;
 }
 
@@ -311,7 +321,7 @@ void after_record() {
 
 std::vector<Tensor> lazy_record(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs,
                                 std::vector<LazyType> outputs) {
-  std::shared_ptr<LazyNode> node = new_node(def, inputs, std::move(attrs));
+  std::shared_ptr<LazyNode> node = new_node(def, inputs.data(), inputs.size(), std::move(attrs));
   node->storages.resize(outputs.size());
   node->outputs.assign(std::make_move_iterator(outputs.begin()),
                        std::make_move_iterator(outputs.end()));
@@ -324,8 +334,19 @@ std::vector<Tensor> lazy_record(const OpDef& def, std::vector<Tensor> inputs, At
   return result;
 }
 
-Tensor lazy_record1(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs, LazyType output) {
-  std::shared_ptr<LazyNode> node = new_node(def, inputs, std::move(attrs));
+Tensor lazy_record1(const OpDef& def, std::initializer_list<Tensor> inputs, Attrs attrs,
+                    LazyType output) {
+  return lazy_record1(def, inputs.begin(), inputs.size(), std::move(attrs), std::move(output));
+}
+
+Tensor lazy_record1(const OpDef& def, const std::vector<Tensor>& inputs, Attrs attrs,
+                    LazyType output) {
+  return lazy_record1(def, inputs.data(), inputs.size(), std::move(attrs), std::move(output));
+}
+
+Tensor lazy_record1(const OpDef& def, const Tensor* inputs, size_t count, Attrs attrs,
+                    LazyType output) {
+  std::shared_ptr<LazyNode> node = new_node(def, inputs, count, std::move(attrs));
   node->storages.resize(1);
   node->outputs.push_back(std::move(output));
   live_insert(node.get());
@@ -397,7 +418,7 @@ void flush_pending(const char* reason) {
   if (!g_evaluator || g_live_count == 0 || t_evaluating > 0) return;
   std::vector<LazyRef> requests;
   {
-    std::lock_guard<std::mutex> lock(g_live_mutex);
+    std::lock_guard<SpinLock> lock(g_live_mutex);
     for (LazyNode* n = g_live_head; n; n = n->live_next)
       for (uint32_t i = 0; i < n->outputs.size(); ++i) {
         std::shared_ptr<Storage> s = n->storages[i].lock();
@@ -414,7 +435,7 @@ void prepare_write(const Tensor& t) {
 }
 
 int64_t pending_count() {
-  std::lock_guard<std::mutex> lock(g_live_mutex);
+  std::lock_guard<SpinLock> lock(g_live_mutex);
   return g_live_count;
 }
 int64_t max_pending() {

@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <utility>
@@ -126,7 +127,12 @@ inline bool is_pending(const Tensor& t);
 // Records one call of `def` and returns its pending outputs (contiguous, on the CPU).
 std::vector<Tensor> lazy_record(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs,
                                 std::vector<LazyType> outputs);
-Tensor lazy_record1(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs, LazyType output);
+Tensor lazy_record1(const OpDef& def, std::initializer_list<Tensor> inputs, Attrs attrs,
+                    LazyType output);
+Tensor lazy_record1(const OpDef& def, const std::vector<Tensor>& inputs, Attrs attrs,
+                    LazyType output);
+Tensor lazy_record1(const OpDef& def, const Tensor* inputs, size_t count, Attrs attrs,
+                    LazyType output);
 // Gives `view` (made by make_view over a pending input's storage) its own node: `def(input,
 // attrs)`. Views of concrete tensors are not recorded outside trace mode.
 void lazy_record_view(const OpDef& def, const Tensor& input, Attrs attrs, const Tensor& view);

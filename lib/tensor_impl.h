@@ -110,6 +110,8 @@ std::string describe(const Tensor& t);  // "float32[2, 3]", or "undefined"
 // The common dtype of operands as torch computes it: tensors with dims rank above 0-dim tensors,
 // which rank above wrapped numbers; a lower tier only counts when it is of a higher category.
 DType result_type(const std::vector<Tensor>& operands);
+DType result_type(const Tensor& a, const Tensor& b);  // no allocation: the binary ops' hot path
+DType result_type(const Tensor* const* operands, size_t count);
 
 void check_defined(const Tensor& t, const char* op, const char* arg = "input");
 void check_cpu(const Tensor& t, const char* op);

@@ -190,8 +190,9 @@ void check_lazy(const std::string& what, const std::function<std::vector<Tensor>
   {
     LazyGuard mode(true);
     lazy = f();
-    if (expect_pending)
+    if (expect_pending) {
       for (const Tensor& t : lazy) EXPECT_TRUE(detail::is_pending(t)) << what;
+    }
   }
   ASSERT_EQ(lazy.size(), eager.size());
   const int64_t executed = jit::lazy_stats().nodes_executed;
@@ -201,7 +202,9 @@ void check_lazy(const std::string& what, const std::function<std::vector<Tensor>
   // have no data to compute).
   bool has_data = false;
   for (const Tensor& t : lazy) has_data = has_data || (t.defined() && t.numel() > 0);
-  if (expect_pending && has_data) EXPECT_GT(jit::lazy_stats().nodes_executed, executed) << what;
+  if (expect_pending && has_data) {
+    EXPECT_GT(jit::lazy_stats().nodes_executed, executed) << what;
+  }
 }
 
 Tensor input(const Shape& shape, DType dtype, double lo, double hi) {

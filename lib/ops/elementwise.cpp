@@ -324,7 +324,7 @@ Tensor add_impl(const detail::OpDef& def, const Tensor& a, const Tensor& b, cons
                 Tensor* inplace) {
   detail::check_defined(a, def.name.c_str());
   detail::check_defined(b, def.name.c_str(), "other");
-  DType common = detail::result_type({a, b});
+  DType common = detail::result_type(a, b);
   KILN_CHECK(!(is_integral(common, true) && alpha.is_floating_point()), def.name,
              ": for integral inputs, alpha must not be a floating-point number (got ", alpha,
              " with ", detail::describe(a), " and ", detail::describe(b), ")");
