@@ -99,6 +99,7 @@ Plan::Plan(const Graph& graph) : graph_(graph) {
     if (n->is_constant()) {
       // Made once with the plan, bound before the steps: its slot is never shared.
       constants_.push_back({step.outputs[0], constant_tensor(*n)});
+      constant_storages_.insert(constants_.back().second.impl()->storage.get());
       constant_slots.insert(step.outputs[0]);
     }
     for (int64_t s : step.release)
@@ -136,11 +137,7 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
   for (int64_t s : output_slots_) {
     Tensor t = slots[static_cast<size_t>(s)];
     // A plan's constants are reused by every run: callers get their own copy.
-    for (const auto& c : constants_)
-      if (c.second.impl()->storage == t.impl()->storage) {
-        t = t.clone();
-        break;
-      }
+    if (t.defined() && constant_storages_.contains(t.impl()->storage.get())) t = t.clone();
     result.push_back(std::move(t));
   }
   return result;

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "jit/ir.h"
 #include "kiln/tensor.h"
 
@@ -33,6 +34,7 @@ class Plan {
   std::vector<int64_t> input_slots_;
   std::vector<int64_t> output_slots_;
   std::vector<std::pair<int64_t, Tensor>> constants_;  // (slot, value), bound before the steps
+  absl::flat_hash_set<const void*> constant_storages_;
   size_t num_slots_ = 0;
 };
 

@@ -182,8 +182,7 @@ void Graph::renumber() {
 
 Value* Graph::add_input(ValueType type) {
   // Inputs stay first: insert after the last input node.
-  Node* before = first_;
-  while (before && before->is_input()) before = before->next_;
+  Node* before = inputs_.empty() ? first_ : inputs_.back()->node()->next_;
   Node* n = create(input_op(), {}, {int64_t(inputs_.size())}, {std::move(type)}, before);
   inputs_.push_back(n->output());
   return n->output();

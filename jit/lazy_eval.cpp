@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "jit/executor.h"
 #include "jit/ir.h"
 #include "jit/log.h"
@@ -24,17 +25,28 @@ std::atomic<int64_t> g_nodes_recorded_in_graphs{0};
 
 // Moves r's buffer into the storage that waits for it, or copies when r cannot give it up: when
 // someone else holds its storage, or it is one of the graph's inputs (a user's tensor).
+// How many graph results share each storage, and which storages are graph inputs: a buffer is
+// moved only when one result holds it and it is nobody's input.
+struct Holders {
+  absl::flat_hash_map<const detail::Storage*, int> results;
+  absl::flat_hash_set<const detail::Storage*> inputs;
+  Holders(const std::vector<Tensor>& graph_inputs, const std::vector<Tensor>& graph_results) {
+    for (const Tensor& t : graph_results)
+      if (t.defined()) ++results[t.impl()->storage.get()];
+    for (const Tensor& t : graph_inputs)
+      if (t.defined()) inputs.insert(t.impl()->storage.get());
+  }
+};
+
 void fill_storage(detail::Storage& s, const Tensor& r, const detail::LazyType& type,
-                  const std::vector<Tensor>& graph_inputs,
-                  const std::vector<Tensor>& other_results) {
+                  const Holders& holders) {
   Tensor src = r;
   detail::Storage* rs = src.impl()->storage.get();
   bool movable = src.impl()->storage.use_count() == 1 && src.storage_offset() == 0 &&
                  src.is_contiguous() && rs->nbytes == s.nbytes && !rs->lazy && rs->deleter;
-  for (const Tensor& in : graph_inputs) movable = movable && in.impl()->storage.get() != rs;
-  int holders = 0;  // a value can be several outputs once passes merge them
-  for (const Tensor& other : other_results) holders += other.impl()->storage.get() == rs;
-  movable = movable && holders <= 1;
+  auto held = holders.results.find(rs);
+  movable = movable && !holders.inputs.contains(rs) &&
+            (held == holders.results.end() || held->second <= 1);
   if (!movable) {
     Tensor fresh = detail::make_empty(type.sizes, type.dtype);
     detail::copy_kernel(fresh, src);
@@ -108,6 +120,19 @@ std::unique_ptr<Graph> build_graph(const std::vector<LazyRef>& requests, LazyGra
     leaf_value[key] = v;
     return v;
   };
+  // Inputs first, in one pass: the graph keeps its inputs ahead of every other node, and adding
+  // them between computations would keep splitting the same gap in the node order.
+  for (const auto& n : order) {
+    if (n->op == &input_op()) continue;
+    for (const detail::LazyInput& in : n->inputs) {
+      if (in.ref.node && in.ref.node->computed) {
+        const Tensor& t = in.ref.node->results.at(in.ref.index);
+        bind_input(t.impl(), t);
+      } else if (!in.ref.node && in.tensor.defined() && !in.tensor.impl()->wrapped_number) {
+        bind_input(in.tensor.impl(), in.tensor);
+      }
+    }
+  }
   for (const auto& n : order) {
     if (n->op == &input_op()) {
       // A trace placeholder: the traced function's argument.
@@ -183,11 +208,11 @@ void evaluate_speculatively(const std::vector<LazyRef>& requests, detail::TraceS
   LazyGraphBinding binding;
   std::unique_ptr<Graph> graph = build_graph(requests, &binding, false, &trace.examples);
   std::vector<Tensor> results = Plan(*graph).run(binding.inputs);
+  const Holders holders(binding.inputs, results);
   for (size_t k = 0; k < results.size(); ++k) {
     const LazyRef& ref = binding.outputs[k];
     std::shared_ptr<detail::Storage> s = ref.node->storages[ref.index].lock();
-    if (s && !s->data)
-      fill_storage(*s, results[k], ref.node->outputs[ref.index], binding.inputs, results);
+    if (s && !s->data) fill_storage(*s, results[k], ref.node->outputs[ref.index], holders);
   }
 }
 }  // namespace
@@ -210,6 +235,7 @@ void evaluate(const std::vector<LazyRef>& requests) {
   Plan plan(*graph);
   g_nodes_executed.fetch_add(static_cast<int64_t>(plan.num_steps()), std::memory_order_relaxed);
   std::vector<Tensor> results = plan.run(binding.inputs);
+  const Holders holders(binding.inputs, results);
 
   // Hand results over: fill waiting storages, then turn each node into a computed one.
   absl::flat_hash_map<LazyNode*, std::vector<Tensor>> computed;
@@ -222,7 +248,7 @@ void evaluate(const std::vector<LazyRef>& requests) {
                dtype_name(type.dtype), detail::shape_str(type.sizes));
     std::shared_ptr<detail::Storage> s = ref.node->storages[ref.index].lock();
     if (s && s->lazy.node == ref.node && s->lazy.index == ref.index) {
-      fill_storage(*s, r, type, binding.inputs, results);
+      fill_storage(*s, r, type, holders);
       s->lazy = LazyRef{};
       ++s->lazy_generation;
       r = over_storage(s, type);
