@@ -25,38 +25,41 @@ std::atomic<int64_t> g_nodes_recorded_in_graphs{0};
 
 // Moves r's buffer into the storage that waits for it, or copies when r cannot give it up: when
 // someone else holds its storage, or it is one of the graph's inputs (a user's tensor).
-// How many graph results share each storage, and which storages are graph inputs: a buffer is
-// moved only when one result holds it and it is nobody's input.
-struct Holders {
-  absl::flat_hash_map<const detail::Storage*, int> results;
-  absl::flat_hash_set<const detail::Storage*> inputs;
-  Holders(const std::vector<Tensor>& graph_inputs, const std::vector<Tensor>& graph_results) {
-    for (const Tensor& t : graph_results)
-      if (t.defined()) ++results[t.impl()->storage.get()];
-    for (const Tensor& t : graph_inputs)
-      if (t.defined()) inputs.insert(t.impl()->storage.get());
-  }
-};
+}  // namespace
 
+ResultHolders::ResultHolders(const std::vector<Tensor>& graph_inputs,
+                             const std::vector<Tensor>& graph_results) {
+  for (const Tensor& t : graph_results)
+    if (t.defined()) ++results[t.impl()->storage.get()];
+  for (const Tensor& t : graph_inputs)
+    if (t.defined()) inputs.insert(t.impl()->storage.get());
+}
+
+bool ResultHolders::can_give_up(const Tensor& r, size_t nbytes) const {
+  const detail::Storage* rs = r.impl()->storage.get();
+  if (r.impl()->storage.use_count() != 1 || r.storage_offset() != 0 || !r.is_contiguous() ||
+      rs->nbytes != nbytes || rs->lazy || !rs->owns_allocation || inputs.contains(rs))
+    return false;
+  auto held = results.find(rs);
+  return held == results.end() || held->second <= 1;
+}
+
+void swap_buffers(detail::Storage& a, detail::Storage& b) {
+  std::swap(a.data, b.data);
+  std::swap(a.deleter, b.deleter);
+  std::swap(a.owns_allocation, b.owns_allocation);
+}
+
+namespace {
+// Moves r's buffer into the storage that waits for it, or copies when r cannot give it up.
 void fill_storage(detail::Storage& s, const Tensor& r, const detail::LazyType& type,
-                  const Holders& holders) {
+                  const ResultHolders& holders) {
   Tensor src = r;
-  detail::Storage* rs = src.impl()->storage.get();
-  bool movable = src.impl()->storage.use_count() == 1 && src.storage_offset() == 0 &&
-                 src.is_contiguous() && rs->nbytes == s.nbytes && !rs->lazy && rs->deleter;
-  auto held = holders.results.find(rs);
-  movable = movable && !holders.inputs.contains(rs) &&
-            (held == holders.results.end() || held->second <= 1);
-  if (!movable) {
-    Tensor fresh = detail::make_empty(type.sizes, type.dtype);
-    detail::copy_kernel(fresh, src);
-    src = fresh;
-    rs = src.impl()->storage.get();
+  if (!holders.can_give_up(src, s.nbytes)) {
+    src = detail::make_empty(type.sizes, type.dtype);
+    detail::copy_kernel(src, r);
   }
-  s.data = rs->data;
-  s.deleter = std::move(rs->deleter);
-  rs->data = nullptr;
-  rs->deleter = nullptr;
+  swap_buffers(s, *src.impl()->storage);
 }
 
 Tensor over_storage(const std::shared_ptr<detail::Storage>& s, const detail::LazyType& type) {
@@ -208,7 +211,7 @@ void evaluate_speculatively(const std::vector<LazyRef>& requests, detail::TraceS
   LazyGraphBinding binding;
   std::unique_ptr<Graph> graph = build_graph(requests, &binding, false, &trace.examples);
   std::vector<Tensor> results = Plan(*graph).run(binding.inputs);
-  const Holders holders(binding.inputs, results);
+  const ResultHolders holders(binding.inputs, results);
   for (size_t k = 0; k < results.size(); ++k) {
     const LazyRef& ref = binding.outputs[k];
     std::shared_ptr<detail::Storage> s = ref.node->storages[ref.index].lock();
@@ -235,7 +238,7 @@ void evaluate(const std::vector<LazyRef>& requests) {
   Plan plan(*graph);
   g_nodes_executed.fetch_add(static_cast<int64_t>(plan.num_steps()), std::memory_order_relaxed);
   std::vector<Tensor> results = plan.run(binding.inputs);
-  const Holders holders(binding.inputs, results);
+  const ResultHolders holders(binding.inputs, results);
 
   // Hand results over: fill waiting storages, then turn each node into a computed one.
   absl::flat_hash_map<LazyNode*, std::vector<Tensor>> computed;

@@ -4,6 +4,8 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "jit/ir.h"
 #include "lib/lazy.h"
 
@@ -26,6 +28,17 @@ std::unique_ptr<Graph> build_graph(const std::vector<detail::LazyRef>& requests,
 
 // Materializes the requested values (lib/lazy.h's evaluator).
 void evaluate(const std::vector<detail::LazyRef>& requests);
+
+// Which storages a graph run's results share, and which are its inputs: a result's buffer can be
+// handed to another storage (instead of copied) when only that result holds it.
+struct ResultHolders {
+  ResultHolders(const std::vector<Tensor>& graph_inputs, const std::vector<Tensor>& graph_results);
+  bool can_give_up(const Tensor& r, size_t nbytes) const;
+  absl::flat_hash_map<const detail::Storage*, int> results;
+  absl::flat_hash_set<const detail::Storage*> inputs;
+};
+// Exchanges two storages' buffers (the Storage objects, and so every view, stay put).
+void swap_buffers(detail::Storage& a, detail::Storage& b);
 
 struct LazyStats {
   int64_t evaluations = 0;     // graphs built and run

@@ -204,6 +204,7 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
     args[k] = s.arguments[k] >= 0 ? inputs[static_cast<size_t>(s.arguments[k])] : s.captures[k];
   eval(args);
   std::vector<Tensor> results = s.plan->run(args);
+  const ResultHolders holders(args, results);
   std::vector<Tensor> returned;
   NoGradGuard no_grad;
   LazyGuard eager(false);
@@ -213,9 +214,15 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
         returned.push_back(results[k]);
         break;
       case OutputKind::WriteBack: {
+        // The new value's buffer becomes the captured storage's when nothing else holds it (the
+        // Storage object, and so every view of it, stays); otherwise it is copied in.
         const Tensor& dst = s.write_targets[k];
         const Tensor& src = results[k];
-        detail::copy_kernel(dst, detail::may_overlap(dst, src) ? src.clone() : src);
+        detail::Storage& storage = *dst.impl()->storage;
+        if (storage.owns_allocation && holders.can_give_up(src, storage.nbytes))
+          swap_buffers(storage, *src.impl()->storage);
+        else
+          detail::copy_kernel(dst, detail::may_overlap(dst, src) ? src.clone() : src);
         detail::bump_version(dst);
         break;
       }

@@ -116,6 +116,7 @@ Tensor make_empty(const Shape& shape, DType dtype) {
   storage->data = cpu_alloc(nbytes);
   storage->nbytes = nbytes;
   storage->deleter = [nbytes](void* p) { cpu_free(p, nbytes); };
+  storage->owns_allocation = true;
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::move(storage);
   impl->sizes = shape;

@@ -22,6 +22,9 @@ struct Storage {
   size_t nbytes = 0;
   Device device = kCPU;
   std::function<void(void*)> deleter;
+  // The buffer came from kiln's allocator (not a user's from_blob memory), so it may be handed
+  // from one Storage to another.
+  bool owns_allocation = false;
 
   Storage() = default;
   Storage(const Storage&) = delete;

@@ -168,6 +168,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The reference figures are eager kiln; benchmarks of lazy mode and traces set their mode.
+  kiln::set_lazy_enabled(false);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   RatioReporter reporter;

@@ -3,6 +3,7 @@
 // bytes/s, so eager_bench.cpp's reporter prints each against the sgemm peak or the triad bandwidth
 // measured in the same run.
 #include <benchmark/benchmark.h>
+#include <chrono>
 #include "tools/bench/counters.h"
 
 #include <vector>
@@ -65,8 +66,13 @@ void BM_LSTMCellForwardBackward(benchmark::State& state) {
   set_flops(state, 3 * kGatesFlops);
 }
 
-// One step of MNIST-sized MLP training: forward, cross entropy, backward, Adam.
-void BM_MLPTrainStep(benchmark::State& state) {
+// One step of MNIST-sized MLP training: forward, cross entropy, backward, Adam; run eagerly
+// (the reference), in lazy mode, and as a jit::trace replay. The later variants report their time
+// against the eager run's (registered first, so it runs first).
+enum class StepMode { Eager, Lazy, Traced };
+double g_eager_step_seconds = 0;
+
+void mlp_train_step(benchmark::State& state, StepMode mode) {
   constexpr int64_t B = 256, D = 784, H = 1024, C = 10;
   kiln::manual_seed(0);
   kiln::nn::Sequential model{
@@ -76,18 +82,41 @@ void BM_MLPTrainStep(benchmark::State& state) {
   kiln::optim::Adam adam(model.parameters(), kiln::optim::AdamOptions{1e-3});
   Tensor x = kiln::randn({B, D});
   Tensor y = kiln::randint(C, {B});
-  for (auto _ : state) {
+  kiln::LazyGuard lazy(mode != StepMode::Eager);
+  auto step = [&](const std::vector<Tensor>& in) {
     adam.zero_grad();
-    Tensor loss = kiln::cross_entropy(model.forward(x), y);
+    Tensor loss = kiln::cross_entropy(model.forward(in[0]), in[1]);
     loss.backward();
     adam.step();
-    benchmark::DoNotOptimize(loss.raw_data_ptr());
+    return std::vector<Tensor>{loss};
+  };
+  kiln::jit::Function traced;
+  if (mode == StepMode::Traced) traced = kiln::jit::trace(step, {x, y});
+  auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    Tensor loss = mode == StepMode::Traced ? traced({x, y})[0] : step({x, y})[0];
+    benchmark::DoNotOptimize(loss.item<float>());
   }
+  double per_step =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+      static_cast<double>(state.iterations());
+  if (mode == StepMode::Eager) g_eager_step_seconds = per_step;
+  if (mode != StepMode::Eager && g_eager_step_seconds > 0)
+    state.counters["vs_eager"] = per_step / g_eager_step_seconds;
   state.SetItemsProcessed(state.iterations() * B);
   // Forward GEMMs, the same again for the weight gradients, and the input gradients of every
   // layer but the first (x does not require grad).
   const double forward = 2.0 * B * (D * H + H * H + H * C);
   set_flops(state, 2 * forward + 2.0 * B * (H * H + H * C));
+}
+void BM_MLPTrainStep(benchmark::State& state) {
+  mlp_train_step(state, StepMode::Eager);
+}
+void BM_MLPTrainStepLazy(benchmark::State& state) {
+  mlp_train_step(state, StepMode::Lazy);
+}
+void BM_MLPTrainStepTraced(benchmark::State& state) {
+  mlp_train_step(state, StepMode::Traced);
 }
 
 // The Adam update of the MLP's 1.86M parameters alone: 4 arrays read (p, grad, m, v) and 3 written.
@@ -123,6 +152,8 @@ void BM_AdamStepStridedFallback(benchmark::State& state) {
 BENCHMARK(BM_LSTMCellForward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_LSTMCellForwardBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_MLPTrainStep)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_MLPTrainStepLazy)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_MLPTrainStepTraced)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AdamStep)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AdamStepStridedFallback)->Unit(benchmark::kMillisecond)->UseRealTime();
 
