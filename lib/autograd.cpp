@@ -16,7 +16,7 @@ namespace kiln {
 namespace detail {
 
 namespace {
-thread_local bool t_grad_mode = true;
+__attribute__((tls_model("initial-exec"))) thread_local bool t_grad_mode = true;
 std::atomic<uint64_t> g_next_sequence_nr{0};
 
 // Nodes whose last owner went away, waiting to be destroyed by the outermost ~Node (see there).

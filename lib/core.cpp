@@ -174,23 +174,22 @@ Tensor wrap_scalar(const Scalar& s) {
   auto storage = std::make_shared<InlineScalarStorage>();
   storage->data = storage->bytes;
   storage->nbytes = element_size(s.kind());
+  switch (s.kind()) {
+    case DType::Bool:
+      *reinterpret_cast<bool*>(storage->bytes) = s.to<bool>();
+      break;
+    case DType::Int64:
+      *reinterpret_cast<int64_t*>(storage->bytes) = s.to_int();
+      break;
+    default:
+      *reinterpret_cast<double*>(storage->bytes) = s.to_double();
+      break;
+  }
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::move(storage);
   impl->dtype = s.kind();
-  Tensor t(std::move(impl));
-  switch (s.kind()) {
-    case DType::Bool:
-      *t.data_ptr<bool>() = s.to<bool>();
-      break;
-    case DType::Int64:
-      *t.data_ptr<int64_t>() = s.to_int();
-      break;
-    default:
-      *t.data_ptr<double>() = s.to_double();
-      break;
-  }
-  t.impl()->wrapped_number = true;
-  return t;
+  impl->wrapped_number = true;
+  return Tensor(std::move(impl));
 }
 
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op, const Tensor* input) {

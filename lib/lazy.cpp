@@ -40,8 +40,8 @@ inline bool lazy_on() {
 }
 // Set while the evaluator runs a graph: kernels then see only concrete tensors, and a flush
 // (from an in-place kernel on an input that pending nodes read) would re-enter the evaluation.
-thread_local int t_evaluating = 0;
-thread_local const char* t_reason = "";
+KILN_FAST_TLS int t_evaluating = 0;
+KILN_FAST_TLS const char* t_reason = "";
 
 std::atomic<int64_t> g_max_pending{env_int("KILN_MAX_PENDING", 10000)};
 Evaluator g_evaluator = nullptr;
@@ -100,30 +100,43 @@ void live_remove(LazyNode* n) {
 
 // Releasing a node's inputs can release a long chain of producers; they are queued here and
 // freed one at a time instead of recursively.
-thread_local std::vector<std::shared_ptr<LazyNode>> t_release_stack;
-thread_local std::vector<Tensor> t_release_tensors;
-thread_local bool t_releasing = false;
+struct ReleaseQueue {
+  std::vector<std::shared_ptr<LazyNode>> nodes;
+  std::vector<Tensor> tensors;
+};
+thread_local ReleaseQueue t_release;
+KILN_FAST_TLS bool t_releasing = false;
 
 void release_inputs(absl::InlinedVector<LazyInput, 3>& inputs) {
+  // Most releases free nothing (the producers are still held): only touch the queue when
+  // something is the last reference.
+  bool queued = false;
   for (LazyInput& in : inputs) {
-    if (in.ref.node && in.ref.node.use_count() == 1)
-      t_release_stack.push_back(std::move(in.ref.node));
+    if (in.ref.node && in.ref.node.use_count() == 1) {
+      t_release.nodes.push_back(std::move(in.ref.node));
+      queued = true;
+    }
     if (in.tensor.defined()) {
-      in.tensor.impl()->storage->lazy_readers.fetch_sub(1, std::memory_order_relaxed);
-      if (in.tensor.impl_ptr().use_count() == 1) t_release_tensors.push_back(std::move(in.tensor));
+      if (!in.tensor.impl()->wrapped_number)
+        in.tensor.impl()->storage->lazy_readers.fetch_sub(1, std::memory_order_relaxed);
+      if (in.tensor.impl_ptr().use_count() == 1) {
+        t_release.tensors.push_back(std::move(in.tensor));
+        queued = true;
+      }
     }
   }
   inputs.clear();
-  if (t_releasing) return;
+  if (!queued || t_releasing) return;
   t_releasing = true;
-  while (!t_release_stack.empty() || !t_release_tensors.empty()) {
-    if (!t_release_stack.empty()) {
-      std::shared_ptr<LazyNode> n = std::move(t_release_stack.back());
-      t_release_stack.pop_back();
+  ReleaseQueue& q = t_release;
+  while (!q.nodes.empty() || !q.tensors.empty()) {
+    if (!q.nodes.empty()) {
+      std::shared_ptr<LazyNode> n = std::move(q.nodes.back());
+      q.nodes.pop_back();
       n.reset();
     } else {
-      Tensor t = std::move(t_release_tensors.back());
-      t_release_tensors.pop_back();
+      Tensor t = std::move(q.tensors.back());
+      q.tensors.pop_back();
     }
   }
   t_releasing = false;
@@ -227,7 +240,7 @@ void trace_assign(const Tensor& self, const Tensor& value) {
 }
 
 namespace {
-thread_local int t_value_checks = 0;
+KILN_FAST_TLS int t_value_checks = 0;
 }  // namespace
 ValueCheckScope::ValueCheckScope() {
   ++t_value_checks;
@@ -271,7 +284,8 @@ LazyInput lazy_input(const Tensor& t) {
   TensorImpl* impl = t.impl();
   Storage& storage = *impl->storage;
   if (!storage.lazy) {
-    storage.lazy_readers.fetch_add(1, std::memory_order_relaxed);
+    // Wrapped numbers are never written in place: they need no reader count.
+    if (!impl->wrapped_number) storage.lazy_readers.fetch_add(1, std::memory_order_relaxed);
     in.tensor = t;
     return in;
   }
