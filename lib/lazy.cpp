@@ -429,7 +429,8 @@ const char* evaluation_reason() {
 }
 
 void flush_pending(const char* reason) {
-  if (!g_evaluator || g_live_count == 0 || t_evaluating > 0) return;
+  // Inside a trace nothing runs: its nodes are the trace, whatever their number.
+  if (!g_evaluator || g_live_count == 0 || t_evaluating > 0 || t_trace) return;
   std::vector<LazyRef> requests;
   {
     std::lock_guard<SpinLock> lock(g_live_mutex);

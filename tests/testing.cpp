@@ -217,4 +217,12 @@ std::vector<std::pair<std::string, Tensor>> input_layouts(const Tensor& t) {
   return layouts(t);
 }
 
+void NoFlushEnvironment::SetUp() {
+  saved_ = detail::max_pending();
+  detail::set_max_pending(int64_t{1} << 40);
+}
+void NoFlushEnvironment::TearDown() {
+  detail::set_max_pending(saved_);
+}
+
 }  // namespace kiln::testing

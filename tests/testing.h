@@ -68,4 +68,15 @@ void check_lazy(const std::string& what, const std::function<std::vector<Tensor>
 Tensor input(const Shape& shape, DType dtype = kFloat32, double lo = -3.0, double hi = 3.0);
 std::vector<std::pair<std::string, Tensor>> input_layouts(const Tensor& t);
 
+// For binaries whose checks of pendingness assume nothing flushes the trace: a KILN_MAX_PENDING
+// from the environment is lifted for the run.
+class NoFlushEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override;
+  void TearDown() override;
+
+ private:
+  int64_t saved_ = 0;
+};
+
 }  // namespace kiln::testing

@@ -32,21 +32,8 @@ using testing::random_shape;
 using testing::random_tensor;
 using testing::rng;
 
-// The checks of pendingness assume nothing flushes the trace: a KILN_MAX_PENDING from the
-// environment is lifted for the run.
-class NoFlushEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    saved_ = detail::max_pending();
-    detail::set_max_pending(int64_t{1} << 40);
-  }
-  void TearDown() override { detail::set_max_pending(saved_); }
-
- private:
-  int64_t saved_ = 0;
-};
 [[maybe_unused]] ::testing::Environment* const kNoFlush =
-    ::testing::AddGlobalTestEnvironment(new NoFlushEnvironment);
+    ::testing::AddGlobalTestEnvironment(new testing::NoFlushEnvironment);
 
 int64_t rand_int(int64_t lo, int64_t hi) {  // inclusive
   return std::uniform_int_distribution<int64_t>(lo, hi)(rng());

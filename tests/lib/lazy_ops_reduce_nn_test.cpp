@@ -26,6 +26,9 @@ using testing::random_shape;
 using testing::random_tensor;
 using testing::rng;
 
+[[maybe_unused]] ::testing::Environment* const kNoFlush =
+    ::testing::AddGlobalTestEnvironment(new testing::NoFlushEnvironment);
+
 // A random subset of dims of a rank-nd shape, each given as d or d - nd at random.
 std::vector<int64_t> random_dims(int64_t nd) {
   std::vector<int64_t> dims;
