@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "jit/executor.h"
+#include "jit/infer.h"
 #include "jit/ir.h"
 #include "jit/log.h"
 #include "jit/passes/passes.h"
@@ -235,6 +236,7 @@ void evaluate(const std::vector<LazyRef>& requests) {
   g_nodes_recorded_in_graphs.fetch_add(static_cast<int64_t>(graph->size()),
                                        std::memory_order_relaxed);
   run_passes(*graph);
+  if (verify_passes()) verify_types(*graph);
   Plan plan(*graph);
   g_nodes_executed.fetch_add(static_cast<int64_t>(plan.num_steps()), std::memory_order_relaxed);
   std::vector<Tensor> results = plan.run(binding.inputs);

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "jit/executor.h"
+#include "jit/infer.h"
 #include "jit/lazy_eval.h"
 #include "jit/log.h"
 #include "jit/passes/passes.h"
@@ -191,6 +192,7 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
     spec->captures = binding.inputs;
   }
   run_passes(*spec->graph);
+  if (verify_passes()) verify_types(*spec->graph);
   spec->plan = std::make_unique<Plan>(*spec->graph);
   g_traces.fetch_add(1);
   return spec;

@@ -46,7 +46,10 @@ KILN_FAST_TLS const char* t_reason = "";
 std::atomic<int64_t> g_max_pending{env_int("KILN_MAX_PENDING", 10000)};
 Evaluator g_evaluator = nullptr;
 
+KILN_FAST_TLS int t_inferring = 0;
+
 void call_evaluator(const std::vector<LazyRef>& requests, const char* reason) {
+  if (t_inferring > 0) throw NeedsData{};
   t_reason = reason;
   g_evaluator(requests);
 }
@@ -417,6 +420,12 @@ void materialize_storage(TensorImpl& impl) {
              " tensor left it pending");
 }
 
+InferenceScope::InferenceScope() {
+  ++t_inferring;
+}
+InferenceScope::~InferenceScope() {
+  --t_inferring;
+}
 EvaluationScope::EvaluationScope() {
   ++t_evaluating;
 }

@@ -154,6 +154,15 @@ struct EvaluationScope {
   EvaluationScope& operator=(const EvaluationScope&) = delete;
 };
 
+// Marks type inference (jit/infer.cpp): asking for data inside it throws NeedsData.
+struct NeedsData {};
+struct InferenceScope {
+  InferenceScope();
+  ~InferenceScope();
+  InferenceScope(const InferenceScope&) = delete;
+  InferenceScope& operator=(const InferenceScope&) = delete;
+};
+
 // Computes every uncomputed node still alive (before an in-place write, or past the size limit).
 void flush_pending(const char* reason = "flush");
 // Why the evaluator was called this time (for KILN_LOG=lazy).

@@ -4,6 +4,8 @@
 
 #include <cstdio>
 
+#include "jit/infer.h"
+#include "jit/ir.h"
 #include "jit/log.h"
 #include "kiln/jit.h"
 #include "kiln/kiln.h"
@@ -311,6 +313,40 @@ TEST(TraceSave, CorruptOrTruncatedFilesRaiseClearErrors) {
   std::fclose(fp);
   EXPECT_THROW(jit::load(path), Error);
   EXPECT_THROW(jit::load(temp_path("does_not_exist.kiln")), Error);
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+TEST(VerifyTypes, CatchesANodeWhoseTypeDisagreesWithItsOp) {
+  jit::Graph g;
+  jit::Value* x = g.add_input(jit::ValueType{kFloat32, {2, 3}});
+  jit::Value* y = g.add_input(jit::ValueType{kFloat32, {3}});
+  jit::Value* s =
+      g.create("add", {x, y}, {int64_t{1}}, {jit::ValueType{kFloat32, {2, 3}}})->output();
+  jit::Value* r = g.create("sum", {s}, {std::vector<int64_t>{1}, false, std::monostate{}},
+                           {jit::ValueType{kFloat32, {2}}})
+                      ->output();
+  g.add_output(r);
+  EXPECT_NO_THROW(jit::verify_types(g));
+  // Wrong dtype, wrong shape, and an op that rejects its inputs are all caught.
+  jit::Value* bad = g.create("exp", {x}, {}, {jit::ValueType{kFloat64, {2, 3}}})->output();
+  g.add_output(bad);
+  EXPECT_THROW(jit::verify_types(g), Error);
+  g.set_output(1, r);
+  g.destroy(bad->node());
+  jit::Value* wide = g.create("neg", {x}, {}, {jit::ValueType{kFloat32, {3, 2}}})->output();
+  g.add_output(wide);
+  EXPECT_THROW(jit::verify_types(g), Error);
+  g.set_output(2, r);
+  g.destroy(wide->node());
+  jit::Value* z = g.add_input(jit::ValueType{kFloat32, {4}});
+  jit::Value* mismatch = g.create("mul", {x, z}, {}, {jit::ValueType{kFloat32, {2, 4}}})->output();
+  g.add_output(mismatch);
+  EXPECT_THROW(jit::verify_types(g), Error);
 }
 
 }  // namespace
