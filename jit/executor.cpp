@@ -2,11 +2,13 @@
 // value's slot after its last reader so the allocator can reuse the memory.
 #include "jit/executor.h"
 
+#include <optional>
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "kiln/autograd.h"
 #include "kiln/error.h"
 #include "kiln/ops.h"
+#include "lib/allocator.h"
 #include "lib/lazy.h"
 #include "lib/tensor_impl.h"
 
@@ -50,6 +52,88 @@ std::vector<Tensor> invoke_node(const Node& node, const std::vector<Tensor>& inp
   return invoke_in_scope(node, inputs);
 }
 
+namespace {
+// Values at most this large may live in a plan's arena: for them allocation costs as much as the
+// work; larger ones are allocated per run, so a plan does not hold big buffers between runs.
+constexpr size_t kArenaValueMaxBytes = 16 * 1024;
+constexpr size_t kArenaAlignment = 64;
+
+size_t value_bytes(const ValueType& t) {
+  return static_cast<size_t>(detail::shape_numel(t.sizes)) * element_size(t.dtype);
+}
+
+// The type an elementwise op computes in when its operands are `node`'s (see compute_type in
+// lib/elementwise.h), or nullopt when the node can't run straight into its output: another kind
+// of op, off the CPU, or an operand that needs a conversion at run time. Constants of another
+// type are allowed (set in `convert`): the plan converts them once.
+std::optional<DType> direct_compute_type(const Node& n, std::vector<bool>& convert) {
+  const OpDef& op = n.op();
+  if (!op.map_into || (op.kind != detail::OpKind::Unary && op.kind != detail::OpKind::Binary))
+    return std::nullopt;
+  if (n.num_outputs() != 1 || n.output()->type().device != kCPU) return std::nullopt;
+  DType compute;
+  switch (op.dtype_rule) {
+    case detail::DTypeRule::Same:
+    case detail::DTypeRule::Float:
+      compute = n.output()->type().dtype;
+      break;
+    case detail::DTypeRule::Logical:
+      compute = kBool;
+      break;
+    case detail::DTypeRule::Predicate:
+      // Promotion between differing operands is left to the op's entry point.
+      if (!n.input(0)) return std::nullopt;
+      compute = n.input(0)->type().dtype;
+      break;
+    default:
+      return std::nullopt;
+  }
+  convert.assign(n.num_inputs(), false);
+  for (size_t i = 0; i < n.num_inputs(); ++i) {
+    const Value* in = n.input(i);
+    if (!in || in->type().device != kCPU) return std::nullopt;
+    if (in->type().dtype == compute) continue;
+    if (!in->node()->is_constant() || op.dtype_rule == detail::DTypeRule::Predicate)
+      return std::nullopt;
+    convert[i] = true;
+  }
+  return compute;
+}
+}  // namespace
+
+struct Plan::Arena {
+  std::shared_ptr<detail::Storage> storage;
+  std::vector<Tensor> values;  // one per arena value, over its slot's region of the storage
+};
+
+std::unique_ptr<Plan::Arena> Plan::make_arena() const {
+  auto arena = std::make_unique<Arena>();
+  arena->storage = std::make_shared<detail::Storage>();
+  detail::Storage& st = *arena->storage;
+  const size_t nbytes = arena_bytes_;
+  st.data = detail::cpu_alloc(nbytes);
+  st.nbytes = nbytes;
+  st.deleter = [nbytes](void* p) { detail::cpu_free(p, nbytes); };
+  for (const ArenaValue& v : arena_values_) {
+    auto impl = std::make_shared<detail::TensorImpl>();
+    impl->storage = arena->storage;
+    impl->offset = static_cast<int64_t>(v.byte_offset / element_size(v.type->dtype));
+    impl->sizes = v.type->sizes;
+    impl->strides = detail::contiguous_strides(v.type->sizes);
+    impl->dtype = v.type->dtype;
+    arena->values.push_back(Tensor(std::move(impl)));
+  }
+  return arena;
+}
+
+Plan::~Plan() = default;
+
+size_t Plan::num_direct_steps() const {
+  size_t n = 0;
+  for (const Step& s : steps_) n += s.map_into != nullptr;
+  return n;
+}
+
 Plan::Plan(const Graph& graph) : graph_(graph) {
   // Slot assignment by liveness: a value takes a free slot when defined and frees it after its
   // last reader; graph outputs are never freed.
@@ -69,6 +153,31 @@ Plan::Plan(const Graph& graph) : graph_(graph) {
   for (size_t i = 0; i < order.size(); ++i)
     for (const Value* in : order[i]->inputs())
       if (in) last_use[in] = i;
+  // Which nodes run straight into their outputs, and in which type.
+  absl::flat_hash_map<const Node*, DType> direct;
+  absl::flat_hash_map<const Node*, std::vector<bool>> conversions;
+  {
+    std::vector<bool> convert;
+    for (const Node* n : order) {
+      if (std::optional<DType> compute = direct_compute_type(*n, convert)) {
+        direct[n] = *compute;
+        for (bool c : convert)
+          if (c) {
+            conversions[n] = convert;
+            break;
+          }
+      }
+    }
+  }
+  // A value may live in the arena when it is small, no graph output, and read only by direct
+  // steps (which keep no reference to it, so its region is free after its last reader).
+  auto arena_eligible = [&](const Value* v) {
+    if (graph.is_output(v) || value_bytes(v->type()) > kArenaValueMaxBytes) return false;
+    for (const Use& u : v->uses())
+      if (!direct.contains(u.user)) return false;
+    return true;
+  };
+  std::vector<size_t> slot_bytes;  // arena region size per slot
   absl::flat_hash_map<const Value*, int64_t> slot_of;
   absl::flat_hash_set<int64_t> constant_slots;
   absl::flat_hash_set<const Value*> output_set(graph.outputs().begin(), graph.outputs().end());
@@ -102,10 +211,41 @@ Plan::Plan(const Graph& graph) : graph_(graph) {
       constant_storages_.insert(constants_.back().second.impl()->storage.get());
       constant_slots.insert(step.outputs[0]);
     }
+    if (auto it = direct.find(n); it != direct.end()) {
+      step.map_into = n->op().map_into;
+      // Constants of another type get a converted copy of their own, made once.
+      if (auto c = conversions.find(n); c != conversions.end()) {
+        for (size_t k = 0; k < c->second.size(); ++k) {
+          if (!c->second[k]) continue;
+          Tensor converted = detail::make_empty({}, it->second);
+          detail::copy_kernel(converted, constant_tensor(*n->input(k)->node()));
+          const auto slot = static_cast<int64_t>(num_slots_++);
+          constants_.push_back({slot, converted});
+          constant_slots.insert(slot);
+          step.inputs[k] = slot;
+        }
+      }
+      const Value* out = n->output();
+      if (arena_eligible(out)) {
+        const int64_t slot = step.outputs[0];
+        if (slot_bytes.size() <= static_cast<size_t>(slot)) slot_bytes.resize(slot + 1, 0);
+        slot_bytes[slot] = std::max(slot_bytes[slot], value_bytes(out->type()));
+        step.arena_value = static_cast<int64_t>(arena_values_.size());
+        arena_values_.push_back({slot, 0, &out->type()});
+      }
+    }
     for (int64_t s : step.release)
       if (!constant_slots.contains(s)) free_slots.push_back(s);
     if (!n->is_input() && !n->is_constant()) steps_.push_back(std::move(step));
   }
+  // Arena regions: one per slot that ever holds an arena value, aligned.
+  std::vector<size_t> slot_offset(slot_bytes.size(), 0);
+  for (size_t s = 0; s < slot_bytes.size(); ++s) {
+    if (!slot_bytes[s]) continue;
+    slot_offset[s] = arena_bytes_;
+    arena_bytes_ += (slot_bytes[s] + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+  }
+  for (ArenaValue& v : arena_values_) v.byte_offset = slot_offset[static_cast<size_t>(v.slot)];
   for (const Value* o : graph.outputs()) output_slots_.push_back(slot_of.at(o));
   // Input slots in graph-input order.
   input_slots_.clear();
@@ -119,11 +259,41 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
   for (size_t i = 0; i < inputs.size(); ++i)
     slots[static_cast<size_t>(input_slots_[i])] = inputs[i];
   for (const auto& [slot, value] : constants_) slots[static_cast<size_t>(slot)] = value;
+  // The plan's arena, or one of this run's own while another run holds it.
+  std::unique_ptr<Arena> own_arena;
+  const Arena* arena = nullptr;
+  struct ArenaHold {
+    std::atomic<bool>* busy = nullptr;
+    ~ArenaHold() {
+      if (busy) busy->store(false, std::memory_order_release);
+    }
+  } hold;
+  if (!arena_values_.empty()) {
+    if (!arena_busy_.exchange(true, std::memory_order_acquire)) {
+      hold.busy = &arena_busy_;
+      if (!arena_) arena_ = make_arena();
+      arena = arena_.get();
+    } else {
+      own_arena = make_arena();
+      arena = own_arena.get();
+    }
+  }
   EagerScope eager;
   std::vector<Tensor> args;
   for (const Step& step : steps_) {
     args.clear();
     for (int64_t s : step.inputs) args.push_back(s < 0 ? Tensor() : slots[static_cast<size_t>(s)]);
+    if (step.map_into) {
+      const ValueType& type = step.node->output()->type();
+      Tensor out = step.arena_value >= 0 ? arena->values[static_cast<size_t>(step.arena_value)]
+                                         : detail::make_empty(type.sizes, type.dtype);
+      step.map_into(out, args.data(), step.node->attrs());
+      for (int64_t s : step.release) slots[static_cast<size_t>(s)] = Tensor();
+      bool released = false;
+      for (int64_t r : step.release) released |= r == step.outputs[0];
+      if (!released) slots[static_cast<size_t>(step.outputs[0])] = std::move(out);
+      continue;
+    }
     std::vector<Tensor> out = invoke_in_scope(*step.node, args);
     for (int64_t s : step.release) slots[static_cast<size_t>(s)] = Tensor();
     for (size_t k = 0; k < out.size(); ++k) {

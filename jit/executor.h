@@ -2,33 +2,57 @@
 // groups of them), over buffer slots released at their last use.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "jit/ir.h"
 #include "kiln/tensor.h"
+#include "lib/op_table.h"
 
 namespace kiln::jit {
 
 // A compiled schedule for one graph: the order of steps and, for each value, the step after which
 // nothing reads it any more (its slot is then released for reuse by the allocator).
+//
+// Elementwise nodes whose operands already have the op's compute type (constants are converted
+// once, here) run their formula straight into their output (OpDef::map_into), skipping the public
+// entry's validation, conversion and autograd: the graph's types were checked when it was built.
+// Small values that only such steps read live in a per-plan arena, laid out by the same liveness
+// slots and reused by every run, so a replay of small tensors allocates only what it returns.
 class Plan {
  public:
   explicit Plan(const Graph& graph);
+  ~Plan();
   // Binds graph inputs to `inputs` (in order) and runs every step; returns the graph outputs.
+  // Safe to call from several threads at once (a run that finds the arena in use makes its own).
   std::vector<Tensor> run(const std::vector<Tensor>& inputs) const;
   size_t num_steps() const { return steps_.size(); }
   size_t num_slots() const { return num_slots_; }
+  // Steps that run an elementwise formula straight into their output, and the bytes of the arena.
+  size_t num_direct_steps() const;
+  size_t arena_bytes() const { return arena_bytes_; }
 
  private:
   struct Step {
     const Node* node;
-    std::vector<int64_t> inputs;   // slot per input, -1 for an absent optional input
-    std::vector<int64_t> outputs;  // slot per output
-    std::vector<int64_t> release;  // slots whose last reader is this step
+    std::vector<int64_t> inputs;         // slot per input, -1 for an absent optional input
+    std::vector<int64_t> outputs;        // slot per output
+    std::vector<int64_t> release;        // slots whose last reader is this step
+    detail::MapInto map_into = nullptr;  // set: run the formula straight into the output
+    int64_t arena_value = -1;            // the output's arena tensor, or -1: allocate it
   };
+  struct ArenaValue {
+    int64_t slot;
+    size_t byte_offset;
+    const ValueType* type;
+  };
+  struct Arena;
+  std::unique_ptr<Arena> make_arena() const;
+
   const Graph& graph_;
   std::vector<Step> steps_;
   std::vector<int64_t> input_slots_;
@@ -36,6 +60,10 @@ class Plan {
   std::vector<std::pair<int64_t, Tensor>> constants_;  // (slot, value), bound before the steps
   absl::flat_hash_set<const void*> constant_storages_;
   size_t num_slots_ = 0;
+  std::vector<ArenaValue> arena_values_;
+  size_t arena_bytes_ = 0;
+  mutable std::unique_ptr<Arena> arena_;  // made by the first run
+  mutable std::atomic<bool> arena_busy_{false};
 };
 
 // Plan(graph).run(inputs).

@@ -5,6 +5,7 @@
 
 #include "lib/allocator.h"
 #include "lib/autograd.h"
+#include "lib/pool.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln {
@@ -111,13 +112,13 @@ bool is_contiguous_layout(const Shape& sizes, const Shape& strides) {
 Tensor make_empty(const Shape& shape, DType dtype) {
   for (int64_t s : shape)
     KILN_CHECK(s >= 0, "empty: negative dimension in shape ", shape_str(shape));
-  auto storage = std::make_shared<Storage>();
+  auto storage = make_pooled<Storage>();
   size_t nbytes = static_cast<size_t>(shape_numel(shape)) * element_size(dtype);
   storage->data = cpu_alloc(nbytes);
   storage->nbytes = nbytes;
   storage->deleter = [nbytes](void* p) { cpu_free(p, nbytes); };
   storage->owns_allocation = true;
-  auto impl = std::make_shared<TensorImpl>();
+  auto impl = make_pooled<TensorImpl>();
   impl->storage = std::move(storage);
   impl->sizes = shape;
   impl->strides = contiguous_strides(shape);
@@ -171,7 +172,7 @@ struct InlineScalarStorage : Storage {
 }  // namespace
 
 Tensor wrap_scalar(const Scalar& s) {
-  auto storage = std::make_shared<InlineScalarStorage>();
+  auto storage = make_pooled<InlineScalarStorage>();
   storage->data = storage->bytes;
   storage->nbytes = element_size(s.kind());
   switch (s.kind()) {
@@ -185,7 +186,7 @@ Tensor wrap_scalar(const Scalar& s) {
       *reinterpret_cast<double*>(storage->bytes) = s.to_double();
       break;
   }
-  auto impl = std::make_shared<TensorImpl>();
+  auto impl = make_pooled<TensorImpl>();
   impl->storage = std::move(storage);
   impl->dtype = s.kind();
   impl->wrapped_number = true;

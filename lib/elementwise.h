@@ -50,6 +50,31 @@ inline void finish_inplace(const OpDef& def, Tensor& self, const Tensor& result)
   self.copy_(result);
 }
 
+// out = f(in) and out = f(a, b): the kernels alone, for operands already of the compute type
+// (in's, a's) and an output of the op's output type (see MapInto).
+template <DTypeRule Rule, typename F>
+void unary_into(const OpDef& def, const F& f, const Tensor& out, const Tensor& in) {
+  dispatch_for_rule<Rule>(in.dtype(), def, [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    if constexpr (produces_bool(Rule))
+      map_kernel<bool, T>(f, out, in);
+    else
+      map_kernel<T, T>(f, out, in);
+  });
+}
+
+template <DTypeRule Rule, typename F>
+void binary_into(const OpDef& def, const F& f, const Tensor& out, const Tensor& a,
+                 const Tensor& b) {
+  dispatch_for_rule<Rule>(a.dtype(), def, [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    if constexpr (produces_bool(Rule))
+      map_kernel<bool, T, T>(f, out, a, b);
+    else
+      map_kernel<T, T, T>(f, out, a, b);
+  });
+}
+
 // f is a generic lambda over the compute type T. Rule must be def's dtype rule; it is a template
 // argument so that only the compute types the rule allows are instantiated.
 // In lazy mode the call is recorded (as def(x) with `attrs`) instead of run.
@@ -60,15 +85,8 @@ Tensor unary_op(const OpDef& def, const Tensor& x, const F& f, Attrs attrs = {})
   DType compute = compute_type(def.dtype_rule, x.dtype());
   DType out_type = produces_bool(def.dtype_rule) ? kBool : compute;
   if (should_record(x)) return lazy_record1(def, {x}, std::move(attrs), {x.sizes(), out_type});
-  Tensor in = x.to(compute);
   Tensor out = make_empty(x.sizes(), out_type);
-  dispatch_for_rule<Rule>(compute, def, [&](auto tag) {
-    using T = KILN_TYPE(tag);
-    if constexpr (produces_bool(Rule))
-      map_kernel<bool, T>(f, out, in);
-    else
-      map_kernel<T, T>(f, out, in);
-  });
+  unary_into<Rule>(def, f, out, x.to(compute));
   return out;
 }
 
@@ -96,13 +114,7 @@ Tensor binary_op(const OpDef& def, const Tensor& a, const Tensor& b, const F& f,
   } else {
     out = make_empty(shape, out_type);
   }
-  dispatch_for_rule<Rule>(compute, def, [&](auto tag) {
-    using T = KILN_TYPE(tag);
-    if constexpr (produces_bool(Rule))
-      map_kernel<bool, T, T>(f, out, ta, tb);
-    else
-      map_kernel<T, T, T>(f, out, ta, tb);
-  });
+  binary_into<Rule>(def, f, out, ta, tb);
   if (inplace) {
     if (direct)
       bump_version(out);

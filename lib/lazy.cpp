@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "kiln/error.h"
+#include "lib/pool.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln::detail {
@@ -146,10 +147,10 @@ void release_inputs(absl::InlinedVector<LazyInput, 3>& inputs) {
 }
 
 std::shared_ptr<TensorImpl> pending_impl(const LazyRef& ref, const LazyType& type) {
-  auto storage = std::make_shared<Storage>();
+  auto storage = make_pooled<Storage>();
   storage->nbytes = static_cast<size_t>(shape_numel(type.sizes)) * element_size(type.dtype);
   storage->lazy = ref;
-  auto impl = std::make_shared<TensorImpl>();
+  auto impl = make_pooled<TensorImpl>();
   impl->sizes = type.sizes;
   impl->strides = contiguous_strides(type.sizes);
   impl->dtype = type.dtype;
@@ -323,7 +324,7 @@ LazyInput lazy_input(const Tensor& t) {
 namespace {
 std::shared_ptr<LazyNode> new_node(const OpDef& def, const Tensor* inputs, size_t count,
                                    Attrs&& attrs) {
-  auto node = std::make_shared<LazyNode>();
+  auto node = make_pooled<LazyNode>();
   node->op = &def;
   node->attrs = std::move(attrs);
   for (size_t i = 0; i < count; ++i) node->inputs.push_back(lazy_input(inputs[i]));
@@ -376,7 +377,7 @@ Tensor lazy_record1(const OpDef& def, const Tensor* inputs, size_t count, Attrs 
 void lazy_record_view(const OpDef& def, const Tensor& input, Attrs attrs, const Tensor& view) {
   if (!is_pending(input)) return;
   TensorImpl* impl = view.impl();
-  auto node = std::make_shared<LazyNode>();
+  auto node = make_pooled<LazyNode>();
   node->op = &def;
   node->attrs = std::move(attrs);
   node->inputs.push_back(lazy_input(input));

@@ -110,28 +110,38 @@ void map_kernel(const F& f, const Tensor& out, const Ts&... ins) {
   constexpr size_t N = 1 + sizeof...(Ins);
   const Shape& shape = out.sizes();
   std::array<char*, N> base{out.impl()->data(), ins.impl()->data()...};
-  std::array<Shape, N> strides{out.strides(), broadcast_strides(ins, shape)...};
   std::array<int64_t, N> esz{sizeof(Out), sizeof(Ins)...};
-  auto g = make_geometry<N>(shape, base, strides, esz);
-  run_geometry<N>(
-      g, kParallelGrain,
-      [&](const std::array<char*, N>& p, int64_t n, const std::array<int64_t, N>& s) {
-        bool contiguous = true;
-        for (size_t k = 0; k < N; ++k) contiguous &= s[k] == esz[k];
-        auto body = [&](auto... I) {
-          Out* __restrict o = reinterpret_cast<Out*>(p[0]);
-          if (contiguous) {
-            std::tuple<const Ins* __restrict...> in{reinterpret_cast<const Ins*>(p[1 + I])...};
-            for (int64_t j = 0; j < n; ++j)
-              o[j] = static_cast<Out>(f(std::get<decltype(I)::value>(in)[j]...));
-          } else {
-            for (int64_t j = 0; j < n; ++j)
-              *reinterpret_cast<Out*>(p[0] + j * s[0]) =
-                  static_cast<Out>(f(*reinterpret_cast<const Ins*>(p[1 + I] + j * s[1 + I])...));
-          }
-        };
-        std::apply(body, index_tuple(std::index_sequence_for<Ins...>{}));
-      });
+  auto row = [&](const std::array<char*, N>& p, int64_t n, const std::array<int64_t, N>& s) {
+    bool contiguous = true;
+    for (size_t k = 0; k < N; ++k) contiguous &= s[k] == esz[k];
+    auto body = [&](auto... I) {
+      Out* __restrict o = reinterpret_cast<Out*>(p[0]);
+      if (contiguous) {
+        std::tuple<const Ins* __restrict...> in{reinterpret_cast<const Ins*>(p[1 + I])...};
+        for (int64_t j = 0; j < n; ++j)
+          o[j] = static_cast<Out>(f(std::get<decltype(I)::value>(in)[j]...));
+      } else {
+        for (int64_t j = 0; j < n; ++j)
+          *reinterpret_cast<Out*>(p[0] + j * s[0]) =
+              static_cast<Out>(f(*reinterpret_cast<const Ins*>(p[1 + I] + j * s[1 + I])...));
+      }
+    };
+    std::apply(body, index_tuple(std::index_sequence_for<Ins...>{}));
+  };
+  // Every operand contiguous with out's element count (so none is actually expanded): one flat
+  // row, with no geometry to build.
+  const int64_t numel = shape_numel(shape);
+  if (is_contiguous_layout(shape, out.strides()) &&
+      ((ins.numel() == numel && is_contiguous_layout(ins.sizes(), ins.strides())) && ...)) {
+    parallel_for(numel, kParallelGrain, [&](int64_t begin, int64_t end) {
+      std::array<char*, N> p;
+      for (size_t k = 0; k < N; ++k) p[k] = base[k] + begin * esz[k];
+      row(p, end - begin, esz);
+    });
+    return;
+  }
+  std::array<Shape, N> strides{out.strides(), broadcast_strides(ins, shape)...};
+  run_geometry<N>(make_geometry<N>(shape, base, strides, esz), kParallelGrain, row);
 }
 
 }  // namespace kiln::detail

@@ -55,6 +55,11 @@ std::string attr_str(const AttrValue& a);  // for printing: 3, 0.5, true, [1, 2]
 // Runs the op's reference kernel on concrete inputs: the executor calls it with recording and
 // gradient tracking off. Absent optional tensor inputs are undefined Tensors.
 using Invoke = std::vector<Tensor> (*)(const std::vector<Tensor>& inputs, const Attrs& attrs);
+// An elementwise op's formula run straight into a preallocated output: every input already has
+// the op's compute type (the dtype its rule gives for them) and broadcasts to `out`'s shape, and
+// `out` has the op's output type and does not overlap the inputs. No validation, conversion,
+// allocation or autograd: the executor checks all of that once, when it plans a graph.
+using MapInto = void (*)(const Tensor& out, const Tensor* inputs, const Attrs& attrs);
 
 enum class DTypeRule {
   Same,       // the promoted input type
@@ -72,6 +77,7 @@ struct OpDef {
   bool supports_bool = true;
   Invoke invoke = nullptr;
   std::vector<std::string> attr_names = {};
+  MapInto map_into = nullptr;  // elementwise ops only
 };
 
 // Registers an op at static-initialization time and returns its stored entry.

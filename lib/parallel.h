@@ -16,6 +16,10 @@ constexpr int64_t kParallelGrain = 32768;
 template <typename F>
 void parallel_for(int64_t n, int64_t grain, const F& f) {
   if (n <= 0) return;
+  if (n <= grain) {  // without asking OpenMP: small loops are common and its calls are not free
+    f(int64_t{0}, n);
+    return;
+  }
   int max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   int64_t chunks = std::min<int64_t>(max_threads, (n + grain - 1) / std::max<int64_t>(grain, 1));
   if (chunks <= 1) {

@@ -100,8 +100,10 @@ T on_floats(T x, F f) {
 
 const detail::OpDef& def_op(const char* name, OpKind kind, int arity, DTypeRule rule,
                             bool supports_bool, detail::Invoke invoke,
-                            std::vector<std::string> attr_names = {}) {
-  return detail::register_op({name, kind, arity, rule, supports_bool, invoke, attr_names});
+                            std::vector<std::string> attr_names = {},
+                            detail::MapInto map_into = nullptr) {
+  return detail::register_op(
+      {name, kind, arity, rule, supports_bool, invoke, std::move(attr_names), map_into});
 }
 
 using Inputs = std::vector<Tensor>;
@@ -128,15 +130,19 @@ std::vector<Tensor> saved_for(Saves saves, const Tensor& x, const Tensor& y) {
 // KILN_UNARY(name, rule, supports_bool, scalar expression of x of type T, saves, gradient
 // expression in the tensors g (output gradient), x (input) and y (output); Tensor() for none)
 #define KILN_UNARY(NAME, RULE, BOOL_OK, EXPR, SAVES, GRAD)                           \
-  static const detail::OpDef& NAME##_def =                                           \
-      def_op(#NAME, OpKind::Unary, 1, RULE, BOOL_OK,                                 \
-             [](const Inputs& in, const Attrs&) { return Inputs{NAME(in[0])}; });    \
+  static const auto NAME##_fn = [](auto x) {                                         \
+    using T = decltype(x);                                                           \
+    (void)sizeof(T);                                                                 \
+    return EXPR;                                                                     \
+  };                                                                                 \
+  static const detail::OpDef& NAME##_def = def_op(                                   \
+      #NAME, OpKind::Unary, 1, RULE, BOOL_OK,                                        \
+      [](const Inputs& in, const Attrs&) { return Inputs{NAME(in[0])}; }, {},        \
+      [](const Tensor& out, const Tensor* in, const Attrs&) {                        \
+        detail::unary_into<RULE>(NAME##_def, NAME##_fn, out, in[0]);                 \
+      });                                                                            \
   Tensor NAME(const Tensor& input) {                                                 \
-    Tensor out = detail::unary_op<RULE>(NAME##_def, input, [](auto x) {              \
-      using T = decltype(x);                                                         \
-      (void)sizeof(T);                                                               \
-      return EXPR;                                                                   \
-    });                                                                              \
+    Tensor out = detail::unary_op<RULE>(NAME##_def, input, NAME##_fn);               \
     if (detail::needs_grad(input))                                                   \
       detail::record(#NAME, {input}, {out}, saved_for(Saves::SAVES, input, out),     \
                      [](const detail::BackwardContext& c) {                          \
@@ -255,14 +261,17 @@ Tensor softplus(const Tensor& input, double beta, double threshold) {
 // KILN_BINARY(name, rule, supports_bool, scalar expression of x and y of type T, gradient
 // expressions for a and b in the tensors g, a and b; Tensor() for none)
 #define KILN_BINARY(NAME, RULE, BOOL_OK, EXPR, GRAD_A, GRAD_B)                            \
-  static const detail::OpDef& NAME##_def =                                                \
-      def_op(#NAME, OpKind::Binary, 2, RULE, BOOL_OK,                                     \
-             [](const Inputs& in, const Attrs&) { return Inputs{NAME(in[0], in[1])}; });  \
   static const auto NAME##_fn = [](auto x, auto y) {                                      \
     using T = decltype(x);                                                                \
     (void)sizeof(T);                                                                      \
     return EXPR;                                                                          \
   };                                                                                      \
+  static const detail::OpDef& NAME##_def = def_op(                                        \
+      #NAME, OpKind::Binary, 2, RULE, BOOL_OK,                                            \
+      [](const Inputs& in, const Attrs&) { return Inputs{NAME(in[0], in[1])}; }, {},      \
+      [](const Tensor& out, const Tensor* in, const Attrs&) {                             \
+        detail::binary_into<RULE>(NAME##_def, NAME##_fn, out, in[0], in[1]);              \
+      });                                                                                 \
   Tensor NAME(const Tensor& a, const Tensor& b) {                                         \
     Tensor out = detail::binary_op<RULE>(NAME##_def, a, b, NAME##_fn);                    \
     if (detail::needs_grad(a, b))                                                         \
@@ -305,21 +314,51 @@ KILN_BINARY(logical_and, DTypeRule::Logical, true, x&& y, Tensor(), Tensor())
 KILN_BINARY(logical_or, DTypeRule::Logical, true, x || y, Tensor(), Tensor())
 #undef KILN_BINARY
 
+namespace {
+// Calls use(f) with the scalar formula of a + alpha * b (of a - alpha * b for sub).
+template <typename Use>
+decltype(auto) with_add_formula(bool is_sub, const Scalar& alpha, const Use& use) {
+  if (alpha.to_double() == 1.0 && alpha.to_int() == 1) {
+    if (is_sub) return use([](auto x, auto y) { return decltype(x)(x - y); });
+    return use([](auto x, auto y) { return decltype(x)(x + y); });
+  }
+  double ad = is_sub ? -alpha.to_double() : alpha.to_double();
+  int64_t ai = is_sub ? -alpha.to_int() : alpha.to_int();
+  return use([ad, ai](auto x, auto y) {
+    using T = decltype(x);
+    if constexpr (kIsFloat<T>)
+      return T(x + T(ad) * y);
+    else
+      return T(x + T(ai) * y);
+  });
+}
+
+template <bool IsSub>
+void add_into(const Tensor& out, const Tensor* in, const Attrs& attrs);
+}  // namespace
+
 // add and sub carry alpha: a + alpha * b.
-static const detail::OpDef& add_def =
-    def_op("add", OpKind::Binary, 2, DTypeRule::Same, true,
-           [](const Inputs& in, const Attrs& a) {
-             return Inputs{add(in[0], in[1], detail::attr_scalar(a.at(0)))};
-           },
-           {"alpha"});
-static const detail::OpDef& sub_def =
-    def_op("sub", OpKind::Binary, 2, DTypeRule::Same, false,
-           [](const Inputs& in, const Attrs& a) {
-             return Inputs{sub(in[0], in[1], detail::attr_scalar(a.at(0)))};
-           },
-           {"alpha"});
+static const detail::OpDef& add_def = def_op(
+    "add", OpKind::Binary, 2, DTypeRule::Same, true,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{add(in[0], in[1], detail::attr_scalar(a.at(0)))};
+    },
+    {"alpha"}, add_into<false>);
+static const detail::OpDef& sub_def = def_op(
+    "sub", OpKind::Binary, 2, DTypeRule::Same, false,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{sub(in[0], in[1], detail::attr_scalar(a.at(0)))};
+    },
+    {"alpha"}, add_into<true>);
 
 namespace {
+template <bool IsSub>
+void add_into(const Tensor& out, const Tensor* in, const Attrs& attrs) {
+  with_add_formula(IsSub, detail::attr_scalar(attrs.at(0)), [&](const auto& f) {
+    detail::binary_into<DTypeRule::Same>(IsSub ? sub_def : add_def, f, out, in[0], in[1]);
+  });
+}
+
 Tensor add_impl(const detail::OpDef& def, const Tensor& a, const Tensor& b, const Scalar& alpha,
                 Tensor* inplace) {
   detail::check_defined(a, def.name.c_str());
@@ -328,27 +367,10 @@ Tensor add_impl(const detail::OpDef& def, const Tensor& a, const Tensor& b, cons
   KILN_CHECK(!(is_integral(common, true) && alpha.is_floating_point()), def.name,
              ": for integral inputs, alpha must not be a floating-point number (got ", alpha,
              " with ", detail::describe(a), " and ", detail::describe(b), ")");
-  bool is_sub = &def == &sub_def;
   Attrs attrs{detail::scalar_attr(alpha)};
-  if (alpha.to_double() == 1.0 && alpha.to_int() == 1) {
-    if (is_sub)
-      return detail::binary_op<DTypeRule::Same>(
-          def, a, b, [](auto x, auto y) { return decltype(x)(x - y); }, inplace, attrs);
-    return detail::binary_op<DTypeRule::Same>(
-        def, a, b, [](auto x, auto y) { return decltype(x)(x + y); }, inplace, attrs);
-  }
-  double ad = is_sub ? -alpha.to_double() : alpha.to_double();
-  int64_t ai = is_sub ? -alpha.to_int() : alpha.to_int();
-  return detail::binary_op<DTypeRule::Same>(
-      def, a, b,
-      [ad, ai](auto x, auto y) {
-        using T = decltype(x);
-        if constexpr (kIsFloat<T>)
-          return T(x + T(ad) * y);
-        else
-          return T(x + T(ai) * y);
-      },
-      inplace, attrs);
+  return with_add_formula(&def == &sub_def, alpha, [&](const auto& f) {
+    return detail::binary_op<DTypeRule::Same>(def, a, b, f, inplace, attrs);
+  });
 }
 }  // namespace
 

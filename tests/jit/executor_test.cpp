@@ -1,0 +1,145 @@
+// The executor's plan: elementwise steps run straight into their outputs (and small values into
+// the plan's arena) must compute exactly what the ops' public entry points compute.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "jit/executor.h"
+#include "jit/ir.h"
+#include "jit/lazy_eval.h"
+#include "kiln/jit.h"
+#include "kiln/kiln.h"
+#include "lib/lazy.h"
+#include "lib/tensor_impl.h"
+#include "tests/testing.h"
+
+namespace kiln {
+namespace {
+
+using Inputs = std::vector<Tensor>;
+using testing::expect_bit_equal;
+
+// Records fn lazily on `inputs` and returns the graph of its results with the tensors bound to
+// the graph's inputs.
+std::unique_ptr<jit::Graph> graph_of(const std::function<Inputs(const Inputs&)>& fn,
+                                     const Inputs& inputs, jit::LazyGraphBinding* binding) {
+  LazyGuard lazy(true);
+  Inputs outs = fn(inputs);
+  std::vector<detail::LazyRef> requests;
+  for (const Tensor& t : outs) {
+    EXPECT_TRUE(detail::is_pending(t));
+    requests.push_back(t.impl()->storage->lazy);
+  }
+  return jit::build_graph(requests, binding, false);
+}
+
+Inputs eager(const std::function<Inputs(const Inputs&)>& fn, const Inputs& inputs) {
+  LazyGuard eager(false);
+  return fn(inputs);
+}
+
+// Elementwise ops of every dtype rule, with numbers of another type (converted once by the plan),
+// broadcasting, and alpha.
+Inputs elementwise_mix(const Inputs& in) {
+  const Tensor &x = in[0], &y = in[1];
+  const bool floating = is_floating_point(x.dtype());
+  Tensor a = x * 3;
+  Tensor b = a + y;
+  Tensor c = sub(b, x, 2);
+  Tensor d = maximum(c, y);
+  Tensor e = neg(minimum(d, x * 5));
+  Tensor p = logical_and(gt(e, x), le(x, y));
+  Inputs out{e, p, logical_not(p)};
+  if (floating) {
+    Tensor f = tanh(e * 0.25) + exp(x * 0.5) / 1.5;
+    out.push_back(sigmoid(f) * abs(y));
+    out.push_back(add(f, y, 0.75));
+  } else {
+    out.push_back(abs(e) - 1);
+  }
+  return out;
+}
+
+TEST(Plan, DirectStepsMatchTheOpEntryPointsBitForBit) {
+  std::mt19937 rng(7);
+  for (DType dtype : {kFloat32, kFloat64, kInt32, kInt64}) {
+    for (int trial = 0; trial < 3; ++trial) {
+      // Small shapes (arena values) and one past the arena's per-value limit.
+      const int64_t rows = trial == 2 ? 70 : 1 + static_cast<int64_t>(rng() % 5);
+      const int64_t cols = trial == 2 ? 90 : 1 + static_cast<int64_t>(rng() % 6);
+      Tensor x0 = testing::input({rows, cols}, dtype, -4, 4);
+      Tensor y = testing::input({cols}, dtype, -4, 4);
+      for (const auto& [layout, x] : testing::input_layouts(x0)) {
+        const std::string what =
+            std::string(dtype_name(dtype)) + " " + layout + " " + detail::shape_str(x.sizes());
+        jit::LazyGraphBinding binding;
+        auto graph = graph_of(elementwise_mix, {x, y}, &binding);
+        jit::Plan plan(*graph);
+        EXPECT_GE(plan.num_direct_steps(), 12u) << what << "\n" << graph->str();
+        if (trial < 2) EXPECT_GT(plan.arena_bytes(), 0u) << what;
+        Inputs want = eager(elementwise_mix, {x, y});
+        Inputs first = plan.run(binding.inputs);
+        Inputs first_copy;
+        for (const Tensor& t : first)
+          first_copy.push_back(eager([](const Inputs& v) { return Inputs{v[0].clone()}; }, {t})[0]);
+        Inputs second = plan.run(binding.inputs);
+        ASSERT_EQ(first.size(), want.size()) << what;
+        for (size_t k = 0; k < want.size(); ++k) {
+          expect_bit_equal(first[k], want[k], what + " output " + std::to_string(k));
+          expect_bit_equal(second[k], want[k], what + " rerun, output " + std::to_string(k));
+          // A second run must not write into what the first returned.
+          expect_bit_equal(first[k], first_copy[k], what + " first result after the rerun");
+        }
+      }
+    }
+  }
+}
+
+TEST(Plan, OperandsNeedingPromotionRunThroughTheOpEntry) {
+  // int32 * 1.5 computes in float32: the tensor operand needs a conversion at run time.
+  Tensor x = testing::input({3, 4}, kInt32, -5, 5);
+  auto fn = [](const Inputs& in) { return Inputs{in[0] * 1.5, gt(in[0], 0.5)}; };
+  jit::LazyGraphBinding binding;
+  auto graph = graph_of(fn, {x}, &binding);
+  jit::Plan plan(*graph);
+  EXPECT_EQ(plan.num_direct_steps(), 0u) << graph->str();
+  Inputs got = plan.run(binding.inputs);
+  Inputs want = eager(fn, {x});
+  expect_bit_equal(got[0], want[0], "int32 * 1.5");
+  expect_bit_equal(got[1], want[1], "int32 > 0.5");
+}
+
+TEST(Plan, ConcurrentReplaysOfOneFunctionEachGetTheirOwnResults) {
+  auto fn = [](const Inputs& in) {
+    Tensor h = tanh(in[0] * 1.5 + 0.25);
+    return Inputs{exp(neg(h * in[0]))};
+  };
+  jit::Function f = jit::trace(fn, {testing::input({2, 3})});
+  constexpr int kThreads = 4, kCalls = 300;
+  std::vector<int> mismatches(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      Tensor x;
+      Tensor want;
+      {
+        LazyGuard eager(false);
+        x = full({2, 3}, 0.1 * (t + 1));
+        want = fn({x})[0];
+      }
+      for (int i = 0; i < kCalls; ++i) {
+        Tensor got = f({x})[0];
+        if (testing::bytes(got) != testing::bytes(want)) ++mismatches[t];
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t;
+  EXPECT_GE(jit::stats().replays, kThreads * kCalls);
+}
+
+}  // namespace
+}  // namespace kiln
