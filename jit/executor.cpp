@@ -101,10 +101,16 @@ std::optional<DType> direct_compute_type(const Node& n, std::vector<bool>& conve
 }
 }  // namespace
 
+static std::atomic<int64_t> g_arena_bytes{0};
+
 struct Plan::Arena {
   std::shared_ptr<detail::Storage> storage;
   std::vector<Tensor> values;  // one per arena value, over its slot's region of the storage
 };
+
+int64_t plan_arena_bytes() {
+  return g_arena_bytes.load(std::memory_order_relaxed);
+}
 
 std::unique_ptr<Plan::Arena> Plan::make_arena() const {
   auto arena = std::make_unique<Arena>();
@@ -113,7 +119,11 @@ std::unique_ptr<Plan::Arena> Plan::make_arena() const {
   const size_t nbytes = arena_bytes_;
   st.data = detail::cpu_alloc(nbytes);
   st.nbytes = nbytes;
-  st.deleter = [nbytes](void* p) { detail::cpu_free(p, nbytes); };
+  st.deleter = [nbytes](void* p) {
+    detail::cpu_free(p, nbytes);
+    g_arena_bytes.fetch_sub(static_cast<int64_t>(nbytes), std::memory_order_relaxed);
+  };
+  g_arena_bytes.fetch_add(static_cast<int64_t>(nbytes), std::memory_order_relaxed);
   for (const ArenaValue& v : arena_values_) {
     auto impl = std::make_shared<detail::TensorImpl>();
     impl->storage = arena->storage;

@@ -66,6 +66,9 @@ class Plan {
   mutable std::atomic<bool> arena_busy_{false};
 };
 
+// Bytes held now by every plan's arenas.
+int64_t plan_arena_bytes();
+
 // Plan(graph).run(inputs).
 std::vector<Tensor> run_graph(const Graph& graph, const std::vector<Tensor>& inputs);
 

@@ -435,8 +435,8 @@ Function trace(TracedFn fn, const std::vector<Tensor>& example_inputs, int max_s
 
 Stats stats() {
   LazyStats l = lazy_stats();
-  return {l.evaluations,   l.nodes_executed, l.pending,
-          g_traces.load(), g_replays.load(), g_guard_failures.load()};
+  return {l.evaluations,    l.nodes_executed,        l.pending,         g_traces.load(),
+          g_replays.load(), g_guard_failures.load(), plan_arena_bytes()};
 }
 
 }  // namespace jit

@@ -83,6 +83,7 @@ struct Stats {
   int64_t traces = 0;          // specializations traced
   int64_t replays = 0;         // calls served by a traced plan
   int64_t guard_failures = 0;  // calls whose inputs matched no specialization
+  int64_t arena_bytes = 0;     // held now by plans' arenas of small intermediate values
 };
 Stats stats();
 

@@ -64,6 +64,7 @@ Inputs elementwise_mix(const Inputs& in) {
 }
 
 TEST(Plan, DirectStepsMatchTheOpEntryPointsBitForBit) {
+  const int64_t arena_before = jit::plan_arena_bytes();
   std::mt19937 rng(7);
   for (DType dtype : {kFloat32, kFloat64, kInt32, kInt64}) {
     for (int trial = 0; trial < 3; ++trial) {
@@ -96,6 +97,7 @@ TEST(Plan, DirectStepsMatchTheOpEntryPointsBitForBit) {
       }
     }
   }
+  EXPECT_EQ(jit::plan_arena_bytes(), arena_before) << "arenas outlived their plans";
 }
 
 TEST(Plan, OperandsNeedingPromotionRunThroughTheOpEntry) {
