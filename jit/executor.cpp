@@ -5,11 +5,14 @@
 #include <optional>
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "fuser/codegen/llvm/cpu_codegen.h"
+#include "fuser/fuse.h"
 #include "kiln/autograd.h"
 #include "kiln/error.h"
 #include "kiln/ops.h"
 #include "lib/allocator.h"
 #include "lib/lazy.h"
+#include "lib/parallel.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln::jit {
@@ -23,8 +26,9 @@ struct EagerScope {
   EagerScope() { detail::set_lazy_mode(false); }
   ~EagerScope() { detail::set_lazy_mode(lazy); }
 };
+}  // namespace
 
-Tensor constant_tensor(const Node& n) {
+Tensor constant_value(const Node& n) {
   const ValueType& t = n.output()->type();
   Scalar value = detail::attr_scalar(n.attr(0));
   Tensor out = t.wrapped_number && t.dtype == value.kind() ? detail::wrap_scalar(value)
@@ -32,12 +36,11 @@ Tensor constant_tensor(const Node& n) {
   out.impl()->wrapped_number = t.wrapped_number;
   return out;
 }
-}  // namespace
 
 namespace {
 // invoke_node without setting up the eager scope (the caller holds one).
 std::vector<Tensor> invoke_in_scope(const Node& node, const std::vector<Tensor>& inputs) {
-  if (node.is_constant()) return {constant_tensor(node)};
+  if (node.is_constant()) return {constant_value(node)};
   const OpDef& op = node.op();
   KILN_CHECK(op.invoke, "jit: op '", op.name, "' has no reference kernel to run");
   std::vector<Tensor> out = op.invoke(inputs, node.attrs());
@@ -62,43 +65,6 @@ size_t value_bytes(const ValueType& t) {
   return static_cast<size_t>(detail::shape_numel(t.sizes)) * element_size(t.dtype);
 }
 
-// The type an elementwise op computes in when its operands are `node`'s (see compute_type in
-// lib/elementwise.h), or nullopt when the node can't run straight into its output: another kind
-// of op, off the CPU, or an operand that needs a conversion at run time. Constants of another
-// type are allowed (set in `convert`): the plan converts them once.
-std::optional<DType> direct_compute_type(const Node& n, std::vector<bool>& convert) {
-  const OpDef& op = n.op();
-  if (!op.map_into || (op.kind != detail::OpKind::Unary && op.kind != detail::OpKind::Binary))
-    return std::nullopt;
-  if (n.num_outputs() != 1 || n.output()->type().device != kCPU) return std::nullopt;
-  DType compute;
-  switch (op.dtype_rule) {
-    case detail::DTypeRule::Same:
-    case detail::DTypeRule::Float:
-      compute = n.output()->type().dtype;
-      break;
-    case detail::DTypeRule::Logical:
-      compute = kBool;
-      break;
-    case detail::DTypeRule::Predicate:
-      // Promotion between differing operands is left to the op's entry point.
-      if (!n.input(0)) return std::nullopt;
-      compute = n.input(0)->type().dtype;
-      break;
-    default:
-      return std::nullopt;
-  }
-  convert.assign(n.num_inputs(), false);
-  for (size_t i = 0; i < n.num_inputs(); ++i) {
-    const Value* in = n.input(i);
-    if (!in || in->type().device != kCPU) return std::nullopt;
-    if (in->type().dtype == compute) continue;
-    if (!in->node()->is_constant() || op.dtype_rule == detail::DTypeRule::Predicate)
-      return std::nullopt;
-    convert[i] = true;
-  }
-  return compute;
-}
 }  // namespace
 
 static std::atomic<int64_t> g_arena_bytes{0};
@@ -144,7 +110,41 @@ size_t Plan::num_direct_steps() const {
   return n;
 }
 
+size_t Plan::num_nodes() const {
+  size_t n = 0;
+  for (const Step& s : steps_) n += s.group ? s.group->nodes.size() : 1;
+  return n;
+}
+
+size_t Plan::num_kernel_steps() const {
+  size_t n = 0;
+  for (const Step& s : steps_) n += s.group != nullptr;
+  return n;
+}
+
 Plan::Plan(const Graph& graph) : graph_(graph) {
+  if (fuser::fusion_enabled()) groups_ = fuser::find_groups(graph);
+  // The steps before slot assignment: a fusion group is one step where its last node is, reading
+  // its inputs and defining its outputs there; its other nodes are no steps of their own.
+  struct Proto {
+    const Node* node;
+    const fuser::FusionGroup* group;
+    std::vector<const Value*> inputs, outputs;
+  };
+  absl::flat_hash_map<const Node*, const fuser::FusionGroup*> group_of;
+  for (const fuser::FusionGroup& g : groups_)
+    for (const Node* n : g.nodes) group_of[n] = &g;
+  std::vector<Proto> protos;
+  for (const Node* n = graph.first(); n; n = n->next()) {
+    auto g = group_of.find(n);
+    if (g == group_of.end()) {
+      Proto p{n, nullptr, {n->inputs().begin(), n->inputs().end()}, {}};
+      for (size_t k = 0; k < n->num_outputs(); ++k) p.outputs.push_back(n->output(k));
+      protos.push_back(std::move(p));
+    } else if (g->second->nodes.back() == n) {
+      protos.push_back({n, g->second, g->second->inputs, g->second->outputs});
+    }
+  }
   // Slot assignment by liveness: a value takes a free slot when defined and frees it after its
   // last reader; graph outputs are never freed.
   std::vector<int64_t> free_slots;
@@ -156,56 +156,57 @@ Plan::Plan(const Graph& graph) : graph_(graph) {
     }
     return static_cast<int64_t>(num_slots_++);
   };
-  std::vector<const Node*> order;
-  for (const Node* n = graph.first(); n; n = n->next()) order.push_back(n);
   // Last step reading each value.
   absl::flat_hash_map<const Value*, size_t> last_use;
-  for (size_t i = 0; i < order.size(); ++i)
-    for (const Value* in : order[i]->inputs())
+  for (size_t i = 0; i < protos.size(); ++i)
+    for (const Value* in : protos[i].inputs)
       if (in) last_use[in] = i;
   // Which nodes run straight into their outputs, and in which type.
   absl::flat_hash_map<const Node*, DType> direct;
   absl::flat_hash_map<const Node*, std::vector<bool>> conversions;
   {
     std::vector<bool> convert;
-    for (const Node* n : order) {
-      if (std::optional<DType> compute = direct_compute_type(*n, convert)) {
-        direct[n] = *compute;
+    for (const Proto& p : protos) {
+      if (p.group) continue;
+      if (std::optional<DType> compute = fuser::elementwise_compute_type(*p.node, convert)) {
+        direct[p.node] = *compute;
         for (bool c : convert)
           if (c) {
-            conversions[n] = convert;
+            conversions[p.node] = convert;
             break;
           }
       }
     }
   }
   // A value may live in the arena when it is small, no graph output, and read only by direct
-  // steps (which keep no reference to it, so its region is free after its last reader).
+  // steps and kernels (which keep no reference to it, so its region is free after its last
+  // reader).
   auto arena_eligible = [&](const Value* v) {
     if (graph.is_output(v) || value_bytes(v->type()) > kArenaValueMaxBytes) return false;
     for (const Use& u : v->uses())
-      if (!direct.contains(u.user)) return false;
+      if (!direct.contains(u.user) && !group_of.contains(u.user)) return false;
     return true;
   };
   std::vector<size_t> slot_bytes;  // arena region size per slot
   absl::flat_hash_map<const Value*, int64_t> slot_of;
   absl::flat_hash_set<int64_t> constant_slots;
   absl::flat_hash_set<const Value*> output_set(graph.outputs().begin(), graph.outputs().end());
-  for (size_t i = 0; i < order.size(); ++i) {
-    const Node* n = order[i];
+  for (size_t i = 0; i < protos.size(); ++i) {
+    const Proto& proto = protos[i];
+    const Node* n = proto.node;
     Step step{n, {}, {}, {}};
-    for (const Value* in : n->inputs()) step.inputs.push_back(in ? slot_of.at(in) : -1);
-    for (size_t k = 0; k < n->num_outputs(); ++k) {
-      const Value* v = n->output(k);
+    step.group = proto.group;
+    for (const Value* in : proto.inputs) step.inputs.push_back(in ? slot_of.at(in) : -1);
+    for (const Value* v : proto.outputs) {
       // Constants are bound before the steps run, so their slots are never shared.
       int64_t s = n->is_constant() ? static_cast<int64_t>(num_slots_++) : take_slot();
       slot_of[v] = s;
       step.outputs.push_back(s);
-      if (n->is_input()) input_slots_.push_back(s);
+      step.arena.push_back(-1);
       // A value nobody reads (and no output) is released right away.
       if (!last_use.count(v) && !output_set.count(v)) step.release.push_back(s);
     }
-    for (const Value* in : n->inputs()) {
+    for (const Value* in : proto.inputs) {
       if (!in || output_set.count(in)) continue;
       auto it = last_use.find(in);
       if (it != last_use.end() && it->second == i) {
@@ -217,30 +218,34 @@ Plan::Plan(const Graph& graph) : graph_(graph) {
     }
     if (n->is_constant()) {
       // Made once with the plan, bound before the steps: its slot is never shared.
-      constants_.push_back({step.outputs[0], constant_tensor(*n)});
+      constants_.push_back({step.outputs[0], constant_value(*n)});
       constant_storages_.insert(constants_.back().second.impl()->storage.get());
       constant_slots.insert(step.outputs[0]);
     }
-    if (auto it = direct.find(n); it != direct.end()) {
+    auto direct_it = direct.find(n);
+    if (direct_it != direct.end()) {
       step.map_into = n->op().map_into;
       // Constants of another type get a converted copy of their own, made once.
       if (auto c = conversions.find(n); c != conversions.end()) {
         for (size_t k = 0; k < c->second.size(); ++k) {
           if (!c->second[k]) continue;
-          Tensor converted = detail::make_empty({}, it->second);
-          detail::copy_kernel(converted, constant_tensor(*n->input(k)->node()));
+          Tensor converted = detail::make_empty({}, direct_it->second);
+          detail::copy_kernel(converted, constant_value(*n->input(k)->node()));
           const auto slot = static_cast<int64_t>(num_slots_++);
           constants_.push_back({slot, converted});
           constant_slots.insert(slot);
           step.inputs[k] = slot;
         }
       }
-      const Value* out = n->output();
-      if (arena_eligible(out)) {
-        const int64_t slot = step.outputs[0];
+    }
+    if (step.map_into || step.group) {
+      for (size_t k = 0; k < proto.outputs.size(); ++k) {
+        const Value* out = proto.outputs[k];
+        if (!arena_eligible(out)) continue;
+        const int64_t slot = step.outputs[k];
         if (slot_bytes.size() <= static_cast<size_t>(slot)) slot_bytes.resize(slot + 1, 0);
         slot_bytes[slot] = std::max(slot_bytes[slot], value_bytes(out->type()));
-        step.arena_value = static_cast<int64_t>(arena_values_.size());
+        step.arena[k] = static_cast<int64_t>(arena_values_.size());
         arena_values_.push_back({slot, 0, &out->type()});
       }
     }
@@ -258,8 +263,69 @@ Plan::Plan(const Graph& graph) : graph_(graph) {
   for (ArenaValue& v : arena_values_) v.byte_offset = slot_offset[static_cast<size_t>(v.slot)];
   for (const Value* o : graph.outputs()) output_slots_.push_back(slot_of.at(o));
   // Input slots in graph-input order.
-  input_slots_.clear();
   for (const Value* in : graph.inputs()) input_slots_.push_back(slot_of.at(in));
+}
+
+fuser::KernelFn Plan::kernel_for(const Step& step, const fuser::Layout& layout) const {
+  {
+    std::lock_guard<std::mutex> lock(kernels_mutex_);
+    for (const auto& [l, fn] : step.kernels)
+      if (l == layout) return fn;
+  }
+  fuser::KernelFn fn = fuser::cpu_kernel(step.group->kernel, layout);
+  std::lock_guard<std::mutex> lock(kernels_mutex_);
+  step.kernels.emplace_back(layout, fn);
+  return fn;
+}
+
+void Plan::run_group(const Step& step, const std::vector<Tensor>& args,
+                     std::vector<Tensor>& outs) const {
+  const fuser::FusionGroup& g = *step.group;
+  const Shape& shape = g.shape;
+  const int64_t numel = detail::shape_numel(shape);
+  const size_t num_inputs = args.size();
+  fuser::Layout layout;
+  layout.single_element.resize(num_inputs, false);
+  for (size_t k = 0; k < num_inputs; ++k) {
+    const Tensor& t = args[k];
+    const int64_t n = t.numel();
+    if (n == numel && detail::is_contiguous_layout(t.sizes(), t.strides())) continue;
+    if (n == 1) {
+      layout.single_element[k] = true;
+      continue;
+    }
+    layout.flat = false;
+  }
+  if (numel == 0) return;
+  std::vector<char*> ptrs(num_inputs + outs.size());
+  for (size_t k = 0; k < num_inputs; ++k) ptrs[k] = args[k].impl()->data();
+  for (size_t k = 0; k < outs.size(); ++k) ptrs[num_inputs + k] = outs[k].impl()->data();
+  if (layout.flat) {
+    const fuser::KernelFn fn = kernel_for(step, layout);
+    detail::parallel_for(numel, detail::kParallelGrain, [&](int64_t begin, int64_t end) {
+      fn(begin, end, ptrs.data(), nullptr, nullptr, g.scalars.data());
+    });
+    return;
+  }
+  layout.single_element.clear();
+  layout.rank = static_cast<int32_t>(shape.size());
+  const size_t rank = shape.size();
+  std::vector<int64_t> strides;
+  strides.reserve(ptrs.size() * rank);
+  for (const Tensor& t : args) {
+    const Shape st = detail::broadcast_strides(t, shape);
+    strides.insert(strides.end(), st.begin(), st.end());
+  }
+  const Shape out_strides = detail::contiguous_strides(shape);
+  for (size_t k = 0; k < outs.size(); ++k)
+    strides.insert(strides.end(), out_strides.begin(), out_strides.end());
+  const fuser::KernelFn fn = kernel_for(step, layout);
+  const int64_t inner = shape.back();
+  detail::parallel_for(numel / inner, std::max<int64_t>(1, detail::kParallelGrain / inner),
+                       [&](int64_t begin, int64_t end) {
+                         fn(begin, end, ptrs.data(), shape.data(), strides.data(),
+                            g.scalars.data());
+                       });
 }
 
 std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
@@ -290,26 +356,33 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
   }
   EagerScope eager;
   std::vector<Tensor> args;
+  std::vector<Tensor> outs;
   for (const Step& step : steps_) {
     args.clear();
     for (int64_t s : step.inputs) args.push_back(s < 0 ? Tensor() : slots[static_cast<size_t>(s)]);
-    if (step.map_into) {
-      const ValueType& type = step.node->output()->type();
-      Tensor out = step.arena_value >= 0 ? arena->values[static_cast<size_t>(step.arena_value)]
-                                         : detail::make_empty(type.sizes, type.dtype);
-      step.map_into(out, args.data(), step.node->attrs());
-      for (int64_t s : step.release) slots[static_cast<size_t>(s)] = Tensor();
-      bool released = false;
-      for (int64_t r : step.release) released |= r == step.outputs[0];
-      if (!released) slots[static_cast<size_t>(step.outputs[0])] = std::move(out);
-      continue;
+    if (step.map_into || step.group) {
+      outs.clear();
+      for (size_t k = 0; k < step.outputs.size(); ++k) {
+        if (step.arena[k] >= 0) {
+          outs.push_back(arena->values[static_cast<size_t>(step.arena[k])]);
+        } else {
+          const ValueType& type =
+              step.group ? step.group->outputs[k]->type() : step.node->output()->type();
+          outs.push_back(detail::make_empty(type.sizes, type.dtype));
+        }
+      }
+      if (step.group)
+        run_group(step, args, outs);
+      else
+        step.map_into(outs[0], args.data(), step.node->attrs());
+    } else {
+      outs = invoke_in_scope(*step.node, args);
     }
-    std::vector<Tensor> out = invoke_in_scope(*step.node, args);
     for (int64_t s : step.release) slots[static_cast<size_t>(s)] = Tensor();
-    for (size_t k = 0; k < out.size(); ++k) {
+    for (size_t k = 0; k < outs.size(); ++k) {
       bool released = false;
       for (int64_t r : step.release) released |= r == step.outputs[k];
-      if (!released) slots[static_cast<size_t>(step.outputs[k])] = std::move(out[k]);
+      if (!released) slots[static_cast<size_t>(step.outputs[k])] = std::move(outs[k]);
     }
   }
   std::vector<Tensor> result;

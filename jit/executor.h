@@ -5,10 +5,12 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "fuser/fuse.h"
 #include "jit/ir.h"
 #include "kiln/tensor.h"
 #include "lib/op_table.h"
@@ -31,19 +33,26 @@ class Plan {
   // Safe to call from several threads at once (a run that finds the arena in use makes its own).
   std::vector<Tensor> run(const std::vector<Tensor>& inputs) const;
   size_t num_steps() const { return steps_.size(); }
+  // Graph nodes the steps run (a fused group's step runs all of its nodes).
+  size_t num_nodes() const;
   size_t num_slots() const { return num_slots_; }
   // Steps that run an elementwise formula straight into their output, and the bytes of the arena.
   size_t num_direct_steps() const;
   size_t arena_bytes() const { return arena_bytes_; }
+  // Steps that run a fused group's compiled kernel.
+  size_t num_kernel_steps() const;
 
  private:
   struct Step {
     const Node* node;
-    std::vector<int64_t> inputs;         // slot per input, -1 for an absent optional input
-    std::vector<int64_t> outputs;        // slot per output
-    std::vector<int64_t> release;        // slots whose last reader is this step
-    detail::MapInto map_into = nullptr;  // set: run the formula straight into the output
-    int64_t arena_value = -1;            // the output's arena tensor, or -1: allocate it
+    std::vector<int64_t> inputs;                // slot per input, -1 for an absent optional input
+    std::vector<int64_t> outputs;               // slot per output
+    std::vector<int64_t> release;               // slots whose last reader is this step
+    detail::MapInto map_into = nullptr;         // set: run the formula straight into the output
+    const fuser::FusionGroup* group = nullptr;  // set: run the group's compiled kernel
+    std::vector<int64_t> arena;                 // per output: its arena tensor, or -1
+    // The group's kernel per layout met so far (under kernels_mutex_).
+    mutable std::vector<std::pair<fuser::Layout, fuser::KernelFn>> kernels;
   };
   struct ArenaValue {
     int64_t slot;
@@ -52,8 +61,12 @@ class Plan {
   };
   struct Arena;
   std::unique_ptr<Arena> make_arena() const;
+  fuser::KernelFn kernel_for(const Step& step, const fuser::Layout& layout) const;
+  void run_group(const Step& step, const std::vector<Tensor>& args,
+                 std::vector<Tensor>& outs) const;
 
   const Graph& graph_;
+  std::vector<fuser::FusionGroup> groups_;
   std::vector<Step> steps_;
   std::vector<int64_t> input_slots_;
   std::vector<int64_t> output_slots_;
@@ -64,6 +77,7 @@ class Plan {
   size_t arena_bytes_ = 0;
   mutable std::unique_ptr<Arena> arena_;  // made by the first run
   mutable std::atomic<bool> arena_busy_{false};
+  mutable std::mutex kernels_mutex_;
 };
 
 // Bytes held now by every plan's arenas.
@@ -71,6 +85,9 @@ int64_t plan_arena_bytes();
 
 // Plan(graph).run(inputs).
 std::vector<Tensor> run_graph(const Graph& graph, const std::vector<Tensor>& inputs);
+
+// The value of a constant node, as the plan binds it.
+Tensor constant_value(const Node& n);
 
 // Runs one node's reference kernel on concrete inputs, with recording and autograd off.
 std::vector<Tensor> invoke_node(const Node& node, const std::vector<Tensor>& inputs);

@@ -238,7 +238,7 @@ void evaluate(const std::vector<LazyRef>& requests) {
   run_passes(*graph);
   if (verify_passes()) verify_types(*graph);
   Plan plan(*graph);
-  g_nodes_executed.fetch_add(static_cast<int64_t>(plan.num_steps()), std::memory_order_relaxed);
+  g_nodes_executed.fetch_add(static_cast<int64_t>(plan.num_nodes()), std::memory_order_relaxed);
   std::vector<Tensor> results = plan.run(binding.inputs);
   const ResultHolders holders(binding.inputs, results);
 

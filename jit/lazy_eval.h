@@ -42,7 +42,7 @@ void swap_buffers(detail::Storage& a, detail::Storage& b);
 
 struct LazyStats {
   int64_t evaluations = 0;     // graphs built and run
-  int64_t nodes_executed = 0;  // steps run by those graphs
+  int64_t nodes_executed = 0;  // nodes run by those graphs (fused ones included)
   int64_t nodes_in_graphs = 0;
   int64_t pending = 0;  // uncomputed nodes alive now
 };

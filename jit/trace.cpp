@@ -11,6 +11,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "fuser/codegen/llvm/cpu_codegen.h"
 #include "jit/executor.h"
 #include "jit/infer.h"
 #include "jit/lazy_eval.h"
@@ -435,8 +436,19 @@ Function trace(TracedFn fn, const std::vector<Tensor>& example_inputs, int max_s
 
 Stats stats() {
   LazyStats l = lazy_stats();
-  return {l.evaluations,    l.nodes_executed,        l.pending,         g_traces.load(),
-          g_replays.load(), g_guard_failures.load(), plan_arena_bytes()};
+  const fuser::CompileStats c = fuser::cpu_compile_stats();
+  Stats st;
+  st.evaluations = l.evaluations;
+  st.nodes_executed = l.nodes_executed;
+  st.pending_nodes = l.pending;
+  st.traces = g_traces.load();
+  st.replays = g_replays.load();
+  st.guard_failures = g_guard_failures.load();
+  st.arena_bytes = plan_arena_bytes();
+  st.kernels_compiled = c.compiled;
+  st.kernel_memory_hits = c.memory_hits;
+  st.compile_seconds = c.compile_seconds;
+  return st;
 }
 
 }  // namespace jit

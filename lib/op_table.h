@@ -78,6 +78,11 @@ struct OpDef {
   Invoke invoke = nullptr;
   std::vector<std::string> attr_names = {};
   MapInto map_into = nullptr;  // elementwise ops only
+  // Elementwise ops only: the same formula as map_into's, as an s-expression over primitives that
+  // every code generator implements (see fuser/kernel.h), for operands x and y and attribute a0,
+  // all of the compute type T; numbers are of type T too. E.g. sigmoid's
+  // "(div 1 (add 1 (exp (neg x))))". It must compute exactly what map_into computes.
+  const char* formula = nullptr;
 };
 
 // Registers an op at static-initialization time and returns its stored entry.

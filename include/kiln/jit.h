@@ -77,13 +77,16 @@ Function load(const std::string& path);
 
 // Counters for tests and the profiler.
 struct Stats {
-  int64_t evaluations = 0;     // lazy-mode graphs built and run
-  int64_t nodes_executed = 0;  // nodes run by those graphs
-  int64_t pending_nodes = 0;   // uncomputed pending nodes alive now
-  int64_t traces = 0;          // specializations traced
-  int64_t replays = 0;         // calls served by a traced plan
-  int64_t guard_failures = 0;  // calls whose inputs matched no specialization
-  int64_t arena_bytes = 0;     // held now by plans' arenas of small intermediate values
+  int64_t evaluations = 0;         // lazy-mode graphs built and run
+  int64_t nodes_executed = 0;      // nodes run by those graphs
+  int64_t pending_nodes = 0;       // uncomputed pending nodes alive now
+  int64_t traces = 0;              // specializations traced
+  int64_t replays = 0;             // calls served by a traced plan
+  int64_t guard_failures = 0;      // calls whose inputs matched no specialization
+  int64_t arena_bytes = 0;         // held now by plans' arenas of small intermediate values
+  int64_t kernels_compiled = 0;    // fused kernels generated and compiled by LLVM
+  int64_t kernel_memory_hits = 0;  // kernel requests served by an already compiled kernel
+  double compile_seconds = 0;      // spent generating and compiling kernels
 };
 Stats stats();
 

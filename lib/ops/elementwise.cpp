@@ -101,9 +101,9 @@ T on_floats(T x, F f) {
 const detail::OpDef& def_op(const char* name, OpKind kind, int arity, DTypeRule rule,
                             bool supports_bool, detail::Invoke invoke,
                             std::vector<std::string> attr_names = {},
-                            detail::MapInto map_into = nullptr) {
+                            detail::MapInto map_into = nullptr, const char* formula = nullptr) {
   return detail::register_op(
-      {name, kind, arity, rule, supports_bool, invoke, std::move(attr_names), map_into});
+      {name, kind, arity, rule, supports_bool, invoke, std::move(attr_names), map_into, formula});
 }
 
 using Inputs = std::vector<Tensor>;
@@ -129,7 +129,7 @@ std::vector<Tensor> saved_for(Saves saves, const Tensor& x, const Tensor& y) {
 
 // KILN_UNARY(name, rule, supports_bool, scalar expression of x of type T, saves, gradient
 // expression in the tensors g (output gradient), x (input) and y (output); Tensor() for none)
-#define KILN_UNARY(NAME, RULE, BOOL_OK, EXPR, SAVES, GRAD)                           \
+#define KILN_UNARY(NAME, RULE, BOOL_OK, EXPR, FORMULA, SAVES, GRAD)                  \
   static const auto NAME##_fn = [](auto x) {                                         \
     using T = decltype(x);                                                           \
     (void)sizeof(T);                                                                 \
@@ -140,7 +140,8 @@ std::vector<Tensor> saved_for(Saves saves, const Tensor& x, const Tensor& y) {
       [](const Inputs& in, const Attrs&) { return Inputs{NAME(in[0])}; }, {},        \
       [](const Tensor& out, const Tensor* in, const Attrs&) {                        \
         detail::unary_into<RULE>(NAME##_def, NAME##_fn, out, in[0]);                 \
-      });                                                                            \
+      },                                                                             \
+      FORMULA);                                                                      \
   Tensor NAME(const Tensor& input) {                                                 \
     Tensor out = detail::unary_op<RULE>(NAME##_def, input, NAME##_fn);               \
     if (detail::needs_grad(input))                                                   \
@@ -153,40 +154,44 @@ std::vector<Tensor> saved_for(Saves saves, const Tensor& x, const Tensor& y) {
     return out;                                                                      \
   }
 
-KILN_UNARY(neg, DTypeRule::Same, false, T(-x), None, -g)
-KILN_UNARY(abs, DTypeRule::Same, true, T(x < T(0) ? T(-x) : x), X, g* sign(x))
-KILN_UNARY(sign, DTypeRule::Same, true, T((T(0) < x) - (x < T(0))), None, zeros_like(g))
-KILN_UNARY(exp, DTypeRule::Float, true, std::exp(x), Y, g* y)
-KILN_UNARY(log, DTypeRule::Float, true, std::log(x), X, g / x)
-KILN_UNARY(log1p, DTypeRule::Float, true, std::log1p(x), X, g / (x + 1))
-KILN_UNARY(expm1, DTypeRule::Float, true, std::expm1(x), Y, g*(y + 1))
-KILN_UNARY(sqrt, DTypeRule::Float, true, std::sqrt(x), Y, g / (y * 2))
-KILN_UNARY(rsqrt, DTypeRule::Float, true, T(1) / std::sqrt(x), Y, g*(y* y* y) * -0.5)
-KILN_UNARY(reciprocal, DTypeRule::Float, true, T(1) / x, Y, -g*(y* y))
-KILN_UNARY(sin, DTypeRule::Float, true, std::sin(x), X, g* cos(x))
-KILN_UNARY(cos, DTypeRule::Float, true, std::cos(x), X, -g* sin(x))
-KILN_UNARY(tanh, DTypeRule::Float, true, std::tanh(x), Y, g*(1 - y * y))
-KILN_UNARY(sigmoid, DTypeRule::Float, true, T(1) / (T(1) + std::exp(-x)), Y, g*(y*(1 - y)))
+KILN_UNARY(neg, DTypeRule::Same, false, T(-x), "(neg x)", None, -g)
+KILN_UNARY(abs, DTypeRule::Same, true, T(x < T(0) ? T(-x) : x), "(select (lt x 0) (neg x) x)", X,
+           g* sign(x))
+KILN_UNARY(sign, DTypeRule::Same, true, T((T(0) < x) - (x < T(0))),
+           "(select (lt 0 x) 1 (select (lt x 0) -1 0))", None, zeros_like(g))
+KILN_UNARY(exp, DTypeRule::Float, true, std::exp(x), "(exp x)", Y, g* y)
+KILN_UNARY(log, DTypeRule::Float, true, std::log(x), "(log x)", X, g / x)
+KILN_UNARY(log1p, DTypeRule::Float, true, std::log1p(x), "(log1p x)", X, g / (x + 1))
+KILN_UNARY(expm1, DTypeRule::Float, true, std::expm1(x), "(expm1 x)", Y, g*(y + 1))
+KILN_UNARY(sqrt, DTypeRule::Float, true, std::sqrt(x), "(sqrt x)", Y, g / (y * 2))
+KILN_UNARY(rsqrt, DTypeRule::Float, true, T(1) / std::sqrt(x), "(div 1 (sqrt x))", Y,
+           g*(y* y* y) * -0.5)
+KILN_UNARY(reciprocal, DTypeRule::Float, true, T(1) / x, "(div 1 x)", Y, -g*(y* y))
+KILN_UNARY(sin, DTypeRule::Float, true, std::sin(x), "(sin x)", X, g* cos(x))
+KILN_UNARY(cos, DTypeRule::Float, true, std::cos(x), "(cos x)", X, -g* sin(x))
+KILN_UNARY(tanh, DTypeRule::Float, true, std::tanh(x), "(tanh x)", Y, g*(1 - y * y))
+KILN_UNARY(sigmoid, DTypeRule::Float, true, T(1) / (T(1) + std::exp(-x)),
+           "(div 1 (add 1 (exp (neg x))))", Y, g*(y*(1 - y)))
 // NaN passes through, as torch's relu (clamp_min(x, 0)) does.
-KILN_UNARY(relu, DTypeRule::Same, false, T(x > T(0) || x != x ? x : T(0)), Y,
-           where(gt(y, 0), g, 0.0))
-KILN_UNARY(silu, DTypeRule::Float, true, x / (T(1) + std::exp(-x)), X,
-           g*(sigmoid(x) * (1 + x * (1 - sigmoid(x)))))
-KILN_UNARY(erf, DTypeRule::Float, true, erf_value(x), X,
+KILN_UNARY(relu, DTypeRule::Same, false, T(x > T(0) || x != x ? x : T(0)),
+           "(select (or (gt x 0) (ne x x)) x 0)", Y, where(gt(y, 0), g, 0.0))
+KILN_UNARY(silu, DTypeRule::Float, true, x / (T(1) + std::exp(-x)), "(div x (add 1 (exp (neg x))))",
+           X, g*(sigmoid(x) * (1 + x * (1 - sigmoid(x)))))
+KILN_UNARY(erf, DTypeRule::Float, true, erf_value(x), nullptr, X,
            g*(exp(-(x* x)) * 1.1283791670955126))  // 2 / sqrt(pi)
 // Piecewise constant: a zero gradient (as torch), not none, so optimizers still see the leaf.
-KILN_UNARY(floor, DTypeRule::Same, true, on_floats(x, [](auto v) { return std::floor(v); }), None,
-           zeros_like(g))
-KILN_UNARY(ceil, DTypeRule::Same, true, on_floats(x, [](auto v) { return std::ceil(v); }), None,
-           zeros_like(g))
+KILN_UNARY(floor, DTypeRule::Same, true, on_floats(x, [](auto v) { return std::floor(v); }),
+           "(floor x)", None, zeros_like(g))
+KILN_UNARY(ceil, DTypeRule::Same, true, on_floats(x, [](auto v) { return std::ceil(v); }),
+           "(ceil x)", None, zeros_like(g))
 KILN_UNARY(round, DTypeRule::Same, true, on_floats(x, [](auto v) { return std::nearbyint(v); }),
-           None, zeros_like(g))
-KILN_UNARY(logical_not, DTypeRule::Logical, true, !x, None, Tensor())
-KILN_UNARY(isnan, DTypeRule::Predicate, true, x != x, None, Tensor())
+           "(round x)", None, zeros_like(g))
+KILN_UNARY(logical_not, DTypeRule::Logical, true, !x, "(not x)", None, Tensor())
+KILN_UNARY(isnan, DTypeRule::Predicate, true, x != x, "(ne x x)", None, Tensor())
 KILN_UNARY(isfinite, DTypeRule::Predicate, true,
            kIsFloat<T> ? (x == x && std::abs(double(x)) != std::numeric_limits<double>::infinity())
                        : true,
-           None, Tensor())
+           nullptr, None, Tensor())
 #undef KILN_UNARY
 
 static const detail::OpDef& gelu_def =
@@ -260,7 +265,7 @@ Tensor softplus(const Tensor& input, double beta, double threshold) {
 // ------------------------------------------------------------------------------------ binary ops
 // KILN_BINARY(name, rule, supports_bool, scalar expression of x and y of type T, gradient
 // expressions for a and b in the tensors g, a and b; Tensor() for none)
-#define KILN_BINARY(NAME, RULE, BOOL_OK, EXPR, GRAD_A, GRAD_B)                            \
+#define KILN_BINARY(NAME, RULE, BOOL_OK, EXPR, FORMULA, GRAD_A, GRAD_B)                   \
   static const auto NAME##_fn = [](auto x, auto y) {                                      \
     using T = decltype(x);                                                                \
     (void)sizeof(T);                                                                      \
@@ -271,7 +276,8 @@ Tensor softplus(const Tensor& input, double beta, double threshold) {
       [](const Inputs& in, const Attrs&) { return Inputs{NAME(in[0], in[1])}; }, {},      \
       [](const Tensor& out, const Tensor* in, const Attrs&) {                             \
         detail::binary_into<RULE>(NAME##_def, NAME##_fn, out, in[0], in[1]);              \
-      });                                                                                 \
+      },                                                                                  \
+      FORMULA);                                                                           \
   Tensor NAME(const Tensor& a, const Tensor& b) {                                         \
     Tensor out = detail::binary_op<RULE>(NAME##_def, a, b, NAME##_fn);                    \
     if (detail::needs_grad(a, b))                                                         \
@@ -295,23 +301,23 @@ Tensor winner_share(const Tensor& a_wins, const Tensor& a, const Tensor& b, DTyp
 }
 }  // namespace
 
-KILN_BINARY(mul, DTypeRule::Same, true, multiply(x, y), g* b, g* a)
-KILN_BINARY(div, DTypeRule::Float, true, x / y, g / b, -g* a / (b * b))
+KILN_BINARY(mul, DTypeRule::Same, true, multiply(x, y), "(mul x y)", g* b, g* a)
+KILN_BINARY(div, DTypeRule::Float, true, x / y, "(div x y)", g / b, -g* a / (b * b))
 // NaN propagates from either side, as in torch.minimum/maximum.
 KILN_BINARY(minimum, DTypeRule::Same, true, T((x != x || x < y) ? x : y),
-            g* winner_share(lt(a, b), a, b, g.dtype()),
+            "(select (or (ne x x) (lt x y)) x y)", g* winner_share(lt(a, b), a, b, g.dtype()),
             g*(1 - winner_share(lt(a, b), a, b, g.dtype())))
 KILN_BINARY(maximum, DTypeRule::Same, true, T((x != x || x > y) ? x : y),
-            g* winner_share(gt(a, b), a, b, g.dtype()),
+            "(select (or (ne x x) (gt x y)) x y)", g* winner_share(gt(a, b), a, b, g.dtype()),
             g*(1 - winner_share(gt(a, b), a, b, g.dtype())))
-KILN_BINARY(eq, DTypeRule::Predicate, true, x == y, Tensor(), Tensor())
-KILN_BINARY(ne, DTypeRule::Predicate, true, x != y, Tensor(), Tensor())
-KILN_BINARY(lt, DTypeRule::Predicate, true, x < y, Tensor(), Tensor())
-KILN_BINARY(le, DTypeRule::Predicate, true, x <= y, Tensor(), Tensor())
-KILN_BINARY(gt, DTypeRule::Predicate, true, x > y, Tensor(), Tensor())
-KILN_BINARY(ge, DTypeRule::Predicate, true, x >= y, Tensor(), Tensor())
-KILN_BINARY(logical_and, DTypeRule::Logical, true, x&& y, Tensor(), Tensor())
-KILN_BINARY(logical_or, DTypeRule::Logical, true, x || y, Tensor(), Tensor())
+KILN_BINARY(eq, DTypeRule::Predicate, true, x == y, "(eq x y)", Tensor(), Tensor())
+KILN_BINARY(ne, DTypeRule::Predicate, true, x != y, "(ne x y)", Tensor(), Tensor())
+KILN_BINARY(lt, DTypeRule::Predicate, true, x < y, "(lt x y)", Tensor(), Tensor())
+KILN_BINARY(le, DTypeRule::Predicate, true, x <= y, "(le x y)", Tensor(), Tensor())
+KILN_BINARY(gt, DTypeRule::Predicate, true, x > y, "(gt x y)", Tensor(), Tensor())
+KILN_BINARY(ge, DTypeRule::Predicate, true, x >= y, "(ge x y)", Tensor(), Tensor())
+KILN_BINARY(logical_and, DTypeRule::Logical, true, x&& y, "(and x y)", Tensor(), Tensor())
+KILN_BINARY(logical_or, DTypeRule::Logical, true, x || y, "(or x y)", Tensor(), Tensor())
 #undef KILN_BINARY
 
 namespace {

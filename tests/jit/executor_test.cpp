@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "fuser/fuse.h"
 #include "jit/executor.h"
 #include "jit/ir.h"
 #include "jit/lazy_eval.h"
@@ -74,25 +75,34 @@ TEST(Plan, DirectStepsMatchTheOpEntryPointsBitForBit) {
       Tensor x0 = testing::input({rows, cols}, dtype, -4, 4);
       Tensor y = testing::input({cols}, dtype, -4, 4);
       for (const auto& [layout, x] : testing::input_layouts(x0)) {
-        const std::string what =
-            std::string(dtype_name(dtype)) + " " + layout + " " + detail::shape_str(x.sizes());
-        jit::LazyGraphBinding binding;
-        auto graph = graph_of(elementwise_mix, {x, y}, &binding);
-        jit::Plan plan(*graph);
-        EXPECT_GE(plan.num_direct_steps(), 12u) << what << "\n" << graph->str();
-        if (trial < 2) EXPECT_GT(plan.arena_bytes(), 0u) << what;
-        Inputs want = eager(elementwise_mix, {x, y});
-        Inputs first = plan.run(binding.inputs);
-        Inputs first_copy;
-        for (const Tensor& t : first)
-          first_copy.push_back(eager([](const Inputs& v) { return Inputs{v[0].clone()}; }, {t})[0]);
-        Inputs second = plan.run(binding.inputs);
-        ASSERT_EQ(first.size(), want.size()) << what;
-        for (size_t k = 0; k < want.size(); ++k) {
-          expect_bit_equal(first[k], want[k], what + " output " + std::to_string(k));
-          expect_bit_equal(second[k], want[k], what + " rerun, output " + std::to_string(k));
-          // A second run must not write into what the first returned.
-          expect_bit_equal(first[k], first_copy[k], what + " first result after the rerun");
+        for (bool fuse : {false, true}) {
+          const std::string what = std::string(dtype_name(dtype)) + " " + layout + " " +
+                                   detail::shape_str(x.sizes()) + (fuse ? " fused" : "");
+          jit::LazyGraphBinding binding;
+          auto graph = graph_of(elementwise_mix, {x, y}, &binding);
+          fuser::FusionGuard fusion(fuse);
+          jit::Plan plan(*graph);
+          if (fuse) {
+            EXPECT_GE(plan.num_kernel_steps(), 1u) << what << "\n" << graph->str();
+          } else {
+            EXPECT_EQ(plan.num_kernel_steps(), 0u) << what;
+            EXPECT_GE(plan.num_direct_steps(), 12u) << what << "\n" << graph->str();
+          }
+          if (trial < 2) EXPECT_GT(plan.arena_bytes(), 0u) << what;
+          Inputs want = eager(elementwise_mix, {x, y});
+          Inputs first = plan.run(binding.inputs);
+          Inputs first_copy;
+          for (const Tensor& t : first)
+            first_copy.push_back(
+                eager([](const Inputs& v) { return Inputs{v[0].clone()}; }, {t})[0]);
+          Inputs second = plan.run(binding.inputs);
+          ASSERT_EQ(first.size(), want.size()) << what;
+          for (size_t k = 0; k < want.size(); ++k) {
+            expect_bit_equal(first[k], want[k], what + " output " + std::to_string(k));
+            expect_bit_equal(second[k], want[k], what + " rerun, output " + std::to_string(k));
+            // A second run must not write into what the first returned.
+            expect_bit_equal(first[k], first_copy[k], what + " first result after the rerun");
+          }
         }
       }
     }
@@ -101,6 +111,7 @@ TEST(Plan, DirectStepsMatchTheOpEntryPointsBitForBit) {
 }
 
 TEST(Plan, OperandsNeedingPromotionRunThroughTheOpEntry) {
+  fuser::FusionGuard no_fusion(false);
   // int32 * 1.5 computes in float32: the tensor operand needs a conversion at run time.
   Tensor x = testing::input({3, 4}, kInt32, -5, 5);
   auto fn = [](const Inputs& in) { return Inputs{in[0] * 1.5, gt(in[0], 0.5)}; };

@@ -1,0 +1,445 @@
+// CPU code generation for fused elementwise kernels through LLVM 19's ORC LLJIT.
+//
+// One LLJIT serves the process; each kernel is its own module under its own ResourceTracker. The
+// IR is a loop over elements (flat layout) or over rows with an inner loop over the last dimension
+// (strided layout, strides passed per call: LLVM's loop vectorizer versions the inner loop on a
+// unit stride). Every primitive computes exactly what the op's reference kernel computes: IEEE
+// operations without fast-math flags or contraction, and transcendental functions as calls to the
+// same libm functions the reference kernels call (marked nobuiltin, so LLVM does not rewrite
+// them), which keeps fused results bit-identical to eager ones.
+#include "fuser/codegen/llvm/cpu_codegen.h"
+
+#include <xxhash.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "kiln/error.h"
+#include "llvm/ExecutionEngine/Orc/ExecutionUtils.h"
+#include "llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h"
+#include "llvm/ExecutionEngine/Orc/LLJIT.h"
+#include "llvm/ExecutionEngine/Orc/ThreadSafeModule.h"
+#include "llvm/IR/IRBuilder.h"
+#include "llvm/IR/LLVMContext.h"
+#include "llvm/IR/Module.h"
+#include "llvm/IR/Verifier.h"
+#include "llvm/Passes/PassBuilder.h"
+#include "llvm/Support/TargetSelect.h"
+#include "llvm/Support/raw_ostream.h"
+#include "llvm/Target/TargetMachine.h"
+
+namespace kiln::fuser {
+
+namespace {
+
+std::string llvm_message(llvm::Error e) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << e;
+  return os.str();
+}
+
+template <typename T>
+T take(llvm::Expected<T> v, const char* what) {
+  if (!v) KILN_CHECK(false, "fuser: ", what, ": ", llvm_message(v.takeError()));
+  return std::move(*v);
+}
+
+void optimize(llvm::Module& m, llvm::TargetMachine& tm) {
+  llvm::LoopAnalysisManager lam;
+  llvm::FunctionAnalysisManager fam;
+  llvm::CGSCCAnalysisManager cgam;
+  llvm::ModuleAnalysisManager mam;
+  llvm::PipelineTuningOptions tuning;
+  tuning.LoopVectorization = true;
+  tuning.SLPVectorization = true;
+  llvm::PassBuilder pb(&tm, tuning);
+  pb.registerModuleAnalyses(mam);
+  pb.registerCGSCCAnalyses(cgam);
+  pb.registerFunctionAnalyses(fam);
+  pb.registerLoopAnalyses(lam);
+  pb.crossRegisterProxies(lam, fam, cgam, mam);
+  pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3).run(m, mam);
+}
+
+// Kept apart from the JIT, so that reading them does not start LLVM.
+std::mutex g_stats_mutex;
+CompileStats g_stats;
+void add_stats(int64_t hits, int64_t compiled, double seconds) {
+  std::lock_guard<std::mutex> lock(g_stats_mutex);
+  g_stats.memory_hits += hits;
+  g_stats.compiled += compiled;
+  g_stats.compile_seconds += seconds;
+}
+
+struct CachedKernel {
+  KernelFn fn = nullptr;
+  llvm::orc::ResourceTrackerSP tracker;  // owns the kernel's code (for eviction)
+};
+
+class CpuJit {
+ public:
+  CpuJit() {
+    llvm::InitializeNativeTarget();
+    llvm::InitializeNativeTargetAsmPrinter();
+    auto builder = take(llvm::orc::JITTargetMachineBuilder::detectHost(), "detecting the host");
+    builder.setCodeGenOptLevel(llvm::CodeGenOptLevel::Aggressive);
+    target_ = take(builder.createTargetMachine(), "creating the target machine");
+    jit_ = take(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(builder).create(),
+                "creating the ORC LLJIT");
+    // Kernels call libm (expf, tanh, ...): resolve symbols from the process.
+    jit_->getMainJITDylib().addGenerator(
+        take(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
+                 jit_->getDataLayout().getGlobalPrefix()),
+             "adding the process's symbols"));
+    llvm::TargetMachine* tm = target_.get();
+    jit_->getIRTransformLayer().setTransform(
+        [tm](llvm::orc::ThreadSafeModule m, const llvm::orc::MaterializationResponsibility&) {
+          m.withModuleDo([tm](llvm::Module& module) { optimize(module, *tm); });
+          return llvm::Expected<llvm::orc::ThreadSafeModule>(std::move(m));
+        });
+  }
+
+  KernelFn get(const Kernel& k, const Layout& layout) {
+    std::string key = kernel_key(k, layout);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = cache_.find(key); it != cache_.end()) {
+      add_stats(1, 0, 0);
+      return it->second.fn;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    char hash[17];
+    std::snprintf(hash, sizeof hash, "%016llx",
+                  static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
+    const std::string name = "kiln_" + k.ops + "_" + std::string(hash, 8);
+    auto context = std::make_unique<llvm::LLVMContext>();
+    auto module = std::make_unique<llvm::Module>(name, *context);
+    module->setDataLayout(jit_->getDataLayout());
+    module->setTargetTriple(target_->getTargetTriple().str());
+    emit(*module, name, k, layout);
+    std::string errors;
+    llvm::raw_string_ostream err(errors);
+    KILN_CHECK(!llvm::verifyModule(*module, &err), "fuser: generated invalid IR for ", name, ": ",
+               err.str(), "\n", k.str());
+    CachedKernel entry;
+    entry.tracker = jit_->getMainJITDylib().createResourceTracker();
+    if (llvm::Error e = jit_->addIRModule(
+            entry.tracker, llvm::orc::ThreadSafeModule(std::move(module), std::move(context))))
+      KILN_CHECK(false, "fuser: adding ", name, ": ", llvm_message(std::move(e)));
+    entry.fn = take(jit_->lookup(name), "compiling the kernel").toPtr<KernelFn>();
+    add_stats(0, 1,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    const KernelFn fn = entry.fn;
+    cache_.emplace(std::move(key), std::move(entry));
+    return fn;
+  }
+
+ private:
+  static void emit(llvm::Module& m, const std::string& name, const Kernel& k, const Layout& layout);
+
+  std::unique_ptr<llvm::TargetMachine> target_;
+  std::unique_ptr<llvm::orc::LLJIT> jit_;
+  std::mutex mutex_;
+  absl::flat_hash_map<std::string, CachedKernel> cache_;
+};
+
+CpuJit& cpu_jit() {
+  // Never destroyed: kernels may run until the process exits.
+  static CpuJit* jit = new CpuJit();
+  return *jit;
+}
+
+// Emits one kernel function (see KernelFn).
+class Emitter {
+ public:
+  Emitter(llvm::Module& m, const Kernel& k) : m_(m), ctx_(m.getContext()), b_(ctx_), k_(k) {}
+
+  void emit(const std::string& name, const Layout& layout) {
+    llvm::Type* i64 = b_.getInt64Ty();
+    llvm::Type* ptr = b_.getPtrTy();
+    auto* type = llvm::FunctionType::get(b_.getVoidTy(), {i64, i64, ptr, ptr, ptr, ptr}, false);
+    fn_ = llvm::Function::Create(type, llvm::Function::ExternalLinkage, name, m_);
+    fn_->addFnAttr(llvm::Attribute::NoUnwind);
+    auto arg = fn_->arg_begin();
+    llvm::Value* begin = &*arg++;
+    llvm::Value* end = &*arg++;
+    llvm::Value* ptrs = &*arg++;
+    llvm::Value* sizes = &*arg++;
+    llvm::Value* strides = &*arg++;
+    scalars_ = &*arg++;
+    auto* entry = llvm::BasicBlock::Create(ctx_, "entry", fn_);
+    b_.SetInsertPoint(entry);
+    const size_t num_inputs = k_.input_types.size();
+    const size_t num_ptrs = num_inputs + k_.outputs.size();
+    for (size_t p = 0; p < num_ptrs; ++p)
+      bases_.push_back(b_.CreateLoad(ptr, b_.CreateConstGEP1_64(ptr, ptrs, p), "base"));
+    auto* exit = llvm::BasicBlock::Create(ctx_, "exit", fn_);
+    if (layout.flat) {
+      single_ = layout.single_element;
+      loop(begin, end, exit, [&](llvm::Value* i) {
+        std::vector<llvm::Value*> offsets(num_ptrs, i);
+        body(offsets);
+      });
+    } else {
+      const int rank = layout.rank;
+      std::vector<llvm::Value*> size(rank);
+      for (int d = 0; d < rank; ++d)
+        size[d] = b_.CreateLoad(i64, b_.CreateConstGEP1_64(i64, sizes, d), "size");
+      std::vector<std::vector<llvm::Value*>> stride(num_ptrs, std::vector<llvm::Value*>(rank));
+      for (size_t p = 0; p < num_ptrs; ++p)
+        for (int d = 0; d < rank; ++d)
+          stride[p][d] =
+              b_.CreateLoad(i64, b_.CreateConstGEP1_64(i64, strides, p * rank + d), "stride");
+      single_.assign(num_inputs, false);
+      loop(begin, end, exit, [&](llvm::Value* row) {
+        // The row's first element per pointer, from the row's index over the outer dims.
+        std::vector<llvm::Value*> start(num_ptrs, b_.getInt64(0));
+        llvm::Value* rem = row;
+        for (int d = rank - 2; d >= 0; --d) {
+          llvm::Value* idx = b_.CreateURem(rem, size[d]);
+          rem = b_.CreateUDiv(rem, size[d]);
+          for (size_t p = 0; p < num_ptrs; ++p)
+            start[p] = b_.CreateAdd(start[p], b_.CreateMul(idx, stride[p][d]));
+        }
+        auto* inner_exit = llvm::BasicBlock::Create(ctx_, "row_done", fn_);
+        loop(b_.getInt64(0), size[rank - 1], inner_exit, [&](llvm::Value* j) {
+          std::vector<llvm::Value*> offsets(num_ptrs);
+          for (size_t p = 0; p < num_ptrs; ++p)
+            offsets[p] = b_.CreateAdd(start[p], b_.CreateMul(j, stride[p][rank - 1]));
+          body(offsets);
+        });
+        b_.SetInsertPoint(inner_exit);
+      });
+    }
+    b_.SetInsertPoint(exit);
+    b_.CreateRetVoid();
+  }
+
+ private:
+  // for (i = from; i < to; ++i) f(i), leaving the builder at `done`'s predecessor... then `done`.
+  template <typename F>
+  void loop(llvm::Value* from, llvm::Value* to, llvm::BasicBlock* done, const F& f) {
+    llvm::BasicBlock* pre = b_.GetInsertBlock();
+    auto* head = llvm::BasicBlock::Create(ctx_, "loop", fn_);
+    b_.CreateCondBr(b_.CreateICmpSLT(from, to), head, done);
+    b_.SetInsertPoint(head);
+    llvm::PHINode* i = b_.CreatePHI(b_.getInt64Ty(), 2, "i");
+    i->addIncoming(from, pre);
+    f(i);
+    llvm::Value* next = b_.CreateAdd(i, b_.getInt64(1), "", true, true);
+    i->addIncoming(next, b_.GetInsertBlock());
+    b_.CreateCondBr(b_.CreateICmpSLT(next, to), head, done);
+  }
+
+  llvm::Type* storage_type(DType t) {
+    switch (t) {
+      case kBool:
+        return b_.getInt8Ty();
+      case kInt32:
+        return b_.getInt32Ty();
+      case kInt64:
+        return b_.getInt64Ty();
+      case kFloat32:
+        return b_.getFloatTy();
+      case kFloat64:
+        return b_.getDoubleTy();
+    }
+    return nullptr;
+  }
+  llvm::Type* value_type(DType t) { return t == kBool ? b_.getInt1Ty() : storage_type(t); }
+
+  llvm::Value* load(DType t, llvm::Value* address) {
+    llvm::Value* v = b_.CreateLoad(storage_type(t), address);
+    return t == kBool ? b_.CreateICmpNE(v, b_.getInt8(0)) : v;
+  }
+
+  llvm::Value* cast(llvm::Value* v, DType from, DType to) {
+    if (from == to) return v;
+    llvm::Type* dst = value_type(to);
+    if (to == kBool)
+      return is_floating_point(from) ? b_.CreateFCmpUNE(v, llvm::ConstantFP::get(v->getType(), 0))
+                                     : b_.CreateICmpNE(v, llvm::ConstantInt::get(v->getType(), 0));
+    if (from == kBool)
+      return is_floating_point(to) ? b_.CreateUIToFP(v, dst) : b_.CreateZExt(v, dst);
+    if (is_floating_point(from) && is_floating_point(to)) return b_.CreateFPCast(v, dst);
+    if (is_floating_point(from)) return b_.CreateFPToSI(v, dst);
+    if (is_floating_point(to)) return b_.CreateSIToFP(v, dst);
+    return b_.CreateSExtOrTrunc(v, dst);
+  }
+
+  // A call of the libm function the reference kernel calls, which LLVM must not reinterpret.
+  llvm::Value* libm(const char* name, llvm::Value* x, DType t) {
+    std::string fname = std::string(name) + (t == kFloat32 ? "f" : "");
+    llvm::Type* ty = value_type(t);
+    llvm::FunctionCallee f =
+        m_.getOrInsertFunction(fname, llvm::FunctionType::get(ty, {ty}, false));
+    llvm::CallInst* call = b_.CreateCall(f, {x});
+    call->addFnAttr(llvm::Attribute::NoBuiltin);
+    return call;
+  }
+  llvm::Value* intrinsic(llvm::Intrinsic::ID id, llvm::Value* x) {
+    return b_.CreateUnaryIntrinsic(id, x);
+  }
+
+  void body(const std::vector<llvm::Value*>& offsets) {
+    std::vector<llvm::Value*> v(k_.body.size());
+    const size_t num_inputs = k_.input_types.size();
+    for (size_t n = 0; n < k_.body.size(); ++n) {
+      const Instr& in = k_.body[n];
+      const DType t = in.type;
+      llvm::Value* a = in.a >= 0 ? v[static_cast<size_t>(in.a)] : nullptr;
+      llvm::Value* b = in.b >= 0 ? v[static_cast<size_t>(in.b)] : nullptr;
+      llvm::Value* c = in.c >= 0 ? v[static_cast<size_t>(in.c)] : nullptr;
+      const DType at = in.a >= 0 ? k_.body[static_cast<size_t>(in.a)].type : t;
+      const bool fp = is_floating_point(at);
+      const bool boolean = at == kBool;
+      switch (in.prim) {
+        case Prim::Load: {
+          const auto p = static_cast<size_t>(in.index);
+          llvm::Value* offset = single_[p] ? b_.getInt64(0) : offsets[p];
+          v[n] = load(t, b_.CreateGEP(storage_type(t), bases_[p], offset));
+          break;
+        }
+        case Prim::Scalar:
+          v[n] = load(t, b_.CreateConstGEP1_64(b_.getInt64Ty(), scalars_, in.index));
+          break;
+        case Prim::Literal:
+          if (is_floating_point(t))
+            v[n] = llvm::ConstantFP::get(value_type(t), in.literal);
+          else if (t == kBool)
+            v[n] = b_.getInt1(in.literal != 0);
+          else
+            v[n] = llvm::ConstantInt::get(value_type(t), static_cast<int64_t>(in.literal), true);
+          break;
+        case Prim::Cast:
+          v[n] = cast(a, at, t);
+          break;
+        case Prim::Neg:
+          v[n] = fp ? b_.CreateFNeg(a) : b_.CreateNeg(a);
+          break;
+        case Prim::Add:
+          v[n] = fp ? b_.CreateFAdd(a, b) : boolean ? b_.CreateOr(a, b) : b_.CreateAdd(a, b);
+          break;
+        case Prim::Sub:
+          v[n] = fp ? b_.CreateFSub(a, b) : b_.CreateSub(a, b);
+          break;
+        case Prim::Mul:
+          v[n] = fp ? b_.CreateFMul(a, b) : boolean ? b_.CreateAnd(a, b) : b_.CreateMul(a, b);
+          break;
+        case Prim::Div:
+          v[n] = b_.CreateFDiv(a, b);
+          break;
+        case Prim::Lt:
+          v[n] = fp        ? b_.CreateFCmpOLT(a, b)
+                 : boolean ? b_.CreateICmpULT(a, b)
+                           : b_.CreateICmpSLT(a, b);
+          break;
+        case Prim::Le:
+          v[n] = fp        ? b_.CreateFCmpOLE(a, b)
+                 : boolean ? b_.CreateICmpULE(a, b)
+                           : b_.CreateICmpSLE(a, b);
+          break;
+        case Prim::Gt:
+          v[n] = fp        ? b_.CreateFCmpOGT(a, b)
+                 : boolean ? b_.CreateICmpUGT(a, b)
+                           : b_.CreateICmpSGT(a, b);
+          break;
+        case Prim::Ge:
+          v[n] = fp        ? b_.CreateFCmpOGE(a, b)
+                 : boolean ? b_.CreateICmpUGE(a, b)
+                           : b_.CreateICmpSGE(a, b);
+          break;
+        case Prim::Eq:
+          v[n] = fp ? b_.CreateFCmpOEQ(a, b) : b_.CreateICmpEQ(a, b);
+          break;
+        case Prim::Ne:
+          v[n] = fp ? b_.CreateFCmpUNE(a, b) : b_.CreateICmpNE(a, b);
+          break;
+        case Prim::And:
+          v[n] = b_.CreateAnd(a, b);
+          break;
+        case Prim::Or:
+          v[n] = b_.CreateOr(a, b);
+          break;
+        case Prim::Not:
+          v[n] = b_.CreateNot(a);
+          break;
+        case Prim::Select:
+          v[n] = b_.CreateSelect(a, b, c);
+          break;
+        case Prim::Exp:
+          v[n] = libm("exp", a, t);
+          break;
+        case Prim::Log:
+          v[n] = libm("log", a, t);
+          break;
+        case Prim::Log1p:
+          v[n] = libm("log1p", a, t);
+          break;
+        case Prim::Expm1:
+          v[n] = libm("expm1", a, t);
+          break;
+        case Prim::Sin:
+          v[n] = libm("sin", a, t);
+          break;
+        case Prim::Cos:
+          v[n] = libm("cos", a, t);
+          break;
+        case Prim::Tanh:
+          v[n] = libm("tanh", a, t);
+          break;
+        case Prim::Sqrt:
+          v[n] = intrinsic(llvm::Intrinsic::sqrt, a);
+          break;
+        // On integers these are the identity (as the reference kernels' on_floats).
+        case Prim::Floor:
+          v[n] = fp ? intrinsic(llvm::Intrinsic::floor, a) : a;
+          break;
+        case Prim::Ceil:
+          v[n] = fp ? intrinsic(llvm::Intrinsic::ceil, a) : a;
+          break;
+        case Prim::Round:
+          v[n] = fp ? intrinsic(llvm::Intrinsic::nearbyint, a) : a;
+          break;
+      }
+    }
+    for (size_t o = 0; o < k_.outputs.size(); ++o) {
+      const DType t = k_.output_types[o];
+      llvm::Value* value = v[static_cast<size_t>(k_.outputs[o])];
+      if (t == kBool) value = b_.CreateZExt(value, b_.getInt8Ty());
+      const size_t p = num_inputs + o;
+      b_.CreateStore(value, b_.CreateGEP(storage_type(t), bases_[p], offsets[p]));
+    }
+  }
+
+  llvm::Module& m_;
+  llvm::LLVMContext& ctx_;
+  llvm::IRBuilder<> b_;
+  const Kernel& k_;
+  llvm::Function* fn_ = nullptr;
+  llvm::Value* scalars_ = nullptr;
+  std::vector<llvm::Value*> bases_;
+  std::vector<bool> single_;
+};
+
+void CpuJit::emit(llvm::Module& m, const std::string& name, const Kernel& k, const Layout& layout) {
+  Emitter(m, k).emit(name, layout);
+}
+
+}  // namespace
+
+KernelFn cpu_kernel(const Kernel& kernel, const Layout& layout) {
+  return cpu_jit().get(kernel, layout);
+}
+
+CompileStats cpu_compile_stats() {
+  std::lock_guard<std::mutex> lock(g_stats_mutex);
+  return g_stats;
+}
+
+}  // namespace kiln::fuser

@@ -1,0 +1,55 @@
+// The forward fuser: segments a graph into groups of elementwise nodes, each run as one kernel.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "fuser/kernel.h"
+#include "jit/ir.h"
+
+namespace kiln::fuser {
+
+// The type an elementwise node computes in when its operands are the node's own (see
+// compute_type in lib/elementwise.h), or nullopt when it can't run without its op's entry point:
+// another kind of op, off the CPU, or an operand that needs a conversion at run time. Constants
+// of another type are allowed (`convert` marks them; the caller converts them once).
+std::optional<DType> elementwise_compute_type(const jit::Node& n, std::vector<bool>& convert);
+
+// Whether `n` can join a fusion group: an elementwise op with a formula whose operands need no
+// conversion at run time (constants aside).
+bool is_fusible(const jit::Node& n);
+
+struct FusionGroup {
+  std::vector<const jit::Node*> nodes;     // in graph order; the group runs where the last is
+  std::vector<const jit::Value*> inputs;   // tensor values read from outside, one per input
+  std::vector<const jit::Value*> outputs;  // members' values read after the group, or returned
+  Shape shape;                             // the iteration shape: every member's output shape
+  Kernel kernel;                           // inputs and outputs in the orders above
+  std::vector<uint64_t> scalars;           // the kernel scalars' values, as their bytes
+};
+
+// Groups of at least two fusible nodes with one output shape. Producers merge into consumers in
+// reverse graph order: a producer joins when every use of it outside the group comes after the
+// group's last node (so the group can run there, and the producer's value becomes an output),
+// repeated until no producer joins. Linear in the graph for bounded fan-in; iterative.
+std::vector<FusionGroup> find_groups(const jit::Graph& graph);
+
+// KILN_FUSE=0 turns fusion off (nodes then run one by one through the reference kernels).
+bool fusion_enabled();
+// Overrides KILN_FUSE for plans built from now on (tests, benchmarks); returns the previous state.
+bool set_fusion_enabled(bool on);
+
+// Sets fusion on or off for a scope.
+class FusionGuard {
+ public:
+  explicit FusionGuard(bool on) : was_(set_fusion_enabled(on)) {}
+  ~FusionGuard() { set_fusion_enabled(was_); }
+  FusionGuard(const FusionGuard&) = delete;
+  FusionGuard& operator=(const FusionGuard&) = delete;
+
+ private:
+  bool was_;
+};
+
+}  // namespace kiln::fuser
