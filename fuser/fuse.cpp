@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "jit/executor.h"
+#include "jit/log.h"
 #include "kiln/error.h"
 #include "lib/op_table.h"
 #include "lib/tensor_impl.h"
@@ -337,6 +338,20 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_set<const Node*>& member
 
 }  // namespace
 
+namespace {
+// Kernels stay small enough to compile in milliseconds: a longer chain becomes several groups.
+constexpr size_t kMaxGroupNodes = 128;
+
+bool broadcasts_to(const Shape& from, const Shape& to) {
+  if (from.size() > to.size()) return false;
+  for (size_t i = 0; i < from.size(); ++i) {
+    const int64_t f = from[from.size() - 1 - i], t = to[to.size() - 1 - i];
+    if (f != t && f != 1) return false;
+  }
+  return true;
+}
+}  // namespace
+
 std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
   std::vector<const Node*> order;
   absl::flat_hash_map<const Node*, int64_t> position;
@@ -369,8 +384,20 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
         for (const Value* in : members[m]->inputs()) {
           const Node* p = in->node();
           if (p->is_input() || p->is_constant() || group_of.contains(p)) continue;
-          if (p->num_outputs() != 1 || p->output()->type().sizes != shape || !is_fusible(*p))
-            continue;
+          if (members.size() >= kMaxGroupNodes) break;
+          if (p->num_outputs() != 1 || !is_fusible(*p)) continue;
+          // A producer of a smaller shape that broadcasts to the group's is recomputed for each
+          // element it broadcasts to: it may join only when nothing outside the group reads it.
+          const Shape& p_shape = p->output()->type().sizes;
+          if (p_shape != shape) {
+            if (!broadcasts_to(p_shape, shape) || graph.is_output(p->output())) continue;
+            bool inside = true;
+            for (const jit::Use& u : p->output()->uses()) {
+              auto g = group_of.find(u.user);
+              inside &= g != group_of.end() && g->second == id;
+            }
+            if (!inside) continue;
+          }
           bool later = true;
           for (const jit::Use& u : p->output()->uses()) {
             auto g = group_of.find(u.user);
@@ -396,6 +423,9 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
     g.shape = g.nodes.back()->output()->type().sizes;
     absl::flat_hash_set<const Node*> member_set(g.nodes.begin(), g.nodes.end());
     build_kernel(g, member_set);
+    jit::log("fuser", "group of ", g.nodes.size(), " nodes (", g.kernel.ops, ") over ",
+             detail::shape_str(g.shape), ": ", g.inputs.size(), " inputs, ", g.outputs.size(),
+             " outputs, ", g.scalars.size(), " scalars");
     result.push_back(std::move(g));
   }
   return result;

@@ -57,7 +57,9 @@ namespace kiln::testing {
 
 // The bytes of t's values in row-major order (materializing it, and only it).
 std::vector<unsigned char> bytes(const Tensor& t);
-// Same sizes, dtype and bytes.
+// Same sizes, dtype and bytes, except that a NaN matches any NaN: the sign and payload of a NaN
+// depend on the instruction that made it (x86's sqrt of a negative number, or libm's), which a
+// fused kernel may choose differently.
 void expect_bit_equal(const Tensor& lazy, const Tensor& eager, const std::string& what);
 // Runs f eagerly and lazily: in lazy mode every output must come back pending and be computed by
 // the executor (unless expect_pending is false: then either may happen), and the values must

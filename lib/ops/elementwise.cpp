@@ -349,13 +349,13 @@ static const detail::OpDef& add_def = def_op(
     [](const Inputs& in, const Attrs& a) {
       return Inputs{add(in[0], in[1], detail::attr_scalar(a.at(0)))};
     },
-    {"alpha"}, add_into<false>);
+    {"alpha"}, add_into<false>, "(add x (mul a0 y))");
 static const detail::OpDef& sub_def = def_op(
     "sub", OpKind::Binary, 2, DTypeRule::Same, false,
     [](const Inputs& in, const Attrs& a) {
       return Inputs{sub(in[0], in[1], detail::attr_scalar(a.at(0)))};
     },
-    {"alpha"}, add_into<true>);
+    {"alpha"}, add_into<true>, "(sub x (mul a0 y))");
 
 namespace {
 template <bool IsSub>
