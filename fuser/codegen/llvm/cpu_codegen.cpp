@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "jit/log.h"
 #include "kiln/error.h"
 #include "llvm/ExecutionEngine/Orc/ExecutionUtils.h"
 #include "llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h"
@@ -117,6 +118,8 @@ class CpuJit {
     std::snprintf(hash, sizeof hash, "%016llx",
                   static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
     const std::string name = "kiln_" + k.ops + "_" + std::string(hash, 8);
+    jit::log("codegen", "compiling ", name, " (", layout.flat ? "flat" : "strided", " layout",
+             layout.flat ? "" : ", rank " + std::to_string(layout.rank), ")\n", k.str());
     auto context = std::make_unique<llvm::LLVMContext>();
     auto module = std::make_unique<llvm::Module>(name, *context);
     module->setDataLayout(jit_->getDataLayout());
