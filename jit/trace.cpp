@@ -447,6 +447,7 @@ Stats stats() {
   st.arena_bytes = plan_arena_bytes();
   st.kernels_compiled = c.compiled;
   st.kernel_memory_hits = c.memory_hits;
+  st.kernel_disk_hits = c.disk_hits;
   st.compile_seconds = c.compile_seconds;
   return st;
 }

@@ -85,7 +85,8 @@ struct Stats {
   int64_t guard_failures = 0;      // calls whose inputs matched no specialization
   int64_t arena_bytes = 0;         // held now by plans' arenas of small intermediate values
   int64_t kernels_compiled = 0;    // fused kernels generated and compiled by LLVM
-  int64_t kernel_memory_hits = 0;  // kernel requests served by an already compiled kernel
+  int64_t kernel_memory_hits = 0;  // kernel requests served by an already loaded kernel
+  int64_t kernel_disk_hits = 0;    // kernels loaded from the disk cache ($KILN_CACHE_DIR)
   double compile_seconds = 0;      // spent generating and compiling kernels
 };
 Stats stats();

@@ -15,18 +15,22 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "fuser/cache.h"
 #include "jit/log.h"
 #include "kiln/error.h"
+#include "llvm/Config/llvm-config.h"
 #include "llvm/ExecutionEngine/Orc/ExecutionUtils.h"
 #include "llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h"
 #include "llvm/ExecutionEngine/Orc/LLJIT.h"
 #include "llvm/ExecutionEngine/Orc/ThreadSafeModule.h"
 #include "llvm/IR/IRBuilder.h"
 #include "llvm/IR/LLVMContext.h"
+#include "llvm/IR/LegacyPassManager.h"
 #include "llvm/IR/Module.h"
 #include "llvm/IR/Verifier.h"
 #include "llvm/Passes/PassBuilder.h"
@@ -98,12 +102,10 @@ class CpuJit {
         take(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
                  jit_->getDataLayout().getGlobalPrefix()),
              "adding the process's symbols"));
-    llvm::TargetMachine* tm = target_.get();
-    jit_->getIRTransformLayer().setTransform(
-        [tm](llvm::orc::ThreadSafeModule m, const llvm::orc::MaterializationResponsibility&) {
-          m.withModuleDo([tm](llvm::Module& module) { optimize(module, *tm); });
-          return llvm::Expected<llvm::orc::ThreadSafeModule>(std::move(m));
-        });
+    // Everything besides the kernel that decides the machine code: part of every cache key.
+    target_key_ = target_->getTargetTriple().str() + "|" + target_->getTargetCPU().str() + "|" +
+                  target_->getTargetFeatureString().str() +
+                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 1";
   }
 
   KernelFn get(const Kernel& k, const Layout& layout) {
@@ -131,12 +133,21 @@ class CpuJit {
                err.str(), "\n", k.str());
     CachedKernel entry;
     entry.tracker = jit_->getMainJITDylib().createResourceTracker();
-    if (llvm::Error e = jit_->addIRModule(
-            entry.tracker, llvm::orc::ThreadSafeModule(std::move(module), std::move(context))))
-      KILN_CHECK(false, "fuser: adding ", name, ": ", llvm_message(std::move(e)));
-    entry.fn = take(jit_->lookup(name), "compiling the kernel").toPtr<KernelFn>();
-    add_stats(0, 1,
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    const std::string disk_key = key + target_key_;
+    std::optional<std::string> object = DiskCache::instance().load(disk_key, kCpuObject);
+    const bool from_disk = object.has_value();
+    if (!from_disk) {
+      optimize(*module, *target_);
+      object = emit_object(*module);
+      DiskCache::instance().store(disk_key, kCpuObject, *object);
+    }
+    if (llvm::Error e =
+            jit_->addObjectFile(entry.tracker, llvm::MemoryBuffer::getMemBufferCopy(*object, name)))
+      KILN_CHECK(false, "fuser: loading ", name, ": ", llvm_message(std::move(e)));
+    entry.fn = take(jit_->lookup(name), "linking the kernel").toPtr<KernelFn>();
+    if (!from_disk)
+      add_stats(0, 1,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     const KernelFn fn = entry.fn;
     cache_.emplace(std::move(key), std::move(entry));
     return fn;
@@ -144,6 +155,17 @@ class CpuJit {
 
  private:
   static void emit(llvm::Module& m, const std::string& name, const Kernel& k, const Layout& layout);
+  // The module compiled to an object file (ELF) in memory.
+  std::string emit_object(llvm::Module& m) {
+    llvm::SmallVector<char, 0> buffer;
+    llvm::raw_svector_ostream os(buffer);
+    llvm::legacy::PassManager pm;
+    KILN_CHECK(!target_->addPassesToEmitFile(pm, os, nullptr, llvm::CodeGenFileType::ObjectFile),
+               "fuser: the target cannot emit object files");
+    pm.run(m);
+    return std::string(buffer.data(), buffer.size());
+  }
+  std::string target_key_;
 
   std::unique_ptr<llvm::TargetMachine> target_;
   std::unique_ptr<llvm::orc::LLJIT> jit_;
@@ -442,7 +464,9 @@ KernelFn cpu_kernel(const Kernel& kernel, const Layout& layout) {
 
 CompileStats cpu_compile_stats() {
   std::lock_guard<std::mutex> lock(g_stats_mutex);
-  return g_stats;
+  CompileStats s = g_stats;
+  s.disk_hits = disk_cache_stats().hits;
+  return s;
 }
 
 }  // namespace kiln::fuser

@@ -10,7 +10,8 @@ namespace kiln::fuser {
 
 struct CompileStats {
   int64_t compiled = 0;     // kernels generated and compiled
-  int64_t memory_hits = 0;  // requests served by an already compiled kernel
+  int64_t memory_hits = 0;  // requests served by an already loaded kernel
+  int64_t disk_hits = 0;    // kernels loaded from the disk cache instead of compiled
   double compile_seconds = 0;
 };
 

@@ -1,0 +1,55 @@
+// The on-disk kernel cache: compiled kernels (object files on the CPU) kept between processes.
+//
+// Directory: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else ~/.cache/kiln; KILN_CACHE=0 turns it
+// off. One file per kernel, named by the 128-bit hash of its full key (kernel program, layout,
+// target and CPU features, LLVM and kiln versions), laid out as
+//   magic "KILNKERN" | format version (u32) | payload kind (u32) | key hash (16 bytes)
+//   | payload size (u64) | XXH3-64 of the payload (u64) | payload
+// Files are written to a temporary name and renamed, so readers never see half a file. A file
+// whose header, size or checksum does not match is deleted and the kernel recompiled: nothing
+// from the cache runs unchecked. The directory is capped at KILN_CACHE_MAXSIZE bytes (default
+// 1 GiB) by deleting the least recently used files; a hit refreshes a file's time. An unwritable
+// directory turns the disk cache off with one warning.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace kiln::fuser {
+
+struct DiskCacheStats {
+  int64_t hits = 0;
+  int64_t writes = 0;
+  int64_t rejected = 0;  // bad entries deleted
+};
+
+class DiskCache {
+ public:
+  // The process's cache, configured from the environment on first use.
+  static DiskCache& instance();
+
+  bool enabled() const { return enabled_; }
+  const std::string& directory() const { return dir_; }
+  // The payload stored under `key` (any bytes; hashed to name the file), if a valid one is there.
+  std::optional<std::string> load(const std::string& key, uint32_t kind);
+  void store(const std::string& key, uint32_t kind, const std::string& payload);
+
+ private:
+  DiskCache();
+  std::string path_of(const std::string& key) const;
+  void disable(const std::string& why);
+  void evict_to_cap();
+
+  bool enabled_ = false;
+  std::string dir_;
+  uint64_t max_bytes_ = uint64_t{1} << 30;
+};
+
+// What the process's disk cache did so far (reading this does not set the cache up).
+DiskCacheStats disk_cache_stats();
+
+// Payload kinds.
+constexpr uint32_t kCpuObject = 1;
+
+}  // namespace kiln::fuser

@@ -1,0 +1,180 @@
+// The on-disk kernel cache, across processes: the test binary runs itself as a child program
+// (three fused kernels) against one cache directory and reads back what the child compiled.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kiln/jit.h"
+#include "kiln/kiln.h"
+#include "tests/testing.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The child: three programs, each one fused kernel; prints what it compiled and a digest of the
+// results.
+TEST(KernelCacheChild, RunsThreeKernels) {
+  if (!std::getenv("KILN_CACHE_TEST_CHILD")) GTEST_SKIP() << "runs as the child of KernelCache";
+  Tensor x;
+  {
+    LazyGuard eager(false);
+    x = arange(0, 64, 1, kFloat32) * 0.1 - 3.0;
+  }
+  std::vector<Tensor> ys{sigmoid(x) * 2.0 + 1.0, tanh(x) * x, exp(-x) + x * x};
+  uint64_t digest = 1469598103934665603ull;
+  for (const Tensor& y : ys)
+    for (unsigned char b : testing::bytes(y)) digest = (digest ^ b) * 1099511628211ull;
+  const jit::Stats s = jit::stats();
+  std::printf("KILN_CHILD compiled=%lld disk=%lld digest=%016llx\n",
+              static_cast<long long>(s.kernels_compiled),
+              static_cast<long long>(s.kernel_disk_hits), static_cast<unsigned long long>(digest));
+}
+
+struct ChildResult {
+  long long compiled = -1, disk = -1;
+  std::string digest, output;
+};
+
+ChildResult run_child(const std::string& env) {
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  EXPECT_GT(n, 0);
+  exe[n > 0 ? n : 0] = '\0';
+  const std::string cmd = "KILN_CACHE_TEST_CHILD=1 " + env + " '" + exe +
+                          "' --gtest_filter=KernelCacheChild.RunsThreeKernels 2>&1";
+  ChildResult r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  EXPECT_NE(pipe, nullptr);
+  if (!pipe) return r;
+  char buf[1024];
+  while (std::fgets(buf, sizeof buf, pipe)) r.output += buf;
+  EXPECT_EQ(pclose(pipe), 0) << r.output;
+  auto pos = r.output.find("KILN_CHILD ");
+  EXPECT_NE(pos, std::string::npos) << r.output;
+  if (pos == std::string::npos) return r;
+  char digest[32] = {};
+  std::sscanf(r.output.c_str() + pos, "KILN_CHILD compiled=%lld disk=%lld digest=%16s", &r.compiled,
+              &r.disk, digest);
+  r.digest = digest;
+  return r;
+}
+
+class KernelCache : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / ("kiln-cache-test-" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string env() const { return "KILN_CACHE_DIR='" + dir_.string() + "'"; }
+  std::vector<fs::path> entries() const {
+    std::vector<fs::path> out;
+    if (fs::exists(dir_))
+      for (const auto& e : fs::directory_iterator(dir_))
+        if (e.path().extension() == ".kernel") out.push_back(e.path());
+    return out;
+  }
+  fs::path dir_;
+};
+
+TEST_F(KernelCache, ASecondProcessCompilesNothing) {
+  ChildResult first = run_child(env());
+  EXPECT_EQ(first.compiled, 3) << first.output;
+  EXPECT_EQ(first.disk, 0) << first.output;
+  EXPECT_EQ(entries().size(), 3u);
+  ChildResult second = run_child(env());
+  EXPECT_EQ(second.compiled, 0) << second.output;
+  EXPECT_EQ(second.disk, 3) << second.output;
+  EXPECT_EQ(second.digest, first.digest) << "a kernel from disk computed something else";
+}
+
+TEST_F(KernelCache, BadEntriesAreDeletedAndRecompiledNeverRun) {
+  const ChildResult reference = run_child(env());
+  ASSERT_EQ(entries().size(), 3u);
+  // Each damage applied to every entry; the next process must recompile all three, compute the
+  // same results, and leave good entries behind for the one after.
+  const std::vector<std::pair<std::string, std::function<void(const fs::path&)>>> damages = {
+      {"truncated", [](const fs::path& p) { fs::resize_file(p, fs::file_size(p) / 2); }},
+      {"empty", [](const fs::path& p) { fs::resize_file(p, 0); }},
+      {"payload byte flipped",
+       [](const fs::path& p) {
+         std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+         f.seekg(static_cast<std::streamoff>(fs::file_size(p) - 7));
+         char c = 0;
+         f.read(&c, 1);
+         c = static_cast<char>(c ^ 0x5a);
+         f.seekp(static_cast<std::streamoff>(fs::file_size(p) - 7));
+         f.write(&c, 1);
+       }},
+      {"other format version",
+       [](const fs::path& p) {
+         std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+         f.seekp(8);
+         const uint32_t v = 999;
+         f.write(reinterpret_cast<const char*>(&v), 4);
+       }},
+      {"garbage",
+       [](const fs::path& p) {
+         std::ofstream f(p, std::ios::binary | std::ios::trunc);
+         f << "this is not a kernel";
+       }},
+  };
+  for (const auto& [what, damage] : damages) {
+    for (const fs::path& p : entries()) damage(p);
+    ChildResult r = run_child(env());
+    EXPECT_EQ(r.compiled, 3) << what << "\n" << r.output;
+    EXPECT_EQ(r.disk, 0) << what;
+    EXPECT_EQ(r.digest, reference.digest) << what;
+    ChildResult again = run_child(env());
+    EXPECT_EQ(again.compiled, 0) << what << ": the recompiled entries were not stored";
+  }
+}
+
+TEST_F(KernelCache, AnUnwritableDirectoryKeepsKernelsInMemoryWithOneWarning) {
+  // A directory below a regular file can't be created.
+  fs::create_directories(dir_);
+  std::ofstream(dir_ / "file") << "x";
+  const std::string bad = (dir_ / "file" / "cache").string();
+  ChildResult r = run_child("KILN_CACHE_DIR='" + bad + "'");
+  EXPECT_EQ(r.compiled, 3) << r.output;
+  size_t warnings = 0;
+  for (size_t at = 0;
+       (at = r.output.find("kernel cache directory is unusable", at)) != std::string::npos; ++at)
+    ++warnings;
+  EXPECT_EQ(warnings, 1u) << r.output;
+  ChildResult reference = run_child(env());
+  EXPECT_EQ(r.digest, reference.digest);
+}
+
+TEST_F(KernelCache, DisabledWritesNothing) {
+  ChildResult r = run_child("KILN_CACHE=0 " + env());
+  EXPECT_EQ(r.compiled, 3) << r.output;
+  EXPECT_TRUE(entries().empty());
+}
+
+TEST_F(KernelCache, TheDirectoryStaysUnderItsCapDroppingTheLeastRecentlyUsed) {
+  run_child(env());
+  ASSERT_EQ(entries().size(), 3u);
+  uintmax_t largest = 0;
+  for (const fs::path& p : entries()) largest = std::max(largest, fs::file_size(p));
+  // Room for two entries: a third must push out the least recently used.
+  fs::remove_all(dir_);
+  const uintmax_t cap = 2 * largest + largest / 2;
+  run_child("KILN_CACHE_MAXSIZE=" + std::to_string(cap) + " " + env());
+  uintmax_t total = 0;
+  for (const fs::path& p : entries()) total += fs::file_size(p);
+  EXPECT_LE(total, cap);
+  EXPECT_EQ(entries().size(), 2u);
+}
+
+}  // namespace
+}  // namespace kiln
