@@ -6,6 +6,7 @@
 #include "kiln/ops.h"
 #include "lib/autograd.h"
 #include "lib/elementwise.h"
+#include "lib/fastmath.h"
 
 namespace kiln {
 
@@ -46,6 +47,23 @@ T erf_value(T x) {
   } else {
     return std::erf(x);
   }
+}
+
+// exp and tanh: float32 in vectorizable arithmetic (lib/fastmath.h; the LLVM code generator emits
+// the same sequence), float64 through libm.
+template <typename T>
+T exp_value(T x) {
+  if constexpr (std::is_same_v<T, float>)
+    return detail::exp_f32(x);
+  else
+    return std::exp(x);
+}
+template <typename T>
+T tanh_value(T x) {
+  if constexpr (std::is_same_v<T, float>)
+    return detail::tanh_f32(x);
+  else
+    return std::tanh(x);
 }
 
 // Integer power by squaring; the caller rejects negative exponents.
@@ -159,7 +177,7 @@ KILN_UNARY(abs, DTypeRule::Same, true, T(x < T(0) ? T(-x) : x), "(select (lt x 0
            g* sign(x))
 KILN_UNARY(sign, DTypeRule::Same, true, T((T(0) < x) - (x < T(0))),
            "(select (lt 0 x) 1 (select (lt x 0) -1 0))", None, zeros_like(g))
-KILN_UNARY(exp, DTypeRule::Float, true, std::exp(x), "(exp x)", Y, g* y)
+KILN_UNARY(exp, DTypeRule::Float, true, exp_value(x), "(exp x)", Y, g* y)
 KILN_UNARY(log, DTypeRule::Float, true, std::log(x), "(log x)", X, g / x)
 KILN_UNARY(log1p, DTypeRule::Float, true, std::log1p(x), "(log1p x)", X, g / (x + 1))
 KILN_UNARY(expm1, DTypeRule::Float, true, std::expm1(x), "(expm1 x)", Y, g*(y + 1))
@@ -169,14 +187,14 @@ KILN_UNARY(rsqrt, DTypeRule::Float, true, T(1) / std::sqrt(x), "(div 1 (sqrt x))
 KILN_UNARY(reciprocal, DTypeRule::Float, true, T(1) / x, "(div 1 x)", Y, -g*(y* y))
 KILN_UNARY(sin, DTypeRule::Float, true, std::sin(x), "(sin x)", X, g* cos(x))
 KILN_UNARY(cos, DTypeRule::Float, true, std::cos(x), "(cos x)", X, -g* sin(x))
-KILN_UNARY(tanh, DTypeRule::Float, true, std::tanh(x), "(tanh x)", Y, g*(1 - y * y))
-KILN_UNARY(sigmoid, DTypeRule::Float, true, T(1) / (T(1) + std::exp(-x)),
+KILN_UNARY(tanh, DTypeRule::Float, true, tanh_value(x), "(tanh x)", Y, g*(1 - y * y))
+KILN_UNARY(sigmoid, DTypeRule::Float, true, T(1) / (T(1) + exp_value(-x)),
            "(div 1 (add 1 (exp (neg x))))", Y, g*(y*(1 - y)))
 // NaN passes through, as torch's relu (clamp_min(x, 0)) does.
 KILN_UNARY(relu, DTypeRule::Same, false, T(x > T(0) || x != x ? x : T(0)),
            "(select (or (gt x 0) (ne x x)) x 0)", Y, where(gt(y, 0), g, 0.0))
-KILN_UNARY(silu, DTypeRule::Float, true, x / (T(1) + std::exp(-x)), "(div x (add 1 (exp (neg x))))",
-           X, g*(sigmoid(x) * (1 + x * (1 - sigmoid(x)))))
+KILN_UNARY(silu, DTypeRule::Float, true, x / (T(1) + exp_value(-x)),
+           "(div x (add 1 (exp (neg x))))", X, g*(sigmoid(x) * (1 + x * (1 - sigmoid(x)))))
 KILN_UNARY(erf, DTypeRule::Float, true, erf_value(x), nullptr, X,
            g*(exp(-(x* x)) * 1.1283791670955126))  // 2 / sqrt(pi)
 // Piecewise constant: a zero gradient (as torch), not none, so optimizers still see the leaf.

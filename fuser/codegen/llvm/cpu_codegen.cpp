@@ -23,6 +23,7 @@
 #include "fuser/cache.h"
 #include "jit/log.h"
 #include "kiln/error.h"
+#include "lib/fastmath.h"
 #include "llvm/Config/llvm-config.h"
 #include "llvm/ExecutionEngine/Orc/ExecutionUtils.h"
 #include "llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h"
@@ -105,7 +106,7 @@ class CpuJit {
     // Everything besides the kernel that decides the machine code: part of every cache key.
     target_key_ = target_->getTargetTriple().str() + "|" + target_->getTargetCPU().str() + "|" +
                   target_->getTargetFeatureString().str() +
-                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 1";
+                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 2";
   }
 
   KernelFn get(const Kernel& k, const Layout& layout) {
@@ -307,6 +308,47 @@ class Emitter {
     call->addFnAttr(llvm::Attribute::NoBuiltin);
     return call;
   }
+  // lib/fastmath.h's exp_f32, operation for operation.
+  llvm::Value* exp_f32(llvm::Value* x) {
+    using C = detail::ExpF32;
+    auto f = [this](float v) { return llvm::ConstantFP::get(b_.getFloatTy(), v); };
+    llvm::Value* xc =
+        b_.CreateSelect(b_.CreateFCmpOLT(x, f(C::kLo)), f(C::kLo),
+                        b_.CreateSelect(b_.CreateFCmpOGT(x, f(C::kHi)), f(C::kHi), x));
+    llvm::Value* t = b_.CreateFAdd(b_.CreateFMul(xc, f(C::kLog2e)), f(C::kMagic));
+    llvm::Value* n = b_.CreateFSub(t, f(C::kMagic));
+    llvm::Value* r = b_.CreateFSub(xc, b_.CreateFMul(n, f(C::kLn2Hi)));
+    r = b_.CreateFSub(r, b_.CreateFMul(n, f(C::kLn2Lo)));
+    llvm::Value* p = f(C::kPoly[0]);
+    for (int i = 1; i < 6; ++i) p = b_.CreateFAdd(b_.CreateFMul(p, r), f(C::kPoly[i]));
+    p = b_.CreateFAdd(b_.CreateFAdd(b_.CreateFMul(p, b_.CreateFMul(r, r)), r), f(1.0f));
+    llvm::Value* ni = b_.CreateFPToSI(n, b_.getInt32Ty());
+    llvm::Value* n1 = b_.CreateAShr(ni, 1);
+    llvm::Value* n2 = b_.CreateSub(ni, n1);
+    auto scale = [&](llvm::Value* e) {
+      return b_.CreateBitCast(b_.CreateShl(b_.CreateAdd(e, b_.getInt32(127)), 23), b_.getFloatTy());
+    };
+    llvm::Value* y = b_.CreateFMul(b_.CreateFMul(p, scale(n1)), scale(n2));
+    return b_.CreateSelect(b_.CreateFCmpOLT(x, f(C::kLo)), f(0.0f), y);
+  }
+  // lib/fastmath.h's tanh_f32, operation for operation.
+  llvm::Value* tanh_f32(llvm::Value* x) {
+    using C = detail::TanhF32;
+    auto f = [this](float v) { return llvm::ConstantFP::get(b_.getFloatTy(), v); };
+    llvm::Value* negative = b_.CreateFCmpOLT(x, f(0.0f));
+    llvm::Value* ax = b_.CreateSelect(negative, b_.CreateFNeg(x), x);
+    llvm::Value* z = b_.CreateFMul(x, x);
+    llvm::Value* p = f(C::kPoly[0]);
+    for (int i = 1; i < 5; ++i) p = b_.CreateFAdd(b_.CreateFMul(p, z), f(C::kPoly[i]));
+    llvm::Value* small = b_.CreateFAdd(b_.CreateFMul(b_.CreateFMul(p, z), x), x);
+    llvm::Value* e = exp_f32(b_.CreateFAdd(ax, ax));
+    llvm::Value* big = b_.CreateFSub(f(1.0f), b_.CreateFDiv(f(2.0f), b_.CreateFAdd(e, f(1.0f))));
+    llvm::Value* signed_big = b_.CreateSelect(negative, b_.CreateFNeg(big), big);
+    llvm::Value* zero = b_.CreateFCmpOEQ(x, f(0.0f));
+    return b_.CreateSelect(b_.CreateFCmpOLT(ax, f(C::kSmall)), b_.CreateSelect(zero, x, small),
+                           signed_big);
+  }
+
   llvm::Value* intrinsic(llvm::Intrinsic::ID id, llvm::Value* x) {
     return b_.CreateUnaryIntrinsic(id, x);
   }
@@ -398,7 +440,7 @@ class Emitter {
           v[n] = b_.CreateSelect(a, b, c);
           break;
         case Prim::Exp:
-          v[n] = libm("exp", a, t);
+          v[n] = t == kFloat32 ? exp_f32(a) : libm("exp", a, t);
           break;
         case Prim::Log:
           v[n] = libm("log", a, t);
@@ -416,7 +458,7 @@ class Emitter {
           v[n] = libm("cos", a, t);
           break;
         case Prim::Tanh:
-          v[n] = libm("tanh", a, t);
+          v[n] = t == kFloat32 ? tanh_f32(a) : libm("tanh", a, t);
           break;
         case Prim::Sqrt:
           v[n] = intrinsic(llvm::Intrinsic::sqrt, a);
