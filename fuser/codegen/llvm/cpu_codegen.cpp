@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -103,10 +104,11 @@ class CpuJit {
         take(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
                  jit_->getDataLayout().getGlobalPrefix()),
              "adding the process's symbols"));
+    wide_vectors_ = target_->getTargetFeatureString().contains("+avx512f");
     // Everything besides the kernel that decides the machine code: part of every cache key.
     target_key_ = target_->getTargetTriple().str() + "|" + target_->getTargetCPU().str() + "|" +
                   target_->getTargetFeatureString().str() +
-                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 2";
+                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 3";
   }
 
   KernelFn get(const Kernel& k, const Layout& layout) {
@@ -127,7 +129,15 @@ class CpuJit {
     auto module = std::make_unique<llvm::Module>(name, *context);
     module->setDataLayout(jit_->getDataLayout());
     module->setTargetTriple(target_->getTargetTriple().str());
-    emit(*module, name, k, layout);
+    emit(*module, name, k, layout, wide_vectors_ ? 16 : 0);
+    // The host's CPU and features on the function itself, so that every pass sees them, and
+    // full-width vectors (LLVM prefers 256-bit ones on AVX-512 CPUs by default).
+    for (llvm::Function& f : *module) {
+      if (f.isDeclaration()) continue;
+      f.addFnAttr("target-cpu", target_->getTargetCPU());
+      f.addFnAttr("target-features", target_->getTargetFeatureString());
+      if (wide_vectors_) f.addFnAttr("prefer-vector-width", "512");
+    }
     std::string errors;
     llvm::raw_string_ostream err(errors);
     KILN_CHECK(!llvm::verifyModule(*module, &err), "fuser: generated invalid IR for ", name, ": ",
@@ -155,7 +165,8 @@ class CpuJit {
   }
 
  private:
-  static void emit(llvm::Module& m, const std::string& name, const Kernel& k, const Layout& layout);
+  static void emit(llvm::Module& m, const std::string& name, const Kernel& k, const Layout& layout,
+                   int vector_width);
   // The module compiled to an object file (ELF) in memory.
   std::string emit_object(llvm::Module& m) {
     llvm::SmallVector<char, 0> buffer;
@@ -167,6 +178,7 @@ class CpuJit {
     return std::string(buffer.data(), buffer.size());
   }
   std::string target_key_;
+  bool wide_vectors_ = false;  // AVX-512: 16 float lanes
 
   std::unique_ptr<llvm::TargetMachine> target_;
   std::unique_ptr<llvm::orc::LLJIT> jit_;
@@ -183,7 +195,8 @@ CpuJit& cpu_jit() {
 // Emits one kernel function (see KernelFn).
 class Emitter {
  public:
-  Emitter(llvm::Module& m, const Kernel& k) : m_(m), ctx_(m.getContext()), b_(ctx_), k_(k) {}
+  Emitter(llvm::Module& m, const Kernel& k, int vector_width)
+      : m_(m), ctx_(m.getContext()), b_(ctx_), k_(k), vector_width_(vector_width) {}
 
   void emit(const std::string& name, const Layout& layout) {
     llvm::Type* i64 = b_.getInt64Ty();
@@ -259,7 +272,20 @@ class Emitter {
     f(i);
     llvm::Value* next = b_.CreateAdd(i, b_.getInt64(1), "", true, true);
     i->addIncoming(next, b_.GetInsertBlock());
-    b_.CreateCondBr(b_.CreateICmpSLT(next, to), head, done);
+    llvm::BranchInst* back = b_.CreateCondBr(b_.CreateICmpSLT(next, to), head, done);
+    if (vector_width_ > 0) {
+      // LLVM's cost model picks 4 lanes for these loops (measured: 1.5x slower than 16 on the
+      // GELU kernel), so the loop states the width the CPU's widest registers give.
+      llvm::Metadata* width[] = {llvm::MDString::get(ctx_, "llvm.loop.vectorize.width"),
+                                 llvm::ConstantAsMetadata::get(b_.getInt32(vector_width_))};
+      llvm::Metadata* enable[] = {llvm::MDString::get(ctx_, "llvm.loop.vectorize.enable"),
+                                  llvm::ConstantAsMetadata::get(b_.getTrue())};
+      llvm::Metadata* ops[] = {nullptr, llvm::MDNode::get(ctx_, width),
+                               llvm::MDNode::get(ctx_, enable)};
+      llvm::MDNode* loop_id = llvm::MDNode::getDistinct(ctx_, ops);
+      loop_id->replaceOperandWith(0, loop_id);
+      back->setMetadata(llvm::LLVMContext::MD_loop, loop_id);
+    }
   }
 
   llvm::Type* storage_type(DType t) {
@@ -492,10 +518,12 @@ class Emitter {
   llvm::Value* scalars_ = nullptr;
   std::vector<llvm::Value*> bases_;
   std::vector<bool> single_;
+  int vector_width_;
 };
 
-void CpuJit::emit(llvm::Module& m, const std::string& name, const Kernel& k, const Layout& layout) {
-  Emitter(m, k).emit(name, layout);
+void CpuJit::emit(llvm::Module& m, const std::string& name, const Kernel& k, const Layout& layout,
+                  int vector_width) {
+  Emitter(m, k, vector_width).emit(name, layout);
 }
 
 }  // namespace
