@@ -108,7 +108,7 @@ class CpuJit {
     // Everything besides the kernel that decides the machine code: part of every cache key.
     target_key_ = target_->getTargetTriple().str() + "|" + target_->getTargetCPU().str() + "|" +
                   target_->getTargetFeatureString().str() +
-                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 3";
+                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 4";
   }
 
   KernelFn get(const Kernel& k, const Layout& layout) {
@@ -274,13 +274,17 @@ class Emitter {
     i->addIncoming(next, b_.GetInsertBlock());
     llvm::BranchInst* back = b_.CreateCondBr(b_.CreateICmpSLT(next, to), head, done);
     if (vector_width_ > 0) {
-      // LLVM's cost model picks 4 lanes for these loops (measured: 1.5x slower than 16 on the
-      // GELU kernel), so the loop states the width the CPU's widest registers give.
+      // LLVM's cost model picks 4 lanes for these loops, and unrolls them 4 times more; measured
+      // on the GELU kernel, 16 lanes twice interleaved run 2.6x faster (10.4 ms against 27 ms per
+      // 16M elements) and compile 3x faster (13 ms against 45 ms) than the defaults.
       llvm::Metadata* width[] = {llvm::MDString::get(ctx_, "llvm.loop.vectorize.width"),
                                  llvm::ConstantAsMetadata::get(b_.getInt32(vector_width_))};
       llvm::Metadata* enable[] = {llvm::MDString::get(ctx_, "llvm.loop.vectorize.enable"),
                                   llvm::ConstantAsMetadata::get(b_.getTrue())};
+      llvm::Metadata* interleave[] = {llvm::MDString::get(ctx_, "llvm.loop.interleave.count"),
+                                      llvm::ConstantAsMetadata::get(b_.getInt32(2))};
       llvm::Metadata* ops[] = {nullptr, llvm::MDNode::get(ctx_, width),
+                               llvm::MDNode::get(ctx_, interleave),
                                llvm::MDNode::get(ctx_, enable)};
       llvm::MDNode* loop_id = llvm::MDNode::getDistinct(ctx_, ops);
       loop_id->replaceOperandWith(0, loop_id);
