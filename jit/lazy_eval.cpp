@@ -3,10 +3,13 @@
 #include "jit/lazy_eval.h"
 
 #include <chrono>
+#include <memory>
+#include <mutex>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "jit/executor.h"
+#include "jit/hash.h"
 #include "jit/infer.h"
 #include "jit/ir.h"
 #include "jit/log.h"
@@ -23,6 +26,51 @@ namespace {
 std::atomic<int64_t> g_evaluations{0};
 std::atomic<int64_t> g_nodes_executed{0};
 std::atomic<int64_t> g_nodes_recorded_in_graphs{0};
+std::atomic<int64_t> g_plan_cache_hits{0};
+
+// Optimized plans by the structural hash of the graph they were built from (which covers ops,
+// attributes and constants, value types with sizes, wiring, and input and output order): a
+// training loop builds the same graph every step, and finds its passes, fusion and kernels done.
+// Least recently used plans go past kMaxPlans.
+class PlanCache {
+ public:
+  struct Entry {
+    std::unique_ptr<Graph> graph;  // optimized; the plan refers to it
+    std::unique_ptr<Plan> plan;
+    uint64_t last_use = 0;
+  };
+  std::shared_ptr<Entry> find(const GraphHash& h) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = entries_.find(h);
+    if (it == entries_.end()) return nullptr;
+    it->second->last_use = ++clock_;
+    return it->second;
+  }
+  void add(const GraphHash& h, std::shared_ptr<Entry> e) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    e->last_use = ++clock_;
+    entries_[h] = std::move(e);
+    if (entries_.size() <= kMaxPlans) return;
+    auto oldest = entries_.begin();
+    for (auto it = entries_.begin(); it != entries_.end(); ++it)
+      if (it->second->last_use < oldest->second->last_use) oldest = it;
+    entries_.erase(oldest);
+  }
+
+ private:
+  static constexpr size_t kMaxPlans = 256;
+  struct HashOf {
+    size_t operator()(const GraphHash& h) const { return static_cast<size_t>(h.lo ^ h.hi); }
+  };
+  std::mutex mutex_;
+  uint64_t clock_ = 0;
+  absl::flat_hash_map<GraphHash, std::shared_ptr<Entry>, HashOf> entries_;
+};
+
+PlanCache& plan_cache() {
+  static auto* cache = new PlanCache();  // never destroyed: evaluations may run during exit
+  return *cache;
+}
 
 // Moves r's buffer into the storage that waits for it, or copies when r cannot give it up: when
 // someone else holds its storage, or it is one of the graph's inputs (a user's tensor).
@@ -235,9 +283,19 @@ void evaluate(const std::vector<LazyRef>& requests) {
       " nodes, because of ", detail::evaluation_reason());
   g_nodes_recorded_in_graphs.fetch_add(static_cast<int64_t>(graph->size()),
                                        std::memory_order_relaxed);
-  run_passes(*graph);
-  if (verify_passes()) verify_types(*graph);
-  Plan plan(*graph);
+  const GraphHash key = graph_hash(*graph);
+  std::shared_ptr<PlanCache::Entry> entry = plan_cache().find(key);
+  if (entry) {
+    g_plan_cache_hits.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    run_passes(*graph);
+    if (verify_passes()) verify_types(*graph);
+    entry = std::make_shared<PlanCache::Entry>();
+    entry->plan = std::make_unique<Plan>(*graph);
+    entry->graph = std::move(graph);
+    plan_cache().add(key, entry);
+  }
+  const Plan& plan = *entry->plan;
   g_nodes_executed.fetch_add(static_cast<int64_t>(plan.num_nodes()), std::memory_order_relaxed);
   std::vector<Tensor> results = plan.run(binding.inputs);
   const ResultHolders holders(binding.inputs, results);
@@ -274,7 +332,7 @@ void evaluate(const std::vector<LazyRef>& requests) {
 
 LazyStats lazy_stats() {
   return {g_evaluations.load(), g_nodes_executed.load(), g_nodes_recorded_in_graphs.load(),
-          detail::pending_count()};
+          detail::pending_count(), g_plan_cache_hits.load()};
 }
 
 namespace {

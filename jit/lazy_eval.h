@@ -44,7 +44,8 @@ struct LazyStats {
   int64_t evaluations = 0;     // graphs built and run
   int64_t nodes_executed = 0;  // nodes run by those graphs (fused ones included)
   int64_t nodes_in_graphs = 0;
-  int64_t pending = 0;  // uncomputed nodes alive now
+  int64_t pending = 0;          // uncomputed nodes alive now
+  int64_t plan_cache_hits = 0;  // evaluations that reused an optimized plan
 };
 LazyStats lazy_stats();
 

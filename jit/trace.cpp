@@ -439,6 +439,7 @@ Stats stats() {
   const fuser::CompileStats c = fuser::cpu_compile_stats();
   Stats st;
   st.evaluations = l.evaluations;
+  st.plan_cache_hits = l.plan_cache_hits;
   st.nodes_executed = l.nodes_executed;
   st.pending_nodes = l.pending;
   st.traces = g_traces.load();

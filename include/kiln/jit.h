@@ -78,6 +78,7 @@ Function load(const std::string& path);
 // Counters for tests and the profiler.
 struct Stats {
   int64_t evaluations = 0;         // lazy-mode graphs built and run
+  int64_t plan_cache_hits = 0;     // of those, found already optimized and planned
   int64_t nodes_executed = 0;      // nodes run by those graphs
   int64_t pending_nodes = 0;       // uncomputed pending nodes alive now
   int64_t traces = 0;              // specializations traced

@@ -89,7 +89,7 @@ TEST(Plan, DirectStepsMatchTheOpEntryPointsBitForBit) {
             EXPECT_GE(plan.num_direct_steps(), 12u) << what << "\n" << graph->str();
           }
           // Unfused, the small intermediates live in the arena (fused, they are never stored).
-        if (trial < 2 && !fuse) EXPECT_GT(plan.arena_bytes(), 0u) << what;
+          if (trial < 2 && !fuse) EXPECT_GT(plan.arena_bytes(), 0u) << what;
           Inputs want = eager(elementwise_mix, {x, y});
           Inputs first = plan.run(binding.inputs);
           Inputs first_copy;
@@ -153,6 +153,38 @@ TEST(Plan, ConcurrentReplaysOfOneFunctionEachGetTheirOwnResults) {
   for (auto& th : threads) th.join();
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t;
   EXPECT_GE(jit::stats().replays, kThreads * kCalls);
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// Lazy evaluation reuses the optimized plan of a structurally equal graph: the same computation
+// on new values hits, while another literal or another size builds a new plan.
+TEST(PlanCache, ASecondEvaluationOfTheSameGraphReusesItsPlan) {
+  auto run = [](const Tensor& x, double literal) {
+    LazyGuard lazy(true);
+    Tensor y = tanh(x * literal) + x;
+    kiln::eval(y);
+    return y;
+  };
+  auto eager_run = [](const Tensor& x, double literal) {
+    LazyGuard eager(false);
+    return tanh(x * literal) + x;
+  };
+  Tensor a = testing::input({7, 3}), b = testing::input({7, 3}), c = testing::input({8, 3});
+  run(a, 0.5);
+  const int64_t hits = jit::stats().plan_cache_hits;
+  testing::expect_bit_equal(run(b, 0.5), eager_run(b, 0.5), "same graph, new values");
+  EXPECT_EQ(jit::stats().plan_cache_hits, hits + 1);
+  testing::expect_bit_equal(run(b, 0.25), eager_run(b, 0.25), "another literal");
+  EXPECT_EQ(jit::stats().plan_cache_hits, hits + 1) << "a different constant must not hit";
+  testing::expect_bit_equal(run(c, 0.5), eager_run(c, 0.5), "another size");
+  EXPECT_EQ(jit::stats().plan_cache_hits, hits + 1) << "a different size must not hit";
+  testing::expect_bit_equal(run(a.t().contiguous().t(), 0.5), eager_run(a, 0.5),
+                            "same graph, another input layout");
 }
 
 }  // namespace
