@@ -35,6 +35,11 @@ std::optional<DType> elementwise_compute_type(const Node& n, std::vector<bool>& 
     case detail::DTypeRule::Logical:
       compute = kBool;
       break;
+    case detail::DTypeRule::Custom:
+      // A conversion (to): it reads its operand as it is.
+      if (!n.input(0)) return std::nullopt;
+      compute = n.input(0)->type().dtype;
+      break;
     case detail::DTypeRule::Predicate:
       // Promotion between differing operands is left to the op's entry point.
       if (!n.input(0)) return std::nullopt;
@@ -48,7 +53,8 @@ std::optional<DType> elementwise_compute_type(const Node& n, std::vector<bool>& 
     const Value* in = n.input(i);
     if (!in || in->type().device != kCPU) return std::nullopt;
     if (in->type().dtype == compute) continue;
-    if (!in->node()->is_constant() || op.dtype_rule == detail::DTypeRule::Predicate)
+    if (!in->node()->is_constant() || op.dtype_rule == detail::DTypeRule::Predicate ||
+        op.dtype_rule == detail::DTypeRule::Custom)
       return std::nullopt;
     convert[i] = true;
   }
@@ -108,6 +114,9 @@ std::string kernel_key(const Kernel& k, const Layout& layout) {
   std::string key;
   auto put = [&key](const void* p, size_t n) { key.append(static_cast<const char*>(p), n); };
   auto put_i = [&put](int64_t v) { put(&v, sizeof v); };
+  // The ops' names too: they are part of the kernel's symbol.
+  put_i(static_cast<int64_t>(k.ops.size()));
+  key += k.ops;
   put_i(static_cast<int64_t>(k.input_types.size()));
   for (DType t : k.input_types) put_i(static_cast<int64_t>(t));
   put_i(static_cast<int64_t>(k.scalar_types.size()));
@@ -137,11 +146,12 @@ namespace {
 // text, never over a graph.
 class FormulaParser {
  public:
-  FormulaParser(Kernel& k, const std::string& text, DType type, const int32_t* operands,
-                size_t num_operands, int32_t attr)
+  FormulaParser(Kernel& k, const std::string& text, DType type, DType out_type,
+                const int32_t* operands, size_t num_operands, int32_t attr)
       : k_(k),
         text_(text),
         type_(type),
+        out_type_(out_type),
         operands_(operands),
         num_operands_(num_operands),
         attr_(attr) {}
@@ -222,12 +232,14 @@ class FormulaParser {
         {"sin", Prim::Sin, 1, false},       {"cos", Prim::Cos, 1, false},
         {"tanh", Prim::Tanh, 1, false},     {"floor", Prim::Floor, 1, false},
         {"ceil", Prim::Ceil, 1, false},     {"round", Prim::Round, 1, false},
+        {"cast", Prim::Cast, 1, false},
     };
     for (const Entry& e : entries) {
       if (name != e.name) continue;
       check(static_cast<int>(args.size()) == e.arity, "wrong number of operands");
       Instr in{e.prim, e.to_bool ? kBool : type_};
       if (e.prim == Prim::Select) in.type = k_.body[static_cast<size_t>(args[1])].type;
+      if (e.prim == Prim::Cast) in.type = out_type_;
       in.a = args[0];
       if (e.arity > 1) in.b = args[1];
       if (e.arity > 2) in.c = args[2];
@@ -240,6 +252,7 @@ class FormulaParser {
   Kernel& k_;
   const std::string& text_;
   DType type_;
+  DType out_type_;  // the node's output type: what "cast" converts to
   const int32_t* operands_;
   size_t num_operands_;
   int32_t attr_;
@@ -297,7 +310,7 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_set<const Node*>& member
       operands.push_back(cast(v, compute));
     }
     int32_t attr = -1;
-    if (!n->attrs().empty()) {
+    if (!n->attrs().empty() && std::string(n->op().formula).find("a0") != std::string::npos) {
       // The op's attribute (add's alpha) as the formula's a0: passed per call, as eager mode
       // converts it (double for floating compute types, int64 otherwise).
       const Scalar a = detail::attr_scalar(n->attr(0));
@@ -314,8 +327,9 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_set<const Node*>& member
       }
       attr = cast(scalar(type, bits), compute);
     }
-    const int32_t result =
-        FormulaParser(k, n->op().formula, compute, operands.data(), operands.size(), attr).parse();
+    const int32_t result = FormulaParser(k, n->op().formula, compute, n->output()->type().dtype,
+                                         operands.data(), operands.size(), attr)
+                               .parse();
     KILN_CHECK(k.body[static_cast<size_t>(result)].type == n->output()->type().dtype,
                "fuser: the formula of ", n->op().name, " gives ",
                dtype_name(k.body[static_cast<size_t>(result)].type), ", the node is ",

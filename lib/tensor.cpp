@@ -144,7 +144,13 @@ const detail::OpDef& to_def =
                          [](const std::vector<Tensor>& in, const detail::Attrs& a) {
                            return std::vector<Tensor>{in[0].to(detail::attr_dtype(a.at(0)))};
                          },
-                         {"dtype"}});
+                         {"dtype"},
+                         [](const Tensor& out, const Tensor* in, const detail::Attrs&) {
+                           detail::copy_kernel(out, in[0]);
+                         },
+                         // As static_cast: to bool is != 0; float to integer truncates, and
+                         // gives the lowest integer where it doesn't fit (x86's behaviour).
+                         "(cast x)"});
 const detail::OpDef& clone_def =
     detail::register_op({"clone", detail::OpKind::Unary, 1, detail::DTypeRule::Same, true,
                          [](const std::vector<Tensor>& in, const detail::Attrs&) {

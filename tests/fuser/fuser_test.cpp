@@ -181,7 +181,7 @@ class RandomProgram {
       for (int i = 0; i < ops; ++i) {
         const Tensor& a = values[static_cast<size_t>(next(static_cast<int>(values.size())))];
         const Tensor& b = values[static_cast<size_t>(next(static_cast<int>(values.size())))];
-        const int op = next(30);
+        const int op = next(34);
         try {
           values.push_back(apply(op, a, b, next(7)));
         } catch (const Error&) {
@@ -191,8 +191,13 @@ class RandomProgram {
       // The last three values the ops made: a group with several outputs.
       Inputs out;
       for (size_t k = std::max(in.size(), values.size() > 3 ? values.size() - 3 : 0);
-           k < values.size(); ++k)
-        out.push_back(values[k]);
+           k < values.size(); ++k) {
+        // to() of the same dtype returns its operand: keep each tensor once, and no inputs.
+        bool seen = false;
+        for (const Tensor& t : in) seen |= values[k].is_same(t);
+        for (const Tensor& t : out) seen |= values[k].is_same(t);
+        if (!seen) out.push_back(values[k]);
+      }
       return out;
     };
   }
@@ -260,8 +265,17 @@ class RandomProgram {
         return logical_and(a, b);
       case 28:
         return logical_or(logical_not(a), b);
-      default:
+      case 29:
         return isnan(a);
+      // Conversions: float to integer out of range (after exp) and NaN included.
+      case 30:
+        return (a * v).to(kInt32);
+      case 31:
+        return exp(a * 30.0).to(kInt64) + a.to(kInt64);
+      case 32:
+        return a.to(kBool);
+      default:
+        return a.to(number % 2 ? kFloat64 : kFloat32) * b;
     }
   }
   int pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }

@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -108,7 +109,7 @@ class CpuJit {
     // Everything besides the kernel that decides the machine code: part of every cache key.
     target_key_ = target_->getTargetTriple().str() + "|" + target_->getTargetCPU().str() + "|" +
                   target_->getTargetFeatureString().str() +
-                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 4";
+                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 5";
   }
 
   KernelFn get(const Kernel& k, const Layout& layout) {
@@ -146,16 +147,36 @@ class CpuJit {
     entry.tracker = jit_->getMainJITDylib().createResourceTracker();
     const std::string disk_key = key + target_key_;
     std::optional<std::string> object = DiskCache::instance().load(disk_key, kCpuObject);
-    const bool from_disk = object.has_value();
+    bool from_disk = object.has_value();
+    if (from_disk) {
+      // A disk entry passed its checks; it must also link and define this kernel's symbol, else
+      // it is dropped and the kernel compiled.
+      llvm::Error e =
+          jit_->addObjectFile(entry.tracker, llvm::MemoryBuffer::getMemBufferCopy(*object, name));
+      if (!e) {
+        auto sym = jit_->lookup(name);
+        if (sym) {
+          entry.fn = sym->toPtr<KernelFn>();
+        } else {
+          e = sym.takeError();
+        }
+      }
+      if (e) {
+        jit::log("cache", "disk entry for ", name, " does not link: ", llvm_message(std::move(e)));
+        llvm::consumeError(entry.tracker->remove());
+        entry.tracker = jit_->getMainJITDylib().createResourceTracker();
+        from_disk = false;
+      }
+    }
     if (!from_disk) {
       optimize(*module, *target_);
       object = emit_object(*module);
       DiskCache::instance().store(disk_key, kCpuObject, *object);
+      if (llvm::Error e = jit_->addObjectFile(entry.tracker,
+                                              llvm::MemoryBuffer::getMemBufferCopy(*object, name)))
+        KILN_CHECK(false, "fuser: loading ", name, ": ", llvm_message(std::move(e)));
+      entry.fn = take(jit_->lookup(name), "linking the kernel").toPtr<KernelFn>();
     }
-    if (llvm::Error e =
-            jit_->addObjectFile(entry.tracker, llvm::MemoryBuffer::getMemBufferCopy(*object, name)))
-      KILN_CHECK(false, "fuser: loading ", name, ": ", llvm_message(std::move(e)));
-    entry.fn = take(jit_->lookup(name), "linking the kernel").toPtr<KernelFn>();
     if (!from_disk)
       add_stats(0, 1,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -323,7 +344,15 @@ class Emitter {
     if (from == kBool)
       return is_floating_point(to) ? b_.CreateUIToFP(v, dst) : b_.CreateZExt(v, dst);
     if (is_floating_point(from) && is_floating_point(to)) return b_.CreateFPCast(v, dst);
-    if (is_floating_point(from)) return b_.CreateFPToSI(v, dst);
+    if (is_floating_point(from)) {
+      // As x86's truncating conversion (what static_cast compiles to): the lowest integer for
+      // NaN and values out of range, where LLVM's fptosi would give poison.
+      const unsigned bits = dst->getIntegerBitWidth();
+      llvm::Value* limit = llvm::ConstantFP::get(v->getType(), std::ldexp(1.0, bits - 1));
+      llvm::Value* fits = b_.CreateFCmpOLT(intrinsic(llvm::Intrinsic::fabs, v), limit);
+      return b_.CreateSelect(fits, b_.CreateFPToSI(v, dst),
+                             llvm::ConstantInt::get(dst, llvm::APInt::getSignedMinValue(bits)));
+    }
     if (is_floating_point(to)) return b_.CreateSIToFP(v, dst);
     return b_.CreateSExtOrTrunc(v, dst);
   }
