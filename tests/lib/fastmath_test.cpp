@@ -48,15 +48,16 @@ int64_t max_ulps_over_floats(Fast fast, Exact exact, float* worst) {
 
 TEST(FastMath, ExpIsWithinOneUlpOverTheFloatRange) {
   float worst = 0;
-  const int64_t max = max_ulps_over_floats(exp_f32, [](double x) { return std::exp(x); }, &worst);
+  const int64_t max = max_ulps_over_floats(
+      exp_f32, [](double x) { return std::exp(x); }, &worst);
   EXPECT_LE(max, 1) << "at x = " << worst;
   std::printf("exp_f32: at most %lld ulp (worst at %.9g)\n", static_cast<long long>(max), worst);
 }
 
 TEST(FastMath, TanhIsWithinTwoUlpsOverTheFloatRange) {
   float worst = 0;
-  const int64_t max =
-      max_ulps_over_floats(tanh_f32, [](double x) { return std::tanh(x); }, &worst);
+  const int64_t max = max_ulps_over_floats(
+      tanh_f32, [](double x) { return std::tanh(x); }, &worst);
   EXPECT_LE(max, 2) << "at x = " << worst;
   std::printf("tanh_f32: at most %lld ulp (worst at %.9g)\n", static_cast<long long>(max), worst);
 }
