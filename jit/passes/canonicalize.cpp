@@ -13,6 +13,7 @@
 
 #include "jit/passes/passes.h"
 #include "jit/passes/rewriter.h"
+#include "lib/tensor_impl.h"
 
 namespace kiln::jit {
 
@@ -36,6 +37,7 @@ struct Ops {
   const OpDef* squeeze = detail::find_op("squeeze");
   const OpDef* unsqueeze = detail::find_op("unsqueeze");
   const OpDef* slice = detail::find_op("slice");
+  const OpDef* as_strided = detail::find_op("as_strided");
 };
 
 const Ops& ops() {
@@ -233,6 +235,22 @@ Value* squeeze_rule(Node* n, const char** rule) {
   return y;
 }
 
+// as_strided with row-major strides, no offset and every element of its input reads the input in
+// order: it is a reshape (which the reshape rules then merge or drop). A trace makes these when a
+// tensor is updated in place: the new value is written into the storage viewed flat, and read
+// back through as_strided.
+Value* as_strided_rule(Rewriter& rw, Node* n, const char** rule) {
+  Value* x = input(n, 0);
+  if (!x || n->attrs().size() != 3) return nullptr;
+  const std::vector<int64_t>& sizes = detail::attr_ints(n->attr(0));
+  const std::vector<int64_t>& strides = detail::attr_ints(n->attr(1));
+  if (detail::attr_int(n->attr(2)) != 0 || Shape(strides) != detail::contiguous_strides(sizes) ||
+      detail::shape_numel(sizes) != detail::shape_numel(x->type().sizes))
+    return nullptr;
+  *rule = "as_strided_is_reshape";
+  return rw.create(*ops().reshape, {x}, {sizes}, n->output()->type(), n);
+}
+
 Value* canonical_rule(Rewriter& rw, Node* n, const char** rule) {
   const Ops& op = ops();
   const OpDef* k = &n->op();
@@ -245,6 +263,7 @@ Value* canonical_rule(Rewriter& rw, Node* n, const char** rule) {
   if (k == op.expand) return expand_rule(rw, n, rule);
   if (k == op.squeeze) return squeeze_rule(n, rule);
   if (k == op.slice) return identity_view(n, rule);
+  if (k == op.as_strided) return as_strided_rule(rw, n, rule);
   return nullptr;
 }
 

@@ -17,12 +17,14 @@ namespace kiln::jit {
 // that equal subexpressions are one value when the pattern rules look for "the same x" (softmax's
 // two exps); fold before the rewrites, so rules see constants rather than constant arithmetic;
 // canonicalize before stabilize, so views and x * 1 do not hide a stabilizable pattern; and dce
-// last, for nodes the rewrites left behind that they did not remove themselves.
+// after them, for nodes the rewrites left behind that they did not remove themselves; sink_views at
+// the very end, for the fuser.
 const std::vector<PassInfo>& all_passes() {
   static const std::vector<PassInfo> passes = {
       {"dce", &eliminate_dead_code}, {"cse", &eliminate_common_subexpressions},
       {"fold", &fold_constants},     {"canonicalize", &canonicalize},
       {"stabilize", &stabilize},     {"dce", &eliminate_dead_code},
+      {"sink_views", &sink_views},
   };
   return passes;
 }

@@ -28,6 +28,8 @@ bool fold_constants(Graph& g, PassContext& ctx);
 bool canonicalize(Graph& g, PassContext& ctx);
 // Rewrites numerically unstable patterns into their stable forms (log1p, expm1, log_softmax, ...).
 bool stabilize(Graph& g, PassContext& ctx);
+// Moves views read only by graph outputs to the end of the graph (so they split no fusion group).
+bool sink_views(Graph& g, PassContext& ctx);
 
 using PassFn = bool (*)(Graph&, PassContext&);
 struct PassInfo {

@@ -14,6 +14,7 @@
 #include "fuser/fuse.h"
 #include "jit/executor.h"
 #include "jit/lazy_eval.h"
+#include "jit/passes/passes.h"
 #include "kiln/jit.h"
 #include "kiln/kiln.h"
 #include "lib/lazy.h"
@@ -32,7 +33,7 @@ struct Planned {
   std::unique_ptr<jit::Graph> graph;
   std::unique_ptr<jit::Plan> plan;
 };
-Planned plan_of(const Fn& fn, const Inputs& inputs) {
+Planned plan_of(const Fn& fn, const Inputs& inputs, bool passes = false) {
   Planned p;
   LazyGuard lazy(true);
   Inputs outs = fn(inputs);
@@ -42,6 +43,7 @@ Planned plan_of(const Fn& fn, const Inputs& inputs) {
     requests.push_back(t.impl()->storage->lazy);
   }
   p.graph = jit::build_graph(requests, &p.binding, false);
+  if (passes) jit::run_passes(*p.graph);
   fuser::FusionGuard fusion(true);
   p.plan = std::make_unique<jit::Plan>(*p.graph);
   return p;
@@ -110,6 +112,39 @@ TEST(Fuser, AProducerReadByALaterUnfusedNodeBecomesAGroupOutput) {
     return Inputs{(e + 1.0) / s};
   };
   expect_fused_equals_eager(fn, {x}, "group output read by a reduction");
+}
+
+// An optimizer step as a trace records it: each in-place update writes the new value into the
+// storage viewed flat and reads it back through as_strided, views that stood between the state
+// update and the parameter update. The passes turn them into reshapes (canonicalize) and move the
+// write-backs to the end (sink_views), so the whole step is one group.
+TEST(Fuser, InPlaceUpdatesInATraceFuseIntoOneGroup) {
+  Tensor m0 = testing::input({6, 5}), p0 = testing::input({6, 5}), g = testing::input({6, 5});
+  Tensor m = m0.clone(), p = p0.clone(), me = m0.clone(), pe = p0.clone();
+  auto step = [](Tensor& state, Tensor& param, const Tensor& grad) {
+    state.mul_(0.9).add_(grad * 0.1);
+    param.sub_(state * 0.01);
+  };
+  jit::Function f = jit::trace(
+      [&](const Inputs& in) {
+        step(m, p, in[0]);
+        return Inputs{};
+      },
+      {g});
+  for (int i = 0; i < 3; ++i) {
+    f({g});
+    LazyGuard eager(false);
+    step(me, pe, g);
+  }
+  testing::expect_bit_equal(m, me, "state");
+  testing::expect_bit_equal(p, pe, "parameter");
+  const std::string graph = f.graph_str();
+  EXPECT_EQ(graph.find("as_strided"), std::string::npos) << graph;
+  // After the elementwise nodes come only the write-backs.
+  const size_t last_sub = graph.rfind("= sub(");
+  const size_t first_reshape = graph.find("= reshape(");
+  ASSERT_NE(first_reshape, std::string::npos) << graph;
+  EXPECT_LT(last_sub, first_reshape) << graph;
 }
 
 // ---------------------------------------------------------------------- compilation counting
