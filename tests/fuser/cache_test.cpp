@@ -49,8 +49,11 @@ ChildResult run_child(const std::string& env) {
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
   EXPECT_GT(n, 0);
   exe[n > 0 ? n : 0] = '\0';
-  const std::string cmd = "KILN_CACHE_TEST_CHILD=1 " + env + " '" + exe +
-                          "' --gtest_filter=KernelCacheChild.RunsThreeKernels 2>&1";
+  // The child fuses whatever mode the suite runs in (KILN_LAZY=0 and small KILN_MAX_PENDING
+  // runs included): its three programs must each be one kernel.
+  const std::string cmd =
+      "KILN_CACHE_TEST_CHILD=1 KILN_LAZY=1 KILN_FUSE=1 KILN_MAX_PENDING=10000 " + env + " '" + exe +
+      "' --gtest_filter=KernelCacheChild.RunsThreeKernels 2>&1";
   ChildResult r;
   FILE* pipe = popen(cmd.c_str(), "r");
   EXPECT_NE(pipe, nullptr);

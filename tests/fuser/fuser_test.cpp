@@ -27,6 +27,10 @@ namespace {
 using Inputs = std::vector<Tensor>;
 using Fn = std::function<Inputs(const Inputs&)>;
 
+// The plans here are built from pending tensors: a KILN_MAX_PENDING from the environment is lifted.
+[[maybe_unused]] ::testing::Environment* const kNoFlush =
+    ::testing::AddGlobalTestEnvironment(new testing::NoFlushEnvironment);
+
 // Records fn lazily and plans the graph of its results, fused.
 struct Planned {
   jit::LazyGraphBinding binding;

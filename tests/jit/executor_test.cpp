@@ -23,6 +23,10 @@ namespace {
 using Inputs = std::vector<Tensor>;
 using testing::expect_bit_equal;
 
+// The plans here are built from pending tensors: a KILN_MAX_PENDING from the environment is lifted.
+[[maybe_unused]] ::testing::Environment* const kNoFlush =
+    ::testing::AddGlobalTestEnvironment(new testing::NoFlushEnvironment);
+
 // Records fn lazily on `inputs` and returns the graph of its results with the tensors bound to
 // the graph's inputs.
 std::unique_ptr<jit::Graph> graph_of(const std::function<Inputs(const Inputs&)>& fn,
