@@ -122,7 +122,7 @@ size_t Plan::num_kernel_steps() const {
   return n;
 }
 
-Plan::Plan(const Graph& graph) : graph_(graph) {
+Plan::Plan(const Graph& graph) {
   if (fuser::fusion_enabled()) groups_ = fuser::find_groups(graph);
   // The steps before slot assignment: a fusion group is one step where its last node is, reading
   // its inputs and defining its outputs there; its other nodes are no steps of their own.
@@ -194,7 +194,8 @@ Plan::Plan(const Graph& graph) : graph_(graph) {
   for (size_t i = 0; i < protos.size(); ++i) {
     const Proto& proto = protos[i];
     const Node* n = proto.node;
-    Step step{n, {}, {}, {}};
+    Step step;
+    step.node = n;
     step.group = proto.group;
     for (const Value* in : proto.inputs) step.inputs.push_back(in ? slot_of.at(in) : -1);
     for (const Value* v : proto.outputs) {

@@ -65,7 +65,6 @@ class Plan {
   void run_group(const Step& step, const std::vector<Tensor>& args,
                  std::vector<Tensor>& outs) const;
 
-  const Graph& graph_;
   std::vector<fuser::FusionGroup> groups_;
   std::vector<Step> steps_;
   std::vector<int64_t> input_slots_;

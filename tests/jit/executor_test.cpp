@@ -93,7 +93,9 @@ TEST(Plan, DirectStepsMatchTheOpEntryPointsBitForBit) {
             EXPECT_GE(plan.num_direct_steps(), 12u) << what << "\n" << graph->str();
           }
           // Unfused, the small intermediates live in the arena (fused, they are never stored).
-          if (trial < 2 && !fuse) EXPECT_GT(plan.arena_bytes(), 0u) << what;
+          if (trial < 2 && !fuse) {
+            EXPECT_GT(plan.arena_bytes(), 0u) << what;
+          }
           Inputs want = eager(elementwise_mix, {x, y});
           Inputs first = plan.run(binding.inputs);
           Inputs first_copy;

@@ -124,25 +124,6 @@ class CpuJit {
     std::snprintf(hash, sizeof hash, "%016llx",
                   static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
     const std::string name = "kiln_" + k.ops + "_" + std::string(hash, 8);
-    jit::log("codegen", "compiling ", name, " (", layout.flat ? "flat" : "strided", " layout",
-             layout.flat ? "" : ", rank " + std::to_string(layout.rank), ")\n", k.str());
-    auto context = std::make_unique<llvm::LLVMContext>();
-    auto module = std::make_unique<llvm::Module>(name, *context);
-    module->setDataLayout(jit_->getDataLayout());
-    module->setTargetTriple(target_->getTargetTriple().str());
-    emit(*module, name, k, layout, wide_vectors_ ? 16 : 0);
-    // The host's CPU and features on the function itself, so that every pass sees them, and
-    // full-width vectors (LLVM prefers 256-bit ones on AVX-512 CPUs by default).
-    for (llvm::Function& f : *module) {
-      if (f.isDeclaration()) continue;
-      f.addFnAttr("target-cpu", target_->getTargetCPU());
-      f.addFnAttr("target-features", target_->getTargetFeatureString());
-      if (wide_vectors_) f.addFnAttr("prefer-vector-width", "512");
-    }
-    std::string errors;
-    llvm::raw_string_ostream err(errors);
-    KILN_CHECK(!llvm::verifyModule(*module, &err), "fuser: generated invalid IR for ", name, ": ",
-               err.str(), "\n", k.str());
     CachedKernel entry;
     entry.tracker = jit_->getMainJITDylib().createResourceTracker();
     const std::string disk_key = key + target_key_;
@@ -169,8 +150,7 @@ class CpuJit {
       }
     }
     if (!from_disk) {
-      optimize(*module, *target_);
-      object = emit_object(*module);
+      object = compile_object(name, k, layout);
       DiskCache::instance().store(disk_key, kCpuObject, *object);
       if (llvm::Error e = jit_->addObjectFile(entry.tracker,
                                               llvm::MemoryBuffer::getMemBufferCopy(*object, name)))
@@ -188,6 +168,30 @@ class CpuJit {
  private:
   static void emit(llvm::Module& m, const std::string& name, const Kernel& k, const Layout& layout,
                    int vector_width);
+  // The kernel as LLVM IR, verified, optimized and compiled to an object file (ELF) in memory.
+  std::string compile_object(const std::string& name, const Kernel& k, const Layout& layout) {
+    jit::log("codegen", "compiling ", name, " (", layout.flat ? "flat" : "strided", " layout",
+             layout.flat ? "" : ", rank " + std::to_string(layout.rank), ")\n", k.str());
+    auto context = std::make_unique<llvm::LLVMContext>();
+    auto module = std::make_unique<llvm::Module>(name, *context);
+    module->setDataLayout(jit_->getDataLayout());
+    module->setTargetTriple(target_->getTargetTriple().str());
+    emit(*module, name, k, layout, wide_vectors_ ? 16 : 0);
+    // The host's CPU and features on the function itself, so that every pass sees them, and
+    // full-width vectors (LLVM prefers 256-bit ones on AVX-512 CPUs by default).
+    for (llvm::Function& f : *module) {
+      if (f.isDeclaration()) continue;
+      f.addFnAttr("target-cpu", target_->getTargetCPU());
+      f.addFnAttr("target-features", target_->getTargetFeatureString());
+      if (wide_vectors_) f.addFnAttr("prefer-vector-width", "512");
+    }
+    std::string errors;
+    llvm::raw_string_ostream err(errors);
+    KILN_CHECK(!llvm::verifyModule(*module, &err), "fuser: generated invalid IR for ", name, ": ",
+               err.str(), "\n", k.str());
+    optimize(*module, *target_);
+    return emit_object(*module);
+  }
   // The module compiled to an object file (ELF) in memory.
   std::string emit_object(llvm::Module& m) {
     llvm::SmallVector<char, 0> buffer;
