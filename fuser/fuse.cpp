@@ -4,9 +4,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <sstream>
+#include <tuple>
+#include <variant>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -88,9 +92,10 @@ bool set_fusion_enabled(bool on) {
 
 const char* prim_name(Prim p) {
   static const char* const names[] = {
-      "load", "scalar", "literal", "cast", "neg", "add", "sub",  "mul",   "div",    "lt",
-      "le",   "gt",     "ge",      "eq",   "ne",  "and", "or",   "not",   "select", "exp",
-      "log",  "log1p",  "expm1",   "sqrt", "sin", "cos", "tanh", "floor", "ceil",   "round"};
+      "load",   "scalar", "literal", "cast",  "neg",   "add",  "sub", "mul", "div",
+      "lt",     "le",     "gt",      "ge",    "eq",    "ne",   "and", "or",  "not",
+      "select", "exp",    "log",     "log1p", "expm1", "sqrt", "sin", "cos", "tanh",
+      "floor",  "ceil",   "round",   "rsum",  "rmax",  "rmin"};
   return names[static_cast<int>(p)];
 }
 
@@ -100,6 +105,8 @@ std::string Kernel::str() const {
     const Instr& in = body[i];
     os << "%" << i << " : " << dtype_name(in.type) << " = " << prim_name(in.prim);
     if (in.prim == Prim::Load || in.prim == Prim::Scalar) os << " " << in.index;
+    if (in.per_row) os << " per-row";
+    if (is_reduction(in.prim)) os << (in.index >= 0 ? " global " + std::to_string(in.index) : "");
     if (in.prim == Prim::Literal) os << " " << in.literal;
     for (int32_t o : {in.a, in.b, in.c})
       if (o >= 0) os << " %" << o;
@@ -130,31 +137,73 @@ std::string kernel_key(const Kernel& k, const Layout& layout) {
     put_i(in.c);
     put_i(in.index);
     put(&in.literal, sizeof in.literal);
+    put_i(in.per_row);
   }
   put_i(static_cast<int64_t>(k.outputs.size()));
   for (int32_t o : k.outputs) put_i(o);
+  for (DType t : k.output_types) put_i(static_cast<int64_t>(t));
+  put_i(k.num_globals);
   put_i(layout.flat);
+  put_i(layout.rows);
   put_i(layout.rank);
+  put_i(static_cast<int64_t>(layout.single_element.size()));
   for (bool s : layout.single_element) put_i(s);
+  put_i(static_cast<int64_t>(layout.inner.size()));
+  for (Layout::Inner i : layout.inner) put_i(i);
   return key;
+}
+
+std::vector<Level> instr_levels(const Kernel& k) {
+  std::vector<Level> level(k.body.size(), Level::kConst);
+  for (size_t n = 0; n < k.body.size(); ++n) {
+    const Instr& in = k.body[n];
+    if (in.prim == Prim::Load) {
+      level[n] = in.per_row ? Level::kRow : Level::kElement;
+    } else if (in.prim == Prim::Scalar || in.prim == Prim::Literal) {
+      level[n] = Level::kConst;
+    } else if (is_reduction(in.prim)) {
+      level[n] = in.index >= 0 ? Level::kGlobal : Level::kRow;
+    } else {
+      for (int32_t o : {in.a, in.b, in.c})
+        if (o >= 0) level[n] = std::max(level[n], level[static_cast<size_t>(o)]);
+    }
+  }
+  return level;
+}
+
+std::vector<int32_t> instr_stages(const Kernel& k) {
+  std::vector<int32_t> stage(k.body.size(), 0);
+  for (size_t n = 0; n < k.body.size(); ++n) {
+    const Instr& in = k.body[n];
+    for (int32_t o : {in.a, in.b, in.c})
+      if (o >= 0) stage[n] = std::max(stage[n], stage[static_cast<size_t>(o)]);
+    if (is_reduction(in.prim) && in.index < 0) ++stage[n];
+  }
+  return stage;
 }
 
 namespace {
 
-// Parses an op-table formula into instructions, with x, y and a0 bound to instructions and
-// numbers typed `type`. Formulas are a few tokens long: the parser recurses over the formula's
-// text, never over a graph.
+// Parses an op-table formula into instructions. x and y are the operands; aN an attribute and n
+// the number of elements a reduction folds (both through callbacks); (let NAME e body) names e in
+// body. Numbers take the type of what they meet (the compute type alone); attributes and n are
+// converted to it. Formulas are a few tokens long: the parser recurses over the formula's text,
+// never over a graph.
 class FormulaParser {
  public:
+  using Attr = std::function<int32_t(int)>;  // attribute i's instruction
   FormulaParser(Kernel& k, const std::string& text, DType type, DType out_type,
-                const int32_t* operands, size_t num_operands, int32_t attr)
+                const int32_t* operands, size_t num_operands, Attr attr,
+                std::function<int32_t()> count = nullptr, bool global = false)
       : k_(k),
         text_(text),
         type_(type),
         out_type_(out_type),
         operands_(operands),
         num_operands_(num_operands),
-        attr_(attr) {}
+        attr_(std::move(attr)),
+        count_(std::move(count)),
+        global_(global) {}
 
   int32_t parse() {
     int32_t r = expr();
@@ -178,12 +227,22 @@ class FormulaParser {
     check(pos_ > start, "expected a name or number");
     return text_.substr(start, pos_ - start);
   }
+  const Instr& at(int32_t i) const { return k_.body[static_cast<size_t>(i)]; }
   int32_t expr() {
     skip_space();
     check(pos_ < text_.size(), "unexpected end");
     if (text_[pos_] != '(') return atom(token());
     ++pos_;
     const std::string name = token();
+    if (name == "let") {
+      const std::string bound = token();
+      const int32_t value = expr();
+      lets_.emplace_back(bound, value);
+      const int32_t body = expr();
+      lets_.pop_back();
+      close();
+      return body;
+    }
     std::vector<int32_t> args;
     for (;;) {
       skip_space();
@@ -194,24 +253,59 @@ class FormulaParser {
     ++pos_;
     return apply(name, args);
   }
+  void close() {
+    skip_space();
+    check(pos_ < text_.size() && text_[pos_] == ')', "expected ')'");
+    ++pos_;
+  }
   int32_t atom(const std::string& t) {
+    for (size_t i = lets_.size(); i-- > 0;)
+      if (lets_[i].first == t) return lets_[i].second;
     if (t == "x" || t == "y") {
       size_t i = t == "x" ? 0 : 1;
       check(i < num_operands_, "operand missing");
       return operands_[i];
     }
-    if (t == "a0") {
-      check(attr_ >= 0, "no attribute");
-      return attr_;
+    if (t == "n") {
+      check(count_ != nullptr, "no element count here");
+      if (count_instr_ < 0) count_instr_ = count_();
+      return count_instr_;
+    }
+    if (t.size() >= 2 && t[0] == 'a' && std::isdigit(static_cast<unsigned char>(t[1]))) {
+      const int32_t a = attr_ ? attr_(std::atoi(t.c_str() + 1)) : -1;
+      check(a >= 0, "no such attribute");
+      return a;
     }
     char* end = nullptr;
     double v = std::strtod(t.c_str(), &end);
     check(end && *end == '\0', "unknown name");
-    Instr in{Prim::Literal, type_};
+    return literal(type_, v);
+  }
+  int32_t literal(DType type, double v) {
+    Instr in{Prim::Literal, type};
     in.literal = v;
     return k_.add(in);
   }
-  int32_t apply(const std::string& name, const std::vector<int32_t>& args) {
+  // `v` as `type`: numbers are retyped, attributes and counts converted.
+  int32_t coerce(int32_t v, DType type) {
+    const Instr& in = at(v);
+    if (in.type == type) return v;
+    if (in.prim == Prim::Literal) return literal(type, in.literal);
+    check(in.prim == Prim::Scalar || in.prim == Prim::Cast, "operands of different types");
+    Instr c{Prim::Cast, type};
+    c.a = v;
+    return k_.add(c);
+  }
+  // The type two operands meet in: a computed value's, over numbers, attributes and counts.
+  DType meet(int32_t a, int32_t b) const {
+    auto weak = [this](int32_t v) {
+      Prim p = at(v).prim;
+      return p == Prim::Literal || p == Prim::Scalar;
+    };
+    if (weak(a) && !weak(b)) return at(b).type;
+    return at(a).type;
+  }
+  int32_t apply(const std::string& name, std::vector<int32_t> args) {
     struct Entry {
       const char* name;
       Prim prim;
@@ -219,27 +313,45 @@ class FormulaParser {
       bool to_bool;  // the result is bool (comparisons and logic)
     };
     static const Entry entries[] = {
-        {"neg", Prim::Neg, 1, false},       {"add", Prim::Add, 2, false},
-        {"sub", Prim::Sub, 2, false},       {"mul", Prim::Mul, 2, false},
-        {"div", Prim::Div, 2, false},       {"lt", Prim::Lt, 2, true},
-        {"le", Prim::Le, 2, true},          {"gt", Prim::Gt, 2, true},
-        {"ge", Prim::Ge, 2, true},          {"eq", Prim::Eq, 2, true},
-        {"ne", Prim::Ne, 2, true},          {"and", Prim::And, 2, true},
-        {"or", Prim::Or, 2, true},          {"not", Prim::Not, 1, true},
-        {"select", Prim::Select, 3, false}, {"exp", Prim::Exp, 1, false},
-        {"log", Prim::Log, 1, false},       {"log1p", Prim::Log1p, 1, false},
-        {"expm1", Prim::Expm1, 1, false},   {"sqrt", Prim::Sqrt, 1, false},
-        {"sin", Prim::Sin, 1, false},       {"cos", Prim::Cos, 1, false},
-        {"tanh", Prim::Tanh, 1, false},     {"floor", Prim::Floor, 1, false},
-        {"ceil", Prim::Ceil, 1, false},     {"round", Prim::Round, 1, false},
-        {"cast", Prim::Cast, 1, false},
+        {"neg", Prim::Neg, 1, false},        {"add", Prim::Add, 2, false},
+        {"sub", Prim::Sub, 2, false},        {"mul", Prim::Mul, 2, false},
+        {"div", Prim::Div, 2, false},        {"lt", Prim::Lt, 2, true},
+        {"le", Prim::Le, 2, true},           {"gt", Prim::Gt, 2, true},
+        {"ge", Prim::Ge, 2, true},           {"eq", Prim::Eq, 2, true},
+        {"ne", Prim::Ne, 2, true},           {"and", Prim::And, 2, true},
+        {"or", Prim::Or, 2, true},           {"not", Prim::Not, 1, true},
+        {"select", Prim::Select, 3, false},  {"exp", Prim::Exp, 1, false},
+        {"log", Prim::Log, 1, false},        {"log1p", Prim::Log1p, 1, false},
+        {"expm1", Prim::Expm1, 1, false},    {"sqrt", Prim::Sqrt, 1, false},
+        {"sin", Prim::Sin, 1, false},        {"cos", Prim::Cos, 1, false},
+        {"tanh", Prim::Tanh, 1, false},      {"floor", Prim::Floor, 1, false},
+        {"ceil", Prim::Ceil, 1, false},      {"round", Prim::Round, 1, false},
+        {"cast", Prim::Cast, 1, false},      {"widen", Prim::Cast, 1, false},
+        {"rsum", Prim::ReduceSum, 1, false}, {"rmax", Prim::ReduceMax, 1, false},
+        {"rmin", Prim::ReduceMin, 1, false},
     };
     for (const Entry& e : entries) {
       if (name != e.name) continue;
       check(static_cast<int>(args.size()) == e.arity, "wrong number of operands");
-      Instr in{e.prim, e.to_bool ? kBool : type_};
-      if (e.prim == Prim::Select) in.type = k_.body[static_cast<size_t>(args[1])].type;
-      if (e.prim == Prim::Cast) in.type = out_type_;
+      // Operands of arithmetic, comparisons and select's choices meet in one type.
+      if (e.arity == 2 && e.prim != Prim::And && e.prim != Prim::Or) {
+        const DType t = meet(args[0], args[1]);
+        args[0] = coerce(args[0], t);
+        args[1] = coerce(args[1], t);
+      }
+      if (e.prim == Prim::Select) {
+        const DType t = meet(args[1], args[2]);
+        args[1] = coerce(args[1], t);
+        args[2] = coerce(args[2], t);
+      }
+      Instr in{e.prim, e.to_bool ? kBool : at(args[e.prim == Prim::Select ? 1 : 0]).type};
+      if (name == std::string("cast")) in.type = out_type_;
+      if (name == std::string("widen")) {
+        // The accumulation type of sums: double for floating types, int64 otherwise.
+        in.type = is_floating_point(at(args[0]).type) ? kFloat64 : kInt64;
+        if (in.type == at(args[0]).type) return args[0];
+      }
+      if (is_reduction(e.prim)) in.index = global_ ? k_.num_globals++ : -1;
       in.a = args[0];
       if (e.arity > 1) in.b = args[1];
       if (e.arity > 2) in.c = args[2];
@@ -255,7 +367,11 @@ class FormulaParser {
   DType out_type_;  // the node's output type: what "cast" converts to
   const int32_t* operands_;
   size_t num_operands_;
-  int32_t attr_;
+  Attr attr_;
+  std::function<int32_t()> count_;
+  int32_t count_instr_ = -1;
+  bool global_;  // reductions fold every row (global slots), not one row
+  std::vector<std::pair<std::string, int32_t>> lets_;
   size_t pos_ = 0;
 };
 
@@ -265,13 +381,66 @@ uint64_t value_bits(const Tensor& t) {
   return bits;
 }
 
-// Builds the group's kernel: loads for its inputs, scalars for its constants and attributes, and
-// each member's formula in graph order.
-void build_kernel(FusionGroup& g, const absl::flat_hash_set<const Node*>& members) {
+// How a member of a group computes: per element of the group's shape, once per row (row
+// reductions and what only their results feed), or once per call (a global reduction).
+enum class Role : uint8_t { kElement, kRow, kGlobal };
+
+Shape kept_shape(const Shape& s, int k) {
+  Shape r(s.begin(), s.end() - k);
+  r.resize(s.size(), 1);
+  return r;
+}
+Shape dropped_shape(const Shape& s, int k) {
+  return Shape(s.begin(), s.end() - k);
+}
+
+int attr_index(const Node& n, const char* name) {
+  const auto& names = n.op().attr_names;
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == name) return static_cast<int>(i);
+  return -1;
+}
+
+// The type a reduction's formula computes in: its output type for float-producing ones
+// (logsumexp of integers), else its input's.
+DType reduction_compute_type(const Node& n) {
+  return n.op().dtype_rule == detail::DTypeRule::Float ? n.output()->type().dtype
+                                                       : n.input(0)->type().dtype;
+}
+
+bool folds_once(const std::string& formula) {
+  int folds = 0;
+  for (const char* r : {"(rsum ", "(rmax ", "(rmin "})
+    for (size_t at = formula.find(r); at != std::string::npos; at = formula.find(r, at + 1))
+      ++folds;
+  return folds == 1;
+}
+
+// Ops that compute each element from its whole row along a dim (softmax): with the dim the last,
+// they join groups as elementwise members that fold rows.
+bool is_row_wise(const Node& n) {
+  const detail::OpDef& op = n.op();
+  if (op.kind != detail::OpKind::NN || !op.formula || n.num_inputs() != 1 || n.num_outputs() != 1 ||
+      n.attrs().size() != 1 || !n.input(0))
+    return false;
+  const jit::ValueType& in = n.input(0)->type();
+  const jit::ValueType& out = n.output()->type();
+  if (in.device != kCPU || out.device != kCPU || in.sizes.empty() || in.sizes != out.sizes)
+    return false;
+  const int d = attr_index(n, "dim");
+  return d == 0 && detail::attr_int(n.attr(0)) == static_cast<int64_t>(in.sizes.size()) - 1;
+}
+
+// Builds the group's kernel: loads for its inputs, scalars for its constants, attributes and
+// element counts, and each member's formula in graph order.
+void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& roles) {
   Kernel& k = g.kernel;
-  absl::flat_hash_map<const Value*, int32_t> value_instr;   // members' results and loads
+  absl::flat_hash_map<const Value*, int32_t> value_instr;   // members' results
   absl::flat_hash_map<const Value*, int32_t> scalar_instr;  // constants, as read
+  // Loads by (value, per row, against the kept dims only).
+  absl::flat_hash_map<std::tuple<const Value*, bool, bool>, int32_t> loads;
   std::vector<bool> convert;
+  const int rank = static_cast<int>(g.shape.size());
   auto cast = [&k](int32_t v, DType to) {
     if (k.body[static_cast<size_t>(v)].type == to) return v;
     Instr c{Prim::Cast, to};
@@ -285,8 +454,25 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_set<const Node*>& member
     g.scalars.push_back(bits);
     return k.add(s);
   };
+  auto double_scalar = [&](double d) {
+    uint64_t bits;
+    std::memcpy(&bits, &d, sizeof d);
+    return scalar(kFloat64, bits);
+  };
   for (const Node* n : g.nodes) {
-    const DType compute = *elementwise_compute_type(*n, convert);
+    const Role role = roles.at(n);
+    const bool reduction = n->op().kind == detail::OpKind::Reduction;
+    const bool folds = reduction || is_row_wise(*n);
+    const DType compute =
+        folds ? reduction_compute_type(*n) : *elementwise_compute_type(*n, convert);
+    // Inputs from outside: per element, or (for row-level members and a global reduction of
+    // row-level values) once per row, broadcast against the kept dims when the member drops the
+    // reduced ones.
+    const Shape& shape = reduction ? n->input(0)->type().sizes : n->output()->type().sizes;
+    const bool per_row =
+        g.rows && role != Role::kElement && !(reduction && role == Role::kRow) && shape != g.shape;
+    const bool outer = per_row && shape == dropped_shape(g.shape, g.reduced_dims) &&
+                       shape != kept_shape(g.shape, g.reduced_dims);
     std::vector<int32_t> operands;
     for (const Value* in : n->inputs()) {
       int32_t v;
@@ -300,17 +486,49 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_set<const Node*>& member
         }
         v = s->second;
       } else {
-        Instr load{Prim::Load, in->type().dtype};
-        load.index = static_cast<int32_t>(g.inputs.size());
-        g.inputs.push_back(in);
-        k.input_types.push_back(in->type().dtype);
-        v = k.add(load);
-        value_instr[in] = v;
+        auto key = std::make_tuple(in, per_row, outer);
+        auto l = loads.find(key);
+        if (l == loads.end()) {
+          Instr load{Prim::Load, in->type().dtype};
+          load.index = static_cast<int32_t>(g.inputs.size());
+          load.per_row = per_row;
+          g.inputs.push_back(in);
+          g.input_outer.push_back(outer);
+          k.input_types.push_back(in->type().dtype);
+          l = loads.emplace(key, k.add(load)).first;
+        }
+        v = l->second;
       }
       operands.push_back(cast(v, compute));
     }
-    int32_t attr = -1;
-    if (!n->attrs().empty() && std::string(n->op().formula).find("a0") != std::string::npos) {
+    const std::string formula = n->op().formula;
+    FormulaParser::Attr attr;
+    std::function<int32_t()> count;
+    if (folds) {
+      // Attributes as they are (var's correction), and the number of elements folded.
+      attr = [&k, &scalar, n](int i) -> int32_t {
+        if (i < 0 || static_cast<size_t>(i) >= n->attrs().size()) return -1;
+        const Scalar a = detail::attr_scalar(n->attr(static_cast<size_t>(i)));
+        if (a.is_floating_point()) {
+          double d = a.to_double();
+          uint64_t bits;
+          std::memcpy(&bits, &d, sizeof d);
+          return scalar(kFloat64, bits);
+        }
+        int64_t v = a.to_int();
+        uint64_t bits;
+        std::memcpy(&bits, &v, sizeof v);
+        return scalar(kInt64, bits);
+      };
+      count = [&, n, role] {
+        const Shape& in_shape = n->input(0)->type().sizes;
+        const int64_t folded =
+            role == Role::kGlobal
+                ? detail::shape_numel(in_shape)
+                : detail::shape_numel(Shape(in_shape.end() - g.reduced_dims, in_shape.end()));
+        return double_scalar(static_cast<double>(folded));
+      };
+    } else if (!n->attrs().empty() && formula.find("a0") != std::string::npos) {
       // The op's attribute (add's alpha) as the formula's a0: passed per call, as eager mode
       // converts it (double for floating compute types, int64 otherwise).
       const Scalar a = detail::attr_scalar(n->attr(0));
@@ -325,11 +543,13 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_set<const Node*>& member
         std::memcpy(&bits, &i, sizeof i);
         type = kInt64;
       }
-      attr = cast(scalar(type, bits), compute);
+      const int32_t a0 = cast(scalar(type, bits), compute);
+      attr = [a0](int i) { return i == 0 ? a0 : -1; };
     }
-    const int32_t result = FormulaParser(k, n->op().formula, compute, n->output()->type().dtype,
-                                         operands.data(), operands.size(), attr)
-                               .parse();
+    const int32_t result =
+        FormulaParser(k, formula, compute, n->output()->type().dtype, operands.data(),
+                      operands.size(), attr, count, role == Role::kGlobal)
+            .parse();
     KILN_CHECK(k.body[static_cast<size_t>(result)].type == n->output()->type().dtype,
                "fuser: the formula of ", n->op().name, " gives ",
                dtype_name(k.body[static_cast<size_t>(result)].type), ", the node is ",
@@ -338,11 +558,12 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_set<const Node*>& member
     if (!k.ops.empty()) k.ops += "_";
     if (k.ops.size() < 48) k.ops += n->op().name;
   }
+  (void)rank;
   // Outputs: members whose value is read outside the group or returned.
   for (const Node* n : g.nodes) {
     const Value* v = n->output();
     bool outside = n->owning_graph()->is_output(v);
-    for (const jit::Use& u : v->uses()) outside |= !members.contains(u.user);
+    for (const jit::Use& u : v->uses()) outside |= !roles.contains(u.user);
     if (!outside) continue;
     g.outputs.push_back(v);
     k.outputs.push_back(value_instr.at(v));
@@ -350,9 +571,6 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_set<const Node*>& member
   }
 }
 
-}  // namespace
-
-namespace {
 // Kernels stay small enough to compile in milliseconds: a longer chain becomes several groups.
 constexpr size_t kMaxGroupNodes = 128;
 
@@ -364,7 +582,31 @@ bool broadcasts_to(const Shape& from, const Shape& to) {
   }
   return true;
 }
+
 }  // namespace
+
+std::optional<int> fused_reduction_dims(const Node& n) {
+  const detail::OpDef& op = n.op();
+  if (op.kind != detail::OpKind::Reduction || !op.formula || n.num_outputs() != 1 ||
+      n.num_inputs() != 1)
+    return std::nullopt;
+  const Value* in = n.input(0);
+  if (!in || in->type().device != kCPU || n.output()->type().device != kCPU) return std::nullopt;
+  const int rank = static_cast<int>(in->type().sizes.size());
+  if (rank == 0) return std::nullopt;
+  // sum with a dtype converts first: left to the op.
+  if (int d = attr_index(n, "dtype");
+      d >= 0 && !std::holds_alternative<std::monostate>(n.attr(static_cast<size_t>(d))))
+    return std::nullopt;
+  const int d = attr_index(n, "dims");
+  if (d < 0) return rank;
+  const std::vector<int64_t>& dims = detail::attr_ints(n.attr(static_cast<size_t>(d)));
+  if (dims.empty()) return rank;
+  const int k = static_cast<int>(dims.size());
+  for (int i = 0; i < k; ++i)
+    if (dims[static_cast<size_t>(i)] != rank - k + i) return std::nullopt;
+  return k;
+}
 
 std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
   std::vector<const Node*> order;
@@ -374,7 +616,15 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
     order.push_back(n);
   }
   absl::flat_hash_map<const Node*, size_t> group_of;
-  std::vector<std::vector<const Node*>> groups;
+  absl::flat_hash_map<const Node*, Role> role_of;
+  struct Building {
+    std::vector<const Node*> members;
+    Shape shape;         // the iteration shape
+    int k = -1;          // trailing dims a row reduction folds; -1 while there is none
+    bool small = false;  // a member of a smaller shape, recomputed per element
+    bool reduces = false;
+  };
+  std::vector<Building> groups;
   std::vector<int64_t> group_run_at;
   // Where a node's value is read: at the node, or where its group runs.
   auto runs_at = [&](const Node* n) {
@@ -383,63 +633,149 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
   };
   for (size_t i = order.size(); i-- > 0;) {
     const Node* consumer = order[i];
-    if (group_of.contains(consumer) || !is_fusible(*consumer)) continue;
+    if (group_of.contains(consumer)) continue;
+    Building st;
+    Role root_role = Role::kElement;
+    if (is_fusible(*consumer)) {
+      st.shape = consumer->output()->type().sizes;
+    } else if (is_row_wise(*consumer)) {
+      st.shape = consumer->output()->type().sizes;
+      st.k = 1;
+      st.reduces = true;
+    } else if (std::optional<int> k = fused_reduction_dims(*consumer)) {
+      st.shape = consumer->input(0)->type().sizes;
+      st.reduces = true;
+      if (*k == static_cast<int>(st.shape.size()) && folds_once(consumer->op().formula)) {
+        // Over every dim: each call folds its rows into partials, combined at the end. A formula
+        // that folds twice (logsumexp, var) needs the first fold's final value: one row then.
+        root_role = Role::kGlobal;
+      } else {
+        root_role = Role::kRow;
+        st.k = *k;
+      }
+    } else {
+      continue;
+    }
     const size_t id = groups.size();
     const int64_t run_at = static_cast<int64_t>(i);
-    const Shape& shape = consumer->output()->type().sizes;
-    std::vector<const Node*> members{consumer};
+    st.members.push_back(consumer);
     group_of[consumer] = id;
+    role_of[consumer] = root_role;
     group_run_at.push_back(run_at);
+    // Whether member c can read a value of shape `vs` computed at role `vr`.
+    auto fits = [&](const Node* c, const Shape& vs, Role vr) {
+      const Role cr = role_of.at(c);
+      if (cr == Role::kGlobal || vr == Role::kElement) return true;
+      if (c->op().kind == detail::OpKind::Reduction || is_row_wise(*c)) return vs == st.shape;
+      if (cr == Role::kElement) {
+        const Shape dropped = dropped_shape(st.shape, st.k);
+        return vs == kept_shape(st.shape, st.k) || (vs == dropped && dropped.empty());
+      }
+      return vs == c->output()->type().sizes;
+    };
     // Passes over the members until no producer joins: a producer refused because one of its
     // uses was outside the group may join once that user has.
     for (bool changed = true; changed;) {
       changed = false;
-      for (size_t m = 0; m < members.size(); ++m) {
-        for (const Value* in : members[m]->inputs()) {
+      for (size_t m = 0; m < st.members.size(); ++m) {
+        for (const Value* in : st.members[m]->inputs()) {
+          if (!in) continue;
           const Node* p = in->node();
           if (p->is_input() || p->is_constant() || group_of.contains(p)) continue;
-          if (members.size() >= kMaxGroupNodes) break;
-          if (p->num_outputs() != 1 || !is_fusible(*p)) continue;
-          // A producer of a smaller shape that broadcasts to the group's is recomputed for each
-          // element it broadcasts to: it may join only when nothing outside the group reads it.
-          const Shape& p_shape = p->output()->type().sizes;
-          if (p_shape != shape) {
-            if (!broadcasts_to(p_shape, shape) || graph.is_output(p->output())) continue;
-            bool inside = true;
-            for (const jit::Use& u : p->output()->uses()) {
-              auto g = group_of.find(u.user);
-              inside &= g != group_of.end() && g->second == id;
-            }
-            if (!inside) continue;
-          }
-          bool later = true;
+          if (st.members.size() >= kMaxGroupNodes) break;
+          if (p->num_outputs() != 1) continue;
+          bool later = true, only_inside = true;
           for (const jit::Use& u : p->output()->uses()) {
             auto g = group_of.find(u.user);
-            if ((g == group_of.end() || g->second != id) && runs_at(u.user) <= run_at)
-              later = false;
+            const bool inside = g != group_of.end() && g->second == id;
+            only_inside &= inside;
+            if (!inside && runs_at(u.user) <= run_at) later = false;
           }
           if (!later) continue;
+          const Shape& ps = p->output()->type().sizes;
+          const Building saved = st;
+          std::vector<const Node*> lifted;
+          Role pr;
+          if (is_fusible(*p)) {
+            if (ps == st.shape) {
+              pr = Role::kElement;
+            } else if (st.k >= 0 &&
+                       (ps == kept_shape(st.shape, st.k) || ps == dropped_shape(st.shape, st.k))) {
+              pr = Role::kRow;
+            } else if (st.k < 0 && broadcasts_to(ps, st.shape) && only_inside &&
+                       !graph.is_output(p->output())) {
+              // A producer of a smaller shape that broadcasts to the group's is recomputed for
+              // each element it broadcasts to: it may join only when nothing outside reads it.
+              pr = Role::kElement;
+              st.small = true;
+            } else {
+              continue;
+            }
+          } else if (is_row_wise(*p)) {
+            if (ps != st.shape || (st.k >= 0 && st.k != 1)) continue;
+            st.k = 1;
+            st.reduces = true;
+            pr = Role::kElement;
+          } else if (std::optional<int> k = fused_reduction_dims(*p)) {
+            const Shape& in_shape = p->input(0)->type().sizes;
+            if (st.k >= 0) {
+              if (in_shape != st.shape || *k != st.k) continue;
+            } else if (in_shape == st.shape) {
+              st.k = *k;
+            } else if (ps == st.shape && !st.small) {
+              // The group so far computes row-level values of a larger shape: lift it.
+              st.shape = in_shape;
+              st.k = *k;
+              for (const Node* member : st.members) {
+                if (role_of.at(member) != Role::kElement) continue;
+                role_of[member] = Role::kRow;
+                lifted.push_back(member);
+              }
+            } else {
+              continue;
+            }
+            pr = Role::kRow;
+            st.reduces = true;
+          } else {
+            continue;
+          }
+          bool ok = true;
+          for (const jit::Use& u : p->output()->uses()) {
+            auto g = group_of.find(u.user);
+            if (g != group_of.end() && g->second == id) ok &= fits(u.user, ps, pr);
+          }
+          if (!ok) {
+            st = saved;
+            for (const Node* member : lifted) role_of[member] = Role::kElement;
+            continue;
+          }
           group_of[p] = id;
-          members.push_back(p);
+          role_of[p] = pr;
+          st.members.push_back(p);
           changed = true;
         }
       }
     }
-    groups.push_back(std::move(members));
+    groups.push_back(std::move(st));
   }
   std::vector<FusionGroup> result;
-  for (auto& members : groups) {
-    if (members.size() < 2) continue;
+  for (Building& b : groups) {
+    if (b.members.size() < 2) continue;
     FusionGroup g;
-    g.nodes = members;
+    g.nodes = b.members;
     std::sort(g.nodes.begin(), g.nodes.end(),
-              [&](const Node* a, const Node* b) { return position.at(a) < position.at(b); });
-    g.shape = g.nodes.back()->output()->type().sizes;
-    absl::flat_hash_set<const Node*> member_set(g.nodes.begin(), g.nodes.end());
-    build_kernel(g, member_set);
+              [&](const Node* a, const Node* c) { return position.at(a) < position.at(c); });
+    g.shape = b.shape;
+    g.rows = b.reduces;
+    // Without row reductions a row is the innermost dim.
+    if (g.rows) g.reduced_dims = b.k >= 0 ? b.k : 1;
+    absl::flat_hash_map<const Node*, Role> roles;
+    for (const Node* n : g.nodes) roles[n] = role_of.at(n);
+    build_kernel(g, roles);
     jit::log("fuser", "group of ", g.nodes.size(), " nodes (", g.kernel.ops, ") over ",
-             detail::shape_str(g.shape), ": ", g.inputs.size(), " inputs, ", g.outputs.size(),
-             " outputs, ", g.scalars.size(), " scalars");
+             detail::shape_str(g.shape), g.rows ? " by rows of its last " : "",
+             g.rows ? std::to_string(g.reduced_dims) + " dims" : "", ": ", g.inputs.size(),
+             " inputs, ", g.outputs.size(), " outputs, ", g.scalars.size(), " scalars");
     result.push_back(std::move(g));
   }
   return result;

@@ -1,4 +1,5 @@
-// The forward fuser: segments a graph into groups of elementwise nodes, each run as one kernel.
+// The forward fuser: segments a graph into groups of elementwise nodes and reductions, each run as
+// one kernel.
 #pragma once
 
 #include <cstdint>
@@ -20,19 +21,33 @@ std::optional<DType> elementwise_compute_type(const jit::Node& n, std::vector<bo
 // conversion at run time (constants aside).
 bool is_fusible(const jit::Node& n);
 
+// The trailing dims a reduction folds when it can join a group (all of them for an empty list of
+// dims), or nullopt: another op, other dims, off the CPU, or a conversion first (sum's dtype).
+std::optional<int> fused_reduction_dims(const jit::Node& n);
+
 struct FusionGroup {
   std::vector<const jit::Node*> nodes;     // in graph order; the group runs where the last is
   std::vector<const jit::Value*> inputs;   // tensor values read from outside, one per input
   std::vector<const jit::Value*> outputs;  // members' values read after the group, or returned
-  Shape shape;                             // the iteration shape: every member's output shape
-  Kernel kernel;                           // inputs and outputs in the orders above
-  std::vector<uint64_t> scalars;           // the kernel scalars' values, as their bytes
+  // The iteration shape: every elementwise member's output shape (without reductions), or the
+  // shape whose rows the kernel walks (with them).
+  Shape shape;
+  // A rows kernel: a row is the last `reduced_dims` dims of `shape`.
+  bool rows = false;
+  int reduced_dims = 0;
+  // Rows only, per input: broadcast against the kept dims (shape without the last reduced_dims),
+  // as a row-level value without keepdim is; else against `shape`.
+  std::vector<bool> input_outer;
+  Kernel kernel;                  // inputs and outputs in the orders above
+  std::vector<uint64_t> scalars;  // the kernel scalars' values, as their bytes
 };
 
-// Groups of at least two fusible nodes with one output shape. Producers merge into consumers in
-// reverse graph order: a producer joins when every use of it outside the group comes after the
-// group's last node (so the group can run there, and the producer's value becomes an output),
-// repeated until no producer joins. Linear in the graph for bounded fan-in; iterative.
+// Groups of at least two fusible nodes. Producers merge into consumers in reverse graph order: a
+// producer joins when every use of it outside the group comes after the group's last node (so the
+// group can run there, and the producer's value becomes an output), repeated until no producer
+// joins. Elementwise members share one shape; a group may end in reductions over its trailing
+// dims or over all of them and read a row reduction's result broadcast back (keepdim), which
+// makes it a rows kernel. Linear in the graph for bounded fan-in; iterative.
 std::vector<FusionGroup> find_groups(const jit::Graph& graph);
 
 // KILN_FUSE=0 turns fusion off (nodes then run one by one through the reference kernels).

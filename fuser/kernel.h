@@ -1,7 +1,14 @@
-// The backend-neutral description of one fused elementwise kernel: a straight-line program of
-// primitives over loaded elements, kernel scalars and numbers, that each code generator (LLVM
-// here, CUDA later) turns into a loop. Ops reach it through their op-table formulas, so a code
-// generator implements primitives, never ops.
+// The backend-neutral description of one fused kernel: a straight-line program of primitives over
+// loaded elements, kernel scalars and numbers, that each code generator (LLVM here, CUDA later)
+// turns into loops. Ops reach it through their op-table formulas, so a code generator implements
+// primitives, never ops.
+//
+// A kernel with reductions runs row by row: a row is the trailing `R` elements of the iteration
+// shape. A row reduction (ReduceSum/Max/Min with index -1) folds an element-level value over the
+// row; what depends on its result is available in the next pass over the row, so softmax takes
+// three passes (max, sum of exp, scale) over a row that stays in cache. A global reduction (index
+// >= 0) folds a value over every row of the call into its slot of `partials`; the kernel's finish
+// function combines the calls' partials in order and computes what depends on them.
 #pragma once
 
 #include <cstdint>
@@ -43,15 +50,23 @@ enum class Prim : uint8_t {
   Floor,
   Ceil,
   Round,  // to nearest, ties to even (nearbyint in the default rounding mode)
+  // Reductions of a, in a's type: floating sums may reassociate; max and min propagate NaN.
+  ReduceSum,
+  ReduceMax,
+  ReduceMin,
 };
+inline bool is_reduction(Prim p) {
+  return p == Prim::ReduceSum || p == Prim::ReduceMax || p == Prim::ReduceMin;
+}
 const char* prim_name(Prim p);
 
 struct Instr {
   Prim prim;
   DType type;                      // of the result
   int32_t a = -1, b = -1, c = -1;  // operands: earlier instructions
-  int32_t index = -1;              // Load: tensor input; Scalar: kernel scalar
+  int32_t index = -1;  // Load: tensor input; Scalar: kernel scalar; Reduce*: global slot or -1
   double literal = 0;
+  bool per_row = false;  // Load: the input is constant along a row (read once per row)
 };
 
 // out_k[i] = body evaluated at element i, for every element of the iteration shape.
@@ -62,7 +77,8 @@ struct Kernel {
   std::vector<Instr> body;
   std::vector<int32_t> outputs;  // instruction per output
   std::vector<DType> output_types;
-  std::string ops;  // the fused ops' names joined by '_', for the kernel's symbol
+  int32_t num_globals = 0;  // global reductions (slots 0 .. num_globals - 1)
+  std::string ops;          // the fused ops' names joined by '_', for the kernel's symbol
 
   int32_t add(Instr i) {
     body.push_back(i);
@@ -75,23 +91,49 @@ struct Kernel {
 // Flat: every operand is contiguous with the output's element count, or a single element (then
 // read at index 0); the kernel runs a flat loop over [begin, end). Strided: the kernel walks rows
 // of `rank` dimensions with runtime strides (in elements) over [begin, end) rows.
+// Rows (kernels with reductions): the kernel walks rows [begin, end) of `rank` outer dimensions
+// (sizes and strides per pointer at run time) and `sizes[rank]` elements each, every pointer's
+// elements along a row `inner[p]` apart: kZero, kUnit or kAny (the stride passed at run time).
 struct Layout {
+  enum Inner : uint8_t { kZero, kUnit, kAny };
   bool flat = true;
-  int32_t rank = 0;                  // strided only
+  bool rows = false;
+  int32_t rank = 0;                  // strided and rows
   std::vector<bool> single_element;  // flat only: per tensor input
+  std::vector<Inner> inner;          // rows only: per pointer (inputs, then outputs)
 
   bool operator==(const Layout& o) const {
-    return flat == o.flat && rank == o.rank && single_element == o.single_element;
+    return flat == o.flat && rows == o.rows && rank == o.rank &&
+           single_element == o.single_element && inner == o.inner;
   }
 };
 
 // Arguments of a compiled kernel: `ptrs` holds the tensor inputs' then the outputs' first
-// elements; `sizes` the iteration shape (rank entries; strided only); `strides` rank entries per
-// pointer, in elements (strided only); `scalars` 8 bytes per kernel scalar.
+// elements; `sizes` the iteration shape (rank entries; strided only; rows: rank + 1); `strides`
+// rank entries per pointer, in elements (strided only; rows: rank + 1 per pointer, the last one
+// along the row); `scalars` 8 bytes per kernel scalar; `partials` 8 bytes per global reduction,
+// written by a rows kernel with its calls' partial results.
 using KernelFn = void (*)(int64_t begin, int64_t end, char* const* ptrs, const int64_t* sizes,
-                          const int64_t* strides, const void* scalars);
+                          const int64_t* strides, const void* scalars, void* partials);
+// A rows kernel with global reductions: combines `calls` calls' partials (consecutive blocks of
+// 8 bytes per global reduction, in row order) and writes the outputs that depend on them.
+using FinishFn = void (*)(int64_t calls, const void* partials, char* const* ptrs,
+                          const void* scalars);
+struct CompiledKernel {
+  KernelFn fn = nullptr;
+  FinishFn finish = nullptr;  // set for kernels with global reductions
+};
 
 // The bytes that identify (kernel, layout): equal bytes, same machine code.
 std::string kernel_key(const Kernel& k, const Layout& layout);
+
+// Where an instruction of a rows kernel varies: not at all (numbers, scalars), once per row (row
+// reductions, per-row loads and what only they feed), per element, or once per call (what depends
+// on a global reduction, computed by the finish function).
+enum class Level : uint8_t { kConst, kRow, kElement, kGlobal };
+std::vector<Level> instr_levels(const Kernel& k);
+// The pass over a row in which each instruction is first available: row reductions of a value
+// available in pass s give their result from pass s + 1 on.
+std::vector<int32_t> instr_stages(const Kernel& k);
 
 }  // namespace kiln::fuser

@@ -197,6 +197,11 @@ Plan::Plan(const Graph& graph) {
     Step step;
     step.node = n;
     step.group = proto.group;
+    if (step.group && step.group->rows) {
+      const std::vector<fuser::Level> levels = fuser::instr_levels(step.group->kernel);
+      for (int32_t o : step.group->kernel.outputs)
+        step.output_levels.push_back(levels[static_cast<size_t>(o)]);
+    }
     for (const Value* in : proto.inputs) step.inputs.push_back(in ? slot_of.at(in) : -1);
     for (const Value* v : proto.outputs) {
       // Constants are bound before the steps run, so their slots are never shared.
@@ -267,13 +272,13 @@ Plan::Plan(const Graph& graph) {
   for (const Value* in : graph.inputs()) input_slots_.push_back(slot_of.at(in));
 }
 
-fuser::KernelFn Plan::kernel_for(const Step& step, const fuser::Layout& layout) const {
+fuser::CompiledKernel Plan::kernel_for(const Step& step, const fuser::Layout& layout) const {
   {
     std::lock_guard<std::mutex> lock(kernels_mutex_);
     for (const auto& [l, fn] : step.kernels)
       if (l == layout) return fn;
   }
-  fuser::KernelFn fn = fuser::cpu_kernel(step.group->kernel, layout);
+  fuser::CompiledKernel fn = fuser::cpu_kernel(step.group->kernel, layout);
   std::lock_guard<std::mutex> lock(kernels_mutex_);
   step.kernels.emplace_back(layout, fn);
   return fn;
@@ -282,6 +287,10 @@ fuser::KernelFn Plan::kernel_for(const Step& step, const fuser::Layout& layout) 
 void Plan::run_group(const Step& step, const std::vector<Tensor>& args,
                      std::vector<Tensor>& outs) const {
   const fuser::FusionGroup& g = *step.group;
+  if (g.rows) {
+    run_rows_group(step, args, outs);
+    return;
+  }
   const Shape& shape = g.shape;
   const int64_t numel = detail::shape_numel(shape);
   const size_t num_inputs = args.size();
@@ -302,9 +311,9 @@ void Plan::run_group(const Step& step, const std::vector<Tensor>& args,
   for (size_t k = 0; k < num_inputs; ++k) ptrs[k] = args[k].impl()->data();
   for (size_t k = 0; k < outs.size(); ++k) ptrs[num_inputs + k] = outs[k].impl()->data();
   if (layout.flat) {
-    const fuser::KernelFn fn = kernel_for(step, layout);
+    const fuser::KernelFn fn = kernel_for(step, layout).fn;
     detail::parallel_for(numel, detail::kParallelGrain, [&](int64_t begin, int64_t end) {
-      fn(begin, end, ptrs.data(), nullptr, nullptr, g.scalars.data());
+      fn(begin, end, ptrs.data(), nullptr, nullptr, g.scalars.data(), nullptr);
     });
     return;
   }
@@ -320,13 +329,115 @@ void Plan::run_group(const Step& step, const std::vector<Tensor>& args,
   const Shape out_strides = detail::contiguous_strides(shape);
   for (size_t k = 0; k < outs.size(); ++k)
     strides.insert(strides.end(), out_strides.begin(), out_strides.end());
-  const fuser::KernelFn fn = kernel_for(step, layout);
+  const fuser::KernelFn fn = kernel_for(step, layout).fn;
   const int64_t inner = shape.back();
   detail::parallel_for(numel / inner, std::max<int64_t>(1, detail::kParallelGrain / inner),
                        [&](int64_t begin, int64_t end) {
-                         fn(begin, end, ptrs.data(), shape.data(), strides.data(),
-                            g.scalars.data());
+                         fn(begin, end, ptrs.data(), shape.data(), strides.data(), g.scalars.data(),
+                            nullptr);
                        });
+}
+
+void Plan::run_rows_group(const Step& step, const std::vector<Tensor>& args,
+                          std::vector<Tensor>& outs) const {
+  const fuser::FusionGroup& g = *step.group;
+  const Shape& shape = g.shape;
+  const int rank = static_cast<int>(shape.size());
+  const int outer = rank - g.reduced_dims;
+  const Shape outer_shape(shape.begin(), shape.begin() + outer);
+  const int64_t rows = detail::shape_numel(outer_shape);
+  const int64_t row_length = detail::shape_numel(Shape(shape.begin() + outer, shape.end()));
+  fuser::Layout layout;
+  layout.flat = false;
+  layout.rows = true;
+  layout.rank = outer;
+  std::vector<int64_t> sizes(outer_shape.begin(), outer_shape.end());
+  sizes.push_back(row_length);
+  std::vector<int64_t> strides;
+  std::vector<char*> ptrs;
+  // A pointer's strides over the outer dims and its one stride along a row, if the row's dims
+  // collapse into one for it.
+  auto add = [&](const Shape& st, char* data) {
+    int64_t inner = 0, span = 0;
+    for (int d = rank - 1; d >= outer; --d) {
+      if (shape[static_cast<size_t>(d)] == 1) continue;
+      if (span == 0) {
+        inner = st[static_cast<size_t>(d)];
+        span = shape[static_cast<size_t>(d)];
+      } else if (st[static_cast<size_t>(d)] != inner * span) {
+        return false;
+      } else {
+        span *= shape[static_cast<size_t>(d)];
+      }
+    }
+    strides.insert(strides.end(), st.begin(), st.begin() + outer);
+    strides.push_back(inner);
+    layout.inner.push_back(inner == 0   ? fuser::Layout::kZero
+                           : inner == 1 ? fuser::Layout::kUnit
+                                        : fuser::Layout::kAny);
+    ptrs.push_back(data);
+    return true;
+  };
+  std::vector<Tensor> copies;  // inputs whose rows do not collapse, made contiguous
+  for (size_t i = 0; i < args.size(); ++i) {
+    const Tensor& t = args[i];
+    Shape st;
+    if (g.input_outer[i]) {
+      st = detail::broadcast_strides(t, outer_shape);
+      st.resize(shape.size(), 0);
+    } else {
+      st = detail::broadcast_strides(t, shape);
+    }
+    if (add(st, t.impl()->data())) continue;
+    copies.push_back(t.expand(shape).contiguous());
+    const bool ok = add(detail::contiguous_strides(shape), copies.back().impl()->data());
+    KILN_CHECK(ok, "jit: a contiguous input's rows do not collapse");
+  }
+  const Shape out_strides = detail::contiguous_strides(shape);
+  const Shape row_strides = detail::contiguous_strides(outer_shape);
+  for (size_t o = 0; o < outs.size(); ++o) {
+    Shape st(shape.size(), 0);
+    switch (step.output_levels[o]) {
+      case fuser::Level::kElement:
+        st = out_strides;
+        break;
+      case fuser::Level::kGlobal:
+        break;
+      default:
+        std::copy(row_strides.begin(), row_strides.end(), st.begin());
+        break;
+    }
+    char* data = outs[o].impl()->data();
+    if (step.output_levels[o] == fuser::Level::kElement && row_length > 0) {
+      // Contiguous: its rows collapse, one element apart.
+      strides.insert(strides.end(), st.begin(), st.begin() + outer);
+      strides.push_back(1);
+      layout.inner.push_back(fuser::Layout::kUnit);
+      ptrs.push_back(data);
+    } else {
+      add(st, data);
+    }
+  }
+  const fuser::CompiledKernel kernel = kernel_for(step, layout);
+  const int64_t chunk =
+      std::max<int64_t>(1, detail::kParallelGrain / std::max<int64_t>(1, row_length));
+  const int32_t globals = g.kernel.num_globals;
+  if (globals == 0) {
+    detail::parallel_for(rows, chunk, [&](int64_t begin, int64_t end) {
+      kernel.fn(begin, end, ptrs.data(), sizes.data(), strides.data(), g.scalars.data(), nullptr);
+    });
+    return;
+  }
+  // Global reductions: calls of fixed row ranges (so results do not depend on the thread count),
+  // each folding into its own partials, combined in row order by the finish function.
+  const int64_t calls = (rows + chunk - 1) / chunk;
+  std::vector<uint64_t> partials(static_cast<size_t>(std::max<int64_t>(calls, 1) * globals));
+  detail::parallel_for(calls, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c)
+      kernel.fn(c * chunk, std::min(rows, (c + 1) * chunk), ptrs.data(), sizes.data(),
+                strides.data(), g.scalars.data(), partials.data() + c * globals);
+  });
+  kernel.finish(calls, partials.data(), ptrs.data(), g.scalars.data());
 }
 
 std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {

@@ -52,7 +52,8 @@ class Plan {
     const fuser::FusionGroup* group = nullptr;  // set: run the group's compiled kernel
     std::vector<int64_t> arena;                 // per output: its arena tensor, or -1
     // The group's kernel per layout met so far (under kernels_mutex_).
-    mutable std::vector<std::pair<fuser::Layout, fuser::KernelFn>> kernels;
+    mutable std::vector<std::pair<fuser::Layout, fuser::CompiledKernel>> kernels;
+    std::vector<fuser::Level> output_levels;  // rows groups: where each output varies
   };
   struct ArenaValue {
     int64_t slot;
@@ -61,9 +62,11 @@ class Plan {
   };
   struct Arena;
   std::unique_ptr<Arena> make_arena() const;
-  fuser::KernelFn kernel_for(const Step& step, const fuser::Layout& layout) const;
+  fuser::CompiledKernel kernel_for(const Step& step, const fuser::Layout& layout) const;
   void run_group(const Step& step, const std::vector<Tensor>& args,
                  std::vector<Tensor>& outs) const;
+  void run_rows_group(const Step& step, const std::vector<Tensor>& args,
+                      std::vector<Tensor>& outs) const;
 
   std::vector<fuser::FusionGroup> groups_;
   std::vector<Step> steps_;

@@ -78,10 +78,13 @@ struct OpDef {
   Invoke invoke = nullptr;
   std::vector<std::string> attr_names = {};
   MapInto map_into = nullptr;  // elementwise ops only
-  // Elementwise ops only: the same formula as map_into's, as an s-expression over primitives that
+  // Elementwise ops: the same formula as map_into's, as an s-expression over primitives that
   // every code generator implements (see fuser/kernel.h), for operands x and y and attribute a0,
   // all of the compute type T; numbers are of type T too. E.g. sigmoid's
   // "(div 1 (add 1 (exp (neg x))))". It must compute exactly what map_into computes.
+  // Reductions: what the reference kernel computes from the folded elements x, with rsum, rmax
+  // and rmin over them, n their number, aN attribute N, widen (to double, or int64 for integers)
+  // and (let NAME e body); e.g. mean's "(cast (div (rsum (widen x)) n))".
   const char* formula = nullptr;
 };
 

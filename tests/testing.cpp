@@ -200,6 +200,38 @@ void expect_bit_equal(const Tensor& lazy, const Tensor& eager, const std::string
   EXPECT_TRUE(same) << what << ": lazy " << lazy << "\neager " << eager;
 }
 
+bool lazy_close(double lazy, double eager, DType dtype) {
+  if (std::isnan(lazy) || std::isnan(eager)) return std::isnan(lazy) && std::isnan(eager);
+  if (lazy == eager) return true;
+  if (!is_floating_point(dtype) || std::isinf(lazy) || std::isinf(eager)) return false;
+  const double rtol = dtype == kFloat32 ? 1e-5 : 1e-12;
+  const double atol = dtype == kFloat32 ? 1e-6 : 1e-12;
+  return std::abs(lazy - eager) <= rtol * std::abs(eager) + atol;
+}
+
+void expect_lazy_equal(const Tensor& lazy, const Tensor& eager, const std::string& what) {
+  ASSERT_EQ(lazy.defined(), eager.defined()) << what;
+  if (!lazy.defined()) return;
+  ASSERT_EQ(lazy.sizes(), eager.sizes()) << what;
+  ASSERT_EQ(lazy.dtype(), eager.dtype()) << what;
+  if (!is_floating_point(lazy.dtype())) {
+    expect_bit_equal(lazy, eager, what);
+    return;
+  }
+  std::vector<double> a, b;
+  {
+    LazyGuard mode(false);
+    a = lazy.to_vector<double>();
+    b = eager.to_vector<double>();
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (lazy_close(a[i], b[i], lazy.dtype())) continue;
+    ADD_FAILURE() << what << ": element " << i << ": lazy " << a[i] << ", eager " << b[i]
+                  << "\nlazy " << lazy << "\neager " << eager;
+    return;
+  }
+}
+
 void check_lazy(const std::string& what, const std::function<std::vector<Tensor>()>& f,
                 bool expect_pending) {
   SCOPED_TRACE(what);
@@ -218,7 +250,7 @@ void check_lazy(const std::string& what, const std::function<std::vector<Tensor>
   ASSERT_EQ(lazy.size(), eager.size());
   const int64_t executed = jit::lazy_stats().nodes_executed;
   for (size_t i = 0; i < lazy.size(); ++i)
-    expect_bit_equal(lazy[i], eager[i], what + " output " + std::to_string(i));
+    expect_lazy_equal(lazy[i], eager[i], what + " output " + std::to_string(i));
   // The pending outputs were computed by the executor, not by an eager fallback (empty outputs
   // have no data to compute).
   bool has_data = false;

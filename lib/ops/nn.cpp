@@ -52,8 +52,9 @@ using Inputs = std::vector<Tensor>;
 using detail::Attrs;
 
 const detail::OpDef& def_nn(const char* name, int arity, DTypeRule rule, detail::Invoke invoke,
-                            std::vector<std::string> attr_names) {
-  return detail::register_op({name, OpKind::NN, arity, rule, true, invoke, std::move(attr_names)});
+                            std::vector<std::string> attr_names, const char* formula = nullptr) {
+  return detail::register_op(
+      {name, OpKind::NN, arity, rule, true, invoke, std::move(attr_names), nullptr, formula});
 }
 
 // Losses carry their reduction as an int: 0 none, 1 mean, 2 sum.
@@ -69,19 +70,20 @@ Reduction attr_reduction(const detail::AttrValue& a) {
 
 Tensor dropout_apply(const Tensor& x, const Tensor& draws, double p);
 
-// softmax and log_softmax: attrs [dim], wrapped.
-const detail::OpDef& softmax_def =
-    def_nn("softmax", 1, DTypeRule::Float,
-           [](const Inputs& in, const Attrs& a) {
-             return Inputs{softmax(in[0], detail::attr_int(a.at(0)))};
-           },
-           {"dim"});
-const detail::OpDef& log_softmax_def =
-    def_nn("log_softmax", 1, DTypeRule::Float,
-           [](const Inputs& in, const Attrs& a) {
-             return Inputs{log_softmax(in[0], detail::attr_int(a.at(0)))};
-           },
-           {"dim"});
+// softmax and log_softmax: attrs [dim], wrapped. Their formulas (for the fuser, over a row along
+// dim, see OpDef::formula) compute what softmax_row does, with the fuser's exp.
+const detail::OpDef& softmax_def = def_nn(
+    "softmax", 1, DTypeRule::Float,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{softmax(in[0], detail::attr_int(a.at(0)))};
+    },
+    {"dim"}, "(let e (exp (sub x (rmax x))) (mul e (cast (div 1 (rsum (widen e))))))");
+const detail::OpDef& log_softmax_def = def_nn(
+    "log_softmax", 1, DTypeRule::Float,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{log_softmax(in[0], detail::attr_int(a.at(0)))};
+    },
+    {"dim"}, "(let d (sub x (rmax x)) (sub d (cast (log (rsum (widen (exp d)))))))");
 // Inputs (x, weight, bias); weight and bias may be absent.
 const detail::OpDef& layer_norm_def =
     def_nn("layer_norm", 3, DTypeRule::Float,

@@ -43,26 +43,36 @@ namespace {
 using Inputs = std::vector<Tensor>;
 using detail::Attrs;
 
+// `formula`: what the fuser computes for a fused reduction (see OpDef::formula), with the
+// reductions rsum, rmax and rmin over the folded elements, n their number and widen the sums'
+// accumulation type (double for floats, int64 otherwise), as the kernels below compute.
 const detail::OpDef& def_reduction(const char* name, DTypeRule rule, bool supports_bool,
-                                   detail::Invoke invoke, std::vector<std::string> attr_names) {
-  return detail::register_op(
-      {name, OpKind::Reduction, 1, rule, supports_bool, invoke, std::move(attr_names)});
+                                   detail::Invoke invoke, std::vector<std::string> attr_names,
+                                   const char* formula = nullptr) {
+  return detail::register_op({name, OpKind::Reduction, 1, rule, supports_bool, invoke,
+                              std::move(attr_names), nullptr, formula});
 }
 
+// var and std: the corrected two-pass formula of var_like, NaN when n - correction <= 0.
+#define KILN_VAR_FORMULA(OPEN, CLOSE)                                                    \
+  "(let d (sub (widen x) (div (rsum (widen x)) n)) (let s (rsum d) (let den (sub n a1) " \
+  "(let v (div (sub (rsum (mul d d)) (div (mul s s) n)) den) "                           \
+  "(cast " OPEN "(select (gt den 0) (select (lt v 0) 0 v) nan)" CLOSE ")))))"
+
 // Attributes: dims are wrapped and ascending, the empty list meaning every dim (as the caller's).
-const detail::OpDef& sum_def =
-    def_reduction("sum", DTypeRule::Custom, true,
-                  [](const Inputs& in, const Attrs& a) {
-                    return Inputs{sum(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)),
-                                      detail::attr_optional_dtype(a.at(2)))};
-                  },
-                  {"dims", "keepdim", "dtype"});
+const detail::OpDef& sum_def = def_reduction(
+    "sum", DTypeRule::Custom, true,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{sum(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)),
+                        detail::attr_optional_dtype(a.at(2)))};
+    },
+    {"dims", "keepdim", "dtype"}, "(cast (rsum (widen x)))");
 const detail::OpDef& mean_def = def_reduction(
     "mean", DTypeRule::Custom, false,
     [](const Inputs& in, const Attrs& a) {
       return Inputs{mean(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
     },
-    {"dims", "keepdim"});
+    {"dims", "keepdim"}, "(cast (div (rsum (widen x)) n))");
 const detail::OpDef& prod_def = def_reduction(
     "prod", DTypeRule::Custom, true,
     [](const Inputs& in, const Attrs& a) {
@@ -71,12 +81,12 @@ const detail::OpDef& prod_def = def_reduction(
     {"dims", "keepdim"});
 // max() and min() over every element; max_dim and min_dim are max(x, dim) and min(x, dim), which
 // return (values, int64 indices).
-const detail::OpDef& max_def =
-    def_reduction("max", DTypeRule::Same, true,
-                  [](const Inputs& in, const Attrs&) { return Inputs{max(in[0])}; }, {});
-const detail::OpDef& min_def =
-    def_reduction("min", DTypeRule::Same, true,
-                  [](const Inputs& in, const Attrs&) { return Inputs{min(in[0])}; }, {});
+const detail::OpDef& max_def = def_reduction(
+    "max", DTypeRule::Same, true, [](const Inputs& in, const Attrs&) { return Inputs{max(in[0])}; },
+    {}, "(rmax x)");
+const detail::OpDef& min_def = def_reduction(
+    "min", DTypeRule::Same, true, [](const Inputs& in, const Attrs&) { return Inputs{min(in[0])}; },
+    {}, "(rmin x)");
 const detail::OpDef& max_dim_def = def_reduction(
     "max_dim", DTypeRule::Custom, true,
     [](const Inputs& in, const Attrs& a) {
@@ -96,13 +106,13 @@ const detail::OpDef& amax_def = def_reduction(
     [](const Inputs& in, const Attrs& a) {
       return Inputs{amax(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
     },
-    {"dims", "keepdim"});
+    {"dims", "keepdim"}, "(rmax x)");
 const detail::OpDef& amin_def = def_reduction(
     "amin", DTypeRule::Same, true,
     [](const Inputs& in, const Attrs& a) {
       return Inputs{amin(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
     },
-    {"dims", "keepdim"});
+    {"dims", "keepdim"}, "(rmin x)");
 // dim: an int, or none for the flat index over every element.
 const detail::OpDef& argmax_def = def_reduction(
     "argmax", DTypeRule::Custom, true,
@@ -116,26 +126,28 @@ const detail::OpDef& argmin_def = def_reduction(
       return Inputs{argmin(in[0], detail::attr_optional_int(a.at(0)), detail::attr_bool(a.at(1)))};
     },
     {"dim", "keepdim"});
-const detail::OpDef& var_def =
-    def_reduction("var", DTypeRule::Custom, false,
-                  [](const Inputs& in, const Attrs& a) {
-                    return Inputs{var(in[0], detail::attr_ints(a.at(0)), detail::attr_int(a.at(1)),
-                                      detail::attr_bool(a.at(2)))};
-                  },
-                  {"dims", "correction", "keepdim"});
-const detail::OpDef& std_def =
-    def_reduction("std", DTypeRule::Custom, false,
-                  [](const Inputs& in, const Attrs& a) {
-                    return Inputs{kiln::std(in[0], detail::attr_ints(a.at(0)),
-                                            detail::attr_int(a.at(1)), detail::attr_bool(a.at(2)))};
-                  },
-                  {"dims", "correction", "keepdim"});
+const detail::OpDef& var_def = def_reduction(
+    "var", DTypeRule::Custom, false,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{var(in[0], detail::attr_ints(a.at(0)), detail::attr_int(a.at(1)),
+                        detail::attr_bool(a.at(2)))};
+    },
+    {"dims", "correction", "keepdim"}, KILN_VAR_FORMULA("", ""));
+const detail::OpDef& std_def = def_reduction(
+    "std", DTypeRule::Custom, false,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{kiln::std(in[0], detail::attr_ints(a.at(0)), detail::attr_int(a.at(1)),
+                              detail::attr_bool(a.at(2)))};
+    },
+    {"dims", "correction", "keepdim"}, KILN_VAR_FORMULA("(sqrt ", ")"));
 const detail::OpDef& logsumexp_def = def_reduction(
     "logsumexp", DTypeRule::Float, true,
     [](const Inputs& in, const Attrs& a) {
       return Inputs{logsumexp(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
     },
-    {"dims", "keepdim"});
+    {"dims", "keepdim"},
+    "(let m (rmax x) (let c (select (or (eq m inf) (eq m -inf)) 0 m) "
+    "(cast (add (log (rsum (widen (exp (sub x c))))) (widen c)))))");
 const detail::OpDef& all_def = def_reduction(
     "all", DTypeRule::Logical, true,
     [](const Inputs& in, const Attrs& a) {

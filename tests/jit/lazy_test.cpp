@@ -48,7 +48,8 @@ auto eager(F f) {
   return f();
 }
 
-// Same dtype, sizes and bits (-0 differs from +0; a NaN matches any NaN). `why` says where not.
+// Same dtype, sizes and values: bits for integers, testing::lazy_close for floats (fused
+// reductions fold in another order than eager mode). `why` says where not.
 bool same_bits(const Tensor& a, const Tensor& b, std::string* why) {
   if (a.dtype() != b.dtype() || a.sizes() != b.sizes()) {
     *why = detail::describe(a) + " vs " + detail::describe(b);
@@ -58,7 +59,8 @@ bool same_bits(const Tensor& a, const Tensor& b, std::string* why) {
   std::vector<double> vb = eager([&] { return b.to_vector<double>(); });
   for (size_t i = 0; i < va.size(); ++i) {
     if (std::isnan(va[i]) && std::isnan(vb[i])) continue;
-    if (std::memcmp(&va[i], &vb[i], sizeof(double)) != 0) {
+    if (is_floating_point(a.dtype()) ? !testing::lazy_close(va[i], vb[i], a.dtype())
+                                     : std::memcmp(&va[i], &vb[i], sizeof(double)) != 0) {
       std::ostringstream os;
       os.precision(17);
       os << "element " << i << ": " << va[i] << " vs " << vb[i];
@@ -813,7 +815,7 @@ class RandomProgram {
   std::string log_;
 };
 
-// Runs `count` programs eagerly and lazily and compares every value bit for bit.
+// Runs `count` programs eagerly and lazily and compares every value (see same_bits).
 void check_random_programs(int count, uint64_t seed0, bool exp_log) {
   int64_t lazy_evaluations = 0, compared = 0;
   for (int p = 0; p < count; ++p) {
@@ -843,7 +845,7 @@ void check_random_programs(int count, uint64_t seed0, bool exp_log) {
       EXPECT_TRUE(same_bits(got[k], want[k], &why))
           << "program " << seed << ", value v" << k << ": " << why << "\n"
           << lazy_program.history();
-      if (!has_nan(want[k])) {
+      if (!has_nan(want[k]) && !is_floating_point(want[k].dtype())) {
         EXPECT_TRUE(eager([&] { return equal(got[k], want[k]); }));
       }
       ++compared;
@@ -854,12 +856,12 @@ void check_random_programs(int count, uint64_t seed0, bool exp_log) {
               static_cast<long long>(compared), static_cast<long long>(lazy_evaluations));
 }
 
-TEST_F(Lazy, RandomProgramsMatchEagerBitForBit) {
+TEST_F(Lazy, RandomProgramsMatchEager) {
   check_random_programs(200, 1000, false);
 }
 
 // With exp and log, stabilizable patterns appear; with the stabilize pass off, lazy mode must
-// still agree with eager bit for bit.
+// still agree with eager (see same_bits).
 TEST_F(Lazy, RandomProgramsWithExpAndLogMatchEagerWithoutStabilize) {
   // set_disabled_passes overrides KILN_DISABLE_PASSES; restore what was in effect.
   std::vector<std::string> previous;

@@ -663,7 +663,7 @@ void check_backward(const std::string& what, const std::function<Tensor(std::vec
   std::vector<Tensor> lazy = grads_of(true, f, leaves, g);
   ASSERT_EQ(eager.size(), lazy.size());
   for (size_t i = 0; i < eager.size(); ++i)
-    expect_bit_equal(lazy[i], eager[i], what + " grad " + std::to_string(i));
+    testing::expect_lazy_equal(lazy[i], eager[i], what + " grad " + std::to_string(i));
 }
 
 Tensor leaf(const Shape& shape, DType dtype = kFloat64) {

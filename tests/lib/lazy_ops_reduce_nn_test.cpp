@@ -446,7 +446,8 @@ void check_grads(const std::string& what, const std::vector<Tensor>& leaves,
   }
   ASSERT_EQ(eager.size(), lazy.size());
   for (size_t i = 0; i < eager.size(); ++i)
-    expect_bit_equal(lazy[i], eager[i], what + (i == 0 ? " loss" : " grad " + std::to_string(i)));
+    testing::expect_lazy_equal(lazy[i], eager[i],
+                               what + (i == 0 ? " loss" : " grad " + std::to_string(i)));
 }
 
 TEST(LazyGrad, ReductionsMatchEager) {

@@ -86,9 +86,13 @@ void add_stats(int64_t hits, int64_t compiled, double seconds) {
 }
 
 struct CachedKernel {
-  KernelFn fn = nullptr;
+  CompiledKernel code;
   llvm::orc::ResourceTrackerSP tracker;  // owns the kernel's code (for eviction)
 };
+
+std::string finish_name(const std::string& name) {
+  return name + "_finish";
+}
 
 class CpuJit {
  public:
@@ -109,15 +113,15 @@ class CpuJit {
     // Everything besides the kernel that decides the machine code: part of every cache key.
     target_key_ = target_->getTargetTriple().str() + "|" + target_->getTargetCPU().str() + "|" +
                   target_->getTargetFeatureString().str() +
-                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 5";
+                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 6";
   }
 
-  KernelFn get(const Kernel& k, const Layout& layout) {
+  CompiledKernel get(const Kernel& k, const Layout& layout) {
     std::string key = kernel_key(k, layout);
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = cache_.find(key); it != cache_.end()) {
       add_stats(1, 0, 0);
-      return it->second.fn;
+      return it->second.code;
     }
     const auto start = std::chrono::steady_clock::now();
     char hash[17];
@@ -134,14 +138,7 @@ class CpuJit {
       // it is dropped and the kernel compiled.
       llvm::Error e =
           jit_->addObjectFile(entry.tracker, llvm::MemoryBuffer::getMemBufferCopy(*object, name));
-      if (!e) {
-        auto sym = jit_->lookup(name);
-        if (sym) {
-          entry.fn = sym->toPtr<KernelFn>();
-        } else {
-          e = sym.takeError();
-        }
-      }
+      if (!e) e = lookup(name, k, entry.code);
       if (e) {
         jit::log("cache", "disk entry for ", name, " does not link: ", llvm_message(std::move(e)));
         llvm::consumeError(entry.tracker->remove());
@@ -152,22 +149,34 @@ class CpuJit {
     if (!from_disk) {
       object = compile_object(name, k, layout);
       DiskCache::instance().store(disk_key, kCpuObject, *object);
-      if (llvm::Error e = jit_->addObjectFile(entry.tracker,
-                                              llvm::MemoryBuffer::getMemBufferCopy(*object, name)))
-        KILN_CHECK(false, "fuser: loading ", name, ": ", llvm_message(std::move(e)));
-      entry.fn = take(jit_->lookup(name), "linking the kernel").toPtr<KernelFn>();
+      llvm::Error e =
+          jit_->addObjectFile(entry.tracker, llvm::MemoryBuffer::getMemBufferCopy(*object, name));
+      if (!e) e = lookup(name, k, entry.code);
+      if (e) KILN_CHECK(false, "fuser: loading ", name, ": ", llvm_message(std::move(e)));
     }
     if (!from_disk)
       add_stats(0, 1,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    const KernelFn fn = entry.fn;
+    const CompiledKernel code = entry.code;
     cache_.emplace(std::move(key), std::move(entry));
-    return fn;
+    return code;
   }
 
  private:
   static void emit(llvm::Module& m, const std::string& name, const Kernel& k, const Layout& layout,
                    int vector_width);
+  // The kernel's functions, linked.
+  llvm::Error lookup(const std::string& name, const Kernel& k, CompiledKernel& code) {
+    auto fn = jit_->lookup(name);
+    if (!fn) return fn.takeError();
+    code.fn = fn->toPtr<KernelFn>();
+    if (k.num_globals > 0) {
+      auto finish = jit_->lookup(finish_name(name));
+      if (!finish) return finish.takeError();
+      code.finish = finish->toPtr<FinishFn>();
+    }
+    return llvm::Error::success();
+  }
   // The kernel as LLVM IR, verified, optimized and compiled to an object file (ELF) in memory.
   std::string compile_object(const std::string& name, const Kernel& k, const Layout& layout) {
     jit::log("codegen", "compiling ", name, " (", layout.flat ? "flat" : "strided", " layout",
@@ -226,7 +235,8 @@ class Emitter {
   void emit(const std::string& name, const Layout& layout) {
     llvm::Type* i64 = b_.getInt64Ty();
     llvm::Type* ptr = b_.getPtrTy();
-    auto* type = llvm::FunctionType::get(b_.getVoidTy(), {i64, i64, ptr, ptr, ptr, ptr}, false);
+    auto* type =
+        llvm::FunctionType::get(b_.getVoidTy(), {i64, i64, ptr, ptr, ptr, ptr, ptr}, false);
     fn_ = llvm::Function::Create(type, llvm::Function::ExternalLinkage, name, m_);
     fn_->addFnAttr(llvm::Attribute::NoUnwind);
     auto arg = fn_->arg_begin();
@@ -236,8 +246,13 @@ class Emitter {
     llvm::Value* sizes = &*arg++;
     llvm::Value* strides = &*arg++;
     scalars_ = &*arg++;
+    llvm::Value* partials = &*arg++;
     auto* entry = llvm::BasicBlock::Create(ctx_, "entry", fn_);
     b_.SetInsertPoint(entry);
+    if (layout.rows) {
+      emit_rows(layout, begin, end, ptrs, sizes, strides, partials);
+      return;
+    }
     const size_t num_inputs = k_.input_types.size();
     const size_t num_ptrs = num_inputs + k_.outputs.size();
     for (size_t p = 0; p < num_ptrs; ++p)
@@ -287,7 +302,8 @@ class Emitter {
  private:
   // for (i = from; i < to; ++i) f(i), leaving the builder at `done`'s predecessor... then `done`.
   template <typename F>
-  void loop(llvm::Value* from, llvm::Value* to, llvm::BasicBlock* done, const F& f) {
+  void loop(llvm::Value* from, llvm::Value* to, llvm::BasicBlock* done, const F& f,
+            bool vectorize = true) {
     llvm::BasicBlock* pre = b_.GetInsertBlock();
     auto* head = llvm::BasicBlock::Create(ctx_, "loop", fn_);
     b_.CreateCondBr(b_.CreateICmpSLT(from, to), head, done);
@@ -298,7 +314,7 @@ class Emitter {
     llvm::Value* next = b_.CreateAdd(i, b_.getInt64(1), "", true, true);
     i->addIncoming(next, b_.GetInsertBlock());
     llvm::BranchInst* back = b_.CreateCondBr(b_.CreateICmpSLT(next, to), head, done);
-    if (vector_width_ > 0) {
+    if (vector_width_ > 0 && vectorize) {
       // LLVM's cost model picks 4 lanes for these loops, and unrolls them 4 times more; measured
       // on the GELU kernel, 16 lanes twice interleaved run 2.6x faster (10.4 ms against 27 ms per
       // 16M elements) and compile 3x faster (13 ms against 45 ms) than the defaults.
@@ -416,128 +432,131 @@ class Emitter {
     return b_.CreateUnaryIntrinsic(id, x);
   }
 
+  // Instruction n's value, from its operands' in v; loads read at offsets[input] (elements).
+  llvm::Value* compute(size_t n, const std::vector<llvm::Value*>& v,
+                       const std::vector<llvm::Value*>& offsets) {
+    const Instr& in = k_.body[n];
+    const DType t = in.type;
+    llvm::Value* a = in.a >= 0 ? v[static_cast<size_t>(in.a)] : nullptr;
+    llvm::Value* b = in.b >= 0 ? v[static_cast<size_t>(in.b)] : nullptr;
+    llvm::Value* c = in.c >= 0 ? v[static_cast<size_t>(in.c)] : nullptr;
+    const DType at = in.a >= 0 ? k_.body[static_cast<size_t>(in.a)].type : t;
+    const bool fp = is_floating_point(at);
+    const bool boolean = at == kBool;
+    llvm::Value* r = nullptr;
+    switch (in.prim) {
+      case Prim::Load: {
+        const auto p = static_cast<size_t>(in.index);
+        llvm::Value* offset = single_[p] ? b_.getInt64(0) : offsets[p];
+        r = load(t, b_.CreateGEP(storage_type(t), bases_[p], offset));
+        break;
+      }
+      case Prim::Scalar:
+        r = load(t, b_.CreateConstGEP1_64(b_.getInt64Ty(), scalars_, in.index));
+        break;
+      case Prim::Literal:
+        if (is_floating_point(t))
+          r = llvm::ConstantFP::get(value_type(t), in.literal);
+        else if (t == kBool)
+          r = b_.getInt1(in.literal != 0);
+        else
+          r = llvm::ConstantInt::get(value_type(t), static_cast<int64_t>(in.literal), true);
+        break;
+      case Prim::Cast:
+        r = cast(a, at, t);
+        break;
+      case Prim::Neg:
+        r = fp ? b_.CreateFNeg(a) : b_.CreateNeg(a);
+        break;
+      case Prim::Add:
+        r = fp ? b_.CreateFAdd(a, b) : boolean ? b_.CreateOr(a, b) : b_.CreateAdd(a, b);
+        break;
+      case Prim::Sub:
+        r = fp ? b_.CreateFSub(a, b) : b_.CreateSub(a, b);
+        break;
+      case Prim::Mul:
+        r = fp ? b_.CreateFMul(a, b) : boolean ? b_.CreateAnd(a, b) : b_.CreateMul(a, b);
+        break;
+      case Prim::Div:
+        r = b_.CreateFDiv(a, b);
+        break;
+      case Prim::Lt:
+        r = fp ? b_.CreateFCmpOLT(a, b) : boolean ? b_.CreateICmpULT(a, b) : b_.CreateICmpSLT(a, b);
+        break;
+      case Prim::Le:
+        r = fp ? b_.CreateFCmpOLE(a, b) : boolean ? b_.CreateICmpULE(a, b) : b_.CreateICmpSLE(a, b);
+        break;
+      case Prim::Gt:
+        r = fp ? b_.CreateFCmpOGT(a, b) : boolean ? b_.CreateICmpUGT(a, b) : b_.CreateICmpSGT(a, b);
+        break;
+      case Prim::Ge:
+        r = fp ? b_.CreateFCmpOGE(a, b) : boolean ? b_.CreateICmpUGE(a, b) : b_.CreateICmpSGE(a, b);
+        break;
+      case Prim::Eq:
+        r = fp ? b_.CreateFCmpOEQ(a, b) : b_.CreateICmpEQ(a, b);
+        break;
+      case Prim::Ne:
+        r = fp ? b_.CreateFCmpUNE(a, b) : b_.CreateICmpNE(a, b);
+        break;
+      case Prim::And:
+        r = b_.CreateAnd(a, b);
+        break;
+      case Prim::Or:
+        r = b_.CreateOr(a, b);
+        break;
+      case Prim::Not:
+        r = b_.CreateNot(a);
+        break;
+      case Prim::Select:
+        r = b_.CreateSelect(a, b, c);
+        break;
+      case Prim::Exp:
+        r = t == kFloat32 ? exp_f32(a) : libm("exp", a, t);
+        break;
+      case Prim::Log:
+        r = libm("log", a, t);
+        break;
+      case Prim::Log1p:
+        r = libm("log1p", a, t);
+        break;
+      case Prim::Expm1:
+        r = libm("expm1", a, t);
+        break;
+      case Prim::Sin:
+        r = libm("sin", a, t);
+        break;
+      case Prim::Cos:
+        r = libm("cos", a, t);
+        break;
+      case Prim::Tanh:
+        r = t == kFloat32 ? tanh_f32(a) : libm("tanh", a, t);
+        break;
+      case Prim::Sqrt:
+        r = intrinsic(llvm::Intrinsic::sqrt, a);
+        break;
+      // On integers these are the identity (as the reference kernels' on_floats).
+      case Prim::Floor:
+        r = fp ? intrinsic(llvm::Intrinsic::floor, a) : a;
+        break;
+      case Prim::Ceil:
+        r = fp ? intrinsic(llvm::Intrinsic::ceil, a) : a;
+        break;
+      case Prim::ReduceSum:
+      case Prim::ReduceMax:
+      case Prim::ReduceMin:
+        KILN_CHECK(false, "fuser: a reduction is folded by its loop, not computed");
+        break;
+      case Prim::Round:
+        r = fp ? intrinsic(llvm::Intrinsic::nearbyint, a) : a;
+        break;
+    }
+    return r;
+  }
+
   void body(const std::vector<llvm::Value*>& offsets) {
     std::vector<llvm::Value*> v(k_.body.size());
+    for (size_t n = 0; n < k_.body.size(); ++n) v[n] = compute(n, v, offsets);
     const size_t num_inputs = k_.input_types.size();
-    for (size_t n = 0; n < k_.body.size(); ++n) {
-      const Instr& in = k_.body[n];
-      const DType t = in.type;
-      llvm::Value* a = in.a >= 0 ? v[static_cast<size_t>(in.a)] : nullptr;
-      llvm::Value* b = in.b >= 0 ? v[static_cast<size_t>(in.b)] : nullptr;
-      llvm::Value* c = in.c >= 0 ? v[static_cast<size_t>(in.c)] : nullptr;
-      const DType at = in.a >= 0 ? k_.body[static_cast<size_t>(in.a)].type : t;
-      const bool fp = is_floating_point(at);
-      const bool boolean = at == kBool;
-      switch (in.prim) {
-        case Prim::Load: {
-          const auto p = static_cast<size_t>(in.index);
-          llvm::Value* offset = single_[p] ? b_.getInt64(0) : offsets[p];
-          v[n] = load(t, b_.CreateGEP(storage_type(t), bases_[p], offset));
-          break;
-        }
-        case Prim::Scalar:
-          v[n] = load(t, b_.CreateConstGEP1_64(b_.getInt64Ty(), scalars_, in.index));
-          break;
-        case Prim::Literal:
-          if (is_floating_point(t))
-            v[n] = llvm::ConstantFP::get(value_type(t), in.literal);
-          else if (t == kBool)
-            v[n] = b_.getInt1(in.literal != 0);
-          else
-            v[n] = llvm::ConstantInt::get(value_type(t), static_cast<int64_t>(in.literal), true);
-          break;
-        case Prim::Cast:
-          v[n] = cast(a, at, t);
-          break;
-        case Prim::Neg:
-          v[n] = fp ? b_.CreateFNeg(a) : b_.CreateNeg(a);
-          break;
-        case Prim::Add:
-          v[n] = fp ? b_.CreateFAdd(a, b) : boolean ? b_.CreateOr(a, b) : b_.CreateAdd(a, b);
-          break;
-        case Prim::Sub:
-          v[n] = fp ? b_.CreateFSub(a, b) : b_.CreateSub(a, b);
-          break;
-        case Prim::Mul:
-          v[n] = fp ? b_.CreateFMul(a, b) : boolean ? b_.CreateAnd(a, b) : b_.CreateMul(a, b);
-          break;
-        case Prim::Div:
-          v[n] = b_.CreateFDiv(a, b);
-          break;
-        case Prim::Lt:
-          v[n] = fp        ? b_.CreateFCmpOLT(a, b)
-                 : boolean ? b_.CreateICmpULT(a, b)
-                           : b_.CreateICmpSLT(a, b);
-          break;
-        case Prim::Le:
-          v[n] = fp        ? b_.CreateFCmpOLE(a, b)
-                 : boolean ? b_.CreateICmpULE(a, b)
-                           : b_.CreateICmpSLE(a, b);
-          break;
-        case Prim::Gt:
-          v[n] = fp        ? b_.CreateFCmpOGT(a, b)
-                 : boolean ? b_.CreateICmpUGT(a, b)
-                           : b_.CreateICmpSGT(a, b);
-          break;
-        case Prim::Ge:
-          v[n] = fp        ? b_.CreateFCmpOGE(a, b)
-                 : boolean ? b_.CreateICmpUGE(a, b)
-                           : b_.CreateICmpSGE(a, b);
-          break;
-        case Prim::Eq:
-          v[n] = fp ? b_.CreateFCmpOEQ(a, b) : b_.CreateICmpEQ(a, b);
-          break;
-        case Prim::Ne:
-          v[n] = fp ? b_.CreateFCmpUNE(a, b) : b_.CreateICmpNE(a, b);
-          break;
-        case Prim::And:
-          v[n] = b_.CreateAnd(a, b);
-          break;
-        case Prim::Or:
-          v[n] = b_.CreateOr(a, b);
-          break;
-        case Prim::Not:
-          v[n] = b_.CreateNot(a);
-          break;
-        case Prim::Select:
-          v[n] = b_.CreateSelect(a, b, c);
-          break;
-        case Prim::Exp:
-          v[n] = t == kFloat32 ? exp_f32(a) : libm("exp", a, t);
-          break;
-        case Prim::Log:
-          v[n] = libm("log", a, t);
-          break;
-        case Prim::Log1p:
-          v[n] = libm("log1p", a, t);
-          break;
-        case Prim::Expm1:
-          v[n] = libm("expm1", a, t);
-          break;
-        case Prim::Sin:
-          v[n] = libm("sin", a, t);
-          break;
-        case Prim::Cos:
-          v[n] = libm("cos", a, t);
-          break;
-        case Prim::Tanh:
-          v[n] = t == kFloat32 ? tanh_f32(a) : libm("tanh", a, t);
-          break;
-        case Prim::Sqrt:
-          v[n] = intrinsic(llvm::Intrinsic::sqrt, a);
-          break;
-        // On integers these are the identity (as the reference kernels' on_floats).
-        case Prim::Floor:
-          v[n] = fp ? intrinsic(llvm::Intrinsic::floor, a) : a;
-          break;
-        case Prim::Ceil:
-          v[n] = fp ? intrinsic(llvm::Intrinsic::ceil, a) : a;
-          break;
-        case Prim::Round:
-          v[n] = fp ? intrinsic(llvm::Intrinsic::nearbyint, a) : a;
-          break;
-      }
-    }
     for (size_t o = 0; o < k_.outputs.size(); ++o) {
       const DType t = k_.output_types[o];
       llvm::Value* value = v[static_cast<size_t>(k_.outputs[o])];
@@ -547,6 +566,303 @@ class Emitter {
     }
   }
 
+  // The value a reduction starts from.
+  llvm::Value* identity(const Instr& r) {
+    llvm::Type* ty = value_type(r.type);
+    const bool is_max = r.prim == Prim::ReduceMax;
+    if (r.prim == Prim::ReduceSum) return llvm::Constant::getNullValue(ty);
+    if (r.type == kBool) return b_.getInt1(!is_max);
+    if (is_floating_point(r.type)) return llvm::ConstantFP::getInfinity(ty, /*Negative=*/is_max);
+    const unsigned bits = ty->getIntegerBitWidth();
+    return llvm::ConstantInt::get(
+        ty, is_max ? llvm::APInt::getSignedMinValue(bits) : llvm::APInt::getSignedMaxValue(bits));
+  }
+  // acc folded with x. Sums of floats may reassociate (so that loops vectorize); maximum and
+  // minimum propagate NaN, as the reference kernels do.
+  llvm::Value* fold(const Instr& r, llvm::Value* acc, llvm::Value* x, bool reassociate) {
+    const bool fp = is_floating_point(r.type);
+    switch (r.prim) {
+      case Prim::ReduceSum: {
+        if (!fp) return r.type == kBool ? b_.CreateOr(acc, x) : b_.CreateAdd(acc, x);
+        llvm::Value* sum = b_.CreateFAdd(acc, x);
+        if (reassociate) {
+          llvm::FastMathFlags flags;
+          flags.setAllowReassoc();
+          llvm::cast<llvm::Instruction>(sum)->setFastMathFlags(flags);
+        }
+        return sum;
+      }
+      case Prim::ReduceMax:
+        if (r.type == kBool) return b_.CreateOr(acc, x);
+        return fp ? b_.CreateBinaryIntrinsic(llvm::Intrinsic::maximum, acc, x)
+                  : b_.CreateBinaryIntrinsic(llvm::Intrinsic::smax, acc, x);
+      default:
+        if (r.type == kBool) return b_.CreateAnd(acc, x);
+        return fp ? b_.CreateBinaryIntrinsic(llvm::Intrinsic::minimum, acc, x)
+                  : b_.CreateBinaryIntrinsic(llvm::Intrinsic::smin, acc, x);
+    }
+  }
+  llvm::AllocaInst* entry_alloca(llvm::Type* ty) {
+    llvm::IRBuilder<> at(&fn_->getEntryBlock(), fn_->getEntryBlock().begin());
+    return at.CreateAlloca(ty);
+  }
+  void store_value(DType t, llvm::Value* value, llvm::Value* address) {
+    if (t == kBool) value = b_.CreateZExt(value, b_.getInt8Ty());
+    b_.CreateStore(value, address);
+  }
+
+  // A rows kernel (see Layout): for each row, passes over its elements that fold the row
+  // reductions available so far, the last one also storing element-level outputs; then the
+  // row-level outputs; global reductions fold into `partials`.
+  void emit_rows(const Layout& layout, llvm::Value* begin, llvm::Value* end, llvm::Value* ptrs,
+                 llvm::Value* sizes, llvm::Value* strides, llvm::Value* partials) {
+    llvm::Type* i64 = b_.getInt64Ty();
+    llvm::Type* ptr = b_.getPtrTy();
+    const size_t num_inputs = k_.input_types.size();
+    const size_t num_ptrs = num_inputs + k_.outputs.size();
+    const int rank = layout.rank;
+    const size_t body_size = k_.body.size();
+    const std::vector<Level> level = instr_levels(k_);
+    const std::vector<int32_t> stage = instr_stages(k_);
+    single_.assign(num_inputs, false);
+    for (size_t p = 0; p < num_ptrs; ++p)
+      bases_.push_back(b_.CreateLoad(ptr, b_.CreateConstGEP1_64(ptr, ptrs, p), "base"));
+    std::vector<llvm::Value*> size(rank + 1);
+    for (int d = 0; d <= rank; ++d)
+      size[d] = b_.CreateLoad(i64, b_.CreateConstGEP1_64(i64, sizes, d), "size");
+    llvm::Value* row_length = size[rank];
+    std::vector<std::vector<llvm::Value*>> stride(num_ptrs, std::vector<llvm::Value*>(rank + 1));
+    for (size_t p = 0; p < num_ptrs; ++p)
+      for (int d = 0; d <= rank; ++d)
+        stride[p][d] =
+            b_.CreateLoad(i64, b_.CreateConstGEP1_64(i64, strides, p * (rank + 1) + d), "stride");
+    // Global accumulators, folded over every row of the call.
+    std::vector<llvm::AllocaInst*> acc(body_size, nullptr);
+    for (size_t n = 0; n < body_size; ++n) {
+      const Instr& in = k_.body[n];
+      if (!is_reduction(in.prim)) continue;
+      acc[n] = entry_alloca(value_type(in.type));
+      if (in.index >= 0) b_.CreateStore(identity(in), acc[n]);
+    }
+    // Which element-level instructions each pass computes: those its roots need.
+    int32_t last_pass = -1;
+    std::vector<std::vector<size_t>> pass_roots;
+    auto add_root = [&](int32_t pass, size_t n) {
+      if (pass_roots.size() <= static_cast<size_t>(pass)) pass_roots.resize(pass + 1);
+      pass_roots[pass].push_back(n);
+      last_pass = std::max(last_pass, pass);
+    };
+    for (size_t n = 0; n < body_size; ++n) {
+      const Instr& in = k_.body[n];
+      // A row reduction folds its operand once per element of the row, also when the operand is
+      // the same for the whole row (a row-level value when rows are one element long).
+      if (is_reduction(in.prim) && in.index < 0) add_root(stage[static_cast<size_t>(in.a)], n);
+    }
+    int32_t final_pass = last_pass;
+    for (size_t o = 0; o < k_.outputs.size(); ++o)
+      if (level[static_cast<size_t>(k_.outputs[o])] == Level::kElement)
+        final_pass = std::max(final_pass, stage[static_cast<size_t>(k_.outputs[o])]);
+    for (size_t n = 0; n < body_size; ++n) {
+      const Instr& in = k_.body[n];
+      if (is_reduction(in.prim) && in.index >= 0 &&
+          level[static_cast<size_t>(in.a)] == Level::kElement)
+        final_pass = std::max(final_pass, stage[static_cast<size_t>(in.a)]);
+    }
+    auto* exit = llvm::BasicBlock::Create(ctx_, "exit", fn_);
+    loop(
+        begin, end, exit,
+        [&](llvm::Value* row) {
+          // The row's first element per pointer.
+          std::vector<llvm::Value*> start(num_ptrs, b_.getInt64(0));
+          llvm::Value* rem = row;
+          for (int d = rank - 1; d >= 0; --d) {
+            llvm::Value* idx = d == 0 ? rem : b_.CreateURem(rem, size[d]);
+            if (d > 0) rem = b_.CreateUDiv(rem, size[d]);
+            for (size_t p = 0; p < num_ptrs; ++p)
+              start[p] = b_.CreateAdd(start[p], b_.CreateMul(idx, stride[p][d]));
+          }
+          std::vector<llvm::Value*> v(body_size, nullptr);
+          // Row-level and constant instructions of `s`, at the row's start.
+          auto row_values = [&](int32_t s) {
+            for (size_t n = 0; n < body_size; ++n) {
+              if (stage[n] != s || v[n]) continue;
+              if (level[n] != Level::kRow && level[n] != Level::kConst) continue;
+              if (is_reduction(k_.body[n].prim)) continue;
+              v[n] = compute(n, v, start);
+            }
+          };
+          row_values(0);
+          for (int32_t pass = 0; pass <= final_pass; ++pass) {
+            std::vector<size_t> roots;
+            if (static_cast<size_t>(pass) < pass_roots.size()) roots = pass_roots[pass];
+            const bool last = pass == final_pass;
+            if (last) {
+              for (size_t n = 0; n < body_size; ++n) {
+                const Instr& in = k_.body[n];
+                if (is_reduction(in.prim) && in.index >= 0 &&
+                    level[static_cast<size_t>(in.a)] == Level::kElement)
+                  roots.push_back(n);
+              }
+            }
+            bool stores = false;
+            if (last)
+              for (int32_t o : k_.outputs)
+                stores |= level[static_cast<size_t>(o)] == Level::kElement;
+            if (roots.empty() && !stores) continue;
+            // Element-level instructions the roots and outputs need.
+            std::vector<bool> needed(body_size, false);
+            std::vector<size_t> work;
+            for (size_t r : roots) work.push_back(static_cast<size_t>(k_.body[r].a));
+            if (last)
+              for (int32_t o : k_.outputs)
+                if (level[static_cast<size_t>(o)] == Level::kElement)
+                  work.push_back(static_cast<size_t>(o));
+            while (!work.empty()) {
+              const size_t n = work.back();
+              work.pop_back();
+              if (needed[n] || level[n] != Level::kElement) continue;
+              needed[n] = true;
+              const Instr& in = k_.body[n];
+              for (int32_t o : {in.a, in.b, in.c})
+                if (o >= 0) work.push_back(static_cast<size_t>(o));
+            }
+            for (size_t r : roots)
+              if (k_.body[r].index < 0) b_.CreateStore(identity(k_.body[r]), acc[r]);
+            auto* pass_done = llvm::BasicBlock::Create(ctx_, "pass_done", fn_);
+            loop(b_.getInt64(0), row_length, pass_done, [&](llvm::Value* j) {
+              std::vector<llvm::Value*> offsets(num_ptrs);
+              for (size_t p = 0; p < num_ptrs; ++p) {
+                switch (layout.inner[p]) {
+                  case Layout::kZero:
+                    offsets[p] = start[p];
+                    break;
+                  case Layout::kUnit:
+                    offsets[p] = b_.CreateAdd(start[p], j);
+                    break;
+                  case Layout::kAny:
+                    offsets[p] = b_.CreateAdd(start[p], b_.CreateMul(j, stride[p][rank]));
+                    break;
+                }
+              }
+              std::vector<llvm::Value*> e = v;
+              for (size_t n = 0; n < body_size; ++n)
+                if (needed[n]) e[n] = compute(n, e, offsets);
+              for (size_t r : roots) {
+                const Instr& in = k_.body[r];
+                llvm::Type* ty = value_type(in.type);
+                b_.CreateStore(
+                    fold(in, b_.CreateLoad(ty, acc[r]), e[static_cast<size_t>(in.a)], true),
+                    acc[r]);
+              }
+              if (last) {
+                for (size_t o = 0; o < k_.outputs.size(); ++o) {
+                  const auto n = static_cast<size_t>(k_.outputs[o]);
+                  if (level[n] != Level::kElement) continue;
+                  const size_t p = num_inputs + o;
+                  const DType t = k_.output_types[o];
+                  store_value(t, e[n], b_.CreateGEP(storage_type(t), bases_[p], offsets[p]));
+                }
+              }
+            });
+            b_.SetInsertPoint(pass_done);
+            for (size_t r : roots)
+              if (k_.body[r].index < 0) v[r] = b_.CreateLoad(value_type(k_.body[r].type), acc[r]);
+            row_values(pass + 1);
+          }
+          for (size_t o = 0; o < k_.outputs.size(); ++o) {
+            const auto n = static_cast<size_t>(k_.outputs[o]);
+            if (level[n] != Level::kRow && level[n] != Level::kConst) continue;
+            const size_t p = num_inputs + o;
+            const DType t = k_.output_types[o];
+            KILN_CHECK(v[n], "fuser: row-level output ", n, " not computed\n", k_.str());
+            store_value(t, v[n], b_.CreateGEP(storage_type(t), bases_[p], start[p]));
+          }
+          for (size_t n = 0; n < body_size; ++n) {
+            const Instr& in = k_.body[n];
+            if (!is_reduction(in.prim) || in.index < 0) continue;
+            const auto a = static_cast<size_t>(in.a);
+            if (level[a] == Level::kElement) continue;
+            KILN_CHECK(v[a], "fuser: row-level operand ", a, " not computed\n", k_.str());
+            llvm::Type* ty = value_type(in.type);
+            b_.CreateStore(fold(in, b_.CreateLoad(ty, acc[n]), v[a], false), acc[n]);
+          }
+        },
+        false);
+    b_.SetInsertPoint(exit);
+    for (size_t n = 0; n < body_size; ++n) {
+      const Instr& in = k_.body[n];
+      if (!is_reduction(in.prim) || in.index < 0) continue;
+      store_value(in.type, b_.CreateLoad(value_type(in.type), acc[n]),
+                  b_.CreateConstGEP1_64(i64, partials, in.index));
+    }
+    b_.CreateRetVoid();
+  }
+
+ public:
+  // The finish function of a kernel with global reductions (see FinishFn).
+  void emit_finish(const std::string& name) {
+    llvm::Type* i64 = b_.getInt64Ty();
+    llvm::Type* ptr = b_.getPtrTy();
+    auto* type = llvm::FunctionType::get(b_.getVoidTy(), {i64, ptr, ptr, ptr}, false);
+    fn_ = llvm::Function::Create(type, llvm::Function::ExternalLinkage, name, m_);
+    fn_->addFnAttr(llvm::Attribute::NoUnwind);
+    auto arg = fn_->arg_begin();
+    llvm::Value* calls = &*arg++;
+    llvm::Value* partials = &*arg++;
+    llvm::Value* ptrs = &*arg++;
+    scalars_ = &*arg++;
+    b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
+    const size_t num_inputs = k_.input_types.size();
+    const size_t num_ptrs = num_inputs + k_.outputs.size();
+    bases_.clear();
+    for (size_t p = 0; p < num_ptrs; ++p)
+      bases_.push_back(b_.CreateLoad(ptr, b_.CreateConstGEP1_64(ptr, ptrs, p), "base"));
+    single_.assign(num_inputs, true);
+    const std::vector<Level> level = instr_levels(k_);
+    const size_t body_size = k_.body.size();
+    std::vector<llvm::Value*> v(body_size, nullptr);
+    std::vector<llvm::AllocaInst*> acc(body_size, nullptr);
+    for (size_t n = 0; n < body_size; ++n) {
+      const Instr& in = k_.body[n];
+      if (!is_reduction(in.prim) || in.index < 0) continue;
+      acc[n] = entry_alloca(value_type(in.type));
+      b_.CreateStore(identity(in), acc[n]);
+    }
+    auto* done = llvm::BasicBlock::Create(ctx_, "combined", fn_);
+    loop(
+        b_.getInt64(0), calls, done,
+        [&](llvm::Value* c) {
+          for (size_t n = 0; n < body_size; ++n) {
+            const Instr& in = k_.body[n];
+            if (!acc[n]) continue;
+            llvm::Value* slot = b_.CreateGEP(
+                i64, partials,
+                b_.CreateAdd(b_.CreateMul(c, b_.getInt64(k_.num_globals)), b_.getInt64(in.index)));
+            llvm::Value* x = load(in.type, slot);
+            llvm::Type* ty = value_type(in.type);
+            b_.CreateStore(fold(in, b_.CreateLoad(ty, acc[n]), x, false), acc[n]);
+          }
+        },
+        false);
+    b_.SetInsertPoint(done);
+    const std::vector<llvm::Value*> origin(num_ptrs, b_.getInt64(0));
+    for (size_t n = 0; n < body_size; ++n) {
+      if (acc[n]) {
+        v[n] = b_.CreateLoad(value_type(k_.body[n].type), acc[n]);
+        continue;
+      }
+      if (level[n] == Level::kGlobal || level[n] == Level::kConst) v[n] = compute(n, v, origin);
+    }
+    for (size_t o = 0; o < k_.outputs.size(); ++o) {
+      const auto n = static_cast<size_t>(k_.outputs[o]);
+      if (level[n] != Level::kGlobal) continue;
+      const DType t = k_.output_types[o];
+      store_value(t, v[n], bases_[num_inputs + o]);
+    }
+    b_.CreateRetVoid();
+  }
+
+ private:
   llvm::Module& m_;
   llvm::LLVMContext& ctx_;
   llvm::IRBuilder<> b_;
@@ -561,11 +877,12 @@ class Emitter {
 void CpuJit::emit(llvm::Module& m, const std::string& name, const Kernel& k, const Layout& layout,
                   int vector_width) {
   Emitter(m, k, vector_width).emit(name, layout);
+  if (k.num_globals > 0) Emitter(m, k, vector_width).emit_finish(finish_name(name));
 }
 
 }  // namespace
 
-KernelFn cpu_kernel(const Kernel& kernel, const Layout& layout) {
+CompiledKernel cpu_kernel(const Kernel& kernel, const Layout& layout) {
   return cpu_jit().get(kernel, layout);
 }
 

@@ -17,7 +17,7 @@ struct CompileStats {
 
 // The machine code for (kernel, layout): found in the cache, or generated and compiled now.
 // Thread-safe; compilations are serialized.
-KernelFn cpu_kernel(const Kernel& kernel, const Layout& layout);
+CompiledKernel cpu_kernel(const Kernel& kernel, const Layout& layout);
 
 CompileStats cpu_compile_stats();
 
