@@ -7,8 +7,8 @@
 
 namespace kiln::jit {
 
-// True when KILN_LOG names `topic` (a comma-separated list: fuser,codegen,cache,guard,passes,lazy)
-// or "all". Read once per process; set_log_topics overrides it (tests).
+// True when KILN_LOG names `topic` (a comma-separated list: fuser,codegen,ir,cache,guard,passes,
+// lazy) or "all". Read once per process; set_log_topics overrides it (tests).
 bool log_enabled(const char* topic);
 void set_log_topics(const std::string& topics);
 

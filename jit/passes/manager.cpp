@@ -16,15 +16,16 @@ namespace kiln::jit {
 // The order matters. dce first, so the other passes do not spend time on dead nodes; cse next, so
 // that equal subexpressions are one value when the pattern rules look for "the same x" (softmax's
 // two exps); fold before the rewrites, so rules see constants rather than constant arithmetic;
-// canonicalize before stabilize, so views and x * 1 do not hide a stabilizable pattern; and dce
+// canonicalize before stabilize, so views and x * 1 do not hide a stabilizable pattern; gemm_bias
+// after them (x * 1 + b is a bias add once canonical); and dce
 // after them, for nodes the rewrites left behind that they did not remove themselves; sink_views at
 // the very end, for the fuser.
 const std::vector<PassInfo>& all_passes() {
   static const std::vector<PassInfo> passes = {
       {"dce", &eliminate_dead_code}, {"cse", &eliminate_common_subexpressions},
       {"fold", &fold_constants},     {"canonicalize", &canonicalize},
-      {"stabilize", &stabilize},     {"dce", &eliminate_dead_code},
-      {"sink_views", &sink_views},
+      {"stabilize", &stabilize},     {"gemm_bias", &fold_gemm_bias},
+      {"dce", &eliminate_dead_code}, {"sink_views", &sink_views},
   };
   return passes;
 }

@@ -30,6 +30,8 @@ bool canonicalize(Graph& g, PassContext& ctx);
 bool stabilize(Graph& g, PassContext& ctx);
 // Moves views read only by graph outputs to the end of the graph (so they split no fusion group).
 bool sink_views(Graph& g, PassContext& ctx);
+// add(mm(a, b), bias) -> addmm(bias, a, b): the bias add folds into the GEMM (beta = 1).
+bool fold_gemm_bias(Graph& g, PassContext& ctx);
 
 using PassFn = bool (*)(Graph&, PassContext&);
 struct PassInfo {

@@ -7,6 +7,8 @@
 //   log(sigmoid(x))                 -> -softplus(-x)   (x very negative: sigmoid underflows to 0)
 //   log(sum(exp(x), dims))          -> logsumexp(x, dims)   (x large: exp overflows)
 //   exp(x) / sum(exp(x), d, keepdim) -> softmax(x, d)
+//   softmax(x - amax(x, d, keepdim), d) -> softmax(x, d)   (and log_softmax: they shift by the
+//                                                            row's max themselves)
 //
 // These are not exact rewrites (the stable forms round differently, and better), so they live
 // apart from canonicalize. Each fires only for floating x and only when the new value's type is
@@ -32,6 +34,7 @@ struct Ops {
   const OpDef* sigmoid = detail::find_op("sigmoid");
   const OpDef* softplus = detail::find_op("softplus");
   const OpDef* softmax = detail::find_op("softmax");
+  const OpDef* amax = detail::find_op("amax");
   const OpDef* log_softmax = detail::find_op("log_softmax");
   const OpDef* log1p = detail::find_op("log1p");
   const OpDef* expm1 = detail::find_op("expm1");
@@ -158,6 +161,19 @@ Value* expm1_rule(Rewriter& rw, Node* n, const char** rule) {
   return rw.create(*op.expm1, {x}, {}, t, n);
 }
 
+// y for x = y - amax(y, [d], keepdim=true) (alpha 1), else x: what softmax along d computes from.
+Value* unshifted(Value* x, int64_t d) {
+  const Ops& op = ops();
+  Node* sub = passes::producer(x, op.sub);
+  if (!sub || !alpha_is_one(sub)) return x;
+  Node* max = passes::producer(input(sub, 1), op.amax);
+  if (!max || input(max, 0) != input(sub, 0)) return x;
+  std::optional<bool> keepdim = passes::bool_attr(max, 1);
+  const std::vector<int64_t>* dims = passes::ints_attr(max, 0);
+  if (!keepdim || !*keepdim || !dims || dims->size() != 1 || (*dims)[0] != d) return x;
+  return input(sub, 0);
+}
+
 // div(exp(x), sum(exp(x), [d], keepdim=true)); the two exps are one node after CSE, but equal
 // ones are accepted too.
 Value* softmax_rule(Rewriter& rw, Node* n, const char** rule) {
@@ -171,7 +187,7 @@ Value* softmax_rule(Rewriter& rw, Node* n, const char** rule) {
   std::optional<std::vector<int64_t>> dims = reduced_dims(sum, x->type().sizes.size());
   if (!same_float(x, t) || !keepdim || !*keepdim || !dims || dims->size() != 1) return nullptr;
   *rule = "softmax";
-  return rw.create(*op.softmax, {x}, {(*dims)[0]}, t, n);
+  return rw.create(*op.softmax, {unshifted(x, (*dims)[0])}, {(*dims)[0]}, t, n);
 }
 
 Value* stable_rule(Rewriter& rw, Node* n, const char** rule) {

@@ -556,6 +556,33 @@ TEST(Stabilize, Softmax) {
   EXPECT_EQ(g.outputs()[3]->node()->kind(), "div");
 }
 
+TEST(Stabilize, SoftmaxOfAMaxShiftedValueReadsTheValue) {
+  // exp(x - amax(x)) / sum(...) -> softmax(x): softmax shifts by the row's max itself; a shift
+  // by the max along another dim stays.
+  Graph g;
+  Value* x = g.add_input(f32({2, 3}));
+  auto shifted_softmax = [&](int64_t max_dim, int64_t dim) {
+    Shape kept{2, 3};
+    kept[static_cast<size_t>(max_dim)] = 1;
+    Value* m = op(g, "amax", {x}, {std::vector<int64_t>{max_dim}, true}, f32(kept));
+    Value* e = unary(g, "exp", op(g, "sub", {x, m}, {1.0}, f32({2, 3})));
+    Shape summed{2, 3};
+    summed[static_cast<size_t>(dim)] = 1;
+    Value* s = op(g, "sum", {e}, {std::vector<int64_t>{dim}, true, std::monostate{}}, f32(summed));
+    g.add_output(op(g, "div", {e, s}, {}, f32({2, 3})));
+  };
+  shifted_softmax(1, 1);
+  shifted_softmax(0, 1);
+  PassContext ctx = apply(&stabilize, g);
+  EXPECT_EQ(rewrites(ctx, "softmax"), 2);
+  const Node* a = g.outputs()[0]->node();
+  ASSERT_EQ(a->kind(), "softmax");
+  EXPECT_EQ(a->input(0), x);
+  const Node* b = g.outputs()[1]->node();
+  ASSERT_EQ(b->kind(), "softmax");
+  EXPECT_EQ(b->input(0)->node()->kind(), "sub");
+}
+
 TEST(Stabilize, ExposedPatternsAreRewrittenToo) {
   // log(exp(x) / sum(exp(x))) -> log(softmax(x)) -> log_softmax(x), in one run.
   Graph g;
@@ -570,12 +597,42 @@ TEST(Stabilize, ExposedPatternsAreRewrittenToo) {
   EXPECT_EQ(g.size(), 2u);
 }
 
+// ------------------------------------------------------------------------------------ gemm_bias
+TEST(GemmBias, AddOfAProductFoldsIntoAddmm) {
+  Graph g;
+  Value* a = g.add_input(f32({4, 5}));
+  Value* b = g.add_input(f32({5, 3}));
+  Value* bias = g.add_input(f32({3}));
+  // mm(a, b) + bias and bias + matmul(a, b) fold; alpha != 1, a product read twice, and a bias
+  // of another dtype do not.
+  g.add_output(op(g, "add", {op(g, "mm", {a, b}, {}, f32({4, 3})), bias}, {1.0}, f32({4, 3})));
+  g.add_output(op(g, "add", {bias, op(g, "matmul", {a, b}, {}, f32({4, 3}))}, {1.0}, f32({4, 3})));
+  g.add_output(op(g, "add", {op(g, "mm", {a, b}, {}, f32({4, 3})), bias}, {2.0}, f32({4, 3})));
+  Value* twice = op(g, "mm", {a, b}, {}, f32({4, 3}));
+  g.add_output(op(g, "add", {twice, bias}, {1.0}, f32({4, 3})));
+  g.add_output(twice);
+  Value* f64_bias = g.add_input(ValueType{kFloat64, {3}});
+  g.add_output(op(g, "add", {op(g, "mm", {a, b}, {}, f32({4, 3})), f64_bias}, {1.0},
+                  ValueType{kFloat64, {4, 3}}));
+  PassContext ctx = apply(&fold_gemm_bias, g);
+  EXPECT_EQ(rewrites(ctx, "bias folded into the GEMM"), 2);
+  for (size_t i = 0; i < 2; ++i) {
+    const Node* n = g.outputs()[i]->node();
+    ASSERT_EQ(n->kind(), "addmm");
+    EXPECT_EQ(n->input(0), bias);
+    EXPECT_EQ(n->input(1), a);
+    EXPECT_EQ(n->input(2), b);
+  }
+  for (size_t i = 2; i < 5; ++i)
+    if (i != 4) EXPECT_EQ(g.outputs()[i]->node()->kind(), "add");
+}
+
 // ------------------------------------------------------------------------------------- manager
 TEST(PassManager, FixedOrder) {
   std::vector<std::string> names;
   for (const PassInfo& p : all_passes()) names.push_back(p.name);
   EXPECT_EQ(names, (std::vector<std::string>{"dce", "cse", "fold", "canonicalize", "stabilize",
-                                             "dce", "sink_views"}));
+                                             "gemm_bias", "dce", "sink_views"}));
 }
 
 Graph* neg_neg_graph(Graph& g) {
@@ -657,7 +714,7 @@ TEST(PassManager, ProfileCountsRunsNodesAndRewrites) {
     EXPECT_EQ(g.size(), 1u);
   }
   std::vector<PassProfileEntry> profile = pass_profile();
-  ASSERT_EQ(profile.size(), 6u);
+  ASSERT_EQ(profile.size(), 7u);  // the distinct passes of all_passes()
   for (const PassProfileEntry& e : profile) {
     EXPECT_EQ(e.runs, e.pass == "dce" ? 4 : 2) << e.pass;
     EXPECT_GE(e.seconds, 0.0);

@@ -199,6 +199,12 @@ class CpuJit {
     KILN_CHECK(!llvm::verifyModule(*module, &err), "fuser: generated invalid IR for ", name, ": ",
                err.str(), "\n", k.str());
     optimize(*module, *target_);
+    if (jit::log_enabled("ir")) {
+      std::string ir;
+      llvm::raw_string_ostream os(ir);
+      module->print(os, nullptr);
+      jit::log("ir", "optimized IR of ", name, ":\n", os.str());
+    }
     return emit_object(*module);
   }
   // The module compiled to an object file (ELF) in memory.
