@@ -1,4 +1,4 @@
-// Fuser benchmarks (issue 5): fused elementwise kernels against eager kiln and against the memory
+// Fuser benchmarks (issue 5): fused kernels against eager kiln and against the memory
 // bandwidth measured in the same run (eager_bench.cpp's table prints every bytes/s figure over
 // the 16M triad), and the cost of compiling and finding kernels.
 //   BM_FuseGelu16M/{eager,lazy}: GELU (tanh form) written from primitives on 16M float32; bytes
@@ -9,10 +9,39 @@
 //     another structure). Target: median under 10 ms.
 //   BM_FuseEval100Cached: recording a 100-op elementwise chain on a [16] tensor and evaluating it
 //     with its kernels already compiled (graph, passes, fusion, key, cache hit, run).
+//
+// Reduction fusion (softmax, layer_norm and cross entropy written from primitives, one kernel each
+// in lazy mode), against the memory floor measured in the same run:
+//   BM_FuseMemoryFloor4096/{copy,read}: a plain OpenMP loop over 4096 x 4096 float32 in kiln's
+//     own buffers: y[i] = x[i] * 1.0001f (read x, write y: 2 x 64 MiB) and the sum of x (read
+//     only: 64 MiB). They run first (registration order) and keep their fastest pass (best_ms);
+//     later benchmarks print x_floor = their time per iteration / that floor.
+//   BM_FuseSoftmax4096/{eager,lazy}, BM_FuseLayerNorm4096/{eager,lazy}: bytes = read x + write y
+//     (weights of 16 KiB not counted), floor = copy.
+//   BM_FuseCrossEntropy4096/{eager,lazy}: (logsumexp(x, 1) - (x * onehot).sum(1)).mean() with the
+//     one-hot matrix made inside the expression from the class indices (eq of a [1, C] arange
+//     and the [B, 1] targets): nothing but x is [B, C], so bytes = read x once, floor = read.
+//     (A one-hot float matrix as an input would double the traffic and hide half the work.)
+//   vs_eager on lazy rows: lazy time / the eager row's time measured just before.
+//   BM_GemmAlone, BM_FuseLinearBias/{eager,lazy}: y = m.matmul(x) + b, m and x 1000 x 1000,
+//     b [1000] (a bias per column, as a linear layer adds it), 50 iterations; vs_gemm = time /
+//     the bare GEMM's time. Target (lazy): within 1.05x of the GEMM alone.
+//   BM_LstmGemmsOnly/{forward,backward}, BM_LstmCellStep/{eager,lazy},
+//   BM_LstmCellStepBackward/{eager,lazy}: an LSTM cell step from primitives, batch 64, input and
+//     hidden 1500: gates = x.matmul(Wx) + h.matmul(Wh) + b ([64, 6000]), chunk(4), sigmoid and
+//     tanh gates, c' = f*c + i*g, h' = o*tanh(c'); the backward step makes the weights require
+//     grad and runs loss = h'.sum() + c'.sum(), backward(). GemmsOnly runs the same GEMMs alone
+//     (2 forward; 2 more for the weight gradients), and the step rows print
+//     non_gemm = (step - GEMMs) / step.
 #include <benchmark/benchmark.h>
 
+#include <omp.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "kiln/jit.h"
@@ -23,6 +52,7 @@ namespace {
 
 using kiln::Tensor;
 using kiln::bench::set_bytes;
+using Clock = std::chrono::steady_clock;
 
 constexpr int64_t k16M = 16 * 1024 * 1024;
 
@@ -138,5 +168,336 @@ void BM_FuseEval100Cached(benchmark::State& state) {
     state.SkipWithError("a cached evaluation compiled a kernel");
 }
 BENCHMARK(BM_FuseEval100Cached)->Unit(benchmark::kMicrosecond);
+
+// ------------------------------------------------------------------------- reduction fusion
+// Times per iteration measured earlier in this run, by key, for the ratios of later benchmarks.
+std::map<std::string, double>& references() {
+  static std::map<std::string, double> refs;
+  return refs;
+}
+// Sets counter `name` to value / the reference `key`, when that reference was measured.
+void set_ratio(benchmark::State& state, const char* name, double value, const std::string& key) {
+  auto it = references().find(key);
+  if (it != references().end() && it->second > 0) state.counters[name] = value / it->second;
+}
+double seconds_per_iteration(Clock::time_point start, const benchmark::State& state) {
+  return std::chrono::duration<double>(Clock::now() - start).count() /
+         static_cast<double>(state.iterations());
+}
+
+constexpr int64_t kRows = 4096, kCols = 4096, kElems = kRows * kCols;
+constexpr double kFloorCopyBytes = 2.0 * kElems * 4, kFloorReadBytes = 1.0 * kElems * 4;
+
+// The 4096 x 4096 inputs, made once (eagerly) and shared by the benchmarks below.
+struct RowInputs {
+  Tensor x, w, b, target, classes;
+  RowInputs() {
+    kiln::LazyGuard eager(false);
+    kiln::manual_seed(0);
+    x = kiln::randn({kRows, kCols});
+    w = kiln::randn({kCols});
+    b = kiln::randn({kCols});
+    target = kiln::randint(kCols, {kRows, 1});
+    classes = kiln::arange(kCols).reshape({1, kCols});
+  }
+};
+const RowInputs& row_inputs() {
+  static const RowInputs in;
+  return in;
+}
+
+void BM_FuseMemoryFloor4096(benchmark::State& state, bool read_only) {
+  const RowInputs& in = row_inputs();
+  Tensor y;
+  {
+    kiln::LazyGuard eager(false);
+    y = kiln::empty({kRows, kCols});
+  }
+  const float* px = in.x.data_ptr<float>();
+  float* py = y.data_ptr<float>();
+  double sum = 0;
+  auto pass = [&] {
+    if (!read_only) {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < kElems; ++i) py[i] = px[i] * 1.0001f;
+      return;
+    }
+    // Independent lanes so that the adds vectorize and keep up with memory.
+    constexpr int64_t kLanes = 16;
+    double s = 0;
+#pragma omp parallel for schedule(static) reduction(+ : s)
+    for (int64_t r = 0; r < kRows; ++r) {
+      const float* row = px + r * kCols;
+      float lanes[kLanes] = {};
+      for (int64_t j = 0; j < kCols; j += kLanes)
+        for (int64_t k = 0; k < kLanes; ++k) lanes[k] += row[j + k];
+      float t = 0;
+      for (int64_t k = 0; k < kLanes; ++k) t += lanes[k];
+      s += t;
+    }
+    sum += s;
+  };
+  pass();  // first touch of y
+  double best = 1e30;
+  for (auto _ : state) {
+    const auto start = Clock::now();
+    pass();
+    benchmark::DoNotOptimize(py);
+    benchmark::DoNotOptimize(sum);
+    benchmark::ClobberMemory();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  // The floor is the fastest pass: a pass slowed by another process would flatter the ratios.
+  references()[read_only ? "floor/read" : "floor/copy"] = best;
+  state.counters["best_ms"] = best * 1e3;
+  set_bytes(state, read_only ? kFloorReadBytes : kFloorCopyBytes);
+  state.counters["threads"] = omp_get_max_threads();
+}
+BENCHMARK_CAPTURE(BM_FuseMemoryFloor4096, copy, false)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_FuseMemoryFloor4096, read, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+Tensor softmax_from_primitives(const Tensor& x) {
+  Tensor m = x.amax({-1}, true);
+  Tensor e = (x - m).exp();
+  return e / e.sum({-1}, true);
+}
+
+Tensor layer_norm_from_primitives(const Tensor& x, const Tensor& w, const Tensor& b) {
+  Tensor mean = x.mean({-1}, true);
+  Tensor xc = x - mean;
+  Tensor var = (xc * xc).mean({-1}, true);
+  return xc / kiln::sqrt(var + 1e-5) * w + b;
+}
+
+// The one-hot matrix is eq(classes [1, C], target [B, 1]): made inside the expression.
+Tensor cross_entropy_from_primitives(const Tensor& x, const Tensor& target, const Tensor& classes) {
+  Tensor onehot = kiln::eq(classes, target).to(kiln::kFloat32);
+  return (kiln::logsumexp(x, {1}) - (x * onehot).sum({1})).mean();
+}
+
+enum class RowModel { Softmax, LayerNorm, CrossEntropy };
+
+// One row model, eager or lazy; its x_floor is against the copy floor (softmax, layer_norm) or
+// the read floor (cross entropy, which writes one number).
+void row_model(benchmark::State& state, RowModel model, bool lazy, const std::string& key) {
+  const RowInputs& in = row_inputs();
+  kiln::LazyGuard mode(lazy);
+  auto run = [&] {
+    switch (model) {
+      case RowModel::Softmax:
+        return softmax_from_primitives(in.x);
+      case RowModel::LayerNorm:
+        return layer_norm_from_primitives(in.x, in.w, in.b);
+      default:
+        return cross_entropy_from_primitives(in.x, in.target, in.classes);
+    }
+  };
+  // One call first: it compiles the kernels and warms the allocator's block cache.
+  benchmark::DoNotOptimize(run().raw_data_ptr());
+  const auto start = Clock::now();
+  for (auto _ : state) {
+    Tensor y = run();
+    benchmark::DoNotOptimize(y.raw_data_ptr());
+  }
+  const double t = seconds_per_iteration(start, state);
+  const bool read_only = model == RowModel::CrossEntropy;
+  const double bytes = read_only ? kFloorReadBytes : kFloorCopyBytes;
+  set_bytes(state, bytes);
+  set_ratio(state, "x_floor", t, read_only ? "floor/read" : "floor/copy");
+  if (lazy)
+    set_ratio(state, "vs_eager", t, key + "/eager");
+  else
+    references()[key + "/eager"] = t;
+}
+void BM_FuseSoftmax4096(benchmark::State& state, bool lazy) {
+  row_model(state, RowModel::Softmax, lazy, "softmax");
+}
+void BM_FuseLayerNorm4096(benchmark::State& state, bool lazy) {
+  row_model(state, RowModel::LayerNorm, lazy, "layer_norm");
+}
+void BM_FuseCrossEntropy4096(benchmark::State& state, bool lazy) {
+  row_model(state, RowModel::CrossEntropy, lazy, "cross_entropy");
+}
+BENCHMARK_CAPTURE(BM_FuseSoftmax4096, eager, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FuseSoftmax4096, lazy, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FuseLayerNorm4096, eager, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FuseLayerNorm4096, lazy, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FuseCrossEntropy4096, eager, false)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_FuseCrossEntropy4096, lazy, true)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// ----------------------------------------------------------------- GEMM with a bias, LSTM step
+struct LinearInputs {
+  Tensor m, x, b;
+  LinearInputs() {
+    kiln::LazyGuard eager(false);
+    kiln::manual_seed(1);
+    m = kiln::randn({1000, 1000});
+    x = kiln::randn({1000, 1000});
+    b = kiln::randn({1000});
+  }
+};
+const LinearInputs& linear_inputs() {
+  static const LinearInputs in;
+  return in;
+}
+
+void BM_GemmAlone(benchmark::State& state) {
+  const LinearInputs& in = linear_inputs();
+  kiln::LazyGuard eager(false);
+  benchmark::DoNotOptimize(in.m.matmul(in.x).raw_data_ptr());
+  const auto start = Clock::now();
+  for (auto _ : state) {
+    Tensor y = in.m.matmul(in.x);
+    benchmark::DoNotOptimize(y.raw_data_ptr());
+  }
+  references()["gemm1000"] = seconds_per_iteration(start, state);
+  kiln::bench::set_flops(state, 2.0 * 1000 * 1000 * 1000);
+}
+BENCHMARK(BM_GemmAlone)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(50);
+
+void BM_FuseLinearBias(benchmark::State& state, bool lazy) {
+  const LinearInputs& in = linear_inputs();
+  kiln::LazyGuard mode(lazy);
+  benchmark::DoNotOptimize((in.m.matmul(in.x) + in.b).raw_data_ptr());
+  const auto start = Clock::now();
+  for (auto _ : state) {
+    Tensor y = in.m.matmul(in.x) + in.b;
+    benchmark::DoNotOptimize(y.raw_data_ptr());
+  }
+  set_ratio(state, "vs_gemm", seconds_per_iteration(start, state), "gemm1000");
+  kiln::bench::set_flops(state, 2.0 * 1000 * 1000 * 1000);
+}
+BENCHMARK_CAPTURE(BM_FuseLinearBias, eager, false)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(50);
+BENCHMARK_CAPTURE(BM_FuseLinearBias, lazy, true)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(50);
+
+constexpr int64_t kLstmBatch = 64, kLstmInput = 1500, kLstmHidden = 1500;
+
+struct LstmInputs {
+  Tensor x, h, c, wx, wh, b, grad_gates;
+  LstmInputs() {
+    kiln::LazyGuard eager(false);
+    kiln::manual_seed(2);
+    x = kiln::randn({kLstmBatch, kLstmInput});
+    h = kiln::randn({kLstmBatch, kLstmHidden});
+    c = kiln::randn({kLstmBatch, kLstmHidden});
+    wx = kiln::randn({kLstmInput, 4 * kLstmHidden}) * 0.02;
+    wh = kiln::randn({kLstmHidden, 4 * kLstmHidden}) * 0.02;
+    b = kiln::randn({4 * kLstmHidden}) * 0.1;
+    grad_gates = kiln::randn({kLstmBatch, 4 * kLstmHidden});
+  }
+};
+
+const LstmInputs& lstm_inputs() {
+  static const LstmInputs in;
+  return in;
+}
+
+struct LstmState {
+  Tensor h, c;
+};
+LstmState lstm_step(const LstmInputs& in, const Tensor& wx, const Tensor& wh, const Tensor& b) {
+  Tensor gates = in.x.matmul(wx) + in.h.matmul(wh) + b;
+  std::vector<Tensor> g = gates.chunk(4, 1);
+  Tensor i = kiln::sigmoid(g[0]), f = kiln::sigmoid(g[1]), cell = kiln::tanh(g[2]),
+         o = kiln::sigmoid(g[3]);
+  Tensor c2 = f * in.c + i * cell;
+  return {o * kiln::tanh(c2), c2};
+}
+
+// The step's GEMMs alone, eager: x @ Wx and h @ Wh, and for the backward also the weight
+// gradients x^T @ dgates and h^T @ dgates.
+void BM_LstmGemmsOnly(benchmark::State& state, bool backward) {
+  const LstmInputs& in = lstm_inputs();
+  kiln::LazyGuard eager(false);
+  auto run = [&] {
+    Tensor a = in.x.matmul(in.wx), b = in.h.matmul(in.wh);
+    benchmark::DoNotOptimize(a.raw_data_ptr());
+    benchmark::DoNotOptimize(b.raw_data_ptr());
+    if (backward) {
+      Tensor gx = in.x.t().matmul(in.grad_gates), gh = in.h.t().matmul(in.grad_gates);
+      benchmark::DoNotOptimize(gx.raw_data_ptr());
+      benchmark::DoNotOptimize(gh.raw_data_ptr());
+    }
+  };
+  run();
+  const auto start = Clock::now();
+  for (auto _ : state) run();
+  references()[backward ? "lstm_gemms/backward" : "lstm_gemms/forward"] =
+      seconds_per_iteration(start, state);
+  const double gemm = 2.0 * kLstmBatch * kLstmInput * 4 * kLstmHidden;
+  kiln::bench::set_flops(state, (backward ? 4 : 2) * gemm);
+}
+BENCHMARK_CAPTURE(BM_LstmGemmsOnly, forward, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_LstmGemmsOnly, backward, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_LstmCellStep(benchmark::State& state, bool lazy) {
+  const LstmInputs& in = lstm_inputs();
+  kiln::LazyGuard mode(lazy);
+  auto run = [&] {
+    LstmState s = lstm_step(in, in.wx, in.wh, in.b);
+    kiln::eval(s.h, s.c);
+    benchmark::DoNotOptimize(s.h.raw_data_ptr());
+    benchmark::DoNotOptimize(s.c.raw_data_ptr());
+  };
+  run();
+  const auto start = Clock::now();
+  for (auto _ : state) run();
+  const double t = seconds_per_iteration(start, state);
+  auto it = references().find("lstm_gemms/forward");
+  if (it != references().end()) state.counters["non_gemm"] = (t - it->second) / t;
+  if (lazy)
+    set_ratio(state, "vs_eager", t, "lstm_step/eager");
+  else
+    references()["lstm_step/eager"] = t;
+}
+BENCHMARK_CAPTURE(BM_LstmCellStep, eager, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_LstmCellStep, lazy, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_LstmCellStepBackward(benchmark::State& state, bool lazy) {
+  const LstmInputs& in = lstm_inputs();
+  Tensor wx = in.wx.clone(), wh = in.wh.clone(), b = in.b.clone();
+  wx.requires_grad_();
+  wh.requires_grad_();
+  b.requires_grad_();
+  kiln::LazyGuard mode(lazy);
+  auto run = [&] {
+    for (Tensor* t : {&wx, &wh, &b}) t->mutable_grad() = Tensor();
+    LstmState s = lstm_step(in, wx, wh, b);
+    Tensor loss = s.h.sum() + s.c.sum();
+    loss.backward();
+    kiln::eval(wx.grad(), wh.grad(), b.grad());
+    benchmark::DoNotOptimize(wx.grad().raw_data_ptr());
+    benchmark::DoNotOptimize(wh.grad().raw_data_ptr());
+    benchmark::DoNotOptimize(b.grad().raw_data_ptr());
+  };
+  run();
+  const auto start = Clock::now();
+  for (auto _ : state) run();
+  const double t = seconds_per_iteration(start, state);
+  auto it = references().find("lstm_gemms/backward");
+  if (it != references().end()) state.counters["non_gemm"] = (t - it->second) / t;
+  if (lazy)
+    set_ratio(state, "vs_eager", t, "lstm_step_backward/eager");
+  else
+    references()["lstm_step_backward/eager"] = t;
+}
+BENCHMARK_CAPTURE(BM_LstmCellStepBackward, eager, false)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_LstmCellStepBackward, lazy, true)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace

@@ -1,0 +1,152 @@
+// Helpers shared by the fuser's tests: planning a lazily recorded function (fused), running it
+// eagerly, comparing the two, and the random elementwise ops of the differential tests.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fuser/fuse.h"
+#include "jit/executor.h"
+#include "jit/lazy_eval.h"
+#include "jit/passes/passes.h"
+#include "kiln/jit.h"
+#include "kiln/kiln.h"
+#include "lib/lazy.h"
+#include "lib/tensor_impl.h"
+#include "tests/testing.h"
+
+namespace kiln::testing {
+
+using Inputs = std::vector<Tensor>;
+using Fn = std::function<Inputs(const Inputs&)>;
+
+// The plans here are built from pending tensors: a KILN_MAX_PENDING from the environment is lifted
+// for the whole run of every test binary that includes this header (an inline variable: registered
+// once per binary).
+[[maybe_unused]] inline ::testing::Environment* const kFuserNoFlush =
+    ::testing::AddGlobalTestEnvironment(new NoFlushEnvironment);
+
+// Records fn lazily and plans the graph of its results, fused.
+struct Planned {
+  jit::LazyGraphBinding binding;
+  std::unique_ptr<jit::Graph> graph;
+  std::unique_ptr<jit::Plan> plan;
+};
+inline Planned plan_of(const Fn& fn, const Inputs& inputs, bool passes = false) {
+  Planned p;
+  LazyGuard lazy(true);
+  Inputs outs = fn(inputs);
+  std::vector<detail::LazyRef> requests;
+  for (const Tensor& t : outs) {
+    EXPECT_TRUE(detail::is_pending(t)) << "an output was not recorded";
+    requests.push_back(t.impl()->storage->lazy);
+  }
+  p.graph = jit::build_graph(requests, &p.binding, false);
+  if (passes) jit::run_passes(*p.graph);
+  fuser::FusionGuard fusion(true);
+  p.plan = std::make_unique<jit::Plan>(*p.graph);
+  return p;
+}
+
+inline Inputs eager(const Fn& fn, const Inputs& inputs) {
+  LazyGuard eager_mode(false);
+  return fn(inputs);
+}
+
+// Runs fn fused (planned from a lazy recording) and eagerly; results must be bit-equal.
+inline void expect_fused_equals_eager(const Fn& fn, const Inputs& inputs, const std::string& what) {
+  Planned p = plan_of(fn, inputs);
+  Inputs got = p.plan->run(p.binding.inputs);
+  Inputs want = eager(fn, inputs);
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t k = 0; k < got.size(); ++k)
+    expect_bit_equal(got[k], want[k], what + ", output " + std::to_string(k));
+}
+
+// The random differential tests' elementwise ops: op in [0, kElementwiseOps) applied to a (and b
+// for binary ops), with one of seven C++ numbers picked by `number` in [0, 7). Each is computed by
+// a fused kernel bit for bit as eager mode computes it (conversions of out-of-range floats and NaN
+// to integers included); it throws kiln::Error, in either mode alike, when the op does not take
+// these dtypes (sub of bools, ...).
+constexpr int kElementwiseOps = 34;
+inline Tensor elementwise_op(int op, const Tensor& a, const Tensor& b, int number) {
+  static const double numbers[] = {0.5, -1.25, 2.0, 3.0, 1e-3, -7.0, 0.0};
+  const double v = numbers[number];
+  switch (op) {
+    case 0:
+      return neg(a);
+    case 1:
+      return abs(a);
+    case 2:
+      return sign(a);
+    case 3:
+      return exp(a);
+    case 4:
+      return log(a);
+    case 5:
+      return log1p(a);
+    case 6:
+      return expm1(a);
+    case 7:
+      return sqrt(a);
+    case 8:
+      return rsqrt(a);
+    case 9:
+      return tanh(a);
+    case 10:
+      return sigmoid(a);
+    case 11:
+      return relu(a);
+    case 12:
+      return silu(a);
+    case 13:
+      return floor(a * v);
+    case 14:
+      return round(a * v);
+    case 15:
+      return sin(a) + cos(b);
+    case 16:
+      return a * b;
+    case 17:
+      return a / b;
+    case 18:
+      return minimum(a, b);
+    case 19:
+      return maximum(a, b);
+    case 20:
+      return add(a, b, v == 0.0 ? 1.0 : v);
+    case 21:
+      return sub(a, b);
+    case 22:
+      return a * v;
+    case 23:
+      return a + static_cast<int64_t>(v);
+    case 24:
+      return lt(a, b);
+    case 25:
+      return ge(a, v);
+    case 26:
+      return eq(a, b);
+    case 27:
+      return logical_and(a, b);
+    case 28:
+      return logical_or(logical_not(a), b);
+    case 29:
+      return isnan(a);
+    // Conversions: float to integer out of range (after exp) and NaN included.
+    case 30:
+      return (a * v).to(kInt32);
+    case 31:
+      return exp(a * 30.0).to(kInt64) + a.to(kInt64);
+    case 32:
+      return a.to(kBool);
+    default:
+      return a.to(number % 2 ? kFloat64 : kFloat32) * b;
+  }
+}
+
+}  // namespace kiln::testing

@@ -1,0 +1,953 @@
+// Reduction fusion: softmax, log_softmax, layer_norm and cross entropy written from primitives
+// become one kernel, and fused reductions match eager mode's within the tolerances below, edge
+// cases (empty rows, NaN and infinities, integer sums, var's correction) and random programs
+// included.
+//
+// Tolerances. A fused reduction accumulates floats in double as eager mode does, but in another
+// order, and a fused kernel's exp may differ from eager's std::exp by one ulp, so a floating
+// result that depends on a reduction is compared within
+//   |fused - eager| <= rtol * |eager| + atol * scale * sqrt(R)
+// where R is the largest number of elements one reduction folds (at least 1) and scale the
+// magnitude of the values involved (the largest finite |value| among the inputs and the eager
+// result, at least 1):
+//   float32: rtol 1e-5, atol 1e-6   (a result is one or two ulps (1.2e-7) off; the rest is room
+//                                    for the elementwise ops after the reduction)
+//   float64: rtol 1e-12, atol 1e-12 (one ulp is 2.2e-16; summation order moves a sum of R terms
+//                                    by about R * 1e-16 * scale)
+//   integers and bool: exact (sums of integers are int64 and modular, in any order).
+// A NaN matches a NaN and an infinity only the same infinity. The random programs add to the
+// tolerance of each element the amount one-ulp perturbations of every reduction and
+// transcendental result move it in eager mode (see RandomReductionProgram), which covers the
+// amplification of those differences by the ops that follow.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fuser/fuse.h"
+#include "jit/ir.h"
+#include "kiln/jit.h"
+#include "kiln/kiln.h"
+#include "lib/op_table.h"
+#include "tests/fuser/fuser_testing.h"
+#include "tests/testing.h"
+
+namespace kiln {
+namespace {
+
+using testing::eager;
+using testing::expect_fused_equals_eager;
+using testing::Fn;
+using testing::Inputs;
+using testing::plan_of;
+using testing::Planned;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// ------------------------------------------------------------------------------- comparison
+struct Tolerance {
+  double rtol;
+  double atol;
+};
+
+// The tolerance (see the top of the file) for a result of `dtype` whose reductions fold at most
+// `reduced` elements, with values of magnitude `scale`.
+Tolerance tolerance(DType dtype, int64_t reduced, double scale) {
+  const double grow = std::sqrt(static_cast<double>(std::max<int64_t>(reduced, 1)));
+  scale = std::max(scale, 1.0);
+  if (dtype == kFloat64) return {1e-12, 1e-12 * scale * grow};
+  return {1e-5, 1e-6 * scale * grow};
+}
+
+std::vector<double> values_of(const Tensor& t) {
+  LazyGuard eager_mode(false);
+  return t.to_vector<double>();
+}
+
+// The largest finite |value| of a floating tensor (0 for other dtypes and empty tensors).
+double max_abs(const Tensor& t) {
+  if (!t.defined() || !is_floating_point(t.dtype())) return 0;
+  double m = 0;
+  for (double v : values_of(t))
+    if (std::isfinite(v)) m = std::max(m, std::fabs(v));
+  return m;
+}
+
+// got (fused) against want (eager): same sizes and dtype; integers and bools bit-equal; floats
+// within `tol` plus, per element, slack[i] when given. NaN matches NaN, an infinity the same one.
+void expect_close(const Tensor& got, const Tensor& want, const Tolerance& tol,
+                  const std::vector<double>* slack, const std::string& what) {
+  ASSERT_TRUE(got.defined()) << what;
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  if (!is_floating_point(want.dtype())) {
+    testing::expect_bit_equal(got, want, what);
+    return;
+  }
+  const std::vector<double> g = values_of(got), w = values_of(want);
+  ASSERT_EQ(g.size(), w.size()) << what;
+  int reported = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double a = g[i], e = w[i];
+    if (a == e || (std::isnan(a) && std::isnan(e))) continue;
+    const double allowed = tol.atol + tol.rtol * std::fabs(e) + (slack ? (*slack)[i] : 0.0);
+    const bool ok = std::isfinite(a) && std::isfinite(e) && std::fabs(a - e) <= allowed;
+    if (!ok && reported++ < 5) {
+      ADD_FAILURE() << what << ": element " << i << " of " << ::testing::PrintToString(want.sizes())
+                    << ": fused " << a << ", eager " << e << " (difference " << std::fabs(a - e)
+                    << ", allowed " << allowed << ")";
+    }
+  }
+}
+
+// Runs fn fused and eagerly and compares every output within the tolerance of its dtype.
+// `reduced`: the most elements one reduction folds (by default the largest input's size).
+void expect_fused_close_to_eager(const Fn& fn, const Inputs& inputs, const std::string& what,
+                                 int64_t reduced = -1) {
+  Planned p = plan_of(fn, inputs);
+  Inputs got = p.plan->run(p.binding.inputs);
+  Inputs want = eager(fn, inputs);
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double input_scale = 0;
+  for (const Tensor& t : inputs) input_scale = std::max(input_scale, max_abs(t));
+  if (reduced < 0) {
+    for (const Tensor& t : inputs) reduced = std::max(reduced, t.numel());
+  }
+  for (size_t k = 0; k < got.size(); ++k) {
+    const double scale = std::max(input_scale, max_abs(want[k]));
+    expect_close(got[k], want[k], tolerance(want[k].dtype(), reduced, scale), nullptr,
+                 what + ", output " + std::to_string(k) + "\n" + p.graph->str());
+  }
+}
+
+// ------------------------------------------------------------------------- plan inspection
+// Reduction nodes in the graph, and those the fuser put inside a group.
+int reductions_in(const jit::Graph& graph) {
+  int n = 0;
+  for (const jit::Node* node : graph.nodes()) n += node->op().kind == detail::OpKind::Reduction;
+  return n;
+}
+int fused_reductions_in(const jit::Graph& graph) {
+  int n = 0;
+  for (const fuser::FusionGroup& g : fuser::find_groups(graph))
+    for (const jit::Node* node : g.nodes) n += node->op().kind == detail::OpKind::Reduction;
+  return n;
+}
+
+// Every node of the plan runs in one compiled kernel, reductions included.
+void expect_one_kernel(const Planned& p, const std::string& what) {
+  EXPECT_GT(reductions_in(*p.graph), 0) << what;
+  EXPECT_EQ(fused_reductions_in(*p.graph), reductions_in(*p.graph))
+      << what << ": a reduction was left out of the groups";
+  EXPECT_EQ(p.plan->num_kernel_steps(), 1u) << what;
+  EXPECT_EQ(p.plan->num_steps(), 1u) << what << ": every node should run in the kernel\n"
+                                     << p.graph->str();
+}
+
+// ------------------------------------------------------------------- models from primitives
+Tensor softmax_from_primitives(const Tensor& x) {
+  Tensor m = x.amax({-1}, true);
+  Tensor e = (x - m).exp();
+  return e / e.sum({-1}, true);
+}
+
+Tensor log_softmax_from_primitives(const Tensor& x) {
+  Tensor shifted = x - x.amax({-1}, true);
+  return shifted - shifted.exp().sum({-1}, true).log();
+}
+
+// w and b of shape [D] (or anything that broadcasts to x's rows).
+Tensor layer_norm_from_primitives(const Tensor& x, const Tensor& w, const Tensor& b) {
+  Tensor mean = x.mean({-1}, true);
+  Tensor xc = x - mean;
+  Tensor var = (xc * xc).mean({-1}, true);
+  return xc / sqrt(var + 1e-5) * w + b;
+}
+
+// Mean over the batch of logsumexp(x) - x[target], the target given as a one-hot matrix.
+Tensor cross_entropy_from_primitives(const Tensor& x, const Tensor& onehot) {
+  return (logsumexp(x, {1}) - (x * onehot).sum({1})).mean();
+}
+
+// A one-hot [B, C] matrix of random classes, of `dtype` (made eagerly).
+Tensor random_onehot(int64_t B, int64_t C, DType dtype) {
+  Tensor target = testing::input({B, 1}, kInt64, 0, static_cast<double>(C));
+  LazyGuard eager_mode(false);
+  return eq(arange(C).reshape({1, C}), target).to(dtype);
+}
+
+const Shape kRowShapes[] = {{64, 1000}, {7, 3}};
+const DType kFloatTypes[] = {kFloat32, kFloat64};
+
+std::string case_name(const std::string& model, const Shape& shape, DType dtype) {
+  return model + " " + ::testing::PrintToString(shape) + " " + dtype_name(dtype);
+}
+
+// ---------------------------------------------------------------------------- structural tests
+TEST(ReduceFusion, SoftmaxFromPrimitivesIsOneKernel) {
+  for (const Shape& shape : kRowShapes) {
+    for (DType dtype : kFloatTypes) {
+      const std::string what = case_name("softmax", shape, dtype);
+      Tensor x = testing::input(shape, dtype, -5, 5);
+      Fn fn = [](const Inputs& in) { return Inputs{softmax_from_primitives(in[0])}; };
+      expect_one_kernel(plan_of(fn, {x}), what);
+      expect_fused_close_to_eager(fn, {x}, what);
+    }
+  }
+}
+
+TEST(ReduceFusion, LogSoftmaxFromPrimitivesIsOneKernel) {
+  for (const Shape& shape : kRowShapes) {
+    for (DType dtype : kFloatTypes) {
+      const std::string what = case_name("log_softmax", shape, dtype);
+      Tensor x = testing::input(shape, dtype, -5, 5);
+      Fn fn = [](const Inputs& in) { return Inputs{log_softmax_from_primitives(in[0])}; };
+      expect_one_kernel(plan_of(fn, {x}), what);
+      expect_fused_close_to_eager(fn, {x}, what);
+    }
+  }
+}
+
+TEST(ReduceFusion, LayerNormFromPrimitivesIsOneKernel) {
+  for (const Shape& shape : kRowShapes) {
+    for (DType dtype : kFloatTypes) {
+      const std::string what = case_name("layer_norm", shape, dtype);
+      Tensor x = testing::input(shape, dtype, -2, 4);
+      Tensor w = testing::input({shape[1]}, dtype), b = testing::input({shape[1]}, dtype);
+      Fn fn = [](const Inputs& in) {
+        return Inputs{layer_norm_from_primitives(in[0], in[1], in[2])};
+      };
+      expect_one_kernel(plan_of(fn, {x, w, b}), what);
+      expect_fused_close_to_eager(fn, {x, w, b}, what);
+    }
+  }
+}
+
+TEST(ReduceFusion, CrossEntropyFromPrimitivesIsOneKernel) {
+  for (const Shape& shape : kRowShapes) {
+    for (DType dtype : kFloatTypes) {
+      const std::string what = case_name("cross entropy", shape, dtype);
+      Tensor x = testing::input(shape, dtype, -5, 5);
+      Tensor onehot = random_onehot(shape[0], shape[1], dtype);
+      Fn fn = [](const Inputs& in) { return Inputs{cross_entropy_from_primitives(in[0], in[1])}; };
+      expect_one_kernel(plan_of(fn, {x, onehot}), what);
+      expect_fused_close_to_eager(fn, {x, onehot}, what);
+    }
+  }
+}
+
+// The one-hot matrix made inside the kernel from the class indices (no [B, C] input to read).
+TEST(ReduceFusion, CrossEntropyWithTheOneHotMadeInTheKernelIsOneKernel) {
+  const int64_t B = 32, C = 100;
+  Tensor x = testing::input({B, C}, kFloat32, -5, 5);
+  Tensor target = testing::input({B, 1}, kInt64, 0, C);
+  Tensor classes;
+  {
+    LazyGuard eager_mode(false);
+    classes = arange(C).reshape({1, C});
+  }
+  Fn fn = [](const Inputs& in) {
+    return Inputs{cross_entropy_from_primitives(in[0], eq(in[2], in[1]).to(kFloat32))};
+  };
+  expect_one_kernel(plan_of(fn, {x, target, classes}), "cross entropy, one-hot in the kernel");
+  expect_fused_close_to_eager(fn, {x, target, classes}, "cross entropy, one-hot in the kernel");
+}
+
+TEST(ReduceFusion, MinusTheMeanOfAllElementsIsOneKernel) {
+  for (DType dtype : kFloatTypes) {
+    Tensor x = testing::input({9, 13}, dtype, 1, 4);
+    Fn fn = [](const Inputs& in) { return Inputs{in[0] - in[0].mean()}; };
+    expect_one_kernel(plan_of(fn, {x}), "x - x.mean()");
+    expect_fused_close_to_eager(fn, {x}, "x - x.mean()");
+  }
+}
+
+TEST(ReduceFusion, SumOfAProductIsOneKernel) {
+  for (DType dtype : kFloatTypes) {
+    Tensor a = testing::input({33, 65}, dtype), b = testing::input({33, 65}, dtype);
+    Fn fn = [](const Inputs& in) { return Inputs{(in[0] * in[1]).sum()}; };
+    expect_one_kernel(plan_of(fn, {a, b}), "(a * b).sum()");
+    expect_fused_close_to_eager(fn, {a, b}, "(a * b).sum()");
+  }
+}
+
+// A reduction over a leading dim may stay out of the group; the result is right either way.
+TEST(ReduceFusion, AReductionOverALeadingDimMatchesEager) {
+  for (DType dtype : kFloatTypes) {
+    Tensor x = testing::input({17, 9}, dtype);
+    Fn fn = [](const Inputs& in) {
+      Tensor s = (in[0] * 2.0).sum({0});
+      return Inputs{exp(s * 0.1) + 1.0, in[0] / s.abs().unsqueeze(0)};
+    };
+    expect_fused_close_to_eager(fn, {x}, "x.sum({0}) then elementwise");
+    Fn keep = [](const Inputs& in) {
+      return Inputs{in[0] - in[0].mean({0}, true), in[0].amax({0}) * 3.0};
+    };
+    expect_fused_close_to_eager(keep, {x}, "x - x.mean({0}, true)");
+  }
+}
+
+// ---------------------------------------------------------------------------------- edge cases
+TEST(ReduceFusionEdges, RowsOfLengthZero) {
+  for (DType dtype : kFloatTypes) {
+    Tensor x = testing::input({3, 0}, dtype);
+    Fn fn = [](const Inputs& in) {
+      Tensor y = in[0] * 2.0;
+      return Inputs{y.sum({-1}),       y.mean({-1}),           y.logsumexp({-1}),
+                    y.sum({-1}, true), y - y.mean({-1}, true), (y + 1.0).exp().sum({-1}) * 2.0};
+    };
+    expect_fused_close_to_eager(fn, {x}, "rows of length 0");
+    // Eager semantics: an empty sum is 0, an empty mean NaN, an empty logsumexp -inf.
+    Planned p = plan_of(fn, {x});
+    Inputs got = p.plan->run(p.binding.inputs);
+    ASSERT_EQ(got.size(), 6u);
+    testing::expect_close(got[0], {0, 0, 0}, {3}, dtype);
+    testing::expect_close(got[1], {kNaN, kNaN, kNaN}, {3}, dtype);
+    testing::expect_close(got[2], {-kInf, -kInf, -kInf}, {3}, dtype);
+    testing::expect_close(got[5], {0, 0, 0}, {3}, dtype);
+  }
+}
+
+TEST(ReduceFusionEdges, NoRows) {
+  for (DType dtype : kFloatTypes) {
+    Tensor x = testing::input({0, 5}, dtype);
+    Fn fn = [](const Inputs& in) {
+      Tensor y = in[0] + 1.0;
+      return Inputs{y.sum({-1}),
+                    y.mean({-1}, true),
+                    y.amax({-1}),
+                    y.logsumexp({-1}),
+                    y.var({-1}, 1, true),
+                    softmax_from_primitives(y),
+                    y - y.mean({-1}, true),
+                    y.sum()};
+    };
+    expect_fused_close_to_eager(fn, {x}, "no rows");
+  }
+}
+
+TEST(ReduceFusionEdges, NaNInARowWinsForMaxAndLogSumExp) {
+  for (DType dtype : kFloatTypes) {
+    // Rows: a NaN in the middle, a NaN after +inf, a NaN first, and no NaN.
+    Tensor x = from_vector(std::vector<double>{1, kNaN, 3, 2, kInf, kNaN, kNaN, -1, 0, 5, -2, 4},
+                           Shape{4, 3})
+                   .to(dtype);
+    Fn fn = [](const Inputs& in) {
+      Tensor y = in[0] * 1.0;
+      return Inputs{y.amax({-1}), y.amin({-1}, true),         y.logsumexp({-1}),     y.max(),
+                    y.min(),      softmax_from_primitives(y), y - y.amax({-1}, true)};
+    };
+    expect_fused_close_to_eager(fn, {x}, "NaN in a row");
+    Planned p = plan_of(fn, {x});
+    Inputs got = p.plan->run(p.binding.inputs);
+    ASSERT_EQ(got.size(), 7u);
+    testing::expect_close(got[0], {kNaN, kNaN, kNaN, 5}, {4}, dtype);
+    testing::expect_close(
+        got[2], {kNaN, kNaN, kNaN, 5.0 + std::log1p(std::exp(-1.0) + std::exp(-7.0))}, {4}, dtype);
+    testing::expect_close(got[3], {kNaN}, {}, dtype);
+  }
+}
+
+TEST(ReduceFusionEdges, InfinitiesInLogSumExpAndSoftmax) {
+  for (DType dtype : kFloatTypes) {
+    // Rows: a +inf, all -inf, some -inf (masked), +inf and -inf.
+    Tensor x = from_vector(std::vector<double>{1, kInf, 2, -kInf, -kInf, -kInf, -kInf, 0, 1, kInf,
+                                               -kInf, 3},
+                           Shape{4, 3})
+                   .to(dtype);
+    Fn fn = [](const Inputs& in) {
+      Tensor y = in[0] + 0.0;
+      return Inputs{y.logsumexp({-1}), y.logsumexp({-1}, true) - y, softmax_from_primitives(y),
+                    log_softmax_from_primitives(y), y.logsumexp({0, 1})};
+    };
+    expect_fused_close_to_eager(fn, {x}, "infinities");
+    Planned p = plan_of(fn, {x});
+    Inputs got = p.plan->run(p.binding.inputs);
+    ASSERT_EQ(got.size(), 5u);
+    testing::expect_close(got[0], {kInf, -kInf, 1 + std::log1p(std::exp(-1.0)), kInf}, {4}, dtype);
+  }
+}
+
+TEST(ReduceFusionEdges, IntegerAndBoolSumsAreExact) {
+  // int32 values near the int32 limit: their sum is int64 and must not wrap at 32 bits.
+  Tensor i32 = testing::input({6, 1000}, kInt32, 2.0e9, 2.1e9);
+  Tensor i64 = testing::input({6, 1000}, kInt64, -1e15, 1e15);
+  Tensor small = testing::input({5, 17}, kInt32, -100, 100);
+  Tensor flags = testing::input({5, 17}, kBool);
+  for (const Tensor& x : {i32, i64, small}) {
+    const std::string what = std::string("integer sums, ") + dtype_name(x.dtype());
+    Fn fn = [](const Inputs& in) {
+      Tensor y = in[0] + 1;
+      return Inputs{y.sum({-1}),           (in[0] - 7).sum({-1}, true), y.sum(),
+                    y.amax({-1}),          y.amin({-1}, true),          y - y.amax({-1}, true),
+                    lt(in[0], 0).sum({-1})};
+    };
+    expect_fused_equals_eager(fn, {x}, what);
+    Inputs want = eager(fn, {x});
+    EXPECT_EQ(want[0].dtype(), kInt64) << what;
+    EXPECT_EQ(want[6].dtype(), kInt64) << what;
+  }
+  Fn bools = [](const Inputs& in) {
+    Tensor y = logical_not(in[0]);
+    return Inputs{y.sum({-1}), y.sum(), y.amax({-1}), logical_and(y, in[0]).sum({-1}, true)};
+  };
+  expect_fused_equals_eager(bools, {flags}, "bool sums");
+  EXPECT_EQ(eager(bools, {flags})[0].dtype(), kInt64);
+  // Mixed: an integer sum broadcast back into float arithmetic.
+  Tensor x = testing::input({5, 17});
+  Fn mixed = [](const Inputs& in) { return Inputs{in[0] / (in[1] + 200).sum({-1}, true)}; };
+  expect_fused_close_to_eager(mixed, {x, small}, "float over an integer sum");
+}
+
+// Eager accumulates float32 sums in double: 1e8 + 1000 ones - 1e8 is exactly 1000, where float
+// accumulation would lose every one.
+TEST(ReduceFusionEdges, Float32SumsAccumulateInDouble) {
+  std::vector<double> row{1e8};
+  for (int i = 0; i < 1000; ++i) row.push_back(1);
+  row.push_back(-1e8);
+  Tensor x = from_vector(row, Shape{1, static_cast<int64_t>(row.size())}).to(kFloat32);
+  Fn fn = [](const Inputs& in) {
+    Tensor y = in[0] * 1.0;
+    return Inputs{y.sum({-1}), y.sum(), y.mean({-1}, true) * 1002.0};
+  };
+  Planned p = plan_of(fn, {x});
+  Inputs got = p.plan->run(p.binding.inputs);
+  ASSERT_EQ(got.size(), 3u);
+  testing::expect_close(got[0], {1000}, {1}, kFloat32, 0, 0);
+  testing::expect_close(got[1], {1000}, {}, kFloat32, 0, 0);
+  testing::expect_close(got[2], {1000}, {1, 1}, kFloat32, 1e-6, 0);
+}
+
+TEST(ReduceFusionEdges, VarianceWithTooFewElementsIsNaN) {
+  for (DType dtype : kFloatTypes) {
+    Tensor x = testing::input({4, 1}, dtype), y = testing::input({4, 3}, dtype);
+    Fn fn = [](const Inputs& in) {
+      Tensor a = in[0] * 2.0, b = in[1] * 2.0;
+      return Inputs{a.var({-1}),
+                    a.std({-1}, 1, true),
+                    a.var({-1}, 0),
+                    b.var({-1}, 3),
+                    b.var({-1}, 5, true),
+                    b.var({-1}, 2),
+                    b.std({-1}),
+                    b.var(),
+                    b - b.std({-1}, 1, true)};
+    };
+    expect_fused_close_to_eager(fn, {x, y}, "var with correction");
+    Planned p = plan_of(fn, {x, y});
+    Inputs got = p.plan->run(p.binding.inputs);
+    ASSERT_EQ(got.size(), 9u);
+    testing::expect_close(got[0], {kNaN, kNaN, kNaN, kNaN}, {4}, dtype);
+    testing::expect_close(got[1], {kNaN, kNaN, kNaN, kNaN}, {4, 1}, dtype);
+    testing::expect_close(got[2], {0, 0, 0, 0}, {4}, dtype);
+    testing::expect_close(got[3], {kNaN, kNaN, kNaN, kNaN}, {4}, dtype);
+    testing::expect_close(got[4], {kNaN, kNaN, kNaN, kNaN}, {4, 1}, dtype);
+  }
+}
+
+TEST(ReduceFusionEdges, NonContiguousInputs) {
+  Tensor x0 = testing::input({12, 37}, kFloat32, -4, 4);
+  Tensor w = testing::input({1, 37}), b = testing::input({37});
+  Tensor w_expanded = testing::input_layouts(w).back().second;  // "expanded": a stride-0 dim
+  for (const auto& [layout, x] : testing::input_layouts(x0)) {
+    Fn fn = [](const Inputs& in) {
+      return Inputs{softmax_from_primitives(in[0]), layer_norm_from_primitives(in[0], in[1], in[2]),
+                    in[0].sum({-1}), in[0] - in[0].mean()};
+    };
+    expect_fused_close_to_eager(fn, {x, w, b}, "layout " + layout);
+    expect_fused_close_to_eager(fn, {x, w_expanded, b}, "layout " + layout + ", expanded weight");
+    // Weights broadcast to the full [B, D] as a view (stride 0 along the rows).
+    Tensor w_full, b_full;
+    {
+      LazyGuard eager_mode(false);
+      w_full = w.expand({12, 37});
+      b_full = b.reshape({1, 37}).expand({12, 37});
+    }
+    expect_fused_close_to_eager(fn, {x, w_full, b_full}, "layout " + layout + ", [B, D] views");
+  }
+  // A transposed input whose rows are the original columns.
+  Tensor t = testing::input({37, 12});
+  Tensor xt;
+  {
+    LazyGuard eager_mode(false);
+    xt = t.t();
+  }
+  Fn fn = [](const Inputs& in) {
+    return Inputs{softmax_from_primitives(in[0]), log_softmax_from_primitives(in[0])};
+  };
+  expect_fused_close_to_eager(fn, {xt}, "transposed view");
+}
+
+TEST(ReduceFusionEdges, KeepdimOrNot) {
+  Tensor x = testing::input({6, 11});
+  for (bool keepdim : {false, true}) {
+    Fn fn = [keepdim](const Inputs& in) {
+      Tensor y = in[0].exp();
+      Tensor s = y.sum({-1}, keepdim), m = in[0].amax({-1}, keepdim);
+      Tensor back = keepdim ? s : s.unsqueeze(-1);
+      return Inputs{s * 2.0, m + 1.0, y / back, log1p(in[0].mean({-1}, keepdim)),
+                    in[0].logsumexp({-1}, keepdim) - m};
+    };
+    expect_fused_close_to_eager(fn, {x}, keepdim ? "keepdim" : "no keepdim");
+  }
+}
+
+// Softmax over the last two dims, or over every dim, is one kernel; other reductions of the
+// same input (which no elementwise op produces) may run apart, and all match eager mode.
+TEST(ReduceFusionEdges, ThreeDimsReducingTheLastTwoOrAll) {
+  for (DType dtype : kFloatTypes) {
+    Tensor x = testing::input({4, 5, 6}, dtype);
+    Fn softmax_last_two = [](const Inputs& in) {
+      Tensor e = (in[0] - in[0].amax({-2, -1}, true)).exp();
+      return Inputs{e / e.sum({-2, -1}, true)};
+    };
+    expect_one_kernel(plan_of(softmax_last_two, {x}), "softmax over the last two dims");
+    Fn softmax_all = [](const Inputs& in) {
+      Tensor e = (in[0] - in[0].max()).exp();
+      return Inputs{e / e.sum()};
+    };
+    expect_one_kernel(plan_of(softmax_all, {x}), "softmax over every dim");
+    Fn last_two = [](const Inputs& in) {
+      const Tensor& v = in[0];
+      Tensor m = v.amax({-2, -1}, true);
+      Tensor e = (v - m).exp();
+      return Inputs{e / e.sum({-2, -1}, true), v.sum({-2, -1}),       v - v.mean({-2, -1}, true),
+                    v.var({-2, -1}, 1, true),  v.logsumexp({-2, -1}), (v * 2.0).sum({-2, -1})};
+    };
+    expect_fused_close_to_eager(last_two, {x}, "reducing the last two dims");
+    Fn all = [](const Inputs& in) {
+      const Tensor& v = in[0];
+      Tensor e = (v - v.max()).exp();
+      return Inputs{e / e.sum(), v.sum(), v - v.mean(),  v.amin({0, 1, 2}, true),
+                    v.std(),     v.min(), (v * v).mean()};
+    };
+    expect_fused_close_to_eager(all, {x}, "reducing every dim");
+  }
+}
+
+TEST(ReduceFusionEdges, AReductionReturnedAndBroadcastBack) {
+  for (DType dtype : kFloatTypes) {
+    Tensor x = testing::input({8, 29}, dtype);
+    Fn fn = [](const Inputs& in) {
+      Tensor m = in[0].amax({-1}, true);
+      Tensor e = (in[0] - m).exp();
+      Tensor s = e.sum({-1}, true);
+      return Inputs{m, e, s, e / s};
+    };
+    expect_fused_close_to_eager(fn, {x}, "reductions returned and broadcast back");
+    Fn mean = [](const Inputs& in) {
+      Tensor mu = in[0].mean({-1}, true);
+      return Inputs{mu, in[0] - mu, in[0].sum()};
+    };
+    expect_fused_close_to_eager(mean, {x}, "mean returned and broadcast back");
+  }
+}
+
+// ------------------------------------------------------------- random differential testing
+// Random programs mixing elementwise ops with reductions (sum, mean, amax, amin, max(), min(),
+// logsumexp, var, std) over the last dim, the last two, every dim or (rarely) the first, with or
+// without keepdim, whose results are often broadcast back into the rows (x - r, x / r,
+// exp(x - r)). Shapes include 0- and 1-sized dims; inputs are float32, float64, int32, int64 or
+// bool, some non-contiguous.
+//
+// Values are exact (a fused kernel computes them bit for bit as eager mode does: elementwise ops
+// other than transcendental functions, max/min reductions of exact values (a zero result made
+// +0 by adding 0: its sign depends on the order of comparison), integer sums) or approximate. Ops
+// that are not continuous (floor, round, sign, comparisons, conversions to integers or bool, isnan)
+// only take exact values, so that one ulp cannot turn into a different integer; approximate values
+// go through continuous ops only, and are divided only by numbers of at least 1 in magnitude.
+//
+// The tolerance of each approximate result adds to the fixed one (see the top of the file) the
+// largest change that one-ulp perturbations of every reduction and transcendental result make to
+// it in eager mode (over three perturbed runs, times 8): it measures how much the ops after the
+// reductions amplify such differences. A program with float32 values gives its float64 results
+// float32's tolerance (a float64 result may carry a float32 value's rounding).
+class RandomReductionProgram {
+ public:
+  // What an eager run of a program observes; nullptr for the lazy recording.
+  struct Run {
+    std::mt19937_64* perturb = nullptr;  // set: move every inexact result by an ulp, then
+    int direction = 0;                   // up (1), down (-1) or at random (0) per element
+    std::vector<Tensor> values;          // every value made (for the scale)
+    int64_t reduced = 0;                 // the most elements one reduction folded
+  };
+  using Program = std::function<Inputs(const Inputs&, Run*)>;
+
+  explicit RandomReductionProgram(uint64_t seed) : rng_(seed) {}
+
+  // 1-3 inputs broadcastable to one shape of rank 0-3, some non-contiguous.
+  Inputs make_inputs() {
+    const int rank = pick(0, 3);
+    Shape shape;
+    static const int64_t sizes[] = {0, 1, 2, 3, 5, 8, 17, 33};
+    for (int d = 0; d < rank; ++d) shape.push_back(sizes[pick(1, 7)]);
+    if (rank > 0 && pick(0, 20) == 0) shape[static_cast<size_t>(pick(0, rank - 1))] = 0;
+    static const DType dtypes[] = {kFloat32, kFloat32, kFloat32, kFloat64,
+                                   kFloat64, kInt32,   kInt64,   kBool};
+    const DType dtype = dtypes[pick(0, 7)];
+    Inputs in;
+    const int count = pick(1, 3);
+    for (int i = 0; i < count; ++i) {
+      Shape s = shape;
+      for (auto& d : s)
+        if (pick(0, 4) == 0) d = 1;  // broadcast along this dim
+      const DType t = pick(0, 5) == 0 ? dtypes[pick(0, 7)] : dtype;
+      Tensor x = testing::input(s, t, -3, 3);
+      auto layouts = testing::input_layouts(x);
+      in.push_back(
+          layouts[static_cast<size_t>(pick(0, static_cast<int>(layouts.size()) - 1))].second);
+    }
+    return in;
+  }
+
+  // A program of about `ops` steps (reductions or elementwise ops), with at least one reduction
+  // that took its operand. It returns its last three new values.
+  Program make_program(int ops) {
+    std::vector<int> choice;
+    for (int i = 0; i < ops * 12 + 16; ++i) choice.push_back(pick(0, 1 << 20));
+    return [choice, ops](const Inputs& in, Run* run) {
+      std::vector<Value> values;
+      for (const Tensor& t : in) values.push_back({t, true});
+      size_t c = 0;
+      auto next = [&](int n) { return choice[c++ % choice.size()] % n; };
+      // Operands are mostly recent values, so that reductions and their consumers chain.
+      auto operand = [&]() -> Value {
+        const int n = static_cast<int>(values.size());
+        const int back = next(3) ? next(std::min(n, 3)) : next(n);
+        return values[static_cast<size_t>(n - 1 - back)];
+      };
+      auto add = [&](const Tensor& t, bool exact) {
+        values.push_back({t, exact});
+        if (run) run->values.push_back(t);
+      };
+      int reductions = 0;
+      for (int i = 0; i < ops || (reductions == 0 && i < ops + 6); ++i) {
+        const bool reduce = next(5) < 2 || i >= ops;
+        try {
+          if (reduce) {
+            reduction_step(operand(), next, add, run);
+            ++reductions;
+          } else {
+            elementwise_step(operand(), operand(), next, add, run);
+          }
+        } catch (const Error&) {
+          // The op does not take these operands (mean of integers, amax of an empty row, ...):
+          // eager and lazy mode agree on that.
+        }
+      }
+      Inputs out;
+      for (size_t k = std::max(in.size(), values.size() > 3 ? values.size() - 3 : 0);
+           k < values.size(); ++k) {
+        bool seen = false;
+        for (const Tensor& t : in) seen |= values[k].tensor.is_same(t);
+        for (const Tensor& t : out) seen |= values[k].tensor.is_same(t);
+        if (!seen) out.push_back(values[k].tensor);
+      }
+      return out;
+    };
+  }
+
+ private:
+  struct Value {
+    Tensor tensor;
+    bool exact;  // computed bit for bit alike by fused kernels and eager mode
+  };
+  using Next = std::function<int(int)>;
+  using Add = std::function<void(const Tensor&, bool)>;
+
+  // An inexact result, moved by about one ulp per element in a perturbed eager run.
+  static Tensor inexact(const Tensor& t, Run* run) {
+    if (!run || !run->perturb || !is_floating_point(t.dtype())) return t;
+    std::vector<double> v = values_of(t);
+    std::bernoulli_distribution up(0.5);
+    for (double& x : v) {
+      if (!std::isfinite(x)) continue;
+      const bool go_up = run->direction == 0 ? up(*run->perturb) : run->direction > 0;
+      const double to = go_up ? kInf : -kInf;
+      x = t.dtype() == kFloat32
+              ? static_cast<double>(std::nextafter(static_cast<float>(x), static_cast<float>(to)))
+              : std::nextafter(x, to);
+    }
+    LazyGuard eager_mode(false);
+    return from_vector(v, t.sizes()).to(t.dtype());
+  }
+
+  static void reduction_step(const Value& v, const Next& next, const Add& add, Run* run) {
+    const Tensor& x = v.tensor;
+    const int64_t rank = x.dim();
+    std::vector<int64_t> dims;
+    const int d = next(8);
+    if (rank == 0 || d == 5 || d == 6) {
+      dims = {};  // every dim
+    } else if (d == 7 && rank >= 2) {
+      dims = {0};  // a leading dim: may not fuse
+    } else if ((d == 3 || d == 4) && rank >= 2) {
+      dims = {-2, -1};
+    } else {
+      dims = {-1};
+    }
+    const bool keepdim = next(2) == 1;
+    const int op = next(v.exact ? 9 : 7);  // var and std of exact values only
+    const int64_t correction = next(3);
+    Tensor r;
+    bool exact = false;
+    switch (op) {
+      case 0:
+        r = x.sum(dims, keepdim);
+        exact = v.exact && !is_floating_point(r.dtype());
+        break;
+      case 1:
+        r = x.mean(dims, keepdim);
+        break;
+      case 2:
+        r = x.amax(dims, keepdim);
+        exact = v.exact;
+        break;
+      case 3:
+        r = x.amin(dims, keepdim);
+        exact = v.exact;
+        break;
+      case 4:
+        r = next(2) ? x.max() : x.min();
+        exact = v.exact;
+        break;
+      case 5:
+      case 6:
+        r = x.logsumexp(dims, keepdim);
+        break;
+      case 7:
+        r = x.var(dims, correction, keepdim);
+        break;
+      default:
+        r = x.std(dims, correction, keepdim);
+        break;
+    }
+    const bool extremum = op >= 2 && op <= 4;
+    // Which of +0 and -0 a max or min of both returns depends on the order the elements are
+    // compared in (eager mode's vector lanes, the kernel's): adding 0 makes a zero +0.
+    if (extremum && is_floating_point(r.dtype())) r = r + 0.0;
+    if (run) {
+      // The elements one output folds.
+      run->reduced = std::max(run->reduced, r.numel() > 0 ? x.numel() / r.numel() : x.numel());
+    }
+    if (!exact) r = inexact(r, run);
+    add(r, exact);
+    // Broadcast back into the rows: a keepdim result or a 0-dim one, or one unsqueezed.
+    const bool whole = r.dim() == 0;
+    if (next(4) == 0 || (!keepdim && !whole && dims != std::vector<int64_t>{-1})) return;
+    Tensor back = r;
+    if (!keepdim && !whole) back = r.unsqueeze(-1);
+    switch (next(4)) {
+      case 0:
+        add(x - back, v.exact && exact);
+        break;
+      case 1:
+        if (v.exact && exact)
+          add(x / back, true);
+        else
+          add(x / (back.abs() + 1.0), false);
+        break;
+      case 2:
+        if (v.exact && exact && extremum)
+          add(inexact((x - back).exp(), run), false);  // as in softmax
+        else
+          add(x * 0.5 - back, v.exact && exact);
+        break;
+      default:
+        add(back * 2.0 + x, v.exact && exact);
+        break;
+    }
+  }
+
+  static void elementwise_step(const Value& a, const Value& b, const Next& next, const Add& add,
+                               Run* run) {
+    const int number = next(7);
+    if (a.exact && b.exact) {
+      int op = next(testing::kElementwiseOps);
+      if (op == 31) op = 22;  // exp(a * 30).to(int64): a discontinuous op after exp
+      // Transcendental functions may differ by one ulp inside a fused reduction's kernel.
+      static const int transcendental[] = {3, 4, 5, 6, 9, 10, 12, 15};
+      const bool approx = std::find(std::begin(transcendental), std::end(transcendental), op) !=
+                          std::end(transcendental);
+      Tensor t = testing::elementwise_op(op, a.tensor, b.tensor, number);
+      add(approx ? inexact(t, run) : t, !approx);
+      return;
+    }
+    // Continuous ops only (Lipschitz, with constants of at most 7).
+    static const int continuous[] = {0, 1, 9, 10, 11, 15, 18, 19, 20, 21, 22, 23};
+    const int op = continuous[next(static_cast<int>(std::size(continuous)))];
+    add(inexact(testing::elementwise_op(op, a.tensor, b.tensor, number), run), false);
+  }
+
+  int pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
+  std::mt19937_64 rng_;
+};
+
+// The scale of a run: the largest finite |value| made, at least 1.
+double scale_of(const Inputs& in, const RandomReductionProgram::Run& run) {
+  double s = 1;
+  for (const Tensor& t : in) s = std::max(s, max_abs(t));
+  for (const Tensor& t : run.values) s = std::max(s, max_abs(t));
+  return s;
+}
+
+// Per element of each output: the largest change of eager results under one-ulp perturbations
+// (over `runs` perturbed runs: every inexact result up, every one down, then in random
+// directions), times 8. Integer and bool outputs must not change at all.
+std::vector<std::vector<double>> perturbation_slack(const RandomReductionProgram::Program& prog,
+                                                    const Inputs& in, const Inputs& want,
+                                                    uint64_t seed, int runs,
+                                                    const std::string& what) {
+  std::vector<std::vector<double>> slack(want.size());
+  for (size_t k = 0; k < want.size(); ++k)
+    slack[k].assign(static_cast<size_t>(want[k].numel()), 0.0);
+  std::mt19937_64 noise(seed);
+  for (int r = 0; r < runs; ++r) {
+    RandomReductionProgram::Run run;
+    run.perturb = &noise;
+    run.direction = r == 0 ? 1 : r == 1 ? -1 : 0;
+    Inputs moved;
+    {
+      LazyGuard eager_mode(false);
+      moved = prog(in, &run);
+    }
+    EXPECT_EQ(moved.size(), want.size()) << what;
+    if (moved.size() != want.size()) return slack;
+    for (size_t k = 0; k < want.size(); ++k) {
+      if (!is_floating_point(want[k].dtype())) {
+        testing::expect_bit_equal(moved[k], want[k], what + ": an exact output moved");
+        continue;
+      }
+      const std::vector<double> a = values_of(moved[k]), e = values_of(want[k]);
+      for (size_t i = 0; i < e.size(); ++i) {
+        if (std::isfinite(a[i]) && std::isfinite(e[i]))
+          slack[k][i] = std::max(slack[k][i], 8 * std::fabs(a[i] - e[i]));
+      }
+    }
+  }
+  return slack;
+}
+
+struct RandomStats {
+  int run = 0;                   // programs that produced outputs
+  int with_kernels = 0;          // plans with at least one kernel step
+  int with_fused_reduction = 0;  // plans with a reduction inside a group
+};
+
+// Runs `count` random programs (or as many as fit in `seconds`, when positive). With
+// `self_check`, no fused plan is made: a third perturbed eager run is compared with the
+// tolerance instead, which checks that the tolerance absorbs one-ulp differences.
+RandomStats run_random_reduction_programs(uint64_t seed, int count, double seconds,
+                                          bool self_check = false) {
+  RandomReductionProgram gen(seed);
+  RandomStats stats;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < count; ++i) {
+    if (seconds > 0 &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > seconds)
+      break;
+    Inputs in = gen.make_inputs();
+    RandomReductionProgram::Program prog = gen.make_program(2 + i % 7);
+    RandomReductionProgram::Run run;
+    Inputs want;
+    {
+      LazyGuard eager_mode(false);
+      want = prog(in, &run);
+    }
+    if (want.empty()) continue;  // no op took these inputs
+    ++stats.run;
+    const double scale = scale_of(in, run);
+    const std::string what = "seed " + std::to_string(seed) + ", program " + std::to_string(i);
+    std::vector<std::vector<double>> slack =
+        perturbation_slack(prog, in, want, seed * 1000003 + static_cast<uint64_t>(i), 3, what);
+    if (::testing::Test::HasFailure()) return stats;
+    Inputs got;
+    std::string graph;
+    if (self_check) {
+      RandomReductionProgram::Run moved_run;
+      std::mt19937_64 noise(seed ^ (static_cast<uint64_t>(i) << 32) ^ 0x5eed);
+      moved_run.perturb = &noise;
+      LazyGuard eager_mode(false);
+      got = prog(in, &moved_run);
+    } else {
+      Fn fn = [prog](const Inputs& x) { return prog(x, nullptr); };
+      Planned p = plan_of(fn, in);
+      if (::testing::Test::HasFailure()) return stats;
+      stats.with_kernels += p.plan->num_kernel_steps() > 0;
+      stats.with_fused_reduction += fused_reductions_in(*p.graph) > 0;
+      graph = p.graph->str();
+      try {
+        got = p.plan->run(p.binding.inputs);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << what << ": the fused plan threw: " << e.what() << "\n" << graph;
+        return stats;
+      }
+    }
+    EXPECT_EQ(got.size(), want.size()) << what << "\n" << graph;
+    if (got.size() != want.size()) return stats;
+    // A float64 result may carry a float32 value's rounding: with float32 values about, every
+    // floating result gets float32's tolerance.
+    bool float32_about = false;
+    for (const Tensor& t : in) float32_about |= t.dtype() == kFloat32;
+    for (const Tensor& t : run.values) float32_about |= t.dtype() == kFloat32;
+    for (size_t k = 0; k < got.size(); ++k) {
+      const DType precision = float32_about ? kFloat32 : want[k].dtype();
+      expect_close(got[k], want[k], tolerance(precision, run.reduced, scale), &slack[k],
+                   what + ", output " + std::to_string(k) + "\n" + graph);
+      if (::testing::Test::HasFailure()) return stats;
+    }
+  }
+  return stats;
+}
+
+void report(const char* what, uint64_t seed, const RandomStats& s) {
+  std::printf(
+      "%s (seed %llu): %d programs run, %d with a kernel, %d with a reduction in a kernel\n", what,
+      static_cast<unsigned long long>(seed), s.run, s.with_kernels, s.with_fused_reduction);
+}
+
+// The generator and the tolerance, without the fuser: perturbing every inexact result by an ulp
+// stays within the tolerance computed from two other perturbed runs, and exact outputs don't move.
+TEST(ReduceFusionRandom, ToleranceAbsorbsOneUlpDifferences) {
+  const uint64_t seed = 20261123;
+  RandomStats s = run_random_reduction_programs(seed, 1000, 0, true);
+  EXPECT_GT(s.run, 800);
+  report("perturbed eager runs", seed, s);
+}
+
+TEST(ReduceFusionRandom, AThousandProgramsWithAFixedSeedMatchEager) {
+  const uint64_t seed = 20261123;
+  RandomStats s = run_random_reduction_programs(seed, 1000, 0);
+  report("random reduction programs", seed, s);
+  if (::testing::Test::HasFailure()) return;
+  EXPECT_GT(s.run, 800);
+  EXPECT_GT(s.with_kernels, s.run / 4);
+  // Most programs reduce a value made by an elementwise op over trailing dims or every dim.
+  EXPECT_GT(s.with_fused_reduction, s.run / 5) << "few programs fused a reduction";
+}
+
+// A fresh seed each run (printed, so a failure can be replayed with KILN_FUZZ_SEED), for at most
+// KILN_FUZZ_SECONDS (default 10).
+TEST(ReduceFusionRandom, FreshSeedTimeBoxed) {
+  uint64_t seed = std::random_device{}();
+  if (const char* s = std::getenv("KILN_FUZZ_SEED")) seed = std::strtoull(s, nullptr, 10);
+  double seconds = 10;
+  if (const char* s = std::getenv("KILN_FUZZ_SECONDS")) seconds = std::atof(s);
+  std::printf("fresh seed: %llu (replay with KILN_FUZZ_SEED=%llu)\n",
+              static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
+  RandomStats s = run_random_reduction_programs(seed, 1 << 30, seconds);
+  report("random reduction programs", seed, s);
+}
+
+}  // namespace
+}  // namespace kiln
