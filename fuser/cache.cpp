@@ -161,7 +161,10 @@ void DiskCache::store(const std::string& key, uint32_t kind, const std::string& 
   }
   g_writes.fetch_add(1);
   jit::log("cache", "wrote ", path, " (", data.size(), " bytes)");
-  evict_to_cap();
+  bytes_estimate_ += data.size();
+  constexpr int64_t kRescanWrites = 256;
+  if (!scanned_ || bytes_estimate_ > max_bytes_ || ++writes_since_scan_ >= kRescanWrites)
+    evict_to_cap();
 }
 
 void DiskCache::evict_to_cap() {
@@ -182,6 +185,9 @@ void DiskCache::evict_to_cap() {
     entries.push_back({time, size, e.path()});
     total += size;
   }
+  scanned_ = true;
+  writes_since_scan_ = 0;
+  bytes_estimate_ = total;
   if (total <= max_bytes_) return;
   std::sort(entries.begin(), entries.end(),
             [](const Entry& a, const Entry& b) { return a.time < b.time; });
@@ -192,6 +198,7 @@ void DiskCache::evict_to_cap() {
     if (!re) total -= e.size;
     jit::log("cache", "evicted ", e.path.string());
   }
+  bytes_estimate_ = total;
 }
 
 DiskCacheStats disk_cache_stats() {

@@ -39,11 +39,18 @@ class DiskCache {
   DiskCache();
   std::string path_of(const std::string& key) const;
   void disable(const std::string& why);
+  // Counts the directory's entries, and removes the least recently written ones past the cap.
   void evict_to_cap();
 
   bool enabled_ = false;
   std::string dir_;
   uint64_t max_bytes_ = uint64_t{1} << 30;
+  // The directory's size as of the last scan plus this process's writes since (under the write
+  // mutex): a store scans the directory only when this passes the cap, or every kRescanWrites
+  // writes (for what other processes wrote), not each time.
+  bool scanned_ = false;
+  uint64_t bytes_estimate_ = 0;
+  int64_t writes_since_scan_ = 0;
 };
 
 // What the process's disk cache did so far (reading this does not set the cache up).
