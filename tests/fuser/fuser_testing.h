@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -147,6 +148,46 @@ inline Tensor elementwise_op(int op, const Tensor& a, const Tensor& b, int numbe
     default:
       return a.to(number % 2 ? kFloat64 : kFloat32) * b;
   }
+}
+
+// How random_inputs draws: sizes[1..] for each dim (sizes[0] is 0, drawn for one dim with odds
+// 1 in zero_odds), dtypes (each input keeps the first draw but with odds 1 in other_dtype_odds),
+// and each dim broadcast (size 1) with odds 1 in broadcast_odds.
+struct RandomInputSpec {
+  std::vector<int64_t> sizes;
+  std::vector<DType> dtypes;
+  int zero_odds;
+  int broadcast_odds;
+  int other_dtype_odds;
+};
+
+// 1-3 inputs broadcastable to one shape of rank 0-3, in random layouts (some non-contiguous).
+inline Inputs random_inputs(std::mt19937_64& rng, const RandomInputSpec& spec) {
+  auto pick = [&rng](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const int rank = pick(0, 3);
+  const int num_sizes = static_cast<int>(spec.sizes.size()) - 1;
+  const int num_dtypes = static_cast<int>(spec.dtypes.size()) - 1;
+  Shape shape;
+  for (int d = 0; d < rank; ++d)
+    shape.push_back(spec.sizes[static_cast<size_t>(pick(1, num_sizes))]);
+  if (rank > 0 && pick(0, spec.zero_odds) == 0)
+    shape[static_cast<size_t>(pick(0, rank - 1))] = spec.sizes[0];
+  const DType dtype = spec.dtypes[static_cast<size_t>(pick(0, num_dtypes))];
+  Inputs in;
+  const int count = pick(1, 3);
+  for (int i = 0; i < count; ++i) {
+    Shape s = shape;
+    for (auto& d : s)
+      if (pick(0, spec.broadcast_odds) == 0) d = 1;  // broadcast along this dim
+    const DType t = pick(0, spec.other_dtype_odds) == 0
+                        ? spec.dtypes[static_cast<size_t>(pick(0, num_dtypes))]
+                        : dtype;
+    Tensor x = input(s, t, -3, 3);
+    auto layouts = input_layouts(x);
+    in.push_back(
+        layouts[static_cast<size_t>(pick(0, static_cast<int>(layouts.size()) - 1))].second);
+  }
+  return in;
 }
 
 }  // namespace kiln::testing

@@ -587,27 +587,12 @@ class RandomReductionProgram {
 
   // 1-3 inputs broadcastable to one shape of rank 0-3, some non-contiguous.
   Inputs make_inputs() {
-    const int rank = pick(0, 3);
-    Shape shape;
-    static const int64_t sizes[] = {0, 1, 2, 3, 5, 8, 17, 33};
-    for (int d = 0; d < rank; ++d) shape.push_back(sizes[pick(1, 7)]);
-    if (rank > 0 && pick(0, 20) == 0) shape[static_cast<size_t>(pick(0, rank - 1))] = 0;
-    static const DType dtypes[] = {kFloat32, kFloat32, kFloat32, kFloat64,
-                                   kFloat64, kInt32,   kInt64,   kBool};
-    const DType dtype = dtypes[pick(0, 7)];
-    Inputs in;
-    const int count = pick(1, 3);
-    for (int i = 0; i < count; ++i) {
-      Shape s = shape;
-      for (auto& d : s)
-        if (pick(0, 4) == 0) d = 1;  // broadcast along this dim
-      const DType t = pick(0, 5) == 0 ? dtypes[pick(0, 7)] : dtype;
-      Tensor x = testing::input(s, t, -3, 3);
-      auto layouts = testing::input_layouts(x);
-      in.push_back(
-          layouts[static_cast<size_t>(pick(0, static_cast<int>(layouts.size()) - 1))].second);
-    }
-    return in;
+    return testing::random_inputs(
+        rng_, {{0, 1, 2, 3, 5, 8, 17, 33},
+               {kFloat32, kFloat32, kFloat32, kFloat64, kFloat64, kInt32, kInt64, kBool},
+               20,
+               4,
+               5});
   }
 
   // A program of about `ops` steps (reductions or elementwise ops), with at least one reduction
