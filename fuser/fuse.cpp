@@ -440,7 +440,6 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
   // Loads by (value, per row, against the kept dims only).
   absl::flat_hash_map<std::tuple<const Value*, bool, bool>, int32_t> loads;
   std::vector<bool> convert;
-  const int rank = static_cast<int>(g.shape.size());
   auto cast = [&k](int32_t v, DType to) {
     if (k.body[static_cast<size_t>(v)].type == to) return v;
     Instr c{Prim::Cast, to};
@@ -558,7 +557,6 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
     if (!k.ops.empty()) k.ops += "_";
     if (k.ops.size() < 48) k.ops += n->op().name;
   }
-  (void)rank;
   // Outputs: members whose value is read outside the group or returned.
   for (const Node* n : g.nodes) {
     const Value* v = n->output();
