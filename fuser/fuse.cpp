@@ -458,7 +458,32 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
     std::memcpy(&bits, &d, sizeof d);
     return scalar(kFloat64, bits);
   };
+  // The instruction giving `in` to a member: its result, a constant's scalar, or a load.
+  auto operand = [&](const Value* in, bool per_row, bool outer) -> int32_t {
+    if (auto it = value_instr.find(in); it != value_instr.end()) return it->second;
+    if (in->node()->is_constant()) {
+      auto s = scalar_instr.find(in);
+      if (s == scalar_instr.end()) {
+        const Tensor c = jit::constant_value(*in->node());
+        s = scalar_instr.emplace(in, scalar(c.dtype(), value_bits(c))).first;
+      }
+      return s->second;
+    }
+    auto key = std::make_tuple(in, per_row, outer);
+    auto l = loads.find(key);
+    if (l == loads.end()) {
+      Instr load{Prim::Load, in->type().dtype};
+      load.index = static_cast<int32_t>(g.inputs.size());
+      load.per_row = per_row;
+      g.inputs.push_back(in);
+      g.input_outer.push_back(outer);
+      k.input_types.push_back(in->type().dtype);
+      l = loads.emplace(key, k.add(load)).first;
+    }
+    return l->second;
+  };
   for (const Node* n : g.nodes) {
+    if (n == g.join) continue;  // written as the kernel's last outputs
     const Role role = roles.at(n);
     const bool reduction = n->op().kind == detail::OpKind::Reduction;
     const bool folds = reduction || is_row_wise(*n);
@@ -473,33 +498,8 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
     const bool outer = per_row && shape == dropped_shape(g.shape, g.reduced_dims) &&
                        shape != kept_shape(g.shape, g.reduced_dims);
     std::vector<int32_t> operands;
-    for (const Value* in : n->inputs()) {
-      int32_t v;
-      if (auto it = value_instr.find(in); it != value_instr.end()) {
-        v = it->second;
-      } else if (in->node()->is_constant()) {
-        auto s = scalar_instr.find(in);
-        if (s == scalar_instr.end()) {
-          const Tensor c = jit::constant_value(*in->node());
-          s = scalar_instr.emplace(in, scalar(c.dtype(), value_bits(c))).first;
-        }
-        v = s->second;
-      } else {
-        auto key = std::make_tuple(in, per_row, outer);
-        auto l = loads.find(key);
-        if (l == loads.end()) {
-          Instr load{Prim::Load, in->type().dtype};
-          load.index = static_cast<int32_t>(g.inputs.size());
-          load.per_row = per_row;
-          g.inputs.push_back(in);
-          g.input_outer.push_back(outer);
-          k.input_types.push_back(in->type().dtype);
-          l = loads.emplace(key, k.add(load)).first;
-        }
-        v = l->second;
-      }
-      operands.push_back(cast(v, compute));
-    }
+    for (const Value* in : n->inputs())
+      operands.push_back(cast(operand(in, per_row, outer), compute));
     const std::string formula = n->op().formula;
     FormulaParser::Attr attr;
     std::function<int32_t()> count;
@@ -557,8 +557,9 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
     if (!k.ops.empty()) k.ops += "_";
     if (k.ops.size() < 48) k.ops += n->op().name;
   }
-  // Outputs: members whose value is read outside the group or returned.
+  // Outputs: members whose value is read outside the group or returned; then the join's pieces.
   for (const Node* n : g.nodes) {
+    if (n == g.join) continue;
     const Value* v = n->output();
     bool outside = n->owning_graph()->is_output(v);
     for (const jit::Use& u : v->uses()) outside |= !roles.contains(u.user);
@@ -566,6 +567,19 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
     g.outputs.push_back(v);
     k.outputs.push_back(value_instr.at(v));
     k.output_types.push_back(v->type().dtype);
+  }
+  if (g.join) {
+    const Value* whole = g.join->output();
+    for (const Value* piece : g.join->inputs()) {
+      k.outputs.push_back(operand(piece, false, false));
+      k.output_types.push_back(whole->type().dtype);
+    }
+    g.outputs.push_back(whole);
+    const auto rank = static_cast<int64_t>(whole->type().sizes.size());
+    const int64_t d = detail::attr_int(g.join->attr(0));
+    g.join_dim = d < 0 ? d + rank : d;
+    if (!k.ops.empty()) k.ops += "_";
+    k.ops += g.join->op().name;
   }
 }
 
@@ -606,6 +620,21 @@ std::optional<int> fused_reduction_dims(const Node& n) {
   return k;
 }
 
+bool is_join_exit(const Node& n) {
+  const detail::OpDef& op = n.op();
+  if (op.kind != detail::OpKind::Join || (op.name != "cat" && op.name != "stack") ||
+      n.num_outputs() != 1 || n.num_inputs() == 0 || n.attrs().size() != 1 || !n.input(0))
+    return false;
+  const jit::ValueType& out = n.output()->type();
+  const Shape& piece = n.input(0)->type().sizes;
+  if (out.device != kCPU || (op.name == "cat" && piece.empty())) return false;
+  for (const Value* in : n.inputs())
+    if (!in || in->type().sizes != piece || in->type().dtype != out.dtype ||
+        in->type().device != kCPU)
+      return false;
+  return true;
+}
+
 std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
   std::vector<const Node*> order;
   absl::flat_hash_map<const Node*, int64_t> position;
@@ -621,6 +650,7 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
     int k = -1;          // trailing dims a row reduction folds; -1 while there is none
     bool small = false;  // a member of a smaller shape, recomputed per element
     bool reduces = false;
+    bool join = false;  // ends in a cat or stack (and has no reductions)
   };
   std::vector<Building> groups;
   std::vector<int64_t> group_run_at;
@@ -640,6 +670,9 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
       st.shape = consumer->output()->type().sizes;
       st.k = 1;
       st.reduces = true;
+    } else if (is_join_exit(*consumer)) {
+      st.shape = consumer->input(0)->type().sizes;
+      st.join = true;
     } else if (std::optional<int> k = fused_reduction_dims(*consumer)) {
       st.shape = consumer->input(0)->type().sizes;
       st.reduces = true;
@@ -710,13 +743,15 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
               continue;
             }
           } else if (is_row_wise(*p)) {
-            if (ps != st.shape || (st.k >= 0 && st.k != 1)) continue;
+            if (st.join || ps != st.shape || (st.k >= 0 && st.k != 1)) continue;
             st.k = 1;
             st.reduces = true;
             pr = Role::kElement;
           } else if (std::optional<int> k = fused_reduction_dims(*p)) {
             const Shape& in_shape = p->input(0)->type().sizes;
-            if (st.k >= 0) {
+            if (st.join) {
+              continue;
+            } else if (st.k >= 0) {
               if (in_shape != st.shape || *k != st.k) continue;
             } else if (in_shape == st.shape) {
               st.k = *k;
@@ -765,6 +800,7 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
               [&](const Node* a, const Node* c) { return position.at(a) < position.at(c); });
     g.shape = b.shape;
     g.rows = b.reduces;
+    if (b.join) g.join = b.members.front();
     // Without row reductions a row is the innermost dim.
     if (g.rows) g.reduced_dims = b.k >= 0 ? b.k : 1;
     absl::flat_hash_map<const Node*, Role> roles;

@@ -26,9 +26,15 @@ bool is_fusible(const jit::Node& n);
 std::optional<int> fused_reduction_dims(const jit::Node& n);
 
 struct FusionGroup {
-  std::vector<const jit::Node*> nodes;     // in graph order; the group runs where the last is
-  std::vector<const jit::Value*> inputs;   // tensor values read from outside, one per input
-  std::vector<const jit::Value*> outputs;  // members' values read after the group, or returned
+  std::vector<const jit::Node*> nodes;    // in graph order; the group runs where the last is
+  std::vector<const jit::Value*> inputs;  // tensor values read from outside, one per input
+  // Members' values read after the group or returned, then the join's value if there is one.
+  std::vector<const jit::Value*> outputs;
+  // A cat or stack whose pieces the group writes (a join exit), or null: the group allocates its
+  // output (the last of `outputs`) and the kernel's outputs after the other outputs' are its
+  // pieces, each written into its slice (cat) or index (stack) along `join_dim`.
+  const jit::Node* join = nullptr;
+  int64_t join_dim = 0;
   // The iteration shape: every elementwise member's output shape (without reductions), or the
   // shape whose rows the kernel walks (with them).
   Shape shape;
@@ -42,12 +48,17 @@ struct FusionGroup {
   std::vector<uint64_t> scalars;  // the kernel scalars' values, as their bytes
 };
 
+// Whether n is a cat or stack that a group can end in: pieces of one shape and of its dtype, on
+// the CPU.
+bool is_join_exit(const jit::Node& n);
+
 // Groups of at least two fusible nodes. Producers merge into consumers in reverse graph order: a
 // producer joins when every use of it outside the group comes after the group's last node (so the
 // group can run there, and the producer's value becomes an output), repeated until no producer
 // joins. Elementwise members share one shape; a group may end in reductions over its trailing
 // dims or over all of them and read a row reduction's result broadcast back (keepdim), which
-// makes it a rows kernel. Linear in the graph for bounded fan-in; iterative.
+// makes it a rows kernel; or (without reductions) in a cat or stack of pieces of its shape. Linear
+// in the graph for bounded fan-in; iterative.
 std::vector<FusionGroup> find_groups(const jit::Graph& graph);
 
 // KILN_FUSE=0 turns fusion off (nodes then run one by one through the reference kernels).

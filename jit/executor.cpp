@@ -122,6 +122,12 @@ size_t Plan::num_kernel_steps() const {
   return n;
 }
 
+size_t Plan::num_join_kernel_steps() const {
+  size_t n = 0;
+  for (const Step& s : steps_) n += s.group && s.group->join;
+  return n;
+}
+
 Plan::Plan(const Graph& graph) {
   if (fuser::fusion_enabled()) groups_ = fuser::find_groups(graph);
   // The steps before slot assignment: a fusion group is one step where its last node is, reading
@@ -294,6 +300,19 @@ void Plan::run_group(const Step& step, const std::vector<Tensor>& args,
   const Shape& shape = g.shape;
   const int64_t numel = detail::shape_numel(shape);
   const size_t num_inputs = args.size();
+  // Where the kernel's outputs go: the outputs, then a join's pieces in their slices of its value.
+  std::vector<Tensor> joined;
+  const std::vector<Tensor>* dests = &outs;
+  if (g.join) {
+    joined.assign(outs.begin(), outs.end() - 1);
+    const Tensor& whole = outs.back();
+    const bool stack = g.join->op().name == "stack";
+    const int64_t d = g.join_dim;
+    const int64_t width = stack ? 1 : shape[static_cast<size_t>(d)];
+    for (int64_t p = 0; p < static_cast<int64_t>(g.join->num_inputs()); ++p)
+      joined.push_back(stack ? whole.select(d, p) : whole.narrow(d, p * width, width));
+    dests = &joined;
+  }
   fuser::Layout layout;
   layout.single_element.resize(num_inputs, false);
   for (size_t k = 0; k < num_inputs; ++k) {
@@ -306,10 +325,12 @@ void Plan::run_group(const Step& step, const std::vector<Tensor>& args,
     }
     layout.flat = false;
   }
+  for (const Tensor& t : *dests)
+    if (!detail::is_contiguous_layout(t.sizes(), t.strides())) layout.flat = false;
   if (numel == 0) return;
-  std::vector<char*> ptrs(num_inputs + outs.size());
+  std::vector<char*> ptrs(num_inputs + dests->size());
   for (size_t k = 0; k < num_inputs; ++k) ptrs[k] = args[k].impl()->data();
-  for (size_t k = 0; k < outs.size(); ++k) ptrs[num_inputs + k] = outs[k].impl()->data();
+  for (size_t k = 0; k < dests->size(); ++k) ptrs[num_inputs + k] = (*dests)[k].impl()->data();
   if (layout.flat) {
     const fuser::KernelFn fn = kernel_for(step, layout).fn;
     detail::parallel_for(numel, detail::kParallelGrain, [&](int64_t begin, int64_t end) {
@@ -326,9 +347,8 @@ void Plan::run_group(const Step& step, const std::vector<Tensor>& args,
     const Shape st = detail::broadcast_strides(t, shape);
     strides.insert(strides.end(), st.begin(), st.end());
   }
-  const Shape out_strides = detail::contiguous_strides(shape);
-  for (size_t k = 0; k < outs.size(); ++k)
-    strides.insert(strides.end(), out_strides.begin(), out_strides.end());
+  for (const Tensor& t : *dests)
+    strides.insert(strides.end(), t.strides().begin(), t.strides().end());
   const fuser::KernelFn fn = kernel_for(step, layout).fn;
   const int64_t inner = shape.back();
   detail::parallel_for(numel / inner, std::max<int64_t>(1, detail::kParallelGrain / inner),

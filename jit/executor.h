@@ -39,8 +39,10 @@ class Plan {
   // Steps that run an elementwise formula straight into their output, and the bytes of the arena.
   size_t num_direct_steps() const;
   size_t arena_bytes() const { return arena_bytes_; }
-  // Steps that run a fused group's compiled kernel.
+  // Steps that run a fused group's compiled kernel, and those among them that end in a cat or
+  // stack.
   size_t num_kernel_steps() const;
+  size_t num_join_kernel_steps() const;
 
  private:
   struct Step {

@@ -330,6 +330,10 @@ void evaluate(const std::vector<LazyRef>& requests) {
   }
 }
 
+bool plan_cached(const GraphHash& key) {
+  return plan_cache().find(key) != nullptr;
+}
+
 LazyStats lazy_stats() {
   return {g_evaluations.load(), g_nodes_executed.load(), g_nodes_recorded_in_graphs.load(),
           detail::pending_count(), g_plan_cache_hits.load()};

@@ -32,6 +32,9 @@ bool stabilize(Graph& g, PassContext& ctx);
 bool sink_views(Graph& g, PassContext& ctx);
 // add(mm(a, b), bias) -> addmm(bias, a, b): the bias add folds into the GEMM (beta = 1).
 bool fold_gemm_bias(Graph& g, PassContext& ctx);
+// view(elementwise(a, b)) -> elementwise(view(a), view(b)) where that removes the view from
+// between fusible nodes (see push_views.cpp); only with fusion on.
+bool push_views(Graph& g, PassContext& ctx);
 
 using PassFn = bool (*)(Graph&, PassContext&);
 struct PassInfo {

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -31,6 +32,8 @@
 #include "llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h"
 #include "llvm/ExecutionEngine/Orc/LLJIT.h"
 #include "llvm/ExecutionEngine/Orc/ThreadSafeModule.h"
+#include "llvm/IR/DiagnosticInfo.h"
+#include "llvm/IR/DiagnosticPrinter.h"
 #include "llvm/IR/IRBuilder.h"
 #include "llvm/IR/LLVMContext.h"
 #include "llvm/IR/LegacyPassManager.h"
@@ -113,7 +116,7 @@ class CpuJit {
     // Everything besides the kernel that decides the machine code: part of every cache key.
     target_key_ = target_->getTargetTriple().str() + "|" + target_->getTargetCPU().str() + "|" +
                   target_->getTargetFeatureString().str() +
-                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 6";
+                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 7";
   }
 
   CompiledKernel get(const Kernel& k, const Layout& layout) {
@@ -182,6 +185,20 @@ class CpuJit {
     jit::log("codegen", "compiling ", name, " (", layout.flat ? "flat" : "strided", " layout",
              layout.flat ? "" : ", rank " + std::to_string(layout.rank), ")\n", k.str());
     auto context = std::make_unique<llvm::LLVMContext>();
+    // LLVM's remarks and warnings (a loop it was asked to vectorize and did not) are the JIT's
+    // business, not the user's: they go to KILN_LOG=codegen.
+    context->setDiagnosticHandlerCallBack(
+        [](const llvm::DiagnosticInfo* info, void*) {
+          std::string text;
+          llvm::raw_string_ostream os(text);
+          llvm::DiagnosticPrinterRawOStream printer(os);
+          info->print(printer);
+          if (info->getSeverity() == llvm::DS_Error)
+            std::cerr << "kiln: LLVM: " << os.str() << "\n";
+          else
+            jit::log("codegen", "LLVM: ", os.str());
+        },
+        nullptr);
     auto module = std::make_unique<llvm::Module>(name, *context);
     module->setDataLayout(jit_->getDataLayout());
     module->setTargetTriple(target_->getTargetTriple().str());
@@ -281,25 +298,28 @@ class Emitter {
           stride[p][d] =
               b_.CreateLoad(i64, b_.CreateConstGEP1_64(i64, strides, p * rank + d), "stride");
       single_.assign(num_inputs, false);
-      loop(begin, end, exit, [&](llvm::Value* row) {
-        // The row's first element per pointer, from the row's index over the outer dims.
-        std::vector<llvm::Value*> start(num_ptrs, b_.getInt64(0));
-        llvm::Value* rem = row;
-        for (int d = rank - 2; d >= 0; --d) {
-          llvm::Value* idx = b_.CreateURem(rem, size[d]);
-          rem = b_.CreateUDiv(rem, size[d]);
-          for (size_t p = 0; p < num_ptrs; ++p)
-            start[p] = b_.CreateAdd(start[p], b_.CreateMul(idx, stride[p][d]));
-        }
-        auto* inner_exit = llvm::BasicBlock::Create(ctx_, "row_done", fn_);
-        loop(b_.getInt64(0), size[rank - 1], inner_exit, [&](llvm::Value* j) {
-          std::vector<llvm::Value*> offsets(num_ptrs);
-          for (size_t p = 0; p < num_ptrs; ++p)
-            offsets[p] = b_.CreateAdd(start[p], b_.CreateMul(j, stride[p][rank - 1]));
-          body(offsets);
-        });
-        b_.SetInsertPoint(inner_exit);
-      });
+      loop(
+          begin, end, exit,
+          [&](llvm::Value* row) {
+            // The row's first element per pointer, from the row's index over the outer dims.
+            std::vector<llvm::Value*> start(num_ptrs, b_.getInt64(0));
+            llvm::Value* rem = row;
+            for (int d = rank - 2; d >= 0; --d) {
+              llvm::Value* idx = b_.CreateURem(rem, size[d]);
+              rem = b_.CreateUDiv(rem, size[d]);
+              for (size_t p = 0; p < num_ptrs; ++p)
+                start[p] = b_.CreateAdd(start[p], b_.CreateMul(idx, stride[p][d]));
+            }
+            auto* inner_exit = llvm::BasicBlock::Create(ctx_, "row_done", fn_);
+            loop(b_.getInt64(0), size[rank - 1], inner_exit, [&](llvm::Value* j) {
+              std::vector<llvm::Value*> offsets(num_ptrs);
+              for (size_t p = 0; p < num_ptrs; ++p)
+                offsets[p] = b_.CreateAdd(start[p], b_.CreateMul(j, stride[p][rank - 1]));
+              body(offsets);
+            });
+            b_.SetInsertPoint(inner_exit);
+          },
+          /*vectorize=*/false);
     }
     b_.SetInsertPoint(exit);
     b_.CreateRetVoid();
@@ -608,6 +628,21 @@ class Emitter {
                   : b_.CreateBinaryIntrinsic(llvm::Intrinsic::smin, acc, x);
     }
   }
+  // Primitives that cost more to recompute than to read back from a row buffer in cache.
+  static bool is_expensive(Prim p) {
+    switch (p) {
+      case Prim::Exp:
+      case Prim::Log:
+      case Prim::Log1p:
+      case Prim::Expm1:
+      case Prim::Sin:
+      case Prim::Cos:
+      case Prim::Tanh:
+        return true;
+      default:
+        return false;
+    }
+  }
   llvm::AllocaInst* entry_alloca(llvm::Type* ty) {
     llvm::IRBuilder<> at(&fn_->getEntryBlock(), fn_->getEntryBlock().begin());
     return at.CreateAlloca(ty);
@@ -674,6 +709,75 @@ class Emitter {
           level[static_cast<size_t>(in.a)] == Level::kElement)
         final_pass = std::max(final_pass, stage[static_cast<size_t>(in.a)]);
     }
+    // What each pass computes, and the element-level values it stores or folds (its roots).
+    std::vector<std::vector<size_t>> roots_of(final_pass + 1);
+    std::vector<bool> stores_in(final_pass + 1, false);
+    for (int32_t pass = 0; pass <= final_pass; ++pass) {
+      if (static_cast<size_t>(pass) < pass_roots.size()) roots_of[pass] = pass_roots[pass];
+      if (pass != final_pass) continue;
+      for (size_t n = 0; n < body_size; ++n) {
+        const Instr& in = k_.body[n];
+        if (is_reduction(in.prim) && in.index >= 0 &&
+            level[static_cast<size_t>(in.a)] == Level::kElement)
+          roots_of[pass].push_back(n);
+      }
+      for (int32_t o : k_.outputs)
+        if (level[static_cast<size_t>(o)] == Level::kElement) stores_in[pass] = true;
+    }
+    // Element-level instructions pass `pass` needs, not looking past values it reads from a row
+    // buffer (`from_buffer`).
+    auto needed_in = [&](int32_t pass, const std::vector<bool>& from_buffer) {
+      std::vector<bool> needed(body_size, false);
+      std::vector<size_t> work;
+      for (size_t r : roots_of[pass]) work.push_back(static_cast<size_t>(k_.body[r].a));
+      if (stores_in[pass])
+        for (int32_t o : k_.outputs)
+          if (level[static_cast<size_t>(o)] == Level::kElement)
+            work.push_back(static_cast<size_t>(o));
+      while (!work.empty()) {
+        const size_t n = work.back();
+        work.pop_back();
+        if (needed[n] || level[n] != Level::kElement) continue;
+        needed[n] = true;
+        if (from_buffer[n]) continue;
+        const Instr& in = k_.body[n];
+        for (int32_t o : {in.a, in.b, in.c})
+          if (o >= 0) work.push_back(static_cast<size_t>(o));
+      }
+      return needed;
+    };
+    // A transcendental that several passes need is computed once per element, in the first of
+    // them, and kept in a row buffer that later passes read (softmax's exp: computed while
+    // summing, read back while scaling). The buffer holds one row, so it stays in cache.
+    std::vector<int32_t> first_pass(body_size, -1);
+    std::vector<bool> buffered(body_size, false);
+    {
+      const std::vector<bool> none(body_size, false);
+      std::vector<int32_t> passes_needing(body_size, 0);
+      for (int32_t pass = 0; pass <= final_pass; ++pass) {
+        const std::vector<bool> needed = needed_in(pass, none);
+        for (size_t n = 0; n < body_size; ++n) {
+          if (!needed[n]) continue;
+          if (first_pass[n] < 0) first_pass[n] = pass;
+          ++passes_needing[n];
+        }
+      }
+      for (size_t n = 0; n < body_size; ++n)
+        buffered[n] =
+            passes_needing[n] > 1 && k_.body[n].type != kBool && is_expensive(k_.body[n].prim);
+    }
+    std::vector<llvm::Value*> row_buffer(body_size, nullptr);
+    llvm::FunctionCallee malloc_fn =
+        m_.getOrInsertFunction("malloc", llvm::FunctionType::get(ptr, {i64}, false));
+    llvm::FunctionCallee free_fn =
+        m_.getOrInsertFunction("free", llvm::FunctionType::get(b_.getVoidTy(), {ptr}, false));
+    for (size_t n = 0; n < body_size; ++n) {
+      if (!buffered[n]) continue;
+      const uint64_t bytes = m_.getDataLayout().getTypeAllocSize(value_type(k_.body[n].type));
+      row_buffer[n] = b_.CreateCall(
+          malloc_fn, {b_.CreateMul(b_.CreateAdd(row_length, b_.getInt64(1)), b_.getInt64(bytes))},
+          "row_buffer");
+    }
     auto* exit = llvm::BasicBlock::Create(ctx_, "exit", fn_);
     loop(
         begin, end, exit,
@@ -699,39 +803,14 @@ class Emitter {
           };
           row_values(0);
           for (int32_t pass = 0; pass <= final_pass; ++pass) {
-            std::vector<size_t> roots;
-            if (static_cast<size_t>(pass) < pass_roots.size()) roots = pass_roots[pass];
+            const std::vector<size_t>& roots = roots_of[pass];
             const bool last = pass == final_pass;
-            if (last) {
-              for (size_t n = 0; n < body_size; ++n) {
-                const Instr& in = k_.body[n];
-                if (is_reduction(in.prim) && in.index >= 0 &&
-                    level[static_cast<size_t>(in.a)] == Level::kElement)
-                  roots.push_back(n);
-              }
-            }
-            bool stores = false;
-            if (last)
-              for (int32_t o : k_.outputs)
-                stores |= level[static_cast<size_t>(o)] == Level::kElement;
-            if (roots.empty() && !stores) continue;
-            // Element-level instructions the roots and outputs need.
-            std::vector<bool> needed(body_size, false);
-            std::vector<size_t> work;
-            for (size_t r : roots) work.push_back(static_cast<size_t>(k_.body[r].a));
-            if (last)
-              for (int32_t o : k_.outputs)
-                if (level[static_cast<size_t>(o)] == Level::kElement)
-                  work.push_back(static_cast<size_t>(o));
-            while (!work.empty()) {
-              const size_t n = work.back();
-              work.pop_back();
-              if (needed[n] || level[n] != Level::kElement) continue;
-              needed[n] = true;
-              const Instr& in = k_.body[n];
-              for (int32_t o : {in.a, in.b, in.c})
-                if (o >= 0) work.push_back(static_cast<size_t>(o));
-            }
+            if (roots.empty() && !stores_in[pass]) continue;
+            // Buffered values computed by an earlier pass are read back, not recomputed.
+            std::vector<bool> from_buffer(body_size, false);
+            for (size_t n = 0; n < body_size; ++n)
+              from_buffer[n] = buffered[n] && first_pass[n] < pass;
+            const std::vector<bool> needed = needed_in(pass, from_buffer);
             for (size_t r : roots)
               if (k_.body[r].index < 0) b_.CreateStore(identity(k_.body[r]), acc[r]);
             auto* pass_done = llvm::BasicBlock::Create(ctx_, "pass_done", fn_);
@@ -751,8 +830,17 @@ class Emitter {
                 }
               }
               std::vector<llvm::Value*> e = v;
-              for (size_t n = 0; n < body_size; ++n)
-                if (needed[n]) e[n] = compute(n, e, offsets);
+              for (size_t n = 0; n < body_size; ++n) {
+                if (!needed[n]) continue;
+                llvm::Type* ty = value_type(k_.body[n].type);
+                if (from_buffer[n]) {
+                  e[n] = b_.CreateLoad(ty, b_.CreateGEP(ty, row_buffer[n], j));
+                  continue;
+                }
+                e[n] = compute(n, e, offsets);
+                if (buffered[n] && first_pass[n] == pass)
+                  b_.CreateStore(e[n], b_.CreateGEP(ty, row_buffer[n], j));
+              }
               for (size_t r : roots) {
                 const Instr& in = k_.body[r];
                 llvm::Type* ty = value_type(in.type);
@@ -801,6 +889,8 @@ class Emitter {
       store_value(in.type, b_.CreateLoad(value_type(in.type), acc[n]),
                   b_.CreateConstGEP1_64(i64, partials, in.index));
     }
+    for (llvm::Value* buffer : row_buffer)
+      if (buffer) b_.CreateCall(free_fn, {buffer});
     b_.CreateRetVoid();
   }
 
