@@ -2,7 +2,10 @@
 // and runs it, and hands the results back to the waiting storages.
 #include "jit/lazy_eval.h"
 
+#include <xxhash.h>
+
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <mutex>
 
@@ -14,6 +17,7 @@
 #include "jit/ir.h"
 #include "jit/log.h"
 #include "jit/passes/passes.h"
+#include "jit/wire.h"
 #include "kiln/error.h"
 #include "lib/tensor_impl.h"
 
@@ -28,9 +32,10 @@ std::atomic<int64_t> g_nodes_executed{0};
 std::atomic<int64_t> g_nodes_recorded_in_graphs{0};
 std::atomic<int64_t> g_plan_cache_hits{0};
 
-// Optimized plans by the structural hash of the graph they were built from (which covers ops,
+// Optimized plans by the key of the recipe their graph is built from (which covers ops,
 // attributes and constants, value types with sizes, wiring, and input and output order): a
-// training loop builds the same graph every step, and finds its passes, fusion and kernels done.
+// training loop records the same graph every step, and finds its passes, fusion and kernels done
+// without building the graph again.
 // Least recently used plans go past kMaxPlans.
 class PlanCache {
  public:
@@ -121,76 +126,94 @@ Tensor over_storage(const std::shared_ptr<detail::Storage>& s, const detail::Laz
 }
 }  // namespace
 
-std::unique_ptr<Graph> build_graph(const std::vector<LazyRef>& requests, LazyGraphBinding* binding,
-                                   bool keep_referenced,
-                                   const std::vector<Tensor>* placeholder_values) {
-  // 1. The uncomputed nodes the requests need, in topological order (iterative post-order DFS).
-  absl::flat_hash_map<const LazyNode*, size_t> index_of;  // into `order`
+namespace {
+
+// Where a graph node's input comes from.
+struct Source {
+  enum Kind : uint8_t { kNone, kNode, kInput, kConstant };
+  Kind kind = kNone;
+  uint32_t output = 0;  // kNode: which output of the producer
+  size_t index = 0;     // kNode: the producer's place in the order; kInput: the graph input
+  const Tensor* number = nullptr;  // kConstant: the wrapped number
+};
+
+// What the graph of a request is made from, in the order build_graph makes it: graph inputs
+// (tensors first, trace placeholders after them), then the nodes, their inputs' sources, and the
+// outputs. Evaluation keys its plan cache by this recipe, so a cache hit builds no Graph.
+struct Recipe {
   std::vector<std::shared_ptr<LazyNode>> order;
-  absl::flat_hash_map<const LazyNode*, int64_t> internal_refs;
+  std::vector<ValueType> input_types;
+  std::vector<int64_t> placeholder_input;  // per node: its graph input, or -1 (a computation)
+  std::vector<Source> sources;             // the nodes' inputs, one after the other
+  std::vector<std::pair<size_t, uint32_t>> outputs;  // (node, output)
+  size_t num_constants = 0;
+};
+
+Recipe collect(const std::vector<LazyRef>& requests, LazyGraphBinding* binding,
+               bool keep_referenced, const std::vector<Tensor>* placeholder_values) {
+  Recipe r;
+  // 1. The uncomputed nodes the requests need, in topological order (iterative post-order DFS).
+  // Per node: its place in `order` and the references to it from inside the graph.
+  struct Info {
+    size_t index = 0;
+    int64_t internal_refs = 0;
+  };
+  absl::flat_hash_map<const LazyNode*, Info> info;
+  std::vector<std::shared_ptr<LazyNode>>& order = r.order;
   {
     struct Frame {
       std::shared_ptr<LazyNode> node;
       size_t next_input;
     };
-    absl::flat_hash_map<const LazyNode*, bool> seen;
     std::vector<Frame> stack;
-    for (const LazyRef& r : requests) {
-      if (r.node->computed || seen.contains(r.node.get())) continue;
-      seen[r.node.get()] = true;
-      stack.push_back({r.node, 0});
+    for (const LazyRef& req : requests) {
+      if (req.node->computed || !info.try_emplace(req.node.get()).second) continue;
+      stack.push_back({req.node, 0});
       while (!stack.empty()) {
         Frame& f = stack.back();
         if (f.next_input < f.node->inputs.size()) {
           const LazyRef& in = f.node->inputs[f.next_input++].ref;
           if (!in.node || in.node->computed) continue;
-          if (seen.contains(in.node.get())) continue;
-          seen[in.node.get()] = true;
-          stack.push_back({in.node, 0});
+          auto [it, fresh] = info.try_emplace(in.node.get());
+          ++it->second.internal_refs;
+          if (fresh) stack.push_back({in.node, 0});
           continue;
         }
-        index_of[f.node.get()] = order.size();
+        info[f.node.get()].index = order.size();
         order.push_back(std::move(f.node));
         stack.pop_back();
       }
     }
-    for (const auto& n : order)
-      for (const detail::LazyInput& in : n->inputs)
-        if (in.ref.node && !in.ref.node->computed) ++internal_refs[in.ref.node.get()];
   }
 
-  // 2. The graph: concrete leaves and computed values become inputs, wrapped scalars constants.
-  auto graph = std::make_unique<Graph>();
-  absl::flat_hash_map<const LazyNode*, Node*> node_of;
-  absl::flat_hash_map<const void*, Value*> leaf_value;  // by TensorImpl / (node, index)
-  auto bind_input = [&](const void* key, const Tensor& t) -> Value* {
-    auto it = leaf_value.find(key);
-    if (it != leaf_value.end()) return it->second;
-    Value* v = graph->add_input(type_of(t));
+  // 2. Concrete leaves and computed values become graph inputs, wrapped scalars constants.
+  absl::flat_hash_map<const void*, size_t> leaf_input;  // by TensorImpl
+  auto bind_input = [&](const Tensor& t) -> size_t {
+    auto [it, inserted] = leaf_input.try_emplace(t.impl(), r.input_types.size());
+    if (!inserted) return it->second;
+    r.input_types.push_back(type_of(t));
     binding->inputs.push_back(t);
     binding->arguments.push_back(-1);
-    leaf_value[key] = v;
-    return v;
+    return it->second;
   };
-  // Inputs first, in one pass: the graph keeps its inputs ahead of every other node, and adding
-  // them between computations would keep splitting the same gap in the node order.
+  // Tensors first, in one pass: the graph keeps its inputs ahead of every other node.
   for (const auto& n : order) {
     if (n->op == &input_op()) continue;
     for (const detail::LazyInput& in : n->inputs) {
-      if (in.ref.node && in.ref.node->computed) {
-        const Tensor& t = in.ref.node->results.at(in.ref.index);
-        bind_input(t.impl(), t);
-      } else if (!in.ref.node && in.tensor.defined() && !in.tensor.impl()->wrapped_number) {
-        bind_input(in.tensor.impl(), in.tensor);
-      }
+      if (in.ref.node && in.ref.node->computed)
+        bind_input(in.ref.node->results.at(in.ref.index));
+      else if (!in.ref.node && in.tensor.defined() && !in.tensor.impl()->wrapped_number)
+        bind_input(in.tensor);
     }
   }
+  r.placeholder_input.reserve(order.size());
   for (const auto& n : order) {
     if (n->op == &input_op()) {
       // A trace placeholder: the traced function's argument.
       int64_t arg = detail::attr_int(n->attrs.at(0));
       const detail::LazyType& t = n->outputs[0];
-      Value* v = graph->add_input(ValueType{t.dtype, t.sizes});
+      r.placeholder_input.push_back(static_cast<int64_t>(r.input_types.size()));
+      r.input_types.push_back(ValueType{t.dtype, t.sizes});
       if (placeholder_values) {
         KILN_CHECK(arg >= 0 && static_cast<size_t>(arg) < placeholder_values->size(),
                    "jit: a value computed inside jit::trace from its argument ", arg,
@@ -200,57 +223,158 @@ std::unique_ptr<Graph> build_graph(const std::vector<LazyRef>& requests, LazyGra
         binding->inputs.push_back(Tensor());
       }
       binding->arguments.push_back(arg);
-      node_of[n.get()] = v->node();
       continue;
     }
-    std::vector<Value*> inputs;
-    inputs.reserve(n->inputs.size());
+    r.placeholder_input.push_back(-1);
     for (const detail::LazyInput& in : n->inputs) {
+      Source src;
       if (in.ref.node) {
         if (in.ref.node->computed) {
-          const Tensor& t = in.ref.node->results.at(in.ref.index);
-          inputs.push_back(bind_input(t.impl(), t));
+          src.kind = Source::kInput;
+          src.index = leaf_input.at(in.ref.node->results.at(in.ref.index).impl());
         } else {
-          inputs.push_back(node_of.at(in.ref.node.get())->output(in.ref.index));
+          src.kind = Source::kNode;
+          src.index = info.at(in.ref.node.get()).index;
+          src.output = in.ref.index;
         }
       } else if (in.tensor.defined()) {
-        const Tensor& t = in.tensor;
-        if (t.impl()->wrapped_number) {
-          Scalar s = t.item();
-          inputs.push_back(graph->constant(detail::scalar_attr(s), t.dtype(), true));
+        if (in.tensor.impl()->wrapped_number) {
+          src.kind = Source::kConstant;
+          src.number = &in.tensor;
+          ++r.num_constants;
         } else {
-          inputs.push_back(bind_input(t.impl(), t));
+          src.kind = Source::kInput;
+          src.index = leaf_input.at(in.tensor.impl());
         }
-      } else {
-        inputs.push_back(nullptr);
       }
+      r.sources.push_back(src);
     }
-    std::vector<ValueType> types;
-    for (const detail::LazyType& t : n->outputs) types.push_back(ValueType{t.dtype, t.sizes});
-    node_of[n.get()] = graph->create(*n->op, inputs, n->attrs, std::move(types));
   }
 
   // 3. Outputs: what was requested, and every node someone outside this graph still holds (a
   // pending tensor, a view, a later node): computing it now saves computing it again.
-  absl::flat_hash_map<const LazyNode*, bool> is_output;
+  std::vector<bool> is_output(order.size(), false);
   auto add_output_node = [&](const std::shared_ptr<LazyNode>& n) {
-    if (is_output[n.get()]) return;
-    is_output[n.get()] = true;
-    Node* gn = node_of.at(n.get());
+    const size_t at = info.at(n.get()).index;
+    if (is_output[at]) return;
+    is_output[at] = true;
     for (uint32_t i = 0; i < n->outputs.size(); ++i) {
-      graph->add_output(gn->output(i));
+      r.outputs.emplace_back(at, i);
       binding->outputs.push_back(LazyRef{n, i});
     }
   };
-  for (const LazyRef& r : requests)
-    if (!r.node->computed) add_output_node(r.node);
+  for (const LazyRef& req : requests)
+    if (!req.node->computed) add_output_node(req.node);
   for (const auto& n : order) {
     if (!keep_referenced) break;
-    auto it = internal_refs.find(n.get());
-    int64_t internal = it == internal_refs.end() ? 0 : it->second;
-    if (n.use_count() > internal + 1) add_output_node(n);
+    if (n.use_count() > info.at(n.get()).internal_refs + 1) add_output_node(n);
   }
+  return r;
+}
+
+std::unique_ptr<Graph> make_graph(const Recipe& r) {
+  auto graph = std::make_unique<Graph>();
+  std::vector<Value*> inputs;
+  inputs.reserve(r.input_types.size());
+  for (const ValueType& t : r.input_types) inputs.push_back(graph->add_input(t));
+  std::vector<Node*> node_of(r.order.size(), nullptr);
+  const Source* src = r.sources.data();
+  std::vector<Value*> operands;
+  for (size_t i = 0; i < r.order.size(); ++i) {
+    const LazyNode& n = *r.order[i];
+    if (r.placeholder_input[i] >= 0) {
+      node_of[i] = inputs[static_cast<size_t>(r.placeholder_input[i])]->node();
+      continue;
+    }
+    operands.clear();
+    for (size_t k = 0; k < n.inputs.size(); ++k, ++src) {
+      switch (src->kind) {
+        case Source::kNode:
+          operands.push_back(node_of[src->index]->output(src->output));
+          break;
+        case Source::kInput:
+          operands.push_back(inputs[src->index]);
+          break;
+        case Source::kConstant:
+          operands.push_back(graph->constant(detail::scalar_attr(src->number->item()),
+                                             src->number->dtype(), true));
+          break;
+        case Source::kNone:
+          operands.push_back(nullptr);
+          break;
+      }
+    }
+    std::vector<ValueType> types;
+    for (const detail::LazyType& t : n.outputs) types.push_back(ValueType{t.dtype, t.sizes});
+    node_of[i] = graph->create(*n.op, operands, n.attrs, std::move(types));
+  }
+  for (const auto& [at, output] : r.outputs) graph->add_output(node_of[at]->output(output));
   return graph;
+}
+
+// Appends to a buffer that keeps its capacity between keys: a key is a few bytes at a time.
+struct KeyOut {
+  std::vector<unsigned char>& buf;
+  size_t used = 0;
+  void write(const void* data, size_t n) {
+    if (used + n > buf.size()) buf.resize(std::max(buf.size() * 2, used + n + 256));
+    std::memcpy(buf.data() + used, data, n);
+    used += n;
+  }
+};
+
+// Everything make_graph builds the graph from, hashed: equal keys, equal graphs. Op definitions
+// are keyed by address (the plan cache lives in this process).
+GraphHash recipe_key(const Recipe& r) {
+  using namespace wire;
+  thread_local std::vector<unsigned char> bytes;
+  KeyOut out{bytes};
+  put_count(out, r.input_types.size());
+  for (const ValueType& t : r.input_types) put_type(out, t);
+  put_count(out, r.order.size());
+  const Source* src = r.sources.data();
+  for (size_t i = 0; i < r.order.size(); ++i) {
+    const LazyNode& n = *r.order[i];
+    if (r.placeholder_input[i] >= 0) {
+      put_u8(out, 1);
+      put_u64(out, static_cast<uint64_t>(r.placeholder_input[i]));
+      continue;
+    }
+    put_u8(out, 0);
+    put_u64(out, reinterpret_cast<uintptr_t>(n.op));
+    put_attrs(out, n.attrs);
+    put_count(out, n.inputs.size());
+    for (size_t k = 0; k < n.inputs.size(); ++k, ++src) {
+      put_u8(out, src->kind);
+      if (src->kind == Source::kConstant) {
+        const Tensor& t = *src->number;
+        put_u8(out, dtype_code(t.dtype()));
+        uint64_t value = 0;
+        std::memcpy(&value, t.impl()->data(), element_size(t.dtype()));
+        put_u64(out, value);
+      } else {
+        put_u64(out, src->index);
+        put_u32(out, src->output);
+      }
+    }
+    put_count(out, n.outputs.size());
+    for (const detail::LazyType& t : n.outputs) put_type(out, ValueType{t.dtype, t.sizes});
+  }
+  put_count(out, r.outputs.size());
+  for (const auto& [at, output] : r.outputs) {
+    put_u64(out, at);
+    put_u32(out, output);
+  }
+  const XXH128_hash_t h = XXH3_128bits(bytes.data(), out.used);
+  return GraphHash{h.low64, h.high64};
+}
+
+}  // namespace
+
+std::unique_ptr<Graph> build_graph(const std::vector<LazyRef>& requests, LazyGraphBinding* binding,
+                                   bool keep_referenced,
+                                   const std::vector<Tensor>* placeholder_values) {
+  return make_graph(collect(requests, binding, keep_referenced, placeholder_values));
 }
 
 namespace {
@@ -273,21 +397,23 @@ void evaluate(const std::vector<LazyRef>& requests) {
   if (detail::TraceState* trace = detail::trace_state())
     return evaluate_speculatively(requests, *trace);
   LazyGraphBinding binding;
-  std::unique_ptr<Graph> graph = build_graph(requests, &binding);
-  if (graph->outputs().empty()) return;
+  const Recipe recipe = collect(requests, &binding, true, nullptr);
+  if (recipe.outputs.empty()) return;
   for (int64_t arg : binding.arguments)
     KILN_CHECK(arg < 0, "jit: a value computed inside jit::trace from its argument ", arg,
                " was used outside the trace; return it from the traced function instead");
   g_evaluations.fetch_add(1, std::memory_order_relaxed);
-  log("lazy", "materializing ", requests.size(), " value(s), ", graph->size(),
-      " nodes, because of ", detail::evaluation_reason());
-  g_nodes_recorded_in_graphs.fetch_add(static_cast<int64_t>(graph->size()),
+  const size_t graph_nodes = recipe.input_types.size() + recipe.order.size() + recipe.num_constants;
+  log("lazy", "materializing ", requests.size(), " value(s), ", graph_nodes, " nodes, because of ",
+      detail::evaluation_reason());
+  g_nodes_recorded_in_graphs.fetch_add(static_cast<int64_t>(graph_nodes),
                                        std::memory_order_relaxed);
-  const GraphHash key = graph_hash(*graph);
+  const GraphHash key = recipe_key(recipe);
   std::shared_ptr<PlanCache::Entry> entry = plan_cache().find(key);
   if (entry) {
     g_plan_cache_hits.fetch_add(1, std::memory_order_relaxed);
   } else {
+    std::unique_ptr<Graph> graph = make_graph(recipe);
     run_passes(*graph);
     if (verify_passes()) verify_types(*graph);
     entry = std::make_shared<PlanCache::Entry>();
@@ -330,8 +456,10 @@ void evaluate(const std::vector<LazyRef>& requests) {
   }
 }
 
-bool plan_cached(const GraphHash& key) {
-  return plan_cache().find(key) != nullptr;
+bool plan_cached(const std::vector<LazyRef>& requests) {
+  LazyGraphBinding binding;
+  const Recipe recipe = collect(requests, &binding, true, nullptr);
+  return plan_cache().find(recipe_key(recipe)) != nullptr;
 }
 
 LazyStats lazy_stats() {

@@ -6,7 +6,6 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "jit/hash.h"
 #include "jit/ir.h"
 #include "lib/lazy.h"
 
@@ -30,9 +29,10 @@ std::unique_ptr<Graph> build_graph(const std::vector<detail::LazyRef>& requests,
 // Materializes the requested values (lib/lazy.h's evaluator).
 void evaluate(const std::vector<detail::LazyRef>& requests);
 
-// Whether an optimized plan for graphs of this hash is cached: the lookup an evaluation makes
-// before it runs passes and fusion (benchmarks time it).
-bool plan_cached(const GraphHash& key);
+// Whether evaluating `requests` now would find its optimized plan cached: what an evaluation does
+// before it runs anything (collect the pending nodes, key them, look the key up). Benchmarks time
+// it.
+bool plan_cached(const std::vector<detail::LazyRef>& requests);
 
 // Which storages a graph run's results share, and which are its inputs: a result's buffer can be
 // handed to another storage (instead of copied) when only that result holds it.

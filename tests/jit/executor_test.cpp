@@ -2,6 +2,8 @@
 // the plan's arena) must compute exactly what the ops' public entry points compute.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <random>
 #include <string>
 #include <thread>
@@ -191,6 +193,60 @@ TEST(PlanCache, ASecondEvaluationOfTheSameGraphReusesItsPlan) {
   EXPECT_EQ(jit::stats().plan_cache_hits, hits + 1) << "a different size must not hit";
   testing::expect_bit_equal(run(a.t().contiguous().t(), 0.5), eager_run(a, 0.5),
                             "same graph, another input layout");
+}
+
+// The cache key covers everything the graph is built from: each of these differs from the first
+// recording in one respect and must build its own plan, and each result must equal eager's.
+TEST(PlanCache, AnyStructuralDifferenceMisses) {
+  Tensor a = testing::input({5, 4}), b = testing::input({5, 4});
+  Tensor a64 = a.to(kFloat64), b64 = b.to(kFloat64);
+  using Fn = std::function<std::vector<Tensor>(const Tensor&, const Tensor&)>;
+  std::vector<std::pair<const char*, Fn>> variants = {
+      {"base",
+       [](const Tensor& x, const Tensor& y) { return std::vector<Tensor>{tanh(x * y) + x}; }},
+      {"other op",
+       [](const Tensor& x, const Tensor& y) { return std::vector<Tensor>{sigmoid(x * y) + x}; }},
+      {"other wiring",
+       [](const Tensor& x, const Tensor& y) { return std::vector<Tensor>{tanh(x * y) + y}; }},
+      {"shared input",
+       [](const Tensor& x, const Tensor&) { return std::vector<Tensor>{tanh(x * x) + x}; }},
+      {"other attribute",
+       [](const Tensor& x, const Tensor& y) {
+         return std::vector<Tensor>{tanh(x * y).add(x, 2.0)};
+       }},
+      {"another output kept",
+       [](const Tensor& x, const Tensor& y) {
+         Tensor t = tanh(x * y);
+         return std::vector<Tensor>{t + x, t};
+       }},
+  };
+  auto run = [](const Fn& fn, const Tensor& x, const Tensor& y) {
+    LazyGuard lazy(true);
+    std::vector<Tensor> out = fn(x, y);
+    for (const Tensor& t : out) kiln::eval(t);
+    return out;
+  };
+  for (int dtype = 0; dtype < 2; ++dtype) {
+    const Tensor& x = dtype ? a64 : a;
+    const Tensor& y = dtype ? b64 : b;
+    for (const auto& [what, fn] : variants) {
+      const int64_t hits = jit::stats().plan_cache_hits;
+      std::vector<Tensor> got = run(fn, x, y);
+      std::vector<Tensor> want;
+      {
+        LazyGuard eager(false);
+        want = fn(x, y);
+      }
+      const std::string name = std::string(what) + (dtype ? " (float64)" : "");
+      EXPECT_EQ(jit::stats().plan_cache_hits, hits) << name << " hit another recording's plan";
+      ASSERT_EQ(got.size(), want.size()) << name;
+      for (size_t k = 0; k < got.size(); ++k) testing::expect_bit_equal(got[k], want[k], name);
+    }
+  }
+  // And the same recording again hits.
+  const int64_t hits = jit::stats().plan_cache_hits;
+  run(variants[0].second, b, a);
+  EXPECT_EQ(jit::stats().plan_cache_hits, hits + 1);
 }
 
 }  // namespace
