@@ -431,6 +431,13 @@ bool is_row_wise(const Node& n) {
   return d == 0 && detail::attr_int(n.attr(0)) == static_cast<int64_t>(in.sizes.size()) - 1;
 }
 
+// The kernel's symbol names its first ops, up to about 48 characters, and always its join.
+void append_op_name(Kernel& k, const std::string& name, bool always = false) {
+  if (k.ops.size() >= 48 && !always) return;
+  if (!k.ops.empty()) k.ops += "_";
+  k.ops += name;
+}
+
 // Builds the group's kernel: loads for its inputs, scalars for its constants, attributes and
 // element counts, and each member's formula in graph order.
 void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& roles) {
@@ -554,8 +561,7 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
                dtype_name(k.body[static_cast<size_t>(result)].type), ", the node is ",
                dtype_name(n->output()->type().dtype));
     value_instr[n->output()] = result;
-    if (!k.ops.empty()) k.ops += "_";
-    if (k.ops.size() < 48) k.ops += n->op().name;
+    append_op_name(k, n->op().name);
   }
   // Outputs: members whose value is read outside the group or returned; then the join's pieces.
   for (const Node* n : g.nodes) {
@@ -578,8 +584,7 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
     const auto rank = static_cast<int64_t>(whole->type().sizes.size());
     const int64_t d = detail::attr_int(g.join->attr(0));
     g.join_dim = d < 0 ? d + rank : d;
-    if (!k.ops.empty()) k.ops += "_";
-    k.ops += g.join->op().name;
+    append_op_name(k, g.join->op().name, /*always=*/true);
   }
 }
 
