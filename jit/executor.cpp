@@ -460,6 +460,15 @@ void Plan::run_rows_group(const Step& step, const std::vector<Tensor>& args,
   kernel.finish(calls, partials.data(), ptrs.data(), g.scalars.data());
 }
 
+namespace {
+std::atomic<int64_t> g_fused_kernels_run{0}, g_unfused_steps_run{0};
+}  // namespace
+
+PlanRunCounts plan_run_counts() {
+  return {g_fused_kernels_run.load(std::memory_order_relaxed),
+          g_unfused_steps_run.load(std::memory_order_relaxed)};
+}
+
 std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
   KILN_CHECK(inputs.size() == input_slots_.size(), "jit: the graph takes ", input_slots_.size(),
              " inputs, got ", inputs.size());
@@ -503,12 +512,17 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
           outs.push_back(detail::make_empty(type.sizes, type.dtype));
         }
       }
-      if (step.group)
+      if (step.group) {
         run_group(step, args, outs);
-      else
+        g_fused_kernels_run.fetch_add(1, std::memory_order_relaxed);
+      } else {
         step.map_into(outs[0], args.data(), step.node->attrs());
+        g_unfused_steps_run.fetch_add(1, std::memory_order_relaxed);
+      }
     } else {
       outs = invoke_in_scope(*step.node, args);
+      if (step.node->op().kind != detail::OpKind::View)
+        g_unfused_steps_run.fetch_add(1, std::memory_order_relaxed);
     }
     for (int64_t s : step.release) slots[static_cast<size_t>(s)] = Tensor();
     for (size_t k = 0; k < outs.size(); ++k) {

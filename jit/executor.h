@@ -86,6 +86,12 @@ class Plan {
 
 // Bytes held now by every plan's arenas.
 int64_t plan_arena_bytes();
+// Steps run by every plan so far: fused kernels, and other steps that compute (not views).
+struct PlanRunCounts {
+  int64_t fused_kernels = 0;
+  int64_t unfused_steps = 0;
+};
+PlanRunCounts plan_run_counts();
 
 // Plan(graph).run(inputs).
 std::vector<Tensor> run_graph(const Graph& graph, const std::vector<Tensor>& inputs);

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "fuser/codegen/llvm/cpu_codegen.h"
+#include "jit/differentiate.h"
 #include "jit/executor.h"
 #include "jit/infer.h"
 #include "jit/lazy_eval.h"
@@ -71,8 +72,27 @@ std::string key_str(const InputKey& k) {
   return s;
 }
 
-// What each graph output is for.
-enum class OutputKind : int64_t { Return = 0, WriteBack = 1, Grad = 2 };
+// What each graph output is for. Saved: a value the backward of a differentiable function reads.
+enum class OutputKind : int64_t { Return = 0, WriteBack = 1, Grad = 2, Saved = 3 };
+
+// Where an input of a differentiable function's backward graph comes from.
+struct BackwardSource {
+  enum Kind : uint8_t { kOutputGrad, kArgument, kCapture, kSaved } kind;
+  size_t index;  // the returned output, call argument or saved value (captures: `capture`)
+  Tensor capture;
+};
+
+// The backward of a differentiable specialization: shared with the autograd nodes of its calls,
+// which may outlive the Function.
+struct Backward {
+  std::unique_ptr<Graph> graph;
+  std::unique_ptr<Plan> plan;
+  std::vector<BackwardSource> sources;  // per backward graph input
+  std::vector<size_t> outputs;          // returned outputs that get a gradient
+  std::vector<int64_t> wrt_arguments;   // per differentiated input: call argument, or -1
+  std::vector<Tensor> wrt_captures;     // per differentiated input: the captured tensor
+  std::vector<size_t> gradient_of;      // per backward graph output: its differentiated input
+};
 }  // namespace
 
 struct Specialization {
@@ -87,6 +107,9 @@ struct Specialization {
   std::vector<OutputKind> kinds;
   std::vector<Tensor> write_targets;
   std::vector<std::shared_ptr<detail::TensorImpl>> grad_leaves;
+  // Traced with autograd on, and (when its returned outputs require grad) its backward.
+  bool grad_mode = false;
+  std::shared_ptr<const Backward> backward;
 };
 
 struct FunctionImpl {
@@ -139,6 +162,7 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
   auto spec = std::make_unique<Specialization>();
   for (const Tensor& t : inputs) spec->key.push_back(key_of(t));
   std::vector<detail::LazyRef> requests;
+  auto backward = std::make_shared<Backward>();
   {
     TraceScope scope;
     scope.state.examples = inputs;
@@ -171,6 +195,57 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
       spec->write_targets.emplace_back();
       spec->grad_leaves.push_back(leaf);
     }
+    // A function whose returned values require grad (and that ran no backward of its own) is
+    // differentiable: its gradients are recorded now, from output-gradient placeholders, with the
+    // ops' own gradient formulas, and become the backward graph.
+    spec->grad_mode = detail::grad_mode();
+    const size_t num_forward = requests.size();
+    std::vector<Tensor> wrt;
+    if (spec->grad_mode && scope.state.grads.empty()) {
+      for (size_t i = 0; i < outputs.size(); ++i)
+        if (outputs[i].requires_grad() && is_floating_point(outputs[i].dtype()))
+          backward->outputs.push_back(i);
+      if (!backward->outputs.empty()) {
+        for (size_t i = 0; i < placeholders.size(); ++i) {
+          if (!placeholders[i].requires_grad()) continue;
+          wrt.push_back(placeholders[i]);
+          backward->wrt_arguments.push_back(static_cast<int64_t>(i));
+          backward->wrt_captures.emplace_back();
+        }
+        // Captured tensors that require grad (parameters): the inputs of the returned values'
+        // graph that no argument binds.
+        std::vector<detail::LazyRef> returned(
+            requests.begin(), requests.begin() + static_cast<int64_t>(outputs.size()));
+        LazyGraphBinding returned_binding;
+        build_graph(returned, &returned_binding, false, nullptr);
+        for (size_t k = 0; k < returned_binding.inputs.size(); ++k) {
+          const Tensor& t = returned_binding.inputs[k];
+          if (returned_binding.arguments[k] >= 0 || !t.requires_grad()) continue;
+          wrt.push_back(t);
+          backward->wrt_arguments.push_back(-1);
+          backward->wrt_captures.push_back(t);
+        }
+      }
+    }
+    std::vector<size_t> gradient_request_of;  // per gradient request: its differentiated input
+    if (!wrt.empty()) {
+      std::vector<Tensor> diff_outputs, output_grads;
+      for (size_t j = 0; j < backward->outputs.size(); ++j) {
+        const Tensor& out = outputs[backward->outputs[j]];
+        diff_outputs.push_back(out);
+        scope.state.examples.push_back(zeros(out.sizes(), out.dtype()));
+        output_grads.push_back(detail::trace_placeholder(
+            input_op(), static_cast<int64_t>(inputs.size() + j), scope.state.examples.back()));
+      }
+      std::vector<Tensor> grads = autograd::grad(diff_outputs, wrt, output_grads,
+                                                 /*retain_graph=*/true, /*create_graph=*/false,
+                                                 /*allow_unused=*/true);
+      for (size_t w = 0; w < grads.size(); ++w) {
+        if (!grads[w].defined()) continue;
+        requests.push_back(value_ref(grads[w]));
+        gradient_request_of.push_back(w);
+      }
+    }
     warnings.insert(warnings.end(), scope.state.warnings.begin(), scope.state.warnings.end());
     for (const std::string& w : scope.state.warnings) std::cerr << "kiln warning: " << w << '\n';
 
@@ -191,6 +266,55 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
     for (Value* v : by_request) spec->graph->add_output(v);
     spec->arguments = binding.arguments;
     spec->captures = binding.inputs;
+    if (!gradient_request_of.empty()) {
+      // Split the graph of the function and its gradients into an augmented forward and a
+      // backward.
+      std::vector<bool> is_output_grad;
+      for (int64_t a : binding.arguments)
+        is_output_grad.push_back(a >= static_cast<int64_t>(inputs.size()));
+      Differentiated d = split_forward_backward(*spec->graph, num_forward, is_output_grad);
+      spec->graph = std::move(d.forward);
+      spec->arguments.clear();
+      spec->captures.clear();
+      for (int64_t origin : d.forward_inputs) {
+        spec->arguments.push_back(binding.arguments[static_cast<size_t>(origin)]);
+        spec->captures.push_back(binding.inputs[static_cast<size_t>(origin)]);
+      }
+      for (size_t k = 0; k < d.num_saved; ++k) {
+        spec->kinds.push_back(OutputKind::Saved);
+        spec->write_targets.emplace_back();
+        spec->grad_leaves.emplace_back();
+      }
+      for (int64_t origin : d.backward_inputs) {
+        BackwardSource src{BackwardSource::kSaved, 0, Tensor()};
+        if (origin < 0) {
+          src.index = static_cast<size_t>(-1 - origin);
+        } else {
+          const int64_t a = binding.arguments[static_cast<size_t>(origin)];
+          if (a >= static_cast<int64_t>(inputs.size())) {
+            src.kind = BackwardSource::kOutputGrad;
+            src.index = static_cast<size_t>(a) - inputs.size();
+          } else if (a >= 0) {
+            src.kind = BackwardSource::kArgument;
+            src.index = static_cast<size_t>(a);
+          } else {
+            src.kind = BackwardSource::kCapture;
+            src.capture = binding.inputs[static_cast<size_t>(origin)];
+          }
+        }
+        backward->sources.push_back(std::move(src));
+      }
+      backward->gradient_of = gradient_request_of;
+      backward->graph = std::move(d.backward);
+      log("fuser", "differentiable trace: ", d.num_saved, " value(s) saved for the backward, ",
+          backward->graph->size(), " backward nodes (elementwise forward values recomputed)");
+    }
+  }
+  if (backward->graph) {
+    run_passes(*backward->graph);
+    if (verify_passes()) verify_types(*backward->graph);
+    backward->plan = std::make_unique<Plan>(*backward->graph);
+    spec->backward = std::move(backward);
   }
   run_passes(*spec->graph);
   if (verify_passes()) verify_types(*spec->graph);
@@ -199,8 +323,44 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
   return spec;
 }
 
+namespace {
+// Runs a differentiable function's backward graph for one call: the gradients of its
+// differentiated inputs from the gradients of its returned outputs.
+std::vector<Tensor> run_backward(const Backward& b, const std::vector<Tensor>& arguments,
+                                 const std::vector<Tensor>& saved,
+                                 const std::vector<Tensor>& returned,
+                                 const detail::BackwardContext& c) {
+  std::vector<Tensor> args;
+  for (const BackwardSource& src : b.sources) {
+    switch (src.kind) {
+      case BackwardSource::kOutputGrad: {
+        const Tensor& g = src.index < c.num_grads() ? c.grad(src.index) : Tensor();
+        const Tensor& out = returned[src.index];
+        args.push_back(g.defined() ? g : zeros(out.sizes(), out.dtype()));
+        break;
+      }
+      case BackwardSource::kArgument:
+        args.push_back(arguments[src.index]);
+        break;
+      case BackwardSource::kCapture:
+        args.push_back(src.capture);
+        break;
+      case BackwardSource::kSaved:
+        args.push_back(saved[src.index]);
+        break;
+    }
+  }
+  eval(args);
+  std::vector<Tensor> results = b.plan->run(args);
+  std::vector<Tensor> grads(b.wrt_arguments.size());
+  for (size_t k = 0; k < results.size(); ++k) grads[b.gradient_of[k]] = results[k];
+  return grads;
+}
+}  // namespace
+
 std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
                                          const std::vector<Tensor>& inputs) const {
+  const bool grad_mode = detail::grad_mode();
   detail::flush_pending();
   std::vector<Tensor> args(s.arguments.size());
   for (size_t k = 0; k < s.arguments.size(); ++k)
@@ -208,30 +368,51 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
   eval(args);
   std::vector<Tensor> results = s.plan->run(args);
   const ResultHolders holders(args, results);
-  std::vector<Tensor> returned;
-  NoGradGuard no_grad;
-  LazyGuard eager(false);
-  for (size_t k = 0; k < s.kinds.size(); ++k) {
-    switch (s.kinds[k]) {
-      case OutputKind::Return:
-        returned.push_back(results[k]);
-        break;
-      case OutputKind::WriteBack: {
-        // The new value's buffer becomes the captured storage's when nothing else holds it (the
-        // Storage object, and so every view of it, stays); otherwise it is copied in.
-        const Tensor& dst = s.write_targets[k];
-        const Tensor& src = results[k];
-        detail::Storage& storage = *dst.impl()->storage;
-        if (storage.owns_allocation && holders.can_give_up(src, storage.nbytes))
-          swap_buffers(storage, *src.impl()->storage);
-        else
-          detail::copy_kernel(dst, detail::may_overlap(dst, src) ? src.clone() : src);
-        detail::bump_version(dst);
-        break;
+  std::vector<Tensor> returned, saved;
+  {
+    NoGradGuard no_grad;
+    LazyGuard eager(false);
+    for (size_t k = 0; k < s.kinds.size(); ++k) {
+      switch (s.kinds[k]) {
+        case OutputKind::Return:
+          returned.push_back(results[k]);
+          break;
+        case OutputKind::Saved:
+          saved.push_back(results[k]);
+          break;
+        case OutputKind::WriteBack: {
+          // The new value's buffer becomes the captured storage's when nothing else holds it (the
+          // Storage object, and so every view of it, stays); otherwise it is copied in.
+          const Tensor& dst = s.write_targets[k];
+          const Tensor& src = results[k];
+          detail::Storage& storage = *dst.impl()->storage;
+          if (storage.owns_allocation && holders.can_give_up(src, storage.nbytes))
+            swap_buffers(storage, *src.impl()->storage);
+          else
+            detail::copy_kernel(dst, detail::may_overlap(dst, src) ? src.clone() : src);
+          detail::bump_version(dst);
+          break;
+        }
+        case OutputKind::Grad:
+          s.grad_leaves[k]->autograd->grad = results[k];
+          break;
       }
-      case OutputKind::Grad:
-        s.grad_leaves[k]->autograd->grad = results[k];
-        break;
+    }
+  }
+  if (s.backward && grad_mode) {
+    // The returned values get one autograd node whose backward runs the traced backward plan.
+    const std::shared_ptr<const Backward> b = s.backward;
+    std::vector<Tensor> wrt;
+    for (size_t w = 0; w < b->wrt_arguments.size(); ++w)
+      wrt.push_back(b->wrt_arguments[w] >= 0 ? inputs[static_cast<size_t>(b->wrt_arguments[w])]
+                                             : b->wrt_captures[w]);
+    if (detail::any_needs_grad(wrt)) {
+      std::vector<Tensor> outs;
+      for (size_t i : b->outputs) outs.push_back(returned[i]);
+      detail::record("traced_function", wrt, outs, {},
+                     [b, arguments = inputs, saved, outs](const detail::BackwardContext& c) {
+                       return run_backward(*b, arguments, saved, outs, c);
+                     });
     }
   }
   return returned;
@@ -245,8 +426,9 @@ std::vector<Tensor> Function::operator()(const std::vector<Tensor>& inputs) cons
   const Specialization* match = nullptr;
   {
     std::lock_guard<std::mutex> lock(f.mutex);
+    const bool grad_mode = detail::grad_mode();
     for (const auto& s : f.specs)
-      if (s->key == key) match = s.get();
+      if (s->key == key && s->grad_mode == grad_mode) match = s.get();
     if (!match) {
       g_guard_failures.fetch_add(1);
       // The reason, against the most recent specialization.
@@ -291,6 +473,14 @@ std::vector<Tensor> Function::operator()(const std::vector<Tensor>& inputs) cons
   return f.replay(*match, inputs);
 }
 
+std::string Function::backward_graph_str() const {
+  KILN_CHECK(impl_, "jit::Function: empty Function");
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const Specialization* s =
+      impl_->last ? impl_->last : (impl_->specs.empty() ? nullptr : impl_->specs[0].get());
+  return s && s->backward ? s->backward->graph->str() : std::string();
+}
+
 std::string Function::graph_str() const {
   KILN_CHECK(impl_, "jit::Function: empty Function");
   std::lock_guard<std::mutex> lock(impl_->mutex);
@@ -312,8 +502,8 @@ std::vector<std::string> Function::warnings() const {
 //   kiln-function 1
 //   inputs <n> then per call argument: dtype code, requires_grad, rank, sizes (the guard)
 //   bindings <k> then per graph input: the call argument, or -1 for a captured tensor
-//   outputs <m> then per graph output: kind (0 return, 1 write-back, 2 grad) and the graph input
-//   whose captured tensor it writes (-1 for returns)
+//   outputs <m> then per graph output: kind (0 return, 1 write-back, 2 grad, 3 saved for a
+//   backward: ignored by load) and the graph input whose captured tensor it writes (-1 for returns)
 void Function::save(const std::string& path) const {
   KILN_CHECK(impl_, "jit::Function::save: empty Function");
   std::lock_guard<std::mutex> lock(impl_->mutex);
@@ -330,7 +520,8 @@ void Function::save(const std::string& path) const {
   meta << "outputs " << s->kinds.size() << '\n';
   for (size_t k = 0; k < s->kinds.size(); ++k) {
     int64_t target = -1;
-    for (size_t i = 0; i < s->captures.size() && s->kinds[k] != OutputKind::Return; ++i) {
+    const bool targets = s->kinds[k] == OutputKind::WriteBack || s->kinds[k] == OutputKind::Grad;
+    for (size_t i = 0; i < s->captures.size() && targets; ++i) {
       if (!s->captures[i].defined()) continue;
       const Tensor& cap = s->captures[i];
       if (s->kinds[k] == OutputKind::WriteBack &&
@@ -341,7 +532,7 @@ void Function::save(const std::string& path) const {
       if (s->kinds[k] == OutputKind::Grad && s->captures[i].impl_ptr() == s->grad_leaves[k])
         target = static_cast<int64_t>(i);
     }
-    KILN_CHECK(s->kinds[k] == OutputKind::Return || target >= 0, "jit::Function::save: output ", k,
+    KILN_CHECK(!targets || target >= 0, "jit::Function::save: output ", k,
                " writes a tensor the function never reads; such a function cannot be saved");
     meta << static_cast<int64_t>(s->kinds[k]) << ' ' << target << '\n';
   }
@@ -397,11 +588,11 @@ Function load(const std::string& path) {
     fail("outputs do not match the graph's");
   for (size_t k = 0; k < g.outputs().size(); ++k) {
     int64_t kind = read_int("output kind"), target = read_int("output target");
-    if (kind < 0 || kind > 2) fail("output kind");
+    if (kind < 0 || kind > 3) fail("output kind");
     spec->kinds.push_back(static_cast<OutputKind>(kind));
     spec->write_targets.emplace_back();
     spec->grad_leaves.emplace_back();
-    if (kind == 0) continue;
+    if (kind == 0 || kind == 3) continue;
     if (target < 0 || target >= static_cast<int64_t>(spec->captures.size()) ||
         spec->arguments[static_cast<size_t>(target)] >= 0)
       fail("output target");
@@ -450,6 +641,9 @@ Stats stats() {
   st.kernel_memory_hits = c.memory_hits;
   st.kernel_disk_hits = c.disk_hits;
   st.compile_seconds = c.compile_seconds;
+  const PlanRunCounts runs = plan_run_counts();
+  st.fused_kernels_run = runs.fused_kernels;
+  st.unfused_steps_run = runs.unfused_steps;
   return st;
 }
 

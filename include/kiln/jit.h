@@ -48,8 +48,10 @@ class Function {
  public:
   Function() = default;
   std::vector<Tensor> operator()(const std::vector<Tensor>& inputs) const;
-  // The optimized graph of the specialization used last (or the first one).
+  // The optimized graph of the specialization used last (or the first one), and of its backward
+  // (empty when its returned values need no gradient).
   std::string graph_str() const;
+  std::string backward_graph_str() const;
   size_t num_specializations() const;
   // Warnings recorded while tracing (e.g. a value read with item()).
   std::vector<std::string> warnings() const;
@@ -70,6 +72,12 @@ using TracedFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 // written while tracing) and returns the replayable Function. Tensors fn uses but does not receive
 // are captured by reference; in-place writes fn makes to them (an optimizer step), and gradients
 // backward assigns to their .grad, happen on every call.
+//
+// Traced with autograd on, a function whose returned values require grad (through its arguments
+// or captured tensors such as parameters) is differentiable: its backward is traced too, split
+// from the forward (elementwise intermediates recomputed inside the backward's fused kernels, GEMM
+// and reduction results saved), and `loss.backward()` on its results runs that backward plan as
+// one autograd node. A function that runs a backward of its own is not differentiated again.
 Function trace(TracedFn fn, const std::vector<Tensor>& example_inputs, int max_specializations = 8);
 
 // Reads a Function written by Function::save; its captured tensors are the saved copies.
@@ -89,6 +97,9 @@ struct Stats {
   int64_t kernel_memory_hits = 0;  // kernel requests served by an already loaded kernel
   int64_t kernel_disk_hits = 0;    // kernels loaded from the disk cache ($KILN_CACHE_DIR)
   double compile_seconds = 0;      // spent generating and compiling kernels
+  int64_t fused_kernels_run = 0;   // fused kernel launches by plans
+  int64_t unfused_steps_run = 0;   // other plan steps that compute (GEMMs, reference kernels;
+                                   // views, which compute nothing, are not counted)
 };
 Stats stats();
 

@@ -1,0 +1,43 @@
+// Splitting a graph that computes a function and its gradients into an augmented forward graph and
+// a backward graph, deciding per value between saving it and recomputing it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "jit/ir.h"
+
+namespace kiln::jit {
+
+// The part of `g` that computes `outputs`, as a new graph. Its inputs are, in order, the inputs of
+// g it reads (in g's input order) and then every value of `cut` (values computed elsewhere and
+// passed in). `input_origin` receives, per new input, the index of the g input it stands for, or
+// -1 - k for cut[k]. Iterative and linear in g.
+std::unique_ptr<Graph> extract(const Graph& g, const std::vector<const Value*>& outputs,
+                               const std::vector<const Value*>& cut,
+                               std::vector<int64_t>* input_origin);
+
+// A joint graph split in two. `joint` computes a function's outputs (its first
+// `num_forward_outputs` outputs) and, from the inputs marked in `is_grad_input` (the gradients of
+// some outputs), gradients (the remaining outputs).
+//
+// What the backward needs from the forward is recomputed where that is cheap (elementwise ops,
+// views and numbers: inside the backward's fused kernels they cost no memory traffic) and saved
+// where it is not (GEMMs, reductions and every other op, whose results the augmented forward then
+// also returns). Graph inputs are read by both halves directly.
+struct Differentiated {
+  std::unique_ptr<Graph> forward;   // outputs: the forward outputs, then the saved values
+  std::unique_ptr<Graph> backward;  // outputs: the gradients
+  size_t num_saved = 0;
+  // Per input of each graph: the joint input it stands for, or (backward) -1 - k: saved value k.
+  std::vector<int64_t> forward_inputs;
+  std::vector<int64_t> backward_inputs;
+};
+Differentiated split_forward_backward(const Graph& joint, size_t num_forward_outputs,
+                                      const std::vector<bool>& is_grad_input);
+
+// Whether the backward recomputes a forward value made by `n` rather than saving it.
+bool recompute_in_backward(const Node& n);
+
+}  // namespace kiln::jit

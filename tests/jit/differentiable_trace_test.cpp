@@ -1,0 +1,220 @@
+// Differentiable traced functions: a function traced from forward-only code gets its backward
+// traced and fused too, and loss.backward() through its results gives eager autograd's gradients.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "jit/differentiate.h"
+#include "kiln/autograd.h"
+#include "kiln/jit.h"
+#include "kiln/kiln.h"
+#include "kiln/testing.h"
+#include "tests/testing.h"
+
+namespace kiln {
+namespace {
+
+using Inputs = std::vector<Tensor>;
+using Fn = std::function<Inputs(const Inputs&)>;
+
+Inputs detached_copies(const Inputs& in) {
+  Inputs out;
+  for (const Tensor& t : in) {
+    Tensor c = t.detach().clone();
+    if (t.requires_grad()) c.requires_grad_(true);
+    out.push_back(c);
+  }
+  return out;
+}
+
+// The gradients of sum(outputs[i] * weights[i]) with respect to `wrt`, eagerly.
+Inputs eager_grads(const Fn& fn, const Inputs& in, const Inputs& weights, const Inputs& wrt) {
+  LazyGuard eager(false);
+  Inputs out = fn(in);
+  Tensor loss;
+  for (size_t i = 0; i < out.size(); ++i) {
+    Tensor term = (out[i] * weights[i]).sum();
+    loss = loss.defined() ? loss + term : term;
+  }
+  return autograd::grad({loss}, wrt, {}, false, false, true);
+}
+
+// The same through a traced function, called `calls` times (each call must give the same).
+Inputs traced_grads(jit::Function& f, const Inputs& in, const Inputs& weights, const Inputs& wrt) {
+  Inputs out = f(in);
+  Tensor loss;
+  for (size_t i = 0; i < out.size(); ++i) {
+    EXPECT_TRUE(out[i].requires_grad()) << "output " << i << " has no grad_fn";
+    Tensor term = (out[i] * weights[i]).sum();
+    loss = loss.defined() ? loss + term : term;
+  }
+  return autograd::grad({loss}, wrt, {}, false, false, true);
+}
+
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.defined(), want.defined()) << what;
+  if (!got.defined()) return;
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const double tol = got.dtype() == kFloat64 ? 1e-10 : 1e-4;
+  LazyGuard eager(false);
+  const double err = (got.to(kFloat64) - want.to(kFloat64)).abs().max().item<double>();
+  const double scale = std::max(1.0, want.to(kFloat64).abs().max().item<double>());
+  EXPECT_LE(err, tol * scale) << what << ": max error " << err;
+}
+
+TEST(DifferentiableTrace, ElementwiseFunctionOfArgumentsWithBroadcasting) {
+  Tensor x = testing::input({3, 4}, kFloat64).requires_grad_(true);
+  Tensor y = testing::input({4}, kFloat64).requires_grad_(true);
+  Fn fn = [](const Inputs& in) {
+    return Inputs{tanh(in[0] * in[1]) + sigmoid(in[0]) * 2.0, exp(in[1] * 0.5)};
+  };
+  jit::Function f = jit::trace(fn, {x, y});
+  EXPECT_FALSE(f.backward_graph_str().empty());
+  Inputs weights = {testing::input({3, 4}, kFloat64), testing::input({4}, kFloat64)};
+  for (int call = 0; call < 3; ++call) {
+    Inputs in = {testing::input({3, 4}, kFloat64).requires_grad_(true),
+                 testing::input({4}, kFloat64).requires_grad_(true)};
+    Inputs got = traced_grads(f, in, weights, in);
+    Inputs eager_in = detached_copies(in);
+    Inputs want = eager_grads(fn, eager_in, weights, eager_in);
+    for (size_t k = 0; k < 2; ++k)
+      expect_close(got[k], want[k],
+                   "call " + std::to_string(call) + ", input " + std::to_string(k));
+  }
+}
+
+TEST(DifferentiableTrace, GradcheckThroughTheTracedFunction) {
+  Tensor a = testing::input({2, 3}, kFloat64).requires_grad_(true);
+  Tensor b = testing::input({3}, kFloat64).requires_grad_(true);
+  jit::Function f = jit::trace(
+      [](const Inputs& in) {
+        Tensor s = in[0] * in[1] - in[1].exp();
+        return Inputs{(s * s).sum({1}, true) + s.tanh(), (s.sigmoid() * in[0]).mean()};
+      },
+      {a, b});
+  EXPECT_TRUE(testing::gradcheck(
+      testing::DifferentiableFunction([&f](const Inputs& in) { return f(in); }), {a, b}));
+}
+
+TEST(DifferentiableTrace, CapturedParametersGetTheirGradients) {
+  // A linear layer with tanh: the parameters are captured, not arguments.
+  Tensor w = testing::input({5, 3}).requires_grad_(true);
+  Tensor b = testing::input({3}).requires_grad_(true);
+  Tensor x = testing::input({4, 5});
+  Fn fn = [&](const Inputs& in) { return Inputs{tanh(in[0].matmul(w) + b)}; };
+  jit::Function f = jit::trace(fn, {x});
+  // The GEMM's result is saved for the backward, never recomputed: the backward graph's GEMMs are
+  // the two gradient products only (x^T g for w; w's gradient alone here since x needs none).
+  const std::string bwd = f.backward_graph_str();
+  ASSERT_FALSE(bwd.empty());
+  Inputs weights = {testing::input({4, 3})};
+  for (int call = 0; call < 2; ++call) {
+    Tensor xi = testing::input({4, 5});
+    Inputs got = traced_grads(f, {xi}, weights, {w, b});
+    Inputs want = eager_grads(fn, {xi}, weights, {w, b});
+    expect_close(got[0], want[0], "w");
+    expect_close(got[1], want[1], "b");
+  }
+  // .backward() accumulates into the parameters' .grad.
+  w.mutable_grad() = Tensor();
+  b.mutable_grad() = Tensor();
+  f({x})[0].sum().backward();
+  Inputs want = eager_grads(fn, {x}, {ones({4, 3})}, {w, b});
+  expect_close(w.grad(), want[0], "w.grad");
+  expect_close(b.grad(), want[1], "b.grad");
+}
+
+TEST(DifferentiableTrace, LstmCellBackwardIsTheGemmsAndOneKernel) {
+  const int64_t batch = 4, input = 6, hidden = 5;
+  Tensor wx = testing::input({input, 4 * hidden}).requires_grad_(true);
+  Tensor wh = testing::input({hidden, 4 * hidden}).requires_grad_(true);
+  Tensor bias = testing::input({4 * hidden}).requires_grad_(true);
+  Fn cell = [&](const Inputs& in) {
+    std::vector<Tensor> g = (in[0].matmul(wx) + in[1].matmul(wh) + bias).chunk(4, 1);
+    Tensor i = sigmoid(g[0]), f = sigmoid(g[1]), c = tanh(g[2]), o = sigmoid(g[3]);
+    Tensor c2 = f * in[2] + i * c;
+    return Inputs{o * tanh(c2), c2};
+  };
+  Tensor x = testing::input({batch, input}),
+         h = testing::input({batch, hidden}).requires_grad_(true),
+         c = testing::input({batch, hidden}).requires_grad_(true);
+  jit::Function f = jit::trace(cell, {x, h, c});
+  Inputs weights = {testing::input({batch, hidden}), testing::input({batch, hidden})};
+  // Warm: kernels compiled.
+  traced_grads(f, {x, h, c}, weights, {wx, wh, bias, h, c});
+
+  const jit::Stats before = jit::stats();
+  Inputs out = f({x, h, c});
+  const jit::Stats mid = jit::stats();
+  EXPECT_EQ(mid.fused_kernels_run - before.fused_kernels_run, 1) << f.graph_str();
+  EXPECT_EQ(mid.unfused_steps_run - before.unfused_steps_run, 2) << "forward: the two gate GEMMs\n"
+                                                                 << f.graph_str();
+  Tensor loss = (out[0] * weights[0]).sum() + (out[1] * weights[1]).sum();
+  const jit::Stats loss_done = jit::stats();
+  Inputs got = autograd::grad({loss}, {wx, wh, bias, h, c}, {}, false, false, true);
+  const jit::Stats after = jit::stats();
+  // The backward plan: the weight and state gradient GEMMs and one kernel that writes the four
+  // gate gradients into one buffer (the bias gradient, a sum over the batch, is one reduction).
+  EXPECT_EQ(after.fused_kernels_run - loss_done.fused_kernels_run, 1) << f.backward_graph_str();
+  EXPECT_NE(f.backward_graph_str().find("cat("), std::string::npos) << f.backward_graph_str();
+
+  Inputs want =
+      eager_grads(cell, {x, h.detach().requires_grad_(true), c.detach().requires_grad_(true)},
+                  weights, {wx, wh, bias});
+  expect_close(got[0], want[0], "wx");
+  expect_close(got[1], want[1], "wh");
+  expect_close(got[2], want[2], "bias");
+  Tensor he = h.detach().requires_grad_(true), ce = c.detach().requires_grad_(true);
+  Inputs want_state = eager_grads(cell, {x, he, ce}, weights, {he, ce});
+  expect_close(got[3], want_state[0], "h");
+  expect_close(got[4], want_state[1], "c");
+}
+
+TEST(DifferentiableTrace, NoGradCallsAndOutputsThatNeedNoGradient) {
+  Tensor x = testing::input({3}).requires_grad_(true);
+  jit::Function f = jit::trace(
+      [](const Inputs& in) {
+        return Inputs{exp(in[0]), gt(in[0], 0.0)};
+      },
+      {x});
+  {
+    NoGradGuard no_grad;
+    Inputs out = f({x});
+    EXPECT_FALSE(out[0].requires_grad());
+  }
+  Inputs out = f({x});
+  EXPECT_TRUE(out[0].requires_grad());
+  EXPECT_FALSE(out[1].requires_grad());
+  out[0].sum().backward();
+  LazyGuard eager(false);
+  expect_close(x.grad(), exp(x.detach()), "d exp");
+}
+
+TEST(DifferentiableTrace, SplitSavesGemmsAndRecomputesElementwiseValues) {
+  // The joint graph of y = tanh(mm(a, b)) and its gradient: the backward reads tanh's output,
+  // recomputed from the saved mm result.
+  jit::Graph g;
+  jit::ValueType t{kFloat32, {2, 2}};
+  jit::Value* a = g.add_input(t);
+  jit::Value* b = g.add_input(t);
+  jit::Value* gy = g.add_input(t);
+  jit::Value* m = g.create("mm", {a, b}, {}, {t})->output();
+  jit::Value* y = g.create("tanh", {m}, {}, {t})->output();
+  jit::Value* y2 = g.create("mul", {y, y}, {}, {t})->output();
+  jit::Value* one_minus = g.create("sub", {g.constant(1.0, kFloat64), y2}, {1.0}, {t})->output();
+  jit::Value* gm = g.create("mul", {gy, one_minus}, {}, {t})->output();
+  g.add_output(y);
+  g.add_output(gm);
+  jit::Differentiated d = jit::split_forward_backward(g, 1, {false, false, true});
+  EXPECT_EQ(d.num_saved, 1u);
+  EXPECT_EQ(d.forward->outputs().size(), 2u);  // y, then the saved mm result
+  const std::string bwd = d.backward->str();
+  EXPECT_EQ(bwd.find("mm("), std::string::npos) << bwd;
+  EXPECT_NE(bwd.find("tanh("), std::string::npos) << bwd;
+  EXPECT_EQ(d.backward_inputs, (std::vector<int64_t>{2, -1})) << bwd;
+}
+
+}  // namespace
+}  // namespace kiln
