@@ -4,9 +4,11 @@
 // IR is a loop over elements (flat layout) or over rows with an inner loop over the last dimension
 // (strided layout, strides passed per call: LLVM's loop vectorizer versions the inner loop on a
 // unit stride). Every primitive computes exactly what the op's reference kernel computes: IEEE
-// operations without fast-math flags or contraction, and transcendental functions as calls to the
-// same libm functions the reference kernels call (marked nobuiltin, so LLVM does not rewrite
-// them), which keeps fused results bit-identical to eager ones.
+// operations without fast-math flags or contraction, transcendental functions as the inline
+// polynomial sequences of lib/fastmath.h that the reference kernels run (so loops vectorize), and
+// the remaining ones (float64 log1p, expm1, sin, cos, tanh) as calls to the same libm functions
+// the reference kernels call (marked nobuiltin, so LLVM does not rewrite them): fused results are
+// bit-identical to eager ones.
 #include "fuser/codegen/llvm/cpu_codegen.h"
 
 #include <xxhash.h>
