@@ -49,14 +49,54 @@ T erf_value(T x) {
   }
 }
 
-// exp and tanh: float32 in vectorizable arithmetic (lib/fastmath.h; the LLVM code generator emits
-// the same sequence), float64 through libm.
+// Transcendentals in vectorizable arithmetic (lib/fastmath.h; the LLVM code generator emits the
+// same sequences): exp, log, log1p, expm1, sin, cos and tanh for float32, exp and log for
+// float64; the rest through libm.
 template <typename T>
 T exp_value(T x) {
   if constexpr (std::is_same_v<T, float>)
     return detail::exp_f32(x);
+  else if constexpr (std::is_same_v<T, double>)
+    return detail::exp_f64(x);
   else
     return std::exp(x);
+}
+template <typename T>
+T log_value(T x) {
+  if constexpr (std::is_same_v<T, float>)
+    return detail::log_f32(x);
+  else if constexpr (std::is_same_v<T, double>)
+    return detail::log_f64(x);
+  else
+    return std::log(x);
+}
+template <typename T>
+T log1p_value(T x) {
+  if constexpr (std::is_same_v<T, float>)
+    return detail::log1p_f32(x);
+  else
+    return std::log1p(x);
+}
+template <typename T>
+T expm1_value(T x) {
+  if constexpr (std::is_same_v<T, float>)
+    return detail::expm1_f32(x);
+  else
+    return std::expm1(x);
+}
+template <typename T>
+T sin_value(T x) {
+  if constexpr (std::is_same_v<T, float>)
+    return detail::sin_f32(x);
+  else
+    return std::sin(x);
+}
+template <typename T>
+T cos_value(T x) {
+  if constexpr (std::is_same_v<T, float>)
+    return detail::cos_f32(x);
+  else
+    return std::cos(x);
 }
 template <typename T>
 T tanh_value(T x) {
@@ -178,15 +218,15 @@ KILN_UNARY(abs, DTypeRule::Same, true, T(x < T(0) ? T(-x) : x), "(select (lt x 0
 KILN_UNARY(sign, DTypeRule::Same, true, T((T(0) < x) - (x < T(0))),
            "(select (lt 0 x) 1 (select (lt x 0) -1 0))", None, zeros_like(g))
 KILN_UNARY(exp, DTypeRule::Float, true, exp_value(x), "(exp x)", Y, g* y)
-KILN_UNARY(log, DTypeRule::Float, true, std::log(x), "(log x)", X, g / x)
-KILN_UNARY(log1p, DTypeRule::Float, true, std::log1p(x), "(log1p x)", X, g / (x + 1))
-KILN_UNARY(expm1, DTypeRule::Float, true, std::expm1(x), "(expm1 x)", Y, g*(y + 1))
+KILN_UNARY(log, DTypeRule::Float, true, log_value(x), "(log x)", X, g / x)
+KILN_UNARY(log1p, DTypeRule::Float, true, log1p_value(x), "(log1p x)", X, g / (x + 1))
+KILN_UNARY(expm1, DTypeRule::Float, true, expm1_value(x), "(expm1 x)", Y, g*(y + 1))
 KILN_UNARY(sqrt, DTypeRule::Float, true, std::sqrt(x), "(sqrt x)", Y, g / (y * 2))
 KILN_UNARY(rsqrt, DTypeRule::Float, true, T(1) / std::sqrt(x), "(div 1 (sqrt x))", Y,
            g*(y* y* y) * -0.5)
 KILN_UNARY(reciprocal, DTypeRule::Float, true, T(1) / x, "(div 1 x)", Y, -g*(y* y))
-KILN_UNARY(sin, DTypeRule::Float, true, std::sin(x), "(sin x)", X, g* cos(x))
-KILN_UNARY(cos, DTypeRule::Float, true, std::cos(x), "(cos x)", X, -g* sin(x))
+KILN_UNARY(sin, DTypeRule::Float, true, sin_value(x), "(sin x)", X, g* cos(x))
+KILN_UNARY(cos, DTypeRule::Float, true, cos_value(x), "(cos x)", X, -g* sin(x))
 KILN_UNARY(tanh, DTypeRule::Float, true, tanh_value(x), "(tanh x)", Y, g*(1 - y * y))
 KILN_UNARY(sigmoid, DTypeRule::Float, true, T(1) / (T(1) + exp_value(-x)),
            "(div 1 (add 1 (exp (neg x))))", Y, g*(y*(1 - y)))

@@ -1,11 +1,14 @@
-// lib/fastmath.h against double precision: exp within 1 ulp and tanh within 2 ulp of the
-// correctly rounded result over the whole float range, special values exact.
+// lib/fastmath.h against higher precision: the float32 functions against double-precision libm
+// over the whole float range (exp within 1 ulp, tanh 2, log, log1p and expm1 2, sin and cos 1, of
+// the correctly rounded result), the float64 ones against long double (exp and log within 1 ulp);
+// special values exact.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <random>
 
 #include "lib/fastmath.h"
 
@@ -23,16 +26,20 @@ int64_t ulps(float a, float b) {
 }
 
 template <typename Fast, typename Exact>
-int64_t max_ulps_over_floats(Fast fast, Exact exact, float* worst) {
+int64_t max_ulps_over_floats(Fast fast, Exact exact, float* worst, uint64_t stride = 37) {
   int64_t max = 0;
-  // Every 37th float of either sign, finite only: about 116 million values.
-  for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 37) {
+  // Every stride-th float of either sign, finite only: about 116 million values for 37.
+  for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += stride) {
     const auto b32 = static_cast<uint32_t>(bits);
     float x;
     std::memcpy(&x, &b32, 4);
     if (!std::isfinite(x)) continue;
     const float want = static_cast<float>(exact(static_cast<double>(x)));
     const float got = fast(x);
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << "x = " << x;
+      continue;
+    }
     if (std::isinf(want) || want == 0.0f) {
       EXPECT_EQ(got, want) << "x = " << x;
       continue;
@@ -44,6 +51,63 @@ int64_t max_ulps_over_floats(Fast fast, Exact exact, float* worst) {
     }
   }
   return max;
+}
+
+// Every 101st float of either sign (42 million), finite only.
+template <typename Fast, typename Exact>
+void expect_float_ulps(const char* name, Fast fast, Exact exact, int64_t bound) {
+  float worst = 0;
+  const int64_t max = max_ulps_over_floats(fast, exact, &worst, 101);
+  EXPECT_LE(max, bound) << name << " at x = " << worst;
+  std::printf("%s: at most %lld ulp (worst at %.9g)\n", name, static_cast<long long>(max), worst);
+}
+
+// Distance in representable doubles (both finite).
+int64_t ulps64(double a, double b) {
+  auto key = [](double f) {
+    int64_t i;
+    std::memcpy(&i, &f, 8);
+    return i < 0 ? static_cast<long double>(INT64_MIN) - i : static_cast<long double>(i);
+  };
+  return static_cast<int64_t>(std::fabs(key(a) - key(b)));
+}
+
+// Random doubles: uniform bit patterns (every binade alike) and uniform values in [lo, hi].
+template <typename Fast, typename Exact>
+void expect_double_ulps(const char* name, Fast fast, Exact exact, double lo, double hi,
+                        int64_t bound) {
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<double> in_range(lo, hi);
+  int64_t max = 0;
+  double worst = 0;
+  for (int i = 0; i < 4000000; ++i) {
+    double x;
+    if (i % 2) {
+      x = in_range(rng);
+    } else {
+      const uint64_t b = rng();
+      std::memcpy(&x, &b, 8);
+    }
+    if (!std::isfinite(x)) continue;
+    const long double e = exact(static_cast<long double>(x));
+    const auto want = static_cast<double>(e);
+    const double got = fast(x);
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << "x = " << x;
+      continue;
+    }
+    if (std::isinf(want) || want == 0.0) {
+      EXPECT_EQ(got, want) << "x = " << x;
+      continue;
+    }
+    const int64_t u = ulps64(got, want);
+    if (u > max) {
+      max = u;
+      worst = x;
+    }
+  }
+  EXPECT_LE(max, bound) << name << " at x = " << worst;
+  std::printf("%s: at most %lld ulp (worst at %.17g)\n", name, static_cast<long long>(max), worst);
 }
 
 TEST(FastMath, ExpIsWithinOneUlpOverTheFloatRange) {
@@ -60,6 +124,67 @@ TEST(FastMath, TanhIsWithinTwoUlpsOverTheFloatRange) {
       tanh_f32, [](double x) { return std::tanh(x); }, &worst);
   EXPECT_LE(max, 2) << "at x = " << worst;
   std::printf("tanh_f32: at most %lld ulp (worst at %.9g)\n", static_cast<long long>(max), worst);
+}
+
+TEST(FastMath, LogIsWithinTwoUlpsOverTheFloatRange) {
+  expect_float_ulps(
+      "log_f32", log_f32, [](double x) { return std::log(x); }, 2);
+}
+
+TEST(FastMath, Log1pIsWithinTwoUlpsOverTheFloatRange) {
+  expect_float_ulps(
+      "log1p_f32", log1p_f32, [](double x) { return std::log1p(x); }, 2);
+}
+
+TEST(FastMath, Expm1IsWithinTwoUlpsOverTheFloatRange) {
+  expect_float_ulps(
+      "expm1_f32", expm1_f32, [](double x) { return std::expm1(x); }, 2);
+}
+
+TEST(FastMath, SinAndCosAreWithinOneUlpOverTheFloatRange) {
+  expect_float_ulps(
+      "sin_f32", sin_f32, [](double x) { return std::sin(x); }, 1);
+  expect_float_ulps(
+      "cos_f32", cos_f32, [](double x) { return std::cos(x); }, 1);
+}
+
+// Floats whose distance to a multiple of pi/2 is smallest (the hardest cases of the reduction),
+// around both reductions' boundary, and large ones.
+TEST(FastMath, SinAndCosNearMultiplesOfHalfPi) {
+  int64_t max = 0;
+  float worst = 0;
+  auto check = [&](float x) {
+    for (int c = 0; c < 2; ++c) {
+      const float got = c ? cos_f32(x) : sin_f32(x);
+      const auto want = static_cast<float>(c ? std::cos(double(x)) : std::sin(double(x)));
+      const int64_t u = ulps(got, want);
+      if (u > max) max = u, worst = x;
+    }
+  };
+  for (double k = 1; k < 1e6; k = k * 1.01 + 1) {
+    const float x = static_cast<float>(k * 1.5707963267948966);
+    for (float y = x, i = 0; i < 4; ++i, y = std::nextafter(y, 0.0f)) check(y), check(-y);
+    for (float y = x, i = 0; i < 4; ++i, y = std::nextafter(y, 1e30f)) check(y), check(-y);
+  }
+  // The reported hardest float for the reduction, 1.0 and 0.5 * pi's neighbours, the boundary.
+  for (float x : {16367173.0f * 6.2831855f, 1.0f, 1.5707964f, 1.5707963f, 3.1415927f, 1048575.9f,
+                  1048576.0f, 1048576.1f, 1e10f, 1e20f, 3.4e38f, 105414350.0f, 8.34e5f})
+    check(x), check(-x);
+  EXPECT_LE(max, 1) << "at x = " << worst;
+}
+
+TEST(FastMath, ExpF64IsWithinOneUlp) {
+  expect_double_ulps(
+      "exp_f64", exp_f64, [](long double x) { return std::exp(x); }, -750.0, 720.0, 1);
+  expect_double_ulps(
+      "exp_f64 near 0", exp_f64, [](long double x) { return std::exp(x); }, -1.0, 1.0, 1);
+}
+
+TEST(FastMath, LogF64IsWithinOneUlp) {
+  expect_double_ulps(
+      "log_f64", log_f64, [](long double x) { return std::log(x); }, 0.0, 4.0, 1);
+  expect_double_ulps(
+      "log_f64 near 1", log_f64, [](long double x) { return std::log(x); }, 0.7, 1.5, 1);
 }
 
 TEST(FastMath, SpecialValues) {
@@ -81,6 +206,77 @@ TEST(FastMath, SpecialValues) {
   EXPECT_EQ(tanh_f32(20.0f), 1.0f);
   EXPECT_TRUE(std::isnan(tanh_f32(nan)));
   EXPECT_EQ(tanh_f32(1e-30f), 1e-30f);
+
+  const float sub = 1e-40f;  // subnormal
+  EXPECT_EQ(log_f32(1.0f), 0.0f);
+  EXPECT_FALSE(std::signbit(log_f32(1.0f)));
+  EXPECT_EQ(log_f32(0.0f), -inf);
+  EXPECT_EQ(log_f32(-0.0f), -inf);
+  EXPECT_TRUE(std::isnan(log_f32(-1.0f)));
+  EXPECT_TRUE(std::isnan(log_f32(-inf)));
+  EXPECT_TRUE(std::isnan(log_f32(nan)));
+  EXPECT_EQ(log_f32(inf), inf);
+  EXPECT_EQ(log_f32(sub), static_cast<float>(std::log(double(sub))));
+  EXPECT_EQ(log_f32(std::numeric_limits<float>::denorm_min()),
+            static_cast<float>(std::log(double(std::numeric_limits<float>::denorm_min()))));
+  EXPECT_EQ(log_f32(std::numeric_limits<float>::max()),
+            static_cast<float>(std::log(double(std::numeric_limits<float>::max()))));
+
+  EXPECT_EQ(log1p_f32(0.0f), 0.0f);
+  EXPECT_TRUE(std::signbit(log1p_f32(-0.0f)));
+  EXPECT_EQ(log1p_f32(-1.0f), -inf);
+  EXPECT_TRUE(std::isnan(log1p_f32(-1.5f)));
+  EXPECT_TRUE(std::isnan(log1p_f32(-inf)));
+  EXPECT_TRUE(std::isnan(log1p_f32(nan)));
+  EXPECT_EQ(log1p_f32(inf), inf);
+  EXPECT_EQ(log1p_f32(sub), sub);
+  EXPECT_EQ(log1p_f32(-sub), -sub);
+  EXPECT_EQ(log1p_f32(std::numeric_limits<float>::max()),
+            static_cast<float>(std::log1p(double(std::numeric_limits<float>::max()))));
+
+  EXPECT_EQ(expm1_f32(0.0f), 0.0f);
+  EXPECT_TRUE(std::signbit(expm1_f32(-0.0f)));
+  EXPECT_EQ(expm1_f32(inf), inf);
+  EXPECT_EQ(expm1_f32(-inf), -1.0f);
+  EXPECT_EQ(expm1_f32(89.0f), inf);
+  EXPECT_EQ(expm1_f32(-100.0f), -1.0f);
+  EXPECT_TRUE(std::isnan(expm1_f32(nan)));
+  EXPECT_EQ(expm1_f32(sub), sub);
+  EXPECT_EQ(expm1_f32(-sub), -sub);
+  EXPECT_EQ(expm1_f32(88.7f), static_cast<float>(std::expm1(double(88.7f))));  // 2^127 doubled
+
+  EXPECT_EQ(sin_f32(0.0f), 0.0f);
+  EXPECT_TRUE(std::signbit(sin_f32(-0.0f)));
+  EXPECT_EQ(sin_f32(sub), sub);
+  EXPECT_EQ(sin_f32(-sub), -sub);
+  EXPECT_EQ(cos_f32(0.0f), 1.0f);
+  EXPECT_EQ(cos_f32(-0.0f), 1.0f);
+  for (float v : {inf, -inf, nan}) {
+    EXPECT_TRUE(std::isnan(sin_f32(v))) << v;
+    EXPECT_TRUE(std::isnan(cos_f32(v))) << v;
+  }
+
+  const double dinf = std::numeric_limits<double>::infinity();
+  const double dnan = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_EQ(exp_f64(0.0), 1.0);
+  EXPECT_EQ(exp_f64(-0.0), 1.0);
+  EXPECT_EQ(exp_f64(dinf), dinf);
+  EXPECT_EQ(exp_f64(-dinf), 0.0);
+  EXPECT_EQ(exp_f64(709.8), dinf);
+  EXPECT_EQ(exp_f64(-746.0), 0.0);
+  EXPECT_TRUE(std::isnan(exp_f64(dnan)));
+  EXPECT_EQ(exp_f64(-740.0), std::exp(-740.0));  // subnormal, rounded once
+  EXPECT_EQ(exp_f64(709.78), std::exp(709.78));
+  EXPECT_EQ(log_f64(1.0), 0.0);
+  EXPECT_EQ(log_f64(0.0), -dinf);
+  EXPECT_EQ(log_f64(-0.0), -dinf);
+  EXPECT_TRUE(std::isnan(log_f64(-1.0)));
+  EXPECT_TRUE(std::isnan(log_f64(dnan)));
+  EXPECT_EQ(log_f64(dinf), dinf);
+  EXPECT_EQ(log_f64(std::numeric_limits<double>::denorm_min()),
+            std::log(std::numeric_limits<double>::denorm_min()));
+  EXPECT_EQ(log_f64(std::numeric_limits<double>::max()),
+            std::log(std::numeric_limits<double>::max()));
 }
 
 }  // namespace

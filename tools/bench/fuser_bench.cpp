@@ -3,6 +3,9 @@
 // the 16M triad), and the cost of compiling and finding kernels.
 //   BM_FuseGelu16M/{eager,lazy}: GELU (tanh form) written from primitives on 16M float32; bytes
 //     counted are the minimum (read x, write y). Target: lazy within 1.25x of the triad.
+//   BM_FuseLog16M/{eager,lazy}, BM_FuseSin16M/{eager,lazy}: log(x) * 2 (x = |randn| + 0.001) and
+//     sin(x) * 2 (x = randn * 10) on 16M float32: transcendentals inlined as vector polynomials
+//     (lib/fastmath.h) rather than libm calls. Bytes: read x, write y.
 //   BM_FuseLstmCellPointwise/{eager,lazy}: the pointwise part of an LSTM cell (batch 64, hidden
 //     1500) after the gate GEMM: one kernel in lazy mode.
 //   BM_FuseCompileCold: generating and compiling a new 10-op kernel (each iteration a kernel of
@@ -82,6 +85,34 @@ void BM_FuseGelu16M(benchmark::State& state, bool lazy) {
 }
 BENCHMARK_CAPTURE(BM_FuseGelu16M, eager, false)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_FuseGelu16M, lazy, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_FuseUnary16M(benchmark::State& state, bool lazy, Tensor (*op)(const Tensor&),
+                     bool positive) {
+  Tensor x;
+  {
+    kiln::LazyGuard eager(false);
+    x = positive ? kiln::abs(kiln::randn({k16M})) + 0.001 : kiln::randn({k16M}) * 10.0;
+  }
+  kiln::LazyGuard mode(lazy);
+  benchmark::DoNotOptimize((op(x) * 2.0).raw_data_ptr());  // compile, warm the allocator
+  for (auto _ : state) {
+    Tensor y = op(x) * 2.0;
+    benchmark::DoNotOptimize(y.raw_data_ptr());
+  }
+  set_bytes(state, 2.0 * k16M * 4);
+}
+void BM_FuseLog16M(benchmark::State& state, bool lazy) {
+  BM_FuseUnary16M(
+      state, lazy, [](const Tensor& t) { return kiln::log(t); }, true);
+}
+void BM_FuseSin16M(benchmark::State& state, bool lazy) {
+  BM_FuseUnary16M(
+      state, lazy, [](const Tensor& t) { return kiln::sin(t); }, false);
+}
+BENCHMARK_CAPTURE(BM_FuseLog16M, eager, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FuseLog16M, lazy, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FuseSin16M, eager, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FuseSin16M, lazy, true)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_FuseLstmCellPointwise(benchmark::State& state, bool lazy) {
   const int64_t batch = 64, hidden = 1500;

@@ -4,9 +4,11 @@
 // IR is a loop over elements (flat layout) or over rows with an inner loop over the last dimension
 // (strided layout, strides passed per call: LLVM's loop vectorizer versions the inner loop on a
 // unit stride). Every primitive computes exactly what the op's reference kernel computes: IEEE
-// operations without fast-math flags or contraction, and transcendental functions as calls to the
-// same libm functions the reference kernels call (marked nobuiltin, so LLVM does not rewrite
-// them), which keeps fused results bit-identical to eager ones.
+// operations without fast-math flags or contraction, transcendental functions as the inline
+// polynomial sequences of lib/fastmath.h that the reference kernels run (so loops vectorize), and
+// the remaining ones (float64 log1p, expm1, sin, cos, tanh) as calls to the same libm functions
+// the reference kernels call (marked nobuiltin, so LLVM does not rewrite them): fused results are
+// bit-identical to eager ones.
 #include "fuser/codegen/llvm/cpu_codegen.h"
 
 #include <xxhash.h>
@@ -16,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -116,7 +119,7 @@ class CpuJit {
     // Everything besides the kernel that decides the machine code: part of every cache key.
     target_key_ = target_->getTargetTriple().str() + "|" + target_->getTargetCPU().str() + "|" +
                   target_->getTargetFeatureString().str() +
-                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 7";
+                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 9";
   }
 
   CompiledKernel get(const Kernel& k, const Layout& layout) {
@@ -454,6 +457,220 @@ class Emitter {
                            signed_big);
   }
 
+  llvm::Constant* cf(float v) { return llvm::ConstantFP::get(b_.getFloatTy(), v); }
+  llvm::Constant* cd(double v) { return llvm::ConstantFP::get(b_.getDoubleTy(), v); }
+  llvm::Value* i32_bits(llvm::Value* x) { return b_.CreateBitCast(x, b_.getInt32Ty()); }
+  llvm::Value* i64_bits(llvm::Value* x) { return b_.CreateBitCast(x, b_.getInt64Ty()); }
+  llvm::Value* float_of(llvm::Value* i) { return b_.CreateBitCast(i, b_.getFloatTy()); }
+  llvm::Value* double_of(llvm::Value* i) { return b_.CreateBitCast(i, b_.getDoubleTy()); }
+  // p = c[0]; p = p * x + c[i] for i = 1.. (Horner, each step rounded twice: no contraction).
+  template <typename Coeffs>
+  llvm::Value* horner(llvm::Value* x, const Coeffs& c, int count, bool down = false) {
+    auto coeff = [&](int i) -> llvm::Value* {
+      return x->getType()->isFloatTy() ? cf(static_cast<float>(c[i])) : cd(c[i]);
+    };
+    llvm::Value* p = coeff(down ? count - 1 : 0);
+    if (down) {
+      for (int i = count - 2; i >= 0; --i) p = b_.CreateFAdd(b_.CreateFMul(p, x), coeff(i));
+    } else {
+      for (int i = 1; i < count; ++i) p = b_.CreateFAdd(b_.CreateFMul(p, x), coeff(i));
+    }
+    return p;
+  }
+  // lib/fastmath.h's log_f32, operation for operation.
+  llvm::Value* log_f32(llvm::Value* x) {
+    using C = detail::LogF32;
+    llvm::Value* sub = b_.CreateFCmpOLT(x, cf(C::kSmallest));
+    llvm::Value* xs = b_.CreateSelect(sub, b_.CreateFMul(x, cf(C::kScale)), x);
+    llvm::Value* bias = b_.CreateSelect(sub, b_.getInt32(23), b_.getInt32(0));
+    llvm::Value* ix = b_.CreateAdd(i32_bits(xs), b_.getInt32(0x3f800000u - C::kSqrtHalf));
+    llvm::Value* k = b_.CreateSub(b_.CreateSub(b_.CreateLShr(ix, 23), b_.getInt32(127)), bias);
+    llvm::Value* f = b_.CreateFSub(float_of(b_.CreateAdd(b_.CreateAnd(ix, b_.getInt32(0x007fffffu)),
+                                                         b_.getInt32(C::kSqrtHalf))),
+                                   cf(1.0f));
+    llvm::Value* fk = b_.CreateSIToFP(k, b_.getFloatTy());
+    llvm::Value* z = b_.CreateFMul(f, f);
+    llvm::Value* p = horner(f, C::kPoly, 9);
+    llvm::Value* y = b_.CreateFMul(b_.CreateFMul(p, f), z);
+    y = b_.CreateFAdd(y, b_.CreateFMul(cf(C::kLn2Lo), fk));
+    y = b_.CreateFAdd(y, b_.CreateFMul(cf(-0.5f), z));
+    llvm::Value* r = b_.CreateFAdd(f, y);
+    r = b_.CreateFAdd(r, b_.CreateFMul(cf(C::kLn2Hi), fk));
+    llvm::Value* inf = cf(std::numeric_limits<float>::infinity());
+    r = b_.CreateSelect(b_.CreateFCmpOLT(x, cf(0.0f)), cf(detail::float_of(0x7fc00000u)), r);
+    r = b_.CreateSelect(b_.CreateFCmpOEQ(x, cf(0.0f)), cf(-std::numeric_limits<float>::infinity()),
+                        r);
+    r = b_.CreateSelect(b_.CreateFCmpOEQ(x, inf), inf, r);
+    return b_.CreateSelect(b_.CreateFCmpUNE(x, x), x, r);
+  }
+  // lib/fastmath.h's log1p_f32, operation for operation.
+  llvm::Value* log1p_f32(llvm::Value* x) {
+    llvm::Value* u = b_.CreateFAdd(cf(1.0f), x);
+    llvm::Value* ax = b_.CreateSelect(b_.CreateFCmpOLT(x, cf(0.0f)), b_.CreateFNeg(x), x);
+    llvm::Value* c = b_.CreateSelect(b_.CreateFCmpOLE(ax, cf(1.0f)),
+                                     b_.CreateFSub(x, b_.CreateFSub(u, cf(1.0f))),
+                                     b_.CreateFSub(cf(1.0f), b_.CreateFSub(u, x)));
+    llvm::Value* r = b_.CreateFAdd(log_f32(u), b_.CreateFDiv(c, u));
+    llvm::Value* inf = cf(std::numeric_limits<float>::infinity());
+    r = b_.CreateSelect(b_.CreateFCmpOLT(ax, cf(detail::Log1pF32::kTiny)), x, r);
+    r = b_.CreateSelect(b_.CreateFCmpOEQ(x, cf(-1.0f)), cf(-std::numeric_limits<float>::infinity()),
+                        r);
+    return b_.CreateSelect(b_.CreateFCmpOEQ(x, inf), inf, r);
+  }
+  // lib/fastmath.h's expm1_f32, operation for operation.
+  llvm::Value* expm1_f32(llvm::Value* x) {
+    using E = detail::ExpF32;
+    using C = detail::Expm1F32;
+    llvm::Value* xc =
+        b_.CreateSelect(b_.CreateFCmpOLT(x, cf(C::kLo)), cf(C::kLo),
+                        b_.CreateSelect(b_.CreateFCmpOGT(x, cf(E::kHi)), cf(E::kHi), x));
+    llvm::Value* t = b_.CreateFAdd(b_.CreateFMul(xc, cf(E::kLog2e)), cf(E::kMagic));
+    llvm::Value* n = b_.CreateFSub(t, cf(E::kMagic));
+    llvm::Value* ni = b_.CreateSub(i32_bits(t), b_.getInt32(detail::bits_of(E::kMagic)));
+    llvm::Value* r = b_.CreateFSub(xc, b_.CreateFMul(n, cf(E::kLn2Hi)));
+    r = b_.CreateFSub(r, b_.CreateFMul(n, cf(E::kLn2Lo)));
+    llvm::Value* p = horner(r, E::kPoly, 6);
+    llvm::Value* em = b_.CreateFAdd(b_.CreateFMul(p, b_.CreateFMul(r, r)), r);
+    llvm::Value* big = b_.CreateICmpSGT(ni, b_.getInt32(127));
+    llvm::Value* e =
+        b_.CreateAdd(b_.CreateSub(ni, b_.CreateZExt(big, b_.getInt32Ty())), b_.getInt32(127));
+    llvm::Value* s = float_of(b_.CreateShl(e, 23));
+    llvm::Value* y = b_.CreateFAdd(b_.CreateFMul(s, em), b_.CreateFSub(s, cf(1.0f)));
+    y = b_.CreateSelect(big, b_.CreateFMul(y, cf(2.0f)), y);
+    y = b_.CreateSelect(b_.CreateFCmpOGT(x, cf(E::kHi)), cf(std::numeric_limits<float>::infinity()),
+                        y);
+    llvm::Value* ax = b_.CreateSelect(b_.CreateFCmpOLT(x, cf(0.0f)), b_.CreateFNeg(x), x);
+    return b_.CreateSelect(b_.CreateFCmpOLT(ax, cf(C::kTiny)), x, y);
+  }
+  // lib/fastmath.h's 2/pi bits for reduce_large_f32, one private copy per module.
+  llvm::GlobalVariable* inv_pio2_bits() {
+    if (llvm::GlobalVariable* g = m_.getNamedGlobal("kiln_inv_pio2_bits")) return g;
+    llvm::Constant* init = llvm::ConstantDataArray::get(
+        ctx_, llvm::ArrayRef<uint32_t>(detail::SinCosF32::kInvPio2Bits));
+    auto* g = new llvm::GlobalVariable(m_, init->getType(), true, llvm::GlobalValue::PrivateLinkage,
+                                       init, "kiln_inv_pio2_bits");
+    g->setUnnamedAddr(llvm::GlobalValue::UnnamedAddr::Global);
+    return g;
+  }
+  // lib/fastmath.h's sincos_f32, operation for operation; both reductions, then a select.
+  llvm::Value* sincos_f32(llvm::Value* x, bool cosine) {
+    using C = detail::SinCosF32;
+    llvm::Type* i32 = b_.getInt32Ty();
+    llvm::Type* i64 = b_.getInt64Ty();
+    llvm::Type* f64 = b_.getDoubleTy();
+    llvm::Value* xd = b_.CreateFPExt(x, f64);
+    llvm::Value* negative = b_.CreateFCmpOLT(x, cf(0.0f));
+    llvm::Value* ax = b_.CreateSelect(negative, b_.CreateFNeg(x), x);
+    // |x| < 2^20: Cody-Waite.
+    llvm::Value* t = b_.CreateFAdd(b_.CreateFMul(xd, cd(C::k2OverPi)), cd(C::kMagic));
+    llvm::Value* n = b_.CreateFSub(t, cd(C::kMagic));
+    llvm::Value* q_fast = b_.CreateTrunc(i64_bits(t), i32);
+    llvm::Value* r_fast = b_.CreateFSub(b_.CreateFSub(xd, b_.CreateFMul(n, cd(C::kPio2Hi))),
+                                        b_.CreateFMul(n, cd(C::kPio2Lo)));
+    // Larger: reduce_large_f32.
+    llvm::Value* xi = i32_bits(ax);
+    llvm::Value* j = b_.CreateAnd(b_.CreateLShr(xi, 26), b_.getInt32(15));
+    llvm::Value* m =
+        b_.CreateShl(b_.CreateOr(b_.CreateAnd(xi, b_.getInt32(0x7fffffu)), b_.getInt32(0x800000u)),
+                     b_.CreateAnd(b_.CreateLShr(xi, 23), b_.getInt32(7)));
+    llvm::GlobalVariable* table = inv_pio2_bits();
+    auto entry = [&](uint32_t plus) {
+      llvm::Value* index = b_.CreateZExt(b_.CreateAdd(j, b_.getInt32(plus)), i64);
+      return b_.CreateLoad(
+          i32, b_.CreateInBoundsGEP(table->getValueType(), table, {b_.getInt64(0), index}));
+    };
+    llvm::Value* m64 = b_.CreateZExt(m, i64);
+    llvm::Value* r0 = b_.CreateZExt(b_.CreateMul(m, entry(0)), i64);
+    llvm::Value* r1 = b_.CreateMul(m64, b_.CreateZExt(entry(4), i64));
+    llvm::Value* r2 = b_.CreateMul(m64, b_.CreateZExt(entry(8), i64));
+    llvm::Value* f = b_.CreateAdd(b_.CreateOr(b_.CreateLShr(r2, 32), b_.CreateShl(r0, 32)), r1);
+    llvm::Value* nl = b_.CreateLShr(b_.CreateAdd(f, b_.getInt64(uint64_t{1} << 61)), 62);
+    f = b_.CreateSub(f, b_.CreateShl(nl, 62));
+    llvm::Value* ql = b_.CreateTrunc(nl, i32);
+    llvm::Value* rl = b_.CreateFMul(b_.CreateSIToFP(f, f64), cd(C::kPi63));
+    llvm::Value* q_large = b_.CreateSelect(negative, b_.CreateSub(b_.getInt32(0), ql), ql);
+    llvm::Value* r_large = b_.CreateSelect(negative, b_.CreateFNeg(rl), rl);
+    llvm::Value* fast = b_.CreateFCmpOLT(ax, cf(C::kFast));
+    llvm::Value* q = b_.CreateSelect(fast, q_fast, q_large);
+    llvm::Value* r = b_.CreateSelect(fast, r_fast, r_large);
+    if (cosine) q = b_.CreateAdd(q, b_.getInt32(1));
+    llvm::Value* z = b_.CreateFMul(r, r);
+    llvm::Value* s = horner(z, C::kSin, 4, /*down=*/true);
+    s = b_.CreateFAdd(b_.CreateFMul(b_.CreateFMul(r, z), s), r);
+    llvm::Value* c = horner(z, C::kCos, 4, /*down=*/true);
+    c = b_.CreateFAdd(b_.CreateFSub(cd(1.0), b_.CreateFMul(cd(0.5), z)),
+                      b_.CreateFMul(b_.CreateFMul(z, z), c));
+    auto bit = [&](uint32_t mask) {
+      return b_.CreateICmpNE(b_.CreateAnd(q, b_.getInt32(mask)), b_.getInt32(0));
+    };
+    llvm::Value* v = b_.CreateSelect(bit(1), c, s);
+    v = b_.CreateSelect(bit(2), b_.CreateFNeg(v), v);
+    llvm::Value* y = b_.CreateFPTrunc(v, b_.getFloatTy());
+    if (!cosine) y = b_.CreateSelect(b_.CreateFCmpOEQ(x, cf(0.0f)), x, y);
+    return b_.CreateSelect(b_.CreateFCmpOLT(ax, cf(std::numeric_limits<float>::infinity())), y,
+                           b_.CreateFSub(x, x));
+  }
+  // lib/fastmath.h's exp_f64, operation for operation.
+  llvm::Value* exp_f64(llvm::Value* x) {
+    using C = detail::ExpF64;
+    llvm::Value* xc =
+        b_.CreateSelect(b_.CreateFCmpOLT(x, cd(C::kLo)), cd(C::kLo),
+                        b_.CreateSelect(b_.CreateFCmpOGT(x, cd(C::kHi)), cd(C::kHi), x));
+    llvm::Value* t = b_.CreateFAdd(b_.CreateFMul(xc, cd(C::kLog2e)), cd(C::kMagic));
+    llvm::Value* k = b_.CreateFSub(t, cd(C::kMagic));
+    llvm::Value* ki = b_.CreateSub(i64_bits(t), b_.getInt64(detail::bits_of(C::kMagic)));
+    llvm::Value* hi = b_.CreateFSub(xc, b_.CreateFMul(k, cd(C::kLn2Hi)));
+    llvm::Value* lo = b_.CreateFMul(k, cd(C::kLn2Lo));
+    llvm::Value* r = b_.CreateFSub(hi, lo);
+    llvm::Value* z = b_.CreateFMul(r, r);
+    llvm::Value* p = horner(z, C::kPoly, 5, /*down=*/true);
+    llvm::Value* c = b_.CreateFSub(r, b_.CreateFMul(z, p));
+    llvm::Value* q = b_.CreateFDiv(b_.CreateFMul(r, c), b_.CreateFSub(cd(2.0), c));
+    llvm::Value* y = b_.CreateFSub(cd(1.0), b_.CreateFSub(b_.CreateFSub(lo, q), hi));
+    llvm::Value* k1 = b_.CreateAShr(ki, 1);
+    llvm::Value* k2 = b_.CreateSub(ki, k1);
+    auto scale = [&](llvm::Value* e) {
+      return double_of(b_.CreateShl(b_.CreateAdd(e, b_.getInt64(1023)), 52));
+    };
+    return b_.CreateFMul(b_.CreateFMul(y, scale(k1)), scale(k2));
+  }
+  // lib/fastmath.h's log_f64, operation for operation.
+  llvm::Value* log_f64(llvm::Value* x) {
+    using C = detail::LogF64;
+    const auto& lg = C::kLg;
+    llvm::Value* sub = b_.CreateFCmpOLT(x, cd(C::kSmallest));
+    llvm::Value* xs = b_.CreateSelect(sub, b_.CreateFMul(x, cd(C::kScale)), x);
+    llvm::Value* bias = b_.CreateSelect(sub, b_.getInt64(54), b_.getInt64(0));
+    llvm::Value* ix = b_.CreateAdd(i64_bits(xs), b_.getInt64(0x3ff0000000000000u - C::kSqrtHalf));
+    llvm::Value* k = b_.CreateSub(b_.CreateSub(b_.CreateLShr(ix, 52), b_.getInt64(1023)), bias);
+    llvm::Value* f =
+        b_.CreateFSub(double_of(b_.CreateAdd(b_.CreateAnd(ix, b_.getInt64(0x000fffffffffffffu)),
+                                             b_.getInt64(C::kSqrtHalf))),
+                      cd(1.0));
+    llvm::Value* hfsq = b_.CreateFMul(b_.CreateFMul(cd(0.5), f), f);
+    llvm::Value* s = b_.CreateFDiv(f, b_.CreateFAdd(cd(2.0), f));
+    llvm::Value* z = b_.CreateFMul(s, s);
+    llvm::Value* w = b_.CreateFMul(z, z);
+    auto madd = [&](double a, llvm::Value* u, llvm::Value* v) {  // a + u * v
+      return b_.CreateFAdd(cd(a), b_.CreateFMul(u, v));
+    };
+    llvm::Value* t1 = b_.CreateFMul(w, madd(lg[1], w, madd(lg[3], w, cd(lg[5]))));
+    llvm::Value* t2 = b_.CreateFMul(z, madd(lg[0], w, madd(lg[2], w, madd(lg[4], w, cd(lg[6])))));
+    llvm::Value* rr = b_.CreateFAdd(t2, t1);
+    llvm::Value* dk = b_.CreateSIToFP(k, b_.getDoubleTy());
+    llvm::Value* inner =
+        b_.CreateFAdd(b_.CreateFMul(s, b_.CreateFAdd(hfsq, rr)), b_.CreateFMul(dk, cd(C::kLn2Lo)));
+    llvm::Value* r = b_.CreateFSub(b_.CreateFMul(dk, cd(C::kLn2Hi)),
+                                   b_.CreateFSub(b_.CreateFSub(hfsq, inner), f));
+    llvm::Value* inf = cd(std::numeric_limits<double>::infinity());
+    r = b_.CreateSelect(b_.CreateFCmpOLT(x, cd(0.0)), cd(detail::double_of(0x7ff8000000000000u)),
+                        r);
+    r = b_.CreateSelect(b_.CreateFCmpOEQ(x, cd(0.0)), cd(-std::numeric_limits<double>::infinity()),
+                        r);
+    r = b_.CreateSelect(b_.CreateFCmpOEQ(x, inf), inf, r);
+    return b_.CreateSelect(b_.CreateFCmpUNE(x, x), x, r);
+  }
+
   llvm::Value* intrinsic(llvm::Intrinsic::ID id, llvm::Value* x) {
     return b_.CreateUnaryIntrinsic(id, x);
   }
@@ -537,22 +754,22 @@ class Emitter {
         r = b_.CreateSelect(a, b, c);
         break;
       case Prim::Exp:
-        r = t == kFloat32 ? exp_f32(a) : libm("exp", a, t);
+        r = t == kFloat32 ? exp_f32(a) : exp_f64(a);
         break;
       case Prim::Log:
-        r = libm("log", a, t);
+        r = t == kFloat32 ? log_f32(a) : log_f64(a);
         break;
       case Prim::Log1p:
-        r = libm("log1p", a, t);
+        r = t == kFloat32 ? log1p_f32(a) : libm("log1p", a, t);
         break;
       case Prim::Expm1:
-        r = libm("expm1", a, t);
+        r = t == kFloat32 ? expm1_f32(a) : libm("expm1", a, t);
         break;
       case Prim::Sin:
-        r = libm("sin", a, t);
+        r = t == kFloat32 ? sincos_f32(a, false) : libm("sin", a, t);
         break;
       case Prim::Cos:
-        r = libm("cos", a, t);
+        r = t == kFloat32 ? sincos_f32(a, true) : libm("cos", a, t);
         break;
       case Prim::Tanh:
         r = t == kFloat32 ? tanh_f32(a) : libm("tanh", a, t);
