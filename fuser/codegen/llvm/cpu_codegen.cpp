@@ -393,6 +393,82 @@ class Emitter {
     call->addFnAttr(llvm::Attribute::NoBuiltin);
     return call;
   }
+  // The same for a function of two arguments (fmod, pow).
+  llvm::Value* libm2(const char* name, llvm::Value* x, llvm::Value* y, DType t) {
+    std::string fname = std::string(name) + (t == kFloat32 ? "f" : "");
+    llvm::Type* ty = value_type(t);
+    llvm::FunctionCallee f =
+        m_.getOrInsertFunction(fname, llvm::FunctionType::get(ty, {ty, ty}, false));
+    llvm::CallInst* call = b_.CreateCall(f, {x, y});
+    call->addFnAttr(llvm::Attribute::NoBuiltin);
+    return call;
+  }
+  // lib/fastmath.h's erf_f32, operation for operation.
+  llvm::Value* erf_f32(llvm::Value* x) {
+    using C = detail::ErfF32;
+    auto f = [this](float v) { return llvm::ConstantFP::get(b_.getFloatTy(), v); };
+    x = b_.CreateSelect(b_.CreateFCmpOGT(x, f(C::kBound)), f(C::kBound),
+                        b_.CreateSelect(b_.CreateFCmpOLT(x, f(-C::kBound)), f(-C::kBound), x));
+    llvm::Value* x2 = b_.CreateFMul(x, x);
+    llvm::Value* p = f(C::kP[0]);
+    for (int i = 1; i < 7; ++i) p = b_.CreateFAdd(b_.CreateFMul(p, x2), f(C::kP[i]));
+    llvm::Value* q = f(C::kQ[0]);
+    for (int i = 1; i < 5; ++i) q = b_.CreateFAdd(b_.CreateFMul(q, x2), f(C::kQ[i]));
+    return b_.CreateFDiv(b_.CreateFMul(x, p), q);
+  }
+  // The truncated remainder of integers, a divisor of 0 or -1 taken as 1 (a result of 0) so that
+  // the kernel never traps (the entry point rejects 0; INT_MIN % -1 overflows the division).
+  llvm::Value* int_rem(llvm::Value* a, llvm::Value* b) {
+    llvm::Type* ty = a->getType();
+    llvm::Value* bad = b_.CreateOr(b_.CreateICmpEQ(b, llvm::ConstantInt::get(ty, 0)),
+                                   b_.CreateICmpEQ(b, llvm::ConstantInt::getSigned(ty, -1)));
+    return b_.CreateSRem(a, b_.CreateSelect(bad, llvm::ConstantInt::get(ty, 1), b));
+  }
+  // elementwise.cpp's float_pow without branches: every case computed, the right one selected.
+  llvm::Value* float_pow(llvm::Value* x, llvm::Value* y, DType t) {
+    llvm::Type* ty = value_type(t);
+    auto c = [ty](double v) { return llvm::ConstantFP::get(ty, v); };
+    llvm::Value* ay = intrinsic(llvm::Intrinsic::fabs, y);
+    // An integral exponent, not 0, at most 64 in magnitude: multiplication by squaring. NaN
+    // compares false throughout and goes to pow.
+    llvm::Value* by_squaring =
+        b_.CreateAnd(b_.CreateFCmpOEQ(y, intrinsic(llvm::Intrinsic::trunc, y)),
+                     b_.CreateAnd(b_.CreateFCmpONE(y, c(0)), b_.CreateFCmpOLE(ay, c(64))));
+    llvm::Value* m = b_.CreateFPToSI(b_.CreateSelect(by_squaring, ay, c(0)), b_.getInt32Ty());
+    llvm::Value* result = x;
+    llvm::Value* have = b_.getFalse();
+    llvm::Value* base = x;
+    for (int bit = 0; bit < 7; ++bit) {  // m <= 64
+      llvm::Value* set =
+          b_.CreateICmpNE(b_.CreateAnd(b_.CreateLShr(m, bit), b_.getInt32(1)), b_.getInt32(0));
+      llvm::Value* next = b_.CreateSelect(have, b_.CreateFMul(result, base), base);
+      result = b_.CreateSelect(set, next, result);
+      have = b_.CreateOr(have, set);
+      base = b_.CreateFMul(base, base);  // unused once no higher bit is set
+    }
+    result = b_.CreateSelect(b_.CreateFCmpOLT(y, c(0)), b_.CreateFDiv(c(1), result), result);
+    llvm::Value* root = intrinsic(llvm::Intrinsic::sqrt, x);
+    llvm::Value* general = b_.CreateSelect(by_squaring, result, libm2("pow", x, y, t));
+    return b_.CreateSelect(
+        b_.CreateFCmpOEQ(y, c(0.5)), root,
+        b_.CreateSelect(b_.CreateFCmpOEQ(y, c(-0.5)), b_.CreateFDiv(c(1), root), general));
+  }
+  // elementwise.cpp's int_pow: by squaring over the exponent's bits; 1 for negative exponents.
+  llvm::Value* int_pow(llvm::Value* x, llvm::Value* y) {
+    llvm::Type* ty = x->getType();
+    const unsigned bits = ty->getIntegerBitWidth();
+    llvm::Value* zero = llvm::ConstantInt::get(ty, 0);
+    llvm::Value* e = b_.CreateSelect(b_.CreateICmpSLT(y, zero), zero, y);
+    llvm::Value* result = llvm::ConstantInt::get(ty, 1);
+    llvm::Value* base = x;
+    for (unsigned bit = 0; bit + 1 < bits; ++bit) {
+      llvm::Value* set =
+          b_.CreateICmpNE(b_.CreateAnd(b_.CreateLShr(e, bit), llvm::ConstantInt::get(ty, 1)), zero);
+      result = b_.CreateSelect(set, b_.CreateMul(result, base), result);
+      base = b_.CreateMul(base, base);
+    }
+    return result;
+  }
   // lib/fastmath.h's exp_f32, operation for operation.
   llvm::Value* exp_f32(llvm::Value* x) {
     using C = detail::ExpF32;
@@ -554,6 +630,15 @@ class Emitter {
         break;
       case Prim::Round:
         r = fp ? intrinsic(llvm::Intrinsic::nearbyint, a) : a;
+        break;
+      case Prim::Erf:
+        r = t == kFloat32 ? erf_f32(a) : libm("erf", a, t);
+        break;
+      case Prim::Rem:
+        r = fp ? libm2("fmod", a, b, t) : int_rem(a, b);
+        break;
+      case Prim::Pow:
+        r = fp ? float_pow(a, b, t) : int_pow(a, b);
         break;
     }
     return r;
