@@ -685,8 +685,10 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
                dtype_name(k.body[static_cast<size_t>(result)].type), ", the node is ",
                dtype_name(n->output()->type().dtype));
     value_instr[n->output()] = result;
-    if (!k.ops.empty()) k.ops += "_";
-    if (k.ops.size() < 48) k.ops += n->op().name;
+    if (k.ops.size() < 48) {
+      if (!k.ops.empty()) k.ops += "_";
+      k.ops += n->op().name;
+    }
   }
   // Outputs: members whose value is read outside the group or returned.
   for (const Node* n : g.nodes) {

@@ -424,17 +424,27 @@ class Emitter {
                                    b_.CreateICmpEQ(b, llvm::ConstantInt::getSigned(ty, -1)));
     return b_.CreateSRem(a, b_.CreateSelect(bad, llvm::ConstantInt::get(ty, 1), b));
   }
-  // elementwise.cpp's float_pow without branches: every case computed, the right one selected.
+  // elementwise.cpp's float_pow, case by case: multiplication by squaring for an integral exponent
+  // (not 0, at most 64 in magnitude), square roots for +-0.5, libm's pow otherwise (NaN goes
+  // there). Branches, so that pow is called only where the reference kernel calls it (the loop
+  // does not vectorize around a call anyway; an exponent that is a kernel scalar lets LLVM hoist
+  // the branch out of the loop).
   llvm::Value* float_pow(llvm::Value* x, llvm::Value* y, DType t) {
     llvm::Type* ty = value_type(t);
     auto c = [ty](double v) { return llvm::ConstantFP::get(ty, v); };
     llvm::Value* ay = intrinsic(llvm::Intrinsic::fabs, y);
-    // An integral exponent, not 0, at most 64 in magnitude: multiplication by squaring. NaN
-    // compares false throughout and goes to pow.
     llvm::Value* by_squaring =
         b_.CreateAnd(b_.CreateFCmpOEQ(y, intrinsic(llvm::Intrinsic::trunc, y)),
                      b_.CreateAnd(b_.CreateFCmpONE(y, c(0)), b_.CreateFCmpOLE(ay, c(64))));
-    llvm::Value* m = b_.CreateFPToSI(b_.CreateSelect(by_squaring, ay, c(0)), b_.getInt32Ty());
+    auto* squaring = llvm::BasicBlock::Create(ctx_, "pow_squaring", fn_);
+    auto* other = llvm::BasicBlock::Create(ctx_, "pow_other", fn_);
+    auto* root = llvm::BasicBlock::Create(ctx_, "pow_root", fn_);
+    auto* general = llvm::BasicBlock::Create(ctx_, "pow_general", fn_);
+    auto* done = llvm::BasicBlock::Create(ctx_, "pow_done", fn_);
+    b_.CreateCondBr(by_squaring, squaring, other);
+
+    b_.SetInsertPoint(squaring);
+    llvm::Value* m = b_.CreateFPToSI(ay, b_.getInt32Ty());
     llvm::Value* result = x;
     llvm::Value* have = b_.getFalse();
     llvm::Value* base = x;
@@ -447,11 +457,28 @@ class Emitter {
       base = b_.CreateFMul(base, base);  // unused once no higher bit is set
     }
     result = b_.CreateSelect(b_.CreateFCmpOLT(y, c(0)), b_.CreateFDiv(c(1), result), result);
-    llvm::Value* root = intrinsic(llvm::Intrinsic::sqrt, x);
-    llvm::Value* general = b_.CreateSelect(by_squaring, result, libm2("pow", x, y, t));
-    return b_.CreateSelect(
-        b_.CreateFCmpOEQ(y, c(0.5)), root,
-        b_.CreateSelect(b_.CreateFCmpOEQ(y, c(-0.5)), b_.CreateFDiv(c(1), root), general));
+    llvm::BasicBlock* squaring_end = b_.GetInsertBlock();
+    b_.CreateBr(done);
+
+    b_.SetInsertPoint(other);
+    llvm::Value* half = b_.CreateFCmpOEQ(y, c(0.5));
+    b_.CreateCondBr(b_.CreateOr(half, b_.CreateFCmpOEQ(y, c(-0.5))), root, general);
+
+    b_.SetInsertPoint(root);
+    llvm::Value* r = intrinsic(llvm::Intrinsic::sqrt, x);
+    r = b_.CreateSelect(half, r, b_.CreateFDiv(c(1), r));
+    b_.CreateBr(done);
+
+    b_.SetInsertPoint(general);
+    llvm::Value* p = libm2("pow", x, y, t);
+    b_.CreateBr(done);
+
+    b_.SetInsertPoint(done);
+    llvm::PHINode* phi = b_.CreatePHI(ty, 3);
+    phi->addIncoming(result, squaring_end);
+    phi->addIncoming(r, root);
+    phi->addIncoming(p, general);
+    return phi;
   }
   // elementwise.cpp's int_pow: by squaring over the exponent's bits; 1 for negative exponents.
   llvm::Value* int_pow(llvm::Value* x, llvm::Value* y) {
