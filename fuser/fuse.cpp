@@ -8,7 +8,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <sstream>
+#include <string>
 #include <tuple>
 #include <variant>
 
@@ -65,9 +67,88 @@ std::optional<DType> elementwise_compute_type(const Node& n, std::vector<bool>& 
   return compute;
 }
 
+namespace {
+// How a member of a fused group computes: in `compute`, each operand converted in the kernel to its
+// entry in `operands`, as the op's entry point converts it (lib/elementwise.h: binary_op's
+// a.to(compute), where's condition kept bool).
+struct MemberTypes {
+  DType compute;
+  std::vector<DType> operands;
+};
+
+std::optional<MemberTypes> member_types(const Node& n) {
+  const detail::OpDef& op = n.op();
+  const bool ternary = op.kind == detail::OpKind::Ternary;
+  if (!op.formula ||
+      (op.kind != detail::OpKind::Unary && op.kind != detail::OpKind::Binary && !ternary))
+    return std::nullopt;
+  if (n.num_outputs() != 1 || n.output()->type().device != kCPU || n.num_inputs() == 0)
+    return std::nullopt;
+  std::vector<detail::PromotionOperand> facts;
+  for (const Value* in : n.inputs()) {
+    if (!in || in->type().device != kCPU) return std::nullopt;
+    facts.push_back({in->type().dtype, in->type().sizes.empty(), in->type().wrapped_number});
+  }
+  MemberTypes t;
+  switch (op.dtype_rule) {
+    case detail::DTypeRule::Same:
+    case detail::DTypeRule::Float:
+      // The promoted operands' type (and clamp's bounds'), made floating by Float: the output's.
+      t.compute = n.output()->type().dtype;
+      break;
+    case detail::DTypeRule::Logical:
+      t.compute = kBool;
+      break;
+    case detail::DTypeRule::Predicate:
+      // Compared in the promoted type (unary ones: the operand's own).
+      t.compute =
+          facts.size() == 1 ? facts[0].dtype : detail::result_type(facts.data(), facts.size());
+      break;
+    case detail::DTypeRule::Custom:
+      // where: a bool condition selecting between operands promoted to the output's type; a
+      // conversion (to) reads its operand as it is.
+      t.compute = ternary ? n.output()->type().dtype : facts[0].dtype;
+      break;
+    default:
+      return std::nullopt;
+  }
+  if (op.checks_integer_values && !is_floating_point(t.compute)) return std::nullopt;
+  t.operands.assign(n.num_inputs(), t.compute);
+  if (ternary) {
+    if (facts[0].dtype != kBool) return std::nullopt;
+    t.operands[0] = kBool;
+  }
+  return t;
+}
+
+// An attribute as a kernel scalar of type t, converted as Scalar::to<T> (what the reference
+// kernels do with them).
+uint64_t scalar_bits(const Scalar& s, DType t) {
+  uint64_t bits = 0;
+  auto put = [&bits](auto v) { std::memcpy(&bits, &v, sizeof v); };
+  switch (t) {
+    case kBool:
+      put(s.to<bool>());
+      break;
+    case kInt32:
+      put(s.to<int32_t>());
+      break;
+    case kInt64:
+      put(s.to<int64_t>());
+      break;
+    case kFloat32:
+      put(s.to<float>());
+      break;
+    case kFloat64:
+      put(s.to<double>());
+      break;
+  }
+  return bits;
+}
+}  // namespace
+
 bool is_fusible(const Node& n) {
-  std::vector<bool> convert;
-  return n.op().formula && elementwise_compute_type(n, convert).has_value();
+  return member_types(n).has_value();
 }
 
 namespace {
@@ -95,7 +176,7 @@ const char* prim_name(Prim p) {
       "load",   "scalar", "literal", "cast",  "neg",   "add",  "sub", "mul", "div",
       "lt",     "le",     "gt",      "ge",    "eq",    "ne",   "and", "or",  "not",
       "select", "exp",    "log",     "log1p", "expm1", "sqrt", "sin", "cos", "tanh",
-      "floor",  "ceil",   "round",   "rsum",  "rmax",  "rmin"};
+      "floor",  "ceil",   "round",   "rsum",  "rmax",  "rmin", "erf", "rem", "pow"};
   return names[static_cast<int>(p)];
 }
 
@@ -184,16 +265,19 @@ std::vector<int32_t> instr_stages(const Kernel& k) {
 
 namespace {
 
-// Parses an op-table formula into instructions. x and y are the operands; aN an attribute and n
-// the number of elements a reduction folds (both through callbacks); (let NAME e body) names e in
-// body. Numbers take the type of what they meet (the compute type alone); attributes and n are
-// converted to it. Formulas are a few tokens long: the parser recurses over the formula's text,
-// never over a graph.
+// Parses an op-table formula into instructions. x, y and z are the operands; aN an attribute and
+// n the number of elements a reduction folds (both through callbacks); (let NAME e body) names e
+// in body; (if-attr aN WORD then else) is `then` when attribute N reads WORD (a string attribute's
+// text, or none when it is absent) and `else` otherwise, decided while parsing (the attributes are
+// part of the node, so of the kernel's identity), the other branch skipped unparsed. Numbers take
+// the type of what they meet (the compute type alone); attributes and n are converted to it.
+// Formulas are a few tokens long: the parser recurses over the formula's text, never over a graph.
 class FormulaParser {
  public:
-  using Attr = std::function<int32_t(int)>;  // attribute i's instruction
+  using Attr = std::function<int32_t(int)>;  // attribute i's instruction, or -1
+  using AttrText = std::function<std::optional<std::string>(int)>;  // nullopt: no attribute i
   FormulaParser(Kernel& k, const std::string& text, DType type, DType out_type,
-                const int32_t* operands, size_t num_operands, Attr attr,
+                const int32_t* operands, size_t num_operands, Attr attr, AttrText attr_text,
                 std::function<int32_t()> count = nullptr, bool global = false)
       : k_(k),
         text_(text),
@@ -202,6 +286,7 @@ class FormulaParser {
         operands_(operands),
         num_operands_(num_operands),
         attr_(std::move(attr)),
+        attr_text_(std::move(attr_text)),
         count_(std::move(count)),
         global_(global) {}
 
@@ -243,6 +328,25 @@ class FormulaParser {
       close();
       return body;
     }
+    if (name == "if-attr") {
+      const std::string a = token();
+      check(a.size() >= 2 && a[0] == 'a' && std::isdigit(static_cast<unsigned char>(a[1])),
+            "expected an attribute");
+      const std::string word = token();
+      const std::optional<std::string> text =
+          attr_text_ ? attr_text_(std::atoi(a.c_str() + 1)) : std::nullopt;
+      check(text.has_value(), "no such attribute");
+      int32_t r;
+      if (*text == word) {
+        r = expr();
+        skip();
+      } else {
+        skip();
+        r = expr();
+      }
+      close();
+      return r;
+    }
     std::vector<int32_t> args;
     for (;;) {
       skip_space();
@@ -253,6 +357,22 @@ class FormulaParser {
     ++pos_;
     return apply(name, args);
   }
+  // Passes over one expression without parsing it.
+  void skip() {
+    skip_space();
+    check(pos_ < text_.size(), "unexpected end");
+    if (text_[pos_] != '(') {
+      token();
+      return;
+    }
+    int depth = 0;
+    do {
+      check(pos_ < text_.size(), "unclosed '('");
+      if (text_[pos_] == '(') ++depth;
+      if (text_[pos_] == ')') --depth;
+      ++pos_;
+    } while (depth > 0);
+  }
   void close() {
     skip_space();
     check(pos_ < text_.size() && text_[pos_] == ')', "expected ')'");
@@ -261,8 +381,8 @@ class FormulaParser {
   int32_t atom(const std::string& t) {
     for (size_t i = lets_.size(); i-- > 0;)
       if (lets_[i].first == t) return lets_[i].second;
-    if (t == "x" || t == "y") {
-      size_t i = t == "x" ? 0 : 1;
+    if (t == "x" || t == "y" || t == "z") {
+      const auto i = static_cast<size_t>(t[0] - 'x');
       check(i < num_operands_, "operand missing");
       return operands_[i];
     }
@@ -328,7 +448,8 @@ class FormulaParser {
         {"ceil", Prim::Ceil, 1, false},      {"round", Prim::Round, 1, false},
         {"cast", Prim::Cast, 1, false},      {"widen", Prim::Cast, 1, false},
         {"rsum", Prim::ReduceSum, 1, false}, {"rmax", Prim::ReduceMax, 1, false},
-        {"rmin", Prim::ReduceMin, 1, false},
+        {"rmin", Prim::ReduceMin, 1, false}, {"erf", Prim::Erf, 1, false},
+        {"rem", Prim::Rem, 2, false},        {"pow", Prim::Pow, 2, false},
     };
     for (const Entry& e : entries) {
       if (name != e.name) continue;
@@ -368,6 +489,7 @@ class FormulaParser {
   const int32_t* operands_;
   size_t num_operands_;
   Attr attr_;
+  AttrText attr_text_;
   std::function<int32_t()> count_;
   int32_t count_instr_ = -1;
   bool global_;  // reductions fold every row (global slots), not one row
@@ -446,7 +568,6 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
   absl::flat_hash_map<const Value*, int32_t> scalar_instr;  // constants, as read
   // Loads by (value, per row, against the kept dims only).
   absl::flat_hash_map<std::tuple<const Value*, bool, bool>, int32_t> loads;
-  std::vector<bool> convert;
   auto cast = [&k](int32_t v, DType to) {
     if (k.body[static_cast<size_t>(v)].type == to) return v;
     Instr c{Prim::Cast, to};
@@ -494,8 +615,16 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
     const Role role = roles.at(n);
     const bool reduction = n->op().kind == detail::OpKind::Reduction;
     const bool folds = reduction || is_row_wise(*n);
-    const DType compute =
-        folds ? reduction_compute_type(*n) : *elementwise_compute_type(*n, convert);
+    DType compute;
+    std::vector<DType> operand_types;
+    if (folds) {
+      compute = reduction_compute_type(*n);
+      operand_types.assign(n->num_inputs(), compute);
+    } else {
+      MemberTypes t = *member_types(*n);
+      compute = t.compute;
+      operand_types = std::move(t.operands);
+    }
     // Inputs from outside: per element, or (for row-level members and a global reduction of
     // row-level values) once per row, broadcast against the kept dims when the member drops the
     // reduced ones.
@@ -506,7 +635,7 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
                        shape != kept_shape(g.shape, g.reduced_dims);
     std::vector<int32_t> operands;
     for (const Value* in : n->inputs())
-      operands.push_back(cast(operand(in, per_row, outer), compute));
+      operands.push_back(cast(operand(in, per_row, outer), operand_types[operands.size()]));
     const std::string formula = n->op().formula;
     FormulaParser::Attr attr;
     std::function<int32_t()> count;
@@ -534,27 +663,30 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
                 : detail::shape_numel(Shape(in_shape.end() - g.reduced_dims, in_shape.end()));
         return double_scalar(static_cast<double>(folded));
       };
-    } else if (!n->attrs().empty() && formula.find("a0") != std::string::npos) {
-      // The op's attribute (add's alpha) as the formula's a0: passed per call, as eager mode
-      // converts it (double for floating compute types, int64 otherwise).
-      const Scalar a = detail::attr_scalar(n->attr(0));
-      uint64_t bits;
-      DType type;
-      if (is_floating_point(compute)) {
-        double d = a.to_double();
-        std::memcpy(&bits, &d, sizeof d);
-        type = kFloat64;
-      } else {
-        int64_t i = a.to_int();
-        std::memcpy(&bits, &i, sizeof i);
-        type = kInt64;
-      }
-      const int32_t a0 = cast(scalar(type, bits), compute);
-      attr = [a0](int i) { return i == 0 ? a0 : -1; };
+    } else if (!n->attrs().empty()) {
+      // The op's numeric attributes (add's alpha, clamp's bounds, softplus's beta) as the
+      // formula's aN: kernel scalars of the compute type, passed per call and converted as the
+      // reference kernel converts them (Scalar::to), made when the formula first reads them. An
+      // absent one (none) has no value: formulas test for it with if-attr.
+      attr = [&scalar, n, compute,
+              made = std::vector<int32_t>(n->attrs().size(), -1)](int i) mutable -> int32_t {
+        if (i < 0 || static_cast<size_t>(i) >= made.size()) return -1;
+        const detail::AttrValue& a = n->attr(static_cast<size_t>(i));
+        if (std::holds_alternative<std::monostate>(a)) return -1;
+        int32_t& m = made[static_cast<size_t>(i)];
+        if (m < 0) m = scalar(compute, scalar_bits(detail::attr_scalar(a), compute));
+        return m;
+      };
     }
+    FormulaParser::AttrText attr_text = [n](int i) -> std::optional<std::string> {
+      if (i < 0 || static_cast<size_t>(i) >= n->attrs().size()) return std::nullopt;
+      const detail::AttrValue& a = n->attr(static_cast<size_t>(i));
+      if (const auto* text = std::get_if<std::string>(&a)) return *text;
+      return detail::attr_str(a);
+    };
     const int32_t result =
         FormulaParser(k, formula, compute, n->output()->type().dtype, operands.data(),
-                      operands.size(), attr, count, role == Role::kGlobal)
+                      operands.size(), attr, attr_text, count, role == Role::kGlobal)
             .parse();
     KILN_CHECK(k.body[static_cast<size_t>(result)].type == n->output()->type().dtype,
                "fuser: the formula of ", n->op().name, " gives ",

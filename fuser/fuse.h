@@ -12,13 +12,15 @@
 namespace kiln::fuser {
 
 // The type an elementwise node computes in when its operands are the node's own (see
-// compute_type in lib/elementwise.h), or nullopt when it can't run without its op's entry point:
-// another kind of op, off the CPU, or an operand that needs a conversion at run time. Constants
-// of another type are allowed (`convert` marks them; the caller converts them once).
+// compute_type in lib/elementwise.h), or nullopt when it can't run straight into its output
+// (OpDef::map_into, the executor's direct steps): no map_into, off the CPU, or an operand that
+// needs a conversion at run time. Constants of another type are allowed (`convert` marks them;
+// the caller converts them once).
 std::optional<DType> elementwise_compute_type(const jit::Node& n, std::vector<bool>& convert);
 
-// Whether `n` can join a fusion group: an elementwise op with a formula whose operands need no
-// conversion at run time (constants aside).
+// Whether `n` can join a fusion group: a unary, binary or ternary (where) op with a formula, on
+// the CPU. Unlike direct steps, a kernel converts operands of other types itself (int32 * float32,
+// a comparison of float32 with float64), as the op's entry point converts them.
 bool is_fusible(const jit::Node& n);
 
 // The trailing dims a reduction folds when it can join a group (all of them for an empty list of

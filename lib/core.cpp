@@ -278,14 +278,30 @@ DType result_type(const Tensor& a, const Tensor& b) {
 }
 
 DType result_type(const Tensor* const* operands, size_t count) {
-  std::optional<DType> dim_result, zero_result, wrapped_result;
+  PromotionOperand facts[8];
+  std::vector<PromotionOperand> more;
+  PromotionOperand* p = facts;
+  if (count > 8) {
+    more.resize(count);
+    p = more.data();
+  }
+  size_t n = 0;
   for (size_t i = 0; i < count; ++i) {
     const Tensor& t = *operands[i];
     if (!t.defined()) continue;
-    DType d = t.dtype();
-    if (t.impl()->wrapped_number) {
+    p[n++] = {t.dtype(), t.dim() == 0, t.impl()->wrapped_number};
+  }
+  return result_type(p, n);
+}
+
+DType result_type(const PromotionOperand* operands, size_t count) {
+  std::optional<DType> dim_result, zero_result, wrapped_result;
+  for (size_t i = 0; i < count; ++i) {
+    const PromotionOperand& t = operands[i];
+    DType d = t.dtype;
+    if (t.wrapped) {
       wrapped_result = promote_opt(wrapped_result, is_floating_point(d) ? kFloat32 : d);
-    } else if (t.dim() == 0) {
+    } else if (t.zero_dim) {
       zero_result = promote_opt(zero_result, d);
     } else {
       dim_result = promote_opt(dim_result, d);

@@ -1,13 +1,13 @@
 // Transcendental functions in plain arithmetic (no libm calls), so that loops calling them
 // vectorize.
 //
-// The reference kernels of exp, log, log1p, expm1, sin, cos and tanh (and everything built on them:
-// sigmoid, silu) use these, and the LLVM code generator emits the very same operation sequence
+// The reference kernels of exp, log, log1p, expm1, sin, cos, tanh and erf (and everything built on
+// them: sigmoid, silu, gelu, softplus) use these, and the LLVM code generator emits the very same operation sequence
 // (fuser/codegen/llvm/cpu_codegen.cpp: no fast-math flags, no contraction, selects where these
 // use ?:), so fused and eager results stay bit-identical. Every constant the emitter needs lives
 // in the function's struct here. Accuracy against double precision (tests/lib/fastmath_test.cpp
 // sweeps every 37th float, and random doubles):
-//   float32: exp 1 ulp, tanh 2 ulp (Cephes), log, log1p, expm1 2 ulp (Cephes-style), sin and cos
+//   float32: exp 1 ulp, tanh 2 ulp (Cephes), erf within 5e-7 (a rational polynomial), log, log1p, expm1 2 ulp (Cephes-style), sin and cos
 //            1 ulp over the whole float range (evaluated in double, with an exact integer
 //            Payne-Hanek reduction for |x| >= 2^20, after ARM's optimized-routines sinf).
 //   float64: exp and log 1 ulp (fdlibm's algorithms); the other float64 functions keep libm.
@@ -333,6 +333,30 @@ inline double log_f64(double x) {
   r = x == 0.0 ? -inf : r;
   r = x == inf ? inf : r;
   return x != x ? x : r;
+}
+
+struct ErfF32 {
+  static constexpr float kBound = 4.0f;  // beyond: +-1 to float precision
+  static constexpr float kP[7] = {-2.72614225801306e-10f, 2.77068142495902e-08f,
+                                  -2.10102402082508e-06f, -5.69250639462346e-05f,
+                                  -7.34990630326855e-04f, -2.95459980854025e-03f,
+                                  -1.60960333262415e-02f};
+  static constexpr float kQ[5] = {-1.45660718464996e-05f, -2.13374055278905e-04f,
+                                  -1.68282697438203e-03f, -7.37332916720468e-03f,
+                                  -1.42647390514189e-02f};
+};
+
+// erf(x) as x P(x^2) / Q(x^2) on [-4, 4] (x clamped to it; NaN compares false and passes
+// through), which vectorizes where libm's erff does not; within 5e-7 of the exact value.
+inline float erf_f32(float x) {
+  using C = ErfF32;
+  x = x > C::kBound ? C::kBound : (x < -C::kBound ? -C::kBound : x);
+  const float x2 = x * x;
+  float p = C::kP[0];
+  for (int i = 1; i < 7; ++i) p = p * x2 + C::kP[i];
+  float q = C::kQ[0];
+  for (int i = 1; i < 5; ++i) q = q * x2 + C::kQ[i];
+  return x * p / q;
 }
 
 }  // namespace kiln::detail

@@ -86,6 +86,10 @@ struct OpDef {
   // and rmin over them, n their number, aN attribute N, widen (to double, or int64 for integers)
   // and (let NAME e body); e.g. mean's "(cast (div (rsum (widen x)) n))".
   const char* formula = nullptr;
+  // The entry point checks integer operands' values before computing (a zero divisor, a negative
+  // exponent): integer instances run through it (invoke), never fused or run directly, so a
+  // replayed trace raises as eager mode does.
+  bool checks_integer_values = false;
 };
 
 // Registers an op at static-initialization time and returns its stored entry.

@@ -152,10 +152,17 @@ const detail::OpDef& to_def =
                          // gives the lowest integer where it doesn't fit (x86's behaviour).
                          "(cast x)"});
 const detail::OpDef& clone_def =
-    detail::register_op({"clone", detail::OpKind::Unary, 1, detail::DTypeRule::Same, true,
+    detail::register_op({"clone",
+                         detail::OpKind::Unary,
+                         1,
+                         detail::DTypeRule::Same,
+                         true,
                          [](const std::vector<Tensor>& in, const detail::Attrs&) {
                            return std::vector<Tensor>{in[0].clone()};
-                         }});
+                         },
+                         {},
+                         nullptr,
+                         "x"});  // in a fused kernel, the value written to a new output
 }  // namespace
 
 Tensor Tensor::to(DType dtype) const {

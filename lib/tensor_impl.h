@@ -115,6 +115,13 @@ std::string describe(const Tensor& t);  // "float32[2, 3]", or "undefined"
 DType result_type(const std::vector<Tensor>& operands);
 DType result_type(const Tensor& a, const Tensor& b);  // no allocation: the binary ops' hot path
 DType result_type(const Tensor* const* operands, size_t count);
+// The same from what the rule reads of each operand (the fuser's, for values of a graph).
+struct PromotionOperand {
+  DType dtype;
+  bool zero_dim;  // a 0-dim tensor
+  bool wrapped;   // a wrapped number (x * 2.5)
+};
+DType result_type(const PromotionOperand* operands, size_t count);
 
 void check_defined(const Tensor& t, const char* op, const char* arg = "input");
 void check_cpu(const Tensor& t, const char* op);

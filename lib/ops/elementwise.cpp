@@ -26,32 +26,17 @@ T multiply(T x, T y) {
     return x * y;
 }
 
-// erf for float32 as a rational polynomial on [-4, 4] (erf is +-1 to float precision beyond), which
-// vectorizes where libm's erff does not; within 5e-7 of the exact value everywhere. float64 uses
-// libm.
+// Transcendentals in vectorizable arithmetic (lib/fastmath.h; the LLVM code generator emits the
+// same sequences): exp, log, log1p, expm1, sin, cos, tanh and erf for float32, exp and log for
+// float64; the rest through libm.
 template <typename T>
 T erf_value(T x) {
-  if constexpr (std::is_same_v<T, float>) {
-    constexpr float a[7] = {-2.72614225801306e-10f, 2.77068142495902e-08f,  -2.10102402082508e-06f,
-                            -5.69250639462346e-05f, -7.34990630326855e-04f, -2.95459980854025e-03f,
-                            -1.60960333262415e-02f};
-    constexpr float b[5] = {-1.45660718464996e-05f, -2.13374055278905e-04f, -1.68282697438203e-03f,
-                            -7.37332916720468e-03f, -1.42647390514189e-02f};
-    x = x > 4.0f ? 4.0f : (x < -4.0f ? -4.0f : x);  // NaN compares false and passes through
-    float x2 = x * x;
-    float p = a[0];
-    for (float c : {a[1], a[2], a[3], a[4], a[5], a[6]}) p = p * x2 + c;
-    float q = b[0];
-    for (float c : {b[1], b[2], b[3], b[4]}) q = q * x2 + c;
-    return x * p / q;
-  } else {
+  if constexpr (std::is_same_v<T, float>)
+    return detail::erf_f32(x);
+  else
     return std::erf(x);
-  }
 }
 
-// Transcendentals in vectorizable arithmetic (lib/fastmath.h; the LLVM code generator emits the
-// same sequences): exp, log, log1p, expm1, sin, cos and tanh for float32, exp and log for
-// float64; the rest through libm.
 template <typename T>
 T exp_value(T x) {
   if constexpr (std::is_same_v<T, float>)
@@ -159,9 +144,10 @@ T on_floats(T x, F f) {
 const detail::OpDef& def_op(const char* name, OpKind kind, int arity, DTypeRule rule,
                             bool supports_bool, detail::Invoke invoke,
                             std::vector<std::string> attr_names = {},
-                            detail::MapInto map_into = nullptr, const char* formula = nullptr) {
-  return detail::register_op(
-      {name, kind, arity, rule, supports_bool, invoke, std::move(attr_names), map_into, formula});
+                            detail::MapInto map_into = nullptr, const char* formula = nullptr,
+                            bool checks_integer_values = false) {
+  return detail::register_op({name, kind, arity, rule, supports_bool, invoke, std::move(attr_names),
+                              map_into, formula, checks_integer_values});
 }
 
 using Inputs = std::vector<Tensor>;
@@ -235,7 +221,7 @@ KILN_UNARY(relu, DTypeRule::Same, false, T(x > T(0) || x != x ? x : T(0)),
            "(select (or (gt x 0) (ne x x)) x 0)", Y, where(gt(y, 0), g, 0.0))
 KILN_UNARY(silu, DTypeRule::Float, true, x / (T(1) + exp_value(-x)),
            "(div x (add 1 (exp (neg x))))", X, g*(sigmoid(x) * (1 + x * (1 - sigmoid(x)))))
-KILN_UNARY(erf, DTypeRule::Float, true, erf_value(x), nullptr, X,
+KILN_UNARY(erf, DTypeRule::Float, true, erf_value(x), "(erf x)", X,
            g*(exp(-(x* x)) * 1.1283791670955126))  // 2 / sqrt(pi)
 // Piecewise constant: a zero gradient (as torch), not none, so optimizers still see the leaf.
 KILN_UNARY(floor, DTypeRule::Same, true, on_floats(x, [](auto v) { return std::floor(v); }),
@@ -249,15 +235,20 @@ KILN_UNARY(isnan, DTypeRule::Predicate, true, x != x, "(ne x x)", None, Tensor()
 KILN_UNARY(isfinite, DTypeRule::Predicate, true,
            kIsFloat<T> ? (x == x && std::abs(double(x)) != std::numeric_limits<double>::infinity())
                        : true,
-           nullptr, None, Tensor())
+           "(eq (sub x x) 0)", None, Tensor())  // x - x is 0 unless x is inf or NaN
 #undef KILN_UNARY
 
-static const detail::OpDef& gelu_def =
-    def_op("gelu", OpKind::Unary, 1, DTypeRule::Float, true,
-           [](const Inputs& in, const Attrs& a) {
-             return Inputs{gelu(in[0], detail::attr_string(a.at(0)))};
-           },
-           {"approximate"});
+static const detail::OpDef& gelu_def = def_op(
+    "gelu", OpKind::Unary, 1, DTypeRule::Float, true,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{gelu(in[0], detail::attr_string(a.at(0)))};
+    },
+    {"approximate"}, nullptr,
+    // 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) or 0.5 x (1 + erf(x / sqrt(2))).
+    "(if-attr a0 tanh"
+    " (mul (mul 0.5 x) (add 1 (tanh (mul 0.7978845608028654"
+    "  (add x (mul (mul (mul 0.044715 x) x) x))))))"
+    " (mul (mul 0.5 x) (add 1 (erf (mul x 0.7071067811865476)))))");
 Tensor gelu(const Tensor& input, const std::string& approximate) {
   KILN_CHECK(approximate == "none" || approximate == "tanh",
              "gelu: approximate must be 'none' or 'tanh', got '", approximate, "'");
@@ -268,7 +259,7 @@ Tensor gelu(const Tensor& input, const std::string& approximate) {
                       [](auto x) {
                         using T = decltype(x);
                         const T k = T(0.7978845608028654);
-                        return T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
+                        return T(0.5) * x * (T(1) + tanh_value(k * (x + T(0.044715) * x * x * x)));
                       },
                       {approximate})
                 : detail::unary_op<DTypeRule::Float>(
@@ -300,14 +291,15 @@ static const detail::OpDef& softplus_def = def_op(
     [](const Inputs& in, const Attrs& a) {
       return Inputs{softplus(in[0], detail::attr_double(a.at(0)), detail::attr_double(a.at(1)))};
     },
-    {"beta", "threshold"});
+    {"beta", "threshold"}, nullptr,
+    "(let bx (mul a0 x) (select (gt bx a1) x (div (log1p (exp bx)) a0)))");
 Tensor softplus(const Tensor& input, double beta, double threshold) {
   Tensor out = detail::unary_op<DTypeRule::Float>(
       softplus_def, input,
       [beta, threshold](auto x) {
         using T = decltype(x);
         T bx = T(beta) * x;
-        return bx > T(threshold) ? x : T(std::log1p(std::exp(bx)) / T(beta));
+        return bx > T(threshold) ? x : T(log1p_value(exp_value(bx)) / T(beta));
       },
       {beta, threshold});
   if (detail::needs_grad(input))
@@ -465,9 +457,13 @@ Tensor sub(const Tensor& a, const Scalar& b) {
   return sub(a, wrap_scalar(b));
 }
 
-static const detail::OpDef& remainder_def =
-    def_op("remainder", OpKind::Binary, 2, DTypeRule::Same, false,
-           [](const Inputs& in, const Attrs&) { return Inputs{remainder(in[0], in[1])}; });
+static const detail::OpDef& remainder_def = def_op(
+    "remainder", OpKind::Binary, 2, DTypeRule::Same, false,
+    [](const Inputs& in, const Attrs&) { return Inputs{remainder(in[0], in[1])}; }, {}, nullptr,
+    // rem: fmod for floats, % for integers (0 for a divisor of -1). Integer divisors are checked
+    // for zeros by the entry point, so only floating remainders fuse.
+    "(let r (rem x y) (select (and (ne r 0) (ne (lt r 0) (lt y 0))) (add r y) r))",
+    /*checks_integer_values=*/true);
 Tensor remainder(const Tensor& a, const Tensor& b) {
   detail::check_defined(a, "remainder");
   detail::check_defined(b, "remainder", "other");
@@ -478,7 +474,7 @@ Tensor remainder(const Tensor& a, const Tensor& b) {
     if constexpr (kIsFloat<T>)
       r = std::fmod(x, y);
     else
-      r = T(x % y);
+      r = T(x % (y == T(-1) ? T(1) : y));  // the lowest integer % -1 would overflow (and trap)
     if (r != T(0) && ((r < T(0)) != (y < T(0)))) r = T(r + y);
     return r;
   });
@@ -495,9 +491,11 @@ Tensor remainder(const Tensor& a, const Scalar& b) {
   return remainder(a, wrap_scalar(b));
 }
 
-static const detail::OpDef& pow_def =
-    def_op("pow", OpKind::Binary, 2, DTypeRule::Same, false,
-           [](const Inputs& in, const Attrs&) { return Inputs{pow(in[0], in[1])}; });
+static const detail::OpDef& pow_def = def_op(
+    "pow", OpKind::Binary, 2, DTypeRule::Same, false,
+    [](const Inputs& in, const Attrs&) { return Inputs{pow(in[0], in[1])}; }, {}, nullptr,
+    "(pow x y)",  // the primitive is float_pow and int_pow below
+    /*checks_integer_values=*/true);
 Tensor pow(const Tensor& base, const Tensor& exponent) {
   detail::check_defined(base, "pow");
   detail::check_defined(exponent, "pow", "exponent");
@@ -535,9 +533,10 @@ Tensor pow(const Scalar& base, const Tensor& exponent) {
 }
 
 // ----------------------------------------------------------------------------------- where, clamp
-static const detail::OpDef& where_def =
-    def_op("where", OpKind::Ternary, 3, DTypeRule::Custom, true,
-           [](const Inputs& in, const Attrs&) { return Inputs{where(in[0], in[1], in[2])}; });
+static const detail::OpDef& where_def = def_op(
+    "where", OpKind::Ternary, 3, DTypeRule::Custom, true,
+    [](const Inputs& in, const Attrs&) { return Inputs{where(in[0], in[1], in[2])}; }, {}, nullptr,
+    "(select x y z)");
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   for (const Tensor* t : {&condition, &a, &b})
     detail::check_elementwise_input(where_def, *t, "input");
@@ -581,12 +580,15 @@ detail::AttrValue optional_attr(const std::optional<Scalar>& s) {
 }
 }  // namespace
 
-static const detail::OpDef& clamp_def =
-    def_op("clamp", OpKind::Unary, 1, DTypeRule::Same, false,
-           [](const Inputs& in, const Attrs& a) {
-             return Inputs{clamp(in[0], optional_scalar(a.at(0)), optional_scalar(a.at(1)))};
-           },
-           {"min", "max"});
+static const detail::OpDef& clamp_def = def_op(
+    "clamp", OpKind::Unary, 1, DTypeRule::Same, false,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{clamp(in[0], optional_scalar(a.at(0)), optional_scalar(a.at(1)))};
+    },
+    {"min", "max"}, nullptr,
+    // An absent bound (none) leaves the value as it is.
+    "(let lo (if-attr a0 none x (select (lt x a0) a0 x))"
+    " (if-attr a1 none lo (select (gt lo a1) a1 lo)))");
 Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max) {
   detail::check_elementwise_input(clamp_def, x, "input");
   KILN_CHECK(min || max, "clamp: at least one of 'min' or 'max' must be given");

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -108,6 +110,164 @@ TEST(Fuser, InPlaceUpdatesInATraceFuseIntoOneGroup) {
   EXPECT_LT(last_sub, first_reshape) << graph;
 }
 
+// Every elementwise op has a formula: where, clamp, pow, erf, remainder, gelu (both forms),
+// softplus and isfinite join one group with the rest.
+TEST(Fuser, AChainOfEveryFormulaOpIsOneKernel) {
+  Tensor x = testing::input({9, 16}), y = testing::input({9, 16}), z = testing::input({16});
+  Fn fn = [](const Inputs& in) {
+    const Tensor &x = in[0], &y = in[1], &z = in[2];
+    Tensor t = where(gt(x, 0.0), clamp(x, -1.0, 1.0), pow(y, 3.0)) + remainder(x, 1.5) * erf(z);
+    t = gelu(t) + gelu(t, "tanh") + softplus(t, 2.0, 5.0) + pow(x, y) + clamp(y, std::nullopt, 2);
+    return Inputs{where(isfinite(t), t, 0.0) + pow(2.0, clamp(z, -0.5))};
+  };
+  Planned p = plan_of(fn, {x, y, z});
+  EXPECT_EQ(p.plan->num_kernel_steps(), 1u) << p.graph->str();
+  EXPECT_EQ(p.plan->num_steps(), 1u) << p.graph->str();
+  expect_fused_equals_eager(fn, {x, y, z}, "every formula op");
+}
+
+// Operands of different dtypes are converted inside the kernel, as the ops' entry points convert
+// them: int32 * float32 + float64, and comparisons in the promoted type.
+TEST(Fuser, AMixedDtypeChainIsOneKernel) {
+  Tensor a = testing::input({6, 7}, kInt32), b = testing::input({6, 7}),
+         c = testing::input({7}, kFloat64), d = testing::input({6, 1}, kInt64);
+  Fn fn = [](const Inputs& in) {
+    const Tensor &a = in[0], &b = in[1], &c = in[2], &d = in[3];
+    Tensor t = a * b + c;                        // float64
+    Tensor m = logical_and(lt(b, c), ge(a, d));  // float32 < float64, int32 >= int64
+    // Integer remainder and pow never fuse (their entry points check the values): floating ones.
+    Tensor w = where(m, a, d * 2) + remainder(d, 3.0) * pow(a, 2.0);  // float32
+    Tensor out = t - w + exp(a) * sqrt(d);
+    return Inputs{out, where(logical_or(m, b), out, 0.0)};
+  };
+  Planned p = plan_of(fn, {a, b, c, d});
+  EXPECT_EQ(p.plan->num_kernel_steps(), 1u) << p.graph->str();
+  EXPECT_EQ(p.plan->num_steps(), 1u) << p.graph->str();
+  expect_fused_equals_eager(fn, {a, b, c, d}, "mixed dtypes");
+}
+
+// A lone node with an operand of another dtype runs through its entry point (the executor's direct
+// steps take operands of the compute type only), and still matches.
+TEST(Fuser, ALoneMixedDtypeNodeIsNoKernelAndMatches) {
+  Tensor a = testing::input({5, 3}, kInt32), b = testing::input({5, 3});
+  Fn fn = [](const Inputs& in) { return Inputs{in[0] * in[1]}; };
+  Planned p = plan_of(fn, {a, b});
+  EXPECT_EQ(p.plan->num_kernel_steps(), 0u) << p.graph->str();
+  expect_fused_equals_eager(fn, {a, b}, "int32 * float32 alone");
+}
+
+// Values where the new ops' branches meet: NaN, infinities, signed zeros, negative numbers, halves,
+// integral exponents around 64, large and tiny magnitudes, over shapes with sizes 0 and 1 and
+// non-contiguous layouts, in every dtype.
+TEST(Fuser, NewOpsMatchEagerOnSpecialValues) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  const std::vector<double> special = {nan,  inf,   -inf, 0.0,  -0.0, 0.5,  -0.5,  1.0,   -1.0,
+                                       2.0,  -3.0,  7.5,  -7.5, 64.0, 65.0, -64.0, 1e-30, 1e30,
+                                       3.25, -2.75, 4.5,  -4.5, 40.0, 0.1,  -20.0, 25.0,  1.5};
+  const std::vector<Fn> fns = {
+      [](const Inputs& in) {
+        return Inputs{erf(in[0]) + 0, gelu(in[0]) + 0, gelu(in[0], "tanh")};
+      },
+      [](const Inputs& in) {
+        return Inputs{softplus(in[0]) * 1, softplus(in[1], -2.0, 3.0) + 0};
+      },
+      [](const Inputs& in) {
+        return Inputs{pow(in[0], in[1]) + 0, pow(in[1], 2.5) * 1};
+      },
+      [](const Inputs& in) {
+        return Inputs{pow(in[0], -3) + 0, pow(in[0], 0.5) * 1, pow(-2.0, in[1])};
+      },
+      [](const Inputs& in) {
+        return Inputs{remainder(in[0], in[1]) + 0, remainder(in[1], -2.5) * 1};
+      },
+      [inf, nan](const Inputs& in) {
+        return Inputs{clamp(in[0], -1.0, 2) + 0, clamp(in[1], std::nullopt, 0.5) * 1,
+                      clamp(in[0] * 2, -inf, nan)};
+      },
+      [](const Inputs& in) {
+        return Inputs{logical_not(isfinite(in[0] * in[1])), where(isnan(in[0]), in[1], in[0]) + 1};
+      },
+  };
+  std::mt19937_64 rng(7);
+  for (DType dtype : {kFloat32, kFloat64, kInt32, kInt64}) {
+    for (const Shape& shape : std::vector<Shape>{{0}, {1}, {1, 5}, {7, 0, 3}, {27}, {9, 27}}) {
+      const int64_t n = detail::shape_numel(shape);
+      std::vector<double> va(static_cast<size_t>(n)), vb(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        va[static_cast<size_t>(i)] = special[static_cast<size_t>(i) % special.size()];
+        vb[static_cast<size_t>(i)] = special[rng() % special.size()];
+      }
+      Tensor a, b;
+      {
+        LazyGuard eager_mode(false);
+        a = from_vector(va, shape).to(dtype);
+        b = from_vector(vb, shape).to(dtype);
+        if (!is_floating_point(dtype)) b = where(eq(b, 0), full_like(b, 3), b);  // no integer % 0
+      }
+      for (const auto& [layout, al] : testing::input_layouts(a)) {
+        for (size_t f = 0; f < fns.size(); ++f) {
+          const std::string what = std::string(dtype_name(dtype)) + detail::shape_str(shape) + " " +
+                                   layout + ", function " + std::to_string(f);
+          bool threw_eagerly = false;
+          try {
+            eager(fns[f], {al, b});
+          } catch (const Error&) {
+            threw_eagerly = true;  // integers to negative powers: both modes refuse
+          }
+          if (threw_eagerly) {
+            EXPECT_THROW(plan_of(fns[f], {al, b}), Error) << what;
+            continue;
+          }
+          expect_fused_equals_eager(fns[f], {al, b}, what);
+          if (::testing::Test::HasFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+// An integer remainder by 0 is an error in both modes (the check reads the divisor before the node
+// is recorded); a kernel that meets a divisor of 0 or -1 anyway gives 0 and never traps.
+TEST(Fuser, IntegerRemainderByZeroIsAnErrorInEveryMode) {
+  Tensor a = testing::input({4, 5}, kInt32), zero;
+  {
+    LazyGuard eager_mode(false);
+    zero = zeros({5}, kInt32);
+  }
+  Fn fn = [](const Inputs& in) { return Inputs{remainder(in[0] + 1, in[1]) * 2}; };
+  EXPECT_THROW(eager(fn, {a, zero}), Error);
+  {
+    LazyGuard lazy(true);
+    EXPECT_THROW(fn({a, zero}), Error);
+  }
+  // INT_MIN % -1 overflows x86's division: both modes give 0.
+  Tensor lowest, minus_one;
+  {
+    LazyGuard eager_mode(false);
+    lowest = full({3}, std::numeric_limits<int32_t>::min(), kInt32);
+    minus_one = full({3}, -1, kInt32);
+  }
+  Fn fn2 = [](const Inputs& in) { return Inputs{remainder(in[0] - 0, in[1]) + 5}; };
+  expect_fused_equals_eager(fn2, {lowest, minus_one}, "INT_MIN % -1");
+  Planned p = plan_of(fn2, {lowest, minus_one});
+  Inputs got = p.plan->run(p.binding.inputs);
+  EXPECT_EQ(got[0].to(kInt64).sum().item<int64_t>(), 15);
+  // Integer remainders are checked for zero divisors by their entry point, so they never fuse:
+  // a traced one raises on replay too (floating ones fuse).
+  EXPECT_EQ(p.plan->num_kernel_steps(), 0u) << p.graph->str();
+  Tensor two;
+  {
+    LazyGuard eager_mode(false);
+    two = full({5}, 2, kInt32);
+  }
+  jit::Function traced = jit::trace(fn, {a, two});
+  EXPECT_NO_THROW(traced({a, two}));
+  EXPECT_THROW(traced({a, zero}), Error);
+  Fn float_fn = [](const Inputs& in) { return Inputs{remainder(in[0] + 1.0, in[1]) * 2.0}; };
+  Planned pf = plan_of(float_fn, {testing::input({4, 5}), testing::input({5})});
+  EXPECT_EQ(pf.plan->num_kernel_steps(), 1u) << pf.graph->str();
+}
+
 // ---------------------------------------------------------------------- compilation counting
 TEST(Fuser, ChangingALiteralOrASizeCompilesNothingNew) {
   auto run = [](double literal, int64_t n) {
@@ -125,6 +285,23 @@ TEST(Fuser, ChangingALiteralOrASizeCompilesNothingNew) {
   run(-2.5, 4096);
   EXPECT_EQ(loaded(), before) << "a literal or a size compiled a kernel";
   EXPECT_GE(jit::stats().kernel_memory_hits, 3);
+}
+
+// Attributes (clamp's bounds, softplus's beta and threshold, add's alpha) are kernel scalars too.
+TEST(Fuser, ChangingAnAttributeCompilesNothingNew) {
+  auto run = [](double lo, double hi, double beta, double alpha) {
+    Tensor x = testing::input({100}), y = testing::input({100});
+    Fn fn = [=](const Inputs& in) {
+      return Inputs{softplus(clamp(in[0], lo, hi), beta, hi) + add(in[0], in[1], alpha)};
+    };
+    expect_fused_equals_eager(fn, {x, y}, "attributes " + std::to_string(lo));
+  };
+  auto loaded = [] { return jit::stats().kernels_compiled + jit::stats().kernel_disk_hits; };
+  run(-1.0, 1.0, 1.0, 2.0);
+  const int64_t before = loaded();
+  run(-0.5, 2.0, 3.0, 0.5);
+  run(0.25, 0.75, -1.0, -3.0);
+  EXPECT_EQ(loaded(), before) << "an attribute compiled a kernel";
 }
 
 TEST(Fuser, ATransposedInputUsesTheStridedKernelAndMatchesEager) {
@@ -159,8 +336,10 @@ class RandomProgram {
       auto next = [&](int n) { return choice[c++ % choice.size()] % n; };
       for (int i = 0; i < ops; ++i) {
         const Tensor& a = values[static_cast<size_t>(next(static_cast<int>(values.size())))];
-        const Tensor& b = values[static_cast<size_t>(next(static_cast<int>(values.size())))];
+        size_t b_index = static_cast<size_t>(next(static_cast<int>(values.size())));
         const int op = next(testing::kElementwiseOps);
+        if (testing::reads_values_of_b(op)) b_index %= in.size();
+        const Tensor& b = values[b_index];
         try {
           values.push_back(testing::elementwise_op(op, a, b, next(7)));
         } catch (const Error&) {

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -71,12 +72,19 @@ inline void expect_fused_equals_eager(const Fn& fn, const Inputs& inputs, const 
 // The random differential tests' elementwise ops: op in [0, kElementwiseOps) applied to a (and b
 // for binary ops), with one of seven C++ numbers picked by `number` in [0, 7). Each is computed by
 // a fused kernel bit for bit as eager mode computes it (conversions of out-of-range floats and NaN
-// to integers included); it throws kiln::Error, in either mode alike, when the op does not take
-// these dtypes (sub of bools, ...).
-constexpr int kElementwiseOps = 34;
+// to integers included, and operands of different dtypes converted inside the kernel); it throws
+// kiln::Error, in either mode alike, when the op does not take these dtypes or values (sub of
+// bools, an integer remainder by 0, an integer to a negative power).
+constexpr int kElementwiseOps = 52;
+// Ops that read b's values before recording (integer divisors and exponents are checked for 0 and
+// negative ones): a pending b is materialized then, so the random programs give them inputs.
+inline bool reads_values_of_b(int op) {
+  return op == 37 || op == 41 || op == 42;
+}
 inline Tensor elementwise_op(int op, const Tensor& a, const Tensor& b, int number) {
   static const double numbers[] = {0.5, -1.25, 2.0, 3.0, 1e-3, -7.0, 0.0};
   const double v = numbers[number];
+  const auto iv = static_cast<int64_t>(v);
   switch (op) {
     case 0:
       return neg(a);
@@ -145,8 +153,51 @@ inline Tensor elementwise_op(int op, const Tensor& a, const Tensor& b, int numbe
       return exp(a * 30.0).to(kInt64) + a.to(kInt64);
     case 32:
       return a.to(kBool);
-    default:
+    case 33:
       return a.to(number % 2 ? kFloat64 : kFloat32) * b;
+    // Transcendental ops with a primitive or attributes of their own.
+    case 34:
+      return erf(a * v);
+    case 35:
+      return gelu(a * v, number % 2 ? "tanh" : "none");
+    case 36:
+      return softplus(a, v == 0.0 ? 1.0 : v, number % 3 ? 20.0 : 0.75);
+    // pow: tensor exponents (integral ones multiply by squaring, others call pow), a C++ number
+    // (0.5 and -1.25, 2 and 3, -7 and 0), integer exponents and a C++ base.
+    case 37:
+      return pow(a, b);
+    case 38:
+      return pow(a, v);
+    case 39:
+      return pow(a, iv < 0 ? -iv : iv);
+    case 40:
+      return pow(v, a);
+    case 41:
+      return pow(a, round(b * v));
+    // remainder: negative operands, an integer divisor of 0 (an error in both modes), a float one
+    // (NaN).
+    case 42:
+      return remainder(a, b);
+    case 43:
+      return remainder(a, v);
+    // where and clamp: every form, with operands of other dtypes.
+    case 44:
+      return where(gt(a, v), a, b);
+    case 45:
+      return where(isfinite(b), a, v);
+    case 46:
+      return clamp(a, v, std::nullopt);
+    case 47:
+      return clamp(a, std::nullopt, v);
+    case 48:
+      return clamp(a, number % 2 ? Scalar(-iv) : Scalar(-v), number % 3 ? Scalar(iv) : Scalar(v));
+    case 49:
+      return isfinite(a / b);
+    // Mixed dtypes inside a group: an int32 operand, a float64 comparison, logic over floats.
+    case 50:
+      return a.to(kInt32) * b + (a * v).clone();
+    default:
+      return logical_and(lt(a.to(kFloat64), b), a);
   }
 }
 

@@ -119,7 +119,7 @@ class CpuJit {
     // Everything besides the kernel that decides the machine code: part of every cache key.
     target_key_ = target_->getTargetTriple().str() + "|" + target_->getTargetCPU().str() + "|" +
                   target_->getTargetFeatureString().str() +
-                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 9";
+                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 10";
   }
 
   CompiledKernel get(const Kernel& k, const Layout& layout) {
@@ -415,6 +415,109 @@ class Emitter {
     llvm::CallInst* call = b_.CreateCall(f, {x});
     call->addFnAttr(llvm::Attribute::NoBuiltin);
     return call;
+  }
+  // The same for a function of two arguments (fmod, pow).
+  llvm::Value* libm2(const char* name, llvm::Value* x, llvm::Value* y, DType t) {
+    std::string fname = std::string(name) + (t == kFloat32 ? "f" : "");
+    llvm::Type* ty = value_type(t);
+    llvm::FunctionCallee f =
+        m_.getOrInsertFunction(fname, llvm::FunctionType::get(ty, {ty, ty}, false));
+    llvm::CallInst* call = b_.CreateCall(f, {x, y});
+    call->addFnAttr(llvm::Attribute::NoBuiltin);
+    return call;
+  }
+  // lib/fastmath.h's erf_f32, operation for operation.
+  llvm::Value* erf_f32(llvm::Value* x) {
+    using C = detail::ErfF32;
+    auto f = [this](float v) { return llvm::ConstantFP::get(b_.getFloatTy(), v); };
+    x = b_.CreateSelect(b_.CreateFCmpOGT(x, f(C::kBound)), f(C::kBound),
+                        b_.CreateSelect(b_.CreateFCmpOLT(x, f(-C::kBound)), f(-C::kBound), x));
+    llvm::Value* x2 = b_.CreateFMul(x, x);
+    llvm::Value* p = f(C::kP[0]);
+    for (int i = 1; i < 7; ++i) p = b_.CreateFAdd(b_.CreateFMul(p, x2), f(C::kP[i]));
+    llvm::Value* q = f(C::kQ[0]);
+    for (int i = 1; i < 5; ++i) q = b_.CreateFAdd(b_.CreateFMul(q, x2), f(C::kQ[i]));
+    return b_.CreateFDiv(b_.CreateFMul(x, p), q);
+  }
+  // The truncated remainder of integers, a divisor of 0 or -1 taken as 1 (a result of 0) so that
+  // the kernel never traps (the entry point rejects 0; INT_MIN % -1 overflows the division).
+  llvm::Value* int_rem(llvm::Value* a, llvm::Value* b) {
+    llvm::Type* ty = a->getType();
+    llvm::Value* bad = b_.CreateOr(b_.CreateICmpEQ(b, llvm::ConstantInt::get(ty, 0)),
+                                   b_.CreateICmpEQ(b, llvm::ConstantInt::getSigned(ty, -1)));
+    return b_.CreateSRem(a, b_.CreateSelect(bad, llvm::ConstantInt::get(ty, 1), b));
+  }
+  // elementwise.cpp's float_pow, case by case: multiplication by squaring for an integral exponent
+  // (not 0, at most 64 in magnitude), square roots for +-0.5, libm's pow otherwise (NaN goes
+  // there). Branches, so that pow is called only where the reference kernel calls it (the loop
+  // does not vectorize around a call anyway; an exponent that is a kernel scalar lets LLVM hoist
+  // the branch out of the loop).
+  llvm::Value* float_pow(llvm::Value* x, llvm::Value* y, DType t) {
+    llvm::Type* ty = value_type(t);
+    auto c = [ty](double v) { return llvm::ConstantFP::get(ty, v); };
+    llvm::Value* ay = intrinsic(llvm::Intrinsic::fabs, y);
+    llvm::Value* by_squaring =
+        b_.CreateAnd(b_.CreateFCmpOEQ(y, intrinsic(llvm::Intrinsic::trunc, y)),
+                     b_.CreateAnd(b_.CreateFCmpONE(y, c(0)), b_.CreateFCmpOLE(ay, c(64))));
+    auto* squaring = llvm::BasicBlock::Create(ctx_, "pow_squaring", fn_);
+    auto* other = llvm::BasicBlock::Create(ctx_, "pow_other", fn_);
+    auto* root = llvm::BasicBlock::Create(ctx_, "pow_root", fn_);
+    auto* general = llvm::BasicBlock::Create(ctx_, "pow_general", fn_);
+    auto* done = llvm::BasicBlock::Create(ctx_, "pow_done", fn_);
+    b_.CreateCondBr(by_squaring, squaring, other);
+
+    b_.SetInsertPoint(squaring);
+    llvm::Value* m = b_.CreateFPToSI(ay, b_.getInt32Ty());
+    llvm::Value* result = x;
+    llvm::Value* have = b_.getFalse();
+    llvm::Value* base = x;
+    for (int bit = 0; bit < 7; ++bit) {  // m <= 64
+      llvm::Value* set =
+          b_.CreateICmpNE(b_.CreateAnd(b_.CreateLShr(m, bit), b_.getInt32(1)), b_.getInt32(0));
+      llvm::Value* next = b_.CreateSelect(have, b_.CreateFMul(result, base), base);
+      result = b_.CreateSelect(set, next, result);
+      have = b_.CreateOr(have, set);
+      base = b_.CreateFMul(base, base);  // unused once no higher bit is set
+    }
+    result = b_.CreateSelect(b_.CreateFCmpOLT(y, c(0)), b_.CreateFDiv(c(1), result), result);
+    llvm::BasicBlock* squaring_end = b_.GetInsertBlock();
+    b_.CreateBr(done);
+
+    b_.SetInsertPoint(other);
+    llvm::Value* half = b_.CreateFCmpOEQ(y, c(0.5));
+    b_.CreateCondBr(b_.CreateOr(half, b_.CreateFCmpOEQ(y, c(-0.5))), root, general);
+
+    b_.SetInsertPoint(root);
+    llvm::Value* r = intrinsic(llvm::Intrinsic::sqrt, x);
+    r = b_.CreateSelect(half, r, b_.CreateFDiv(c(1), r));
+    b_.CreateBr(done);
+
+    b_.SetInsertPoint(general);
+    llvm::Value* p = libm2("pow", x, y, t);
+    b_.CreateBr(done);
+
+    b_.SetInsertPoint(done);
+    llvm::PHINode* phi = b_.CreatePHI(ty, 3);
+    phi->addIncoming(result, squaring_end);
+    phi->addIncoming(r, root);
+    phi->addIncoming(p, general);
+    return phi;
+  }
+  // elementwise.cpp's int_pow: by squaring over the exponent's bits; 1 for negative exponents.
+  llvm::Value* int_pow(llvm::Value* x, llvm::Value* y) {
+    llvm::Type* ty = x->getType();
+    const unsigned bits = ty->getIntegerBitWidth();
+    llvm::Value* zero = llvm::ConstantInt::get(ty, 0);
+    llvm::Value* e = b_.CreateSelect(b_.CreateICmpSLT(y, zero), zero, y);
+    llvm::Value* result = llvm::ConstantInt::get(ty, 1);
+    llvm::Value* base = x;
+    for (unsigned bit = 0; bit + 1 < bits; ++bit) {
+      llvm::Value* set =
+          b_.CreateICmpNE(b_.CreateAnd(b_.CreateLShr(e, bit), llvm::ConstantInt::get(ty, 1)), zero);
+      result = b_.CreateSelect(set, b_.CreateMul(result, base), result);
+      base = b_.CreateMul(base, base);
+    }
+    return result;
   }
   // lib/fastmath.h's exp_f32, operation for operation.
   llvm::Value* exp_f32(llvm::Value* x) {
@@ -791,6 +894,15 @@ class Emitter {
         break;
       case Prim::Round:
         r = fp ? intrinsic(llvm::Intrinsic::nearbyint, a) : a;
+        break;
+      case Prim::Erf:
+        r = t == kFloat32 ? erf_f32(a) : libm("erf", a, t);
+        break;
+      case Prim::Rem:
+        r = fp ? libm2("fmod", a, b, t) : int_rem(a, b);
+        break;
+      case Prim::Pow:
+        r = fp ? float_pow(a, b, t) : int_pow(a, b);
         break;
     }
     return r;
