@@ -1,6 +1,9 @@
 // CPU code generation for fused elementwise kernels through LLVM 19's ORC LLJIT.
 //
-// One LLJIT serves the process; each kernel is its own module under its own ResourceTracker. The
+// One LLJIT serves the process; each kernel is its own module under its own ResourceTracker, whose
+// handle the kernel's CompiledKernels share: the in-memory cache keeps at most
+// KILN_KERNEL_CACHE_MAX kernels (least recently used evicted), and a kernel's code is removed
+// when the cache and every plan holding it have let go. The
 // IR is a loop over elements (flat layout) or over rows with an inner loop over the last dimension
 // (strided layout, strides passed per call: LLVM's loop vectorizer versions the inner loop on a
 // unit stride). Every primitive computes exactly what the op's reference kernel computes: IEEE
