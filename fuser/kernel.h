@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -126,9 +127,13 @@ using KernelFn = void (*)(int64_t begin, int64_t end, char* const* ptrs, const i
 // 8 bytes per global reduction, in row order) and writes the outputs that depend on them.
 using FinishFn = void (*)(int64_t calls, const void* partials, char* const* ptrs,
                           const void* scalars);
+// A kernel's machine code stays loaded while any copy of its CompiledKernel lives: `owner` holds
+// it (the code generator's handle on the code), and the in-memory kernel cache evicting the kernel
+// only drops the cache's own copy. Keep the CompiledKernel, not just `fn`, while calling it.
 struct CompiledKernel {
   KernelFn fn = nullptr;
-  FinishFn finish = nullptr;  // set for kernels with global reductions
+  FinishFn finish = nullptr;          // set for kernels with global reductions
+  std::shared_ptr<const void> owner;  // keeps fn and finish loaded
 };
 
 // The bytes that identify (kernel, layout): equal bytes, same machine code.

@@ -332,7 +332,9 @@ void Plan::run_group(const Step& step, const std::vector<Tensor>& args,
   for (size_t k = 0; k < num_inputs; ++k) ptrs[k] = args[k].impl()->data();
   for (size_t k = 0; k < dests->size(); ++k) ptrs[num_inputs + k] = (*dests)[k].impl()->data();
   if (layout.flat) {
-    const fuser::KernelFn fn = kernel_for(step, layout).fn;
+    // Held while it runs (the plan holds it too).
+    const fuser::CompiledKernel kernel = kernel_for(step, layout);
+    const fuser::KernelFn fn = kernel.fn;
     detail::parallel_for(numel, detail::kParallelGrain, [&](int64_t begin, int64_t end) {
       fn(begin, end, ptrs.data(), nullptr, nullptr, g.scalars.data(), nullptr);
     });
@@ -349,7 +351,8 @@ void Plan::run_group(const Step& step, const std::vector<Tensor>& args,
   }
   for (const Tensor& t : *dests)
     strides.insert(strides.end(), t.strides().begin(), t.strides().end());
-  const fuser::KernelFn fn = kernel_for(step, layout).fn;
+  const fuser::CompiledKernel kernel = kernel_for(step, layout);
+  const fuser::KernelFn fn = kernel.fn;
   const int64_t inner = shape.back();
   detail::parallel_for(numel / inner, std::max<int64_t>(1, detail::kParallelGrain / inner),
                        [&](int64_t begin, int64_t end) {

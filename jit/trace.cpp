@@ -640,6 +640,7 @@ Stats stats() {
   st.kernels_compiled = c.compiled;
   st.kernel_memory_hits = c.memory_hits;
   st.kernel_disk_hits = c.disk_hits;
+  st.kernels_evicted = c.evicted;
   st.compile_seconds = c.compile_seconds;
   const PlanRunCounts runs = plan_run_counts();
   st.fused_kernels_run = runs.fused_kernels;

@@ -96,6 +96,8 @@ struct Stats {
   int64_t kernels_compiled = 0;    // fused kernels generated and compiled by LLVM
   int64_t kernel_memory_hits = 0;  // kernel requests served by an already loaded kernel
   int64_t kernel_disk_hits = 0;    // kernels loaded from the disk cache ($KILN_CACHE_DIR)
+  int64_t kernels_evicted = 0;     // dropped from the in-memory kernel cache past its capacity
+                                   // (KILN_KERNEL_CACHE_MAX); plans keep what they hold loaded
   double compile_seconds = 0;      // spent generating and compiling kernels
   int64_t fused_kernels_run = 0;   // fused kernel launches by plans
   int64_t unfused_steps_run = 0;   // other plan steps that compute (GEMMs, reference kernels;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -10,6 +11,9 @@
 #include <functional>
 #include <string>
 #include <vector>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "kiln/jit.h"
 #include "kiln/kiln.h"
@@ -34,13 +38,14 @@ TEST(KernelCacheChild, RunsThreeKernels) {
   for (const Tensor& y : ys)
     for (unsigned char b : testing::bytes(y)) digest = (digest ^ b) * 1099511628211ull;
   const jit::Stats s = jit::stats();
-  std::printf("KILN_CHILD compiled=%lld disk=%lld digest=%016llx\n",
+  std::printf("KILN_CHILD compiled=%lld disk=%lld digest=%016llx evicted=%lld\n",
               static_cast<long long>(s.kernels_compiled),
-              static_cast<long long>(s.kernel_disk_hits), static_cast<unsigned long long>(digest));
+              static_cast<long long>(s.kernel_disk_hits), static_cast<unsigned long long>(digest),
+              static_cast<long long>(s.kernels_evicted));
 }
 
 struct ChildResult {
-  long long compiled = -1, disk = -1;
+  long long compiled = -1, disk = -1, evicted = -1;
   std::string digest, output;
 };
 
@@ -65,8 +70,8 @@ ChildResult run_child(const std::string& env) {
   EXPECT_NE(pos, std::string::npos) << r.output;
   if (pos == std::string::npos) return r;
   char digest[32] = {};
-  std::sscanf(r.output.c_str() + pos, "KILN_CHILD compiled=%lld disk=%lld digest=%16s", &r.compiled,
-              &r.disk, digest);
+  std::sscanf(r.output.c_str() + pos, "KILN_CHILD compiled=%lld disk=%lld digest=%16s evicted=%lld",
+              &r.compiled, &r.disk, digest, &r.evicted);
   r.digest = digest;
   return r;
 }
@@ -142,6 +147,67 @@ TEST_F(KernelCache, BadEntriesAreDeletedAndRecompiledNeverRun) {
   }
 }
 
+// An entry whose header and checksum are right but whose payload is not this kernel's code: it
+// passes the file checks, so it is caught when it is linked (not an object file, or an object that
+// does not define the kernel's symbol), and the kernel is compiled and the entry replaced.
+TEST_F(KernelCache, AWellFormedEntryThatDoesNotLinkIsRecompiledAndReplaced) {
+  const ChildResult reference = run_child(env());
+  ASSERT_EQ(entries().size(), 3u);
+  auto read = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  // The file format of fuser/cache.h: a 48-byte header whose last two fields are the payload's
+  // size and XXH3-64 checksum.
+  constexpr size_t kHeader = 48;
+  auto plant = [&](const fs::path& p, const std::string& payload) {
+    std::string data = read(p).substr(0, kHeader - 16);
+    const uint64_t size = payload.size();
+    const uint64_t sum = XXH3_64bits(payload.data(), payload.size());
+    data.append(reinterpret_cast<const char*>(&size), 8);
+    data.append(reinterpret_cast<const char*>(&sum), 8);
+    data += payload;
+    std::ofstream(p, std::ios::binary | std::ios::trunc) << data;
+    return data;
+  };
+  const std::vector<fs::path> paths = entries();
+  std::vector<std::string> objects;
+  for (const fs::path& p : paths) objects.push_back(read(p).substr(kHeader));
+  const std::vector<std::pair<std::string, std::function<std::string(size_t)>>> payloads = {
+      {"not an object file",
+       [](size_t) { return std::string("well-formed entry, but not an object file"); }},
+      {"an ELF header and nothing else", [&](size_t i) { return objects[i].substr(0, 64); }},
+      // Another kernel's object: links, but defines the other kernel's symbol only.
+      {"another kernel's object", [&](size_t i) { return objects[(i + 1) % objects.size()]; }},
+  };
+  for (const auto& [what, payload] : payloads) {
+    std::vector<std::string> planted;
+    for (size_t i = 0; i < paths.size(); ++i) planted.push_back(plant(paths[i], payload(i)));
+    ChildResult r = run_child(env());
+    EXPECT_EQ(r.compiled, 3) << what << "\n" << r.output;
+    EXPECT_EQ(r.disk, 0) << what << "\n" << r.output;
+    EXPECT_EQ(r.digest, reference.digest) << what;
+    for (size_t i = 0; i < paths.size(); ++i) {
+      ASSERT_TRUE(fs::exists(paths[i])) << what;
+      EXPECT_NE(read(paths[i]), planted[i]) << what << ": the bad entry was not replaced";
+      EXPECT_EQ(read(paths[i]).substr(kHeader), objects[i]) << what;
+    }
+    ChildResult again = run_child(env());
+    EXPECT_EQ(again.compiled, 0) << what << ": the recompiled entries were not stored";
+    EXPECT_EQ(again.disk, 3) << what;
+  }
+}
+
+TEST_F(KernelCache, TheMemoryCacheCapacityComesFromTheEnvironment) {
+  const ChildResult reference = run_child(env());
+  EXPECT_EQ(reference.evicted, 0) << reference.output;
+  // Three kernels through a memory cache of one: two evictions; the plan holds all three.
+  ChildResult r = run_child("KILN_CACHE=0 KILN_KERNEL_CACHE_MAX=1 " + env());
+  EXPECT_EQ(r.compiled, 3) << r.output;
+  EXPECT_EQ(r.evicted, 2) << r.output;
+  EXPECT_EQ(r.digest, reference.digest);
+}
+
 TEST_F(KernelCache, AnUnwritableDirectoryKeepsKernelsInMemoryWithOneWarning) {
   // A directory below a regular file can't be created.
   fs::create_directories(dir_);
@@ -167,11 +233,13 @@ TEST_F(KernelCache, DisabledWritesNothing) {
 TEST_F(KernelCache, TheDirectoryStaysUnderItsCapDroppingTheLeastRecentlyUsed) {
   run_child(env());
   ASSERT_EQ(entries().size(), 3u);
-  uintmax_t largest = 0;
-  for (const fs::path& p : entries()) largest = std::max(largest, fs::file_size(p));
-  // Room for two entries: a third must push out the least recently used.
+  std::vector<uintmax_t> sizes;
+  for (const fs::path& p : entries()) sizes.push_back(fs::file_size(p));
+  std::sort(sizes.begin(), sizes.end());
+  // Room for any two entries but not for all three (entries differ in size: the kernels' code
+  // does): a third must push out the least recently used.
   fs::remove_all(dir_);
-  const uintmax_t cap = 2 * largest + largest / 2;
+  const uintmax_t cap = sizes[2] + sizes[1] + sizes[0] / 2;
   run_child("KILN_CACHE_MAXSIZE=" + std::to_string(cap) + " " + env());
   uintmax_t total = 0;
   for (const fs::path& p : entries()) total += fs::file_size(p);
