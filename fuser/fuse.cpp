@@ -93,7 +93,8 @@ std::optional<MemberTypes> member_types(const Node& n) {
   switch (op.dtype_rule) {
     case detail::DTypeRule::Same:
     case detail::DTypeRule::Float:
-      // The promoted operands' type (and clamp's bounds'), made floating by Float: the output's.
+      // The promoted operands' type (and clamp's bounds'), made floating by
+      // Float: the output's.
       t.compute = n.output()->type().dtype;
       break;
     case detail::DTypeRule::Logical:
@@ -947,6 +948,16 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
              detail::shape_str(g.shape), g.rows ? " by rows of its last " : "",
              g.rows ? std::to_string(g.reduced_dims) + " dims" : "", ": ", g.inputs.size(),
              " inputs, ", g.outputs.size(), " outputs, ", g.scalars.size(), " scalars");
+    if (jit::log_enabled("fuser")) {
+      std::ostringstream members;
+      for (const Node* n : g.nodes) {
+        members << "  " << n->output()->type().str() << " = " << n->op().name << "(";
+        for (size_t i = 0; i < n->num_inputs(); ++i)
+          members << (i ? ", " : "") << (n->input(i) ? n->input(i)->type().str() : "none");
+        members << ")" << (n->attrs().empty() ? "" : " ...") << "\n";
+      }
+      jit::log("fuser", "members:\n", members.str());
+    }
     result.push_back(std::move(g));
   }
   return result;

@@ -107,9 +107,14 @@ struct Specialization {
   std::vector<OutputKind> kinds;
   std::vector<Tensor> write_targets;
   std::vector<std::shared_ptr<detail::TensorImpl>> grad_leaves;
-  // Traced with autograd on, and (when its returned outputs require grad) its backward.
+  // Traced with autograd on, and (when its returned outputs require grad) its backward. A
+  // specialization traced with autograd on that has no backward serves calls in either mode, as a
+  // loaded one does.
   bool grad_mode = false;
   std::shared_ptr<const Backward> backward;
+  bool serves(bool call_grad_mode) const {
+    return grad_mode == call_grad_mode || (grad_mode && !backward);
+  }
 };
 
 struct FunctionImpl {
@@ -428,7 +433,7 @@ std::vector<Tensor> Function::operator()(const std::vector<Tensor>& inputs) cons
     std::lock_guard<std::mutex> lock(f.mutex);
     const bool grad_mode = detail::grad_mode();
     for (const auto& s : f.specs)
-      if (s->key == key && s->grad_mode == grad_mode) match = s.get();
+      if (s->key == key && s->serves(grad_mode)) match = s.get();
     if (!match) {
       g_guard_failures.fetch_add(1);
       // The reason, against the most recent specialization.
@@ -606,6 +611,7 @@ Function load(const std::string& path) {
   }
   spec->graph = std::move(loaded.graph);
   spec->plan = std::make_unique<Plan>(*spec->graph);
+  spec->grad_mode = true;  // no backward: serves calls with autograd on or off
   Function f;
   f.impl_ = std::make_shared<FunctionImpl>();
   f.impl_->max_specializations = 1;

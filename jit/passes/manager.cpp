@@ -8,6 +8,8 @@
 
 #include "jit/passes/passes.h"
 
+#include "absl/strings/str_join.h"
+
 #include "jit/log.h"
 #include "kiln/error.h"
 
@@ -87,8 +89,8 @@ struct ManagerState {
     if (const char* env = std::getenv("KILN_DISABLE_PASSES")) {
       for (std::string& name : parse_list(env)) {
         if (name != "all" && !known_pass(name))
-          std::cerr << "kiln: KILN_DISABLE_PASSES names no pass '" << name << "' (passes: dce, "
-                    << "cse, fold, canonicalize, stabilize, all)\n";
+          std::cerr << "kiln: KILN_DISABLE_PASSES names no pass '" << name
+                    << "' (passes: " << absl::StrJoin(pass_names(), ", ") << ", all)\n";
         disabled.push_back(std::move(name));
       }
     }
@@ -123,7 +125,7 @@ void verify_after(const Graph& g, const char* when) {
 void set_disabled_passes(const std::vector<std::string>& names) {
   for (const std::string& n : names)
     KILN_CHECK(n == "all" || known_pass(n), "set_disabled_passes: no pass named '", n,
-               "' (passes: dce, cse, fold, canonicalize, stabilize, all)");
+               "' (passes: ", absl::StrJoin(pass_names(), ", "), ", all)");
   ManagerState& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.disabled = names;

@@ -37,7 +37,8 @@
 //     tanh gates, c' = f*c + i*g, h' = o*tanh(c'); the backward step makes the weights require
 //     grad and runs loss = h'.sum() + c'.sum(), backward(). GemmsOnly runs the same GEMMs alone
 //     (2 forward; 2 more for the weight gradients), and the step rows print
-//     non_gemm = (step - GEMMs) / step.
+//     non_gemm = (step - GEMMs) / step. BM_LstmCellStepBackwardTraced: the same step as a
+//     differentiable jit::trace of the forward (issue 6), called and differentiated each iteration.
 #include <benchmark/benchmark.h>
 
 #include <omp.h>
@@ -559,5 +560,38 @@ BENCHMARK_CAPTURE(BM_LstmCellStepBackward, eager, false)
 BENCHMARK_CAPTURE(BM_LstmCellStepBackward, lazy, true)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+// The same step as a differentiable traced function (issue 6): the forward traced once with the
+// weights captured, its backward traced from the ops' gradient formulas and fused; each iteration
+// calls it and runs loss.backward() through it.
+void BM_LstmCellStepBackwardTraced(benchmark::State& state) {
+  const LstmInputs& in = lstm_inputs();
+  Tensor wx = in.wx.clone(), wh = in.wh.clone(), b = in.b.clone();
+  wx.requires_grad_();
+  wh.requires_grad_();
+  b.requires_grad_();
+  kiln::jit::Function step = kiln::jit::trace(
+      [&](const std::vector<Tensor>&) {
+        LstmState s = lstm_step(in, wx, wh, b);
+        return std::vector<Tensor>{s.h, s.c};
+      },
+      {});
+  auto run = [&] {
+    for (Tensor* t : {&wx, &wh, &b}) t->mutable_grad() = Tensor();
+    std::vector<Tensor> out = step({});
+    Tensor loss = out[0].sum() + out[1].sum();
+    loss.backward();
+    kiln::eval(wx.grad(), wh.grad(), b.grad());
+    benchmark::DoNotOptimize(wx.grad().raw_data_ptr());
+  };
+  run();
+  const auto start = Clock::now();
+  for (auto _ : state) run();
+  const double t = seconds_per_iteration(start, state);
+  auto it = references().find("lstm_gemms/backward");
+  if (it != references().end()) state.counters["non_gemm"] = (t - it->second) / t;
+  set_ratio(state, "vs_eager", t, "lstm_step_backward/eager");
+}
+BENCHMARK(BM_LstmCellStepBackwardTraced)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
