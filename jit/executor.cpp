@@ -13,6 +13,7 @@
 #include "lib/allocator.h"
 #include "lib/lazy.h"
 #include "lib/parallel.h"
+#include "lib/profiler.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln::jit {
@@ -129,7 +130,11 @@ size_t Plan::num_join_kernel_steps() const {
 }
 
 Plan::Plan(const Graph& graph) {
-  if (fuser::fusion_enabled()) groups_ = fuser::find_groups(graph);
+  detail::ProfileSpan span("plan.build");
+  if (fuser::fusion_enabled()) {
+    detail::ProfileSpan fusion("fusion");
+    groups_ = fuser::find_groups(graph);
+  }
   // The steps before slot assignment: a fusion group is one step where its last node is, reading
   // its inputs and defining its outputs there; its other nodes are no steps of their own.
   struct Proto {
@@ -465,6 +470,43 @@ void Plan::run_rows_group(const Step& step, const std::vector<Tensor>& args,
 
 namespace {
 std::atomic<int64_t> g_fused_kernels_run{0}, g_unfused_steps_run{0};
+
+int64_t tensor_bytes(const Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(element_size(t.dtype())) : 0;
+}
+
+std::string shape_text(const Shape& s) {
+  std::string out;
+  for (size_t d = 0; d < s.size(); ++d) out += (d ? "x" : "") + std::to_string(s[d]);
+  return out.empty() ? "scalar" : out;
+}
+
+// Stores the profile record of a step that ran (profiling on): its kind, name, shape, the bytes
+// of its inputs and outputs, and for GEMMs their 2*M*N*K floating-point operations.
+void record_step(const detail::SpanStart& start, const Node& node, const fuser::FusionGroup* group,
+                 bool direct, const std::vector<Tensor>& args, const std::vector<Tensor>& outs) {
+  profiler::Record r;
+  if (group) {
+    r.category = profiler::Category::kKernel;
+    r.name = "fused:" + group->kernel.ops;
+    r.shape = shape_text(group->shape);
+  } else {
+    const std::string& op = node.op().name;
+    r.category = direct ? profiler::Category::kOp : profiler::Category::kLibrary;
+    r.name = op;
+    if (!outs.empty() && outs[0].defined()) r.shape = shape_text(outs[0].sizes());
+    // The contracted length: the first matrix's last dim (addmm's first matrix is its second
+    // input).
+    const size_t a = op == "addmm" ? 1 : 0;
+    if ((op == "mm" || op == "bmm" || op == "matmul" || op == "addmm" || op == "linear") &&
+        args.size() > a && args[a].defined() && args[a].dim() > 0 && !outs.empty() &&
+        outs[0].defined() && is_floating_point(outs[0].dtype()))
+      r.flops = 2 * outs[0].numel() * args[a].size(-1);
+  }
+  for (const Tensor& t : args) r.bytes += tensor_bytes(t);
+  for (const Tensor& t : outs) r.bytes += tensor_bytes(t);
+  detail::profile_end(start, std::move(r));
+}
 }  // namespace
 
 PlanRunCounts plan_run_counts() {
@@ -501,7 +543,11 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
   EagerScope eager;
   std::vector<Tensor> args;
   std::vector<Tensor> outs;
+  // Read once per run: off, the steps' only profiling cost is a branch on this.
+  const bool profiling = detail::profiling();
+  detail::SpanStart span{0, 0};
   for (const Step& step : steps_) {
+    if (profiling) span = detail::profile_begin();
     args.clear();
     for (int64_t s : step.inputs) args.push_back(s < 0 ? Tensor() : slots[static_cast<size_t>(s)]);
     if (step.map_into || step.group) {
@@ -526,6 +572,12 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
       outs = invoke_in_scope(*step.node, args);
       if (step.node->op().kind != detail::OpKind::View)
         g_unfused_steps_run.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (profiling) {
+      if (step.group || step.map_into || step.node->op().kind != detail::OpKind::View)
+        record_step(span, *step.node, step.group, step.map_into != nullptr, args, outs);
+      else
+        detail::profile_end_discard(span);  // views compute nothing: no record
     }
     for (int64_t s : step.release) slots[static_cast<size_t>(s)] = Tensor();
     for (size_t k = 0; k < outs.size(); ++k) {

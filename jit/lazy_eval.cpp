@@ -19,6 +19,7 @@
 #include "jit/passes/passes.h"
 #include "jit/wire.h"
 #include "kiln/error.h"
+#include "lib/profiler.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln::jit {
@@ -381,6 +382,7 @@ namespace {
 // Inside jit::trace: computes the requested values from the example inputs into their storages,
 // which stay symbolic (their nodes are the trace's, not computed ones).
 void evaluate_speculatively(const std::vector<LazyRef>& requests, detail::TraceState& trace) {
+  detail::ProfileSpan span("trace.evaluate");
   LazyGraphBinding binding;
   std::unique_ptr<Graph> graph = build_graph(requests, &binding, false, &trace.examples);
   std::vector<Tensor> results = Plan(*graph).run(binding.inputs);
@@ -396,8 +398,12 @@ void evaluate_speculatively(const std::vector<LazyRef>& requests, detail::TraceS
 void evaluate(const std::vector<LazyRef>& requests) {
   if (detail::TraceState* trace = detail::trace_state())
     return evaluate_speculatively(requests, *trace);
+  detail::ProfileSpan span("lazy.evaluate");
   LazyGraphBinding binding;
-  const Recipe recipe = collect(requests, &binding, true, nullptr);
+  const Recipe recipe = [&] {
+    detail::ProfileSpan collecting("lazy.collect");
+    return collect(requests, &binding, true, nullptr);
+  }();
   if (recipe.outputs.empty()) return;
   for (int64_t arg : binding.arguments)
     KILN_CHECK(arg < 0, "jit: a value computed inside jit::trace from its argument ", arg,
@@ -413,7 +419,11 @@ void evaluate(const std::vector<LazyRef>& requests) {
   if (entry) {
     g_plan_cache_hits.fetch_add(1, std::memory_order_relaxed);
   } else {
-    std::unique_ptr<Graph> graph = make_graph(recipe);
+    std::unique_ptr<Graph> graph;
+    {
+      detail::ProfileSpan building("lazy.graph");
+      graph = make_graph(recipe);
+    }
     run_passes(*graph);
     if (verify_passes()) verify_types(*graph);
     entry = std::make_shared<PlanCache::Entry>();

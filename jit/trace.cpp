@@ -23,6 +23,7 @@
 #include "kiln/jit.h"
 #include "kiln/ops.h"
 #include "lib/autograd.h"
+#include "lib/profiler.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln {
@@ -452,7 +453,14 @@ std::vector<Tensor> Function::operator()(const std::vector<Tensor>& inputs) cons
             }
         }
       }
+      if (detail::profiling()) {
+        profiler::Record r;
+        r.name = "guard failure";
+        r.shape = reason;
+        detail::profile_event(std::move(r));
+      }
       if (static_cast<int>(f.specs.size()) < f.max_specializations && f.fn) {
+        detail::ProfileSpan tracing("trace");
         log("guard", "guard failed (", reason, "): tracing specialization ", f.specs.size() + 1,
             " of at most ", f.max_specializations);
         f.specs.push_back(f.specialize(inputs));
@@ -475,6 +483,7 @@ std::vector<Tensor> Function::operator()(const std::vector<Tensor>& inputs) cons
   }
   if (!match) return f.fn(inputs);
   g_replays.fetch_add(1);
+  detail::ProfileSpan span("replay");
   return f.replay(*match, inputs);
 }
 

@@ -9,5 +9,6 @@
 #include "kiln/nn.h"
 #include "kiln/ops.h"
 #include "kiln/optim.h"
+#include "kiln/profiler.h"
 #include "kiln/scalar.h"
 #include "kiln/tensor.h"

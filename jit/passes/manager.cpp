@@ -12,6 +12,7 @@
 
 #include "jit/log.h"
 #include "kiln/error.h"
+#include "lib/profiler.h"
 
 namespace kiln::jit {
 
@@ -150,6 +151,7 @@ bool verify_passes() {
 }
 
 void run_passes(Graph& g) {
+  detail::ProfileSpan span("passes");
   ManagerState& s = state();
   std::vector<const PassInfo*> enabled;
   bool verify;
@@ -165,7 +167,10 @@ void run_passes(Graph& g) {
     PassContext ctx;
     const int64_t before = static_cast<int64_t>(g.size());
     const auto start = std::chrono::steady_clock::now();
-    p->fn(g, ctx);
+    {
+      detail::ProfileSpan pass_span("pass:", p->name);
+      p->fn(g, ctx);
+    }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const int64_t after = static_cast<int64_t>(g.size());

@@ -5,6 +5,8 @@
 //     which frees its nodes, is timed apart). Target: recording < 300 ns/op.
 //   BM_JitCall10Ops/*: one call of a 10-op function on a [1] float32 tensor: eager, lazy with
 //     kiln::eval of the result, and replayed by a jit::trace'd Function. Target: replay < 2 us.
+//   BM_ProfileReplay10Ops/{off,on}: the replay with the profiler off and on (issue 7); off should
+//     match BM_JitCall10Ops/replay within noise.
 //   BM_JitPasses/*: run_passes (verification off) on chain and wide graphs of 10k, 100k and 1M
 //     nodes, built directly through the Graph API; ns/node should not grow with the size.
 // Benchmarks run in registration order, so each ratio's reference (eager ops, the eager call, the
@@ -26,6 +28,7 @@
 #include "jit/passes/passes.h"
 #include "kiln/jit.h"
 #include "kiln/kiln.h"
+#include "kiln/profiler.h"
 #include "lib/op_table.h"
 
 namespace {
@@ -248,6 +251,7 @@ void BM_JitCall10Ops(benchmark::State& state, CallMode mode) {
         state.SkipWithError("a call was not served by the traced plan");
         return;
       }
+      set_reference("call/replay", us_per_call);
       state.counters["vs_target"] = us_per_call / kReplayTargetUs;
       set_ratio(state, "vs_eager", us_per_call, "call/eager");
       set_ratio(state, "vs_lazy_eval", us_per_call, "call/lazy_eval");
@@ -264,6 +268,44 @@ void BM_JitCall10Ops(benchmark::State& state, CallMode mode) {
 BENCHMARK_CAPTURE(BM_JitCall10Ops, eager, CallMode::Eager)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_JitCall10Ops, lazy_eval, CallMode::LazyEval)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_JitCall10Ops, replay, CallMode::Replay)->Unit(benchmark::kMicrosecond);
+
+// The profiler's cost on the same replay (issue 7): off, each hook is one relaxed atomic load and a
+// branch, so `off` should equal BM_JitCall10Ops/replay within noise; on, each call stores the
+// replay's and its steps' spans (cleared every 4096 calls so memory stays bounded; the clearing
+// is not timed).
+void BM_ProfileReplay10Ops(benchmark::State& state, bool on) {
+  Tensor x;
+  {
+    kiln::LazyGuard eager(false);
+    x = kiln::randn({1});
+  }
+  kiln::jit::Function f = kiln::jit::trace(ten_ops, {x});
+  benchmark::DoNotOptimize(f({x})[0].raw_data_ptr());
+  kiln::LazyGuard guard(true);
+  kiln::profiler::reset();
+  kiln::profiler::ProfileGuard profiling(on);
+  Clock::duration measured{};
+  int64_t calls = 0;
+  for (auto _ : state) {
+    const Clock::time_point start = Clock::now();
+    Tensor y = f({x})[0];
+    benchmark::DoNotOptimize(y.raw_data_ptr());
+    y = Tensor();
+    measured += Clock::now() - start;
+    if (++calls % 4096 == 0) kiln::profiler::reset();
+  }
+  const int64_t spans = static_cast<int64_t>(kiln::profiler::records().size());
+  kiln::profiler::reset();
+  const double us_per_call = std::chrono::duration<double>(measured).count() * 1e6 /
+                             static_cast<double>(state.iterations());
+  state.counters["us_per_call"] = us_per_call;
+  set_ratio(state, "vs_replay", us_per_call, "call/replay");
+  if (on && spans == 0) state.SkipWithError("profiling on recorded nothing");
+  if (!on && spans != 0) state.SkipWithError("profiling off recorded spans");
+  state.SetLabel(on ? "replay, profiling on" : "replay, profiling off");
+}
+BENCHMARK_CAPTURE(BM_ProfileReplay10Ops, off, false)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_ProfileReplay10Ops, on, true)->Unit(benchmark::kMicrosecond);
 
 // ---------------------------------------------------------------------------- pass time per node
 enum class GraphShape { Chain, Wide };

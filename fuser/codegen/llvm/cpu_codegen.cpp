@@ -37,6 +37,7 @@
 #include "jit/log.h"
 #include "kiln/error.h"
 #include "lib/fastmath.h"
+#include "lib/profiler.h"
 #include "llvm/Config/llvm-config.h"
 #include "llvm/ExecutionEngine/Orc/ExecutionUtils.h"
 #include "llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h"
@@ -249,6 +250,7 @@ class CpuJit {
   }
   // (Under compile_mutex_.) Loads the kernel from the disk cache, or compiles it.
   CompiledKernel load(const std::string& key, const Kernel& k, const Layout& layout) {
+    kiln::detail::ProfileSpan span("compile");
     const auto start = std::chrono::steady_clock::now();
     char hash[17];
     std::snprintf(hash, sizeof hash, "%016llx",
@@ -273,7 +275,11 @@ class CpuJit {
         from_disk = false;
       }
     }
-    if (from_disk) update_stats([](CompileStats& s) { ++s.disk_hits; });
+    span.set_detail(name);
+    if (from_disk) {
+      update_stats([](CompileStats& s) { ++s.disk_hits; });
+      span.set_name("kernel.disk_load");
+    }
     if (!from_disk) {
       Phases phases;
       object = compile_object(name, k, layout, phases);

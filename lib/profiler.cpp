@@ -1,0 +1,228 @@
+// The profiler's records: the switch, the clock, the store, KILN_PROFILE at start and exit, and
+// the Chrome trace writer. The report, which reads the JIT's counters, is in
+// jit/profile_report.cpp.
+#include "lib/profiler.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <sstream>
+#include <vector>
+
+#include "kiln/error.h"
+
+namespace kiln::detail {
+
+std::atomic<bool> g_profiling{false};
+
+namespace {
+
+const std::chrono::steady_clock::time_point g_epoch = std::chrono::steady_clock::now();
+
+// Records from every thread, appended under the mutex as spans end. Never destroyed, so that the
+// exit handler and threads still running at exit can use it.
+struct Store {
+  std::mutex mutex;
+  std::vector<profiler::Record> records;
+};
+Store& store() {
+  static Store* s = new Store();
+  return *s;
+}
+
+std::atomic<uint32_t> g_next_thread{1};
+thread_local uint32_t t_thread = 0;
+thread_local uint32_t t_depth = 0;
+
+uint32_t thread_number() {
+  if (t_thread == 0) t_thread = g_next_thread.fetch_add(1, std::memory_order_relaxed);
+  return t_thread;
+}
+
+}  // namespace
+
+int64_t profile_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                              g_epoch)
+      .count();
+}
+
+SpanStart profile_begin() {
+  return {profile_now_ns(), t_depth++};
+}
+
+void profile_end(const SpanStart& s, profiler::Record&& r) {
+  const int64_t end = profile_now_ns();
+  t_depth = s.depth;
+  r.thread = thread_number();
+  r.depth = s.depth;
+  r.start_ns = s.start_ns;
+  r.duration_ns = end - s.start_ns;
+  Store& st = store();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  st.records.push_back(std::move(r));
+}
+
+void profile_end_discard(const SpanStart& s) {
+  t_depth = s.depth;
+}
+
+void profile_event(profiler::Record&& r) {
+  profile_end(SpanStart{profile_now_ns(), t_depth}, std::move(r));
+}
+
+void profile_clear() {
+  Store& st = store();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  st.records.clear();
+}
+
+void ProfileSpan::finish() {
+  profiler::Record r;
+  r.name = name_;
+  if (suffix_) r.name += suffix_;
+  r.category = category_;
+  if (detail_) r.shape = std::move(*detail_);
+  profile_end(start_, std::move(r));
+}
+
+}  // namespace kiln::detail
+
+namespace kiln::profiler {
+
+const char* category_name(Category c) {
+  switch (c) {
+    case Category::kKernel:
+      return "kernel";
+    case Category::kLibrary:
+      return "library";
+    case Category::kOp:
+      return "op";
+    case Category::kJit:
+      return "jit";
+  }
+  return "?";
+}
+
+bool enabled() {
+  return detail::profiling();
+}
+
+void set_enabled(bool on) {
+  detail::g_profiling.store(on, std::memory_order_relaxed);
+}
+
+ProfileGuard::ProfileGuard(bool on) : previous_(enabled()) {
+  set_enabled(on);
+}
+ProfileGuard::~ProfileGuard() {
+  set_enabled(previous_);
+}
+
+std::vector<Record> records() {
+  detail::Store& st = detail::store();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  return st.records;
+}
+
+namespace {
+void json_string(std::ostream& os, const std::string& s) {
+  os << '"';
+  for (char c : s) {
+    switch (c) {
+      case '"':
+        os << "\\\"";
+        break;
+      case '\\':
+        os << "\\\\";
+        break;
+      case '\n':
+        os << "\\n";
+        break;
+      case '\t':
+        os << "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
+          os << buf;
+        } else {
+          os << c;
+        }
+    }
+  }
+  os << '"';
+}
+}  // namespace
+
+std::string chrome_trace() {
+  const std::vector<Record> rs = records();
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(3);
+  os << "[\n";
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const Record& r = rs[i];
+    os << "{\"name\":";
+    json_string(os, r.shape.empty() ? r.name : r.name + " " + r.shape);
+    os << ",\"cat\":\"" << category_name(r.category)
+       << "\",\"ph\":\"X\",\"ts\":" << static_cast<double>(r.start_ns) / 1e3
+       << ",\"dur\":" << static_cast<double>(r.duration_ns) / 1e3
+       << ",\"pid\":1,\"tid\":" << r.thread << ",\"args\":{\"op\":";
+    json_string(os, r.name);
+    os << ",\"shape\":";
+    json_string(os, r.shape);
+    os << ",\"bytes\":" << r.bytes << ",\"flops\":" << r.flops << "}}"
+       << (i + 1 < rs.size() ? ",\n" : "\n");
+  }
+  os << "]\n";
+  return os.str();
+}
+
+void write_chrome_trace(const std::string& path) {
+  std::ofstream f(path);
+  KILN_CHECK(f.good(), "profiler: cannot write the trace to '", path, "'");
+  f << chrome_trace();
+  KILN_CHECK(f.good(), "profiler: writing the trace to '", path, "' failed");
+}
+
+namespace {
+// KILN_PROFILE: "1" prints the report at exit, any other value but "0" names the trace file.
+std::string& exit_trace_path() {
+  static std::string* p = new std::string();
+  return *p;
+}
+bool g_print_at_exit = false;
+
+void at_exit() {
+  set_enabled(false);
+  try {
+    if (g_print_at_exit) print();
+    if (!exit_trace_path().empty()) {
+      write_chrome_trace(exit_trace_path());
+      std::cerr << "kiln: profile trace (" << records().size() << " spans) written to "
+                << exit_trace_path() << "\n";
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "kiln: KILN_PROFILE: " << e.what() << "\n";
+  }
+}
+
+const bool kFromEnvironment = [] {
+  const char* env = std::getenv("KILN_PROFILE");
+  if (!env || !*env || std::string(env) == "0") return false;
+  if (std::string(env) == "1")
+    g_print_at_exit = true;
+  else
+    exit_trace_path() = env;
+  set_enabled(true);
+  std::atexit(&at_exit);
+  return true;
+}();
+}  // namespace
+
+}  // namespace kiln::profiler
