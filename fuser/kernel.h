@@ -98,7 +98,8 @@ struct Kernel {
 // How a call lays out its operands; kernels are specialized on it, never on sizes.
 // Flat: every operand is contiguous with the output's element count, or a single element (then
 // read at index 0); the kernel runs a flat loop over [begin, end). Strided: the kernel walks rows
-// of `rank` dimensions with runtime strides (in elements) over [begin, end) rows.
+// of `rank` dimensions with runtime strides (in elements) over [begin, end) rows, each pointer's
+// elements along the innermost dim `inner[p]` apart (as below).
 // Rows (kernels with reductions): the kernel walks rows [begin, end) of `rank` outer dimensions
 // (sizes and strides per pointer at run time) and `sizes[rank]` elements each, every pointer's
 // elements along a row `inner[p]` apart: kZero, kUnit or kAny (the stride passed at run time).
@@ -108,7 +109,7 @@ struct Layout {
   bool rows = false;
   int32_t rank = 0;                  // strided and rows
   std::vector<bool> single_element;  // flat only: per tensor input
-  std::vector<Inner> inner;          // rows only: per pointer (inputs, then outputs)
+  std::vector<Inner> inner;          // strided and rows: per pointer (inputs, then outputs)
 
   bool operator==(const Layout& o) const {
     return flat == o.flat && rows == o.rows && rank == o.rank &&

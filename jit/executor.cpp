@@ -356,6 +356,14 @@ void Plan::run_group(const Step& step, const std::vector<Tensor>& args,
   }
   for (const Tensor& t : *dests)
     strides.insert(strides.end(), t.strides().begin(), t.strides().end());
+  // Kernels are specialized on each pointer's stride along the innermost dim (broadcast, unit or
+  // other), so that the inner loop reads and writes whole vectors where it can.
+  for (size_t p = 0; p < ptrs.size(); ++p) {
+    const int64_t s = strides[p * rank + rank - 1];
+    layout.inner.push_back(shape.back() == 1 || s == 0 ? fuser::Layout::kZero
+                           : s == 1                    ? fuser::Layout::kUnit
+                                                       : fuser::Layout::kAny);
+  }
   const fuser::CompiledKernel kernel = kernel_for(step, layout);
   const fuser::KernelFn fn = kernel.fn;
   const int64_t inner = shape.back();

@@ -79,9 +79,11 @@ T take(llvm::Expected<T> v, const char* what) {
 // the bodies, LICM to hoist what is invariant (kernel scalars, row starts), the loop vectorizer,
 // and a cleanup of its output. On BM_FuseGelu16M and BM_FuseSoftmax4096 the kernels run as fast as
 // O3's (tools/bench/RESULTS.md).
+// instcombine as the O3 pipeline runs it: a textual "instcombine" also verifies that one iteration
+// reached a fixpoint and aborts the process when it did not.
 constexpr const char* kPipeline =
-    "function(sroa,early-cse,instcombine,simplifycfg,loop-simplify,lcssa,loop-mssa(licm),"
-    "loop-vectorize,instcombine,simplifycfg)";
+    "function(sroa,early-cse,instcombine<no-verify-fixpoint>,simplifycfg,loop-simplify,lcssa,"
+    "loop-mssa(licm),loop-vectorize,instcombine<no-verify-fixpoint>,simplifycfg)";
 
 void optimize(llvm::Module& m, llvm::TargetMachine& tm) {
   llvm::LoopAnalysisManager lam;
@@ -157,7 +159,7 @@ class CpuJit {
     // Everything besides the kernel that decides the machine code: part of every cache key.
     target_key_ = target_->getTargetTriple().str() + "|" + target_->getTargetCPU().str() + "|" +
                   target_->getTargetFeatureString().str() +
-                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 11";
+                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 12";
   }
 
   // The in-memory cache: a hit, else a kernel still loaded for someone who holds it, else one
@@ -507,8 +509,17 @@ class Emitter {
             auto* inner_exit = llvm::BasicBlock::Create(ctx_, "row_done", fn_);
             loop(b_.getInt64(0), size[rank - 1], inner_exit, [&](llvm::Value* j) {
               std::vector<llvm::Value*> offsets(num_ptrs);
-              for (size_t p = 0; p < num_ptrs; ++p)
-                offsets[p] = b_.CreateAdd(start[p], b_.CreateMul(j, stride[p][rank - 1]));
+              for (size_t p = 0; p < num_ptrs; ++p) switch (layout.inner[p]) {
+                  case Layout::kZero:
+                    offsets[p] = start[p];
+                    break;
+                  case Layout::kUnit:
+                    offsets[p] = b_.CreateAdd(start[p], j);
+                    break;
+                  case Layout::kAny:
+                    offsets[p] = b_.CreateAdd(start[p], b_.CreateMul(j, stride[p][rank - 1]));
+                    break;
+                }
               body(offsets);
             });
             b_.SetInsertPoint(inner_exit);
