@@ -2,12 +2,13 @@
 // vectorize.
 //
 // The reference kernels of exp, log, log1p, expm1, sin, cos, tanh and erf (and everything built on
-// them: sigmoid, silu, gelu, softplus) use these, and the LLVM code generator emits the very same operation sequence
-// (fuser/codegen/llvm/cpu_codegen.cpp: no fast-math flags, no contraction, selects where these
-// use ?:), so fused and eager results stay bit-identical. Every constant the emitter needs lives
-// in the function's struct here. Accuracy against double precision (tests/lib/fastmath_test.cpp
-// sweeps every 37th float, and random doubles):
-//   float32: exp 1 ulp, tanh 2 ulp (Cephes), erf within 5e-7 (a rational polynomial), log, log1p, expm1 2 ulp (Cephes-style), sin and cos
+// them: sigmoid, silu, gelu, softplus) use these, and the LLVM code generator emits the very same
+// operation sequence (fuser/codegen/llvm/cpu_codegen.cpp: no fast-math flags, no contraction,
+// selects where these use ?:), so fused and eager results stay bit-identical. Every constant the
+// emitter needs lives in the function's struct here. Accuracy against double precision
+// (tests/lib/fastmath_test.cpp sweeps every 37th float, and random doubles):
+//   float32: exp 1 ulp, tanh 2 ulp (Cephes), erf within 5e-7 (a rational polynomial), log, log1p,
+//   expm1 2 ulp (Cephes-style), sin and cos
 //            1 ulp over the whole float range (evaluated in double, with an exact integer
 //            Payne-Hanek reduction for |x| >= 2^20, after ARM's optimized-routines sinf).
 //   float64: exp and log 1 ulp (fdlibm's algorithms); the other float64 functions keep libm.

@@ -181,18 +181,21 @@ void BM_FuseCompileCold(benchmark::State& state) {
 }
 BENCHMARK(BM_FuseCompileCold)->Unit(benchmark::kMillisecond)->Iterations(40);
 
+// A 100-op elementwise chain on a [16] tensor, recorded in the current mode.
+Tensor chain100(const Tensor& x) {
+  Tensor y = x;
+  for (int i = 0; i < 100; ++i) y = i % 2 ? y * 0.999 : y + 0.001;
+  return y;
+}
+Tensor small_input() {
+  kiln::LazyGuard eager(false);
+  return kiln::randn({16});
+}
+
 void BM_FuseEval100Cached(benchmark::State& state) {
-  Tensor x;
-  {
-    kiln::LazyGuard eager(false);
-    x = kiln::randn({16});
-  }
+  const Tensor x = small_input();
   kiln::LazyGuard lazy(true);
-  auto chain = [&] {
-    Tensor y = x;
-    for (int i = 0; i < 100; ++i) y = i % 2 ? y * 0.999 : y + 0.001;
-    return y;
-  };
+  auto chain = [&] { return chain100(x); };
   kiln::eval(chain());  // compiles the kernels once
   const int64_t compiled = kiln::jit::stats().kernels_compiled;
   for (auto _ : state) {
@@ -208,19 +211,10 @@ BENCHMARK(BM_FuseEval100Cached)->Unit(benchmark::kMicrosecond);
 // What a repeated trace costs before anything runs: collecting the pending nodes of a 100-op
 // chain, hashing them and finding the optimized plan (kernels included) in the memory cache.
 void BM_FuseHashAndHit100(benchmark::State& state) {
-  Tensor x;
-  {
-    kiln::LazyGuard eager(false);
-    x = kiln::randn({16});
-  }
+  const Tensor x = small_input();
   kiln::LazyGuard lazy(true);
-  auto chain = [&] {
-    Tensor y = x;
-    for (int i = 0; i < 100; ++i) y = i % 2 ? y * 0.999 : y + 0.001;
-    return y;
-  };
-  kiln::eval(chain());  // plans and compiles once
-  Tensor pending = chain();
+  kiln::eval(chain100(x));  // plans and compiles once
+  Tensor pending = chain100(x);
   const std::vector<kiln::detail::LazyRef> requests{pending.impl()->storage->lazy};
   for (auto _ : state) {
     const bool hit = kiln::jit::plan_cached(requests);
