@@ -509,17 +509,8 @@ class Emitter {
             auto* inner_exit = llvm::BasicBlock::Create(ctx_, "row_done", fn_);
             loop(b_.getInt64(0), size[rank - 1], inner_exit, [&](llvm::Value* j) {
               std::vector<llvm::Value*> offsets(num_ptrs);
-              for (size_t p = 0; p < num_ptrs; ++p) switch (layout.inner[p]) {
-                  case Layout::kZero:
-                    offsets[p] = start[p];
-                    break;
-                  case Layout::kUnit:
-                    offsets[p] = b_.CreateAdd(start[p], j);
-                    break;
-                  case Layout::kAny:
-                    offsets[p] = b_.CreateAdd(start[p], b_.CreateMul(j, stride[p][rank - 1]));
-                    break;
-                }
+              for (size_t p = 0; p < num_ptrs; ++p)
+                offsets[p] = inner_offset(layout.inner[p], start[p], j, stride[p][rank - 1]);
               body(offsets);
             });
             b_.SetInsertPoint(inner_exit);
@@ -1180,6 +1171,19 @@ class Emitter {
                   : b_.CreateBinaryIntrinsic(llvm::Intrinsic::smin, acc, x);
     }
   }
+  // Element j of a row starting at `start`, for a pointer whose elements along it are `inner`
+  // apart (the stride, passed at run time, only for kAny).
+  llvm::Value* inner_offset(Layout::Inner inner, llvm::Value* start, llvm::Value* j,
+                            llvm::Value* stride) {
+    switch (inner) {
+      case Layout::kZero:
+        return start;
+      case Layout::kUnit:
+        return b_.CreateAdd(start, j);
+      default:
+        return b_.CreateAdd(start, b_.CreateMul(j, stride));
+    }
+  }
   // Primitives that cost more to recompute than to read back from a row buffer in cache.
   static bool is_expensive(Prim p) {
     switch (p) {
@@ -1368,19 +1372,8 @@ class Emitter {
             auto* pass_done = llvm::BasicBlock::Create(ctx_, "pass_done", fn_);
             loop(b_.getInt64(0), row_length, pass_done, [&](llvm::Value* j) {
               std::vector<llvm::Value*> offsets(num_ptrs);
-              for (size_t p = 0; p < num_ptrs; ++p) {
-                switch (layout.inner[p]) {
-                  case Layout::kZero:
-                    offsets[p] = start[p];
-                    break;
-                  case Layout::kUnit:
-                    offsets[p] = b_.CreateAdd(start[p], j);
-                    break;
-                  case Layout::kAny:
-                    offsets[p] = b_.CreateAdd(start[p], b_.CreateMul(j, stride[p][rank]));
-                    break;
-                }
-              }
+              for (size_t p = 0; p < num_ptrs; ++p)
+                offsets[p] = inner_offset(layout.inner[p], start[p], j, stride[p][rank]);
               std::vector<llvm::Value*> e = v;
               for (size_t n = 0; n < body_size; ++n) {
                 if (!needed[n]) continue;
