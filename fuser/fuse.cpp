@@ -76,11 +76,18 @@ struct MemberTypes {
   std::vector<DType> operands;
 };
 
+// A view with a formula (expand) to the same rank: read broadcast, like an elementwise operand.
+bool is_broadcast_view(const Node& n) {
+  return n.op().kind == detail::OpKind::View && n.op().formula && n.num_inputs() == 1 &&
+         n.num_outputs() == 1 && n.input(0) &&
+         n.input(0)->type().sizes.size() == n.output()->type().sizes.size();
+}
+
 std::optional<MemberTypes> member_types(const Node& n) {
   const detail::OpDef& op = n.op();
   const bool ternary = op.kind == detail::OpKind::Ternary;
-  if (!op.formula ||
-      (op.kind != detail::OpKind::Unary && op.kind != detail::OpKind::Binary && !ternary))
+  if (!op.formula || (op.kind != detail::OpKind::Unary && op.kind != detail::OpKind::Binary &&
+                      !ternary && !is_broadcast_view(n)))
     return std::nullopt;
   if (n.num_outputs() != 1 || n.output()->type().device != kCPU || n.num_inputs() == 0)
     return std::nullopt;
@@ -224,6 +231,7 @@ std::string kernel_key(const Kernel& k, const Layout& layout) {
   put_i(static_cast<int64_t>(k.outputs.size()));
   for (int32_t o : k.outputs) put_i(o);
   for (DType t : k.output_types) put_i(static_cast<int64_t>(t));
+  for (bool e : k.output_per_element) put_i(e);
   put_i(k.num_globals);
   put_i(layout.flat);
   put_i(layout.rows);
@@ -706,12 +714,14 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
     g.outputs.push_back(v);
     k.outputs.push_back(value_instr.at(v));
     k.output_types.push_back(v->type().dtype);
+    k.output_per_element.push_back(g.rows && v->type().sizes == g.shape);
   }
   if (g.join) {
     const Value* whole = g.join->output();
     for (const Value* piece : g.join->inputs()) {
       k.outputs.push_back(operand(piece, false, false));
       k.output_types.push_back(whole->type().dtype);
+      k.output_per_element.push_back(false);
     }
     g.outputs.push_back(whole);
     const auto rank = static_cast<int64_t>(whole->type().sizes.size());
@@ -802,7 +812,7 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
     if (group_of.contains(consumer)) continue;
     Building st;
     Role root_role = Role::kElement;
-    if (is_fusible(*consumer)) {
+    if (is_fusible(*consumer) && !is_broadcast_view(*consumer)) {
       st.shape = consumer->output()->type().sizes;
     } else if (is_row_wise(*consumer)) {
       st.shape = consumer->output()->type().sizes;
@@ -865,6 +875,9 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
           const Building saved = st;
           std::vector<const Node*> lifted;
           Role pr;
+          // A broadcast read (expand) joins only a group that alone reads it: as a group's result
+          // it would be written out whole, where a view costs nothing.
+          if (is_broadcast_view(*p) && (!only_inside || graph.is_output(p->output()))) continue;
           if (is_fusible(*p)) {
             if (ps == st.shape) {
               pr = Role::kElement;

@@ -85,6 +85,9 @@ struct Kernel {
   std::vector<Instr> body;
   std::vector<int32_t> outputs;  // instruction per output
   std::vector<DType> output_types;
+  // Rows kernels, per output: the value has the iteration shape, so it is stored for every element
+  // even when its instruction is the same along a row (an expand of a row reduction's result).
+  std::vector<bool> output_per_element;
   int32_t num_globals = 0;  // global reductions (slots 0 .. num_globals - 1)
   std::string ops;          // the fused ops' names joined by '_', for the kernel's symbol
 

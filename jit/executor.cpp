@@ -210,8 +210,13 @@ Plan::Plan(const Graph& graph) {
     step.group = proto.group;
     if (step.group && step.group->rows) {
       const std::vector<fuser::Level> levels = fuser::instr_levels(step.group->kernel);
-      for (int32_t o : step.group->kernel.outputs)
-        step.output_levels.push_back(levels[static_cast<size_t>(o)]);
+      const fuser::Kernel& k = step.group->kernel;
+      for (size_t o = 0; o < k.outputs.size(); ++o) {
+        const fuser::Level l = levels[static_cast<size_t>(k.outputs[o])];
+        const bool widen = o < k.output_per_element.size() && k.output_per_element[o] &&
+                           (l == fuser::Level::kRow || l == fuser::Level::kConst);
+        step.output_levels.push_back(widen ? fuser::Level::kElement : l);
+      }
     }
     for (const Value* in : proto.inputs) step.inputs.push_back(in ? slot_of.at(in) : -1);
     for (const Value* v : proto.outputs) {

@@ -54,10 +54,18 @@ const detail::OpDef& squeeze_def =
                return Inputs{d ? in[0].squeeze(*d) : in[0].squeeze()};
              },
              {"dim"});
-const detail::OpDef& expand_def =
-    def_view("expand",
-             [](const Inputs& in, const Attrs& a) { return Inputs{in[0].expand(attr_ints(a[0]))}; },
-             {"sizes"});
+// expand's formula: each element is its input's element, broadcast; a fused kernel reads it so
+// (the fuser takes an expand to the same rank into a group it feeds, never as a group's result).
+const detail::OpDef& expand_def = detail::register_op(
+    {"expand",
+     OpKind::View,
+     1,
+     detail::DTypeRule::Same,
+     true,
+     [](const Inputs& in, const Attrs& a) { return Inputs{in[0].expand(attr_ints(a[0]))}; },
+     {"sizes"},
+     nullptr,
+     "x"});
 const detail::OpDef& slice_def = def_view(
     "slice",
     [](const Inputs& in, const Attrs& a) {

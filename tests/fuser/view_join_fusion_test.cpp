@@ -163,6 +163,22 @@ TEST(ViewFusion, OffWithFusionOff) {
   EXPECT_EQ(graph->str().find("= exp(%") < graph->str().find("transpose("), true) << graph->str();
 }
 
+// An expand of a row reduction's result is read inside the kernel; a member of the full shape
+// whose value is the same along each row is still stored for every element.
+TEST(ViewFusion, AnExpandedRowValueIsReadInTheKernelAndStoredWhole) {
+  Tensor x = testing::input({5, 7}), y = testing::input({5, 7});
+  Fn fn = [](const Inputs& in) {
+    Tensor row = in[0].sum({1}, true).expand({5, 7}) / 3.0;  // same along each row
+    return Inputs{row, row * in[1] + in[0]};
+  };
+  Planned p = plan_of(fn, {x, y}, /*passes=*/true);
+  EXPECT_EQ(p.plan->num_kernel_steps(), 1u) << p.graph->str();
+  Inputs got = p.plan->run(p.binding.inputs);
+  Inputs want = eager(fn, {x, y});
+  for (size_t k = 0; k < 2; ++k)
+    testing::expect_lazy_equal(got[k], want[k], "output " + std::to_string(k));
+}
+
 // ---------------------------------------------------------------------------- cat/stack exits
 TEST(JoinFusion, CatOfFusedPiecesIsOneKernelWritingSlices) {
   Tensor a = testing::input({5, 3}), b = testing::input({5, 3}), c = testing::input({5, 3});

@@ -215,13 +215,11 @@ TEST(DifferentiableTrace, LayerNormBackwardFromPrimitives) {
   jit::Function f = jit::trace(fn, {x});
   backward_steps(f, {x}, {x, w, b});
   const StepCounts n = backward_steps(f, {x}, {x, w, b});
-  // The input gradient is two rows kernels: the backward of a keepdim mean broadcasts its row
-  // value back through an explicit expand, a view the fuser does not take into a group yet (so
-  // the second row sum starts a second kernel, and an elementwise piece between them a third).
-  // The weight gradient's product is a fourth kernel; the weight and bias gradients are sums over
-  // the batch (the first dim, not a trailing one), reductions of their own. Issue 6 asks for one
-  // kernel for the input gradient: not met yet.
-  EXPECT_LE(n.kernels, 4) << f.backward_graph_str();
+  // The input gradient is one rows kernel: both row sums and everything around them, the keepdim
+  // means' gradients broadcast back through expands read inside the kernel. The weight gradient's
+  // product is a second kernel; the weight and bias gradients are sums over the batch (the first
+  // dim, not a trailing one), reductions of their own.
+  EXPECT_EQ(n.kernels, 2) << f.backward_graph_str();
   EXPECT_LE(n.others, 3) << f.backward_graph_str();
   Inputs wts = {testing::input({8, 64})};
   Tensor xe = x.detach().requires_grad_(true);

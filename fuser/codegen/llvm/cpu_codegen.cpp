@@ -159,7 +159,7 @@ class CpuJit {
     // Everything besides the kernel that decides the machine code: part of every cache key.
     target_key_ = target_->getTargetTriple().str() + "|" + target_->getTargetCPU().str() + "|" +
                   target_->getTargetFeatureString().str() +
-                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 12";
+                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 13";
   }
 
   // The in-memory cache: a hit, else a kernel still loaded for someone who holds it, else one
@@ -1255,9 +1255,17 @@ class Emitter {
       // the same for the whole row (a row-level value when rows are one element long).
       if (is_reduction(in.prim) && in.index < 0) add_root(stage[static_cast<size_t>(in.a)], n);
     }
+    // Outputs stored in the last pass, element by element: element-level values, and row-level
+    // ones whose tensor has the iteration shape.
+    auto per_element = [&](size_t o) {
+      const Level l = level[static_cast<size_t>(k_.outputs[o])];
+      return l == Level::kElement ||
+             (o < k_.output_per_element.size() && k_.output_per_element[o] &&
+              (l == Level::kRow || l == Level::kConst));
+    };
     int32_t final_pass = last_pass;
     for (size_t o = 0; o < k_.outputs.size(); ++o)
-      if (level[static_cast<size_t>(k_.outputs[o])] == Level::kElement)
+      if (per_element(o))
         final_pass = std::max(final_pass, stage[static_cast<size_t>(k_.outputs[o])]);
     for (size_t n = 0; n < body_size; ++n) {
       const Instr& in = k_.body[n];
@@ -1277,8 +1285,8 @@ class Emitter {
             level[static_cast<size_t>(in.a)] == Level::kElement)
           roots_of[pass].push_back(n);
       }
-      for (int32_t o : k_.outputs)
-        if (level[static_cast<size_t>(o)] == Level::kElement) stores_in[pass] = true;
+      for (size_t o = 0; o < k_.outputs.size(); ++o)
+        if (per_element(o)) stores_in[pass] = true;
     }
     // Element-level instructions pass `pass` needs, not looking past values it reads from a row
     // buffer (`from_buffer`).
@@ -1396,7 +1404,7 @@ class Emitter {
               if (last) {
                 for (size_t o = 0; o < k_.outputs.size(); ++o) {
                   const auto n = static_cast<size_t>(k_.outputs[o]);
-                  if (level[n] != Level::kElement) continue;
+                  if (!per_element(o)) continue;
                   const size_t p = num_inputs + o;
                   const DType t = k_.output_types[o];
                   store_value(t, e[n], b_.CreateGEP(storage_type(t), bases_[p], offsets[p]));
@@ -1410,7 +1418,7 @@ class Emitter {
           }
           for (size_t o = 0; o < k_.outputs.size(); ++o) {
             const auto n = static_cast<size_t>(k_.outputs[o]);
-            if (level[n] != Level::kRow && level[n] != Level::kConst) continue;
+            if ((level[n] != Level::kRow && level[n] != Level::kConst) || per_element(o)) continue;
             const size_t p = num_inputs + o;
             const DType t = k_.output_types[o];
             KILN_CHECK(v[n], "fuser: row-level output ", n, " not computed\n", k_.str());
