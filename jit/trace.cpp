@@ -332,17 +332,19 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
 namespace {
 // Runs a differentiable function's backward graph for one call: the gradients of its
 // differentiated inputs from the gradients of its returned outputs.
+// `returned`: the sizes and dtype of each differentiated output (an absent gradient is zeros);
+// not the outputs themselves, which hold this backward as their grad_fn.
 std::vector<Tensor> run_backward(const Backward& b, const std::vector<Tensor>& arguments,
                                  const std::vector<Tensor>& saved,
-                                 const std::vector<Tensor>& returned,
+                                 const std::vector<std::pair<Shape, DType>>& returned,
                                  const detail::BackwardContext& c) {
   std::vector<Tensor> args;
   for (const BackwardSource& src : b.sources) {
     switch (src.kind) {
       case BackwardSource::kOutputGrad: {
         const Tensor& g = src.index < c.num_grads() ? c.grad(src.index) : Tensor();
-        const Tensor& out = returned[src.index];
-        args.push_back(g.defined() ? g : zeros(out.sizes(), out.dtype()));
+        const auto& [sizes, dtype] = returned[src.index];
+        args.push_back(g.defined() ? g : zeros(sizes, dtype));
         break;
       }
       case BackwardSource::kArgument:
@@ -414,10 +416,14 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
                                              : b->wrt_captures[w]);
     if (detail::any_needs_grad(wrt)) {
       std::vector<Tensor> outs;
-      for (size_t i : b->outputs) outs.push_back(returned[i]);
+      std::vector<std::pair<Shape, DType>> types;
+      for (size_t i : b->outputs) {
+        outs.push_back(returned[i]);
+        types.emplace_back(returned[i].sizes(), returned[i].dtype());
+      }
       detail::record("traced_function", wrt, outs, {},
-                     [b, arguments = inputs, saved, outs](const detail::BackwardContext& c) {
-                       return run_backward(*b, arguments, saved, outs, c);
+                     [b, arguments = inputs, saved, types](const detail::BackwardContext& c) {
+                       return run_backward(*b, arguments, saved, types, c);
                      });
     }
   }

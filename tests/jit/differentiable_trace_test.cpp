@@ -11,6 +11,7 @@
 #include "kiln/jit.h"
 #include "kiln/kiln.h"
 #include "kiln/testing.h"
+#include "lib/allocator.h"
 #include "tests/testing.h"
 
 namespace kiln {
@@ -228,6 +229,23 @@ TEST(DifferentiableTrace, LayerNormBackwardFromPrimitives) {
   expect_close(got[0], want[0], "x");
   expect_close(got[1], want[1], "w");
   expect_close(got[2], want[2], "b");
+}
+
+// A call's results hold the backward (their grad_fn), and the backward must not hold the results:
+// once the results are gone, so are the saved values.
+TEST(DifferentiableTrace, ResultsAndSavedValuesAreFreedWithTheResults) {
+  Tensor w = testing::input({256, 256}).requires_grad_(true);
+  Tensor x = testing::input({64, 256});
+  jit::Function f =
+      jit::trace([&](const Inputs& in) { return Inputs{tanh(in[0].matmul(w))}; }, {x});
+  f({x});
+  const size_t before = detail::cpu_allocated_bytes();
+  for (int i = 0; i < 20; ++i) {
+    Inputs out = f({x});
+    out[0].sum().backward();
+  }
+  w.mutable_grad() = Tensor();
+  EXPECT_EQ(detail::cpu_allocated_bytes(), before);
 }
 
 TEST(DifferentiableTrace, NoGradCallsAndOutputsThatNeedNoGradient) {
