@@ -520,16 +520,14 @@ void BM_LstmCellStep(benchmark::State& state, bool lazy) {
 BENCHMARK_CAPTURE(BM_LstmCellStep, eager, false)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_LstmCellStep, lazy, true)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-void BM_LstmCellStepBackward(benchmark::State& state, bool lazy) {
-  const LstmInputs& in = lstm_inputs();
-  Tensor wx = in.wx.clone(), wh = in.wh.clone(), b = in.b.clone();
-  wx.requires_grad_();
-  wh.requires_grad_();
-  b.requires_grad_();
-  kiln::LazyGuard mode(lazy);
+// Times forward + backward of an LSTM step whose h and c `forward` computes from weights that
+// require grad, and prints non_gemm against the GEMMs alone; returns the time per step.
+template <typename Forward>
+double time_lstm_backward(benchmark::State& state, Tensor& wx, Tensor& wh, Tensor& b,
+                          const Forward& forward) {
   auto run = [&] {
     for (Tensor* t : {&wx, &wh, &b}) t->mutable_grad() = Tensor();
-    LstmState s = lstm_step(in, wx, wh, b);
+    LstmState s = forward();
     Tensor loss = s.h.sum() + s.c.sum();
     loss.backward();
     kiln::eval(wx.grad(), wh.grad(), b.grad());
@@ -543,6 +541,23 @@ void BM_LstmCellStepBackward(benchmark::State& state, bool lazy) {
   const double t = seconds_per_iteration(start, state);
   auto it = references().find("lstm_gemms/backward");
   if (it != references().end()) state.counters["non_gemm"] = (t - it->second) / t;
+  return t;
+}
+
+struct LstmGradWeights {
+  Tensor wx, wh, b;
+  explicit LstmGradWeights(const LstmInputs& in)
+      : wx(in.wx.clone().requires_grad_()),
+        wh(in.wh.clone().requires_grad_()),
+        b(in.b.clone().requires_grad_()) {}
+};
+
+void BM_LstmCellStepBackward(benchmark::State& state, bool lazy) {
+  const LstmInputs& in = lstm_inputs();
+  LstmGradWeights w(in);
+  kiln::LazyGuard mode(lazy);
+  const double t =
+      time_lstm_backward(state, w.wx, w.wh, w.b, [&] { return lstm_step(in, w.wx, w.wh, w.b); });
   if (lazy)
     set_ratio(state, "vs_eager", t, "lstm_step_backward/eager");
   else
@@ -560,30 +575,17 @@ BENCHMARK_CAPTURE(BM_LstmCellStepBackward, lazy, true)
 // calls it and runs loss.backward() through it.
 void BM_LstmCellStepBackwardTraced(benchmark::State& state) {
   const LstmInputs& in = lstm_inputs();
-  Tensor wx = in.wx.clone(), wh = in.wh.clone(), b = in.b.clone();
-  wx.requires_grad_();
-  wh.requires_grad_();
-  b.requires_grad_();
+  LstmGradWeights w(in);
   kiln::jit::Function step = kiln::jit::trace(
       [&](const std::vector<Tensor>&) {
-        LstmState s = lstm_step(in, wx, wh, b);
+        LstmState s = lstm_step(in, w.wx, w.wh, w.b);
         return std::vector<Tensor>{s.h, s.c};
       },
       {});
-  auto run = [&] {
-    for (Tensor* t : {&wx, &wh, &b}) t->mutable_grad() = Tensor();
+  const double t = time_lstm_backward(state, w.wx, w.wh, w.b, [&] {
     std::vector<Tensor> out = step({});
-    Tensor loss = out[0].sum() + out[1].sum();
-    loss.backward();
-    kiln::eval(wx.grad(), wh.grad(), b.grad());
-    benchmark::DoNotOptimize(wx.grad().raw_data_ptr());
-  };
-  run();
-  const auto start = Clock::now();
-  for (auto _ : state) run();
-  const double t = seconds_per_iteration(start, state);
-  auto it = references().find("lstm_gemms/backward");
-  if (it != references().end()) state.counters["non_gemm"] = (t - it->second) / t;
+    return LstmState{out[0], out[1]};
+  });
   set_ratio(state, "vs_eager", t, "lstm_step_backward/eager");
 }
 BENCHMARK(BM_LstmCellStepBackwardTraced)->Unit(benchmark::kMillisecond)->UseRealTime();
