@@ -67,7 +67,9 @@ inline float exp_f32(float x) {
   float p = C::kPoly[0];
   for (int i = 1; i < 6; ++i) p = p * r + C::kPoly[i];
   p = p * (r * r) + r + 1.0f;
-  const auto ni = static_cast<int32_t>(n);
+  // n's bits (n fits below 2^22), not a conversion: a NaN must not meet a float-to-int
+  // conversion (undefined in C++, poison in LLVM IR, which lets LLVM delete a kernel's stores).
+  const auto ni = static_cast<int32_t>(bits_of(t) - bits_of(C::kMagic));
   const int32_t n1 = ni >> 1, n2 = ni - n1;
   const uint32_t b1 = static_cast<uint32_t>(n1 + 127) << 23, b2 = static_cast<uint32_t>(n2 + 127)
                                                                   << 23;

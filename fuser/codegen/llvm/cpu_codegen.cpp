@@ -159,7 +159,7 @@ class CpuJit {
     // Everything besides the kernel that decides the machine code: part of every cache key.
     target_key_ = target_->getTargetTriple().str() + "|" + target_->getTargetCPU().str() + "|" +
                   target_->getTargetFeatureString().str() +
-                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 13";
+                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 14";
   }
 
   // The in-memory cache: a hit, else a kernel still loaded for someone who holds it, else one
@@ -390,6 +390,12 @@ class CpuJit {
     KILN_CHECK(!llvm::verifyModule(*module, &err), "fuser: generated invalid IR for ", name, ": ",
                err.str(), "\n", k.str());
     phases.ir = seconds_since(t);
+    if (jit::log_enabled("ir-raw")) {
+      std::string ir;
+      llvm::raw_string_ostream os(ir);
+      module->print(os, nullptr);
+      jit::log("ir-raw", "generated IR of ", name, ":\n", os.str());
+    }
     t = std::chrono::steady_clock::now();
     optimize(*module, *target_);
     phases.optimize = seconds_since(t);
@@ -747,7 +753,7 @@ class Emitter {
     llvm::Value* p = f(C::kPoly[0]);
     for (int i = 1; i < 6; ++i) p = b_.CreateFAdd(b_.CreateFMul(p, r), f(C::kPoly[i]));
     p = b_.CreateFAdd(b_.CreateFAdd(b_.CreateFMul(p, b_.CreateFMul(r, r)), r), f(1.0f));
-    llvm::Value* ni = b_.CreateFPToSI(n, b_.getInt32Ty());
+    llvm::Value* ni = b_.CreateSub(i32_bits(t), b_.getInt32(detail::bits_of(C::kMagic)));
     llvm::Value* n1 = b_.CreateAShr(ni, 1);
     llvm::Value* n2 = b_.CreateSub(ni, n1);
     auto scale = [&](llvm::Value* e) {
