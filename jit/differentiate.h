@@ -37,6 +37,33 @@ struct Differentiated {
 Differentiated split_forward_backward(const Graph& joint, size_t num_forward_outputs,
                                       const std::vector<bool>& is_grad_input);
 
+// The symbolic derivative of a graph (one without fusion groups): an augmented forward graph and
+// a backward graph, made with the ops' own gradient formulas (those eager autograd runs), split as
+// split_forward_backward does. `wrt` flags the inputs to differentiate (by default every input of
+// a floating type); the outputs differentiated are the floating ones that depend on them.
+struct GraphGradient {
+  enum SourceKind { kInput, kConstant, kSaved, kOutputGrad };
+  struct Source {
+    SourceKind kind;
+    size_t index;  // g's input, constants[index], the saved value, or g's output whose gradient
+                   // it is
+  };
+  // Inputs: per forward_inputs (g's inputs and constants). Outputs: g's outputs, then num_saved
+  // values for the backward.
+  std::unique_ptr<Graph> forward;
+  std::vector<Source> forward_inputs;
+  size_t num_saved = 0;
+  // Null when no output depends on a differentiated input. Inputs: per backward_inputs. Outputs:
+  // the gradient of g's input gradient_of[k] (an input no output depends on gets none).
+  std::unique_ptr<Graph> backward;
+  std::vector<Source> backward_inputs;
+  std::vector<size_t> gradient_of;
+  std::vector<size_t> differentiated_outputs;  // g's outputs that get an incoming gradient
+  // Tensors the gradient formulas made (e.g. a zero-filled buffer), read as graph inputs.
+  std::vector<Tensor> constants;
+};
+GraphGradient differentiate(const Graph& g, std::vector<bool> wrt = {});
+
 // Whether the backward recomputes a forward value made by `n` rather than saving it.
 bool recompute_in_backward(const Node& n);
 
