@@ -330,30 +330,29 @@ LSTMOutput LSTM::forward(const Tensor& input, const std::optional<LSTMState>& st
 
 namespace utils {
 
-double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, double norm_type) {
+Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, double norm_type) {
   KILN_CHECK(norm_type > 0.0, "clip_grad_norm_: norm_type must be positive, got ", norm_type);
   NoGradGuard no_grad;
   const bool inf_norm = std::isinf(norm_type);
-  double total = 0.0;
+  Tensor total = zeros({}, kFloat64);
   for (const Tensor& p : parameters) {
     const Tensor& g = p.grad();
     if (!g.defined() || g.numel() == 0) continue;
     Tensor a = abs(g.to(kFloat64));
     if (inf_norm)
-      total = std::max(total, a.max().item<double>());
+      total = maximum(total, a.max());
     else if (norm_type == 2.0)
-      total += (a * a).sum().item<double>();
+      total = total + (a * a).sum();
     else
-      total += pow(a, norm_type).sum().item<double>();
+      total = total + pow(a, norm_type).sum();
   }
-  if (!inf_norm) total = norm_type == 2.0 ? std::sqrt(total) : std::pow(total, 1.0 / norm_type);
+  if (!inf_norm) total = norm_type == 2.0 ? sqrt(total) : pow(total, 1.0 / norm_type);
   // As torch: the epsilon keeps the ratio finite for a zero norm and makes the clipped norm land
-  // just under max_norm.
-  const double coef = max_norm / (total + 1e-6);
-  if (coef < 1.0) {
-    for (Tensor p : parameters)
-      if (p.grad().defined()) p.mutable_grad().mul_(coef);
-  }
+  // just under max_norm. A coefficient clamped to 1 instead of a branch on the norm's value: a
+  // product by exactly 1 leaves the gradients as they were.
+  Tensor coef = clamp(max_norm / (total + 1e-6), std::nullopt, 1.0);
+  for (Tensor p : parameters)
+    if (p.grad().defined()) p.mutable_grad().mul_(coef);
   return total;
 }
 

@@ -217,8 +217,9 @@ namespace utils {
 // Scales the gradients of `parameters` in place so that their combined norm (the norm of all of
 // them concatenated; norm_type 2 is L2, infinity the max-abs) is at most max_norm, as
 // torch.nn.utils.clip_grad_norm_. Parameters without a gradient are skipped. Returns the norm
-// measured before clipping.
-double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
+// measured before clipping, as a float64 scalar tensor. Nothing reads a value, so a training step
+// that clips traces (jit::trace) and lazy mode computes it all as one graph.
+Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
                        double norm_type = 2.0);
 
 }  // namespace utils

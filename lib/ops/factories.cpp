@@ -6,6 +6,7 @@
 
 #include "kiln/ops.h"
 #include "lib/dispatch.h"
+#include "lib/lazy.h"
 #include "lib/op_table.h"
 #include "lib/tensor_impl.h"
 
@@ -22,9 +23,41 @@ const detail::OpDef& full_def = def_factory("full");
 const detail::OpDef& arange_def = def_factory("arange");
 const detail::OpDef& linspace_def = def_factory("linspace");
 const detail::OpDef& eye_def = def_factory("eye");
-const detail::OpDef& rand_def = def_factory("rand");
-const detail::OpDef& randn_def = def_factory("randn");
-const detail::OpDef& randint_def = def_factory("randint");
+// Random draws are recorded inside a trace (lazy mode draws at once, in program order): a replay
+// must draw new numbers, where a trace's other factories are constants. Their reference kernels
+// draw from the process generator when the plan runs them.
+const detail::OpDef& def_random(const char* name, detail::Invoke invoke,
+                                std::vector<std::string> attr_names) {
+  return detail::register_op({name, detail::OpKind::Factory, 0, detail::DTypeRule::Custom, true,
+                              invoke, std::move(attr_names)});
+}
+const detail::OpDef& rand_def =
+    def_random("rand",
+               [](const std::vector<Tensor>&, const detail::Attrs& a) {
+                 return std::vector<Tensor>{rand(detail::attr_ints(a[0]),
+                                                 TensorOptions().dtype(detail::attr_dtype(a[1])))};
+               },
+               {"shape", "dtype"});
+const detail::OpDef& randn_def =
+    def_random("randn",
+               [](const std::vector<Tensor>&, const detail::Attrs& a) {
+                 return std::vector<Tensor>{randn(detail::attr_ints(a[0]),
+                                                  TensorOptions().dtype(detail::attr_dtype(a[1])))};
+               },
+               {"shape", "dtype"});
+const detail::OpDef& randint_def =
+    def_random("randint",
+               [](const std::vector<Tensor>&, const detail::Attrs& a) {
+                 return std::vector<Tensor>{randint(
+                     detail::attr_int(a[0]), detail::attr_int(a[1]), detail::attr_ints(a[2]),
+                     TensorOptions().dtype(detail::attr_dtype(a[3])))};
+               },
+               {"low", "high", "shape", "dtype"});
+
+// Inside a trace, except where the executor runs a plan's reference kernels (lazy mode off).
+bool recording_draws() {
+  return detail::trace_mode() && detail::lazy_mode();
+}
 
 void check_factory(const char* op, const Shape& shape, const TensorOptions& o) {
   KILN_CHECK(o.device_.is_cpu(), op, ": device ", o.device_, " is not available in this build");
@@ -162,6 +195,8 @@ Tensor rand(const Shape& shape, TensorOptions options) {
   (void)rand_def;
   check_factory("rand", shape, options);
   DType dt = options.dtype_or(kFloat32);
+  KILN_CHECK(is_floating_point(dt), "rand: expected a floating dtype, got ", dtype_name(dt));
+  if (recording_draws()) return detail::lazy_record1(rand_def, {}, {shape, dt}, {shape, dt});
   Tensor t = make_empty(shape, dt);
   auto& g = generator();
   std::lock_guard<std::mutex> lock(g.mu);
@@ -180,6 +215,8 @@ Tensor randn(const Shape& shape, TensorOptions options) {
   (void)randn_def;
   check_factory("randn", shape, options);
   DType dt = options.dtype_or(kFloat32);
+  KILN_CHECK(is_floating_point(dt), "randn: expected a floating dtype, got ", dtype_name(dt));
+  if (recording_draws()) return detail::lazy_record1(randn_def, {}, {shape, dt}, {shape, dt});
   Tensor t = make_empty(shape, dt);
   auto& g = generator();
   std::lock_guard<std::mutex> lock(g.mu);
@@ -203,6 +240,8 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opti
   check_factory("randint", shape, options);
   KILN_CHECK(low < high, "randint: expected low < high, got low=", low, " high=", high);
   DType dt = options.dtype_or(kInt64);
+  if (recording_draws())
+    return detail::lazy_record1(randint_def, {}, {low, high, shape, dt}, {shape, dt});
   Tensor t = make_empty(shape, kInt64);
   auto& g = generator();
   {

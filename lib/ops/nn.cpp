@@ -671,13 +671,25 @@ Tensor dropout(const Tensor& x, double p, bool train) {
   }
   // With autograd the mask (0 or 1 / (1 - p)) is kept for the backward pass; it is made from the
   // draws at once, and only the product is recorded in lazy mode.
-  Tensor mask = detail::make_empty(x.sizes(), x.dtype());
   const double keep = 1.0 - p;
-  detail::dispatch_floating(x.dtype(), op, [&](auto tag) {
-    using T = KILN_TYPE(tag);
-    const T scale = T(1) / static_cast<T>(keep);  // as torch: the mask divided by 1 - p in T
-    detail::map_kernel<T, double>([=](double r) { return r < keep ? scale : T(0); }, mask, u);
-  });
+  Tensor mask;
+  if (detail::is_pending(u)) {
+    // Drawn inside a trace (recorded, so each replay draws anew): the mask is recorded too, as
+    // ops that give the kernel's values exactly (0 or 1 times the scale).
+    AutoGradMode kernel_only(false);
+    Tensor scale = detail::dispatch_floating(x.dtype(), op, [&](auto tag) {
+      using T = KILN_TYPE(tag);
+      return scalar_tensor(static_cast<double>(T(1) / static_cast<T>(keep)), x.dtype());
+    });
+    mask = lt(u, keep).to(x.dtype()) * scale;
+  } else {
+    mask = detail::make_empty(x.sizes(), x.dtype());
+    detail::dispatch_floating(x.dtype(), op, [&](auto tag) {
+      using T = KILN_TYPE(tag);
+      const T scale = T(1) / static_cast<T>(keep);  // as torch: the mask divided by 1 - p in T
+      detail::map_kernel<T, double>([=](double r) { return r < keep ? scale : T(0); }, mask, u);
+    });
+  }
   {
     AutoGradMode kernel_only(false);
     out = mul(x, mask);

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <numeric>
 #include <set>
 
+#include "kiln/jit.h"
 #include "word_lm.h"
 
 namespace kiln::examples {
@@ -98,6 +100,67 @@ TEST(WordLmExample, SgdLearns) {
   EXPECT_LT(r.valid_perplexity[0], static_cast<double>(r.vocab_size));
   std::cout << "word_lm (sgd): loss " << first << " -> " << last << ", valid ppl "
             << r.valid_perplexity[0] << ", " << r.seconds << " s\n";
+}
+
+// --trace: the whole step (forward, backward, clipping, Adam) traced once and replayed. Without
+// dropout the traced run follows the eager one step for step; only the order of fused sums
+// differs, so the losses agree to a small tolerance over 200 steps.
+TEST(WordLmExample, TracedTrainingFollowsEagerFor200Steps) {
+  WordLmConfig c = small_config();
+  c.train_tokens = 16000;
+  c.embedding_dim = 16;
+  c.hidden_size = 32;
+  c.batch_size = 8;
+  c.bptt = 8;
+  c.dropout = 0.0;
+  c.epochs = 1;
+  c.max_steps_per_epoch = 200;
+  c.log_every = 0;
+  WordLmResult eager = train_word_lm(c);
+  c.trace = true;
+  const jit::Stats before = jit::stats();
+  WordLmResult traced = train_word_lm(c);
+  const jit::Stats after = jit::stats();
+  ASSERT_EQ(eager.steps, 200);
+  ASSERT_EQ(traced.steps, 200);
+  EXPECT_LE(after.traces - before.traces, 2) << "one step shape (plus evaluation's none)";
+  EXPECT_GE(after.replays - before.replays, 199);
+  double worst = 0;
+  for (size_t i = 0; i < eager.step_losses.size(); ++i) {
+    const double d = std::fabs(traced.step_losses[i] - eager.step_losses[i]);
+    worst = std::max(worst, d);
+    EXPECT_LE(d, 1e-3 * std::fabs(eager.step_losses[i])) << "step " << i;
+    if (d > 1e-3 * std::fabs(eager.step_losses[i])) break;
+  }
+  EXPECT_LT(eager.step_losses.back(), eager.step_losses.front() - 1.0);
+  EXPECT_NEAR(traced.valid_perplexity[0], eager.valid_perplexity[0],
+              1e-3 * eager.valid_perplexity[0]);
+  std::cout << "word_lm traced vs eager: largest loss difference " << worst << " over 200 steps; "
+            << eager.seconds << " s eager, " << traced.seconds << " s traced\n";
+}
+
+// With dropout the traced step draws new masks on every replay (recorded random draws, taken from
+// the process generator in the order eager mode takes them), so it still follows eager mode.
+TEST(WordLmExample, TracedTrainingWithDropoutFollowsEager) {
+  WordLmConfig c = small_config();
+  c.dropout = 0.2;
+  c.epochs = 1;
+  c.max_steps_per_epoch = 60;
+  c.lr = 1e-2;
+  c.log_every = 0;
+  WordLmResult eager = train_word_lm(c);
+  c.trace = true;
+  WordLmResult traced = train_word_lm(c);
+  ASSERT_EQ(traced.step_losses.size(), 60u);
+  for (size_t i = 0; i < 60; ++i)
+    ASSERT_NEAR(traced.step_losses[i], eager.step_losses[i], 1e-3 * eager.step_losses[i])
+        << "step " << i;
+  auto mean = [](auto begin, auto end) {
+    return std::accumulate(begin, end, 0.0) / static_cast<double>(end - begin);
+  };
+  const double first = mean(traced.step_losses.begin(), traced.step_losses.begin() + 5);
+  const double last = mean(traced.step_losses.end() - 5, traced.step_losses.end());
+  EXPECT_LT(last, first - 0.5);
 }
 
 }  // namespace

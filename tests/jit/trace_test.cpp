@@ -124,6 +124,38 @@ TEST(Trace, TrainingStepWithAdamMatchesEagerFor100Steps) {
   EXPECT_EQ(f.num_specializations(), 1u);
 }
 
+// Random draws are recorded in a trace, not frozen into it: each replay draws new numbers from the
+// process generator, so manual_seed makes replays reproducible; dropout's backward uses the mask
+// its forward drew.
+TEST(Trace, RandomDrawsAreFreshOnEveryReplay) {
+  Tensor x = ones({64, 32}).requires_grad_(true);
+  auto fn = [](const Inputs& in) {
+    return Inputs{in[0] * rand(in[0].sizes()) + randn({4}, kFloat64).sum().to(kFloat32),
+                  dropout(in[0], 0.5, true), randint(0, 5, {7}).to(kFloat32)};
+  };
+  jit::Function f = jit::trace(fn, {x});
+  EXPECT_NE(f.graph_str().find("rand("), std::string::npos) << f.graph_str();
+  manual_seed(3);
+  Inputs a = f({x});
+  Inputs b = f({x});
+  manual_seed(3);
+  Inputs c = f({x});
+  LazyGuard eager(false);
+  for (size_t k = 0; k < a.size(); ++k) {
+    EXPECT_FALSE(equal(a[k].detach(), b[k].detach())) << "output " << k << " was the same twice";
+    EXPECT_TRUE(equal(a[k].detach(), c[k].detach())) << "output " << k << " after the same seed";
+  }
+  // About half of the elements dropped, the others scaled by 2; the gradient is the same mask.
+  const double kept = gt(a[1].detach(), 0).to(kFloat64).mean().item<double>();
+  EXPECT_GT(kept, 0.4);
+  EXPECT_LT(kept, 0.6);
+  a[1].sum().backward();
+  EXPECT_TRUE(equal(x.grad(), a[1].detach())) << "dropout's gradient used another mask";
+  Tensor v = a[2].detach();
+  EXPECT_GE(v.min().item<double>(), 0.0);
+  EXPECT_LE(v.max().item<double>(), 4.0);
+}
+
 TEST(Trace, GuardsRespecializeAndLogTheReason) {
   jit::set_log_topics("guard");
   jit::Function f =

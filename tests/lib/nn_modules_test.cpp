@@ -443,14 +443,14 @@ TEST(NnModules, ClipGradNorm) {
   const double norm = std::sqrt(sq);
 
   // Under the limit: nothing changes.
-  EXPECT_NEAR(nn::utils::clip_grad_norm_(params, norm * 2), norm, 1e-6 * norm);
+  EXPECT_NEAR(nn::utils::clip_grad_norm_(params, norm * 2).item<double>(), norm, 1e-6 * norm);
   for (size_t i = 0; i < 3; ++i)
     expect_close(params[i].grad(), grads[i], params[i].sizes(), params[i].dtype());
   EXPECT_FALSE(params[3].grad().defined());
 
   // Over the limit: every gradient is scaled by max_norm / (norm + 1e-6), as torch.
   const double max_norm = norm / 4;
-  EXPECT_NEAR(nn::utils::clip_grad_norm_(params, max_norm), norm, 1e-6 * norm);
+  EXPECT_NEAR(nn::utils::clip_grad_norm_(params, max_norm).item<double>(), norm, 1e-6 * norm);
   const double coef = max_norm / (norm + 1e-6);
   for (size_t i = 0; i < 3; ++i) {
     std::vector<double> expected = grads[i];
@@ -465,11 +465,12 @@ TEST(NnModules, ClipGradNorm) {
   // The infinity norm is the largest magnitude.
   for (size_t i = 0; i < 3; ++i)
     params[i].mutable_grad() = from_vector(grads[i], params[i].sizes()).to(params[i].dtype());
-  EXPECT_NEAR(nn::utils::clip_grad_norm_(params, 1e9, std::numeric_limits<double>::infinity()), mx,
-              1e-6 * mx);
+  EXPECT_NEAR(nn::utils::clip_grad_norm_(params, 1e9, std::numeric_limits<double>::infinity())
+                  .item<double>(),
+              mx, 1e-6 * mx);
   // No gradients at all: a zero norm.
   std::vector<Tensor> bare{zeros({2})};
-  EXPECT_EQ(nn::utils::clip_grad_norm_(bare, 1.0), 0.0);
+  EXPECT_EQ(nn::utils::clip_grad_norm_(bare, 1.0).item<double>(), 0.0);
 }
 
 }  // namespace

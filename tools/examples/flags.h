@@ -24,6 +24,9 @@ class Flags {
     };
   }
 
+  // A flag without a value ("--trace"): sets the field to true.
+  void add_switch(const std::string& name, bool* field) { switches_[name] = field; }
+
   // Applies argv's flags. Returns the exit code when the program should stop: 0 after --help,
   // 2 after printing what was wrong and the usage.
   std::optional<int> parse(int argc, char** argv, const std::function<void()>& usage) const {
@@ -32,6 +35,10 @@ class Flags {
       if (flag == "--help" || flag == "-h") {
         usage();
         return 0;
+      }
+      if (auto sw = switches_.find(flag); sw != switches_.end()) {
+        *sw->second = true;
+        continue;
       }
       auto it = setters_.find(flag);
       if (it == setters_.end() || i + 1 >= argc || !it->second(argv[i + 1])) {
@@ -47,6 +54,7 @@ class Flags {
 
  private:
   std::map<std::string, std::function<bool(const std::string&)>> setters_;
+  std::map<std::string, bool*> switches_;
 };
 
 }  // namespace kiln::examples

@@ -5,6 +5,7 @@
 
 #include "flags.h"
 
+#include <kiln/jit.h>
 #include <kiln/kiln.h>
 #include <kiln/nn.h>
 #include <kiln/optim.h>
@@ -415,6 +416,20 @@ WordLmResult train_word_lm(const WordLmConfig& c) {
           for (const auto& p : params) n += p.numel();
           return n;
         }() << "\n";
+  // One training step: arguments input, target and the LSTM state (h, c; undefined for the
+  // default zero state); returns the loss and the next state.
+  auto train_step = [&](const std::vector<Tensor>& in) {
+    std::optional<nn::LSTMState> initial;
+    if (in[2].defined()) initial = nn::LSTMState{in[2], in[3]};
+    optimizer->zero_grad();
+    auto [logits, next] = model.forward(in[0], initial);
+    Tensor loss = cross_entropy(logits, in[1]);
+    loss.backward();
+    nn::utils::clip_grad_norm_(params, c.clip);
+    optimizer->step();
+    return std::vector<Tensor>{loss.detach(), next.h.detach(), next.c.detach()};
+  };
+  jit::Function traced_step;
   auto start = std::chrono::steady_clock::now();
   double lr = c.lr, best_ppl = INFINITY;
   const int64_t B = c.batch_size;
@@ -429,15 +444,27 @@ WordLmResult train_word_lm(const WordLmConfig& c) {
       const int64_t len = std::min(c.bptt, train_data.size(0) - 1 - i);
       Tensor input = train_data.narrow(0, i, len);
       Tensor target = train_data.narrow(0, i + 1, len).reshape({len * B});
-      // Truncated BPTT: the state carries over, its history does not.
-      if (state) state = detached(*state);
-      optimizer->zero_grad();
-      auto [logits, next] = model.forward(input, state);
-      Tensor loss = cross_entropy(logits, target);
-      loss.backward();
-      nn::utils::clip_grad_norm_(params, c.clip);
-      optimizer->step();
-      state = next;
+      Tensor loss;
+      if (c.trace) {
+        // The traced step takes the state as arguments (zeros at the start of an epoch, as the
+        // LSTM's default) and returns the next one, detached: truncated BPTT.
+        if (!state) {
+          const Shape s{c.num_layers, B, c.hidden_size};
+          state = nn::LSTMState{zeros(s), zeros(s)};
+        }
+        if (!traced_step.defined())
+          traced_step = jit::trace(train_step, {input, target, state->h, state->c});
+        std::vector<Tensor> out = traced_step({input, target, state->h, state->c});
+        loss = out[0];
+        state = nn::LSTMState{out[1], out[2]};
+      } else {
+        // Truncated BPTT: the state carries over, its history does not.
+        if (state) state = detached(*state);
+        std::vector<Tensor> out =
+            train_step({input, target, state ? state->h : Tensor(), state ? state->c : Tensor()});
+        loss = out[0];
+        state = nn::LSTMState{out[1], out[2]};
+      }
       const double l = loss.item<double>();
       result.step_losses.push_back(l);
       epoch_loss += l;
@@ -462,6 +489,7 @@ WordLmResult train_word_lm(const WordLmConfig& c) {
     } else {
       lr /= 4.0;
       set_lr(lr);
+      traced_step = jit::Function();  // the learning rate is part of the trace
       if (c.log) *c.log << "  validation did not improve: learning rate now " << lr << "\n";
     }
   }
@@ -502,6 +530,7 @@ void usage(const char* argv0) {
       << "  --clip X            gradient norm limit (" << d.clip << ")\n"
       << "  --seed N            (" << d.seed << ")\n"
       << "  --log-every N       steps between progress lines, 0 = none (" << d.log_every << ")\n"
+      << "  --trace             trace the training step once (jit::trace) and replay it\n"
       << "  --sample N          print the first N tokens of the corpus and exit\n";
 }
 
@@ -513,6 +542,7 @@ int main(int argc, char** argv) {
   int64_t sample = 0;
   kiln::examples::Flags flags;
   flags.add("--epochs", &c.epochs);
+  flags.add_switch("--trace", &c.trace);
   flags.add("--train-tokens", &c.train_tokens);
   flags.add("--valid-tokens", &c.valid_tokens);
   flags.add("--embed", &c.embedding_dim);

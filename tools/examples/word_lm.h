@@ -33,6 +33,9 @@ struct WordLmConfig {
   double clip = 0.5;                // max L2 norm of all gradients together
   uint64_t seed = 1;
   int64_t log_every = 100;  // steps between progress lines; 0: only per-epoch lines
+  // Trace the whole training step (forward, backward, clipping, optimizer update) once with
+  // jit::trace and replay it (re-traced when the learning rate is annealed).
+  bool trace = false;
   std::ostream* log = nullptr;
 };
 
