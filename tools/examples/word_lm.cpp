@@ -444,6 +444,7 @@ WordLmResult train_word_lm(const WordLmConfig& c) {
       const int64_t len = std::min(c.bptt, train_data.size(0) - 1 - i);
       Tensor input = train_data.narrow(0, i, len);
       Tensor target = train_data.narrow(0, i + 1, len).reshape({len * B});
+      const auto step_start = std::chrono::steady_clock::now();
       Tensor loss;
       if (c.trace) {
         // The traced step takes the state as arguments (zeros at the start of an epoch, as the
@@ -466,6 +467,9 @@ WordLmResult train_word_lm(const WordLmConfig& c) {
         state = nn::LSTMState{out[1], out[2]};
       }
       const double l = loss.item<double>();
+      result.step_seconds.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
+      if (c.after_step) c.after_step();
       result.step_losses.push_back(l);
       epoch_loss += l;
       ++epoch_steps;

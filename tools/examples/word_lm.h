@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -36,12 +37,14 @@ struct WordLmConfig {
   // Trace the whole training step (forward, backward, clipping, optimizer update) once with
   // jit::trace and replay it (re-traced when the learning rate is annealed).
   bool trace = false;
+  std::function<void()> after_step;  // called after every training step (benchmarks measure)
   std::ostream* log = nullptr;
 };
 
 struct WordLmResult {
   int64_t vocab_size = 0;
   std::vector<double> step_losses;       // training loss of every step, in order
+  std::vector<double> step_seconds;      // wall time of every step (its loss read included)
   std::vector<double> valid_perplexity;  // after each epoch
   int64_t steps = 0;
   double seconds = 0;  // wall time of training and validation
