@@ -10,6 +10,8 @@
 // reductions are saved, since recomputing them would cost their whole input again.
 #include "jit/differentiate.h"
 
+#include "jit/log.h"
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "jit/passes/rewriter.h"
@@ -93,6 +95,7 @@ Differentiated split_forward_backward(const Graph& joint, size_t num_forward_out
   std::vector<const Value*> saved;
   absl::flat_hash_set<const Value*> seen;
   std::vector<const Value*> work;
+  int64_t recomputed = 0;
   for (const Node* n = joint.first(); n; n = n->next()) {
     if (!backward.contains(n) || n->is_input()) continue;
     for (const Value* in : n->inputs())
@@ -108,12 +111,18 @@ Differentiated split_forward_backward(const Graph& joint, size_t num_forward_out
     const Node* p = v->node();
     if (p->is_input() || p->is_constant()) continue;
     if (recompute_in_backward(*p)) {
+      ++recomputed;
       for (const Value* in : p->inputs())
         if (in) work.push_back(in);
     } else {
       saved.push_back(v);
+      if (log_enabled("fuser"))
+        log("fuser", "backward: saves %", v->id(), " ", v->type().str(), " = ", p->kind(),
+            " (not recomputable in a fused kernel: a GEMM, reduction or random draw)");
     }
   }
+  log("fuser", "backward: ", saved.size(), " forward value(s) saved, ", recomputed,
+      " elementwise/view value(s) recomputed inside the backward instead of saved");
   Differentiated d;
   d.num_saved = saved.size();
   std::vector<const Value*> forward_outputs(joint.outputs().begin(),

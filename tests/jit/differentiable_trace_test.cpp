@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "jit/differentiate.h"
+#include "jit/log.h"
 #include "kiln/autograd.h"
 #include "kiln/jit.h"
 #include "kiln/kiln.h"
@@ -246,6 +247,27 @@ TEST(DifferentiableTrace, ResultsAndSavedValuesAreFreedWithTheResults) {
   }
   w.mutable_grad() = Tensor();
   EXPECT_EQ(detail::cpu_allocated_bytes(), before);
+}
+
+// KILN_LOG=fuser says, per saved value, what is saved and why, and how many values the backward
+// recomputes instead.
+TEST(DifferentiableTrace, TheSaveOrRecomputeChoiceIsLogged) {
+  Tensor w = testing::input({16, 8}).requires_grad_(true);
+  Tensor x = testing::input({4, 16});
+  jit::set_log_topics("fuser");
+  ::testing::internal::CaptureStderr();
+  jit::Function f = jit::trace(
+      [&](const Inputs& in) { return Inputs{tanh(sigmoid(in[0].matmul(w)) * 3.0)}; }, {x});
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  jit::set_log_topics("");
+  EXPECT_NE(log.find("backward: saves %"), std::string::npos) << log;
+  EXPECT_NE(log.find("= matmul ("), std::string::npos) << log;
+  // sigmoid, the product and tanh are recomputed from the saved GEMM result.
+  const size_t at = log.find("backward: 1 forward value(s) saved, ");
+  ASSERT_NE(at, std::string::npos) << log;
+  EXPECT_GE(
+      std::atoi(log.c_str() + at + std::string("backward: 1 forward value(s) saved, ").size()), 3)
+      << log;
 }
 
 TEST(DifferentiableTrace, NoGradCallsAndOutputsThatNeedNoGradient) {
