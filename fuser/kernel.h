@@ -138,6 +138,7 @@ struct CompiledKernel {
   KernelFn fn = nullptr;
   FinishFn finish = nullptr;          // set for kernels with global reductions
   std::shared_ptr<const void> owner;  // keeps fn and finish loaded
+  const char* name = nullptr;         // the symbol, kiln_<ops>_<hash8> (lives as long as owner)
 };
 
 // The bytes that identify (kernel, layout): equal bytes, same machine code.

@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "fuser/codegen/llvm/cpu_codegen.h"
 #include "fuser/fuse.h"
+#include "jit/dump.h"
 #include "kiln/autograd.h"
 #include "kiln/error.h"
 #include "kiln/ops.h"
@@ -134,6 +135,12 @@ Plan::Plan(const Graph& graph) {
   if (fuser::fusion_enabled()) {
     detail::ProfileSpan fusion("fusion");
     groups_ = fuser::find_groups(graph);
+  }
+  if (dump_enabled()) {
+    std::vector<DumpGroup> dumped;
+    for (const fuser::FusionGroup& g : groups_)
+      dumped.push_back({g.nodes, g.inputs, g.outputs, g.kernel.ops, g.shape, g.rows, g.join});
+    dump_ = FusedGraphDump::create(graph, dumped);
   }
   // The steps before slot assignment: a fusion group is one step where its last node is, reading
   // its inputs and defining its outputs there; its other nodes are no steps of their own.
@@ -295,18 +302,17 @@ fuser::CompiledKernel Plan::kernel_for(const Step& step, const fuser::Layout& la
       if (l == layout) return fn;
   }
   fuser::CompiledKernel fn = fuser::cpu_kernel(step.group->kernel, layout);
+  if (dump_ && fn.name)
+    dump_->add_kernel(static_cast<size_t>(step.group - groups_.data()), fn.name);
   std::lock_guard<std::mutex> lock(kernels_mutex_);
   step.kernels.emplace_back(layout, fn);
   return fn;
 }
 
-void Plan::run_group(const Step& step, const std::vector<Tensor>& args,
-                     std::vector<Tensor>& outs) const {
+const char* Plan::run_group(const Step& step, const std::vector<Tensor>& args,
+                            std::vector<Tensor>& outs) const {
   const fuser::FusionGroup& g = *step.group;
-  if (g.rows) {
-    run_rows_group(step, args, outs);
-    return;
-  }
+  if (g.rows) return run_rows_group(step, args, outs);
   const Shape& shape = g.shape;
   const int64_t numel = detail::shape_numel(shape);
   const size_t num_inputs = args.size();
@@ -337,7 +343,7 @@ void Plan::run_group(const Step& step, const std::vector<Tensor>& args,
   }
   for (const Tensor& t : *dests)
     if (!detail::is_contiguous_layout(t.sizes(), t.strides())) layout.flat = false;
-  if (numel == 0) return;
+  if (numel == 0) return nullptr;
   std::vector<char*> ptrs(num_inputs + dests->size());
   for (size_t k = 0; k < num_inputs; ++k) ptrs[k] = args[k].impl()->data();
   for (size_t k = 0; k < dests->size(); ++k) ptrs[num_inputs + k] = (*dests)[k].impl()->data();
@@ -348,7 +354,7 @@ void Plan::run_group(const Step& step, const std::vector<Tensor>& args,
     detail::parallel_for(numel, detail::kParallelGrain, [&](int64_t begin, int64_t end) {
       fn(begin, end, ptrs.data(), nullptr, nullptr, g.scalars.data(), nullptr);
     });
-    return;
+    return kernel.name;
   }
   layout.single_element.clear();
   layout.rank = static_cast<int32_t>(shape.size());
@@ -377,10 +383,11 @@ void Plan::run_group(const Step& step, const std::vector<Tensor>& args,
                          fn(begin, end, ptrs.data(), shape.data(), strides.data(), g.scalars.data(),
                             nullptr);
                        });
+  return kernel.name;
 }
 
-void Plan::run_rows_group(const Step& step, const std::vector<Tensor>& args,
-                          std::vector<Tensor>& outs) const {
+const char* Plan::run_rows_group(const Step& step, const std::vector<Tensor>& args,
+                                 std::vector<Tensor>& outs) const {
   const fuser::FusionGroup& g = *step.group;
   const Shape& shape = g.shape;
   const int rank = static_cast<int>(shape.size());
@@ -467,7 +474,7 @@ void Plan::run_rows_group(const Step& step, const std::vector<Tensor>& args,
     detail::parallel_for(rows, chunk, [&](int64_t begin, int64_t end) {
       kernel.fn(begin, end, ptrs.data(), sizes.data(), strides.data(), g.scalars.data(), nullptr);
     });
-    return;
+    return kernel.name;
   }
   // Global reductions: calls of fixed row ranges (so results do not depend on the thread count),
   // each folding into its own partials, combined in row order by the finish function.
@@ -479,6 +486,7 @@ void Plan::run_rows_group(const Step& step, const std::vector<Tensor>& args,
                 strides.data(), g.scalars.data(), partials.data() + c * globals);
   });
   kernel.finish(calls, partials.data(), ptrs.data(), g.scalars.data());
+  return kernel.name;
 }
 
 namespace {
@@ -497,11 +505,13 @@ std::string shape_text(const Shape& s) {
 // Stores the profile record of a step that ran (profiling on): its kind, name, shape, the bytes
 // of its inputs and outputs, and for GEMMs their 2*M*N*K floating-point operations.
 void record_step(const detail::SpanStart& start, const Node& node, const fuser::FusionGroup* group,
-                 bool direct, const std::vector<Tensor>& args, const std::vector<Tensor>& outs) {
+                 const char* kernel, bool direct, const std::vector<Tensor>& args,
+                 const std::vector<Tensor>& outs) {
   profiler::Record r;
   if (group) {
     r.category = profiler::Category::kKernel;
     r.name = "fused:" + group->kernel.ops;
+    if (kernel) r.kernel = kernel;
     r.shape = shape_text(group->shape);
   } else {
     const std::string& op = node.op().name;
@@ -559,6 +569,7 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
   // Read once per run: off, the steps' only profiling cost is a branch on this.
   const bool profiling = detail::profiling();
   detail::SpanStart span{0, 0};
+  const char* kernel = nullptr;  // the symbol of the group's kernel that ran
   for (const Step& step : steps_) {
     if (profiling) span = detail::profile_begin();
     args.clear();
@@ -575,7 +586,7 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
         }
       }
       if (step.group) {
-        run_group(step, args, outs);
+        kernel = run_group(step, args, outs);
         g_fused_kernels_run.fetch_add(1, std::memory_order_relaxed);
       } else {
         step.map_into(outs[0], args.data(), step.node->attrs());
@@ -588,7 +599,7 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
     }
     if (profiling) {
       if (step.group || step.map_into || step.node->op().kind != detail::OpKind::View)
-        record_step(span, *step.node, step.group, step.map_into != nullptr, args, outs);
+        record_step(span, *step.node, step.group, kernel, step.map_into != nullptr, args, outs);
       else
         detail::profile_end_discard(span);  // views compute nothing: no record
     }

@@ -17,6 +17,8 @@
 
 namespace kiln::jit {
 
+class FusedGraphDump;
+
 // A compiled schedule for one graph: the order of steps and, for each value, the step after which
 // nothing reads it any more (its slot is then released for reuse by the allocator).
 //
@@ -65,10 +67,11 @@ class Plan {
   struct Arena;
   std::unique_ptr<Arena> make_arena() const;
   fuser::CompiledKernel kernel_for(const Step& step, const fuser::Layout& layout) const;
-  void run_group(const Step& step, const std::vector<Tensor>& args,
-                 std::vector<Tensor>& outs) const;
-  void run_rows_group(const Step& step, const std::vector<Tensor>& args,
-                      std::vector<Tensor>& outs) const;
+  // Run a group's kernel; return its symbol (for the profiler), or null when nothing ran.
+  const char* run_group(const Step& step, const std::vector<Tensor>& args,
+                        std::vector<Tensor>& outs) const;
+  const char* run_rows_group(const Step& step, const std::vector<Tensor>& args,
+                             std::vector<Tensor>& outs) const;
 
   std::vector<fuser::FusionGroup> groups_;
   std::vector<Step> steps_;
@@ -82,6 +85,8 @@ class Plan {
   mutable std::unique_ptr<Arena> arena_;  // made by the first run
   mutable std::atomic<bool> arena_busy_{false};
   mutable std::mutex kernels_mutex_;
+  // KILN_DUMP: the graph with its groups, rewritten as their kernels compile; null when off.
+  std::unique_ptr<FusedGraphDump> dump_;
 };
 
 // Bytes held now by every plan's arenas.

@@ -181,9 +181,18 @@ class Graph {
   std::string str() const;
   void print(std::ostream& os) const;
 
+  // KILN_DUMP's numbering of this graph (jit/dump.cpp): its id in the file names (-1 until its
+  // first file) and how many files of it were written. Metadata only: no pass or hash reads it.
+  struct DumpInfo {
+    int64_t id = -1;
+    int steps = 0;
+  };
+  DumpInfo& dump_info() const { return dump_info_; }
+
  private:
   friend class Node;
   friend class Value;
+  mutable DumpInfo dump_info_;
   void link_before(Node* node, Node* before);
   void unlink(Node* node);
   int64_t next_value_id_ = 0;

@@ -176,6 +176,10 @@ std::string chrome_trace() {
     json_string(os, r.name);
     os << ",\"shape\":";
     json_string(os, r.shape);
+    if (!r.kernel.empty()) {
+      os << ",\"kernel\":";
+      json_string(os, r.kernel);
+    }
     os << ",\"bytes\":" << r.bytes << ",\"flops\":" << r.flops << "}}"
        << (i + 1 < rs.size() ? ",\n" : "\n");
   }

@@ -20,9 +20,10 @@ const char* category_name(Category c);
 // One measured span. Kernel, library and op spans are the steps of a plan's run; their bytes are
 // the sizes of the step's inputs and outputs, and their flops are known for GEMMs (2*M*N*K).
 struct Record {
-  std::string name;   // fused kernels: "fused:" + the ops inside; other steps: the op's name;
-                      // JIT phases: the phase ("lazy.evaluate", "pass:cse", "compile", ...)
-  std::string shape;  // the step's iteration shape ("64x256"), or the phase's detail
+  std::string name;    // fused kernels: "fused:" + the ops inside; other steps: the op's name;
+                       // JIT phases: the phase ("lazy.evaluate", "pass:cse", "compile", ...)
+  std::string shape;   // the step's iteration shape ("64x256"), or the phase's detail
+  std::string kernel;  // fused kernels: the kernel's symbol, kiln_<ops>_<hash8>
   Category category = Category::kJit;
   uint32_t thread = 0;   // small per-process thread number, 1 for the first thread seen
   uint32_t depth = 0;    // spans open on the thread when this one started

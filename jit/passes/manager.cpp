@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_join.h"
 
+#include "jit/dump.h"
 #include "jit/log.h"
 #include "kiln/error.h"
 #include "lib/profiler.h"
@@ -163,6 +164,8 @@ void run_passes(Graph& g) {
   }
   // Checking the input first means a broken graph is blamed on whoever built it, not on dce.
   if (verify) verify_after(g, "before the passes");
+  const bool dump = dump_enabled();
+  if (dump) dump_graph(g, "input");
   for (const PassInfo* p : enabled) {
     PassContext ctx;
     const int64_t before = static_cast<int64_t>(g.size());
@@ -175,6 +178,7 @@ void run_passes(Graph& g) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const int64_t after = static_cast<int64_t>(g.size());
     if (verify) verify_after(g, std::string("after pass '").append(p->name).append("'").c_str());
+    if (dump) dump_graph(g, p->name);
     if (!ctx.rewrites.empty() && log_enabled("passes")) {
       std::string rules;
       for (const auto& [rule, n] : ctx.rewrites)

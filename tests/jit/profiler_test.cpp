@@ -88,6 +88,10 @@ TEST(Profiler, RecordsTheFusedKernelTheGemmAndTheJitPhases) {
   EXPECT_NE(kernel->name.find("fused:"), std::string::npos);
   EXPECT_NE(kernel->name.find("mul"), std::string::npos);
   EXPECT_EQ(kernel->shape, std::to_string(kM) + "x" + std::to_string(kN));
+  // And it carries the kernel's symbol, kiln_<ops>_<hash8>; other steps have none.
+  EXPECT_EQ(kernel->kernel.rfind("kiln_" + kernel->name.substr(6) + "_", 0), 0u) << kernel->kernel;
+  EXPECT_EQ(kernel->kernel.size(), kernel->name.size() - 6 + 14) << kernel->kernel;
+  EXPECT_EQ(gemm->kernel, "");
   EXPECT_GT(kernel->bytes, 0);
   EXPECT_EQ(kernel->flops, 0);
   EXPECT_EQ(gemm->flops, 2 * kM * kN * kK);
@@ -310,6 +314,7 @@ TEST(Profiler, ChromeTraceIsJsonWithOneEventPerSpan) {
   EXPECT_TRUE(json.document()) << "invalid JSON near offset " << json.i;
   EXPECT_EQ(count(trace, "\"ph\":\"X\""), rs.size());
   EXPECT_GE(count(trace, "\"cat\":\"kernel\""), 2u);
+  EXPECT_EQ(count(trace, "\"kernel\":\"kiln_"), count(trace, "\"cat\":\"kernel\""));
   EXPECT_NE(trace.find("\"flops\":" + std::to_string(2 * 48 * kN * kK)), std::string::npos);
   // Python's json module agrees, where there is a python3.
   const std::string path = ::testing::TempDir() + "kiln_profiler_trace.json";

@@ -34,6 +34,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "fuser/cache.h"
+#include "jit/dump.h"
 #include "jit/log.h"
 #include "kiln/error.h"
 #include "lib/fastmath.h"
@@ -54,6 +55,7 @@
 #include "llvm/Support/TargetSelect.h"
 #include "llvm/Support/raw_ostream.h"
 #include "llvm/Target/TargetMachine.h"
+#include "llvm/Transforms/Utils/Cloning.h"
 
 namespace kiln::fuser {
 
@@ -246,7 +248,7 @@ class CpuJit {
       auto it = live_.find(key);
       if (it == live_.end()) return std::nullopt;
       if (std::shared_ptr<const void> owner = it->second.owner.lock())
-        return CompiledKernel{it->second.fn, it->second.finish, std::move(owner)};
+        return CompiledKernel{it->second.fn, it->second.finish, std::move(owner), it->second.name};
       live_cv_.wait(lock);
     }
   }
@@ -261,7 +263,10 @@ class CpuJit {
     CompiledKernel code;
     llvm::orc::ResourceTrackerSP tracker = jit_->getMainJITDylib().createResourceTracker();
     const std::string disk_key = key + target_key_;
-    std::optional<std::string> object = DiskCache::instance().load(disk_key, kCpuObject);
+    // With KILN_DUMP on, kernels are compiled rather than read from the disk cache, so that every
+    // kernel's IR and assembly are dumped; the object still goes to the disk cache.
+    std::optional<std::string> object;
+    if (!jit::dump_enabled()) object = DiskCache::instance().load(disk_key, kCpuObject);
     bool from_disk = object.has_value();
     if (from_disk) {
       // A disk entry passed its checks; it must also link and define this kernel's symbol, else
@@ -310,8 +315,9 @@ class CpuJit {
                                       [this](LoadedCode* c) { unload(c); });
     {
       std::lock_guard<std::mutex> lock(live_mutex_);
-      live_[key] = Live{owner, code.fn, code.finish};
+      live_[key] = Live{owner, code.fn, code.finish, owner->name.c_str()};
     }
+    code.name = owner->name.c_str();
     code.owner = std::move(owner);
     return code;
   }
@@ -406,17 +412,43 @@ class CpuJit {
       module->print(os, nullptr);
       jit::log("ir", "optimized IR of ", name, ":\n", os.str());
     }
-    std::string object = emit_object(*module);
+    // KILN_DUMP: the optimized IR, headed by the kernel's program as comments, and the assembly,
+    // emitted from a copy of the module (emitting the object rewrites parts of the IR in place).
+    const bool dump = jit::dump_enabled();
+    std::unique_ptr<llvm::Module> asm_module;
+    if (dump) {
+      std::string ir = "; " + name + ": " + layout_text(layout) + "\n; program:\n";
+      const std::string program = k.str();
+      for (size_t b = 0, e; b < program.size(); b = e + 1) {
+        e = program.find('\n', b);
+        if (e == std::string::npos) e = program.size();
+        ir += "; " + program.substr(b, e - b) + "\n";
+      }
+      llvm::raw_string_ostream os(ir);
+      module->print(os, nullptr);
+      jit::dump_kernel_file(name, ".ll", os.str());
+      asm_module = llvm::CloneModule(*module);
+    }
+    std::string object = emit_code(*module, llvm::CodeGenFileType::ObjectFile);
     phases.object = seconds_since(t);
+    if (dump)
+      jit::dump_kernel_file(name, ".s",
+                            emit_code(*asm_module, llvm::CodeGenFileType::AssemblyFile));
     return object;
   }
-  // The module compiled to an object file (ELF) in memory.
-  std::string emit_object(llvm::Module& m) {
+  static std::string layout_text(const Layout& layout) {
+    if (layout.rows) return "rows layout, rank " + std::to_string(layout.rank);
+    if (layout.flat) return "flat layout";
+    return "strided layout, rank " + std::to_string(layout.rank);
+  }
+  // The module compiled to an object file (ELF) or assembly text in memory.
+  std::string emit_code(llvm::Module& m, llvm::CodeGenFileType type) {
     llvm::SmallVector<char, 0> buffer;
     llvm::raw_svector_ostream os(buffer);
     llvm::legacy::PassManager pm;
-    KILN_CHECK(!target_->addPassesToEmitFile(pm, os, nullptr, llvm::CodeGenFileType::ObjectFile),
-               "fuser: the target cannot emit object files");
+    KILN_CHECK(!target_->addPassesToEmitFile(pm, os, nullptr, type),
+               "fuser: the target cannot emit ",
+               type == llvm::CodeGenFileType::ObjectFile ? "object files" : "assembly");
     pm.run(m);
     return std::string(buffer.data(), buffer.size());
   }
@@ -439,6 +471,7 @@ class CpuJit {
     std::weak_ptr<const void> owner;
     KernelFn fn = nullptr;
     FinishFn finish = nullptr;
+    const char* name = nullptr;  // the LoadedCode's, alive while owner is
   };
   std::mutex live_mutex_;
   std::condition_variable live_cv_;
