@@ -56,7 +56,7 @@ enum class Prim : uint8_t {
   ReduceMax,
   ReduceMin,
   // After the reductions, so that earlier kernels keep their keys.
-  Erf,  // float32: lib/fastmath.h's erf_f32; float64: libm's erf
+  Erf,  // lib/fastmath.h's erf_f32 and erf_f64
   Rem,  // a % b: libm's fmod for floats; truncated for integers (0 for a divisor of 0 or -1)
   // a^b as the reference kernel of pow: for floats its float_pow (square roots for +-0.5,
   // multiplication by squaring for integral exponents up to 64, libm's pow otherwise), for

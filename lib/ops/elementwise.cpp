@@ -27,12 +27,13 @@ T multiply(T x, T y) {
 }
 
 // Transcendentals in vectorizable arithmetic (lib/fastmath.h; the LLVM code generator emits the
-// same sequences): exp, log, log1p, expm1, sin, cos, tanh and erf for float32, exp and log for
-// float64; the rest through libm.
+// same sequences): exp, log, log1p, expm1, sin, cos, tanh and erf for float32 and float64.
 template <typename T>
 T erf_value(T x) {
   if constexpr (std::is_same_v<T, float>)
     return detail::erf_f32(x);
+  else if constexpr (std::is_same_v<T, double>)
+    return detail::erf_f64(x);
   else
     return std::erf(x);
 }
@@ -59,6 +60,8 @@ template <typename T>
 T log1p_value(T x) {
   if constexpr (std::is_same_v<T, float>)
     return detail::log1p_f32(x);
+  else if constexpr (std::is_same_v<T, double>)
+    return detail::log1p_f64(x);
   else
     return std::log1p(x);
 }
@@ -66,6 +69,8 @@ template <typename T>
 T expm1_value(T x) {
   if constexpr (std::is_same_v<T, float>)
     return detail::expm1_f32(x);
+  else if constexpr (std::is_same_v<T, double>)
+    return detail::expm1_f64(x);
   else
     return std::expm1(x);
 }
@@ -73,6 +78,8 @@ template <typename T>
 T sin_value(T x) {
   if constexpr (std::is_same_v<T, float>)
     return detail::sin_f32(x);
+  else if constexpr (std::is_same_v<T, double>)
+    return detail::sin_f64(x);
   else
     return std::sin(x);
 }
@@ -80,6 +87,8 @@ template <typename T>
 T cos_value(T x) {
   if constexpr (std::is_same_v<T, float>)
     return detail::cos_f32(x);
+  else if constexpr (std::is_same_v<T, double>)
+    return detail::cos_f64(x);
   else
     return std::cos(x);
 }
@@ -87,6 +96,8 @@ template <typename T>
 T tanh_value(T x) {
   if constexpr (std::is_same_v<T, float>)
     return detail::tanh_f32(x);
+  else if constexpr (std::is_same_v<T, double>)
+    return detail::tanh_f64(x);
   else
     return std::tanh(x);
 }

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -161,9 +162,10 @@ TEST(Fuser, ALoneMixedDtypeNodeIsNoKernelAndMatches) {
 // non-contiguous layouts, in every dtype.
 TEST(Fuser, NewOpsMatchEagerOnSpecialValues) {
   const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
-  const std::vector<double> special = {nan,  inf,   -inf, 0.0,  -0.0, 0.5,  -0.5,  1.0,   -1.0,
-                                       2.0,  -3.0,  7.5,  -7.5, 64.0, 65.0, -64.0, 1e-30, 1e30,
-                                       3.25, -2.75, 4.5,  -4.5, 40.0, 0.1,  -20.0, 25.0,  1.5};
+  const std::vector<double> special = {
+      nan,   inf,  -inf, 0.0,    -0.0,  0.5,   -0.5, 1.0,    -1.0,      2.0,   -3.0, 7.5,
+      -7.5,  64.0, 65.0, -64.0,  1e-30, 1e30,  3.25, -2.75,  4.5,       -4.5,  40.0, 0.1,
+      -20.0, 25.0, 1.5,  1e-310, 0.3,   -0.75, 1e22, 709.78, 1048576.5, -1e300};
   const std::vector<Fn> fns = {
       [](const Inputs& in) {
         return Inputs{erf(in[0]) + 0, gelu(in[0]) + 0, gelu(in[0], "tanh")};
@@ -186,6 +188,10 @@ TEST(Fuser, NewOpsMatchEagerOnSpecialValues) {
       },
       [](const Inputs& in) {
         return Inputs{logical_not(isfinite(in[0] * in[1])), where(isnan(in[0]), in[1], in[0]) + 1};
+      },
+      [](const Inputs& in) {
+        return Inputs{tanh(in[0]) + 0, log1p(in[0]) * 1, expm1(in[1]) + 0, sin(in[0]) * 1,
+                      cos(in[1]) + 0};
       },
   };
   std::mt19937_64 rng(7);
@@ -265,6 +271,73 @@ TEST(Fuser, OpsOnSpecialValuesMadeInsideTheKernelMatchEager) {
         if (::testing::Test::HasFailure()) return;
       }
     }
+  }
+}
+
+// The float64 transcendentals (lib/fastmath.h's branch-free code, emitted operation for operation)
+// over the whole double range, fused bit for bit as eager: random bit patterns (every binade,
+// NaNs with payloads, infinities, subnormals), values on either side of each function's case
+// boundaries and of sin and cos's two reductions, and doubles near multiples of pi/2.
+TEST(Fuser, Float64TranscendentalsMatchEagerOverTheWholeRange) {
+  std::mt19937_64 rng(11);
+  std::vector<double> v;
+  for (double b : {0x1p-1074,
+                   0x1p-1022,
+                   0x1p-54,
+                   0x1p-28,
+                   0.2554,
+                   0.25,
+                   0.3466,
+                   0.5493061443340549,
+                   0.84375,
+                   1.0,
+                   1.0397,
+                   1.25,
+                   0x1.6db6ep1,
+                   6.0,
+                   22.0,
+                   38.8,
+                   40.0,
+                   709.78,
+                   709.782712893384,
+                   710.0,
+                   1.5707963267948966,
+                   0x1p20,
+                   1e22,
+                   std::ldexp(6381956970095103.0, 797),
+                   std::numeric_limits<double>::max()}) {
+    for (double x : {b, std::nextafter(b, 0.0), std::nextafter(b, 1e308)}) {
+      v.push_back(x);
+      v.push_back(-x);
+      v.push_back(x - 1.0);  // log1p's neighbourhood of -1
+    }
+  }
+  for (double x : {0.0, -0.0, std::numeric_limits<double>::infinity(),
+                   -std::numeric_limits<double>::infinity(), std::nan(""), -1.0})
+    v.push_back(x);
+  std::uniform_real_distribution<double> small(-12.0, 12.0), near_boundary(1e6, 1.1e6);
+  for (int i = 0; i < 3000; ++i) {
+    const uint64_t bits = rng();
+    double x;
+    std::memcpy(&x, &bits, 8);
+    v.push_back(x);
+    v.push_back(small(rng));
+    if (i % 4 == 0) v.push_back(near_boundary(rng));
+  }
+  v.resize(v.size() / 16 * 16);
+  Tensor x;
+  {
+    LazyGuard eager_mode(false);
+    x = from_vector(v, Shape{16, static_cast<int64_t>(v.size() / 16)});
+  }
+  ASSERT_EQ(x.dtype(), kFloat64);
+  Fn fn = [](const Inputs& in) {
+    const Tensor& a = in[0];
+    return Inputs{tanh(a) * 1, erf(a) * 1, log1p(a) * 1, expm1(a) * 1, sin(a) * 1, cos(a) * 1};
+  };
+  for (const auto& [layout, xl] : testing::input_layouts(x)) {
+    expect_fused_equals_eager(fn, {xl}, "float64 " + layout);
+    if (::testing::Test::HasFailure()) return;
   }
 }
 

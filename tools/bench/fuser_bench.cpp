@@ -6,6 +6,9 @@
 //   BM_FuseLog16M/{eager,lazy}, BM_FuseSin16M/{eager,lazy}: log(x) * 2 (x = |randn| + 0.001) and
 //     sin(x) * 2 (x = randn * 10) on 16M float32: transcendentals inlined as vector polynomials
 //     (lib/fastmath.h) rather than libm calls. Bytes: read x, write y.
+//   BM_FuseTanhF64_4M/{eager,lazy}, BM_FuseSinF64_4M/{eager,lazy}: tanh(x) * 2 and sin(x) + 1
+//     (x = randn * 10) on 4M float64: the float64 polynomials of lib/fastmath.h (tanh_f64,
+//     sin_f64). Bytes: read x, write y.
 //   BM_FuseLstmCellPointwise/{eager,lazy}: the pointwise part of an LSTM cell (batch 64, hidden
 //     1500) after the gate GEMM: one kernel in lazy mode.
 //   BM_FuseCompileCold: generating and compiling a new 10-op kernel (each iteration a kernel of
@@ -114,6 +117,33 @@ BENCHMARK_CAPTURE(BM_FuseLog16M, eager, false)->Unit(benchmark::kMillisecond)->U
 BENCHMARK_CAPTURE(BM_FuseLog16M, lazy, true)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_FuseSin16M, eager, false)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_FuseSin16M, lazy, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+constexpr int64_t k4M = 4 * 1024 * 1024;
+
+void BM_FuseUnaryF64_4M(benchmark::State& state, bool lazy, Tensor (*f)(const Tensor&)) {
+  Tensor x;
+  {
+    kiln::LazyGuard eager(false);
+    x = kiln::randn({k4M}).to(kiln::kFloat64) * 10.0;
+  }
+  kiln::LazyGuard mode(lazy);
+  benchmark::DoNotOptimize(f(x).raw_data_ptr());  // compile, warm the allocator
+  for (auto _ : state) {
+    Tensor y = f(x);
+    benchmark::DoNotOptimize(y.raw_data_ptr());
+  }
+  set_bytes(state, 2.0 * k4M * 8);
+}
+void BM_FuseTanhF64_4M(benchmark::State& state, bool lazy) {
+  BM_FuseUnaryF64_4M(state, lazy, [](const Tensor& t) { return kiln::tanh(t) * 2.0; });
+}
+void BM_FuseSinF64_4M(benchmark::State& state, bool lazy) {
+  BM_FuseUnaryF64_4M(state, lazy, [](const Tensor& t) { return kiln::sin(t) + 1.0; });
+}
+BENCHMARK_CAPTURE(BM_FuseTanhF64_4M, eager, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FuseTanhF64_4M, lazy, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FuseSinF64_4M, eager, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_FuseSinF64_4M, lazy, true)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_FuseLstmCellPointwise(benchmark::State& state, bool lazy) {
   const int64_t batch = 64, hidden = 1500;

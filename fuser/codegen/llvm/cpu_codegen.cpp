@@ -7,11 +7,11 @@
 // IR is a loop over elements (flat layout) or over rows with an inner loop over the last dimension
 // (strided layout, strides passed per call: LLVM's loop vectorizer versions the inner loop on a
 // unit stride). Every primitive computes exactly what the op's reference kernel computes: IEEE
-// operations without fast-math flags or contraction, transcendental functions as the inline
-// polynomial sequences of lib/fastmath.h that the reference kernels run (so loops vectorize), and
-// the remaining ones (float64 log1p, expm1, sin, cos, tanh) as calls to the same libm functions
-// the reference kernels call (marked nobuiltin, so LLVM does not rewrite them): fused results are
-// bit-identical to eager ones.
+// operations without fast-math flags or contraction, transcendental functions (float32 and
+// float64) as the inline branch-free sequences of lib/fastmath.h that the reference kernels run (so
+// loops vectorize), and fmod and pow as calls to the same libm functions the reference kernels
+// call (marked nobuiltin, so LLVM does not rewrite them): fused results are bit-identical to eager
+// ones.
 #include "fuser/codegen/llvm/cpu_codegen.h"
 
 #include <xxhash.h>
@@ -29,6 +29,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -152,7 +153,7 @@ class CpuJit {
     target_ = take(builder.createTargetMachine(), "creating the target machine");
     jit_ = take(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(builder).create(),
                 "creating the ORC LLJIT");
-    // Kernels call libm (expf, tanh, ...): resolve symbols from the process.
+    // Kernels call libm (fmod, pow) and malloc: resolve symbols from the process.
     jit_->getMainJITDylib().addGenerator(
         take(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
                  jit_->getDataLayout().getGlobalPrefix()),
@@ -161,7 +162,7 @@ class CpuJit {
     // Everything besides the kernel that decides the machine code: part of every cache key.
     target_key_ = target_->getTargetTriple().str() + "|" + target_->getTargetCPU().str() + "|" +
                   target_->getTargetFeatureString().str() +
-                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 14";
+                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 15";
   }
 
   // The in-memory cache: a hit, else a kernel still loaded for someone who holds it, else one
@@ -659,17 +660,8 @@ class Emitter {
     return b_.CreateSExtOrTrunc(v, dst);
   }
 
-  // A call of the libm function the reference kernel calls, which LLVM must not reinterpret.
-  llvm::Value* libm(const char* name, llvm::Value* x, DType t) {
-    std::string fname = std::string(name) + (t == kFloat32 ? "f" : "");
-    llvm::Type* ty = value_type(t);
-    llvm::FunctionCallee f =
-        m_.getOrInsertFunction(fname, llvm::FunctionType::get(ty, {ty}, false));
-    llvm::CallInst* call = b_.CreateCall(f, {x});
-    call->addFnAttr(llvm::Attribute::NoBuiltin);
-    return call;
-  }
-  // The same for a function of two arguments (fmod, pow).
+  // A call of the libm function of two arguments (fmod, pow) that the reference kernel calls,
+  // which LLVM must not reinterpret.
   llvm::Value* libm2(const char* name, llvm::Value* x, llvm::Value* y, DType t) {
     std::string fname = std::string(name) + (t == kFloat32 ? "f" : "");
     llvm::Type* ty = value_type(t);
@@ -1027,6 +1019,296 @@ class Emitter {
     return b_.CreateSelect(b_.CreateFCmpUNE(x, x), x, r);
   }
 
+  // Shorthands for the float64 functions below, which mirror lib/fastmath.h line by line.
+  llvm::Value* fadd(llvm::Value* a, llvm::Value* b) { return b_.CreateFAdd(a, b); }
+  llvm::Value* fsub(llvm::Value* a, llvm::Value* b) { return b_.CreateFSub(a, b); }
+  llvm::Value* fmul(llvm::Value* a, llvm::Value* b) { return b_.CreateFMul(a, b); }
+  llvm::Value* fdiv(llvm::Value* a, llvm::Value* b) { return b_.CreateFDiv(a, b); }
+  llvm::Value* sel(llvm::Value* c, llvm::Value* a, llvm::Value* b) {
+    return b_.CreateSelect(c, a, b);
+  }
+  llvm::Value* i64c(uint64_t v) { return b_.getInt64(v); }
+  // x < 0 ? -x : x (-0 stays -0, as in lib/fastmath.h).
+  llvm::Value* abs_f64(llvm::Value* x) {
+    return sel(b_.CreateFCmpOLT(x, cd(0.0)), b_.CreateFNeg(x), x);
+  }
+  // x < lo ? lo : (x > hi ? hi : x).
+  llvm::Value* clamp_f64(llvm::Value* x, double lo, double hi) {
+    return sel(b_.CreateFCmpOLT(x, cd(lo)), cd(lo), sel(b_.CreateFCmpOGT(x, cd(hi)), cd(hi), x));
+  }
+  // lib/fastmath.h's expm1_f64, operation for operation.
+  llvm::Value* expm1_f64(llvm::Value* x) {
+    using E = detail::ExpF64;
+    using C = detail::Expm1F64;
+    llvm::Value* xc = clamp_f64(x, C::kLo, C::kHi);
+    llvm::Value* t = fadd(fmul(xc, cd(E::kLog2e)), cd(E::kMagic));
+    llvm::Value* kd = fsub(t, cd(E::kMagic));
+    llvm::Value* k = b_.CreateSub(i64_bits(t), i64c(detail::bits_of(E::kMagic)));
+    llvm::Value* hi = fsub(xc, fmul(kd, cd(E::kLn2Hi)));
+    llvm::Value* lo = fmul(kd, cd(E::kLn2Lo));
+    llvm::Value* r = fsub(hi, lo);
+    llvm::Value* c = fsub(fsub(hi, r), lo);
+    llvm::Value* hfx = fmul(cd(0.5), r);
+    llvm::Value* hxs = fmul(r, hfx);
+    llvm::Value* q = horner(hxs, C::kQ, 5, /*down=*/true);
+    llvm::Value* r1 = fadd(fmul(q, hxs), cd(1.0));
+    llvm::Value* tt = fsub(cd(3.0), fmul(r1, hfx));
+    llvm::Value* e = fmul(hxs, fdiv(fsub(r1, tt), fsub(cd(6.0), fmul(r, tt))));
+    e = fsub(fmul(r, fsub(e, c)), c);
+    e = fsub(e, hxs);
+    llvm::Value* em = fsub(r, e);
+    llvm::Value* y_m1 = fsub(fmul(cd(0.5), em), cd(0.5));
+    llvm::Value* y_p1 =
+        sel(b_.CreateFCmpOLT(r, cd(-0.25)), fmul(cd(-2.0), fsub(e, fadd(r, cd(0.5)))),
+            fadd(fmul(cd(2.0), em), cd(1.0)));
+    llvm::Value* top = b_.CreateICmpEQ(k, i64c(1024));
+    llvm::Value* twopk = double_of(b_.CreateShl(
+        b_.CreateAdd(b_.CreateSub(k, b_.CreateZExt(top, b_.getInt64Ty())), i64c(1023)), 52));
+    llvm::Value* twomk = double_of(b_.CreateShl(b_.CreateSub(i64c(1023), k), 52));
+    llvm::Value* y_far = fmul(fadd(em, cd(1.0)), twopk);
+    y_far = fsub(sel(top, fmul(y_far, cd(2.0)), y_far), cd(1.0));
+    llvm::Value* y_mid = fmul(fadd(em, fsub(cd(1.0), twomk)), twopk);
+    llvm::Value* y_high = fmul(fadd(fsub(r, fadd(e, twomk)), cd(1.0)), twopk);
+    auto k_is = [&](int64_t v) {
+      return b_.CreateICmpEQ(k, b_.getInt64(static_cast<uint64_t>(v)));
+    };
+    llvm::Value* y = sel(b_.CreateICmpSLT(k, i64c(20)), y_mid, y_high);
+    y = sel(b_.CreateOr(b_.CreateICmpSLT(k, i64c(0)), b_.CreateICmpSGT(k, i64c(56))), y_far, y);
+    y = sel(k_is(1), y_p1, y);
+    y = sel(k_is(-1), y_m1, y);
+    y = sel(k_is(0), em, y);
+    y = sel(b_.CreateFCmpOGT(x, cd(C::kHi)), cd(std::numeric_limits<double>::infinity()), y);
+    y = sel(b_.CreateFCmpOLT(x, cd(C::kLo)), cd(-1.0), y);
+    return sel(b_.CreateFCmpOLT(abs_f64(x), cd(C::kTiny)), x, y);
+  }
+  // lib/fastmath.h's log1p_f64, operation for operation.
+  llvm::Value* log1p_f64(llvm::Value* x) {
+    using C = detail::LogF64;
+    const auto& lg = C::kLg;
+    llvm::Value* u = fadd(cd(1.0), x);
+    llvm::Value* ax = abs_f64(x);
+    llvm::Value* c =
+        sel(b_.CreateFCmpOLE(ax, cd(1.0)), fsub(x, fsub(u, cd(1.0))), fsub(cd(1.0), fsub(u, x)));
+    llvm::Value* iu = b_.CreateAdd(i64_bits(u), i64c(0x3ff0000000000000u - C::kSqrtHalf));
+    llvm::Value* k = b_.CreateSub(b_.CreateLShr(iu, 52), i64c(1023));
+    llvm::Value* fu = fsub(
+        double_of(b_.CreateAdd(b_.CreateAnd(iu, i64c(0x000fffffffffffffu)), i64c(C::kSqrtHalf))),
+        cd(1.0));
+    llvm::Value* k0 = b_.CreateICmpEQ(k, i64c(0));
+    llvm::Value* f = sel(k0, x, fu);
+    llvm::Value* cu = sel(k0, cd(0.0), fdiv(c, u));
+    llvm::Value* hfsq = fmul(fmul(cd(0.5), f), f);
+    llvm::Value* s = fdiv(f, fadd(cd(2.0), f));
+    llvm::Value* z = fmul(s, s);
+    llvm::Value* w = fmul(z, z);
+    auto madd = [&](double a, llvm::Value* p, llvm::Value* q) { return fadd(cd(a), fmul(p, q)); };
+    llvm::Value* t1 = fmul(w, madd(lg[1], w, madd(lg[3], w, cd(lg[5]))));
+    llvm::Value* t2 = fmul(z, madd(lg[0], w, madd(lg[2], w, madd(lg[4], w, cd(lg[6])))));
+    llvm::Value* rr = fadd(t2, t1);
+    llvm::Value* dk = b_.CreateSIToFP(k, b_.getDoubleTy());
+    llvm::Value* inner = fadd(fmul(s, fadd(hfsq, rr)), fadd(fmul(dk, cd(C::kLn2Lo)), cu));
+    llvm::Value* r = fsub(fmul(dk, cd(C::kLn2Hi)), fsub(fsub(hfsq, inner), f));
+    const double inf = std::numeric_limits<double>::infinity();
+    r = sel(b_.CreateFCmpOLT(ax, cd(detail::Log1pF64::kTiny)), x, r);
+    r = sel(b_.CreateFCmpOLT(x, cd(-1.0)), cd(detail::double_of(0x7ff8000000000000u)), r);
+    r = sel(b_.CreateFCmpOEQ(x, cd(-1.0)), cd(-inf), r);
+    r = sel(b_.CreateFCmpOEQ(x, cd(inf)), cd(inf), r);
+    return sel(b_.CreateFCmpUNE(x, x), x, r);
+  }
+  // lib/fastmath.h's tanh_f64, operation for operation.
+  llvm::Value* tanh_f64(llvm::Value* x) {
+    using C = detail::TanhF64;
+    llvm::Value* ax = abs_f64(x);
+    llvm::Value* u = expm1_f64(fadd(ax, ax));
+    llvm::Value* d = fadd(u, cd(2.0));
+    llvm::Value* t =
+        sel(b_.CreateFCmpOLT(ax, cd(C::kMid)), fdiv(u, d), fsub(cd(1.0), fdiv(cd(2.0), d)));
+    t = sel(b_.CreateFCmpOLT(x, cd(0.0)), b_.CreateFNeg(t), t);
+    return sel(b_.CreateFCmpOLT(ax, cd(C::kTiny)), x, t);
+  }
+  // lib/fastmath.h's erf_f64, operation for operation.
+  llvm::Value* erf_f64(llvm::Value* x) {
+    using C = detail::ErfF64;
+    llvm::Value* ax = abs_f64(x);
+    llvm::Value* y_tiny = fmul(cd(0.125), fadd(fmul(cd(8.0), ax), fmul(cd(C::kEfx8), ax)));
+    llvm::Value* z = fmul(ax, ax);
+    llvm::Value* pp = horner(z, C::kPp, 5, /*down=*/true);
+    llvm::Value* qq = horner(z, C::kQq, 6, /*down=*/true);
+    llvm::Value* y_small = fadd(ax, fmul(ax, fdiv(pp, qq)));
+    llvm::Value* s = fsub(ax, cd(1.0));
+    llvm::Value* pa = horner(s, C::kPa, 7, /*down=*/true);
+    llvm::Value* qa = horner(s, C::kQa, 7, /*down=*/true);
+    llvm::Value* y_mid = fadd(cd(C::kErx), fdiv(pa, qa));
+    llvm::Value* far = b_.CreateFCmpOGE(ax, cd(C::kFar));
+    llvm::Value* v = fdiv(cd(1.0), z);
+    auto coeff = [&](const double* b, const double* a, int i) {
+      return sel(far, cd(b[i]), cd(a[i]));
+    };
+    llvm::Value* rs = coeff(C::kRb, C::kRa, 7);
+    for (int i = 6; i >= 0; --i) rs = fadd(fmul(rs, v), coeff(C::kRb, C::kRa, i));
+    llvm::Value* ss = coeff(C::kSb, C::kSa, 8);
+    for (int i = 7; i >= 0; --i) ss = fadd(fmul(ss, v), coeff(C::kSb, C::kSa, i));
+    llvm::Value* zh = double_of(b_.CreateAnd(i64_bits(ax), i64c(0xffffffff00000000u)));
+    llvm::Value* ec = fmul(exp_f64(fsub(fmul(b_.CreateFNeg(zh), zh), cd(0.5625))),
+                           exp_f64(fadd(fmul(fsub(zh, ax), fadd(zh, ax)), fdiv(rs, ss))));
+    llvm::Value* y_big = fsub(cd(1.0), fdiv(ec, ax));
+    llvm::Value* y = sel(b_.CreateFCmpOLT(ax, cd(C::kBig)), y_big, cd(1.0));
+    y = sel(b_.CreateFCmpOLT(ax, cd(C::kMid)), y_mid, y);
+    y = sel(b_.CreateFCmpOLT(ax, cd(C::kSmall)), y_small, y);
+    y = sel(b_.CreateFCmpOLT(ax, cd(C::kTiny)), y_tiny, y);
+    y = sel(b_.CreateFCmpOLT(x, cd(0.0)), b_.CreateFNeg(y), y);
+    return sel(b_.CreateFCmpUNE(x, x), x, y);
+  }
+  // lib/fastmath.h's two_sum and two_product: {s, e} with s + e = a + b, {p, e} with p + e = a b.
+  std::pair<llvm::Value*, llvm::Value*> two_sum(llvm::Value* a, llvm::Value* b) {
+    llvm::Value* s = fadd(a, b);
+    llvm::Value* bb = fsub(s, a);
+    return {s, fadd(fsub(a, fsub(s, bb)), fsub(b, bb))};
+  }
+  std::pair<llvm::Value*, llvm::Value*> two_product(llvm::Value* a, llvm::Value* b) {
+    using C = detail::SinCosF64;
+    llvm::Value* p = fmul(a, b);
+    auto split = [&](llvm::Value* v) -> std::pair<llvm::Value*, llvm::Value*> {
+      llvm::Value* t = fmul(cd(C::kSplit), v);
+      llvm::Value* h = fsub(t, fsub(t, v));
+      return {h, fsub(v, h)};
+    };
+    auto [ah, al] = split(a);
+    auto [bh, bl] = split(b);
+    llvm::Value* e =
+        fadd(fadd(fadd(fsub(fmul(ah, bh), p), fmul(ah, bl)), fmul(al, bh)), fmul(al, bl));
+    return {p, e};
+  }
+  // lib/fastmath.h's 2/pi bits for reduce_large_f64, one private copy per module.
+  llvm::GlobalVariable* inv_pio2_bits_f64() {
+    if (llvm::GlobalVariable* g = m_.getNamedGlobal("kiln_inv_pio2_bits_f64")) return g;
+    llvm::Constant* init = llvm::ConstantDataArray::get(
+        ctx_, llvm::ArrayRef<uint32_t>(detail::SinCosF64::kInvPio2Bits));
+    auto* g = new llvm::GlobalVariable(m_, init->getType(), true, llvm::GlobalValue::PrivateLinkage,
+                                       init, "kiln_inv_pio2_bits_f64");
+    g->setUnnamedAddr(llvm::GlobalValue::UnnamedAddr::Global);
+    return g;
+  }
+  // lib/fastmath.h's reduce_large_f64, operation for operation: {quadrant (i32), hi, lo}.
+  std::tuple<llvm::Value*, llvm::Value*, llvm::Value*> reduce_large_f64(llvm::Value* ix) {
+    using C = detail::SinCosF64;
+    llvm::Type* i32 = b_.getInt32Ty();
+    llvm::Type* i64 = b_.getInt64Ty();
+    llvm::Type* f64 = b_.getDoubleTy();
+    llvm::Value* e = b_.CreateLShr(ix, 52);
+    e = sel(b_.CreateICmpULT(e, i64c(1043)), i64c(1043),
+            sel(b_.CreateICmpUGT(e, i64c(2046)), i64c(2046), e));
+    llvm::Value* p0 = b_.CreateSub(e, i64c(1013));
+    llvm::Value* k = b_.CreateLShr(p0, 5);
+    llvm::Value* sh = b_.CreateAnd(p0, i64c(31));
+    llvm::GlobalVariable* table = inv_pio2_bits_f64();
+    auto word = [&](uint64_t j) {
+      llvm::Value* index = b_.CreateAdd(k, i64c(j));
+      return b_.CreateZExt(b_.CreateLoad(i32, b_.CreateInBoundsGEP(table->getValueType(), table,
+                                                                   {b_.getInt64(0), index})),
+                           i64);
+    };
+    llvm::Value* words[7];
+    for (uint64_t j = 0; j < 7; ++j) words[j] = word(j);
+    llvm::Value* w[6];
+    for (int j = 0; j < 6; ++j) {
+      llvm::Value* pair = b_.CreateOr(b_.CreateShl(words[j], 32), words[j + 1]);
+      w[5 - j] = b_.CreateLShr(b_.CreateShl(pair, sh), 32);
+    }
+    llvm::Value* m =
+        b_.CreateOr(b_.CreateAnd(ix, i64c(0x000fffffffffffffu)), i64c(0x0010000000000000u));
+    llvm::Value* m0 = b_.CreateAnd(m, i64c(0xffffffffu));
+    llvm::Value* m1 = b_.CreateLShr(m, 32);
+    llvm::Value* pa[6];
+    llvm::Value* pb[5];
+    for (int j = 0; j < 6; ++j) pa[j] = b_.CreateMul(m0, w[j]);
+    for (int j = 0; j < 5; ++j) pb[j] = b_.CreateMul(m1, w[j]);
+    auto low = [&](llvm::Value* v) { return b_.CreateAnd(v, i64c(0xffffffffu)); };
+    llvm::Value* out[6];
+    llvm::Value* carry = i64c(0);
+    for (int j = 0; j < 6; ++j) {
+      llvm::Value* col = b_.CreateAdd(carry, low(pa[j]));
+      if (j >= 1)
+        col = b_.CreateAdd(b_.CreateAdd(col, b_.CreateLShr(pa[j - 1], 32)), low(pb[j - 1]));
+      if (j >= 2) col = b_.CreateAdd(col, b_.CreateLShr(pb[j - 2], 32));
+      out[j] = low(col);
+      carry = b_.CreateLShr(col, 32);
+    }
+    llvm::Value* top = b_.CreateOr(b_.CreateShl(out[5], 32), out[4]);
+    llvm::Value* mid = b_.CreateOr(b_.CreateShl(out[3], 32), out[2]);
+    llvm::Value* n = b_.CreateLShr(b_.CreateAdd(top, i64c(uint64_t{1} << 61)), 62);
+    llvm::Value* f = b_.CreateSub(top, b_.CreateShl(n, 62));
+    llvm::Value* f_hi = b_.CreateAShr(f, 11);
+    llvm::Value* f_mid =
+        b_.CreateOr(b_.CreateShl(b_.CreateAnd(f, i64c(0x7ff)), 42), b_.CreateLShr(mid, 22));
+    llvm::Value* f_lo = b_.CreateAnd(mid, i64c(0x3fffff));
+    auto [s, e1] = two_sum(fmul(b_.CreateSIToFP(f_hi, f64), cd(0x1p-51)),
+                           fmul(b_.CreateSIToFP(f_mid, f64), cd(0x1p-104)));
+    llvm::Value* l = fadd(e1, fmul(b_.CreateSIToFP(f_lo, f64), cd(0x1p-126)));
+    auto [p, pe] = two_product(s, cd(C::kPio2Hi));
+    llvm::Value* e2 = fadd(pe, fadd(fmul(s, cd(C::kPio2Lo)), fmul(l, cd(C::kPio2Hi))));
+    llvm::Value* hi = fadd(p, e2);
+    llvm::Value* lo = fsub(e2, fsub(hi, p));
+    return {b_.CreateTrunc(n, i32), hi, lo};
+  }
+  // lib/fastmath.h's kernel_sin_f64 and kernel_cos_f64, operation for operation.
+  llvm::Value* kernel_sin_f64(llvm::Value* x, llvm::Value* y) {
+    const auto& s = detail::SinCosF64::kSin;
+    llvm::Value* z = fmul(x, x);
+    llvm::Value* w = fmul(z, z);
+    llvm::Value* r = fadd(fadd(cd(s[1]), fmul(z, fadd(cd(s[2]), fmul(z, cd(s[3]))))),
+                          fmul(fmul(z, w), fadd(cd(s[4]), fmul(z, cd(s[5])))));
+    llvm::Value* v = fmul(z, x);
+    return fsub(x, fsub(fsub(fmul(z, fsub(fmul(cd(0.5), y), fmul(v, r))), y), fmul(v, cd(s[0]))));
+  }
+  llvm::Value* kernel_cos_f64(llvm::Value* x, llvm::Value* y) {
+    const auto& c = detail::SinCosF64::kCos;
+    llvm::Value* z = fmul(x, x);
+    llvm::Value* w = fmul(z, z);
+    llvm::Value* r =
+        fadd(fmul(z, fadd(cd(c[0]), fmul(z, fadd(cd(c[1]), fmul(z, cd(c[2])))))),
+             fmul(fmul(w, w), fadd(cd(c[3]), fmul(z, fadd(cd(c[4]), fmul(z, cd(c[5])))))));
+    llvm::Value* hz = fmul(cd(0.5), z);
+    llvm::Value* h = fsub(cd(1.0), hz);
+    return fadd(h, fadd(fsub(fsub(cd(1.0), h), hz), fsub(fmul(z, r), fmul(x, y))));
+  }
+  // lib/fastmath.h's sincos_f64, operation for operation; both reductions, then a select.
+  llvm::Value* sincos_f64(llvm::Value* x, bool cosine) {
+    using C = detail::SinCosF64;
+    llvm::Type* i32 = b_.getInt32Ty();
+    llvm::Value* ax = abs_f64(x);
+    // |x| < 2^20: reduce_medium_f64.
+    llvm::Value* t = fadd(fmul(x, cd(C::k2OverPi)), cd(C::kMagic));
+    llvm::Value* n = fsub(t, cd(C::kMagic));
+    llvm::Value* a = fsub(x, fmul(n, cd(C::kPio2[0])));
+    auto [s1, e1] = two_sum(a, b_.CreateFNeg(fmul(n, cd(C::kPio2[1]))));
+    auto [s2, e2] = two_sum(s1, b_.CreateFNeg(fmul(n, cd(C::kPio2[2]))));
+    llvm::Value* tail = fsub(fadd(e1, e2), fmul(n, cd(C::kPio2[3])));
+    llvm::Value* hi_fast = fadd(s2, tail);
+    llvm::Value* lo_fast = fsub(tail, fsub(hi_fast, s2));
+    llvm::Value* q_fast = b_.CreateTrunc(i64_bits(t), i32);
+    // Larger: reduce_large_f64 on |x|, signs flipped for negative x.
+    auto [ql, hl, ll] = reduce_large_f64(i64_bits(ax));
+    llvm::Value* negative = b_.CreateFCmpOLT(x, cd(0.0));
+    llvm::Value* q_large = sel(negative, b_.CreateSub(b_.getInt32(0), ql), ql);
+    llvm::Value* hi_large = sel(negative, b_.CreateFNeg(hl), hl);
+    llvm::Value* lo_large = sel(negative, b_.CreateFNeg(ll), ll);
+    llvm::Value* fast = b_.CreateFCmpOLT(ax, cd(C::kFast));
+    llvm::Value* q = sel(fast, q_fast, q_large);
+    llvm::Value* hi = sel(fast, hi_fast, hi_large);
+    llvm::Value* lo = sel(fast, lo_fast, lo_large);
+    if (cosine) q = b_.CreateAdd(q, b_.getInt32(1));
+    llvm::Value* s = kernel_sin_f64(hi, lo);
+    llvm::Value* c = kernel_cos_f64(hi, lo);
+    auto bit = [&](uint32_t mask) {
+      return b_.CreateICmpNE(b_.CreateAnd(q, b_.getInt32(mask)), b_.getInt32(0));
+    };
+    llvm::Value* v = sel(bit(1), c, s);
+    v = sel(bit(2), b_.CreateFNeg(v), v);
+    if (!cosine) v = sel(b_.CreateFCmpOEQ(x, cd(0.0)), x, v);
+    return sel(b_.CreateFCmpOLT(ax, cd(std::numeric_limits<double>::infinity())), v, fsub(x, x));
+  }
+
   llvm::Value* intrinsic(llvm::Intrinsic::ID id, llvm::Value* x) {
     return b_.CreateUnaryIntrinsic(id, x);
   }
@@ -1116,19 +1398,19 @@ class Emitter {
         r = t == kFloat32 ? log_f32(a) : log_f64(a);
         break;
       case Prim::Log1p:
-        r = t == kFloat32 ? log1p_f32(a) : libm("log1p", a, t);
+        r = t == kFloat32 ? log1p_f32(a) : log1p_f64(a);
         break;
       case Prim::Expm1:
-        r = t == kFloat32 ? expm1_f32(a) : libm("expm1", a, t);
+        r = t == kFloat32 ? expm1_f32(a) : expm1_f64(a);
         break;
       case Prim::Sin:
-        r = t == kFloat32 ? sincos_f32(a, false) : libm("sin", a, t);
+        r = t == kFloat32 ? sincos_f32(a, false) : sincos_f64(a, false);
         break;
       case Prim::Cos:
-        r = t == kFloat32 ? sincos_f32(a, true) : libm("cos", a, t);
+        r = t == kFloat32 ? sincos_f32(a, true) : sincos_f64(a, true);
         break;
       case Prim::Tanh:
-        r = t == kFloat32 ? tanh_f32(a) : libm("tanh", a, t);
+        r = t == kFloat32 ? tanh_f32(a) : tanh_f64(a);
         break;
       case Prim::Sqrt:
         r = intrinsic(llvm::Intrinsic::sqrt, a);
@@ -1149,7 +1431,7 @@ class Emitter {
         r = fp ? intrinsic(llvm::Intrinsic::nearbyint, a) : a;
         break;
       case Prim::Erf:
-        r = t == kFloat32 ? erf_f32(a) : libm("erf", a, t);
+        r = t == kFloat32 ? erf_f32(a) : erf_f64(a);
         break;
       case Prim::Rem:
         r = fp ? libm2("fmod", a, b, t) : int_rem(a, b);
