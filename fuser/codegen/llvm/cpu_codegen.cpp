@@ -162,7 +162,7 @@ class CpuJit {
     // Everything besides the kernel that decides the machine code: part of every cache key.
     target_key_ = target_->getTargetTriple().str() + "|" + target_->getTargetCPU().str() + "|" +
                   target_->getTargetFeatureString().str() +
-                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 15";
+                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 16";
   }
 
   // The in-memory cache: a hit, else a kernel still loaded for someone who holds it, else one
