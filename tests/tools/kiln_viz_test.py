@@ -60,6 +60,45 @@ def attr(dom, name):
     return m.group(1) if m else None
 
 
+def render(chromium, page, fragment, max_seconds):
+    """The DOM of the page (with a URL fragment setting its state) after headless Chromium ran it."""
+    with tempfile.TemporaryDirectory(prefix="kiln-viz-chromium-") as profile:
+        cmd = chromium_args(chromium, profile) + ["--dump-dom", "file://" + page + fragment]
+        return run(cmd, timeout=max(120, 3 * max_seconds), echo=False).stdout
+
+
+def check_status(dom, work):
+    """The canvas's drawn elements, after checking that the page finished without an error."""
+    if 'class="kiln-viz-error"' in dom or attr(dom, "data-status") == "error":
+        fail("the page raised a script error: %s" % (attr(dom, "data-error") or dom[-2000:]))
+    if attr(dom, "data-status") != "ok":
+        fail("the page did not finish (status %r); DOM saved in %s/dom.html"
+             % (attr(dom, "data-status"), work))
+    # What was drawn: the canvas's elements (not the page's script, which spells them too).
+    drawn = re.search(r'<g id="viewport"[^>]*>(.*?)</svg>', dom, re.S)
+    if not drawn:
+        fail("no canvas in the DOM")
+    return drawn.group(1)
+
+
+def count_nodes(drawn):
+    return len(re.findall(r'<g class="node[" ]', drawn))
+
+
+def count_groups(drawn):
+    return len(re.findall(r'<g class="group[" ]', drawn))
+
+
+def expect_counts(dom, drawn, nodes, groups, what):
+    got_nodes, got_groups = count_nodes(drawn), count_groups(drawn)
+    if got_nodes != nodes or attr(dom, "data-nodes") != str(nodes):
+        fail("%s: %d node boxes in the DOM (marker: %s), expected %d"
+             % (what, got_nodes, attr(dom, "data-nodes"), nodes))
+    if got_groups != groups or attr(dom, "data-groups") != str(groups):
+        fail("%s: %d group boxes in the DOM (marker: %s), expected %d"
+             % (what, got_groups, attr(dom, "data-groups"), groups))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["lstm", "wide"])
@@ -115,49 +154,51 @@ def main():
             print("SKIPPED: " + msg)
             return SKIP
         fail(msg)
-    with tempfile.TemporaryDirectory(prefix="kiln-viz-chromium-") as profile:
-        cmd = chromium_args(chromium, profile) + ["--dump-dom", "file://" + page]
-        start = time.monotonic()
-        p = run(cmd, timeout=max(120, 3 * args.max_seconds), echo=False)
-        seconds = time.monotonic() - start
-        dom = p.stdout
-        if args.screenshot:
-            with tempfile.TemporaryDirectory(prefix="kiln-viz-chromium-") as profile2:
-                run(chromium_args(chromium, profile2) + [
-                    "--hide-scrollbars", "--window-size=1280,760",
-                    "--screenshot=" + os.path.abspath(args.screenshot), "file://" + page])
+    start = time.monotonic()
+    dom = render(chromium, page, "", args.max_seconds)
+    seconds = time.monotonic() - start
     open(os.path.join(work, "dom.html"), "w", encoding="utf-8").write(dom)
+    if args.screenshot:
+        with tempfile.TemporaryDirectory(prefix="kiln-viz-chromium-") as profile:
+            run(chromium_args(chromium, profile) + [
+                "--hide-scrollbars", "--window-size=1280,760",
+                "--screenshot=" + os.path.abspath(args.screenshot), "file://" + page])
 
-    if 'class="kiln-viz-error"' in dom or attr(dom, "data-status") == "error":
-        fail("the page raised a script error: %s" % (attr(dom, "data-error") or dom[-2000:]))
-    if attr(dom, "data-status") != "ok":
-        fail("the page did not finish (status %r); DOM saved in %s/dom.html"
-             % (attr(dom, "data-status"), work))
+    drawn = check_status(dom, work)
     shown = attr(dom, "data-file")
     doc = json.load(open(os.path.join(dump, shown), encoding="utf-8"))
-    want_nodes, want_groups = len(doc["nodes"]), len(doc["groups"])
-    # What was drawn: the canvas's elements (not the page's script, which spells them too).
-    drawn = re.search(r'<g id="viewport"[^>]*>(.*?)</svg>', dom, re.S)
-    if not drawn:
-        fail("no canvas in the DOM; saved in %s/dom.html" % work)
-    drawn = drawn.group(1)
-    got_nodes = len(re.findall(r'<g class="node[" ]', drawn))
-    got_groups = len(re.findall(r'<g class="group[" ]', drawn))
+    nodes, groups = doc["nodes"], doc["groups"]
+    got_nodes, got_groups = count_nodes(drawn), count_groups(drawn)
     print("shown: %s (%d nodes, %d groups); DOM: %d node boxes, %d group boxes; status %s; "
-          "chromium took %.1f s" % (shown, want_nodes, want_groups, got_nodes, got_groups,
+          "chromium took %.1f s" % (shown, len(nodes), len(groups), got_nodes, got_groups,
                                     re.search(r'id="kiln-viz-status"[^>]*>', dom).group(0), seconds))
-    if got_nodes != want_nodes or attr(dom, "data-nodes") != str(want_nodes):
-        fail("%d node boxes in the DOM, the graph has %d" % (got_nodes, want_nodes))
-    if got_groups != want_groups or attr(dom, "data-groups") != str(want_groups):
-        fail("%d group boxes in the DOM, the graph has %d" % (got_groups, want_groups))
+    expect_counts(dom, drawn, len(nodes), len(groups), "the page")
     if args.mode == "lstm":
-        if want_groups < 1:
+        if not groups:
             fail("the LSTM cell's shown graph has no fusion group")
         if not re.search(r'<text class="time"[^>]*>[0-9.]+ (ms|\u00b5s)<', drawn):
             fail("no group box shows a kernel time from the trace")
+        # The search box, set from the URL: every node whose op names sigmoid, highlighted.
+        dom = render(chromium, page, "#search=sigmoid", args.max_seconds)
+        drawn = check_status(dom, work)
+        want = sum("sigmoid" in n["op"] for n in nodes)
+        got = len(re.findall(r'<g class="node[^"]*\bmatch\b', drawn))
+        print("search 'sigmoid': %d highlighted, %d expected" % (got, want))
+        if want == 0 or got != want:
+            fail("searching 'sigmoid' highlighted %d nodes, not %d" % (got, want))
+        # Every group collapsed: one box per group, and only the nodes outside groups.
+        dom = render(chromium, page, "#collapse=all", args.max_seconds)
+        drawn = check_status(dom, work)
+        outside = sum(n["group"] is None for n in nodes)
+        collapsed = len(re.findall(r'<g class="group collapsed"', drawn))
+        print("collapsed: %d node boxes (%d outside groups), %d collapsed group boxes"
+              % (count_nodes(drawn), outside, collapsed))
+        expect_counts(dom, drawn, outside, len(groups), "the collapsed page")
+        if collapsed != len(groups):
+            fail("%d of %d groups collapsed" % (collapsed, len(groups)))
     else:
-        if want_nodes < args.nodes:
-            fail("the wide graph has %d nodes, fewer than %d" % (want_nodes, args.nodes))
+        if len(nodes) < args.nodes:
+            fail("the wide graph has %d nodes, fewer than %d" % (len(nodes), args.nodes))
         if seconds > args.max_seconds:
             fail("rendering took %.1f s, more than %.0f s" % (seconds, args.max_seconds))
     print("PASS")
