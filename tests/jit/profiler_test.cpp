@@ -176,7 +176,9 @@ TEST(Profiler, ReportTablesParse) {
       if (is_gemm(row[7])) {
         gemm_row = true;
         EXPECT_GT(std::stod(row[6]), 0) << "GFLOP/s of the GEMM row";
-        EXPECT_GT(std::stod(row[5]), 0) << "GB/s of the GEMM row";
+        // Printed to two decimals: a small GEMM slowed by a loaded machine rounds to 0.00 (the
+        // bytes behind it are checked on the records above).
+        EXPECT_GE(std::stod(row[5]), 0) << "GB/s of the GEMM row";
       }
       if (row[7].rfind("fused:", 0) == 0) {
         kernel_row = true;
