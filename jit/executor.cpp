@@ -8,6 +8,7 @@
 #include "fuser/codegen/llvm/cpu_codegen.h"
 #include "fuser/fuse.h"
 #include "jit/dump.h"
+#include "jit/log.h"
 #include "kiln/autograd.h"
 #include "kiln/error.h"
 #include "kiln/ops.h"
@@ -130,7 +131,7 @@ size_t Plan::num_join_kernel_steps() const {
   return n;
 }
 
-Plan::Plan(const Graph& graph) {
+Plan::Plan(const Graph& graph, const std::vector<int64_t>& in_place_inputs) {
   detail::ProfileSpan span("plan.build");
   if (fuser::fusion_enabled()) {
     detail::ProfileSpan fusion("fusion");
@@ -293,6 +294,106 @@ Plan::Plan(const Graph& graph) {
   for (const Value* o : graph.outputs()) output_slots_.push_back(slot_of.at(o));
   // Input slots in graph-input order.
   for (const Value* in : graph.inputs()) input_slots_.push_back(slot_of.at(in));
+  for (Step& step : steps_) step.in_place.assign(step.outputs.size(), -1);
+  if (!in_place_inputs.empty()) plan_in_place(graph, in_place_inputs);
+}
+
+size_t Plan::num_in_place_outputs() const {
+  size_t n = 0;
+  for (const Step& step : steps_)
+    for (int64_t j : step.in_place) n += j >= 0;
+  return n;
+}
+
+void Plan::plan_in_place(const Graph& graph, const std::vector<int64_t>& in_place_inputs) {
+  KILN_CHECK(in_place_inputs.size() == graph.outputs().size(), "jit: ", in_place_inputs.size(),
+             " in-place entries for ", graph.outputs().size(), " graph outputs");
+  // The graph input each value aliases (through views), in one pass over the nodes in order.
+  absl::flat_hash_map<const Value*, int64_t> root;
+  for (size_t j = 0; j < graph.inputs().size(); ++j)
+    root[graph.inputs()[j]] = static_cast<int64_t>(j);
+  for (const Node* n = graph.first(); n; n = n->next()) {
+    if (n->op().kind != detail::OpKind::View || n->num_inputs() == 0 || !n->input(0)) continue;
+    auto r = root.find(n->input(0));
+    if (r == root.end()) continue;
+    const int64_t j = r->second;
+    for (size_t k = 0; k < n->num_outputs(); ++k) root[n->output(k)] = j;
+  }
+  // Per graph input: the last step reading it or an alias of it; and whether an alias is an output.
+  std::vector<int64_t> last_read(graph.inputs().size(), -1);
+  std::vector<bool> aliased_output(graph.inputs().size(), false);
+  absl::flat_hash_map<const Node*, size_t> step_of;
+  // From each step on, the first step that may raise on the values it reads (an index out of
+  // range, an integer division by zero).
+  std::vector<size_t> next_unsafe(steps_.size() + 1, steps_.size());
+  for (size_t i = 0; i < steps_.size(); ++i) step_of[steps_[i].node] = i;
+  for (size_t i = steps_.size(); i-- > 0;) {
+    const Step& st = steps_[i];
+    bool may_fail = false;  // on the values it reads; otherwise only when memory runs out
+    if (!st.group && !st.map_into && st.node->op().checks_integer_values)
+      for (const Value* in : st.node->inputs())
+        may_fail |= in && !is_floating_point(in->type().dtype);
+    next_unsafe[i] = may_fail ? i : next_unsafe[i + 1];
+  }
+  absl::flat_hash_map<const Node*, const fuser::FusionGroup*> group_of;
+  for (const fuser::FusionGroup& g : groups_)
+    for (const Node* n : g.nodes) group_of[n] = &g;
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    const Step& st = steps_[i];
+    const std::vector<const Value*> reads =
+        st.group ? st.group->inputs
+                 : std::vector<const Value*>(st.node->inputs().begin(), st.node->inputs().end());
+    for (const Value* v : reads) {
+      auto r = v ? root.find(v) : root.end();
+      if (r != root.end()) last_read[static_cast<size_t>(r->second)] = static_cast<int64_t>(i);
+    }
+  }
+  for (const Value* o : graph.outputs())
+    if (auto r = root.find(o); r != root.end())
+      aliased_output[static_cast<size_t>(r->second)] = true;
+  for (size_t k = 0; k < in_place_inputs.size(); ++k) {
+    const int64_t j = in_place_inputs[k];
+    if (j < 0) continue;
+    KILN_CHECK(j < static_cast<int64_t>(graph.inputs().size()), "jit: in-place input ", j,
+               " of a graph with ", graph.inputs().size(), " inputs");
+    // The value the output views, and the step that computes it.
+    const Value* v = graph.outputs()[k];
+    while (v->node()->op().kind == detail::OpKind::View && v->node()->num_inputs() > 0 &&
+           v->node()->input(0) && !root.contains(v))
+      v = v->node()->input(0);
+    const Node* producer = v->node();
+    auto g = group_of.find(producer);
+    const fuser::FusionGroup* group = g == group_of.end() ? nullptr : g->second;
+    auto s = step_of.find(group ? group->nodes.back() : producer);
+    std::string why;
+    size_t at = 0;
+    if (s == step_of.end()) {
+      why = "it is not computed by a step";
+    } else {
+      at = s->second;
+      const Step& st = steps_[at];
+      if (!(st.group && !st.group->rows && !st.group->join) && !st.map_into)
+        why = "its step is no elementwise kernel or direct step";
+      else if (last_read[static_cast<size_t>(j)] > static_cast<int64_t>(at))
+        why = "a later step reads the input's old value";
+      else if (aliased_output[static_cast<size_t>(j)])
+        why = "the input, or a view of it, is a graph output";
+      else if (const size_t u = next_unsafe[at + 1]; u < steps_.size())
+        why = "a step after it may fail (step " + std::to_string(u) + ", " +
+              steps_[u].node->op().name + ")";
+    }
+    if (!why.empty()) {
+      log("fuser", "write-back %", graph.outputs()[k]->id(), " gets a buffer of its own: ", why);
+      continue;
+    }
+    Step& st = steps_[at];
+    for (size_t o = 0; o < st.outputs.size(); ++o) {
+      const Value* out = st.group ? st.group->outputs[o] : st.node->output(o);
+      if (out == v && st.arena[o] < 0) st.in_place[o] = j;
+    }
+    log("fuser", "write-back %", graph.outputs()[k]->id(), " is computed in the buffer of input ",
+        j, " (step ", at, ", ", st.group ? st.group->kernel.ops : st.node->op().name, ")");
+  }
 }
 
 fuser::CompiledKernel Plan::kernel_for(const Step& step, const fuser::Layout& layout) const {
@@ -490,7 +591,7 @@ const char* Plan::run_rows_group(const Step& step, const std::vector<Tensor>& ar
 }
 
 namespace {
-std::atomic<int64_t> g_fused_kernels_run{0}, g_unfused_steps_run{0};
+std::atomic<int64_t> g_fused_kernels_run{0}, g_unfused_steps_run{0}, g_in_place_writes{0};
 
 int64_t tensor_bytes(const Tensor& t) {
   return t.defined() ? t.numel() * static_cast<int64_t>(element_size(t.dtype())) : 0;
@@ -534,8 +635,33 @@ void record_step(const detail::SpanStart& start, const Node& node, const fuser::
 
 PlanRunCounts plan_run_counts() {
   return {g_fused_kernels_run.load(std::memory_order_relaxed),
-          g_unfused_steps_run.load(std::memory_order_relaxed)};
+          g_unfused_steps_run.load(std::memory_order_relaxed),
+          g_in_place_writes.load(std::memory_order_relaxed)};
 }
+
+namespace {
+// Whether a step may write a value of `type` into `target` (a graph input): the target is a whole,
+// contiguous, concrete buffer of that type that no other graph input shares, and the step reads
+// it, if at all, at the element it writes (contiguous, from the same first element).
+bool writable_in_place(const Tensor& target, const ValueType& type, const std::vector<Tensor>& args,
+                       const std::vector<Tensor>& inputs) {
+  if (!target.defined() || target.dtype() != type.dtype || !target.is_contiguous()) return false;
+  const detail::Storage* storage = target.impl()->storage.get();
+  const int64_t numel = detail::shape_numel(type.sizes);
+  if (storage->lazy || target.numel() != numel ||
+      static_cast<size_t>(numel) * element_size(type.dtype) != storage->nbytes)
+    return false;
+  int sharing = 0;
+  for (const Tensor& t : inputs) sharing += t.defined() && t.impl()->storage.get() == storage;
+  if (sharing != 1) return false;
+  for (const Tensor& a : args) {
+    if (!a.defined() || a.impl()->storage.get() != storage) continue;
+    if (a.impl()->data() != target.impl()->data() || !a.is_contiguous() || a.numel() != numel)
+      return false;
+  }
+  return true;
+}
+}  // namespace
 
 std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
   KILN_CHECK(inputs.size() == input_slots_.size(), "jit: the graph takes ", input_slots_.size(),
@@ -564,6 +690,7 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
     }
   }
   EagerScope eager;
+  const bool warm = warm_.load(std::memory_order_acquire);
   std::vector<Tensor> args;
   std::vector<Tensor> outs;
   // Read once per run: off, the steps' only profiling cost is a branch on this.
@@ -579,11 +706,19 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
       for (size_t k = 0; k < step.outputs.size(); ++k) {
         if (step.arena[k] >= 0) {
           outs.push_back(arena->values[static_cast<size_t>(step.arena[k])]);
-        } else {
-          const ValueType& type =
-              step.group ? step.group->outputs[k]->type() : step.node->output()->type();
-          outs.push_back(detail::make_empty(type.sizes, type.dtype));
+          continue;
         }
+        const ValueType& type =
+            step.group ? step.group->outputs[k]->type() : step.node->output()->type();
+        if (step.in_place[k] >= 0 && warm) {
+          const Tensor& target = inputs[static_cast<size_t>(step.in_place[k])];
+          if (writable_in_place(target, type, args, inputs)) {
+            outs.push_back(target.view(type.sizes));
+            g_in_place_writes.fetch_add(1, std::memory_order_relaxed);
+            continue;
+          }
+        }
+        outs.push_back(detail::make_empty(type.sizes, type.dtype));
       }
       if (step.group) {
         kernel = run_group(step, args, outs);
@@ -610,6 +745,7 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
       if (!released) slots[static_cast<size_t>(step.outputs[k])] = std::move(outs[k]);
     }
   }
+  warm_.store(true, std::memory_order_release);
   std::vector<Tensor> result;
   result.reserve(output_slots_.size());
   for (int64_t s : output_slots_) {

@@ -27,9 +27,18 @@ class FusedGraphDump;
 // entry's validation, conversion and autograd: the graph's types were checked when it was built.
 // Small values that only such steps read live in a per-plan arena, laid out by the same liveness
 // slots and reused by every run, so a replay of small tensors allocates only what it returns.
+//
+// In-place outputs: `in_place_inputs` gives, per graph output, the graph input whose buffer it may
+// be computed in (a trace's write-back into a captured tensor: an optimizer's parameter and
+// state), or -1. The plan takes it when the output comes from a kernel or direct step (through
+// views) after which nothing reads the input's old value and no step may raise on the values it
+// reads (OpDef::checks_integer_values: an index out of range), so a failed run leaves the input
+// as it was; and from its second run on (the first compiles the kernels). Each run checks the
+// layouts again: the step must read every alias of the input at the element it writes. The output
+// is then a view of the input.
 class Plan {
  public:
-  explicit Plan(const Graph& graph);
+  explicit Plan(const Graph& graph, const std::vector<int64_t>& in_place_inputs = {});
   ~Plan();
   // Binds graph inputs to `inputs` (in order) and runs every step; returns the graph outputs.
   // Safe to call from several threads at once (a run that finds the arena in use makes its own).
@@ -45,6 +54,8 @@ class Plan {
   // stack.
   size_t num_kernel_steps() const;
   size_t num_join_kernel_steps() const;
+  // Outputs that may be computed in their graph input's buffer (see above).
+  size_t num_in_place_outputs() const;
 
  private:
   struct Step {
@@ -58,6 +69,7 @@ class Plan {
     // The group's kernel per layout met so far (under kernels_mutex_).
     mutable std::vector<std::pair<fuser::Layout, fuser::CompiledKernel>> kernels;
     std::vector<fuser::Level> output_levels;  // rows groups: where each output varies
+    std::vector<int64_t> in_place;            // per output: graph input to write into, or -1
   };
   struct ArenaValue {
     int64_t slot;
@@ -72,6 +84,8 @@ class Plan {
                         std::vector<Tensor>& outs) const;
   const char* run_rows_group(const Step& step, const std::vector<Tensor>& args,
                              std::vector<Tensor>& outs) const;
+  // Picks in-place outputs among the steps (see the class comment); logs why not under fuser.
+  void plan_in_place(const Graph& graph, const std::vector<int64_t>& in_place_inputs);
 
   std::vector<fuser::FusionGroup> groups_;
   std::vector<Step> steps_;
@@ -85,6 +99,8 @@ class Plan {
   mutable std::unique_ptr<Arena> arena_;  // made by the first run
   mutable std::atomic<bool> arena_busy_{false};
   mutable std::mutex kernels_mutex_;
+  // Set after the first run that finished: its kernels are compiled, so in-place writes may start.
+  mutable std::atomic<bool> warm_{false};
   // KILN_DUMP: the graph with its groups, rewritten as their kernels compile; null when off.
   std::unique_ptr<FusedGraphDump> dump_;
 };
@@ -95,6 +111,7 @@ int64_t plan_arena_bytes();
 struct PlanRunCounts {
   int64_t fused_kernels = 0;
   int64_t unfused_steps = 0;
+  int64_t in_place_writes = 0;
 };
 PlanRunCounts plan_run_counts();
 

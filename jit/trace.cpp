@@ -155,6 +155,28 @@ struct TraceScope {
   }
 };
 
+// Per graph output of a specialization: the graph input (a captured tensor covering the whole
+// storage a write-back targets, the only input over that storage) whose buffer the plan may
+// compute the write-back in, or -1.
+std::vector<int64_t> in_place_inputs(const Specialization& s) {
+  std::vector<int64_t> in_place(s.kinds.size(), -1);
+  for (size_t k = 0; k < s.kinds.size(); ++k) {
+    if (s.kinds[k] != OutputKind::WriteBack) continue;
+    const detail::Storage* storage = s.write_targets[k].impl()->storage.get();
+    int64_t found = -1, sharing = 0;
+    for (size_t j = 0; j < s.captures.size(); ++j) {
+      const Tensor& c = s.captures[j];
+      if (!c.defined() || c.impl()->storage.get() != storage) continue;
+      ++sharing;
+      if (s.arguments[j] < 0 && c.is_contiguous() && c.storage_offset() == 0 &&
+          c.dtype() == s.write_targets[k].dtype() && c.numel() == s.write_targets[k].numel())
+        found = static_cast<int64_t>(j);
+    }
+    if (sharing == 1) in_place[k] = found;
+  }
+  return in_place;
+}
+
 // The node output that holds t's value, recording a copy when t is a concrete tensor (a capture
 // returned as is) so that every output is computed by the graph.
 detail::LazyRef value_ref(const Tensor& t) {
@@ -328,7 +350,7 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
   }
   run_passes(*spec->graph);
   if (verify_passes()) verify_types(*spec->graph);
-  if (plan) spec->plan = std::make_unique<Plan>(*spec->graph);
+  if (plan) spec->plan = std::make_unique<Plan>(*spec->graph, in_place_inputs(*spec));
   g_traces.fetch_add(1);
   return spec;
 }
@@ -398,7 +420,10 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
           const Tensor& dst = s.write_targets[k];
           const Tensor& src = results[k];
           detail::Storage& storage = *dst.impl()->storage;
-          if (storage.owns_allocation && holders.can_give_up(src, storage.nbytes))
+          if (src.impl()->storage.get() == &storage && src.storage_offset() == 0 &&
+              src.is_contiguous() && src.numel() == dst.numel()) {
+            // The plan computed it in place.
+          } else if (storage.owns_allocation && holders.can_give_up(src, storage.nbytes))
             swap_buffers(storage, *src.impl()->storage);
           else
             detail::copy_kernel(dst, detail::may_overlap(dst, src) ? src.clone() : src);
@@ -629,7 +654,7 @@ Function load(const std::string& path) {
     }
   }
   spec->graph = std::move(loaded.graph);
-  spec->plan = std::make_unique<Plan>(*spec->graph);
+  spec->plan = std::make_unique<Plan>(*spec->graph, in_place_inputs(*spec));
   spec->grad_mode = true;  // no backward: serves calls with autograd on or off
   Function f;
   f.impl_ = std::make_shared<FunctionImpl>();
@@ -765,6 +790,7 @@ Stats stats() {
   const PlanRunCounts runs = plan_run_counts();
   st.fused_kernels_run = runs.fused_kernels;
   st.unfused_steps_run = runs.unfused_steps;
+  st.in_place_writes = runs.in_place_writes;
   return st;
 }
 

@@ -87,8 +87,9 @@ struct OpDef {
   // and (let NAME e body); e.g. mean's "(cast (div (rsum (widen x)) n))".
   const char* formula = nullptr;
   // The entry point checks integer operands' values before computing (a zero divisor, a negative
-  // exponent): integer instances run through it (invoke), never fused or run directly, so a
-  // replayed trace raises as eager mode does.
+  // exponent, an index or a class out of range): integer instances run through it (invoke), never
+  // fused or run directly, so a replayed trace raises as eager mode does; and a plan computes
+  // nothing in place before such a step (jit/executor.h).
   bool checks_integer_values = false;
 };
 

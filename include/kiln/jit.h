@@ -102,6 +102,8 @@ struct Stats {
   int64_t fused_kernels_run = 0;   // fused kernel launches by plans
   int64_t unfused_steps_run = 0;   // other plan steps that compute (GEMMs, reference kernels;
                                    // views, which compute nothing, are not counted)
+  int64_t in_place_writes = 0;     // step outputs a traced plan computed in its input's buffer
+                                   // (write-backs of optimizer state; no transient copy)
 };
 Stats stats();
 

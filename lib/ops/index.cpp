@@ -40,7 +40,9 @@ using Inputs = std::vector<Tensor>;
 
 const detail::OpDef& def_op(const char* name, OpKind kind, int arity, DTypeRule rule,
                             detail::Invoke invoke, std::vector<std::string> attr_names = {}) {
-  return detail::register_op({name, kind, arity, rule, true, invoke, std::move(attr_names)});
+  detail::OpDef def{name, kind, arity, rule, true, invoke, std::move(attr_names)};
+  def.checks_integer_values = kind == OpKind::Index;  // indices out of range raise
+  return detail::register_op(std::move(def));
 }
 
 const detail::OpDef& index_select_def =

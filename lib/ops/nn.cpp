@@ -52,9 +52,10 @@ using Inputs = std::vector<Tensor>;
 using detail::Attrs;
 
 const detail::OpDef& def_nn(const char* name, int arity, DTypeRule rule, detail::Invoke invoke,
-                            std::vector<std::string> attr_names, const char* formula = nullptr) {
-  return detail::register_op(
-      {name, OpKind::NN, arity, rule, true, invoke, std::move(attr_names), nullptr, formula});
+                            std::vector<std::string> attr_names, const char* formula = nullptr,
+                            bool checks_integer_values = false) {
+  return detail::register_op({name, OpKind::NN, arity, rule, true, invoke, std::move(attr_names),
+                              nullptr, formula, checks_integer_values});
 }
 
 // Losses carry their reduction as an int: 0 none, 1 mean, 2 sum.
@@ -93,20 +94,20 @@ const detail::OpDef& layer_norm_def =
            },
            {"normalized_shape", "eps"});
 // Inputs (log_probs, target).
-const detail::OpDef& nll_loss_def =
-    def_nn("nll_loss", 2, DTypeRule::Custom,
-           [](const Inputs& in, const Attrs& a) {
-             return Inputs{nll_loss(in[0], in[1], attr_reduction(a.at(0)))};
-           },
-           {"reduction"});
+const detail::OpDef& nll_loss_def = def_nn(
+    "nll_loss", 2, DTypeRule::Custom,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{nll_loss(in[0], in[1], attr_reduction(a.at(0)))};
+    },
+    {"reduction"}, nullptr, /*checks_integer_values=*/true);
 // Inputs (logits, target). A composition (log_softmax, then nll_loss): its pieces record
 // themselves in lazy mode.
-const detail::OpDef& cross_entropy_def =
-    def_nn("cross_entropy", 2, DTypeRule::Custom,
-           [](const Inputs& in, const Attrs& a) {
-             return Inputs{cross_entropy(in[0], in[1], attr_reduction(a.at(0)))};
-           },
-           {"reduction"});
+const detail::OpDef& cross_entropy_def = def_nn(
+    "cross_entropy", 2, DTypeRule::Custom,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{cross_entropy(in[0], in[1], attr_reduction(a.at(0)))};
+    },
+    {"reduction"}, nullptr, /*checks_integer_values=*/true);
 const detail::OpDef& mse_loss_def =
     def_nn("mse_loss", 2, DTypeRule::Float,
            [](const Inputs& in, const Attrs& a) {

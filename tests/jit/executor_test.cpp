@@ -249,5 +249,92 @@ TEST(PlanCache, AnyStructuralDifferenceMisses) {
   EXPECT_EQ(jit::stats().plan_cache_hits, hits + 1);
 }
 
+// In-place outputs, on hand-built graphs whose step order is fixed: input 0 (p) may take output
+// 0. Each graph runs three times on fresh copies of p; the first run compiles and writes nothing
+// in place, the later ones may.
+struct InPlaceCase {
+  std::vector<Tensor> outputs;
+  int64_t in_place_writes;  // over the three runs
+  bool shares_p;            // the last run's output 0 is p's buffer
+};
+
+InPlaceCase run_in_place(const jit::Graph& g, const Tensor& p, const Tensor& x) {
+  jit::Plan plan(g, std::vector<int64_t>{0, -1});
+  const int64_t before = jit::stats().in_place_writes;
+  InPlaceCase c{};
+  for (int run = 0; run < 3; ++run) {
+    Tensor target;
+    {
+      LazyGuard concrete(false);  // a graph's inputs are concrete
+      target = p.clone();
+    }
+    c.outputs = plan.run({target, x});
+    c.shares_p = c.outputs[0].impl()->storage->data == target.impl()->storage->data;
+  }
+  c.in_place_writes = jit::stats().in_place_writes - before;
+  return c;
+}
+
+jit::ValueType f32_type(Shape sizes) {
+  return jit::ValueType{kFloat32, std::move(sizes), kCPU, false};
+}
+
+TEST(PlanInPlace, AnUpdateNothingElseReadsIsComputedInItsInputsBuffer) {
+  manual_seed(21);
+  Tensor p = randn({64, 64}), x = randn({64, 64});
+  jit::Graph g;
+  jit::Value* pv = g.add_input(f32_type({64, 64}));
+  jit::Value* xv = g.add_input(f32_type({64, 64}));
+  jit::Value* sum = g.create("add", {pv, xv}, {int64_t{1}}, {f32_type({64, 64})})->output();
+  jit::Value* upd = g.create("mul", {sum, xv}, {}, {f32_type({64, 64})})->output();
+  jit::Value* other = g.create("exp", {xv}, {}, {f32_type({64, 64})})->output();
+  g.add_output(upd);
+  g.add_output(other);
+  InPlaceCase c = run_in_place(g, p, x);
+  EXPECT_EQ(c.in_place_writes, 2);
+  EXPECT_TRUE(c.shares_p);
+  expect_bit_equal(c.outputs[0], (p + x) * x, "update");
+  expect_bit_equal(c.outputs[1], exp(x), "other output");
+}
+
+TEST(PlanInPlace, AnInputReadByALaterStepKeepsItsOldValue) {
+  manual_seed(22);
+  Tensor p = randn({64, 64}), x = randn({64, 64});
+  jit::Graph g;
+  jit::Value* pv = g.add_input(f32_type({64, 64}));
+  jit::Value* xv = g.add_input(f32_type({64, 64}));
+  jit::Value* sum = g.create("add", {pv, xv}, {int64_t{1}}, {f32_type({64, 64})})->output();
+  jit::Value* upd = g.create("mul", {sum, xv}, {}, {f32_type({64, 64})})->output();
+  // After the update's kernel, a GEMM reads p (through a view) and the update.
+  jit::Value* pt =
+      g.create("transpose", {pv}, {int64_t{0}, int64_t{1}}, {f32_type({64, 64})})->output();
+  jit::Value* prod = g.create("mm", {pt, upd}, {}, {f32_type({64, 64})})->output();
+  g.add_output(upd);
+  g.add_output(prod);
+  InPlaceCase c = run_in_place(g, p, x);
+  EXPECT_EQ(c.in_place_writes, 0);
+  EXPECT_FALSE(c.shares_p);
+  expect_bit_equal(c.outputs[0], (p + x) * x, "update");
+  expect_bit_equal(c.outputs[1], mm(p.t(), (p + x) * x), "GEMM of the old value");
+}
+
+TEST(PlanInPlace, AKernelReadingItsTargetThroughAnotherLayoutGetsAFreshBuffer) {
+  manual_seed(23);
+  Tensor p = randn({48, 48}), x = randn({48, 48});
+  jit::Graph g;
+  jit::Value* pv = g.add_input(f32_type({48, 48}));
+  jit::Value* xv = g.add_input(f32_type({48, 48}));
+  jit::Value* pt =
+      g.create("transpose", {pv}, {int64_t{0}, int64_t{1}}, {f32_type({48, 48})})->output();
+  jit::Value* sum = g.create("add", {pv, pt}, {int64_t{1}}, {f32_type({48, 48})})->output();
+  jit::Value* upd = g.create("mul", {sum, xv}, {}, {f32_type({48, 48})})->output();
+  g.add_output(upd);
+  g.add_output(g.create("neg", {xv}, {}, {f32_type({48, 48})})->output());
+  InPlaceCase c = run_in_place(g, p, x);
+  EXPECT_EQ(c.in_place_writes, 0);
+  EXPECT_FALSE(c.shares_p);
+  expect_bit_equal(c.outputs[0], (p + p.t()) * x, "update reading p transposed");
+}
+
 }  // namespace
 }  // namespace kiln

@@ -266,6 +266,122 @@ TEST(Trace, PlanReusesSlotsAndTracedStepPeakMemoryIsReported) {
   EXPECT_GT(traced_peak, 0u);
 }
 
+// From the second replay on, an optimizer's write-backs (parameters, Adam's moments) are computed
+// in the captured tensors' own buffers: the step holds no parameter-sized transients, the
+// parameters keep their memory, and the results still follow eager training.
+TEST(Trace, OptimizerWriteBacksAreComputedInPlaceFromTheSecondReplay) {
+  Model eager_model(7), traced_model(7);
+  optim::Adam eager_opt(eager_model.net.parameters(), optim::AdamOptions{1e-2});
+  optim::Adam traced_opt(traced_model.net.parameters(), optim::AdamOptions{1e-2});
+  manual_seed(12);
+  Tensor x = randn({64, 6});
+  Tensor y = randint(0, 3, {64});
+  auto step = [](optim::Adam& opt, Model& m, const Inputs& in) {
+    opt.zero_grad();
+    Tensor loss = loss_of(m, in[0], in[1]);
+    loss.backward();
+    opt.step();
+    return Inputs{loss};
+  };
+  jit::Function f =
+      jit::trace([&](const Inputs& in) { return step(traced_opt, traced_model, in); }, {x, y});
+  const auto params = traced_model.net.parameters();
+  std::vector<const void*> buffers;
+  for (const Tensor& p : params) buffers.push_back(p.impl()->storage->data);
+  for (int i = 0; i < 20; ++i) {
+    const int64_t before = jit::stats().in_place_writes;
+    float traced = f({x, y})[0].item<float>();
+    const int64_t writes = jit::stats().in_place_writes - before;
+    float eager;
+    {
+      LazyGuard lazy_off(false);
+      eager = step(eager_opt, eager_model, {x, y})[0].item<float>();
+    }
+    ASSERT_NEAR(traced, eager, 1e-4 * std::max(1.0f, std::abs(eager))) << "step " << i;
+    if (i == 0) {
+      EXPECT_EQ(writes, 0) << "the first replay compiles; it writes nothing in place";
+    } else {
+      // Each parameter, its exp_avg and its exp_avg_sq.
+      EXPECT_GE(writes, static_cast<int64_t>(3 * params.size())) << "step " << i;
+    }
+  }
+  auto pe = eager_model.net.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(allclose(params[i], pe[i], 1e-3, 1e-4)) << "parameter " << i;
+  }
+  // The first replay swapped fresh buffers in; from the second on the parameters keep theirs.
+  buffers.clear();
+  for (const Tensor& p : params) buffers.push_back(p.impl()->storage->data);
+  f({x, y});
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_EQ(params[i].impl()->storage->data, buffers[i]) << "parameter " << i;
+}
+
+// A write-back is computed in place only where that is invisible: not when a later step reads the
+// old value, not when the step reads the target through another layout, and not when a step that
+// may fail still follows it.
+TEST(Trace, WriteBacksStayOutOfPlaceWhereTheOldValueIsStillNeeded) {
+  auto expect_eager_like = [](auto body, Tensor& target, const Inputs& in, const char* what) {
+    Tensor twin = target.clone();
+    jit::Function f = jit::trace([&](const Inputs& a) { return body(target, a); }, in);
+    for (int call = 0; call < 3; ++call) {
+      Inputs got = f(in);
+      Inputs want;
+      {
+        LazyGuard lazy_off(false);
+        want = body(twin, in);
+      }
+      ASSERT_EQ(got.size(), want.size()) << what;
+      for (size_t k = 0; k < got.size(); ++k)
+        EXPECT_TRUE(equal(got[k], want[k])) << what << ", call " << call << ", output " << k;
+      EXPECT_TRUE(equal(target, twin)) << what << ", call " << call;
+    }
+  };
+  manual_seed(3);
+  // The old value is read after the update: 2 * p joins exp's kernel, which runs after add_.
+  Tensor p = randn({64, 33});
+  expect_eager_like(
+      [](Tensor& t, const Inputs& in) {
+        Tensor doubled = t * 2;
+        t.add_(in[0]);
+        return Inputs{exp(doubled) + 1};
+      },
+      p, {randn({64, 33})}, "old value read later");
+  // The kernel reads the target transposed while writing it.
+  Tensor q = randn({40, 40});
+  expect_eager_like(
+      [](Tensor& t, const Inputs& in) {
+        t.mul_(in[0]).add_(t.t());
+        return Inputs{t.sum()};
+      },
+      q, {randn({40, 40})}, "read through another layout");
+  // The update itself: computed in place from the second call, with the same results.
+  Tensor r = randn({1000});
+  const int64_t before = jit::stats().in_place_writes;
+  expect_eager_like(
+      [](Tensor& t, const Inputs& in) {
+        t.mul_(0.5).add_(in[0]);
+        return Inputs{in[0] * 3};
+      },
+      r, {randn({1000})}, "plain update");
+  EXPECT_EQ(jit::stats().in_place_writes - before, 2) << "calls 2 and 3 write r in place";
+
+  // An index out of range after the update: the call fails and leaves the target as it was.
+  Tensor w = randn({50});
+  Tensor table = randn({10, 4});
+  jit::Function g = jit::trace(
+      [&](const Inputs& in) {
+        w.mul_(0.5).add_(1.0);
+        return Inputs{index_select(table, 0, in[0])};
+      },
+      {from_vector(std::vector<int64_t>{1, 2})});
+  g({from_vector(std::vector<int64_t>{3, 4})});
+  g({from_vector(std::vector<int64_t>{3, 4})});
+  const Tensor kept = w.clone();
+  EXPECT_THROW(g({from_vector(std::vector<int64_t>{3, 40})}), Error);
+  EXPECT_TRUE(equal(w, kept)) << "a failed call changed the captured tensor";
+}
+
 }  // namespace
 }  // namespace kiln
 

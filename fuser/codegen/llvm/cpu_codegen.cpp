@@ -589,9 +589,10 @@ class Emitter {
         property("llvm.loop.interleave.count", b_.getInt32(kInterleave)),
         property("llvm.loop.vectorize.enable", b_.getTrue())};
     // The iterations are independent: element i reads its inputs' elements and writes its
-    // outputs' elements i, and no output overlaps an input (the executor gives kernels fresh
-    // buffers; calls already run ranges of the same loop on several threads at once, so a kernel
-    // may assume it). Saying so (the loads and stores of tensors in one access group, listed as
+    // outputs' elements i, and an output overlaps an input only at the same elements (the
+    // executor gives kernels fresh buffers, or an input's own buffer when the layouts match
+    // element for element; calls already run ranges of the same loop on several threads at once,
+    // so a kernel may assume it). Saying so (the loads and stores of tensors in one access group, listed as
     // parallel) spares the vectorizer its run-time overlap checks and the scalar loop they fall
     // back to. Single-block bodies only; accumulators in allocas are not tensor accesses.
     if (b_.GetInsertBlock() == head) {
