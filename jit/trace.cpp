@@ -8,6 +8,7 @@
 // backward become outputs the same way. When the trace ends, every captured tensor and .grad is
 // restored to what it was, so tracing has no side effects.
 #include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
 
 #include <atomic>
 #include <mutex>
@@ -400,6 +401,17 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
   for (size_t k = 0; k < s.arguments.size(); ++k)
     args[k] = s.arguments[k] >= 0 ? inputs[static_cast<size_t>(s.arguments[k])] : s.captures[k];
   eval(args);
+  // A .grad the function replaces without reading it (zero_grad, then backward) is dropped before
+  // the run, as eager mode drops it at zero_grad: the old and the new gradients are never held
+  // together.
+  absl::flat_hash_set<const detail::Storage*> read;
+  for (const Tensor& a : args)
+    if (a.defined()) read.insert(a.impl()->storage.get());
+  for (size_t k = 0; k < s.kinds.size(); ++k) {
+    if (s.kinds[k] != OutputKind::Grad) continue;
+    Tensor& old = s.grad_leaves[k]->autograd->grad;
+    if (old.defined() && !read.contains(old.impl()->storage.get())) old = Tensor();
+  }
   std::vector<Tensor> results = s.plan->run(args);
   const ResultHolders holders(args, results);
   std::vector<Tensor> returned, saved;
