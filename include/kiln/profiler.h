@@ -14,6 +14,7 @@ enum class Category {
   kLibrary,  // an op's own kernel run by a plan (GEMMs through oneDNN, reductions, ...)
   kOp,       // an elementwise op a plan ran straight into its output (no fusion partner)
   kJit,      // the JIT's own work: graph building, passes, planning, compilation, tracing
+  kCache,    // the kernel cache: in-memory look-ups ("kernel.lookup") and disk loads
 };
 const char* category_name(Category c);
 
