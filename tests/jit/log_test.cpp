@@ -2,12 +2,14 @@
 // group, why lazy mode materialized, which pass rule fired, cache hits and misses), parsed.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <functional>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "jit/dump.h"
 #include "jit/log.h"
 #include "kiln/kiln.h"
 #include "lib/lazy.h"
@@ -255,6 +257,33 @@ TEST(Log, CacheSaysPlanAndKernelHitsAndMisses) {
   int hits = 0;
   for (const std::string& l : lines_of(again, "[kiln cache] ")) hits += std::regex_match(l, hit);
   EXPECT_EQ(hits, 1) << again;
+}
+
+// While dumping, kernels are compiled rather than read from the disk cache: a kernel new to this
+// process is compiled, and codegen says so with its phase times.
+TEST(Log, CodegenSaysWhatItCompiledAndHowLong) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / "kiln_log_codegen_dump";
+  std::filesystem::remove_all(dir);
+  jit::set_dump_dir(dir.string());
+  const Tensor x = testing::input({21, 5});
+  const std::string out = logged("codegen", [&] {
+    Planned p =
+        plan_of([](const Inputs& in) { return Inputs{expm1(in[0]) * cos(in[0]) - 3.5}; }, {x});
+    p.plan->run(p.binding.inputs);
+  });
+  jit::set_dump_dir("");
+  std::filesystem::remove_all(dir);
+  static const std::regex compiled(
+      R"(\[kiln codegen\] compiled (kiln_\w+_[0-9a-f]{8}) in [0-9.]+ ms: IR [0-9.]+, optimization [0-9.]+, object code [0-9.]+, disk cache [0-9.]+, linking [0-9.]+)");
+  std::vector<std::string> symbols;
+  for (const std::string& l : lines_of(out, "[kiln codegen] ")) {
+    std::smatch m;
+    if (std::regex_match(l, m, compiled)) symbols.push_back(m[1]);
+  }
+  ASSERT_EQ(symbols.size(), 1u) << out;
+  EXPECT_NE(symbols[0].find("expm1"), std::string::npos) << symbols[0];
+  EXPECT_NE(out.find("[kiln codegen] compiling " + symbols[0]), std::string::npos) << out;
 }
 
 }  // namespace

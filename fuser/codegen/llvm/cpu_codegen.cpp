@@ -205,7 +205,7 @@ class CpuJit {
       insert(key, *alive);
       return std::move(*alive);
     }
-    jit::log("cache", "memory miss ", symbol_name(key, k));
+    if (jit::log_enabled("cache")) jit::log("cache", "memory miss ", symbol_name(key, k));
     CompiledKernel code = load(key, k, layout);
     insert(key, code);
     return code;
