@@ -299,7 +299,8 @@ namespace {
 // The span of the plan step running on this thread, while profiling: a step whose kernel must be
 // looked up, loaded or compiled first closes it and opens it again after, so that the JIT's work
 // is a span of its own beside the kernel's and never counted as kernel time.
-thread_local detail::SpanStart* t_step_span = nullptr;
+// Initial-exec: Plan::run sets it on every run, where the general model would add a call.
+__attribute__((tls_model("initial-exec"))) thread_local detail::SpanStart* t_step_span = nullptr;
 }  // namespace
 
 fuser::CompiledKernel Plan::kernel_for(const Step& step, const fuser::Layout& layout) const {
@@ -311,9 +312,9 @@ fuser::CompiledKernel Plan::kernel_for(const Step& step, const fuser::Layout& la
   detail::SpanStart* step_span = t_step_span;
   if (step_span) detail::profile_end_discard(*step_span);
   fuser::CompiledKernel fn = fuser::cpu_kernel(step.group->kernel, layout);
-  if (step_span) *step_span = detail::profile_begin();
   if (dump_ && fn.name)
     dump_->add_kernel(static_cast<size_t>(step.group - groups_.data()), fn.name);
+  if (step_span) *step_span = detail::profile_begin();
   std::lock_guard<std::mutex> lock(kernels_mutex_);
   step.kernels.emplace_back(layout, fn);
   return fn;
