@@ -1,5 +1,6 @@
-// The profiler's public API: spans of the kernels, library calls and JIT phases a program ran, a
-// report of where the time went, and a Chrome trace (KILN_PROFILE=1 or KILN_PROFILE=path.json).
+// The profiler's public API: spans of a program's kernels, library calls, JIT phases and kernel
+// cache look-ups, a report of where the time went, and a Chrome trace (KILN_PROFILE=1 /
+// =path.json).
 #pragma once
 
 #include <cstdint>
@@ -22,8 +23,10 @@ const char* category_name(Category c);
 // the sizes of the step's inputs and outputs, and their flops are known for GEMMs (2*M*N*K).
 struct Record {
   std::string name;    // fused kernels: "fused:" + the ops inside; other steps: the op's name;
-                       // JIT phases: the phase ("lazy.evaluate", "pass:cse", "compile", ...)
-  std::string shape;   // the step's iteration shape ("64x256"), or the phase's detail
+                       // JIT phases: the phase ("lazy.evaluate", "pass:cse", "compile", ...);
+                       // the cache: "kernel.lookup", "kernel.disk_load"
+  std::string shape;   // the step's iteration shape ("64x256"), or the phase's detail (a
+                       // kernel's symbol; a look-up's also says "(hit)" or "(miss)")
   std::string kernel;  // fused kernels: the kernel's symbol, kiln_<ops>_<hash8>
   Category category = Category::kJit;
   uint32_t thread = 0;   // small per-process thread number, 1 for the first thread seen
