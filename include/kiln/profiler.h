@@ -1,6 +1,5 @@
-// The profiler's public API: spans of a program's kernels, library calls, JIT phases and kernel
-// cache look-ups, a report of where the time went, and a Chrome trace (KILN_PROFILE=1 /
-// =path.json).
+// The profiler's public API: spans of kernels, library calls, JIT phases and cache look-ups, a
+// report of where the time went, and a Chrome trace (KILN_PROFILE=1 or KILN_PROFILE=path.json).
 #pragma once
 
 #include <cstdint>
