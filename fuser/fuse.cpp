@@ -83,17 +83,24 @@ bool is_broadcast_view(const Node& n) {
          n.input(0)->type().sizes.size() == n.output()->type().sizes.size();
 }
 
-std::optional<MemberTypes> member_types(const Node& n) {
+// Why a node is no member (KILN_LOG=fuser): set when member_types refuses it, if asked.
+std::optional<MemberTypes> member_types(const Node& n, const char** why = nullptr) {
+  auto refuse = [why](const char* reason) -> std::optional<MemberTypes> {
+    if (why) *why = reason;
+    return std::nullopt;
+  };
   const detail::OpDef& op = n.op();
   const bool ternary = op.kind == detail::OpKind::Ternary;
-  if (!op.formula || (op.kind != detail::OpKind::Unary && op.kind != detail::OpKind::Binary &&
-                      !ternary && !is_broadcast_view(n)))
-    return std::nullopt;
-  if (n.num_outputs() != 1 || n.output()->type().device != kCPU || n.num_inputs() == 0)
-    return std::nullopt;
+  if (op.kind != detail::OpKind::Unary && op.kind != detail::OpKind::Binary && !ternary &&
+      !is_broadcast_view(n))
+    return refuse("not an elementwise op");
+  if (!op.formula) return refuse("the op has no formula in the op table");
+  if (n.num_outputs() != 1 || n.num_inputs() == 0) return refuse("not one output over operands");
+  if (n.output()->type().device != kCPU) return refuse("its result is not on the CPU");
   std::vector<detail::PromotionOperand> facts;
   for (const Value* in : n.inputs()) {
-    if (!in || in->type().device != kCPU) return std::nullopt;
+    if (!in) return refuse("an operand is absent");
+    if (in->type().device != kCPU) return refuse("an operand is not on the CPU");
     facts.push_back({in->type().dtype, in->type().sizes.empty(), in->type().wrapped_number});
   }
   MemberTypes t;
@@ -118,12 +125,14 @@ std::optional<MemberTypes> member_types(const Node& n) {
       t.compute = ternary ? n.output()->type().dtype : facts[0].dtype;
       break;
     default:
-      return std::nullopt;
+      return refuse("its dtype rule is not one a kernel computes");
   }
-  if (op.checks_integer_values && !is_floating_point(t.compute)) return std::nullopt;
+  if (op.checks_integer_values && !is_floating_point(t.compute))
+    return refuse("on integers it checks its operands' values (division by zero): its kernel runs");
   t.operands.assign(n.num_inputs(), t.compute);
   if (ternary) {
-    if (facts[0].dtype != kBool) return std::nullopt;
+    if (facts[0].dtype != kBool)
+      return refuse("its condition is not bool (a conversion left to the op)");
     t.operands[0] = kBool;
   }
   return t;
@@ -783,7 +792,70 @@ bool is_join_exit(const Node& n) {
   return true;
 }
 
+namespace {
+// "%7 mul": a node as the graph printer names its first output.
+std::string node_label(const Node& n) {
+  const std::string id = n.num_outputs() > 0 ? std::to_string(n.output(0)->id()) : "?";
+  return "%" + id + " " + n.op().name;
+}
+
+// Why a node can join no group at all (KILN_LOG=fuser).
+std::string unfusible_reason(const Node& n) {
+  const detail::OpDef& op = n.op();
+  switch (op.kind) {
+    case detail::OpKind::Unary:
+    case detail::OpKind::Binary:
+    case detail::OpKind::Ternary: {
+      const char* why = "";
+      member_types(n, &why);
+      return why;
+    }
+    case detail::OpKind::View:
+      return is_broadcast_view(n) ? "an expand whose operand is not on the CPU"
+                                  : "a view other than an expand to the same rank stays a view";
+    case detail::OpKind::Linalg:
+      return op.name == "mm" || op.name == "bmm" || op.name == "matmul" || op.name == "addmm" ||
+                     op.name == "linear"
+                 ? "a GEMM (a oneDNN library call)"
+                 : "a linear-algebra library call";
+    case detail::OpKind::Reduction: {
+      if (!op.formula) return "a reduction with no formula in the op table";
+      if (n.num_inputs() != 1 || n.num_outputs() != 1 || !n.input(0))
+        return "a reduction of several operands or results";
+      if (n.input(0)->type().device != kCPU) return "a reduction off the CPU";
+      if (n.input(0)->type().sizes.empty()) return "a reduction of a 0-dim value";
+      if (int d = attr_index(n, "dtype");
+          d >= 0 && !std::holds_alternative<std::monostate>(n.attr(static_cast<size_t>(d))))
+        return "a reduction converting to another dtype first";
+      return "a reduction over dims that are not the trailing ones";
+    }
+    case detail::OpKind::Join:
+      return is_join_exit(n) ? "a cat or stack only ends a group (its exit), never feeds one"
+                             : "a cat or stack whose pieces differ in shape, dtype or device";
+    case detail::OpKind::NN:
+      if (!op.formula) return "the op has no formula in the op table (its own kernel runs)";
+      return is_row_wise(n) ? "a row-wise op" : "a row-wise op not over its last dim";
+    default:
+      return "the op has no formula in the op table (its own kernel runs)";
+  }
+}
+}  // namespace
+
 std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
+  // KILN_LOG=fuser: one line per producer a group did not take, with the reason. Passes over a
+  // group may refuse a producer and take it later, so reasons are kept (the latest per producer)
+  // and printed once the group is complete, for the producers still outside it.
+  const bool logging = jit::log_enabled("fuser");
+  std::vector<std::pair<const Node*, std::string>> refused;
+  absl::flat_hash_map<const Node*, size_t> refused_at;
+  auto refuse = [&](const Node* p, const auto& why) {
+    if (!logging) return;
+    auto [it, fresh] = refused_at.try_emplace(p, refused.size());
+    if (fresh)
+      refused.emplace_back(p, why());
+    else
+      refused[it->second].second = why();
+  };
   std::vector<const Node*> order;
   absl::flat_hash_map<const Node*, int64_t> position;
   for (const Node* n = graph.first(); n; n = n->next()) {
@@ -861,23 +933,55 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
           if (!in) continue;
           const Node* p = in->node();
           if (p->is_input() || p->is_constant() || group_of.contains(p)) continue;
-          if (st.members.size() >= kMaxGroupNodes) break;
-          if (p->num_outputs() != 1) continue;
+          if (st.members.size() >= kMaxGroupNodes) {
+            refuse(p, [] {
+              return "the group has reached " + std::to_string(kMaxGroupNodes) +
+                     " nodes (kernels stay quick to compile)";
+            });
+            break;
+          }
+          if (p->num_outputs() != 1) {
+            refuse(p, [&] { return std::to_string(p->num_outputs()) + " results"; });
+            continue;
+          }
           bool later = true, only_inside = true;
+          const Node* reader_before = nullptr;  // a use outside the group that runs before it
+          const Node* reader_outside = nullptr;
           for (const jit::Use& u : p->output()->uses()) {
             auto g = group_of.find(u.user);
             const bool inside = g != group_of.end() && g->second == id;
             only_inside &= inside;
-            if (!inside && runs_at(u.user) <= run_at) later = false;
+            if (!inside && !reader_outside) reader_outside = u.user;
+            if (!inside && runs_at(u.user) <= run_at) {
+              later = false;
+              if (!reader_before) reader_before = u.user;
+            }
           }
-          if (!later) continue;
+          if (!later) {
+            refuse(p, [&] {
+              return "it is also read by " + node_label(*reader_before) +
+                     ", outside the group and before the group's last node";
+            });
+            continue;
+          }
+          // Who else reads a value, for the reasons below.
+          auto read_elsewhere = [&] {
+            return reader_outside ? "also read by " + node_label(*reader_outside)
+                                  : std::string("a graph output");
+          };
           const Shape& ps = p->output()->type().sizes;
           const Building saved = st;
           std::vector<const Node*> lifted;
           Role pr;
           // A broadcast read (expand) joins only a group that alone reads it: as a group's result
           // it would be written out whole, where a view costs nothing.
-          if (is_broadcast_view(*p) && (!only_inside || graph.is_output(p->output()))) continue;
+          if (is_broadcast_view(*p) && (!only_inside || graph.is_output(p->output()))) {
+            refuse(p, [&] {
+              return "a broadcasting expand stays a view when read outside the group (" +
+                     read_elsewhere() + ")";
+            });
+            continue;
+          }
           if (is_fusible(*p)) {
             if (ps == st.shape) {
               pr = Role::kElement;
@@ -890,20 +994,51 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
               // each element it broadcasts to: it may join only when nothing outside reads it.
               pr = Role::kElement;
               st.small = true;
+            } else if (st.k < 0 && broadcasts_to(ps, st.shape)) {
+              refuse(p, [&] {
+                return "it broadcasts from " + detail::shape_str(ps) + " to the group's " +
+                       detail::shape_str(st.shape) +
+                       " and would be recomputed per element, but it is " + read_elsewhere();
+              });
+              continue;
             } else {
+              refuse(p, [&] {
+                return "its shape " + detail::shape_str(ps) + " is not the group's " +
+                       detail::shape_str(st.shape) +
+                       (st.k >= 0 ? " nor the group's row shape" : "");
+              });
               continue;
             }
           } else if (is_row_wise(*p)) {
-            if (st.join || ps != st.shape || (st.k >= 0 && st.k != 1)) continue;
+            if (st.join || ps != st.shape || (st.k >= 0 && st.k != 1)) {
+              refuse(p, [&] {
+                return std::string("a row-wise op cannot join here: ") +
+                       (st.join          ? "the group ends in a cat or stack"
+                        : ps != st.shape ? "its shape " + detail::shape_str(ps) +
+                                               " is not the group's " + detail::shape_str(st.shape)
+                                         : "the group already folds rows of its last " +
+                                               std::to_string(st.k) + " dims");
+              });
+              continue;
+            }
             st.k = 1;
             st.reduces = true;
             pr = Role::kElement;
           } else if (std::optional<int> k = fused_reduction_dims(*p)) {
             const Shape& in_shape = p->input(0)->type().sizes;
+            auto cannot_exit = [&](const std::string& why) {
+              refuse(p, [&] { return "a reduction cannot be an exit here: " + why; });
+            };
             if (st.join) {
+              cannot_exit("the group ends in a cat or stack");
               continue;
             } else if (st.k >= 0) {
-              if (in_shape != st.shape || *k != st.k) continue;
+              if (in_shape != st.shape || *k != st.k) {
+                cannot_exit("it folds " + std::to_string(*k) + " dims of " +
+                            detail::shape_str(in_shape) + ", the group folds " +
+                            std::to_string(st.k) + " of " + detail::shape_str(st.shape));
+                continue;
+              }
             } else if (in_shape == st.shape) {
               st.k = *k;
             } else if (ps == st.shape && !st.small) {
@@ -916,11 +1051,17 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
                 lifted.push_back(member);
               }
             } else {
+              cannot_exit(ps == st.shape
+                              ? "the group recomputes broadcast members per element"
+                              : "its input " + detail::shape_str(in_shape) + " and result " +
+                                    detail::shape_str(ps) + " do not fit the group's " +
+                                    detail::shape_str(st.shape));
               continue;
             }
             pr = Role::kRow;
             st.reduces = true;
           } else {
+            refuse(p, [&] { return "not fusible: " + unfusible_reason(*p); });
             continue;
           }
           bool ok = true;
@@ -931,6 +1072,10 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
           if (!ok) {
             st = saved;
             for (const Node* member : lifted) role_of[member] = Role::kElement;
+            refuse(p, [] {
+              return std::string(
+                  "a member reads it per element where it is computed per row, or the reverse");
+            });
             continue;
           }
           group_of[p] = id;
@@ -939,6 +1084,14 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
           changed = true;
         }
       }
+    }
+    if (logging) {
+      const std::string group = node_label(*consumer);
+      for (const auto& [p, why] : refused)
+        if (group_of.find(p) == group_of.end() || group_of.at(p) != id)
+          jit::log("fuser", node_label(*p), " not merged into the group at ", group, ": ", why);
+      refused.clear();
+      refused_at.clear();
     }
     groups.push_back(std::move(st));
   }
@@ -957,8 +1110,9 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
     absl::flat_hash_map<const Node*, Role> roles;
     for (const Node* n : g.nodes) roles[n] = role_of.at(n);
     build_kernel(g, roles);
-    jit::log("fuser", "group of ", g.nodes.size(), " nodes (", g.kernel.ops, ") over ",
-             detail::shape_str(g.shape), g.rows ? " by rows of its last " : "",
+    jit::log("fuser", "group at ", node_label(*b.members.front()), " of ", g.nodes.size(),
+             " nodes (", g.kernel.ops, ") over ", detail::shape_str(g.shape),
+             g.rows ? " by rows of its last " : "",
              g.rows ? std::to_string(g.reduced_dims) + " dims" : "", ": ", g.inputs.size(),
              " inputs, ", g.outputs.size(), " outputs, ", g.scalars.size(), " scalars");
     if (jit::log_enabled("fuser")) {

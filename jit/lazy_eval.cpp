@@ -410,12 +410,14 @@ void evaluate(const std::vector<LazyRef>& requests) {
                " was used outside the trace; return it from the traced function instead");
   g_evaluations.fetch_add(1, std::memory_order_relaxed);
   const size_t graph_nodes = recipe.input_types.size() + recipe.order.size() + recipe.num_constants;
-  log("lazy", "materializing ", requests.size(), " value(s), ", graph_nodes, " nodes, because of ",
-      detail::evaluation_reason());
+  if (log_enabled("lazy"))
+    log("lazy", "materializing ", requests.size(), " value(s), ", graph_nodes,
+        " nodes, because of ", detail::evaluation_reason());
   g_nodes_recorded_in_graphs.fetch_add(static_cast<int64_t>(graph_nodes),
                                        std::memory_order_relaxed);
   const GraphHash key = recipe_key(recipe);
   std::shared_ptr<PlanCache::Entry> entry = plan_cache().find(key);
+  log("cache", "plan cache ", entry ? "hit" : "miss", " for a graph of ", graph_nodes, " nodes");
   if (entry) {
     g_plan_cache_hits.fetch_add(1, std::memory_order_relaxed);
   } else {

@@ -47,7 +47,8 @@ struct Row {
 };
 
 bool is_step(const Record& r) {
-  return r.category != Category::kJit;
+  return r.category == Category::kKernel || r.category == Category::kLibrary ||
+         r.category == Category::kOp;
 }
 
 std::string fmt(const char* f, double v) {

@@ -45,7 +45,7 @@ LazyGuard::~LazyGuard() {
 }
 
 void eval(const std::vector<Tensor>& tensors) {
-  detail::materialize(tensors);
+  detail::materialize(tensors, "kiln::eval");
 }
 
 namespace jit {

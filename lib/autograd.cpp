@@ -381,7 +381,7 @@ void apply_inplace(Tensor& self, const char* op, std::initializer_list<const Ten
     if (tracing) {
       trace_assign(self, r);
     } else {
-      materialize({r});
+      materialize({r}, "an in-place op under autograd");
       prepare_write(self);
       copy_kernel(self, may_overlap(self, r) ? r.clone() : r);
     }

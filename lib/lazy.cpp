@@ -43,6 +43,8 @@ inline bool lazy_on() {
 // (from an in-place kernel on an input that pending nodes read) would re-enter the evaluation.
 KILN_FAST_TLS int t_evaluating = 0;
 KILN_FAST_TLS const char* t_reason = "";
+KILN_FAST_TLS const char* t_cause = nullptr;         // the MaterializeCause in scope
+KILN_FAST_TLS const char* t_reason_cause = nullptr;  // t_cause when the evaluator was called
 
 std::atomic<int64_t> g_max_pending{env_int("KILN_MAX_PENDING", 10000)};
 Evaluator g_evaluator = nullptr;
@@ -52,6 +54,7 @@ KILN_FAST_TLS int t_inferring = 0;
 void call_evaluator(const std::vector<LazyRef>& requests, const char* reason) {
   if (t_inferring > 0) throw NeedsData{};
   t_reason = reason;
+  t_reason_cause = t_cause;
   g_evaluator(requests);
 }
 
@@ -392,13 +395,13 @@ void set_evaluator(Evaluator e) {
   g_evaluator = e;
 }
 
-void materialize(const std::vector<Tensor>& tensors) {
+void materialize(const std::vector<Tensor>& tensors, const char* reason) {
   std::vector<LazyRef> requests;
   for (const Tensor& t : tensors)
     if (is_pending(t)) requests.push_back(t.impl()->storage->lazy);
   if (requests.empty()) return;
   KILN_CHECK(g_evaluator, "lazy: no evaluator is registered (is the jit linked in?)");
-  call_evaluator(requests, "kiln::eval or an op that needs a concrete operand");
+  call_evaluator(requests, reason);
 }
 
 void materialize_storage(TensorImpl& impl) {
@@ -416,7 +419,7 @@ void materialize_storage(TensorImpl& impl) {
     return;
   }
   LazyRef ref = impl.storage->lazy;
-  call_evaluator({ref}, "data access (item, data_ptr, printing)");
+  call_evaluator({ref}, "data access");
   KILN_CHECK(!impl.storage->lazy, "lazy: materializing a ", shape_str(impl.sizes),
              " tensor left it pending");
 }
@@ -434,8 +437,17 @@ EvaluationScope::~EvaluationScope() {
   --t_evaluating;
 }
 
-const char* evaluation_reason() {
-  return t_reason;
+// The outermost cause wins: printing reads through item(), to_vector() through data_ptr().
+MaterializeCause::MaterializeCause(const char* what) noexcept : previous_(t_cause) {
+  if (!t_cause) t_cause = what;
+}
+MaterializeCause::~MaterializeCause() {
+  t_cause = previous_;
+}
+
+std::string evaluation_reason() {
+  if (!t_reason_cause) return t_reason;
+  return std::string(t_reason_cause) + " (" + t_reason + ")";
 }
 
 void flush_pending(const char* reason) {

@@ -144,8 +144,20 @@ Tensor trace_placeholder(const OpDef& input_op, int64_t index, const Tensor& t);
 LazyInput lazy_input(const Tensor& t);
 
 // --------------------------------------------------------------------------- materialization
-// Computes every pending tensor among `tensors` in one graph.
-void materialize(const std::vector<Tensor>& tensors);
+// Computes every pending tensor among `tensors` in one graph; `reason` says why (KILN_LOG=lazy).
+void materialize(const std::vector<Tensor>& tensors, const char* reason);
+// Names, for KILN_LOG=lazy, what on this thread reads pending data within its scope (item(),
+// printing, an op checking its operand's values): data access alone does not say who asked.
+class MaterializeCause {
+ public:
+  explicit MaterializeCause(const char* what) noexcept;
+  ~MaterializeCause();
+  MaterializeCause(const MaterializeCause&) = delete;
+  MaterializeCause& operator=(const MaterializeCause&) = delete;
+
+ private:
+  const char* previous_;
+};
 // Marks the evaluator's work on this thread: flushes are no-ops inside it.
 struct EvaluationScope {
   EvaluationScope();
@@ -165,8 +177,9 @@ struct InferenceScope {
 
 // Computes every uncomputed node still alive (before an in-place write, or past the size limit).
 void flush_pending(const char* reason = "flush");
-// Why the evaluator was called this time (for KILN_LOG=lazy).
-const char* evaluation_reason();
+// Why the evaluator was called this time (for KILN_LOG=lazy): the MaterializeCause in scope, if
+// any, and the kind of request ("item() (data access)").
+std::string evaluation_reason();
 // Called before writing into t's storage: flushes pending work that reads it or fills it.
 void prepare_write(const Tensor& t);
 // TensorImpl::data() calls this for a pending storage.

@@ -152,7 +152,7 @@ void Module::to(DType dtype) {
     // holds t's TensorImpl, whose storage is about to change under it.
     detail::prepare_write(t);
     Tensor converted = t.to(dtype).contiguous();
-    detail::materialize({converted});
+    detail::materialize({converted}, "Module::to converting a parameter");
     detail::TensorImpl* impl = t.impl();
     const detail::TensorImpl* src = converted.impl();
     impl->storage = src->storage;

@@ -142,6 +142,7 @@ struct Printer {
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   if (!t.defined()) return os << "[ undefined tensor ]";
+  detail::MaterializeCause cause("printing");
   const std::string prefix = "tensor(";
   std::vector<std::string> suffixes;
   std::string body;

@@ -103,6 +103,8 @@ const char* category_name(Category c) {
       return "op";
     case Category::kJit:
       return "jit";
+    case Category::kCache:
+      return "cache";
   }
   return "?";
 }

@@ -51,6 +51,7 @@ class ProfileSpan {
   ProfileSpan& operator=(const ProfileSpan&) = delete;
   bool active() const { return start_.start_ns >= 0; }
   void set_name(const char* name) { name_ = name; }
+  void set_category(profiler::Category category) { category_ = category; }
   // Detail shown beside the name (the kernel a compilation made); kept only when active.
   void set_detail(std::string detail) {
     if (active()) detail_ = std::make_unique<std::string>(std::move(detail));

@@ -50,6 +50,7 @@ bool Tensor::is_contiguous() const {
 }
 void* Tensor::raw_data_ptr() const {
   KILN_CHECK(defined(), "data_ptr: called on an undefined tensor");
+  detail::MaterializeCause cause("data_ptr()");
   return impl_->data();
 }
 
@@ -58,6 +59,7 @@ template <typename T>
 T* Tensor::data_ptr() {
   KILN_CHECK(dtype() == dtype_of<T>, "data_ptr: requested ", dtype_of<T>, " data from a tensor of ",
              describe(*this));
+  detail::MaterializeCause cause("data_ptr()");
   detail::prepare_write(*this);
   return reinterpret_cast<T*>(impl_->data());
 }
@@ -65,12 +67,14 @@ template <typename T>
 const T* Tensor::data_ptr() const {
   KILN_CHECK(dtype() == dtype_of<T>, "data_ptr: requested ", dtype_of<T>, " data from a tensor of ",
              describe(*this));
+  detail::MaterializeCause cause("data_ptr()");
   return reinterpret_cast<const T*>(impl_->data());
 }
 
 Scalar Tensor::item() const {
   KILN_CHECK(numel() == 1, "item: a tensor with ", numel(), " elements cannot be converted to a ",
              "scalar (", describe(*this), ")");
+  detail::MaterializeCause cause("item()");
   return detail::dispatch_all(dtype(), [&](auto tag) -> Scalar {
     using T = KILN_TYPE(tag);
     return Scalar(*reinterpret_cast<const T*>(impl_->data()));
@@ -83,12 +87,14 @@ T Tensor::item() const {
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
+  detail::MaterializeCause cause("to_vector()");
   const Tensor c = to(dtype_of<T>).contiguous();
   const T* p = c.data_ptr<T>();
   return std::vector<T>(p, p + c.numel());
 }
 template <>
 std::vector<bool> Tensor::to_vector<bool>() const {
+  detail::MaterializeCause cause("to_vector()");
   const Tensor c = to(kBool).contiguous();
   const bool* p = c.data_ptr<bool>();
   return std::vector<bool>(p, p + c.numel());

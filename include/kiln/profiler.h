@@ -1,4 +1,4 @@
-// The profiler's public API: spans of the kernels, library calls and JIT phases a program ran, a
+// The profiler's public API: spans of kernels, library calls, JIT phases and cache look-ups, a
 // report of where the time went, and a Chrome trace (KILN_PROFILE=1 or KILN_PROFILE=path.json).
 #pragma once
 
@@ -14,6 +14,7 @@ enum class Category {
   kLibrary,  // an op's own kernel run by a plan (GEMMs through oneDNN, reductions, ...)
   kOp,       // an elementwise op a plan ran straight into its output (no fusion partner)
   kJit,      // the JIT's own work: graph building, passes, planning, compilation, tracing
+  kCache,    // the kernel cache: in-memory look-ups ("kernel.lookup") and disk loads
 };
 const char* category_name(Category c);
 
@@ -21,8 +22,10 @@ const char* category_name(Category c);
 // the sizes of the step's inputs and outputs, and their flops are known for GEMMs (2*M*N*K).
 struct Record {
   std::string name;    // fused kernels: "fused:" + the ops inside; other steps: the op's name;
-                       // JIT phases: the phase ("lazy.evaluate", "pass:cse", "compile", ...)
-  std::string shape;   // the step's iteration shape ("64x256"), or the phase's detail
+                       // JIT phases: the phase ("lazy.evaluate", "pass:cse", "compile", ...);
+                       // the cache: "kernel.lookup", "kernel.disk_load"
+  std::string shape;   // the step's iteration shape ("64x256"), or the phase's detail (a
+                       // kernel's symbol; a look-up's also says "(hit)" or "(miss)")
   std::string kernel;  // fused kernels: the kernel's symbol, kiln_<ops>_<hash8>
   Category category = Category::kJit;
   uint32_t thread = 0;   // small per-process thread number, 1 for the first thread seen

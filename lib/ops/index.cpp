@@ -104,7 +104,8 @@ struct EagerScope {
 std::vector<int64_t> read_indices(const Tensor& index, int64_t size, const char* op,
                                   const std::string& what) {
   detail::ValueCheckScope checking;
-  detail::materialize({index});
+  detail::MaterializeCause cause(op);
+  detail::materialize({index}, "an op that checks its operand's values");
   Tensor c;
   {
     EagerScope eager;

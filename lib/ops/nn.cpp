@@ -424,6 +424,7 @@ NllGeometry check_nll(const char* op, const Tensor& input, const Tensor& target)
   g.out_shape = target.sizes();
   g.target = target.to(kInt64).contiguous();
   detail::ValueCheckScope checking;
+  detail::MaterializeCause cause(op);
   const int64_t* t = std::as_const(g.target).data_ptr<int64_t>();
   const int64_t count = g.target.numel();
   for (int64_t i = 0; i < count; ++i) {

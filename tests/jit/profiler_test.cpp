@@ -309,6 +309,56 @@ size_t count(const std::string& s, const std::string& what) {
   return n;
 }
 
+// A kernel no other test here uses: its plan's first run looks it up (a miss), loads it from the
+// disk cache or compiles it, then runs it; a plan of another size finds it in memory.
+TEST(Profiler, KernelLookupsAreCacheSpansAndCompilationIsNotKernelTime) {
+  auto run = [](const Shape& shape) {
+    const Tensor x = concrete_random(shape);
+    LazyGuard lazy(true);
+    eval(expm1(x) * sin(x) + 0.75);
+  };
+  profiler::reset();
+  {
+    profiler::ProfileGuard guard;
+    run({23, 29});
+    run({31, 29});
+  }
+  const std::vector<Record> rs = profiler::records();
+  std::vector<const Record*> kernels, lookups, loads;
+  for (const Record& r : rs) {
+    if (r.category == Category::kKernel && r.name.find("expm1") != std::string::npos)
+      kernels.push_back(&r);
+    if (r.name == "kernel.lookup") lookups.push_back(&r);
+    if (r.name == "compile" || r.name == "kernel.disk_load") loads.push_back(&r);
+  }
+  ASSERT_EQ(kernels.size(), 2u) << profiler::report();
+  ASSERT_EQ(lookups.size(), 2u) << profiler::report();
+  ASSERT_EQ(loads.size(), 1u) << profiler::report();
+  const std::string& symbol = kernels[0]->kernel;
+  EXPECT_EQ(kernels[1]->kernel, symbol);
+  // Look-ups are the cache's spans, named by the kernel and what they found.
+  EXPECT_EQ(lookups[0]->category, Category::kCache);
+  EXPECT_EQ(lookups[0]->shape, symbol + " (miss)");
+  EXPECT_EQ(lookups[1]->category, Category::kCache);
+  EXPECT_EQ(lookups[1]->shape, symbol + " (hit)");
+  const Record& load = *loads[0];
+  EXPECT_EQ(load.shape, symbol);
+  EXPECT_EQ(load.category, load.name == "compile" ? Category::kJit : Category::kCache);
+  // The first call's JIT work ends before its kernel's span begins, at the same depth: the
+  // kernel's time (and its row in the report) is the kernel's run alone.
+  for (const Record* jit_work : {lookups[0], &load}) {
+    EXPECT_EQ(jit_work->thread, kernels[0]->thread);
+    EXPECT_EQ(jit_work->depth, kernels[0]->depth) << jit_work->name;
+    EXPECT_LE(jit_work->start_ns + jit_work->duration_ns, kernels[0]->start_ns) << jit_work->name;
+  }
+  EXPECT_LE(lookups[0]->start_ns + lookups[0]->duration_ns, load.start_ns);
+  EXPECT_LE(lookups[1]->start_ns + lookups[1]->duration_ns, kernels[1]->start_ns);
+  const std::string report = profiler::report();
+  EXPECT_NE(report.find("kernel.lookup"), std::string::npos) << report;
+  EXPECT_EQ(count(profiler::chrome_trace(), "\"cat\":\"cache\""),
+            load.name == "kernel.disk_load" ? 3u : 2u);
+}
+
 TEST(Profiler, ChromeTraceIsJsonWithOneEventPerSpan) {
   const std::vector<Record> rs = run_profiled(2, 48);
   const std::string trace = profiler::chrome_trace();

@@ -127,6 +127,14 @@ struct LoadedCode {
   std::string name;
 };
 
+// A kernel's symbol, readable in profilers: kiln_<ops>_<hash8 of its key>.
+std::string symbol_name(const std::string& key, const Kernel& k) {
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
+  return "kiln_" + k.ops + "_" + std::string(hash, 8);
+}
+
 std::string finish_name(const std::string& name) {
   return name + "_finish";
 }
@@ -169,10 +177,19 @@ class CpuJit {
   // from the disk cache, else a new compile. Lookups run beside a compile; compiles (and loads)
   // take turns.
   CompiledKernel get(const Kernel& k, const Layout& layout) {
-    std::string key = kernel_key(k, layout);
-    if (std::optional<CompiledKernel> hit = find(key)) {
-      add_stats(1, 0, 0);
-      return std::move(*hit);
+    std::string key;
+    {
+      // The look-up (key and map) as a span of its own: the profile shows what a plan's first run
+      // of a kernel costs when nothing compiles.
+      kiln::detail::ProfileSpan span("kernel.lookup", nullptr, kiln::profiler::Category::kCache);
+      key = kernel_key(k, layout);
+      if (std::optional<CompiledKernel> hit = find(key)) {
+        add_stats(1, 0, 0);
+        jit::log("cache", "memory hit ", hit->name);
+        if (span.active()) span.set_detail(std::string(hit->name) + " (hit)");
+        return std::move(*hit);
+      }
+      if (span.active()) span.set_detail(symbol_name(key, k) + " (miss)");
     }
     std::lock_guard<std::mutex> compiling(compile_mutex_);
     if (std::optional<CompiledKernel> hit = find(key)) {  // loaded by another thread meanwhile
@@ -184,9 +201,11 @@ class CpuJit {
         ++s.memory_hits;
         ++s.revived;
       });
+      jit::log("cache", "memory hit ", alive->name, " (evicted, still loaded for a plan)");
       insert(key, *alive);
       return std::move(*alive);
     }
+    if (jit::log_enabled("cache")) jit::log("cache", "memory miss ", symbol_name(key, k));
     CompiledKernel code = load(key, k, layout);
     insert(key, code);
     return code;
@@ -257,10 +276,7 @@ class CpuJit {
   CompiledKernel load(const std::string& key, const Kernel& k, const Layout& layout) {
     kiln::detail::ProfileSpan span("compile");
     const auto start = std::chrono::steady_clock::now();
-    char hash[17];
-    std::snprintf(hash, sizeof hash, "%016llx",
-                  static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
-    const std::string name = "kiln_" + k.ops + "_" + std::string(hash, 8);
+    const std::string name = symbol_name(key, k);
     CompiledKernel code;
     llvm::orc::ResourceTrackerSP tracker = jit_->getMainJITDylib().createResourceTracker();
     const std::string disk_key = key + target_key_;
@@ -287,6 +303,7 @@ class CpuJit {
     if (from_disk) {
       update_stats([](CompileStats& s) { ++s.disk_hits; });
       span.set_name("kernel.disk_load");
+      span.set_category(kiln::profiler::Category::kCache);
     }
     if (!from_disk) {
       Phases phases;
