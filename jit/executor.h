@@ -70,8 +70,9 @@ class Plan {
   // Run a group's kernel; return its symbol (for the profiler), or null when nothing ran.
   const char* run_group(const Step& step, const std::vector<Tensor>& args,
                         std::vector<Tensor>& outs) const;
+  // outs: where the kernel's outputs go (a join's pieces in their slices).
   const char* run_rows_group(const Step& step, const std::vector<Tensor>& args,
-                             std::vector<Tensor>& outs) const;
+                             const std::vector<Tensor>& outs) const;
 
   std::vector<fuser::FusionGroup> groups_;
   std::vector<Step> steps_;
