@@ -519,7 +519,7 @@ class FormulaParser {
   AttrText attr_text_;
   std::function<int32_t()> count_;
   int32_t count_instr_ = -1;
-  bool global_;  // reductions fold every row (global slots), not one row
+  bool global_;          // reductions fold every row (global slots), not one row
   int32_t column_slot_;  // >= 0: reductions fold each position over the rows into this slot
   int32_t part_;         // ... at this part of it
   std::vector<std::pair<std::string, int32_t>> lets_;
@@ -669,8 +669,8 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
     const size_t parts = of_join ? g.join->num_inputs() : 1;
     std::vector<int32_t> operands;
     for (const Value* in : n->inputs())
-      operands.push_back(of_join ? -1
-                                 : cast(operand(in, per_row, outer), operand_types[operands.size()]));
+      operands.push_back(
+          of_join ? -1 : cast(operand(in, per_row, outer), operand_types[operands.size()]));
     const std::string formula = n->op().formula;
     FormulaParser::Attr attr;
     std::function<int32_t()> count;
@@ -872,9 +872,9 @@ constexpr size_t kMaxReadersLookedAt = 64;
 // folding into its part of the sum. Exits are visited in the order they run, so a target that
 // was itself an exit has already moved (merged_into resolves it). Each exit looks at its members'
 // inputs and at most kMaxReadersLookedAt readers of each: linear in the graph.
-void merge_column_exits(std::vector<Building>& groups,
-                        std::vector<int64_t>& run_at,
+void merge_column_exits(std::vector<Building>& groups, std::vector<int64_t>& run_at,
                         absl::flat_hash_map<const Node*, size_t>& group_of,
+                        const absl::flat_hash_map<const Node*, Role>& role_of,
                         const absl::flat_hash_map<const Node*, int64_t>& position) {
   std::vector<size_t> merged_into(groups.size());
   for (size_t i = 0; i < groups.size(); ++i) merged_into[i] = i;
@@ -909,8 +909,9 @@ void merge_column_exits(std::vector<Building>& groups,
         consider(u.user);
       }
     }
-    std::sort(candidates.begin(), candidates.end(),
-              [&](size_t a, size_t b) { return run_at[a] > run_at[b] || (run_at[a] == run_at[b] && a < b); });
+    std::sort(candidates.begin(), candidates.end(), [&](size_t a, size_t b) {
+      return run_at[a] > run_at[b] || (run_at[a] == run_at[b] && a < b);
+    });
     candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
     // A lone column sum of the target's cat (pieces of the target's shape, cat along the last
     // dim): it folds the pieces.
@@ -934,7 +935,16 @@ void merge_column_exits(std::vector<Building>& groups,
       bool available = true;
       for (const Value* v : reads) {
         const Node* p = v->node();
-        if (p->is_input() || p->is_constant() || group_at(p) == std::optional<size_t>(t)) continue;
+        if (group_at(p) == std::optional<size_t>(t)) {
+          // Read inside the kernel: an element's value, or a row's broadcast back (keepdim). A
+          // global reduction's result exists only after every row, a row value without keepdim
+          // broadcasts along other dims than the rows.
+          const Role r = role_of.at(p);
+          available &= r == Role::kElement ||
+                       (r == Role::kRow && v->type().sizes == kept_shape(target.shape, exit.k));
+          continue;
+        }
+        if (p->is_input() || p->is_constant()) continue;
         std::optional<size_t> pg = group_at(p);
         if ((pg ? run_at[*pg] : position.at(p)) >= run_at[t]) available = false;
       }
@@ -1113,7 +1123,7 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
     }
     groups.push_back(std::move(st));
   }
-  merge_column_exits(groups, group_run_at, group_of, position);
+  merge_column_exits(groups, group_run_at, group_of, role_of, position);
   std::vector<FusionGroup> result;
   for (Building& b : groups) {
     if (b.members.size() < 2) continue;

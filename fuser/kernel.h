@@ -113,7 +113,7 @@ struct Kernel {
   int32_t num_globals = 0;  // global reductions (slots 0 .. num_globals - 1)
   // Column reductions: per column slot, its number of parts of R values (1 but for a cat's).
   std::vector<int32_t> column_parts;
-  std::string ops;          // the fused ops' names joined by '_', for the kernel's symbol
+  std::string ops;  // the fused ops' names joined by '_', for the kernel's symbol
 
   int32_t add(Instr i) {
     body.push_back(i);

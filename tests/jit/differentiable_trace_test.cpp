@@ -298,7 +298,8 @@ TEST(DifferentiableTrace, MlpWithBiasAndGeluIsItsGemmsAndOneKernelPerLayer) {
   Inputs wts = {testing::input({batch, width})};
   Inputs got = traced_grads(f, {x}, wts, wrt);
   Inputs want = eager_grads(mlp, {x}, wts, wrt);
-  for (size_t k = 0; k < wrt.size(); ++k) expect_close(got[k], want[k], "parameter " + std::to_string(k));
+  for (size_t k = 0; k < wrt.size(); ++k)
+    expect_close(got[k], want[k], "parameter " + std::to_string(k));
 }
 
 // A call's results hold the backward (their grad_fn), and the backward must not hold the results:

@@ -1857,8 +1857,7 @@ class Emitter {
             const Instr& in = k_.body[n];
             if (!acc[n]) continue;
             llvm::Value* slot = b_.CreateGEP(
-                i64, partials,
-                b_.CreateAdd(b_.CreateMul(c, stride), b_.getInt64(in.index)));
+                i64, partials, b_.CreateAdd(b_.CreateMul(c, stride), b_.getInt64(in.index)));
             llvm::Value* x = load(in.type, slot);
             llvm::Type* ty = value_type(in.type);
             b_.CreateStore(fold(in, b_.CreateLoad(ty, acc[n]), x, false), acc[n]);
@@ -1922,7 +1921,8 @@ class Emitter {
       }
       if (level[n] != Level::kColumn) continue;
       for (int32_t o : {in.a, in.b, in.c})
-        if (o >= 0 && slot_of[static_cast<size_t>(o)] >= 0) slot_of[n] = slot_of[static_cast<size_t>(o)];
+        if (o >= 0 && slot_of[static_cast<size_t>(o)] >= 0)
+          slot_of[n] = slot_of[static_cast<size_t>(o)];
     }
     const std::vector<llvm::Value*> base = column_bases(partials, R);
     const std::vector<llvm::Value*> origin(num_ptrs, b_.getInt64(0));
