@@ -869,7 +869,9 @@ constexpr size_t kMaxReadersLookedAt = 64;
 // the exit's inputs (sharing its reads is what saves memory traffic), of the same iteration shape
 // and row split. A column sum of a group's join (the bias gradient of an LSTM's gates, a sum over
 // the batch of cat(di, df, dg, do)) joins it too when the cat is along the last dim, each piece
-// folding into its part of the sum. Exits are visited in the order they run, so a target that
+// folding into its part of the sum. A lone elementwise node (which would run on its own, reading
+// back what the kernel wrote) moves up by the same rule. Exits are visited in the order they run,
+// so a target that
 // was itself an exit has already moved (merged_into resolves it). Each exit looks at its members'
 // inputs and at most kMaxReadersLookedAt readers of each: linear in the graph.
 void merge_column_exits(std::vector<Building>& groups, std::vector<int64_t>& run_at,
@@ -890,7 +892,11 @@ void merge_column_exits(std::vector<Building>& groups, std::vector<int64_t>& run
   // Groups were made from the end of the graph: the last made runs first.
   for (size_t e = groups.size(); e-- > 0;) {
     Building& exit = groups[e];
-    if (!exit.columns || exit.members.empty()) continue;
+    // A lone elementwise node (no kernel of its own: groups have two nodes at least) moves up the
+    // same way, as another output of the kernel: an LSTM backward's gradient of c, f * dc'.
+    const bool lone = exit.members.size() == 1 && !exit.reduces && !exit.join &&
+                      is_fusible(*exit.members[0]) && !is_broadcast_view(*exit.members[0]);
+    if ((!exit.columns && !lone) || exit.members.empty()) continue;
     std::vector<const Value*> reads;  // values the exit reads from outside
     for (const Node* m : exit.members)
       for (const Value* in : m->inputs())
@@ -928,20 +934,24 @@ void merge_column_exits(std::vector<Building>& groups, std::vector<int64_t>& run
       Building& target = groups[t];
       const bool of_join = sums_join(target);
       if (!of_join && exit.shape != target.shape) continue;
-      if (target.k >= 0 && target.k != exit.k) continue;
+      if (exit.columns && target.k >= 0 && target.k != exit.k) continue;
       // A join's pieces are written through their slices' strides, one row dim (k = 1) at a time.
-      if (target.join && exit.k != 1) continue;
+      if (exit.columns && target.join && exit.k != 1) continue;
       if (target.members.size() + exit.members.size() > kMaxGroupNodes + 32) continue;
       bool available = true;
       for (const Value* v : reads) {
         const Node* p = v->node();
         if (group_at(p) == std::optional<size_t>(t)) {
+          // A join's value is written by the kernel, not computed in it: only its column sum
+          // (above) folds its pieces.
+          if (target.join && p == target.members.front() && !of_join) available = false;
           // Read inside the kernel: an element's value, or a row's broadcast back (keepdim). A
           // global reduction's result exists only after every row, a row value without keepdim
           // broadcasts along other dims than the rows.
           const Role r = role_of.at(p);
-          available &= r == Role::kElement ||
-                       (r == Role::kRow && v->type().sizes == kept_shape(target.shape, exit.k));
+          available &=
+              r == Role::kElement || (r == Role::kRow && target.k >= 0 &&
+                                      v->type().sizes == kept_shape(target.shape, target.k));
           continue;
         }
         if (p->is_input() || p->is_constant()) continue;
@@ -953,13 +963,15 @@ void merge_column_exits(std::vector<Building>& groups, std::vector<int64_t>& run
         group_of[m] = t;
         target.members.push_back(m);
       }
-      target.k = exit.k;
-      target.reduces = true;
+      if (exit.columns) {
+        target.k = exit.k;
+        target.reduces = true;
+      }
       exit.members.clear();
       merged_into[e] = t;
-      jit::log("fuser", "column exit over ", detail::shape_str(exit.shape),
-               " merged into the group over ", detail::shape_str(target.shape),
-               of_join ? " (a sum of its cat)" : "");
+      jit::log("fuser", exit.columns ? "column exit over " : "lone node over ",
+               detail::shape_str(exit.shape), " merged into the group over ",
+               detail::shape_str(target.shape), of_join ? " (a sum of its cat)" : "");
       break;
     }
   }
