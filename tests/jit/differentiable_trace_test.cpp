@@ -269,38 +269,88 @@ TEST(DifferentiableTrace, LayerNormOpBackwardInLazyModeIsOneKernel) {
   }
 }
 
-// A 3-layer MLP with biases and GELU, traced: the forward is 3 GEMMs with their biases (addmm)
-// and 3 GELU kernels; the backward its GEMMs and 3 kernels, each layer's GELU gradient with its
-// bias gradient (a column exit).
+// A 3-layer MLP with biases and GELU, traced: the forward is 3 GEMMs and 3 kernels (bias and
+// GELU: the GEMMs' results are saved for the backward, so the bias does not fold into them); the
+// backward its GEMMs and 3 kernels, each layer's GELU gradient with its bias gradient (a column
+// exit). The layers' activations, written out for the next GEMM, are saved for the weight
+// gradients' GEMMs rather than recomputed by kernels of their own.
 TEST(DifferentiableTrace, MlpWithBiasAndGeluIsItsGemmsAndOneKernelPerLayer) {
-  const int64_t batch = 12, width = 20;
-  std::vector<Tensor> ws, bs;
-  for (int l = 0; l < 3; ++l) {
-    ws.push_back((testing::input({width, width}) * 0.3).detach().requires_grad_(true));
-    bs.push_back(testing::input({width}).requires_grad_(true));
+  for (DType dtype : {kFloat32, kFloat64}) {
+    for (int64_t batch : {12, 1}) {
+      const std::string what = std::string(dtype_name(dtype)) + " batch " + std::to_string(batch);
+      const int64_t width = 20;
+      std::vector<Tensor> ws, bs;
+      for (int l = 0; l < 3; ++l) {
+        ws.push_back((testing::input({width, width}, dtype) * 0.3).detach().requires_grad_(true));
+        bs.push_back(testing::input({width}, dtype).requires_grad_(true));
+      }
+      Fn mlp = [&](const Inputs& in) {
+        Tensor h = in[0];
+        for (int l = 0; l < 3; ++l) h = gelu(h.matmul(ws[l]) + bs[l]);
+        return Inputs{h};
+      };
+      Tensor x;
+      {
+        LazyGuard eager(false);
+        x = testing::input({width, batch}, dtype).t();  // not contiguous
+      }
+      jit::Function f = jit::trace(mlp, {x});
+      Inputs wrt = {ws[0], ws[1], ws[2], bs[0], bs[1], bs[2]};
+      backward_steps(f, {x}, wrt);  // compiles
+      const jit::Stats before = jit::stats();
+      f({x});
+      const jit::Stats mid = jit::stats();
+      EXPECT_EQ(mid.fused_kernels_run - before.fused_kernels_run, 3) << what << f.graph_str();
+      EXPECT_EQ(mid.unfused_steps_run - before.unfused_steps_run, 3) << what << f.graph_str();
+      const StepCounts n = backward_steps(f, {x}, wrt);
+      EXPECT_EQ(n.kernels, 3) << what << f.backward_graph_str();
+      // The weight gradients of the 3 layers and the input gradients of the last two.
+      EXPECT_EQ(n.others, 5) << what << f.backward_graph_str();
+      Inputs wts = {testing::input({batch, width}, dtype)};
+      Inputs got = traced_grads(f, {x}, wts, wrt);
+      Inputs want = eager_grads(mlp, {x}, wts, wrt);
+      for (size_t k = 0; k < wrt.size(); ++k)
+        expect_close(got[k], want[k], what + ", parameter " + std::to_string(k));
+    }
   }
-  Fn mlp = [&](const Inputs& in) {
-    Tensor h = in[0];
-    for (int l = 0; l < 3; ++l) h = gelu(h.matmul(ws[l]) + bs[l]);
-    return Inputs{h};
+}
+
+// The same MLP's forward and backward traced as one function (its gradients returned): one plan
+// of 3 addmm (the biases fold into the GEMMs), 2 GELUs (lone nodes, run by their reference
+// kernels; the last layer's output is not needed for the gradients), 5 backward GEMMs and 3
+// backward kernels.
+TEST(DifferentiableTrace, MlpForwardAndBackwardTracedTogether) {
+  const int64_t batch = 16, width = 24;
+  std::vector<Tensor> params;
+  for (int l = 0; l < 3; ++l) {
+    params.push_back((testing::input({width, width}) * 0.3).detach().requires_grad_(true));
+    params.push_back(testing::input({width}).requires_grad_(true));
+  }
+  Tensor wts = testing::input({batch, width});
+  auto forward = [&](const Tensor& x) {
+    Tensor h = x;
+    for (int l = 0; l < 3; ++l) h = gelu(h.matmul(params[2 * l]) + params[2 * l + 1]);
+    return (h * wts).sum();
+  };
+  Fn step = [&](const Inputs& in) {
+    Inputs grads = autograd::grad({forward(in[0])}, params);
+    return grads;
   };
   Tensor x = testing::input({batch, width});
-  jit::Function f = jit::trace(mlp, {x});
-  Inputs wrt = {ws[0], ws[1], ws[2], bs[0], bs[1], bs[2]};
-  backward_steps(f, {x}, wrt);  // compiles
+  jit::Function f = jit::trace(step, {x});
+  f({x});  // compiles
   const jit::Stats before = jit::stats();
-  f({x});
-  const jit::Stats mid = jit::stats();
-  EXPECT_EQ(mid.fused_kernels_run - before.fused_kernels_run, 3) << f.graph_str();
-  EXPECT_EQ(mid.unfused_steps_run - before.unfused_steps_run, 3) << f.graph_str();
-  const StepCounts n = backward_steps(f, {x}, wrt);
-  EXPECT_EQ(n.kernels, 3) << f.backward_graph_str();
-  // The weight gradients of the 3 layers and the input gradients of the last two.
-  EXPECT_EQ(n.others, 5) << f.backward_graph_str();
-  Inputs wts = {testing::input({batch, width})};
-  Inputs got = traced_grads(f, {x}, wts, wrt);
-  Inputs want = eager_grads(mlp, {x}, wts, wrt);
-  for (size_t k = 0; k < wrt.size(); ++k)
+  Inputs got = f({x});
+  const jit::Stats after = jit::stats();
+  EXPECT_EQ(after.fused_kernels_run - before.fused_kernels_run, 3) << f.graph_str();
+  EXPECT_EQ(after.unfused_steps_run - before.unfused_steps_run, 3 + 2 + 5) << f.graph_str();
+  EXPECT_NE(f.graph_str().find("addmm("), std::string::npos) << f.graph_str();
+  Inputs want;
+  {
+    LazyGuard eager(false);
+    want = autograd::grad({forward(x)}, params);
+  }
+  for (size_t k = 0; k < params.size(); ++k)
     expect_close(got[k], want[k], "parameter " + std::to_string(k));
 }
 
