@@ -856,6 +856,8 @@ struct Building {
 // How many uses of one value the merge below looks at for groups that read it too: a bound, so
 // that exits reading a value with a huge fan-out stay linear.
 constexpr size_t kMaxReadersLookedAt = 64;
+// How many target groups (the latest-running first) an exit is checked against.
+constexpr size_t kMaxTargetsTried = 8;
 
 // Column exits join the group whose values they read. A group rooted at a column reduction (the
 // sum over the batch of a gradient, with the elementwise nodes that only it reads) ends up where
@@ -870,10 +872,12 @@ constexpr size_t kMaxReadersLookedAt = 64;
 // and row split. A column sum of a group's join (the bias gradient of an LSTM's gates, a sum over
 // the batch of cat(di, df, dg, do)) joins it too when the cat is along the last dim, each piece
 // folding into its part of the sum. A lone elementwise node (which would run on its own, reading
-// back what the kernel wrote) moves up by the same rule. Exits are visited in the order they run,
-// so a target that
-// was itself an exit has already moved (merged_into resolves it). Each exit looks at its members'
-// inputs and at most kMaxReadersLookedAt readers of each: linear in the graph.
+// back what the kernel wrote) moves up by the same rule. A value the exit reads from the target
+// must be an element's or a row's broadcast back (keepdim): a global reduction's result exists
+// only after every row. Exits are visited in the order they run, so a target that was itself an
+// exit has already moved (merged_into resolves it). Each exit looks at its members' inputs, at
+// most kMaxReadersLookedAt readers of each and at most kMaxTargetsTried targets: linear in the
+// graph.
 void merge_column_exits(std::vector<Building>& groups, std::vector<int64_t>& run_at,
                         absl::flat_hash_map<const Node*, size_t>& group_of,
                         const absl::flat_hash_map<const Node*, Role>& role_of,
@@ -919,6 +923,7 @@ void merge_column_exits(std::vector<Building>& groups, std::vector<int64_t>& run
       return run_at[a] > run_at[b] || (run_at[a] == run_at[b] && a < b);
     });
     candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+    if (candidates.size() > kMaxTargetsTried) candidates.resize(kMaxTargetsTried);
     // A lone column sum of the target's cat (pieces of the target's shape, cat along the last
     // dim): it folds the pieces.
     auto sums_join = [&](const Building& t) {
