@@ -1,7 +1,8 @@
 // Reduction fusion: softmax, log_softmax, layer_norm and cross entropy written from primitives
-// become one kernel, and fused reductions match eager mode's within the tolerances below, edge
-// cases (empty rows, NaN and infinities, integer sums, var's correction) and random programs
-// included.
+// become one kernel, sums over leading dims (bias and layer_norm weight gradients) fold into the
+// kernel computing their operand (column exits), and fused reductions match eager mode's within
+// the tolerances below, edge cases (empty rows, NaN and infinities, integer sums, var's
+// correction) and random programs included.
 //
 // Tolerances. A fused reduction accumulates floats in double as eager mode does, but in another
 // order, and a fused kernel's exp may differ from eager's std::exp by one ulp, so a floating
