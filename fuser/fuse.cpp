@@ -204,7 +204,8 @@ std::string Kernel::str() const {
     os << "%" << i << " : " << dtype_name(in.type) << " = " << prim_name(in.prim);
     if (in.prim == Prim::Load || in.prim == Prim::Scalar) os << " " << in.index;
     if (in.per_row) os << " per-row";
-    if (is_reduction(in.prim)) os << (in.index >= 0 ? " global " + std::to_string(in.index) : "");
+    if (is_global_reduction(in)) os << " global " << in.index;
+    if (is_column_reduction(in)) os << " column " << in.index << " part " << in.part;
     if (in.prim == Prim::Literal) os << " " << in.literal;
     for (int32_t o : {in.a, in.b, in.c})
       if (o >= 0) os << " %" << o;
@@ -236,12 +237,16 @@ std::string kernel_key(const Kernel& k, const Layout& layout) {
     put_i(in.index);
     put(&in.literal, sizeof in.literal);
     put_i(in.per_row);
+    put_i(in.column);
+    put_i(in.part);
   }
   put_i(static_cast<int64_t>(k.outputs.size()));
   for (int32_t o : k.outputs) put_i(o);
   for (DType t : k.output_types) put_i(static_cast<int64_t>(t));
   for (bool e : k.output_per_element) put_i(e);
   put_i(k.num_globals);
+  put_i(k.num_columns());
+  for (int32_t p : k.column_parts) put_i(p);
   put_i(layout.flat);
   put_i(layout.rows);
   put_i(layout.rank);
@@ -261,7 +266,9 @@ std::vector<Level> instr_levels(const Kernel& k) {
     } else if (in.prim == Prim::Scalar || in.prim == Prim::Literal) {
       level[n] = Level::kConst;
     } else if (is_reduction(in.prim)) {
-      level[n] = in.index >= 0 ? Level::kGlobal : Level::kRow;
+      level[n] = is_column_reduction(in)   ? Level::kColumn
+                 : is_global_reduction(in) ? Level::kGlobal
+                                           : Level::kRow;
     } else {
       for (int32_t o : {in.a, in.b, in.c})
         if (o >= 0) level[n] = std::max(level[n], level[static_cast<size_t>(o)]);
@@ -276,7 +283,7 @@ std::vector<int32_t> instr_stages(const Kernel& k) {
     const Instr& in = k.body[n];
     for (int32_t o : {in.a, in.b, in.c})
       if (o >= 0) stage[n] = std::max(stage[n], stage[static_cast<size_t>(o)]);
-    if (is_reduction(in.prim) && in.index < 0) ++stage[n];
+    if (is_row_reduction(in)) ++stage[n];
   }
   return stage;
 }
@@ -296,7 +303,8 @@ class FormulaParser {
   using AttrText = std::function<std::optional<std::string>(int)>;  // nullopt: no attribute i
   FormulaParser(Kernel& k, const std::string& text, DType type, DType out_type,
                 const int32_t* operands, size_t num_operands, Attr attr, AttrText attr_text,
-                std::function<int32_t()> count = nullptr, bool global = false)
+                std::function<int32_t()> count = nullptr, bool global = false,
+                int32_t column_slot = -1, int32_t part = 0)
       : k_(k),
         text_(text),
         type_(type),
@@ -306,7 +314,9 @@ class FormulaParser {
         attr_(std::move(attr)),
         attr_text_(std::move(attr_text)),
         count_(std::move(count)),
-        global_(global) {}
+        global_(global),
+        column_slot_(column_slot),
+        part_(part) {}
 
   int32_t parse() {
     int32_t r = expr();
@@ -490,7 +500,15 @@ class FormulaParser {
         in.type = is_floating_point(at(args[0]).type) ? kFloat64 : kInt64;
         if (in.type == at(args[0]).type) return args[0];
       }
-      if (is_reduction(e.prim)) in.index = global_ ? k_.num_globals++ : -1;
+      if (is_reduction(e.prim)) {
+        if (column_slot_ >= 0) {
+          in.index = column_slot_;
+          in.column = true;
+          in.part = part_;
+        } else {
+          in.index = global_ ? k_.num_globals++ : -1;
+        }
+      }
       in.a = args[0];
       if (e.arity > 1) in.b = args[1];
       if (e.arity > 2) in.c = args[2];
@@ -510,7 +528,9 @@ class FormulaParser {
   AttrText attr_text_;
   std::function<int32_t()> count_;
   int32_t count_instr_ = -1;
-  bool global_;  // reductions fold every row (global slots), not one row
+  bool global_;          // reductions fold every row (global slots), not one row
+  int32_t column_slot_;  // >= 0: reductions fold each position over the rows into this slot
+  int32_t part_;         // ... at this part of it
   std::vector<std::pair<std::string, int32_t>> lets_;
   size_t pos_ = 0;
 };
@@ -522,8 +542,9 @@ uint64_t value_bits(const Tensor& t) {
 }
 
 // How a member of a group computes: per element of the group's shape, once per row (row
-// reductions and what only their results feed), or once per call (a global reduction).
-enum class Role : uint8_t { kElement, kRow, kGlobal };
+// reductions and what only their results feed), once per call (a global reduction), or once per
+// position of a row, over every row (a column reduction: a sum over the leading dims).
+enum class Role : uint8_t { kElement, kRow, kGlobal, kColumn };
 
 Shape kept_shape(const Shape& s, int k) {
   Shape r(s.begin(), s.end() - k);
@@ -647,13 +668,18 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
     // row-level values) once per row, broadcast against the kept dims when the member drops the
     // reduced ones.
     const Shape& shape = reduction ? n->input(0)->type().sizes : n->output()->type().sizes;
-    const bool per_row =
-        g.rows && role != Role::kElement && !(reduction && role == Role::kRow) && shape != g.shape;
+    const bool per_row = g.rows && role != Role::kElement && role != Role::kColumn &&
+                         !(reduction && role == Role::kRow) && shape != g.shape;
     const bool outer = per_row && shape == dropped_shape(g.shape, g.reduced_dims) &&
                        shape != kept_shape(g.shape, g.reduced_dims);
+    // A column sum of the group's join (cat along the row's dim) folds each piece into its part
+    // of the column slot: the cat's element (i, p * R + j) is piece p's (i, j).
+    const bool of_join = role == Role::kColumn && g.join && n->input(0) == g.join->output();
+    const size_t parts = of_join ? g.join->num_inputs() : 1;
     std::vector<int32_t> operands;
     for (const Value* in : n->inputs())
-      operands.push_back(cast(operand(in, per_row, outer), operand_types[operands.size()]));
+      operands.push_back(
+          of_join ? -1 : cast(operand(in, per_row, outer), operand_types[operands.size()]));
     const std::string formula = n->op().formula;
     FormulaParser::Attr attr;
     std::function<int32_t()> count;
@@ -676,8 +702,9 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
       count = [&, n, role] {
         const Shape& in_shape = n->input(0)->type().sizes;
         const int64_t folded =
-            role == Role::kGlobal
-                ? detail::shape_numel(in_shape)
+            role == Role::kGlobal ? detail::shape_numel(in_shape)
+            : role == Role::kColumn
+                ? detail::shape_numel(Shape(in_shape.begin(), in_shape.end() - g.reduced_dims))
                 : detail::shape_numel(Shape(in_shape.end() - g.reduced_dims, in_shape.end()));
         return double_scalar(static_cast<double>(folded));
       };
@@ -702,10 +729,19 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
       if (const auto* text = std::get_if<std::string>(&a)) return *text;
       return detail::attr_str(a);
     };
-    const int32_t result =
-        FormulaParser(k, formula, compute, n->output()->type().dtype, operands.data(),
-                      operands.size(), attr, attr_text, count, role == Role::kGlobal)
-            .parse();
+    const int32_t slot = role == Role::kColumn ? k.num_columns() : -1;
+    if (role == Role::kColumn) k.column_parts.push_back(static_cast<int32_t>(parts));
+    int32_t result = -1;
+    for (size_t part = 0; part < parts; ++part) {
+      if (of_join) operands[0] = cast(operand(g.join->input(part), false, false), operand_types[0]);
+      // Parts after the first only fold: what follows their reduction is the first part's (the
+      // columns function computes it for every position of the slot).
+      const int32_t r = FormulaParser(k, formula, compute, n->output()->type().dtype,
+                                      operands.data(), operands.size(), attr, attr_text, count,
+                                      role == Role::kGlobal, slot, static_cast<int32_t>(part))
+                            .parse();
+      if (part == 0) result = r;
+    }
     KILN_CHECK(k.body[static_cast<size_t>(result)].type == n->output()->type().dtype,
                "fuser: the formula of ", n->op().name, " gives ",
                dtype_name(k.body[static_cast<size_t>(result)].type), ", the node is ",
@@ -723,7 +759,8 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
     g.outputs.push_back(v);
     k.outputs.push_back(value_instr.at(v));
     k.output_types.push_back(v->type().dtype);
-    k.output_per_element.push_back(g.rows && v->type().sizes == g.shape);
+    k.output_per_element.push_back(g.rows && v->type().sizes == g.shape &&
+                                   roles.at(n) != Role::kColumn);
   }
   if (g.join) {
     const Value* whole = g.join->output();
@@ -775,6 +812,27 @@ std::optional<int> fused_reduction_dims(const Node& n) {
   for (int i = 0; i < k; ++i)
     if (dims[static_cast<size_t>(i)] != rank - k + i) return std::nullopt;
   return k;
+}
+
+std::optional<int> fused_column_dims(const Node& n) {
+  const detail::OpDef& op = n.op();
+  if (op.kind != detail::OpKind::Reduction || !op.formula || !folds_once(op.formula) ||
+      n.num_outputs() != 1 || n.num_inputs() != 1)
+    return std::nullopt;
+  const Value* in = n.input(0);
+  if (!in || in->type().device != kCPU || n.output()->type().device != kCPU) return std::nullopt;
+  const int rank = static_cast<int>(in->type().sizes.size());
+  if (int d = attr_index(n, "dtype");
+      d >= 0 && !std::holds_alternative<std::monostate>(n.attr(static_cast<size_t>(d))))
+    return std::nullopt;
+  const int d = attr_index(n, "dims");
+  if (d < 0) return std::nullopt;
+  const std::vector<int64_t>& dims = detail::attr_ints(n.attr(static_cast<size_t>(d)));
+  const int lead = static_cast<int>(dims.size());
+  if (lead == 0 || lead >= rank) return std::nullopt;
+  for (int i = 0; i < lead; ++i)
+    if (dims[static_cast<size_t>(i)] != i) return std::nullopt;
+  return lead;
 }
 
 bool is_join_exit(const Node& n) {
@@ -839,6 +897,146 @@ std::string unfusible_reason(const Node& n) {
       return "the op has no formula in the op table (its own kernel runs)";
   }
 }
+
+// A group while find_groups builds it.
+struct Building {
+  std::vector<const Node*> members;
+  Shape shape;           // the iteration shape
+  int k = -1;            // trailing dims a row reduction folds (or a column one keeps); -1: none
+  bool small = false;    // a member of a smaller shape, recomputed per element
+  bool reduces = false;  // a rows kernel
+  bool join = false;     // ends in a cat or stack (and has no reductions but column exits)
+  bool columns = false;  // rooted at a column reduction (a sum over the leading dims)
+};
+
+// How many uses of one value the merge below looks at for groups that read it too: a bound, so
+// that exits reading a value with a huge fan-out stay linear.
+constexpr size_t kMaxReadersLookedAt = 64;
+// How many target groups (the latest-running first) an exit is checked against.
+constexpr size_t kMaxTargetsTried = 8;
+
+// Column exits join the group whose values they read. A group rooted at a column reduction (the
+// sum over the batch of a gradient, with the elementwise nodes that only it reads) ends up where
+// the reduction is, after the group computing its operand, which has by then written that operand
+// out for it: the gradient g * xhat of layer_norm's weight is read again from memory. Instead the
+// exit moves up into that group, which then folds the column sums while it computes the values:
+// the merged group runs where the earlier group runs, which is correct when every value the exit
+// reads from outside is available there (computed by the group itself, a graph input or constant,
+// or made by something that runs before it); the exit's own results are then ready earlier than
+// their readers need. The target is the latest-running group that computes or also reads one of
+// the exit's inputs (sharing its reads is what saves memory traffic), of the same iteration shape
+// and row split. A column sum of a group's join (the bias gradient of an LSTM's gates, a sum over
+// the batch of cat(di, df, dg, do)) joins it too when the cat is along the last dim, each piece
+// folding into its part of the sum. A lone elementwise node (which would run on its own, reading
+// back what the kernel wrote) moves up by the same rule. A value the exit reads from the target
+// must be an element's or a row's broadcast back (keepdim): a global reduction's result exists
+// only after every row. Exits are visited in the order they run, so a target that was itself an
+// exit has already moved (merged_into resolves it). Each exit looks at its members' inputs, at
+// most kMaxReadersLookedAt readers of each and at most kMaxTargetsTried targets: linear in the
+// graph.
+void merge_column_exits(std::vector<Building>& groups, std::vector<int64_t>& run_at,
+                        absl::flat_hash_map<const Node*, size_t>& group_of,
+                        const absl::flat_hash_map<const Node*, Role>& role_of,
+                        const absl::flat_hash_map<const Node*, int64_t>& position) {
+  std::vector<size_t> merged_into(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) merged_into[i] = i;
+  auto resolve = [&](size_t g) {
+    while (merged_into[g] != g) g = merged_into[g] = merged_into[merged_into[g]];
+    return g;
+  };
+  auto group_at = [&](const Node* n) -> std::optional<size_t> {
+    auto it = group_of.find(n);
+    if (it == group_of.end()) return std::nullopt;
+    return resolve(it->second);
+  };
+  // Groups were made from the end of the graph: the last made runs first.
+  for (size_t e = groups.size(); e-- > 0;) {
+    Building& exit = groups[e];
+    // A lone elementwise node (no kernel of its own: groups have two nodes at least) moves up the
+    // same way, as another output of the kernel: an LSTM backward's gradient of c, f * dc'.
+    const bool lone = exit.members.size() == 1 && !exit.reduces && !exit.join &&
+                      is_fusible(*exit.members[0]) && !is_broadcast_view(*exit.members[0]);
+    if ((!exit.columns && !lone) || exit.members.empty()) continue;
+    std::vector<const Value*> reads;  // values the exit reads from outside
+    for (const Node* m : exit.members)
+      for (const Value* in : m->inputs())
+        if (in && group_at(in->node()) != std::optional<size_t>(e)) reads.push_back(in);
+    std::vector<size_t> candidates;
+    auto consider = [&](const Node* n) {
+      std::optional<size_t> g = group_at(n);
+      if (g && *g != e && run_at[*g] < run_at[e] && !groups[*g].members.empty())
+        candidates.push_back(*g);
+    };
+    for (const Value* v : reads) {
+      consider(v->node());
+      size_t looked = 0;
+      for (const jit::Use& u : v->uses()) {
+        if (looked++ == kMaxReadersLookedAt) break;
+        consider(u.user);
+      }
+    }
+    std::sort(candidates.begin(), candidates.end(), [&](size_t a, size_t b) {
+      return run_at[a] > run_at[b] || (run_at[a] == run_at[b] && a < b);
+    });
+    candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+    if (candidates.size() > kMaxTargetsTried) candidates.resize(kMaxTargetsTried);
+    // A lone column sum of the target's cat (pieces of the target's shape, cat along the last
+    // dim): it folds the pieces.
+    auto sums_join = [&](const Building& t) {
+      if (!t.join || exit.members.size() != 1) return false;
+      const Node* join = t.members.front();
+      const Node* r = exit.members.front();
+      if (r->input(0) != join->output() || join->op().name != "cat") return false;
+      const auto rank = static_cast<int64_t>(t.shape.size());
+      const int64_t d = detail::attr_int(join->attr(0));
+      return (d < 0 ? d + rank : d) == rank - 1 && exit.k == 1;
+    };
+    for (size_t t : candidates) {
+      Building& target = groups[t];
+      const bool of_join = sums_join(target);
+      if (!of_join && exit.shape != target.shape) continue;
+      if (exit.columns && target.k >= 0 && target.k != exit.k) continue;
+      // A join's pieces are written through their slices' strides, one row dim (k = 1) at a time.
+      if (exit.columns && target.join && exit.k != 1) continue;
+      if (target.members.size() + exit.members.size() > kMaxGroupNodes + 32) continue;
+      bool available = true;
+      for (const Value* v : reads) {
+        const Node* p = v->node();
+        if (group_at(p) == std::optional<size_t>(t)) {
+          // A join's value is written by the kernel, not computed in it: only its column sum
+          // (above) folds its pieces.
+          if (target.join && p == target.members.front() && !of_join) available = false;
+          // Read inside the kernel: an element's value, or a row's broadcast back (keepdim). A
+          // global reduction's result exists only after every row, a row value without keepdim
+          // broadcasts along other dims than the rows.
+          const Role r = role_of.at(p);
+          available &=
+              r == Role::kElement || (r == Role::kRow && target.k >= 0 &&
+                                      v->type().sizes == kept_shape(target.shape, target.k));
+          continue;
+        }
+        if (p->is_input() || p->is_constant()) continue;
+        std::optional<size_t> pg = group_at(p);
+        if ((pg ? run_at[*pg] : position.at(p)) >= run_at[t]) available = false;
+      }
+      if (!available) continue;
+      for (const Node* m : exit.members) {
+        group_of[m] = t;
+        target.members.push_back(m);
+      }
+      if (exit.columns) {
+        target.k = exit.k;
+        target.reduces = true;
+      }
+      exit.members.clear();
+      merged_into[e] = t;
+      jit::log("fuser", exit.columns ? "column exit over " : "lone node over ",
+               detail::shape_str(exit.shape), " merged into the group over ",
+               detail::shape_str(target.shape), of_join ? " (a sum of its cat)" : "");
+      break;
+    }
+  }
+}
 }  // namespace
 
 std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
@@ -864,14 +1062,6 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
   }
   absl::flat_hash_map<const Node*, size_t> group_of;
   absl::flat_hash_map<const Node*, Role> role_of;
-  struct Building {
-    std::vector<const Node*> members;
-    Shape shape;         // the iteration shape
-    int k = -1;          // trailing dims a row reduction folds; -1 while there is none
-    bool small = false;  // a member of a smaller shape, recomputed per element
-    bool reduces = false;
-    bool join = false;  // ends in a cat or stack (and has no reductions)
-  };
   std::vector<Building> groups;
   std::vector<int64_t> group_run_at;
   // Where a node's value is read: at the node, or where its group runs.
@@ -893,6 +1083,12 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
     } else if (is_join_exit(*consumer)) {
       st.shape = consumer->input(0)->type().sizes;
       st.join = true;
+    } else if (std::optional<int> lead = fused_column_dims(*consumer)) {
+      st.shape = consumer->input(0)->type().sizes;
+      st.k = static_cast<int>(st.shape.size()) - *lead;
+      st.reduces = true;
+      st.columns = true;
+      root_role = Role::kColumn;
     } else if (std::optional<int> k = fused_reduction_dims(*consumer)) {
       st.shape = consumer->input(0)->type().sizes;
       st.reduces = true;
@@ -916,7 +1112,7 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
     // Whether member c can read a value of shape `vs` computed at role `vr`.
     auto fits = [&](const Node* c, const Shape& vs, Role vr) {
       const Role cr = role_of.at(c);
-      if (cr == Role::kGlobal || vr == Role::kElement) return true;
+      if (cr == Role::kGlobal || cr == Role::kColumn || vr == Role::kElement) return true;
       if (c->op().kind == detail::OpKind::Reduction || is_row_wise(*c)) return vs == st.shape;
       if (cr == Role::kElement) {
         const Shape dropped = dropped_shape(st.shape, st.k);
@@ -1095,6 +1291,7 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
     }
     groups.push_back(std::move(st));
   }
+  merge_column_exits(groups, group_run_at, group_of, role_of, position);
   std::vector<FusionGroup> result;
   for (Building& b : groups) {
     if (b.members.size() < 2) continue;
@@ -1103,6 +1300,7 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
     std::sort(g.nodes.begin(), g.nodes.end(),
               [&](const Node* a, const Node* c) { return position.at(a) < position.at(c); });
     g.shape = b.shape;
+    g.anchor = b.members.front();  // the root: merged column exits run with it, before their place
     g.rows = b.reduces;
     if (b.join) g.join = b.members.front();
     // Without row reductions a row is the innermost dim.

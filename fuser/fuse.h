@@ -27,8 +27,16 @@ bool is_fusible(const jit::Node& n);
 // dims), or nullopt: another op, other dims, off the CPU, or a conversion first (sum's dtype).
 std::optional<int> fused_reduction_dims(const jit::Node& n);
 
+// Whether n is a reduction over leading dims that a group can end in (a column exit): a reduction
+// whose formula folds once (sum, mean, amax, amin) over dims 0 .. lead - 1 of an input of rank
+// above lead, on the CPU; returns lead.
+std::optional<int> fused_column_dims(const jit::Node& n);
+
 struct FusionGroup {
-  std::vector<const jit::Node*> nodes;    // in graph order; the group runs where the last is
+  std::vector<const jit::Node*> nodes;  // in graph order
+  // The group runs where this node is: its last node, or where the group it merged into runs
+  // (column exits run with the group computing their operands, earlier than their own place).
+  const jit::Node* anchor = nullptr;
   std::vector<const jit::Value*> inputs;  // tensor values read from outside, one per input
   // Members' values read after the group or returned, then the join's value if there is one.
   std::vector<const jit::Value*> outputs;
@@ -59,8 +67,10 @@ bool is_join_exit(const jit::Node& n);
 // group can run there, and the producer's value becomes an output), repeated until no producer
 // joins. Elementwise members share one shape; a group may end in reductions over its trailing
 // dims or over all of them and read a row reduction's result broadcast back (keepdim), which
-// makes it a rows kernel; or (without reductions) in a cat or stack of pieces of its shape. Linear
-// in the graph for bounded fan-in; iterative.
+// makes it a rows kernel; or (without other reductions) in a cat or stack of pieces of its shape.
+// Reductions over the leading dims (column exits: bias and layer_norm weight gradients) then move
+// into the group whose values they read, which folds them as it computes those values. Linear in
+// the graph for bounded fan-in; iterative.
 std::vector<FusionGroup> find_groups(const jit::Graph& graph);
 
 // KILN_FUSE=0 turns fusion off (nodes then run one by one through the reference kernels).

@@ -7,7 +7,11 @@
 // (the forward returns it as well) or recomputed by the backward from what is saved. Recomputing
 // an elementwise chain costs nothing but arithmetic once the backward's kernels fuse it, while
 // saving it costs a write in the forward and a read in the backward per value; GEMMs and
-// reductions are saved, since recomputing them would cost their whole input again.
+// reductions are saved, since recomputing them would cost their whole input again. An elementwise
+// value that a GEMM reads on both sides (a layer's activation: the next layer's input in the
+// forward, the weight gradient's operand in the backward) is saved too: the forward writes it out
+// for its GEMM anyway, and recomputing it would be a kernel of its own in the backward, writing
+// the same values out again for the backward's GEMM.
 #include "jit/differentiate.h"
 
 #include "jit/log.h"
@@ -90,6 +94,22 @@ Differentiated split_forward_backward(const Graph& joint, size_t num_forward_out
         break;
       }
   }
+  // Whether a GEMM on the forward (backward) side reads v, directly or through views.
+  auto read_by_gemm = [&](const Value* v, bool backward_side) {
+    std::vector<const Value*> views{v};
+    while (!views.empty()) {
+      const Value* x = views.back();
+      views.pop_back();
+      for (const Use& u : x->uses()) {
+        const detail::OpKind kind = u.user->op().kind;
+        if (kind == detail::OpKind::Linalg && backward.contains(u.user) == backward_side)
+          return true;
+        if (kind == detail::OpKind::View && u.user->num_outputs() == 1)
+          views.push_back(u.user->output());
+      }
+    }
+    return false;
+  };
   // Forward values the backward reads: through recomputable nodes down to saved values, graph
   // inputs and constants.
   std::vector<const Value*> saved;
@@ -110,7 +130,9 @@ Differentiated split_forward_backward(const Graph& joint, size_t num_forward_out
     if (!seen.insert(v).second) continue;
     const Node* p = v->node();
     if (p->is_input() || p->is_constant()) continue;
-    if (recompute_in_backward(*p)) {
+    const bool materialized = p->op().kind != detail::OpKind::View && !p->is_constant() &&
+                              read_by_gemm(v, false) && read_by_gemm(v, true);
+    if (recompute_in_backward(*p) && !materialized) {
       ++recomputed;
       for (const Value* in : p->inputs())
         if (in) work.push_back(in);
@@ -118,7 +140,9 @@ Differentiated split_forward_backward(const Graph& joint, size_t num_forward_out
       saved.push_back(v);
       if (log_enabled("fuser"))
         log("fuser", "backward: saves %", v->id(), " ", v->type().str(), " = ", p->kind(),
-            " (not recomputable in a fused kernel: a GEMM, reduction or random draw)");
+            materialized
+                ? " (written out for a GEMM in the forward, read by one in the backward)"
+                : " (not recomputable in a fused kernel: a GEMM, reduction or random draw)");
     }
   }
   log("fuser", "backward: ", saved.size(), " forward value(s) saved, ", recomputed,

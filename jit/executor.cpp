@@ -2,6 +2,7 @@
 // value's slot after its last reader so the allocator can reuse the memory.
 #include "jit/executor.h"
 
+#include <memory>
 #include <optional>
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -62,6 +63,9 @@ namespace {
 // Values at most this large may live in a plan's arena: for them allocation costs as much as the
 // work; larger ones are allocated per run, so a plan does not hold big buffers between runs.
 constexpr size_t kArenaValueMaxBytes = 16 * 1024;
+// The most calls (row ranges) a rows kernel with column reductions is split into (see
+// run_rows_group).
+constexpr int64_t kMaxColumnCalls = 64;
 constexpr size_t kArenaAlignment = 64;
 
 size_t value_bytes(const ValueType& t) {
@@ -160,7 +164,7 @@ Plan::Plan(const Graph& graph, const std::vector<int64_t>& in_place_inputs) {
       Proto p{n, nullptr, {n->inputs().begin(), n->inputs().end()}, {}};
       for (size_t k = 0; k < n->num_outputs(); ++k) p.outputs.push_back(n->output(k));
       protos.push_back(std::move(p));
-    } else if (g->second->nodes.back() == n) {
+    } else if (g->second->anchor == n) {
       protos.push_back({n, g->second, g->second->inputs, g->second->outputs});
     }
   }
@@ -364,7 +368,7 @@ void Plan::plan_in_place(const Graph& graph, const std::vector<int64_t>& in_plac
     const Node* producer = v->node();
     auto g = group_of.find(producer);
     const fuser::FusionGroup* group = g == group_of.end() ? nullptr : g->second;
-    auto s = step_of.find(group ? group->nodes.back() : producer);
+    auto s = step_of.find(group ? group->anchor : producer);
     std::string why;
     size_t at = 0;
     if (s == step_of.end()) {
@@ -424,10 +428,6 @@ fuser::CompiledKernel Plan::kernel_for(const Step& step, const fuser::Layout& la
 const char* Plan::run_group(const Step& step, const std::vector<Tensor>& args,
                             std::vector<Tensor>& outs) const {
   const fuser::FusionGroup& g = *step.group;
-  if (g.rows) return run_rows_group(step, args, outs);
-  const Shape& shape = g.shape;
-  const int64_t numel = detail::shape_numel(shape);
-  const size_t num_inputs = args.size();
   // Where the kernel's outputs go: the outputs, then a join's pieces in their slices of its value.
   std::vector<Tensor> joined;
   const std::vector<Tensor>* dests = &outs;
@@ -436,11 +436,15 @@ const char* Plan::run_group(const Step& step, const std::vector<Tensor>& args,
     const Tensor& whole = outs.back();
     const bool stack = g.join->op().name == "stack";
     const int64_t d = g.join_dim;
-    const int64_t width = stack ? 1 : shape[static_cast<size_t>(d)];
+    const int64_t width = stack ? 1 : g.shape[static_cast<size_t>(d)];
     for (int64_t p = 0; p < static_cast<int64_t>(g.join->num_inputs()); ++p)
       joined.push_back(stack ? whole.select(d, p) : whole.narrow(d, p * width, width));
     dests = &joined;
   }
+  if (g.rows) return run_rows_group(step, args, *dests);
+  const Shape& shape = g.shape;
+  const int64_t numel = detail::shape_numel(shape);
+  const size_t num_inputs = args.size();
   fuser::Layout layout;
   layout.single_element.resize(num_inputs, false);
   for (size_t k = 0; k < num_inputs; ++k) {
@@ -499,7 +503,7 @@ const char* Plan::run_group(const Step& step, const std::vector<Tensor>& args,
 }
 
 const char* Plan::run_rows_group(const Step& step, const std::vector<Tensor>& args,
-                                 std::vector<Tensor>& outs) const {
+                                 const std::vector<Tensor>& outs) const {
   const fuser::FusionGroup& g = *step.group;
   const Shape& shape = g.shape;
   const int rank = static_cast<int>(shape.size());
@@ -553,51 +557,66 @@ const char* Plan::run_rows_group(const Step& step, const std::vector<Tensor>& ar
     const bool ok = add(detail::contiguous_strides(shape), copies.back().impl()->data());
     KILN_CHECK(ok, "jit: a contiguous input's rows do not collapse");
   }
-  const Shape out_strides = detail::contiguous_strides(shape);
   const Shape row_strides = detail::contiguous_strides(outer_shape);
   for (size_t o = 0; o < outs.size(); ++o) {
     Shape st(shape.size(), 0);
     switch (step.output_levels[o]) {
       case fuser::Level::kElement:
-        st = out_strides;
+        // Fresh and contiguous, or a join's piece in its slice (rows of one dim then).
+        st = outs[o].strides();
         break;
       case fuser::Level::kGlobal:
+      case fuser::Level::kColumn:  // written by the finish functions
         break;
       default:
         std::copy(row_strides.begin(), row_strides.end(), st.begin());
         break;
     }
     char* data = outs[o].impl()->data();
-    if (step.output_levels[o] == fuser::Level::kElement && row_length > 0) {
-      // Contiguous: its rows collapse, one element apart.
+    const bool ok = add(st, data);
+    KILN_CHECK(ok || row_length == 0, "jit: an output's rows do not collapse");
+    if (!ok) {
       strides.insert(strides.end(), st.begin(), st.begin() + outer);
       strides.push_back(1);
       layout.inner.push_back(fuser::Layout::kUnit);
       ptrs.push_back(data);
-    } else {
-      add(st, data);
     }
   }
   const fuser::CompiledKernel kernel = kernel_for(step, layout);
-  const int64_t chunk =
-      std::max<int64_t>(1, detail::kParallelGrain / std::max<int64_t>(1, row_length));
-  const int32_t globals = g.kernel.num_globals;
-  if (globals == 0) {
+  int64_t chunk = std::max<int64_t>(1, detail::kParallelGrain / std::max<int64_t>(1, row_length));
+  const fuser::Kernel& k = g.kernel;
+  const int32_t globals = k.num_globals;
+  const int32_t columns = k.num_columns();
+  if (globals == 0 && columns == 0) {
     detail::parallel_for(rows, chunk, [&](int64_t begin, int64_t end) {
       kernel.fn(begin, end, ptrs.data(), sizes.data(), strides.data(), g.scalars.data(), nullptr);
     });
     return kernel.name;
   }
-  // Global reductions: calls of fixed row ranges (so results do not depend on the thread count),
-  // each folding into its own partials, combined in row order by the finish function.
-  const int64_t calls = (rows + chunk - 1) / chunk;
-  std::vector<uint64_t> partials(static_cast<size_t>(std::max<int64_t>(calls, 1) * globals));
+  // Global and column reductions: calls of fixed row ranges (so results do not depend on the
+  // thread count), each folding into its own partials, combined in row order by the finish and
+  // columns functions. Column partials are a row's length each: at most kMaxColumnCalls calls keep
+  // them (and their combination) small beside the data, with enough calls for every core.
+  if (columns > 0) chunk = std::max(chunk, (rows + kMaxColumnCalls - 1) / kMaxColumnCalls);
+  const int64_t calls = std::max<int64_t>(1, (rows + chunk - 1) / chunk);
+  const int64_t stride = k.partials_per_call(row_length);
+  // Every call writes its whole block first: no need to clear it.
+  std::unique_ptr<uint64_t[]> partials(new uint64_t[static_cast<size_t>(calls * stride)]);
   detail::parallel_for(calls, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c)
-      kernel.fn(c * chunk, std::min(rows, (c + 1) * chunk), ptrs.data(), sizes.data(),
-                strides.data(), g.scalars.data(), partials.data() + c * globals);
+      kernel.fn(std::min(rows, c * chunk), std::min(rows, (c + 1) * chunk), ptrs.data(),
+                sizes.data(), strides.data(), g.scalars.data(), partials.get() + c * stride);
   });
-  kernel.finish(calls, partials.data(), ptrs.data(), g.scalars.data());
+  if (globals > 0) kernel.finish(calls, stride, partials.get(), ptrs.data(), g.scalars.data());
+  if (columns > 0) {
+    int64_t positions = 0;
+    for (int32_t parts : k.column_parts) positions = std::max(positions, parts * row_length);
+    detail::parallel_for(positions, detail::kParallelGrain / std::max<int64_t>(1, calls),
+                         [&](int64_t begin, int64_t end) {
+                           kernel.columns(begin, end, calls, stride, row_length, partials.get(),
+                                          ptrs.data(), g.scalars.data());
+                         });
+  }
   return kernel.name;
 }
 

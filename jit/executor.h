@@ -82,8 +82,9 @@ class Plan {
   // Run a group's kernel; return its symbol (for the profiler), or null when nothing ran.
   const char* run_group(const Step& step, const std::vector<Tensor>& args,
                         std::vector<Tensor>& outs) const;
+  // outs: where the kernel's outputs go (a join's pieces in their slices).
   const char* run_rows_group(const Step& step, const std::vector<Tensor>& args,
-                             std::vector<Tensor>& outs) const;
+                             const std::vector<Tensor>& outs) const;
   // Picks in-place outputs among the steps (see the class comment); logs why not under fuser.
   void plan_in_place(const Graph& graph, const std::vector<int64_t>& in_place_inputs);
 

@@ -1,7 +1,8 @@
 // Reduction fusion: softmax, log_softmax, layer_norm and cross entropy written from primitives
-// become one kernel, and fused reductions match eager mode's within the tolerances below, edge
-// cases (empty rows, NaN and infinities, integer sums, var's correction) and random programs
-// included.
+// become one kernel, sums over leading dims (bias and layer_norm weight gradients) fold into the
+// kernel computing their operand (column exits), and fused reductions match eager mode's within
+// the tolerances below, edge cases (empty rows, NaN and infinities, integer sums, var's
+// correction) and random programs included.
 //
 // Tolerances. A fused reduction accumulates floats in double as eager mode does, but in another
 // order, and a fused kernel's exp may differ from eager's std::exp by one ulp, so a floating
@@ -118,6 +119,11 @@ void expect_fused_close_to_eager(const Fn& fn, const Inputs& inputs, const std::
   Inputs got = p.plan->run(p.binding.inputs);
   Inputs want = eager(fn, inputs);
   ASSERT_EQ(got.size(), want.size()) << what;
+  // The plan computes the outputs' storages: a view's values (sum_to_size's) come in its root's
+  // shape.
+  for (size_t k = 0; k < got.size(); ++k)
+    if (got[k].sizes() != want[k].sizes() && got[k].numel() == want[k].numel())
+      got[k] = got[k].view(want[k].sizes());
   double input_scale = 0;
   for (const Tensor& t : inputs) input_scale = std::max(input_scale, max_abs(t));
   if (reduced < 0) {
@@ -295,6 +301,197 @@ TEST(ReduceFusion, AReductionOverALeadingDimMatchesEager) {
     };
     expect_fused_close_to_eager(keep, {x}, "x - x.mean({0}, true)");
   }
+}
+
+// ---------------------------------------------------------------- column exits (issue 6)
+// Sums over the leading dims (a bias gradient g.sum(0), layer_norm's weight gradient) are group
+// exits: the kernel computing the values also folds their column sums.
+
+// Column reductions in the plan's kernels.
+int column_exits_in(const jit::Graph& graph) {
+  int n = 0;
+  for (const fuser::FusionGroup& g : fuser::find_groups(graph)) n += g.kernel.num_columns();
+  return n;
+}
+
+// Every reduction of the plan (planned after the passes, as lazy mode and traces plan) is in its
+// one kernel.
+void expect_one_kernel_with_columns(const Planned& p, int columns, const std::string& what) {
+  EXPECT_EQ(p.plan->num_kernel_steps(), 1u) << what << "\n" << p.graph->str();
+  EXPECT_EQ(fused_reductions_in(*p.graph), reductions_in(*p.graph))
+      << what << ": a reduction was left out of the groups\n"
+      << p.graph->str();
+  EXPECT_EQ(column_exits_in(*p.graph), columns) << what << "\n" << p.graph->str();
+  size_t computing = 0;
+  for (const jit::Node* n : p.graph->nodes())
+    computing += !n->is_input() && !n->is_constant() && n->op().kind != detail::OpKind::View;
+  EXPECT_GE(computing, 1u);
+}
+
+// The gradients of sum(layer_norm(x, w, b) * weights) by autograd (recorded lazily in lazy mode):
+// kiln::layer_norm's own gradient formula, or the one of a layer_norm written from primitives.
+Fn layer_norm_backward(bool primitives) {
+  return [primitives](const Inputs& in) {
+    Tensor x = in[0].detach().requires_grad_(true), w = in[1].detach().requires_grad_(true),
+           b = in[2].detach().requires_grad_(true);
+    Tensor y =
+        primitives ? layer_norm_from_primitives(x, w, b) : layer_norm(x, {x.size(-1)}, w, b, 1e-5);
+    return autograd::grad({(y * in[3]).sum()}, {x, w, b});
+  };
+}
+
+// x of `rows` rows of `width` (made from a transpose when `transposed`).
+Tensor rows_input(int64_t rows, int64_t width, DType dtype, bool transposed) {
+  if (!transposed) return testing::input({rows, width}, dtype, -2, 4);
+  LazyGuard eager_mode(false);
+  return testing::input({width, rows}, dtype, -2, 4).t();
+}
+
+TEST(ColumnExits, LayerNormBackwardIsOneKernel) {
+  std::mt19937_64 rng(6);
+  for (bool primitives : {false, true}) {
+    for (int trial = 0; trial < 8; ++trial) {
+      const int64_t rows = trial == 0 ? 1 : trial == 1 && primitives ? 0 : 1 + rng() % 70;
+      const int64_t width = 1 + static_cast<int64_t>(rng() % 300);
+      const DType dtype = trial % 2 ? kFloat64 : kFloat32;
+      const bool transposed = trial % 3 == 2;
+      const std::string what = std::string(primitives ? "primitives" : "kiln::layer_norm") + " [" +
+                               std::to_string(rows) + ", " + std::to_string(width) + "] " +
+                               dtype_name(dtype) + (transposed ? " transposed" : "");
+      Inputs in = {rows_input(rows, width, dtype, transposed), testing::input({width}, dtype),
+                   testing::input({width}, dtype), testing::input({rows, width}, dtype)};
+      Fn fn = layer_norm_backward(primitives);
+      Planned p = plan_of(fn, in, true);
+      // The input gradient, and the weight's and bias's column sums, in one kernel.
+      expect_one_kernel_with_columns(p, 2, what);
+      expect_fused_close_to_eager(fn, in, what, std::max<int64_t>(rows, width));
+    }
+  }
+}
+
+TEST(ColumnExits, SumsOverLeadingDimsOfAComputedValueAreOneKernel) {
+  for (DType dtype : kFloatTypes) {
+    for (const Shape& shape : {Shape{37, 19}, Shape{1, 5}, Shape{4, 6, 7}}) {
+      const std::string what = case_name("column sums", shape, dtype);
+      Tensor x = testing::input(shape, dtype, -2, 2);
+      Fn fn = [](const Inputs& in) {
+        Tensor e = (in[0] * 0.5).exp();
+        return Inputs{e.sum({0}), e.sum({0}, true), e.mean({0}), e.amax({0}), e.amin({0}, true)};
+      };
+      expect_one_kernel_with_columns(plan_of(fn, {x}, true), 5, what);
+      expect_fused_close_to_eager(fn, {x}, what);
+      if (shape.size() == 3) {
+        // Over the two leading dims (a bias of a [B, T, C] gradient), or the first only.
+        Fn two = [](const Inputs& in) {
+          Tensor e = in[0] * in[0] + 1.0;
+          return Inputs{e.sum({0, 1}), e.sum({0, 1}, true)};
+        };
+        expect_one_kernel_with_columns(plan_of(two, {x}, true), 2, what + " over {0, 1}");
+        expect_fused_close_to_eager(two, {x}, what + " over {0, 1}");
+        Fn first = [](const Inputs& in) { return Inputs{(in[0] * 3.0).tanh().sum({0})}; };
+        expect_one_kernel_with_columns(plan_of(first, {x}, true), 1, what + " over {0}");
+        expect_fused_close_to_eager(first, {x}, what + " over {0}");
+      }
+    }
+  }
+}
+
+// GELU's backward from primitives with the bias gradient: the elementwise gradient is written
+// (the GEMMs read it) and summed over the batch by the same kernel.
+TEST(ColumnExits, GeluBackwardWithTheBiasGradientIsOneKernel) {
+  for (DType dtype : kFloatTypes) {
+    for (const Shape& shape : {Shape{64, 33}, Shape{1, 7}, Shape{0, 9}}) {
+      const std::string what = case_name("gelu backward", shape, dtype);
+      Inputs in = {testing::input(shape, dtype), testing::input(shape, dtype)};
+      Fn fn = [](const Inputs& in) {
+        const Tensor &g = in[0], &z = in[1];
+        Tensor t = tanh((z + z * z * z * 0.044715) * 0.7978845608028654);
+        Tensor dz = g * (0.5 * (t + 1.0) +
+                         z * 0.5 * (1.0 - t * t) * 0.7978845608028654 * (1.0 + z * z * 0.134145));
+        return Inputs{dz, dz.sum({0})};
+      };
+      expect_one_kernel_with_columns(plan_of(fn, in, true), 1, what);
+      expect_fused_close_to_eager(fn, in, what);
+    }
+  }
+}
+
+// The bias gradient of an LSTM's gates: the column sum of the cat of the four gate gradients,
+// folded piece by piece by the kernel that writes them into the cat's buffer.
+TEST(ColumnExits, ASumOfACatOfPiecesJoinsTheCatsKernel) {
+  for (DType dtype : kFloatTypes) {
+    for (int64_t batch : {5, 1, 0}) {
+      const std::string what = case_name("cat then sum(0)", {batch, 6}, dtype);
+      Inputs in = {testing::input({batch, 6}, dtype), testing::input({batch, 6}, dtype)};
+      Fn fn = [](const Inputs& in) {
+        Tensor c = cat({sigmoid(in[0]), in[0] * in[1], tanh(in[1]), in[1] - 1.0}, 1);
+        return Inputs{c, c.sum({0}, true)};
+      };
+      Planned p = plan_of(fn, in, true);
+      expect_one_kernel_with_columns(p, 1, what);
+      EXPECT_EQ(p.plan->num_join_kernel_steps(), 1u) << what;
+      expect_fused_close_to_eager(fn, in, what);
+    }
+  }
+}
+
+TEST(ColumnExits, IntegerSumsAreExactAndNaNAndInfinitiesPropagate) {
+  for (DType dtype : {kInt32, kInt64, kBool}) {
+    Tensor x = testing::input({23, 11}, dtype, -1000, 1000);
+    Fn fn = [](const Inputs& in) {
+      Tensor v = in[0].dtype() == kBool ? logical_not(in[0]) : in[0] * 3;
+      return Inputs{v.sum({0}), v.sum({0}, true), v.amax({0})};
+    };
+    expect_one_kernel_with_columns(plan_of(fn, {x}, true), 3, dtype_name(dtype));
+    expect_fused_equals_eager(fn, {x}, dtype_name(dtype));
+  }
+  for (DType dtype : kFloatTypes) {
+    Tensor x;
+    {
+      LazyGuard eager_mode(false);
+      std::vector<double> v = testing::input({6, 5}, dtype).to_vector<double>();
+      v[0 * 5 + 1] = kNaN;  // column 1: NaN
+      v[3 * 5 + 2] = kInf;  // column 2: inf
+      v[4 * 5 + 3] = kInf;  // column 3: inf and -inf (NaN sum)
+      v[5 * 5 + 3] = -kInf;
+      v[2 * 5 + 4] = -kInf;  // column 4: -inf
+      x = from_vector(v, Shape{6, 5}).to(dtype);
+    }
+    Fn fn = [](const Inputs& in) {
+      Tensor v = in[0] * 2.0;
+      return Inputs{v.sum({0}), v.amax({0}), v.amin({0}), v.mean({0})};
+    };
+    expect_one_kernel_with_columns(plan_of(fn, {x}, true), 4, dtype_name(dtype));
+    expect_fused_close_to_eager(fn, {x}, std::string("specials ") + dtype_name(dtype));
+  }
+}
+
+TEST(ColumnExits, EmptyDims) {
+  for (const Shape& shape : {Shape{0, 7}, Shape{9, 0}, Shape{0, 0}, Shape{3, 0, 4}}) {
+    Tensor x = testing::input(shape, kFloat32);
+    Fn fn = [](const Inputs& in) {
+      Tensor v = in[0] * 2.0 + 1.0;
+      return Inputs{v, v.sum({0}), v.mean({0}, true)};
+    };
+    expect_fused_close_to_eager(fn, {x}, "empty " + ::testing::PrintToString(shape));
+  }
+}
+
+// Calls cover fixed row ranges and combine in order: the same bits whatever the thread count.
+TEST(ColumnExits, ResultsDoNotDependOnTheThreadCount) {
+  Inputs in = {testing::input({3000, 67}, kFloat32), testing::input({67}, kFloat32),
+               testing::input({67}, kFloat32), testing::input({3000, 67}, kFloat32)};
+  Fn fn = layer_norm_backward(true);
+  Planned p = plan_of(fn, in, true);
+  const int threads = get_num_threads();
+  set_num_threads(1);
+  Inputs one = p.plan->run(p.binding.inputs);
+  set_num_threads(std::max(threads, 3));
+  Inputs many = p.plan->run(p.binding.inputs);
+  set_num_threads(threads);
+  ASSERT_EQ(one.size(), many.size());
+  for (size_t k = 0; k < one.size(); ++k)
+    testing::expect_bit_equal(many[k], one[k], "output " + std::to_string(k));
 }
 
 // ---------------------------------------------------------------------------------- edge cases
@@ -555,10 +752,10 @@ TEST(ReduceFusionEdges, AReductionReturnedAndBroadcastBack) {
 
 // ------------------------------------------------------------- random differential testing
 // Random programs mixing elementwise ops with reductions (sum, mean, amax, amin, max(), min(),
-// logsumexp, var, std) over the last dim, the last two, every dim or (rarely) the first, with or
-// without keepdim, whose results are often broadcast back into the rows (x - r, x / r,
-// exp(x - r)). Shapes include 0- and 1-sized dims; inputs are float32, float64, int32, int64 or
-// bool, some non-contiguous.
+// logsumexp, var, std) over the last dim, the last two, every dim, or the leading one or two
+// (column exits for sum, mean, amax and amin), with or without keepdim, whose results are often
+// broadcast back into the rows (x - r, x / r, exp(x - r)). Shapes include 0- and 1-sized dims;
+// inputs are float32, float64, int32, int64 or bool, some non-contiguous.
 //
 // Values are exact (a fused kernel computes them bit for bit as eager mode does: elementwise ops
 // other than transcendental functions, max/min reductions of exact values (a zero result made
@@ -671,11 +868,13 @@ class RandomReductionProgram {
     const Tensor& x = v.tensor;
     const int64_t rank = x.dim();
     std::vector<int64_t> dims;
-    const int d = next(8);
+    const int d = next(10);
     if (rank == 0 || d == 5 || d == 6) {
       dims = {};  // every dim
-    } else if (d == 7 && rank >= 2) {
-      dims = {0};  // a leading dim: may not fuse
+    } else if ((d == 7 || d == 8) && rank >= 2) {
+      dims = {0};  // a leading dim: a column exit
+    } else if (d == 9 && rank >= 3) {
+      dims = {0, 1};  // the two leading dims: a column exit
     } else if ((d == 3 || d == 4) && rank >= 2) {
       dims = {-2, -1};
     } else {
@@ -832,6 +1031,7 @@ struct RandomStats {
   int run = 0;                   // programs that produced outputs
   int with_kernels = 0;          // plans with at least one kernel step
   int with_fused_reduction = 0;  // plans with a reduction inside a group
+  int with_column_exit = 0;      // plans with a reduction over leading dims inside a group
 };
 
 // Runs `count` random programs (or as many as fit in `seconds`, when positive). With
@@ -875,6 +1075,7 @@ RandomStats run_random_reduction_programs(uint64_t seed, int count, double secon
       if (::testing::Test::HasFailure()) return stats;
       stats.with_kernels += p.plan->num_kernel_steps() > 0;
       stats.with_fused_reduction += fused_reductions_in(*p.graph) > 0;
+      stats.with_column_exit += column_exits_in(*p.graph) > 0;
       graph = p.graph->str();
       try {
         got = p.plan->run(p.binding.inputs);
@@ -902,8 +1103,10 @@ RandomStats run_random_reduction_programs(uint64_t seed, int count, double secon
 
 void report(const char* what, uint64_t seed, const RandomStats& s) {
   std::printf(
-      "%s (seed %llu): %d programs run, %d with a kernel, %d with a reduction in a kernel\n", what,
-      static_cast<unsigned long long>(seed), s.run, s.with_kernels, s.with_fused_reduction);
+      "%s (seed %llu): %d programs run, %d with a kernel, %d with a reduction in a kernel, %d with "
+      "a column exit\n",
+      what, static_cast<unsigned long long>(seed), s.run, s.with_kernels, s.with_fused_reduction,
+      s.with_column_exit);
 }
 
 // The generator and the tolerance, without the fuser: perturbing every inexact result by an ulp
@@ -924,6 +1127,7 @@ TEST(ReduceFusionRandom, AThousandProgramsWithAFixedSeedMatchEager) {
   EXPECT_GT(s.with_kernels, s.run / 4);
   // Most programs reduce a value made by an elementwise op over trailing dims or every dim.
   EXPECT_GT(s.with_fused_reduction, s.run / 5) << "few programs fused a reduction";
+  EXPECT_GT(s.with_column_exit, s.run / 20) << "few programs fused a sum over leading dims";
 }
 
 // A fresh seed each run (printed, so a failure can be replayed with KILN_FUZZ_SEED), for at most

@@ -128,6 +128,21 @@ TEST(DifferentiableTrace, CapturedParametersGetTheirGradients) {
   expect_close(b.grad(), want[1], "b.grad");
 }
 
+// Kernels a traced backward runs: its fused kernels, and its other computing steps.
+struct StepCounts {
+  int64_t kernels, others;
+};
+StepCounts backward_steps(jit::Function& f, const Inputs& in, const Inputs& wrt) {
+  Inputs out = f(in);
+  Tensor loss = out[0].sum();  // its own backward is a view (expand), no kernel
+  for (size_t k = 1; k < out.size(); ++k) loss = loss + out[k].sum();
+  const jit::Stats before = jit::stats();
+  autograd::grad({loss}, wrt, {}, false, false, true);
+  const jit::Stats after = jit::stats();
+  return {after.fused_kernels_run - before.fused_kernels_run,
+          after.unfused_steps_run - before.unfused_steps_run};
+}
+
 TEST(DifferentiableTrace, LstmCellBackwardIsTheGemmsAndOneKernel) {
   const int64_t batch = 4, input = 6, hidden = 5;
   Tensor wx = testing::input({input, 4 * hidden}).requires_grad_(true);
@@ -158,8 +173,13 @@ TEST(DifferentiableTrace, LstmCellBackwardIsTheGemmsAndOneKernel) {
   Inputs got = autograd::grad({loss}, {wx, wh, bias, h, c}, {}, false, false, true);
   const jit::Stats after = jit::stats();
   // The backward plan: the weight and state gradient GEMMs and one kernel that writes the four
-  // gate gradients into one buffer (the bias gradient, a sum over the batch, is one reduction).
+  // gate gradients into one buffer and sums them over the batch (the bias gradient, a column
+  // exit of the cat).
   EXPECT_EQ(after.fused_kernels_run - loss_done.fused_kernels_run, 1) << f.backward_graph_str();
+  // Its other steps: the GEMMs of wx, wh and h only (the loss's own backward aside).
+  const StepCounts n = backward_steps(f, {x, h, c}, {wx, wh, bias, h, c});
+  EXPECT_EQ(n.kernels, 1) << f.backward_graph_str();
+  EXPECT_EQ(n.others, 3) << f.backward_graph_str();
   EXPECT_NE(f.backward_graph_str().find("cat("), std::string::npos) << f.backward_graph_str();
 
   Inputs want =
@@ -172,20 +192,6 @@ TEST(DifferentiableTrace, LstmCellBackwardIsTheGemmsAndOneKernel) {
   Inputs want_state = eager_grads(cell, {x, he, ce}, weights, {he, ce});
   expect_close(got[3], want_state[0], "h");
   expect_close(got[4], want_state[1], "c");
-}
-
-// Kernels a traced backward runs: its fused kernels, and its other computing steps.
-struct StepCounts {
-  int64_t kernels, others;
-};
-StepCounts backward_steps(jit::Function& f, const Inputs& in, const Inputs& wrt) {
-  Inputs out = f(in);
-  Tensor loss = out[0].sum();  // its own backward is a view (expand), no kernel
-  const jit::Stats before = jit::stats();
-  autograd::grad({loss}, wrt, {}, false, false, true);
-  const jit::Stats after = jit::stats();
-  return {after.fused_kernels_run - before.fused_kernels_run,
-          after.unfused_steps_run - before.unfused_steps_run};
 }
 
 TEST(DifferentiableTrace, GeluBackwardIsOneKernel) {
@@ -217,12 +223,11 @@ TEST(DifferentiableTrace, LayerNormBackwardFromPrimitives) {
   jit::Function f = jit::trace(fn, {x});
   backward_steps(f, {x}, {x, w, b});
   const StepCounts n = backward_steps(f, {x}, {x, w, b});
-  // The input gradient is one rows kernel: both row sums and everything around them, the keepdim
-  // means' gradients broadcast back through expands read inside the kernel. The weight gradient's
-  // product is a second kernel; the weight and bias gradients are sums over the batch (the first
-  // dim, not a trailing one), reductions of their own.
-  EXPECT_EQ(n.kernels, 2) << f.backward_graph_str();
-  EXPECT_LE(n.others, 3) << f.backward_graph_str();
+  // One rows kernel: the input gradient (both row sums and everything around them, the keepdim
+  // means' gradients broadcast back through expands read inside the kernel), and the weight and
+  // bias gradients, sums over the batch folded by the same kernel (column exits).
+  EXPECT_EQ(n.kernels, 1) << f.backward_graph_str();
+  EXPECT_EQ(n.others, 0) << f.backward_graph_str();
   Inputs wts = {testing::input({8, 64})};
   Tensor xe = x.detach().requires_grad_(true);
   Inputs got = traced_grads(f, {x}, wts, {x, w, b});
@@ -230,6 +235,123 @@ TEST(DifferentiableTrace, LayerNormBackwardFromPrimitives) {
   expect_close(got[0], want[0], "x");
   expect_close(got[1], want[1], "w");
   expect_close(got[2], want[2], "b");
+}
+
+// kiln::layer_norm's own gradient formula, run by eager autograd in lazy mode: the input, weight
+// and bias gradients come from one kernel.
+TEST(DifferentiableTrace, LayerNormOpBackwardInLazyModeIsOneKernel) {
+  for (DType dtype : {kFloat32, kFloat64}) {
+    for (int64_t rows : {16, 1}) {
+      Tensor x = testing::input({rows, 96}, dtype).requires_grad_(true);
+      Tensor w = testing::input({96}, dtype).requires_grad_(true),
+             b = testing::input({96}, dtype).requires_grad_(true);
+      Tensor wts = testing::input({rows, 96}, dtype);
+      Fn fn = [&](const Inputs& in) { return Inputs{layer_norm(in[0], {96}, w, b, 1e-5)}; };
+      for (int run = 0; run < 2; ++run) {  // the first compiles
+        Tensor loss = (fn({x})[0] * wts).sum();
+        eval(loss);
+        const jit::Stats before = jit::stats();
+        Inputs got = autograd::grad({loss}, {x, w, b});
+        eval(got);
+        const jit::Stats after = jit::stats();
+        EXPECT_EQ(after.fused_kernels_run - before.fused_kernels_run, 1);
+        EXPECT_EQ(after.unfused_steps_run - before.unfused_steps_run, 0);
+        if (run == 0) continue;
+        Tensor xe = x.detach().requires_grad_(true);
+        Inputs want = eager_grads(
+            [&](const Inputs& in) { return Inputs{layer_norm(in[0], {96}, w, b, 1e-5)}; }, {xe},
+            {wts}, {xe, w, b});
+        expect_close(got[0], want[0], "x");
+        expect_close(got[1], want[1], "w");
+        expect_close(got[2], want[2], "b");
+      }
+    }
+  }
+}
+
+// A 3-layer MLP with biases and GELU, traced: the forward is 3 GEMMs and 3 kernels (bias and
+// GELU: the GEMMs' results are saved for the backward, so the bias does not fold into them); the
+// backward its GEMMs and 3 kernels, each layer's GELU gradient with its bias gradient (a column
+// exit). The layers' activations, written out for the next GEMM, are saved for the weight
+// gradients' GEMMs rather than recomputed by kernels of their own.
+TEST(DifferentiableTrace, MlpWithBiasAndGeluIsItsGemmsAndOneKernelPerLayer) {
+  for (DType dtype : {kFloat32, kFloat64}) {
+    for (int64_t batch : {12, 1}) {
+      const std::string what = std::string(dtype_name(dtype)) + " batch " + std::to_string(batch);
+      const int64_t width = 20;
+      std::vector<Tensor> ws, bs;
+      for (int l = 0; l < 3; ++l) {
+        ws.push_back((testing::input({width, width}, dtype) * 0.3).detach().requires_grad_(true));
+        bs.push_back(testing::input({width}, dtype).requires_grad_(true));
+      }
+      Fn mlp = [&](const Inputs& in) {
+        Tensor h = in[0];
+        for (int l = 0; l < 3; ++l) h = gelu(h.matmul(ws[l]) + bs[l]);
+        return Inputs{h};
+      };
+      Tensor x;
+      {
+        LazyGuard eager(false);
+        x = testing::input({width, batch}, dtype).t();  // not contiguous
+      }
+      jit::Function f = jit::trace(mlp, {x});
+      Inputs wrt = {ws[0], ws[1], ws[2], bs[0], bs[1], bs[2]};
+      backward_steps(f, {x}, wrt);  // compiles
+      const jit::Stats before = jit::stats();
+      f({x});
+      const jit::Stats mid = jit::stats();
+      EXPECT_EQ(mid.fused_kernels_run - before.fused_kernels_run, 3) << what << f.graph_str();
+      EXPECT_EQ(mid.unfused_steps_run - before.unfused_steps_run, 3) << what << f.graph_str();
+      const StepCounts n = backward_steps(f, {x}, wrt);
+      EXPECT_EQ(n.kernels, 3) << what << f.backward_graph_str();
+      // The weight gradients of the 3 layers and the input gradients of the last two.
+      EXPECT_EQ(n.others, 5) << what << f.backward_graph_str();
+      Inputs wts = {testing::input({batch, width}, dtype)};
+      Inputs got = traced_grads(f, {x}, wts, wrt);
+      Inputs want = eager_grads(mlp, {x}, wts, wrt);
+      for (size_t k = 0; k < wrt.size(); ++k)
+        expect_close(got[k], want[k], what + ", parameter " + std::to_string(k));
+    }
+  }
+}
+
+// The same MLP's forward and backward traced as one function (its gradients returned): one plan
+// of 3 addmm (the biases fold into the GEMMs), 2 GELUs (lone nodes, run by their reference
+// kernels; the last layer's output is not needed for the gradients), 5 backward GEMMs and 3
+// backward kernels.
+TEST(DifferentiableTrace, MlpForwardAndBackwardTracedTogether) {
+  const int64_t batch = 16, width = 24;
+  std::vector<Tensor> params;
+  for (int l = 0; l < 3; ++l) {
+    params.push_back((testing::input({width, width}) * 0.3).detach().requires_grad_(true));
+    params.push_back(testing::input({width}).requires_grad_(true));
+  }
+  Tensor wts = testing::input({batch, width});
+  auto forward = [&](const Tensor& x) {
+    Tensor h = x;
+    for (int l = 0; l < 3; ++l) h = gelu(h.matmul(params[2 * l]) + params[2 * l + 1]);
+    return (h * wts).sum();
+  };
+  Fn step = [&](const Inputs& in) {
+    Inputs grads = autograd::grad({forward(in[0])}, params);
+    return grads;
+  };
+  Tensor x = testing::input({batch, width});
+  jit::Function f = jit::trace(step, {x});
+  f({x});  // compiles
+  const jit::Stats before = jit::stats();
+  Inputs got = f({x});
+  const jit::Stats after = jit::stats();
+  EXPECT_EQ(after.fused_kernels_run - before.fused_kernels_run, 3) << f.graph_str();
+  EXPECT_EQ(after.unfused_steps_run - before.unfused_steps_run, 3 + 2 + 5) << f.graph_str();
+  EXPECT_NE(f.graph_str().find("addmm("), std::string::npos) << f.graph_str();
+  Inputs want;
+  {
+    LazyGuard eager(false);
+    want = autograd::grad({forward(x)}, params);
+  }
+  for (size_t k = 0; k < params.size(); ++k)
+    expect_close(got[k], want[k], "parameter " + std::to_string(k));
 }
 
 // A call's results hold the backward (their grad_fn), and the backward must not hold the results:

@@ -42,6 +42,7 @@
 //     (2 forward; 2 more for the weight gradients), and the step rows print
 //     non_gemm = (step - GEMMs) / step. BM_LstmCellStepBackwardTraced: the same step as a
 //     differentiable jit::trace of the forward (issue 6), called and differentiated each iteration.
+//   BM_FuseLayerNormBackward4096, BM_FuseSoftmaxXentBackward4096: see "backward row models".
 #include <benchmark/benchmark.h>
 
 #include <omp.h>
@@ -413,6 +414,113 @@ BENCHMARK_CAPTURE(BM_FuseCrossEntropy4096, eager, false)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_FuseCrossEntropy4096, lazy, true)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// ------------------------------------------------------------ backward row models (issue 6)
+// Gradients of a 4096 x 4096 row model by autograd from an upstream gradient, the forward computed
+// while the timer is paused (eagerly, evaluated in lazy mode, or the traced forward's replay), so
+// that only the backward is timed.
+//   BM_FuseLayerNormBackward4096/{eager,lazy,traced}: kiln::layer_norm(x, {4096}, w, b) and the
+//     gradients of x, w and b from g. Lazy and traced run one kernel: the input gradient and the
+//     weight's and bias's sums over the batch (column exits). Bytes: read x and g, write the
+//     input gradient (3 x 64 MiB); floor = 1.5 x the copy floor.
+//   BM_FuseSoftmaxXentBackward4096/{eager,lazy}: cross entropy from primitives (logsumexp minus
+//     the target's logit, the one-hot made in the expression, mean over the batch) and the
+//     gradient of its logits, softmax(x) - onehot over B: one rows kernel in lazy mode. Bytes:
+//     read x, write the gradient; floor = copy.
+enum class BackwardMode { Eager, Lazy, Traced };
+
+void layer_norm_backward(benchmark::State& state, BackwardMode mode) {
+  const RowInputs& in = row_inputs();
+  Tensor x, w, b, g;
+  {
+    kiln::LazyGuard eager(false);
+    x = in.x.clone().requires_grad_(true);
+    w = in.w.clone().requires_grad_(true);
+    b = in.b.clone().requires_grad_(true);
+    g = kiln::randn({kRows, kCols});
+  }
+  kiln::LazyGuard lazy(mode != BackwardMode::Eager);
+  auto forward = [&](const std::vector<Tensor>& a) {
+    return std::vector<Tensor>{kiln::layer_norm(a[0], {kCols}, w, b, 1e-5)};
+  };
+  kiln::jit::Function traced;
+  if (mode == BackwardMode::Traced) traced = kiln::jit::trace(forward, {x});
+  double seconds = 0;
+  auto run = [&](bool timed) {
+    if (timed) state.PauseTiming();
+    Tensor y = mode == BackwardMode::Traced ? traced({x})[0] : forward({x})[0];
+    kiln::eval(y);
+    if (timed) state.ResumeTiming();
+    const auto start = Clock::now();
+    std::vector<Tensor> grads = kiln::autograd::grad({y}, {x, w, b}, {g});
+    kiln::eval(grads);
+    for (const Tensor& t : grads) benchmark::DoNotOptimize(t.raw_data_ptr());
+    seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  };
+  run(false);  // compiles, warms the allocator
+  seconds = 0;
+  for (auto _ : state) run(true);
+  const double t = seconds / static_cast<double>(state.iterations());
+  set_bytes(state, 1.5 * kFloorCopyBytes);
+  auto floor = references().find("floor/copy");
+  if (floor != references().end()) state.counters["x_floor"] = t / (1.5 * floor->second);
+  if (mode == BackwardMode::Eager)
+    references()["layer_norm_backward/eager"] = t;
+  else
+    set_ratio(state, "vs_eager", t, "layer_norm_backward/eager");
+  state.counters["backward_ms"] = t * 1e3;
+}
+void BM_FuseLayerNormBackward4096(benchmark::State& state, BackwardMode mode) {
+  layer_norm_backward(state, mode);
+}
+BENCHMARK_CAPTURE(BM_FuseLayerNormBackward4096, eager, BackwardMode::Eager)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_FuseLayerNormBackward4096, lazy, BackwardMode::Lazy)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_FuseLayerNormBackward4096, traced, BackwardMode::Traced)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+void BM_FuseSoftmaxXentBackward4096(benchmark::State& state, BackwardMode mode) {
+  const RowInputs& in = row_inputs();
+  Tensor x;
+  {
+    kiln::LazyGuard eager(false);
+    x = in.x.clone().requires_grad_(true);
+  }
+  kiln::LazyGuard lazy(mode != BackwardMode::Eager);
+  double seconds = 0;
+  auto run = [&](bool timed) {
+    if (timed) state.PauseTiming();
+    Tensor loss = cross_entropy_from_primitives(x, in.target, in.classes);
+    kiln::eval(loss);
+    if (timed) state.ResumeTiming();
+    const auto start = Clock::now();
+    std::vector<Tensor> grads = kiln::autograd::grad({loss}, {x});
+    kiln::eval(grads);
+    benchmark::DoNotOptimize(grads[0].raw_data_ptr());
+    seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  };
+  run(false);
+  seconds = 0;
+  for (auto _ : state) run(true);
+  const double t = seconds / static_cast<double>(state.iterations());
+  set_bytes(state, kFloorCopyBytes);
+  set_ratio(state, "x_floor", t, "floor/copy");
+  if (mode == BackwardMode::Eager)
+    references()["xent_backward/eager"] = t;
+  else
+    set_ratio(state, "vs_eager", t, "xent_backward/eager");
+  state.counters["backward_ms"] = t * 1e3;
+}
+BENCHMARK_CAPTURE(BM_FuseSoftmaxXentBackward4096, eager, BackwardMode::Eager)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_FuseSoftmaxXentBackward4096, lazy, BackwardMode::Lazy)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -138,6 +138,9 @@ std::string symbol_name(const std::string& key, const Kernel& k) {
 std::string finish_name(const std::string& name) {
   return name + "_finish";
 }
+std::string columns_name(const std::string& name) {
+  return name + "_columns";
+}
 
 size_t capacity_from_env() {
   const char* v = std::getenv("KILN_KERNEL_CACHE_MAX");
@@ -170,7 +173,7 @@ class CpuJit {
     // Everything besides the kernel that decides the machine code: part of every cache key.
     target_key_ = target_->getTargetTriple().str() + "|" + target_->getTargetCPU().str() + "|" +
                   target_->getTargetFeatureString().str() +
-                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 16";
+                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 17";
   }
 
   // The in-memory cache: a hit, else a kernel still loaded for someone who holds it, else one
@@ -268,7 +271,8 @@ class CpuJit {
       auto it = live_.find(key);
       if (it == live_.end()) return std::nullopt;
       if (std::shared_ptr<const void> owner = it->second.owner.lock())
-        return CompiledKernel{it->second.fn, it->second.finish, std::move(owner), it->second.name};
+        return CompiledKernel{it->second.fn, it->second.finish, it->second.columns,
+                              std::move(owner), it->second.name};
       live_cv_.wait(lock);
     }
   }
@@ -333,7 +337,7 @@ class CpuJit {
                                       [this](LoadedCode* c) { unload(c); });
     {
       std::lock_guard<std::mutex> lock(live_mutex_);
-      live_[key] = Live{owner, code.fn, code.finish, owner->name.c_str()};
+      live_[key] = Live{owner, code.fn, code.finish, code.columns, owner->name.c_str()};
     }
     code.name = owner->name.c_str();
     code.owner = std::move(owner);
@@ -366,6 +370,11 @@ class CpuJit {
       auto finish = jit_->lookup(finish_name(name));
       if (!finish) return finish.takeError();
       code.finish = finish->toPtr<FinishFn>();
+    }
+    if (k.num_columns() > 0) {
+      auto columns = jit_->lookup(columns_name(name));
+      if (!columns) return columns.takeError();
+      code.columns = columns->toPtr<ColumnsFn>();
     }
     return llvm::Error::success();
   }
@@ -489,6 +498,7 @@ class CpuJit {
     std::weak_ptr<const void> owner;
     KernelFn fn = nullptr;
     FinishFn finish = nullptr;
+    ColumnsFn columns = nullptr;
     const char* name = nullptr;  // the LoadedCode's, alive while owner is
   };
   std::mutex live_mutex_;
@@ -1546,6 +1556,26 @@ class Emitter {
     if (t == kBool) value = b_.CreateZExt(value, b_.getInt8Ty());
     b_.CreateStore(value, address);
   }
+  // Each column slot's first position in a call's partials (Kernel::column_offset), for rows of
+  // length R.
+  std::vector<llvm::Value*> column_bases(llvm::Value* partials, llvm::Value* R) {
+    std::vector<llvm::Value*> base;
+    int64_t parts = 0;
+    for (int32_t s = 0; s < k_.num_columns(); ++s) {
+      llvm::Value* offset =
+          b_.CreateAdd(b_.getInt64(k_.num_globals), b_.CreateMul(R, b_.getInt64(parts)));
+      base.push_back(b_.CreateGEP(b_.getInt64Ty(), partials, offset, "column_base"));
+      parts += k_.column_parts[static_cast<size_t>(s)];
+    }
+    return base;
+  }
+  // A column reduction folding into slot s (its parts' reductions share the type and the fold).
+  size_t column_reduction_of(int32_t s) const {
+    for (size_t n = 0; n < k_.body.size(); ++n)
+      if (is_column_reduction(k_.body[n]) && k_.body[n].index == s) return n;
+    KILN_CHECK(false, "fuser: column slot ", s, " has no reduction\n", k_.str());
+    return 0;
+  }
 
   // A rows kernel (see Layout): for each row, passes over its elements that fold the row
   // reductions available so far, the last one also storing element-level outputs; then the
@@ -1576,9 +1606,21 @@ class Emitter {
     std::vector<llvm::AllocaInst*> acc(body_size, nullptr);
     for (size_t n = 0; n < body_size; ++n) {
       const Instr& in = k_.body[n];
-      if (!is_reduction(in.prim)) continue;
+      if (!is_reduction(in.prim) || is_column_reduction(in)) continue;
       acc[n] = entry_alloca(value_type(in.type));
-      if (in.index >= 0) b_.CreateStore(identity(in), acc[n]);
+      if (is_global_reduction(in)) b_.CreateStore(identity(in), acc[n]);
+    }
+    // Column partials: each slot's positions start at the identity, then every row of the call
+    // folds into them, position by position (a loop that vectorizes across the row).
+    const std::vector<llvm::Value*> column_base = column_bases(partials, row_length);
+    for (int32_t s = 0; s < k_.num_columns(); ++s) {
+      const Instr& r = k_.body[column_reduction_of(s)];
+      auto* done = llvm::BasicBlock::Create(ctx_, "columns_ready", fn_);
+      llvm::Value* width = b_.CreateMul(row_length, b_.getInt64(k_.column_parts[s]));
+      loop(b_.getInt64(0), width, done, [&](llvm::Value* j) {
+        store_value(r.type, identity(r), b_.CreateGEP(storage_type(r.type), column_base[s], j));
+      });
+      b_.SetInsertPoint(done);
     }
     // Which element-level instructions each pass computes: those its roots need.
     int32_t last_pass = -1;
@@ -1592,7 +1634,7 @@ class Emitter {
       const Instr& in = k_.body[n];
       // A row reduction folds its operand once per element of the row, also when the operand is
       // the same for the whole row (a row-level value when rows are one element long).
-      if (is_reduction(in.prim) && in.index < 0) add_root(stage[static_cast<size_t>(in.a)], n);
+      if (is_row_reduction(in)) add_root(stage[static_cast<size_t>(in.a)], n);
     }
     // Outputs stored in the last pass, element by element: element-level values, and row-level
     // ones whose tensor has the iteration shape.
@@ -1608,8 +1650,8 @@ class Emitter {
         final_pass = std::max(final_pass, stage[static_cast<size_t>(k_.outputs[o])]);
     for (size_t n = 0; n < body_size; ++n) {
       const Instr& in = k_.body[n];
-      if (is_reduction(in.prim) && in.index >= 0 &&
-          level[static_cast<size_t>(in.a)] == Level::kElement)
+      if ((is_global_reduction(in) && level[static_cast<size_t>(in.a)] == Level::kElement) ||
+          is_column_reduction(in))
         final_pass = std::max(final_pass, stage[static_cast<size_t>(in.a)]);
     }
     // What each pass computes, and the element-level values it stores or folds (its roots).
@@ -1620,8 +1662,8 @@ class Emitter {
       if (pass != final_pass) continue;
       for (size_t n = 0; n < body_size; ++n) {
         const Instr& in = k_.body[n];
-        if (is_reduction(in.prim) && in.index >= 0 &&
-            level[static_cast<size_t>(in.a)] == Level::kElement)
+        if ((is_global_reduction(in) && level[static_cast<size_t>(in.a)] == Level::kElement) ||
+            is_column_reduction(in))
           roots_of[pass].push_back(n);
       }
       for (size_t o = 0; o < k_.outputs.size(); ++o)
@@ -1715,7 +1757,7 @@ class Emitter {
               from_buffer[n] = buffered[n] && first_pass[n] < pass;
             const std::vector<bool> needed = needed_in(pass, from_buffer);
             for (size_t r : roots)
-              if (k_.body[r].index < 0) b_.CreateStore(identity(k_.body[r]), acc[r]);
+              if (is_row_reduction(k_.body[r])) b_.CreateStore(identity(k_.body[r]), acc[r]);
             auto* pass_done = llvm::BasicBlock::Create(ctx_, "pass_done", fn_);
             loop(b_.getInt64(0), row_length, pass_done, [&](llvm::Value* j) {
               std::vector<llvm::Value*> offsets(num_ptrs);
@@ -1735,10 +1777,17 @@ class Emitter {
               }
               for (size_t r : roots) {
                 const Instr& in = k_.body[r];
+                llvm::Value* x = e[static_cast<size_t>(in.a)];
+                if (is_column_reduction(in)) {
+                  // Position j of the slot's part: no two elements of a row share it.
+                  llvm::Value* at = b_.CreateGEP(
+                      storage_type(in.type), column_base[static_cast<size_t>(in.index)],
+                      b_.CreateAdd(b_.CreateMul(row_length, b_.getInt64(in.part)), j));
+                  store_value(in.type, fold(in, load(in.type, at), x, false), at);
+                  continue;
+                }
                 llvm::Type* ty = value_type(in.type);
-                b_.CreateStore(
-                    fold(in, b_.CreateLoad(ty, acc[r]), e[static_cast<size_t>(in.a)], true),
-                    acc[r]);
+                b_.CreateStore(fold(in, b_.CreateLoad(ty, acc[r]), x, true), acc[r]);
               }
               if (last) {
                 for (size_t o = 0; o < k_.outputs.size(); ++o) {
@@ -1752,7 +1801,8 @@ class Emitter {
             });
             b_.SetInsertPoint(pass_done);
             for (size_t r : roots)
-              if (k_.body[r].index < 0) v[r] = b_.CreateLoad(value_type(k_.body[r].type), acc[r]);
+              if (is_row_reduction(k_.body[r]))
+                v[r] = b_.CreateLoad(value_type(k_.body[r].type), acc[r]);
             row_values(pass + 1);
           }
           for (size_t o = 0; o < k_.outputs.size(); ++o) {
@@ -1765,7 +1815,7 @@ class Emitter {
           }
           for (size_t n = 0; n < body_size; ++n) {
             const Instr& in = k_.body[n];
-            if (!is_reduction(in.prim) || in.index < 0) continue;
+            if (!is_global_reduction(in)) continue;
             const auto a = static_cast<size_t>(in.a);
             if (level[a] == Level::kElement) continue;
             KILN_CHECK(v[a], "fuser: row-level operand ", a, " not computed\n", k_.str());
@@ -1777,7 +1827,7 @@ class Emitter {
     b_.SetInsertPoint(exit);
     for (size_t n = 0; n < body_size; ++n) {
       const Instr& in = k_.body[n];
-      if (!is_reduction(in.prim) || in.index < 0) continue;
+      if (!is_global_reduction(in)) continue;
       store_value(in.type, b_.CreateLoad(value_type(in.type), acc[n]),
                   b_.CreateConstGEP1_64(i64, partials, in.index));
     }
@@ -1791,11 +1841,12 @@ class Emitter {
   void emit_finish(const std::string& name) {
     llvm::Type* i64 = b_.getInt64Ty();
     llvm::Type* ptr = b_.getPtrTy();
-    auto* type = llvm::FunctionType::get(b_.getVoidTy(), {i64, ptr, ptr, ptr}, false);
+    auto* type = llvm::FunctionType::get(b_.getVoidTy(), {i64, i64, ptr, ptr, ptr}, false);
     fn_ = llvm::Function::Create(type, llvm::Function::ExternalLinkage, name, m_);
     fn_->addFnAttr(llvm::Attribute::NoUnwind);
     auto arg = fn_->arg_begin();
     llvm::Value* calls = &*arg++;
+    llvm::Value* stride = &*arg++;
     llvm::Value* partials = &*arg++;
     llvm::Value* ptrs = &*arg++;
     scalars_ = &*arg++;
@@ -1812,7 +1863,7 @@ class Emitter {
     std::vector<llvm::AllocaInst*> acc(body_size, nullptr);
     for (size_t n = 0; n < body_size; ++n) {
       const Instr& in = k_.body[n];
-      if (!is_reduction(in.prim) || in.index < 0) continue;
+      if (!is_global_reduction(in)) continue;
       acc[n] = entry_alloca(value_type(in.type));
       b_.CreateStore(identity(in), acc[n]);
     }
@@ -1824,8 +1875,7 @@ class Emitter {
             const Instr& in = k_.body[n];
             if (!acc[n]) continue;
             llvm::Value* slot = b_.CreateGEP(
-                i64, partials,
-                b_.CreateAdd(b_.CreateMul(c, b_.getInt64(k_.num_globals)), b_.getInt64(in.index)));
+                i64, partials, b_.CreateAdd(b_.CreateMul(c, stride), b_.getInt64(in.index)));
             llvm::Value* x = load(in.type, slot);
             llvm::Type* ty = value_type(in.type);
             b_.CreateStore(fold(in, b_.CreateLoad(ty, acc[n]), x, false), acc[n]);
@@ -1850,6 +1900,105 @@ class Emitter {
     b_.CreateRetVoid();
   }
 
+  // The columns function of a kernel with column reductions (see ColumnsFn). Per slot, the calls'
+  // partials fold into the first call's, call after call (each position in call order, so in row
+  // order: the result does not depend on how calls were spread over threads), in a loop over
+  // positions that vectorizes; then each position's outputs are computed from the slot's value.
+  void emit_columns(const std::string& name) {
+    llvm::Type* i64 = b_.getInt64Ty();
+    llvm::Type* ptr = b_.getPtrTy();
+    auto* type =
+        llvm::FunctionType::get(b_.getVoidTy(), {i64, i64, i64, i64, i64, ptr, ptr, ptr}, false);
+    fn_ = llvm::Function::Create(type, llvm::Function::ExternalLinkage, name, m_);
+    fn_->addFnAttr(llvm::Attribute::NoUnwind);
+    auto arg = fn_->arg_begin();
+    llvm::Value* begin = &*arg++;
+    llvm::Value* end = &*arg++;
+    llvm::Value* calls = &*arg++;
+    llvm::Value* stride = &*arg++;
+    llvm::Value* R = &*arg++;
+    llvm::Value* partials = &*arg++;
+    llvm::Value* ptrs = &*arg++;
+    scalars_ = &*arg++;
+    b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
+    const size_t num_inputs = k_.input_types.size();
+    const size_t num_ptrs = num_inputs + k_.outputs.size();
+    bases_.clear();
+    for (size_t p = 0; p < num_ptrs; ++p)
+      bases_.push_back(b_.CreateLoad(ptr, b_.CreateConstGEP1_64(ptr, ptrs, p), "base"));
+    single_.assign(num_inputs, true);
+    const std::vector<Level> level = instr_levels(k_);
+    const size_t body_size = k_.body.size();
+    // The slot each column-level instruction derives from (one: nothing combines two slots).
+    std::vector<int32_t> slot_of(body_size, -1);
+    for (size_t n = 0; n < body_size; ++n) {
+      const Instr& in = k_.body[n];
+      if (is_column_reduction(in)) {
+        slot_of[n] = in.index;
+        continue;
+      }
+      if (level[n] != Level::kColumn) continue;
+      for (int32_t o : {in.a, in.b, in.c})
+        if (o >= 0 && slot_of[static_cast<size_t>(o)] >= 0)
+          slot_of[n] = slot_of[static_cast<size_t>(o)];
+    }
+    const std::vector<llvm::Value*> base = column_bases(partials, R);
+    const std::vector<llvm::Value*> origin(num_ptrs, b_.getInt64(0));
+    for (int32_t s = 0; s < k_.num_columns(); ++s) {
+      const Instr& r = k_.body[column_reduction_of(s)];
+      llvm::Type* st = storage_type(r.type);
+      llvm::Value* width = b_.CreateMul(R, b_.getInt64(k_.column_parts[static_cast<size_t>(s)]));
+      llvm::Value* hi = b_.CreateBinaryIntrinsic(llvm::Intrinsic::smin, end, width);
+      auto* combined = llvm::BasicBlock::Create(ctx_, "combined", fn_);
+      loop(
+          b_.getInt64(1), calls, combined,
+          [&](llvm::Value* c) {
+            llvm::Value* from = b_.CreateGEP(b_.getInt64Ty(), base[s], b_.CreateMul(c, stride));
+            auto* call_done = llvm::BasicBlock::Create(ctx_, "call_done", fn_);
+            loop(begin, hi, call_done, [&](llvm::Value* j) {
+              llvm::Value* at = b_.CreateGEP(st, base[s], j);
+              llvm::Value* x = load(r.type, b_.CreateGEP(st, from, j));
+              store_value(r.type, fold(r, load(r.type, at), x, false), at);
+            });
+            b_.SetInsertPoint(call_done);
+          },
+          false);
+      b_.SetInsertPoint(combined);
+      // What the slot's outputs need: column-level instructions of the slot and constants.
+      std::vector<bool> needed(body_size, false);
+      std::vector<size_t> work;
+      for (int32_t o : k_.outputs)
+        if (slot_of[static_cast<size_t>(o)] == s) work.push_back(static_cast<size_t>(o));
+      if (work.empty()) continue;
+      while (!work.empty()) {
+        const size_t n = work.back();
+        work.pop_back();
+        if (needed[n]) continue;
+        needed[n] = true;
+        if (is_column_reduction(k_.body[n])) continue;
+        for (int32_t o : {k_.body[n].a, k_.body[n].b, k_.body[n].c})
+          if (o >= 0) work.push_back(static_cast<size_t>(o));
+      }
+      auto* stored = llvm::BasicBlock::Create(ctx_, "stored", fn_);
+      loop(begin, hi, stored, [&](llvm::Value* j) {
+        std::vector<llvm::Value*> v(body_size, nullptr);
+        for (size_t n = 0; n < body_size; ++n) {
+          if (!needed[n]) continue;
+          v[n] = is_column_reduction(k_.body[n]) ? load(r.type, b_.CreateGEP(st, base[s], j))
+                                                 : compute(n, v, origin);
+        }
+        for (size_t o = 0; o < k_.outputs.size(); ++o) {
+          const auto n = static_cast<size_t>(k_.outputs[o]);
+          if (slot_of[n] != s) continue;
+          const DType t = k_.output_types[o];
+          store_value(t, v[n], b_.CreateGEP(storage_type(t), bases_[num_inputs + o], j));
+        }
+      });
+      b_.SetInsertPoint(stored);
+    }
+    b_.CreateRetVoid();
+  }
+
  private:
   llvm::Module& m_;
   llvm::LLVMContext& ctx_;
@@ -1866,6 +2015,7 @@ void CpuJit::emit(llvm::Module& m, const std::string& name, const Kernel& k, con
                   int vector_width) {
   Emitter(m, k, vector_width).emit(name, layout);
   if (k.num_globals > 0) Emitter(m, k, vector_width).emit_finish(finish_name(name));
+  if (k.num_columns() > 0) Emitter(m, k, vector_width).emit_columns(columns_name(name));
 }
 
 }  // namespace
