@@ -619,9 +619,9 @@ class Emitter {
     // outputs' elements i, and an output overlaps an input only at the same elements (the
     // executor gives kernels fresh buffers, or an input's own buffer when the layouts match
     // element for element; calls already run ranges of the same loop on several threads at once,
-    // so a kernel may assume it). Saying so (the loads and stores of tensors in one access group, listed as
-    // parallel) spares the vectorizer its run-time overlap checks and the scalar loop they fall
-    // back to. Single-block bodies only; accumulators in allocas are not tensor accesses.
+    // so a kernel may assume it). Saying so (the loads and stores of tensors in one access group,
+    // listed as parallel) spares the vectorizer its run-time overlap checks and the scalar loop
+    // they fall back to. Single-block bodies only; accumulators in allocas are not tensor accesses.
     if (b_.GetInsertBlock() == head) {
       llvm::MDNode* group = llvm::MDNode::getDistinct(ctx_, {});
       for (llvm::Instruction& in : *head) {
@@ -1838,18 +1838,23 @@ class Emitter {
 
  public:
   // The finish function of a kernel with global reductions (see FinishFn).
-  void emit_finish(const std::string& name) {
-    llvm::Type* i64 = b_.getInt64Ty();
+  // Starts a helper function of a kernel (finish, columns): its parameters are `leading`, then
+  // the tensor pointers and the kernel scalars. Loads the pointers' bases (every input read at
+  // its first element) and returns the leading arguments.
+  std::vector<llvm::Value*> begin_helper(const std::string& name,
+                                         std::vector<llvm::Type*> leading) {
     llvm::Type* ptr = b_.getPtrTy();
-    auto* type = llvm::FunctionType::get(b_.getVoidTy(), {i64, i64, ptr, ptr, ptr}, false);
+    const size_t num_leading = leading.size();
+    leading.push_back(ptr);
+    leading.push_back(ptr);
+    auto* type = llvm::FunctionType::get(b_.getVoidTy(), leading, false);
     fn_ = llvm::Function::Create(type, llvm::Function::ExternalLinkage, name, m_);
     fn_->addFnAttr(llvm::Attribute::NoUnwind);
-    auto arg = fn_->arg_begin();
-    llvm::Value* calls = &*arg++;
-    llvm::Value* stride = &*arg++;
-    llvm::Value* partials = &*arg++;
-    llvm::Value* ptrs = &*arg++;
-    scalars_ = &*arg++;
+    std::vector<llvm::Value*> args;
+    for (llvm::Argument& a : fn_->args()) args.push_back(&a);
+    llvm::Value* ptrs = args[num_leading];
+    scalars_ = args[num_leading + 1];
+    args.resize(num_leading);
     b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
     const size_t num_inputs = k_.input_types.size();
     const size_t num_ptrs = num_inputs + k_.outputs.size();
@@ -1857,6 +1862,17 @@ class Emitter {
     for (size_t p = 0; p < num_ptrs; ++p)
       bases_.push_back(b_.CreateLoad(ptr, b_.CreateConstGEP1_64(ptr, ptrs, p), "base"));
     single_.assign(num_inputs, true);
+    return args;
+  }
+
+  void emit_finish(const std::string& name) {
+    llvm::Type* i64 = b_.getInt64Ty();
+    const std::vector<llvm::Value*> args = begin_helper(name, {i64, i64, b_.getPtrTy()});
+    llvm::Value* calls = args[0];
+    llvm::Value* stride = args[1];
+    llvm::Value* partials = args[2];
+    const size_t num_inputs = k_.input_types.size();
+    const size_t num_ptrs = num_inputs + k_.outputs.size();
     const std::vector<Level> level = instr_levels(k_);
     const size_t body_size = k_.body.size();
     std::vector<llvm::Value*> v(body_size, nullptr);
@@ -1907,26 +1923,15 @@ class Emitter {
   void emit_columns(const std::string& name) {
     llvm::Type* i64 = b_.getInt64Ty();
     llvm::Type* ptr = b_.getPtrTy();
-    auto* type =
-        llvm::FunctionType::get(b_.getVoidTy(), {i64, i64, i64, i64, i64, ptr, ptr, ptr}, false);
-    fn_ = llvm::Function::Create(type, llvm::Function::ExternalLinkage, name, m_);
-    fn_->addFnAttr(llvm::Attribute::NoUnwind);
-    auto arg = fn_->arg_begin();
-    llvm::Value* begin = &*arg++;
-    llvm::Value* end = &*arg++;
-    llvm::Value* calls = &*arg++;
-    llvm::Value* stride = &*arg++;
-    llvm::Value* R = &*arg++;
-    llvm::Value* partials = &*arg++;
-    llvm::Value* ptrs = &*arg++;
-    scalars_ = &*arg++;
-    b_.SetInsertPoint(llvm::BasicBlock::Create(ctx_, "entry", fn_));
+    const std::vector<llvm::Value*> args = begin_helper(name, {i64, i64, i64, i64, i64, ptr});
+    llvm::Value* begin = args[0];
+    llvm::Value* end = args[1];
+    llvm::Value* calls = args[2];
+    llvm::Value* stride = args[3];
+    llvm::Value* R = args[4];
+    llvm::Value* partials = args[5];
     const size_t num_inputs = k_.input_types.size();
     const size_t num_ptrs = num_inputs + k_.outputs.size();
-    bases_.clear();
-    for (size_t p = 0; p < num_ptrs; ++p)
-      bases_.push_back(b_.CreateLoad(ptr, b_.CreateConstGEP1_64(ptr, ptrs, p), "base"));
-    single_.assign(num_inputs, true);
     const std::vector<Level> level = instr_levels(k_);
     const size_t body_size = k_.body.size();
     // The slot each column-level instruction derives from (one: nothing combines two slots).
