@@ -217,6 +217,12 @@ class Source {
                  "fuser: CUDA codegen: a strided layout of rank ", layout_.rank, " with ",
                  layout_.inner.size(), " inner kinds for ", num_inputs + num_outputs, " pointers");
     }
+    // The launch parameters must fit CUDA's limit (32,764 bytes on every architecture CUDA 13
+    // supports): 16 bytes of n, index32 and vec, the dims struct, 8 bytes per pointer and scalar.
+    const size_t dims = layout_.flat ? 0 : 8 * static_cast<size_t>(layout_.rank) * (1 + num_ptrs());
+    const size_t param_bytes = 16 + dims + 8 * (num_ptrs() + k_.scalar_types.size());
+    KILN_CHECK(param_bytes <= 32764, "fuser: CUDA codegen: ", symbol_, " needs ", param_bytes,
+               " bytes of kernel parameters, past CUDA's limit of 32764");
     out_ += kPrelude;
     body();
     if (layout_.flat)
@@ -557,7 +563,9 @@ std::string cuda_source(const Kernel& kernel, const Layout& layout, const std::s
 }
 
 std::vector<std::string> cuda_compile_options() {
-  return {"--fmad=false"};
+  // IEEE division and square root, and denormals kept: NVRTC's defaults, stated so that a change
+  // of defaults cannot change results. No contraction into FMA: the LLVM emitter never contracts.
+  return {"--fmad=false", "--prec-div=true", "--prec-sqrt=true", "--ftz=false"};
 }
 
 }  // namespace kiln::fuser::cuda

@@ -49,11 +49,13 @@
 namespace kiln::fuser::cuda {
 
 // The kernel as CUDA C++ source defining `extern "C" __global__ void <symbol>(...)` (see above).
-// Raises kiln::Error for a rows layout (not generated for CUDA yet) or an invalid symbol.
+// Raises kiln::Error for a rows layout (not generated for CUDA yet), an invalid symbol, or
+// parameters past CUDA's 32,764 bytes.
 std::string cuda_source(const Kernel& kernel, const Layout& layout, const std::string& symbol);
 
 // NVRTC options the generated source must be compiled with: --fmad=false, so that a * b + c is
-// rounded twice as on the CPU (the LLVM emitter never contracts).
+// rounded twice as on the CPU (the LLVM emitter never contracts), and IEEE division, square root
+// and denormals (NVRTC's defaults, stated).
 std::vector<std::string> cuda_compile_options();
 
 }  // namespace kiln::fuser::cuda
