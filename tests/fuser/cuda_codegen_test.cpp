@@ -1,6 +1,8 @@
 // The CUDA code generator, without a GPU: every formula op of the op table in every dtype it takes,
 // and random elementwise programs, as flat and strided kernels that NVRTC compiles for sm_90
-// without a warning; scalars are kernel arguments; compile errors carry NVRTC's log.
+// without a warning; the generated programs (all but transcendental functions) compute on the host
+// what the LLVM emitter's kernels compute; scalars are kernel arguments; compile errors carry
+// NVRTC's log.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,8 +13,18 @@
 #include <vector>
 
 #if KILN_HAS_CUDA
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+
 #include "fuser/codegen/cuda/cuda_codegen.h"
 #include "fuser/codegen/cuda/nvrtc.h"
+#include "fuser/codegen/llvm/cpu_codegen.h"
 #include "kiln/kiln.h"
 #include "lib/op_table.h"
 #include "tests/fuser/fuser_testing.h"
@@ -339,6 +351,258 @@ TEST(CudaCodegen, RowsKernelsRaiseAClearError) {
               std::string::npos)
         << e.what();
   }
+}
+
+// ---------------------------------------------------------- semantics, checked on the host
+// Without a GPU the generated program still runs: its prelude and kiln_body are plain C++ but for
+// CUDA's qualifiers and bit casts, so the host compiler builds them (with shims for those) into a
+// shared library, and each kernel runs on the same special and random values as the LLVM
+// emitter's kernel. Outputs must be bit-equal (any NaN for a NaN). Kernels with transcendental
+// functions are left out: their CUDA versions differ from lib/fastmath.h's by design (see
+// cuda_codegen.h), and the host's libm is neither. The loops around kiln_body are only compiled.
+
+bool has_transcendental(const Kernel& k) {
+  for (const fuser::Instr& in : k.body) switch (in.prim) {
+      case fuser::Prim::Exp:
+      case fuser::Prim::Log:
+      case fuser::Prim::Log1p:
+      case fuser::Prim::Expm1:
+      case fuser::Prim::Sin:
+      case fuser::Prim::Cos:
+      case fuser::Prim::Tanh:
+      case fuser::Prim::Erf:
+        return true;
+      default:
+        break;
+    }
+  return false;
+}
+
+const char* host_storage_type(DType t) {
+  switch (t) {
+    case kBool:
+      return "unsigned char";
+    case kInt32:
+      return "int";
+    case kInt64:
+      return "long long";
+    case kFloat32:
+      return "float";
+    case kFloat64:
+      return "double";
+  }
+  return "?";
+}
+
+constexpr const char* kHostShims = R"(#include <math.h>
+#include <string.h>
+#define __device__
+#define __forceinline__ inline
+static inline float __int_as_float(int i) { float f; memcpy(&f, &i, sizeof f); return f; }
+static inline double __longlong_as_double(long long i) {
+  double d;
+  memcpy(&d, &i, sizeof d);
+  return d;
+}
+template <typename T>
+static T kiln_scalar(const unsigned long long* s, int i) {
+  T v;
+  memcpy(&v, s + i, sizeof v);
+  return v;
+}
+)";
+
+// Kernel `id`'s kiln_body in a namespace of its own, and kiln_host_<id>(n, ptrs, scalars) that
+// runs it over n contiguous elements.
+std::string host_kernel(const Kernel& k, const std::string& source, int id) {
+  const size_t body = source.find("KILN_D void kiln_body(");
+  const size_t loops = source.find("\ntemplate <typename U>");
+  EXPECT_NE(body, std::string::npos);
+  EXPECT_NE(loops, std::string::npos);
+  const std::string ns = "k" + std::to_string(id);
+  std::string s = "namespace " + ns + " {\n" + source.substr(body, loops - body) + "}\n";
+  s += "extern \"C\" void kiln_host_" + std::to_string(id) +
+       "(long long n, void* const* ptrs, const unsigned long long* scalars) {\n"
+       "  for (long long i = 0; i < n; ++i)\n    " +
+       ns + "::kiln_body(";
+  std::string args;
+  const size_t inputs = k.input_types.size();
+  auto ptr = [&](size_t p, DType t, bool in) {
+    return std::string(", ((") + (in ? "const " : "") + host_storage_type(t) + "*)ptrs[" +
+           std::to_string(p) + "])[i]";
+  };
+  for (size_t p = 0; p < inputs; ++p) args += ptr(p, k.input_types[p], true);
+  for (size_t i = 0; i < k.scalar_types.size(); ++i)
+    args += std::string(", kiln_scalar<") + host_storage_type(k.scalar_types[i]) + ">(scalars, " +
+            std::to_string(i) + ")";
+  for (size_t o = 0; o < k.outputs.size(); ++o) args += ptr(inputs + o, k.output_types[o], false);
+  s += (args.empty() ? args : args.substr(2)) + ");\n}\n";
+  return s;
+}
+
+// n values of type t, as bytes: the special values where the primitives' cases meet, then random
+// ones.
+std::vector<char> test_values(DType t, size_t n, std::mt19937_64& rng) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  static const std::vector<double> floats = {
+      nan,  inf,   -inf, 0.0,   -0.0, 0.5,   -0.5, 1.0,   -1.0,   1.5,    2.5,  -2.5,
+      2.0,  3.0,   -3.0, 64.0,  65.0, -64.0, 7.25, 1e-3,  1e10,   -1e10,  3e9,  -3e9,
+      1e19, -1e19, 1e30, 1e-40, 4.5,  -4.5,  0.3,  1e300, -1e300, 1e-310, 33.0, -0.75};
+  static const std::vector<double> ints = {0,  1,  -1, 2,  3,   -2, -3, -7,  64,
+                                           65, 31, 32, 63, -64, 5,  10, 100, -100};
+  std::vector<char> bytes(n * element_size(t));
+  std::uniform_real_distribution<double> uniform(-8.0, 8.0);
+  std::uniform_int_distribution<int64_t> any_int(std::numeric_limits<int64_t>::min(),
+                                                 std::numeric_limits<int64_t>::max());
+  for (size_t i = 0; i < n; ++i) {
+    const size_t pick = rng() % 4;
+    char* dst = bytes.data() + i * element_size(t);
+    if (is_floating_point(t)) {
+      double v = pick == 0   ? uniform(rng)
+                 : pick == 1 ? std::round(uniform(rng) * 2) / 2
+                             : floats[rng() % floats.size()];
+      if (t == kFloat32) {
+        const auto f = static_cast<float>(v);
+        std::memcpy(dst, &f, sizeof f);
+      } else {
+        std::memcpy(dst, &v, sizeof v);
+      }
+    } else if (t == kBool) {
+      *dst = static_cast<char>(rng() % 2);
+    } else {
+      int64_t v = pick == 0   ? any_int(rng)
+                  : pick == 1 ? static_cast<int64_t>(uniform(rng))
+                              : static_cast<int64_t>(ints[rng() % ints.size()]);
+      if (pick == 3 && rng() % 4 == 0)
+        v = rng() % 2 ? std::numeric_limits<int64_t>::min() : std::numeric_limits<int64_t>::max();
+      if (t == kInt32) {
+        auto w = static_cast<int32_t>(v);
+        if (pick == 3 && rng() % 8 == 0) w = std::numeric_limits<int32_t>::min();
+        std::memcpy(dst, &w, sizeof w);
+      } else {
+        std::memcpy(dst, &v, sizeof v);
+      }
+    }
+  }
+  return bytes;
+}
+
+bool same_value(DType t, const char* a, const char* b) {
+  if (std::memcmp(a, b, element_size(t)) == 0) return true;
+  if (t == kFloat32) {
+    float x, y;
+    std::memcpy(&x, a, sizeof x);
+    std::memcpy(&y, b, sizeof y);
+    return std::isnan(x) && std::isnan(y);
+  }
+  if (t == kFloat64) {
+    double x, y;
+    std::memcpy(&x, a, sizeof x);
+    std::memcpy(&y, b, sizeof y);
+    return std::isnan(x) && std::isnan(y);
+  }
+  return false;
+}
+
+// The kernels (without transcendental functions) of random programs and of every formula op in
+// every dtype, run on the host from their CUDA source and by the LLVM emitter: bit-equal.
+TEST(CudaCodegen, GeneratedProgramsComputeWhatTheLlvmEmitterComputes) {
+  if (std::system("c++ --version > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "no host C++ compiler (c++) to run the generated programs with";
+  struct Case {
+    Kernel kernel;
+    std::vector<uint64_t> scalars;
+    std::string what;
+  };
+  std::vector<Case> cases;
+  testing::RandomProgram gen(20261128);
+  for (int i = 0; i < 3000 && cases.size() < 250; ++i) {
+    Inputs in = gen.make_inputs();
+    Fn fn = gen.make_program(2 + i % 9);
+    if (testing::eager(fn, in).empty()) continue;
+    const Grouped grouped = groups_of(fn, in);
+    for (const FusionGroup& g : grouped.groups)
+      if (!g.rows && !has_transcendental(g.kernel))
+        cases.push_back({g.kernel, g.scalars, "program " + std::to_string(i)});
+  }
+  ASSERT_GE(cases.size(), 150u);
+  const std::string dir = ::testing::TempDir() + "/kiln_cuda_host_" + std::to_string(getpid());
+  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  std::string unit = kHostShims;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    Layout flat;
+    flat.single_element.assign(cases[c].kernel.input_types.size(), false);
+    const std::string source = fuser::cuda::cuda_source(cases[c].kernel, flat, "kiln_h");
+    if (c == 0) unit += source.substr(0, source.find("KILN_D void kiln_body("));
+    unit += host_kernel(cases[c].kernel, source, static_cast<int>(c));
+  }
+  {
+    std::FILE* f = std::fopen((dir + "/kernels.cpp").c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(unit.data(), 1, unit.size(), f);
+    std::fclose(f);
+  }
+  // No contraction (as --fmad=false), and no fast-math: IEEE arithmetic as the LLVM emitter's.
+  const std::string command =
+      "c++ -std=c++17 -O1 -ffp-contract=off -fno-fast-math -shared -fPIC -o " + dir +
+      "/kernels.so " + dir + "/kernels.cpp > " + dir + "/log.txt 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << "the host compile failed: see " << dir;
+  void* lib = dlopen((dir + "/kernels.so").c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib, nullptr) << dlerror();
+  using HostFn = void (*)(long long, void* const*, const unsigned long long*);
+  std::mt19937_64 rng(11);
+  const size_t n = 97;
+  size_t compared = 0;
+  for (size_t c = 0; c < cases.size() && !HasFailure(); ++c) {
+    const Kernel& k = cases[c].kernel;
+    auto host = reinterpret_cast<HostFn>(dlsym(lib, ("kiln_host_" + std::to_string(c)).c_str()));
+    ASSERT_NE(host, nullptr);
+    Layout flat;
+    flat.single_element.assign(k.input_types.size(), false);
+    const fuser::CompiledKernel cpu = fuser::cpu_kernel(k, flat);
+    std::vector<std::vector<char> > inputs, want, got;
+    for (DType t : k.input_types) inputs.push_back(test_values(t, n, rng));
+    for (DType t : k.output_types) {
+      want.emplace_back(n * element_size(t), 0);
+      got.emplace_back(n * element_size(t), 0);
+    }
+    std::vector<char*> cpu_ptrs, host_ptrs;
+    for (auto& v : inputs) cpu_ptrs.push_back(v.data()), host_ptrs.push_back(v.data());
+    for (size_t o = 0; o < want.size(); ++o)
+      cpu_ptrs.push_back(want[o].data()), host_ptrs.push_back(got[o].data());
+    cpu.fn(0, static_cast<int64_t>(n), cpu_ptrs.data(), nullptr, nullptr, cases[c].scalars.data(),
+           nullptr);
+    host(static_cast<long long>(n), reinterpret_cast<void* const*>(host_ptrs.data()),
+         reinterpret_cast<const unsigned long long*>(cases[c].scalars.data()));
+    for (size_t o = 0; o < want.size(); ++o) {
+      const DType t = k.output_types[o];
+      for (size_t i = 0; i < n; ++i) {
+        if (same_value(t, want[o].data() + i * element_size(t),
+                       got[o].data() + i * element_size(t)))
+          continue;
+        std::string in_text;
+        for (size_t p = 0; p < inputs.size(); ++p) {
+          const DType it = k.input_types[p];
+          const char* e = inputs[p].data() + i * element_size(it);
+          double v = 0;
+          if (it == kFloat32) v = *reinterpret_cast<const float*>(e);
+          if (it == kFloat64) v = *reinterpret_cast<const double*>(e);
+          if (it == kInt32) v = *reinterpret_cast<const int32_t*>(e);
+          if (it == kInt64) v = static_cast<double>(*reinterpret_cast<const int64_t*>(e));
+          if (it == kBool) v = *e;
+          in_text += " " + std::to_string(v);
+        }
+        ADD_FAILURE() << cases[c].what << ", output " << o << ", element " << i
+                      << " differs; inputs:" << in_text << "\n"
+                      << k.str();
+        break;
+      }
+      ++compared;
+    }
+  }
+  dlclose(lib);
+  std::printf("%zu kernels, %zu outputs of %zu elements bit-equal to the LLVM emitter's\n",
+              cases.size(), compared, n);
 }
 
 #endif  // KILN_HAS_CUDA
