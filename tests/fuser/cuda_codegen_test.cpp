@@ -1,8 +1,8 @@
 // The CUDA code generator, without a GPU: every formula op of the op table in every dtype it takes,
 // and random elementwise programs, as flat and strided kernels that NVRTC compiles for sm_90
-// without a warning; the generated programs (all but transcendental functions) compute on the host
-// what the LLVM emitter's kernels compute; scalars are kernel arguments; compile errors carry
-// NVRTC's log.
+// without a warning; generated kernels (without transcendental functions) run on the host, flat
+// and strided, compute what the LLVM emitter's kernels compute; scalars are kernel arguments;
+// compile errors carry NVRTC's log.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -354,12 +354,15 @@ TEST(CudaCodegen, RowsKernelsRaiseAClearError) {
 }
 
 // ---------------------------------------------------------- semantics, checked on the host
-// Without a GPU the generated program still runs: its prelude and kiln_body are plain C++ but for
-// CUDA's qualifiers and bit casts, so the host compiler builds them (with shims for those) into a
-// shared library, and each kernel runs on the same special and random values as the LLVM
-// emitter's kernel. Outputs must be bit-equal (any NaN for a NaN). Kernels with transcendental
-// functions are left out: their CUDA versions differ from lib/fastmath.h's by design (see
-// cuda_codegen.h), and the host's libm is neither. The loops around kiln_body are only compiled.
+// Without a GPU the generated kernels still run: their source is plain C++ but for CUDA's
+// qualifiers, thread indices, vector types and bit casts, so the host compiler builds it (with
+// shims for those) into a shared library, where each kernel runs as a grid of threads taken one
+// after another (the elements are independent, so the order is immaterial), flat (scalar and 4-wide
+// loops) and strided (transposed and broadcast operands), with 32-bit and 64-bit indices, on the
+// same special and random values as the LLVM emitter's kernel. Outputs must be bit-equal (any NaN
+// for a NaN). Kernels with transcendental functions are left out: their CUDA versions differ from
+// lib/fastmath.h's by design (see cuda_codegen.h), and the host's libm is neither. What the host
+// cannot show: CUDA's own float-to-integer conversion (x86's is what the prelude's guard gives).
 
 bool has_transcendental(const Kernel& k) {
   for (const fuser::Instr& in : k.body) switch (in.prim) {
@@ -397,8 +400,26 @@ const char* host_storage_type(DType t) {
 constexpr const char* kHostShims = R"(#include <math.h>
 #include <string.h>
 #define __device__
+#define __global__
 #define __forceinline__ inline
-static inline float __int_as_float(int i) { float f; memcpy(&f, &i, sizeof f); return f; }
+struct kiln_dim3 {
+  unsigned x, y, z;
+};
+static kiln_dim3 blockIdx, threadIdx, blockDim, gridDim;
+struct float4 {
+  float x, y, z, w;
+};
+struct int4 {
+  int x, y, z, w;
+};
+struct uchar4 {
+  unsigned char x, y, z, w;
+};
+static inline float __int_as_float(int i) {
+  float f;
+  memcpy(&f, &i, sizeof f);
+  return f;
+}
 static inline double __longlong_as_double(long long i) {
   double d;
   memcpy(&d, &i, sizeof d);
@@ -410,33 +431,44 @@ static T kiln_scalar(const unsigned long long* s, int i) {
   memcpy(&v, s + i, sizeof v);
   return v;
 }
+// Runs a kernel as a grid of 3 blocks of 5 threads, one thread after another.
+template <typename F>
+static void kiln_grid(F run) {
+  blockDim.x = 5;
+  gridDim.x = 3;
+  for (blockIdx.x = 0; blockIdx.x < gridDim.x; ++blockIdx.x)
+    for (threadIdx.x = 0; threadIdx.x < blockDim.x; ++threadIdx.x) run();
+}
 )";
 
-// Kernel `id`'s kiln_body in a namespace of its own, and kiln_host_<id>(n, ptrs, scalars) that
-// runs it over n contiguous elements.
-std::string host_kernel(const Kernel& k, const std::string& source, int id) {
+// Kernel source `source` (its prelude cut off) in namespace `ns`, and
+// `extern "C" void <ns>_run(long long n, int index32, int vec, const long long* dims,
+// void* const* ptrs, const unsigned long long* scalars)` that runs its kernel `symbol` on a grid;
+// `vec` for flat kernels, `dims` (sizes then strides) for strided ones.
+std::string host_kernel(const Kernel& k, const Layout& layout, const std::string& source,
+                        const std::string& symbol, const std::string& ns) {
   const size_t body = source.find("KILN_D void kiln_body(");
-  const size_t loops = source.find("\ntemplate <typename U>");
   EXPECT_NE(body, std::string::npos);
-  EXPECT_NE(loops, std::string::npos);
-  const std::string ns = "k" + std::to_string(id);
-  std::string s = "namespace " + ns + " {\n" + source.substr(body, loops - body) + "}\n";
-  s += "extern \"C\" void kiln_host_" + std::to_string(id) +
-       "(long long n, void* const* ptrs, const unsigned long long* scalars) {\n"
-       "  for (long long i = 0; i < n; ++i)\n    " +
-       ns + "::kiln_body(";
-  std::string args;
+  std::string s = "namespace " + ns + " {\n" + source.substr(body) + "}\n";
+  s += "extern \"C\" void " + ns +
+       "_run(long long n, int index32, int vec, const long long* dims, void* const* ptrs, "
+       "const unsigned long long* scalars) {\n";
+  std::string args = layout.flat ? "vec" : "d";
+  if (!layout.flat)
+    s += "  " + ns + "::KilnDims d;\n  memcpy(&d, dims, sizeof d);\n  (void)vec;\n";
+  else
+    s += "  (void)dims;\n";
   const size_t inputs = k.input_types.size();
   auto ptr = [&](size_t p, DType t, bool in) {
-    return std::string(", ((") + (in ? "const " : "") + host_storage_type(t) + "*)ptrs[" +
-           std::to_string(p) + "])[i]";
+    return std::string(", (") + (in ? "const " : "") + host_storage_type(t) + "*)ptrs[" +
+           std::to_string(p) + "]";
   };
   for (size_t p = 0; p < inputs; ++p) args += ptr(p, k.input_types[p], true);
+  for (size_t o = 0; o < k.outputs.size(); ++o) args += ptr(inputs + o, k.output_types[o], false);
   for (size_t i = 0; i < k.scalar_types.size(); ++i)
     args += std::string(", kiln_scalar<") + host_storage_type(k.scalar_types[i]) + ">(scalars, " +
             std::to_string(i) + ")";
-  for (size_t o = 0; o < k.outputs.size(); ++o) args += ptr(inputs + o, k.output_types[o], false);
-  s += (args.empty() ? args : args.substr(2)) + ");\n}\n";
+  s += "  kiln_grid([&] { " + ns + "::" + symbol + "(n, index32, " + args + "); });\n}\n";
   return s;
 }
 
@@ -504,15 +536,28 @@ bool same_value(DType t, const char* a, const char* b) {
   return false;
 }
 
-// The kernels (without transcendental functions) of random programs and of every formula op in
-// every dtype, run on the host from their CUDA source and by the LLVM emitter: bit-equal.
-TEST(CudaCodegen, GeneratedProgramsComputeWhatTheLlvmEmitterComputes) {
+// Element (i, j) of an R x C iteration shape in memory laid out as `inner` says: kUnit row-major,
+// kAny transposed (column-major), kZero one value per row (broadcast along the row).
+constexpr int64_t kRows = 7, kCols = 13, kElements = kRows * kCols;  // n % 4 == 3: a tail
+int64_t memory_index(Layout::Inner inner, int64_t i, int64_t j) {
+  return inner == Layout::kUnit ? i * kCols + j : inner == Layout::kAny ? j * kRows + i : i;
+}
+std::vector<int64_t> strides_of(Layout::Inner inner) {
+  return inner == Layout::kUnit  ? std::vector<int64_t>{kCols, 1}
+         : inner == Layout::kAny ? std::vector<int64_t>{1, kRows}
+                                 : std::vector<int64_t>{1, 0};
+}
+
+// The kernels (without transcendental functions) of random programs run from their CUDA source on
+// the host, flat and strided, with 32-bit and 64-bit indices, and by the LLVM emitter: bit-equal.
+TEST(CudaCodegen, GeneratedKernelsComputeWhatTheLlvmEmitterComputes) {
   if (std::system("c++ --version > /dev/null 2>&1") != 0)
-    GTEST_SKIP() << "no host C++ compiler (c++) to run the generated programs with";
+    GTEST_SKIP() << "no host C++ compiler (c++) to run the generated kernels with";
   struct Case {
     Kernel kernel;
     std::vector<uint64_t> scalars;
     std::string what;
+    Layout flat, strided;
   };
   std::vector<Case> cases;
   testing::RandomProgram gen(20261128);
@@ -521,20 +566,33 @@ TEST(CudaCodegen, GeneratedProgramsComputeWhatTheLlvmEmitterComputes) {
     Fn fn = gen.make_program(2 + i % 9);
     if (testing::eager(fn, in).empty()) continue;
     const Grouped grouped = groups_of(fn, in);
-    for (const FusionGroup& g : grouped.groups)
-      if (!g.rows && !has_transcendental(g.kernel))
-        cases.push_back({g.kernel, g.scalars, "program " + std::to_string(i)});
+    for (const FusionGroup& g : grouped.groups) {
+      if (g.rows || has_transcendental(g.kernel)) continue;
+      Case c{g.kernel, g.scalars, "program " + std::to_string(i), {}, {}};
+      const size_t inputs = g.kernel.input_types.size(), outputs = g.kernel.outputs.size();
+      c.flat.single_element.assign(inputs, false);
+      c.strided.flat = false;
+      c.strided.rank = 2;
+      // Inputs unit, transposed and broadcast in turn; outputs unit and transposed.
+      for (size_t p = 0; p < inputs; ++p)
+        c.strided.inner.push_back(static_cast<Layout::Inner>((p + cases.size()) % 3));
+      for (size_t o = 0; o < outputs; ++o)
+        c.strided.inner.push_back((o + cases.size()) % 2 ? Layout::kAny : Layout::kUnit);
+      cases.push_back(std::move(c));
+    }
   }
   ASSERT_GE(cases.size(), 150u);
   const std::string dir = ::testing::TempDir() + "/kiln_cuda_host_" + std::to_string(getpid());
   ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
   std::string unit = kHostShims;
   for (size_t c = 0; c < cases.size(); ++c) {
-    Layout flat;
-    flat.single_element.assign(cases[c].kernel.input_types.size(), false);
-    const std::string source = fuser::cuda::cuda_source(cases[c].kernel, flat, "kiln_h");
-    if (c == 0) unit += source.substr(0, source.find("KILN_D void kiln_body("));
-    unit += host_kernel(cases[c].kernel, source, static_cast<int>(c));
+    const std::string id = std::to_string(c);
+    const std::string flat = fuser::cuda::cuda_source(cases[c].kernel, cases[c].flat, "kf" + id);
+    const std::string strided =
+        fuser::cuda::cuda_source(cases[c].kernel, cases[c].strided, "ks" + id);
+    if (c == 0) unit += flat.substr(0, flat.find("KILN_D void kiln_body("));
+    unit += host_kernel(cases[c].kernel, cases[c].flat, flat, "kf" + id, "flat" + id);
+    unit += host_kernel(cases[c].kernel, cases[c].strided, strided, "ks" + id, "strided" + id);
   }
   {
     std::FILE* f = std::fopen((dir + "/kernels.cpp").c_str(), "w");
@@ -542,67 +600,92 @@ TEST(CudaCodegen, GeneratedProgramsComputeWhatTheLlvmEmitterComputes) {
     std::fwrite(unit.data(), 1, unit.size(), f);
     std::fclose(f);
   }
-  // No contraction (as --fmad=false), and no fast-math: IEEE arithmetic as the LLVM emitter's.
+  // No contraction (as --fmad=false), no fast-math: IEEE arithmetic as the LLVM emitter's; the
+  // 4-wide loop reads float arrays through float4, as CUDA does.
   const std::string command =
-      "c++ -std=c++17 -O1 -ffp-contract=off -fno-fast-math -shared -fPIC -o " + dir +
-      "/kernels.so " + dir + "/kernels.cpp > " + dir + "/log.txt 2>&1";
+      "c++ -std=c++17 -O1 -ffp-contract=off -fno-fast-math -fno-strict-aliasing -shared -fPIC "
+      "-o " +
+      dir + "/kernels.so " + dir + "/kernels.cpp > " + dir + "/log.txt 2>&1";
   ASSERT_EQ(std::system(command.c_str()), 0) << "the host compile failed: see " << dir;
   void* lib = dlopen((dir + "/kernels.so").c_str(), RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(lib, nullptr) << dlerror();
-  using HostFn = void (*)(long long, void* const*, const unsigned long long*);
+  using HostFn =
+      void (*)(long long, int, int, const long long*, void* const*, const unsigned long long*);
   std::mt19937_64 rng(11);
-  const size_t n = 97;
+  const auto n = static_cast<size_t>(kElements);
   size_t compared = 0;
   for (size_t c = 0; c < cases.size() && !HasFailure(); ++c) {
     const Kernel& k = cases[c].kernel;
-    auto host = reinterpret_cast<HostFn>(dlsym(lib, ("kiln_host_" + std::to_string(c)).c_str()));
-    ASSERT_NE(host, nullptr);
-    Layout flat;
-    flat.single_element.assign(k.input_types.size(), false);
-    const fuser::CompiledKernel cpu = fuser::cpu_kernel(k, flat);
-    std::vector<std::vector<char> > inputs, want, got;
-    for (DType t : k.input_types) inputs.push_back(test_values(t, n, rng));
-    for (DType t : k.output_types) {
-      want.emplace_back(n * element_size(t), 0);
-      got.emplace_back(n * element_size(t), 0);
+    const Layout& strided = cases[c].strided;
+    const std::string id = std::to_string(c);
+    auto flat_fn = reinterpret_cast<HostFn>(dlsym(lib, ("flat" + id + "_run").c_str()));
+    auto strided_fn = reinterpret_cast<HostFn>(dlsym(lib, ("strided" + id + "_run").c_str()));
+    ASSERT_TRUE(flat_fn && strided_fn);
+    const size_t num_inputs = k.input_types.size(), num_ptrs = num_inputs + k.outputs.size();
+    // Each input's values as the flat kernels read them (row-major), and as the strided one does.
+    std::vector<std::vector<char> > flat_in, strided_in;
+    for (size_t p = 0; p < num_inputs; ++p) {
+      const DType t = k.input_types[p];
+      const size_t size = element_size(t);
+      const Layout::Inner inner = strided.inner[p];
+      std::vector<char> memory = test_values(t, inner == Layout::kZero ? kRows : n, rng);
+      std::vector<char> rows(n * size);
+      for (int64_t i = 0; i < kRows; ++i)
+        for (int64_t j = 0; j < kCols; ++j)
+          std::memcpy(rows.data() + (i * kCols + j) * size,
+                      memory.data() + memory_index(inner, i, j) * size, size);
+      flat_in.push_back(std::move(rows));
+      strided_in.push_back(std::move(memory));
     }
-    std::vector<char*> cpu_ptrs, host_ptrs;
-    for (auto& v : inputs) cpu_ptrs.push_back(v.data()), host_ptrs.push_back(v.data());
-    for (size_t o = 0; o < want.size(); ++o)
-      cpu_ptrs.push_back(want[o].data()), host_ptrs.push_back(got[o].data());
-    cpu.fn(0, static_cast<int64_t>(n), cpu_ptrs.data(), nullptr, nullptr, cases[c].scalars.data(),
-           nullptr);
-    host(static_cast<long long>(n), reinterpret_cast<void* const*>(host_ptrs.data()),
-         reinterpret_cast<const unsigned long long*>(cases[c].scalars.data()));
-    for (size_t o = 0; o < want.size(); ++o) {
-      const DType t = k.output_types[o];
-      for (size_t i = 0; i < n; ++i) {
-        if (same_value(t, want[o].data() + i * element_size(t),
-                       got[o].data() + i * element_size(t)))
-          continue;
-        std::string in_text;
-        for (size_t p = 0; p < inputs.size(); ++p) {
-          const DType it = k.input_types[p];
-          const char* e = inputs[p].data() + i * element_size(it);
-          double v = 0;
-          if (it == kFloat32) v = *reinterpret_cast<const float*>(e);
-          if (it == kFloat64) v = *reinterpret_cast<const double*>(e);
-          if (it == kInt32) v = *reinterpret_cast<const int32_t*>(e);
-          if (it == kInt64) v = static_cast<double>(*reinterpret_cast<const int64_t*>(e));
-          if (it == kBool) v = *e;
-          in_text += " " + std::to_string(v);
+    auto outputs = [&] {
+      std::vector<std::vector<char> > out;
+      for (DType t : k.output_types) out.emplace_back(n * element_size(t), 0);
+      return out;
+    };
+    auto pointers = [&](std::vector<std::vector<char> >& in, std::vector<std::vector<char> >& out) {
+      std::vector<char*> ptrs;
+      for (auto& v : in) ptrs.push_back(v.data());
+      for (auto& v : out) ptrs.push_back(v.data());
+      return ptrs;
+    };
+    // The LLVM emitter's flat kernel gives the expected outputs, row-major.
+    Layout flat_layout = cases[c].flat;
+    const fuser::CompiledKernel cpu = fuser::cpu_kernel(k, flat_layout);
+    std::vector<std::vector<char> > want = outputs();
+    std::vector<char*> cpu_ptrs = pointers(flat_in, want);
+    cpu.fn(0, kElements, cpu_ptrs.data(), nullptr, nullptr, cases[c].scalars.data(), nullptr);
+    std::vector<long long> dims = {kRows, kCols};
+    for (size_t p = 0; p < num_ptrs; ++p)
+      for (int64_t st : strides_of(strided.inner[p])) dims.push_back(st);
+    const auto* scalars = reinterpret_cast<const unsigned long long*>(cases[c].scalars.data());
+    for (int run = 0; run < 5 && !HasFailure(); ++run) {
+      // flat: 32-bit 4-wide, 32-bit, 64-bit 4-wide; strided: 32-bit, 64-bit.
+      const bool is_flat = run < 3;
+      const int index32 = run == 2 || run == 4 ? 0 : 1, vec = run == 0 || run == 2;
+      std::vector<std::vector<char> > got = outputs();
+      std::vector<char*> ptrs = pointers(is_flat ? flat_in : strided_in, got);
+      (is_flat ? flat_fn : strided_fn)(kElements, index32, vec, dims.data(),
+                                       reinterpret_cast<void* const*>(ptrs.data()), scalars);
+      for (size_t o = 0; o < want.size(); ++o) {
+        const DType t = k.output_types[o];
+        const size_t size = element_size(t);
+        const Layout::Inner inner = is_flat ? Layout::kUnit : strided.inner[num_inputs + o];
+        for (int64_t e = 0; e < kElements; ++e) {
+          const int64_t m = memory_index(inner, e / kCols, e % kCols);
+          if (same_value(t, want[o].data() + e * size, got[o].data() + m * size)) continue;
+          ADD_FAILURE() << cases[c].what << " (" << (is_flat ? "flat" : "strided") << ", index32 "
+                        << index32 << ", vec " << vec << "), output " << o << ", element " << e
+                        << " differs\n"
+                        << k.str();
+          break;
         }
-        ADD_FAILURE() << cases[c].what << ", output " << o << ", element " << i
-                      << " differs; inputs:" << in_text << "\n"
-                      << k.str();
-        break;
+        ++compared;
       }
-      ++compared;
     }
   }
   dlclose(lib);
-  std::printf("%zu kernels, %zu outputs of %zu elements bit-equal to the LLVM emitter's\n",
-              cases.size(), compared, n);
+  std::printf("%zu kernels, %zu outputs of %lld elements bit-equal to the LLVM emitter's\n",
+              cases.size(), compared, static_cast<long long>(kElements));
 }
 
 #endif  // KILN_HAS_CUDA
