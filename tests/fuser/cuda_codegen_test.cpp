@@ -353,6 +353,66 @@ TEST(CudaCodegen, RowsKernelsRaiseAClearError) {
   }
 }
 
+// A launcher's index32 and vec: 32-bit only while every index and offset fits, 4-wide only for
+// kernels of 4-byte and bool tensors whose pointers are aligned to 4 elements.
+TEST(CudaCodegen, CallFlagsFollowTheLaunchRules) {
+  Kernel k;
+  k.input_types = {kFloat32, kBool};
+  const int32_t x = k.add({fuser::Prim::Load, kFloat32, -1, -1, -1, 0});
+  const int32_t m = k.add({fuser::Prim::Load, kBool, -1, -1, -1, 1});
+  k.outputs = {k.add({fuser::Prim::Select, kFloat32, m, x, x})};
+  k.output_types = {kFloat32};
+  alignas(16) static char buffer[256];
+  char* aligned[] = {buffer, buffer + 64, buffer + 128};
+  char* shifted[] = {buffer + 4, buffer + 64, buffer + 128};  // float32 input off by one element
+  char* bool_shifted[] = {buffer, buffer + 65, buffer + 128};
+  Layout flat;
+  flat.single_element = {false, false};
+  const int64_t threads = 1 << 20;
+  auto flags = fuser::cuda::cuda_call_flags(k, flat, 1000, nullptr, nullptr, aligned, threads);
+  EXPECT_TRUE(flags.index32);
+  EXPECT_TRUE(flags.vec);
+  EXPECT_FALSE(fuser::cuda::cuda_call_flags(k, flat, 1000, nullptr, nullptr, shifted, threads).vec);
+  EXPECT_FALSE(
+      fuser::cuda::cuda_call_flags(k, flat, 1000, nullptr, nullptr, bool_shifted, threads).vec);
+  flat.single_element = {true, false};  // a single element is read as such, never 4-wide
+  EXPECT_TRUE(fuser::cuda::cuda_call_flags(k, flat, 1000, nullptr, nullptr, shifted, threads).vec);
+  EXPECT_FALSE(
+      fuser::cuda::cuda_call_flags(k, flat, int64_t{1} << 31, nullptr, nullptr, aligned, threads)
+          .index32);
+  EXPECT_TRUE(
+      fuser::cuda::cuda_call_flags(k, flat, INT32_MAX, nullptr, nullptr, aligned, threads).index32);
+  Kernel wide = k;  // float64 tensors have no 4-wide loop
+  wide.input_types[0] = kFloat64;
+  flat.single_element = {false, false};
+  EXPECT_FALSE(
+      fuser::cuda::cuda_call_flags(wide, flat, 1000, nullptr, nullptr, aligned, threads).vec);
+
+  // Strided: offsets reach sum (size - 1) * |stride| per pointer.
+  Layout strided;
+  strided.flat = false;
+  strided.rank = 2;
+  strided.inner = {Layout::kUnit, Layout::kAny, Layout::kUnit};
+  const int64_t sizes[] = {1000, 1000};
+  const int64_t small[] = {1000, 1, -1000, 1, 1000, 1};
+  const int64_t far[] = {1000, 1, 1000, 2200000, 1000, 1};   // 999 * 2.2e6 > 2^31
+  const int64_t edge[] = {1000, 1, 1000, 2148633, 1000, 1};  // 999000 + 999 * 2148633 < 2^31
+  const int64_t past[] = {1000, 1, 1000, 2148634, 1000, 1};  // 999000 + 999 * 2148634 > 2^31
+  EXPECT_TRUE(
+      fuser::cuda::cuda_call_flags(k, strided, 1000000, sizes, small, aligned, threads).index32);
+  EXPECT_FALSE(
+      fuser::cuda::cuda_call_flags(k, strided, 1000000, sizes, far, aligned, threads).index32);
+  EXPECT_TRUE(
+      fuser::cuda::cuda_call_flags(k, strided, 1000000, sizes, edge, aligned, threads).index32);
+  EXPECT_FALSE(
+      fuser::cuda::cuda_call_flags(k, strided, 1000000, sizes, past, aligned, threads).index32);
+  EXPECT_FALSE(
+      fuser::cuda::cuda_call_flags(k, strided, 1000000, sizes, small, aligned, int64_t{1} << 32)
+          .index32);
+  EXPECT_FALSE(
+      fuser::cuda::cuda_call_flags(k, strided, 1000000, sizes, small, aligned, threads).vec);
+}
+
 // ---------------------------------------------------------- semantics, checked on the host
 // Without a GPU the generated kernels still run: their source is plain C++ but for CUDA's
 // qualifiers, thread indices, vector types and bit casts, so the host compiler builds it (with

@@ -562,6 +562,46 @@ std::string cuda_source(const Kernel& kernel, const Layout& layout, const std::s
   return Source(kernel, layout, symbol).emit();
 }
 
+CudaCallFlags cuda_call_flags(const Kernel& kernel, const Layout& layout, int64_t n,
+                              const int64_t* sizes, const int64_t* strides, char* const* ptrs,
+                              int64_t threads) {
+  constexpr int64_t kMax = INT32_MAX;
+  const size_t num_inputs = kernel.input_types.size(),
+               num_ptrs = num_inputs + kernel.outputs.size();
+  CudaCallFlags flags;
+  // 32-bit: the loop's index (below n, stepping by the thread count, in unsigned arithmetic) and
+  // every offset's partial sums (bounded by the sum of |index * stride| over the dims) fit.
+  flags.index32 = n <= kMax && threads <= (int64_t{1} << 31);
+  if (flags.index32 && !layout.flat && n > 0) {
+    const auto rank = static_cast<size_t>(layout.rank);
+    for (size_t p = 0; p < num_ptrs && flags.index32; ++p) {
+      int64_t reach = 0;
+      for (size_t d = 0; d < rank && flags.index32; ++d) {
+        const int64_t stride = strides[p * rank + d];
+        const int64_t step = stride < 0 ? -stride : stride;  // a stride is far from INT64_MIN
+        const int64_t extent = sizes[d] - 1;
+        if (extent > 0 && step > (kMax - reach) / extent)
+          flags.index32 = false;
+        else
+          reach += extent * step;
+      }
+    }
+  }
+  // 4-wide: a kernel with a 4-wide loop, and every pointer read or written through it aligned.
+  if (layout.flat) {
+    flags.vec = true;
+    for (size_t p = 0; p < num_ptrs && flags.vec; ++p) {
+      const bool single = p < layout.single_element.size() && layout.single_element[p];
+      if (single) continue;
+      const DType t = p < num_inputs ? kernel.input_types[p] : kernel.output_types[p - num_inputs];
+      const auto address = reinterpret_cast<uintptr_t>(ptrs[p]);
+      flags.vec =
+          (t == kFloat32 || t == kInt32 || t == kBool) && address % (4 * element_size(t)) == 0;
+    }
+  }
+  return flags;
+}
+
 std::vector<std::string> cuda_compile_options() {
   // IEEE division and square root, and denormals kept: NVRTC's defaults, stated so that a change
   // of defaults cannot change results. No contraction into FMA: the LLVM emitter never contracts.

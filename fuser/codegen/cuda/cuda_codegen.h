@@ -41,6 +41,7 @@
 // number of what follows; tests on a GPU should compare with such per-op tolerances.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,18 @@ namespace kiln::fuser::cuda {
 // Raises kiln::Error for a rows layout (not generated for CUDA yet), an invalid symbol, or
 // parameters past CUDA's 32,764 bytes.
 std::string cuda_source(const Kernel& kernel, const Layout& layout, const std::string& symbol);
+
+// The index32 and vec arguments of one call, by the rules above: `sizes` and `strides` as the CPU
+// kernel takes them (strided only; rank and rank * pointers entries), `ptrs` the tensors' first
+// elements, `threads` the grid's block size times its number of blocks. A launcher passes these;
+// kept here, beside the kernels that rely on them.
+struct CudaCallFlags {
+  bool index32 = false;
+  bool vec = false;
+};
+CudaCallFlags cuda_call_flags(const Kernel& kernel, const Layout& layout, int64_t n,
+                              const int64_t* sizes, const int64_t* strides, char* const* ptrs,
+                              int64_t threads);
 
 // NVRTC options the generated source must be compiled with: --fmad=false, so that a * b + c is
 // rounded twice as on the CPU (the LLVM emitter never contracts), and IEEE division, square root
