@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -240,5 +242,57 @@ inline Inputs random_inputs(std::mt19937_64& rng, const RandomInputSpec& spec) {
   }
   return in;
 }
+
+// Random elementwise programs of the differential tests (and the CUDA code generator's tests):
+// ops from elementwise_op on 1-3 random inputs, each value picked from everything made so far.
+class RandomProgram {
+ public:
+  explicit RandomProgram(uint64_t seed) : rng_(seed) {}
+
+  // Inputs for one program: 1-3 tensors broadcastable to one shape, some non-contiguous.
+  Inputs make_inputs() {
+    return random_inputs(
+        rng_,
+        {{0, 1, 2, 3, 5, 8, 17}, {kFloat32, kFloat32, kFloat64, kInt32, kInt64, kBool}, 30, 3, 4});
+  }
+
+  // A program of `ops` random elementwise ops; values are picked from everything made so far.
+  Fn make_program(int ops) {
+    std::vector<int> choice;
+    for (int i = 0; i < ops * 4; ++i) choice.push_back(pick(0, 1 << 20));
+    return [choice, ops](const Inputs& in) {
+      std::vector<Tensor> values(in.begin(), in.end());
+      size_t c = 0;
+      auto next = [&](int n) { return choice[c++ % choice.size()] % n; };
+      for (int i = 0; i < ops; ++i) {
+        const Tensor& a = values[static_cast<size_t>(next(static_cast<int>(values.size())))];
+        size_t b_index = static_cast<size_t>(next(static_cast<int>(values.size())));
+        const int op = next(kElementwiseOps);
+        if (reads_values_of_b(op)) b_index %= in.size();
+        const Tensor& b = values[b_index];
+        try {
+          values.push_back(elementwise_op(op, a, b, next(7)));
+        } catch (const Error&) {
+          // The op does not take these dtypes (sub of bools, ...): eager and lazy agree on that.
+        }
+      }
+      // The last three values the ops made: a group with several outputs.
+      Inputs out;
+      for (size_t k = std::max(in.size(), values.size() > 3 ? values.size() - 3 : 0);
+           k < values.size(); ++k) {
+        // to() of the same dtype returns its operand: keep each tensor once, and no inputs.
+        bool seen = false;
+        for (const Tensor& t : in) seen |= values[k].is_same(t);
+        for (const Tensor& t : out) seen |= values[k].is_same(t);
+        if (!seen) out.push_back(values[k]);
+      }
+      return out;
+    };
+  }
+
+ private:
+  int pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
+  std::mt19937_64 rng_;
+};
 
 }  // namespace kiln::testing

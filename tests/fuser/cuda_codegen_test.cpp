@@ -1,0 +1,754 @@
+// The CUDA code generator, without a GPU: every formula op of the op table in every dtype it takes,
+// and random elementwise programs, as flat and strided kernels that NVRTC compiles for sm_90
+// without a warning; generated kernels (without transcendental functions) run on the host, flat
+// and strided, compute what the LLVM emitter's kernels compute; scalars are kernel arguments;
+// compile errors carry NVRTC's log.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <set>
+#include <string>
+#include <vector>
+
+#if KILN_HAS_CUDA
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "fuser/codegen/cuda/cuda_codegen.h"
+#include "fuser/codegen/cuda/nvrtc.h"
+#include "fuser/codegen/llvm/cpu_codegen.h"
+#include "kiln/kiln.h"
+#include "lib/op_table.h"
+#include "tests/fuser/fuser_testing.h"
+#include "tests/testing.h"
+#endif
+
+namespace kiln {
+namespace {
+
+#if !KILN_HAS_CUDA
+
+TEST(CudaCodegen, NeedsTheCudaToolkit) {
+  GTEST_SKIP() << "kiln was built without the CUDA toolkit (no NVRTC): the CUDA code generator "
+                  "is not built; configure with -DCUDAToolkit_ROOT=/usr/local/cuda to test it";
+}
+
+#else
+
+using fuser::FusionGroup;
+using fuser::Kernel;
+using fuser::Layout;
+using fuser::cuda::CudaOutput;
+using testing::Fn;
+using testing::Inputs;
+using testing::plan_of;
+using testing::Planned;
+
+constexpr int kSm = 90;
+
+// The layouts a group's kernel is generated for: flat; (with `single`) flat with its first input a
+// single element; strided over the group's shape with the innermost dims of the pointers unit, any
+// and zero in turn.
+struct NamedLayout {
+  std::string name;
+  Layout layout;
+};
+std::vector<NamedLayout> layouts_of(const Kernel& k, const FusionGroup& g, bool single = true) {
+  const size_t inputs = k.input_types.size(), ptrs = inputs + k.outputs.size();
+  std::vector<NamedLayout> out;
+  Layout flat;
+  flat.single_element.assign(inputs, false);
+  out.push_back({"flat", flat});
+  if (single && inputs > 0) {
+    flat.single_element[0] = true;
+    out.push_back({"flat, input 0 a single element", flat});
+  }
+  Layout strided;
+  strided.flat = false;
+  strided.rank = std::max<int>(1, static_cast<int>(g.shape.size()));
+  for (size_t p = 0; p < ptrs; ++p)
+    strided.inner.push_back(p % 3 == 0 ? Layout::kUnit : p % 3 == 1 ? Layout::kAny : Layout::kZero);
+  out.push_back({"strided, rank " + std::to_string(strided.rank), strided});
+  return out;
+}
+
+std::string symbol_of(const Kernel& k) {
+  return "kiln_" + k.ops + "_0123abcd";
+}
+
+// Generates and compiles (kernel, layout) to PTX for sm_90: no error, no warning, and the PTX
+// defines the kernel's entry point.
+void expect_compiles(const Kernel& k, const Layout& layout, const std::string& what) {
+  const std::string symbol = symbol_of(k);
+  std::string source;
+  try {
+    source = fuser::cuda::cuda_source(k, layout, symbol);
+    const fuser::cuda::CudaCompiled ptx = fuser::cuda::nvrtc_compile(
+        source, symbol, kSm, CudaOutput::kPtx, fuser::cuda::cuda_compile_options());
+    EXPECT_EQ(ptx.log, "") << what << "\n" << k.str() << "\n" << source;
+    EXPECT_NE(ptx.code.find(".entry " + symbol), std::string::npos) << what;
+  } catch (const Error& e) {
+    ADD_FAILURE() << what << ": " << e.what() << "\n" << k.str() << "\n" << source;
+  }
+}
+
+// The fusion groups of a lazily recorded function, with the graph their nodes point into.
+struct Grouped {
+  Planned planned;
+  std::vector<FusionGroup> groups;
+};
+Grouped groups_of(const Fn& fn, const Inputs& inputs) {
+  Grouped g{plan_of(fn, inputs), {}};
+  g.groups = fuser::find_groups(*g.planned.graph);
+  return g;
+}
+
+// Attributes for the formula ops that take some: every form the formula distinguishes.
+std::vector<detail::Attrs> attrs_for(const detail::OpDef& def) {
+  using detail::AttrValue;
+  if (def.attr_names.empty()) return {{}};
+  if (def.name == "gelu")
+    return {{AttrValue(std::string("none"))}, {AttrValue(std::string("tanh"))}};
+  if (def.name == "softplus") return {{AttrValue(2.0), AttrValue(5.0)}};
+  if (def.name == "add" || def.name == "sub")
+    return {{AttrValue(1.5)}, {AttrValue(int64_t{2})}, {AttrValue(true)}};
+  if (def.name == "clamp")
+    return {{AttrValue(-1.0), AttrValue(2.0)},
+            {AttrValue(), AttrValue(int64_t{2})},
+            {AttrValue(int64_t{-1}), AttrValue()}};
+  if (def.name == "to") {  // a conversion to each dtype (to its own dtype returns its operand)
+    std::vector<detail::Attrs> all;
+    for (DType t : {kFloat32, kFloat64, kInt32, kInt64, kBool}) all.push_back({AttrValue(t)});
+    return all;
+  }
+  ADD_FAILURE() << "cuda_codegen_test: give attributes for the op " << def.name << " (takes "
+                << def.attr_names.size() << ")";
+  return {};
+}
+
+// Every elementwise op with a formula, in `dtype` when it takes it, in a group with a where (so
+// that it fuses): each group's kernel compiles as flat and strided kernels. Returns the ops fused.
+// (One test per dtype: NVRTC takes 0.1-0.2 s per kernel, and each test case has its own timeout.)
+std::set<std::string> compile_every_formula_op(DType dtype, std::set<std::string>& ops) {
+  std::set<std::string> fused_ops;
+  int kernels = 0;
+  for (const detail::OpDef* def : detail::all_ops()) {
+    if (!def->formula ||
+        (def->kind != detail::OpKind::Unary && def->kind != detail::OpKind::Binary &&
+         def->kind != detail::OpKind::Ternary))
+      continue;
+    ops.insert(def->name);
+    for (const detail::Attrs& attrs : attrs_for(*def)) {
+      // Integer values from 1 (no zero divisors or negative exponents); where's condition bool.
+      Inputs in;
+      for (int i = 0; i < def->arity; ++i)
+        in.push_back(testing::input({5, 7}, def->name == "where" && i == 0 ? kBool : dtype, 1, 3));
+      in.push_back(testing::input({5, 7}, kBool));
+      const int arity = def->arity;
+      Fn fn = [def, attrs, arity](const Inputs& in) {
+        Inputs operands(in.begin(), in.begin() + arity);
+        Tensor r = def->invoke(operands, attrs).at(0);
+        return Inputs{where(in.back(), r, r)};
+      };
+      Grouped grouped;
+      try {
+        grouped = groups_of(fn, in);
+      } catch (const Error&) {
+        continue;  // the op does not take this dtype (or these attributes with it)
+      }
+      const std::string what = def->name + " of " + dtype_name(dtype);
+      for (const FusionGroup& g : grouped.groups) {
+        bool has_op = false;
+        for (const jit::Node* n : g.nodes) has_op |= n->kind() == def->name;
+        if (!has_op) continue;
+        fused_ops.insert(def->name);
+        for (const auto& [name, layout] : layouts_of(g.kernel, g)) {
+          expect_compiles(g.kernel, layout, what + ", " + name);
+          ++kernels;
+        }
+      }
+      if (::testing::Test::HasFailure()) return fused_ops;
+    }
+  }
+  std::printf("%s: %zu of %zu formula ops fused, %d kernels compiled to PTX\n", dtype_name(dtype),
+              fused_ops.size(), ops.size(), kernels);
+  return fused_ops;
+}
+
+// Every formula op takes float32: all of them are compiled.
+TEST(CudaCodegen, EveryFormulaOpInFloat32CompilesForSm90) {
+  std::set<std::string> ops;
+  const std::set<std::string> fused = compile_every_formula_op(kFloat32, ops);
+  for (const std::string& op : ops) EXPECT_EQ(fused.count(op), 1u) << op << " was not fused";
+  EXPECT_GE(ops.size(), 40u);
+}
+TEST(CudaCodegen, EveryFormulaOpInFloat64CompilesForSm90) {
+  std::set<std::string> ops;
+  EXPECT_GE(compile_every_formula_op(kFloat64, ops).size(), 30u);
+}
+TEST(CudaCodegen, EveryFormulaOpInInt32CompilesForSm90) {
+  std::set<std::string> ops;
+  EXPECT_GE(compile_every_formula_op(kInt32, ops).size(), 20u);
+}
+TEST(CudaCodegen, EveryFormulaOpInInt64CompilesForSm90) {
+  std::set<std::string> ops;
+  EXPECT_GE(compile_every_formula_op(kInt64, ops).size(), 20u);
+}
+TEST(CudaCodegen, EveryFormulaOpInBoolCompilesForSm90) {
+  std::set<std::string> ops;
+  EXPECT_GE(compile_every_formula_op(kBool, ops).size(), 10u);
+}
+
+// Random elementwise programs (those of the fuser's differential tests): each group's kernel,
+// flat and strided, until `count` programs have been compiled.
+void compile_random_programs(uint64_t seed, int count) {
+  testing::RandomProgram gen(seed);
+  int programs = 0, kernels = 0;
+  for (int i = 0; i < 20 * count && programs < count; ++i) {
+    Inputs in = gen.make_inputs();
+    Fn fn = gen.make_program(2 + i % 9);
+    if (testing::eager(fn, in).empty()) continue;  // no op took these inputs
+    bool compiled = false;
+    const Grouped grouped = groups_of(fn, in);
+    for (const FusionGroup& g : grouped.groups) {
+      if (g.rows) continue;
+      for (const auto& [name, layout] : layouts_of(g.kernel, g, /*single=*/false)) {
+        expect_compiles(
+            g.kernel, layout,
+            "seed " + std::to_string(seed) + ", program " + std::to_string(i) + ", " + name);
+        ++kernels;
+        compiled = true;
+      }
+      if (::testing::Test::HasFailure()) return;
+    }
+    programs += compiled;
+  }
+  EXPECT_GE(programs, count);
+  std::printf("seed %llu: %d random programs, %d kernels compiled to PTX\n",
+              static_cast<unsigned long long>(seed), programs, kernels);
+}
+
+// 300 programs in all, in three test cases (each has its own timeout).
+TEST(CudaCodegen, RandomProgramsCompileForSm90Seed1) {
+  compile_random_programs(20261125, 100);
+}
+TEST(CudaCodegen, RandomProgramsCompileForSm90Seed2) {
+  compile_random_programs(20261126, 100);
+}
+TEST(CudaCodegen, RandomProgramsCompileForSm90Seed3) {
+  compile_random_programs(20261127, 100);
+}
+
+// A literal of the graph is a kernel scalar: x * 0.37 and x * 0.38 are the same source (and so
+// the same compiled kernel), and only the group's scalar values differ. So are sizes: a new shape
+// is the same source.
+TEST(CudaCodegen, ScalarsAndSizesAreKernelArgumentsNotSource) {
+  auto sources = [](double c, const Shape& shape) {
+    Fn fn = [c](const Inputs& in) { return Inputs{exp(in[0] * c) + 1.0}; };
+    const std::vector<FusionGroup> groups = groups_of(fn, {testing::input(shape)}).groups;
+    EXPECT_EQ(groups.size(), 1u);
+    std::vector<std::string> out;
+    if (groups.empty()) return std::make_pair(out, std::vector<uint64_t>{});
+    for (const auto& [name, layout] : layouts_of(groups[0].kernel, groups[0]))
+      out.push_back(fuser::cuda::cuda_source(groups[0].kernel, layout, "kiln_k"));
+    return std::make_pair(out, groups[0].scalars);
+  };
+  const auto [a, a_scalars] = sources(0.37, {6, 9});
+  const auto [b, b_scalars] = sources(0.38, {6, 9});
+  const auto [c, c_scalars] = sources(0.37, {11, 3});
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a, c);
+  EXPECT_NE(a_scalars, b_scalars);
+  ASSERT_FALSE(a.empty());
+  EXPECT_EQ(a[0].find("0.37"), std::string::npos) << a[0];
+  // The multiplier arrives as a double argument (a C++ number), converted in the kernel.
+  const size_t entry = a[0].find("extern \"C\" __global__");
+  ASSERT_NE(entry, std::string::npos) << a[0];
+  const std::string signature = a[0].substr(entry, a[0].find('\n', entry) - entry);
+  EXPECT_NE(signature.find("double s0"), std::string::npos) << signature;
+}
+
+// Both cubin (machine code for sm_90) and PTX come out of a compile; NVRTC's version is known.
+TEST(CudaCodegen, CompilesToCubinAndReportsTheNvrtcVersion) {
+  Fn fn = [](const Inputs& in) { return Inputs{tanh(in[0]) * in[1] + 0.5}; };
+  const std::vector<FusionGroup> groups =
+      groups_of(fn, {testing::input({4, 8}), testing::input({8})}).groups;
+  ASSERT_EQ(groups.size(), 1u);
+  const Kernel& k = groups[0].kernel;
+  const std::string source =
+      fuser::cuda::cuda_source(k, layouts_of(k, groups[0])[0].layout, "kiln_t");
+  const fuser::cuda::CudaCompiled cubin = fuser::cuda::nvrtc_compile(
+      source, "kiln_t", kSm, CudaOutput::kCubin, fuser::cuda::cuda_compile_options());
+  EXPECT_EQ(cubin.log, "");
+  ASSERT_GE(cubin.code.size(), 4u);
+  EXPECT_EQ(cubin.code.substr(0, 4),
+            "\x7f"
+            "ELF");
+  EXPECT_EQ(fuser::cuda::nvrtc_version().rfind("NVRTC ", 0), 0u) << fuser::cuda::nvrtc_version();
+  const std::vector<int> archs = fuser::cuda::nvrtc_supported_archs();
+  EXPECT_NE(std::find(archs.begin(), archs.end(), kSm), archs.end());
+}
+
+// The float32 flat kernel has a 4-wide loop (16-byte loads and stores) that `vec` turns on.
+TEST(CudaCodegen, Float32FlatKernelsLoadAndStoreFourElementsAtOnce) {
+  Fn fn = [](const Inputs& in) { return Inputs{sigmoid(in[0]) * in[1]}; };
+  const std::vector<FusionGroup> groups =
+      groups_of(fn, {testing::input({4, 8}), testing::input({4, 8})}).groups;
+  ASSERT_EQ(groups.size(), 1u);
+  Layout flat;
+  flat.single_element = {false, false};
+  const std::string source = fuser::cuda::cuda_source(groups[0].kernel, flat, "kiln_v");
+  const std::string ptx = fuser::cuda::nvrtc_compile(source, "kiln_v", kSm, CudaOutput::kPtx,
+                                                     fuser::cuda::cuda_compile_options())
+                              .code;
+  EXPECT_NE(ptx.find("ld.global.v4.f32"), std::string::npos) << ptx;
+  EXPECT_NE(ptx.find("st.global.v4.f32"), std::string::npos) << ptx;
+}
+
+// A compile error raises kiln::Error whose message holds NVRTC's log (the line and the reason).
+TEST(CudaCodegen, ACompileErrorCarriesNvrtcsLog) {
+  const std::string broken =
+      "extern \"C\" __global__ void kiln_broken(float* out) {\n"
+      "  out[0] = no_such_variable_here;\n"
+      "}\n";
+  try {
+    fuser::cuda::nvrtc_compile(broken, "kiln_broken", kSm, CudaOutput::kPtx);
+    ADD_FAILURE() << "the broken source compiled";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("kiln_broken"), std::string::npos) << message;
+    EXPECT_NE(message.find("no_such_variable_here"), std::string::npos) << message;
+    EXPECT_NE(message.find("identifier"), std::string::npos) << message;
+    EXPECT_NE(message.find("kiln_broken.cu(2)"), std::string::npos) << message;
+  }
+}
+
+// Rows kernels (reductions) are not generated for CUDA yet: a clear error, not wrong code.
+TEST(CudaCodegen, RowsKernelsRaiseAClearError) {
+  Fn fn = [](const Inputs& in) { return Inputs{softmax(in[0] * 2.0, -1)}; };
+  const std::vector<FusionGroup> groups = groups_of(fn, {testing::input({4, 8})}).groups;
+  ASSERT_EQ(groups.size(), 1u);
+  ASSERT_TRUE(groups[0].rows);
+  Layout rows;
+  rows.flat = false;
+  rows.rows = true;
+  rows.rank = 1;
+  rows.inner.assign(groups[0].kernel.input_types.size() + groups[0].kernel.outputs.size(),
+                    Layout::kUnit);
+  try {
+    fuser::cuda::cuda_source(groups[0].kernel, rows, "kiln_rows");
+    ADD_FAILURE() << "a rows kernel was generated";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rows kernels are not generated for CUDA yet"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// A launcher's index32 and vec: 32-bit only while every index and offset fits, 4-wide only for
+// kernels of 4-byte and bool tensors whose pointers are aligned to 4 elements.
+TEST(CudaCodegen, CallFlagsFollowTheLaunchRules) {
+  Kernel k;
+  k.input_types = {kFloat32, kBool};
+  const int32_t x = k.add({fuser::Prim::Load, kFloat32, -1, -1, -1, 0});
+  const int32_t m = k.add({fuser::Prim::Load, kBool, -1, -1, -1, 1});
+  k.outputs = {k.add({fuser::Prim::Select, kFloat32, m, x, x})};
+  k.output_types = {kFloat32};
+  alignas(16) static char buffer[256];
+  char* aligned[] = {buffer, buffer + 64, buffer + 128};
+  char* shifted[] = {buffer + 4, buffer + 64, buffer + 128};  // float32 input off by one element
+  char* bool_shifted[] = {buffer, buffer + 65, buffer + 128};
+  Layout flat;
+  flat.single_element = {false, false};
+  const int64_t threads = 1 << 20;
+  auto flags = fuser::cuda::cuda_call_flags(k, flat, 1000, nullptr, nullptr, aligned, threads);
+  EXPECT_TRUE(flags.index32);
+  EXPECT_TRUE(flags.vec);
+  EXPECT_FALSE(fuser::cuda::cuda_call_flags(k, flat, 1000, nullptr, nullptr, shifted, threads).vec);
+  EXPECT_FALSE(
+      fuser::cuda::cuda_call_flags(k, flat, 1000, nullptr, nullptr, bool_shifted, threads).vec);
+  flat.single_element = {true, false};  // a single element is read as such, never 4-wide
+  EXPECT_TRUE(fuser::cuda::cuda_call_flags(k, flat, 1000, nullptr, nullptr, shifted, threads).vec);
+  EXPECT_FALSE(
+      fuser::cuda::cuda_call_flags(k, flat, int64_t{1} << 31, nullptr, nullptr, aligned, threads)
+          .index32);
+  EXPECT_TRUE(
+      fuser::cuda::cuda_call_flags(k, flat, INT32_MAX, nullptr, nullptr, aligned, threads).index32);
+  Kernel wide = k;  // float64 tensors have no 4-wide loop
+  wide.input_types[0] = kFloat64;
+  flat.single_element = {false, false};
+  EXPECT_FALSE(
+      fuser::cuda::cuda_call_flags(wide, flat, 1000, nullptr, nullptr, aligned, threads).vec);
+
+  // Strided: offsets reach sum (size - 1) * |stride| per pointer.
+  Layout strided;
+  strided.flat = false;
+  strided.rank = 2;
+  strided.inner = {Layout::kUnit, Layout::kAny, Layout::kUnit};
+  const int64_t sizes[] = {1000, 1000};
+  const int64_t small[] = {1000, 1, -1000, 1, 1000, 1};
+  const int64_t far[] = {1000, 1, 1000, 2200000, 1000, 1};   // 999 * 2.2e6 > 2^31
+  const int64_t edge[] = {1000, 1, 1000, 2148633, 1000, 1};  // 999000 + 999 * 2148633 < 2^31
+  const int64_t past[] = {1000, 1, 1000, 2148634, 1000, 1};  // 999000 + 999 * 2148634 > 2^31
+  EXPECT_TRUE(
+      fuser::cuda::cuda_call_flags(k, strided, 1000000, sizes, small, aligned, threads).index32);
+  EXPECT_FALSE(
+      fuser::cuda::cuda_call_flags(k, strided, 1000000, sizes, far, aligned, threads).index32);
+  EXPECT_TRUE(
+      fuser::cuda::cuda_call_flags(k, strided, 1000000, sizes, edge, aligned, threads).index32);
+  EXPECT_FALSE(
+      fuser::cuda::cuda_call_flags(k, strided, 1000000, sizes, past, aligned, threads).index32);
+  EXPECT_FALSE(
+      fuser::cuda::cuda_call_flags(k, strided, 1000000, sizes, small, aligned, int64_t{1} << 32)
+          .index32);
+  EXPECT_FALSE(
+      fuser::cuda::cuda_call_flags(k, strided, 1000000, sizes, small, aligned, threads).vec);
+}
+
+// ---------------------------------------------------------- semantics, checked on the host
+// Without a GPU the generated kernels still run: their source is plain C++ but for CUDA's
+// qualifiers, thread indices, vector types and bit casts, so the host compiler builds it (with
+// shims for those) into a shared library, where each kernel runs as a grid of threads taken one
+// after another (the elements are independent, so the order is immaterial), flat (scalar and 4-wide
+// loops) and strided (transposed and broadcast operands), with 32-bit and 64-bit indices, on the
+// same special and random values as the LLVM emitter's kernel. Outputs must be bit-equal (any NaN
+// for a NaN). Kernels with transcendental functions are left out: their CUDA versions differ from
+// lib/fastmath.h's by design (see cuda_codegen.h), and the host's libm is neither. What the host
+// cannot show: CUDA's own float-to-integer conversion (x86's is what the prelude's guard gives).
+
+bool has_transcendental(const Kernel& k) {
+  for (const fuser::Instr& in : k.body) switch (in.prim) {
+      case fuser::Prim::Exp:
+      case fuser::Prim::Log:
+      case fuser::Prim::Log1p:
+      case fuser::Prim::Expm1:
+      case fuser::Prim::Sin:
+      case fuser::Prim::Cos:
+      case fuser::Prim::Tanh:
+      case fuser::Prim::Erf:
+        return true;
+      default:
+        break;
+    }
+  return false;
+}
+
+const char* host_storage_type(DType t) {
+  switch (t) {
+    case kBool:
+      return "unsigned char";
+    case kInt32:
+      return "int";
+    case kInt64:
+      return "long long";
+    case kFloat32:
+      return "float";
+    case kFloat64:
+      return "double";
+  }
+  return "?";
+}
+
+constexpr const char* kHostShims = R"(#include <math.h>
+#include <string.h>
+#define __device__
+#define __global__
+#define __forceinline__ inline
+struct kiln_dim3 {
+  unsigned x, y, z;
+};
+static kiln_dim3 blockIdx, threadIdx, blockDim, gridDim;
+struct float4 {
+  float x, y, z, w;
+};
+struct int4 {
+  int x, y, z, w;
+};
+struct uchar4 {
+  unsigned char x, y, z, w;
+};
+static inline float __int_as_float(int i) {
+  float f;
+  memcpy(&f, &i, sizeof f);
+  return f;
+}
+static inline double __longlong_as_double(long long i) {
+  double d;
+  memcpy(&d, &i, sizeof d);
+  return d;
+}
+template <typename T>
+static T kiln_scalar(const unsigned long long* s, int i) {
+  T v;
+  memcpy(&v, s + i, sizeof v);
+  return v;
+}
+// Runs a kernel as a grid of 3 blocks of 5 threads, one thread after another.
+template <typename F>
+static void kiln_grid(F run) {
+  blockDim.x = 5;
+  gridDim.x = 3;
+  for (blockIdx.x = 0; blockIdx.x < gridDim.x; ++blockIdx.x)
+    for (threadIdx.x = 0; threadIdx.x < blockDim.x; ++threadIdx.x) run();
+}
+)";
+
+// Kernel source `source` (its prelude cut off) in namespace `ns`, and
+// `extern "C" void <ns>_run(long long n, int index32, int vec, const long long* dims,
+// void* const* ptrs, const unsigned long long* scalars)` that runs its kernel `symbol` on a grid;
+// `vec` for flat kernels, `dims` (sizes then strides) for strided ones.
+std::string host_kernel(const Kernel& k, const Layout& layout, const std::string& source,
+                        const std::string& symbol, const std::string& ns) {
+  const size_t body = source.find("KILN_D void kiln_body(");
+  EXPECT_NE(body, std::string::npos);
+  std::string s = "namespace " + ns + " {\n" + source.substr(body) + "}\n";
+  s += "extern \"C\" void " + ns +
+       "_run(long long n, int index32, int vec, const long long* dims, void* const* ptrs, "
+       "const unsigned long long* scalars) {\n";
+  std::string args = layout.flat ? "vec" : "d";
+  if (!layout.flat)
+    s += "  " + ns + "::KilnDims d;\n  memcpy(&d, dims, sizeof d);\n  (void)vec;\n";
+  else
+    s += "  (void)dims;\n";
+  const size_t inputs = k.input_types.size();
+  auto ptr = [&](size_t p, DType t, bool in) {
+    return std::string(", (") + (in ? "const " : "") + host_storage_type(t) + "*)ptrs[" +
+           std::to_string(p) + "]";
+  };
+  for (size_t p = 0; p < inputs; ++p) args += ptr(p, k.input_types[p], true);
+  for (size_t o = 0; o < k.outputs.size(); ++o) args += ptr(inputs + o, k.output_types[o], false);
+  for (size_t i = 0; i < k.scalar_types.size(); ++i)
+    args += std::string(", kiln_scalar<") + host_storage_type(k.scalar_types[i]) + ">(scalars, " +
+            std::to_string(i) + ")";
+  s += "  kiln_grid([&] { " + ns + "::" + symbol + "(n, index32, " + args + "); });\n}\n";
+  return s;
+}
+
+// n values of type t, as bytes: the special values where the primitives' cases meet, then random
+// ones.
+std::vector<char> test_values(DType t, size_t n, std::mt19937_64& rng) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  static const std::vector<double> floats = {
+      nan,  inf,   -inf, 0.0,   -0.0, 0.5,   -0.5, 1.0,   -1.0,   1.5,    2.5,  -2.5,
+      2.0,  3.0,   -3.0, 64.0,  65.0, -64.0, 7.25, 1e-3,  1e10,   -1e10,  3e9,  -3e9,
+      1e19, -1e19, 1e30, 1e-40, 4.5,  -4.5,  0.3,  1e300, -1e300, 1e-310, 33.0, -0.75};
+  static const std::vector<double> ints = {0,  1,  -1, 2,  3,   -2, -3, -7,  64,
+                                           65, 31, 32, 63, -64, 5,  10, 100, -100};
+  std::vector<char> bytes(n * element_size(t));
+  std::uniform_real_distribution<double> uniform(-8.0, 8.0);
+  std::uniform_int_distribution<int64_t> any_int(std::numeric_limits<int64_t>::min(),
+                                                 std::numeric_limits<int64_t>::max());
+  for (size_t i = 0; i < n; ++i) {
+    const size_t pick = rng() % 4;
+    char* dst = bytes.data() + i * element_size(t);
+    if (is_floating_point(t)) {
+      double v = pick == 0   ? uniform(rng)
+                 : pick == 1 ? std::round(uniform(rng) * 2) / 2
+                             : floats[rng() % floats.size()];
+      if (t == kFloat32) {
+        const auto f = static_cast<float>(v);
+        std::memcpy(dst, &f, sizeof f);
+      } else {
+        std::memcpy(dst, &v, sizeof v);
+      }
+    } else if (t == kBool) {
+      *dst = static_cast<char>(rng() % 2);
+    } else {
+      int64_t v = pick == 0   ? any_int(rng)
+                  : pick == 1 ? static_cast<int64_t>(uniform(rng))
+                              : static_cast<int64_t>(ints[rng() % ints.size()]);
+      if (pick == 3 && rng() % 4 == 0)
+        v = rng() % 2 ? std::numeric_limits<int64_t>::min() : std::numeric_limits<int64_t>::max();
+      if (t == kInt32) {
+        auto w = static_cast<int32_t>(v);
+        if (pick == 3 && rng() % 8 == 0) w = std::numeric_limits<int32_t>::min();
+        std::memcpy(dst, &w, sizeof w);
+      } else {
+        std::memcpy(dst, &v, sizeof v);
+      }
+    }
+  }
+  return bytes;
+}
+
+bool same_value(DType t, const char* a, const char* b) {
+  if (std::memcmp(a, b, element_size(t)) == 0) return true;
+  if (t == kFloat32) {
+    float x, y;
+    std::memcpy(&x, a, sizeof x);
+    std::memcpy(&y, b, sizeof y);
+    return std::isnan(x) && std::isnan(y);
+  }
+  if (t == kFloat64) {
+    double x, y;
+    std::memcpy(&x, a, sizeof x);
+    std::memcpy(&y, b, sizeof y);
+    return std::isnan(x) && std::isnan(y);
+  }
+  return false;
+}
+
+// Element (i, j) of an R x C iteration shape in memory laid out as `inner` says: kUnit row-major,
+// kAny transposed (column-major), kZero one value per row (broadcast along the row).
+constexpr int64_t kRows = 7, kCols = 13, kElements = kRows * kCols;  // n % 4 == 3: a tail
+int64_t memory_index(Layout::Inner inner, int64_t i, int64_t j) {
+  return inner == Layout::kUnit ? i * kCols + j : inner == Layout::kAny ? j * kRows + i : i;
+}
+std::vector<int64_t> strides_of(Layout::Inner inner) {
+  return inner == Layout::kUnit  ? std::vector<int64_t>{kCols, 1}
+         : inner == Layout::kAny ? std::vector<int64_t>{1, kRows}
+                                 : std::vector<int64_t>{1, 0};
+}
+
+// The kernels (without transcendental functions) of random programs run from their CUDA source on
+// the host, flat and strided, with 32-bit and 64-bit indices, and by the LLVM emitter: bit-equal.
+TEST(CudaCodegen, GeneratedKernelsComputeWhatTheLlvmEmitterComputes) {
+  if (std::system("c++ --version > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "no host C++ compiler (c++) to run the generated kernels with";
+  struct Case {
+    Kernel kernel;
+    std::vector<uint64_t> scalars;
+    std::string what;
+    Layout flat, strided;
+  };
+  std::vector<Case> cases;
+  testing::RandomProgram gen(20261128);
+  for (int i = 0; i < 3000 && cases.size() < 250; ++i) {
+    Inputs in = gen.make_inputs();
+    Fn fn = gen.make_program(2 + i % 9);
+    if (testing::eager(fn, in).empty()) continue;
+    const Grouped grouped = groups_of(fn, in);
+    for (const FusionGroup& g : grouped.groups) {
+      if (g.rows || has_transcendental(g.kernel)) continue;
+      Case c{g.kernel, g.scalars, "program " + std::to_string(i), {}, {}};
+      const size_t inputs = g.kernel.input_types.size(), outputs = g.kernel.outputs.size();
+      c.flat.single_element.assign(inputs, false);
+      c.strided.flat = false;
+      c.strided.rank = 2;
+      // Inputs unit, transposed and broadcast in turn; outputs unit and transposed.
+      for (size_t p = 0; p < inputs; ++p)
+        c.strided.inner.push_back(static_cast<Layout::Inner>((p + cases.size()) % 3));
+      for (size_t o = 0; o < outputs; ++o)
+        c.strided.inner.push_back((o + cases.size()) % 2 ? Layout::kAny : Layout::kUnit);
+      cases.push_back(std::move(c));
+    }
+  }
+  ASSERT_GE(cases.size(), 150u);
+  const std::string dir = ::testing::TempDir() + "/kiln_cuda_host_" + std::to_string(getpid());
+  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  std::string unit = kHostShims;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const std::string id = std::to_string(c);
+    const std::string flat = fuser::cuda::cuda_source(cases[c].kernel, cases[c].flat, "kf" + id);
+    const std::string strided =
+        fuser::cuda::cuda_source(cases[c].kernel, cases[c].strided, "ks" + id);
+    if (c == 0) unit += flat.substr(0, flat.find("KILN_D void kiln_body("));
+    unit += host_kernel(cases[c].kernel, cases[c].flat, flat, "kf" + id, "flat" + id);
+    unit += host_kernel(cases[c].kernel, cases[c].strided, strided, "ks" + id, "strided" + id);
+  }
+  {
+    std::FILE* f = std::fopen((dir + "/kernels.cpp").c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(unit.data(), 1, unit.size(), f);
+    std::fclose(f);
+  }
+  // No contraction (as --fmad=false), no fast-math: IEEE arithmetic as the LLVM emitter's; the
+  // 4-wide loop reads float arrays through float4, as CUDA does.
+  const std::string command =
+      "c++ -std=c++17 -O1 -ffp-contract=off -fno-fast-math -fno-strict-aliasing -shared -fPIC "
+      "-o " +
+      dir + "/kernels.so " + dir + "/kernels.cpp > " + dir + "/log.txt 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << "the host compile failed: see " << dir;
+  void* lib = dlopen((dir + "/kernels.so").c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib, nullptr) << dlerror();
+  using HostFn =
+      void (*)(long long, int, int, const long long*, void* const*, const unsigned long long*);
+  std::mt19937_64 rng(11);
+  const auto n = static_cast<size_t>(kElements);
+  size_t compared = 0;
+  for (size_t c = 0; c < cases.size() && !HasFailure(); ++c) {
+    const Kernel& k = cases[c].kernel;
+    const Layout& strided = cases[c].strided;
+    const std::string id = std::to_string(c);
+    auto flat_fn = reinterpret_cast<HostFn>(dlsym(lib, ("flat" + id + "_run").c_str()));
+    auto strided_fn = reinterpret_cast<HostFn>(dlsym(lib, ("strided" + id + "_run").c_str()));
+    ASSERT_TRUE(flat_fn && strided_fn);
+    const size_t num_inputs = k.input_types.size(), num_ptrs = num_inputs + k.outputs.size();
+    // Each input's values as the flat kernels read them (row-major), and as the strided one does.
+    std::vector<std::vector<char> > flat_in, strided_in;
+    for (size_t p = 0; p < num_inputs; ++p) {
+      const DType t = k.input_types[p];
+      const size_t size = element_size(t);
+      const Layout::Inner inner = strided.inner[p];
+      std::vector<char> memory = test_values(t, inner == Layout::kZero ? kRows : n, rng);
+      std::vector<char> rows(n * size);
+      for (int64_t i = 0; i < kRows; ++i)
+        for (int64_t j = 0; j < kCols; ++j)
+          std::memcpy(rows.data() + (i * kCols + j) * size,
+                      memory.data() + memory_index(inner, i, j) * size, size);
+      flat_in.push_back(std::move(rows));
+      strided_in.push_back(std::move(memory));
+    }
+    auto outputs = [&] {
+      std::vector<std::vector<char> > out;
+      for (DType t : k.output_types) out.emplace_back(n * element_size(t), 0);
+      return out;
+    };
+    auto pointers = [&](std::vector<std::vector<char> >& in, std::vector<std::vector<char> >& out) {
+      std::vector<char*> ptrs;
+      for (auto& v : in) ptrs.push_back(v.data());
+      for (auto& v : out) ptrs.push_back(v.data());
+      return ptrs;
+    };
+    // The LLVM emitter's flat kernel gives the expected outputs, row-major.
+    Layout flat_layout = cases[c].flat;
+    const fuser::CompiledKernel cpu = fuser::cpu_kernel(k, flat_layout);
+    std::vector<std::vector<char> > want = outputs();
+    std::vector<char*> cpu_ptrs = pointers(flat_in, want);
+    cpu.fn(0, kElements, cpu_ptrs.data(), nullptr, nullptr, cases[c].scalars.data(), nullptr);
+    std::vector<long long> dims = {kRows, kCols};
+    for (size_t p = 0; p < num_ptrs; ++p)
+      for (int64_t st : strides_of(strided.inner[p])) dims.push_back(st);
+    const auto* scalars = reinterpret_cast<const unsigned long long*>(cases[c].scalars.data());
+    for (int run = 0; run < 5 && !HasFailure(); ++run) {
+      // flat: 32-bit 4-wide, 32-bit, 64-bit 4-wide; strided: 32-bit, 64-bit.
+      const bool is_flat = run < 3;
+      const int index32 = run == 2 || run == 4 ? 0 : 1, vec = run == 0 || run == 2;
+      std::vector<std::vector<char> > got = outputs();
+      std::vector<char*> ptrs = pointers(is_flat ? flat_in : strided_in, got);
+      (is_flat ? flat_fn : strided_fn)(kElements, index32, vec, dims.data(),
+                                       reinterpret_cast<void* const*>(ptrs.data()), scalars);
+      for (size_t o = 0; o < want.size(); ++o) {
+        const DType t = k.output_types[o];
+        const size_t size = element_size(t);
+        const Layout::Inner inner = is_flat ? Layout::kUnit : strided.inner[num_inputs + o];
+        for (int64_t e = 0; e < kElements; ++e) {
+          const int64_t m = memory_index(inner, e / kCols, e % kCols);
+          if (same_value(t, want[o].data() + e * size, got[o].data() + m * size)) continue;
+          ADD_FAILURE() << cases[c].what << " (" << (is_flat ? "flat" : "strided") << ", index32 "
+                        << index32 << ", vec " << vec << "), output " << o << ", element " << e
+                        << " differs\n"
+                        << k.str();
+          break;
+        }
+        ++compared;
+      }
+    }
+  }
+  dlclose(lib);
+  std::printf("%zu kernels, %zu outputs of %lld elements bit-equal to the LLVM emitter's\n",
+              cases.size(), compared, static_cast<long long>(kElements));
+}
+
+#endif  // KILN_HAS_CUDA
+
+}  // namespace
+}  // namespace kiln
