@@ -170,10 +170,14 @@ class CpuJit {
                  jit_->getDataLayout().getGlobalPrefix()),
              "adding the process's symbols"));
     wide_vectors_ = target_->getTargetFeatureString().contains("+avx512f");
+    // A full register of float lanes: LLVM's cost model picks 4 (see the loop metadata below).
+    vector_lanes_ = wide_vectors_                                         ? 16
+                    : target_->getTargetFeatureString().contains("+avx2") ? 8
+                                                                          : 0;
     // Everything besides the kernel that decides the machine code: part of every cache key.
     target_key_ = target_->getTargetTriple().str() + "|" + target_->getTargetCPU().str() + "|" +
                   target_->getTargetFeatureString().str() +
-                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 17";
+                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 18";
   }
 
   // The in-memory cache: a hit, else a kernel still loaded for someone who holds it, else one
@@ -409,7 +413,7 @@ class CpuJit {
     auto module = std::make_unique<llvm::Module>(name, *context);
     module->setDataLayout(jit_->getDataLayout());
     module->setTargetTriple(target_->getTargetTriple().str());
-    emit(*module, name, k, layout, wide_vectors_ ? 16 : 0);
+    emit(*module, name, k, layout, vector_lanes_);
     // The host's CPU and features on the function itself, so that every pass sees them, and
     // full-width vectors (LLVM prefers 256-bit ones on AVX-512 CPUs by default).
     for (llvm::Function& f : *module) {
@@ -480,7 +484,8 @@ class CpuJit {
     return std::string(buffer.data(), buffer.size());
   }
   std::string target_key_;
-  bool wide_vectors_ = false;  // AVX-512: 16 float lanes
+  bool wide_vectors_ = false;  // AVX-512
+  int vector_lanes_ = 0;       // float lanes of a vector register (AVX-512 16, AVX2 8), or 0
 
   std::unique_ptr<llvm::TargetMachine> target_;
   std::unique_ptr<llvm::orc::LLJIT> jit_;
