@@ -1184,6 +1184,16 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
             } else if (st.k >= 0 &&
                        (ps == kept_shape(st.shape, st.k) || ps == dropped_shape(st.shape, st.k))) {
               pr = Role::kRow;
+            } else if (st.k < 0 && broadcasts_to(ps, st.shape) && detail::shape_numel(ps) == 1 &&
+                       detail::shape_numel(st.shape) > 1) {
+              // A one-element value (an optimizer's bias correction from its step count) is
+              // computed once, by a step of its own, rather than once per element: recomputed,
+              // a pow of it stays a libm call per element and keeps the loop from vectorizing.
+              refuse(p, [&] {
+                return "a one-element value is computed once, not per element of " +
+                       detail::shape_str(st.shape);
+              });
+              continue;
             } else if (st.k < 0 && broadcasts_to(ps, st.shape) && only_inside &&
                        !graph.is_output(p->output())) {
               // A producer of a smaller shape that broadcasts to the group's is recomputed for
