@@ -404,11 +404,12 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
   // A .grad the function replaces without reading it (zero_grad, then backward) is dropped before
   // the run, as eager mode drops it at zero_grad: the old and the new gradients are never held
   // together.
-  absl::flat_hash_set<const detail::Storage*> read;
-  for (const Tensor& a : args)
-    if (a.defined()) read.insert(a.impl()->storage.get());
+  absl::flat_hash_set<const detail::Storage*> read;  // filled at the first .grad output only
   for (size_t k = 0; k < s.kinds.size(); ++k) {
     if (s.kinds[k] != OutputKind::Grad) continue;
+    if (read.empty())
+      for (const Tensor& a : args)
+        if (a.defined()) read.insert(a.impl()->storage.get());
     Tensor& old = s.grad_leaves[k]->autograd->grad;
     if (old.defined() && !read.contains(old.impl()->storage.get())) old = Tensor();
   }
