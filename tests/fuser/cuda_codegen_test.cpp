@@ -91,6 +91,7 @@ void expect_compiles(const Kernel& k, const Layout& layout, const std::string& w
   std::string source;
   try {
     source = fuser::cuda::cuda_source(k, layout, symbol);
+    if (std::getenv("KILN_TEST_PRINT")) std::printf("%s\n%s\n", k.str().c_str(), source.c_str());
     const fuser::cuda::CudaCompiled ptx = fuser::cuda::nvrtc_compile(
         source, symbol, kSm, CudaOutput::kPtx, fuser::cuda::cuda_compile_options());
     EXPECT_EQ(ptx.log, "") << what << "\n" << k.str() << "\n" << source;
@@ -331,25 +332,95 @@ TEST(CudaCodegen, ACompileErrorCarriesNvrtcsLog) {
   }
 }
 
-// Rows kernels (reductions) are not generated for CUDA yet: a clear error, not wrong code.
-TEST(CudaCodegen, RowsKernelsRaiseAClearError) {
-  Fn fn = [](const Inputs& in) { return Inputs{softmax(in[0] * 2.0, -1)}; };
-  const std::vector<FusionGroup> groups = groups_of(fn, {testing::input({4, 8})}).groups;
-  ASSERT_EQ(groups.size(), 1u);
-  ASSERT_TRUE(groups[0].rows);
+// ------------------------------------------------------------------------ rows kernels
+// The rows layout a rows group's kernel is generated for: the group's outer dims, each input read
+// per row (broadcast against the kept dims) with a zero stride along the row, the others unit,
+// any and zero in turn (`turn` shifts the pattern); element-level outputs unit or any, the others
+// (row-level, global, column) zero.
+Layout rows_layout_of(const Kernel& k, const FusionGroup& g, size_t turn = 0) {
   Layout rows;
   rows.flat = false;
   rows.rows = true;
-  rows.rank = 1;
-  rows.inner.assign(groups[0].kernel.input_types.size() + groups[0].kernel.outputs.size(),
-                    Layout::kUnit);
-  try {
-    fuser::cuda::cuda_source(groups[0].kernel, rows, "kiln_rows");
-    ADD_FAILURE() << "a rows kernel was generated";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rows kernels are not generated for CUDA yet"),
-              std::string::npos)
-        << e.what();
+  rows.rank = static_cast<int32_t>(g.shape.size()) - g.reduced_dims;
+  const std::vector<fuser::Level> level = fuser::instr_levels(k);
+  for (size_t p = 0; p < k.input_types.size(); ++p) {
+    const bool outer = p < g.input_outer.size() && g.input_outer[p];
+    rows.inner.push_back(outer ? Layout::kZero : static_cast<Layout::Inner>((p + turn + 1) % 3));
+  }
+  for (size_t o = 0; o < k.outputs.size(); ++o) {
+    const fuser::Level l = level[static_cast<size_t>(k.outputs[o])];
+    const bool element = l == fuser::Level::kElement ||
+                         (o < k.output_per_element.size() && k.output_per_element[o] &&
+                          (l == fuser::Level::kRow || l == fuser::Level::kConst));
+    rows.inner.push_back(!element ? Layout::kZero : (o + turn) % 2 ? Layout::kAny : Layout::kUnit);
+  }
+  return rows;
+}
+
+// Compiles every rows group of fn's plan (two layouts each) to PTX; returns the groups compiled.
+int compile_rows_groups(const Fn& fn, const Inputs& inputs, const std::string& what) {
+  const Grouped grouped = groups_of(fn, inputs);
+  int compiled = 0;
+  for (const FusionGroup& g : grouped.groups) {
+    if (!g.rows) continue;
+    for (size_t turn = 0; turn < 2; ++turn)
+      expect_compiles(g.kernel, rows_layout_of(g.kernel, g, turn),
+                      what + ", rows layout " + std::to_string(turn));
+    ++compiled;
+  }
+  return compiled;
+}
+
+// The fused rows kernels of the models: softmax, log_softmax, layer_norm, cross entropy (mean
+// over the batch: a global reduction of row losses), GELU then a sum, global sum and mean, and
+// column sums (a broadcast bias's gradient), in float32 and float64, to PTX without a warning.
+TEST(CudaCodegen, ModelRowsKernelsCompileForSm90) {
+  for (DType dtype : {kFloat32, kFloat64}) {
+    const std::string t = dtype_name(dtype);
+    Tensor x = testing::input({6, 40}, dtype, -3, 3);
+    Tensor w = testing::input({40}, dtype), b = testing::input({40}, dtype);
+    Tensor onehot = testing::input({6, 40}, dtype, 0, 1);
+    struct Model {
+      std::string name;
+      Fn fn;
+      Inputs inputs;
+    };
+    const std::vector<Model> models = {
+        {"softmax", [](const Inputs& in) { return Inputs{softmax(in[0] * 2.0, -1)}; }, {x}},
+        {"log_softmax", [](const Inputs& in) { return Inputs{log_softmax(in[0] + 1.0, -1)}; }, {x}},
+        {"layer_norm",
+         [](const Inputs& in) {
+           Tensor mean = in[0].mean({-1}, true);
+           Tensor d = in[0] - mean;
+           Tensor var = (d * d).mean({-1}, true);
+           return Inputs{d / sqrt(var + 1e-5) * in[1] + in[2]};
+         },
+         {x, w, b}},
+        {"cross_entropy",
+         [](const Inputs& in) {
+           Tensor m = in[0].amax({-1}, true);
+           Tensor lse = log(exp(in[0] - m).sum({-1}, true)) + m;
+           return Inputs{((lse - in[0]) * in[1]).sum({-1}).mean()};
+         },
+         {x, onehot}},
+        {"gelu_sum", [](const Inputs& in) { return Inputs{gelu(in[0], "none").sum({-1})}; }, {x}},
+        {"global_sum_mean",
+         [](const Inputs& in) {
+           Tensor e = exp(in[0]);
+           return Inputs{e.sum(), (in[0] * 3.0).mean()};
+         },
+         {x}},
+        {"column_sums",
+         [](const Inputs& in) {
+           Tensor g = tanh(in[0]) * in[1];
+           return Inputs{g, g.sum({0})};
+         },
+         {x, w}},
+    };
+    for (const Model& m : models) {
+      const int groups = compile_rows_groups(m.fn, m.inputs, m.name + " of " + t);
+      EXPECT_GE(groups, 1) << m.name << " of " << t << " has no rows kernel";
+    }
   }
 }
 
