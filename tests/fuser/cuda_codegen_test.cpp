@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <set>
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <thread>
 
 #include "fuser/codegen/cuda/cuda_codegen.h"
 #include "fuser/codegen/cuda/nvrtc.h"
@@ -357,24 +359,70 @@ Layout rows_layout_of(const Kernel& k, const FusionGroup& g, size_t turn = 0) {
   return rows;
 }
 
-// Compiles every rows group of fn's plan (two layouts each) to PTX; returns the groups compiled.
-int compile_rows_groups(const Fn& fn, const Inputs& inputs, const std::string& what) {
+// A rows group's kernel, as the tests below generate and run it.
+struct RowsCase {
+  Kernel kernel;
+  std::vector<uint64_t> scalars;
+  std::vector<bool> input_outer;
+  int rank = 0;  // outer dims
+  std::string what;
+  Layout layout;  // for the PTX compile
+};
+// The rows groups of fn's plan (those with a kernel: at least one reduction).
+std::vector<RowsCase> rows_cases_of(const Fn& fn, const Inputs& inputs, const std::string& what,
+                                    size_t turn = 0) {
   const Grouped grouped = groups_of(fn, inputs);
-  int compiled = 0;
+  std::vector<RowsCase> out;
   for (const FusionGroup& g : grouped.groups) {
     if (!g.rows) continue;
-    for (size_t turn = 0; turn < 2; ++turn)
-      expect_compiles(g.kernel, rows_layout_of(g.kernel, g, turn),
-                      what + ", rows layout " + std::to_string(turn));
-    ++compiled;
+    const int rank = static_cast<int>(g.shape.size()) - g.reduced_dims;
+    out.push_back({g.kernel, g.scalars, g.input_outer, rank, what,
+                   rows_layout_of(g.kernel, g, turn + out.size())});
   }
-  return compiled;
+  return out;
+}
+
+// Compiles the cases to PTX for sm_90 (no error, no warning, the entry points defined), on two
+// threads (NVRTC is thread-safe; a rows kernel takes it about 0.15 s). Failures are reported from
+// this thread.
+void compile_rows_cases(const std::vector<RowsCase>& cases) {
+  std::vector<std::string> failures(cases.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < cases.size(); i = next++) {
+      const RowsCase& c = cases[i];
+      const std::string symbol = symbol_of(c.kernel);
+      std::string source;
+      try {
+        source = fuser::cuda::cuda_source(c.kernel, c.layout, symbol);
+        const fuser::cuda::CudaCompiled ptx = fuser::cuda::nvrtc_compile(
+            source, symbol, kSm, CudaOutput::kPtx, fuser::cuda::cuda_compile_options());
+        std::string missing;
+        std::vector<std::string> entries = {symbol};
+        if (c.kernel.num_globals > 0) entries.push_back(symbol + "_finish");
+        if (c.kernel.num_columns() > 0) entries.push_back(symbol + "_columns");
+        for (const std::string& e : entries)
+          if (ptx.code.find(".entry " + e + "(") == std::string::npos) missing += " " + e;
+        if (!ptx.log.empty() || !missing.empty())
+          failures[i] = "log: " + ptx.log + "\nmissing entries:" + missing;
+      } catch (const Error& e) {
+        failures[i] = e.what();
+      }
+      if (!failures[i].empty()) failures[i] += "\n" + c.kernel.str() + "\n" + source;
+    }
+  };
+  std::thread helper(work);
+  work();
+  helper.join();
+  for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(failures[i], "") << cases[i].what;
 }
 
 // The fused rows kernels of the models: softmax, log_softmax, layer_norm, cross entropy (mean
 // over the batch: a global reduction of row losses), GELU then a sum, global sum and mean, and
-// column sums (a broadcast bias's gradient), in float32 and float64, to PTX without a warning.
-TEST(CudaCodegen, ModelRowsKernelsCompileForSm90) {
+// column sums (a broadcast bias's gradient, and a layer_norm-like backward's weight and bias
+// gradients), in float32 and float64.
+std::vector<RowsCase> model_cases() {
+  std::vector<RowsCase> cases;
   for (DType dtype : {kFloat32, kFloat64}) {
     const std::string t = dtype_name(dtype);
     Tensor x = testing::input({6, 40}, dtype, -3, 3);
@@ -410,18 +458,254 @@ TEST(CudaCodegen, ModelRowsKernelsCompileForSm90) {
            return Inputs{e.sum(), (in[0] * 3.0).mean()};
          },
          {x}},
-        {"column_sums",
+        {"bias_grad",
          [](const Inputs& in) {
            Tensor g = tanh(in[0]) * in[1];
            return Inputs{g, g.sum({0})};
          },
          {x, w}},
+        {"layer_norm_backward_columns",
+         [](const Inputs& in) {
+           Tensor xhat = in[0] - in[0].mean({-1}, true);
+           Tensor g = in[1] * 0.5;
+           return Inputs{g * xhat, (g * xhat).sum({0}), g.sum({0})};
+         },
+         {x, onehot}},
     };
     for (const Model& m : models) {
-      const int groups = compile_rows_groups(m.fn, m.inputs, m.name + " of " + t);
-      EXPECT_GE(groups, 1) << m.name << " of " << t << " has no rows kernel";
+      std::vector<RowsCase> got = rows_cases_of(m.fn, m.inputs, m.name + " of " + t);
+      EXPECT_GE(got.size(), 1u) << m.name << " of " << t << " has no rows kernel";
+      cases.insert(cases.end(), got.begin(), got.end());
     }
   }
+  return cases;
+}
+
+TEST(CudaCodegen, ModelRowsKernelsCompileForSm90) {
+  compile_rows_cases(model_cases());
+}
+
+// Every reduction op of the op table with a formula, in every dtype it takes, over the last dim
+// (row reductions), every dim (global) and the leading dim (a column exit where the op can be
+// one), after an elementwise op so that they fuse.
+std::vector<RowsCase> reduction_op_cases(std::set<std::string>& ops) {
+  using detail::AttrValue;
+  std::vector<RowsCase> cases;
+  for (const detail::OpDef* def : detail::all_ops()) {
+    if (def->kind != detail::OpKind::Reduction || !def->formula) continue;
+    ops.insert(def->name);
+    for (DType dtype : {kFloat32, kFloat64, kInt32, kInt64, kBool}) {
+      for (int form = 0; form < 3; ++form) {
+        // dims: [-1], every dim, [0]; the other attributes as each op names them.
+        std::vector<int64_t> dims = form == 0   ? std::vector<int64_t>{1}
+                                    : form == 1 ? std::vector<int64_t>{}
+                                                : std::vector<int64_t>{0};
+        detail::Attrs attrs;
+        for (const std::string& name : def->attr_names) {
+          if (name == "dims")
+            attrs.push_back(AttrValue(dims));
+          else if (name == "keepdim")
+            attrs.push_back(AttrValue(form == 0));
+          else if (name == "correction")
+            attrs.push_back(AttrValue(int64_t{1}));
+          else
+            attrs.push_back(AttrValue());  // dtype: none
+        }
+        if (def->attr_names.empty() && form != 1) continue;  // max() and min(): every dim
+        Inputs in = {testing::input({5, 7}, dtype, -3, 3), testing::input({5, 7}, kBool)};
+        Fn fn = [def, attrs](const Inputs& in) {
+          return Inputs{def->invoke({where(in[1], in[0], in[0])}, attrs).at(0)};
+        };
+        try {
+          std::vector<RowsCase> got = rows_cases_of(
+              fn, in, def->name + " of " + dtype_name(dtype) + ", form " + std::to_string(form),
+              static_cast<size_t>(form));
+          cases.insert(cases.end(), got.begin(), got.end());
+        } catch (const Error&) {
+          // The op does not take this dtype (mean of integers, ...).
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+TEST(CudaCodegen, EveryReductionOpCompilesForSm90) {
+  std::set<std::string> ops;
+  const std::vector<RowsCase> cases = reduction_op_cases(ops);
+  std::set<std::string> fused;
+  int globals = 0, columns = 0;
+  for (const RowsCase& c : cases) {
+    fused.insert(c.what.substr(0, c.what.find(' ')));
+    globals += c.kernel.num_globals > 0;
+    columns += c.kernel.num_columns() > 0;
+  }
+  for (const std::string& op : ops) EXPECT_EQ(fused.count(op), 1u) << op << " was not fused";
+  EXPECT_GE(ops.size(), 8u);
+  EXPECT_GE(globals, 10);
+  EXPECT_GE(columns, 10);
+  compile_rows_cases(cases);
+  std::printf(
+      "%zu reduction ops, %zu rows kernels (%d with global, %d with column reductions) "
+      "compiled to PTX\n",
+      ops.size(), cases.size(), globals, columns);
+}
+
+// Random programs mixing elementwise ops with reductions, as reduce_fusion_test.cpp's
+// RandomReductionProgram makes them (its recording only: sum, mean, amax, amin, max(), min(),
+// logsumexp, var and std over the last dim, the last two, every dim, or the leading one or two,
+// with or without keepdim, results often broadcast back into the rows), on 1-3 random inputs of
+// rank 0-3 with 0- and 1-sized dims, of every dtype, some non-contiguous.
+class RandomReduction {
+ public:
+  explicit RandomReduction(uint64_t seed) : rng_(seed) {}
+  Inputs make_inputs() {
+    return testing::random_inputs(
+        rng_, {{0, 1, 2, 3, 5, 8, 17, 33},
+               {kFloat32, kFloat32, kFloat32, kFloat64, kFloat64, kInt32, kInt64, kBool},
+               20,
+               4,
+               5});
+  }
+  Fn make_program(int ops) {
+    std::vector<int> choice;
+    for (int i = 0; i < ops * 12 + 16; ++i) choice.push_back(static_cast<int>(rng_() % (1u << 20)));
+    return [choice, ops](const Inputs& in) {
+      std::vector<Tensor> values(in.begin(), in.end());
+      size_t c = 0;
+      auto next = [&](int n) { return choice[c++ % choice.size()] % n; };
+      auto operand = [&]() -> Tensor {
+        const int n = static_cast<int>(values.size());
+        const int back = next(3) ? next(std::min(n, 3)) : next(n);
+        return values[static_cast<size_t>(n - 1 - back)];
+      };
+      int reductions = 0;
+      for (int i = 0; i < ops || (reductions == 0 && i < ops + 6); ++i) {
+        try {
+          if (next(5) < 2 || i >= ops) {
+            reduce(operand(), next, values);
+            ++reductions;
+          } else {
+            int op = next(testing::kElementwiseOps);
+            if (testing::reads_values_of_b(op)) op = op == 42 ? 43 : 38;
+            const Tensor a = operand(), b = operand();
+            values.push_back(testing::elementwise_op(op, a, b, next(7)));
+          }
+        } catch (const Error&) {
+          // The op does not take these operands: eager and lazy mode agree on that.
+        }
+      }
+      Inputs out;
+      for (size_t k = std::max(in.size(), values.size() > 3 ? values.size() - 3 : 0);
+           k < values.size(); ++k) {
+        bool seen = false;
+        for (const Tensor& t : in) seen |= values[k].is_same(t);
+        for (const Tensor& t : out) seen |= values[k].is_same(t);
+        if (!seen) out.push_back(values[k]);
+      }
+      return out;
+    };
+  }
+
+ private:
+  template <typename Next>
+  static void reduce(const Tensor& x, Next& next, std::vector<Tensor>& values) {
+    const int64_t rank = x.dim();
+    std::vector<int64_t> dims;
+    const int d = next(10);
+    if (rank == 0 || d == 5 || d == 6)
+      dims = {};
+    else if ((d == 7 || d == 8) && rank >= 2)
+      dims = {0};
+    else if (d == 9 && rank >= 3)
+      dims = {0, 1};
+    else if ((d == 3 || d == 4) && rank >= 2)
+      dims = {-2, -1};
+    else
+      dims = {-1};
+    const bool keepdim = next(2) == 1;
+    const int op = next(9);
+    Tensor r;
+    switch (op) {
+      case 0:
+        r = x.sum(dims, keepdim);
+        break;
+      case 1:
+        r = x.mean(dims, keepdim);
+        break;
+      case 2:
+        r = x.amax(dims, keepdim);
+        break;
+      case 3:
+        r = x.amin(dims, keepdim);
+        break;
+      case 4:
+        r = next(2) ? x.max() : x.min();
+        break;
+      case 5:
+      case 6:
+        r = x.logsumexp(dims, keepdim);
+        break;
+      case 7:
+        r = x.var(dims, next(3), keepdim);
+        break;
+      default:
+        r = x.std(dims, next(3), keepdim);
+        break;
+    }
+    values.push_back(r);
+    const bool whole = r.dim() == 0;
+    if (next(4) == 0 || (!keepdim && !whole && dims != std::vector<int64_t>{-1})) return;
+    const Tensor back = !keepdim && !whole ? r.unsqueeze(-1) : r;
+    switch (next(4)) {
+      case 0:
+        values.push_back(x - back);
+        break;
+      case 1:
+        values.push_back(x / (back.abs() + 1.0));
+        break;
+      case 2:
+        values.push_back((x - back).exp());
+        break;
+      default:
+        values.push_back(back * 2.0 + x);
+        break;
+    }
+  }
+  std::mt19937_64 rng_;
+};
+
+// The rows kernels of random reduction programs, until `count` programs gave at least one.
+std::vector<RowsCase> random_reduction_cases(uint64_t seed, int count) {
+  RandomReduction gen(seed);
+  std::vector<RowsCase> cases;
+  int programs = 0;
+  for (int i = 0; i < 50 * count && programs < count; ++i) {
+    Inputs in = gen.make_inputs();
+    Fn fn = gen.make_program(2 + i % 7);
+    if (testing::eager(fn, in).empty()) continue;
+    std::vector<RowsCase> got =
+        rows_cases_of(fn, in, "seed " + std::to_string(seed) + ", program " + std::to_string(i),
+                      static_cast<size_t>(i));
+    programs += !got.empty();
+    cases.insert(cases.end(), got.begin(), got.end());
+  }
+  EXPECT_GE(programs, count);
+  return cases;
+}
+
+TEST(CudaCodegen, RandomReductionProgramsCompileForSm90) {
+  const std::vector<RowsCase> cases = random_reduction_cases(20261129, 40);
+  int globals = 0, columns = 0;
+  for (const RowsCase& c : cases) {
+    globals += c.kernel.num_globals > 0;
+    columns += c.kernel.num_columns() > 0;
+  }
+  compile_rows_cases(cases);
+  std::printf(
+      "%zu rows kernels of random programs (%d with global, %d with column reductions) "
+      "compiled to PTX\n",
+      cases.size(), globals, columns);
 }
 
 // A launcher's index32 and vec: 32-bit only while every index and offset fits, 4-wide only for
