@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <set>
@@ -19,8 +20,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <random>
+#include <thread>
 
 #include "fuser/codegen/cuda/cuda_codegen.h"
 #include "fuser/codegen/cuda/nvrtc.h"
@@ -331,26 +334,378 @@ TEST(CudaCodegen, ACompileErrorCarriesNvrtcsLog) {
   }
 }
 
-// Rows kernels (reductions) are not generated for CUDA yet: a clear error, not wrong code.
-TEST(CudaCodegen, RowsKernelsRaiseAClearError) {
-  Fn fn = [](const Inputs& in) { return Inputs{softmax(in[0] * 2.0, -1)}; };
-  const std::vector<FusionGroup> groups = groups_of(fn, {testing::input({4, 8})}).groups;
-  ASSERT_EQ(groups.size(), 1u);
-  ASSERT_TRUE(groups[0].rows);
+// ------------------------------------------------------------------------ rows kernels
+// The rows layout a rows group's kernel is generated for: the group's outer dims, each input read
+// per row (broadcast against the kept dims) with a zero stride along the row, the others unit,
+// any and zero in turn (`turn` shifts the pattern); element-level outputs unit or any, the others
+// (row-level, global, column) zero.
+Layout rows_layout_of(const Kernel& k, const FusionGroup& g, size_t turn = 0) {
   Layout rows;
   rows.flat = false;
   rows.rows = true;
-  rows.rank = 1;
-  rows.inner.assign(groups[0].kernel.input_types.size() + groups[0].kernel.outputs.size(),
-                    Layout::kUnit);
-  try {
-    fuser::cuda::cuda_source(groups[0].kernel, rows, "kiln_rows");
-    ADD_FAILURE() << "a rows kernel was generated";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rows kernels are not generated for CUDA yet"),
-              std::string::npos)
-        << e.what();
+  rows.rank = static_cast<int32_t>(g.shape.size()) - g.reduced_dims;
+  const std::vector<fuser::Level> level = fuser::instr_levels(k);
+  for (size_t p = 0; p < k.input_types.size(); ++p) {
+    const bool outer = p < g.input_outer.size() && g.input_outer[p];
+    rows.inner.push_back(outer ? Layout::kZero : static_cast<Layout::Inner>((p + turn + 1) % 3));
   }
+  for (size_t o = 0; o < k.outputs.size(); ++o) {
+    const fuser::Level l = level[static_cast<size_t>(k.outputs[o])];
+    const bool element = l == fuser::Level::kElement ||
+                         (o < k.output_per_element.size() && k.output_per_element[o] &&
+                          (l == fuser::Level::kRow || l == fuser::Level::kConst));
+    rows.inner.push_back(!element ? Layout::kZero : (o + turn) % 2 ? Layout::kAny : Layout::kUnit);
+  }
+  return rows;
+}
+
+// A rows group's kernel, as the tests below generate and run it.
+struct RowsCase {
+  Kernel kernel;
+  std::vector<uint64_t> scalars;
+  std::vector<bool> input_outer;
+  int rank = 0;  // outer dims
+  std::string what;
+  Layout layout;  // for the PTX compile
+};
+// The rows groups of fn's plan (those with a kernel: at least one reduction).
+std::vector<RowsCase> rows_cases_of(const Fn& fn, const Inputs& inputs, const std::string& what,
+                                    size_t turn = 0) {
+  const Grouped grouped = groups_of(fn, inputs);
+  std::vector<RowsCase> out;
+  for (const FusionGroup& g : grouped.groups) {
+    if (!g.rows) continue;
+    const int rank = static_cast<int>(g.shape.size()) - g.reduced_dims;
+    out.push_back({g.kernel, g.scalars, g.input_outer, rank, what,
+                   rows_layout_of(g.kernel, g, turn + out.size())});
+  }
+  return out;
+}
+
+// Compiles the cases to PTX for sm_90 (no error, no warning, the entry points defined), on two
+// threads (NVRTC is thread-safe; a rows kernel takes it about 0.15 s). Failures are reported from
+// this thread.
+void compile_rows_cases(const std::vector<RowsCase>& cases) {
+  std::vector<std::string> failures(cases.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < cases.size(); i = next++) {
+      const RowsCase& c = cases[i];
+      const std::string symbol = symbol_of(c.kernel);
+      std::string source;
+      try {
+        source = fuser::cuda::cuda_source(c.kernel, c.layout, symbol);
+        const fuser::cuda::CudaCompiled ptx = fuser::cuda::nvrtc_compile(
+            source, symbol, kSm, CudaOutput::kPtx, fuser::cuda::cuda_compile_options());
+        std::string missing;
+        std::vector<std::string> entries = {symbol};
+        if (c.kernel.num_globals > 0) entries.push_back(symbol + "_finish");
+        if (c.kernel.num_columns() > 0) entries.push_back(symbol + "_columns");
+        for (const std::string& e : entries)
+          if (ptx.code.find(".entry " + e + "(") == std::string::npos) missing += " " + e;
+        if (!ptx.log.empty() || !missing.empty())
+          failures[i] = "log: " + ptx.log + "\nmissing entries:" + missing;
+      } catch (const Error& e) {
+        failures[i] = e.what();
+      }
+      if (!failures[i].empty()) failures[i] += "\n" + c.kernel.str() + "\n" + source;
+    }
+  };
+  std::thread helper(work);
+  work();
+  helper.join();
+  for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(failures[i], "") << cases[i].what;
+}
+
+// The fused rows kernels of the models: softmax, log_softmax, layer_norm, cross entropy (mean
+// over the batch: a global reduction of row losses), GELU then a sum, global sum and mean, and
+// column sums (a broadcast bias's gradient, and a layer_norm-like backward's weight and bias
+// gradients), in float32 and float64.
+std::vector<RowsCase> model_cases() {
+  std::vector<RowsCase> cases;
+  for (DType dtype : {kFloat32, kFloat64}) {
+    const std::string t = dtype_name(dtype);
+    Tensor x = testing::input({6, 40}, dtype, -3, 3);
+    Tensor w = testing::input({40}, dtype), b = testing::input({40}, dtype);
+    Tensor onehot = testing::input({6, 40}, dtype, 0, 1);
+    struct Model {
+      std::string name;
+      Fn fn;
+      Inputs inputs;
+    };
+    const std::vector<Model> models = {
+        {"softmax", [](const Inputs& in) { return Inputs{softmax(in[0] * 2.0, -1)}; }, {x}},
+        {"log_softmax", [](const Inputs& in) { return Inputs{log_softmax(in[0] + 1.0, -1)}; }, {x}},
+        {"layer_norm",
+         [](const Inputs& in) {
+           Tensor mean = in[0].mean({-1}, true);
+           Tensor d = in[0] - mean;
+           Tensor var = (d * d).mean({-1}, true);
+           return Inputs{d / sqrt(var + 1e-5) * in[1] + in[2]};
+         },
+         {x, w, b}},
+        {"cross_entropy",
+         [](const Inputs& in) {
+           Tensor m = in[0].amax({-1}, true);
+           Tensor lse = log(exp(in[0] - m).sum({-1}, true)) + m;
+           return Inputs{((lse - in[0]) * in[1]).sum({-1}).mean()};
+         },
+         {x, onehot}},
+        {"gelu_sum", [](const Inputs& in) { return Inputs{gelu(in[0], "none").sum({-1})}; }, {x}},
+        {"global_sum_mean",
+         [](const Inputs& in) {
+           Tensor e = exp(in[0]);
+           return Inputs{e.sum(), (in[0] * 3.0).mean()};
+         },
+         {x}},
+        {"bias_grad",
+         [](const Inputs& in) {
+           Tensor g = tanh(in[0]) * in[1];
+           return Inputs{g, g.sum({0})};
+         },
+         {x, w}},
+        {"layer_norm_backward_columns",
+         [](const Inputs& in) {
+           Tensor xhat = in[0] - in[0].mean({-1}, true);
+           Tensor g = in[1] * 0.5;
+           return Inputs{g * xhat, (g * xhat).sum({0}), g.sum({0})};
+         },
+         {x, onehot}},
+    };
+    for (const Model& m : models) {
+      std::vector<RowsCase> got = rows_cases_of(m.fn, m.inputs, m.name + " of " + t);
+      EXPECT_GE(got.size(), 1u) << m.name << " of " << t << " has no rows kernel";
+      cases.insert(cases.end(), got.begin(), got.end());
+    }
+  }
+  return cases;
+}
+
+TEST(CudaCodegen, ModelRowsKernelsCompileForSm90) {
+  compile_rows_cases(model_cases());
+}
+
+// Every reduction op of the op table with a formula, in every dtype it takes, over the last dim
+// (row reductions), every dim (global) and the leading dim (a column exit where the op can be
+// one), after an elementwise op so that they fuse.
+std::vector<RowsCase> reduction_op_cases(std::set<std::string>& ops) {
+  using detail::AttrValue;
+  std::vector<RowsCase> cases;
+  for (const detail::OpDef* def : detail::all_ops()) {
+    if (def->kind != detail::OpKind::Reduction || !def->formula) continue;
+    ops.insert(def->name);
+    for (DType dtype : {kFloat32, kFloat64, kInt32, kInt64, kBool}) {
+      for (int form = 0; form < 3; ++form) {
+        // dims: [-1], every dim, [0]; the other attributes as each op names them.
+        std::vector<int64_t> dims = form == 0   ? std::vector<int64_t>{1}
+                                    : form == 1 ? std::vector<int64_t>{}
+                                                : std::vector<int64_t>{0};
+        detail::Attrs attrs;
+        for (const std::string& name : def->attr_names) {
+          if (name == "dims")
+            attrs.push_back(AttrValue(dims));
+          else if (name == "keepdim")
+            attrs.emplace_back(form == 0);
+          else if (name == "correction")
+            attrs.push_back(AttrValue(int64_t{1}));
+          else
+            attrs.push_back(AttrValue());  // dtype: none
+        }
+        if (def->attr_names.empty() && form != 1) continue;  // max() and min(): every dim
+        Inputs in = {testing::input({5, 7}, dtype, -3, 3), testing::input({5, 7}, kBool)};
+        Fn fn = [def, attrs](const Inputs& in) {
+          return Inputs{def->invoke({where(in[1], in[0], in[0])}, attrs).at(0)};
+        };
+        try {
+          std::vector<RowsCase> got = rows_cases_of(
+              fn, in, def->name + " of " + dtype_name(dtype) + ", form " + std::to_string(form),
+              static_cast<size_t>(form));
+          cases.insert(cases.end(), got.begin(), got.end());
+        } catch (const Error&) {
+          // The op does not take this dtype (mean of integers, ...).
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+TEST(CudaCodegen, EveryReductionOpCompilesForSm90) {
+  std::set<std::string> ops;
+  const std::vector<RowsCase> cases = reduction_op_cases(ops);
+  std::set<std::string> fused;
+  int globals = 0, columns = 0;
+  for (const RowsCase& c : cases) {
+    fused.insert(c.what.substr(0, c.what.find(' ')));
+    globals += c.kernel.num_globals > 0;
+    columns += c.kernel.num_columns() > 0;
+  }
+  for (const std::string& op : ops) EXPECT_EQ(fused.count(op), 1u) << op << " was not fused";
+  EXPECT_GE(ops.size(), 8u);
+  EXPECT_GE(globals, 10);
+  EXPECT_GE(columns, 10);
+  compile_rows_cases(cases);
+  std::printf(
+      "%zu reduction ops, %zu rows kernels (%d with global, %d with column reductions) "
+      "compiled to PTX\n",
+      ops.size(), cases.size(), globals, columns);
+}
+
+// Random programs mixing elementwise ops with reductions, as reduce_fusion_test.cpp's
+// RandomReductionProgram makes them (its recording only: sum, mean, amax, amin, max(), min(),
+// logsumexp, var and std over the last dim, the last two, every dim, or the leading one or two,
+// with or without keepdim, results often broadcast back into the rows), on 1-3 random inputs of
+// rank 0-3 with 0- and 1-sized dims, of every dtype, some non-contiguous.
+class RandomReduction {
+ public:
+  explicit RandomReduction(uint64_t seed) : rng_(seed) {}
+  Inputs make_inputs() {
+    return testing::random_inputs(
+        rng_, {{0, 1, 2, 3, 5, 8, 17, 33},
+               {kFloat32, kFloat32, kFloat32, kFloat64, kFloat64, kInt32, kInt64, kBool},
+               20,
+               4,
+               5});
+  }
+  Fn make_program(int ops) {
+    std::vector<int> choice;
+    for (int i = 0; i < ops * 12 + 16; ++i) choice.push_back(static_cast<int>(rng_() % (1u << 20)));
+    return [choice, ops](const Inputs& in) {
+      std::vector<Tensor> values(in.begin(), in.end());
+      size_t c = 0;
+      auto next = [&](int n) { return choice[c++ % choice.size()] % n; };
+      auto operand = [&]() -> Tensor {
+        const int n = static_cast<int>(values.size());
+        const int back = next(3) ? next(std::min(n, 3)) : next(n);
+        return values[static_cast<size_t>(n - 1 - back)];
+      };
+      int reductions = 0;
+      for (int i = 0; i < ops || (reductions == 0 && i < ops + 6); ++i) {
+        try {
+          if (next(5) < 2 || i >= ops) {
+            reduce(operand(), next, values);
+            ++reductions;
+          } else {
+            int op = next(testing::kElementwiseOps);
+            if (testing::reads_values_of_b(op)) op = op == 42 ? 43 : 38;
+            const Tensor a = operand(), b = operand();
+            values.push_back(testing::elementwise_op(op, a, b, next(7)));
+          }
+        } catch (const Error&) {
+          // The op does not take these operands: eager and lazy mode agree on that.
+        }
+      }
+      Inputs out;
+      for (size_t k = std::max(in.size(), values.size() > 3 ? values.size() - 3 : 0);
+           k < values.size(); ++k) {
+        bool seen = false;
+        for (const Tensor& t : in) seen |= values[k].is_same(t);
+        for (const Tensor& t : out) seen |= values[k].is_same(t);
+        if (!seen) out.push_back(values[k]);
+      }
+      return out;
+    };
+  }
+
+ private:
+  template <typename Next>
+  static void reduce(const Tensor& x, Next& next, std::vector<Tensor>& values) {
+    const int64_t rank = x.dim();
+    std::vector<int64_t> dims;
+    const int d = next(10);
+    if (rank == 0 || d == 5 || d == 6)
+      dims = {};
+    else if ((d == 7 || d == 8) && rank >= 2)
+      dims = {0};
+    else if (d == 9 && rank >= 3)
+      dims = {0, 1};
+    else if ((d == 3 || d == 4) && rank >= 2)
+      dims = {-2, -1};
+    else
+      dims = {-1};
+    const bool keepdim = next(2) == 1;
+    const int op = next(9);
+    Tensor r;
+    switch (op) {
+      case 0:
+        r = x.sum(dims, keepdim);
+        break;
+      case 1:
+        r = x.mean(dims, keepdim);
+        break;
+      case 2:
+        r = x.amax(dims, keepdim);
+        break;
+      case 3:
+        r = x.amin(dims, keepdim);
+        break;
+      case 4:
+        r = next(2) ? x.max() : x.min();
+        break;
+      case 5:
+      case 6:
+        r = x.logsumexp(dims, keepdim);
+        break;
+      case 7:
+        r = x.var(dims, next(3), keepdim);
+        break;
+      default:
+        r = x.std(dims, next(3), keepdim);
+        break;
+    }
+    values.push_back(r);
+    const bool whole = r.dim() == 0;
+    if (next(4) == 0 || (!keepdim && !whole && dims != std::vector<int64_t>{-1})) return;
+    const Tensor back = !keepdim && !whole ? r.unsqueeze(-1) : r;
+    switch (next(4)) {
+      case 0:
+        values.push_back(x - back);
+        break;
+      case 1:
+        values.push_back(x / (back.abs() + 1.0));
+        break;
+      case 2:
+        values.push_back((x - back).exp());
+        break;
+      default:
+        values.push_back(back * 2.0 + x);
+        break;
+    }
+  }
+  std::mt19937_64 rng_;
+};
+
+// The rows kernels of random reduction programs, until `count` programs gave at least one.
+std::vector<RowsCase> random_reduction_cases(uint64_t seed, int count) {
+  RandomReduction gen(seed);
+  std::vector<RowsCase> cases;
+  int programs = 0;
+  for (int i = 0; i < 50 * count && programs < count; ++i) {
+    Inputs in = gen.make_inputs();
+    Fn fn = gen.make_program(2 + i % 7);
+    if (testing::eager(fn, in).empty()) continue;
+    std::vector<RowsCase> got =
+        rows_cases_of(fn, in, "seed " + std::to_string(seed) + ", program " + std::to_string(i),
+                      static_cast<size_t>(i));
+    programs += !got.empty();
+    cases.insert(cases.end(), got.begin(), got.end());
+  }
+  EXPECT_GE(programs, count);
+  return cases;
+}
+
+TEST(CudaCodegen, RandomReductionProgramsCompileForSm90) {
+  const std::vector<RowsCase> cases = random_reduction_cases(20261129, 40);
+  int globals = 0, columns = 0;
+  for (const RowsCase& c : cases) {
+    globals += c.kernel.num_globals > 0;
+    columns += c.kernel.num_columns() > 0;
+  }
+  compile_rows_cases(cases);
+  std::printf(
+      "%zu rows kernels of random programs (%d with global, %d with column reductions) "
+      "compiled to PTX\n",
+      cases.size(), globals, columns);
 }
 
 // A launcher's index32 and vec: 32-bit only while every index and offset fits, 4-wide only for
@@ -746,6 +1101,475 @@ TEST(CudaCodegen, GeneratedKernelsComputeWhatTheLlvmEmitterComputes) {
   dlclose(lib);
   std::printf("%zu kernels, %zu outputs of %lld elements bit-equal to the LLVM emitter's\n",
               cases.size(), compared, static_cast<long long>(kElements));
+}
+
+// ------------------------------------------------ rows kernels, run on the host
+// Generated rows kernels run on the host too: each CUDA thread of a block is a fiber (ucontext),
+// __syncthreads() a barrier at which every fiber of the block yields to a scheduler that resumes
+// them once all have arrived, and __shfl_xor_sync a write of the value to the lane's slot, a
+// barrier, and a read of the partner lane's slot (two sets of slots, alternating, so that a slot
+// is never rewritten before every lane has read it). So the real generated code runs: per-thread
+// folds, the warp butterflies and the shared memory between warps, bands of rows per block, the
+// finish and columns kernels. Transcendental functions are mapped to lib/fastmath.h's, which the
+// LLVM emitter's kernels compute, so softmax and layer_norm run too. The outputs are compared
+// with the LLVM emitter's rows kernel, finish and columns functions called over the same bands of
+// rows (calls = blocks): bit for bit, but for kernels with floating sums, whose order differs
+// (see cuda_codegen.h): those within rtol 1e-5, atol 1e-5 (float32) or 1e-12 (float64) of it
+// (on these inputs most sums are exact in double, so most of these are bit-equal too).
+constexpr const char* kFiberShims = R"(#include <stdlib.h>
+#include <ucontext.h>
+#include "lib/fastmath.h"
+#define expf(x) kiln::detail::exp_f32(x)
+#define exp(x) kiln::detail::exp_f64(x)
+#define logf(x) kiln::detail::log_f32(x)
+#define log(x) kiln::detail::log_f64(x)
+#define log1pf(x) kiln::detail::log1p_f32(x)
+#define log1p(x) kiln::detail::log1p_f64(x)
+#define expm1f(x) kiln::detail::expm1_f32(x)
+#define expm1(x) kiln::detail::expm1_f64(x)
+#define sinf(x) kiln::detail::sin_f32(x)
+#define sin(x) kiln::detail::sin_f64(x)
+#define cosf(x) kiln::detail::cos_f32(x)
+#define cos(x) kiln::detail::cos_f64(x)
+#define tanhf(x) kiln::detail::tanh_f32(x)
+#define tanh(x) kiln::detail::tanh_f64(x)
+#define erff(x) kiln::detail::erf_f32(x)
+#define erf(x) kiln::detail::erf_f64(x)
+#define __shared__ static
+struct KilnFiber {
+  ucontext_t context;
+  int state;  // 0 runnable, 1 at a barrier, 2 returned
+};
+static KilnFiber kiln_fibers[1024];
+static ucontext_t kiln_scheduler;
+static unsigned kiln_current;
+static void (*kiln_entry)(void*);
+static void* kiln_entry_arg;
+static unsigned long long kiln_slots[2][1024];
+static unsigned kiln_shuffles[1024];
+static void kiln_barrier() {
+  kiln_fibers[kiln_current].state = 1;
+  swapcontext(&kiln_fibers[kiln_current].context, &kiln_scheduler);
+}
+static void __syncthreads() { kiln_barrier(); }
+template <typename T>
+static T __shfl_xor_sync(unsigned, T v, int lanes) {
+  const unsigned t = threadIdx.x, set = kiln_shuffles[t]++ & 1u;
+  memcpy(&kiln_slots[set][t], &v, sizeof v);
+  kiln_barrier();
+  T r;
+  memcpy(&r, &kiln_slots[set][t ^ (unsigned)lanes], sizeof r);
+  return r;
+}
+static void kiln_fiber_main() {
+  kiln_entry(kiln_entry_arg);
+  kiln_fibers[kiln_current].state = 2;
+}
+// Runs `run` as a grid of blocks of `threads` fibers, one block after another. Returns 0, or -1
+// when some threads of a block returned while others waited at a barrier.
+template <typename F>
+static int kiln_fiber_grid(unsigned blocks, unsigned threads, F run) {
+  const size_t stack = 1 << 16;
+  char* stacks = (char*)malloc(stack * threads);
+  kiln_entry = [](void* f) { (*(F*)f)(); };
+  kiln_entry_arg = &run;
+  blockDim.x = threads;
+  gridDim.x = blocks;
+  int status = 0;
+  for (blockIdx.x = 0; blockIdx.x < blocks && status == 0; ++blockIdx.x) {
+    for (unsigned t = 0; t < threads; ++t) {
+      KilnFiber& f = kiln_fibers[t];
+      getcontext(&f.context);
+      f.context.uc_stack.ss_sp = stacks + t * stack;
+      f.context.uc_stack.ss_size = stack;
+      f.context.uc_link = &kiln_scheduler;
+      makecontext(&f.context, kiln_fiber_main, 0);
+      f.state = 0;
+      kiln_shuffles[t] = 0;
+    }
+    for (;;) {
+      unsigned waiting = 0, done = 0;
+      for (unsigned t = 0; t < threads; ++t) {
+        if (kiln_fibers[t].state == 0) {
+          kiln_current = t;
+          threadIdx.x = t;
+          swapcontext(&kiln_scheduler, &kiln_fibers[t].context);
+        }
+        waiting += kiln_fibers[t].state == 1;
+        done += kiln_fibers[t].state == 2;
+      }
+      if (done == threads) break;
+      if (done > 0) {
+        status = -1;
+        break;
+      }
+      for (unsigned t = 0; t < threads; ++t) kiln_fibers[t].state = 0;
+    }
+  }
+  free(stacks);
+  return status;
+}
+)";
+
+// The source of a rows kernel (its preludes cut off) in namespace `ns`, and
+// `extern "C" int <ns>_run(int which, unsigned blocks, unsigned threads, long long rows,
+// int index32, const long long* dims, void* const* ptrs, const unsigned long long* scalars,
+// unsigned long long* partials, long long stride, long long R)` that runs its rows kernel
+// (which 0, on `blocks` blocks of `threads` threads), finish kernel (1) or columns kernel (2).
+std::string host_rows_kernel(const Kernel& k, const std::string& source, const std::string& symbol,
+                             const std::string& ns) {
+  const size_t start = source.find("\nstruct KilnRowsDims");
+  EXPECT_NE(start, std::string::npos);
+  std::string s = "namespace " + ns + " {\n" + source.substr(start) + "}\n";
+  s += "extern \"C\" int " + ns +
+       "_run(int which, unsigned blocks, unsigned threads, long long rows, int index32, "
+       "const long long* dims, void* const* ptrs, const unsigned long long* scalars, "
+       "unsigned long long* partials, long long stride, long long R) {\n";
+  std::string args;
+  const size_t inputs = k.input_types.size();
+  auto ptr = [&](size_t p, DType t, bool in) {
+    return std::string(", (") + (in ? "const " : "") + host_storage_type(t) + "*)ptrs[" +
+           std::to_string(p) + "]";
+  };
+  for (size_t p = 0; p < inputs; ++p) args += ptr(p, k.input_types[p], true);
+  for (size_t o = 0; o < k.outputs.size(); ++o) args += ptr(inputs + o, k.output_types[o], false);
+  for (size_t i = 0; i < k.scalar_types.size(); ++i)
+    args += std::string(", kiln_scalar<") + host_storage_type(k.scalar_types[i]) + ">(scalars, " +
+            std::to_string(i) + ")";
+  const bool has_partials = k.num_globals > 0 || k.num_columns() > 0;
+  s +=
+      "  " + ns + "::KilnRowsDims d;\n  memcpy(&d, dims, sizeof d);\n  (void)R;\n  (void)stride;\n";
+  s += "  if (which == 0)\n    return kiln_fiber_grid(blocks, threads, [&] { " + ns +
+       "::" + symbol + "(rows, index32, d" + args + (has_partials ? ", partials" : "") + "); });\n";
+  if (k.num_globals > 0)
+    s += "  if (which == 1)\n    return kiln_fiber_grid(1, 1, [&] { " + ns + "::" + symbol +
+         "_finish(blocks, stride, partials" + args + "); });\n";
+  if (k.num_columns() > 0)
+    s += "  if (which == 2)\n    return kiln_fiber_grid(3, 32, [&] { " + ns + "::" + symbol +
+         "_columns(blocks, stride, R, partials" + args + "); });\n";
+  s += "  (void)partials;\n  return -2;\n}\n";
+  return s;
+}
+
+std::string value_text(DType t, const char* bytes) {
+  char buf[64];
+  switch (t) {
+    case kFloat32: {
+      float f;
+      std::memcpy(&f, bytes, sizeof f);
+      std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(f));
+      break;
+    }
+    case kFloat64: {
+      double d;
+      std::memcpy(&d, bytes, sizeof d);
+      std::snprintf(buf, sizeof buf, "%.17g", d);
+      break;
+    }
+    case kInt32: {
+      int32_t i;
+      std::memcpy(&i, bytes, sizeof i);
+      std::snprintf(buf, sizeof buf, "%d", i);
+      break;
+    }
+    case kInt64: {
+      int64_t i;
+      std::memcpy(&i, bytes, sizeof i);
+      std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(i));
+      break;
+    }
+    case kBool:
+      std::snprintf(buf, sizeof buf, "%d", static_cast<int>(*bytes));
+      break;
+  }
+  return buf;
+}
+
+bool has_float_sum(const Kernel& k) {
+  for (const fuser::Instr& in : k.body)
+    if (in.prim == fuser::Prim::ReduceSum && is_floating_point(in.type)) return true;
+  return false;
+}
+
+// Values for the rows kernels: floats mostly multiples of 1/8 in [-4, 4] (sums of them, and of
+// exp of their differences, are exact in double in any order), sometimes NaN, infinities and
+// signed zeros; integers anywhere in their range; bools.
+std::vector<char> rows_test_values(DType t, size_t n, std::mt19937_64& rng) {
+  if (!is_floating_point(t)) return test_values(t, n, rng);
+  std::vector<char> bytes(n * element_size(t));
+  const double inf = std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t pick = rng() % 96;
+    const double v = pick == 0   ? std::nan("")
+                     : pick == 1 ? inf
+                     : pick == 2 ? -inf
+                     : pick == 3 ? -0.0
+                                 : static_cast<double>(static_cast<int64_t>(rng() % 65) - 32) / 8;
+    char* dst = bytes.data() + i * element_size(t);
+    if (t == kFloat32) {
+      const auto f = static_cast<float>(v);
+      std::memcpy(dst, &f, sizeof f);
+    } else {
+      std::memcpy(dst, &v, sizeof v);
+    }
+  }
+  return bytes;
+}
+
+// One run of a rows case: sizes (outer dims, then R), per pointer its strides (rank + 1), the
+// element its first element sits at in its buffer and the buffer's length, and the geometry.
+struct RowsRun {
+  std::vector<int64_t> sizes, strides, base, length;
+  Layout layout;
+  unsigned blocks = 1, threads = 32;
+  int index32 = 1;
+};
+RowsRun make_rows_run(const RowsCase& c, std::mt19937_64& rng) {
+  const Kernel& k = c.kernel;
+  const size_t inputs = k.input_types.size(), np = inputs + k.outputs.size();
+  const auto rank = static_cast<size_t>(c.rank);
+  RowsRun r;
+  static const int64_t lengths[] = {0, 1, 1, 3, 31, 64, 100, 129};
+  static const int64_t outer[] = {1, 2, 3, 5, 0};
+  for (size_t d = 0; d < rank; ++d)
+    r.sizes.push_back(outer[rng() % (rank > 1 ? 3 : (rng() % 8 ? 4 : 5))]);
+  r.sizes.push_back(lengths[rng() % 8]);
+  const int64_t R = r.sizes[rank];
+  const std::vector<fuser::Level> level = fuser::instr_levels(k);
+  r.layout.flat = false;
+  r.layout.rows = true;
+  r.layout.rank = c.rank;
+  int64_t widest = 0;
+  for (int32_t parts : k.column_parts) widest = std::max<int64_t>(widest, parts);
+  for (size_t p = 0; p < np; ++p) {
+    // Which dims the pointer steps through, in which order (innermost first), how far apart.
+    std::vector<int64_t> st(rank + 1, 0);
+    bool per_row = false, none = false;
+    if (p < inputs) {
+      per_row = p < c.input_outer.size() && c.input_outer[p];
+    } else {
+      const size_t o = p - inputs;
+      const fuser::Level l = level[static_cast<size_t>(k.outputs[o])];
+      const bool element = l == fuser::Level::kElement ||
+                           (o < k.output_per_element.size() && k.output_per_element[o] &&
+                            (l == fuser::Level::kRow || l == fuser::Level::kConst));
+      per_row = !element && (l == fuser::Level::kRow || l == fuser::Level::kConst);
+      none = l == fuser::Level::kGlobal || l == fuser::Level::kColumn;
+    }
+    if (!none) {
+      std::vector<size_t> order;
+      for (size_t d = 0; d <= rank; ++d)
+        if (!(per_row && d == rank)) order.push_back(d);
+      const uint64_t form = rng() % 4;  // row-major, column-major, padded, reversed row
+      if (form == 1) std::reverse(order.begin(), order.end());
+      int64_t step = form == 2 ? 2 : 1;
+      for (auto it = order.rbegin(); it != order.rend(); ++it) {
+        st[*it] = step;
+        step *= std::max<int64_t>(1, r.sizes[*it]);
+      }
+      // Inputs broadcast along a dim now and then.
+      if (p < inputs)
+        for (size_t d = 0; d <= rank; ++d)
+          if (rng() % 6 == 0) st[d] = 0;
+      if (form == 3 && !per_row) st[rank] = -st[rank];
+    }
+    int64_t reach = 0, back = 0;
+    for (size_t d = 0; d <= rank; ++d) {
+      const int64_t extent = std::max<int64_t>(0, r.sizes[d] - 1) * std::abs(st[d]);
+      reach += extent;
+      if (st[d] < 0) back += extent;
+    }
+    r.base.push_back(back);
+    r.length.push_back(std::max<int64_t>(reach + 1, none ? std::max<int64_t>(1, widest * R) : 1));
+    r.strides.insert(r.strides.end(), st.begin(), st.end());
+    r.layout.inner.push_back(st[rank] == 0   ? Layout::kZero
+                             : st[rank] == 1 ? Layout::kUnit
+                                             : Layout::kAny);
+  }
+  static const unsigned threads[] = {32, 64, 96};
+  static const unsigned blocks[] = {1, 2, 3, 5};
+  r.threads = threads[rng() % 3];
+  r.blocks = blocks[rng() % 4];
+  r.index32 = static_cast<int>(rng() % 2);
+  return r;
+}
+
+TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
+  if (std::system("c++ --version > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "no host C++ compiler (c++) to run the generated kernels with";
+  // The repository's root (for lib/fastmath.h), from this file's path as the compiler saw it:
+  // absolute, or relative to the build directory (this binary's parent's parent) or to the
+  // working directory.
+  std::string file = __FILE__, root;
+  file = file.substr(0, file.rfind("tests/fuser/"));
+  char exe[4096] = {0};
+  const ssize_t exe_length = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  std::string build = exe_length > 0 ? std::string(exe, static_cast<size_t>(exe_length)) : ".";
+  for (int up = 0; up < 2; ++up) build = build.substr(0, build.rfind('/'));
+  for (const std::string& candidate : {file, build + "/" + file, "./" + file})
+    if (root.empty() && std::ifstream(candidate + "/lib/fastmath.h")) root = candidate;
+  if (root.empty()) GTEST_SKIP() << "lib/fastmath.h not found from " << __FILE__;
+  std::vector<RowsCase> cases = model_cases();
+  const size_t num_models = cases.size();
+  {
+    std::set<std::string> ops;
+    const std::vector<RowsCase> more = reduction_op_cases(ops);
+    for (size_t i = 0; i < more.size(); i += 2) cases.push_back(more[i]);
+    const std::vector<RowsCase> random = random_reduction_cases(20261130, 25);
+    cases.insert(cases.end(), random.begin(), random.end());
+  }
+  const std::string dir = ::testing::TempDir() + "/kiln_cuda_rows_" + std::to_string(getpid());
+  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  // The runs first: a kernel is generated for each run's layout. The models' kernels run twice.
+  std::mt19937_64 rng(12);
+  std::vector<std::pair<size_t, RowsRun> > runs;
+  for (size_t c = 0; c < cases.size(); ++c)
+    for (size_t repeat = 0; repeat < (c < num_models ? 2u : 1u); ++repeat)
+      runs.emplace_back(c, make_rows_run(cases[c], rng));
+  std::string unit = std::string(kHostShims) + kFiberShims;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const std::string id = std::to_string(i);
+    const Kernel& k = cases[runs[i].first].kernel;
+    const std::string source = fuser::cuda::cuda_source(k, runs[i].second.layout, "kr" + id);
+    if (i == 0) unit += source.substr(0, source.find("\nstruct KilnRowsDims"));
+    unit += host_rows_kernel(k, source, "kr" + id, "rows" + id);
+  }
+  {
+    std::FILE* f = std::fopen((dir + "/rows.cpp").c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(unit.data(), 1, unit.size(), f);
+    std::fclose(f);
+  }
+  const std::string command =
+      "c++ -std=c++17 -O1 -ffp-contract=off -fno-fast-math -fno-strict-aliasing -shared -fPIC -I" +
+      root + " -o " + dir + "/rows.so " + dir + "/rows.cpp > " + dir + "/log.txt 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << "the host compile failed: see " << dir;
+  void* lib = dlopen((dir + "/rows.so").c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib, nullptr) << dlerror();
+  using HostFn = int (*)(int, unsigned, unsigned, long long, int, const long long*, void* const*,
+                         const unsigned long long*, unsigned long long*, long long, long long);
+  size_t exact = 0, close = 0;
+  for (size_t i = 0; i < runs.size() && !HasFailure(); ++i) {
+    const size_t c = runs[i].first;
+    const RowsRun& r = runs[i].second;
+    const Kernel& k = cases[c].kernel;
+    auto fn = reinterpret_cast<HostFn>(dlsym(lib, ("rows" + std::to_string(i) + "_run").c_str()));
+    ASSERT_NE(fn, nullptr);
+    const size_t inputs = k.input_types.size(), np = inputs + k.outputs.size();
+    {
+      const std::string what = cases[c].what + ", sizes " + ::testing::PrintToString(r.sizes) +
+                               ", strides " + ::testing::PrintToString(r.strides) + ", " +
+                               std::to_string(r.blocks) + " blocks of " +
+                               std::to_string(r.threads) + ", index32 " + std::to_string(r.index32);
+      const auto rank = static_cast<size_t>(cases[c].rank);
+      int64_t rows = 1;
+      for (size_t d = 0; d < rank; ++d) rows *= r.sizes[d];
+      const int64_t R = r.sizes[rank];
+      auto type_of = [&](size_t p) {
+        return p < inputs ? k.input_types[p] : k.output_types[p - inputs];
+      };
+      std::vector<std::vector<char> > in;
+      for (size_t p = 0; p < inputs; ++p)
+        in.push_back(rows_test_values(type_of(p), static_cast<size_t>(r.length[p]), rng));
+      auto outputs = [&] {
+        std::vector<std::vector<char> > out;
+        for (size_t p = inputs; p < np; ++p)
+          out.emplace_back(static_cast<size_t>(r.length[p]) * element_size(type_of(p)),
+                           static_cast<char>(0x5a));
+        return out;
+      };
+      auto pointers = [&](std::vector<std::vector<char> >& out) {
+        std::vector<char*> ptrs;
+        for (size_t p = 0; p < np; ++p) {
+          char* data = p < inputs ? in[p].data() : out[p - inputs].data();
+          ptrs.push_back(data + r.base[p] * static_cast<int64_t>(element_size(type_of(p))));
+        }
+        return ptrs;
+      };
+      const int64_t stride = k.partials_per_call(R);
+      const size_t partial_values = static_cast<size_t>(std::max<int64_t>(1, r.blocks * stride));
+      // The LLVM emitter's kernel over the blocks' bands of rows.
+      const fuser::CompiledKernel cpu = fuser::cpu_kernel(k, r.layout);
+      std::vector<std::vector<char> > want = outputs();
+      std::vector<char*> cpu_ptrs = pointers(want);
+      std::vector<uint64_t> cpu_partials(partial_values);
+      const int64_t chunk = (rows + r.blocks - 1) / r.blocks;
+      for (int64_t b = 0; b < r.blocks; ++b)
+        cpu.fn(std::min(rows, b * chunk), std::min(rows, (b + 1) * chunk), cpu_ptrs.data(),
+               r.sizes.data(), r.strides.data(), cases[c].scalars.data(),
+               cpu_partials.data() + b * stride);
+      if (k.num_globals > 0)
+        cpu.finish(r.blocks, stride, cpu_partials.data(), cpu_ptrs.data(), cases[c].scalars.data());
+      if (k.num_columns() > 0) {
+        int64_t widest = 0;
+        for (int32_t parts : k.column_parts) widest = std::max<int64_t>(widest, parts);
+        cpu.columns(0, widest * R, r.blocks, stride, R, cpu_partials.data(), cpu_ptrs.data(),
+                    cases[c].scalars.data());
+      }
+      // The generated CUDA kernels on the host.
+      std::vector<std::vector<char> > got = outputs();
+      std::vector<char*> ptrs = pointers(got);
+      std::vector<uint64_t> partials(partial_values, 0x5a5a5a5a5a5a5a5aull);
+      std::vector<long long> dims(r.sizes.begin(), r.sizes.end());
+      dims.insert(dims.end(), r.strides.begin(), r.strides.end());
+      const auto* scalars = reinterpret_cast<const unsigned long long*>(cases[c].scalars.data());
+      auto* gpu_partials = reinterpret_cast<unsigned long long*>(partials.data());
+      auto* gpu_ptrs = reinterpret_cast<void* const*>(ptrs.data());
+      ASSERT_EQ(fn(0, r.blocks, r.threads, rows, r.index32, dims.data(), gpu_ptrs, scalars,
+                   gpu_partials, stride, R),
+                0)
+          << "a barrier not reached by every thread: " << what << "\n"
+          << k.str();
+      for (int which = 1; which <= 2; ++which) {
+        if (which == 1 ? k.num_globals == 0 : k.num_columns() == 0) continue;
+        ASSERT_EQ(fn(which, r.blocks, r.threads, rows, r.index32, dims.data(), gpu_ptrs, scalars,
+                     gpu_partials, stride, R),
+                  0);
+      }
+      const bool sums = has_float_sum(k);
+      for (size_t o = 0; o < want.size(); ++o) {
+        const DType t = k.output_types[o];
+        const size_t size = element_size(t);
+        for (size_t e = 0; e < want[o].size() / size; ++e) {
+          const char* w = want[o].data() + e * size;
+          const char* g = got[o].data() + e * size;
+          if (same_value(t, w, g)) {
+            ++exact;
+            continue;
+          }
+          if (sums && is_floating_point(t)) {
+            double x, y;
+            if (t == kFloat32) {
+              float fx, fy;
+              std::memcpy(&fx, w, sizeof fx);
+              std::memcpy(&fy, g, sizeof fy);
+              x = fx;
+              y = fy;
+            } else {
+              std::memcpy(&x, w, sizeof x);
+              std::memcpy(&y, g, sizeof y);
+            }
+            const double tol = t == kFloat32 ? 1e-5 : 1e-12;
+            if (std::isfinite(x) && std::isfinite(y) &&
+                std::abs(x - y) <= tol * std::abs(x) + tol) {
+              ++close;
+              continue;
+            }
+          }
+          ADD_FAILURE() << what << ": output " << o << ", element " << e
+                        << " differs: " << value_text(t, w) << " (LLVM) vs " << value_text(t, g)
+                        << " (CUDA)\n"
+                        << k.str();
+          break;
+        }
+      }
+    }
+  }
+  dlclose(lib);
+  std::printf(
+      "%zu rows kernels, %zu runs: %zu output elements bit-equal to the LLVM emitter's, "
+      "%zu within the tolerance of floating sums\n",
+      cases.size(), runs.size(), exact, close);
 }
 
 #endif  // KILN_HAS_CUDA

@@ -10,11 +10,13 @@
 // inlines it (__forceinline__).
 #include "fuser/codegen/cuda/cuda_codegen.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -105,6 +107,78 @@ KILN_D T kiln_fpow(T x, T y) {
     if (m) base = T(base * base);
   }
   return y < T(0) ? T(T(1) / result) : result;
+}
+)";
+
+// The reductions of rows kernels (after kPrelude). Folds are the LLVM emitter's: sums of floats
+// add, of integers wrap, of bools or; max and min of floats are LLVM's maximum and minimum (NaN if
+// either operand is NaN, -0 below +0: a sum of equal zeros gives +0 for max, and the negated sum
+// of their negations -0 for min), of integers signed, of bools or and and. The block reduction is
+// a butterfly over each warp's lanes (__shfl_xor_sync: every lane ends with the same value, since
+// a fold of two values is commutative), the warps' results through shared memory, and the same
+// butterfly over them in every warp: a fixed tree for a given block size, so a sum is the same on
+// every run, and every thread of the block gets the row's value without another broadcast.
+constexpr const char* kRowsPrelude = R"(
+KILN_D float kiln_sum(float a, float b) { return a + b; }
+KILN_D double kiln_sum(double a, double b) { return a + b; }
+KILN_D int kiln_sum(int a, int b) { return kiln_add(a, b); }
+KILN_D long long kiln_sum(long long a, long long b) { return kiln_add(a, b); }
+KILN_D bool kiln_sum(bool a, bool b) { return a || b; }
+template <typename T>
+KILN_D T kiln_fmax(T a, T b) {
+  if (a != a) return a;
+  if (b != b) return b;
+  if (a == b) return a == T(0) ? T(a + b) : a;
+  return a > b ? a : b;
+}
+template <typename T>
+KILN_D T kiln_fmin(T a, T b) {
+  if (a != a) return a;
+  if (b != b) return b;
+  if (a == b) return a == T(0) ? T(-(T(-a) + T(-b))) : a;
+  return a < b ? a : b;
+}
+KILN_D float kiln_max(float a, float b) { return kiln_fmax(a, b); }
+KILN_D double kiln_max(double a, double b) { return kiln_fmax(a, b); }
+KILN_D int kiln_max(int a, int b) { return a > b ? a : b; }
+KILN_D long long kiln_max(long long a, long long b) { return a > b ? a : b; }
+KILN_D bool kiln_max(bool a, bool b) { return a || b; }
+KILN_D float kiln_min(float a, float b) { return kiln_fmin(a, b); }
+KILN_D double kiln_min(double a, double b) { return kiln_fmin(a, b); }
+KILN_D int kiln_min(int a, int b) { return a < b ? a : b; }
+KILN_D long long kiln_min(long long a, long long b) { return a < b ? a : b; }
+KILN_D bool kiln_min(bool a, bool b) { return a && b; }
+struct KilnSum {
+  template <typename T>
+  KILN_D T operator()(T a, T b) const { return kiln_sum(a, b); }
+};
+struct KilnMax {
+  template <typename T>
+  KILN_D T operator()(T a, T b) const { return kiln_max(a, b); }
+};
+struct KilnMin {
+  template <typename T>
+  KILN_D T operator()(T a, T b) const { return kiln_min(a, b); }
+};
+template <typename T>
+KILN_D T kiln_shfl_xor(T v, int lanes) { return __shfl_xor_sync(0xffffffffu, v, lanes); }
+KILN_D bool kiln_shfl_xor(bool v, int lanes) {
+  return __shfl_xor_sync(0xffffffffu, (int)v, lanes) != 0;
+}
+// v folded over the block's threads, returned to every thread. Every thread of the block calls it
+// at the same point (blockDim.x a multiple of 32, at most 1024); `scratch` holds 32 values of 8
+// bytes in shared memory, free again when it returns.
+template <typename T, typename Op>
+KILN_D T kiln_block_reduce(T v, T identity, Op op, unsigned long long* scratch) {
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int m = 16; m > 0; m >>= 1) v = op(v, kiln_shfl_xor(v, m));
+  T* s = reinterpret_cast<T*>(scratch);
+  if (lane == 0) s[warp] = v;
+  __syncthreads();
+  v = lane < warps ? s[lane] : identity;
+  for (int m = 16; m > 0; m >>= 1) v = op(v, kiln_shfl_xor(v, m));
+  __syncthreads();
+  return v;
 }
 )";
 
@@ -200,7 +274,6 @@ class Source {
 
   std::string emit() {
     const size_t num_inputs = k_.input_types.size(), num_outputs = k_.outputs.size();
-    KILN_CHECK(!layout_.rows, "fuser: rows kernels are not generated for CUDA yet (", symbol_, ")");
     KILN_CHECK(num_outputs > 0 && k_.output_types.size() == num_outputs,
                "fuser: CUDA codegen: a kernel without outputs (", symbol_, ")");
     KILN_CHECK(!symbol_.empty() && !std::isdigit(static_cast<unsigned char>(symbol_[0])),
@@ -208,7 +281,11 @@ class Source {
     for (char c : symbol_)
       KILN_CHECK(std::isalnum(static_cast<unsigned char>(c)) || c == '_', "fuser: CUDA codegen: '",
                  symbol_, "' is not a C identifier");
-    if (layout_.flat) {
+    if (layout_.rows) {
+      KILN_CHECK(layout_.rank >= 0 && layout_.inner.size() == num_inputs + num_outputs,
+                 "fuser: CUDA codegen: a rows layout of rank ", layout_.rank, " with ",
+                 layout_.inner.size(), " inner kinds for ", num_inputs + num_outputs, " pointers");
+    } else if (layout_.flat) {
       KILN_CHECK(layout_.single_element.empty() || layout_.single_element.size() == num_inputs,
                  "fuser: CUDA codegen: single_element has ", layout_.single_element.size(),
                  " entries for ", num_inputs, " inputs");
@@ -218,12 +295,23 @@ class Source {
                  layout_.inner.size(), " inner kinds for ", num_inputs + num_outputs, " pointers");
     }
     // The launch parameters must fit CUDA's limit (32,764 bytes on every architecture CUDA 13
-    // supports): 16 bytes of n, index32 and vec, the dims struct, 8 bytes per pointer and scalar.
-    const size_t dims = layout_.flat ? 0 : 8 * static_cast<size_t>(layout_.rank) * (1 + num_ptrs());
-    const size_t param_bytes = 16 + dims + 8 * (num_ptrs() + k_.scalar_types.size());
+    // supports): 16 bytes of n, index32 and vec, the dims struct, 8 bytes per pointer and scalar
+    // (rows kernels: rank + 1 dims, and the partials pointer).
+    const size_t dims_rank = static_cast<size_t>(layout_.rank) + (layout_.rows ? 1 : 0);
+    const size_t dims = layout_.flat ? 0 : 8 * dims_rank * (1 + num_ptrs());
+    const size_t param_bytes =
+        16 + dims + 8 * (num_ptrs() + k_.scalar_types.size() + (layout_.rows ? 1 : 0));
     KILN_CHECK(param_bytes <= 32764, "fuser: CUDA codegen: ", symbol_, " needs ", param_bytes,
                " bytes of kernel parameters, past CUDA's limit of 32764");
     out_ += kPrelude;
+    if (layout_.rows) {
+      out_ += kRowsPrelude;
+      const RowsPlan plan = rows_plan();
+      rows_kernel(plan);
+      if (k_.num_globals > 0) finish_kernel(plan);
+      if (k_.num_columns() > 0) columns_kernel(plan);
+      return out_;
+    }
     body();
     if (layout_.flat)
       flat();
@@ -308,7 +396,15 @@ class Source {
     out_ += "}\n";
   }
 
-  std::string expr(const Instr& in) const {
+  // Input p's element where expr reads it: kiln_body's parameter, or (rows kernels) the
+  // pointer at the offset load_at_ names, noting the pointer in load_used_.
+  std::string load(size_t p) {
+    if (load_at_.empty()) return "x" + std::to_string(p);
+    load_used_.at(p) = true;
+    return ptr_name(p) + "[" + load_at_.at(p) + "]";
+  }
+
+  std::string expr(const Instr& in) {
     const DType t = in.type;
     const DType at = in.a >= 0 ? k_.body.at(static_cast<size_t>(in.a)).type : t;
     const bool fp = is_floating_point(at), boolean = at == kBool;
@@ -322,7 +418,7 @@ class Source {
       case Prim::Load: {
         KILN_CHECK(in.index >= 0 && static_cast<size_t>(in.index) < k_.input_types.size(),
                    "fuser: CUDA codegen: a load of input ", in.index);
-        const std::string x = "x" + std::to_string(in.index);
+        const std::string x = load(static_cast<size_t>(in.index));
         return t == kBool ? "(" + x + " != 0)" : x;
       }
       case Prim::Scalar: {
@@ -550,10 +646,544 @@ class Source {
             args + ");\n}\n";
   }
 
+  // ------------------------------------------------------------------------------ rows kernels
+  // A rows kernel (see Layout and cuda_codegen.h) is up to three CUDA kernels: the rows kernel,
+  // one thread block per row, threads striding along it; the finish kernel (global reductions),
+  // combining the blocks' partials; the columns kernel (column reductions), combining the blocks'
+  // column partials per position. They compute what the LLVM emitter's rows kernel, finish and
+  // columns functions compute, pass by pass (instr_stages), with the same folds; what differs is
+  // where values are kept: a reduction's value is folded per thread and then over the block
+  // (kiln_block_reduce), and an expensive value several passes need is recomputed in each rather
+  // than kept in a row buffer (the same value: the computation is deterministic).
+
+  // Where each instruction is computed, decided once for the three kernels. Only what some output
+  // needs is generated (NVRTC warns about unused variables): a reduction nothing reads is not
+  // folded.
+  struct RowsPlan {
+    std::vector<Level> level;
+    std::vector<int32_t> stage;
+    std::vector<bool> finish_needed;  // computed by the finish kernel (live global reductions)
+    std::vector<bool> rows_needed;    // computed by the rows kernel (live row reductions)
+    std::vector<int32_t> slot_of;     // column-level instructions: the column slot they read
+    std::vector<bool> live_slot;      // column slots some output reads
+  };
+
+  // Marks `work` and the instructions they read, not looking past those `stop` says (their
+  // values come from another kernel). A worklist, not a recursion.
+  template <typename Stop>
+  std::vector<bool> reach(std::vector<size_t> work, Stop stop) const {
+    std::vector<bool> seen(k_.body.size(), false);
+    while (!work.empty()) {
+      const size_t n = work.back();
+      work.pop_back();
+      if (seen.at(n)) continue;
+      seen[n] = true;
+      if (stop(n)) continue;
+      const Instr& in = k_.body[n];
+      for (int32_t o : {in.a, in.b, in.c})
+        if (o >= 0) work.push_back(static_cast<size_t>(o));
+    }
+    return seen;
+  }
+
+  RowsPlan rows_plan() const {
+    RowsPlan p;
+    const size_t n_body = k_.body.size();
+    p.level = instr_levels(k_);
+    p.stage = instr_stages(k_);
+    std::vector<size_t> work;
+    for (int32_t o : k_.outputs)
+      if (p.level.at(static_cast<size_t>(o)) == Level::kGlobal)
+        work.push_back(static_cast<size_t>(o));
+    p.finish_needed = reach(work, [&](size_t n) { return is_global_reduction(k_.body[n]); });
+    // The slot each column-level instruction derives from (one: nothing combines two slots).
+    p.slot_of.assign(n_body, -1);
+    for (size_t n = 0; n < n_body; ++n) {
+      const Instr& in = k_.body[n];
+      if (is_column_reduction(in)) {
+        KILN_CHECK(in.index < k_.num_columns() && in.part >= 0 &&
+                       in.part < k_.column_parts[static_cast<size_t>(in.index)],
+                   "fuser: CUDA codegen: column slot ", in.index, " part ", in.part, "\n",
+                   k_.str());
+        p.slot_of[n] = in.index;
+        continue;
+      }
+      if (p.level[n] != Level::kColumn) continue;
+      for (int32_t o : {in.a, in.b, in.c})
+        if (o >= 0 && p.slot_of[static_cast<size_t>(o)] >= 0)
+          p.slot_of[n] = p.slot_of[static_cast<size_t>(o)];
+    }
+    p.live_slot.assign(static_cast<size_t>(k_.num_columns()), false);
+    for (int32_t o : k_.outputs)
+      if (p.slot_of.at(static_cast<size_t>(o)) >= 0)
+        p.live_slot[static_cast<size_t>(p.slot_of[static_cast<size_t>(o)])] = true;
+    // The rows kernel: the outputs it stores, and the operands of the global and column
+    // reductions it folds (every part of a live column slot folds).
+    work.clear();
+    for (int32_t o : k_.outputs) {
+      const Level l = p.level.at(static_cast<size_t>(o));
+      if (l == Level::kElement || l == Level::kRow || l == Level::kConst)
+        work.push_back(static_cast<size_t>(o));
+    }
+    for (size_t n = 0; n < n_body; ++n)
+      if (live_global(p, n) || live_column(p, n)) work.push_back(static_cast<size_t>(k_.body[n].a));
+    p.rows_needed = reach(work, [&](size_t n) {
+      return is_global_reduction(k_.body[n]) || is_column_reduction(k_.body[n]);
+    });
+    return p;
+  }
+  bool live_global(const RowsPlan& p, size_t n) const {
+    return is_global_reduction(k_.body[n]) && p.finish_needed[n];
+  }
+  bool live_column(const RowsPlan& p, size_t n) const {
+    return is_column_reduction(k_.body[n]) && p.live_slot[static_cast<size_t>(k_.body[n].index)];
+  }
+
+  // The fold of reduction r (kiln_sum, kiln_max, kiln_min), its functor, and its identity.
+  static const char* fold_name(const Instr& r) {
+    return r.prim == Prim::ReduceSum   ? "kiln_sum"
+           : r.prim == Prim::ReduceMax ? "kiln_max"
+                                       : "kiln_min";
+  }
+  static const char* fold_functor(const Instr& r) {
+    return r.prim == Prim::ReduceSum   ? "KilnSum()"
+           : r.prim == Prim::ReduceMax ? "KilnMax()"
+                                       : "KilnMin()";
+  }
+  static std::string identity(const Instr& r) {
+    const DType t = r.type;
+    const bool is_max = r.prim == Prim::ReduceMax;
+    if (r.prim == Prim::ReduceSum) return literal(0.0, t);
+    if (t == kBool) return is_max ? "false" : "true";
+    if (is_floating_point(t))
+      return literal(is_max ? -std::numeric_limits<double>::infinity()
+                            : std::numeric_limits<double>::infinity(),
+                     t);
+    if (t == kInt32) return is_max ? "(-2147483647 - 1)" : "2147483647";
+    return is_max ? "(-9223372036854775807ll - 1)" : "9223372036854775807ll";
+  }
+  // A value of type t read from (bool: as a byte) and stored to memory.
+  static std::string read(DType t, const std::string& at) {
+    return t == kBool ? "(" + at + " != 0)" : at;
+  }
+  static std::string stored(DType t, const std::string& value) {
+    return t == kBool ? "(unsigned char)" + value : value;
+  }
+  std::string decl(size_t n) const {
+    return "const " + std::string(value_type(k_.body[n].type)) + " " + v(static_cast<int32_t>(n));
+  }
+  std::string stride_of(size_t p, int dim) const {
+    return "(S)d.stride[" +
+           std::to_string(p * static_cast<size_t>(layout_.rank + 1) + static_cast<size_t>(dim)) +
+           "]";
+  }
+
+  // The rows kernel. Row r of the call goes to block r / chunk (chunk = ceil(rows / gridDim.x)):
+  // each block walks a band of consecutive rows, as one CPU call walks its range, so that a global
+  // reduction of row-level values and the column partials fold the band's rows in row order, and
+  // combining the blocks in block order is combining the CPU's calls in call order. Any grid size
+  // is correct. Within a row, thread t takes elements t, t + blockDim.x, ...: a pass folds each
+  // row reduction per thread and then over the block, and every thread gets the row's value for
+  // the next pass.
+  void rows_kernel(const RowsPlan& p) {
+    const int rank = layout_.rank;
+    const size_t np = num_ptrs(), ni = k_.input_types.size(), n_body = k_.body.size();
+    const std::vector<Level>& level = p.level;
+    const std::vector<int32_t>& stage = p.stage;
+    // The passes, as the LLVM emitter plans them: a row reduction folds in the pass where its
+    // operand is available; the last pass stores element-level outputs and folds global and
+    // column reductions of element-level values.
+    int32_t last_pass = -1;
+    std::vector<std::vector<size_t>> pass_roots;
+    auto add_root = [&](int32_t pass, size_t n) {
+      if (pass_roots.size() <= static_cast<size_t>(pass))
+        pass_roots.resize(static_cast<size_t>(pass) + 1);
+      pass_roots[static_cast<size_t>(pass)].push_back(n);
+      last_pass = std::max(last_pass, pass);
+    };
+    for (size_t n = 0; n < n_body; ++n)
+      if (is_row_reduction(k_.body[n]) && p.rows_needed[n])
+        add_root(stage[static_cast<size_t>(k_.body[n].a)], n);
+    auto per_element = [&](size_t o) {
+      const Level l = level[static_cast<size_t>(k_.outputs[o])];
+      return l == Level::kElement ||
+             (o < k_.output_per_element.size() && k_.output_per_element[o] &&
+              (l == Level::kRow || l == Level::kConst));
+    };
+    auto folds_last = [&](size_t n) {
+      return (live_global(p, n) && level[static_cast<size_t>(k_.body[n].a)] == Level::kElement) ||
+             live_column(p, n);
+    };
+    int32_t final_pass = last_pass;
+    bool any_per_element = false;
+    for (size_t o = 0; o < k_.outputs.size(); ++o)
+      if (per_element(o)) {
+        any_per_element = true;
+        final_pass = std::max(final_pass, stage[static_cast<size_t>(k_.outputs[o])]);
+      }
+    for (size_t n = 0; n < n_body; ++n)
+      if (folds_last(n))
+        final_pass = std::max(final_pass, stage[static_cast<size_t>(k_.body[n].a)]);
+    std::vector<std::vector<size_t>> roots_of(static_cast<size_t>(final_pass + 1));
+    for (int32_t pass = 0; pass <= final_pass; ++pass) {
+      auto& roots = roots_of[static_cast<size_t>(pass)];
+      if (static_cast<size_t>(pass) < pass_roots.size())
+        roots = pass_roots[static_cast<size_t>(pass)];
+      if (pass != final_pass) continue;
+      for (size_t n = 0; n < n_body; ++n)
+        if (folds_last(n)) roots.push_back(n);
+    }
+    bool any_global = false, any_column = false;
+    for (size_t n = 0; n < n_body; ++n) {
+      any_global |= live_global(p, n);
+      any_column |= live_column(p, n);
+    }
+
+    // The loop over a band's rows, written first to learn which pointers' row starts it reads.
+    std::vector<bool> emitted(n_body, false), row_ptr(np, false);
+    std::string row;
+    auto row_values = [&](int32_t s) {
+      for (size_t n = 0; n < n_body; ++n) {
+        const Level l = level[n];
+        if (stage[n] != s || emitted[n] || !p.rows_needed[n] || is_reduction(k_.body[n].prim) ||
+            (l != Level::kRow && l != Level::kConst))
+          continue;
+        load_at_.assign(ni, "");
+        for (size_t q = 0; q < ni; ++q) load_at_[q] = "st" + std::to_string(q);
+        load_used_.assign(ni, false);
+        row += "    " + decl(n) + " = " + expr(k_.body[n]) + ";\n";
+        for (size_t q = 0; q < ni; ++q) row_ptr[q] = row_ptr[q] || load_used_[q];
+        emitted[n] = true;
+      }
+    };
+    bool loops = false;
+    row_values(0);
+    for (int32_t pass = 0; pass <= final_pass; ++pass) {
+      const std::vector<size_t>& roots = roots_of[static_cast<size_t>(pass)];
+      const bool last = pass == final_pass;
+      if (roots.empty() && !(last && any_per_element)) continue;
+      loops = true;
+      // Element-level instructions this pass needs.
+      std::vector<size_t> work;
+      for (size_t r : roots) work.push_back(static_cast<size_t>(k_.body[r].a));
+      if (last)
+        for (size_t o = 0; o < k_.outputs.size(); ++o)
+          if (per_element(o)) work.push_back(static_cast<size_t>(k_.outputs[o]));
+      const std::vector<bool> needed =
+          reach(work, [&](size_t n) { return level[n] != Level::kElement; });
+      for (size_t r : roots)
+        if (is_row_reduction(k_.body[r]))
+          row += "    " + std::string(value_type(k_.body[r].type)) + " a" + std::to_string(r) +
+                 " = " + identity(k_.body[r]) + ";\n";
+      std::string loop;
+      load_at_.assign(ni, "");
+      for (size_t q = 0; q < ni; ++q) load_at_[q] = "o" + std::to_string(q);
+      load_used_.assign(np, false);
+      for (size_t n = 0; n < n_body; ++n)
+        if (needed[n] && level[n] == Level::kElement)
+          loop += "      " + decl(n) + " = " + expr(k_.body[n]) + ";\n";
+      std::vector<bool> used = load_used_;
+      for (size_t r : roots) {
+        const Instr& in = k_.body[r];
+        const std::string x = v(in.a), f = fold_name(in);
+        if (is_row_reduction(in)) {
+          const std::string a = "a" + std::to_string(r);
+          loop += "      " + a + " = " + f + "(" + a + ", " + x + ");\n";
+        } else if (is_global_reduction(in)) {
+          const std::string g = "g" + std::to_string(r);
+          loop += "      " + g + " = " + f + "(" + g + ", " + x + ");\n";
+        } else {
+          // Position j of the slot's part: this thread's, in every row of the band.
+          const std::string at = "col" + std::to_string(in.index) + "[" +
+                                 (in.part > 0 ? "(U)" + std::to_string(in.part) + " * R + " : "") +
+                                 "j]";
+          loop += "      " + at + " = " +
+                  stored(in.type, f + std::string("(") + read(in.type, at) + ", " + x + ")") +
+                  ";\n";
+        }
+      }
+      if (last)
+        for (size_t o = 0; o < k_.outputs.size(); ++o) {
+          if (!per_element(o)) continue;
+          const size_t q = ni + o;
+          used[q] = true;
+          loop += "      " + ptr_name(q) + "[o" + std::to_string(q) +
+                  "] = " + stored(k_.output_types[o], v(k_.outputs[o])) + ";\n";
+        }
+      std::string offsets;
+      for (size_t q = 0; q < np; ++q) {
+        if (!used[q]) continue;
+        row_ptr[q] = true;
+        const std::string st = "st" + std::to_string(q);
+        std::string off;
+        switch (layout_.inner[q]) {
+          case Layout::kZero:
+            off = st;
+            break;
+          case Layout::kUnit:
+            off = st + " + (S)j";
+            break;
+          case Layout::kAny:
+            off = st + " + (S)j * " + stride_of(q, rank);
+            break;
+        }
+        offsets += "      const S o" + std::to_string(q) + " = " + off + ";\n";
+      }
+      row += "    for (U j = (U)threadIdx.x; j < R; j += (U)blockDim.x) {\n" + offsets + loop +
+             "    }\n";
+      for (size_t r : roots) {
+        const Instr& in = k_.body[r];
+        if (!is_row_reduction(in)) continue;
+        row += "    " + decl(r) + " = kiln_block_reduce(a" + std::to_string(r) + ", " +
+               identity(in) + ", " + fold_functor(in) + ", scratch);\n";
+        emitted[r] = true;
+      }
+      row_values(pass + 1);
+    }
+    // Row-level outputs, and global reductions of row-level values (folded once per row, as on
+    // the CPU), by the block's first thread.
+    std::string first;
+    for (size_t o = 0; o < k_.outputs.size(); ++o) {
+      const auto n = static_cast<size_t>(k_.outputs[o]);
+      if ((level[n] != Level::kRow && level[n] != Level::kConst) || per_element(o)) continue;
+      KILN_CHECK(emitted[n], "fuser: CUDA codegen: row-level output ", n, " not computed\n",
+                 k_.str());
+      const size_t q = ni + o;
+      row_ptr[q] = true;
+      first += "      " + ptr_name(q) + "[st" + std::to_string(q) +
+               "] = " + stored(k_.output_types[o], v(k_.outputs[o])) + ";\n";
+    }
+    for (size_t n = 0; n < n_body; ++n) {
+      if (!live_global(p, n)) continue;
+      const Instr& in = k_.body[n];
+      const auto a = static_cast<size_t>(in.a);
+      if (level[a] == Level::kElement) continue;
+      KILN_CHECK(emitted[a], "fuser: CUDA codegen: row-level operand ", a, " not computed\n",
+                 k_.str());
+      const std::string g = "g" + std::to_string(n);
+      first += "      " + g + " = " + fold_name(in) + "(" + g + ", " + v(in.a) + ");\n";
+    }
+    if (!first.empty()) row += "    if (threadIdx.x == 0) {\n" + first + "    }\n";
+    for (size_t n = 0; n < n_body; ++n) {
+      const bool row_level = level[n] == Level::kRow || level[n] == Level::kConst;
+      KILN_CHECK(!p.rows_needed[n] || !row_level || emitted[n],
+                 "fuser: CUDA codegen: row-level instruction ", n, " not computed\n", k_.str());
+    }
+
+    // The kernel: sizes and strides, the block's partials, then the band's rows.
+    const size_t n_dims = static_cast<size_t>(rank) + 1;
+    out_ += "\nstruct KilnRowsDims {\n  long long size[" + std::to_string(n_dims) +
+            "];\n  long long stride[" + std::to_string(np * n_dims) + "];  // pointer-major\n};\n";
+    const bool has_partials = k_.num_globals > 0 || k_.num_columns() > 0;
+    out_ +=
+        "\ntemplate <typename U, typename S>\nKILN_D void kiln_rows(U rows, const KilnRowsDims& d" +
+        ptr_params() + scalar_params() +
+        ", unsigned long long* partials, unsigned long long* scratch) {\n";
+    if (loops || any_global || any_column)
+      out_ += "  const U R = (U)d.size[" + std::to_string(rank) + "];\n";
+    int64_t total_parts = 0;
+    for (int32_t parts : k_.column_parts) total_parts += parts;
+    if (any_global || any_column)
+      out_ += "  unsigned long long* const part = partials + (unsigned long long)blockIdx.x * (" +
+              std::to_string(k_.num_globals) + "ull + " + std::to_string(total_parts) +
+              "ull * (unsigned long long)R);\n";
+    int64_t parts_before = 0;
+    for (int32_t s = 0; s < k_.num_columns(); ++s) {
+      const int32_t parts = k_.column_parts[static_cast<size_t>(s)];
+      const int64_t offset = parts_before;
+      parts_before += parts;
+      if (!p.live_slot[static_cast<size_t>(s)]) continue;
+      const Instr& r = k_.body[column_reduction_of(s)];
+      const std::string col = "col" + std::to_string(s);
+      out_ += "  " + std::string(storage_type(r.type)) + "* const " + col + " = reinterpret_cast<" +
+              storage_type(r.type) + "*>(part + " + std::to_string(k_.num_globals) + "ull + " +
+              std::to_string(offset) + "ull * (unsigned long long)R);\n";
+      // Each position starts at the identity, set by the thread that folds into it.
+      out_ += "  for (U j = (U)threadIdx.x; j < R; j += (U)blockDim.x) {\n";
+      for (int32_t q = 0; q < parts; ++q)
+        out_ += "    " + col + "[" + (q > 0 ? "(U)" + std::to_string(q) + " * R + " : "") +
+                "j] = " + stored(r.type, identity(r)) + ";\n";
+      out_ += "  }\n";
+    }
+    for (size_t n = 0; n < n_body; ++n)
+      if (live_global(p, n))
+        out_ += "  " + std::string(value_type(k_.body[n].type)) + " g" + std::to_string(n) + " = " +
+                identity(k_.body[n]) + ";\n";
+    out_ += "  const U chunk = (rows + (U)gridDim.x - 1) / (U)gridDim.x;\n";
+    out_ += "  const U first = (U)blockIdx.x * chunk;\n";
+    out_ +=
+        "  const U last = first >= rows ? first : rows - first < chunk ? rows : first + chunk;\n";
+    out_ += "  for (U row = first; row < last; ++row) {\n";
+    bool any_row_ptr = false;
+    for (size_t q = 0; q < np; ++q) any_row_ptr |= row_ptr[q];
+    // The row's first element per pointer: the row's index per outer dim from the sizes.
+    std::vector<std::string> idx(static_cast<size_t>(rank));
+    if (any_row_ptr && rank >= 1) {
+      if (rank == 1) {
+        idx[0] = "row";
+      } else {
+        out_ += "    U rem = row;\n";
+        for (int dim = rank - 1; dim >= 1; --dim) {
+          const std::string size = "(U)d.size[" + std::to_string(dim) + "]",
+                            i = "i" + std::to_string(dim);
+          out_ += "    const U " + i + " = rem % " + size + ";\n    rem /= " + size + ";\n";
+          idx[static_cast<size_t>(dim)] = i;
+        }
+        idx[0] = "rem";
+      }
+    }
+    for (size_t q = 0; q < np; ++q) {
+      if (!row_ptr[q]) continue;
+      std::string off;
+      for (int dim = 0; dim < rank; ++dim)
+        off += std::string(off.empty() ? "" : " + ") + "(S)" + idx[static_cast<size_t>(dim)] +
+               " * " + stride_of(q, dim);
+      out_ += "    const S st" + std::to_string(q) + " = " + (off.empty() ? "0" : off) + ";\n";
+    }
+    out_ += row + "  }\n";
+    // The block's global partials: each reduction over the block, written by its first thread.
+    for (size_t n = 0; n < n_body; ++n) {
+      if (!live_global(p, n)) continue;
+      const Instr& in = k_.body[n];
+      out_ += "  {\n    const " + std::string(value_type(in.type)) + " t = kiln_block_reduce(g" +
+              std::to_string(n) + ", " + identity(in) + ", " + fold_functor(in) + ", scratch);\n";
+      out_ += "    if (threadIdx.x == 0) *reinterpret_cast<" + std::string(storage_type(in.type)) +
+              "*>(part + " + std::to_string(in.index) + ") = " + stored(in.type, "t") + ";\n  }\n";
+    }
+    out_ += "}\n";
+    const std::string partials = has_partials ? ", unsigned long long* partials" : "";
+    out_ += "\nextern \"C\" __global__ void " + symbol_ +
+            "(long long rows, int index32, KilnRowsDims dims" + ptr_params() + scalar_params() +
+            partials + ") {\n";
+    out_ += "  __shared__ unsigned long long kiln_scratch[32];\n";
+    const std::string args = "dims" + ptr_args() + scalar_args() +
+                             (has_partials ? ", partials" : ", nullptr") + ", kiln_scratch";
+    out_ += "  if (index32)\n    kiln_rows<unsigned, int>((unsigned)rows, " + args + ");\n";
+    out_ += "  else\n    kiln_rows<unsigned long long, long long>((unsigned long long)rows, " +
+            args + ");\n}\n";
+  }
+
+  // A column reduction folding into slot s (its parts' reductions share the type and the fold).
+  size_t column_reduction_of(int32_t s) const {
+    for (size_t n = 0; n < k_.body.size(); ++n)
+      if (is_column_reduction(k_.body[n]) && k_.body[n].index == s) return n;
+    KILN_CHECK(false, "fuser: column slot ", s, " has no reduction\n", k_.str());
+    return 0;
+  }
+
+  // Instructions `needed` of the levels `ok` in program order, inputs read at element 0 (as the
+  // CPU's finish and columns functions read them).
+  std::string helper_values(const std::vector<bool>& needed, const RowsPlan& p,
+                            const std::string& indent) {
+    std::string s;
+    load_at_.assign(k_.input_types.size(), "0");
+    load_used_.assign(k_.input_types.size(), false);
+    for (size_t n = 0; n < k_.body.size(); ++n) {
+      if (!needed[n] || is_reduction(k_.body[n].prim)) continue;
+      const Level l = p.level[n];
+      KILN_CHECK(l == Level::kGlobal || l == Level::kColumn || l == Level::kConst,
+                 "fuser: CUDA codegen: instruction ", n, " of level ", static_cast<int>(l),
+                 " after a global or column reduction\n", k_.str());
+      s += indent + decl(n) + " = " + expr(k_.body[n]) + ";\n";
+    }
+    return s;
+  }
+
+  // The finish kernel: the blocks' partials combined in block order by one thread (as the CPU's
+  // finish function combines its calls', so that a global reduction of row-level values is the
+  // CPU's bit for bit), then the outputs that depend on them.
+  void finish_kernel(const RowsPlan& p) {
+    out_ += "\nextern \"C\" __global__ void " + symbol_ +
+            "_finish(long long blocks, long long stride, const unsigned long long* partials" +
+            ptr_params() + scalar_params() + ") {\n";
+    out_ += "  if (blockIdx.x != 0 || threadIdx.x != 0) return;\n";
+    std::string combine;
+    for (size_t n = 0; n < k_.body.size(); ++n) {
+      if (!live_global(p, n)) continue;
+      const Instr& in = k_.body[n];
+      out_ += "  " + std::string(value_type(in.type)) + " " + v(static_cast<int32_t>(n)) + " = " +
+              identity(in) + ";\n";
+      const std::string at = "*reinterpret_cast<const " + std::string(storage_type(in.type)) +
+                             "*>(block + " + std::to_string(in.index) + ")";
+      combine += "    " + v(static_cast<int32_t>(n)) + " = " + fold_name(in) + "(" +
+                 v(static_cast<int32_t>(n)) + ", " + read(in.type, at) + ");\n";
+    }
+    if (!combine.empty())
+      out_ +=
+          "  for (long long c = 0; c < blocks; ++c) {\n"
+          "    const unsigned long long* block = partials + c * stride;\n" +
+          combine + "  }\n";
+    out_ += helper_values(p.finish_needed, p, "  ");
+    for (size_t o = 0; o < k_.outputs.size(); ++o) {
+      const auto n = static_cast<size_t>(k_.outputs[o]);
+      if (p.level[n] != Level::kGlobal) continue;
+      out_ += "  " + ptr_name(k_.input_types.size() + o) +
+              "[0] = " + stored(k_.output_types[o], v(k_.outputs[o])) + ";\n";
+    }
+    out_ += "}\n";
+  }
+
+  // The columns kernel: a grid-stride loop over positions; per live slot, the blocks' column
+  // partials at the position combined in block order (the CPU's call order), then the slot's
+  // outputs at the position, stored contiguously (position q at element q).
+  void columns_kernel(const RowsPlan& p) {
+    out_ += "\nextern \"C\" __global__ void " + symbol_ +
+            "_columns(long long blocks, long long stride, long long R, "
+            "const unsigned long long* partials" +
+            ptr_params() + scalar_params() + ") {\n";
+    int32_t widest = 0;
+    for (int32_t s = 0; s < k_.num_columns(); ++s)
+      if (p.live_slot[static_cast<size_t>(s)])
+        widest = std::max(widest, k_.column_parts[static_cast<size_t>(s)]);
+    out_ += "  const long long step = (long long)blockDim.x * (long long)gridDim.x;\n";
+    out_ +=
+        "  for (long long q = (long long)blockIdx.x * (long long)blockDim.x + "
+        "(long long)threadIdx.x; q < " +
+        std::to_string(widest) + "ll * R; q += step) {\n";
+    int64_t parts_before = 0;
+    for (int32_t s = 0; s < k_.num_columns(); ++s) {
+      const int32_t parts = k_.column_parts[static_cast<size_t>(s)];
+      const int64_t offset = parts_before;
+      parts_before += parts;
+      if (!p.live_slot[static_cast<size_t>(s)]) continue;
+      const Instr& r = k_.body[column_reduction_of(s)];
+      const std::string st = storage_type(r.type), vt = value_type(r.type);
+      std::vector<size_t> work;
+      for (int32_t o : k_.outputs)
+        if (p.slot_of[static_cast<size_t>(o)] == s) work.push_back(static_cast<size_t>(o));
+      const std::vector<bool> needed =
+          reach(work, [&](size_t n) { return is_column_reduction(k_.body[n]); });
+      const std::string base = "partials + (" + std::to_string(k_.num_globals) + "ll + " +
+                               std::to_string(offset) + "ll * R)";
+      auto at = [&](const std::string& block) {
+        return read(r.type, "reinterpret_cast<const " + st + "*>(" + block + ")[q]");
+      };
+      out_ += "    if (q < " + std::to_string(parts) + "ll * R) {\n";
+      out_ += "      const unsigned long long* const base = " + base + ";\n";
+      out_ += "      " + vt + " acc = " + at("base") + ";\n";
+      out_ += "      for (long long c = 1; c < blocks; ++c) acc = " + std::string(fold_name(r)) +
+              "(acc, " + at("base + c * stride") + ");\n";
+      for (size_t n = 0; n < k_.body.size(); ++n)
+        if (needed[n] && is_column_reduction(k_.body[n])) out_ += "      " + decl(n) + " = acc;\n";
+      out_ += helper_values(needed, p, "      ");
+      for (size_t o = 0; o < k_.outputs.size(); ++o) {
+        const auto n = static_cast<size_t>(k_.outputs[o]);
+        if (p.slot_of[n] != s) continue;
+        out_ += "      " + ptr_name(k_.input_types.size() + o) +
+                "[q] = " + stored(k_.output_types[o], v(k_.outputs[o])) + ";\n";
+      }
+      out_ += "    }\n";
+    }
+    out_ += "  }\n}\n";
+  }
+
   const Kernel& k_;
   const Layout& layout_;
   const std::string& symbol_;
   std::string out_;
+  // Rows kernels: where expr reads each input (an offset variable), and the inputs it read.
+  std::vector<std::string> load_at_;
+  std::vector<bool> load_used_;
 };
 
 }  // namespace
@@ -572,8 +1202,9 @@ CudaCallFlags cuda_call_flags(const Kernel& kernel, const Layout& layout, int64_
   // 32-bit: the loop's index (below n, stepping by the thread count, in unsigned arithmetic) and
   // every offset's partial sums (bounded by the sum of |index * stride| over the dims) fit.
   flags.index32 = n <= kMax && threads <= (int64_t{1} << 31);
-  if (flags.index32 && !layout.flat && n > 0) {
-    const auto rank = static_cast<size_t>(layout.rank);
+  if (layout.rows) flags.index32 = flags.index32 && sizes[layout.rank] <= kMax;
+  if (flags.index32 && (!layout.flat || layout.rows) && n > 0) {
+    const auto rank = static_cast<size_t>(layout.rank) + (layout.rows ? 1 : 0);
     for (size_t p = 0; p < num_ptrs && flags.index32; ++p) {
       int64_t reach = 0;
       for (size_t d = 0; d < rank && flags.index32; ++d) {
@@ -588,7 +1219,7 @@ CudaCallFlags cuda_call_flags(const Kernel& kernel, const Layout& layout, int64_
     }
   }
   // 4-wide: a kernel with a 4-wide loop, and every pointer read or written through it aligned.
-  if (layout.flat) {
+  if (layout.flat && !layout.rows) {
     flags.vec = true;
     for (size_t p = 0; p < num_ptrs && flags.vec; ++p) {
       const bool single = p < layout.single_element.size() && layout.single_element[p];
@@ -600,6 +1231,33 @@ CudaCallFlags cuda_call_flags(const Kernel& kernel, const Layout& layout, int64_
     }
   }
   return flags;
+}
+
+CudaRowsLaunch cuda_rows_launch(const Kernel& kernel, const Layout& layout, const int64_t* sizes,
+                                const int64_t* strides) {
+  KILN_CHECK(layout.rows, "fuser: cuda_rows_launch of a layout without rows");
+  int64_t rows = 1;
+  for (int d = 0; d < layout.rank; ++d) rows *= sizes[d];
+  const int64_t R = sizes[layout.rank];
+  CudaRowsLaunch g;
+  // About 4 elements per thread, in whole warps; 512 threads at most leave room for registers.
+  while (g.threads < 512 && int64_t{g.threads} * 4 < R) g.threads *= 2;
+  const int64_t cap = kernel.num_columns() > 0 ? 128 : kernel.num_globals > 0 ? 1024 : 65536;
+  g.blocks = std::max<int64_t>(1, std::min(rows, cap));
+  g.index32 = cuda_call_flags(kernel, layout, rows, sizes, strides, nullptr, g.blocks).index32;
+  if (kernel.num_globals > 0 || kernel.num_columns() > 0) {
+    g.stride = kernel.partials_per_call(R);
+    g.partials_bytes = g.blocks * g.stride * 8;
+  }
+  if (kernel.num_columns() > 0) {
+    int32_t widest = 0;
+    for (int32_t parts : kernel.column_parts) widest = std::max(widest, parts);
+    g.column_positions = widest * R;
+    g.columns_threads = 128;
+    g.columns_blocks =
+        std::max<int64_t>(1, std::min<int64_t>(65535, (g.column_positions + 127) / 128));
+  }
+  return g;
 }
 
 std::vector<std::string> cuda_compile_options() {

@@ -1,8 +1,8 @@
-// CUDA code generation: a fused elementwise kernel (fuser/kernel.h) as CUDA C++ source for NVRTC.
+// CUDA code generation: a fused kernel (fuser/kernel.h) as CUDA C++ source for NVRTC.
 //
-// What exists: flat and strided elementwise kernels as source text, compiled by NVRTC (nvrtc.h)
-// to PTX or cubin. What does not yet: loading and launching them (driver API), device tensors,
-// and rows kernels (reductions); cuda_source raises for a rows layout.
+// What exists: flat and strided elementwise kernels and rows kernels (reductions) as source text,
+// compiled by NVRTC (nvrtc.h) to PTX or cubin. What does not yet: loading and launching them
+// (driver API), device tensors.
 //
 // The launch ABI (what a launcher passes to cuLaunchKernel, one pointer per parameter):
 //   flat:    (long long n, int index32, int vec, <ptrs>, <scalars>)
@@ -26,6 +26,48 @@
 //   is the same source and the same compiled kernel.
 // The kernels are grid-stride loops: any grid size is correct; a launcher picks one from n.
 //
+// Rows kernels (Layout::rows: kernels with reductions) are up to three kernels in one source:
+//   rows:    <symbol>(long long rows, int index32, KilnRowsDims dims, <ptrs>, <scalars>
+//                     [, unsigned long long* partials])
+//   finish:  <symbol>_finish(long long blocks, long long stride, const unsigned long long*
+//   partials,
+//                            <ptrs>, <scalars>)                   (Kernel::num_globals > 0)
+//   columns: <symbol>_columns(long long blocks, long long stride, long long R,
+//                             const unsigned long long* partials, <ptrs>, <scalars>)
+//                                                                  (Kernel::num_columns() > 0)
+// - rows: the number of rows (the product of the rank outer sizes; 1 for rank 0), at least 0.
+// - dims: `long long size[rank + 1]; long long stride[P * (rank + 1)]`: exactly the CPU rows
+//   kernel's `sizes` (outer sizes, then the row length R) then `strides` (per pointer: its outer
+//   strides, then its stride along a row), pointer-major.
+// - index32: as above, for the rows kernel: rows <= INT32_MAX, R <= INT32_MAX, the grid at most
+//   2^31 blocks, and for every pointer sum_d (size[d] - 1) * |stride[p][d]| over the rank + 1 dims
+//   <= INT32_MAX.
+// - partials (only when the kernel has global or column reductions): the launcher's buffer of
+//   gridDim.x blocks of `stride` = Kernel::partials_per_call(R) values of 8 bytes, laid out per
+//   block as one CPU call's partials (global slots, then column slots, a value of the reduction's
+//   type at the start of each 8-byte global slot, column positions packed in the reduction's
+//   type). Block b writes block b only (whatever it held before is overwritten; no clearing).
+// - Geometry: blockDim.x a multiple of 32, from 32 to 1024 (blockDim.y = blockDim.z = 1); any
+//   gridDim.x >= 1. Shared memory: 256 bytes, static (no dynamic shared memory to pass).
+//   Block b walks the band of rows [b * chunk, min(rows, (b + 1) * chunk)), chunk =
+//   ceil(rows / gridDim.x), as one CPU call walks its range; thread t of a block takes elements t,
+//   t + blockDim.x, ... of each row. A row reduction folds per thread, then over the block through
+//   warp shuffles (__shfl_xor_sync) and shared memory across warps: a fixed tree for a given block
+//   size, no atomics, so results are the same on every run with the same geometry; every thread
+//   gets the row's value for the next pass (softmax: max, then sum of exp, then the scaled store).
+// - finish: launched after the rows kernel with one block of one thread (other threads return):
+//   blocks is the rows kernel's gridDim.x, stride as above. It combines the blocks' global
+//   partials in block order and writes the outputs that depend on them (at element 0 of their
+//   pointers): the CPU's FinishFn over calls = blocks.
+// - columns: launched after the rows kernel, any geometry (a grid-stride loop over positions
+//   0 .. max parts * R); blocks and stride as above, R the row length. Column reductions fold each
+//   row of a block's band into the block's column partial (position j by the thread that takes
+//   element j of every row, so in row order and without atomics); this kernel combines the blocks'
+//   partials per position in block order and stores the column outputs contiguously (position q
+//   at element q): the CPU's ColumnsFn over calls = blocks (it leaves the partials as they were).
+// cuda_rows_launch below computes a geometry from the sizes alone (not from the device), so that
+// results do not depend on which GPU runs them.
+//
 // Numerics: every primitive computes what the LLVM emitter computes (casts as x86's truncating
 // conversion, NaN to the lowest integer; wrapping integer arithmetic; the integer remainder by 0
 // or -1 taken as 0; pow's case analysis; round to nearest even; no FMA contraction, see
@@ -39,6 +81,16 @@
 //   float64: exp 2, log 2, log1p 2, expm1 2, sin 3, cos 3, tanh 4, erf 3, other pow 3
 // Formulas compose these (sigmoid = 1 / (1 + exp(-x))), so their outputs drift by the condition
 // number of what follows; tests on a GPU should compare with such per-op tolerances.
+// Reductions: max and min (NaN-propagating, -0 below +0), integer and bool folds are exact, so
+// equal to the CPU's in any order. Sums of floats accumulate in double as on the CPU (the
+// formulas widen them), but in another order (the CPU's vectorized, reassociated loop; here each
+// thread's strided elements, then the block's tree): a double sum of n terms differs from the
+// CPU's by at most 2 (n - 1) 2^-53 sum |x| (each order's bound), which a float32 result sees as at
+// most 1 ulp (and then rarely: only where the double sum lies near a float32 rounding boundary);
+// where every partial sum is exact in double (terms of bounded exponent range: the tests' values),
+// the results are equal bit for bit. A global reduction of row-level values (a mean over rows of
+// row losses) and column reductions fold in the CPU's order when the CPU's calls cover the same
+// bands of rows as the blocks (calls = blocks, chunk = ceil(rows / blocks)): then bit-equal.
 #pragma once
 
 #include <cstdint>
@@ -50,14 +102,16 @@
 namespace kiln::fuser::cuda {
 
 // The kernel as CUDA C++ source defining `extern "C" __global__ void <symbol>(...)` (see above).
-// Raises kiln::Error for a rows layout (not generated for CUDA yet), an invalid symbol, or
-// parameters past CUDA's 32,764 bytes.
+// Rows layouts also define <symbol>_finish and <symbol>_columns when the kernel has global or
+// column reductions. Raises kiln::Error for an invalid symbol or layout, or parameters past
+// CUDA's 32,764 bytes.
 std::string cuda_source(const Kernel& kernel, const Layout& layout, const std::string& symbol);
 
 // The index32 and vec arguments of one call, by the rules above: `sizes` and `strides` as the CPU
-// kernel takes them (strided only; rank and rank * pointers entries), `ptrs` the tensors' first
-// elements, `threads` the grid's block size times its number of blocks. A launcher passes these;
-// kept here, beside the kernels that rely on them.
+// kernel takes them (strided only; rank and rank * pointers entries; rows: rank + 1 and
+// (rank + 1) * pointers, with n the number of rows), `ptrs` the tensors' first elements, `threads`
+// the grid's block size times its number of blocks (rows: its number of blocks). A launcher passes
+// these; kept here, beside the kernels that rely on them.
 struct CudaCallFlags {
   bool index32 = false;
   bool vec = false;
@@ -65,6 +119,26 @@ struct CudaCallFlags {
 CudaCallFlags cuda_call_flags(const Kernel& kernel, const Layout& layout, int64_t n,
                               const int64_t* sizes, const int64_t* strides, char* const* ptrs,
                               int64_t threads);
+
+// For a rows kernel (Layout::rows): the launch geometry of a call, by the rules above, from the
+// CPU kernel's `sizes` (rank + 1 entries) and `strides` ((rank + 1) per pointer). Depends on the
+// sizes only, never on the device, so that sums come out the same on every GPU.
+//   threads: a power of two from 32 to 512, about R / 4 (every thread folds about 4 elements)
+//   blocks:  min(rows, cap), at least 1; cap 65536, 1024 with global reductions (the finish
+//            kernel combines the blocks' partials on one thread), 128 with column reductions
+//            (blocks * R column partials)
+struct CudaRowsLaunch {
+  int64_t blocks = 1;            // the rows kernel's gridDim.x
+  int threads = 32;              // its blockDim.x
+  bool index32 = false;          // its index32 argument
+  int64_t stride = 0;            // 8-byte values per block in partials: partials_per_call(R)
+  int64_t partials_bytes = 0;    // the partials buffer: blocks * stride * 8 (0: none)
+  int64_t column_positions = 0;  // positions the columns kernel covers (max parts * R)
+  int64_t columns_blocks = 0;    // the columns kernel's grid (0: no columns kernel) ...
+  int columns_threads = 0;       // ... and block size; the finish kernel runs <<<1, 1>>>
+};
+CudaRowsLaunch cuda_rows_launch(const Kernel& kernel, const Layout& layout, const int64_t* sizes,
+                                const int64_t* strides);
 
 // NVRTC options the generated source must be compiled with: --fmad=false, so that a * b + c is
 // rounded twice as on the CPU (the LLVM emitter never contracts), and IEEE division, square root
