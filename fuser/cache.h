@@ -58,5 +58,6 @@ DiskCacheStats disk_cache_stats();
 
 // Payload kinds.
 constexpr uint32_t kCpuObject = 1;
+constexpr uint32_t kCudaBinary = 2;  // a cubin, or PTX (fuser/codegen/cuda/cuda_kernel.h)
 
 }  // namespace kiln::fuser

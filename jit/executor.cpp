@@ -7,6 +7,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "fuser/codegen/llvm/cpu_codegen.h"
+#ifdef KILN_HAS_CUDA
+#include "fuser/codegen/cuda/cuda_kernel.h"
+#endif
 #include "fuser/fuse.h"
 #include "jit/dump.h"
 #include "jit/log.h"
@@ -14,6 +17,7 @@
 #include "kiln/error.h"
 #include "kiln/ops.h"
 #include "lib/allocator.h"
+#include "lib/cuda_tensor.h"
 #include "lib/lazy.h"
 #include "lib/parallel.h"
 #include "lib/profiler.h"
@@ -51,6 +55,32 @@ std::vector<Tensor> invoke_in_scope(const Node& node, const std::vector<Tensor>&
   KILN_CHECK(out.size() == node.num_outputs(), "jit: ", op.name, " returned ", out.size(),
              " values for ", node.num_outputs(), " outputs");
   return out;
+}
+
+// A node on a CUDA device that no kernel of the device computes (not fused, not a GEMM): its
+// reference kernel runs on copies of its inputs on the host, and its outputs are copied back.
+// Correct for every op, at the price of the transfers, which KILN_PROFILE counts and its tips
+// name; views take this path too, as a view's reference kernel may copy (reshape).
+std::vector<Tensor> invoke_through_host(const Node& node, const std::vector<Tensor>& inputs) {
+  std::vector<Tensor> host;
+  host.reserve(inputs.size());
+  for (const Tensor& t : inputs) host.push_back(t.defined() ? t.to(kCPU) : t);
+  std::vector<Tensor> out = invoke_in_scope(node, host);
+  for (size_t k = 0; k < out.size(); ++k) {
+    const Device d = node.output(k)->type().device;
+    if (out[k].defined() && out[k].device() != d) out[k] = detail::copy_to_device(out[k], d);
+  }
+  return out;
+}
+
+// GEMMs run on the device through cuBLAS (lib/ops/linalg.cpp); other unfused ops through the host.
+bool runs_on_cuda(const Node& n) {
+  const DType t = n.output(0)->type().dtype;
+  return n.op().kind == detail::OpKind::Linalg && (t == kFloat32 || t == kFloat64);
+}
+
+bool on_cuda(const Node& n) {
+  return n.num_outputs() > 0 && n.output(0)->type().device.is_cuda();
 }
 }  // namespace
 
@@ -190,7 +220,7 @@ Plan::Plan(const Graph& graph, const std::vector<int64_t>& in_place_inputs) {
   {
     std::vector<bool> convert;
     for (const Proto& p : protos) {
-      if (p.group) continue;
+      if (p.group || on_cuda(*p.node)) continue;
       if (std::optional<DType> compute = fuser::elementwise_compute_type(*p.node, convert)) {
         direct[p.node] = *compute;
         for (bool c : convert)
@@ -205,7 +235,9 @@ Plan::Plan(const Graph& graph, const std::vector<int64_t>& in_place_inputs) {
   // steps and kernels (which keep no reference to it, so its region is free after its last
   // reader).
   auto arena_eligible = [&](const Value* v) {
-    if (graph.is_output(v) || value_bytes(v->type()) > kArenaValueMaxBytes) return false;
+    if (graph.is_output(v) || value_bytes(v->type()) > kArenaValueMaxBytes ||
+        v->type().device.is_cuda())
+      return false;
     for (const Use& u : v->uses())
       if (!direct.contains(u.user) && !group_of.contains(u.user)) return false;
     return true;
@@ -220,6 +252,12 @@ Plan::Plan(const Graph& graph, const std::vector<int64_t>& in_place_inputs) {
     Step step;
     step.node = n;
     step.group = proto.group;
+    if (n->op().kind != detail::OpKind::Transfer && !proto.outputs.empty() &&
+        proto.outputs[0]->type().device.is_cuda())
+      step.cuda_device = proto.outputs[0]->type().device.index;
+    if (step.cuda_device >= 0 && !step.group && !n->is_constant() && !runs_on_cuda(*n))
+      log("fuser", n->op().name, " (%", n->output(0)->id(), ") on cuda:", step.cuda_device,
+          " runs through the host: no device kernel computes it unfused");
     if (step.group && step.group->rows) {
       const std::vector<fuser::Level> levels = fuser::instr_levels(step.group->kernel);
       const fuser::Kernel& k = step.group->kernel;
@@ -425,9 +463,55 @@ fuser::CompiledKernel Plan::kernel_for(const Step& step, const fuser::Layout& la
   return fn;
 }
 
-const char* Plan::run_group(const Step& step, const std::vector<Tensor>& args,
+const char* Plan::launch_cuda_group(const Step& step, const fuser::Layout& layout, int64_t n,
+                                    const int64_t* sizes, const int64_t* strides,
+                                    char* const* ptrs) const {
+#ifdef KILN_HAS_CUDA
+  std::shared_ptr<const void> held;
+  {
+    std::lock_guard<std::mutex> lock(kernels_mutex_);
+    for (const auto& [l, k] : step.cuda_kernels)
+      if (l == layout) held = k;
+  }
+  if (!held) {
+    detail::SpanStart* step_span = t_step_span;
+    if (step_span) detail::profile_end_discard(*step_span);
+    auto loaded = std::make_shared<fuser::cuda::CudaKernel>(
+        fuser::cuda::cuda_kernel(step.group->kernel, layout, step.cuda_device));
+    if (step_span) *step_span = detail::profile_begin();
+    held = loaded;
+    std::lock_guard<std::mutex> lock(kernels_mutex_);
+    step.cuda_kernels.emplace_back(layout, held);
+  }
+  const auto& kernel = *static_cast<const fuser::cuda::CudaKernel*>(held.get());
+  if (layout.rows)
+    fuser::cuda::launch_rows(kernel, step.group->kernel, layout, step.cuda_device, sizes, strides,
+                             ptrs, step.group->scalars.data());
+  else
+    fuser::cuda::launch_elementwise(kernel, step.group->kernel, layout, step.cuda_device, n, sizes,
+                                    strides, ptrs, step.group->scalars.data());
+  return kernel.name;
+#else
+  (void)layout, (void)n, (void)sizes, (void)strides, (void)ptrs;
+  KILN_FAIL("jit: ", step.group->kernel.ops, " is on cuda:", step.cuda_device,
+            " but kiln was built without the CUDA toolkit");
+#endif
+}
+
+const char* Plan::run_group(const Step& step, const std::vector<Tensor>& host_args,
                             std::vector<Tensor>& outs) const {
   const fuser::FusionGroup& g = *step.group;
+  // A CUDA kernel reads device memory only: a CPU input (a 0-dim number) is copied over first.
+  std::vector<Tensor> moved;
+  const std::vector<Tensor>* args_ptr = &host_args;
+  if (step.cuda_device >= 0) {
+    moved = host_args;
+    for (Tensor& t : moved)
+      if (t.defined() && t.device().is_cpu())
+        t = detail::copy_to_device(t, Device(DeviceType::CUDA, step.cuda_device));
+    args_ptr = &moved;
+  }
+  const std::vector<Tensor>& args = *args_ptr;
   // Where the kernel's outputs go: the outputs, then a join's pieces in their slices of its value.
   std::vector<Tensor> joined;
   const std::vector<Tensor>* dests = &outs;
@@ -463,6 +547,8 @@ const char* Plan::run_group(const Step& step, const std::vector<Tensor>& args,
   std::vector<char*> ptrs(num_inputs + dests->size());
   for (size_t k = 0; k < num_inputs; ++k) ptrs[k] = args[k].impl()->data();
   for (size_t k = 0; k < dests->size(); ++k) ptrs[num_inputs + k] = (*dests)[k].impl()->data();
+  if (step.cuda_device >= 0)
+    return launch_cuda_group(step, layout, numel, nullptr, nullptr, ptrs.data());
   if (layout.flat) {
     // Held while it runs (the plan holds it too).
     const fuser::CompiledKernel kernel = kernel_for(step, layout);
@@ -491,6 +577,8 @@ const char* Plan::run_group(const Step& step, const std::vector<Tensor>& args,
                            : s == 1                    ? fuser::Layout::kUnit
                                                        : fuser::Layout::kAny);
   }
+  if (step.cuda_device >= 0)
+    return launch_cuda_group(step, layout, numel, shape.data(), strides.data(), ptrs.data());
   const fuser::CompiledKernel kernel = kernel_for(step, layout);
   const fuser::KernelFn fn = kernel.fn;
   const int64_t inner = shape.back();
@@ -582,6 +670,9 @@ const char* Plan::run_rows_group(const Step& step, const std::vector<Tensor>& ar
       ptrs.push_back(data);
     }
   }
+  if (step.cuda_device >= 0)
+    return launch_cuda_group(step, layout, rows * row_length, sizes.data(), strides.data(),
+                             ptrs.data());
   const fuser::CompiledKernel kernel = kernel_for(step, layout);
   int64_t chunk = std::max<int64_t>(1, detail::kParallelGrain / std::max<int64_t>(1, row_length));
   const fuser::Kernel& k = g.kernel;
@@ -754,7 +845,9 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
             continue;
           }
         }
-        outs.push_back(detail::make_empty(type.sizes, type.dtype));
+        outs.push_back(step.cuda_device < 0
+                           ? detail::make_empty(type.sizes, type.dtype)
+                           : detail::make_empty_on(type.sizes, type.dtype, type.device));
       }
       if (step.group) {
         kernel = run_group(step, args, outs);
@@ -763,6 +856,10 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
         step.map_into(outs[0], args.data(), step.node->attrs());
         g_unfused_steps_run.fetch_add(1, std::memory_order_relaxed);
       }
+    } else if (step.cuda_device >= 0) {
+      outs = runs_on_cuda(*step.node) ? invoke_in_scope(*step.node, args)
+                                      : invoke_through_host(*step.node, args);
+      g_unfused_steps_run.fetch_add(1, std::memory_order_relaxed);
     } else {
       outs = invoke_in_scope(*step.node, args);
       if (step.node->op().kind != detail::OpKind::View)

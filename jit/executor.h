@@ -70,6 +70,9 @@ class Plan {
     mutable std::vector<std::pair<fuser::Layout, fuser::CompiledKernel>> kernels;
     std::vector<fuser::Level> output_levels;  // rows groups: where each output varies
     std::vector<int64_t> in_place;            // per output: graph input to write into, or -1
+    int cuda_device = -1;                     // the CUDA device it computes on, or -1 (CPU)
+    // CUDA groups: the group's loaded kernel per layout met so far (under kernels_mutex_).
+    mutable std::vector<std::pair<fuser::Layout, std::shared_ptr<const void>>> cuda_kernels;
   };
   struct ArenaValue {
     int64_t slot;
@@ -82,6 +85,11 @@ class Plan {
   // Run a group's kernel; return its symbol (for the profiler), or null when nothing ran.
   const char* run_group(const Step& step, const std::vector<Tensor>& args,
                         std::vector<Tensor>& outs) const;
+  // A group's CUDA kernel over n elements (loaded on first use per layout); rows groups pass the
+  // rows kernel's sizes and strides.
+  const char* launch_cuda_group(const Step& step, const fuser::Layout& layout, int64_t n,
+                                const int64_t* sizes, const int64_t* strides,
+                                char* const* ptrs) const;
   // outs: where the kernel's outputs go (a join's pieces in their slices).
   const char* run_rows_group(const Step& step, const std::vector<Tensor>& args,
                              const std::vector<Tensor>& outs) const;

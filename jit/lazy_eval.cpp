@@ -19,6 +19,7 @@
 #include "jit/passes/passes.h"
 #include "jit/wire.h"
 #include "kiln/error.h"
+#include "lib/cuda_tensor.h"
 #include "lib/profiler.h"
 #include "lib/tensor_impl.h"
 
@@ -111,7 +112,7 @@ void fill_storage(detail::Storage& s, const Tensor& r, const detail::LazyType& t
                   const ResultHolders& holders) {
   Tensor src = r;
   if (!holders.can_give_up(src, s.nbytes)) {
-    src = detail::make_empty(type.sizes, type.dtype);
+    src = detail::make_empty_on(type.sizes, type.dtype, type.device);
     detail::copy_kernel(src, r);
   }
   swap_buffers(s, *src.impl()->storage);
@@ -214,7 +215,7 @@ Recipe collect(const std::vector<LazyRef>& requests, LazyGraphBinding* binding,
       int64_t arg = detail::attr_int(n->attrs.at(0));
       const detail::LazyType& t = n->outputs[0];
       r.placeholder_input.push_back(static_cast<int64_t>(r.input_types.size()));
-      r.input_types.push_back(ValueType{t.dtype, t.sizes});
+      r.input_types.push_back(ValueType{t.dtype, t.sizes, t.device});
       if (placeholder_values) {
         KILN_CHECK(arg >= 0 && static_cast<size_t>(arg) < placeholder_values->size(),
                    "jit: a value computed inside jit::trace from its argument ", arg,
@@ -306,7 +307,8 @@ std::unique_ptr<Graph> make_graph(const Recipe& r) {
       }
     }
     std::vector<ValueType> types;
-    for (const detail::LazyType& t : n.outputs) types.push_back(ValueType{t.dtype, t.sizes});
+    for (const detail::LazyType& t : n.outputs)
+      types.push_back(ValueType{t.dtype, t.sizes, t.device});
     node_of[i] = graph->create(*n.op, operands, n.attrs, std::move(types));
   }
   for (const auto& [at, output] : r.outputs) graph->add_output(node_of[at]->output(output));
@@ -359,7 +361,8 @@ GraphHash recipe_key(const Recipe& r) {
       }
     }
     put_count(out, n.outputs.size());
-    for (const detail::LazyType& t : n.outputs) put_type(out, ValueType{t.dtype, t.sizes});
+    for (const detail::LazyType& t : n.outputs)
+      put_type(out, ValueType{t.dtype, t.sizes, t.device});
   }
   put_count(out, r.outputs.size());
   for (const auto& [at, output] : r.outputs) {

@@ -14,6 +14,7 @@
 #include "jit/lazy_eval.h"
 #include "jit/passes/passes.h"
 #include "kiln/jit.h"
+#include "lib/cuda_driver.h"
 #include "lib/profiler.h"
 
 namespace kiln::profiler {
@@ -26,6 +27,7 @@ struct Baseline {
   jit::Stats stats;
   jit::LazyStats lazy;
   std::vector<jit::PassProfileEntry> passes;
+  detail::cuda::TransferCounts transfers;
 };
 Baseline& baseline() {
   static Baseline* b = new Baseline();  // never destroyed: the exit handler reads it
@@ -104,6 +106,7 @@ void reset() {
   b.stats = jit::stats();
   b.lazy = jit::lazy_stats();
   b.passes = jit::pass_profile();
+  b.transfers = detail::cuda::transfer_counts();
 }
 
 std::string report() {
@@ -111,15 +114,23 @@ std::string report() {
   jit::Stats st0;
   jit::LazyStats lz0;
   std::vector<jit::PassProfileEntry> passes0;
+  detail::cuda::TransferCounts tr0;
   {
     Baseline& b = baseline();
     std::lock_guard<std::mutex> lock(b.mutex);
     st0 = b.stats;
     lz0 = b.lazy;
     passes0 = b.passes;
+    tr0 = b.transfers;
   }
+  detail::cuda::TransferCounts tr = detail::cuda::transfer_counts();
+  tr.host_to_device -= tr0.host_to_device;
+  tr.device_to_host -= tr0.device_to_host;
+  tr.copies_to_device -= tr0.copies_to_device;
+  tr.copies_to_host -= tr0.copies_to_host;
   const jit::Stats st = jit::stats();
   const jit::LazyStats lz = jit::lazy_stats();
+  const int64_t replays = st.replays - st0.replays;
 
   // The steps' rows: per kernel (name and shape) and per op type (name).
   std::map<std::string, Row> per_kernel, per_type;
@@ -198,6 +209,22 @@ std::string report() {
                 static_cast<long long>(st.kernel_disk_hits - st0.kernel_disk_hits),
                 static_cast<long long>(st.kernels_evicted - st0.kernels_evicted));
   os << line;
+  if (tr.copies_to_device + tr.copies_to_host > 0) {
+    std::snprintf(
+        line, sizeof line,
+        "  host<->device: %.3f MB to the device in %lld copies, %.3f MB to the host in "
+        "%lld copies",
+        static_cast<double>(tr.host_to_device) / 1e6, static_cast<long long>(tr.copies_to_device),
+        static_cast<double>(tr.device_to_host) / 1e6, static_cast<long long>(tr.copies_to_host));
+    os << line;
+    if (replays > 0) {
+      std::snprintf(line, sizeof line, " (%.3f MB up, %.3f MB down per traced call)",
+                    static_cast<double>(tr.host_to_device) / 1e6 / static_cast<double>(replays),
+                    static_cast<double>(tr.device_to_host) / 1e6 / static_cast<double>(replays));
+      os << line;
+    }
+    os << "\n";
+  }
   for (const auto& [key, g] : guard_reasons) {
     std::snprintf(line, sizeof line, "  guard failed %lldx on %s (latest: %s)\n",
                   static_cast<long long>(g.first), key.c_str(), g.second.c_str());
@@ -294,6 +321,14 @@ std::string report() {
                      " ms, more than running the steps: the disk cache ($KILN_CACHE_DIR) keeps "
                      "them for the next run");
   }
+  // Uploads on every call of a traced function: inputs kept on the host, or ops that have no
+  // device kernel and run through the host.
+  if (replays >= 2 && tr.host_to_device / replays >= (int64_t{1} << 20))
+    tips.push_back(
+        "each traced call copies " +
+        fmt("%.1f", static_cast<double>(tr.host_to_device) / 1e6 / static_cast<double>(replays)) +
+        " MB from the host to the device: keep inputs on the device (t.to(kCUDA) once, "
+        "outside the loop); KILN_LOG=fuser names steps that run through the host");
   os << "\nTips:\n";
   if (tips.empty()) os << "  none\n";
   for (const std::string& t : tips) os << "  - " << t << "\n";

@@ -61,6 +61,15 @@ std::ostream& operator<<(std::ostream& os, DType t) {
 std::string Device::str() const {
   return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
 }
+Device Device::parse(const std::string& text) {
+  if (text == "cpu") return kCPU;
+  if (text == "cuda") return kCUDA;
+  if (text.rfind("cuda:", 0) == 0 && text.size() > 5 && text.size() < 15 &&
+      text.find_first_not_of("0123456789", 5) == std::string::npos)
+    return Device(DeviceType::CUDA, std::stoi(text.substr(5)));
+  KILN_FAIL("Device: cannot parse \"", text, "\" (expected cpu, cuda or cuda:N)");
+}
+
 std::ostream& operator<<(std::ostream& os, const Device& d) {
   return os << d.str();
 }

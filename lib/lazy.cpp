@@ -152,6 +152,7 @@ void release_inputs(absl::InlinedVector<LazyInput, 3>& inputs) {
 std::shared_ptr<TensorImpl> pending_impl(const LazyRef& ref, const LazyType& type) {
   auto storage = make_pooled<Storage>();
   storage->nbytes = static_cast<size_t>(shape_numel(type.sizes)) * element_size(type.dtype);
+  storage->device = type.device;
   storage->lazy = ref;
   auto impl = make_pooled<TensorImpl>();
   impl->sizes = type.sizes;
@@ -271,18 +272,23 @@ void set_lazy_mode(bool on) {
   t_lazy = on ? 1 : 0;
 }
 
+// CUDA tensors have no elementwise reference kernels: their ops are always recorded, and run as
+// (one-node) groups compiled for the device, also with KILN_LAZY=0. Inside the evaluator (which
+// calls GEMMs and copies on device tensors directly) they are not.
+inline bool records_cuda(const Tensor& t) {
+  return t.defined() && t.device().is_cuda() && t_evaluating == 0;
+}
 bool should_record(const Tensor& a) {
-  return lazy_on() && (!a.defined() || a.device().is_cpu());
+  return lazy_on() || records_cuda(a);
 }
 bool should_record(const Tensor& a, const Tensor& b) {
-  return lazy_on() && (!a.defined() || a.device().is_cpu()) &&
-         (!b.defined() || b.device().is_cpu());
+  return lazy_on() || records_cuda(a) || records_cuda(b);
 }
 bool should_record(const std::vector<Tensor>& inputs) {
-  if (!lazy_on()) return false;
+  if (lazy_on()) return true;
   for (const Tensor& t : inputs)
-    if (t.defined() && !t.device().is_cpu()) return false;
-  return true;
+    if (records_cuda(t)) return true;
+  return false;
 }
 
 LazyInput lazy_input(const Tensor& t) {
@@ -334,6 +340,31 @@ std::shared_ptr<LazyNode> new_node(const OpDef& def, const Tensor* inputs, size_
   return node;
 }
 
+// The device an op's outputs live on: its inputs'. A 0-dim CPU tensor (a number) may join tensors
+// of any device, as in torch; other mixes raise, naming the op and the devices.
+Device device_of_inputs(const OpDef& def, const Tensor* inputs, size_t count) {
+  const Tensor* first = nullptr;
+  for (size_t i = 0; i < count; ++i) {
+    const Tensor& t = inputs[i];
+    if (!t.defined() || (t.device().is_cpu() && t.dim() == 0)) continue;
+    if (!first) {
+      first = &t;
+    } else {
+      KILN_CHECK(t.device() == first->device(), def.name,
+                 ": expected all tensors on one device, got ", describe(*first), " on ",
+                 first->device(), " and ", describe(t), " on ", t.device());
+    }
+  }
+  return first ? first->device() : kCPU;
+}
+
+void set_output_devices(const OpDef& def, const Tensor* inputs, size_t count, LazyType* outputs,
+                        size_t num_outputs) {
+  if (def.kind == OpKind::Transfer) return;  // states its output's device itself
+  const Device d = device_of_inputs(def, inputs, count);
+  for (size_t i = 0; i < num_outputs; ++i) outputs[i].device = d;
+}
+
 void after_record() {
   if (g_live_count > g_max_pending.load(std::memory_order_relaxed))
     flush_pending("the pending trace passed KILN_MAX_PENDING");
@@ -342,6 +373,7 @@ void after_record() {
 
 std::vector<Tensor> lazy_record(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs,
                                 std::vector<LazyType> outputs) {
+  set_output_devices(def, inputs.data(), inputs.size(), outputs.data(), outputs.size());
   std::shared_ptr<LazyNode> node = new_node(def, inputs.data(), inputs.size(), std::move(attrs));
   node->storages.resize(outputs.size());
   node->outputs.assign(std::make_move_iterator(outputs.begin()),
@@ -367,6 +399,7 @@ Tensor lazy_record1(const OpDef& def, const std::vector<Tensor>& inputs, Attrs a
 
 Tensor lazy_record1(const OpDef& def, const Tensor* inputs, size_t count, Attrs attrs,
                     LazyType output) {
+  set_output_devices(def, inputs, count, &output, 1);
   std::shared_ptr<LazyNode> node = new_node(def, inputs, count, std::move(attrs));
   node->storages.resize(1);
   node->outputs.push_back(std::move(output));
@@ -384,7 +417,7 @@ void lazy_record_view(const OpDef& def, const Tensor& input, Attrs attrs, const 
   node->op = &def;
   node->attrs = std::move(attrs);
   node->inputs.push_back(lazy_input(input));
-  node->outputs.push_back({impl->sizes, impl->dtype});
+  node->outputs.push_back({impl->sizes, impl->dtype, impl->storage->device});
   node->storages.resize(1);  // a view fills no storage of its own
   live_insert(node.get());
   impl->lazy = LazyRef{std::move(node), 0};

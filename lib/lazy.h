@@ -43,6 +43,8 @@ struct LazyRef {
 struct LazyType {
   Shape sizes;
   DType dtype;
+  // Set by the recorder from the inputs (see device_of_inputs) unless the op moves data.
+  Device device = kCPU;
 };
 
 // An input of a node: a pending producer, or a concrete tensor (a leaf). Neither: an absent

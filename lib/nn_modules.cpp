@@ -1,5 +1,6 @@
 // kiln::nn: the Module tree (registration, iterative traversal, modes) and the standard layers.
 #include <cmath>
+#include <functional>
 #include <unordered_set>
 
 #include "kiln/autograd.h"
@@ -141,33 +142,49 @@ void Module::zero_grad() {
     if (p.grad().defined()) p.mutable_grad() = Tensor();
 }
 
+namespace {
+// Replaces t's data by `convert(t)`'s under the existing TensorImpl, which keeps every handle (the
+// module's members, an optimizer's list) and the autograd flags pointing at the converted tensor.
+// Pending work that reads t runs first, and the new data is computed now: a pending node holds
+// t's TensorImpl, whose storage is about to change under it. Gradients are dropped.
+void replace_data(const Tensor& t, const std::function<Tensor(const Tensor&)>& convert) {
+  detail::prepare_write(t);
+  Tensor converted = convert(t).contiguous();
+  detail::materialize({converted}, "Module::to converting a parameter");
+  detail::TensorImpl* impl = t.impl();
+  const detail::TensorImpl* src = converted.impl();
+  impl->storage = src->storage;
+  impl->offset = src->offset;
+  impl->sizes = src->sizes;
+  impl->strides = src->strides;
+  impl->dtype = src->dtype;
+  // The new storage is its own: a parameter that was a view no longer looks into its base.
+  impl->view_base.reset();
+  impl->view_tracks_base = false;
+  Tensor handle = t;
+  if (handle.grad().defined()) handle.mutable_grad() = Tensor();
+}
+}  // namespace
+
 void Module::to(DType dtype) {
   KILN_CHECK(is_floating_point(dtype), name(), ".to: expected a floating-point dtype, got ", dtype);
   NoGradGuard no_grad;
   auto convert = [&](const Tensor& t) {
     if (!t.defined() || !t.is_floating_point() || t.dtype() == dtype) return;
-    // Swapping the data under the existing TensorImpl keeps every handle (the module's members,
-    // an optimizer's list) and the autograd flags pointing at the converted tensor.
-    // Pending work that reads t runs first, and the new data is computed now: a pending node
-    // holds t's TensorImpl, whose storage is about to change under it.
-    detail::prepare_write(t);
-    Tensor converted = t.to(dtype).contiguous();
-    detail::materialize({converted}, "Module::to converting a parameter");
-    detail::TensorImpl* impl = t.impl();
-    const detail::TensorImpl* src = converted.impl();
-    impl->storage = src->storage;
-    impl->offset = src->offset;
-    impl->sizes = src->sizes;
-    impl->strides = src->strides;
-    impl->dtype = src->dtype;
-    // The new storage is its own: a parameter that was a view no longer looks into its base.
-    impl->view_base.reset();
-    impl->view_tracks_base = false;
-    Tensor handle = t;
-    if (handle.grad().defined()) handle.mutable_grad() = Tensor();
+    replace_data(t, [&](const Tensor& x) { return x.to(dtype); });
   };
   for (const Tensor& p : parameters()) convert(p);
   for (const Tensor& b : buffers()) convert(b);
+}
+
+void Module::to(Device device) {
+  NoGradGuard no_grad;
+  auto move = [&](const Tensor& t) {
+    if (!t.defined() || t.device() == device) return;
+    replace_data(t, [&](const Tensor& x) { return x.to(device); });
+  };
+  for (const Tensor& p : parameters()) move(p);
+  for (const Tensor& b : buffers()) move(b);
 }
 
 // ---------------------------------------------------------------------------- layers
@@ -262,8 +279,8 @@ LSTMState LSTMCell::forward(const Tensor& input, const std::optional<LSTMState>&
     check(h, "h");
     check(c, "c");
   } else {
-    h = zeros({batch, hidden_size}, input.dtype());
-    c = zeros({batch, hidden_size}, input.dtype());
+    h = zeros({batch, hidden_size}, TensorOptions(input.dtype()).device(input.device()));
+    c = zeros({batch, hidden_size}, TensorOptions(input.dtype()).device(input.device()));
   }
   // linear(x, W, b) is addmm(b, x, W^T) as one GEMM, but its backward writes the weight's
   // gradient in weight's own [4H, in + H] layout; addmm's would be W^T's and need a transposing

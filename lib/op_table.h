@@ -30,6 +30,7 @@ enum class OpKind {
   Join,
   Linalg,
   NN,
+  Transfer,  // a copy to another device
   Graph
 };
 

@@ -93,11 +93,11 @@ void SGD::step() {
       KILN_CHECK(o.dampening == 0.0,
                  "SGD: with dampening, the first step differs from the others; run one step "
                  "before jit::trace records the step");
-      buf = zeros(p.sizes(), p.dtype());
+      buf = zeros_like(p);
       first = false;
     }
     if (is_fusable(p, g, {&buf})) {
-      if (o.momentum != 0.0 && first) buf = empty(p.sizes(), p.dtype());
+      if (o.momentum != 0.0 && first) buf = empty_like(p);
       detail::dispatch_floating(p.dtype(), "SGD", [&](auto tag) {
         using T = KILN_TYPE(tag);
         T* pp = data<T>(p);
@@ -128,7 +128,7 @@ void SGD::step() {
     if (o.weight_decay != 0.0) d = d.add(p, o.weight_decay);
     if (o.momentum != 0.0) {
       if (first)
-        buf = empty(p.sizes(), p.dtype()).copy_(d);
+        buf = empty_like(p).copy_(d);
       else
         buf.mul_(o.momentum).add_(d, 1.0 - o.dampening);
       d = o.nesterov ? d.add(buf, o.momentum) : buf;
@@ -162,8 +162,8 @@ void Adam::step() {
                i, " ", describe(p));
     State& s = state_[i];
     if (!s.exp_avg.defined()) {
-      s.exp_avg = zeros(p.sizes(), p.dtype());
-      s.exp_avg_sq = zeros(p.sizes(), p.dtype());
+      s.exp_avg = zeros_like(p);
+      s.exp_avg_sq = zeros_like(p);
     }
     if (detail::trace_mode()) {
       // The step count lives in a tensor, so that replays of a traced step advance it and the

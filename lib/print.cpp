@@ -157,7 +157,7 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
     if (t.dtype() != kFloat32) suffixes.push_back(std::string("dtype=") + dtype_name(t.dtype()));
   } else {
     NoGradGuard no_history;  // printing is not part of the computation
-    Tensor values = t.to(is_floating_point(t.dtype()) ? kFloat64 : kInt64);
+    Tensor values = t.to(kCPU).to(is_floating_point(t.dtype()) ? kFloat64 : kInt64);
     Printer p{values, t.numel() > kSummarizeAbove, Formatter{t.dtype()}};
     std::vector<Value> shown;
     p.collect(0, 0, shown);

@@ -3,6 +3,8 @@
 
 #include "kiln/ops.h"
 #include "lib/autograd.h"
+#include "lib/cuda_driver.h"
+#include "lib/cuda_tensor.h"
 #include "lib/dispatch.h"
 #include "lib/loops.h"
 #include "lib/tensor_impl.h"
@@ -51,7 +53,9 @@ bool Tensor::is_contiguous() const {
 void* Tensor::raw_data_ptr() const {
   KILN_CHECK(defined(), "data_ptr: called on an undefined tensor");
   detail::MaterializeCause cause("data_ptr()");
-  return impl_->data();
+  void* p = impl_->data();
+  detail::synchronize_device(*this);  // the device pointer's data is complete when handed out
+  return p;
 }
 
 // The mutable accessor may be written through: pending work that reads this storage runs first.
@@ -61,19 +65,24 @@ T* Tensor::data_ptr() {
              describe(*this));
   detail::MaterializeCause cause("data_ptr()");
   detail::prepare_write(*this);
-  return reinterpret_cast<T*>(impl_->data());
+  T* p = reinterpret_cast<T*>(impl_->data());
+  detail::synchronize_device(*this);
+  return p;
 }
 template <typename T>
 const T* Tensor::data_ptr() const {
   KILN_CHECK(dtype() == dtype_of<T>, "data_ptr: requested ", dtype_of<T>, " data from a tensor of ",
              describe(*this));
   detail::MaterializeCause cause("data_ptr()");
-  return reinterpret_cast<const T*>(impl_->data());
+  const T* p = reinterpret_cast<const T*>(impl_->data());
+  detail::synchronize_device(*this);
+  return p;
 }
 
 Scalar Tensor::item() const {
   KILN_CHECK(numel() == 1, "item: a tensor with ", numel(), " elements cannot be converted to a ",
              "scalar (", describe(*this), ")");
+  if (device().is_cuda()) return to(kCPU).item();
   detail::MaterializeCause cause("item()");
   return detail::dispatch_all(dtype(), [&](auto tag) -> Scalar {
     using T = KILN_TYPE(tag);
@@ -88,14 +97,14 @@ T Tensor::item() const {
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
   detail::MaterializeCause cause("to_vector()");
-  const Tensor c = to(dtype_of<T>).contiguous();
+  const Tensor c = to(kCPU).to(dtype_of<T>).contiguous();
   const T* p = c.data_ptr<T>();
   return std::vector<T>(p, p + c.numel());
 }
 template <>
 std::vector<bool> Tensor::to_vector<bool>() const {
   detail::MaterializeCause cause("to_vector()");
-  const Tensor c = to(kBool).contiguous();
+  const Tensor c = to(kCPU).to(kBool).contiguous();
   const bool* p = c.data_ptr<bool>();
   return std::vector<bool>(p, p + c.numel());
 }
@@ -117,6 +126,18 @@ template std::vector<double> Tensor::to_vector<double>() const;
 namespace detail {
 // dst[i] = src[i] converted, src broadcast to dst's shape. The caller handles overlap.
 void copy_kernel(const Tensor& dst, const Tensor& src) {
+  if (!dst.device().is_cpu() || !src.device().is_cpu()) {
+    // A copy on or to a device, run eagerly (a trace's write-back, the evaluator's GEMM operands):
+    // within a device when the layouts allow a plain copy, else through the host.
+    if (dst.device() == src.device() && dst.dtype() == src.dtype() && dst.sizes() == src.sizes() &&
+        dst.is_contiguous() && src.is_contiguous()) {
+      const size_t n = static_cast<size_t>(dst.numel()) * element_size(dst.dtype());
+      cuda::copy_on_device(dst.device().index, dst.impl()->data(), src.impl()->data(), n);
+      return;
+    }
+    copy_into(dst, src.device().is_cpu() ? src : copy_to_device(src, kCPU));
+    return;
+  }
   dispatch_all(dst.dtype(), [&](auto dtag) {
     using D = KILN_TYPE(dtag);
     dispatch_all(src.dtype(), [&](auto stag) {
@@ -157,6 +178,19 @@ const detail::OpDef& to_def =
                          // As static_cast: to bool is != 0; float to integer truncates, and
                          // gives the lowest integer where it doesn't fit (x86's behaviour).
                          "(cast x)"});
+// A copy to another device. Eager calls copy at once (lib/cuda_tensor.h); inside jit::trace the
+// copy is a node, so that a replay repeats it and the transfer passes can see it.
+const detail::OpDef& to_device_def =
+    detail::register_op({"to_device",
+                         detail::OpKind::Transfer,
+                         1,
+                         detail::DTypeRule::Same,
+                         true,
+                         [](const std::vector<Tensor>& in, const detail::Attrs& a) {
+                           return std::vector<Tensor>{detail::copy_to_device(
+                               in[0], Device::parse(detail::attr_string(a.at(0))))};
+                         },
+                         {"device"}});
 const detail::OpDef& clone_def =
     detail::register_op({"clone",
                          detail::OpKind::Unary,
@@ -178,7 +212,7 @@ Tensor Tensor::to(DType dtype) const {
   if (detail::should_record(*this)) {
     out = detail::lazy_record1(to_def, {*this}, {dtype}, {sizes(), dtype});
   } else {
-    out = detail::make_empty(sizes(), dtype);
+    out = detail::make_empty_on(sizes(), dtype, device());
     detail::copy_kernel(out, *this);
   }
   if (detail::needs_grad(*this))
@@ -192,8 +226,16 @@ Tensor Tensor::to(DType dtype) const {
 Tensor Tensor::to(Device device) const {
   detail::check_defined(*this, "to");
   if (device == this->device()) return *this;
-  KILN_FAIL("to: device ", device, " is not available in this build (tensor ", describe(*this),
-            ")");
+  Tensor out =
+      detail::should_record(*this) && detail::trace_mode()
+          ? detail::lazy_record1(to_device_def, {*this}, {device.str()}, {sizes(), dtype(), device})
+          : detail::copy_to_device(*this, device);
+  if (detail::needs_grad(*this))
+    detail::record("to", {*this}, {out}, {},
+                   [from = this->device()](const detail::BackwardContext& c) {
+                     return std::vector<Tensor>{c.grad().to(from)};
+                   });
+  return out;
 }
 
 Tensor Tensor::contiguous() const {
@@ -207,7 +249,7 @@ Tensor Tensor::clone() const {
   if (detail::should_record(*this)) {
     out = detail::lazy_record1(clone_def, {*this}, {}, {sizes(), dtype()});
   } else {
-    out = detail::make_empty(sizes(), dtype());
+    out = detail::make_empty_on(sizes(), dtype(), device());
     detail::copy_kernel(out, *this);
   }
   if (detail::needs_grad(*this))

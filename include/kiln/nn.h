@@ -64,6 +64,9 @@ class Module {
   // Converts every floating-point parameter and buffer to `dtype` in place: existing handles to
   // them see the new dtype. Gradients are dropped.
   void to(DType dtype);
+  // Moves every parameter and buffer to `device` in place (handles see the move); gradients are
+  // dropped.
+  void to(Device device);
 
  private:
   std::vector<std::pair<std::string, Tensor>> parameters_;

@@ -36,9 +36,14 @@ bool fold_gemm_bias(Graph& g, PassContext& ctx);
 // between fusible nodes (see push_views.cpp); only with fusion on.
 bool push_views(Graph& g, PassContext& ctx);
 
+// Removes device round trips and copies to the device a value is on, and moves copies to a
+// device above the elementwise work feeding them (see transfers.cpp).
+bool eliminate_transfers(Graph& g, PassContext& ctx);
+
 using PassFn = bool (*)(Graph&, PassContext&);
 struct PassInfo {
-  const char* name;  // as named in KILN_DISABLE_PASSES: dce, cse, fold, canonicalize, stabilize
+  const char*
+      name;  // as named in KILN_DISABLE_PASSES: dce, cse, fold, canonicalize, stabilize, transfers
   PassFn fn;
 };
 // The passes in the order run_passes runs them.

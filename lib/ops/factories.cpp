@@ -5,6 +5,8 @@
 #include <random>
 
 #include "kiln/ops.h"
+#include "lib/cuda_driver.h"
+#include "lib/cuda_tensor.h"
 #include "lib/dispatch.h"
 #include "lib/lazy.h"
 #include "lib/op_table.h"
@@ -60,7 +62,7 @@ bool recording_draws() {
 }
 
 void check_factory(const char* op, const Shape& shape, const TensorOptions& o) {
-  KILN_CHECK(o.device_.is_cpu(), op, ": device ", o.device_, " is not available in this build");
+  if (o.device_.is_cuda()) detail::cuda::require_device(o.device_.index, op);
   for (int64_t s : shape)
     KILN_CHECK(s >= 0, op, ": negative dimension ", s, " in shape ", detail::shape_str(shape));
 }
@@ -84,6 +86,8 @@ double next_uniform(std::mt19937_64& e) {
 Tensor empty(const Shape& shape, TensorOptions options) {
   (void)empty_def;
   check_factory("empty", shape, options);
+  if (options.device_.is_cuda())
+    return detail::make_empty_on(shape, options.dtype_or(kFloat32), options.device_);
   return make_empty(shape, options.dtype_or(kFloat32));
 }
 Tensor zeros(const Shape& shape, TensorOptions options) {
@@ -97,6 +101,8 @@ Tensor ones(const Shape& shape, TensorOptions options) {
 Tensor full(const Shape& shape, const Scalar& value, TensorOptions options) {
   (void)full_def;
   check_factory("full", shape, options);
+  if (options.device_.is_cuda())
+    return full(shape, value, options.device(kCPU)).to(options.device_);
   DType dt = options.dtype_or(value.is_floating_point() ? kFloat32 : value.kind());
   // The kernel directly, not fill_: factories make concrete tensors in every mode (inside a
   // trace they are the trace's constants), and fill_ would be recorded there.
@@ -105,16 +111,16 @@ Tensor full(const Shape& shape, const Scalar& value, TensorOptions options) {
   return t;
 }
 Tensor zeros_like(const Tensor& t) {
-  return zeros(t.sizes(), t.dtype());
+  return zeros(t.sizes(), TensorOptions(t.dtype()).device(t.device()));
 }
 Tensor ones_like(const Tensor& t) {
-  return ones(t.sizes(), t.dtype());
+  return ones(t.sizes(), TensorOptions(t.dtype()).device(t.device()));
 }
 Tensor empty_like(const Tensor& t) {
-  return empty(t.sizes(), t.dtype());
+  return empty(t.sizes(), TensorOptions(t.dtype()).device(t.device()));
 }
 Tensor full_like(const Tensor& t, const Scalar& value) {
-  return full(t.sizes(), value, t.dtype());
+  return full(t.sizes(), value, TensorOptions(t.dtype()).device(t.device()));
 }
 Tensor scalar_tensor(const Scalar& value, TensorOptions options) {
   return full({}, value,
@@ -127,6 +133,8 @@ Tensor arange(const Scalar& end, TensorOptions options) {
 Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, TensorOptions options) {
   (void)arange_def;
   check_factory("arange", {}, options);
+  if (options.device_.is_cuda())
+    return arange(start, end, step, options.device(kCPU)).to(options.device_);
   bool all_int =
       !start.is_floating_point() && !end.is_floating_point() && !step.is_floating_point();
   DType dt = options.dtype_or(all_int ? kInt64 : kFloat32);
@@ -156,6 +164,8 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, Tensor
 Tensor linspace(double start, double end, int64_t steps, TensorOptions options) {
   (void)linspace_def;
   check_factory("linspace", {}, options);
+  if (options.device_.is_cuda())
+    return linspace(start, end, steps, options.device(kCPU)).to(options.device_);
   KILN_CHECK(steps >= 0, "linspace: number of steps must be non-negative, got ", steps);
   DType dt = options.dtype_or(kFloat32);
   Tensor t = make_empty({steps}, dt);
@@ -178,6 +188,7 @@ Tensor eye(int64_t n, TensorOptions options) {
 Tensor eye(int64_t n, int64_t m, TensorOptions options) {
   (void)eye_def;
   check_factory("eye", {n, m}, options);
+  if (options.device_.is_cuda()) return eye(n, m, options.device(kCPU)).to(options.device_);
   Tensor t = zeros({n, m}, options);
   Tensor one = detail::wrap_scalar(1);
   for (int64_t i = 0; i < std::min(n, m); ++i)
@@ -194,6 +205,7 @@ void manual_seed(uint64_t seed) {
 Tensor rand(const Shape& shape, TensorOptions options) {
   (void)rand_def;
   check_factory("rand", shape, options);
+  if (options.device_.is_cuda()) return rand(shape, options.device(kCPU)).to(options.device_);
   DType dt = options.dtype_or(kFloat32);
   KILN_CHECK(is_floating_point(dt), "rand: expected a floating dtype, got ", dtype_name(dt));
   if (recording_draws()) return detail::lazy_record1(rand_def, {}, {shape, dt}, {shape, dt});
@@ -214,6 +226,7 @@ Tensor rand(const Shape& shape, TensorOptions options) {
 Tensor randn(const Shape& shape, TensorOptions options) {
   (void)randn_def;
   check_factory("randn", shape, options);
+  if (options.device_.is_cuda()) return randn(shape, options.device(kCPU)).to(options.device_);
   DType dt = options.dtype_or(kFloat32);
   KILN_CHECK(is_floating_point(dt), "randn: expected a floating dtype, got ", dtype_name(dt));
   if (recording_draws()) return detail::lazy_record1(randn_def, {}, {shape, dt}, {shape, dt});
@@ -238,6 +251,8 @@ Tensor randn(const Shape& shape, TensorOptions options) {
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options) {
   (void)randint_def;
   check_factory("randint", shape, options);
+  if (options.device_.is_cuda())
+    return randint(low, high, shape, options.device(kCPU)).to(options.device_);
   KILN_CHECK(low < high, "randint: expected low < high, got low=", low, " high=", high);
   DType dt = options.dtype_or(kInt64);
   if (recording_draws())

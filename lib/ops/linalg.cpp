@@ -32,6 +32,8 @@
 #include "kiln/autograd.h"
 #include "kiln/ops.h"
 #include "lib/autograd.h"
+#include "lib/cuda_blas.h"
+#include "lib/cuda_tensor.h"
 #include "lib/dispatch.h"
 #include "lib/lazy.h"
 #include "lib/loops.h"
@@ -83,7 +85,6 @@ std::string dims_str(const Shape& s) {
 
 void check_input(const Tensor& t, const std::string& op, const char* arg) {
   detail::check_defined(t, op.c_str(), arg);
-  detail::check_cpu(t, op.c_str());
   KILN_CHECK(t.dtype() != kBool, op, ": not supported for bool tensors (", arg, " is ", describe(t),
              ")");
 }
@@ -256,6 +257,39 @@ void sgemm_batches(const GemmProblem& p, float alpha, float beta, const BlasLayo
              " (M=", p.M, ", N=", p.N, ", K=", p.K, ")");
 }
 
+// gemm_into on a CUDA device, through cuBLAS's strided-batched GEMM: each operand is read in
+// place when its matrices have a layout BLAS reads and its batch dims step by one stride, and
+// copied to a contiguous buffer otherwise.
+void cuda_gemm_into(const char* op, const Tensor& out, Tensor a, Tensor b, const Shape& batch,
+                    DType compute, const Scalar& alpha, const Scalar& beta) {
+  KILN_CHECK(compute == kFloat32 || compute == kFloat64, op, ": on ", out.device(),
+             " matrix products compute in float32 or float64, not ", dtype_name(compute));
+  const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+  const int64_t batches = detail::shape_numel(batch);
+  auto operand = [&](Tensor t, int64_t rows, int64_t cols, BlasLayout* layout, int64_t* stride) {
+    Shape shape = batch;
+    shape.insert(shape.end(), {rows, cols});
+    t = t.to(compute).expand(shape);
+    for (int attempt = 0;; ++attempt) {
+      const auto l = blas_layout(rows, cols, t.stride(-2), t.stride(-1));
+      const auto s = merged_stride(t.sizes(), t.strides(), batch.size());
+      if (l && s) {
+        *layout = *l;
+        *stride = *s;
+        return t;
+      }
+      KILN_CHECK(attempt == 0, op, ": internal error: a contiguous operand is not BLAS-readable");
+      t = t.contiguous();
+    }
+  };
+  BlasLayout la{}, lb{};
+  int64_t sa = 0, sb = 0;
+  const Tensor ae = operand(a, M, K, &la, &sa), be = operand(b, K, N, &lb, &sb);
+  detail::cuda::gemm(out.device().index, compute, la.trans, lb.trans, M, N, K, alpha.to_double(),
+                     ae.impl()->data(), la.ld, sa, be.impl()->data(), lb.ld, sb, beta.to_double(),
+                     out.impl()->data(), N, M * N, batches);
+}
+
 // out (contiguous, batch + [M, N], of dtype `compute`) = beta * out + alpha * a @ b, where a is
 // [..., M, K] and b is [..., K, N] with batch dims that broadcast to `batch`. When beta != 0, out
 // holds the addend on entry. The caller has checked shapes and the alpha/beta kinds.
@@ -264,6 +298,10 @@ void gemm_into(const char* op, const Tensor& out, Tensor a, Tensor b, const Shap
   const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
   const int64_t batches = detail::shape_numel(batch);
   if (batches == 0 || M == 0 || N == 0) return;
+  if (out.device().is_cuda()) {
+    cuda_gemm_into(op, out, std::move(a), std::move(b), batch, compute, alpha, beta);
+    return;
+  }
   if (K == 0) {
     detail::dispatch_numeric(compute, op, [&](auto tag) {
       using T = KILN_TYPE(tag);
@@ -368,7 +406,7 @@ Tensor mm(const Tensor& a, const Tensor& b) {
   if (detail::should_record(a, b)) {
     out = detail::lazy_record1(mm_def, {a, b}, {}, {{a.size(0), b.size(1)}, compute});
   } else {
-    out = detail::make_empty({a.size(0), b.size(1)}, compute);
+    out = detail::make_empty_on({a.size(0), b.size(1)}, compute, a.device());
     gemm_into("mm", out, a, b, {}, compute, 1, 0);
   }
   if (detail::needs_grad(a, b))
@@ -396,7 +434,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   if (detail::should_record(a, b)) {
     out = detail::lazy_record1(bmm_def, {a, b}, {}, {out_shape, compute});
   } else {
-    out = detail::make_empty(out_shape, compute);
+    out = detail::make_empty_on(out_shape, compute, a.device());
     gemm_into("bmm", out, a, b, {a.size(0)}, compute, 1, 0);
   }
   if (detail::needs_grad(a, b))
@@ -447,7 +485,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (detail::should_record(a, b)) {
     out = detail::lazy_record1(matmul_def, {a, b}, {}, {result, compute});
   } else {
-    out = detail::make_empty(result, compute);
+    out = detail::make_empty_on(result, compute, a.device());
     AutoGradMode kernel_only(false);
     Tensor A = a.dim() == 1 ? a.unsqueeze(0) : a;
     Tensor B = b.dim() == 1 ? b.unsqueeze(1) : b;
@@ -503,7 +541,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (detail::should_record({x, weight, bias})) {
     out = detail::lazy_record1(linear_def, {x, weight, bias}, {}, {out_shape, compute});
   } else {
-    out = detail::make_empty(out_shape, compute);
+    out = detail::make_empty_on(out_shape, compute, x.device());
     if (bias.defined()) detail::copy_kernel(out, bias);
     AutoGradMode kernel_only(false);
     Tensor A = x.dim() == 1 ? x.unsqueeze(0) : x;
@@ -549,7 +587,7 @@ Tensor addmm(const Tensor& self, const Tensor& m1, const Tensor& m2, const Scala
                                {detail::scalar_attr(beta), detail::scalar_attr(alpha)},
                                {out_shape, compute});
   } else {
-    out = detail::make_empty(out_shape, compute);
+    out = detail::make_empty_on(out_shape, compute, m1.device());
     const bool use_self = beta.to_double() != 0.0 || beta.to_int() != 0;
     if (use_self) detail::copy_kernel(out, self);
     gemm_into("addmm", out, m1, m2, {}, compute, alpha, use_self ? beta : Scalar(0));

@@ -1,0 +1,252 @@
+// Compiled CUDA kernels: NVRTC output through the memory and disk caches, loading and launching
+// (see cuda_kernel.h).
+#include "fuser/codegen/cuda/cuda_kernel.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <vector>
+
+#include <xxhash.h>
+#include "absl/container/flat_hash_map.h"
+#include "fuser/cache.h"
+#include "fuser/codegen/cuda/cuda_codegen.h"
+#include "fuser/codegen/cuda/nvrtc.h"
+#include "jit/log.h"
+#include "kiln/error.h"
+#include "lib/cuda_driver.h"
+#include "lib/cuda_memory.h"
+#include "lib/profiler.h"
+
+namespace kiln::fuser::cuda {
+
+namespace {
+// Bumped whenever the CUDA emitter's output changes for the same kernel description, so that the
+// disk cache never serves a binary built by an older emitter.
+constexpr int kCudaEmitterVersion = 1;
+// Threads per block of the elementwise kernels: 256 keeps occupancy full on every architecture
+// from sm_75 on, and the grid is capped at this many blocks per multiprocessor (the grid-stride
+// loop covers the rest), so that huge tensors do not launch millions of short-lived blocks.
+constexpr int64_t kThreads = 256;
+constexpr int64_t kBlocksPerMultiprocessor = 32;
+
+struct State {
+  std::mutex mu;
+  absl::flat_hash_map<std::string, std::shared_ptr<const CudaBinary>> binaries;  // by disk key
+  // Loaded modules by (device, disk key).
+  absl::flat_hash_map<std::string, std::shared_ptr<detail::cuda::Module>> modules;
+  CudaCompileStats stats;
+};
+State& state() {
+  static auto* s = new State();  // never destroyed: modules may be released during exit
+  return *s;
+}
+
+// The newest architecture this NVRTC builds cubins for that the device runs (its own, or PTX of
+// an older one when the device is newer than the compiler).
+int target_arch(int sm, bool* ptx) {
+  const std::vector<int> archs = nvrtc_supported_archs();
+  *ptx = std::find(archs.begin(), archs.end(), sm) == archs.end();
+  if (!*ptx) return sm;
+  int best = 0;
+  for (int a : archs)
+    if (a <= sm) best = std::max(best, a);
+  KILN_CHECK(best > 0, "CUDA: ", nvrtc_version(), " compiles for no architecture that sm_", sm,
+             " runs");
+  return best;
+}
+
+std::string symbol_for(const std::string& key, const Kernel& k) {
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
+  return "kiln_" + k.ops + "_" + std::string(hash, 8);
+}
+}  // namespace
+
+std::string cuda_binary_key(const Kernel& kernel, const Layout& layout, int sm) {
+  bool ptx = false;
+  const int arch = target_arch(sm, &ptx);
+  return kernel_key(kernel, layout) + (ptx ? "|compute_" : "|sm_") + std::to_string(arch) + "|" +
+         nvrtc_version() + "|cuda-emitter " + std::to_string(kCudaEmitterVersion);
+}
+
+CudaBinary cuda_binary(const Kernel& kernel, const Layout& layout, int sm, bool* from_disk) {
+  if (from_disk) *from_disk = false;
+  const std::string key = cuda_binary_key(kernel, layout, sm);
+  State& s = state();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.binaries.find(key);
+    if (it != s.binaries.end()) {
+      ++s.stats.memory_hits;
+      return *it->second;
+    }
+  }
+  auto binary = std::make_shared<CudaBinary>();
+  binary->symbol = symbol_for(kernel_key(kernel, layout), kernel);
+  bool ptx = false;
+  const int arch = target_arch(sm, &ptx);
+  binary->ptx = ptx;
+  detail::ProfileSpan span("compile");
+  span.set_detail(binary->symbol);
+  std::optional<std::string> cached = DiskCache::instance().load(key, kCudaBinary);
+  if (cached) {
+    binary->image = std::move(*cached);
+    span.set_name("kernel.disk_load");
+    span.set_category(profiler::Category::kCache);
+    if (from_disk) *from_disk = true;
+    std::lock_guard<std::mutex> lock(s.mu);
+    ++s.stats.disk_hits;
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    const std::string source = cuda_source(kernel, layout, binary->symbol);
+    CudaCompiled out =
+        nvrtc_compile(source, binary->symbol, arch, ptx ? CudaOutput::kPtx : CudaOutput::kCubin,
+                      cuda_compile_options());
+    if (!out.log.empty()) jit::log("codegen", "NVRTC log for ", binary->symbol, ": ", out.log);
+    binary->image = std::move(out.code);
+    DiskCache::instance().store(key, kCudaBinary, binary->image);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::lock_guard<std::mutex> lock(s.mu);
+    ++s.stats.compiles;
+    s.stats.compile_seconds += seconds;
+  }
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.binaries.emplace(key, binary);
+  return *binary;
+}
+
+CudaCompileStats cuda_compile_stats() {
+  std::lock_guard<std::mutex> lock(state().mu);
+  return state().stats;
+}
+
+CudaKernel cuda_kernel(const Kernel& kernel, const Layout& layout, int device) {
+  const int sm = detail::cuda::device_info(device).sm;
+  const std::string module_key = std::to_string(device) + "|" + cuda_binary_key(kernel, layout, sm);
+  State& s = state();
+  std::shared_ptr<detail::cuda::Module> module;
+  std::string symbol;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.modules.find(module_key);
+    if (it != s.modules.end()) module = it->second;
+  }
+  const CudaBinary binary = cuda_binary(kernel, layout, sm);
+  if (!module) {
+    module = std::make_shared<detail::cuda::Module>(device, binary.image);
+    std::lock_guard<std::mutex> lock(s.mu);
+    module = s.modules.emplace(module_key, module).first->second;
+  }
+  CudaKernel k;
+  k.fn = module->function(binary.symbol);
+  if (layout.rows && kernel.num_globals > 0) k.finish = module->function(binary.symbol + "_finish");
+  if (layout.rows && kernel.num_columns() > 0)
+    k.columns = module->function(binary.symbol + "_columns");
+  // The name must outlive the call: keep it beside the module.
+  auto owner = std::make_shared<std::pair<std::shared_ptr<detail::cuda::Module>, std::string>>(
+      module, binary.symbol);
+  k.name = owner->second.c_str();
+  k.owner = owner;
+  return k;
+}
+
+void launch_elementwise(const CudaKernel& fn, const Kernel& kernel, const Layout& layout,
+                        int device, int64_t n, const int64_t* sizes, const int64_t* strides,
+                        char* const* ptrs, const uint64_t* scalars) {
+  if (n == 0) return;
+  const size_t num_ptrs = kernel.input_types.size() + kernel.outputs.size();
+  const int64_t multiprocessors = detail::cuda::device_info(device).multiprocessors;
+  const int64_t per_thread = layout.flat ? 4 : 1;
+  const int64_t blocks =
+      std::max<int64_t>(1, std::min((n + kThreads * per_thread - 1) / (kThreads * per_thread),
+                                    multiprocessors * kBlocksPerMultiprocessor));
+  const CudaCallFlags flags =
+      cuda_call_flags(kernel, layout, n, sizes, strides, ptrs, blocks * kThreads);
+  long long count = n;
+  int index32 = flags.index32, vec = flags.vec;
+  // The dims struct, by value: sizes then strides, as the CPU kernels take them.
+  std::vector<long long> dims;
+  if (!layout.flat) {
+    const auto rank = static_cast<size_t>(layout.rank);
+    dims.assign(sizes, sizes + rank);
+    dims.insert(dims.end(), strides, strides + rank * num_ptrs);
+  }
+  std::vector<void*> args;
+  args.push_back(&count);
+  args.push_back(&index32);
+  if (dims.empty()) dims.push_back(0);  // rank 0: the struct's storage is never read
+  if (layout.flat)
+    args.push_back(&vec);
+  else
+    args.push_back(dims.data());
+  for (size_t p = 0; p < num_ptrs; ++p) args.push_back(const_cast<char**>(ptrs + p));
+  for (size_t k = 0; k < kernel.scalar_types.size(); ++k)
+    args.push_back(const_cast<uint64_t*>(scalars + k));
+  detail::cuda::LaunchShape shape;
+  shape.grid = static_cast<unsigned>(blocks);
+  shape.block = static_cast<unsigned>(kThreads);
+  detail::cuda::launch(device, fn.fn, shape, args.data(), fn.name);
+}
+
+void launch_rows(const CudaKernel& fn, const Kernel& kernel, const Layout& layout, int device,
+                 const int64_t* sizes, const int64_t* strides, char* const* ptrs,
+                 const uint64_t* scalars) {
+  const auto rank = static_cast<size_t>(layout.rank);
+  const size_t num_ptrs = kernel.input_types.size() + kernel.outputs.size();
+  long long rows = 1;
+  for (size_t d = 0; d < rank; ++d) rows *= sizes[d];
+  const long long R = sizes[rank];
+  const CudaRowsLaunch geometry = cuda_rows_launch(kernel, layout, sizes, strides);
+  std::vector<long long> dims(sizes, sizes + rank + 1);
+  dims.insert(dims.end(), strides, strides + (rank + 1) * num_ptrs);
+  // The partials go back to the allocator right after the launches: a later allocation on the same
+  // stream runs after them, so the block is not reused early.
+  struct Partials {
+    int device;
+    void* p = nullptr;
+    ~Partials() {
+      if (p) detail::cuda::device_free(device, p);
+    }
+  } partials{device};
+  if (geometry.partials_bytes > 0)
+    partials.p = detail::cuda::device_alloc(device, static_cast<size_t>(geometry.partials_bytes));
+  int index32 = geometry.index32;
+  std::vector<void*> args{&rows, &index32, dims.data()};
+  for (size_t p = 0; p < num_ptrs; ++p) args.push_back(const_cast<char**>(ptrs + p));
+  for (size_t k = 0; k < kernel.scalar_types.size(); ++k)
+    args.push_back(const_cast<uint64_t*>(scalars + k));
+  if (partials.p) args.push_back(&partials.p);
+  detail::cuda::LaunchShape shape;
+  shape.grid = static_cast<unsigned>(geometry.blocks);
+  shape.block = static_cast<unsigned>(geometry.threads);
+  detail::cuda::launch(device, fn.fn, shape, args.data(), fn.name);
+  long long blocks = geometry.blocks, stride = geometry.stride;
+  std::vector<void*> tail{&blocks, &stride};
+  if (fn.finish) {
+    std::vector<void*> a = tail;
+    a.push_back(&partials.p);
+    for (size_t p = 0; p < num_ptrs; ++p) a.push_back(const_cast<char**>(ptrs + p));
+    for (size_t k = 0; k < kernel.scalar_types.size(); ++k)
+      a.push_back(const_cast<uint64_t*>(scalars + k));
+    detail::cuda::launch(device, fn.finish, detail::cuda::LaunchShape{1, 1, 0}, a.data(), fn.name);
+  }
+  if (fn.columns) {
+    long long row_length = R;
+    std::vector<void*> a = tail;
+    a.push_back(&row_length);
+    a.push_back(&partials.p);
+    for (size_t p = 0; p < num_ptrs; ++p) a.push_back(const_cast<char**>(ptrs + p));
+    for (size_t k = 0; k < kernel.scalar_types.size(); ++k)
+      a.push_back(const_cast<uint64_t*>(scalars + k));
+    detail::cuda::LaunchShape cols;
+    cols.grid = static_cast<unsigned>(std::max<int64_t>(1, geometry.columns_blocks));
+    cols.block = static_cast<unsigned>(std::max(32, geometry.columns_threads));
+    detail::cuda::launch(device, fn.columns, cols, a.data(), fn.name);
+  }
+}
+
+}  // namespace kiln::fuser::cuda

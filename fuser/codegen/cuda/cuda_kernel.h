@@ -1,0 +1,63 @@
+// Compiled CUDA kernels: NVRTC's output cached in memory and on disk (fuser/cache.h), loaded with
+// cuModuleLoadData, and launched on a device's stream by the ABI of cuda_codegen.h.
+//
+// Disk-cache key: the kernel's key (program and layout), the target ("sm_90" cubin, or "compute_XX"
+// PTX when this NVRTC cannot build a cubin for the device), NVRTC's version and the CUDA emitter's
+// version, so that another GPU or compiler never loads a stale binary.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "fuser/kernel.h"
+
+namespace kiln::fuser::cuda {
+
+// The binary NVRTC builds for (kernel, layout) on a GPU of compute capability `sm` (a cubin, or PTX
+// for an architecture newer than this NVRTC knows), through the memory and disk caches. Needs no
+// GPU. `from_disk` (optional) tells whether the disk cache had it.
+struct CudaBinary {
+  std::string image;
+  std::string symbol;  // kiln_<ops>_<hash8>
+  bool ptx = false;
+};
+CudaBinary cuda_binary(const Kernel& kernel, const Layout& layout, int sm,
+                       bool* from_disk = nullptr);
+
+// The key the disk cache files the binary under.
+std::string cuda_binary_key(const Kernel& kernel, const Layout& layout, int sm);
+
+struct CudaCompileStats {
+  int64_t compiles = 0;
+  int64_t disk_hits = 0;
+  int64_t memory_hits = 0;
+  double compile_seconds = 0;
+};
+CudaCompileStats cuda_compile_stats();
+
+// A kernel loaded on a device: its functions stay valid while `owner` lives.
+struct CudaKernel {
+  void* fn = nullptr;
+  void* finish = nullptr;   // rows kernels with global reductions: <symbol>_finish
+  void* columns = nullptr;  // rows kernels with column reductions: <symbol>_columns
+  std::shared_ptr<const void> owner;
+  const char* name = nullptr;
+};
+CudaKernel cuda_kernel(const Kernel& kernel, const Layout& layout, int device);
+
+// Launches a flat or strided elementwise kernel over `n` elements (sizes/strides as the CPU
+// kernels take them: strided only), `ptrs` being device pointers (inputs, then outputs) and
+// `scalars` 8 bytes per kernel scalar.
+void launch_elementwise(const CudaKernel& fn, const Kernel& kernel, const Layout& layout,
+                        int device, int64_t n, const int64_t* sizes, const int64_t* strides,
+                        char* const* ptrs, const uint64_t* scalars);
+
+// Launches a rows kernel (and its finish and columns kernels) by the geometry of
+// cuda_rows_launch, `sizes` and `strides` as the CPU rows kernels take them; the partials buffer
+// comes from the device's caching allocator.
+void launch_rows(const CudaKernel& fn, const Kernel& kernel, const Layout& layout, int device,
+                 const int64_t* sizes, const int64_t* strides, char* const* ptrs,
+                 const uint64_t* scalars);
+
+}  // namespace kiln::fuser::cuda

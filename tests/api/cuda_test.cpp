@@ -1,0 +1,302 @@
+// CUDA tensors. Without a GPU: every entry raises a clear kiln::Error and leaves its inputs as they
+// were, and compiled kernels are cached per architecture. With one: each op on CUDA tensors
+// matches the CPU reference (differential tests over random inputs and layouts), autograd and
+// jit::trace work unchanged, and the allocator's statistics follow the tensors.
+#include <cmath>
+
+#include "kiln/jit.h"
+#include "lib/cuda_driver.h"
+#include "tests/fuser/fuser_testing.h"
+#include "tests/testing.h"
+
+#ifdef KILN_HAS_CUDA
+#include "fuser/cache.h"
+#include "fuser/codegen/cuda/cuda_kernel.h"
+#include "fuser/fuse.h"
+#include "jit/ir.h"
+#endif
+
+namespace kiln {
+namespace {
+
+#define KILN_REQUIRE_GPU()                                                        \
+  if (!cuda::is_available())                                                      \
+  GTEST_SKIP() << "no usable CUDA device (" << detail::cuda::unavailable_reason() \
+               << "): GPU checks skipped; run tools/gpu-check on a GPU machine"
+
+TEST(Cuda, DeviceNamesParse) {
+  EXPECT_EQ(Device::parse("cpu"), kCPU);
+  EXPECT_EQ(Device::parse("cuda"), kCUDA);
+  EXPECT_EQ(Device::parse("cuda:3"), Device(DeviceType::CUDA, 3));
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "CPU"})
+    testing::expect_error([&] { Device::parse(bad); }, {"Device", bad});
+}
+
+TEST(Cuda, WithoutAGpuEveryEntryRaisesClearly) {
+  if (cuda::is_available()) GTEST_SKIP() << "a GPU is present: this checks machines without one";
+  EXPECT_EQ(cuda::device_count(), 0);
+  EXPECT_FALSE(detail::cuda::unavailable_reason().empty());
+  const std::string reason = detail::cuda::unavailable_reason();
+  testing::expect_error([] { full({2, 3}, 1.0, kCUDA); }, {"full", "cuda:0", reason});
+  testing::expect_error([] { zeros({2}, kCUDA); }, {"zeros", "cuda:0"});
+  testing::expect_error([] { empty({2}, Device(DeviceType::CUDA, 1)); }, {"empty", "cuda:1"});
+  testing::expect_error([] { randn({2}, kCUDA); }, {"randn", "cuda:0"});
+  testing::expect_error([] { arange(5, kCUDA); }, {"arange", "cuda:0"});
+  Tensor a = testing::random_tensor({2, 3});
+  const std::vector<double> before = testing::values(a);
+  testing::expect_error([&] { a.to(kCUDA); }, {"to", "cuda:0", "float32[2, 3]"});
+  testing::expect_error([&] { (a * 2).to(kCUDA); }, {"to", "cuda:0"});
+  testing::expect_error([] { cuda::synchronize(); }, {"cuda:0"});
+  testing::expect_error([] { cuda::memory_stats(); }, {"cuda:0"});
+  EXPECT_NO_THROW(cuda::empty_cache());   // nothing to release
+  EXPECT_EQ(testing::values(a), before);  // the input is untouched
+}
+
+TEST(Cuda, Tf32IsOffByDefault) {
+  if (std::getenv("KILN_ALLOW_TF32")) GTEST_SKIP() << "KILN_ALLOW_TF32 is set in the environment";
+  EXPECT_FALSE(cuda::allow_tf32());
+  cuda::set_allow_tf32(true);
+  EXPECT_TRUE(cuda::allow_tf32());
+  cuda::set_allow_tf32(false);
+}
+
+#ifdef KILN_HAS_CUDA
+// The one fused kernel of tanh(a * b) over inputs of `shape`, as the fuser makes it.
+fuser::FusionGroup mul_tanh_group(const Shape& shape) {
+  jit::Graph g;
+  const jit::ValueType type{kFloat32, shape};
+  jit::Value* a = g.add_input(type);
+  jit::Value* b = g.add_input(type);
+  jit::Node* m = g.create("mul", {a, b}, {}, {type});
+  jit::Node* t = g.create("tanh", {m->output()}, {}, {type});
+  g.add_output(t->output());
+  std::vector<fuser::FusionGroup> groups = fuser::find_groups(g);
+  EXPECT_EQ(groups.size(), 1u);
+  return groups.at(0);
+}
+
+TEST(Cuda, BinariesAreCachedOnDiskPerArchitectureAndCompiler) {
+  const fuser::FusionGroup g = mul_tanh_group({4, 5});
+  fuser::Layout layout;
+  layout.single_element.assign(g.kernel.input_types.size(), false);
+  const std::string key90 = fuser::cuda::cuda_binary_key(g.kernel, layout, 90);
+  const std::string key80 = fuser::cuda::cuda_binary_key(g.kernel, layout, 80);
+  EXPECT_NE(key90, key80);
+  EXPECT_NE(key90.find("sm_90"), std::string::npos);
+  EXPECT_NE(key90.find("NVRTC"), std::string::npos);
+  const fuser::cuda::CudaCompileStats before = fuser::cuda::cuda_compile_stats();
+  const fuser::cuda::CudaBinary bin = fuser::cuda::cuda_binary(g.kernel, layout, 90);
+  EXPECT_FALSE(bin.ptx);
+  EXPECT_GT(bin.image.size(), 100u);
+  EXPECT_EQ(bin.image.compare(0, 4,
+                              "\x7f"
+                              "ELF"),
+            0)
+      << "a cubin is an ELF image";
+  EXPECT_EQ(bin.symbol.rfind("kiln_mul_tanh_", 0), 0u) << bin.symbol;
+  // The same request again is served from memory; the disk holds the same bytes.
+  const fuser::cuda::CudaBinary again = fuser::cuda::cuda_binary(g.kernel, layout, 90);
+  EXPECT_EQ(again.image, bin.image);
+  const fuser::cuda::CudaCompileStats after = fuser::cuda::cuda_compile_stats();
+  EXPECT_EQ(after.memory_hits, before.memory_hits + 1);
+  if (fuser::DiskCache::instance().enabled()) {
+    std::optional<std::string> on_disk =
+        fuser::DiskCache::instance().load(key90, fuser::kCudaBinary);
+    ASSERT_TRUE(on_disk.has_value());
+    EXPECT_EQ(*on_disk, bin.image);
+  }
+  // Another architecture is another binary.
+  const fuser::cuda::CudaBinary other = fuser::cuda::cuda_binary(g.kernel, layout, 80);
+  EXPECT_NE(other.image, bin.image);
+}
+#endif
+
+// ---- With a GPU: CUDA against the CPU reference ----
+
+// Runs f on CPU copies and on CUDA copies of `inputs`; the results must agree within tolerance.
+void expect_same_on_cuda(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                         const std::vector<Tensor>& inputs, double rtol = 1e-5,
+                         double atol = 1e-6) {
+  std::vector<Tensor> on_gpu;
+  for (const Tensor& t : inputs) on_gpu.push_back(t.to(kCUDA));
+  Tensor expected = f(inputs);
+  Tensor actual = f(on_gpu);
+  ASSERT_EQ(actual.device(), kCUDA);
+  testing::expect_close(actual.to(kCPU), testing::values(expected), expected.sizes(),
+                        expected.dtype(), rtol, atol);
+}
+
+TEST(Cuda, CopiesRoundTripEveryDtypeAndLayout) {
+  KILN_REQUIRE_GPU();
+  for (DType dt : {kFloat32, kFloat64, kInt32, kInt64, kBool}) {
+    const Tensor t = testing::random_tensor({3, 4, 5}, dt);
+    for (const auto& [name, v] : testing::layouts(t)) {
+      const Tensor d = v.to(kCUDA);
+      EXPECT_EQ(d.device(), kCUDA);
+      EXPECT_EQ(testing::values(d.to(kCPU)), testing::values(t)) << name;
+      // A view of a device tensor comes back as its own values.
+      const Tensor back = d.transpose(0, 2).to(kCPU);
+      EXPECT_EQ(testing::values(back), testing::values(t.transpose(0, 2))) << name;
+    }
+  }
+  EXPECT_EQ(zeros({0, 3}, kCUDA).to(kCPU).numel(), 0);
+  EXPECT_EQ(full({}, 2.5, kCUDA).item<float>(), 2.5f);
+}
+
+TEST(Cuda, ElementwiseGroupsMatchTheCpu) {
+  KILN_REQUIRE_GPU();
+  const Tensor a = testing::random_tensor({64, 33}), b = testing::random_tensor({64, 33}),
+               c = testing::random_tensor({33});
+  expect_same_on_cuda(
+      [](const std::vector<Tensor>& in) { return sigmoid(in[0]) * tanh(in[1]) + in[2]; }, {a, b, c},
+      1e-5, 1e-6);
+  expect_same_on_cuda(
+      [](const std::vector<Tensor>& in) {
+        const Tensor& x = in[0];
+        return 0.5 * x * (1 + tanh(0.7978845608 * (x + 0.044715 * x * x * x)));
+      },
+      {testing::random_tensor({1 << 16})}, 1e-5, 1e-6);
+  expect_same_on_cuda([](const std::vector<Tensor>& in) { return in[0].t() * 3 - in[1].t(); },
+                      {a, b}, 0, 0);
+  const Tensor i = testing::random_tensor({100}, kInt64, -50, 50),
+               j = testing::random_tensor({100}, kInt64, 1, 9);
+  expect_same_on_cuda(
+      [](const std::vector<Tensor>& in) { return remainder(in[0] * in[1] + 7, in[1]); }, {i, j}, 0,
+      0);
+  expect_same_on_cuda([](const std::vector<Tensor>& in) { return gt(in[0], in[1]).to(kFloat32); },
+                      {a, b}, 0, 0);
+}
+
+// The fuser's random elementwise programs (mixed dtypes, broadcasts, non-contiguous inputs, sizes
+// 0 and 1), run on CUDA copies of their inputs and compared with the CPU's results.
+TEST(Cuda, RandomProgramsMatchTheCpu) {
+  KILN_REQUIRE_GPU();
+  testing::RandomProgram gen(2026);
+  for (int p = 0; p < 300; ++p) {
+    const testing::Inputs inputs = gen.make_inputs();
+    const testing::Fn fn = gen.make_program(1 + p % 8);
+    testing::Inputs expected;
+    bool cpu_threw = false;
+    try {
+      expected = fn(inputs);
+    } catch (const Error&) {
+      cpu_threw = true;
+    }
+    testing::Inputs on_gpu;
+    for (const Tensor& t : inputs) on_gpu.push_back(t.to(kCUDA));
+    if (cpu_threw) {
+      EXPECT_THROW(
+          {
+            for (const Tensor& t : fn(on_gpu)) t.to(kCPU);
+          },
+          Error)
+          << "program " << p;
+      continue;
+    }
+    const testing::Inputs got = fn(on_gpu);
+    ASSERT_EQ(got.size(), expected.size()) << "program " << p;
+    for (size_t k = 0; k < got.size(); ++k) {
+      const bool exact = !is_floating_point(expected[k].dtype());
+      testing::expect_close(got[k].to(kCPU), testing::values(expected[k]), expected[k].sizes(),
+                            expected[k].dtype(), exact ? 0 : 1e-4, exact ? 0 : 1e-5);
+    }
+  }
+}
+
+TEST(Cuda, ReductionsAndNormalizationsMatchTheCpu) {
+  KILN_REQUIRE_GPU();
+  const Tensor x = testing::random_tensor({37, 129});
+  expect_same_on_cuda([](const std::vector<Tensor>& in) { return softmax(in[0], 1); }, {x}, 1e-5,
+                      1e-6);
+  expect_same_on_cuda([](const std::vector<Tensor>& in) { return log_softmax(in[0], 1); }, {x},
+                      1e-5, 1e-5);
+  expect_same_on_cuda([](const std::vector<Tensor>& in) { return layer_norm(in[0], {129}); }, {x},
+                      1e-4, 1e-5);
+  expect_same_on_cuda([](const std::vector<Tensor>& in) { return in[0].sum({0}); }, {x}, 1e-5,
+                      1e-5);
+  expect_same_on_cuda([](const std::vector<Tensor>& in) { return in[0].sum(); }, {x}, 1e-5, 1e-4);
+  expect_same_on_cuda([](const std::vector<Tensor>& in) { return in[0].amax({1}); }, {x}, 0, 0);
+}
+
+TEST(Cuda, MatrixProductsGoThroughCublas) {
+  KILN_REQUIRE_GPU();
+  for (DType dt : {kFloat32, kFloat64}) {
+    const double tol = dt == kFloat32 ? 1e-4 : 1e-12;
+    const Tensor a = testing::random_tensor({17, 31}, dt), b = testing::random_tensor({31, 9}, dt);
+    expect_same_on_cuda([](const std::vector<Tensor>& in) { return in[0].matmul(in[1]); }, {a, b},
+                        tol, tol);
+    expect_same_on_cuda([](const std::vector<Tensor>& in) { return in[1].t().matmul(in[0].t()); },
+                        {a, b}, tol, tol);
+    const Tensor p = testing::random_tensor({4, 5, 6}, dt),
+                 q = testing::random_tensor({4, 6, 3}, dt);
+    expect_same_on_cuda([](const std::vector<Tensor>& in) { return bmm(in[0], in[1]); }, {p, q},
+                        tol, tol);
+    const Tensor bias = testing::random_tensor({9}, dt);
+    expect_same_on_cuda(
+        [](const std::vector<Tensor>& in) { return addmm(in[2], in[0], in[1], 1, 1); },
+        {a, b, bias}, tol, tol);
+  }
+}
+
+TEST(Cuda, AutogradGivesTheCpuGradients) {
+  KILN_REQUIRE_GPU();
+  const Tensor x = testing::random_tensor({8, 16}),
+               w = testing::random_tensor({16, 4}, kFloat32, -1, 1);
+  auto grads_on = [&](Device d) {
+    Tensor xd = x.to(d), wd = w.to(d).detach().requires_grad_(true);
+    Tensor loss = (tanh(xd.matmul(wd)) * 2).sum();
+    loss.backward();
+    return wd.grad().to(kCPU);
+  };
+  const Tensor expected = grads_on(kCPU);
+  testing::expect_close(grads_on(kCUDA), testing::values(expected), expected.sizes(), kFloat32,
+                        1e-4, 1e-5);
+}
+
+TEST(Cuda, TracedFunctionsReplayOnTheDevice) {
+  KILN_REQUIRE_GPU();
+  auto step = [](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{softmax(in[0].matmul(in[1]) + 1, 1)};
+  };
+  const Tensor a = testing::random_tensor({32, 64}).to(kCUDA),
+               b = testing::random_tensor({64, 16}).to(kCUDA);
+  jit::Function f = jit::trace(step, {a, b});
+  for (int i = 0; i < 3; ++i) {
+    const Tensor x = testing::random_tensor({32, 64}).to(kCUDA);
+    const Tensor expected = step({x.to(kCPU), b.to(kCPU)})[0];
+    const Tensor got = f({x, b})[0];
+    EXPECT_EQ(got.device(), kCUDA);
+    testing::expect_close(got.to(kCPU), testing::values(expected), expected.sizes(), kFloat32, 1e-4,
+                          1e-6);
+  }
+}
+
+TEST(Cuda, MixingDevicesRaisesNamingBoth) {
+  KILN_REQUIRE_GPU();
+  const Tensor a = ones({2, 2}), b = ones({2, 2}, kCUDA);
+  testing::expect_error([&] { (a + b).to(kCPU); }, {"add", "cpu", "cuda:0"});
+  // A 0-dim CPU tensor joins a device tensor, as a number does.
+  EXPECT_EQ((b * full({}, 3.0)).sum().item<float>(), 12.0f);
+}
+
+TEST(Cuda, TheAllocatorCachesAndReleases) {
+  KILN_REQUIRE_GPU();
+  cuda::empty_cache();
+  const cuda::MemoryStats start = cuda::memory_stats();
+  {
+    Tensor t = empty({1 << 20}, kCUDA);  // 4 MiB
+    EXPECT_GE(cuda::memory_stats().allocated_bytes, start.allocated_bytes + (4u << 20));
+  }
+  const cuda::MemoryStats freed = cuda::memory_stats();
+  EXPECT_EQ(freed.allocated_bytes, start.allocated_bytes);
+  EXPECT_GE(freed.reserved_bytes, start.reserved_bytes + (4u << 20)) << "kept in the cache";
+  {
+    Tensor t = empty({1 << 20}, kCUDA);  // served from the cache
+    EXPECT_GT(cuda::memory_stats().cache_hits, freed.cache_hits);
+  }
+  cuda::empty_cache();
+  EXPECT_LT(cuda::memory_stats().reserved_bytes, freed.reserved_bytes);
+}
+
+}  // namespace
+}  // namespace kiln
