@@ -122,7 +122,7 @@ std::vector<Tensor> one(Tensor t) {
 std::shared_ptr<Node> view_of_base_node(const Tensor& base, const Tensor& view) {
   Geometry b = geometry_of(base), v = geometry_of(view);
   auto node = std::make_shared<FormulaNode>("as_strided", [b, v](const BackwardContext& c) {
-    Tensor z = make_zeros_strided(b.sizes, b.strides, c.grad().dtype());
+    Tensor z = make_zeros_strided(b.sizes, b.strides, c.grad().dtype(), c.grad().device());
     return one(as_strided_scatter(z, c.grad(), v.sizes, v.strides, v.offset - b.offset));
   });
   node->next_edges.push_back(gradient_edge(base));

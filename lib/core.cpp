@@ -5,6 +5,8 @@
 
 #include "lib/allocator.h"
 #include "lib/autograd.h"
+#include "lib/cuda_driver.h"
+#include "lib/cuda_tensor.h"
 #include "lib/pool.h"
 #include "lib/tensor_impl.h"
 
@@ -151,7 +153,23 @@ Tensor make_empty_strided(const Shape& shape, const Shape& strides, DType dtype)
   return Tensor(std::move(impl));
 }
 
-Tensor make_zeros_strided(const Shape& shape, const Shape& strides, DType dtype) {
+Tensor make_zeros_strided(const Shape& shape, const Shape& strides, DType dtype, Device device) {
+  if (device.is_cuda()) {
+    int64_t extent = 1;
+    for (size_t i = 0; i < shape.size(); ++i) {
+      if (shape[i] == 0) extent = 0;
+      if (extent > 0) extent += (shape[i] - 1) * strides[i];
+    }
+    Tensor flat = make_empty_on({extent}, dtype, device);
+    cuda::memset_on_device(device.index, flat.impl()->storage->data, 0,
+                           flat.impl()->storage->nbytes);
+    auto impl = std::make_shared<TensorImpl>();
+    impl->storage = flat.impl()->storage;
+    impl->sizes = shape;
+    impl->strides = strides;
+    impl->dtype = dtype;
+    return Tensor(std::move(impl));
+  }
   Tensor t = is_contiguous_layout(shape, strides) ? make_empty(shape, dtype)
                                                   : make_empty_strided(shape, strides, dtype);
   std::memset(t.impl()->storage->data, 0, t.impl()->storage->nbytes);
@@ -325,8 +343,12 @@ void check_defined(const Tensor& t, const char* op, const char* arg) {
   KILN_CHECK(t.defined(), op, ": argument '", arg, "' is an undefined tensor");
 }
 
+// A CUDA tensor passes: its op is recorded and runs on the device (lib/lazy.cpp). Only inside the
+// evaluator, whose reference kernels read host memory, may it not reach an op's kernel.
 void check_cpu(const Tensor& t, const char* op) {
-  KILN_CHECK(t.device().is_cpu(), op, ": expected a CPU tensor, got ", describe(t));
+  KILN_CHECK(t.device().is_cpu() || !in_evaluation(), op,
+             ": internal error: a reference kernel was given a device tensor, ", describe(t),
+             " on ", t.device());
 }
 
 }  // namespace detail

@@ -206,7 +206,7 @@ Tensor flat_storage_tensor(const std::shared_ptr<Storage>& storage, DType dtype)
 }
 
 Tensor trace_placeholder(const OpDef& input_op, int64_t index, const Tensor& t) {
-  return lazy_record1(input_op, {}, {index}, {t.sizes(), t.dtype()});
+  return lazy_record1(input_op, {}, {index}, {t.sizes(), t.dtype(), t.device()});
 }
 
 void trace_assign(const Tensor& self, const Tensor& value) {
@@ -275,6 +275,10 @@ void set_lazy_mode(bool on) {
 // CUDA tensors have no elementwise reference kernels: their ops are always recorded, and run as
 // (one-node) groups compiled for the device, also with KILN_LAZY=0. Inside the evaluator (which
 // calls GEMMs and copies on device tensors directly) they are not.
+bool in_evaluation() {
+  return t_evaluating > 0;
+}
+
 inline bool records_cuda(const Tensor& t) {
   return t.defined() && t.device().is_cuda() && t_evaluating == 0;
 }
@@ -341,12 +345,20 @@ std::shared_ptr<LazyNode> new_node(const OpDef& def, const Tensor* inputs, size_
 }
 
 // The device an op's outputs live on: its inputs'. A 0-dim CPU tensor (a number) may join tensors
-// of any device, as in torch; other mixes raise, naming the op and the devices.
-Device device_of_inputs(const OpDef& def, const Tensor* inputs, size_t count) {
+// of any device, as in torch; other mixes raise, naming the op and the devices. An op without
+// tensor inputs (a trace's input placeholder) keeps the device its caller gave.
+void set_output_devices(const OpDef& def, const Tensor* inputs, size_t count, LazyType* outputs,
+                        size_t num_outputs) {
+  if (def.kind == OpKind::Transfer) return;  // states its output's device itself
   const Tensor* first = nullptr;
+  const Tensor* number = nullptr;
   for (size_t i = 0; i < count; ++i) {
     const Tensor& t = inputs[i];
-    if (!t.defined() || (t.device().is_cpu() && t.dim() == 0)) continue;
+    if (!t.defined()) continue;
+    if (t.device().is_cpu() && t.dim() == 0) {
+      number = &t;
+      continue;
+    }
     if (!first) {
       first = &t;
     } else {
@@ -355,13 +367,8 @@ Device device_of_inputs(const OpDef& def, const Tensor* inputs, size_t count) {
                  first->device(), " and ", describe(t), " on ", t.device());
     }
   }
-  return first ? first->device() : kCPU;
-}
-
-void set_output_devices(const OpDef& def, const Tensor* inputs, size_t count, LazyType* outputs,
-                        size_t num_outputs) {
-  if (def.kind == OpKind::Transfer) return;  // states its output's device itself
-  const Device d = device_of_inputs(def, inputs, count);
+  if (!first && !number) return;
+  const Device d = first ? first->device() : kCPU;
   for (size_t i = 0; i < num_outputs; ++i) outputs[i].device = d;
 }
 

@@ -161,6 +161,8 @@ class MaterializeCause {
   const char* previous_;
 };
 // Marks the evaluator's work on this thread: flushes are no-ops inside it.
+// True while the evaluator runs a graph on this thread (inside an EvaluationScope).
+bool in_evaluation();
 struct EvaluationScope {
   EvaluationScope();
   ~EvaluationScope();

@@ -145,6 +145,7 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   detail::MaterializeCause cause("printing");
   const std::string prefix = "tensor(";
   std::vector<std::string> suffixes;
+  if (!t.device().is_cpu()) suffixes.push_back("device='" + t.device().str() + "'");  // as torch
   std::string body;
   if (t.numel() == 0) {
     body = "[]";

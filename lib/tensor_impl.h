@@ -80,7 +80,8 @@ Tensor make_empty(const Shape& shape, DType dtype);
 // Allocates a tensor laid out with the given strides (non-overlapping), uninitialized.
 Tensor make_empty_strided(const Shape& shape, const Shape& strides, DType dtype);
 // The same, zero-filled.
-Tensor make_zeros_strided(const Shape& shape, const Shape& strides, DType dtype);
+Tensor make_zeros_strided(const Shape& shape, const Shape& strides, DType dtype,
+                          Device device = kCPU);
 // g's values laid out with `strides` (g itself when they are contiguous and g is); `origin`
 // receives the storage offset of its first element. Geometry computed relative to a tensor with
 // those strides then addresses the same elements of the result.

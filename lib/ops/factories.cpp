@@ -61,6 +61,13 @@ bool recording_draws() {
   return detail::trace_mode() && detail::lazy_mode();
 }
 
+// A factory's host result on `device`: copied at once, so that a factory's tensor is concrete in
+// every mode (inside a trace, a constant of the trace), except a draw recorded inside a trace,
+// whose copy is recorded too (each replay draws anew).
+Tensor on_device(const Tensor& t, Device device) {
+  return detail::is_pending(t) ? t.to(device) : detail::copy_to_device(t, device);
+}
+
 void check_factory(const char* op, const Shape& shape, const TensorOptions& o) {
   if (o.device_.is_cuda()) detail::cuda::require_device(o.device_.index, op);
   for (int64_t s : shape)
@@ -102,7 +109,7 @@ Tensor full(const Shape& shape, const Scalar& value, TensorOptions options) {
   (void)full_def;
   check_factory("full", shape, options);
   if (options.device_.is_cuda())
-    return full(shape, value, options.device(kCPU)).to(options.device_);
+    return on_device(full(shape, value, options.device(kCPU)), options.device_);
   DType dt = options.dtype_or(value.is_floating_point() ? kFloat32 : value.kind());
   // The kernel directly, not fill_: factories make concrete tensors in every mode (inside a
   // trace they are the trace's constants), and fill_ would be recorded there.
@@ -134,7 +141,7 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, Tensor
   (void)arange_def;
   check_factory("arange", {}, options);
   if (options.device_.is_cuda())
-    return arange(start, end, step, options.device(kCPU)).to(options.device_);
+    return on_device(arange(start, end, step, options.device(kCPU)), options.device_);
   bool all_int =
       !start.is_floating_point() && !end.is_floating_point() && !step.is_floating_point();
   DType dt = options.dtype_or(all_int ? kInt64 : kFloat32);
@@ -165,7 +172,7 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions options) 
   (void)linspace_def;
   check_factory("linspace", {}, options);
   if (options.device_.is_cuda())
-    return linspace(start, end, steps, options.device(kCPU)).to(options.device_);
+    return on_device(linspace(start, end, steps, options.device(kCPU)), options.device_);
   KILN_CHECK(steps >= 0, "linspace: number of steps must be non-negative, got ", steps);
   DType dt = options.dtype_or(kFloat32);
   Tensor t = make_empty({steps}, dt);
@@ -188,7 +195,7 @@ Tensor eye(int64_t n, TensorOptions options) {
 Tensor eye(int64_t n, int64_t m, TensorOptions options) {
   (void)eye_def;
   check_factory("eye", {n, m}, options);
-  if (options.device_.is_cuda()) return eye(n, m, options.device(kCPU)).to(options.device_);
+  if (options.device_.is_cuda()) return on_device(eye(n, m, options.device(kCPU)), options.device_);
   Tensor t = zeros({n, m}, options);
   Tensor one = detail::wrap_scalar(1);
   for (int64_t i = 0; i < std::min(n, m); ++i)
@@ -205,7 +212,8 @@ void manual_seed(uint64_t seed) {
 Tensor rand(const Shape& shape, TensorOptions options) {
   (void)rand_def;
   check_factory("rand", shape, options);
-  if (options.device_.is_cuda()) return rand(shape, options.device(kCPU)).to(options.device_);
+  if (options.device_.is_cuda())
+    return on_device(rand(shape, options.device(kCPU)), options.device_);
   DType dt = options.dtype_or(kFloat32);
   KILN_CHECK(is_floating_point(dt), "rand: expected a floating dtype, got ", dtype_name(dt));
   if (recording_draws()) return detail::lazy_record1(rand_def, {}, {shape, dt}, {shape, dt});
@@ -226,7 +234,8 @@ Tensor rand(const Shape& shape, TensorOptions options) {
 Tensor randn(const Shape& shape, TensorOptions options) {
   (void)randn_def;
   check_factory("randn", shape, options);
-  if (options.device_.is_cuda()) return randn(shape, options.device(kCPU)).to(options.device_);
+  if (options.device_.is_cuda())
+    return on_device(randn(shape, options.device(kCPU)), options.device_);
   DType dt = options.dtype_or(kFloat32);
   KILN_CHECK(is_floating_point(dt), "randn: expected a floating dtype, got ", dtype_name(dt));
   if (recording_draws()) return detail::lazy_record1(randn_def, {}, {shape, dt}, {shape, dt});
@@ -252,7 +261,7 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opti
   (void)randint_def;
   check_factory("randint", shape, options);
   if (options.device_.is_cuda())
-    return randint(low, high, shape, options.device(kCPU)).to(options.device_);
+    return on_device(randint(low, high, shape, options.device(kCPU)), options.device_);
   KILN_CHECK(low < high, "randint: expected low < high, got low=", low, " high=", high);
   DType dt = options.dtype_or(kInt64);
   if (recording_draws())

@@ -289,12 +289,14 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
         return std::vector<Tensor>{c.grad(), Tensor()};
       });
     } else {
-      detail::record(
-          op, {x, index}, {out}, {index}, [d, in = x.sizes()](const detail::BackwardContext& c) {
-            const Tensor& g = c.grad();
-            return std::vector<Tensor>{
-                index_add(zeros(in, g.dtype()), d, c.saved(0).reshape({-1}), g), Tensor()};
-          });
+      detail::record(op, {x, index}, {out}, {index},
+                     [d, in = x.sizes()](const detail::BackwardContext& c) {
+                       const Tensor& g = c.grad();
+                       return std::vector<Tensor>{
+                           index_add(zeros(in, TensorOptions(g.dtype()).device(g.device())), d,
+                                     c.saved(0).reshape({-1}), g),
+                           Tensor()};
+                     });
     }
   }
   return out;
@@ -317,14 +319,14 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
           : select_rows(weight, 0, idx, out_shape);
   // Rows used several times sum their gradients.
   if (detail::needs_grad(weight))
-    detail::record(
-        op, {weight, indices}, {out}, {indices},
-        [in = weight.sizes()](const detail::BackwardContext& c) {
-          const Tensor& g = c.grad();
-          return std::vector<Tensor>{
-              index_add(zeros(in, g.dtype()), 0, c.saved(0).reshape({-1}), g.reshape({-1, in[1]})),
-              Tensor()};
-        });
+    detail::record(op, {weight, indices}, {out}, {indices},
+                   [in = weight.sizes()](const detail::BackwardContext& c) {
+                     const Tensor& g = c.grad();
+                     return std::vector<Tensor>{
+                         index_add(zeros(in, TensorOptions(g.dtype()).device(g.device())), 0,
+                                   c.saved(0).reshape({-1}), g.reshape({-1, in[1]})),
+                         Tensor()};
+                   });
   return out;
 }
 
@@ -355,7 +357,9 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
     detail::record(
         op, {x, index}, {out}, {index}, [d, in = x.sizes()](const detail::BackwardContext& c) {
           const Tensor& g = c.grad();
-          return std::vector<Tensor>{scatter_add(zeros(in, g.dtype()), d, c.saved(0), g), Tensor()};
+          return std::vector<Tensor>{
+              scatter_add(zeros(in, TensorOptions(g.dtype()).device(g.device())), d, c.saved(0), g),
+              Tensor()};
         });
   return out;
 }

@@ -455,7 +455,7 @@ Tensor nll_with_grad(const Tensor& log_probs, const NllGeometry& geo, Reduction 
                      const Tensor &g = c.grad(), &target = c.saved(0);
                      Shape class_shape(static_cast<size_t>(rank), 1);
                      class_shape[rank == 1 ? 0 : 1] = C;
-                     Tensor classes = arange(C).view(class_shape);
+                     Tensor classes = arange(C, target.device()).view(class_shape);
                      Tensor onehot = eq(classes, rank == 1 ? target : target.unsqueeze(1));
                      Tensor scale = g;
                      if (reduction == Reduction::None && rank > 1) scale = g.unsqueeze(1);
@@ -655,7 +655,7 @@ Tensor dropout(const Tensor& x, double p, bool train) {
   KILN_CHECK(x.is_floating_point(), op, ": expected a floating-point input, got ", describe(x));
   if (!train || p == 0.0) return x;
   if (p == 1.0) {
-    Tensor out = zeros(x.sizes(), x.dtype());
+    Tensor out = zeros_like(x);
     if (detail::needs_grad(x))
       detail::record(op, {x}, {out}, {}, [](const detail::BackwardContext&) {
         return std::vector<Tensor>{Tensor()};  // nothing passes
@@ -664,7 +664,7 @@ Tensor dropout(const Tensor& x, double p, bool train) {
   }
   // Draws come from the process generator in row-major order, so manual_seed reproduces the mask.
   // They are drawn here, in program order, also in lazy mode (only what follows is recorded).
-  Tensor u = rand(x.sizes(), kFloat64);
+  Tensor u = rand(x.sizes(), TensorOptions(kFloat64).device(x.device()));
   Tensor out;
   if (!detail::needs_grad(x)) {
     if (detail::should_record(x))
@@ -675,7 +675,7 @@ Tensor dropout(const Tensor& x, double p, bool train) {
   // draws at once, and only the product is recorded in lazy mode.
   const double keep = 1.0 - p;
   Tensor mask;
-  if (detail::is_pending(u)) {
+  if (detail::is_pending(u) || u.device().is_cuda()) {
     // Drawn inside a trace (recorded, so each replay draws anew): the mask is recorded too, as
     // ops that give the kernel's values exactly (0 or 1 times the scale).
     AutoGradMode kernel_only(false);

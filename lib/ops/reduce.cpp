@@ -920,7 +920,8 @@ Tensor prod(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
         rows.push_back(R);
         square.insert(square.end(), {R, R});
         Tensor xr = x.permute(order).reshape(rows);
-        Tensor others = where(logical_not(eye(R, kBool)), xr.unsqueeze(-2).expand(square), 1.0);
+        Tensor others = where(logical_not(eye(R, TensorOptions(kBool).device(xr.device()))),
+                              xr.unsqueeze(-2).expand(square), 1.0);
         Shape permuted;
         for (int64_t d : order) permuted.push_back(x.size(d));
         Shape g_rows = kept_sizes;
@@ -948,7 +949,8 @@ std::tuple<Tensor, Tensor> values_indices_with_grad(const char* op, const Tensor
                      if (in.empty()) return std::vector<Tensor>{c.grad()};
                      Tensor idx = unreduce(c.saved(0), {d}, keepdim);
                      Tensor g = unreduce(c.grad(), {d}, keepdim);
-                     return std::vector<Tensor>{scatter_add(zeros(in, g.dtype()), d, idx, g)};
+                     return std::vector<Tensor>{scatter_add(
+                         zeros(in, TensorOptions(g.dtype()).device(g.device())), d, idx, g)};
                    });
   }
   return {values, indices};

@@ -132,11 +132,16 @@ Tensor view_with_grad(const detail::OpDef& def, const Tensor& input, std::option
 // The gradients of pieces of one tensor, undefined ones (unused pieces) as zeros.
 std::vector<Tensor> with_zeros(const detail::BackwardContext& c, const std::vector<Shape>& shapes) {
   DType dtype = kFloat64;
+  Device device = kCPU;
   for (size_t i = 0; i < c.num_grads(); ++i)
-    if (c.grad(i).defined()) dtype = c.grad(i).dtype();
+    if (c.grad(i).defined()) {
+      dtype = c.grad(i).dtype();
+      device = c.grad(i).device();
+    }
   std::vector<Tensor> grads;
   for (size_t i = 0; i < c.num_grads(); ++i)
-    grads.push_back(c.grad(i).defined() ? c.grad(i) : zeros(shapes[i], dtype));
+    grads.push_back(c.grad(i).defined() ? c.grad(i)
+                                        : zeros(shapes[i], TensorOptions(dtype).device(device)));
   return grads;
 }
 
@@ -384,7 +389,9 @@ Tensor Tensor::slice(int64_t d, std::optional<int64_t> start, std::optional<int6
   return view_with_grad(slice_def, *this, Attrs{pos, s, e, step},
                         make_view(*this, sz, st, storage_offset() + s * strides()[pos]),
                         [in = sizes(), pos, s, e, step](const Tensor& g) {
-                          return slice_scatter(zeros(in, g.dtype()), g, pos, s, e, step);
+                          return slice_scatter(
+                              zeros(in, TensorOptions(g.dtype()).device(g.device())), g, pos, s, e,
+                              step);
                         });
 }
 
@@ -413,8 +420,9 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
   st.erase(st.begin() + pos);
   return view_with_grad(select_def, *this, Attrs{pos, index}, make_view(*this, sz, st, offset),
                         [in = sizes(), pos, index](const Tensor& g) {
-                          return slice_scatter(zeros(in, g.dtype()), g.unsqueeze(pos), pos, index,
-                                               index + 1);
+                          return slice_scatter(
+                              zeros(in, TensorOptions(g.dtype()).device(g.device())),
+                              g.unsqueeze(pos), pos, index, index + 1);
                         });
 }
 
@@ -490,8 +498,8 @@ Tensor with_layout(const Tensor& g, const Shape& strides, int64_t* origin) {
     return c;
   }
   *origin = 0;
-  return as_strided_scatter(make_zeros_strided(g.sizes(), strides, g.dtype()), g, g.sizes(),
-                            strides, 0);
+  return as_strided_scatter(make_zeros_strided(g.sizes(), strides, g.dtype(), g.device()), g,
+                            g.sizes(), strides, 0);
 }
 }  // namespace detail
 
@@ -539,20 +547,21 @@ bool overlaps(const Shape& sizes, const Shape& strides) {
 Tensor as_strided_backward(const Tensor& g, const Shape& in_sizes, const Shape& in_strides,
                            const Shape& sizes, const Shape& strides, int64_t rel) {
   if (rel >= 0 && !overlaps(sizes, strides)) {
-    Tensor z = detail::make_zeros_strided(in_sizes, in_strides, g.dtype());
+    Tensor z = detail::make_zeros_strided(in_sizes, in_strides, g.dtype(), g.device());
     return as_strided_scatter(z, g, sizes, strides, rel);
   }
   Tensor positions = full({}, rel, kInt64);
   for (size_t i = 0; i < sizes.size(); ++i) {
     Shape along(sizes.size(), 1);
     along[i] = sizes[i];
-    positions = positions + arange(sizes[i]).view(along) * strides[i];
+    positions = positions + arange(sizes[i], g.device()).view(along) * strides[i];
   }
   int64_t in_extent = 1, last = rel;
   for (size_t i = 0; i < in_sizes.size(); ++i) in_extent += (in_sizes[i] - 1) * in_strides[i];
   for (size_t i = 0; i < sizes.size(); ++i) last += (sizes[i] - 1) * strides[i];
   const int64_t shift = std::max<int64_t>(0, -rel);
-  Tensor flat = zeros({shift + std::max(in_extent, last + 1)}, g.dtype());
+  Tensor flat =
+      zeros({shift + std::max(in_extent, last + 1)}, TensorOptions(g.dtype()).device(g.device()));
   flat = index_add(flat, 0, (positions + shift).reshape({-1}), g.reshape({-1}));
   return as_strided(flat, in_sizes, in_strides, shift);
 }
@@ -609,7 +618,9 @@ Tensor as_strided_scatter(const Tensor& self, const Tensor& src, const Shape& si
           Tensor g = detail::with_layout(c.grad(), in_strides, &origin);
           std::vector<Tensor> grads(2);
           if (c.needs_grad(0))
-            grads[0] = as_strided_scatter(g, zeros(sizes, g.dtype()), sizes, strides, origin + rel);
+            grads[0] =
+                as_strided_scatter(g, zeros(sizes, TensorOptions(g.dtype()).device(g.device())),
+                                   sizes, strides, origin + rel);
           if (c.needs_grad(1)) grads[1] = as_strided(g, sizes, strides, origin + rel);
           return grads;
         });
@@ -653,7 +664,9 @@ Tensor slice_scatter(const Tensor& self, const Tensor& src, int64_t dim,
           std::vector<Tensor> grads(2);
           const Tensor& g = c.grad();
           if (c.needs_grad(0))
-            grads[0] = slice_scatter(g, zeros(src_sizes, g.dtype()), dim, start, end, step);
+            grads[0] =
+                slice_scatter(g, zeros(src_sizes, TensorOptions(g.dtype()).device(g.device())), dim,
+                              start, end, step);
           if (c.needs_grad(1)) grads[1] = g.slice(dim, start, end, step);
           return grads;
         });

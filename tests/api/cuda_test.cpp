@@ -4,7 +4,12 @@
 // jit::trace work unchanged, and the allocator's statistics follow the tensors.
 #include <cmath>
 
+#include "fuser/fuse.h"
+#include "jit/passes/passes.h"
 #include "kiln/jit.h"
+#include "kiln/nn.h"
+#include "kiln/optim.h"
+#include "kiln/profiler.h"
 #include "lib/cuda_driver.h"
 #include "tests/fuser/fuser_testing.h"
 #include "tests/testing.h"
@@ -268,6 +273,81 @@ TEST(Cuda, TracedFunctionsReplayOnTheDevice) {
     EXPECT_EQ(got.device(), kCUDA);
     testing::expect_close(got.to(kCPU), testing::values(expected), expected.sizes(), kFloat32, 1e-4,
                           1e-6);
+  }
+}
+
+// A model moved to the device trains as on the host: eager, with KILN_LAZY=0, and as a traced step
+// whose parameter updates are written back on the device.
+TEST(Cuda, TrainingOnTheDeviceFollowsTheHost) {
+  KILN_REQUIRE_GPU();
+  auto make_model = [] {
+    manual_seed(7);
+    return std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::Linear>(6, 16), std::make_shared<nn::Tanh>(),
+        std::make_shared<nn::Linear>(16, 3)});
+  };
+  const Tensor x = testing::random_tensor({32, 6}), target = randint(3, {32});
+  auto losses = [&](Device d, bool traced, bool lazy) {
+    LazyGuard mode(lazy);
+    auto model = make_model();
+    model->to(d);
+    optim::Adam opt(model->parameters(), optim::AdamOptions{1e-2});
+    const Tensor xd = x.to(d), td = target.to(d);
+    auto step = [&](const std::vector<Tensor>& in) {
+      opt.zero_grad();
+      Tensor loss = cross_entropy(model->forward(in[0]), in[1]);
+      loss.backward();
+      opt.step();
+      return std::vector<Tensor>{loss};
+    };
+    jit::Function f;
+    if (traced) f = jit::trace(step, {xd, td});
+    std::vector<double> out;
+    for (int i = 0; i < 5; ++i) {
+      const Tensor loss = traced ? f({xd, td})[0] : step({xd, td})[0];
+      EXPECT_EQ(loss.device(), d);
+      out.push_back(loss.item<double>());
+    }
+    for (const Tensor& p : model->parameters()) EXPECT_EQ(p.device(), d);
+    return out;
+  };
+  const std::vector<double> expected = losses(kCPU, false, true);
+  for (const auto& [traced, lazy] : {std::pair{false, true}, {false, false}, {true, true}}) {
+    const std::vector<double> got = losses(kCUDA, traced, lazy);
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], expected[i], 1e-4 * (1 + std::abs(expected[i])))
+          << "step " << i << (traced ? " traced" : "") << (lazy ? "" : " KILN_LAZY=0");
+  }
+}
+
+// A traced function's round trip through the host is removed; the profile counts what is copied.
+TEST(Cuda, TracedRoundTripsAreRemovedAndTransfersCounted) {
+  KILN_REQUIRE_GPU();
+  const Tensor a = testing::random_tensor({64, 64}).to(kCUDA);
+  auto fn = [](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{exp(in[0].to(kCPU).to(kCUDA)) * 2};
+  };
+  jit::Function f = jit::trace(fn, {a});
+  profiler::set_enabled(true);
+  profiler::reset();
+  const Tensor got = f({a})[0];
+  got.to(kCPU);  // one download of 16 KiB
+  const std::string report = profiler::report();
+  profiler::set_enabled(false);
+  testing::expect_close(got.to(kCPU), testing::values(exp(a.to(kCPU)) * 2), {64, 64}, kFloat32,
+                        1e-5, 1e-6);
+  int64_t round_trips = 0;
+  for (const jit::PassProfileEntry& e : jit::pass_profile())
+    if (e.pass == "transfers") round_trips += e.rewrites.count("round trip removed");
+  EXPECT_GE(round_trips, 1);
+  EXPECT_NE(report.find("host<->device:"), std::string::npos) << report;
+  // Fused, the function is one kernel on the device: nothing goes up, the result comes down once
+  // (16 KiB). Unfused (the fake driver's runs), exp and * run through the host.
+  if (fuser::fusion_enabled()) {
+    EXPECT_NE(report.find("0.000 MB to the device in 0 copies, 0.016 MB to the host in 1 copies"),
+              std::string::npos)
+        << report;
   }
 }
 

@@ -1,0 +1,170 @@
+// A stand-in for libcuda.so.1 over host memory, for testing kiln's CUDA runtime on machines
+// without a GPU: devices, contexts, streams, memory, copies and events behave as the driver's do
+// (copies complete at once), modules load, and launching a kernel fails with
+// CUDA_ERROR_NOT_SUPPORTED (nothing can run CUDA code here). Device memory is a host allocation
+// whose address is the device pointer; every pointer is checked against the live allocations, so
+// a host pointer passed as a device one (or a stale one) fails the call instead of passing.
+#include <cuda.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+namespace {
+std::mutex g_mu;
+std::map<uintptr_t, size_t> g_device;  // live device allocations: address -> size
+std::map<uintptr_t, size_t> g_pinned;
+int g_context_tag, g_stream_tag, g_module_tag, g_function_tag, g_event_tag;
+
+bool inside(const std::map<uintptr_t, size_t>& m, uintptr_t p, size_t n) {
+  auto it = m.upper_bound(p);
+  if (it == m.begin()) return n == 0;
+  --it;
+  return p >= it->first && p + n <= it->first + it->second;
+}
+bool device_range(CUdeviceptr p, size_t n) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return inside(g_device, static_cast<uintptr_t>(p), n);
+}
+bool host_range_is_not_device(const void* p, size_t n) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return n == 0 || !inside(g_device, reinterpret_cast<uintptr_t>(p), 1);
+}
+}  // namespace
+
+extern "C" {
+
+CUresult cuInit(unsigned int) { return CUDA_SUCCESS; }
+CUresult cuDeviceGetCount(int* n) {
+  *n = 1;
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceGet(CUdevice* d, int ordinal) {
+  if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
+  *d = 0;
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceGetName(char* name, int len, CUdevice) {
+  std::strncpy(name, "kiln fake CUDA device (host memory)", static_cast<size_t>(len));
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice) {
+  switch (a) {
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 4; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: *v = 49152; break;
+    default: *v = 0;
+  }
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceTotalMem(size_t* bytes, CUdevice) {
+  *bytes = size_t{1} << 30;
+  return CUDA_SUCCESS;
+}
+CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice) {
+  *c = reinterpret_cast<CUcontext>(&g_context_tag);
+  return CUDA_SUCCESS;
+}
+thread_local CUcontext t_current = nullptr;
+CUresult cuCtxSetCurrent(CUcontext c) {
+  t_current = c;
+  return CUDA_SUCCESS;
+}
+CUresult cuCtxGetCurrent(CUcontext* c) {
+  *c = t_current;
+  return CUDA_SUCCESS;
+}
+CUresult cuStreamCreate(CUstream* s, unsigned int) {
+  *s = reinterpret_cast<CUstream>(&g_stream_tag);
+  return CUDA_SUCCESS;
+}
+CUresult cuStreamSynchronize(CUstream) { return t_current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; }
+CUresult cuMemAlloc(CUdeviceptr* p, size_t n) {
+  if (!t_current) return CUDA_ERROR_INVALID_CONTEXT;
+  void* q = std::aligned_alloc(256, (n + 255) / 256 * 256);
+  if (!q) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::memset(q, 0xa5, n);  // garbage, as fresh device memory holds
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_device[reinterpret_cast<uintptr_t>(q)] = n;
+  *p = reinterpret_cast<CUdeviceptr>(q);
+  return CUDA_SUCCESS;
+}
+CUresult cuMemFree(CUdeviceptr p) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_device.find(static_cast<uintptr_t>(p));
+  if (it == g_device.end()) return CUDA_ERROR_INVALID_VALUE;
+  g_device.erase(it);
+  std::free(reinterpret_cast<void*>(p));
+  return CUDA_SUCCESS;
+}
+CUresult cuMemHostAlloc(void** p, size_t n, unsigned int) {
+  *p = std::malloc(n ? n : 1);
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_pinned[reinterpret_cast<uintptr_t>(*p)] = n;
+  return CUDA_SUCCESS;
+}
+CUresult cuMemFreeHost(void* p) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_pinned.erase(reinterpret_cast<uintptr_t>(p))) return CUDA_ERROR_INVALID_VALUE;
+  std::free(p);
+  return CUDA_SUCCESS;
+}
+CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream) {
+  if (!device_range(dst, n) || !host_range_is_not_device(src, n)) return CUDA_ERROR_INVALID_VALUE;
+  std::memcpy(reinterpret_cast<void*>(dst), src, n);
+  return CUDA_SUCCESS;
+}
+CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream) {
+  if (!device_range(src, n) || !host_range_is_not_device(dst, n)) return CUDA_ERROR_INVALID_VALUE;
+  std::memcpy(dst, reinterpret_cast<const void*>(src), n);
+  return CUDA_SUCCESS;
+}
+CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream) {
+  if (!device_range(dst, n) || !device_range(src, n)) return CUDA_ERROR_INVALID_VALUE;
+  std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
+  return CUDA_SUCCESS;
+}
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream) {
+  if (!device_range(dst, n)) return CUDA_ERROR_INVALID_VALUE;
+  std::memset(reinterpret_cast<void*>(dst), v, n);
+  return CUDA_SUCCESS;
+}
+CUresult cuEventCreate(CUevent* e, unsigned int) {
+  *e = reinterpret_cast<CUevent>(&g_event_tag);
+  return CUDA_SUCCESS;
+}
+CUresult cuEventRecord(CUevent, CUstream) { return CUDA_SUCCESS; }
+CUresult cuEventQuery(CUevent) { return CUDA_SUCCESS; }
+CUresult cuEventSynchronize(CUevent) { return CUDA_SUCCESS; }
+CUresult cuEventDestroy(CUevent) { return CUDA_SUCCESS; }
+CUresult cuModuleLoadData(CUmodule* m, const void* image) {
+  if (!image) return CUDA_ERROR_INVALID_IMAGE;
+  *m = reinterpret_cast<CUmodule>(&g_module_tag);
+  return CUDA_SUCCESS;
+}
+CUresult cuModuleUnload(CUmodule) { return CUDA_SUCCESS; }
+CUresult cuModuleGetFunction(CUfunction* f, CUmodule, const char*) {
+  *f = reinterpret_cast<CUfunction>(&g_function_tag);
+  return CUDA_SUCCESS;
+}
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, CUstream, void**, void**) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+CUresult cuGetErrorName(CUresult r, const char** s) {
+  *s = r == CUDA_ERROR_NOT_SUPPORTED     ? "CUDA_ERROR_NOT_SUPPORTED"
+       : r == CUDA_ERROR_INVALID_VALUE   ? "CUDA_ERROR_INVALID_VALUE"
+       : r == CUDA_ERROR_OUT_OF_MEMORY   ? "CUDA_ERROR_OUT_OF_MEMORY"
+       : r == CUDA_ERROR_INVALID_CONTEXT ? "CUDA_ERROR_INVALID_CONTEXT"
+                                         : "CUDA_ERROR_UNKNOWN";
+  return CUDA_SUCCESS;
+}
+CUresult cuGetErrorString(CUresult r, const char** s) {
+  *s = r == CUDA_ERROR_NOT_SUPPORTED ? "the fake driver runs no kernels" : "fake driver error";
+  return CUDA_SUCCESS;
+}
+
+}  // extern "C"
