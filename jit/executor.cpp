@@ -73,10 +73,13 @@ std::vector<Tensor> invoke_through_host(const Node& node, const std::vector<Tens
   return out;
 }
 
-// GEMMs run on the device through cuBLAS (lib/ops/linalg.cpp); other unfused ops through the host.
+// GEMMs run on the device through cuBLAS (lib/ops/linalg.cpp), cat and stack as copies into
+// their slices by a generated kernel (copy_kernel); other unfused ops through the host.
 bool runs_on_cuda(const Node& n) {
   const DType t = n.output(0)->type().dtype;
-  return n.op().kind == detail::OpKind::Linalg && (t == kFloat32 || t == kFloat64);
+  const detail::OpKind kind = n.op().kind;
+  return (kind == detail::OpKind::Linalg && (t == kFloat32 || t == kFloat64)) ||
+         kind == detail::OpKind::Join;
 }
 
 bool on_cuda(const Node& n) {

@@ -139,6 +139,16 @@ void copy_into(const Tensor& dst, const Tensor& from) {
                  static_cast<size_t>(count) * esize);
 }
 
+namespace {
+DeviceCopy g_device_copy = nullptr;
+}  // namespace
+void set_device_copy(DeviceCopy copy) {
+  g_device_copy = copy;
+}
+DeviceCopy device_copy() {
+  return g_device_copy;
+}
+
 void synchronize_device(const Tensor& t) {
   if (t.defined() && t.device().is_cuda()) cuda::synchronize(t.device().index);
 }

@@ -14,6 +14,12 @@ Tensor make_empty_on(const Shape& shape, DType dtype, Device device);
 Tensor copy_to_device(const Tensor& src, Device device);
 // Writes host tensor `src` (dst's shape) into `dst`, a tensor or view on any device.
 void copy_into(const Tensor& dst, const Tensor& src);
+// A copy within one device by a kernel of the device (the CUDA code generator registers it at
+// load time: lib/ does not depend on fuser/): dst = src converted to dst's dtype, src broadcast to
+// dst's shape, any layouts. Returns false when it declines (then copies go through the host).
+using DeviceCopy = bool (*)(const Tensor& dst, const Tensor& src);
+void set_device_copy(DeviceCopy copy);
+DeviceCopy device_copy();
 // Runs every pending CUDA copy and kernel on the tensor's device (a no-op for CPU tensors).
 void synchronize_device(const Tensor& t);
 

@@ -18,11 +18,17 @@
 #include <vector>
 
 #include "kiln/ops.h"
+#include "lib/cuda_tensor.h"
 #include "lib/autograd.h"
+#include "lib/cuda_tensor.h"
 #include "lib/dispatch.h"
+#include "lib/cuda_tensor.h"
 #include "lib/lazy.h"
+#include "lib/cuda_tensor.h"
 #include "lib/op_table.h"
+#include "lib/cuda_tensor.h"
 #include "lib/parallel.h"
+#include "lib/cuda_tensor.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln {
@@ -400,7 +406,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   if (detail::should_record(tensors)) {
     out = detail::lazy_record1(cat_def, tensors, {d}, {out_shape, dtype});
   } else {
-    out = detail::make_empty(out_shape, dtype);
+    out = detail::make_empty_on(out_shape, dtype, ref->device());
     join_into(out, pieces, d);
   }
   if (detail::any_needs_grad(tensors)) {
@@ -445,7 +451,7 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
     std::vector<Tensor> pieces;
     pieces.reserve(tensors.size());
     for (const Tensor& t : tensors) pieces.push_back(t.unsqueeze(d));
-    out = detail::make_empty(out_shape, dtype);
+    out = detail::make_empty_on(out_shape, dtype, pieces.front().device());
     join_into(out, pieces, d);
   }
   if (detail::any_needs_grad(tensors))

@@ -208,7 +208,7 @@ fuser::FusionGroup ten_op_group(int64_t variant) {
   for (int64_t k = 0; k < 10; ++k) {
     const int64_t pick = (variant >> (k % 8)) + k;
     if (pick % 3 == 0)
-      v = g.create("add", {v, w}, {}, {type})->output();
+      v = g.create("add", {v, w}, {int64_t{1}}, {type})->output();
     else
       v = g.create(ops[pick % 8], {v}, {}, {type})->output();
   }

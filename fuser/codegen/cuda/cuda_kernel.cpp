@@ -13,11 +13,14 @@
 #include "fuser/cache.h"
 #include "fuser/codegen/cuda/cuda_codegen.h"
 #include "fuser/codegen/cuda/nvrtc.h"
+#include "fuser/fuse.h"
 #include "jit/log.h"
 #include "kiln/error.h"
 #include "lib/cuda_driver.h"
 #include "lib/cuda_memory.h"
+#include "lib/cuda_tensor.h"
 #include "lib/profiler.h"
+#include "lib/tensor_impl.h"
 
 namespace kiln::fuser::cuda {
 
@@ -45,8 +48,14 @@ State& state() {
 
 // The newest architecture this NVRTC builds cubins for that the device runs (its own, or PTX of
 // an older one when the device is newer than the compiler).
+// NVRTC's version and architectures, asked once: every kernel lookup needs them for its key.
+const std::string& compiler_version() {
+  static const std::string v = nvrtc_version();
+  return v;
+}
+
 int target_arch(int sm, bool* ptx) {
-  const std::vector<int> archs = nvrtc_supported_archs();
+  static const std::vector<int> archs = nvrtc_supported_archs();
   *ptx = std::find(archs.begin(), archs.end(), sm) == archs.end();
   if (!*ptx) return sm;
   int best = 0;
@@ -69,7 +78,7 @@ std::string cuda_binary_key(const Kernel& kernel, const Layout& layout, int sm) 
   bool ptx = false;
   const int arch = target_arch(sm, &ptx);
   return kernel_key(kernel, layout) + (ptx ? "|compute_" : "|sm_") + std::to_string(arch) + "|" +
-         nvrtc_version() + "|cuda-emitter " + std::to_string(kCudaEmitterVersion);
+         compiler_version() + "|cuda-emitter " + std::to_string(kCudaEmitterVersion);
 }
 
 CudaBinary cuda_binary(const Kernel& kernel, const Layout& layout, int sm, bool* from_disk) {
@@ -248,5 +257,56 @@ void launch_rows(const CudaKernel& fn, const Kernel& kernel, const Layout& layou
     detail::cuda::launch(device, fn.columns, cols, a.data(), fn.name);
   }
 }
+
+namespace {
+// A copy within a device as a generated kernel of one load (and a cast): the same code path as a
+// fused group's, so it is cached and specialized on layout like one. With fusion off (KILN_FUSE=0)
+// it declines, and the copy goes through the host like every other op.
+bool copy_within_device(const Tensor& dst, const Tensor& src) {
+  if (!fusion_enabled()) return false;
+  const int64_t n = dst.numel();
+  if (n == 0) return true;
+  const int device = dst.device().index;
+  Kernel k;
+  k.ops = "copy";
+  k.input_types = {src.dtype()};
+  Instr load{Prim::Load, src.dtype()};
+  load.index = 0;
+  int32_t v = k.add(load);
+  if (src.dtype() != dst.dtype()) {
+    Instr cast{Prim::Cast, dst.dtype()};
+    cast.a = v;
+    v = k.add(cast);
+  }
+  k.outputs = {v};
+  k.output_types = {dst.dtype()};
+  char* ptrs[2] = {src.impl()->data(), dst.impl()->data()};
+  Layout layout;
+  const bool single = src.numel() == 1;
+  if (dst.is_contiguous() && (single || (src.numel() == n && src.is_contiguous()))) {
+    layout.single_element = {single};
+    launch_elementwise(cuda_kernel(k, layout, device), k, layout, device, n, nullptr, nullptr, ptrs,
+                       nullptr);
+    return true;
+  }
+  layout.flat = false;
+  layout.rank = static_cast<int32_t>(dst.dim());
+  const Shape& sizes = dst.sizes();
+  std::vector<int64_t> strides = detail::broadcast_strides(src, sizes);
+  strides.insert(strides.end(), dst.strides().begin(), dst.strides().end());
+  const size_t rank = sizes.size();
+  for (size_t p = 0; p < 2; ++p) {
+    const int64_t s = strides[p * rank + rank - 1];
+    layout.inner.push_back(sizes.back() == 1 || s == 0 ? Layout::kZero
+                           : s == 1                    ? Layout::kUnit
+                                                       : Layout::kAny);
+  }
+  launch_elementwise(cuda_kernel(k, layout, device), k, layout, device, n, sizes.data(),
+                     strides.data(), ptrs, nullptr);
+  return true;
+}
+
+const bool g_copy_registered = (detail::set_device_copy(&copy_within_device), true);
+}  // namespace
 
 }  // namespace kiln::fuser::cuda
