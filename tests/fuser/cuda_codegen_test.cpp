@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "fuser/codegen/cuda/cuda_codegen.h"
+#include "fuser/codegen/cuda/cuda_kernel.h"
 #include "fuser/codegen/cuda/nvrtc.h"
 #include "fuser/codegen/llvm/cpu_codegen.h"
 #include "kiln/kiln.h"
@@ -479,6 +480,110 @@ std::vector<RowsCase> model_cases() {
     }
   }
   return cases;
+}
+
+// ---- The launcher's arguments against the kernels' signatures ----
+
+// The sizes of the parameters of `entry` in PTX text, in order (.u64 8, .u32 4, .b8 x[N] N, ...).
+std::vector<size_t> ptx_param_bytes(const std::string& ptx, const std::string& entry) {
+  std::vector<size_t> out;
+  const size_t at = ptx.find(".entry " + entry + "(");
+  if (at == std::string::npos) {
+    ADD_FAILURE() << "no entry " << entry << " in the PTX";
+    return out;
+  }
+  const size_t end = ptx.find(')', at);
+  std::string params = ptx.substr(at, end - at);
+  for (size_t p = params.find(".param"); p != std::string::npos; p = params.find(".param", p + 1)) {
+    const size_t line_end = params.find_first_of(",\n", p);
+    const std::string decl = params.substr(p, line_end - p);
+    size_t width = 0;
+    for (const auto& [type, bytes] : std::vector<std::pair<std::string, size_t> >{{".u64", 8},
+                                                                                  {".s64", 8},
+                                                                                  {".f64", 8},
+                                                                                  {".b64", 8},
+                                                                                  {".u32", 4},
+                                                                                  {".s32", 4},
+                                                                                  {".f32", 4},
+                                                                                  {".b32", 4},
+                                                                                  {".u16", 2},
+                                                                                  {".s16", 2},
+                                                                                  {".b16", 2},
+                                                                                  {".u8", 1},
+                                                                                  {".s8", 1},
+                                                                                  {".b8", 1}})
+      if (decl.find(type + " ") != std::string::npos) {
+        width = bytes;
+        break;
+      }
+    const size_t bracket = decl.find('[');
+    if (bracket != std::string::npos) width *= std::stoul(decl.substr(bracket + 1));
+    EXPECT_GT(width, 0u) << "unknown parameter type in: " << decl;
+    out.push_back(width);
+  }
+  return out;
+}
+
+// What the launcher passes for (kernel, layout) has the count and sizes of the compiled kernels'
+// parameters: a mismatch would read garbage on a GPU, and only there.
+void expect_calls_match(const Kernel& k, const Layout& layout,
+                        const std::vector<fuser::cuda::KernelCall>& calls,
+                        const std::string& what) {
+  const std::string symbol = symbol_of(k);
+  const std::string source = fuser::cuda::cuda_source(k, layout, symbol);
+  const fuser::cuda::CudaCompiled ptx = fuser::cuda::nvrtc_compile(
+      source, symbol, kSm, CudaOutput::kPtx, fuser::cuda::cuda_compile_options());
+  std::vector<std::string> entries{symbol};
+  if (layout.rows && k.num_globals > 0) entries.push_back(symbol + "_finish");
+  if (layout.rows && k.num_columns() > 0) entries.push_back(symbol + "_columns");
+  ASSERT_EQ(calls.size(), entries.size()) << what;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    EXPECT_EQ(calls[i].bytes, ptx_param_bytes(ptx.code, entries[i])) << what << ": " << entries[i];
+    EXPECT_EQ(calls[i].args.size(), calls[i].bytes.size());
+    EXPECT_GE(calls[i].grid, 1u);
+    EXPECT_GE(calls[i].block, 1u);
+  }
+}
+
+TEST(CudaCodegen, LaunchArgumentsMatchTheKernelSignatures) {
+  // Elementwise: random programs (scalars of several dtypes, bool tensors), every layout kind.
+  testing::RandomProgram gen(99);
+  int kernels = 0;
+  for (int i = 0; i < 40; ++i) {
+    Inputs in = gen.make_inputs();
+    Fn fn = gen.make_program(2 + i % 7);
+    if (testing::eager(fn, in).empty()) continue;
+    const Grouped grouped = groups_of(fn, in);
+    for (const FusionGroup& g : grouped.groups) {
+      if (g.rows) continue;
+      const Kernel& k = g.kernel;
+      const size_t ptrs = k.input_types.size() + k.outputs.size();
+      for (const auto& [name, layout] : layouts_of(k, g)) {
+        const size_t rank = static_cast<size_t>(std::max(1, layout.rank));
+        std::vector<int64_t> sizes(rank, 3), strides(rank * ptrs, 1);
+        std::vector<char*> pointers(ptrs, reinterpret_cast<char*>(uintptr_t{4096}));
+        std::vector<fuser::cuda::KernelCall> calls;
+        calls.push_back(fuser::cuda::elementwise_call(k, layout, 27, sizes.data(), strides.data(),
+                                                      pointers.data(), g.scalars.data(), 132));
+        expect_calls_match(k, layout, calls, "program " + std::to_string(i) + ", " + name);
+        ++kernels;
+      }
+    }
+  }
+  EXPECT_GE(kernels, 40);
+  // Rows: the models' kernels (row, global and column reductions).
+  for (const RowsCase& c : model_cases()) {
+    const size_t ptrs = c.kernel.input_types.size() + c.kernel.outputs.size();
+    std::vector<int64_t> sizes(static_cast<size_t>(c.layout.rank) + 1, 4);
+    std::vector<int64_t> strides(sizes.size() * ptrs, 1);
+    std::vector<char*> pointers(ptrs, reinterpret_cast<char*>(uintptr_t{4096}));
+    const fuser::cuda::CudaRowsLaunch geometry =
+        fuser::cuda::cuda_rows_launch(c.kernel, c.layout, sizes.data(), strides.data());
+    const std::vector<fuser::cuda::KernelCall> calls = fuser::cuda::rows_calls(
+        c.kernel, c.layout, geometry, sizes.data(), strides.data(), pointers.data(),
+        c.scalars.data(), reinterpret_cast<void*>(uintptr_t{8192}));
+    expect_calls_match(c.kernel, c.layout, calls, c.what);
+  }
 }
 
 TEST(CudaCodegen, ModelRowsKernelsCompileForSm90) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -163,55 +164,117 @@ CudaKernel cuda_kernel(const Kernel& kernel, const Layout& layout, int device) {
   return k;
 }
 
-void launch_elementwise(const CudaKernel& fn, const Kernel& kernel, const Layout& layout,
-                        int device, int64_t n, const int64_t* sizes, const int64_t* strides,
-                        char* const* ptrs, const uint64_t* scalars) {
-  if (n == 0) return;
+void KernelCall::add(const void* value, size_t declared_bytes) {
+  // The parameter's bytes (a scalar's are the low bytes of its 8-byte slot: little-endian).
+  auto block = std::make_unique<char[]>(std::max<size_t>(declared_bytes, 8));
+  std::memcpy(block.get(), value, declared_bytes);
+  args.push_back(block.get());
+  bytes.push_back(declared_bytes);
+  storage.push_back(std::move(block));
+}
+
+namespace {
+size_t scalar_bytes(DType t) {
+  return t == kBool ? 1 : element_size(t);
+}
+
+void add_pointers_and_scalars(KernelCall& call, const Kernel& kernel, char* const* ptrs,
+                              const uint64_t* scalars) {
   const size_t num_ptrs = kernel.input_types.size() + kernel.outputs.size();
-  const int64_t multiprocessors = detail::cuda::device_info(device).multiprocessors;
+  for (size_t p = 0; p < num_ptrs; ++p) call.add(&ptrs[p], sizeof(char*));
+  for (size_t k = 0; k < kernel.scalar_types.size(); ++k) {
+    const uint64_t slot = scalars ? scalars[k] : 0;
+    call.add(&slot, scalar_bytes(kernel.scalar_types[k]));
+  }
+}
+}  // namespace
+
+KernelCall elementwise_call(const Kernel& kernel, const Layout& layout, int64_t n,
+                            const int64_t* sizes, const int64_t* strides, char* const* ptrs,
+                            const uint64_t* scalars, int64_t multiprocessors) {
+  const size_t num_ptrs = kernel.input_types.size() + kernel.outputs.size();
   const int64_t per_thread = layout.flat ? 4 : 1;
   const int64_t blocks =
       std::max<int64_t>(1, std::min((n + kThreads * per_thread - 1) / (kThreads * per_thread),
                                     multiprocessors * kBlocksPerMultiprocessor));
   const CudaCallFlags flags =
       cuda_call_flags(kernel, layout, n, sizes, strides, ptrs, blocks * kThreads);
-  long long count = n;
-  int index32 = flags.index32, vec = flags.vec;
-  // The dims struct, by value: sizes then strides, as the CPU kernels take them.
-  std::vector<long long> dims;
-  if (!layout.flat) {
+  KernelCall call;
+  call.grid = static_cast<unsigned>(blocks);
+  call.block = static_cast<unsigned>(kThreads);
+  const long long count = n;
+  const int index32 = flags.index32, vec = flags.vec;
+  call.add(&count, sizeof count);
+  call.add(&index32, sizeof index32);
+  if (layout.flat) {
+    call.add(&vec, sizeof vec);
+  } else {
+    // The dims struct, by value: sizes then strides, as the CPU kernels take them.
     const auto rank = static_cast<size_t>(layout.rank);
-    dims.assign(sizes, sizes + rank);
+    std::vector<long long> dims(sizes, sizes + rank);
     dims.insert(dims.end(), strides, strides + rank * num_ptrs);
+    call.add(dims.data(), dims.size() * sizeof(long long));
   }
-  std::vector<void*> args;
-  args.push_back(&count);
-  args.push_back(&index32);
-  if (dims.empty()) dims.push_back(0);  // rank 0: the struct's storage is never read
-  if (layout.flat)
-    args.push_back(&vec);
-  else
-    args.push_back(dims.data());
-  for (size_t p = 0; p < num_ptrs; ++p) args.push_back(const_cast<char**>(ptrs + p));
-  for (size_t k = 0; k < kernel.scalar_types.size(); ++k)
-    args.push_back(const_cast<uint64_t*>(scalars + k));
-  detail::cuda::LaunchShape shape;
-  shape.grid = static_cast<unsigned>(blocks);
-  shape.block = static_cast<unsigned>(kThreads);
-  detail::cuda::launch(device, fn.fn, shape, args.data(), fn.name);
+  add_pointers_and_scalars(call, kernel, ptrs, scalars);
+  return call;
+}
+
+std::vector<KernelCall> rows_calls(const Kernel& kernel, const Layout& layout,
+                                   const CudaRowsLaunch& geometry, const int64_t* sizes,
+                                   const int64_t* strides, char* const* ptrs,
+                                   const uint64_t* scalars, void* partials) {
+  const auto rank = static_cast<size_t>(layout.rank);
+  const size_t num_ptrs = kernel.input_types.size() + kernel.outputs.size();
+  long long rows = 1;
+  for (size_t d = 0; d < rank; ++d) rows *= sizes[d];
+  std::vector<KernelCall> calls(1);
+  KernelCall& main = calls[0];
+  main.grid = static_cast<unsigned>(geometry.blocks);
+  main.block = static_cast<unsigned>(geometry.threads);
+  const int index32 = geometry.index32;
+  std::vector<long long> dims(sizes, sizes + rank + 1);
+  dims.insert(dims.end(), strides, strides + (rank + 1) * num_ptrs);
+  main.add(&rows, sizeof rows);
+  main.add(&index32, sizeof index32);
+  main.add(dims.data(), dims.size() * sizeof(long long));
+  add_pointers_and_scalars(main, kernel, ptrs, scalars);
+  if (geometry.partials_bytes > 0) main.add(&partials, sizeof partials);
+  const long long blocks = geometry.blocks, stride = geometry.stride, R = sizes[rank];
+  if (kernel.num_globals > 0) {
+    KernelCall finish;  // one thread (ABI)
+    finish.add(&blocks, sizeof blocks);
+    finish.add(&stride, sizeof stride);
+    finish.add(&partials, sizeof partials);
+    add_pointers_and_scalars(finish, kernel, ptrs, scalars);
+    calls.push_back(std::move(finish));
+  }
+  if (kernel.num_columns() > 0) {
+    KernelCall columns;
+    columns.grid = static_cast<unsigned>(std::max<int64_t>(1, geometry.columns_blocks));
+    columns.block = static_cast<unsigned>(std::max(32, geometry.columns_threads));
+    columns.add(&blocks, sizeof blocks);
+    columns.add(&stride, sizeof stride);
+    columns.add(&R, sizeof R);
+    columns.add(&partials, sizeof partials);
+    add_pointers_and_scalars(columns, kernel, ptrs, scalars);
+    calls.push_back(std::move(columns));
+  }
+  return calls;
+}
+
+void launch_elementwise(const CudaKernel& fn, const Kernel& kernel, const Layout& layout,
+                        int device, int64_t n, const int64_t* sizes, const int64_t* strides,
+                        char* const* ptrs, const uint64_t* scalars) {
+  if (n == 0) return;
+  KernelCall call = elementwise_call(kernel, layout, n, sizes, strides, ptrs, scalars,
+                                     detail::cuda::device_info(device).multiprocessors);
+  detail::cuda::launch(device, fn.fn, {call.grid, call.block, 0}, call.args.data(), fn.name);
 }
 
 void launch_rows(const CudaKernel& fn, const Kernel& kernel, const Layout& layout, int device,
                  const int64_t* sizes, const int64_t* strides, char* const* ptrs,
                  const uint64_t* scalars) {
-  const auto rank = static_cast<size_t>(layout.rank);
-  const size_t num_ptrs = kernel.input_types.size() + kernel.outputs.size();
-  long long rows = 1;
-  for (size_t d = 0; d < rank; ++d) rows *= sizes[d];
-  const long long R = sizes[rank];
   const CudaRowsLaunch geometry = cuda_rows_launch(kernel, layout, sizes, strides);
-  std::vector<long long> dims(sizes, sizes + rank + 1);
-  dims.insert(dims.end(), strides, strides + (rank + 1) * num_ptrs);
   // The partials go back to the allocator right after the launches: a later allocation on the same
   // stream runs after them, so the block is not reused early.
   struct Partials {
@@ -223,39 +286,15 @@ void launch_rows(const CudaKernel& fn, const Kernel& kernel, const Layout& layou
   } partials{device};
   if (geometry.partials_bytes > 0)
     partials.p = detail::cuda::device_alloc(device, static_cast<size_t>(geometry.partials_bytes));
-  int index32 = geometry.index32;
-  std::vector<void*> args{&rows, &index32, dims.data()};
-  for (size_t p = 0; p < num_ptrs; ++p) args.push_back(const_cast<char**>(ptrs + p));
-  for (size_t k = 0; k < kernel.scalar_types.size(); ++k)
-    args.push_back(const_cast<uint64_t*>(scalars + k));
-  if (partials.p) args.push_back(&partials.p);
-  detail::cuda::LaunchShape shape;
-  shape.grid = static_cast<unsigned>(geometry.blocks);
-  shape.block = static_cast<unsigned>(geometry.threads);
-  detail::cuda::launch(device, fn.fn, shape, args.data(), fn.name);
-  long long blocks = geometry.blocks, stride = geometry.stride;
-  std::vector<void*> tail{&blocks, &stride};
-  if (fn.finish) {
-    std::vector<void*> a = tail;
-    a.push_back(&partials.p);
-    for (size_t p = 0; p < num_ptrs; ++p) a.push_back(const_cast<char**>(ptrs + p));
-    for (size_t k = 0; k < kernel.scalar_types.size(); ++k)
-      a.push_back(const_cast<uint64_t*>(scalars + k));
-    detail::cuda::launch(device, fn.finish, detail::cuda::LaunchShape{1, 1, 0}, a.data(), fn.name);
-  }
-  if (fn.columns) {
-    long long row_length = R;
-    std::vector<void*> a = tail;
-    a.push_back(&row_length);
-    a.push_back(&partials.p);
-    for (size_t p = 0; p < num_ptrs; ++p) a.push_back(const_cast<char**>(ptrs + p));
-    for (size_t k = 0; k < kernel.scalar_types.size(); ++k)
-      a.push_back(const_cast<uint64_t*>(scalars + k));
-    detail::cuda::LaunchShape cols;
-    cols.grid = static_cast<unsigned>(std::max<int64_t>(1, geometry.columns_blocks));
-    cols.block = static_cast<unsigned>(std::max(32, geometry.columns_threads));
-    detail::cuda::launch(device, fn.columns, cols, a.data(), fn.name);
-  }
+  std::vector<KernelCall> calls =
+      rows_calls(kernel, layout, geometry, sizes, strides, ptrs, scalars, partials.p);
+  void* functions[3] = {fn.fn, nullptr, nullptr};
+  size_t next = 1;
+  if (kernel.num_globals > 0) functions[next++] = fn.finish;
+  if (kernel.num_columns() > 0) functions[next++] = fn.columns;
+  for (size_t i = 0; i < calls.size(); ++i)
+    detail::cuda::launch(device, functions[i], {calls[i].grid, calls[i].block, 0},
+                         calls[i].args.data(), fn.name);
 }
 
 namespace {

@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "fuser/codegen/cuda/cuda_codegen.h"
 #include "fuser/kernel.h"
 
 namespace kiln::fuser::cuda {
@@ -45,6 +47,26 @@ struct CudaKernel {
   const char* name = nullptr;
 };
 CudaKernel cuda_kernel(const Kernel& kernel, const Layout& layout, int device);
+
+// One launch's parameters, as cuLaunchKernel takes them (a pointer per kernel parameter), with
+// the size each parameter has in the kernel's signature (the tests compare them with the PTX's
+// parameter list), and its geometry (one-dimensional).
+struct KernelCall {
+  unsigned grid = 1, block = 1;
+  std::vector<void*> args;
+  std::vector<size_t> bytes;
+  std::vector<std::unique_ptr<char[]>> storage;  // what args point to
+  void add(const void* value, size_t declared_bytes);
+};
+// The launch of a flat or strided kernel over n elements (grid capped at 32 blocks per
+// multiprocessor); and of a rows kernel, then its finish and columns kernels when it has them.
+KernelCall elementwise_call(const Kernel& kernel, const Layout& layout, int64_t n,
+                            const int64_t* sizes, const int64_t* strides, char* const* ptrs,
+                            const uint64_t* scalars, int64_t multiprocessors);
+std::vector<KernelCall> rows_calls(const Kernel& kernel, const Layout& layout,
+                                   const CudaRowsLaunch& geometry, const int64_t* sizes,
+                                   const int64_t* strides, char* const* ptrs,
+                                   const uint64_t* scalars, void* partials);
 
 // Launches a flat or strided elementwise kernel over `n` elements (sizes/strides as the CPU
 // kernels take them: strided only), `ptrs` being device pointers (inputs, then outputs) and
