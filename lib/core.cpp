@@ -137,14 +137,14 @@ Tensor make_empty(const Shape& shape, DType dtype) {
   return Tensor(std::move(impl));
 }
 
-Tensor make_empty_strided(const Shape& shape, const Shape& strides, DType dtype) {
+Tensor make_empty_strided(const Shape& shape, const Shape& strides, DType dtype, Device device) {
   int64_t extent = 1;
   for (size_t i = 0; i < shape.size(); ++i) {
     KILN_CHECK(shape[i] >= 0, "empty_strided: negative dimension in shape ", shape_str(shape));
     if (shape[i] == 0) extent = 0;
     if (extent > 0) extent += (shape[i] - 1) * strides[i];
   }
-  Tensor flat = make_empty({extent}, dtype);
+  Tensor flat = make_empty_on({extent}, dtype, device);
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = flat.impl()->storage;
   impl->sizes = shape;
@@ -155,20 +155,9 @@ Tensor make_empty_strided(const Shape& shape, const Shape& strides, DType dtype)
 
 Tensor make_zeros_strided(const Shape& shape, const Shape& strides, DType dtype, Device device) {
   if (device.is_cuda()) {
-    int64_t extent = 1;
-    for (size_t i = 0; i < shape.size(); ++i) {
-      if (shape[i] == 0) extent = 0;
-      if (extent > 0) extent += (shape[i] - 1) * strides[i];
-    }
-    Tensor flat = make_empty_on({extent}, dtype, device);
-    cuda::memset_on_device(device.index, flat.impl()->storage->data, 0,
-                           flat.impl()->storage->nbytes);
-    auto impl = std::make_shared<TensorImpl>();
-    impl->storage = flat.impl()->storage;
-    impl->sizes = shape;
-    impl->strides = strides;
-    impl->dtype = dtype;
-    return Tensor(std::move(impl));
+    Tensor t = make_empty_strided(shape, strides, dtype, device);
+    cuda::memset_on_device(device.index, t.impl()->storage->data, 0, t.impl()->storage->nbytes);
+    return t;
   }
   Tensor t = is_contiguous_layout(shape, strides) ? make_empty(shape, dtype)
                                                   : make_empty_strided(shape, strides, dtype);

@@ -78,7 +78,8 @@ inline bool is_pending(const Tensor& t) {
 // Allocates a contiguous tensor (64-byte aligned, uninitialized).
 Tensor make_empty(const Shape& shape, DType dtype);
 // Allocates a tensor laid out with the given strides (non-overlapping), uninitialized.
-Tensor make_empty_strided(const Shape& shape, const Shape& strides, DType dtype);
+Tensor make_empty_strided(const Shape& shape, const Shape& strides, DType dtype,
+                          Device device = kCPU);
 // The same, zero-filled.
 Tensor make_zeros_strided(const Shape& shape, const Shape& strides, DType dtype,
                           Device device = kCPU);

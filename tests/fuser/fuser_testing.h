@@ -243,6 +243,20 @@ inline Inputs random_inputs(std::mt19937_64& rng, const RandomInputSpec& spec) {
   return in;
 }
 
+// The last three values a random program made (after its inputs): a group with several outputs.
+// to() of the same dtype returns its operand: each tensor is kept once, and no input.
+inline Inputs last_new_values(const Inputs& in, const std::vector<Tensor>& values) {
+  Inputs out;
+  for (size_t k = std::max(in.size(), values.size() > 3 ? values.size() - 3 : 0); k < values.size();
+       ++k) {
+    bool seen = false;
+    for (const Tensor& t : in) seen |= values[k].is_same(t);
+    for (const Tensor& t : out) seen |= values[k].is_same(t);
+    if (!seen) out.push_back(values[k]);
+  }
+  return out;
+}
+
 // Random elementwise programs of the differential tests (and the CUDA code generator's tests):
 // ops from elementwise_op on 1-3 random inputs, each value picked from everything made so far.
 class RandomProgram {
@@ -276,17 +290,7 @@ class RandomProgram {
           // The op does not take these dtypes (sub of bools, ...): eager and lazy agree on that.
         }
       }
-      // The last three values the ops made: a group with several outputs.
-      Inputs out;
-      for (size_t k = std::max(in.size(), values.size() > 3 ? values.size() - 3 : 0);
-           k < values.size(); ++k) {
-        // to() of the same dtype returns its operand: keep each tensor once, and no inputs.
-        bool seen = false;
-        for (const Tensor& t : in) seen |= values[k].is_same(t);
-        for (const Tensor& t : out) seen |= values[k].is_same(t);
-        if (!seen) out.push_back(values[k]);
-      }
-      return out;
+      return last_new_values(in, values);
     };
   }
 
