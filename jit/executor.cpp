@@ -57,10 +57,10 @@ std::vector<Tensor> invoke_in_scope(const Node& node, const std::vector<Tensor>&
   return out;
 }
 
-// A node on a CUDA device that no kernel of the device computes (not fused, not a GEMM): its
-// reference kernel runs on copies of its inputs on the host, and its outputs are copied back.
-// Correct for every op, at the price of the transfers, which KILN_PROFILE counts and its tips
-// name; views take this path too, as a view's reference kernel may copy (reshape).
+// A node on a CUDA device that no kernel of the device computes (not fused, not a GEMM, join or
+// view): its reference kernel runs on copies of its inputs on the host, and its outputs are
+// copied back. Correct for every op, at the price of the transfers, which KILN_PROFILE counts and
+// its tips name.
 std::vector<Tensor> invoke_through_host(const Node& node, const std::vector<Tensor>& inputs) {
   std::vector<Tensor> host;
   host.reserve(inputs.size());
@@ -74,12 +74,13 @@ std::vector<Tensor> invoke_through_host(const Node& node, const std::vector<Tens
 }
 
 // GEMMs run on the device through cuBLAS (lib/ops/linalg.cpp), cat and stack as copies into
-// their slices by a generated kernel (copy_kernel); other unfused ops through the host.
+// their slices by a generated kernel (copy_kernel), views as views of device memory (a reshape
+// that must copy copies on the device); other unfused ops through the host.
 bool runs_on_cuda(const Node& n) {
   const DType t = n.output(0)->type().dtype;
   const detail::OpKind kind = n.op().kind;
   return (kind == detail::OpKind::Linalg && (t == kFloat32 || t == kFloat64)) ||
-         kind == detail::OpKind::Join;
+         kind == detail::OpKind::Join || kind == detail::OpKind::View;
 }
 
 bool on_cuda(const Node& n) {
