@@ -83,6 +83,12 @@ bool is_broadcast_view(const Node& n) {
          n.input(0)->type().sizes.size() == n.output()->type().sizes.size();
 }
 
+// A group computes on one device: its members' operands are on the device of their results,
+// except 0-dim host values (numbers), which any device's kernel takes.
+bool on_device_of(const jit::ValueType& operand, Device device) {
+  return operand.device == device || (operand.device.is_cpu() && operand.sizes.empty());
+}
+
 // Why a node is no member (KILN_LOG=fuser): set when member_types refuses it, if asked.
 std::optional<MemberTypes> member_types(const Node& n, const char** why = nullptr) {
   auto refuse = [why](const char* reason) -> std::optional<MemberTypes> {
@@ -96,11 +102,11 @@ std::optional<MemberTypes> member_types(const Node& n, const char** why = nullpt
     return refuse("not an elementwise op");
   if (!op.formula) return refuse("the op has no formula in the op table");
   if (n.num_outputs() != 1 || n.num_inputs() == 0) return refuse("not one output over operands");
-  if (n.output()->type().device != kCPU) return refuse("its result is not on the CPU");
+  const Device device = n.output()->type().device;
   std::vector<detail::PromotionOperand> facts;
   for (const Value* in : n.inputs()) {
     if (!in) return refuse("an operand is absent");
-    if (in->type().device != kCPU) return refuse("an operand is not on the CPU");
+    if (!on_device_of(in->type(), device)) return refuse("an operand is on another device");
     facts.push_back({in->type().dtype, in->type().sizes.empty(), in->type().wrapped_number});
   }
   MemberTypes t;
@@ -586,8 +592,7 @@ bool is_row_wise(const Node& n) {
     return false;
   const jit::ValueType& in = n.input(0)->type();
   const jit::ValueType& out = n.output()->type();
-  if (in.device != kCPU || out.device != kCPU || in.sizes.empty() || in.sizes != out.sizes)
-    return false;
+  if (in.device != out.device || in.sizes.empty() || in.sizes != out.sizes) return false;
   const int d = attr_index(n, "dim");
   return d == 0 && detail::attr_int(n.attr(0)) == static_cast<int64_t>(in.sizes.size()) - 1;
 }
@@ -797,7 +802,7 @@ std::optional<int> fused_reduction_dims(const Node& n) {
       n.num_inputs() != 1)
     return std::nullopt;
   const Value* in = n.input(0);
-  if (!in || in->type().device != kCPU || n.output()->type().device != kCPU) return std::nullopt;
+  if (!in || in->type().device != n.output()->type().device) return std::nullopt;
   const int rank = static_cast<int>(in->type().sizes.size());
   if (rank == 0) return std::nullopt;
   // sum with a dtype converts first: left to the op.
@@ -820,7 +825,7 @@ std::optional<int> fused_column_dims(const Node& n) {
       n.num_outputs() != 1 || n.num_inputs() != 1)
     return std::nullopt;
   const Value* in = n.input(0);
-  if (!in || in->type().device != kCPU || n.output()->type().device != kCPU) return std::nullopt;
+  if (!in || in->type().device != n.output()->type().device) return std::nullopt;
   const int rank = static_cast<int>(in->type().sizes.size());
   if (int d = attr_index(n, "dtype");
       d >= 0 && !std::holds_alternative<std::monostate>(n.attr(static_cast<size_t>(d))))
@@ -842,10 +847,10 @@ bool is_join_exit(const Node& n) {
     return false;
   const jit::ValueType& out = n.output()->type();
   const Shape& piece = n.input(0)->type().sizes;
-  if (out.device != kCPU || (op.name == "cat" && piece.empty())) return false;
+  if (op.name == "cat" && piece.empty()) return false;
   for (const Value* in : n.inputs())
     if (!in || in->type().sizes != piece || in->type().dtype != out.dtype ||
-        in->type().device != kCPU)
+        in->type().device != out.device)
       return false;
   return true;
 }
@@ -869,7 +874,7 @@ std::string unfusible_reason(const Node& n) {
       return why;
     }
     case detail::OpKind::View:
-      return is_broadcast_view(n) ? "an expand whose operand is not on the CPU"
+      return is_broadcast_view(n) ? "an expand whose operand is on another device"
                                   : "a view other than an expand to the same rank stays a view";
     case detail::OpKind::Linalg:
       return op.name == "mm" || op.name == "bmm" || op.name == "matmul" || op.name == "addmm" ||
@@ -880,7 +885,8 @@ std::string unfusible_reason(const Node& n) {
       if (!op.formula) return "a reduction with no formula in the op table";
       if (n.num_inputs() != 1 || n.num_outputs() != 1 || !n.input(0))
         return "a reduction of several operands or results";
-      if (n.input(0)->type().device != kCPU) return "a reduction off the CPU";
+      if (n.input(0)->type().device != n.output()->type().device)
+        return "a reduction whose result is on another device";
       if (n.input(0)->type().sizes.empty()) return "a reduction of a 0-dim value";
       if (int d = attr_index(n, "dtype");
           d >= 0 && !std::holds_alternative<std::monostate>(n.attr(static_cast<size_t>(d))))
@@ -1175,6 +1181,15 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
             refuse(p, [&] {
               return "a broadcasting expand stays a view when read outside the group (" +
                      read_elsewhere() + ")";
+            });
+            continue;
+          }
+          // A group computes on one device (a 0-dim host value it reads stays a step of its own).
+          const Device group_device = st.members.front()->output()->type().device;
+          if (p->output()->type().device != group_device) {
+            refuse(p, [&] {
+              return "it computes on " + p->output()->type().device.str() + ", the group on " +
+                     group_device.str();
             });
             continue;
           }

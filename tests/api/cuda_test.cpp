@@ -351,6 +351,32 @@ TEST(Cuda, TracedRoundTripsAreRemovedAndTransfersCounted) {
   }
 }
 
+// Device values fuse as host ones do: one kernel for an elementwise chain reading a 0-dim host
+// tensor (a number), one rows kernel for a softmax written from primitives. (Planning launches
+// nothing, so this runs on the fake driver too.)
+TEST(Cuda, DeviceGraphsFuseAsHostGraphsDo) {
+  KILN_REQUIRE_GPU();
+  for (Device d : {kCPU, kCUDA}) {
+    const Tensor a = testing::random_tensor({8, 16}).to(d),
+                 b = testing::random_tensor({8, 16}).to(d);
+    const Tensor c = full({}, 0.5);  // a 0-dim host tensor, not a wrapped number
+    const testing::Planned chain = testing::plan_of(
+        [](const testing::Inputs& in) {
+          return testing::Inputs{sigmoid(in[0]) * tanh(in[1]) + in[2]};
+        },
+        {a, b, c});
+    EXPECT_EQ(chain.plan->num_kernel_steps(), 1u) << d;
+    EXPECT_EQ(chain.plan->num_steps(), 1u) << d;
+    const testing::Planned soft = testing::plan_of(
+        [](const testing::Inputs& in) {
+          const Tensor e = exp(in[0] - in[0].amax({1}, true));
+          return testing::Inputs{e / e.sum({1}, true)};
+        },
+        {a});
+    EXPECT_EQ(soft.plan->num_kernel_steps(), 1u) << d;
+  }
+}
+
 TEST(Cuda, MixingDevicesRaisesNamingBoth) {
   KILN_REQUIRE_GPU();
   const Tensor a = ones({2, 2}), b = ones({2, 2}, kCUDA);
