@@ -14,6 +14,7 @@
 #include "jit/dump.h"
 #include "jit/log.h"
 #include "kiln/autograd.h"
+#include "kiln/device.h"
 #include "kiln/error.h"
 #include "kiln/ops.h"
 #include "lib/allocator.h"
@@ -870,6 +871,9 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
         g_unfused_steps_run.fetch_add(1, std::memory_order_relaxed);
     }
     if (profiling) {
+      // Device work is asynchronous: profiled, a device step ends when the device is done, so
+      // that its span is the kernel's time rather than its launch's.
+      if (step.cuda_device >= 0) cuda::synchronize(step.cuda_device);
       if (step.group || step.map_into || step.node->op().kind != detail::OpKind::View)
         record_step(span, *step.node, step.group, kernel, step.map_into != nullptr, args, outs);
       else
