@@ -352,7 +352,9 @@ void apply_inplace(Tensor& self, const char* op, std::initializer_list<const Ten
   if (!tracing) prepare_write(self);
   bool recording = grad_mode() && requires_grad(self);
   for (const Tensor* o : others) recording = recording || (grad_mode() && requires_grad(*o));
-  if (!recording && !tracing) {
+  // A device tensor has no reference kernels to write it directly: its new value is computed out of
+  // place (recorded, then fused and run on the device) and copied in on the device.
+  if (!recording && !tracing && !self.device().is_cuda()) {
     direct();
     return;
   }

@@ -18,17 +18,12 @@
 #include <vector>
 
 #include "kiln/ops.h"
-#include "lib/cuda_tensor.h"
 #include "lib/autograd.h"
 #include "lib/cuda_tensor.h"
 #include "lib/dispatch.h"
-#include "lib/cuda_tensor.h"
 #include "lib/lazy.h"
-#include "lib/cuda_tensor.h"
 #include "lib/op_table.h"
-#include "lib/cuda_tensor.h"
 #include "lib/parallel.h"
-#include "lib/cuda_tensor.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln {
@@ -115,7 +110,7 @@ std::vector<int64_t> read_indices(const Tensor& index, int64_t size, const char*
   Tensor c;
   {
     EagerScope eager;
-    c = index.to(kInt64).contiguous();
+    c = index.to(kCPU).to(kInt64).contiguous();  // a device index's values come to the host
   }
   const int64_t* p = std::as_const(c).data_ptr<int64_t>();
   std::vector<int64_t> v(p, p + c.numel());

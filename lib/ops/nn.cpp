@@ -425,8 +425,10 @@ NllGeometry check_nll(const char* op, const Tensor& input, const Tensor& target)
   g.target = target.to(kInt64).contiguous();
   detail::ValueCheckScope checking;
   detail::MaterializeCause cause(op);
-  const int64_t* t = std::as_const(g.target).data_ptr<int64_t>();
-  const int64_t count = g.target.numel();
+  // Checked on the host: a device target's values are copied over first.
+  const Tensor host_target = g.target.to(kCPU);
+  const int64_t* t = std::as_const(host_target).data_ptr<int64_t>();
+  const int64_t count = host_target.numel();
   for (int64_t i = 0; i < count; ++i) {
     KILN_CHECK(t[i] >= 0 && t[i] < g.C, op, ": target ", t[i], " is out of bounds for ", g.C,
                " classes (input ", describe(input), ", target ", describe(target), ")");

@@ -1,11 +1,17 @@
 // A stand-in for libcuda.so.1 over host memory, for testing kiln's CUDA runtime on machines
 // without a GPU: devices, contexts, streams, memory, copies and events behave as the driver's do
 // (copies complete at once), modules load, and launching a kernel fails with
-// CUDA_ERROR_NOT_SUPPORTED (nothing can run CUDA code here). Device memory is a host allocation
-// whose address is the device pointer; every pointer is checked against the live allocations, so
-// a host pointer passed as a device one (or a stale one) fails the call instead of passing.
+// CUDA_ERROR_NOT_SUPPORTED (nothing can run CUDA code here). Device memory is a host mapping
+// whose address is the device pointer, kept inaccessible (PROT_NONE) except while the fake itself
+// copies: host code that reads or writes device memory directly faults, as it would read garbage
+// on a GPU. Every pointer is checked against the live allocations, so a host pointer passed as a
+// device one (or a stale one) fails the call instead of passing.
 #include <cuda.h>
 
+#include <sys/mman.h>
+#include <algorithm>
+
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -16,6 +22,32 @@ std::mutex g_mu;
 std::map<uintptr_t, size_t> g_device;  // live device allocations: address -> size
 std::map<uintptr_t, size_t> g_pinned;
 int g_context_tag, g_stream_tag, g_module_tag, g_function_tag, g_event_tag;
+
+size_t mapped_size(size_t n) {
+  return (std::max<size_t>(n, 1) + 4095) / 4096 * 4096;
+}
+
+// Makes the device allocation holding p accessible (on) or not (off); under g_mu.
+void set_access(uintptr_t p, bool on) {
+  auto it = g_device.upper_bound(p);
+  if (it == g_device.begin()) return;
+  --it;
+  mprotect(reinterpret_cast<void*>(it->first), mapped_size(it->second),
+           on ? PROT_READ | PROT_WRITE : PROT_NONE);
+}
+
+// The fake's own access to device memory, for the duration of one copy (under g_mu).
+struct Access {
+  uintptr_t a, b;
+  explicit Access(uintptr_t a_, uintptr_t b_ = 0) : a(a_), b(b_) {
+    set_access(a, true);
+    if (b) set_access(b, true);
+  }
+  ~Access() {
+    set_access(a, false);
+    if (b) set_access(b, false);
+  }
+};
 
 bool inside(const std::map<uintptr_t, size_t>& m, uintptr_t p, size_t n) {
   auto it = m.upper_bound(p);
@@ -35,7 +67,9 @@ bool host_range_is_not_device(const void* p, size_t n) {
 
 extern "C" {
 
-CUresult cuInit(unsigned int) { return CUDA_SUCCESS; }
+CUresult cuInit(unsigned int) {
+  return CUDA_SUCCESS;
+}
 CUresult cuDeviceGetCount(int* n) {
   *n = 1;
   return CUDA_SUCCESS;
@@ -51,12 +85,23 @@ CUresult cuDeviceGetName(char* name, int len, CUdevice) {
 }
 CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice) {
   switch (a) {
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 4; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: *v = 49152; break;
-    default: *v = 0;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+      *v = 9;
+      break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+      *v = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+      *v = 4;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+      *v = 1024;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK:
+      *v = 49152;
+      break;
+    default:
+      *v = 0;
   }
   return CUDA_SUCCESS;
 }
@@ -81,12 +126,16 @@ CUresult cuStreamCreate(CUstream* s, unsigned int) {
   *s = reinterpret_cast<CUstream>(&g_stream_tag);
   return CUDA_SUCCESS;
 }
-CUresult cuStreamSynchronize(CUstream) { return t_current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; }
+CUresult cuStreamSynchronize(CUstream) {
+  return t_current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
 CUresult cuMemAlloc(CUdeviceptr* p, size_t n) {
   if (!t_current) return CUDA_ERROR_INVALID_CONTEXT;
-  void* q = std::aligned_alloc(256, (n + 255) / 256 * 256);
-  if (!q) return CUDA_ERROR_OUT_OF_MEMORY;
+  void* q =
+      mmap(nullptr, mapped_size(n), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (q == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   std::memset(q, 0xa5, n);  // garbage, as fresh device memory holds
+  mprotect(q, mapped_size(n), PROT_NONE);
   std::lock_guard<std::mutex> lock(g_mu);
   g_device[reinterpret_cast<uintptr_t>(q)] = n;
   *p = reinterpret_cast<CUdeviceptr>(q);
@@ -96,8 +145,8 @@ CUresult cuMemFree(CUdeviceptr p) {
   std::lock_guard<std::mutex> lock(g_mu);
   auto it = g_device.find(static_cast<uintptr_t>(p));
   if (it == g_device.end()) return CUDA_ERROR_INVALID_VALUE;
+  munmap(reinterpret_cast<void*>(p), mapped_size(it->second));
   g_device.erase(it);
-  std::free(reinterpret_cast<void*>(p));
   return CUDA_SUCCESS;
 }
 CUresult cuMemHostAlloc(void** p, size_t n, unsigned int) {
@@ -114,21 +163,29 @@ CUresult cuMemFreeHost(void* p) {
 }
 CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream) {
   if (!device_range(dst, n) || !host_range_is_not_device(src, n)) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(g_mu);
+  Access access(static_cast<uintptr_t>(dst));
   std::memcpy(reinterpret_cast<void*>(dst), src, n);
   return CUDA_SUCCESS;
 }
 CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream) {
   if (!device_range(src, n) || !host_range_is_not_device(dst, n)) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(g_mu);
+  Access access(static_cast<uintptr_t>(src));
   std::memcpy(dst, reinterpret_cast<const void*>(src), n);
   return CUDA_SUCCESS;
 }
 CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream) {
   if (!device_range(dst, n) || !device_range(src, n)) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(g_mu);
+  Access access(static_cast<uintptr_t>(dst), static_cast<uintptr_t>(src));
   std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
   return CUDA_SUCCESS;
 }
 CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream) {
   if (!device_range(dst, n)) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(g_mu);
+  Access access(static_cast<uintptr_t>(dst));
   std::memset(reinterpret_cast<void*>(dst), v, n);
   return CUDA_SUCCESS;
 }
@@ -136,16 +193,26 @@ CUresult cuEventCreate(CUevent* e, unsigned int) {
   *e = reinterpret_cast<CUevent>(&g_event_tag);
   return CUDA_SUCCESS;
 }
-CUresult cuEventRecord(CUevent, CUstream) { return CUDA_SUCCESS; }
-CUresult cuEventQuery(CUevent) { return CUDA_SUCCESS; }
-CUresult cuEventSynchronize(CUevent) { return CUDA_SUCCESS; }
-CUresult cuEventDestroy(CUevent) { return CUDA_SUCCESS; }
+CUresult cuEventRecord(CUevent, CUstream) {
+  return CUDA_SUCCESS;
+}
+CUresult cuEventQuery(CUevent) {
+  return CUDA_SUCCESS;
+}
+CUresult cuEventSynchronize(CUevent) {
+  return CUDA_SUCCESS;
+}
+CUresult cuEventDestroy(CUevent) {
+  return CUDA_SUCCESS;
+}
 CUresult cuModuleLoadData(CUmodule* m, const void* image) {
   if (!image) return CUDA_ERROR_INVALID_IMAGE;
   *m = reinterpret_cast<CUmodule>(&g_module_tag);
   return CUDA_SUCCESS;
 }
-CUresult cuModuleUnload(CUmodule) { return CUDA_SUCCESS; }
+CUresult cuModuleUnload(CUmodule) {
+  return CUDA_SUCCESS;
+}
 CUresult cuModuleGetFunction(CUfunction* f, CUmodule, const char*) {
   *f = reinterpret_cast<CUfunction>(&g_function_tag);
   return CUDA_SUCCESS;
@@ -165,6 +232,12 @@ CUresult cuGetErrorName(CUresult r, const char** s) {
 CUresult cuGetErrorString(CUresult r, const char** s) {
   *s = r == CUDA_ERROR_NOT_SUPPORTED ? "the fake driver runs no kernels" : "fake driver error";
   return CUDA_SUCCESS;
+}
+
+// For the fake cuBLAS: opens (on != 0) or closes the device allocation holding p.
+void kiln_fake_device_access(const void* p, int on) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  set_access(reinterpret_cast<uintptr_t>(p), on != 0);
 }
 
 }  // extern "C"
