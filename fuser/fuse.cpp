@@ -1319,7 +1319,12 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
   merge_column_exits(groups, group_run_at, group_of, role_of, position);
   std::vector<FusionGroup> result;
   for (Building& b : groups) {
-    if (b.members.size() < 2) continue;
+    // On the CPU a lone node runs its reference kernel (or its formula straight into its output);
+    // on a device, where there is no reference kernel, it is a group of one: its own kernel.
+    const bool lone_on_device =
+        b.members.size() == 1 && b.members[0]->output()->type().device.is_cuda() && !b.join &&
+        !is_broadcast_view(*b.members[0]) && (b.reduces || is_fusible(*b.members[0]));
+    if (b.members.size() < 2 && !lone_on_device) continue;
     FusionGroup g;
     g.nodes = b.members;
     std::sort(g.nodes.begin(), g.nodes.end(),

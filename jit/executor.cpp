@@ -552,9 +552,9 @@ const char* Plan::run_group(const Step& step, const std::vector<Tensor>& host_ar
   std::vector<char*> ptrs(num_inputs + dests->size());
   for (size_t k = 0; k < num_inputs; ++k) ptrs[k] = args[k].impl()->data();
   for (size_t k = 0; k < dests->size(); ++k) ptrs[num_inputs + k] = (*dests)[k].impl()->data();
-  if (step.cuda_device >= 0)
-    return launch_cuda_group(step, layout, numel, nullptr, nullptr, ptrs.data());
   if (layout.flat) {
+    if (step.cuda_device >= 0)
+      return launch_cuda_group(step, layout, numel, nullptr, nullptr, ptrs.data());
     // Held while it runs (the plan holds it too).
     const fuser::CompiledKernel kernel = kernel_for(step, layout);
     const fuser::KernelFn fn = kernel.fn;

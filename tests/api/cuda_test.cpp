@@ -377,6 +377,26 @@ TEST(Cuda, DeviceGraphsFuseAsHostGraphsDo) {
   }
 }
 
+// On the fake driver (tests/fake_cuda), which loads modules but runs no kernel: with fusion on, an
+// elementwise group and a rows group are compiled (NVRTC, for the device's sm_90), loaded and
+// launched with their arguments, and the launch's failure comes back as a kiln::Error naming the
+// kernel, its geometry and the driver's error, with nothing on the host touching device memory.
+TEST(Cuda, FusedGroupsReachTheLaunchOnTheFakeDriver) {
+  KILN_REQUIRE_GPU();
+  if (detail::cuda::device_info(0).name.find("kiln fake") == std::string::npos)
+    GTEST_SKIP() << "a real GPU: the fused kernels run in the other tests";
+  fuser::FusionGuard fusion(true);
+  const Tensor a = testing::random_tensor({8, 16}).to(kCUDA);
+  testing::expect_error([&] { (tanh(a * a) + 1).to(kCPU); },
+                        {"launching kiln_", "CUDA_ERROR_NOT_SUPPORTED", "cuda:0"});
+  // A lone op is a group of one on a device: softmax (rows), a global and a column sum, an add.
+  for (const auto& f : std::vector<std::function<Tensor()>>{
+           [&] { return softmax(a, 1); }, [&] { return a.sum(); }, [&] { return a.sum({0}); },
+           [&] { return a + a; }, [&] { return a.t() * 2; }})
+    testing::expect_error([&] { f().to(kCPU); }, {"launching kiln_", "CUDA_ERROR_NOT_SUPPORTED"});
+  EXPECT_EQ(a.to(kCPU).numel(), 128);  // the input is intact
+}
+
 TEST(Cuda, MixingDevicesRaisesNamingBoth) {
   KILN_REQUIRE_GPU();
   const Tensor a = ones({2, 2}), b = ones({2, 2}, kCUDA);

@@ -234,6 +234,12 @@ CUresult cuGetErrorString(CUresult r, const char** s) {
   return CUDA_SUCCESS;
 }
 
+// NVRTC looks this internal table up in whatever libcuda.so.1 is loaded; the fake has none.
+CUresult cuGetExportTable(const void** table, const CUuuid*) {
+  *table = nullptr;
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
 // For the fake cuBLAS: opens (on != 0) or closes the device allocation holding p.
 void kiln_fake_device_access(const void* p, int on) {
   std::lock_guard<std::mutex> lock(g_mu);
