@@ -149,6 +149,16 @@ DeviceCopy device_copy() {
   return g_device_copy;
 }
 
+namespace {
+DeviceGather g_device_gather = nullptr;
+}  // namespace
+void set_device_gather(DeviceGather gather) {
+  g_device_gather = gather;
+}
+DeviceGather device_gather() {
+  return g_device_gather;
+}
+
 void synchronize_device(const Tensor& t) {
   if (t.defined() && t.device().is_cuda()) cuda::synchronize(t.device().index);
 }

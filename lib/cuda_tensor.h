@@ -20,6 +20,13 @@ void copy_into(const Tensor& dst, const Tensor& src);
 using DeviceCopy = bool (*)(const Tensor& dst, const Tensor& src);
 void set_device_copy(DeviceCopy copy);
 DeviceCopy device_copy();
+// index_select (select: index 1-D along dim) and gather on a device by a kernel of the device,
+// registered by the CUDA code generator; out is contiguous and the indices were checked. Returns
+// false when it declines (then the op runs through the host).
+using DeviceGather = bool (*)(const Tensor& out, const Tensor& x, int64_t dim, const Tensor& index,
+                              bool select);
+void set_device_gather(DeviceGather gather);
+DeviceGather device_gather();
 // Runs every pending CUDA copy and kernel on the tensor's device (a no-op for CPU tensors).
 void synchronize_device(const Tensor& t);
 

@@ -83,6 +83,11 @@ void check_input(const Tensor& t, const char* op, const char* arg) {
   detail::check_defined(t, op, arg);
   detail::check_cpu(t, op);
 }
+// For the ops that also run on a device (index_select, embedding, gather, cat, stack): the
+// executor calls them with device tensors.
+void check_operand(const Tensor& t, const char* op, const char* arg) {
+  detail::check_defined(t, op, arg);
+}
 
 void check_index_dtype(const Tensor& index, const char* op, bool allow_int32) {
   bool ok = index.dtype() == kInt64 || (allow_int32 && index.dtype() == kInt32);
@@ -152,6 +157,17 @@ Tensor select_rows(const Tensor& x, int64_t dim, const std::vector<int64_t>& idx
   for (int64_t d = dim + 1; d < x.dim(); ++d) inner *= x.size(d);
   copy_rows(out, src, idx, outer, x.dim() == 0 ? 1 : x.size(dim), inner);
   return out;
+}
+
+// index_select's value: on a device by its gather kernel (lib/cuda_tensor.h), through the host
+// where there is none; on the CPU by select_rows.
+Tensor select_on(const Tensor& x, int64_t dim, const Tensor& index, const std::vector<int64_t>& idx,
+                 const Shape& out_shape) {
+  if (x.device().is_cpu()) return select_rows(x, dim, idx, out_shape);
+  Tensor out = detail::make_empty_on(out_shape, x.dtype(), x.device());
+  if (detail::device_gather() && detail::device_gather()(out, x, dim, index, true)) return out;
+  return detail::copy_to_device(select_rows(detail::copy_to_device(x, kCPU), dim, idx, out_shape),
+                                x.device());
 }
 
 // Copies the pieces (already checked, all of rank out.dim()) into out along dim.
@@ -265,8 +281,8 @@ Tensor scatter_add_values(const Tensor& self, int64_t d, const std::vector<int64
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   const char* op = index_select_def.name.c_str();
-  check_input(x, op, "input");
-  check_input(index, op, "index");
+  check_operand(x, op, "input");
+  check_operand(index, op, "index");
   check_index_dtype(index, op, true);
   KILN_CHECK(index.dim() <= 1, op, ": index must be a 1-D vector, got ", describe(index));
   const int64_t d = detail::wrap_dim(dim, x.dim(), op, &x);
@@ -283,7 +299,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   }
   Tensor out = detail::should_record(x, index)
                    ? detail::lazy_record1(index_select_def, {x, index}, {d}, {out_shape, x.dtype()})
-                   : select_rows(x, d, idx, out_shape);
+                   : select_on(x, d, index, idx, out_shape);
   if (detail::needs_grad(x)) {
     if (x.dim() == 0) {
       detail::record(op, {x, index}, {out}, {}, [](const detail::BackwardContext& c) {
@@ -305,8 +321,8 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
   const char* op = embedding_def.name.c_str();
-  check_input(weight, op, "weight");
-  check_input(indices, op, "indices");
+  check_operand(weight, op, "weight");
+  check_operand(indices, op, "indices");
   check_index_dtype(indices, op, true);
   KILN_CHECK(weight.dim() == 2, op, ": expected weight to be a 2-D [num_embeddings, ",
              "embedding_dim] matrix, got ", describe(weight));
@@ -317,7 +333,10 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   Tensor out =
       detail::should_record(weight, indices)
           ? detail::lazy_record1(embedding_def, {weight, indices}, {}, {out_shape, weight.dtype()})
-          : select_rows(weight, 0, idx, out_shape);
+      : weight.device().is_cpu() ? select_rows(weight, 0, idx, out_shape)
+                                 : select_on(weight, 0, indices.reshape({-1}), idx,
+                                             {static_cast<int64_t>(idx.size()), weight.size(1)})
+                                       .view(out_shape);
   // Rows used several times sum their gradients.
   if (detail::needs_grad(weight))
     detail::record(op, {weight, indices}, {out}, {indices},
@@ -333,8 +352,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   const char* op = gather_def.name.c_str();
-  check_input(x, op, "input");
-  check_input(index, op, "index");
+  check_operand(x, op, "input");
+  check_operand(index, op, "index");
   check_index_dtype(index, op, false);
   KILN_CHECK(index.dim() == x.dim(), op, ": index ", describe(index),
              " must have the same number of dimensions as input ", describe(x));
@@ -350,6 +369,14 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   Tensor out;
   if (detail::should_record(x, index)) {
     out = detail::lazy_record1(gather_def, {x, index}, {d}, {index.sizes(), x.dtype()});
+  } else if (x.device().is_cuda()) {
+    out = detail::make_empty_on(index.sizes(), x.dtype(), x.device());
+    if (!(detail::device_gather() && detail::device_gather()(out, x, d, index, false))) {
+      Tensor host = detail::make_empty(index.sizes(), x.dtype());
+      gather_into(host, detail::copy_to_device(x, kCPU), d, detail::copy_to_device(index, kCPU),
+                  idx);
+      out = detail::copy_to_device(host, x.device());
+    }
   } else {
     out = detail::make_empty(index.sizes(), x.dtype());
     gather_into(out, x, d, index, idx);
@@ -368,7 +395,7 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   const char* op = cat_def.name.c_str();
   KILN_CHECK(!tensors.empty(), op, ": expected a non-empty list of tensors");
-  for (const Tensor& t : tensors) check_input(t, op, "tensors");
+  for (const Tensor& t : tensors) check_operand(t, op, "tensors");
   // Legacy behaviour kept by torch: 1-D tensors of size 0 are skipped whatever their shape.
   const Tensor* ref = nullptr;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -428,7 +455,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   const char* op = stack_def.name.c_str();
   KILN_CHECK(!tensors.empty(), op, ": expected a non-empty list of tensors");
-  for (const Tensor& t : tensors) check_input(t, op, "tensors");
+  for (const Tensor& t : tensors) check_operand(t, op, "tensors");
   const Tensor& ref = tensors[0];
   for (size_t i = 1; i < tensors.size(); ++i) {
     KILN_CHECK(tensors[i].sizes() == ref.sizes(), op,

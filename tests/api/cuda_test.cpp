@@ -208,6 +208,44 @@ TEST(Cuda, RandomProgramsMatchTheCpu) {
   }
 }
 
+TEST(Cuda, IndexOpsMatchTheCpu) {
+  KILN_REQUIRE_GPU();
+  for (DType dt : {kFloat32, kFloat64, kInt64, kBool}) {
+    const Tensor x = testing::random_tensor({5, 7, 3}, dt);
+    const Tensor rows = testing::random_tensor({9}, kInt64, 0, 7);
+    for (int64_t d : {0, 1, 2}) {
+      const Tensor idx = testing::random_tensor({6}, kInt64, 0, x.size(d));
+      expect_same_on_cuda(
+          [d](const std::vector<Tensor>& in) { return index_select(in[0], d, in[1]); }, {x, idx}, 0,
+          0);
+      Shape ishape = x.sizes();
+      ishape[static_cast<size_t>(d)] = 4;
+      const Tensor g = testing::random_tensor(ishape, kInt64, 0, x.size(d));
+      expect_same_on_cuda([d](const std::vector<Tensor>& in) { return gather(in[0], d, in[1]); },
+                          {x, g}, 0, 0);
+    }
+    expect_same_on_cuda(
+        [](const std::vector<Tensor>& in) { return index_select(in[0].transpose(0, 1), 1, in[1]); },
+        {x, testing::random_tensor({4}, kInt64, 0, 5)}, 0, 0);
+    if (is_floating_point(dt))
+      expect_same_on_cuda(
+          [](const std::vector<Tensor>& in) {
+            return embedding(in[0].reshape({7, 15}), in[1].view({3, 3}));
+          },
+          {x, rows}, 0, 0);
+    expect_same_on_cuda(
+        [](const std::vector<Tensor>& in) {
+          return cat({in[0], in[0].narrow(1, 2, 3), in[0]}, 1);
+        },
+        {x}, 0, 0);
+    expect_same_on_cuda(
+        [](const std::vector<Tensor>& in) {
+          return stack({in[0], in[0].transpose(0, 0)}, 2);
+        },
+        {x}, 0, 0);
+  }
+}
+
 TEST(Cuda, ReductionsAndNormalizationsMatchTheCpu) {
   KILN_REQUIRE_GPU();
   const Tensor x = testing::random_tensor({37, 129});
@@ -392,7 +430,8 @@ TEST(Cuda, FusedGroupsReachTheLaunchOnTheFakeDriver) {
   // A lone op is a group of one on a device: softmax (rows), a global and a column sum, an add.
   for (const auto& f : std::vector<std::function<Tensor()>>{
            [&] { return softmax(a, 1); }, [&] { return a.sum(); }, [&] { return a.sum({0}); },
-           [&] { return a + a; }, [&] { return a.t() * 2; }})
+           [&] { return a + a; }, [&] { return a.t() * 2; },
+           [&] { return index_select(a, 1, arange(3, kCUDA)); }})
     testing::expect_error([&] { f().to(kCPU); }, {"launching kiln_", "CUDA_ERROR_NOT_SUPPORTED"});
   EXPECT_EQ(a.to(kCPU).numel(), 128);  // the input is intact
 }

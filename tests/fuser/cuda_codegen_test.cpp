@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "fuser/codegen/cuda/cuda_codegen.h"
+#include "fuser/codegen/cuda/cuda_index.h"
 #include "fuser/codegen/cuda/cuda_kernel.h"
 #include "fuser/codegen/cuda/nvrtc.h"
 #include "fuser/codegen/llvm/cpu_codegen.h"
@@ -584,6 +585,78 @@ TEST(CudaCodegen, LaunchArgumentsMatchTheKernelSignatures) {
         c.scalars.data(), reinterpret_cast<void*>(uintptr_t{8192}));
     expect_calls_match(c.kernel, c.layout, calls, c.what);
   }
+}
+
+// The gather kernel of index_select, gather and embedding, in every dtype: a clean compile, and the
+// launch's parameters match its signature.
+TEST(CudaCodegen, GatherKernelsCompileAndTheirLaunchesMatch) {
+  for (DType t : {kFloat32, kFloat64, kInt32, kInt64, kBool}) {
+    const std::string name = fuser::cuda::gather_name(t);
+    const fuser::cuda::CudaCompiled ptx =
+        fuser::cuda::nvrtc_compile(fuser::cuda::gather_source(t), name, kSm, CudaOutput::kPtx,
+                                   fuser::cuda::cuda_compile_options());
+    EXPECT_EQ(ptx.log, "") << name;
+    const Tensor x = zeros({4, 5}, t), idx = zeros({3}, kInt64), out = zeros({4, 3}, t);
+    const fuser::cuda::KernelCall call = fuser::cuda::gather_call(out, x, 1, idx, {0, 1}, 132);
+    EXPECT_EQ(call.bytes, ptx_param_bytes(ptx.code, name)) << name;
+  }
+}
+
+// The gather kernel's source run on the host (one thread: its grid-stride loop covers every
+// element) computes index_select and gather as the CPU's reference kernels do, bit for bit.
+TEST(CudaCodegen, GatherKernelsComputeWhatTheCpuComputes) {
+  if (std::system("c++ --version > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "no host C++ compiler (c++) to run the gather kernel with";
+  const std::string dir = ::testing::TempDir() + "/kiln_cuda_gather_" + std::to_string(getpid());
+  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  const std::string unit =
+      "#define __global__\nstruct kiln_dim3 { unsigned x; };\n"
+      "static kiln_dim3 blockIdx{0}, blockDim{1}, gridDim{1}, threadIdx{0};\n" +
+      fuser::cuda::gather_source(kFloat32);
+  {
+    std::FILE* f = std::fopen((dir + "/gather.cpp").c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(unit.data(), 1, unit.size(), f);
+    std::fclose(f);
+  }
+  ASSERT_EQ(std::system(("c++ -std=c++17 -O1 -shared -fPIC -o " + dir + "/gather.so " + dir +
+                         "/gather.cpp > " + dir + "/log.txt 2>&1")
+                            .c_str()),
+            0)
+      << "the host compile failed: see " << dir;
+  void* lib = dlopen((dir + "/gather.so").c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib, nullptr) << dlerror();
+  struct Dims {
+    long long v[3 * fuser::cuda::kGatherMaxRank];
+  };
+  using GatherFn = void (*)(long long, int, int, Dims, const float*, const long long*, float*);
+  auto fn = reinterpret_cast<GatherFn>(dlsym(lib, fuser::cuda::gather_name(kFloat32).c_str()));
+  ASSERT_NE(fn, nullptr);
+  LazyGuard eager(false);
+  const Tensor x = testing::input({5, 7, 3}, kFloat32, -3, 3);
+  for (int64_t d = 0; d < 3; ++d) {
+    for (const bool select : {true, false}) {
+      Shape ishape = select ? Shape{4} : x.sizes();
+      if (!select) ishape[static_cast<size_t>(d)] = 4;
+      const Tensor index = testing::input(ishape, kInt64, 0, static_cast<double>(x.size(d)))
+                               .clamp(int64_t{0}, x.size(d) - 1)
+                               .contiguous();
+      const Tensor expected = select ? index_select(x, d, index) : gather(x, d, index);
+      Tensor out = zeros(expected.sizes());
+      std::vector<int64_t> strides(3, 0);
+      for (int64_t k = 0; k < 3; ++k)
+        strides[static_cast<size_t>(k)] = select ? (k == d ? 1 : 0) : index.stride(k);
+      const fuser::cuda::KernelCall call = fuser::cuda::gather_call(out, x, d, index, strides, 1);
+      Dims dims;
+      std::memcpy(dims.v, call.args[3], sizeof dims.v);
+      fn(*static_cast<long long*>(call.args[0]), *static_cast<int*>(call.args[1]),
+         *static_cast<int*>(call.args[2]), dims, x.data_ptr<float>(),
+         reinterpret_cast<const long long*>(index.data_ptr<int64_t>()), out.data_ptr<float>());
+      EXPECT_EQ(testing::values(out), testing::values(expected))
+          << (select ? "index_select" : "gather") << " along " << d;
+    }
+  }
+  dlclose(lib);
 }
 
 TEST(CudaCodegen, ModelRowsKernelsCompileForSm90) {

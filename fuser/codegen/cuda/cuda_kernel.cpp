@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -82,9 +83,12 @@ std::string cuda_binary_key(const Kernel& kernel, const Layout& layout, int sm) 
          compiler_version() + "|cuda-emitter " + std::to_string(kCudaEmitterVersion);
 }
 
-CudaBinary cuda_binary(const Kernel& kernel, const Layout& layout, int sm, bool* from_disk) {
+namespace {
+// The binary filed under `key` (which names the target and compiler), from memory, the disk cache,
+// or NVRTC compiling source() for sm.
+CudaBinary compile_cached(const std::string& key, const std::string& symbol, int sm,
+                          const std::function<std::string()>& source, bool* from_disk) {
   if (from_disk) *from_disk = false;
-  const std::string key = cuda_binary_key(kernel, layout, sm);
   State& s = state();
   {
     std::lock_guard<std::mutex> lock(s.mu);
@@ -95,7 +99,7 @@ CudaBinary cuda_binary(const Kernel& kernel, const Layout& layout, int sm, bool*
     }
   }
   auto binary = std::make_shared<CudaBinary>();
-  binary->symbol = symbol_for(kernel_key(kernel, layout), kernel);
+  binary->symbol = symbol;
   bool ptx = false;
   const int arch = target_arch(sm, &ptx);
   binary->ptx = ptx;
@@ -111,9 +115,8 @@ CudaBinary cuda_binary(const Kernel& kernel, const Layout& layout, int sm, bool*
     ++s.stats.disk_hits;
   } else {
     const auto start = std::chrono::steady_clock::now();
-    const std::string source = cuda_source(kernel, layout, binary->symbol);
     CudaCompiled out =
-        nvrtc_compile(source, binary->symbol, arch, ptx ? CudaOutput::kPtx : CudaOutput::kCubin,
+        nvrtc_compile(source(), binary->symbol, arch, ptx ? CudaOutput::kPtx : CudaOutput::kCubin,
                       cuda_compile_options());
     if (!out.log.empty()) jit::log("codegen", "NVRTC log for ", binary->symbol, ": ", out.log);
     binary->image = std::move(out.code);
@@ -129,23 +132,17 @@ CudaBinary cuda_binary(const Kernel& kernel, const Layout& layout, int sm, bool*
   return *binary;
 }
 
-CudaCompileStats cuda_compile_stats() {
-  std::lock_guard<std::mutex> lock(state().mu);
-  return state().stats;
-}
-
-CudaKernel cuda_kernel(const Kernel& kernel, const Layout& layout, int device) {
-  const int sm = detail::cuda::device_info(device).sm;
-  const std::string module_key = std::to_string(device) + "|" + cuda_binary_key(kernel, layout, sm);
+// The binary loaded on `device` (one module per device and key) and its entry points.
+CudaKernel load_cached(const std::string& key, const CudaBinary& binary, int device,
+                       bool with_finish, bool with_columns) {
+  const std::string module_key = std::to_string(device) + "|" + key;
   State& s = state();
   std::shared_ptr<detail::cuda::Module> module;
-  std::string symbol;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     auto it = s.modules.find(module_key);
     if (it != s.modules.end()) module = it->second;
   }
-  const CudaBinary binary = cuda_binary(kernel, layout, sm);
   if (!module) {
     module = std::make_shared<detail::cuda::Module>(device, binary.image);
     std::lock_guard<std::mutex> lock(s.mu);
@@ -153,15 +150,53 @@ CudaKernel cuda_kernel(const Kernel& kernel, const Layout& layout, int device) {
   }
   CudaKernel k;
   k.fn = module->function(binary.symbol);
-  if (layout.rows && kernel.num_globals > 0) k.finish = module->function(binary.symbol + "_finish");
-  if (layout.rows && kernel.num_columns() > 0)
-    k.columns = module->function(binary.symbol + "_columns");
+  if (with_finish) k.finish = module->function(binary.symbol + "_finish");
+  if (with_columns) k.columns = module->function(binary.symbol + "_columns");
   // The name must outlive the call: keep it beside the module.
   auto owner = std::make_shared<std::pair<std::shared_ptr<detail::cuda::Module>, std::string>>(
       module, binary.symbol);
   k.name = owner->second.c_str();
   k.owner = owner;
   return k;
+}
+}  // namespace
+
+CudaBinary cuda_binary(const Kernel& kernel, const Layout& layout, int sm, bool* from_disk) {
+  const std::string symbol = symbol_for(kernel_key(kernel, layout), kernel);
+  return compile_cached(
+      cuda_binary_key(kernel, layout, sm), symbol, sm,
+      [&] { return cuda_source(kernel, layout, symbol); }, from_disk);
+}
+
+CudaCompileStats cuda_compile_stats() {
+  std::lock_guard<std::mutex> lock(state().mu);
+  return state().stats;
+}
+
+CudaKernel cuda_kernel(const Kernel& kernel, const Layout& layout, int device) {
+  const int sm = detail::cuda::device_info(device).sm;
+  const std::string key = cuda_binary_key(kernel, layout, sm);
+  return load_cached(key, cuda_binary(kernel, layout, sm), device,
+                     layout.rows && kernel.num_globals > 0,
+                     layout.rows && kernel.num_columns() > 0);
+}
+
+std::string source_binary_key(const std::string& name, int sm) {
+  bool ptx = false;
+  const int arch = target_arch(sm, &ptx);
+  return "source kernel " + name + (ptx ? "|compute_" : "|sm_") + std::to_string(arch) + "|" +
+         compiler_version() + "|cuda-emitter " + std::to_string(kCudaEmitterVersion);
+}
+
+CudaBinary source_binary(const std::string& name, const std::string& source, int sm) {
+  return compile_cached(
+      source_binary_key(name, sm), name, sm, [&] { return source; }, nullptr);
+}
+
+CudaKernel source_kernel(const std::string& name, const std::string& source, int device) {
+  const int sm = detail::cuda::device_info(device).sm;
+  return load_cached(source_binary_key(name, sm), source_binary(name, source, sm), device, false,
+                     false);
 }
 
 void KernelCall::add(const void* value, size_t declared_bytes) {

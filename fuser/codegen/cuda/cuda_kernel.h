@@ -68,6 +68,12 @@ std::vector<KernelCall> rows_calls(const Kernel& kernel, const Layout& layout,
                                    const int64_t* strides, char* const* ptrs,
                                    const uint64_t* scalars, void* partials);
 
+// A hand-written kernel (index ops: fuser/codegen/cuda/cuda_index.cpp) named `name`, whose source
+// defines `extern "C" __global__ void <name>(...)`: compiled and cached as generated kernels are
+// (the key names the kernel, the target and the compiler; the name changes with the source).
+CudaBinary source_binary(const std::string& name, const std::string& source, int sm);
+CudaKernel source_kernel(const std::string& name, const std::string& source, int device);
+
 // Launches a flat or strided elementwise kernel over `n` elements (sizes/strides as the CPU
 // kernels take them: strided only), `ptrs` being device pointers (inputs, then outputs) and
 // `scalars` 8 bytes per kernel scalar.
