@@ -2,9 +2,12 @@
 // ops' formulas.
 #include "fuser/fuse.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -220,6 +223,13 @@ std::string Kernel::str() const {
   os << "outputs:";
   for (int32_t o : outputs) os << " %" << o;
   return os.str();
+}
+
+std::string kernel_symbol(const std::string& key, const Kernel& k) {
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
+  return "kiln_" + k.ops + "_" + std::string(hash, 8);
 }
 
 std::string kernel_key(const Kernel& k, const Layout& layout) {

@@ -185,6 +185,9 @@ struct CompiledKernel {
 
 // The bytes that identify (kernel, layout): equal bytes, same machine code.
 std::string kernel_key(const Kernel& k, const Layout& layout);
+// A kernel's symbol, readable in profilers: kiln_<ops>_<hash8 of key> (key: kernel_key's bytes,
+// or more), the same for the CPU and CUDA code generators.
+std::string kernel_symbol(const std::string& key, const Kernel& k);
 
 // Where an instruction of a rows kernel varies: not at all (numbers, scalars), once per row (row
 // reductions, per-row loads and what only they feed), per element, once per call (what depends

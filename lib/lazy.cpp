@@ -272,13 +272,13 @@ void set_lazy_mode(bool on) {
   t_lazy = on ? 1 : 0;
 }
 
-// CUDA tensors have no elementwise reference kernels: their ops are always recorded, and run as
-// (one-node) groups compiled for the device, also with KILN_LAZY=0. Inside the evaluator (which
-// calls GEMMs and copies on device tensors directly) they are not.
 bool in_evaluation() {
   return t_evaluating > 0;
 }
 
+// CUDA tensors have no elementwise reference kernels: their ops are always recorded, and run as
+// (one-node) groups compiled for the device, also with KILN_LAZY=0. Inside the evaluator (which
+// calls GEMMs and copies on device tensors directly) they are not.
 inline bool records_cuda(const Tensor& t) {
   return t.defined() && t.device().is_cuda() && t_evaluating == 0;
 }

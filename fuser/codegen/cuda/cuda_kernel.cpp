@@ -10,7 +10,6 @@
 #include <mutex>
 #include <vector>
 
-#include <xxhash.h>
 #include "absl/container/flat_hash_map.h"
 #include "fuser/cache.h"
 #include "fuser/codegen/cuda/cuda_codegen.h"
@@ -68,12 +67,6 @@ int target_arch(int sm, bool* ptx) {
   return best;
 }
 
-std::string symbol_for(const std::string& key, const Kernel& k) {
-  char hash[17];
-  std::snprintf(hash, sizeof hash, "%016llx",
-                static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
-  return "kiln_" + k.ops + "_" + std::string(hash, 8);
-}
 }  // namespace
 
 std::string cuda_binary_key(const Kernel& kernel, const Layout& layout, int sm) {
@@ -162,7 +155,7 @@ CudaKernel load_cached(const std::string& key, const CudaBinary& binary, int dev
 }  // namespace
 
 CudaBinary cuda_binary(const Kernel& kernel, const Layout& layout, int sm, bool* from_disk) {
-  const std::string symbol = symbol_for(kernel_key(kernel, layout), kernel);
+  const std::string symbol = kernel_symbol(kernel_key(kernel, layout), kernel);
   return compile_cached(
       cuda_binary_key(kernel, layout, sm), symbol, sm,
       [&] { return cuda_source(kernel, layout, symbol); }, from_disk);

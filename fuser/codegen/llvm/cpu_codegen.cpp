@@ -127,14 +127,6 @@ struct LoadedCode {
   std::string name;
 };
 
-// A kernel's symbol, readable in profilers: kiln_<ops>_<hash8 of its key>.
-std::string symbol_name(const std::string& key, const Kernel& k) {
-  char hash[17];
-  std::snprintf(hash, sizeof hash, "%016llx",
-                static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
-  return "kiln_" + k.ops + "_" + std::string(hash, 8);
-}
-
 std::string finish_name(const std::string& name) {
   return name + "_finish";
 }
@@ -196,7 +188,7 @@ class CpuJit {
         if (span.active()) span.set_detail(std::string(hit->name) + " (hit)");
         return std::move(*hit);
       }
-      if (span.active()) span.set_detail(symbol_name(key, k) + " (miss)");
+      if (span.active()) span.set_detail(kernel_symbol(key, k) + " (miss)");
     }
     std::lock_guard<std::mutex> compiling(compile_mutex_);
     if (std::optional<CompiledKernel> hit = find(key)) {  // loaded by another thread meanwhile
@@ -212,7 +204,7 @@ class CpuJit {
       insert(key, *alive);
       return std::move(*alive);
     }
-    if (jit::log_enabled("cache")) jit::log("cache", "memory miss ", symbol_name(key, k));
+    if (jit::log_enabled("cache")) jit::log("cache", "memory miss ", kernel_symbol(key, k));
     CompiledKernel code = load(key, k, layout);
     insert(key, code);
     return code;
@@ -284,7 +276,7 @@ class CpuJit {
   CompiledKernel load(const std::string& key, const Kernel& k, const Layout& layout) {
     kiln::detail::ProfileSpan span("compile");
     const auto start = std::chrono::steady_clock::now();
-    const std::string name = symbol_name(key, k);
+    const std::string name = kernel_symbol(key, k);
     CompiledKernel code;
     llvm::orc::ResourceTrackerSP tracker = jit_->getMainJITDylib().createResourceTracker();
     const std::string disk_key = key + target_key_;
