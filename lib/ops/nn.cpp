@@ -390,6 +390,20 @@ KILN_NN_CLONES void layer_norm_row(const T* __restrict x, T* __restrict y, int64
 #pragma GCC pop_options
 #endif
 
+// layer_norm_row composed of ops, for devices (the fuser makes it one rows kernel): the statistics
+// in double, then (x - mean) * rstd * w + b in x's type, as the row kernel computes them.
+Tensor layer_norm_composed(const Tensor& x, const std::vector<int64_t>& dims, const Tensor& weight,
+                           const Tensor& bias, double eps) {
+  const Tensor wide = x.to(kFloat64);
+  const Tensor mu = mean(wide, dims, true);
+  const Tensor centered = wide - mu;
+  const Tensor rstd = 1.0 / sqrt(mean(centered * centered, dims, true) + eps);
+  Tensor y = (x - mu.to(x.dtype())) * rstd.to(x.dtype());
+  if (weight.defined()) y = y * weight.to(x.dtype());
+  if (bias.defined()) y = y + bias.to(x.dtype());
+  return y;
+}
+
 // --------------------------------------------------------------------------------- nll helpers
 // The checked geometry of a (log_probs or logits, target) pair: input [N, C, K...] or [C].
 struct NllGeometry {
@@ -438,11 +452,26 @@ NllGeometry check_nll(const char* op, const Tensor& input, const Tensor& target)
 
 Tensor nll_from(const Tensor& lp, const NllGeometry& g, Reduction reduction);
 
+// A loss's elementwise terms reduced as `reduction` says: the sum and the mean accumulate in
+// double (mean and sum's formulas), as the CPU kernels do; mean over no terms is NaN.
+Tensor reduce_loss(const Tensor& terms, Reduction reduction) {
+  if (reduction == Reduction::None) return terms;
+  return reduction == Reduction::Mean ? mean(terms) : sum(terms);
+}
+
 // nll_loss with its gradient: minus the (scaled) output gradient at each target's class.
 Tensor nll_with_grad(const Tensor& log_probs, const NllGeometry& geo, Reduction reduction) {
   Tensor out;
   const DType compute = to_floating(log_probs.dtype());
-  if (detail::should_record(log_probs, geo.target)) {
+  if (log_probs.device().is_cuda()) {
+    // Composed for the device: each target's log-probability by the gather kernel, then the
+    // fused negation and reduction.
+    AutoGradMode kernel_only(false);
+    const Tensor lp = log_probs.to(compute);
+    const Tensor picked = log_probs.dim() == 1 ? gather(lp, 0, geo.target.reshape({1})).reshape({})
+                                               : gather(lp, 1, geo.target.unsqueeze(1)).squeeze(1);
+    out = reduce_loss(-picked, reduction);
+  } else if (detail::should_record(log_probs, geo.target)) {
     // The target was read (bounds-checked) already; it is recorded as the checked int64 copy.
     out = detail::lazy_record1(nll_loss_def, {log_probs, geo.target}, {reduction_attr(reduction)},
                                {reduction == Reduction::None ? geo.out_shape : Shape{}, compute});
@@ -541,10 +570,17 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
     detail::check_cpu(*p, op);
     KILN_CHECK(p->sizes() == normalized_shape, op, ": expected ", arg, " of shape ",
                shape_str(normalized_shape), " (normalized_shape), got ", describe(*p));
+    KILN_CHECK(p->device() == x.device(), op, ": expected ", arg, " on the input's device ",
+               x.device().str(), ", got ", describe(*p), " for input ", describe(x));
   }
   const DType compute = to_floating(x.dtype());
+  std::vector<int64_t> dims;
+  for (int64_t i = x.dim() - k; i < x.dim(); ++i) dims.push_back(i);
   Tensor out;
-  if (detail::should_record({x, weight, bias})) {
+  if (x.device().is_cuda()) {
+    AutoGradMode kernel_only(false);
+    out = layer_norm_composed(x.to(compute), dims, weight, bias, eps);
+  } else if (detail::should_record({x, weight, bias})) {
     out = detail::lazy_record1(layer_norm_def, {x, weight, bias}, {normalized_shape, eps},
                                {x.sizes(), compute});
   } else {
@@ -572,8 +608,6 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   // The statistics are recomputed from x with kiln ops, so the formula differentiates again.
   // The weight's and bias's gradients are summed over the batch dims by the engine.
   if (detail::needs_grad(x, weight, bias)) {
-    std::vector<int64_t> dims;
-    for (int64_t i = x.dim() - k; i < x.dim(); ++i) dims.push_back(i);
     detail::record(
         op, {x, weight, bias}, {out}, {x, weight}, [dims, eps](const detail::BackwardContext& c) {
           const Tensor &g = c.grad(), &x = c.saved(0), &w = c.saved(1);
@@ -613,7 +647,12 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
   const DType compute = to_floating(detail::result_type({input, target}));
   const int64_t count = detail::shape_numel(shape);
   Tensor out;
-  if (detail::should_record(input, target)) {
+  if (input.device().is_cuda()) {
+    // Composed for the device's fuser: the squares, then their sum or mean in double, as below.
+    AutoGradMode kernel_only(false);
+    const Tensor d = input.to(compute) - target.to(compute);
+    out = reduce_loss(d * d, reduction);
+  } else if (detail::should_record(input, target)) {
     out = detail::lazy_record1(mse_loss_def, {input, target}, {reduction_attr(reduction)},
                                {reduction == Reduction::None ? shape : Shape{}, compute});
   } else {
@@ -667,24 +706,27 @@ Tensor dropout(const Tensor& x, double p, bool train) {
   // Draws come from the process generator in row-major order, so manual_seed reproduces the mask.
   // They are drawn here, in program order, also in lazy mode (only what follows is recorded).
   Tensor u = rand(x.sizes(), TensorOptions(kFloat64).device(x.device()));
+  const double keep = 1.0 - p;
+  // As torch: the mask divided by 1 - p in x's type; a 0-dim host number for the ops below.
+  const Tensor scale = detail::dispatch_floating(x.dtype(), op, [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    return scalar_tensor(static_cast<double>(T(1) / static_cast<T>(keep)), x.dtype());
+  });
   Tensor out;
   if (!detail::needs_grad(x)) {
+    // dropout_apply composed for the device's fuser: one elementwise kernel.
+    if (x.device().is_cuda()) return where(lt(u, keep), x * scale, 0.0);
     if (detail::should_record(x))
       return detail::lazy_record1(dropout_def, {x, u}, {p}, {x.sizes(), x.dtype()});
     return dropout_apply(x, u, p);
   }
   // With autograd the mask (0 or 1 / (1 - p)) is kept for the backward pass; it is made from the
   // draws at once, and only the product is recorded in lazy mode.
-  const double keep = 1.0 - p;
   Tensor mask;
   if (detail::is_pending(u) || u.device().is_cuda()) {
     // Drawn inside a trace (recorded, so each replay draws anew): the mask is recorded too, as
     // ops that give the kernel's values exactly (0 or 1 times the scale).
     AutoGradMode kernel_only(false);
-    Tensor scale = detail::dispatch_floating(x.dtype(), op, [&](auto tag) {
-      using T = KILN_TYPE(tag);
-      return scalar_tensor(static_cast<double>(T(1) / static_cast<T>(keep)), x.dtype());
-    });
     mask = lt(u, keep).to(x.dtype()) * scale;
   } else {
     mask = detail::make_empty(x.sizes(), x.dtype());

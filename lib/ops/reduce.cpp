@@ -153,13 +153,13 @@ const detail::OpDef& all_def = def_reduction(
     [](const Inputs& in, const Attrs& a) {
       return Inputs{all(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
     },
-    {"dims", "keepdim"});
+    {"dims", "keepdim"}, "(rmin (ne x 0))");  // an empty fold is true
 const detail::OpDef& any_def = def_reduction(
     "any", DTypeRule::Logical, true,
     [](const Inputs& in, const Attrs& a) {
       return Inputs{any(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
     },
-    {"dims", "keepdim"});
+    {"dims", "keepdim"}, "(rmax (ne x 0))");  // an empty fold is false
 
 template <typename T>
 constexpr bool kIsFloat = std::is_floating_point_v<T>;
@@ -663,6 +663,25 @@ Tensor logical_reduce(const detail::OpDef& def, const Tensor& x, const std::vect
   return out;
 }
 
+// arg_reduce on a device, composed of reductions the fuser fuses (one rows kernel): the extremum
+// m, then the least position whose element is m, or is NaN (where m is NaN), as the reference
+// kernel's first extremum with NaN counting as the extremum. Without a dim, over the flat index.
+template <bool IsMax>
+void arg_reduce_composed(const Tensor& x, std::optional<int64_t> dim, const Geometry& g,
+                         Tensor* values, Tensor* indices) {
+  AutoGradMode kernel_only(false);
+  const Tensor v = dim && x.dim() > 0 ? x : x.reshape({-1});
+  const int64_t d = dim && x.dim() > 0 ? g.reduced_dims[0] : 0, n = v.size(d);
+  const Tensor m = IsMax ? amax(v, {d}, true) : amin(v, {d}, true);
+  Tensor hit = eq(v, m);
+  if (is_floating_point(x.dtype())) hit = logical_or(hit, ne(v, v));
+  Shape positions(static_cast<size_t>(v.dim()), 1);
+  positions[static_cast<size_t>(d)] = n;
+  const Tensor pos = arange(n, TensorOptions(kInt64).device(x.device())).view(positions);
+  *indices = amin(where(hit, pos, scalar_tensor(n, kInt64)), {d}, true).reshape(g.out_shape);
+  if (values) *values = m.reshape(g.out_shape);
+}
+
 // Values (when `values` is non-null) and int64 indices of the max or min along `dim` (every dim in
 // order when absent). def takes attrs [dim (none when absent), keepdim]; with values it has two
 // outputs.
@@ -675,6 +694,10 @@ void arg_reduce(const detail::OpDef& def, const Tensor& x, std::optional<int64_t
   if (dim) dims.push_back(*dim);
   Geometry g = geometry(x, op, dims, keepdim);
   check_nonempty(op, x, g);
+  if (x.device().is_cuda()) {
+    arg_reduce_composed<IsMax>(x, dim, g, values, indices);
+    return;
+  }
   if (detail::should_record(x)) {
     Attrs attrs{std::monostate{}, keepdim};
     if (dim) attrs[0].emplace<int64_t>(g.dims_attr[0]);

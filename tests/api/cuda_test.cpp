@@ -261,6 +261,111 @@ TEST(Cuda, ReductionsAndNormalizationsMatchTheCpu) {
   expect_same_on_cuda([](const std::vector<Tensor>& in) { return in[0].amax({1}); }, {x}, 0, 0);
 }
 
+// The ops that a device computes as compositions of fusible ops (lib/ops/nn.cpp, reduce.cpp):
+// values and gradients as the CPU's reference kernels give them, ties and NaN included.
+TEST(Cuda, ComposedOpsMatchTheCpu) {
+  KILN_REQUIRE_GPU();
+  const Tensor x = testing::random_tensor({6, 5, 9}), w = testing::random_tensor({5, 9}),
+               b = testing::random_tensor({5, 9});
+  for (const DType dt : {kFloat32, kFloat64}) {
+    const double tol = dt == kFloat32 ? 1e-5 : 1e-12;
+    expect_same_on_cuda(
+        [](const std::vector<Tensor>& in) {
+          return layer_norm(in[0], {5, 9}, in[1], in[2], 1e-3) + layer_norm(in[0], {9});
+        },
+        {x.to(dt), w.to(dt), b.to(dt)}, 10 * tol, tol);
+    for (const Reduction r : {Reduction::None, Reduction::Mean, Reduction::Sum}) {
+      expect_same_on_cuda(
+          [r](const std::vector<Tensor>& in) { return mse_loss(in[0], in[1].select(0, 2), r); },
+          {x.to(dt), x.to(dt) * 0.5}, tol, tol);
+      const Tensor target = testing::random_tensor({6, 9}, kInt64, 0, 5);
+      expect_same_on_cuda(
+          [r](const std::vector<Tensor>& in) { return cross_entropy(in[0], in[1], r); },
+          {x.to(dt), target}, tol, tol);
+      expect_same_on_cuda(
+          [r](const std::vector<Tensor>& in) { return nll_loss(in[0].select(2, 0), in[1], r); },
+          {x.to(dt), target.select(1, 3)}, tol, tol);
+      expect_same_on_cuda(
+          [r](const std::vector<Tensor>& in) { return nll_loss(in[0][0][1], in[1], r); },
+          {x.to(dt), scalar_tensor(4, kInt64)}, tol, tol);
+    }
+  }
+  // Ties (integers from a small range) and NaN: the first extremum, NaN counting as one.
+  Tensor ties = floor(testing::random_tensor({7, 6, 5}, kFloat32, 0, 3));
+  Tensor with_nan = ties.clone();
+  with_nan.narrow(0, 2, 1).narrow(1, 1, 1).fill_(std::nan(""));
+  for (const Tensor& t : {ties, with_nan, ties.to(kInt64), gt(ties, 1.0), ties.transpose(0, 2)}) {
+    for (int64_t d : {0, 1, 2, -1}) {
+      for (bool keep : {false, true}) {
+        expect_same_on_cuda(
+            [d, keep](const std::vector<Tensor>& in) { return argmax(in[0], d, keep); }, {t}, 0, 0);
+        expect_same_on_cuda(
+            [d, keep](const std::vector<Tensor>& in) { return argmin(in[0], d, keep); }, {t}, 0, 0);
+        expect_same_on_cuda(
+            [d, keep](const std::vector<Tensor>& in) {
+              auto [v, i] = max(in[0], d, keep);
+              return cat({v.to(kFloat64).reshape({-1}), i.to(kFloat64).reshape({-1})}, 0);
+            },
+            {t}, 0, 0);
+        expect_same_on_cuda(
+            [d, keep](const std::vector<Tensor>& in) {
+              auto [v, i] = min(in[0], d, keep);
+              return cat({v.to(kFloat64).reshape({-1}), i.to(kFloat64).reshape({-1})}, 0);
+            },
+            {t}, 0, 0);
+        expect_same_on_cuda(
+            [d, keep](const std::vector<Tensor>& in) { return all(in[0], {d}, keep); }, {t}, 0, 0);
+        expect_same_on_cuda(
+            [d, keep](const std::vector<Tensor>& in) { return any(in[0], {d}, keep); }, {t}, 0, 0);
+      }
+    }
+    for (bool keep : {false, true})
+      expect_same_on_cuda(
+          [keep](const std::vector<Tensor>& in) { return argmax(in[0], std::nullopt, keep); }, {t},
+          0, 0);
+    expect_same_on_cuda([](const std::vector<Tensor>& in) { return all(in[0]); }, {t}, 0, 0);
+    expect_same_on_cuda([](const std::vector<Tensor>& in) { return any(in[0]); }, {t}, 0, 0);
+  }
+  // An empty fold: all is true and any false, as on the host.
+  expect_same_on_cuda([](const std::vector<Tensor>& in) { return all(in[0], {1}); },
+                      {zeros({3, 0})}, 0, 0);
+  expect_same_on_cuda([](const std::vector<Tensor>& in) { return any(in[0], {1}); },
+                      {zeros({3, 0})}, 0, 0);
+  expect_same_on_cuda(
+      [](const std::vector<Tensor>& in) { return slice_scatter(in[0], in[1], 1, 1, 5, 2); },
+      {x, x.narrow(1, 0, 2) * 3}, 0, 0);
+  // dropout draws from the process generator: one seed, the CPU's mask.
+  for (const DType dt : {kFloat32, kFloat64}) {
+    manual_seed(7);
+    const Tensor expected = dropout(x.to(dt), 0.3, true);
+    manual_seed(7);
+    const Tensor got = dropout(x.to(dt).to(kCUDA), 0.3, true);
+    EXPECT_EQ(testing::values(got.to(kCPU)), testing::values(expected));
+  }
+}
+
+// The gradients of the composed ops on the device are the CPU's.
+TEST(Cuda, ComposedOpsGiveTheCpuGradients) {
+  KILN_REQUIRE_GPU();
+  const Tensor x = testing::random_tensor({6, 5, 9}, kFloat64),
+               w = testing::random_tensor({9}, kFloat64),
+               target = testing::random_tensor({6, 9}, kInt64, 0, 5);
+  auto grads_on = [&](Device dev) {
+    Tensor xd = x.to(dev).detach().requires_grad_(true),
+           wd = w.to(dev).detach().requires_grad_(true);
+    manual_seed(3);
+    Tensor loss = cross_entropy(dropout(layer_norm(xd, {9}, wd), 0.25, true), target.to(dev)) +
+                  mse_loss(xd.select(1, 0), xd.select(1, 1) * 0.5) + std::get<0>(max(xd, 2)).sum() +
+                  slice_scatter(xd, xd.narrow(2, 0, 3) * 2, 2, 4, 7).sum();
+    loss.backward();
+    return std::vector<Tensor>{xd.grad().to(kCPU), wd.grad().to(kCPU)};
+  };
+  const std::vector<Tensor> expected = grads_on(kCPU), got = grads_on(kCUDA);
+  for (size_t k = 0; k < expected.size(); ++k)
+    testing::expect_close(got[k], testing::values(expected[k]), expected[k].sizes(), kFloat64,
+                          1e-10, 1e-12);
+}
+
 TEST(Cuda, MatrixProductsGoThroughCublas) {
   KILN_REQUIRE_GPU();
   for (DType dt : {kFloat32, kFloat64}) {
@@ -412,6 +517,33 @@ TEST(Cuda, DeviceGraphsFuseAsHostGraphsDo) {
         },
         {a});
     EXPECT_EQ(soft.plan->num_kernel_steps(), 1u) << d;
+  }
+}
+
+// The composed nn ops and argmax plan as fused kernels on the device, with nothing through the
+// host: layer_norm and a loss are one rows kernel each, dropout one elementwise kernel.
+TEST(Cuda, ComposedOpsPlanAsFusedKernels) {
+  KILN_REQUIRE_GPU();
+  const Tensor x = testing::random_tensor({8, 16}).to(kCUDA),
+               w = testing::random_tensor({16}).to(kCUDA);
+  const Tensor u = testing::random_tensor({8, 16}, kFloat64, 0, 1).to(kCUDA);
+  struct Case {
+    const char* what;
+    std::function<Tensor(const testing::Inputs&)> f;
+    size_t kernels;
+  };
+  const std::vector<Case> cases = {
+      {"layer_norm",
+       [](const testing::Inputs& in) { return layer_norm(in[0], {16}, in[1], in[1]); }, 1},
+      {"mse_loss", [](const testing::Inputs& in) { return mse_loss(in[0], in[0] * 2); }, 1},
+      {"argmax", [](const testing::Inputs& in) { return argmax(in[0], 1); }, 1},
+      {"all", [](const testing::Inputs& in) { return all(in[0], {0}); }, 1},
+  };
+  for (const Case& c : cases) {
+    const testing::Planned planned = testing::plan_of(
+        [&c](const testing::Inputs& in) { return testing::Inputs{c.f(in)}; }, {x, w, u});
+    EXPECT_EQ(planned.plan->num_kernel_steps(), c.kernels) << c.what;
+    EXPECT_EQ(planned.plan->num_steps(), c.kernels) << c.what;
   }
 }
 
