@@ -515,6 +515,38 @@ TEST(ReduceFusionEdges, RowsOfLengthZero) {
   }
 }
 
+// all and any fuse (their formulas fold x != 0) as rows, global and column reductions, in every
+// dtype, with NaN (true), zeros of both signs (false) and empty folds (all true, any false).
+TEST(ReduceFusionEdges, AllAndAnyMatchEager) {
+  for (DType dtype : {kFloat32, kFloat64, kInt32, kInt64, kBool}) {
+    for (const Shape& shape : {Shape{6, 5}, Shape{4, 0}, Shape{0, 3}}) {
+      Tensor x = floor(testing::input(shape, kFloat64, -1.5, 1.5));
+      if (x.numel() > 0) {
+        x.narrow(0, 1, 1).fill_(0.0);
+        x.narrow(0, 2, 1).fill_(-0.0);
+        if (is_floating_point(dtype)) x.narrow(0, 3, 1).narrow(1, 0, 1).fill_(kNaN);
+      }
+      x = x.to(dtype);
+      Fn fn = [](const Inputs& in) {
+        Tensor y = in[0] * in[0];  // fuses the folds with an elementwise producer
+        return Inputs{all(y, {-1}), any(y, {-1}, true),  all(y), any(y), all(y, {0}),
+                      any(y, {0}),  any(eq(y, 0.0), {1})};
+      };
+      expect_fused_equals_eager(fn, {x},
+                                std::string("all/any, ") + dtype_name(dtype) + " " +
+                                    std::to_string(shape[0]) + "x" + std::to_string(shape[1]));
+      for (const Fn& one :
+           std::vector<Fn>{[](const Inputs& in) { return Inputs{all(in[0] * in[0], {-1})}; },
+                           [](const Inputs& in) { return Inputs{any(in[0] * in[0])}; },
+                           [](const Inputs& in) { return Inputs{all(in[0] * in[0], {0})}; }}) {
+        const Planned p = plan_of(one, {x});
+        EXPECT_EQ(p.plan->num_kernel_steps(), 1u);
+        EXPECT_EQ(p.plan->num_steps(), 1u) << "the fold ran unfused";
+      }
+    }
+  }
+}
+
 TEST(ReduceFusionEdges, NoRows) {
   for (DType dtype : kFloatTypes) {
     Tensor x = testing::input({0, 5}, dtype);
