@@ -177,6 +177,16 @@ bool is_fusible(const Node& n) {
   return member_types(n).has_value();
 }
 
+bool has_device_kernel(const Node& n) {
+  if (n.num_outputs() == 0) return false;
+  const DType t = n.output(0)->type().dtype;
+  const detail::OpKind kind = n.op().kind;
+  const std::string& name = n.op().name;
+  return (kind == detail::OpKind::Linalg && (t == kFloat32 || t == kFloat64)) ||
+         kind == detail::OpKind::Join || kind == detail::OpKind::View || name == "index_select" ||
+         name == "gather" || name == "embedding" || name == "slice_scatter";
+}
+
 namespace {
 std::atomic<int> g_fusion{-1};  // -1: not read from KILN_FUSE yet
 }  // namespace

@@ -23,6 +23,14 @@ std::optional<DType> elementwise_compute_type(const jit::Node& n, std::vector<bo
 // a comparison of float32 with float64), as the op's entry point converts them.
 bool is_fusible(const jit::Node& n);
 
+// Whether a device computes n by a kernel of its own outside fusion groups: GEMMs through cuBLAS
+// (lib/ops/linalg.cpp), cat and stack as copies into their slices by the copy kernel, views as
+// views of device memory (a reshape that must copy copies on the device), slice_scatter as device
+// copies, index_select, gather and embedding by the gather kernel. A device runs other unfused
+// nodes through the host (nn ops, argmax and friends never reach it: on a device they record
+// compositions of fusible ops).
+bool has_device_kernel(const jit::Node& n);
+
 // The trailing dims a reduction folds when it can join a group (all of them for an empty list of
 // dims), or nullopt: another op, other dims, off the CPU, or a conversion first (sum's dtype).
 std::optional<int> fused_reduction_dims(const jit::Node& n);

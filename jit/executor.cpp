@@ -74,20 +74,6 @@ std::vector<Tensor> invoke_through_host(const Node& node, const std::vector<Tens
   return out;
 }
 
-// GEMMs run on the device through cuBLAS (lib/ops/linalg.cpp), cat and stack as copies into
-// their slices by a generated kernel (copy_kernel), views as views of device memory (a reshape
-// that must copy copies on the device), slice_scatter as a device copy into a slice of a device
-// copy, index_select and gather by a gather kernel; other unfused ops through the host. (nn ops,
-// argmax and friends never reach here on a device: they record compositions of fusible ops.)
-bool runs_on_cuda(const Node& n) {
-  const DType t = n.output(0)->type().dtype;
-  const detail::OpKind kind = n.op().kind;
-  return (kind == detail::OpKind::Linalg && (t == kFloat32 || t == kFloat64)) ||
-         kind == detail::OpKind::Join || kind == detail::OpKind::View ||
-         n.op().name == "index_select" || n.op().name == "gather" || n.op().name == "embedding" ||
-         n.op().name == "slice_scatter";
-}
-
 bool on_cuda(const Node& n) {
   return n.num_outputs() > 0 && n.output(0)->type().device.is_cuda();
 }
@@ -264,7 +250,7 @@ Plan::Plan(const Graph& graph, const std::vector<int64_t>& in_place_inputs) {
     if (n->op().kind != detail::OpKind::Transfer && !proto.outputs.empty() &&
         proto.outputs[0]->type().device.is_cuda())
       step.cuda_device = proto.outputs[0]->type().device.index;
-    if (step.cuda_device >= 0 && !step.group && !n->is_constant() && !runs_on_cuda(*n))
+    if (step.cuda_device >= 0 && !step.group && !n->is_constant() && !fuser::has_device_kernel(*n))
       log("fuser", n->op().name, " (%", n->output(0)->id(), ") on cuda:", step.cuda_device,
           " runs through the host: no device kernel computes it unfused");
     if (step.group && step.group->rows) {
@@ -866,8 +852,8 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
         g_unfused_steps_run.fetch_add(1, std::memory_order_relaxed);
       }
     } else if (step.cuda_device >= 0) {
-      outs = runs_on_cuda(*step.node) ? invoke_in_scope(*step.node, args)
-                                      : invoke_through_host(*step.node, args);
+      outs = fuser::has_device_kernel(*step.node) ? invoke_in_scope(*step.node, args)
+                                                  : invoke_through_host(*step.node, args);
       g_unfused_steps_run.fetch_add(1, std::memory_order_relaxed);
     } else {
       outs = invoke_in_scope(*step.node, args);

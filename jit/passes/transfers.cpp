@@ -1,5 +1,6 @@
 // Transfer elimination: removes device round trips and copies that change nothing, and moves
-// copies to the device above the elementwise work that feeds them, so that work runs on the device.
+// copies to the device above the work that feeds them (elementwise ops, GEMMs, joins, views and
+// gathers), so that work runs on the device.
 #include "fuser/fuse.h"
 #include "jit/passes/passes.h"
 
@@ -24,11 +25,13 @@ int64_t bytes_of(const ValueType& t) {
 // A worklist of the copies, in graph order, each rule applied where it matches:
 // - to_device(x, d) where x is on d already: x.
 // - to_device(to_device(x, a), b): to_device(x, b), or x when x is on b (a round trip).
-// - to_device(f(x1, ..., xn), d) for an elementwise f whose value nothing else reads, where the
-//   tensor operands together are no larger than the result: f(to_device(x1, d), ...) on d. The
-//   work moves to the device with no more bytes copied (a broadcast operand copies less); the new
-//   copies join the worklist, so a chain of elementwise ops moves as a whole. 0-dim CPU operands
-//   stay where they are: a device kernel takes them as numbers.
+// - to_device(f(x1, ..., xn), d) for an f that the device computes itself (an elementwise op that
+//   fuses there, or an op with a device kernel: fuser::has_device_kernel) and whose value nothing
+//   else reads, where the tensor operands together are no larger than the result:
+//   f(to_device(x1, d), ...) on d. The work moves to the device with no more bytes copied (a
+//   broadcast operand or a GEMM's factors copy less); the new copies join the worklist, so a chain
+//   moves as a whole. 0-dim CPU operands stay where they are: a device kernel takes them as
+//   numbers. Ops a device would run through the host stay where they are.
 // Each rule removes a copy or moves one above a node that then leaves the source device, so the
 // work is linear in the graph. A copy is removed as soon as nothing reads it (and a producer
 // whose work moved with it), so that later rules see each value's real readers.
@@ -64,12 +67,8 @@ bool eliminate_transfers(Graph& g, PassContext& ctx) {
       changed = true;
       continue;
     }
-    if (!fuser::is_fusible(*producer) || producer->num_outputs() != 1 || in->uses().size() != 1 ||
-        g.is_output(in))
-      continue;
-    const detail::OpKind kind = producer->op().kind;
-    if (kind != detail::OpKind::Unary && kind != detail::OpKind::Binary &&
-        kind != detail::OpKind::Ternary)
+    if (!(fuser::is_fusible(*producer) || fuser::has_device_kernel(*producer)) ||
+        producer->num_outputs() != 1 || in->uses().size() != 1 || g.is_output(in))
       continue;
     auto is_number = [](const Value* x) {
       return x->type().sizes.empty() && x->type().device.is_cpu();
@@ -101,7 +100,7 @@ bool eliminate_transfers(Graph& g, PassContext& ctx) {
     // Gone at once, so that the producer's operands are read only by their new copies.
     g.destroy(n);
     g.destroy(producer);
-    ctx.count("elementwise work moved to the device");
+    ctx.count("work moved to the device");
     changed = true;
   }
   return changed;

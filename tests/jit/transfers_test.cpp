@@ -92,7 +92,7 @@ TEST(Transfers, ElementwiseWorkMovesToTheDeviceItsResultIsCopiedTo) {
                                                {"mul@cuda:0", 1},
                                                {"add@cuda:0", 1},
                                                {"tanh@cuda:0", 1}}));
-  EXPECT_EQ(ctx.rewrites["elementwise work moved to the device"], 3);
+  EXPECT_EQ(ctx.rewrites["work moved to the device"], 3);
   // The one copy left reads the graph input.
   for (const Node* n = g.first(); n; n = n->next())
     if (n->kind() == "to_device") EXPECT_EQ(n->input(0), x);
@@ -126,6 +126,40 @@ TEST(Transfers, WorkStaysWhereMovingItWouldCopyMore) {
                                                {"add@cpu", 1},
                                                {"sum@cpu", 1},
                                                {"exp@cpu", 1}}));
+}
+
+// GEMMs, joins, views and gathers move too (a device computes them itself) when their operands
+// are no larger than their result; ops a device would run through the host (layer_norm, prod) stay.
+TEST(Transfers, WorkWithDeviceKernelsMovesAndHostOnlyWorkStays) {
+  Graph g;
+  // [256, 4] x [4, 256]: 8 KiB of factors for a 256 KiB product, which moves; its transpose (a
+  // view) and a cat with itself move with it.
+  Value* a = g.add_input(on(kCPU, {256, 4}));
+  Value* b = g.add_input(on(kCPU, {4, 256}));
+  Value* mm = g.create("mm", {a, b}, {}, {on(kCPU, {256, 256})})->output();
+  Value* t =
+      g.create("transpose", {mm}, {int64_t{0}, int64_t{1}}, {on(kCPU, {256, 256})})->output();
+  Value* joined = g.create("cat", {t, b}, {int64_t{0}}, {on(kCPU, {260, 256})})->output();
+  g.add_output(copy_to(g, joined, kGpu0));
+  // [256, 256] x [256, 1]: the factors are larger than the product, which stays.
+  Value* c = g.add_input(on(kCPU, {256, 256}));
+  Value* v = g.add_input(on(kCPU, {256, 1}));
+  g.add_output(copy_to(g, g.create("mm", {c, v}, {}, {on(kCPU, {256, 1})})->output(), kGpu0));
+  // layer_norm has no device kernel (a device records it as fusible ops): it stays.
+  Value* x = g.add_input(on(kCPU, {8, 16}));
+  Value* ln = g.create("layer_norm", {x, nullptr, nullptr}, {std::vector<int64_t>{16}, 1e-5},
+                       {on(kCPU, {8, 16})})
+                  ->output();
+  g.add_output(copy_to(g, ln, kGpu0));
+  PassContext ctx;
+  const auto count = run(g, ctx);
+  EXPECT_EQ(count, (std::map<std::string, int>{{"to_device@cuda:0", 5},
+                                               {"mm@cuda:0", 1},
+                                               {"transpose@cuda:0", 1},
+                                               {"cat@cuda:0", 1},
+                                               {"mm@cpu", 1},
+                                               {"layer_norm@cpu", 1}}));
+  EXPECT_EQ(ctx.rewrites["work moved to the device"], 3);
 }
 
 }  // namespace
