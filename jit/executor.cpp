@@ -76,14 +76,16 @@ std::vector<Tensor> invoke_through_host(const Node& node, const std::vector<Tens
 
 // GEMMs run on the device through cuBLAS (lib/ops/linalg.cpp), cat and stack as copies into
 // their slices by a generated kernel (copy_kernel), views as views of device memory (a reshape
-// that must copy copies on the device), index_select and gather by a gather kernel; other unfused
-// ops through the host.
+// that must copy copies on the device), index_select, gather and embedding by a gather kernel,
+// index_add and scatter_add by a scatter-add kernel (with fusion off these ops go through the host
+// themselves); other unfused ops through the host.
 bool runs_on_cuda(const Node& n) {
   const DType t = n.output(0)->type().dtype;
   const detail::OpKind kind = n.op().kind;
+  const std::string& name = n.op().name;
   return (kind == detail::OpKind::Linalg && (t == kFloat32 || t == kFloat64)) ||
-         kind == detail::OpKind::Join || kind == detail::OpKind::View ||
-         n.op().name == "index_select" || n.op().name == "gather" || n.op().name == "embedding";
+         kind == detail::OpKind::Join || kind == detail::OpKind::View || name == "index_select" ||
+         name == "gather" || name == "embedding" || name == "index_add" || name == "scatter_add";
 }
 
 bool on_cuda(const Node& n) {
