@@ -295,6 +295,34 @@ TEST(Cuda, ScatterOpsMatchTheCpu) {
     expect_same_on_cuda([](const In& in) { return index_add(in[0], 0, in[1], in[2]); },
                         {zeros({4, 0}, dt), zeros({2}, kInt64), zeros({2, 0}, dt)}, 0, 0);
   }
+  // Bad input raises as on the CPU; so does an operand on another device, naming both.
+  const Tensor self = zeros({4, 3}, kCUDA), src = ones({2, 3}, kCUDA);
+  testing::expect_error(
+      [&] {
+        index_add(self, 0, from_vector<int64_t>({0, 4}).to(kCUDA), src);
+      },
+      {"index_add", "index 4 is out of range", "[0, 4)"});
+  testing::expect_error(
+      [&] {
+        index_add(self, 0, from_vector<int64_t>({0, 1}), src);
+      },
+      {"index_add", "cpu", "cuda:0"});
+  testing::expect_error(
+      [&] {
+        index_add(self, 0, from_vector<int64_t>({0, 1}).to(kCUDA), src.to(kCPU));
+      },
+      {"index_add", "cpu", "cuda:0"});
+  testing::expect_error(
+      [&] {
+        scatter_add(self, 1, from_vector<int64_t>({3, 0}).view({1, 2}).to(kCUDA),
+                    src.narrow(0, 0, 1).narrow(1, 0, 2));
+      },
+      {"scatter_add", "index 3 is out of range", "[0, 3)"});
+  testing::expect_error(
+      [&] {
+        scatter_add(self, 1, zeros({1, 2}, kInt64), src.narrow(0, 0, 1).narrow(1, 0, 2));
+      },
+      {"scatter_add", "cpu", "cuda:0"});
   // Gradients: each a sum of the upstream gradient's rows at repeated indices.
   const Tensor w = testing::random_tensor({6, 4}), c = testing::random_tensor({10, 4});
   const Tensor rows = testing::random_tensor({10}, kInt64, 0, 3);
