@@ -193,11 +193,8 @@ KernelCall scatter_add_call(const Tensor& out, const Tensor& self, int64_t dim,
     dims[4 * kR + k] = line_stride;
     line_stride *= is[u];
   }
-  if (select) {
-    for (int64_t s : is) length = s;  // a 1-D index (or 0-dim, one entry)
-  } else {
-    length = is[static_cast<size_t>(dim)];
-  }
+  // index_add's index is 1-D ([1] when 0-dim).
+  length = is[select ? 0 : static_cast<size_t>(dim)];
   KernelCall call;
   call.block = static_cast<unsigned>(kThreads);
   call.grid = static_cast<unsigned>(
