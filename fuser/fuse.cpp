@@ -184,7 +184,8 @@ bool has_device_kernel(const Node& n) {
   const std::string& name = n.op().name;
   return (kind == detail::OpKind::Linalg && (t == kFloat32 || t == kFloat64)) ||
          kind == detail::OpKind::Join || kind == detail::OpKind::View || name == "index_select" ||
-         name == "gather" || name == "embedding" || name == "slice_scatter";
+         name == "gather" || name == "embedding" || name == "index_add" || name == "scatter_add" ||
+         name == "slice_scatter";
 }
 
 namespace {

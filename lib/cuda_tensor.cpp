@@ -159,6 +159,16 @@ DeviceGather device_gather() {
   return g_device_gather;
 }
 
+namespace {
+DeviceScatterAdd g_device_scatter_add = nullptr;
+}  // namespace
+void set_device_scatter_add(DeviceScatterAdd scatter_add) {
+  g_device_scatter_add = scatter_add;
+}
+DeviceScatterAdd device_scatter_add() {
+  return g_device_scatter_add;
+}
+
 void synchronize_device(const Tensor& t) {
   if (t.defined() && t.device().is_cuda()) cuda::synchronize(t.device().index);
 }

@@ -3,6 +3,8 @@
 // where CUDA is unavailable, before anything is allocated.
 #pragma once
 
+#include <vector>
+
 #include "kiln/tensor.h"
 
 namespace kiln::detail {
@@ -27,6 +29,16 @@ using DeviceGather = bool (*)(const Tensor& out, const Tensor& x, int64_t dim, c
                               bool select);
 void set_device_gather(DeviceGather gather);
 DeviceGather device_gather();
+// index_add (select: index 1-D along dim, src has its idx.size() entries there) and scatter_add
+// (the index of index_sizes, src of that shape) on a device by a kernel of the device, registered
+// by the CUDA code generator: out (contiguous, self's shape) = self plus src added at the checked
+// indices idx (row-major), in the CPU kernels' order. Returns false when it declines (then the op
+// runs through the host).
+using DeviceScatterAdd = bool (*)(const Tensor& out, const Tensor& self, int64_t dim,
+                                  const std::vector<int64_t>& idx, const Shape& index_sizes,
+                                  const Tensor& src, bool select);
+void set_device_scatter_add(DeviceScatterAdd scatter_add);
+DeviceScatterAdd device_scatter_add();
 // Runs every pending CUDA copy and kernel on the tensor's device (a no-op for CPU tensors).
 void synchronize_device(const Tensor& t);
 

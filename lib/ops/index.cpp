@@ -1,4 +1,4 @@
-// Indexing and joining ops: index_select, gather, embedding, cat and stack.
+// Indexing and joining ops: index_select, gather, embedding, cat, stack, index_add and scatter_add.
 //
 // Every index is read and range-checked before anything is written, so a bad index raises
 // kiln::Error naming the op, the value and the valid range, and never reads out of bounds.
@@ -6,7 +6,10 @@
 // (contiguous) and each output row is one memcpy of `inner` elements, in parallel over rows.
 // gather walks the output's rows and reads the source at its own strides. cat copies each piece
 // into its narrowed slice of the output with copy_kernel (which converts dtypes and parallelizes);
-// stack is cat of the pieces unsqueezed at the new dim.
+// stack is cat of the pieces unsqueezed at the new dim. index_add and scatter_add copy self and add
+// src's values in increasing position, serially where positions collide. On a CUDA device each op
+// runs by a kernel of the device that the CUDA code generator registers (lib/cuda_tensor.h; the
+// scatter-add kernel adds in the CPU's order, so results are bit-identical), else through the host.
 //
 // In lazy mode (lib/lazy.h) each op records one node after its checks. Index values are data, so
 // the bounds check makes a pending index concrete at the call; the tensors gathered from or
@@ -79,14 +82,21 @@ const detail::OpDef& scatter_add_def =
            },
            {"dim"});
 
-void check_input(const Tensor& t, const char* op, const char* arg) {
-  detail::check_defined(t, op, arg);
-  detail::check_cpu(t, op);
-}
-// For the ops that also run on a device (index_select, embedding, gather, cat, stack): the
-// executor calls them with device tensors.
+// Every op here also runs on a device: the executor calls them with device tensors.
 void check_operand(const Tensor& t, const char* op, const char* arg) {
   detail::check_defined(t, op, arg);
+}
+
+// self, index and src of index_add and scatter_add on one device, checked before recording too
+// (a mixed call would otherwise raise only inside the executor). A 0-dim CPU index counts as a
+// number, as everywhere (lib/lazy.cpp): its value is read on the host anyway.
+void check_one_device(const char* op, const Tensor& self, const Tensor& index, const Tensor& src) {
+  const bool number = index.device().is_cpu() && index.dim() == 0;
+  for (const Tensor* t : {&index, &src}) {
+    if (t == &index && number) continue;
+    KILN_CHECK(t->device() == self.device(), op, ": expected all tensors on one device, got ",
+               describe(self), " on ", self.device(), " and ", describe(*t), " on ", t->device());
+  }
 }
 
 void check_index_dtype(const Tensor& index, const char* op, bool allow_int32) {
@@ -275,6 +285,24 @@ Tensor scatter_add_values(const Tensor& self, int64_t d, const std::vector<int64
     }
   });
   return out;
+}
+
+// index_add (select) or scatter_add's value when not recording: on the CPU by index_add_rows or
+// scatter_add_values; on a device by its scatter-add kernel, through the host where there is none.
+Tensor scatter_add_on(const Tensor& self, int64_t d, const std::vector<int64_t>& idx,
+                      const Tensor& index, const Tensor& src, bool select, const Shape& s3) {
+  const auto on_host = [&](const Tensor& x, const Tensor& from) {
+    return select ? index_add_rows(x, d, idx, from, s3)
+                  : scatter_add_values(x, d, idx, index.sizes(), from);
+  };
+  if (self.device().is_cpu()) return on_host(self, src);
+  Tensor out = detail::make_empty_on(self.sizes(), self.dtype(), self.device());
+  if (detail::device_scatter_add() &&
+      detail::device_scatter_add()(out, self, d, idx, index.sizes(), src, select))
+    return out;
+  return detail::copy_to_device(
+      on_host(detail::copy_to_device(self, kCPU), detail::copy_to_device(src, kCPU)),
+      self.device());
 }
 
 }  // namespace
@@ -484,9 +512,10 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
 
 Tensor index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
   const char* op = index_add_def.name.c_str();
-  check_input(self, op, "self");
-  check_input(index, op, "index");
-  check_input(src, op, "source");
+  check_operand(self, op, "self");
+  check_operand(index, op, "index");
+  check_operand(src, op, "source");
+  check_one_device(op, self, index, src);
   check_index_dtype(index, op, true);
   KILN_CHECK(index.dim() <= 1, op, ": index must be a 1-D vector, got ", describe(index));
   KILN_CHECK(src.dtype() == self.dtype(), op, ": source ", describe(src),
@@ -507,7 +536,7 @@ Tensor index_add(const Tensor& self, int64_t dim, const Tensor& index, const Ten
   Tensor out = detail::should_record({self, index, src})
                    ? detail::lazy_record1(index_add_def, {self, index, src}, {d},
                                           {self.sizes(), self.dtype()})
-                   : index_add_rows(self, d, idx, src, s3);
+                   : scatter_add_on(self, d, idx, index, src, true, s3);
   if (detail::needs_grad(self, src))
     detail::record(op, {self, index, src}, {out}, {index},
                    [d, src_sizes = src.sizes()](const detail::BackwardContext& c) {
@@ -524,9 +553,10 @@ Tensor index_add(const Tensor& self, int64_t dim, const Tensor& index, const Ten
 
 Tensor scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
   const char* op = scatter_add_def.name.c_str();
-  check_input(self, op, "self");
-  check_input(index, op, "index");
-  check_input(src, op, "src");
+  check_operand(self, op, "self");
+  check_operand(index, op, "index");
+  check_operand(src, op, "src");
+  check_one_device(op, self, index, src);
   check_index_dtype(index, op, false);
   KILN_CHECK(src.dtype() == self.dtype(), op, ": src ", describe(src),
              " must have the dtype of self ", describe(self));
@@ -545,7 +575,7 @@ Tensor scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const T
   Tensor out = detail::should_record({self, index, src})
                    ? detail::lazy_record1(scatter_add_def, {self, index, src}, {d},
                                           {self.sizes(), self.dtype()})
-                   : scatter_add_values(self, d, idx, index.sizes(), src);
+                   : scatter_add_on(self, d, idx, index, src, false, {});
   if (detail::needs_grad(self, src))
     detail::record(op, {self, index, src}, {out}, {index}, [d](const detail::BackwardContext& c) {
       const Tensor& g = c.grad();

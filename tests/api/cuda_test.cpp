@@ -246,6 +246,106 @@ TEST(Cuda, IndexOpsMatchTheCpu) {
   }
 }
 
+// index_add and scatter_add on a device add in the CPU's order, so they match it exactly: every
+// dtype (bool adds as or), indices repeated many times, every dim, views as self and src, a
+// scatter_add index smaller than self outside dim, 0-dim and empty operands. The backward of
+// embedding, gather and index_select (a scatter-add of the gradient) gives the CPU's gradients.
+TEST(Cuda, ScatterOpsMatchTheCpu) {
+  KILN_REQUIRE_GPU();
+  using In = std::vector<Tensor>;
+  for (DType dt : {kFloat32, kFloat64, kInt32, kInt64, kBool}) {
+    const Tensor x = testing::random_tensor({5, 7, 3}, dt);
+    const Tensor xt = testing::random_tensor({3, 7, 5}, dt);  // transposed: x's shape
+    for (int64_t d : {0, 1, 2}) {
+      // 11 entries among at most 3 rows: every row repeats.
+      const double rows = static_cast<double>(std::min<int64_t>(3, x.size(d)));
+      Shape sshape = x.sizes();
+      sshape[static_cast<size_t>(d)] = 11;
+      const Tensor idx = testing::random_tensor({11}, kInt64, 0, rows);
+      const Tensor src = testing::random_tensor(sshape, dt);
+      expect_same_on_cuda([d](const In& in) { return index_add(in[0], d, in[1], in[2]); },
+                          {x, idx, src}, 0, 0);
+      const Tensor srct = testing::random_tensor({sshape[2], sshape[1], sshape[0]}, dt);
+      expect_same_on_cuda(
+          [d](const In& in) {
+            return index_add(in[0].transpose(0, 2), d, in[1], in[2].transpose(0, 2));
+          },
+          {xt, idx, srct}, 0, 0);
+      Shape ishape = x.sizes();
+      ishape[static_cast<size_t>(d)] = 9;
+      ishape[static_cast<size_t>((d + 1) % 3)] -= 1;  // smaller than self outside dim
+      const Tensor g = testing::random_tensor(ishape, kInt64, 0, rows);
+      const Tensor s = testing::random_tensor(ishape, dt);
+      expect_same_on_cuda([d](const In& in) { return scatter_add(in[0], d, in[1], in[2]); },
+                          {x, g, s}, 0, 0);
+      expect_same_on_cuda(
+          [d](const In& in) { return scatter_add(in[0].transpose(0, 2), d, in[1], in[2]); },
+          {xt, g, s}, 0, 0);
+    }
+    // 0-dim self and src count as [1]; an empty index adds nothing; an empty self.
+    const Tensor one = testing::random_tensor({}, dt), zero = zeros({}, kInt64);
+    expect_same_on_cuda([](const In& in) { return index_add(in[0], 0, in[1], in[2]); },
+                        {one, zeros({1}, kInt64), testing::random_tensor({1}, dt)}, 0, 0);
+    expect_same_on_cuda([](const In& in) { return scatter_add(in[0], 0, in[1], in[2]); },
+                        {one, zero, testing::random_tensor({}, dt)}, 0, 0);
+    expect_same_on_cuda([](const In& in) { return index_add(in[0], 1, in[1], in[2]); },
+                        {x, zeros({0}, kInt64), zeros({5, 0, 3}, dt)}, 0, 0);
+    expect_same_on_cuda([](const In& in) { return scatter_add(in[0], 0, in[1], in[2]); },
+                        {x, zeros({0, 7, 3}, kInt64), zeros({0, 7, 3}, dt)}, 0, 0);
+    expect_same_on_cuda([](const In& in) { return index_add(in[0], 0, in[1], in[2]); },
+                        {zeros({4, 0}, dt), zeros({2}, kInt64), zeros({2, 0}, dt)}, 0, 0);
+  }
+  // Bad input raises as on the CPU; so does an operand on another device, naming both.
+  const Tensor self = zeros({4, 3}, kCUDA), src = ones({2, 3}, kCUDA);
+  testing::expect_error(
+      [&] {
+        index_add(self, 0, from_vector<int64_t>({0, 4}).to(kCUDA), src);
+      },
+      {"index_add", "index 4 is out of range", "[0, 4)"});
+  testing::expect_error(
+      [&] {
+        index_add(self, 0, from_vector<int64_t>({0, 1}), src);
+      },
+      {"index_add", "cpu", "cuda:0"});
+  testing::expect_error(
+      [&] {
+        index_add(self, 0, from_vector<int64_t>({0, 1}).to(kCUDA), src.to(kCPU));
+      },
+      {"index_add", "cpu", "cuda:0"});
+  testing::expect_error(
+      [&] {
+        scatter_add(self, 1, from_vector<int64_t>({3, 0}).view({1, 2}).to(kCUDA),
+                    src.narrow(0, 0, 1).narrow(1, 0, 2));
+      },
+      {"scatter_add", "index 3 is out of range", "[0, 3)"});
+  testing::expect_error(
+      [&] {
+        scatter_add(self, 1, zeros({1, 2}, kInt64), src.narrow(0, 0, 1).narrow(1, 0, 2));
+      },
+      {"scatter_add", "cpu", "cuda:0"});
+  // Gradients: each a sum of the upstream gradient's rows at repeated indices.
+  const Tensor w = testing::random_tensor({6, 4}), c = testing::random_tensor({10, 4});
+  const Tensor rows = testing::random_tensor({10}, kInt64, 0, 3);
+  const Tensor gi = testing::random_tensor({6, 4}, kInt64, 0, 3);
+  auto grads_on = [&](Device d) {
+    std::vector<Tensor> grads;
+    for (int form = 0; form < 3; ++form) {
+      Tensor wd = w.to(d).detach().requires_grad_(true);
+      const Tensor rd = rows.to(d), cd = c.to(d);
+      Tensor y = form == 0   ? embedding(wd, rd.view({2, 5})).reshape({10, 4}) * cd
+                 : form == 1 ? index_select(wd, 0, rd) * cd
+                             : gather(wd, 1, gi.to(d)) * cd.narrow(0, 0, 6);
+      y.sum().backward();
+      grads.push_back(wd.grad().to(kCPU));
+    }
+    return grads;
+  };
+  const std::vector<Tensor> expected = grads_on(kCPU), got = grads_on(kCUDA);
+  for (size_t k = 0; k < expected.size(); ++k)
+    testing::expect_close(got[k], testing::values(expected[k]), expected[k].sizes(), kFloat32, 0,
+                          0);
+}
+
 TEST(Cuda, ReductionsAndNormalizationsMatchTheCpu) {
   KILN_REQUIRE_GPU();
   const Tensor x = testing::random_tensor({37, 129});

@@ -602,30 +602,48 @@ TEST(CudaCodegen, GatherKernelsCompileAndTheirLaunchesMatch) {
   }
 }
 
-// The gather kernel's source run on the host (one thread: its grid-stride loop covers every
-// element) computes index_select and gather as the CPU's reference kernels do, bit for bit.
-TEST(CudaCodegen, GatherKernelsComputeWhatTheCpuComputes) {
-  if (std::system("c++ --version > /dev/null 2>&1") != 0)
-    GTEST_SKIP() << "no host C++ compiler (c++) to run the gather kernel with";
-  const std::string dir = ::testing::TempDir() + "/kiln_cuda_gather_" + std::to_string(getpid());
-  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+// A hand-written kernel's source (`name` in the messages) compiled by the host's C++ compiler and
+// loaded, to run as one thread of one block: its grid-stride loop then covers every element.
+// nullptr after a failure, which it reports.
+void* load_on_host(const std::string& source, const std::string& name) {
+  const std::string dir =
+      ::testing::TempDir() + "/kiln_cuda_" + name + "_" + std::to_string(getpid());
+  if (std::system(("mkdir -p " + dir).c_str()) != 0) {
+    ADD_FAILURE() << "cannot make " << dir;
+    return nullptr;
+  }
   const std::string unit =
       "#define __global__\nstruct kiln_dim3 { unsigned x; };\n"
       "static kiln_dim3 blockIdx{0}, blockDim{1}, gridDim{1}, threadIdx{0};\n" +
-      fuser::cuda::gather_source(kFloat32);
+      source;
   {
-    std::FILE* f = std::fopen((dir + "/gather.cpp").c_str(), "w");
-    ASSERT_NE(f, nullptr);
+    std::FILE* f = std::fopen((dir + "/" + name + ".cpp").c_str(), "w");
+    if (!f) {
+      ADD_FAILURE() << "cannot write in " << dir;
+      return nullptr;
+    }
     std::fwrite(unit.data(), 1, unit.size(), f);
     std::fclose(f);
   }
-  ASSERT_EQ(std::system(("c++ -std=c++17 -O1 -shared -fPIC -o " + dir + "/gather.so " + dir +
-                         "/gather.cpp > " + dir + "/log.txt 2>&1")
-                            .c_str()),
-            0)
-      << "the host compile failed: see " << dir;
-  void* lib = dlopen((dir + "/gather.so").c_str(), RTLD_NOW | RTLD_LOCAL);
-  ASSERT_NE(lib, nullptr) << dlerror();
+  const std::string lib = dir + "/" + name + ".so";
+  if (std::system(("c++ -std=c++17 -O1 -ffp-contract=off -shared -fPIC -o " + lib + " " + dir +
+                   "/" + name + ".cpp > " + dir + "/log.txt 2>&1")
+                      .c_str()) != 0) {
+    ADD_FAILURE() << "the host compile failed: see " << dir;
+    return nullptr;
+  }
+  void* handle = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) ADD_FAILURE() << dlerror();
+  return handle;
+}
+
+// The gather kernel's source run on the host computes index_select and gather as the CPU's
+// reference kernels do, bit for bit.
+TEST(CudaCodegen, GatherKernelsComputeWhatTheCpuComputes) {
+  if (std::system("c++ --version > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "no host C++ compiler (c++) to run the gather kernel with";
+  void* lib = load_on_host(fuser::cuda::gather_source(kFloat32), "gather");
+  ASSERT_NE(lib, nullptr);
   struct Dims {
     long long v[3 * fuser::cuda::kGatherMaxRank];
   };
@@ -654,6 +672,94 @@ TEST(CudaCodegen, GatherKernelsComputeWhatTheCpuComputes) {
          reinterpret_cast<const long long*>(index.data_ptr<int64_t>()), out.data_ptr<float>());
       EXPECT_EQ(testing::values(out), testing::values(expected))
           << (select ? "index_select" : "gather") << " along " << d;
+    }
+  }
+  dlclose(lib);
+}
+
+// The scatter-add kernel of index_add and scatter_add, in every dtype: a clean compile, and the
+// launch's parameters match its signature.
+TEST(CudaCodegen, ScatterAddKernelsCompileAndTheirLaunchesMatch) {
+  for (DType t : {kFloat32, kFloat64, kInt32, kInt64, kBool}) {
+    const std::string name = fuser::cuda::scatter_add_name(t);
+    const fuser::cuda::CudaCompiled ptx =
+        fuser::cuda::nvrtc_compile(fuser::cuda::scatter_add_source(t), name, kSm, CudaOutput::kPtx,
+                                   fuser::cuda::cuda_compile_options());
+    EXPECT_EQ(ptx.log, "") << name;
+    const Tensor self = zeros({4, 5}, t), src = zeros({4, 3}, t), out = zeros({4, 5}, t);
+    const Tensor lines = zeros({6}, kInt64);
+    for (const bool select : {true, false}) {
+      const fuser::cuda::KernelCall call = fuser::cuda::scatter_add_call(
+          out, self, 1, select ? Shape{3} : Shape{4, 3}, src, lines, select, 132);
+      EXPECT_EQ(call.bytes, ptx_param_bytes(ptx.code, name)) << name;
+      EXPECT_EQ(call.args.size(), call.bytes.size());
+    }
+  }
+}
+
+// The scatter-add kernel's source run on the host computes index_add and scatter_add as the CPU's
+// reference kernels do, bit for bit: many indices repeat (the adds must come in the CPU's order
+// for float sums to match), along every dim, self and src contiguous or transposed views, and a
+// scatter_add index smaller than self outside dim.
+TEST(CudaCodegen, ScatterAddKernelsComputeWhatTheCpuComputes) {
+  if (std::system("c++ --version > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "no host C++ compiler (c++) to run the scatter-add kernel with";
+  void* lib = load_on_host(fuser::cuda::scatter_add_source(kFloat32), "scatter_add");
+  ASSERT_NE(lib, nullptr);
+  struct Dims {
+    long long v[5 * fuser::cuda::kScatterMaxRank];
+  };
+  using ScatterFn = void (*)(long long, int, int, long long, Dims, const float*, const float*,
+                             const long long*, float*);
+  auto fn =
+      reinterpret_cast<ScatterFn>(dlsym(lib, fuser::cuda::scatter_add_name(kFloat32).c_str()));
+  ASSERT_NE(fn, nullptr);
+  LazyGuard eager(false);
+  // shape's values in a contiguous tensor, or in the transpose of one (of the reversed shape).
+  const auto make = [](const Shape& shape, bool transposed) {
+    if (!transposed) return testing::input(shape, kFloat32, -3, 3);
+    return testing::input({shape[2], shape[1], shape[0]}, kFloat32, -3, 3).transpose(0, 2);
+  };
+  const Shape sizes{5, 7, 3};
+  for (int64_t d = 0; d < 3; ++d) {
+    for (const bool select : {true, false}) {
+      for (const bool transposed : {false, true}) {
+        const Tensor self = make(sizes, transposed);
+        // 12 entries into at most 7 rows: every index line repeats values.
+        Shape ishape = select ? Shape{12} : sizes;
+        if (!select) {
+          ishape[static_cast<size_t>(d)] = 12;
+          ishape[static_cast<size_t>((d + 1) % 3)] -= 1;  // smaller than self outside dim
+        }
+        const Tensor index = testing::input(ishape, kInt64, 0, static_cast<double>(sizes[d]))
+                                 .clamp(int64_t{0}, sizes[d] - 1)
+                                 .contiguous();
+        Shape sshape = ishape;
+        if (select) {
+          sshape = sizes;
+          sshape[static_cast<size_t>(d)] = 12;
+        }
+        const Tensor src = make(sshape, transposed);
+        const Tensor expected =
+            select ? index_add(self, d, index, src) : scatter_add(self, d, index, src);
+        const int64_t* ip = index.data_ptr<int64_t>();
+        const std::vector<int64_t> idx(ip, ip + index.numel());
+        const std::vector<int64_t> pairs =
+            fuser::cuda::scatter_add_lines(idx, index.sizes(), select ? 0 : d);
+        const Tensor lines = from_vector(pairs);
+        Tensor out = zeros(sizes);
+        const fuser::cuda::KernelCall call =
+            fuser::cuda::scatter_add_call(out, self, d, index.sizes(), src, lines, select, 1);
+        Dims dims;
+        std::memcpy(dims.v, call.args[4], sizeof dims.v);
+        fn(*static_cast<long long*>(call.args[0]), *static_cast<int*>(call.args[1]),
+           *static_cast<int*>(call.args[2]), *static_cast<long long*>(call.args[3]), dims,
+           self.data_ptr<float>(), src.data_ptr<float>(),
+           reinterpret_cast<const long long*>(lines.data_ptr<int64_t>()), out.data_ptr<float>());
+        EXPECT_EQ(testing::bytes(out), testing::bytes(expected))
+            << (select ? "index_add" : "scatter_add") << " along " << d
+            << (transposed ? ", transposed" : "");
+      }
     }
   }
   dlclose(lib);

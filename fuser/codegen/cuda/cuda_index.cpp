@@ -2,6 +2,8 @@
 #include "fuser/codegen/cuda/cuda_index.h"
 
 #include <algorithm>
+#include <cstring>
+#include <utility>
 
 #include "fuser/fuse.h"
 #include "kiln/error.h"
@@ -84,6 +86,132 @@ KernelCall gather_call(const Tensor& out, const Tensor& x, int64_t dim, const Te
   return call;
 }
 
+std::string scatter_add_name(DType dtype) {
+  return std::string("kiln_scatter_add_") + dtype_name(dtype) + "_v1";
+}
+
+std::string scatter_add_source(DType dtype) {
+  const std::string t = value_type(dtype);
+  // bool adds as the CPU's T(a + b) with T = bool does: a logical or.
+  const std::string add = dtype == kBool ? "acc = (unsigned char)(acc | v);" : "acc = acc + v;";
+  return std::string("// kiln: fuser/codegen/cuda/cuda_index.cpp\n") +
+         "struct KilnScatterDims {\n  long long size[8];\n  long long self_stride[8];\n"
+         "  long long src_stride[8];\n  long long extent[8];\n  long long line_stride[8];\n};\n"
+         "extern \"C\" __global__ void " +
+         scatter_add_name(dtype) +
+         "(long long n, int rank, int dim, long long length, KilnScatterDims dims, const " + t +
+         "* self, const " + t + "* src, const long long* lines, " + t +
+         "* out) {\n"
+         "  const long long step = (long long)blockDim.x * (long long)gridDim.x;\n"
+         "  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += step) "
+         "{\n"
+         "    long long rest = e, so = 0, line = 0, sb = 0, at = 0;\n"
+         "    bool inside = true;\n"
+         "    for (int k = rank - 1; k >= 0; --k) {\n"
+         "      const long long c = rest % dims.size[k];\n"
+         "      rest /= dims.size[k];\n"
+         "      so += c * dims.self_stride[k];\n"
+         "      if (k == dim) {\n"
+         "        at = c;\n"
+         "      } else {\n"
+         "        inside = inside && c < dims.extent[k];\n"
+         "        line += c * dims.line_stride[k];\n"
+         "        sb += c * dims.src_stride[k];\n"
+         "      }\n"
+         "    }\n"
+         "    " +
+         t +
+         " acc = self[so];\n"
+         "    if (inside) {\n"
+         "      const long long* p = lines + 2 * line * length;\n"
+         "      long long lo = 0, hi = length;\n"
+         "      while (lo < hi) {\n"
+         "        const long long mid = lo + (hi - lo) / 2;\n"
+         "        if (p[2 * mid] < at) lo = mid + 1; else hi = mid;\n"
+         "      }\n"
+         "      for (; lo < length && p[2 * lo] == at; ++lo) {\n"
+         "        const " +
+         t +
+         " v = src[sb + p[2 * lo + 1] * dims.src_stride[dim]];\n"
+         "        " +
+         add +
+         "\n"
+         "      }\n"
+         "    }\n"
+         "    out[e] = acc;\n"
+         "  }\n"
+         "}\n";
+}
+
+std::vector<int64_t> scatter_add_lines(const std::vector<int64_t>& idx, const Shape& index_sizes,
+                                       int64_t dim) {
+  const Shape sizes = index_sizes.empty() ? Shape{1} : index_sizes;
+  int64_t outer = 1, inner = 1;
+  for (int64_t k = 0; k < dim; ++k) outer *= sizes[static_cast<size_t>(k)];
+  for (size_t k = static_cast<size_t>(dim) + 1; k < sizes.size(); ++k) inner *= sizes[k];
+  const int64_t length = sizes[static_cast<size_t>(dim)];
+  KILN_CHECK(static_cast<int64_t>(idx.size()) == outer * length * inner,
+             "scatter_add_lines: ", idx.size(), " indices for an index of ",
+             outer * length * inner);
+  std::vector<int64_t> out(2 * idx.size());
+  std::vector<std::pair<int64_t, int64_t>> line(static_cast<size_t>(length));
+  // Line numbers run row-major over the index's coordinates without dim: (o, i) -> o * inner + i.
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i = 0; i < inner; ++i) {
+      for (int64_t j = 0; j < length; ++j)
+        line[static_cast<size_t>(j)] = {idx[static_cast<size_t>((o * length + j) * inner + i)], j};
+      // Pairs are unique, so sorting them keeps equal values in increasing j: a stable order.
+      std::sort(line.begin(), line.end());
+      int64_t* dst = out.data() + 2 * (o * inner + i) * length;
+      for (const auto& [value, j] : line) {
+        *dst++ = value;
+        *dst++ = j;
+      }
+    }
+  }
+  return out;
+}
+
+KernelCall scatter_add_call(const Tensor& out, const Tensor& self, int64_t dim,
+                            const Shape& index_sizes, const Tensor& src, const Tensor& lines,
+                            bool select, int64_t multiprocessors) {
+  constexpr int64_t kThreads = 256;
+  constexpr int kR = kScatterMaxRank;
+  const int64_t n = out.numel();
+  const int rank = std::max<int>(1, static_cast<int>(out.dim()));
+  const Shape is = index_sizes.empty() ? Shape{1} : index_sizes;
+  long long dims[5 * kR] = {};
+  long long length = 0, line_stride = 1;
+  for (int k = rank - 1; k >= 0; --k) {
+    const size_t u = static_cast<size_t>(k);
+    dims[k] = out.dim() == 0 ? 1 : out.size(k);
+    dims[kR + k] = self.dim() == 0 ? 0 : self.stride(k);
+    dims[2 * kR + k] = src.dim() == 0 ? 0 : src.stride(k);
+    // index_add's one index line serves every coordinate outside dim.
+    dims[3 * kR + k] = select ? dims[k] : is[u];
+    if (k == dim || select) continue;
+    dims[4 * kR + k] = line_stride;
+    line_stride *= is[u];
+  }
+  // index_add's index is 1-D ([1] when 0-dim).
+  length = is[select ? 0 : static_cast<size_t>(dim)];
+  KernelCall call;
+  call.block = static_cast<unsigned>(kThreads);
+  call.grid = static_cast<unsigned>(
+      std::max<int64_t>(1, std::min((n + kThreads - 1) / kThreads, multiprocessors * 32)));
+  const long long count = n;
+  const int r = rank, d = static_cast<int>(dim);
+  char* ptrs[4] = {self.impl()->data(), src.impl()->data(),
+                   lines.defined() ? lines.impl()->data() : nullptr, out.impl()->data()};
+  call.add(&count, sizeof count);
+  call.add(&r, sizeof r);
+  call.add(&d, sizeof d);
+  call.add(&length, sizeof length);
+  call.add(dims, sizeof dims);
+  for (char*& p : ptrs) call.add(&p, sizeof p);
+  return call;
+}
+
 namespace {
 // index_select and gather on a device (lib/cuda_tensor.h's DeviceGather): declines with fusion
 // off (KILN_FUSE=0 runs every device op through the host) and past kGatherMaxRank dims.
@@ -107,6 +235,35 @@ bool gather_on_device(const Tensor& out, const Tensor& x, int64_t dim, const Ten
 }
 
 const bool g_gather_registered = (detail::set_device_gather(&gather_on_device), true);
+
+// index_add (select) and scatter_add on a device (lib/cuda_tensor.h's DeviceScatterAdd): declines
+// as gather_on_device does. The lines go up in one copy; the kernel reads no other index data.
+bool scatter_add_on_device(const Tensor& out, const Tensor& self, int64_t dim,
+                           const std::vector<int64_t>& idx, const Shape& index_sizes,
+                           const Tensor& src, bool select) {
+  if (!fusion_enabled() || out.dim() > kScatterMaxRank || self.dtype() != out.dtype() ||
+      src.dtype() != out.dtype())
+    return false;
+  if (out.numel() == 0) return true;
+  const int device = out.device().index;
+  const Shape shape = select ? Shape{static_cast<int64_t>(idx.size())} : index_sizes;
+  Tensor lines;
+  if (!idx.empty()) {
+    const std::vector<int64_t> pairs = scatter_add_lines(idx, shape, select ? 0 : dim);
+    Tensor host = detail::make_empty({static_cast<int64_t>(pairs.size())}, kInt64);
+    std::memcpy(host.impl()->data(), pairs.data(), pairs.size() * sizeof(int64_t));
+    lines = detail::copy_to_device(host, out.device());
+  }
+  const CudaKernel fn =
+      source_kernel(scatter_add_name(self.dtype()), scatter_add_source(self.dtype()), device);
+  KernelCall call = scatter_add_call(out, self, dim, shape, src, lines, select,
+                                     detail::cuda::device_info(device).multiprocessors);
+  detail::cuda::launch(device, fn.fn, {call.grid, call.block, 0}, call.args.data(), fn.name);
+  return true;
+}
+
+const bool g_scatter_add_registered =
+    (detail::set_device_scatter_add(&scatter_add_on_device), true);
 }  // namespace
 
 }  // namespace kiln::fuser::cuda
