@@ -456,7 +456,10 @@ TEST(Cuda, ComposedOpsGiveTheCpuGradients) {
     manual_seed(3);
     Tensor loss = cross_entropy(dropout(layer_norm(xd, {9}, wd), 0.25, true), target.to(dev)) +
                   mse_loss(xd.select(1, 0), xd.select(1, 1) * 0.5) + std::get<0>(max(xd, 2)).sum() +
-                  slice_scatter(xd, xd.narrow(2, 0, 3) * 2, 2, 4, 7).sum();
+                  slice_scatter(xd, xd.narrow(2, 0, 3) * 2, 2, 4, 7).sum() +
+                  (as_strided(xd, {4, 5}, {3, 1}, 2) * 3).sum() +
+                  (as_strided(xd.transpose(0, 2), {4, 5}, {1, 2}, 1) * 5).sum() +
+                  (as_strided(xd, {4, 5}, {1, 1}, 0) * 7).sum();
     loss.backward();
     return std::vector<Tensor>{xd.grad().to(kCPU), wd.grad().to(kCPU)};
   };
