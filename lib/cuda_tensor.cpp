@@ -139,34 +139,9 @@ void copy_into(const Tensor& dst, const Tensor& from) {
                  static_cast<size_t>(count) * esize);
 }
 
-namespace {
-DeviceCopy g_device_copy = nullptr;
-}  // namespace
-void set_device_copy(DeviceCopy copy) {
-  g_device_copy = copy;
-}
-DeviceCopy device_copy() {
-  return g_device_copy;
-}
-
-namespace {
-DeviceGather g_device_gather = nullptr;
-}  // namespace
-void set_device_gather(DeviceGather gather) {
-  g_device_gather = gather;
-}
-DeviceGather device_gather() {
-  return g_device_gather;
-}
-
-namespace {
-DeviceScatterAdd g_device_scatter_add = nullptr;
-}  // namespace
-void set_device_scatter_add(DeviceScatterAdd scatter_add) {
-  g_device_scatter_add = scatter_add;
-}
-DeviceScatterAdd device_scatter_add() {
-  return g_device_scatter_add;
+DeviceKernels& device_kernels() {
+  static DeviceKernels kernels;  // filled in during static initialization, read after
+  return kernels;
 }
 
 void synchronize_device(const Tensor& t) {

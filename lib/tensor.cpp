@@ -135,7 +135,8 @@ void copy_kernel(const Tensor& dst, const Tensor& src) {
       cuda::copy_on_device(dst.device().index, dst.impl()->data(), src.impl()->data(), n);
       return;
     }
-    if (dst.device() == src.device() && device_copy() && device_copy()(dst, src)) return;
+    const auto device_copy = device_kernels().copy;
+    if (dst.device() == src.device() && device_copy && device_copy(dst, src)) return;
     copy_into(dst, src.device().is_cpu() ? src : copy_to_device(src, kCPU));
     return;
   }

@@ -175,7 +175,8 @@ Tensor select_on(const Tensor& x, int64_t dim, const Tensor& index, const std::v
                  const Shape& out_shape) {
   if (x.device().is_cpu()) return select_rows(x, dim, idx, out_shape);
   Tensor out = detail::make_empty_on(out_shape, x.dtype(), x.device());
-  if (detail::device_gather() && detail::device_gather()(out, x, dim, index, true)) return out;
+  const auto gather = detail::device_kernels().gather;
+  if (gather && gather(out, x, dim, index, true)) return out;
   return detail::copy_to_device(select_rows(detail::copy_to_device(x, kCPU), dim, idx, out_shape),
                                 x.device());
 }
@@ -297,9 +298,8 @@ Tensor scatter_add_on(const Tensor& self, int64_t d, const std::vector<int64_t>&
   };
   if (self.device().is_cpu()) return on_host(self, src);
   Tensor out = detail::make_empty_on(self.sizes(), self.dtype(), self.device());
-  if (detail::device_scatter_add() &&
-      detail::device_scatter_add()(out, self, d, idx, index.sizes(), src, select))
-    return out;
+  const auto scatter_add = detail::device_kernels().scatter_add;
+  if (scatter_add && scatter_add(out, self, d, idx, index.sizes(), src, select)) return out;
   return detail::copy_to_device(
       on_host(detail::copy_to_device(self, kCPU), detail::copy_to_device(src, kCPU)),
       self.device());
@@ -399,7 +399,8 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
     out = detail::lazy_record1(gather_def, {x, index}, {d}, {index.sizes(), x.dtype()});
   } else if (x.device().is_cuda()) {
     out = detail::make_empty_on(index.sizes(), x.dtype(), x.device());
-    if (!(detail::device_gather() && detail::device_gather()(out, x, d, index, false))) {
+    const auto gather = detail::device_kernels().gather;
+    if (!(gather && gather(out, x, d, index, false))) {
       Tensor host = detail::make_empty(index.sizes(), x.dtype());
       gather_into(host, detail::copy_to_device(x, kCPU), d, detail::copy_to_device(index, kCPU),
                   idx);

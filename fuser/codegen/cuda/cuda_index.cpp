@@ -28,6 +28,16 @@ const char* value_type(DType t) {
       return "unsigned char";  // bool
   }
 }
+// A grid-stride kernel's geometry over n elements: 256 threads a block, at most 32 blocks a
+// multiprocessor (the loop covers the rest).
+KernelCall grid_stride_call(int64_t n, int64_t multiprocessors) {
+  constexpr int64_t kThreads = 256;
+  KernelCall call;
+  call.block = static_cast<unsigned>(kThreads);
+  call.grid = static_cast<unsigned>(
+      std::max<int64_t>(1, std::min((n + kThreads - 1) / kThreads, multiprocessors * 32)));
+  return call;
+}
 }  // namespace
 
 std::string gather_name(DType dtype) {
@@ -61,7 +71,6 @@ std::string gather_source(DType dtype) {
 
 KernelCall gather_call(const Tensor& out, const Tensor& x, int64_t dim, const Tensor& index,
                        const std::vector<int64_t>& index_strides, int64_t multiprocessors) {
-  constexpr int64_t kThreads = 256;
   const int64_t n = out.numel();
   const int rank = std::max<int>(1, static_cast<int>(out.dim()));
   long long dims[3 * kGatherMaxRank] = {};
@@ -71,10 +80,7 @@ KernelCall gather_call(const Tensor& out, const Tensor& x, int64_t dim, const Te
     dims[kGatherMaxRank + k] = x.dim() == 0 ? 0 : x.stride(k);
     dims[2 * kGatherMaxRank + k] = scalar ? 0 : index_strides[static_cast<size_t>(k)];
   }
-  KernelCall call;
-  call.block = static_cast<unsigned>(kThreads);
-  call.grid = static_cast<unsigned>(
-      std::max<int64_t>(1, std::min((n + kThreads - 1) / kThreads, multiprocessors * 32)));
+  KernelCall call = grid_stride_call(n, multiprocessors);
   const long long count = n;
   const int r = rank, d = static_cast<int>(dim);
   char* ptrs[3] = {x.impl()->data(), index.impl()->data(), out.impl()->data()};
@@ -175,7 +181,6 @@ std::vector<int64_t> scatter_add_lines(const std::vector<int64_t>& idx, const Sh
 KernelCall scatter_add_call(const Tensor& out, const Tensor& self, int64_t dim,
                             const Shape& index_sizes, const Tensor& src, const Tensor& lines,
                             bool select, int64_t multiprocessors) {
-  constexpr int64_t kThreads = 256;
   constexpr int kR = kScatterMaxRank;
   const int64_t n = out.numel();
   const int rank = std::max<int>(1, static_cast<int>(out.dim()));
@@ -195,10 +200,7 @@ KernelCall scatter_add_call(const Tensor& out, const Tensor& self, int64_t dim,
   }
   // index_add's index is 1-D ([1] when 0-dim).
   length = is[select ? 0 : static_cast<size_t>(dim)];
-  KernelCall call;
-  call.block = static_cast<unsigned>(kThreads);
-  call.grid = static_cast<unsigned>(
-      std::max<int64_t>(1, std::min((n + kThreads - 1) / kThreads, multiprocessors * 32)));
+  KernelCall call = grid_stride_call(n, multiprocessors);
   const long long count = n;
   const int r = rank, d = static_cast<int>(dim);
   char* ptrs[4] = {self.impl()->data(), src.impl()->data(),
@@ -213,8 +215,8 @@ KernelCall scatter_add_call(const Tensor& out, const Tensor& self, int64_t dim,
 }
 
 namespace {
-// index_select and gather on a device (lib/cuda_tensor.h's DeviceGather): declines with fusion
-// off (KILN_FUSE=0 runs every device op through the host) and past kGatherMaxRank dims.
+// index_select and gather on a device (lib/cuda_tensor.h's DeviceKernels::gather): declines with
+// fusion off (KILN_FUSE=0 runs every device op through the host) and past kGatherMaxRank dims.
 bool gather_on_device(const Tensor& out, const Tensor& x, int64_t dim, const Tensor& index,
                       bool select) {
   if (!fusion_enabled() || out.dim() > kGatherMaxRank || x.dtype() != out.dtype()) return false;
@@ -234,10 +236,11 @@ bool gather_on_device(const Tensor& out, const Tensor& x, int64_t dim, const Ten
   return true;
 }
 
-const bool g_gather_registered = (detail::set_device_gather(&gather_on_device), true);
+const bool g_gather_registered = (detail::device_kernels().gather = &gather_on_device, true);
 
-// index_add (select) and scatter_add on a device (lib/cuda_tensor.h's DeviceScatterAdd): declines
-// as gather_on_device does. The lines go up in one copy; the kernel reads no other index data.
+// index_add (select) and scatter_add on a device (lib/cuda_tensor.h's DeviceKernels::scatter_add):
+// declines as gather_on_device does. The lines go up in one copy; the kernel reads no other index
+// data.
 bool scatter_add_on_device(const Tensor& out, const Tensor& self, int64_t dim,
                            const std::vector<int64_t>& idx, const Shape& index_sizes,
                            const Tensor& src, bool select) {
@@ -263,7 +266,7 @@ bool scatter_add_on_device(const Tensor& out, const Tensor& self, int64_t dim,
 }
 
 const bool g_scatter_add_registered =
-    (detail::set_device_scatter_add(&scatter_add_on_device), true);
+    (detail::device_kernels().scatter_add = &scatter_add_on_device, true);
 }  // namespace
 
 }  // namespace kiln::fuser::cuda

@@ -373,7 +373,7 @@ bool copy_within_device(const Tensor& dst, const Tensor& src) {
   return true;
 }
 
-const bool g_copy_registered = (detail::set_device_copy(&copy_within_device), true);
+const bool g_copy_registered = (detail::device_kernels().copy = &copy_within_device, true);
 }  // namespace
 
 }  // namespace kiln::fuser::cuda
