@@ -185,7 +185,7 @@ bool has_device_kernel(const Node& n) {
   return (kind == detail::OpKind::Linalg && (t == kFloat32 || t == kFloat64)) ||
          kind == detail::OpKind::Join || kind == detail::OpKind::View || name == "index_select" ||
          name == "gather" || name == "embedding" || name == "index_add" || name == "scatter_add" ||
-         name == "slice_scatter";
+         name == "slice_scatter" || name == "as_strided_scatter";
 }
 
 namespace {

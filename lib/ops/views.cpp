@@ -4,6 +4,7 @@
 #include "kiln/autograd.h"
 #include "kiln/ops.h"
 #include "lib/autograd.h"
+#include "lib/cuda_tensor.h"
 #include "lib/op_table.h"
 #include "lib/tensor_impl.h"
 
@@ -603,9 +604,9 @@ Tensor as_strided_scatter(const Tensor& self, const Tensor& src, const Shape& si
     out = detail::lazy_record1(as_strided_scatter_def, {self, src}, {sizes, strides, rel},
                                {self.sizes(), self.dtype()});
   } else {
-    out = self.is_contiguous()
-              ? detail::make_empty(self.sizes(), self.dtype())
-              : detail::make_empty_strided(self.sizes(), self.strides(), self.dtype());
+    out = self.is_contiguous() ? detail::make_empty_on(self.sizes(), self.dtype(), self.device())
+                               : detail::make_empty_strided(self.sizes(), self.strides(),
+                                                            self.dtype(), self.device());
     check_in_storage(op, out, sizes, strides, rel);
     detail::copy_kernel(out, self);
     detail::copy_kernel(make_view(out, sizes, strides, rel), src);

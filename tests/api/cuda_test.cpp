@@ -434,6 +434,12 @@ TEST(Cuda, ComposedOpsMatchTheCpu) {
   expect_same_on_cuda(
       [](const std::vector<Tensor>& in) { return slice_scatter(in[0], in[1], 1, 1, 5, 2); },
       {x, x.narrow(1, 0, 2) * 3}, 0, 0);
+  expect_same_on_cuda(
+      [](const std::vector<Tensor>& in) {
+        return as_strided_scatter(in[0], in[1], {4, 5}, {9, 2}, 3) +
+               as_strided_scatter(in[0].transpose(0, 2), in[1], {4, 5}, {1, 6}, 2).transpose(0, 2);
+      },
+      {x, testing::random_tensor({4, 5})}, 0, 0);
   // dropout draws from the process generator: one seed, the CPU's mask.
   for (const DType dt : {kFloat32, kFloat64}) {
     manual_seed(7);
