@@ -210,10 +210,10 @@ bool set_fusion_enabled(bool on) {
 
 const char* prim_name(Prim p) {
   static const char* const names[] = {
-      "load",   "scalar", "literal", "cast",  "neg",   "add",  "sub", "mul", "div",
-      "lt",     "le",     "gt",      "ge",    "eq",    "ne",   "and", "or",  "not",
-      "select", "exp",    "log",     "log1p", "expm1", "sqrt", "sin", "cos", "tanh",
-      "floor",  "ceil",   "round",   "rsum",  "rmax",  "rmin", "erf", "rem", "pow"};
+      "load", "scalar", "literal", "cast", "neg", "add", "sub",  "mul",   "div",    "lt",
+      "le",   "gt",     "ge",      "eq",   "ne",  "and", "or",   "not",   "select", "exp",
+      "log",  "log1p",  "expm1",   "sqrt", "sin", "cos", "tanh", "floor", "ceil",   "round",
+      "rsum", "rmax",   "rmin",    "erf",  "rem", "pow", "rprod"};
   return names[static_cast<int>(p)];
 }
 
@@ -488,23 +488,41 @@ class FormulaParser {
       bool to_bool;  // the result is bool (comparisons and logic)
     };
     static const Entry entries[] = {
-        {"neg", Prim::Neg, 1, false},        {"add", Prim::Add, 2, false},
-        {"sub", Prim::Sub, 2, false},        {"mul", Prim::Mul, 2, false},
-        {"div", Prim::Div, 2, false},        {"lt", Prim::Lt, 2, true},
-        {"le", Prim::Le, 2, true},           {"gt", Prim::Gt, 2, true},
-        {"ge", Prim::Ge, 2, true},           {"eq", Prim::Eq, 2, true},
-        {"ne", Prim::Ne, 2, true},           {"and", Prim::And, 2, true},
-        {"or", Prim::Or, 2, true},           {"not", Prim::Not, 1, true},
-        {"select", Prim::Select, 3, false},  {"exp", Prim::Exp, 1, false},
-        {"log", Prim::Log, 1, false},        {"log1p", Prim::Log1p, 1, false},
-        {"expm1", Prim::Expm1, 1, false},    {"sqrt", Prim::Sqrt, 1, false},
-        {"sin", Prim::Sin, 1, false},        {"cos", Prim::Cos, 1, false},
-        {"tanh", Prim::Tanh, 1, false},      {"floor", Prim::Floor, 1, false},
-        {"ceil", Prim::Ceil, 1, false},      {"round", Prim::Round, 1, false},
-        {"cast", Prim::Cast, 1, false},      {"widen", Prim::Cast, 1, false},
-        {"rsum", Prim::ReduceSum, 1, false}, {"rmax", Prim::ReduceMax, 1, false},
-        {"rmin", Prim::ReduceMin, 1, false}, {"erf", Prim::Erf, 1, false},
-        {"rem", Prim::Rem, 2, false},        {"pow", Prim::Pow, 2, false},
+        {"neg", Prim::Neg, 1, false},
+        {"add", Prim::Add, 2, false},
+        {"sub", Prim::Sub, 2, false},
+        {"mul", Prim::Mul, 2, false},
+        {"div", Prim::Div, 2, false},
+        {"lt", Prim::Lt, 2, true},
+        {"le", Prim::Le, 2, true},
+        {"gt", Prim::Gt, 2, true},
+        {"ge", Prim::Ge, 2, true},
+        {"eq", Prim::Eq, 2, true},
+        {"ne", Prim::Ne, 2, true},
+        {"and", Prim::And, 2, true},
+        {"or", Prim::Or, 2, true},
+        {"not", Prim::Not, 1, true},
+        {"select", Prim::Select, 3, false},
+        {"exp", Prim::Exp, 1, false},
+        {"log", Prim::Log, 1, false},
+        {"log1p", Prim::Log1p, 1, false},
+        {"expm1", Prim::Expm1, 1, false},
+        {"sqrt", Prim::Sqrt, 1, false},
+        {"sin", Prim::Sin, 1, false},
+        {"cos", Prim::Cos, 1, false},
+        {"tanh", Prim::Tanh, 1, false},
+        {"floor", Prim::Floor, 1, false},
+        {"ceil", Prim::Ceil, 1, false},
+        {"round", Prim::Round, 1, false},
+        {"cast", Prim::Cast, 1, false},
+        {"widen", Prim::Cast, 1, false},
+        {"rsum", Prim::ReduceSum, 1, false},
+        {"rmax", Prim::ReduceMax, 1, false},
+        {"rmin", Prim::ReduceMin, 1, false},
+        {"erf", Prim::Erf, 1, false},
+        {"rem", Prim::Rem, 2, false},
+        {"pow", Prim::Pow, 2, false},
+        {"rprod", Prim::ReduceProd, 1, false},
     };
     for (const Entry& e : entries) {
       if (name != e.name) continue;

@@ -72,9 +72,12 @@ enum class Prim : uint8_t {
   // multiplication by squaring for integral exponents up to 64, libm's pow otherwise), for
   // integers by squaring (1 for negative exponents).
   Pow,
+  // The product of a's values, in a's type: floating products may reassociate, integer ones wrap.
+  ReduceProd,
 };
 inline bool is_reduction(Prim p) {
-  return p == Prim::ReduceSum || p == Prim::ReduceMax || p == Prim::ReduceMin;
+  return p == Prim::ReduceSum || p == Prim::ReduceMax || p == Prim::ReduceMin ||
+         p == Prim::ReduceProd;
 }
 const char* prim_name(Prim p);
 

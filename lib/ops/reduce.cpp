@@ -78,7 +78,7 @@ const detail::OpDef& prod_def = def_reduction(
     [](const Inputs& in, const Attrs& a) {
       return Inputs{prod(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
     },
-    {"dims", "keepdim"});
+    {"dims", "keepdim"}, "(cast (rprod (widen x)))");
 // max() and min() over every element; max_dim and min_dim are max(x, dim) and min(x, dim), which
 // return (values, int64 indices).
 const detail::OpDef& max_def = def_reduction(

@@ -1561,9 +1561,12 @@ std::string value_text(DType t, const char* bytes) {
   return buf;
 }
 
-bool has_float_sum(const Kernel& k) {
+// Floating sums and products may reassociate: their results may differ in the last bits.
+bool has_float_sum_or_product(const Kernel& k) {
   for (const fuser::Instr& in : k.body)
-    if (in.prim == fuser::Prim::ReduceSum && is_floating_point(in.type)) return true;
+    if ((in.prim == fuser::Prim::ReduceSum || in.prim == fuser::Prim::ReduceProd) &&
+        is_floating_point(in.type))
+      return true;
   return false;
 }
 
@@ -1802,7 +1805,7 @@ TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
                      gpu_partials, stride, R),
                   0);
       }
-      const bool sums = has_float_sum(k);
+      const bool sums = has_float_sum_or_product(k);
       for (size_t o = 0; o < want.size(); ++o) {
         const DType t = k.output_types[o];
         const size_t size = element_size(t);

@@ -547,6 +547,41 @@ TEST(ReduceFusionEdges, AllAndAnyMatchEager) {
   }
 }
 
+// prod fuses as row, global and column folds: floats within rounding (the product reassociates,
+// as the reference kernel's lanes do) with zeros, NaN and infinities; integers wrap exactly as the
+// reference (64-bit products in any order); an empty product is 1.
+TEST(ReduceFusionEdges, ProductsMatchEager) {
+  for (DType dtype : {kFloat32, kFloat64, kInt32, kInt64, kBool}) {
+    for (const Shape& shape : {Shape{7, 37}, Shape{4, 0}, Shape{0, 3}}) {
+      Tensor x = testing::input(shape, kFloat64, 0.5, 1.5);
+      if (x.numel() > 0) {
+        x.narrow(0, 1, 1).narrow(1, 3, 1).fill_(0.0);
+        if (is_floating_point(dtype)) {
+          x.narrow(0, 2, 1).narrow(1, 0, 1).fill_(kNaN);
+          x.narrow(0, 3, 1).narrow(1, 5, 1).fill_(kInf);
+        } else if (dtype != kBool) {
+          x = x * 1000003.0;  // products that wrap
+        }
+      }
+      x = x.to(dtype);
+      Fn fn = [](const Inputs& in) {
+        Tensor y = in[0] * in[0];
+        return Inputs{prod(y, {-1}), prod(y, {-1}, true), prod(y), prod(y, {0})};
+      };
+      const std::string what = std::string("prod, ") + dtype_name(dtype) + " " +
+                               std::to_string(shape[0]) + "x" + std::to_string(shape[1]);
+      if (is_floating_point(dtype))
+        expect_fused_close_to_eager(fn, {x}, what);
+      else
+        expect_fused_equals_eager(fn, {x}, what);
+      const Planned p =
+          plan_of([](const Inputs& in) { return Inputs{prod(in[0] * in[0], {-1})}; }, {x});
+      EXPECT_EQ(p.plan->num_kernel_steps(), 1u) << what;
+      EXPECT_EQ(p.plan->num_steps(), 1u) << "the fold ran unfused: " << what;
+    }
+  }
+}
+
 TEST(ReduceFusionEdges, NoRows) {
   for (DType dtype : kFloatTypes) {
     Tensor x = testing::input({0, 5}, dtype);

@@ -148,6 +148,11 @@ KILN_D double kiln_min(double a, double b) { return kiln_fmin(a, b); }
 KILN_D int kiln_min(int a, int b) { return a < b ? a : b; }
 KILN_D long long kiln_min(long long a, long long b) { return a < b ? a : b; }
 KILN_D bool kiln_min(bool a, bool b) { return a && b; }
+KILN_D float kiln_prod(float a, float b) { return a * b; }
+KILN_D double kiln_prod(double a, double b) { return a * b; }
+KILN_D int kiln_prod(int a, int b) { return kiln_mul(a, b); }
+KILN_D long long kiln_prod(long long a, long long b) { return kiln_mul(a, b); }
+KILN_D bool kiln_prod(bool a, bool b) { return a && b; }
 struct KilnSum {
   template <typename T>
   KILN_D T operator()(T a, T b) const { return kiln_sum(a, b); }
@@ -159,6 +164,10 @@ struct KilnMax {
 struct KilnMin {
   template <typename T>
   KILN_D T operator()(T a, T b) const { return kiln_min(a, b); }
+};
+struct KilnProd {
+  template <typename T>
+  KILN_D T operator()(T a, T b) const { return kiln_prod(a, b); }
 };
 template <typename T>
 KILN_D T kiln_shfl_xor(T v, int lanes) { return __shfl_xor_sync(0xffffffffu, v, lanes); }
@@ -497,6 +506,7 @@ class Source {
       case Prim::ReduceSum:
       case Prim::ReduceMax:
       case Prim::ReduceMin:
+      case Prim::ReduceProd:
         KILN_CHECK(false, "fuser: rows kernels are not generated for CUDA yet (", symbol_, ")");
     }
     KILN_CHECK(false, "fuser: CUDA codegen: primitive ", static_cast<int>(in.prim));
@@ -739,21 +749,25 @@ class Source {
     return is_column_reduction(k_.body[n]) && p.live_slot[static_cast<size_t>(k_.body[n].index)];
   }
 
-  // The fold of reduction r (kiln_sum, kiln_max, kiln_min), its functor, and its identity.
+  // The fold of reduction r (kiln_sum, kiln_max, kiln_min, kiln_prod), its functor, and its
+  // identity.
   static const char* fold_name(const Instr& r) {
-    return r.prim == Prim::ReduceSum   ? "kiln_sum"
-           : r.prim == Prim::ReduceMax ? "kiln_max"
-                                       : "kiln_min";
+    return r.prim == Prim::ReduceSum    ? "kiln_sum"
+           : r.prim == Prim::ReduceMax  ? "kiln_max"
+           : r.prim == Prim::ReduceProd ? "kiln_prod"
+                                        : "kiln_min";
   }
   static const char* fold_functor(const Instr& r) {
-    return r.prim == Prim::ReduceSum   ? "KilnSum()"
-           : r.prim == Prim::ReduceMax ? "KilnMax()"
-                                       : "KilnMin()";
+    return r.prim == Prim::ReduceSum    ? "KilnSum()"
+           : r.prim == Prim::ReduceMax  ? "KilnMax()"
+           : r.prim == Prim::ReduceProd ? "KilnProd()"
+                                        : "KilnMin()";
   }
   static std::string identity(const Instr& r) {
     const DType t = r.type;
     const bool is_max = r.prim == Prim::ReduceMax;
     if (r.prim == Prim::ReduceSum) return literal(0.0, t);
+    if (r.prim == Prim::ReduceProd) return literal(1.0, t);
     if (t == kBool) return is_max ? "false" : "true";
     if (is_floating_point(t))
       return literal(is_max ? -std::numeric_limits<double>::infinity()

@@ -1450,6 +1450,7 @@ class Emitter {
       case Prim::ReduceSum:
       case Prim::ReduceMax:
       case Prim::ReduceMin:
+      case Prim::ReduceProd:
         KILN_CHECK(false, "fuser: a reduction is folded by its loop, not computed");
         break;
       case Prim::Round:
@@ -1486,26 +1487,34 @@ class Emitter {
     llvm::Type* ty = value_type(r.type);
     const bool is_max = r.prim == Prim::ReduceMax;
     if (r.prim == Prim::ReduceSum) return llvm::Constant::getNullValue(ty);
+    if (r.prim == Prim::ReduceProd)
+      return is_floating_point(r.type) ? llvm::ConstantFP::get(ty, 1.0)
+                                       : llvm::ConstantInt::get(ty, 1);
     if (r.type == kBool) return b_.getInt1(!is_max);
     if (is_floating_point(r.type)) return llvm::ConstantFP::getInfinity(ty, /*Negative=*/is_max);
     const unsigned bits = ty->getIntegerBitWidth();
     return llvm::ConstantInt::get(
         ty, is_max ? llvm::APInt::getSignedMinValue(bits) : llvm::APInt::getSignedMaxValue(bits));
   }
-  // acc folded with x. Sums of floats may reassociate (so that loops vectorize); maximum and
-  // minimum propagate NaN, as the reference kernels do.
+  // acc folded with x. Sums and products of floats may reassociate (so that loops vectorize);
+  // maximum and minimum propagate NaN, as the reference kernels do.
   llvm::Value* fold(const Instr& r, llvm::Value* acc, llvm::Value* x, bool reassociate) {
     const bool fp = is_floating_point(r.type);
     switch (r.prim) {
-      case Prim::ReduceSum: {
-        if (!fp) return r.type == kBool ? b_.CreateOr(acc, x) : b_.CreateAdd(acc, x);
-        llvm::Value* sum = b_.CreateFAdd(acc, x);
+      case Prim::ReduceSum:
+      case Prim::ReduceProd: {
+        const bool sum = r.prim == Prim::ReduceSum;
+        if (!fp) {
+          if (r.type == kBool) return sum ? b_.CreateOr(acc, x) : b_.CreateAnd(acc, x);
+          return sum ? b_.CreateAdd(acc, x) : b_.CreateMul(acc, x);
+        }
+        llvm::Value* v = sum ? b_.CreateFAdd(acc, x) : b_.CreateFMul(acc, x);
         if (reassociate) {
           llvm::FastMathFlags flags;
           flags.setAllowReassoc();
-          llvm::cast<llvm::Instruction>(sum)->setFastMathFlags(flags);
+          llvm::cast<llvm::Instruction>(v)->setFastMathFlags(flags);
         }
-        return sum;
+        return v;
       }
       case Prim::ReduceMax:
         if (r.type == kBool) return b_.CreateOr(acc, x);
