@@ -462,21 +462,25 @@ const char* Plan::launch_cuda_group(const Step& step, const fuser::Layout& layou
                                     const int64_t* sizes, const int64_t* strides,
                                     char* const* ptrs) const {
 #ifdef KILN_HAS_CUDA
+  // The variant before the lookup: each is a binary of its own, compiled on first use.
+  const fuser::cuda::CudaCallFlags variant = fuser::cuda::launch_variant(
+      step.group->kernel, layout, step.cuda_device, n, sizes, strides, ptrs);
+  const int variant_bits = (variant.index32 ? 1 : 0) | (variant.vec ? 2 : 0);
   std::shared_ptr<const void> held;
   {
     std::lock_guard<std::mutex> lock(kernels_mutex_);
-    for (const auto& [l, k] : step.cuda_kernels)
-      if (l == layout) held = k;
+    for (const Step::CudaLoaded& c : step.cuda_kernels)
+      if (c.variant == variant_bits && c.layout == layout) held = c.kernel;
   }
   if (!held) {
     detail::SpanStart* step_span = t_step_span;
     if (step_span) detail::profile_end_discard(*step_span);
     auto loaded = std::make_shared<fuser::cuda::CudaKernel>(
-        fuser::cuda::cuda_kernel(step.group->kernel, layout, step.cuda_device));
+        fuser::cuda::cuda_kernel(step.group->kernel, layout, variant, step.cuda_device));
     if (step_span) *step_span = detail::profile_begin();
     held = loaded;
     std::lock_guard<std::mutex> lock(kernels_mutex_);
-    step.cuda_kernels.emplace_back(layout, held);
+    step.cuda_kernels.push_back({layout, variant_bits, held});
   }
   const auto& kernel = *static_cast<const fuser::cuda::CudaKernel*>(held.get());
   if (layout.rows)

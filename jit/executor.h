@@ -71,8 +71,14 @@ class Plan {
     std::vector<fuser::Level> output_levels;  // rows groups: where each output varies
     std::vector<int64_t> in_place;            // per output: graph input to write into, or -1
     int cuda_device = -1;                     // the CUDA device it computes on, or -1 (CPU)
-    // CUDA groups: the group's loaded kernel per layout met so far (under kernels_mutex_).
-    mutable std::vector<std::pair<fuser::Layout, std::shared_ptr<const void>>> cuda_kernels;
+    // CUDA groups: the group's loaded kernel per layout and variant (fuser/codegen/cuda: index32
+    // and vec, as bits 0 and 1) met so far (under kernels_mutex_).
+    struct CudaLoaded {
+      fuser::Layout layout;
+      int variant;
+      std::shared_ptr<const void> kernel;
+    };
+    mutable std::vector<CudaLoaded> cuda_kernels;
   };
   struct ArenaValue {
     int64_t slot;
@@ -85,7 +91,8 @@ class Plan {
   // Run a group's kernel; return its symbol (for the profiler), or null when nothing ran.
   const char* run_group(const Step& step, const std::vector<Tensor>& args,
                         std::vector<Tensor>& outs) const;
-  // A group's CUDA kernel over n elements (loaded on first use per layout); rows groups pass the
+  // A group's CUDA kernel over n elements (loaded on first use per layout and variant); rows
+  // groups pass the
   // rows kernel's sizes and strides.
   const char* launch_cuda_group(const Step& step, const fuser::Layout& layout, int64_t n,
                                 const int64_t* sizes, const int64_t* strides,

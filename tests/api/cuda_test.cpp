@@ -3,6 +3,7 @@
 // matches the CPU reference (differential tests over random inputs and layouts), autograd and
 // jit::trace work unchanged, and the allocator's statistics follow the tensors.
 #include <cmath>
+#include <set>
 
 #include "fuser/fuse.h"
 #include "jit/passes/passes.h"
@@ -84,13 +85,14 @@ TEST(Cuda, BinariesAreCachedOnDiskPerArchitectureAndCompiler) {
   const fuser::FusionGroup g = mul_tanh_group({4, 5});
   fuser::Layout layout;
   layout.single_element.assign(g.kernel.input_types.size(), false);
-  const std::string key90 = fuser::cuda::cuda_binary_key(g.kernel, layout, 90);
-  const std::string key80 = fuser::cuda::cuda_binary_key(g.kernel, layout, 80);
+  const fuser::cuda::CudaCallFlags v{true, true};
+  const std::string key90 = fuser::cuda::cuda_binary_key(g.kernel, layout, v, 90);
+  const std::string key80 = fuser::cuda::cuda_binary_key(g.kernel, layout, v, 80);
   EXPECT_NE(key90, key80);
   EXPECT_NE(key90.find("sm_90"), std::string::npos);
   EXPECT_NE(key90.find("NVRTC"), std::string::npos);
   const fuser::cuda::CudaCompileStats before = fuser::cuda::cuda_compile_stats();
-  const fuser::cuda::CudaBinary bin = fuser::cuda::cuda_binary(g.kernel, layout, 90);
+  const fuser::cuda::CudaBinary bin = fuser::cuda::cuda_binary(g.kernel, layout, v, 90);
   EXPECT_FALSE(bin.ptx);
   EXPECT_GT(bin.image.size(), 100u);
   EXPECT_EQ(bin.image.compare(0, 4,
@@ -100,7 +102,7 @@ TEST(Cuda, BinariesAreCachedOnDiskPerArchitectureAndCompiler) {
       << "a cubin is an ELF image";
   EXPECT_EQ(bin.symbol.rfind("kiln_mul_tanh_", 0), 0u) << bin.symbol;
   // The same request again is served from memory; the disk holds the same bytes.
-  const fuser::cuda::CudaBinary again = fuser::cuda::cuda_binary(g.kernel, layout, 90);
+  const fuser::cuda::CudaBinary again = fuser::cuda::cuda_binary(g.kernel, layout, v, 90);
   EXPECT_EQ(again.image, bin.image);
   const fuser::cuda::CudaCompileStats after = fuser::cuda::cuda_compile_stats();
   EXPECT_EQ(after.memory_hits, before.memory_hits + 1);
@@ -111,8 +113,35 @@ TEST(Cuda, BinariesAreCachedOnDiskPerArchitectureAndCompiler) {
     EXPECT_EQ(*on_disk, bin.image);
   }
   // Another architecture is another binary.
-  const fuser::cuda::CudaBinary other = fuser::cuda::cuda_binary(g.kernel, layout, 80);
+  const fuser::cuda::CudaBinary other = fuser::cuda::cuda_binary(g.kernel, layout, v, 80);
   EXPECT_NE(other.image, bin.image);
+}
+
+// Each variant (index32, vec) is a binary of its own, under a key of its own, with the kernel's
+// symbol; a variant the kernel cannot have (vec of a strided layout) is the scalar one.
+TEST(Cuda, EachVariantIsABinaryOfItsOwn) {
+  const fuser::FusionGroup g = mul_tanh_group({4, 5});
+  fuser::Layout flat;
+  flat.single_element.assign(g.kernel.input_types.size(), false);
+  std::set<std::string> keys;
+  std::string symbol;
+  for (bool index32 : {false, true})
+    for (bool vec : {false, true}) {
+      const fuser::cuda::CudaCallFlags v{index32, vec};
+      keys.insert(fuser::cuda::cuda_binary_key(g.kernel, flat, v, 90));
+      const fuser::cuda::CudaBinary bin = fuser::cuda::cuda_binary(g.kernel, flat, v, 90);
+      EXPECT_TRUE(symbol.empty() || bin.symbol == symbol) << bin.symbol;
+      symbol = bin.symbol;
+    }
+  EXPECT_EQ(keys.size(), 4u);
+  fuser::Layout strided;
+  strided.flat = false;
+  strided.rank = 2;
+  strided.inner.assign(3, fuser::Layout::kUnit);
+  EXPECT_EQ(fuser::cuda::cuda_binary_key(g.kernel, strided, {true, true}, 90),
+            fuser::cuda::cuda_binary_key(g.kernel, strided, {true, false}, 90));
+  EXPECT_NE(fuser::cuda::cuda_binary_key(g.kernel, strided, {true, false}, 90),
+            fuser::cuda::cuda_binary_key(g.kernel, strided, {false, false}, 90));
 }
 #endif
 

@@ -22,6 +22,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -89,16 +90,62 @@ std::string symbol_of(const Kernel& k) {
   return "kiln_" + k.ops + "_0123abcd";
 }
 
-// Generates and compiles (kernel, layout) to PTX for sm_90: no error, no warning, and the PTX
-// defines the kernel's entry point.
-void expect_compiles(const Kernel& k, const Layout& layout, const std::string& what) {
+using fuser::cuda::CudaCallFlags;
+
+// The distinct variants of (kernel, layout): index32 both ways, and vec both ways where the kernel
+// has a 4-wide loop.
+std::vector<CudaCallFlags> variants_of(const Kernel& k, const Layout& layout) {
+  std::vector<CudaCallFlags> out;
+  for (bool index32 : {true, false})
+    for (bool vec : {true, false}) {
+      const CudaCallFlags v = fuser::cuda::cuda_variant(k, layout, {index32, vec});
+      if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
+    }
+  return out;
+}
+std::string variant_name(CudaCallFlags v) {
+  return std::string(v.index32 ? "index32" : "index64") + (v.vec ? ", vec" : "");
+}
+
+// Variants in turn, for tests that compile many kernels: NVRTC takes 0.1-0.2 s per source, and
+// the variants differ only in the loops around the body, which every op shares, so each kernel
+// compiles one variant and the test checks that every variant came up (`seen`).
+struct VariantTurns {
+  std::map<std::string, size_t> turn;  // per layout kind, which alternate in the callers' loops
+  std::set<std::string> seen;
+  CudaCallFlags next(const Kernel& k, const Layout& layout) {
+    const std::vector<CudaCallFlags> v = variants_of(k, layout);
+    const std::string kind = layout.rows ? "rows" : layout.flat ? "flat" : "strided";
+    const CudaCallFlags pick = v[turn[kind]++ % v.size()];
+    seen.insert(kind + ", " + variant_name(pick));
+    return pick;
+  }
+  // Every variant of flat (4-wide ones when `vec`), strided and (when `rows`) rows kernels.
+  void expect_all(bool flat, bool vec, bool strided, bool rows) const {
+    std::set<std::string> want;
+    for (const char* index : {"index32", "index64"}) {
+      if (flat) want.insert(std::string("flat, ") + index);
+      if (flat && vec) want.insert(std::string("flat, ") + index + ", vec");
+      if (strided) want.insert(std::string("strided, ") + index);
+      if (rows) want.insert(std::string("rows, ") + index);
+    }
+    for (const std::string& w : want) EXPECT_EQ(seen.count(w), 1u) << w << " was never compiled";
+  }
+};
+
+// Generates and compiles (kernel, layout, variant) to PTX for sm_90: no error, no warning, and the
+// PTX defines the kernel's entry point.
+void expect_compiles(const Kernel& k, const Layout& layout, CudaCallFlags variant,
+                     const std::string& what) {
   const std::string symbol = symbol_of(k);
   std::string source;
   try {
-    source = fuser::cuda::cuda_source(k, layout, symbol);
+    source = fuser::cuda::cuda_source(k, layout, symbol, variant);
     const fuser::cuda::CudaCompiled ptx = fuser::cuda::nvrtc_compile(
         source, symbol, kSm, CudaOutput::kPtx, fuser::cuda::cuda_compile_options());
-    EXPECT_EQ(ptx.log, "") << what << "\n" << k.str() << "\n" << source;
+    EXPECT_EQ(ptx.log, "") << what << ", " << variant_name(variant) << "\n"
+                           << k.str() << "\n"
+                           << source;
     EXPECT_NE(ptx.code.find(".entry " + symbol), std::string::npos) << what;
   } catch (const Error& e) {
     ADD_FAILURE() << what << ": " << e.what() << "\n" << k.str() << "\n" << source;
@@ -145,6 +192,7 @@ std::vector<detail::Attrs> attrs_for(const detail::OpDef& def) {
 std::set<std::string> compile_every_formula_op(DType dtype, std::set<std::string>& ops) {
   std::set<std::string> fused_ops;
   int kernels = 0;
+  VariantTurns turns;
   for (const detail::OpDef* def : detail::all_ops()) {
     if (!def->formula ||
         (def->kind != detail::OpKind::Unary && def->kind != detail::OpKind::Binary &&
@@ -176,7 +224,7 @@ std::set<std::string> compile_every_formula_op(DType dtype, std::set<std::string
         if (!has_op) continue;
         fused_ops.insert(def->name);
         for (const auto& [name, layout] : layouts_of(g.kernel, g)) {
-          expect_compiles(g.kernel, layout, what + ", " + name);
+          expect_compiles(g.kernel, layout, turns.next(g.kernel, layout), what + ", " + name);
           ++kernels;
         }
       }
@@ -185,6 +233,8 @@ std::set<std::string> compile_every_formula_op(DType dtype, std::set<std::string
   }
   std::printf("%s: %zu of %zu formula ops fused, %d kernels compiled to PTX\n", dtype_name(dtype),
               fused_ops.size(), ops.size(), kernels);
+  // float64 and int64 tensors have no 4-wide loop.
+  turns.expect_all(true, dtype == kFloat32 || dtype == kInt32 || dtype == kBool, true, false);
   return fused_ops;
 }
 
@@ -217,6 +267,7 @@ TEST(CudaCodegen, EveryFormulaOpInBoolCompilesForSm90) {
 void compile_random_programs(uint64_t seed, int count) {
   testing::RandomProgram gen(seed);
   int programs = 0, kernels = 0;
+  VariantTurns turns;
   for (int i = 0; i < 20 * count && programs < count; ++i) {
     Inputs in = gen.make_inputs();
     Fn fn = gen.make_program(2 + i % 9);
@@ -227,7 +278,7 @@ void compile_random_programs(uint64_t seed, int count) {
       if (g.rows) continue;
       for (const auto& [name, layout] : layouts_of(g.kernel, g, /*single=*/false)) {
         expect_compiles(
-            g.kernel, layout,
+            g.kernel, layout, turns.next(g.kernel, layout),
             "seed " + std::to_string(seed) + ", program " + std::to_string(i) + ", " + name);
         ++kernels;
         compiled = true;
@@ -237,6 +288,7 @@ void compile_random_programs(uint64_t seed, int count) {
     programs += compiled;
   }
   EXPECT_GE(programs, count);
+  turns.expect_all(true, true, true, false);
   std::printf("seed %llu: %d random programs, %d kernels compiled to PTX\n",
               static_cast<unsigned long long>(seed), programs, kernels);
 }
@@ -263,7 +315,8 @@ TEST(CudaCodegen, ScalarsAndSizesAreKernelArgumentsNotSource) {
     std::vector<std::string> out;
     if (groups.empty()) return std::make_pair(out, std::vector<uint64_t>{});
     for (const auto& [name, layout] : layouts_of(groups[0].kernel, groups[0]))
-      out.push_back(fuser::cuda::cuda_source(groups[0].kernel, layout, "kiln_k"));
+      for (const CudaCallFlags v : variants_of(groups[0].kernel, layout))
+        out.push_back(fuser::cuda::cuda_source(groups[0].kernel, layout, "kiln_k", v));
     return std::make_pair(out, groups[0].scalars);
   };
   const auto [a, a_scalars] = sources(0.37, {6, 9});
@@ -289,7 +342,7 @@ TEST(CudaCodegen, CompilesToCubinAndReportsTheNvrtcVersion) {
   ASSERT_EQ(groups.size(), 1u);
   const Kernel& k = groups[0].kernel;
   const std::string source =
-      fuser::cuda::cuda_source(k, layouts_of(k, groups[0])[0].layout, "kiln_t");
+      fuser::cuda::cuda_source(k, layouts_of(k, groups[0])[0].layout, "kiln_t", {true, true});
   const fuser::cuda::CudaCompiled cubin = fuser::cuda::nvrtc_compile(
       source, "kiln_t", kSm, CudaOutput::kCubin, fuser::cuda::cuda_compile_options());
   EXPECT_EQ(cubin.log, "");
@@ -302,7 +355,9 @@ TEST(CudaCodegen, CompilesToCubinAndReportsTheNvrtcVersion) {
   EXPECT_NE(std::find(archs.begin(), archs.end(), kSm), archs.end());
 }
 
-// The float32 flat kernel has a 4-wide loop (16-byte loads and stores) that `vec` turns on.
+// The float32 flat kernel's vec variant has a 4-wide loop (16-byte loads and stores); the scalar
+// variant has none (it runs on pointers of any alignment). Each variant is one instance: 32-bit
+// or 64-bit indices, not both.
 TEST(CudaCodegen, Float32FlatKernelsLoadAndStoreFourElementsAtOnce) {
   Fn fn = [](const Inputs& in) { return Inputs{sigmoid(in[0]) * in[1]}; };
   const std::vector<FusionGroup> groups =
@@ -310,12 +365,22 @@ TEST(CudaCodegen, Float32FlatKernelsLoadAndStoreFourElementsAtOnce) {
   ASSERT_EQ(groups.size(), 1u);
   Layout flat;
   flat.single_element = {false, false};
-  const std::string source = fuser::cuda::cuda_source(groups[0].kernel, flat, "kiln_v");
-  const std::string ptx = fuser::cuda::nvrtc_compile(source, "kiln_v", kSm, CudaOutput::kPtx,
-                                                     fuser::cuda::cuda_compile_options())
-                              .code;
-  EXPECT_NE(ptx.find("ld.global.v4.f32"), std::string::npos) << ptx;
-  EXPECT_NE(ptx.find("st.global.v4.f32"), std::string::npos) << ptx;
+  auto source = [&](CudaCallFlags v) {
+    return fuser::cuda::cuda_source(groups[0].kernel, flat, "kiln_v", v);
+  };
+  auto ptx = [&](CudaCallFlags v) {
+    return fuser::cuda::nvrtc_compile(source(v), "kiln_v", kSm, CudaOutput::kPtx,
+                                      fuser::cuda::cuda_compile_options())
+        .code;
+  };
+  const std::string vec = ptx({true, true}), scalar = ptx({true, false});
+  EXPECT_NE(vec.find("ld.global.v4.f32"), std::string::npos) << vec;
+  EXPECT_NE(vec.find("st.global.v4.f32"), std::string::npos) << vec;
+  EXPECT_EQ(scalar.find(".v4."), std::string::npos) << scalar;
+  EXPECT_EQ(source({true, false}).find("float4"), std::string::npos);
+  EXPECT_EQ(source({true, true}).find("unsigned long long>"), std::string::npos);
+  EXPECT_EQ(source({false, true}).find("<unsigned>"), std::string::npos);
+  EXPECT_NE(source({false, true}).find("kiln_flat<unsigned long long>"), std::string::npos);
 }
 
 // A compile error raises kiln::Error whose message holds NVRTC's log (the line and the reason).
@@ -389,6 +454,11 @@ std::vector<RowsCase> rows_cases_of(const Fn& fn, const Inputs& inputs, const st
 // this thread.
 void compile_rows_cases(const std::vector<RowsCase>& cases) {
   std::vector<std::string> failures(cases.size());
+  // Both variants (32-bit and 64-bit indices) in turn.
+  VariantTurns turns;
+  std::vector<CudaCallFlags> variants;
+  for (const RowsCase& c : cases) variants.push_back(turns.next(c.kernel, c.layout));
+  turns.expect_all(false, false, false, true);
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t i = next++; i < cases.size(); i = next++) {
@@ -396,7 +466,7 @@ void compile_rows_cases(const std::vector<RowsCase>& cases) {
       const std::string symbol = symbol_of(c.kernel);
       std::string source;
       try {
-        source = fuser::cuda::cuda_source(c.kernel, c.layout, symbol);
+        source = fuser::cuda::cuda_source(c.kernel, c.layout, symbol, variants[i]);
         const fuser::cuda::CudaCompiled ptx = fuser::cuda::nvrtc_compile(
             source, symbol, kSm, CudaOutput::kPtx, fuser::cuda::cuda_compile_options());
         std::string missing;
@@ -410,7 +480,8 @@ void compile_rows_cases(const std::vector<RowsCase>& cases) {
       } catch (const Error& e) {
         failures[i] = e.what();
       }
-      if (!failures[i].empty()) failures[i] += "\n" + c.kernel.str() + "\n" + source;
+      if (!failures[i].empty())
+        failures[i] += "\n" + variant_name(variants[i]) + "\n" + c.kernel.str() + "\n" + source;
     }
   };
   std::thread helper(work);
@@ -525,13 +596,15 @@ std::vector<size_t> ptx_param_bytes(const std::string& ptx, const std::string& e
   return out;
 }
 
-// What the launcher passes for (kernel, layout) has the count and sizes of the compiled kernels'
-// parameters: a mismatch would read garbage on a GPU, and only there.
+// What the launcher passes for (kernel, layout) has the count and sizes of the parameters of the
+// kernels of the variant the calls need: a mismatch would read garbage on a GPU, and only there.
 void expect_calls_match(const Kernel& k, const Layout& layout,
                         const std::vector<fuser::cuda::KernelCall>& calls,
                         const std::string& what) {
   const std::string symbol = symbol_of(k);
-  const std::string source = fuser::cuda::cuda_source(k, layout, symbol);
+  ASSERT_FALSE(calls.empty()) << what;
+  for (const fuser::cuda::KernelCall& call : calls) EXPECT_EQ(call.variant, calls[0].variant);
+  const std::string source = fuser::cuda::cuda_source(k, layout, symbol, calls[0].variant);
   const fuser::cuda::CudaCompiled ptx = fuser::cuda::nvrtc_compile(
       source, symbol, kSm, CudaOutput::kPtx, fuser::cuda::cuda_compile_options());
   std::vector<std::string> entries{symbol};
@@ -547,9 +620,12 @@ void expect_calls_match(const Kernel& k, const Layout& layout,
 }
 
 TEST(CudaCodegen, LaunchArgumentsMatchTheKernelSignatures) {
-  // Elementwise: random programs (scalars of several dtypes, bool tensors), every layout kind.
+  // Elementwise: random programs (scalars of several dtypes, bool tensors), every layout kind,
+  // and calls that need each variant in turn: n past 2^31 or strides reaching past it for 64-bit
+  // indices, pointers off 16-byte alignment for the scalar loop.
   testing::RandomProgram gen(99);
   int kernels = 0;
+  std::set<std::string> seen;
   for (int i = 0; i < 40; ++i) {
     Inputs in = gen.make_inputs();
     Fn fn = gen.make_program(2 + i % 7);
@@ -560,31 +636,49 @@ TEST(CudaCodegen, LaunchArgumentsMatchTheKernelSignatures) {
       const Kernel& k = g.kernel;
       const size_t ptrs = k.input_types.size() + k.outputs.size();
       for (const auto& [name, layout] : layouts_of(k, g)) {
+        const bool wide = kernels % 2 == 1, misaligned = kernels % 4 >= 2;
         const size_t rank = static_cast<size_t>(std::max(1, layout.rank));
-        std::vector<int64_t> sizes(rank, 3), strides(rank * ptrs, 1);
-        std::vector<char*> pointers(ptrs, reinterpret_cast<char*>(uintptr_t{4096}));
+        std::vector<int64_t> sizes(rank, 3), strides(rank * ptrs, wide ? int64_t{1} << 31 : 1);
+        std::vector<char*> pointers(ptrs,
+                                    reinterpret_cast<char*>(uintptr_t{misaligned ? 4097u : 4096u}));
+        const int64_t n = layout.flat && wide ? int64_t{1} << 32 : 27;
         std::vector<fuser::cuda::KernelCall> calls;
-        calls.push_back(fuser::cuda::elementwise_call(k, layout, 27, sizes.data(), strides.data(),
+        calls.push_back(fuser::cuda::elementwise_call(k, layout, n, sizes.data(), strides.data(),
                                                       pointers.data(), g.scalars.data(), 132));
-        expect_calls_match(k, layout, calls, "program " + std::to_string(i) + ", " + name);
+        EXPECT_EQ(calls[0].variant.index32, !wide) << name;
+        seen.insert(std::string(layout.flat ? "flat, " : "strided, ") +
+                    variant_name(calls[0].variant));
+        expect_calls_match(
+            k, layout, calls,
+            "program " + std::to_string(i) + ", " + name + ", " + variant_name(calls[0].variant));
         ++kernels;
       }
     }
   }
   EXPECT_GE(kernels, 40);
-  // Rows: the models' kernels (row, global and column reductions).
+  for (const char* v : {"flat, index32", "flat, index32, vec", "flat, index64",
+                        "flat, index64, vec", "strided, index32", "strided, index64"})
+    EXPECT_EQ(seen.count(v), 1u) << v << " was never launched";
+  // Rows: the models' kernels (row, global and column reductions), with 32-bit and 64-bit indices
+  // in turn.
+  int rows_kernels = 0;
+  seen.clear();
   for (const RowsCase& c : model_cases()) {
+    const bool wide = rows_kernels++ % 2 == 1;
     const size_t ptrs = c.kernel.input_types.size() + c.kernel.outputs.size();
     std::vector<int64_t> sizes(static_cast<size_t>(c.layout.rank) + 1, 4);
-    std::vector<int64_t> strides(sizes.size() * ptrs, 1);
+    std::vector<int64_t> strides(sizes.size() * ptrs, wide ? int64_t{1} << 31 : 1);
     std::vector<char*> pointers(ptrs, reinterpret_cast<char*>(uintptr_t{4096}));
     const fuser::cuda::CudaRowsLaunch geometry =
         fuser::cuda::cuda_rows_launch(c.kernel, c.layout, sizes.data(), strides.data());
     const std::vector<fuser::cuda::KernelCall> calls = fuser::cuda::rows_calls(
         c.kernel, c.layout, geometry, sizes.data(), strides.data(), pointers.data(),
         c.scalars.data(), reinterpret_cast<void*>(uintptr_t{8192}));
-    expect_calls_match(c.kernel, c.layout, calls, c.what);
+    EXPECT_EQ(calls.at(0).variant.index32, !wide) << c.what;
+    seen.insert(variant_name(calls[0].variant));
+    expect_calls_match(c.kernel, c.layout, calls, c.what + ", " + variant_name(calls[0].variant));
   }
+  EXPECT_EQ(seen.size(), 2u);
 }
 
 // The gather kernel of index_select, gather and embedding, in every dtype: a clean compile, and the
@@ -1018,6 +1112,10 @@ TEST(CudaCodegen, CallFlagsFollowTheLaunchRules) {
   flat.single_element = {false, false};
   EXPECT_FALSE(
       fuser::cuda::cuda_call_flags(wide, flat, 1000, nullptr, nullptr, aligned, threads).vec);
+  // ... so its variants are the scalar ones (one binary for vec and not).
+  EXPECT_FALSE(fuser::cuda::cuda_variant(wide, flat, {true, true}).vec);
+  EXPECT_TRUE(fuser::cuda::cuda_variant(k, flat, {true, true}).vec);
+  EXPECT_TRUE(fuser::cuda::cuda_variant(k, flat, {false, true}) == CudaCallFlags({false, true}));
 
   // Strided: offsets reach sum (size - 1) * |stride| per pointer.
   Layout strided;
@@ -1042,6 +1140,8 @@ TEST(CudaCodegen, CallFlagsFollowTheLaunchRules) {
           .index32);
   EXPECT_FALSE(
       fuser::cuda::cuda_call_flags(k, strided, 1000000, sizes, small, aligned, threads).vec);
+  EXPECT_FALSE(fuser::cuda::cuda_variant(k, strided, {true, true}).vec);
+  EXPECT_TRUE(fuser::cuda::cuda_variant(k, strided, {true, true}).index32);
 }
 
 // ---------------------------------------------------------- semantics, checked on the host
@@ -1133,20 +1233,20 @@ static void kiln_grid(F run) {
 )";
 
 // Kernel source `source` (its prelude cut off) in namespace `ns`, and
-// `extern "C" void <ns>_run(long long n, int index32, int vec, const long long* dims,
-// void* const* ptrs, const unsigned long long* scalars)` that runs its kernel `symbol` on a grid;
-// `vec` for flat kernels, `dims` (sizes then strides) for strided ones.
+// `extern "C" void <ns>_run(long long n, const long long* dims, void* const* ptrs,
+// const unsigned long long* scalars)` that runs its kernel `symbol` on a grid; `dims` (sizes then
+// strides) for strided kernels.
 std::string host_kernel(const Kernel& k, const Layout& layout, const std::string& source,
                         const std::string& symbol, const std::string& ns) {
   const size_t body = source.find("KILN_D void kiln_body(");
   EXPECT_NE(body, std::string::npos);
   std::string s = "namespace " + ns + " {\n" + source.substr(body) + "}\n";
   s += "extern \"C\" void " + ns +
-       "_run(long long n, int index32, int vec, const long long* dims, void* const* ptrs, "
+       "_run(long long n, const long long* dims, void* const* ptrs, "
        "const unsigned long long* scalars) {\n";
-  std::string args = layout.flat ? "vec" : "d";
+  std::string args = layout.flat ? "" : ", d";
   if (!layout.flat)
-    s += "  " + ns + "::KilnDims d;\n  memcpy(&d, dims, sizeof d);\n  (void)vec;\n";
+    s += "  " + ns + "::KilnDims d;\n  memcpy(&d, dims, sizeof d);\n";
   else
     s += "  (void)dims;\n";
   const size_t inputs = k.input_types.size();
@@ -1159,7 +1259,7 @@ std::string host_kernel(const Kernel& k, const Layout& layout, const std::string
   for (size_t i = 0; i < k.scalar_types.size(); ++i)
     args += std::string(", kiln_scalar<") + host_storage_type(k.scalar_types[i]) + ">(scalars, " +
             std::to_string(i) + ")";
-  s += "  kiln_grid([&] { " + ns + "::" + symbol + "(n, index32, " + args + "); });\n}\n";
+  s += "  kiln_grid([&] { " + ns + "::" + symbol + "(n" + args + "); });\n}\n";
   return s;
 }
 
@@ -1240,7 +1340,8 @@ std::vector<int64_t> strides_of(Layout::Inner inner) {
 }
 
 // The kernels (without transcendental functions) of random programs run from their CUDA source on
-// the host, flat and strided, with 32-bit and 64-bit indices, and by the LLVM emitter: bit-equal.
+// the host, flat and strided, in every variant (32-bit and 64-bit indices; 4-wide and scalar
+// loops where the kernel has a 4-wide one), and by the LLVM emitter: bit-equal.
 TEST(CudaCodegen, GeneratedKernelsComputeWhatTheLlvmEmitterComputes) {
   if (std::system("c++ --version > /dev/null 2>&1") != 0)
     GTEST_SKIP() << "no host C++ compiler (c++) to run the generated kernels with";
@@ -1249,6 +1350,7 @@ TEST(CudaCodegen, GeneratedKernelsComputeWhatTheLlvmEmitterComputes) {
     std::vector<uint64_t> scalars;
     std::string what;
     Layout flat, strided;
+    std::vector<CudaCallFlags> flat_variants, strided_variants;
   };
   std::vector<Case> cases;
   testing::RandomProgram gen(20261128);
@@ -1259,7 +1361,7 @@ TEST(CudaCodegen, GeneratedKernelsComputeWhatTheLlvmEmitterComputes) {
     const Grouped grouped = groups_of(fn, in);
     for (const FusionGroup& g : grouped.groups) {
       if (g.rows || has_transcendental(g.kernel)) continue;
-      Case c{g.kernel, g.scalars, "program " + std::to_string(i), {}, {}};
+      Case c{g.kernel, g.scalars, "program " + std::to_string(i), {}, {}, {}, {}};
       const size_t inputs = g.kernel.input_types.size(), outputs = g.kernel.outputs.size();
       c.flat.single_element.assign(inputs, false);
       c.strided.flat = false;
@@ -1269,21 +1371,35 @@ TEST(CudaCodegen, GeneratedKernelsComputeWhatTheLlvmEmitterComputes) {
         c.strided.inner.push_back(static_cast<Layout::Inner>((p + cases.size()) % 3));
       for (size_t o = 0; o < outputs; ++o)
         c.strided.inner.push_back((o + cases.size()) % 2 ? Layout::kAny : Layout::kUnit);
+      c.flat_variants = variants_of(c.kernel, c.flat);
+      c.strided_variants = variants_of(c.kernel, c.strided);
       cases.push_back(std::move(c));
     }
   }
   ASSERT_GE(cases.size(), 150u);
   const std::string dir = ::testing::TempDir() + "/kiln_cuda_host_" + std::to_string(getpid());
   ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  // Each variant's source is another kernel (namespace flat<case>_<variant>, strided...). Their
+  // sources must differ, or a variant would silently run another's loop.
   std::string unit = kHostShims;
   for (size_t c = 0; c < cases.size(); ++c) {
+    const Case& cs = cases[c];
     const std::string id = std::to_string(c);
-    const std::string flat = fuser::cuda::cuda_source(cases[c].kernel, cases[c].flat, "kf" + id);
-    const std::string strided =
-        fuser::cuda::cuda_source(cases[c].kernel, cases[c].strided, "ks" + id);
-    if (c == 0) unit += flat.substr(0, flat.find("KILN_D void kiln_body("));
-    unit += host_kernel(cases[c].kernel, cases[c].flat, flat, "kf" + id, "flat" + id);
-    unit += host_kernel(cases[c].kernel, cases[c].strided, strided, "ks" + id, "strided" + id);
+    for (const bool is_flat : {true, false}) {
+      const Layout& layout = is_flat ? cs.flat : cs.strided;
+      const std::vector<CudaCallFlags>& variants = is_flat ? cs.flat_variants : cs.strided_variants;
+      std::set<std::string> same_symbol;
+      for (size_t v = 0; v < variants.size(); ++v) {
+        const std::string symbol = (is_flat ? "kf" : "ks") + id + "_" + std::to_string(v);
+        const std::string source = fuser::cuda::cuda_source(cs.kernel, layout, symbol, variants[v]);
+        if (unit.size() == std::strlen(kHostShims))
+          unit += source.substr(0, source.find("KILN_D void kiln_body("));
+        unit += host_kernel(cs.kernel, layout, source, symbol,
+                            (is_flat ? "flat" : "strided") + id + "_" + std::to_string(v));
+        same_symbol.insert(fuser::cuda::cuda_source(cs.kernel, layout, "kiln_s", variants[v]));
+      }
+      EXPECT_EQ(same_symbol.size(), variants.size()) << cs.what << ": variants of the same source";
+    }
   }
   {
     std::FILE* f = std::fopen((dir + "/kernels.cpp").c_str(), "w");
@@ -1300,18 +1416,15 @@ TEST(CudaCodegen, GeneratedKernelsComputeWhatTheLlvmEmitterComputes) {
   ASSERT_EQ(std::system(command.c_str()), 0) << "the host compile failed: see " << dir;
   void* lib = dlopen((dir + "/kernels.so").c_str(), RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(lib, nullptr) << dlerror();
-  using HostFn =
-      void (*)(long long, int, int, const long long*, void* const*, const unsigned long long*);
+  using HostFn = void (*)(long long, const long long*, void* const*, const unsigned long long*);
   std::mt19937_64 rng(11);
   const auto n = static_cast<size_t>(kElements);
   size_t compared = 0;
+  std::map<std::string, size_t> runs_of;  // kernels run per layout kind and variant
   for (size_t c = 0; c < cases.size() && !HasFailure(); ++c) {
     const Kernel& k = cases[c].kernel;
     const Layout& strided = cases[c].strided;
     const std::string id = std::to_string(c);
-    auto flat_fn = reinterpret_cast<HostFn>(dlsym(lib, ("flat" + id + "_run").c_str()));
-    auto strided_fn = reinterpret_cast<HostFn>(dlsym(lib, ("strided" + id + "_run").c_str()));
-    ASSERT_TRUE(flat_fn && strided_fn);
     const size_t num_inputs = k.input_types.size(), num_ptrs = num_inputs + k.outputs.size();
     // Each input's values as the flat kernels read them (row-major), and as the strided one does.
     std::vector<std::vector<char> > flat_in, strided_in;
@@ -1349,14 +1462,20 @@ TEST(CudaCodegen, GeneratedKernelsComputeWhatTheLlvmEmitterComputes) {
     for (size_t p = 0; p < num_ptrs; ++p)
       for (int64_t st : strides_of(strided.inner[p])) dims.push_back(st);
     const auto* scalars = reinterpret_cast<const unsigned long long*>(cases[c].scalars.data());
-    for (int run = 0; run < 5 && !HasFailure(); ++run) {
-      // flat: 32-bit 4-wide, 32-bit, 64-bit 4-wide; strided: 32-bit, 64-bit.
-      const bool is_flat = run < 3;
-      const int index32 = run == 2 || run == 4 ? 0 : 1, vec = run == 0 || run == 2;
+    const size_t num_flat = cases[c].flat_variants.size();
+    for (size_t run = 0; run < num_flat + cases[c].strided_variants.size() && !HasFailure();
+         ++run) {
+      const bool is_flat = run < num_flat;
+      const size_t v = is_flat ? run : run - num_flat;
+      const CudaCallFlags variant =
+          is_flat ? cases[c].flat_variants[v] : cases[c].strided_variants[v];
+      const std::string name = (is_flat ? "flat" : "strided") + id + "_" + std::to_string(v);
+      auto fn = reinterpret_cast<HostFn>(dlsym(lib, (name + "_run").c_str()));
+      ASSERT_NE(fn, nullptr) << name;
+      ++runs_of[std::string(is_flat ? "flat, " : "strided, ") + variant_name(variant)];
       std::vector<std::vector<char> > got = outputs();
       std::vector<char*> ptrs = pointers(is_flat ? flat_in : strided_in, got);
-      (is_flat ? flat_fn : strided_fn)(kElements, index32, vec, dims.data(),
-                                       reinterpret_cast<void* const*>(ptrs.data()), scalars);
+      fn(kElements, dims.data(), reinterpret_cast<void* const*>(ptrs.data()), scalars);
       for (size_t o = 0; o < want.size(); ++o) {
         const DType t = k.output_types[o];
         const size_t size = element_size(t);
@@ -1364,8 +1483,8 @@ TEST(CudaCodegen, GeneratedKernelsComputeWhatTheLlvmEmitterComputes) {
         for (int64_t e = 0; e < kElements; ++e) {
           const int64_t m = memory_index(inner, e / kCols, e % kCols);
           if (same_value(t, want[o].data() + e * size, got[o].data() + m * size)) continue;
-          ADD_FAILURE() << cases[c].what << " (" << (is_flat ? "flat" : "strided") << ", index32 "
-                        << index32 << ", vec " << vec << "), output " << o << ", element " << e
+          ADD_FAILURE() << cases[c].what << " (" << (is_flat ? "flat" : "strided") << ", "
+                        << variant_name(variant) << "), output " << o << ", element " << e
                         << " differs\n"
                         << k.str();
           break;
@@ -1375,8 +1494,13 @@ TEST(CudaCodegen, GeneratedKernelsComputeWhatTheLlvmEmitterComputes) {
     }
   }
   dlclose(lib);
+  // Every variant ran, on many kernels.
+  for (const char* v : {"flat, index32", "flat, index32, vec", "flat, index64",
+                        "flat, index64, vec", "strided, index32", "strided, index64"})
+    EXPECT_GE(runs_of[v], 20u) << v;
   std::printf("%zu kernels, %zu outputs of %lld elements bit-equal to the LLVM emitter's\n",
               cases.size(), compared, static_cast<long long>(kElements));
+  for (const auto& [v, count] : runs_of) std::printf("  %s: %zu kernels run\n", v.c_str(), count);
 }
 
 // ------------------------------------------------ rows kernels, run on the host
@@ -1489,7 +1613,7 @@ static int kiln_fiber_grid(unsigned blocks, unsigned threads, F run) {
 
 // The source of a rows kernel (its preludes cut off) in namespace `ns`, and
 // `extern "C" int <ns>_run(int which, unsigned blocks, unsigned threads, long long rows,
-// int index32, const long long* dims, void* const* ptrs, const unsigned long long* scalars,
+// const long long* dims, void* const* ptrs, const unsigned long long* scalars,
 // unsigned long long* partials, long long stride, long long R)` that runs its rows kernel
 // (which 0, on `blocks` blocks of `threads` threads), finish kernel (1) or columns kernel (2).
 std::string host_rows_kernel(const Kernel& k, const std::string& source, const std::string& symbol,
@@ -1498,7 +1622,7 @@ std::string host_rows_kernel(const Kernel& k, const std::string& source, const s
   EXPECT_NE(start, std::string::npos);
   std::string s = "namespace " + ns + " {\n" + source.substr(start) + "}\n";
   s += "extern \"C\" int " + ns +
-       "_run(int which, unsigned blocks, unsigned threads, long long rows, int index32, "
+       "_run(int which, unsigned blocks, unsigned threads, long long rows, "
        "const long long* dims, void* const* ptrs, const unsigned long long* scalars, "
        "unsigned long long* partials, long long stride, long long R) {\n";
   std::string args;
@@ -1516,7 +1640,7 @@ std::string host_rows_kernel(const Kernel& k, const std::string& source, const s
   s +=
       "  " + ns + "::KilnRowsDims d;\n  memcpy(&d, dims, sizeof d);\n  (void)R;\n  (void)stride;\n";
   s += "  if (which == 0)\n    return kiln_fiber_grid(blocks, threads, [&] { " + ns +
-       "::" + symbol + "(rows, index32, d" + args + (has_partials ? ", partials" : "") + "); });\n";
+       "::" + symbol + "(rows, d" + args + (has_partials ? ", partials" : "") + "); });\n";
   if (k.num_globals > 0)
     s += "  if (which == 1)\n    return kiln_fiber_grid(1, 1, [&] { " + ns + "::" + symbol +
          "_finish(blocks, stride, partials" + args + "); });\n";
@@ -1601,7 +1725,7 @@ struct RowsRun {
   std::vector<int64_t> sizes, strides, base, length;
   Layout layout;
   unsigned blocks = 1, threads = 32;
-  int index32 = 1;
+  bool index32 = true;  // the variant
 };
 RowsRun make_rows_run(const RowsCase& c, std::mt19937_64& rng) {
   const Kernel& k = c.kernel;
@@ -1669,7 +1793,7 @@ RowsRun make_rows_run(const RowsCase& c, std::mt19937_64& rng) {
   static const unsigned blocks[] = {1, 2, 3, 5};
   r.threads = threads[rng() % 3];
   r.blocks = blocks[rng() % 4];
-  r.index32 = static_cast<int>(rng() % 2);
+  r.index32 = rng() % 2 == 0;
   return r;
 }
 
@@ -1699,7 +1823,8 @@ TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
   }
   const std::string dir = ::testing::TempDir() + "/kiln_cuda_rows_" + std::to_string(getpid());
   ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
-  // The runs first: a kernel is generated for each run's layout. The models' kernels run twice.
+  // The runs first: a kernel is generated for each run's layout and variant. The models' kernels
+  // run twice.
   std::mt19937_64 rng(12);
   std::vector<std::pair<size_t, RowsRun> > runs;
   for (size_t c = 0; c < cases.size(); ++c)
@@ -1709,7 +1834,8 @@ TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
   for (size_t i = 0; i < runs.size(); ++i) {
     const std::string id = std::to_string(i);
     const Kernel& k = cases[runs[i].first].kernel;
-    const std::string source = fuser::cuda::cuda_source(k, runs[i].second.layout, "kr" + id);
+    const std::string source =
+        fuser::cuda::cuda_source(k, runs[i].second.layout, "kr" + id, {runs[i].second.index32});
     if (i == 0) unit += source.substr(0, source.find("\nstruct KilnRowsDims"));
     unit += host_rows_kernel(k, source, "kr" + id, "rows" + id);
   }
@@ -1725,9 +1851,9 @@ TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
   ASSERT_EQ(std::system(command.c_str()), 0) << "the host compile failed: see " << dir;
   void* lib = dlopen((dir + "/rows.so").c_str(), RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(lib, nullptr) << dlerror();
-  using HostFn = int (*)(int, unsigned, unsigned, long long, int, const long long*, void* const*,
+  using HostFn = int (*)(int, unsigned, unsigned, long long, const long long*, void* const*,
                          const unsigned long long*, unsigned long long*, long long, long long);
-  size_t exact = 0, close = 0;
+  size_t exact = 0, close = 0, index32_runs = 0;
   for (size_t i = 0; i < runs.size() && !HasFailure(); ++i) {
     const size_t c = runs[i].first;
     const RowsRun& r = runs[i].second;
@@ -1794,15 +1920,16 @@ TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
       const auto* scalars = reinterpret_cast<const unsigned long long*>(cases[c].scalars.data());
       auto* gpu_partials = reinterpret_cast<unsigned long long*>(partials.data());
       auto* gpu_ptrs = reinterpret_cast<void* const*>(ptrs.data());
-      ASSERT_EQ(fn(0, r.blocks, r.threads, rows, r.index32, dims.data(), gpu_ptrs, scalars,
-                   gpu_partials, stride, R),
-                0)
+      index32_runs += r.index32;
+      ASSERT_EQ(
+          fn(0, r.blocks, r.threads, rows, dims.data(), gpu_ptrs, scalars, gpu_partials, stride, R),
+          0)
           << "a barrier not reached by every thread: " << what << "\n"
           << k.str();
       for (int which = 1; which <= 2; ++which) {
         if (which == 1 ? k.num_globals == 0 : k.num_columns() == 0) continue;
-        ASSERT_EQ(fn(which, r.blocks, r.threads, rows, r.index32, dims.data(), gpu_ptrs, scalars,
-                     gpu_partials, stride, R),
+        ASSERT_EQ(fn(which, r.blocks, r.threads, rows, dims.data(), gpu_ptrs, scalars, gpu_partials,
+                     stride, R),
                   0);
       }
       const bool sums = has_float_sum_or_product(k);
@@ -1845,10 +1972,13 @@ TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
     }
   }
   dlclose(lib);
+  // Both variants ran, each on many kernels.
+  EXPECT_GE(index32_runs, runs.size() / 4);
+  EXPECT_GE(runs.size() - index32_runs, runs.size() / 4);
   std::printf(
-      "%zu rows kernels, %zu runs: %zu output elements bit-equal to the LLVM emitter's, "
-      "%zu within the tolerance of floating sums\n",
-      cases.size(), runs.size(), exact, close);
+      "%zu rows kernels, %zu runs (%zu with 32-bit indices): %zu output elements bit-equal to the "
+      "LLVM emitter's, %zu within the tolerance of floating sums\n",
+      cases.size(), runs.size(), index32_runs, exact, close);
 }
 
 #endif  // KILN_HAS_CUDA

@@ -10,8 +10,10 @@
 //     backward, eager kiln against the same step as a jit::trace; vs_eager on the traced row.
 //   BM_CudaGemm/{cublas,kiln}: 4096^3 float32 through cuBLAS alone and through kiln's matmul;
 //     vs_cublas on kiln's row.
-//   BM_CudaNvrtcCompile: NVRTC compiling a new 10-op elementwise kernel to a cubin for sm_90 (runs
-//     without a GPU); BM_CudaDiskCacheLoad: finding the same cubin in the disk cache.
+//   BM_CudaNvrtcCompile: NVRTC compiling a new 10-op elementwise kernel (its 32-bit, 4-wide
+//     variant) to a cubin for sm_90 (runs without a GPU); BM_CudaNvrtcCompileSoftmax: the same
+//     for a new softmax rows kernel; BM_CudaDiskCacheLoad: finding the 10-op cubin in the disk
+//     cache.
 #include <benchmark/benchmark.h>
 
 #include <atomic>
@@ -230,17 +232,54 @@ void BM_CudaNvrtcCompile(benchmark::State& state) {
     fuser::Layout layout;
     layout.single_element.assign(group.kernel.input_types.size(), false);
     state.ResumeTiming();
-    benchmark::DoNotOptimize(fuser::cuda::cuda_binary(group.kernel, layout, 90));
+    // The variant of an aligned call under 2^31 elements: what a model meets.
+    benchmark::DoNotOptimize(fuser::cuda::cuda_binary(group.kernel, layout, {true, true}, 90));
   }
 }
 BENCHMARK(BM_CudaNvrtcCompile)->Unit(benchmark::kMillisecond)->Iterations(20);
+
+// A softmax along rows of [64, 1024] float32 (amax, exp, sum, div: one rows kernel), after 16
+// neg or abs picked by the bits of `variant`, so that each call is a cache miss at the cost of
+// the softmax alone.
+fuser::FusionGroup softmax_group(int64_t variant) {
+  jit::Graph g;
+  const jit::ValueType type{kFloat32, {64, 1024}}, row{kFloat32, {64, 1}};
+  jit::Value* v = g.add_input(type);
+  for (int k = 0; k < 16; ++k)
+    v = g.create((variant >> k) & 1 ? "neg" : "abs", {v}, {}, {type})->output();
+  jit::Value* m = g.create("amax", {v}, {std::vector<int64_t>{1}, true}, {row})->output();
+  jit::Value* d = g.create("sub", {v, m}, {int64_t{1}}, {type})->output();
+  jit::Value* e = g.create("exp", {d}, {}, {type})->output();
+  jit::Value* s =
+      g.create("sum", {e}, {std::vector<int64_t>{1}, true, std::monostate{}}, {row})->output();
+  g.add_output(g.create("div", {e, s}, {}, {type})->output());
+  for (fuser::FusionGroup& group : fuser::find_groups(g))
+    if (group.rows) return group;
+  KILN_FAIL("bench: the softmax has no rows group");
+}
+
+void BM_CudaNvrtcCompileSoftmax(benchmark::State& state) {
+  for (auto _ : state) {
+    state.PauseTiming();
+    const fuser::FusionGroup group = softmax_group(g_variant++);
+    fuser::Layout layout;
+    layout.flat = false;
+    layout.rows = true;
+    layout.rank = 1;
+    layout.inner.assign(group.kernel.input_types.size() + group.kernel.outputs.size(),
+                        fuser::Layout::kUnit);
+    state.ResumeTiming();
+    benchmark::DoNotOptimize(fuser::cuda::cuda_binary(group.kernel, layout, {true, false}, 90));
+  }
+}
+BENCHMARK(BM_CudaNvrtcCompileSoftmax)->Unit(benchmark::kMillisecond)->Iterations(10);
 
 void BM_CudaDiskCacheLoad(benchmark::State& state) {
   const fuser::FusionGroup group = ten_op_group(g_variant++);
   fuser::Layout layout;
   layout.single_element.assign(group.kernel.input_types.size(), false);
-  fuser::cuda::cuda_binary(group.kernel, layout, 90);  // compiles and stores it
-  const std::string key = fuser::cuda::cuda_binary_key(group.kernel, layout, 90);
+  fuser::cuda::cuda_binary(group.kernel, layout, {true, true}, 90);  // compiles and stores it
+  const std::string key = fuser::cuda::cuda_binary_key(group.kernel, layout, {true, true}, 90);
   if (!fuser::DiskCache::instance().enabled()) {
     state.SkipWithError("the disk cache is off (KILN_CACHE=0 or an unwritable directory)");
     return;

@@ -4,10 +4,11 @@
 // (wrapping integer arithmetic through unsigned types, x86's float-to-integer conversion, pow's
 // case analysis), `kiln_body`, the kernel's straight-line program over one element's input values
 // (only the instructions the outputs need, so that NVRTC never warns about unused variables), and
-// the loops that call it: a grid-stride loop over elements, instantiated for 32-bit and 64-bit
-// indices and picked by a kernel argument. Emitting the body once as a function and calling it
-// from every loop (scalar, 4-wide, strided) keeps each loop short to write and to read; NVRTC
-// inlines it (__forceinline__).
+// the loops that call it: a grid-stride loop over elements, with 32-bit or 64-bit indices as the
+// variant says (one instance per source: each instance inlines the body, libdevice's functions
+// with it, and NVRTC and ptxas pay for every copy). Emitting the body once as a function and
+// calling it from every loop (scalar, 4-wide, strided) keeps each loop short to write and to
+// read; NVRTC inlines it (__forceinline__).
 #include "fuser/codegen/cuda/cuda_codegen.h"
 
 #include <algorithm>
@@ -278,8 +279,8 @@ std::string libm(const char* name, DType t) {
 
 class Source {
  public:
-  Source(const Kernel& k, const Layout& layout, const std::string& symbol)
-      : k_(k), layout_(layout), symbol_(symbol) {}
+  Source(const Kernel& k, const Layout& layout, const std::string& symbol, CudaCallFlags variant)
+      : k_(k), layout_(layout), symbol_(symbol), variant_(variant) {}
 
   std::string emit() {
     const size_t num_inputs = k_.input_types.size(), num_outputs = k_.outputs.size();
@@ -304,12 +305,12 @@ class Source {
                  layout_.inner.size(), " inner kinds for ", num_inputs + num_outputs, " pointers");
     }
     // The launch parameters must fit CUDA's limit (32,764 bytes on every architecture CUDA 13
-    // supports): 16 bytes of n, index32 and vec, the dims struct, 8 bytes per pointer and scalar
-    // (rows kernels: rank + 1 dims, and the partials pointer).
+    // supports): 8 bytes of n, the dims struct, 8 bytes per pointer and scalar (rows kernels:
+    // rank + 1 dims, and the partials pointer).
     const size_t dims_rank = static_cast<size_t>(layout_.rank) + (layout_.rows ? 1 : 0);
     const size_t dims = layout_.flat ? 0 : 8 * dims_rank * (1 + num_ptrs());
     const size_t param_bytes =
-        16 + dims + 8 * (num_ptrs() + k_.scalar_types.size() + (layout_.rows ? 1 : 0));
+        8 + dims + 8 * (num_ptrs() + k_.scalar_types.size() + (layout_.rows ? 1 : 0));
     KILN_CHECK(param_bytes <= 32764, "fuser: CUDA codegen: ", symbol_, " needs ", param_bytes,
                " bytes of kernel parameters, past CUDA's limit of 32764");
     out_ += kPrelude;
@@ -526,11 +527,22 @@ class Source {
         return nullptr;
     }
   }
+
+ public:
+  // Whether the layout and the tensors' types allow a 4-wide loop (cuda_variant asks too).
   bool vectorizable() const {
+    if (!layout_.flat || layout_.rows) return false;
     for (size_t p = 0; p < num_ptrs(); ++p)
       if (!single(p) && !vector_type(ptr_type(p))) return false;
     return true;
   }
+
+ private:
+  // The index type of the loops (U, unsigned) and of offsets (S, signed) of the variant.
+  std::string index_types() const {
+    return variant_.index32 ? "unsigned, int" : "unsigned long long, long long";
+  }
+  std::string index_type() const { return variant_.index32 ? "unsigned" : "unsigned long long"; }
 
   // The call of kiln_body for element `index` of each pointer (offsets[p] its index per pointer).
   std::string body_call(const std::vector<std::string>& offsets) const {
@@ -546,16 +558,17 @@ class Source {
   }
 
   void flat() {
-    const bool vec = vectorizable();
+    const bool vec = variant_.vec && vectorizable();
     const size_t n = k_.input_types.size();
-    out_ += "\ntemplate <typename U>\nKILN_D void kiln_flat(U n, int vec" + ptr_params() +
-            scalar_params() + ") {\n";
+    out_ += "\ntemplate <typename U>\nKILN_D void kiln_flat(U n" + ptr_params() + scalar_params() +
+            ") {\n";
     out_ += "  const U step = (U)blockDim.x * (U)gridDim.x;\n";
     out_ += "  U first = (U)blockIdx.x * (U)blockDim.x + (U)threadIdx.x;\n";
     if (vec) {
-      // 4 elements per access: each pointer viewed as 4-vectors (aligned, says `vec`), the body
-      // run on each lane, then the tail of n % 4 elements one by one below.
-      out_ += "  if (vec) {\n    const U chunks = n / 4;\n";
+      // 4 elements per access: each pointer viewed as 4-vectors (aligned: the launcher picks this
+      // variant only then), the body run on each lane, then the tail of n % 4 elements one by one
+      // below.
+      out_ += "  {\n    const U chunks = n / 4;\n";
       out_ += "    for (U c = first; c < chunks; c += step) {\n";
       for (size_t p = 0; p < n; ++p) {
         if (single(p)) continue;
@@ -582,11 +595,10 @@ class Source {
     std::vector<std::string> offsets;
     for (size_t p = 0; p < num_ptrs(); ++p) offsets.push_back(single(p) ? "0" : "i");
     out_ += "  for (U i = first; i < n; i += step) " + body_call(offsets) + "\n}\n";
-    out_ += "\nextern \"C\" __global__ void " + symbol_ + "(long long n, int index32, int vec" +
-            ptr_params() + scalar_params() + ") {\n";
-    const std::string args = "vec" + ptr_args() + scalar_args();
-    out_ += "  if (index32)\n    kiln_flat<unsigned>((unsigned)n, " + args + ");\n";
-    out_ += "  else\n    kiln_flat<unsigned long long>((unsigned long long)n, " + args + ");\n}\n";
+    out_ += "\nextern \"C\" __global__ void " + symbol_ + "(long long n" + ptr_params() +
+            scalar_params() + ") {\n";
+    const std::string args = ptr_args() + scalar_args();
+    out_ += "  kiln_flat<" + index_type() + ">((" + index_type() + ")n" + args + ");\n}\n";
   }
 
   // Element e of the iteration shape: its index per dim from the sizes (the innermost one `j`),
@@ -648,12 +660,10 @@ class Source {
       offsets.push_back(name);
     }
     out_ += "    " + body_call(offsets) + "\n  }\n}\n";
-    out_ += "\nextern \"C\" __global__ void " + symbol_ +
-            "(long long n, int index32, KilnDims dims" + ptr_params() + scalar_params() + ") {\n";
+    out_ += "\nextern \"C\" __global__ void " + symbol_ + "(long long n, KilnDims dims" +
+            ptr_params() + scalar_params() + ") {\n";
     const std::string args = "dims" + ptr_args() + scalar_args();
-    out_ += "  if (index32)\n    kiln_strided<unsigned, int>((unsigned)n, " + args + ");\n";
-    out_ += "  else\n    kiln_strided<unsigned long long, long long>((unsigned long long)n, " +
-            args + ");\n}\n";
+    out_ += "  kiln_strided<" + index_types() + ">((" + index_type() + ")n, " + args + ");\n}\n";
   }
 
   // ------------------------------------------------------------------------------ rows kernels
@@ -1066,15 +1076,12 @@ class Source {
     }
     out_ += "}\n";
     const std::string partials = has_partials ? ", unsigned long long* partials" : "";
-    out_ += "\nextern \"C\" __global__ void " + symbol_ +
-            "(long long rows, int index32, KilnRowsDims dims" + ptr_params() + scalar_params() +
-            partials + ") {\n";
+    out_ += "\nextern \"C\" __global__ void " + symbol_ + "(long long rows, KilnRowsDims dims" +
+            ptr_params() + scalar_params() + partials + ") {\n";
     out_ += "  __shared__ unsigned long long kiln_scratch[32];\n";
     const std::string args = "dims" + ptr_args() + scalar_args() +
                              (has_partials ? ", partials" : ", nullptr") + ", kiln_scratch";
-    out_ += "  if (index32)\n    kiln_rows<unsigned, int>((unsigned)rows, " + args + ");\n";
-    out_ += "  else\n    kiln_rows<unsigned long long, long long>((unsigned long long)rows, " +
-            args + ");\n}\n";
+    out_ += "  kiln_rows<" + index_types() + ">((" + index_type() + ")rows, " + args + ");\n}\n";
   }
 
   // A column reduction folding into slot s (its parts' reductions share the type and the fold).
@@ -1194,6 +1201,7 @@ class Source {
   const Kernel& k_;
   const Layout& layout_;
   const std::string& symbol_;
+  const CudaCallFlags variant_;
   std::string out_;
   // Rows kernels: where expr reads each input (an offset variable), and the inputs it read.
   std::vector<std::string> load_at_;
@@ -1202,8 +1210,14 @@ class Source {
 
 }  // namespace
 
-std::string cuda_source(const Kernel& kernel, const Layout& layout, const std::string& symbol) {
-  return Source(kernel, layout, symbol).emit();
+std::string cuda_source(const Kernel& kernel, const Layout& layout, const std::string& symbol,
+                        CudaCallFlags variant) {
+  return Source(kernel, layout, symbol, cuda_variant(kernel, layout, variant)).emit();
+}
+
+CudaCallFlags cuda_variant(const Kernel& kernel, const Layout& layout, CudaCallFlags flags) {
+  flags.vec = flags.vec && Source(kernel, layout, "", flags).vectorizable();
+  return flags;
 }
 
 CudaCallFlags cuda_call_flags(const Kernel& kernel, const Layout& layout, int64_t n,

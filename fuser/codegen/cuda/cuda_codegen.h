@@ -5,18 +5,26 @@
 // (driver API), device tensors.
 //
 // The launch ABI (what a launcher passes to cuLaunchKernel, one pointer per parameter):
-//   flat:    (long long n, int index32, int vec, <ptrs>, <scalars>)
-//   strided: (long long n, int index32, KilnDims dims, <ptrs>, <scalars>)
+//   flat:    (long long n, <ptrs>, <scalars>)
+//   strided: (long long n, KilnDims dims, <ptrs>, <scalars>)
 // - n: the element count of the iteration shape (strided: the product of sizes).
-// - index32: nonzero when 32-bit index arithmetic is exact: n <= INT32_MAX, and (strided) for
-//   every pointer p, sum_d (size[d] - 1) * |stride[p][d]| <= INT32_MAX, and the grid has at most
-//   2^31 threads. The kernel then runs its 32-bit instance (both instances are in one kernel, so
-//   the choice costs no compile): integer division by the sizes is the strided kernel's main cost,
-//   and 32-bit division is several times cheaper than 64-bit on the GPU.
-// - vec (flat only): nonzero when every pointer that is not a single element is aligned to 4 of
-//   its elements (16 bytes for float32 and int32, 4 for bool); kernels whose tensors are all 4-byte
-//   or bool types then move 4 elements per access (float4/int4/uchar4) and finish the tail one by
-//   one. Other kernels ignore it.
+// Variants: one source is generated, and compiled, per (kernel, layout, variant), the variant
+// being what a call needs (CudaCallFlags, by cuda_call_flags below); the launcher picks the
+// binary by the call's flags. Each variant holds one instance of the body: every instance inlines
+// the body, and libdevice's sin or cos with it, and a cold compile pays NVRTC and ptxas for each
+// copy, while a kernel rarely meets more than one variant (huge tensors, misaligned views). The
+// kernels take no index32 or vec parameter:
+// a binary is right only for the calls its variant allows (a 32-bit one overflows on a huge
+// tensor), so a flag passed at launch could not choose anything, only disagree.
+// - index32: when 32-bit index arithmetic is exact: n <= INT32_MAX, and (strided) for every
+//   pointer p, sum_d (size[d] - 1) * |stride[p][d]| <= INT32_MAX, and the grid has at most 2^31
+//   threads. Integer division by the sizes is the strided kernel's main cost, and 32-bit division
+//   is several times cheaper than 64-bit on the GPU. The 64-bit variant is right for every call.
+// - vec (flat only): when every pointer that is not a single element is aligned to 4 of its
+//   elements (16 bytes for float32 and int32, 4 for bool); kernels whose tensors are all 4-byte or
+//   bool types then move 4 elements per access (float4/int4/uchar4) and finish the tail one by
+//   one. Other kernels have no vec variant (cuda_variant drops the flag). The scalar variant is
+//   right for every alignment.
 // - dims (strided only): a struct by value, `long long size[rank]; long long stride[P * rank]`:
 //   exactly the CPU kernel's `sizes` then `strides` arrays (KernelFn), pointer-major.
 // - ptrs: the tensor inputs' then the outputs' first elements, typed (bool as unsigned char).
@@ -27,7 +35,7 @@
 // The kernels are grid-stride loops: any grid size is correct; a launcher picks one from n.
 //
 // Rows kernels (Layout::rows: kernels with reductions) are up to three kernels in one source:
-//   rows:    <symbol>(long long rows, int index32, KilnRowsDims dims, <ptrs>, <scalars>
+//   rows:    <symbol>(long long rows, KilnRowsDims dims, <ptrs>, <scalars>
 //                     [, unsigned long long* partials])
 //   finish:  <symbol>_finish(long long blocks, long long stride, const unsigned long long*
 //   partials,
@@ -39,9 +47,10 @@
 // - dims: `long long size[rank + 1]; long long stride[P * (rank + 1)]`: exactly the CPU rows
 //   kernel's `sizes` (outer sizes, then the row length R) then `strides` (per pointer: its outer
 //   strides, then its stride along a row), pointer-major.
-// - index32: as above, for the rows kernel: rows <= INT32_MAX, R <= INT32_MAX, the grid at most
-//   2^31 blocks, and for every pointer sum_d (size[d] - 1) * |stride[p][d]| over the rank + 1 dims
-//   <= INT32_MAX.
+// - index32 (the variant; rows kernels have no vec variant): as above, for the rows kernel:
+//   rows <= INT32_MAX, R <= INT32_MAX, the grid at most 2^31 blocks, and for every pointer
+//   sum_d (size[d] - 1) * |stride[p][d]| over the rank + 1 dims <= INT32_MAX. The finish and
+//   columns kernels index in 64 bits in either variant.
 // - partials (only when the kernel has global or column reductions): the launcher's buffer of
 //   gridDim.x blocks of `stride` = Kernel::partials_per_call(R) values of 8 bytes, laid out per
 //   block as one CPU call's partials (global slots, then column slots, a value of the reduction's
@@ -101,21 +110,32 @@
 
 namespace kiln::fuser::cuda {
 
-// The kernel as CUDA C++ source defining `extern "C" __global__ void <symbol>(...)` (see above).
-// Rows layouts also define <symbol>_finish and <symbol>_columns when the kernel has global or
-// column reductions. Raises kiln::Error for an invalid symbol or layout, or parameters past
-// CUDA's 32,764 bytes.
-std::string cuda_source(const Kernel& kernel, const Layout& layout, const std::string& symbol);
-
-// The index32 and vec arguments of one call, by the rules above: `sizes` and `strides` as the CPU
-// kernel takes them (strided only; rank and rank * pointers entries; rows: rank + 1 and
-// (rank + 1) * pointers, with n the number of rows), `ptrs` the tensors' first elements, `threads`
-// the grid's block size times its number of blocks (rows: its number of blocks). A launcher passes
-// these; kept here, beside the kernels that rely on them.
+// What one call allows (index32, vec), by the rules above; as a variant, what a binary is
+// generated for. The default, 64-bit and scalar, is right for every call.
 struct CudaCallFlags {
   bool index32 = false;
   bool vec = false;
+  bool operator==(const CudaCallFlags& o) const { return index32 == o.index32 && vec == o.vec; }
+  bool operator!=(const CudaCallFlags& o) const { return !(*this == o); }
 };
+
+// The kernel's `variant` as CUDA C++ source defining `extern "C" __global__ void <symbol>(...)`
+// (see above). Rows layouts also define <symbol>_finish and <symbol>_columns when the kernel has
+// global or column reductions. Raises kiln::Error for an invalid symbol or layout, or parameters
+// past CUDA's 32,764 bytes.
+std::string cuda_source(const Kernel& kernel, const Layout& layout, const std::string& symbol,
+                        CudaCallFlags variant);
+
+// The variant whose source `flags` gives: vec dropped where the kernel has no 4-wide loop
+// (strided and rows layouts, a tensor of a type without a vector type), so that equal sources
+// have equal cache keys.
+CudaCallFlags cuda_variant(const Kernel& kernel, const Layout& layout, CudaCallFlags flags);
+
+// The flags of one call, by the rules above: `sizes` and `strides` as the CPU kernel takes them
+// (strided only; rank and rank * pointers entries; rows: rank + 1 and (rank + 1) * pointers, with
+// n the number of rows), `ptrs` the tensors' first elements, `threads` the grid's block size times
+// its number of blocks (rows: its number of blocks). Kept here, beside the kernels that rely on
+// them; vec is set only where the kernel has a vec variant.
 CudaCallFlags cuda_call_flags(const Kernel& kernel, const Layout& layout, int64_t n,
                               const int64_t* sizes, const int64_t* strides, char* const* ptrs,
                               int64_t threads);
@@ -130,7 +150,7 @@ CudaCallFlags cuda_call_flags(const Kernel& kernel, const Layout& layout, int64_
 struct CudaRowsLaunch {
   int64_t blocks = 1;            // the rows kernel's gridDim.x
   int threads = 32;              // its blockDim.x
-  bool index32 = false;          // its index32 argument
+  bool index32 = false;          // its variant's index32
   int64_t stride = 0;            // 8-byte values per block in partials: partials_per_call(R)
   int64_t partials_bytes = 0;    // the partials buffer: blocks * stride * 8 (0: none)
   int64_t column_positions = 0;  // positions the columns kernel covers (max parts * R)

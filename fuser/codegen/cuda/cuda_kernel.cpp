@@ -28,7 +28,9 @@ namespace kiln::fuser::cuda {
 namespace {
 // Bumped whenever the CUDA emitter's output changes for the same kernel description, so that the
 // disk cache never serves a binary built by an older emitter.
-constexpr int kCudaEmitterVersion = 1;
+// 2: one variant (index32, vec) per source and binary, the kernels without index32 and vec
+// parameters.
+constexpr int kCudaEmitterVersion = 2;
 // Threads per block of the elementwise kernels: 256 keeps occupancy full on every architecture
 // from sm_75 on, and the grid is capped at this many blocks per multiprocessor (the grid-stride
 // loop covers the rest), so that huge tensors do not launch millions of short-lived blocks.
@@ -69,10 +71,13 @@ int target_arch(int sm, bool* ptx) {
 
 }  // namespace
 
-std::string cuda_binary_key(const Kernel& kernel, const Layout& layout, int sm) {
+std::string cuda_binary_key(const Kernel& kernel, const Layout& layout, CudaCallFlags variant,
+                            int sm) {
   bool ptx = false;
   const int arch = target_arch(sm, &ptx);
-  return kernel_key(kernel, layout) + (ptx ? "|compute_" : "|sm_") + std::to_string(arch) + "|" +
+  variant = cuda_variant(kernel, layout, variant);
+  return kernel_key(kernel, layout) + (variant.index32 ? "|index32" : "|index64") +
+         (variant.vec ? "|vec4" : "") + (ptx ? "|compute_" : "|sm_") + std::to_string(arch) + "|" +
          compiler_version() + "|cuda-emitter " + std::to_string(kCudaEmitterVersion);
 }
 
@@ -127,7 +132,7 @@ CudaBinary compile_cached(const std::string& key, const std::string& symbol, int
 
 // The binary loaded on `device` (one module per device and key) and its entry points.
 CudaKernel load_cached(const std::string& key, const CudaBinary& binary, int device,
-                       bool with_finish, bool with_columns) {
+                       bool with_finish, bool with_columns, CudaCallFlags variant) {
   const std::string module_key = std::to_string(device) + "|" + key;
   State& s = state();
   std::shared_ptr<detail::cuda::Module> module;
@@ -150,15 +155,17 @@ CudaKernel load_cached(const std::string& key, const CudaBinary& binary, int dev
       module, binary.symbol);
   k.name = owner->second.c_str();
   k.owner = owner;
+  k.variant = variant;
   return k;
 }
 }  // namespace
 
-CudaBinary cuda_binary(const Kernel& kernel, const Layout& layout, int sm, bool* from_disk) {
+CudaBinary cuda_binary(const Kernel& kernel, const Layout& layout, CudaCallFlags variant, int sm,
+                       bool* from_disk) {
   const std::string symbol = kernel_symbol(kernel_key(kernel, layout), kernel);
   return compile_cached(
-      cuda_binary_key(kernel, layout, sm), symbol, sm,
-      [&] { return cuda_source(kernel, layout, symbol); }, from_disk);
+      cuda_binary_key(kernel, layout, variant, sm), symbol, sm,
+      [&] { return cuda_source(kernel, layout, symbol, variant); }, from_disk);
 }
 
 CudaCompileStats cuda_compile_stats() {
@@ -166,12 +173,14 @@ CudaCompileStats cuda_compile_stats() {
   return state().stats;
 }
 
-CudaKernel cuda_kernel(const Kernel& kernel, const Layout& layout, int device) {
+CudaKernel cuda_kernel(const Kernel& kernel, const Layout& layout, CudaCallFlags variant,
+                       int device) {
   const int sm = detail::cuda::device_info(device).sm;
-  const std::string key = cuda_binary_key(kernel, layout, sm);
-  return load_cached(key, cuda_binary(kernel, layout, sm), device,
-                     layout.rows && kernel.num_globals > 0,
-                     layout.rows && kernel.num_columns() > 0);
+  variant = cuda_variant(kernel, layout, variant);
+  const std::string key = cuda_binary_key(kernel, layout, variant, sm);
+  return load_cached(key, cuda_binary(kernel, layout, variant, sm), device,
+                     layout.rows && kernel.num_globals > 0, layout.rows && kernel.num_columns() > 0,
+                     variant);
 }
 
 std::string source_binary_key(const std::string& name, int sm) {
@@ -189,7 +198,7 @@ CudaBinary source_binary(const std::string& name, const std::string& source, int
 CudaKernel source_kernel(const std::string& name, const std::string& source, int device) {
   const int sm = detail::cuda::device_info(device).sm;
   return load_cached(source_binary_key(name, sm), source_binary(name, source, sm), device, false,
-                     false);
+                     false, CudaCallFlags{});
 }
 
 void KernelCall::add(const void* value, size_t declared_bytes) {
@@ -217,26 +226,34 @@ void add_pointers_and_scalars(KernelCall& call, const Kernel& kernel, char* cons
 }
 }  // namespace
 
+namespace {
+int64_t elementwise_blocks(const Layout& layout, int64_t n, int64_t multiprocessors) {
+  const int64_t per_thread = layout.flat ? 4 : 1;
+  return std::max<int64_t>(1, std::min((n + kThreads * per_thread - 1) / (kThreads * per_thread),
+                                       multiprocessors * kBlocksPerMultiprocessor));
+}
+}  // namespace
+
+CudaCallFlags launch_variant(const Kernel& kernel, const Layout& layout, int device, int64_t n,
+                             const int64_t* sizes, const int64_t* strides, char* const* ptrs) {
+  if (layout.rows) return {cuda_rows_launch(kernel, layout, sizes, strides).index32, false};
+  const int64_t blocks =
+      elementwise_blocks(layout, n, detail::cuda::device_info(device).multiprocessors);
+  return cuda_call_flags(kernel, layout, n, sizes, strides, ptrs, blocks * kThreads);
+}
+
 KernelCall elementwise_call(const Kernel& kernel, const Layout& layout, int64_t n,
                             const int64_t* sizes, const int64_t* strides, char* const* ptrs,
                             const uint64_t* scalars, int64_t multiprocessors) {
   const size_t num_ptrs = kernel.input_types.size() + kernel.outputs.size();
-  const int64_t per_thread = layout.flat ? 4 : 1;
-  const int64_t blocks =
-      std::max<int64_t>(1, std::min((n + kThreads * per_thread - 1) / (kThreads * per_thread),
-                                    multiprocessors * kBlocksPerMultiprocessor));
-  const CudaCallFlags flags =
-      cuda_call_flags(kernel, layout, n, sizes, strides, ptrs, blocks * kThreads);
+  const int64_t blocks = elementwise_blocks(layout, n, multiprocessors);
   KernelCall call;
+  call.variant = cuda_call_flags(kernel, layout, n, sizes, strides, ptrs, blocks * kThreads);
   call.grid = static_cast<unsigned>(blocks);
   call.block = static_cast<unsigned>(kThreads);
   const long long count = n;
-  const int index32 = flags.index32, vec = flags.vec;
   call.add(&count, sizeof count);
-  call.add(&index32, sizeof index32);
-  if (layout.flat) {
-    call.add(&vec, sizeof vec);
-  } else {
+  if (!layout.flat) {
     // The dims struct, by value: sizes then strides, as the CPU kernels take them.
     const auto rank = static_cast<size_t>(layout.rank);
     std::vector<long long> dims(sizes, sizes + rank);
@@ -259,17 +276,17 @@ std::vector<KernelCall> rows_calls(const Kernel& kernel, const Layout& layout,
   KernelCall& main = calls[0];
   main.grid = static_cast<unsigned>(geometry.blocks);
   main.block = static_cast<unsigned>(geometry.threads);
-  const int index32 = geometry.index32;
+  main.variant.index32 = geometry.index32;
   std::vector<long long> dims(sizes, sizes + rank + 1);
   dims.insert(dims.end(), strides, strides + (rank + 1) * num_ptrs);
   main.add(&rows, sizeof rows);
-  main.add(&index32, sizeof index32);
   main.add(dims.data(), dims.size() * sizeof(long long));
   add_pointers_and_scalars(main, kernel, ptrs, scalars);
   if (geometry.partials_bytes > 0) main.add(&partials, sizeof partials);
   const long long blocks = geometry.blocks, stride = geometry.stride, R = sizes[rank];
   if (kernel.num_globals > 0) {
     KernelCall finish;  // one thread (ABI)
+    finish.variant = main.variant;
     finish.add(&blocks, sizeof blocks);
     finish.add(&stride, sizeof stride);
     finish.add(&partials, sizeof partials);
@@ -278,6 +295,7 @@ std::vector<KernelCall> rows_calls(const Kernel& kernel, const Layout& layout,
   }
   if (kernel.num_columns() > 0) {
     KernelCall columns;
+    columns.variant = main.variant;
     columns.grid = static_cast<unsigned>(std::max<int64_t>(1, geometry.columns_blocks));
     columns.block = static_cast<unsigned>(std::max(32, geometry.columns_threads));
     columns.add(&blocks, sizeof blocks);
@@ -296,6 +314,11 @@ void launch_elementwise(const CudaKernel& fn, const Kernel& kernel, const Layout
   if (n == 0) return;
   KernelCall call = elementwise_call(kernel, layout, n, sizes, strides, ptrs, scalars,
                                      detail::cuda::device_info(device).multiprocessors);
+  // A 32-bit binary on a call that needs 64 bits, or a 4-wide one on misaligned pointers, would
+  // compute wrong elements without a fault: a launcher that cached the wrong variant must fail.
+  KILN_CHECK(call.variant == fn.variant, "CUDA: ", fn.name, " launched as variant index32 ",
+             fn.variant.index32, " vec ", fn.variant.vec, " for a call that needs index32 ",
+             call.variant.index32, " vec ", call.variant.vec);
   detail::cuda::launch(device, fn.fn, {call.grid, call.block, 0}, call.args.data(), fn.name);
 }
 
@@ -303,6 +326,9 @@ void launch_rows(const CudaKernel& fn, const Kernel& kernel, const Layout& layou
                  const int64_t* sizes, const int64_t* strides, char* const* ptrs,
                  const uint64_t* scalars) {
   const CudaRowsLaunch geometry = cuda_rows_launch(kernel, layout, sizes, strides);
+  KILN_CHECK(geometry.index32 == fn.variant.index32 && !fn.variant.vec, "CUDA: ", fn.name,
+             " launched as variant index32 ", fn.variant.index32, " for rows that need index32 ",
+             geometry.index32);
   // The partials go back to the allocator right after the launches: a later allocation on the same
   // stream runs after them, so the block is not reused early.
   struct Partials {
@@ -352,8 +378,9 @@ bool copy_within_device(const Tensor& dst, const Tensor& src) {
   const bool single = src.numel() == 1;
   if (dst.is_contiguous() && (single || (src.numel() == n && src.is_contiguous()))) {
     layout.single_element = {single};
-    launch_elementwise(cuda_kernel(k, layout, device), k, layout, device, n, nullptr, nullptr, ptrs,
-                       nullptr);
+    const CudaCallFlags variant = launch_variant(k, layout, device, n, nullptr, nullptr, ptrs);
+    launch_elementwise(cuda_kernel(k, layout, variant, device), k, layout, device, n, nullptr,
+                       nullptr, ptrs, nullptr);
     return true;
   }
   layout.flat = false;
@@ -368,7 +395,9 @@ bool copy_within_device(const Tensor& dst, const Tensor& src) {
                            : s == 1                    ? Layout::kUnit
                                                        : Layout::kAny);
   }
-  launch_elementwise(cuda_kernel(k, layout, device), k, layout, device, n, sizes.data(),
+  const CudaCallFlags variant =
+      launch_variant(k, layout, device, n, sizes.data(), strides.data(), ptrs);
+  launch_elementwise(cuda_kernel(k, layout, variant, device), k, layout, device, n, sizes.data(),
                      strides.data(), ptrs, nullptr);
   return true;
 }

@@ -1,9 +1,10 @@
 // Compiled CUDA kernels: NVRTC's output cached in memory and on disk (fuser/cache.h), loaded with
 // cuModuleLoadData, and launched on a device's stream by the ABI of cuda_codegen.h.
 //
-// Disk-cache key: the kernel's key (program and layout), the target ("sm_90" cubin, or "compute_XX"
-// PTX when this NVRTC cannot build a cubin for the device), NVRTC's version and the CUDA emitter's
-// version, so that another GPU or compiler never loads a stale binary.
+// Disk-cache key: the kernel's key (program and layout), the variant (cuda_codegen.h), the target
+// ("sm_90" cubin, or "compute_XX" PTX when this NVRTC cannot build a cubin for the device), NVRTC's
+// version and the CUDA emitter's version, so that another GPU or compiler never loads a stale
+// binary.
 #pragma once
 
 #include <cstdint>
@@ -16,19 +17,21 @@
 
 namespace kiln::fuser::cuda {
 
-// The binary NVRTC builds for (kernel, layout) on a GPU of compute capability `sm` (a cubin, or PTX
-// for an architecture newer than this NVRTC knows), through the memory and disk caches. Needs no
-// GPU. `from_disk` (optional) tells whether the disk cache had it.
+// The binary NVRTC builds for (kernel, layout, variant) on a GPU of compute capability `sm` (a
+// cubin, or PTX for an architecture newer than this NVRTC knows), through the memory and disk
+// caches. Needs no GPU. `from_disk` (optional) tells whether the disk cache had it. The variants of
+// a kernel share its symbol: each is a module of its own.
 struct CudaBinary {
   std::string image;
   std::string symbol;  // kiln_<ops>_<hash8>
   bool ptx = false;
 };
-CudaBinary cuda_binary(const Kernel& kernel, const Layout& layout, int sm,
+CudaBinary cuda_binary(const Kernel& kernel, const Layout& layout, CudaCallFlags variant, int sm,
                        bool* from_disk = nullptr);
 
 // The key the disk cache files the binary under.
-std::string cuda_binary_key(const Kernel& kernel, const Layout& layout, int sm);
+std::string cuda_binary_key(const Kernel& kernel, const Layout& layout, CudaCallFlags variant,
+                            int sm);
 
 struct CudaCompileStats {
   int64_t compiles = 0;
@@ -45,8 +48,16 @@ struct CudaKernel {
   void* columns = nullptr;  // rows kernels with column reductions: <symbol>_columns
   std::shared_ptr<const void> owner;
   const char* name = nullptr;
+  CudaCallFlags variant;  // the calls it is right for (launch_* check it)
 };
-CudaKernel cuda_kernel(const Kernel& kernel, const Layout& layout, int device);
+CudaKernel cuda_kernel(const Kernel& kernel, const Layout& layout, CudaCallFlags variant,
+                       int device);
+
+// The variant a launch of (kernel, layout) on `device` needs (what launch_elementwise and
+// launch_rows pass the same arguments to): the key, with the layout, of a launcher's loaded
+// kernels.
+CudaCallFlags launch_variant(const Kernel& kernel, const Layout& layout, int device, int64_t n,
+                             const int64_t* sizes, const int64_t* strides, char* const* ptrs);
 
 // One launch's parameters, as cuLaunchKernel takes them (a pointer per kernel parameter), with
 // the size each parameter has in the kernel's signature (the tests compare them with the PTX's
@@ -56,10 +67,12 @@ struct KernelCall {
   std::vector<void*> args;
   std::vector<size_t> bytes;
   std::vector<std::unique_ptr<char[]>> storage;  // what args point to
+  CudaCallFlags variant;                         // generated kernels: the binary it needs
   void add(const void* value, size_t declared_bytes);
 };
 // The launch of a flat or strided kernel over n elements (grid capped at 32 blocks per
-// multiprocessor); and of a rows kernel, then its finish and columns kernels when it has them.
+// multiprocessor); and of a rows kernel, then its finish and columns kernels when it has them
+// (every call carries the rows kernel's variant).
 KernelCall elementwise_call(const Kernel& kernel, const Layout& layout, int64_t n,
                             const int64_t* sizes, const int64_t* strides, char* const* ptrs,
                             const uint64_t* scalars, int64_t multiprocessors);
@@ -76,14 +89,15 @@ CudaKernel source_kernel(const std::string& name, const std::string& source, int
 
 // Launches a flat or strided elementwise kernel over `n` elements (sizes/strides as the CPU
 // kernels take them: strided only), `ptrs` being device pointers (inputs, then outputs) and
-// `scalars` 8 bytes per kernel scalar.
+// `scalars` 8 bytes per kernel scalar. `fn` must be the variant launch_variant gives (checked).
 void launch_elementwise(const CudaKernel& fn, const Kernel& kernel, const Layout& layout,
                         int device, int64_t n, const int64_t* sizes, const int64_t* strides,
                         char* const* ptrs, const uint64_t* scalars);
 
 // Launches a rows kernel (and its finish and columns kernels) by the geometry of
 // cuda_rows_launch, `sizes` and `strides` as the CPU rows kernels take them; the partials buffer
-// comes from the device's caching allocator.
+// comes from the device's caching allocator. `fn` must be the variant launch_variant gives
+// (checked).
 void launch_rows(const CudaKernel& fn, const Kernel& kernel, const Layout& layout, int device,
                  const int64_t* sizes, const int64_t* strides, char* const* ptrs,
                  const uint64_t* scalars);
