@@ -18,6 +18,7 @@
 #include "kiln/error.h"
 #include "kiln/ops.h"
 #include "lib/allocator.h"
+#include "lib/cuda_driver.h"
 #include "lib/cuda_tensor.h"
 #include "lib/lazy.h"
 #include "lib/parallel.h"
@@ -439,6 +440,9 @@ namespace {
 // is a span of its own beside the kernel's and never counted as kernel time.
 // Initial-exec: Plan::run sets it on every run, where the general model would add a call.
 __attribute__((tls_model("initial-exec"))) thread_local detail::SpanStart* t_step_span = nullptr;
+// The timed event opening the profiled device step running on this thread: recorded again after
+// a compile, so that the step's device time leaves the compile out.
+__attribute__((tls_model("initial-exec"))) thread_local void** t_step_event = nullptr;
 }  // namespace
 
 fuser::CompiledKernel Plan::kernel_for(const Step& step, const fuser::Layout& layout) const {
@@ -478,6 +482,11 @@ const char* Plan::launch_cuda_group(const Step& step, const fuser::Layout& layou
     auto loaded = std::make_shared<fuser::cuda::CudaKernel>(
         fuser::cuda::cuda_kernel(step.group->kernel, layout, variant, step.cuda_device));
     if (step_span) *step_span = detail::profile_begin();
+    if (t_step_event && *t_step_event) {
+      detail::cuda::destroy_event(*t_step_event);
+      *t_step_event = detail::cuda::record_event(
+          step.cuda_device, detail::cuda::stream(step.cuda_device), /*timed=*/true);
+    }
     held = loaded;
     std::lock_guard<std::mutex> lock(kernels_mutex_);
     step.cuda_kernels.push_back({layout, variant_bits, held});
@@ -723,11 +732,11 @@ std::string shape_text(const Shape& s) {
   return out.empty() ? "scalar" : out;
 }
 
-// Stores the profile record of a step that ran (profiling on): its kind, name, shape, the bytes
-// of its inputs and outputs, and for GEMMs their 2*M*N*K floating-point operations.
-void record_step(const detail::SpanStart& start, const Node& node, const fuser::FusionGroup* group,
-                 const char* kernel, bool direct, const std::vector<Tensor>& args,
-                 const std::vector<Tensor>& outs) {
+// The profile record of a step that ran (profiling on): its kind, name, shape, the bytes of its
+// inputs and outputs, and for GEMMs their 2*M*N*K floating-point operations.
+profiler::Record step_record(const Node& node, const fuser::FusionGroup* group, const char* kernel,
+                             bool direct, const std::vector<Tensor>& args,
+                             const std::vector<Tensor>& outs) {
   profiler::Record r;
   if (group) {
     r.category = profiler::Category::kKernel;
@@ -749,8 +758,35 @@ void record_step(const detail::SpanStart& start, const Node& node, const fuser::
   }
   for (const Tensor& t : args) r.bytes += tensor_bytes(t);
   for (const Tensor& t : outs) r.bytes += tensor_bytes(t);
-  detail::profile_end(start, std::move(r));
+  return r;
 }
+
+// The device steps of a profiled run: their records wait for the events bracketing each step on
+// its device's stream, read once the run has issued everything, so that profiling does not make
+// the host wait for the device step by step.
+struct DeviceSpans {
+  struct Span {
+    detail::SpanStart start;
+    profiler::Record record;
+    void* begin;
+    void* end;
+  };
+  std::vector<Span> spans;
+  // Stores the records, each with the time its device took from reaching the step's first event
+  // to finishing the step's work.
+  void store() {
+    for (Span& s : spans) {
+      const float ms = detail::cuda::elapsed_ms(s.begin, s.end);
+      detail::profile_store(s.start, std::move(s.record), static_cast<int64_t>(ms * 1e6));
+    }
+  }
+  ~DeviceSpans() {
+    for (Span& s : spans) {
+      detail::cuda::destroy_event(s.begin);
+      detail::cuda::destroy_event(s.end);
+    }
+  }
+};
 }  // namespace
 
 PlanRunCounts plan_run_counts() {
@@ -817,14 +853,26 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
   const bool profiling = detail::profiling();
   detail::SpanStart span{0, 0};
   // t_step_span points at `span` during this run (restored after: a run inside a step's op).
+  void* step_event = nullptr;  // the timed event opening a profiled device step
   struct StepSpanScope {
     detail::SpanStart* previous = t_step_span;
-    ~StepSpanScope() { t_step_span = previous; }
+    void** previous_event = t_step_event;
+    ~StepSpanScope() {
+      t_step_span = previous;
+      t_step_event = previous_event;
+    }
   } step_span_scope;
   t_step_span = profiling ? &span : nullptr;
+  t_step_event = profiling ? &step_event : nullptr;
+  DeviceSpans device_spans;
   const char* kernel = nullptr;  // the symbol of the group's kernel that ran
   for (const Step& step : steps_) {
-    if (profiling) span = detail::profile_begin();
+    if (profiling) {
+      span = detail::profile_begin();
+      if (step.cuda_device >= 0)
+        step_event = detail::cuda::record_event(
+            step.cuda_device, detail::cuda::stream(step.cuda_device), /*timed=*/true);
+    }
     args.clear();
     for (int64_t s : step.inputs) args.push_back(s < 0 ? Tensor() : slots[static_cast<size_t>(s)]);
     if (step.map_into || step.group) {
@@ -865,13 +913,31 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
         g_unfused_steps_run.fetch_add(1, std::memory_order_relaxed);
     }
     if (profiling) {
-      // Device work is asynchronous: profiled, a device step ends when the device is done, so
-      // that its span is the kernel's time rather than its launch's.
-      if (step.cuda_device >= 0) cuda::synchronize(step.cuda_device);
-      if (step.group || step.map_into || step.node->op().kind != detail::OpKind::View)
-        record_step(span, *step.node, step.group, kernel, step.map_into != nullptr, args, outs);
-      else
-        detail::profile_end_discard(span);  // views compute nothing: no record
+      // Views compute nothing: no record.
+      const bool records =
+          step.group || step.map_into || step.node->op().kind != detail::OpKind::View;
+      if (step.cuda_device >= 0) {
+        // Device work is asynchronous: a device step's span is its time on the device, from the
+        // events around it (read after the run).
+        void* end = detail::cuda::record_event(
+            step.cuda_device, detail::cuda::stream(step.cuda_device), /*timed=*/true);
+        if (records) {
+          device_spans.spans.push_back(
+              {span,
+               step_record(*step.node, step.group, kernel, step.map_into != nullptr, args, outs),
+               step_event, end});
+        } else {
+          detail::cuda::destroy_event(step_event);
+          detail::cuda::destroy_event(end);
+        }
+        step_event = nullptr;
+        detail::profile_end_discard(span);
+      } else if (records) {
+        detail::profile_end(span, step_record(*step.node, step.group, kernel,
+                                              step.map_into != nullptr, args, outs));
+      } else {
+        detail::profile_end_discard(span);
+      }
     }
     for (int64_t s : step.release) slots[static_cast<size_t>(s)] = Tensor();
     for (size_t k = 0; k < outs.size(); ++k) {
@@ -880,6 +946,7 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
       if (!released) slots[static_cast<size_t>(step.outputs[k])] = std::move(outs[k]);
     }
   }
+  if (profiling) device_spans.store();
   warm_.store(true, std::memory_order_release);
   std::vector<Tensor> result;
   result.reserve(output_slots_.size());

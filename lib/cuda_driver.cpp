@@ -54,6 +54,7 @@ std::atomic<int64_t> g_h2d_bytes{0}, g_d2h_bytes{0}, g_h2d_copies{0}, g_d2h_copi
   X(cuEventQuery)             \
   X(cuEventSynchronize)       \
   X(cuEventDestroy)           \
+  X(cuEventElapsedTime)       \
   X(cuModuleLoadData)         \
   X(cuModuleUnload)           \
   X(cuModuleGetFunction)      \
@@ -247,10 +248,10 @@ void raw_host_free(void* p) {
   KILN_CU_CHECK(api().cuMemFreeHost(p), 0);
 }
 
-void* record_event(int index, void* s) {
+void* record_event(int index, void* s, bool timed) {
   set_device(index);
   CUevent e;
-  KILN_CU_CHECK(api().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), index);
+  KILN_CU_CHECK(api().cuEventCreate(&e, timed ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING), index);
   KILN_CU_CHECK(api().cuEventRecord(e, static_cast<CUstream>(s)), index);
   return e;
 }
@@ -264,6 +265,14 @@ bool event_done(void* event) {
 
 void wait_event(void* event) {
   KILN_CU_CHECK(api().cuEventSynchronize(static_cast<CUevent>(event)), -1);
+}
+
+float elapsed_ms(void* start, void* end) {
+  wait_event(end);
+  float ms = 0;
+  KILN_CU_CHECK(
+      api().cuEventElapsedTime(&ms, static_cast<CUevent>(start), static_cast<CUevent>(end)), -1);
+  return ms;
 }
 
 void destroy_event(void* event) {
@@ -371,9 +380,12 @@ void* raw_host_alloc(size_t) {
 void raw_host_free(void*) {
   require_device(0, "cuda");
 }
-void* record_event(int index, void*) {
+void* record_event(int index, void*, bool) {
   require_device(index, "cuda");
   return nullptr;
+}
+float elapsed_ms(void*, void*) {
+  return 0;
 }
 bool event_done(void*) {
   return true;

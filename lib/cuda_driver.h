@@ -44,8 +44,11 @@ void raw_device_free(int index, void* p);
 // Page-locked host memory, for copies the device can run asynchronously; nullptr when out.
 void* raw_host_alloc(size_t nbytes);
 void raw_host_free(void* p);
-// Events on a device's stream, for stream-ordered reuse of freed blocks.
-void* record_event(int index, void* stream);
+// Events on a device's stream, for stream-ordered reuse of freed blocks, and (timed) for the
+// profiler's device spans.
+void* record_event(int index, void* stream, bool timed = false);
+// Milliseconds between two timed events of one stream, once `end` has completed (waits for it).
+float elapsed_ms(void* start, void* end);
 bool event_done(void* event);
 void wait_event(void* event);
 void destroy_event(void* event);

@@ -128,7 +128,13 @@ void copy_into(const Tensor& dst, const Tensor& from) {
                    static_cast<size_t>(c.numel()) * esize);
     return;
   }
-  // A strided view: its span comes to the host, is written there, and goes back.
+  // A strided view: the values go over contiguous, and the device's copy kernel writes them into
+  // the view; where it declines, the view's span comes to the host, is written there, and goes
+  // back.
+  if (const auto device_copy = device_kernels().copy) {
+    const Tensor staged = copy_to_device(src.to(dst.dtype()).contiguous(), dst.device());
+    if (device_copy(dst, staged)) return;
+  }
   int64_t first = 0, count = 0;
   element_span(dst, &first, &count);
   Tensor span = make_empty({count}, dst.dtype());

@@ -57,17 +57,21 @@ SpanStart profile_begin() {
 void profile_end(const SpanStart& s, profiler::Record&& r) {
   const int64_t end = profile_now_ns();
   t_depth = s.depth;
-  r.thread = thread_number();
-  r.depth = s.depth;
-  r.start_ns = s.start_ns;
-  r.duration_ns = end - s.start_ns;
-  Store& st = store();
-  std::lock_guard<std::mutex> lock(st.mutex);
-  st.records.push_back(std::move(r));
+  profile_store(s, std::move(r), end - s.start_ns);
 }
 
 void profile_end_discard(const SpanStart& s) {
   t_depth = s.depth;
+}
+
+void profile_store(const SpanStart& s, profiler::Record&& r, int64_t duration_ns) {
+  r.thread = thread_number();
+  r.depth = s.depth;
+  r.start_ns = s.start_ns;
+  r.duration_ns = duration_ns;
+  Store& st = store();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  st.records.push_back(std::move(r));
 }
 
 void profile_event(profiler::Record&& r) {

@@ -30,6 +30,9 @@ SpanStart profile_begin();
 void profile_end(const SpanStart& s, profiler::Record&& r);
 // Closes a span without recording it (a step that computes nothing).
 void profile_end_discard(const SpanStart& s);
+// Stores `r` for a span closed earlier (by profile_end_discard) whose duration was measured
+// elsewhere: a device step's, from events on the device's stream.
+void profile_store(const SpanStart& s, profiler::Record&& r, int64_t duration_ns);
 // Drops every record (profiler::reset).
 void profile_clear();
 // A record of no duration at the current time (a guard failure), at the current depth.

@@ -9,9 +9,9 @@
 #include <cuda.h>
 
 #include <sys/mman.h>
-#include <algorithm>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -21,7 +21,7 @@ namespace {
 std::mutex g_mu;
 std::map<uintptr_t, size_t> g_device;  // live device allocations: address -> size
 std::map<uintptr_t, size_t> g_pinned;
-int g_context_tag, g_stream_tag, g_module_tag, g_function_tag, g_event_tag;
+int g_context_tag, g_stream_tag, g_module_tag, g_function_tag;
 
 size_t mapped_size(size_t n) {
   return (std::max<size_t>(n, 1) + 4095) / 4096 * 4096;
@@ -189,11 +189,20 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream) {
   std::memset(reinterpret_cast<void*>(dst), v, n);
   return CUDA_SUCCESS;
 }
+// An event holds the time it was recorded at: the fake's work is done when it is issued.
 CUresult cuEventCreate(CUevent* e, unsigned int) {
-  *e = reinterpret_cast<CUevent>(&g_event_tag);
+  *e = reinterpret_cast<CUevent>(new std::chrono::steady_clock::time_point());
   return CUDA_SUCCESS;
 }
-CUresult cuEventRecord(CUevent, CUstream) {
+CUresult cuEventRecord(CUevent e, CUstream) {
+  *reinterpret_cast<std::chrono::steady_clock::time_point*>(e) = std::chrono::steady_clock::now();
+  return CUDA_SUCCESS;
+}
+CUresult cuEventElapsedTime_v2(float* ms, CUevent start, CUevent end) {
+  using Time = std::chrono::steady_clock::time_point;
+  *ms = std::chrono::duration<float, std::milli>(*reinterpret_cast<Time*>(end) -
+                                                 *reinterpret_cast<Time*>(start))
+            .count();
   return CUDA_SUCCESS;
 }
 CUresult cuEventQuery(CUevent) {
@@ -202,7 +211,8 @@ CUresult cuEventQuery(CUevent) {
 CUresult cuEventSynchronize(CUevent) {
   return CUDA_SUCCESS;
 }
-CUresult cuEventDestroy(CUevent) {
+CUresult cuEventDestroy(CUevent e) {
+  delete reinterpret_cast<std::chrono::steady_clock::time_point*>(e);
   return CUDA_SUCCESS;
 }
 CUresult cuModuleLoadData(CUmodule* m, const void* image) {
