@@ -1,4 +1,5 @@
 // Factory ops: tensors made from shapes, ranges, random draws and user memory.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -108,9 +109,26 @@ Tensor ones(const Shape& shape, TensorOptions options) {
 Tensor full(const Shape& shape, const Scalar& value, TensorOptions options) {
   (void)full_def;
   check_factory("full", shape, options);
-  if (options.device_.is_cuda())
-    return on_device(full(shape, value, options.device(kCPU)), options.device_);
   DType dt = options.dtype_or(value.is_floating_point() ? kFloat32 : value.kind());
+  if (options.device_.is_cuda()) {
+    // Filled on the device (zeros and backward formulas' buffers are often as large as a
+    // parameter): zero bytes by a memset, other values by the copy kernel broadcasting the one
+    // value; where that kernel declines, filled on the host and copied.
+    const Device device = options.device_;
+    Tensor one = make_empty({}, dt);
+    detail::copy_kernel(one, detail::wrap_scalar(value));
+    Tensor t = detail::make_empty_on(shape, dt, device);
+    if (t.numel() == 0) return t;
+    const char* bytes = one.impl()->data();
+    if (std::all_of(bytes, bytes + element_size(dt), [](char b) { return b == 0; })) {
+      detail::cuda::memset_on_device(device.index, t.impl()->data(), 0,
+                                     static_cast<size_t>(t.numel()) * element_size(dt));
+      return t;
+    }
+    const auto device_copy = detail::device_kernels().copy;
+    if (device_copy && device_copy(t, detail::copy_to_device(one, device))) return t;
+    return on_device(full(shape, value, options.device(kCPU)), device);
+  }
   // The kernel directly, not fill_: factories make concrete tensors in every mode (inside a
   // trace they are the trace's constants), and fill_ would be recorded there.
   Tensor t = make_empty(shape, dt);

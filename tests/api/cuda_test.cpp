@@ -177,6 +177,33 @@ TEST(Cuda, CopiesRoundTripEveryDtypeAndLayout) {
   EXPECT_EQ(full({}, 2.5, kCUDA).item<float>(), 2.5f);
 }
 
+// Fills made on the device (a memset for zero bytes, the copy kernel for other values) hold what
+// the host's factories make, in every dtype: -0.0 keeps its sign, integers their full range.
+TEST(Cuda, FactoriesFillOnTheDevice) {
+  KILN_REQUIRE_GPU();
+  for (DType dt : {kFloat32, kFloat64, kInt32, kInt64, kBool}) {
+    for (const Scalar& v : {Scalar(0), Scalar(1), Scalar(-0.0), Scalar(2.5), Scalar(int64_t{-7}),
+                            Scalar(int64_t{4000000000})}) {
+      const Tensor expected = full({5, 3}, v, dt);
+      const Tensor got = full({5, 3}, v, TensorOptions(dt).device(kCUDA));
+      ASSERT_EQ(got.device(), kCUDA);
+      EXPECT_EQ(got.dtype(), dt);
+      EXPECT_EQ(testing::values(got.to(kCPU)), testing::values(expected));
+      if (is_floating_point(dt))
+        EXPECT_EQ(std::signbit(got.to(kCPU).to(kFloat64).data_ptr<double>()[0]),
+                  std::signbit(expected.to(kFloat64).data_ptr<double>()[0]));
+    }
+    EXPECT_EQ(testing::values(zeros({4, 4}, TensorOptions(dt).device(kCUDA)).to(kCPU)),
+              testing::values(zeros({4, 4}, dt)));
+    EXPECT_EQ(testing::values(ones({4, 4}, TensorOptions(dt).device(kCUDA)).to(kCPU)),
+              testing::values(ones({4, 4}, dt)));
+    EXPECT_EQ(zeros({0, 4}, TensorOptions(dt).device(kCUDA)).numel(), 0);
+  }
+  const Tensor on = testing::random_tensor({2, 3}).to(kCUDA);
+  EXPECT_EQ(testing::values(zeros_like(on).to(kCPU)), testing::values(zeros({2, 3})));
+  EXPECT_EQ(zeros_like(on).device(), kCUDA);
+}
+
 TEST(Cuda, ElementwiseGroupsMatchTheCpu) {
   KILN_REQUIRE_GPU();
   const Tensor a = testing::random_tensor({64, 33}), b = testing::random_tensor({64, 33}),
@@ -701,7 +728,11 @@ TEST(Cuda, FusedGroupsReachTheLaunchOnTheFakeDriver) {
   for (const auto& f : std::vector<std::function<Tensor()>>{
            [&] { return softmax(a, 1); }, [&] { return a.sum(); }, [&] { return a.sum({0}); },
            [&] { return a + a; }, [&] { return a.t() * 2; },
-           [&] { return index_select(a, 1, arange(3, kCUDA)); }})
+           [&] { return index_select(a, 1, arange(3, kCUDA)); },
+           [&] { return index_add(a, 0, arange(3, kCUDA), a.narrow(0, 0, 3)); },
+           [&] {
+             return full({4, 4}, 2.5, kCUDA);
+           }})  // a fill by the copy kernel
     testing::expect_error([&] { f().to(kCPU); }, {"launching kiln_", "CUDA_ERROR_NOT_SUPPORTED"});
   EXPECT_EQ(a.to(kCPU).numel(), 128);  // the input is intact
 }
