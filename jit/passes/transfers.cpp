@@ -1,6 +1,7 @@
 // Transfer elimination: removes device round trips and copies that change nothing, and moves
-// copies to the device above the work that feeds them (elementwise ops, GEMMs, joins, views and
-// gathers), so that work runs on the device.
+// copies above the work that feeds them (elementwise ops, GEMMs, joins, views and gathers), so that
+// the work runs on the device its result is copied to (to a GPU, or back to the host when that
+// copies fewer bytes).
 #include "fuser/fuse.h"
 #include "jit/passes/passes.h"
 
@@ -100,7 +101,7 @@ bool eliminate_transfers(Graph& g, PassContext& ctx) {
     // Gone at once, so that the producer's operands are read only by their new copies.
     g.destroy(n);
     g.destroy(producer);
-    ctx.count("work moved to the device");
+    ctx.count("work moved to the copy's device");
     changed = true;
   }
   return changed;

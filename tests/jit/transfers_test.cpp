@@ -92,7 +92,7 @@ TEST(Transfers, ElementwiseWorkMovesToTheDeviceItsResultIsCopiedTo) {
                                                {"mul@cuda:0", 1},
                                                {"add@cuda:0", 1},
                                                {"tanh@cuda:0", 1}}));
-  EXPECT_EQ(ctx.rewrites["work moved to the device"], 3);
+  EXPECT_EQ(ctx.rewrites["work moved to the copy's device"], 3);
   // The one copy left reads the graph input.
   for (const Node* n = g.first(); n; n = n->next())
     if (n->kind() == "to_device") EXPECT_EQ(n->input(0), x);
@@ -159,7 +159,19 @@ TEST(Transfers, WorkWithDeviceKernelsMovesAndHostOnlyWorkStays) {
                                                {"cat@cuda:0", 1},
                                                {"mm@cpu", 1},
                                                {"layer_norm@cpu", 1}}));
-  EXPECT_EQ(ctx.rewrites["work moved to the device"], 3);
+  EXPECT_EQ(ctx.rewrites["work moved to the copy's device"], 3);
+}
+
+// The rule works both ways: an outer sum on the device whose result is copied to the host runs on
+// the host instead, which copies its 2000 operand values down rather than its million results.
+TEST(Transfers, WorkMovesToTheHostWhenItsResultIsCopiedThere) {
+  Graph g;
+  Value* a = g.add_input(on(kGpu0, {1, 1000}));
+  Value* b = g.add_input(on(kGpu0, {1000, 1}));
+  g.add_output(copy_to(g, binary(g, "add", a, b, on(kGpu0, {1000, 1000})), kCPU));
+  PassContext ctx;
+  EXPECT_EQ(run(g, ctx), (std::map<std::string, int>{{"to_device@cpu", 2}, {"add@cpu", 1}}));
+  EXPECT_EQ(ctx.rewrites["work moved to the copy's device"], 1);
 }
 
 }  // namespace
