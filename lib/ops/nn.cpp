@@ -704,9 +704,17 @@ Tensor dropout(const Tensor& x, double p, bool train) {
     return out;
   }
   // Draws come from the process generator in row-major order, so manual_seed reproduces the mask.
-  // They are drawn here, in program order, also in lazy mode (only what follows is recorded).
-  Tensor u = rand(x.sizes(), TensorOptions(kFloat64).device(x.device()));
+  // They are drawn here, in program order, also in lazy mode (only what follows is recorded). For
+  // a device the draws stay on the host: only whether each element is kept goes over (a byte an
+  // element, not a double's eight).
   const double keep = 1.0 - p;
+  Tensor u, kept;
+  if (x.device().is_cuda()) {
+    AutoGradMode kernel_only(false);
+    kept = lt(rand(x.sizes(), kFloat64), keep).to(x.device());
+  } else {
+    u = rand(x.sizes(), kFloat64);
+  }
   // As torch: the mask divided by 1 - p in x's type; a 0-dim host number for the ops below.
   const Tensor scale = detail::dispatch_floating(x.dtype(), op, [&](auto tag) {
     using T = KILN_TYPE(tag);
@@ -715,7 +723,7 @@ Tensor dropout(const Tensor& x, double p, bool train) {
   Tensor out;
   if (!detail::needs_grad(x)) {
     // dropout_apply composed for the device's fuser: one elementwise kernel.
-    if (x.device().is_cuda()) return where(lt(u, keep), x * scale, 0.0);
+    if (kept.defined()) return where(kept, x * scale, 0.0);
     if (detail::should_record(x))
       return detail::lazy_record1(dropout_def, {x, u}, {p}, {x.sizes(), x.dtype()});
     return dropout_apply(x, u, p);
@@ -723,11 +731,11 @@ Tensor dropout(const Tensor& x, double p, bool train) {
   // With autograd the mask (0 or 1 / (1 - p)) is kept for the backward pass; it is made from the
   // draws at once, and only the product is recorded in lazy mode.
   Tensor mask;
-  if (detail::is_pending(u) || u.device().is_cuda()) {
-    // Drawn inside a trace (recorded, so each replay draws anew): the mask is recorded too, as
-    // ops that give the kernel's values exactly (0 or 1 times the scale).
+  if (kept.defined() || detail::is_pending(u)) {
+    // On a device, or drawn inside a trace (recorded, so each replay draws anew): the mask is made
+    // by ops (recorded too) that give the kernel's values exactly (0 or 1 times the scale).
     AutoGradMode kernel_only(false);
-    mask = lt(u, keep).to(x.dtype()) * scale;
+    mask = (kept.defined() ? kept : lt(u, keep)).to(x.dtype()) * scale;
   } else {
     mask = detail::make_empty(x.sizes(), x.dtype());
     detail::dispatch_floating(x.dtype(), op, [&](auto tag) {

@@ -506,6 +506,20 @@ TEST(Cuda, ComposedOpsMatchTheCpu) {
   }
 }
 
+// dropout on a device draws on the host and sends only the keep mask: a byte an element.
+TEST(Cuda, DropoutUploadsItsMaskNotItsDraws) {
+  KILN_REQUIRE_GPU();
+  const Tensor x = testing::random_tensor({64, 64}).to(kCUDA);
+  for (bool grad : {false, true}) {
+    const Tensor in = grad ? x.detach().requires_grad_(true) : x;
+    const detail::cuda::TransferCounts before = detail::cuda::transfer_counts();
+    const Tensor y = dropout(in, 0.5, true);  // recorded: what it sent is the mask alone
+    const detail::cuda::TransferCounts after = detail::cuda::transfer_counts();
+    EXPECT_EQ(y.device(), kCUDA);
+    EXPECT_LE(after.host_to_device - before.host_to_device, 64 * 64 + 64) << "grad " << grad;
+  }
+}
+
 // The gradients of the composed ops on the device are the CPU's.
 TEST(Cuda, ComposedOpsGiveTheCpuGradients) {
   KILN_REQUIRE_GPU();
