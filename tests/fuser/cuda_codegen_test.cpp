@@ -34,6 +34,7 @@
 #include "kiln/kiln.h"
 #include "lib/op_table.h"
 #include "tests/fuser/fuser_testing.h"
+#include "tests/fuser/random_reduction.h"
 #include "tests/testing.h"
 #endif
 
@@ -929,130 +930,16 @@ TEST(CudaCodegen, EveryReductionOpCompilesForSm90) {
       ops.size(), cases.size(), globals, columns);
 }
 
-// Random programs mixing elementwise ops with reductions, as reduce_fusion_test.cpp's
-// RandomReductionProgram makes them (its recording only: sum, mean, amax, amin, max(), min(),
-// logsumexp, var and std over the last dim, the last two, every dim, or the leading one or two,
-// with or without keepdim, results often broadcast back into the rows), on 1-3 random inputs of
-// rank 0-3 with 0- and 1-sized dims, of every dtype, some non-contiguous.
-class RandomReduction {
- public:
-  explicit RandomReduction(uint64_t seed) : rng_(seed) {}
-  Inputs make_inputs() {
-    return testing::random_inputs(
-        rng_, {{0, 1, 2, 3, 5, 8, 17, 33},
-               {kFloat32, kFloat32, kFloat32, kFloat64, kFloat64, kInt32, kInt64, kBool},
-               20,
-               4,
-               5});
-  }
-  Fn make_program(int ops) {
-    std::vector<int> choice;
-    for (int i = 0; i < ops * 12 + 16; ++i) choice.push_back(static_cast<int>(rng_() % (1u << 20)));
-    return [choice, ops](const Inputs& in) {
-      std::vector<Tensor> values(in.begin(), in.end());
-      size_t c = 0;
-      auto next = [&](int n) { return choice[c++ % choice.size()] % n; };
-      auto operand = [&]() -> Tensor {
-        const int n = static_cast<int>(values.size());
-        const int back = next(3) ? next(std::min(n, 3)) : next(n);
-        return values[static_cast<size_t>(n - 1 - back)];
-      };
-      int reductions = 0;
-      for (int i = 0; i < ops || (reductions == 0 && i < ops + 6); ++i) {
-        try {
-          if (next(5) < 2 || i >= ops) {
-            reduce(operand(), next, values);
-            ++reductions;
-          } else {
-            int op = next(testing::kElementwiseOps);
-            if (testing::reads_values_of_b(op)) op = op == 42 ? 43 : 38;
-            const Tensor a = operand(), b = operand();
-            values.push_back(testing::elementwise_op(op, a, b, next(7)));
-          }
-        } catch (const Error&) {
-          // The op does not take these operands: eager and lazy mode agree on that.
-        }
-      }
-      return testing::last_new_values(in, values);
-    };
-  }
-
- private:
-  template <typename Next>
-  static void reduce(const Tensor& x, Next& next, std::vector<Tensor>& values) {
-    const int64_t rank = x.dim();
-    std::vector<int64_t> dims;
-    const int d = next(10);
-    if (rank == 0 || d == 5 || d == 6)
-      dims = {};
-    else if ((d == 7 || d == 8) && rank >= 2)
-      dims = {0};
-    else if (d == 9 && rank >= 3)
-      dims = {0, 1};
-    else if ((d == 3 || d == 4) && rank >= 2)
-      dims = {-2, -1};
-    else
-      dims = {-1};
-    const bool keepdim = next(2) == 1;
-    const int op = next(9);
-    Tensor r;
-    switch (op) {
-      case 0:
-        r = x.sum(dims, keepdim);
-        break;
-      case 1:
-        r = x.mean(dims, keepdim);
-        break;
-      case 2:
-        r = x.amax(dims, keepdim);
-        break;
-      case 3:
-        r = x.amin(dims, keepdim);
-        break;
-      case 4:
-        r = next(2) ? x.max() : x.min();
-        break;
-      case 5:
-      case 6:
-        r = x.logsumexp(dims, keepdim);
-        break;
-      case 7:
-        r = x.var(dims, next(3), keepdim);
-        break;
-      default:
-        r = x.std(dims, next(3), keepdim);
-        break;
-    }
-    values.push_back(r);
-    const bool whole = r.dim() == 0;
-    if (next(4) == 0 || (!keepdim && !whole && dims != std::vector<int64_t>{-1})) return;
-    const Tensor back = !keepdim && !whole ? r.unsqueeze(-1) : r;
-    switch (next(4)) {
-      case 0:
-        values.push_back(x - back);
-        break;
-      case 1:
-        values.push_back(x / (back.abs() + 1.0));
-        break;
-      case 2:
-        values.push_back((x - back).exp());
-        break;
-      default:
-        values.push_back(back * 2.0 + x);
-        break;
-    }
-  }
-  std::mt19937_64 rng_;
-};
-
 // The rows kernels of random reduction programs, until `count` programs gave at least one.
 std::vector<RowsCase> random_reduction_cases(uint64_t seed, int count) {
-  RandomReduction gen(seed);
+  testing::RandomReductionProgram gen(seed);
   std::vector<RowsCase> cases;
   int programs = 0;
   for (int i = 0; i < 50 * count && programs < count; ++i) {
     Inputs in = gen.make_inputs();
-    Fn fn = gen.make_program(2 + i % 7);
+    const Fn fn = [program = gen.make_program(2 + i % 7)](const Inputs& x) {
+      return program(x, nullptr);
+    };
     if (testing::eager(fn, in).empty()) continue;
     std::vector<RowsCase> got =
         rows_cases_of(fn, in, "seed " + std::to_string(seed) + ", program " + std::to_string(i),
