@@ -464,12 +464,16 @@ Tensor nll_with_grad(const Tensor& log_probs, const NllGeometry& geo, Reduction 
   Tensor out;
   const DType compute = to_floating(log_probs.dtype());
   if (log_probs.device().is_cuda()) {
-    // Composed for the device: each target's log-probability by the gather kernel, then the
-    // fused negation and reduction.
+    // Composed for the device's fuser: each target's log-probability as the sum over the classes
+    // of where(class == target, lp, 0) (exact: one value and zeros), so that the pick joins the
+    // rows kernel that made lp (log_softmax's, for cross_entropy) and reads no index on the host.
     AutoGradMode kernel_only(false);
-    const Tensor lp = log_probs.to(compute);
-    const Tensor picked = log_probs.dim() == 1 ? gather(lp, 0, geo.target.reshape({1})).reshape({})
-                                               : gather(lp, 1, geo.target.unsqueeze(1)).squeeze(1);
+    const int64_t rank = log_probs.dim(), class_dim = rank == 1 ? 0 : 1;
+    Shape class_shape(static_cast<size_t>(rank), 1);
+    class_shape[static_cast<size_t>(class_dim)] = geo.C;
+    const Tensor classes = arange(geo.C, geo.target.device()).view(class_shape);
+    const Tensor hit = eq(classes, rank == 1 ? geo.target : geo.target.unsqueeze(1));
+    const Tensor picked = where(hit, log_probs.to(compute), 0.0).sum({class_dim});
     out = reduce_loss(-picked, reduction);
   } else if (detail::should_record(log_probs, geo.target)) {
     // The target was read (bounds-checked) already; it is recorded as the checked int64 copy.

@@ -717,6 +717,11 @@ TEST(Cuda, ComposedOpsPlanAsFusedKernels) {
       {"mse_loss", [](const testing::Inputs& in) { return mse_loss(in[0], in[0] * 2); }, 1},
       {"argmax", [](const testing::Inputs& in) { return argmax(in[0], 1); }, 1},
       {"all", [](const testing::Inputs& in) { return all(in[0], {0}); }, 1},
+      {"cross_entropy",
+       [](const testing::Inputs& in) {
+         return cross_entropy(in[0], argmax(in[0], 1).detach(), Reduction::Mean);
+       },
+       1},
   };
   for (const Case& c : cases) {
     const testing::Planned planned = testing::plan_of(
