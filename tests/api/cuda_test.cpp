@@ -696,6 +696,34 @@ TEST(Cuda, DeviceGraphsFuseAsHostGraphsDo) {
         },
         {a});
     EXPECT_EQ(soft.plan->num_kernel_steps(), 1u) << d;
+    // An LSTM cell (the passes push the chunk through the GEMMs' sum): one kernel for the gates
+    // and the cell beside the two GEMMs; its backward's four gate gradients one kernel writing
+    // their cat.
+    const int64_t batch = 4, hidden = 6;
+    const testing::Inputs cell_in = {testing::random_tensor({batch, 5}).to(d),
+                                     testing::random_tensor({batch, hidden}).to(d),
+                                     testing::random_tensor({5, 4 * hidden}).to(d),
+                                     testing::random_tensor({hidden, 4 * hidden}).to(d),
+                                     testing::random_tensor({batch, hidden}).to(d)};
+    const testing::Planned cell = testing::plan_of(
+        [](const testing::Inputs& in) {
+          std::vector<Tensor> g = (in[0].mm(in[2]) + in[1].mm(in[3])).chunk(4, 1);
+          Tensor i = sigmoid(g[0]), f = sigmoid(g[1]), c = tanh(g[2]), o = sigmoid(g[3]);
+          Tensor c2 = f * in[4] + i * c;
+          return testing::Inputs{o * tanh(c2), c2};
+        },
+        cell_in, /*passes=*/true);
+    EXPECT_EQ(cell.plan->num_kernel_steps(), 1u) << d << "\n" << cell.graph->str();
+    const testing::Planned gates = testing::plan_of(
+        [](const testing::Inputs& x) {
+          Tensor i = x[1], f = x[4], g = x[1] * 0.5, o = x[4] * 0.25, dc = x[1] + x[4], c = x[4];
+          return testing::Inputs{cat({dc * g * i * (1.0 - i), dc * c * f * (1.0 - f),
+                                      dc * i * (1.0 - g * g), tanh(c) * o * (1.0 - o)},
+                                     1)};
+        },
+        cell_in);
+    EXPECT_EQ(gates.plan->num_kernel_steps(), 1u) << d;
+    EXPECT_EQ(gates.plan->num_steps(), 1u) << d;
   }
 }
 
