@@ -673,6 +673,24 @@ TEST(Cuda, TracedRoundTripsAreRemovedAndTransfersCounted) {
   }
 }
 
+// A traced host GEMM whose product is copied to the device runs on the device (the transfers
+// pass moves the copy above it): its factors go up (2 KiB), not its product (16 KiB).
+TEST(Cuda, TracedGemmMovesToTheDeviceItsProductIsCopiedTo) {
+  KILN_REQUIRE_GPU();
+  const Tensor x = testing::random_tensor({64, 4}), w = testing::random_tensor({4, 64});
+  auto fn = [](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{in[0].mm(in[1]).to(kCUDA)};
+  };
+  jit::Function f = jit::trace(fn, {x, w});
+  const detail::cuda::TransferCounts before = detail::cuda::transfer_counts();
+  const Tensor got = f({x, w})[0];
+  EXPECT_EQ(got.device(), kCUDA);
+  const Tensor host = got.to(kCPU);
+  const detail::cuda::TransferCounts after = detail::cuda::transfer_counts();
+  testing::expect_close(host, testing::values(x.mm(w)), {64, 64}, kFloat32, 1e-5, 1e-6);
+  EXPECT_LE(after.host_to_device - before.host_to_device, 2 * 64 * 4 * 4);
+}
+
 // Device values fuse as host ones do: one kernel for an elementwise chain reading a 0-dim host
 // tensor (a number), one rows kernel for a softmax written from primitives. (Planning launches
 // nothing, so this runs on the fake driver too.)
