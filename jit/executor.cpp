@@ -251,7 +251,8 @@ Plan::Plan(const Graph& graph, const std::vector<int64_t>& in_place_inputs) {
     if (n->op().kind != detail::OpKind::Transfer && !proto.outputs.empty() &&
         proto.outputs[0]->type().device.is_cuda())
       step.cuda_device = proto.outputs[0]->type().device.index;
-    if (step.cuda_device >= 0 && !step.group && !n->is_constant() && !fuser::has_device_kernel(*n))
+    step.through_host = step.cuda_device >= 0 && !step.group && !fuser::has_device_kernel(*n);
+    if (step.through_host && !n->is_constant())
       log("fuser", n->op().name, " (%", n->output(0)->id(), ") on cuda:", step.cuda_device,
           " runs through the host: no device kernel computes it unfused");
     if (step.group && step.group->rows) {
@@ -904,8 +905,8 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
         g_unfused_steps_run.fetch_add(1, std::memory_order_relaxed);
       }
     } else if (step.cuda_device >= 0) {
-      outs = fuser::has_device_kernel(*step.node) ? invoke_in_scope(*step.node, args)
-                                                  : invoke_through_host(*step.node, args);
+      outs = step.through_host ? invoke_through_host(*step.node, args)
+                               : invoke_in_scope(*step.node, args);
       g_unfused_steps_run.fetch_add(1, std::memory_order_relaxed);
     } else {
       outs = invoke_in_scope(*step.node, args);

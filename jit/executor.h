@@ -71,6 +71,7 @@ class Plan {
     std::vector<fuser::Level> output_levels;  // rows groups: where each output varies
     std::vector<int64_t> in_place;            // per output: graph input to write into, or -1
     int cuda_device = -1;                     // the CUDA device it computes on, or -1 (CPU)
+    bool through_host = false;                // an unfused device step no device kernel computes
     // CUDA groups: the group's loaded kernel per layout and variant (fuser/codegen/cuda: index32
     // and vec, as bits 0 and 1) met so far (under kernels_mutex_).
     struct CudaLoaded {

@@ -575,7 +575,8 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
     KILN_CHECK(p->sizes() == normalized_shape, op, ": expected ", arg, " of shape ",
                shape_str(normalized_shape), " (normalized_shape), got ", describe(*p));
     KILN_CHECK(p->device() == x.device(), op, ": expected ", arg, " on the input's device ",
-               x.device().str(), ", got ", describe(*p), " for input ", describe(x));
+               x.device().str(), ", got ", describe(*p), " on ", p->device().str(), " for input ",
+               describe(x));
   }
   const DType compute = to_floating(x.dtype());
   std::vector<int64_t> dims;
@@ -719,15 +720,18 @@ Tensor dropout(const Tensor& x, double p, bool train) {
   } else {
     u = rand(x.sizes(), kFloat64);
   }
-  // As torch: the mask divided by 1 - p in x's type; a 0-dim host number for the ops below.
-  const Tensor scale = detail::dispatch_floating(x.dtype(), op, [&](auto tag) {
-    using T = KILN_TYPE(tag);
-    return scalar_tensor(static_cast<double>(T(1) / static_cast<T>(keep)), x.dtype());
-  });
+  // As torch: the mask divided by 1 - p in x's type; a 0-dim host number for the ops below (made
+  // only where they run: the host kernels take the scale themselves).
+  auto scale = [&] {
+    return detail::dispatch_floating(x.dtype(), op, [&](auto tag) {
+      using T = KILN_TYPE(tag);
+      return scalar_tensor(static_cast<double>(T(1) / static_cast<T>(keep)), x.dtype());
+    });
+  };
   Tensor out;
   if (!detail::needs_grad(x)) {
     // dropout_apply composed for the device's fuser: one elementwise kernel.
-    if (kept.defined()) return where(kept, x * scale, 0.0);
+    if (kept.defined()) return where(kept, x * scale(), 0.0);
     if (detail::should_record(x))
       return detail::lazy_record1(dropout_def, {x, u}, {p}, {x.sizes(), x.dtype()});
     return dropout_apply(x, u, p);
@@ -739,7 +743,7 @@ Tensor dropout(const Tensor& x, double p, bool train) {
     // On a device, or drawn inside a trace (recorded, so each replay draws anew): the mask is made
     // by ops (recorded too) that give the kernel's values exactly (0 or 1 times the scale).
     AutoGradMode kernel_only(false);
-    mask = (kept.defined() ? kept : lt(u, keep)).to(x.dtype()) * scale;
+    mask = (kept.defined() ? kept : lt(u, keep)).to(x.dtype()) * scale();
   } else {
     mask = detail::make_empty(x.sizes(), x.dtype());
     detail::dispatch_floating(x.dtype(), op, [&](auto tag) {

@@ -808,6 +808,14 @@ TEST(Cuda, MixingDevicesRaisesNamingBoth) {
   testing::expect_error([&] { (a + b).to(kCPU); }, {"add", "cpu", "cuda:0"});
   // A 0-dim CPU tensor joins a device tensor, as a number does.
   EXPECT_EQ((b * full({}, 3.0)).sum().item<float>(), 12.0f);
+  // The ops composed on a device check their operands first, naming the op.
+  testing::expect_error([&] { layer_norm(b, {2}, ones({2})).to(kCPU); },
+                        {"layer_norm", "weight", "cpu", "cuda:0"});
+  testing::expect_error(
+      [&] { cross_entropy(b, full({2}, 5, TensorOptions(kInt64).device(kCUDA))).to(kCPU); },
+      {"cross_entropy", "target 5", "2 classes"});
+  testing::expect_error([&] { argmax(b, 2).to(kCPU); }, {"argmax", "dim"});
+  EXPECT_EQ(b.to(kCPU).sum().item<float>(), 4.0f);  // the input is intact
 }
 
 TEST(Cuda, TheAllocatorCachesAndReleases) {

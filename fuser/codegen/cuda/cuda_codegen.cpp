@@ -1210,6 +1210,10 @@ class Source {
 
 }  // namespace
 
+const char* cuda_storage_type(DType t) {
+  return storage_type(t);
+}
+
 std::string cuda_source(const Kernel& kernel, const Layout& layout, const std::string& symbol,
                         CudaCallFlags variant) {
   return Source(kernel, layout, symbol, cuda_variant(kernel, layout, variant)).emit();

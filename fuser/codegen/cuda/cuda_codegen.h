@@ -119,6 +119,10 @@ struct CudaCallFlags {
   bool operator!=(const CudaCallFlags& o) const { return !(*this == o); }
 };
 
+// The C++ type of an element of dtype t in device memory (bool as unsigned char), as the
+// generated and the hand-written kernels (cuda_index.h) declare their pointers.
+const char* cuda_storage_type(DType t);
+
 // The kernel's `variant` as CUDA C++ source defining `extern "C" __global__ void <symbol>(...)`
 // (see above). Rows layouts also define <symbol>_finish and <symbol>_columns when the kernel has
 // global or column reductions. Raises kiln::Error for an invalid symbol or layout, or parameters

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <utility>
 
+#include "fuser/codegen/cuda/cuda_codegen.h"
 #include "fuser/fuse.h"
 #include "kiln/error.h"
 #include "lib/cuda_driver.h"
@@ -14,20 +15,6 @@
 namespace kiln::fuser::cuda {
 
 namespace {
-const char* value_type(DType t) {
-  switch (t) {
-    case kFloat32:
-      return "float";
-    case kFloat64:
-      return "double";
-    case kInt32:
-      return "int";
-    case kInt64:
-      return "long long";
-    default:
-      return "unsigned char";  // bool
-  }
-}
 // A grid-stride kernel's geometry over n elements: 256 threads a block, at most 32 blocks a
 // multiprocessor (the loop covers the rest).
 KernelCall grid_stride_call(int64_t n, int64_t multiprocessors) {
@@ -46,7 +33,7 @@ std::string gather_name(DType dtype) {
 }
 
 std::string gather_source(DType dtype) {
-  const std::string t = value_type(dtype);
+  const std::string t = cuda_storage_type(dtype);
   return std::string("// kiln: fuser/codegen/cuda/cuda_index.cpp\n") +
          "struct KilnGatherDims {\n  long long size[8];\n  long long x_stride[8];\n"
          "  long long index_stride[8];\n};\n"
@@ -97,7 +84,7 @@ std::string scatter_add_name(DType dtype) {
 }
 
 std::string scatter_add_source(DType dtype) {
-  const std::string t = value_type(dtype);
+  const std::string t = cuda_storage_type(dtype);
   // bool adds as the CPU's T(a + b) with T = bool does: a logical or.
   const std::string add = dtype == kBool ? "acc = (unsigned char)(acc | v);" : "acc = acc + v;";
   return std::string("// kiln: fuser/codegen/cuda/cuda_index.cpp\n") +
