@@ -805,7 +805,7 @@ bool writable_in_place(const Tensor& target, const ValueType& type, const std::v
   if (!target.defined() || target.dtype() != type.dtype || !target.is_contiguous()) return false;
   const detail::Storage* storage = target.impl()->storage.get();
   const int64_t numel = detail::shape_numel(type.sizes);
-  if (storage->lazy || target.numel() != numel ||
+  if (storage->pending.load(std::memory_order_acquire) || target.numel() != numel ||
       static_cast<size_t>(numel) * element_size(type.dtype) != storage->nbytes)
     return false;
   int sharing = 0;

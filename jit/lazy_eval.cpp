@@ -149,8 +149,11 @@ struct Recipe {
   std::vector<Source> sources;             // the nodes' inputs, one after the other
   std::vector<std::pair<size_t, uint32_t>> outputs;  // (node, output)
   size_t num_constants = 0;
+  // A node it needs is claimed by an evaluation on another thread: wait for it, then collect again.
+  bool busy = false;
 };
 
+// Under the lazy lock.
 Recipe collect(const std::vector<LazyRef>& requests, LazyGraphBinding* binding,
                bool keep_referenced, const std::vector<Tensor>* placeholder_values) {
   Recipe r;
@@ -170,12 +173,20 @@ Recipe collect(const std::vector<LazyRef>& requests, LazyGraphBinding* binding,
     std::vector<Frame> stack;
     for (const LazyRef& req : requests) {
       if (req.node->computed || !info.try_emplace(req.node.get()).second) continue;
+      if (req.node->in_flight) {
+        r.busy = true;
+        return r;
+      }
       stack.push_back({req.node, 0});
       while (!stack.empty()) {
         Frame& f = stack.back();
         if (f.next_input < f.node->inputs.size()) {
           const LazyRef& in = f.node->inputs[f.next_input++].ref;
           if (!in.node || in.node->computed) continue;
+          if (in.node->in_flight) {
+            r.busy = true;
+            return r;
+          }
           auto [it, fresh] = info.try_emplace(in.node.get());
           ++it->second.internal_refs;
           if (fresh) stack.push_back({in.node, 0});
@@ -378,10 +389,30 @@ GraphHash recipe_key(const Recipe& r) {
 std::unique_ptr<Graph> build_graph(const std::vector<LazyRef>& requests, LazyGraphBinding* binding,
                                    bool keep_referenced,
                                    const std::vector<Tensor>* placeholder_values) {
+  detail::LazyLock lock;
   return make_graph(collect(requests, binding, keep_referenced, placeholder_values));
 }
 
 namespace {
+// Claims an evaluation's nodes (under the lazy lock) and releases them when it ends, computed or
+// failed, waking the threads that wait for them.
+class Claim {
+ public:
+  explicit Claim(const std::vector<std::shared_ptr<LazyNode>>& nodes) : nodes_(nodes) {
+    for (const auto& n : nodes_) n->in_flight = true;
+  }
+  ~Claim() {
+    detail::LazyLock lock;
+    for (const auto& n : nodes_) n->in_flight = false;
+    detail::notify_evaluations();
+  }
+  Claim(const Claim&) = delete;
+  Claim& operator=(const Claim&) = delete;
+
+ private:
+  const std::vector<std::shared_ptr<LazyNode>>& nodes_;
+};
+
 // Inside jit::trace: computes the requested values from the example inputs into their storages,
 // which stay symbolic (their nodes are the trace's, not computed ones).
 void evaluate_speculatively(const std::vector<LazyRef>& requests, detail::TraceState& trace) {
@@ -390,6 +421,7 @@ void evaluate_speculatively(const std::vector<LazyRef>& requests, detail::TraceS
   std::unique_ptr<Graph> graph = build_graph(requests, &binding, false, &trace.examples);
   std::vector<Tensor> results = Plan(*graph).run(binding.inputs);
   const ResultHolders holders(binding.inputs, results);
+  detail::LazyLock lock;
   for (size_t k = 0; k < results.size(); ++k) {
     const LazyRef& ref = binding.outputs[k];
     std::shared_ptr<detail::Storage> s = ref.node->storages[ref.index].lock();
@@ -402,15 +434,24 @@ void evaluate(const std::vector<LazyRef>& requests) {
   if (detail::TraceState* trace = detail::trace_state())
     return evaluate_speculatively(requests, *trace);
   detail::ProfileSpan span("lazy.evaluate");
+  detail::LazyLock lock;
   LazyGraphBinding binding;
-  const Recipe recipe = [&] {
-    detail::ProfileSpan collecting("lazy.collect");
-    return collect(requests, &binding, true, nullptr);
-  }();
+  Recipe recipe;
+  for (;;) {
+    {
+      detail::ProfileSpan collecting("lazy.collect");
+      recipe = collect(requests, &binding, true, nullptr);
+    }
+    if (!recipe.busy) break;
+    binding = LazyGraphBinding{};
+    lock.wait_for_evaluations();
+  }
   if (recipe.outputs.empty()) return;
   for (int64_t arg : binding.arguments)
     KILN_CHECK(arg < 0, "jit: a value computed inside jit::trace from its argument ", arg,
                " was used outside the trace; return it from the traced function instead");
+  const Claim claim(recipe.order);
+  lock.unlock();
   g_evaluations.fetch_add(1, std::memory_order_relaxed);
   const size_t graph_nodes = recipe.input_types.size() + recipe.order.size() + recipe.num_constants;
   if (log_enabled("lazy"))
@@ -442,6 +483,7 @@ void evaluate(const std::vector<LazyRef>& requests) {
   const ResultHolders holders(binding.inputs, results);
 
   // Hand results over: fill waiting storages, then turn each node into a computed one.
+  lock.lock();
   absl::flat_hash_map<LazyNode*, std::vector<Tensor>> computed;
   for (size_t k = 0; k < results.size(); ++k) {
     const LazyRef& ref = binding.outputs[k];
@@ -453,8 +495,8 @@ void evaluate(const std::vector<LazyRef>& requests) {
     std::shared_ptr<detail::Storage> s = ref.node->storages[ref.index].lock();
     if (s && s->lazy.node == ref.node && s->lazy.index == ref.index) {
       fill_storage(*s, r, type, holders);
-      s->lazy = LazyRef{};
-      ++s->lazy_generation;
+      detail::set_storage_lazy(*s, LazyRef{}, true);
+      detail::note_computed_storage(*ref.node, s);
       r = over_storage(s, type);
     }
     auto& slot = computed[ref.node.get()];
@@ -473,6 +515,7 @@ void evaluate(const std::vector<LazyRef>& requests) {
 
 bool plan_cached(const std::vector<LazyRef>& requests) {
   LazyGraphBinding binding;
+  detail::LazyLock lock;
   const Recipe recipe = collect(requests, &binding, true, nullptr);
   return plan_cache().find(recipe_key(recipe)) != nullptr;
 }

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <shared_mutex>
 #include <sstream>
 
 #include "fuser/codegen/llvm/cpu_codegen.h"
@@ -119,12 +120,23 @@ struct Specialization {
   bool serves(bool call_grad_mode) const {
     return grad_mode == call_grad_mode || (grad_mode && !backward);
   }
+  // Whether a replay writes state shared between calls: captured tensors or .grads.
+  bool writes_captures() const {
+    for (OutputKind k : kinds)
+      if (k == OutputKind::WriteBack || k == OutputKind::Grad) return true;
+    return false;
+  }
 };
 
 struct FunctionImpl {
   TracedFn fn;
   int max_specializations = 8;
+  // Guards specs, last, said_fallback and warnings; held while tracing.
   std::mutex mutex;
+  // Replays that write captured tensors or .grads (a training step) hold it exclusively, as does
+  // tracing (which makes captured storages symbolic while it runs); pure replays share it, so they
+  // run concurrently. Taken after `mutex`, never before it.
+  std::shared_mutex replay_mutex;
   std::vector<std::unique_ptr<Specialization>> specs;
   const Specialization* last = nullptr;
   bool said_fallback = false;
@@ -148,10 +160,8 @@ struct TraceScope {
   ~TraceScope() {
     detail::set_trace_state(nullptr);
     detail::set_lazy_mode(lazy);
-    for (const auto& s : state.written) {
-      s->lazy = detail::LazyRef{};
-      ++s->lazy_generation;
-    }
+    detail::LazyLock lock;
+    for (const auto& s : state.written) detail::set_storage_lazy(*s, detail::LazyRef{}, true);
     for (auto& [leaf, before] : state.grads) leaf->autograd->grad = before;
   }
 };
@@ -511,6 +521,7 @@ std::vector<Tensor> Function::operator()(const std::vector<Tensor>& inputs) cons
         detail::ProfileSpan tracing("trace");
         log("guard", "guard failed (", reason, "): tracing specialization ", f.specs.size() + 1,
             " of at most ", f.max_specializations);
+        std::unique_lock<std::shared_mutex> no_replays(f.replay_mutex);
         f.specs.push_back(f.specialize(inputs));
         match = f.specs.back().get();
       } else {
@@ -532,6 +543,11 @@ std::vector<Tensor> Function::operator()(const std::vector<Tensor>& inputs) cons
   if (!match) return f.fn(inputs);
   g_replays.fetch_add(1);
   detail::ProfileSpan span("replay");
+  if (match->writes_captures()) {
+    std::unique_lock<std::shared_mutex> serial(f.replay_mutex);
+    return f.replay(*match, inputs);
+  }
+  std::shared_lock<std::shared_mutex> shared(f.replay_mutex);
   return f.replay(*match, inputs);
 }
 

@@ -2,6 +2,8 @@
 // pending tensors concrete (see lib/lazy.h for the model).
 #include "lib/lazy.h"
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
 #include <mutex>
 
@@ -58,51 +60,108 @@ void call_evaluator(const std::vector<LazyRef>& requests, const char* reason) {
   g_evaluator(requests);
 }
 
-// The live list: every uncomputed node, oldest first. One list for the process (a pending tensor
-// may be handed to another thread); recording on one thread at a time is the common case.
-// A spin lock: held for a few pointer updates, and uncontended in the common case, where a mutex
-// would cost more than the update.
-struct SpinLock {
-  std::atomic_flag flag = ATOMIC_FLAG_INIT;
-  void lock() {
-    while (flag.test_and_set(std::memory_order_acquire)) {
-    }
-  }
-  void unlock() { flag.clear(std::memory_order_release); }
-};
-SpinLock g_live_mutex;
-LazyNode* g_live_head = nullptr;
-LazyNode* g_live_tail = nullptr;
-int64_t g_live_count = 0;
-uint64_t g_serial = 0;
+// The lazy lock (see lib/lazy.h): a mutex taken once per recording and per hand-over, re-entrant
+// through a per-thread depth so that freeing nodes under it (which frees their producers) works.
+std::mutex g_lazy_mutex;
+// Waited on with g_lazy_mutex held once. Never destroyed (as above).
+std::condition_variable_any& evaluation_done() {
+  static auto* cv = new std::condition_variable_any();
+  return *cv;
+}
+KILN_FAST_TLS int t_lock_depth = 0;
+uint64_t g_serial = 0;  // under the lock
 
+}  // namespace
+
+// A thread's uncomputed nodes, oldest first (under the lazy lock). When the thread ends, what is
+// left moves to the orphans' list: its pending tensors may live on in other threads.
+struct LiveList {
+  LazyNode* head = nullptr;
+  LazyNode* tail = nullptr;
+  int64_t count = 0;
+};
+
+namespace {
+LiveList g_orphans;  // under the lock
+// Every thread's list and the orphans' (under the lock): what a write to a storage that another
+// thread's pending work reads must flush.
+// Never destroyed: threads may end after static destruction began.
+std::vector<LiveList*>& all_lists() {
+  static auto* lists = new std::vector<LiveList*>{&g_orphans};
+  return *lists;
+}
+
+void splice_into(LiveList& from, LiveList& to) {
+  for (LazyNode* n = from.head; n; n = n->live_next) n->live_list = &to;
+  if (!from.head) return;
+  if (to.tail) {
+    to.tail->live_next = from.head;
+    from.head->live_prev = to.tail;
+  } else {
+    to.head = from.head;
+  }
+  to.tail = from.tail;
+  to.count += from.count;
+  from = LiveList{};
+}
+
+// This thread's list, made at its first recording and handed to the orphans at its end. A plain
+// pointer read on the hot path; the owner object only runs the hand-over.
+KILN_FAST_TLS LiveList* t_live = nullptr;
+struct LiveListOwner {
+  LiveList list;
+  LiveListOwner() { all_lists().push_back(&list); }
+  ~LiveListOwner() {
+    LazyLock lock;
+    splice_into(list, g_orphans);
+    std::vector<LiveList*>& lists = all_lists();
+    lists.erase(std::find(lists.begin(), lists.end(), &list));
+    t_live = nullptr;
+  }
+};
+// Under the lock.
+LiveList& this_thread_list() {
+  if (!t_live) {
+    static thread_local LiveListOwner owner;
+    t_live = &owner.list;
+  }
+  return *t_live;
+}
+
+// Under the lock.
 void live_insert(LazyNode* n) {
-  std::lock_guard<SpinLock> lock(g_live_mutex);
+  LiveList& l = this_thread_list();
   n->serial = ++g_serial;
-  n->live_prev = g_live_tail;
+  n->live_list = &l;
+  n->live_prev = l.tail;
   n->live_next = nullptr;
-  if (g_live_tail)
-    g_live_tail->live_next = n;
+  if (l.tail)
+    l.tail->live_next = n;
   else
-    g_live_head = n;
-  g_live_tail = n;
-  n->in_live_list = true;
-  ++g_live_count;
+    l.head = n;
+  l.tail = n;
+  ++l.count;
 }
 
 void live_remove(LazyNode* n) {
-  std::lock_guard<SpinLock> lock(g_live_mutex);
-  if (!n->in_live_list) return;
+  LiveList* l = n->live_list;
+  if (!l) return;
   if (n->live_prev)
     n->live_prev->live_next = n->live_next;
   else
-    g_live_head = n->live_next;
+    l->head = n->live_next;
   if (n->live_next)
     n->live_next->live_prev = n->live_prev;
   else
-    g_live_tail = n->live_prev;
-  n->in_live_list = false;
-  --g_live_count;
+    l->tail = n->live_prev;
+  n->live_list = nullptr;
+  --l->count;
+}
+
+// A computed node whose last consumer went: its result storages stop counting as read.
+void release_reader_storages(LazyNode& n) {
+  for (const auto& s : n.reader_storages) s->lazy_readers.fetch_sub(1, std::memory_order_relaxed);
+  n.reader_storages.clear();
 }
 
 // Releasing a node's inputs can release a long chain of producers; they are queued here and
@@ -119,6 +178,7 @@ void release_inputs(absl::InlinedVector<LazyInput, 3>& inputs) {
   // something is the last reference.
   bool queued = false;
   for (LazyInput& in : inputs) {
+    if (in.ref.node && --in.ref.node->consumers == 0) release_reader_storages(*in.ref.node);
     if (in.ref.node && in.ref.node.use_count() == 1) {
       t_release.nodes.push_back(std::move(in.ref.node));
       queued = true;
@@ -153,7 +213,7 @@ std::shared_ptr<TensorImpl> pending_impl(const LazyRef& ref, const LazyType& typ
   auto storage = make_pooled<Storage>();
   storage->nbytes = static_cast<size_t>(shape_numel(type.sizes)) * element_size(type.dtype);
   storage->device = type.device;
-  storage->lazy = ref;
+  set_storage_lazy(*storage, ref, false);
   auto impl = make_pooled<TensorImpl>();
   impl->sizes = type.sizes;
   impl->strides = contiguous_strides(type.sizes);
@@ -172,7 +232,9 @@ bool covers_root(const TensorImpl& impl, const LazyNode& node, uint32_t index) {
 }  // namespace
 
 LazyNode::~LazyNode() {
-  if (in_live_list) live_remove(this);
+  LazyLock lock;
+  live_remove(this);
+  release_reader_storages(*this);
   release_inputs(inputs);
 }
 
@@ -181,6 +243,35 @@ void LazyNode::mark_computed(std::vector<Tensor> values) {
   computed = true;
   live_remove(this);
   release_inputs(inputs);
+}
+
+void LazyLock::lock() {
+  if (t_lock_depth++ == 0) g_lazy_mutex.lock();
+  held_ = true;
+}
+void LazyLock::unlock() {
+  held_ = false;
+  if (--t_lock_depth == 0) g_lazy_mutex.unlock();
+}
+void LazyLock::wait_for_evaluations() {
+  KILN_CHECK(held_ && t_lock_depth == 1, "lazy: waiting for an evaluation inside a nested lock");
+  evaluation_done().wait(g_lazy_mutex);
+}
+void notify_evaluations() {
+  evaluation_done().notify_all();
+}
+
+void set_storage_lazy(Storage& s, LazyRef ref, bool bump) {
+  const bool pending = static_cast<bool>(ref);
+  s.lazy = std::move(ref);
+  if (bump) ++s.lazy_generation;
+  s.pending.store(pending, std::memory_order_release);
+}
+
+void note_computed_storage(LazyNode& n, const std::shared_ptr<Storage>& s) {
+  if (n.consumers == 0) return;
+  s->lazy_readers.fetch_add(1, std::memory_order_relaxed);
+  n.reader_storages.push_back(s);
 }
 
 bool lazy_mode() {
@@ -219,12 +310,17 @@ void trace_assign(const Tensor& self, const Tensor& value) {
   Tensor v = value.dtype() == self.dtype() ? value : value.to(self.dtype());
   if (v.sizes() != self.sizes()) v = v.expand(self.sizes());
   // The storage's current value as one tensor: its pending root, or the whole concrete storage.
-  const bool first_write = !storage->lazy;
+  LazyRef current;
+  {
+    LazyLock lock;
+    current = storage->lazy;
+  }
+  const bool first_write = !current;
   Tensor root;
   if (first_write) {
     root = flat_storage_tensor(storage, self.dtype());
   } else {
-    const LazyType& rt = storage->lazy.node->outputs[storage->lazy.index];
+    const LazyType& rt = current.node->outputs[current.index];
     root = Tensor(std::make_shared<TensorImpl>());
     root.impl()->storage = storage;
     root.impl()->sizes = rt.sizes;
@@ -243,8 +339,8 @@ void trace_assign(const Tensor& self, const Tensor& value) {
     in =
         lazy_input(lazy_record1(*reshape, {updated}, {root.sizes()}, {root.sizes(), root.dtype()}));
   if (first_write) t_trace->written.push_back(storage);
-  storage->lazy = in.ref;
-  ++storage->lazy_generation;
+  LazyLock lock;
+  set_storage_lazy(*storage, in.ref, true);
 }
 
 namespace {
@@ -298,6 +394,7 @@ bool should_record(const std::vector<Tensor>& inputs) {
 LazyInput lazy_input(const Tensor& t) {
   LazyInput in;
   if (!t.defined()) return in;
+  LazyLock lock;
   TensorImpl* impl = t.impl();
   Storage& storage = *impl->storage;
   if (!storage.lazy) {
@@ -335,12 +432,18 @@ LazyInput lazy_input(const Tensor& t) {
 }
 
 namespace {
+// Under the lock.
+void add_input(LazyNode& node, LazyInput in) {
+  if (in.ref) ++in.ref.node->consumers;
+  node.inputs.push_back(std::move(in));
+}
+
 std::shared_ptr<LazyNode> new_node(const OpDef& def, const Tensor* inputs, size_t count,
                                    Attrs&& attrs) {
   auto node = make_pooled<LazyNode>();
   node->op = &def;
   node->attrs = std::move(attrs);
-  for (size_t i = 0; i < count; ++i) node->inputs.push_back(lazy_input(inputs[i]));
+  for (size_t i = 0; i < count; ++i) add_input(*node, lazy_input(inputs[i]));
   return node;
 }
 
@@ -372,8 +475,9 @@ void set_output_devices(const OpDef& def, const Tensor* inputs, size_t count, La
   for (size_t i = 0; i < num_outputs; ++i) outputs[i].device = d;
 }
 
+// Outside the lock (a flush evaluates).
 void after_record() {
-  if (g_live_count > g_max_pending.load(std::memory_order_relaxed))
+  if (t_live && t_live->count > g_max_pending.load(std::memory_order_relaxed))
     flush_pending("the pending trace passed KILN_MAX_PENDING");
 }
 }  // namespace
@@ -381,15 +485,18 @@ void after_record() {
 std::vector<Tensor> lazy_record(const OpDef& def, std::vector<Tensor> inputs, Attrs attrs,
                                 std::vector<LazyType> outputs) {
   set_output_devices(def, inputs.data(), inputs.size(), outputs.data(), outputs.size());
-  std::shared_ptr<LazyNode> node = new_node(def, inputs.data(), inputs.size(), std::move(attrs));
-  node->storages.resize(outputs.size());
-  node->outputs.assign(std::make_move_iterator(outputs.begin()),
-                       std::make_move_iterator(outputs.end()));
-  live_insert(node.get());
   std::vector<Tensor> result;
-  result.reserve(node->outputs.size());
-  for (uint32_t i = 0; i < node->outputs.size(); ++i)
-    result.emplace_back(pending_impl(LazyRef{node, i}, node->outputs[i]));
+  {
+    LazyLock lock;
+    std::shared_ptr<LazyNode> node = new_node(def, inputs.data(), inputs.size(), std::move(attrs));
+    node->storages.resize(outputs.size());
+    node->outputs.assign(std::make_move_iterator(outputs.begin()),
+                         std::make_move_iterator(outputs.end()));
+    live_insert(node.get());
+    result.reserve(node->outputs.size());
+    for (uint32_t i = 0; i < node->outputs.size(); ++i)
+      result.emplace_back(pending_impl(LazyRef{node, i}, node->outputs[i]));
+  }
   after_record();
   return result;
 }
@@ -407,12 +514,15 @@ Tensor lazy_record1(const OpDef& def, const std::vector<Tensor>& inputs, Attrs a
 Tensor lazy_record1(const OpDef& def, const Tensor* inputs, size_t count, Attrs attrs,
                     LazyType output) {
   set_output_devices(def, inputs, count, &output, 1);
-  std::shared_ptr<LazyNode> node = new_node(def, inputs, count, std::move(attrs));
-  node->storages.resize(1);
-  node->outputs.push_back(std::move(output));
-  live_insert(node.get());
-  Tensor result(pending_impl(LazyRef{node, 0}, node->outputs[0]));
-  node.reset();
+  Tensor result;
+  {
+    LazyLock lock;
+    std::shared_ptr<LazyNode> node = new_node(def, inputs, count, std::move(attrs));
+    node->storages.resize(1);
+    node->outputs.push_back(std::move(output));
+    live_insert(node.get());
+    result = Tensor(pending_impl(LazyRef{node, 0}, node->outputs[0]));
+  }
   after_record();
   return result;
 }
@@ -420,10 +530,11 @@ Tensor lazy_record1(const OpDef& def, const Tensor* inputs, size_t count, Attrs 
 void lazy_record_view(const OpDef& def, const Tensor& input, Attrs attrs, const Tensor& view) {
   if (!is_pending(input)) return;
   TensorImpl* impl = view.impl();
+  LazyLock lock;
   auto node = make_pooled<LazyNode>();
   node->op = &def;
   node->attrs = std::move(attrs);
-  node->inputs.push_back(lazy_input(input));
+  add_input(*node, lazy_input(input));
   node->outputs.push_back({impl->sizes, impl->dtype, impl->storage->device});
   node->storages.resize(1);  // a view fills no storage of its own
   live_insert(node.get());
@@ -437,8 +548,11 @@ void set_evaluator(Evaluator e) {
 
 void materialize(const std::vector<Tensor>& tensors, const char* reason) {
   std::vector<LazyRef> requests;
-  for (const Tensor& t : tensors)
-    if (is_pending(t)) requests.push_back(t.impl()->storage->lazy);
+  {
+    LazyLock lock;
+    for (const Tensor& t : tensors)
+      if (t.defined() && t.impl()->storage->lazy) requests.push_back(t.impl()->storage->lazy);
+  }
   if (requests.empty()) return;
   KILN_CHECK(g_evaluator, "lazy: no evaluator is registered (is the jit linked in?)");
   call_evaluator(requests, reason);
@@ -455,13 +569,23 @@ void materialize_storage(TensorImpl& impl) {
                  "ops instead of reading values");
     Tensor t(std::shared_ptr<TensorImpl>(std::shared_ptr<TensorImpl>(), &impl));
     trace_warn_value_read(t, "data access (item(), data_ptr(), printing)");
-    if (!impl.storage->data) call_evaluator({impl.storage->lazy}, "a value read inside a trace");
+    LazyRef ref;
+    {
+      LazyLock lock;
+      if (!impl.storage->data) ref = impl.storage->lazy;
+    }
+    if (ref) call_evaluator({ref}, "a value read inside a trace");
     return;
   }
-  LazyRef ref = impl.storage->lazy;
+  LazyRef ref;
+  {
+    LazyLock lock;
+    ref = impl.storage->lazy;
+  }
+  if (!ref) return;  // another thread computed it meanwhile
   call_evaluator({ref}, "data access");
-  KILN_CHECK(!impl.storage->lazy, "lazy: materializing a ", shape_str(impl.sizes),
-             " tensor left it pending");
+  KILN_CHECK(!impl.storage->pending.load(std::memory_order_acquire), "lazy: materializing a ",
+             shape_str(impl.sizes), " tensor left it pending");
 }
 
 InferenceScope::InferenceScope() {
@@ -490,30 +614,61 @@ std::string evaluation_reason() {
   return std::string(t_reason_cause) + " (" + t_reason + ")";
 }
 
-void flush_pending(const char* reason) {
+namespace {
+// The storages the nodes of `l` fill, as requests (under the lock).
+void add_requests(const LiveList& l, std::vector<LazyRef>& requests) {
+  for (LazyNode* n = l.head; n; n = n->live_next)
+    for (uint32_t i = 0; i < n->outputs.size(); ++i) {
+      std::shared_ptr<Storage> s = n->storages[i].lock();
+      if (s && s->lazy.node.get() == n && s->lazy.index == i) requests.push_back(s->lazy);
+    }
+}
+
+bool flush_allowed() {
   // Inside a trace nothing runs: its nodes are the trace, whatever their number.
-  if (!g_evaluator || g_live_count == 0 || t_evaluating > 0 || t_trace) return;
+  return g_evaluator && t_evaluating == 0 && !t_trace;
+}
+
+// Every thread's pending work: what a write to a storage that other threads' nodes read needs.
+void flush_all_threads(const char* reason) {
+  if (!flush_allowed()) return;
   std::vector<LazyRef> requests;
   {
-    std::lock_guard<SpinLock> lock(g_live_mutex);
-    for (LazyNode* n = g_live_head; n; n = n->live_next)
-      for (uint32_t i = 0; i < n->outputs.size(); ++i) {
-        std::shared_ptr<Storage> s = n->storages[i].lock();
-        if (s && s->lazy.node.get() == n && s->lazy.index == i) requests.push_back(s->lazy);
-      }
+    LazyLock lock;
+    for (const LiveList* l : all_lists()) add_requests(*l, requests);
+  }
+  if (!requests.empty()) call_evaluator(requests, reason);
+}
+
+bool written_storage_is_read(Storage& s) {
+  return s.pending.load(std::memory_order_acquire) ||
+         s.lazy_readers.load(std::memory_order_acquire) > 0;
+}
+}  // namespace
+
+void flush_pending(const char* reason) {
+  if (!flush_allowed() || !t_live) return;
+  std::vector<LazyRef> requests;
+  {
+    LazyLock lock;
+    add_requests(*t_live, requests);
   }
   if (!requests.empty()) call_evaluator(requests, reason);
 }
 
 void prepare_write(const Tensor& t) {
   Storage& s = *t.impl()->storage;
-  if (s.lazy || s.lazy_readers.load(std::memory_order_relaxed) > 0)
-    flush_pending("an in-place write to a tensor that pending work reads or fills");
+  if (!written_storage_is_read(s)) return;
+  static constexpr const char* kWhy =
+      "an in-place write to a tensor that pending work reads or fills";
+  flush_pending(kWhy);
+  // What is left belongs to other threads (a tensor shared between them) or to nobody's list.
+  if (written_storage_is_read(s)) flush_all_threads(kWhy);
 }
 
 int64_t pending_count() {
-  std::lock_guard<SpinLock> lock(g_live_mutex);
-  return g_live_count;
+  LazyLock lock;
+  return t_live ? t_live->count : 0;
 }
 int64_t max_pending() {
   return g_max_pending.load();

@@ -13,6 +13,13 @@
 // a computed node holding its result, so nothing is computed twice. In-place writes to a storage
 // that pending nodes read (or that is itself pending) first flush the pending trace; in trace mode
 // (kiln::jit::trace) they are instead recorded functionally (see jit/trace.cpp).
+//
+// Threads. Each thread records into its own live list, so a flush on one thread evaluates only
+// that thread's pending work. Node structure (inputs, results, claims, the live links) and every
+// Storage's `lazy` are read and written under one process-wide lock (LazyLock), held for the few
+// pointer updates of a recording or a hand-over, never while a graph is optimized, compiled or
+// run. An evaluation claims the nodes it computes (`in_flight`); another thread that needs one of
+// them waits until it is computed instead of computing it again.
 #pragma once
 
 #include <atomic>
@@ -30,6 +37,7 @@
 namespace kiln::detail {
 
 struct LazyNode;
+struct LiveList;
 struct Storage;
 struct TensorImpl;
 
@@ -65,19 +73,54 @@ struct LazyNode {
   // After execution: the result of each output; inputs are then released.
   std::vector<Tensor> results;
   bool computed = false;
+  // Claimed by an evaluation running on some thread (see jit/lazy_eval.cpp).
+  bool in_flight = false;
   uint64_t serial = 0;  // creation order, for stable graph building
-  // The live list of uncomputed nodes (see live_nodes()).
+  // Uncomputed nodes that read this one. While a computed node has such readers, the storages its
+  // results were handed to count one lazy reader each (`reader_storages`), so an in-place write to
+  // them first runs the readers, as it would for a concrete input.
+  int32_t consumers = 0;
+  absl::InlinedVector<std::shared_ptr<Storage>, 1> reader_storages;
+  // The recording thread's live list of uncomputed nodes, while on it.
+  LiveList* live_list = nullptr;
   LazyNode* live_prev = nullptr;
   LazyNode* live_next = nullptr;
-  bool in_live_list = false;
 
   LazyNode() = default;
   LazyNode(const LazyNode&) = delete;
   LazyNode& operator=(const LazyNode&) = delete;
   ~LazyNode();  // releases inputs iteratively: a million-node chain frees without recursion
-  // Stores results, releases inputs and leaves the live list.
+  // Stores results, releases inputs and leaves the live list (under the lazy lock).
   void mark_computed(std::vector<Tensor> values);
 };
+
+// The lazy lock: see the threading note above. Re-entrant on one thread (freeing a node frees its
+// producers under the lock its destructor took).
+class LazyLock {
+ public:
+  LazyLock() { lock(); }
+  ~LazyLock() {
+    if (held_) unlock();
+  }
+  LazyLock(const LazyLock&) = delete;
+  LazyLock& operator=(const LazyLock&) = delete;
+  void lock();
+  void unlock();
+  // Waits until some evaluation ends (its claims are released); this thread must hold the lock
+  // exactly once.
+  void wait_for_evaluations();
+
+ private:
+  bool held_ = false;
+};
+// Wakes the threads waiting for claimed nodes (an evaluation ended, computed or failed).
+void notify_evaluations();
+// Marks a storage pending with `ref` (or concrete, for an empty ref); under the lazy lock.
+// `bump`: views' cached nodes of it become stale.
+void set_storage_lazy(Storage& s, LazyRef ref, bool bump);
+// After a hand-over: the storage `s`, now holding node `n`'s result, counts as read by n's
+// uncomputed consumers while there are any.
+void note_computed_storage(LazyNode& n, const std::shared_ptr<Storage>& s);
 
 // ------------------------------------------------------------------------------- mode switches
 // True when this thread records ops: lazy mode on (KILN_LAZY, default on; kiln::LazyGuard) and
@@ -179,7 +222,8 @@ struct InferenceScope {
   InferenceScope& operator=(const InferenceScope&) = delete;
 };
 
-// Computes every uncomputed node still alive (before an in-place write, or past the size limit).
+// Computes every uncomputed node this thread recorded that is still alive (before an in-place
+// write, before a trace or replay, or past the size limit).
 void flush_pending(const char* reason = "flush");
 // Why the evaluator was called this time (for KILN_LOG=lazy): the MaterializeCause in scope, if
 // any, and the kind of request ("item() (data access)").
@@ -189,7 +233,7 @@ void prepare_write(const Tensor& t);
 // TensorImpl::data() calls this for a pending storage.
 void materialize_storage(TensorImpl& impl);
 
-// Number of uncomputed nodes alive (the pending trace's size).
+// Number of uncomputed nodes alive that this thread recorded (its pending trace's size).
 int64_t pending_count();
 // KILN_MAX_PENDING (default 10000): recording past it flushes the pending trace.
 int64_t max_pending();

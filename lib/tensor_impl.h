@@ -36,7 +36,10 @@ struct Storage {
   std::atomic<uint64_t> version{0};
   // Pending: the node output whose value will fill this storage (see lib/lazy.h). In trace mode
   // it may also be set on a concrete storage: the value written into it by the traced function.
+  // Read and written under the lazy lock (set_storage_lazy); `pending` says whether it is set, for
+  // the data path's check without the lock (released after the data is in place).
   LazyRef lazy;
+  std::atomic<bool> pending{false};
   // Bumped whenever `lazy` changes, so views can tell their cached node is stale.
   uint64_t lazy_generation = 0;
   // Uncomputed nodes holding this storage as a concrete input: writes must flush them first.
@@ -65,14 +68,14 @@ struct TensorImpl {
 
   int64_t numel() const;
   char* data() {
-    if (storage->lazy) materialize_storage(*this);
+    if (storage->pending.load(std::memory_order_acquire)) materialize_storage(*this);
     return static_cast<char*>(storage->data) + offset * static_cast<int64_t>(element_size(dtype));
   }
   Device device() const { return storage->device; }
 };
 
 inline bool is_pending(const Tensor& t) {
-  return t.defined() && t.impl()->storage->lazy.node;
+  return t.defined() && t.impl()->storage->pending.load(std::memory_order_acquire);
 }
 
 // Allocates a contiguous tensor (64-byte aligned, uninitialized).

@@ -944,6 +944,31 @@ TEST_F(Lazy, AnInPlaceWriteToAConcreteTensorThatPendingNodesReadFlushesThemFirst
   EXPECT_EQ(c.to_vector<double>(), std::vector<double>({100, 12, 0, 0}));
 }
 
+// A value computed by one evaluation and written in place afterwards: pending work recorded
+// before the write still reads it through the computed node, and must see the old values
+// (eval, item() and copy_ each compute a prefix of the pending work).
+TEST_F(Lazy, AWriteAfterAPartialEvaluationKeepsPendingReadersOnTheOldValues) {
+  const std::vector<std::pair<std::string, std::function<void(const Tensor&)>>> computes = {
+      {"eval", [](const Tensor& v) { eval(v); }},
+      {"item()", [](const Tensor& v) { (void)v[0].item<float>(); }},
+      {"copy_", [](const Tensor& v) {
+         Tensor dst = zeros({2});
+         dst.copy_(v);
+       }}};
+  for (const auto& [name, compute] : computes) {
+    Tensor x = concrete({1, 2}, {2}, kFloat32);
+    Tensor v1 = x * 1.f;
+    Tensor v4 = v1 * 10.f;
+    Tensor view_reader = v1.slice(0, 1, 2) * 3.f;
+    compute(v1);
+    ASSERT_TRUE(is_pending(v4)) << name;
+    v1.add_(100.f);
+    EXPECT_EQ(v4.to_vector<double>(), std::vector<double>({10, 20})) << name;
+    EXPECT_EQ(view_reader.to_vector<double>(), std::vector<double>({6})) << name;
+    EXPECT_EQ(v1.to_vector<double>(), std::vector<double>({101, 102})) << name;
+  }
+}
+
 TEST_F(Lazy, CopyIntoASliceOfAPendingTensor) {
   Tensor base = concrete_random({4, 5});
   Tensor src = concrete_random({2, 5});

@@ -1,0 +1,257 @@
+// Stress tests of kiln's threading contract (docs/architecture.md, "Threads"): tensors and modules
+// used by one thread at a time work from any number of threads at once; a pending tensor read from
+// several threads is computed once and all see its value; a traced function replays from several
+// threads (training steps one at a time, pure functions concurrently). Every thread's result is
+// compared with the same program run on one thread. Bounded in time, fixed seeds; tools/sanitize
+// runs them under ThreadSanitizer.
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "jit/lazy_eval.h"
+#include "kiln/jit.h"
+#include "kiln/nn.h"
+#include "kiln/optim.h"
+#include "lib/lazy.h"
+#include "lib/tensor_impl.h"
+#include "tests/testing.h"
+
+namespace kiln {
+namespace {
+
+using testing::values;
+
+constexpr int kThreads = 4;
+
+// Iterations shrink under sanitizers (KILN_TEST_SCALE=0.25), never to zero.
+int scaled(int n) {
+  const char* s = std::getenv("KILN_TEST_SCALE");
+  const double scale = s ? std::atof(s) : 1.0;
+  return std::max(1, static_cast<int>(n * (scale > 0 ? scale : 1.0)));
+}
+
+// Runs body(i) on kThreads threads that start together.
+void run_threads(const std::function<void(int)>& body) {
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i)
+    threads.emplace_back([&, i] {
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        if (++arrived == kThreads) cv.notify_all();
+        cv.wait(lock, [&] { return arrived == kThreads; });
+      }
+      try {
+        body(i);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "thread " << i << " raised: " << e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+}
+
+struct Mlp {
+  std::shared_ptr<nn::Sequential> model;
+  std::unique_ptr<optim::Adam> opt;
+};
+
+Mlp make_mlp(uint64_t seed) {
+  manual_seed(seed);
+  Mlp m;
+  m.model = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(8, 32), std::make_shared<nn::Tanh>(),
+      std::make_shared<nn::Linear>(32, 4)});
+  m.opt = std::make_unique<optim::Adam>(m.model->parameters(), optim::AdamOptions{1e-2});
+  return m;
+}
+
+void train_step(Mlp& m, const Tensor& x, const Tensor& target) {
+  m.opt->zero_grad();
+  Tensor loss = cross_entropy(m.model->forward(x), target);
+  loss.backward();
+  m.opt->step();
+}
+
+std::vector<std::vector<double>> parameter_values(const Mlp& m) {
+  std::vector<std::vector<double>> out;
+  for (const Tensor& p : m.model->parameters()) out.push_back(values(p));
+  return out;
+}
+
+struct Batch {
+  Tensor x, target;
+};
+Batch make_batch(uint64_t seed) {
+  manual_seed(seed);
+  return {randn({16, 8}), randint(4, {16})};
+}
+
+// Each thread trains its own MLP with Adam; each ends where the same training on one thread ends.
+TEST(Concurrency, ThreadsTrainingTheirOwnModelsMatchOneThread) {
+  const int steps = scaled(30);
+  std::vector<Mlp> models;
+  std::vector<Batch> batches;
+  for (int i = 0; i < kThreads; ++i) {
+    models.push_back(make_mlp(100 + i));
+    batches.push_back(make_batch(200 + i));
+  }
+  run_threads([&](int i) {
+    for (int s = 0; s < steps; ++s) train_step(models[i], batches[i].x, batches[i].target);
+  });
+  for (int i = 0; i < kThreads; ++i) {
+    Mlp alone = make_mlp(100 + i);
+    for (int s = 0; s < steps; ++s) train_step(alone, batches[i].x, batches[i].target);
+    EXPECT_EQ(parameter_values(models[i]), parameter_values(alone)) << "thread " << i;
+  }
+}
+
+// A pending tensor read from several threads at once is computed once; all see its value.
+TEST(Concurrency, PendingTensorReadFromThreadsIsComputedOnce) {
+  for (int round = 0; round < scaled(20); ++round) {
+    manual_seed(round);
+    Tensor a = randn({64, 33});
+    Tensor y = (a * 2.f + 1.f).tanh().sum(std::vector<int64_t>{1});
+    Tensor expected;
+    {
+      LazyGuard eager(false);
+      expected = (a * 2.f + 1.f).tanh().sum(std::vector<int64_t>{1});
+    }
+    ASSERT_TRUE(detail::is_pending(y));
+    const int64_t before = jit::lazy_stats().evaluations;
+    std::vector<std::vector<double>> seen(kThreads);
+    // Read through the data pointer: values() would record a cast on each thread.
+    run_threads([&](int i) {
+      const float* p = y.data_ptr<float>();
+      seen[i].assign(p, p + y.numel());
+    });
+    EXPECT_EQ(jit::lazy_stats().evaluations - before, 1) << "round " << round;
+    const std::vector<float> want = expected.to_vector<float>();
+    for (int i = 0; i < kThreads; ++i)
+      EXPECT_EQ(seen[i], std::vector<double>(want.begin(), want.end())) << "thread " << i;
+  }
+}
+
+// Threads record their own ops on one shared pending tensor and read them, while others read it.
+TEST(Concurrency, ThreadsBuildOnASharedPendingTensor) {
+  auto program = [](const Tensor& shared, int i) {
+    Tensor mine = (shared * static_cast<float>(i + 1)).sum(std::vector<int64_t>{0});
+    return values(mine + shared[i]);
+  };
+  for (int round = 0; round < scaled(20); ++round) {
+    manual_seed(1000 + round);
+    Tensor a = randn({32, 16});
+    Tensor shared = a.exp() - 1.f;
+    std::vector<std::vector<double>> seen(kThreads);
+    run_threads([&](int i) { seen[i] = program(shared, i); });
+    for (int i = 0; i < kThreads; ++i)
+      EXPECT_EQ(seen[i], program(a.exp() - 1.f, i)) << "thread " << i;
+  }
+}
+
+// A write on one thread to a tensor that another thread's pending work reads runs that work first:
+// it sees the value from before the write, as in eager mode.
+TEST(Concurrency, WriteRunsAnotherThreadsPendingReadersFirst) {
+  Tensor x = from_vector(std::vector<float>{1, 2, 3});
+  Tensor y;
+  std::thread recorder([&] { y = x * 2.f; });
+  recorder.join();
+  ASSERT_TRUE(detail::is_pending(y));
+  x.add_(100.f);
+  EXPECT_EQ(values(y), (std::vector<double>{2, 4, 6}));
+  EXPECT_EQ(values(x), (std::vector<double>{101, 102, 103}));
+}
+
+// Pending tensors outlive the thread that recorded them.
+TEST(Concurrency, PendingWorkOfAnEndedThreadStillComputes) {
+  std::vector<Tensor> made(kThreads);
+  run_threads([&](int i) {
+    made[i] = (arange(0, 5, 1, TensorOptions().dtype(kFloat32)) + static_cast<float>(i)).exp();
+  });
+  for (int i = 0; i < kThreads; ++i) {
+    LazyGuard eager(false);
+    Tensor expected =
+        (arange(0, 5, 1, TensorOptions().dtype(kFloat32)) + static_cast<float>(i)).exp();
+    EXPECT_EQ(values(made[i]), values(expected)) << "thread " << i;
+  }
+}
+
+// The first calls of a fresh traced function, from several threads at once: one trace, and every
+// result equals eager mode's.
+TEST(Concurrency, FirstCallsOfATracedFunctionFromThreads) {
+  for (int round = 0; round < scaled(10); ++round) {
+    auto fn = [](const std::vector<Tensor>& in) {
+      return std::vector<Tensor>{(in[0] * in[1] + 1.f).sigmoid().sum(std::vector<int64_t>{1})};
+    };
+    manual_seed(round);
+    std::vector<Tensor> a, b;
+    for (int i = 0; i < kThreads; ++i) {
+      a.push_back(randn({8, 5}));
+      b.push_back(randn({8, 5}));
+    }
+    jit::Function f = jit::trace(fn, {a[0], b[0]});
+    std::vector<std::vector<double>> seen(kThreads);
+    run_threads([&](int i) { seen[i] = values(f({a[i], b[i]})[0]); });
+    EXPECT_EQ(f.num_specializations(), 1u);
+    for (int i = 0; i < kThreads; ++i)
+      EXPECT_EQ(seen[i], values(f({a[i], b[i]})[0])) << "thread " << i;
+  }
+}
+
+// A pure traced function replayed from several threads on different inputs at once.
+TEST(Concurrency, PureReplaysRunConcurrently) {
+  auto fn = [](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{(in[0].tanh() * 3.f - in[0]).softmax(1)};
+  };
+  manual_seed(7);
+  jit::Function f = jit::trace(fn, {randn({4, 9})});
+  const int calls = scaled(50);
+  std::vector<std::vector<Tensor>> inputs(kThreads), outputs(kThreads);
+  for (int i = 0; i < kThreads; ++i)
+    for (int c = 0; c < calls; ++c) inputs[i].push_back(randn({4, 9}));
+  run_threads([&](int i) {
+    for (int c = 0; c < calls; ++c) outputs[i].push_back(f({inputs[i][c]})[0]);
+  });
+  // Equal to the same replays on one thread (and close to eager mode: fused sums may associate
+  // differently).
+  for (int i = 0; i < kThreads; ++i)
+    for (int c = 0; c < calls; ++c) {
+      ASSERT_EQ(values(outputs[i][c]), values(f({inputs[i][c]})[0]))
+          << "thread " << i << ", call " << c;
+      LazyGuard eager(false);
+      ASSERT_TRUE(allclose(outputs[i][c], fn({inputs[i][c]})[0], 1e-6, 1e-7));
+    }
+}
+
+// A traced training step (forward, backward, Adam) replayed from several threads: replays that
+// write captured parameters run one at a time, so the parameters end where as many replays on one
+// thread end.
+TEST(Concurrency, TracedTrainingStepReplaysSerialize) {
+  const int per_thread = scaled(10);
+  const Batch batch = make_batch(5);
+  auto step_of = [&](Mlp& m) {
+    return jit::trace(
+        [&m](const std::vector<Tensor>& in) {
+          train_step(m, in[0], in[1]);
+          return std::vector<Tensor>{};
+        },
+        {batch.x, batch.target});
+  };
+  Mlp shared = make_mlp(9);
+  jit::Function step = step_of(shared);
+  run_threads([&](int) {
+    for (int s = 0; s < per_thread; ++s) step({batch.x, batch.target});
+  });
+  Mlp alone = make_mlp(9);
+  jit::Function alone_step = step_of(alone);
+  for (int s = 0; s < kThreads * per_thread; ++s) alone_step({batch.x, batch.target});
+  EXPECT_EQ(parameter_values(shared), parameter_values(alone));
+}
+
+}  // namespace
+}  // namespace kiln
