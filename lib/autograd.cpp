@@ -375,6 +375,13 @@ void apply_inplace(Tensor& self, const char* op, std::initializer_list<const Ten
   KILN_CHECK(r.sizes() == self.sizes(), op, ": output with shape ", shape_str(self.sizes()),
              " doesn't match the broadcast shape ", shape_str(r.sizes()));
   if (r.dtype() != self.dtype()) r = r.to(self.dtype());
+  // A new value that does not depend on self's history (fill_, zero_, copy_ from a constant)
+  // still makes self this op's result, as in torch: self keeps requiring grad, and its old
+  // history receives a zero gradient. detach: r may be the caller's own source tensor.
+  if (recording && !requires_grad(r)) {
+    r = r.detach();
+    record(op, {self}, {r}, {}, [](const BackwardContext& c) { return one(zeros_like(c.grad())); });
+  }
   // A leaf (or self) handed back unchanged has no node of its own to become self's history.
   if (recording && requires_grad(r) && (!autograd_meta(r)->grad_fn || r.is_same(self)))
     r = r.clone();

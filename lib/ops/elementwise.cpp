@@ -324,34 +324,50 @@ Tensor softplus(const Tensor& input, double beta, double threshold) {
 }
 
 // ------------------------------------------------------------------------------------ binary ops
+namespace {
+// The operands a binary op's node saves: those that the gradients of the operands requiring grad
+// read (grad_a_reads and grad_b_reads name a as X and b as Y), as torch saves them. An operand
+// saved for nothing could not be written in place before the backward.
+std::vector<Tensor> saved_for(Saves grad_a_reads, Saves grad_b_reads, const Tensor& a,
+                              const Tensor& b) {
+  const bool ga = detail::requires_grad(a), gb = detail::requires_grad(b);
+  auto reads = [](Saves s, Saves which) { return s == which || s == Saves::XY; };
+  bool sa = (ga && reads(grad_a_reads, Saves::X)) || (gb && reads(grad_b_reads, Saves::X));
+  bool sb = (ga && reads(grad_a_reads, Saves::Y)) || (gb && reads(grad_b_reads, Saves::Y));
+  return {sa ? a : Tensor(), sb ? b : Tensor()};
+}
+}  // namespace
+
 // KILN_BINARY(name, rule, supports_bool, scalar expression of x and y of type T, gradient
-// expressions for a and b in the tensors g, a and b; Tensor() for none)
-#define KILN_BINARY(NAME, RULE, BOOL_OK, EXPR, FORMULA, GRAD_A, GRAD_B)                   \
-  static const auto NAME##_fn = [](auto x, auto y) {                                      \
-    using T = decltype(x);                                                                \
-    (void)sizeof(T);                                                                      \
-    return EXPR;                                                                          \
-  };                                                                                      \
-  static const detail::OpDef& NAME##_def = def_op(                                        \
-      #NAME, OpKind::Binary, 2, RULE, BOOL_OK,                                            \
-      [](const Inputs& in, const Attrs&) { return Inputs{NAME(in[0], in[1])}; }, {},      \
-      [](const Tensor& out, const Tensor* in, const Attrs&) {                             \
-        detail::binary_into<RULE>(NAME##_def, NAME##_fn, out, in[0], in[1]);              \
-      },                                                                                  \
-      FORMULA);                                                                           \
-  Tensor NAME(const Tensor& a, const Tensor& b) {                                         \
-    Tensor out = detail::binary_op<RULE>(NAME##_def, a, b, NAME##_fn);                    \
-    if (detail::needs_grad(a, b))                                                         \
-      detail::record(#NAME, {a, b}, {out}, {a, b}, [](const detail::BackwardContext& c) { \
-        const Tensor &g = c.grad(), &a = c.saved(0), &b = c.saved(1);                     \
-        (void)g, (void)a, (void)b;                                                        \
-        return std::vector<Tensor>{c.needs_grad(0) ? Tensor(GRAD_A) : Tensor(),           \
-                                   c.needs_grad(1) ? Tensor(GRAD_B) : Tensor()};          \
-      });                                                                                 \
-    return out;                                                                           \
-  }                                                                                       \
-  Tensor NAME(const Tensor& a, const Scalar& b) {                                         \
-    return NAME(a, wrap_scalar(b));                                                       \
+// expressions for a and b in the tensors g, a and b (Tensor() for none), each with the operands
+// it reads: X for a, Y for b)
+#define KILN_BINARY(NAME, RULE, BOOL_OK, EXPR, FORMULA, GRAD_A, A_READS, GRAD_B, B_READS)       \
+  static const auto NAME##_fn = [](auto x, auto y) {                                            \
+    using T = decltype(x);                                                                      \
+    (void)sizeof(T);                                                                            \
+    return EXPR;                                                                                \
+  };                                                                                            \
+  static const detail::OpDef& NAME##_def = def_op(                                              \
+      #NAME, OpKind::Binary, 2, RULE, BOOL_OK,                                                  \
+      [](const Inputs& in, const Attrs&) { return Inputs{NAME(in[0], in[1])}; }, {},            \
+      [](const Tensor& out, const Tensor* in, const Attrs&) {                                   \
+        detail::binary_into<RULE>(NAME##_def, NAME##_fn, out, in[0], in[1]);                    \
+      },                                                                                        \
+      FORMULA);                                                                                 \
+  Tensor NAME(const Tensor& a, const Tensor& b) {                                               \
+    Tensor out = detail::binary_op<RULE>(NAME##_def, a, b, NAME##_fn);                          \
+    if (detail::needs_grad(a, b))                                                               \
+      detail::record(#NAME, {a, b}, {out}, saved_for(Saves::A_READS, Saves::B_READS, a, b),     \
+                     [](const detail::BackwardContext& c) {                                     \
+                       const Tensor &g = c.grad(), &a = c.saved(0), &b = c.saved(1);            \
+                       (void)g, (void)a, (void)b;                                               \
+                       return std::vector<Tensor>{c.needs_grad(0) ? Tensor(GRAD_A) : Tensor(),  \
+                                                  c.needs_grad(1) ? Tensor(GRAD_B) : Tensor()}; \
+                     });                                                                        \
+    return out;                                                                                 \
+  }                                                                                             \
+  Tensor NAME(const Tensor& a, const Scalar& b) {                                               \
+    return NAME(a, wrap_scalar(b));                                                             \
   }
 
 namespace {
@@ -362,23 +378,25 @@ Tensor winner_share(const Tensor& a_wins, const Tensor& a, const Tensor& b, DTyp
 }
 }  // namespace
 
-KILN_BINARY(mul, DTypeRule::Same, true, multiply(x, y), "(mul x y)", g* b, g* a)
-KILN_BINARY(div, DTypeRule::Float, true, x / y, "(div x y)", g / b, -g* a / (b * b))
+KILN_BINARY(mul, DTypeRule::Same, true, multiply(x, y), "(mul x y)", g* b, Y, g* a, X)
+KILN_BINARY(div, DTypeRule::Float, true, x / y, "(div x y)", g / b, Y, -g* a / (b * b), XY)
 // NaN propagates from either side, as in torch.minimum/maximum.
 KILN_BINARY(minimum, DTypeRule::Same, true, T((x != x || x < y) ? x : y),
-            "(select (or (ne x x) (lt x y)) x y)", g* winner_share(lt(a, b), a, b, g.dtype()),
-            g*(1 - winner_share(lt(a, b), a, b, g.dtype())))
+            "(select (or (ne x x) (lt x y)) x y)", g* winner_share(lt(a, b), a, b, g.dtype()), XY,
+            g*(1 - winner_share(lt(a, b), a, b, g.dtype())), XY)
 KILN_BINARY(maximum, DTypeRule::Same, true, T((x != x || x > y) ? x : y),
-            "(select (or (ne x x) (gt x y)) x y)", g* winner_share(gt(a, b), a, b, g.dtype()),
-            g*(1 - winner_share(gt(a, b), a, b, g.dtype())))
-KILN_BINARY(eq, DTypeRule::Predicate, true, x == y, "(eq x y)", Tensor(), Tensor())
-KILN_BINARY(ne, DTypeRule::Predicate, true, x != y, "(ne x y)", Tensor(), Tensor())
-KILN_BINARY(lt, DTypeRule::Predicate, true, x < y, "(lt x y)", Tensor(), Tensor())
-KILN_BINARY(le, DTypeRule::Predicate, true, x <= y, "(le x y)", Tensor(), Tensor())
-KILN_BINARY(gt, DTypeRule::Predicate, true, x > y, "(gt x y)", Tensor(), Tensor())
-KILN_BINARY(ge, DTypeRule::Predicate, true, x >= y, "(ge x y)", Tensor(), Tensor())
-KILN_BINARY(logical_and, DTypeRule::Logical, true, x&& y, "(and x y)", Tensor(), Tensor())
-KILN_BINARY(logical_or, DTypeRule::Logical, true, x || y, "(or x y)", Tensor(), Tensor())
+            "(select (or (ne x x) (gt x y)) x y)", g* winner_share(gt(a, b), a, b, g.dtype()), XY,
+            g*(1 - winner_share(gt(a, b), a, b, g.dtype())), XY)
+KILN_BINARY(eq, DTypeRule::Predicate, true, x == y, "(eq x y)", Tensor(), None, Tensor(), None)
+KILN_BINARY(ne, DTypeRule::Predicate, true, x != y, "(ne x y)", Tensor(), None, Tensor(), None)
+KILN_BINARY(lt, DTypeRule::Predicate, true, x < y, "(lt x y)", Tensor(), None, Tensor(), None)
+KILN_BINARY(le, DTypeRule::Predicate, true, x <= y, "(le x y)", Tensor(), None, Tensor(), None)
+KILN_BINARY(gt, DTypeRule::Predicate, true, x > y, "(gt x y)", Tensor(), None, Tensor(), None)
+KILN_BINARY(ge, DTypeRule::Predicate, true, x >= y, "(ge x y)", Tensor(), None, Tensor(), None)
+KILN_BINARY(logical_and, DTypeRule::Logical, true, x&& y, "(and x y)", Tensor(), None, Tensor(),
+            None)
+KILN_BINARY(logical_or, DTypeRule::Logical, true, x || y, "(or x y)", Tensor(), None, Tensor(),
+            None)
 #undef KILN_BINARY
 
 namespace {
@@ -491,11 +509,12 @@ Tensor remainder(const Tensor& a, const Tensor& b) {
   });
   // a - floor(a / b) * b
   if (detail::needs_grad(a, b))
-    detail::record("remainder", {a, b}, {out}, {a, b}, [](const detail::BackwardContext& c) {
-      const Tensor& g = c.grad();
-      return std::vector<Tensor>{g,
-                                 c.needs_grad(1) ? -g * floor(c.saved(0) / c.saved(1)) : Tensor()};
-    });
+    detail::record("remainder", {a, b}, {out}, saved_for(Saves::None, Saves::XY, a, b),
+                   [](const detail::BackwardContext& c) {
+                     const Tensor& g = c.grad();
+                     return std::vector<Tensor>{
+                         g, c.needs_grad(1) ? -g * floor(c.saved(0) / c.saved(1)) : Tensor()};
+                   });
   return out;
 }
 Tensor remainder(const Tensor& a, const Scalar& b) {
@@ -524,8 +543,10 @@ Tensor pow(const Tensor& base, const Tensor& exponent) {
       return T(int_pow(x, y));
   });
   // d/da = b a^(b-1) (0 where b = 0); d/db = a^b log(a) (0 where a = 0 and b >= 0), as torch.
+  // The output is saved only for the exponent's gradient: x ** 2 may then be written in place.
   if (detail::needs_grad(base, exponent))
-    detail::record("pow", {base, exponent}, {out}, {base, exponent, out},
+    detail::record("pow", {base, exponent}, {out},
+                   {base, exponent, detail::requires_grad(exponent) ? out : Tensor()},
                    [](const detail::BackwardContext& c) {
                      const Tensor &g = c.grad(), &a = c.saved(0), &b = c.saved(1), &y = c.saved(2);
                      std::vector<Tensor> grads(2);
@@ -597,9 +618,9 @@ static const detail::OpDef& clamp_def = def_op(
       return Inputs{clamp(in[0], optional_scalar(a.at(0)), optional_scalar(a.at(1)))};
     },
     {"min", "max"}, nullptr,
-    // An absent bound (none) leaves the value as it is.
-    "(let lo (if-attr a0 none x (select (lt x a0) a0 x))"
-    " (if-attr a1 none lo (select (gt lo a1) a1 lo)))");
+    // An absent bound (none) leaves the value as it is; a NaN bound makes every result NaN.
+    "(let lo (if-attr a0 none x (select (or (lt x a0) (ne a0 a0)) a0 x))"
+    " (if-attr a1 none lo (select (or (gt lo a1) (ne a1 a1)) a1 lo)))");
 Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max) {
   detail::check_elementwise_input(clamp_def, x, "input");
   KILN_CHECK(min || max, "clamp: at least one of 'min' or 'max' must be given");
@@ -620,9 +641,11 @@ Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> m
       T hi = max ? max->to<T>() : std::numeric_limits<T>::max();
       bool has_lo = min.has_value(), has_hi = max.has_value();
       detail::map_kernel<T, T>(
+          // A NaN value passes through (it compares false); a NaN bound is the result, as
+          // torch's clamp fills the result with NaN when either bound is NaN.
           [=](T v) {
-            if (has_lo && v < lo) v = lo;  // NaN compares false and passes through
-            if (has_hi && v > hi) v = hi;
+            if (has_lo && (v < lo || lo != lo)) v = lo;
+            if (has_hi && (v > hi || hi != hi)) v = hi;
             return v;
           },
           out, x.to(common));

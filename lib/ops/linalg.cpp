@@ -385,10 +385,33 @@ std::string pair_str(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 namespace {
-// a @ b, produced transposed when `like` is a transposed contiguous matrix (a weight used as
-// w.t()), so that the gradient reaches w contiguous instead of through a transposing copy.
-Tensor mm_like(const Tensor& a, const Tensor& b, const Tensor& like) {
-  if (!like.is_contiguous() && like.t().is_contiguous()) return mm(b.t(), a.t()).t();
+// t as a matrix of its last dim's columns. The row count is spelled out: reshape's -1 cannot
+// infer it when the columns number 0 (torch rejects that as ambiguous too).
+Tensor as_rows(const Tensor& t) {
+  const int64_t cols = t.size(-1);
+  const int64_t rows = cols == 0
+                           ? detail::shape_numel(Shape(t.sizes().begin(), t.sizes().end() - 1))
+                           : t.numel() / cols;
+  return t.reshape({rows, cols});
+}
+
+// A gradient formula reads an operand only for the other operand's gradient (d(a b)/da = b):
+// saved are the operands the inputs that require grad need, so in-place writes to the others
+// stay allowed, as in torch.
+Tensor saved_if(bool needed, const Tensor& t) {
+  return needed ? t : Tensor();
+}
+
+// Whether m is a transposed contiguous matrix (a weight used as w.t()). Recorded with the
+// forward, as the matrix itself may not be saved.
+bool is_transposed(const Tensor& m) {
+  return !m.is_contiguous() && m.t().is_contiguous();
+}
+
+// a @ b, produced transposed when the operand it is the gradient of is_transposed, so that the
+// gradient reaches w contiguous instead of through a transposing copy.
+Tensor mm_like(const Tensor& a, const Tensor& b, bool transposed) {
+  if (transposed) return mm(b.t(), a.t()).t();
   return mm(a, b);
 }
 }  // namespace
@@ -410,11 +433,14 @@ Tensor mm(const Tensor& a, const Tensor& b) {
     gemm_into("mm", out, a, b, {}, compute, 1, 0);
   }
   if (detail::needs_grad(a, b))
-    detail::record("mm", {a, b}, {out}, {a, b}, [](const detail::BackwardContext& c) {
-      const Tensor &g = c.grad(), &a = c.saved(0), &b = c.saved(1);
-      return std::vector<Tensor>{c.needs_grad(0) ? mm_like(g, b.t(), a) : Tensor(),
-                                 c.needs_grad(1) ? mm_like(a.t(), g, b) : Tensor()};
-    });
+    detail::record(
+        "mm", {a, b}, {out},
+        {saved_if(detail::requires_grad(b), a), saved_if(detail::requires_grad(a), b)},
+        [a_t = is_transposed(a), b_t = is_transposed(b)](const detail::BackwardContext& c) {
+          const Tensor &g = c.grad(), &a = c.saved(0), &b = c.saved(1);
+          return std::vector<Tensor>{c.needs_grad(0) ? mm_like(g, b.t(), a_t) : Tensor(),
+                                     c.needs_grad(1) ? mm_like(a.t(), g, b_t) : Tensor()};
+        });
   return out;
 }
 
@@ -438,11 +464,14 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
     gemm_into("bmm", out, a, b, {a.size(0)}, compute, 1, 0);
   }
   if (detail::needs_grad(a, b))
-    detail::record("bmm", {a, b}, {out}, {a, b}, [](const detail::BackwardContext& c) {
-      const Tensor &g = c.grad(), &a = c.saved(0), &b = c.saved(1);
-      return std::vector<Tensor>{c.needs_grad(0) ? bmm(g, b.transpose(1, 2)) : Tensor(),
-                                 c.needs_grad(1) ? bmm(a.transpose(1, 2), g) : Tensor()};
-    });
+    detail::record("bmm", {a, b}, {out},
+                   {saved_if(detail::requires_grad(b), a), saved_if(detail::requires_grad(a), b)},
+                   [](const detail::BackwardContext& c) {
+                     const Tensor &g = c.grad(), &a = c.saved(0), &b = c.saved(1);
+                     return std::vector<Tensor>{
+                         c.needs_grad(0) ? bmm(g, b.transpose(1, 2)) : Tensor(),
+                         c.needs_grad(1) ? bmm(a.transpose(1, 2), g) : Tensor()};
+                   });
   return out;
 }
 
@@ -494,27 +523,30 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   // Gradients of the matrix form (1-D operands as a row or a column), summed over broadcast
   // batch dims; a 2-D right operand folds the batch into the rows of one GEMM.
   if (detail::needs_grad(a, b))
-    detail::record("matmul", {a, b}, {out}, {a, b}, [full](const detail::BackwardContext& c) {
-      const Tensor &a = c.saved(0), &b = c.saved(1);
-      Tensor A = a.dim() == 1 ? a.unsqueeze(0) : a;
-      Tensor B = b.dim() == 1 ? b.unsqueeze(1) : b;
-      Tensor g = c.grad().reshape(full);
-      std::vector<Tensor> grads(2);
-      if (c.needs_grad(0))
-        grads[0] = sum_to_size(matmul(g, B.transpose(-1, -2)), A.sizes()).reshape(a.sizes());
-      if (c.needs_grad(1)) {
-        const int64_t K = A.size(-1), N = B.size(-1);
-        if (B.dim() == 2) {
-          Shape a_full(full.begin(), full.end() - 2);
-          a_full.insert(a_full.end(), {A.size(-2), K});
-          grads[1] =
-              mm(A.expand(a_full).reshape({-1, K}).t(), g.reshape({-1, N})).reshape(b.sizes());
-        } else {
-          grads[1] = sum_to_size(matmul(A.transpose(-1, -2), g), B.sizes()).reshape(b.sizes());
-        }
-      }
-      return grads;
-    });
+    detail::record(
+        "matmul", {a, b}, {out},
+        {saved_if(detail::requires_grad(b), a), saved_if(detail::requires_grad(a), b)},
+        [full, a_sizes = a.sizes(), b_sizes = b.sizes()](const detail::BackwardContext& c) {
+          const Tensor &a = c.saved(0), &b = c.saved(1);
+          Tensor g = c.grad().reshape(full);
+          std::vector<Tensor> grads(2);
+          if (c.needs_grad(0)) {
+            Tensor B = b.dim() == 1 ? b.unsqueeze(1) : b;
+            Shape A_sizes = a_sizes.size() == 1 ? Shape{1, a_sizes[0]} : a_sizes;
+            grads[0] = sum_to_size(matmul(g, B.transpose(-1, -2)), A_sizes).reshape(a_sizes);
+          }
+          if (c.needs_grad(1)) {
+            Tensor A = a.dim() == 1 ? a.unsqueeze(0) : a;
+            if (b_sizes.size() <= 2) {
+              Shape a_full(full.begin(), full.end() - 2);
+              a_full.insert(a_full.end(), {A.size(-2), A.size(-1)});
+              grads[1] = mm(as_rows(A.expand(a_full)).t(), as_rows(g)).reshape(b_sizes);
+            } else {
+              grads[1] = sum_to_size(matmul(A.transpose(-1, -2), g), b_sizes).reshape(b_sizes);
+            }
+          }
+          return grads;
+        });
   return out;
 }
 
@@ -552,16 +584,17 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   // The batch dims fold into the rows of the weight's GEMM; the bias's gradient is g summed down
   // to its shape (by the engine).
   if (detail::needs_grad(x, weight, bias))
-    detail::record("linear", {x, weight, bias}, {out}, {x, weight},
-                   [](const detail::BackwardContext& c) {
-                     const Tensor &g = c.grad(), &x = c.saved(0), &w = c.saved(1);
-                     std::vector<Tensor> grads(3);
-                     if (c.needs_grad(0)) grads[0] = matmul(g, w);
-                     if (c.needs_grad(1))
-                       grads[1] = mm(g.reshape({-1, w.size(0)}).t(), x.reshape({-1, w.size(1)}));
-                     if (c.needs_grad(2)) grads[2] = g;
-                     return grads;
-                   });
+    detail::record(
+        "linear", {x, weight, bias}, {out},
+        {saved_if(detail::requires_grad(weight), x), saved_if(detail::requires_grad(x), weight)},
+        [](const detail::BackwardContext& c) {
+          const Tensor &g = c.grad(), &x = c.saved(0), &w = c.saved(1);
+          std::vector<Tensor> grads(3);
+          if (c.needs_grad(0)) grads[0] = matmul(g, w);
+          if (c.needs_grad(1)) grads[1] = mm(as_rows(g).t(), as_rows(x));
+          if (c.needs_grad(2)) grads[2] = g;
+          return grads;
+        });
   return out;
 }
 
@@ -593,16 +626,19 @@ Tensor addmm(const Tensor& self, const Tensor& m1, const Tensor& m2, const Scala
     gemm_into("addmm", out, m1, m2, {}, compute, alpha, use_self ? beta : Scalar(0));
   }
   if (detail::needs_grad(self, m1, m2))
-    detail::record("addmm", {self, m1, m2}, {out}, {m1, m2},
-                   [b = beta.to_double(), a = alpha.to_double()](const detail::BackwardContext& c) {
-                     const Tensor &g = c.grad(), &m1 = c.saved(0), &m2 = c.saved(1);
-                     Tensor ga = a == 1.0 ? g : g * a;
-                     std::vector<Tensor> grads(3);
-                     if (c.needs_grad(0)) grads[0] = b == 1.0 ? g : g * b;
-                     if (c.needs_grad(1)) grads[1] = mm_like(ga, m2.t(), m1);
-                     if (c.needs_grad(2)) grads[2] = mm_like(m1.t(), ga, m2);
-                     return grads;
-                   });
+    detail::record(
+        "addmm", {self, m1, m2}, {out},
+        {saved_if(detail::requires_grad(m2), m1), saved_if(detail::requires_grad(m1), m2)},
+        [b = beta.to_double(), a = alpha.to_double(), m1_t = is_transposed(m1),
+         m2_t = is_transposed(m2)](const detail::BackwardContext& c) {
+          const Tensor &g = c.grad(), &m1 = c.saved(0), &m2 = c.saved(1);
+          Tensor ga = a == 1.0 ? g : g * a;
+          std::vector<Tensor> grads(3);
+          if (c.needs_grad(0)) grads[0] = b == 1.0 ? g : g * b;
+          if (c.needs_grad(1)) grads[1] = mm_like(ga, m2.t(), m1_t);
+          if (c.needs_grad(2)) grads[2] = mm_like(m1.t(), ga, m2_t);
+          return grads;
+        });
   return out;
 }
 

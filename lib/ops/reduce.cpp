@@ -206,7 +206,9 @@ Geometry geometry(const Tensor& x, const char* op, const std::vector<int64_t>& d
                  detail::shape_str(dims), " (input ", describe(x), ")");
       seen[w] = true;
       reduced[w] = true;
-      g.dims_attr.push_back(w);
+      // A 0-dim tensor accepts dim 0 (or -1), which names the tensor itself: reducing it over
+      // that dim is reducing it over all of its (no) dims, so the graph sees no dims at all.
+      if (w < nd) g.dims_attr.push_back(w);
     }
     std::sort(g.dims_attr.begin(), g.dims_attr.end());
   }
@@ -464,10 +466,14 @@ struct ProdOps {
   A combine(A a, A b) const { return a * b; }
 };
 
-// max or min where a NaN wins over everything.
+// max or min where a NaN wins over everything and +0 counts as greater than -0 (IEEE 754-2019's
+// maximum and minimum, as LLVM's llvm.maximum/llvm.minimum and the CUDA emitter's kiln_fmax fold
+// fused reductions): the result does not depend on the order the elements are visited in.
 template <typename T, bool IsMax>
 T pick(T a, T x) {
   bool better = IsMax ? x > a : x < a;
+  if constexpr (kIsFloat<T>)
+    if (x == a && std::signbit(x) != std::signbit(a)) better = std::signbit(x) != IsMax;
   return (better || is_nan(x)) ? x : a;
 }
 
@@ -482,7 +488,8 @@ template <typename T, bool IsMax>
 struct ExtremumOps {
   T init{};  // unused: an empty reduction is rejected before
   // Lanes of plain max (or min) vectorize; for floats a second set of lanes adds x - x, which turns
-  // NaN on a NaN or an infinity, and then the run is redone by the exact NaN-aware scalar loop.
+  // NaN on a NaN or an infinity, and then the run is redone by the exact NaN-aware scalar loop,
+  // as it is when the result is a zero (whose sign the lanes' plain comparison leaves to order).
   T run(const T* __restrict p, int64_t n) const {
     T lane[kLanes], bad[kLanes];
     for (int k = 0; k < kLanes; ++k) {
@@ -505,6 +512,8 @@ struct ExtremumOps {
     T r = p[0];
     for (int k = 0; k < kLanes; ++k) r = pick<T, IsMax>(r, lane[k]);
     for (; i < n; ++i) r = pick<T, IsMax>(r, p[i]);
+    if constexpr (kIsFloat<T>)
+      if (r == T(0)) return extremum_scalar<T, IsMax>(p, n);
     return r;
   }
   T lift(T x) const { return x; }
@@ -700,7 +709,7 @@ void arg_reduce(const detail::OpDef& def, const Tensor& x, std::optional<int64_t
   }
   if (detail::should_record(x)) {
     Attrs attrs{std::monostate{}, keepdim};
-    if (dim) attrs[0].emplace<int64_t>(g.dims_attr[0]);
+    if (dim) attrs[0].emplace<int64_t>(detail::wrap_dim(*dim, x.dim(), op));
     if (values) {
       std::vector<Tensor> out = detail::lazy_record(
           def, {x}, std::move(attrs), {{g.out_shape, x.dtype()}, {g.out_shape, kInt64}});
@@ -813,12 +822,13 @@ Tensor var_like(const detail::OpDef& def, const Tensor& x, const std::vector<int
 
 // ------------------------------------------------------------------------------- gradients
 
-// The dims of x a reduction over `dims` removes, ascending (all of them for an empty list).
+// The dims of x a reduction over `dims` removes, ascending (all of them for an empty list). A
+// 0-dim x has none, even when dims names its dim 0 (or -1), as torch allows.
 std::vector<int64_t> reduced_dims(const Tensor& x, const std::vector<int64_t>& dims) {
   std::vector<int64_t> out;
   if (dims.empty()) {
     for (int64_t d = 0; d < x.dim(); ++d) out.push_back(d);
-  } else {
+  } else if (x.dim() > 0) {
     for (int64_t d : dims) out.push_back(detail::wrap_dim(d, x.dim(), "reduce"));
     std::sort(out.begin(), out.end());
   }

@@ -471,8 +471,9 @@ std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const {
   KILN_CHECK(dim() > 0, "chunk: cannot chunk a 0-dim tensor ", describe(*this));
   int64_t pos = wrap_dim(d, dim(), "chunk", this);
   int64_t n = sizes()[pos];
-  int64_t size = std::max<int64_t>((n + chunks - 1) / chunks, 1);
-  return split(size, pos);
+  // An empty dim splits into `chunks` empty pieces, as in torch (split by a size would give one).
+  if (n == 0) return split(std::vector<int64_t>(static_cast<size_t>(chunks), 0), pos);
+  return split((n + chunks - 1) / chunks, pos);
 }
 
 std::vector<Tensor> Tensor::unbind(int64_t d) const {

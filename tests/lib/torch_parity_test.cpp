@@ -1,0 +1,349 @@
+// Ops and autograd against libtorch's semantics on edge cases (0-dim reductions, size-0 matrix
+// products, what backward saves, NaN clamp bounds, empty chunks, in-place writes of tensors that
+// require grad, signed zeros in max/min, NaN through zero gradients), each in eager mode and in
+// lazy mode. Expected values are libtorch's (1.13 and 2.x agree on them).
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/testing.h"
+#include "tests/testing.h"
+
+namespace kiln {
+namespace {
+
+const double kNaN = std::numeric_limits<double>::quiet_NaN();
+const double kInf = std::numeric_limits<double>::infinity();
+
+// Every case runs with lazy recording off (the reference) and on (the default).
+class TorchParity : public ::testing::TestWithParam<bool> {
+ protected:
+  TorchParity() : mode_(GetParam()) {}
+  LazyGuard mode_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Modes, TorchParity, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Lazy" : "Eager";
+                         });
+
+int64_t numel_of(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+Tensor leaf(const std::vector<double>& values, const Shape& shape) {
+  return from_vector(values, shape).requires_grad_();
+}
+
+// ------------------------------------------------------------------- reductions of a 0-dim tensor
+
+struct ZeroDimCase {
+  std::string name;
+  std::function<Tensor(const Tensor&, int64_t dim, bool keepdim)> fn;
+  double value, grad;  // at x = 2
+};
+
+// torch accepts dim 0 and -1 for a 0-dim tensor; the result is 0-dim whatever keepdim says.
+// var and std of one element with correction 1 divide by zero: NaN, and so is their gradient
+// (torch's var_backward multiplies by 2 / (N - correction) = inf, std's divides by the NaN std).
+std::vector<ZeroDimCase> zero_dim_cases() {
+  return {
+      {"sum", [](const Tensor& x, int64_t d, bool k) { return sum(x, {d}, k); }, 2, 1},
+      {"sum_times_2", [](const Tensor& x, int64_t d, bool k) { return sum(x, {d}, k) * 2.f; }, 4,
+       2},
+      {"mean", [](const Tensor& x, int64_t d, bool k) { return mean(x, {d}, k); }, 2, 1},
+      {"prod", [](const Tensor& x, int64_t d, bool k) { return prod(x, {d}, k); }, 2, 1},
+      {"amax", [](const Tensor& x, int64_t d, bool k) { return amax(x, {d}, k); }, 2, 1},
+      {"amin", [](const Tensor& x, int64_t d, bool k) { return amin(x, {d}, k); }, 2, 1},
+      {"max_dim", [](const Tensor& x, int64_t d, bool k) { return std::get<0>(max(x, d, k)); }, 2,
+       1},
+      {"min_dim", [](const Tensor& x, int64_t d, bool k) { return std::get<0>(min(x, d, k)); }, 2,
+       1},
+      {"logsumexp", [](const Tensor& x, int64_t d, bool k) { return logsumexp(x, {d}, k); }, 2, 1},
+      {"var", [](const Tensor& x, int64_t d, bool k) { return var(x, {d}, 1, k); }, kNaN, kNaN},
+      {"std", [](const Tensor& x, int64_t d, bool k) { return kiln::std(x, {d}, 1, k); }, kNaN,
+       kNaN},
+      {"var_correction_0", [](const Tensor& x, int64_t d, bool k) { return var(x, {d}, 0, k); }, 0,
+       0},
+      {"std_correction_0",
+       [](const Tensor& x, int64_t d, bool k) { return kiln::std(x, {d}, 0, k); }, 0, 0},
+  };
+}
+
+TEST_P(TorchParity, ReductionOverTheDimOfA0DimTensorAndItsBackward) {
+  for (const ZeroDimCase& c : zero_dim_cases()) {
+    for (int64_t dim : {0, -1}) {
+      for (bool keepdim : {false, true}) {
+        SCOPED_TRACE(c.name + " dim " + std::to_string(dim) + (keepdim ? " keepdim" : ""));
+        Tensor x = leaf({2.0}, Shape{});
+        Tensor y = c.fn(x, dim, keepdim);
+        testing::expect_close(y, {c.value}, Shape{}, kFloat64);
+        y.sum().backward();
+        ASSERT_TRUE(x.grad().defined());
+        testing::expect_close(x.grad(), {c.grad}, Shape{}, kFloat64);
+      }
+    }
+  }
+}
+
+TEST_P(TorchParity, ArgAndLogicalReductionsOverTheDimOfA0DimTensor) {
+  Tensor x = from_vector(std::vector<double>{2.0}, Shape{});
+  for (int64_t dim : {0, -1}) {
+    testing::expect_close(argmax(x, dim), {0}, Shape{}, kInt64);
+    testing::expect_close(argmin(x, dim, true), {0}, Shape{}, kInt64);
+    testing::expect_close(all(x, {dim}), {1}, Shape{}, kBool);
+    testing::expect_close(any(x, {dim}, true), {1}, Shape{}, kBool);
+  }
+}
+
+// ---------------------------------------------------------------------- size-0 matrix products
+
+TEST_P(TorchParity, MatmulWithAnEmptyContractionIsZeroAndSoAreItsGradients) {
+  Tensor a = zeros({2, 3, 0}, kFloat64).requires_grad_();
+  Tensor b = zeros({0, 1}, kFloat64).requires_grad_();
+  Tensor y = matmul(a, b);
+  testing::expect_close(y, std::vector<double>(6, 0.0), {2, 3, 1}, kFloat64);
+  y.sum().backward();
+  EXPECT_EQ(a.grad().sizes(), (Shape{2, 3, 0}));
+  testing::expect_close(b.grad(), {}, {0, 1}, kFloat64);
+}
+
+TEST_P(TorchParity, MatrixProductsWithAnyEmptyDimForwardAndBackward) {
+  struct Case {
+    std::string name;
+    Shape a, b, out;
+    std::function<Tensor(const Tensor&, const Tensor&)> fn;
+  };
+  auto mm_fn = [](const Tensor& a, const Tensor& b) { return mm(a, b); };
+  auto bmm_fn = [](const Tensor& a, const Tensor& b) { return bmm(a, b); };
+  auto matmul_fn = [](const Tensor& a, const Tensor& b) { return matmul(a, b); };
+  const std::vector<Case> cases = {
+      {"mm k=0", {3, 0}, {0, 2}, {3, 2}, mm_fn},
+      {"mm m=0", {0, 3}, {3, 2}, {0, 2}, mm_fn},
+      {"mm n=0", {3, 4}, {4, 0}, {3, 0}, mm_fn},
+      {"bmm k=0", {2, 3, 0}, {2, 0, 4}, {2, 3, 4}, bmm_fn},
+      {"bmm batch=0", {0, 3, 2}, {0, 2, 4}, {0, 3, 4}, bmm_fn},
+      {"matmul batched k=0", {2, 3, 0}, {0, 4}, {2, 3, 4}, matmul_fn},
+      {"matmul 1-D k=0", {0}, {0, 4}, {4}, matmul_fn},
+      {"matmul batch=0", {0, 3, 2}, {2, 4}, {0, 3, 4}, matmul_fn},
+      {"matmul broadcast k=0", {2, 1, 3, 0}, {5, 0, 4}, {2, 5, 3, 4}, matmul_fn},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Tensor a = testing::random_tensor(c.a, kFloat64).requires_grad_();
+    Tensor b = testing::random_tensor(c.b, kFloat64).requires_grad_();
+    Tensor y = c.fn(a, b);
+    const int64_t k = c.a.back();
+    if (k == 0)
+      testing::expect_close(y, std::vector<double>(static_cast<size_t>(numel_of(c.out)), 0.0),
+                            c.out, kFloat64);
+    EXPECT_EQ(y.sizes(), c.out);
+    y.sum().backward();
+    EXPECT_EQ(a.grad().sizes(), c.a);
+    EXPECT_EQ(b.grad().sizes(), c.b);
+    // With an empty output nothing flows back; with an empty contraction there is nothing to
+    // flow to.
+    if (numel_of(c.out) == 0) {
+      EXPECT_EQ(a.grad().abs().sum().item<double>(), 0.0);
+      EXPECT_EQ(b.grad().abs().sum().item<double>(), 0.0);
+    }
+  }
+}
+
+TEST_P(TorchParity, LinearWithNoInputFeaturesIsItsBias) {
+  Tensor x = zeros({4, 1, 1, 0}, kFloat64).requires_grad_();
+  Tensor w = zeros({4, 0}, kFloat64).requires_grad_();
+  Tensor bias = from_vector(std::vector<double>{1, 2, 3, 4}).requires_grad_();
+  Tensor y = linear(x, w, bias);
+  std::vector<double> expected;
+  for (int i = 0; i < 4; ++i) expected.insert(expected.end(), {1, 2, 3, 4});
+  testing::expect_close(y, expected, {4, 1, 1, 4}, kFloat64);
+  y.sum().backward();
+  EXPECT_EQ(x.grad().sizes(), (Shape{4, 1, 1, 0}));
+  testing::expect_close(w.grad(), {}, {4, 0}, kFloat64);
+  testing::expect_close(bias.grad(), {4, 4, 4, 4}, {4}, kFloat64);
+}
+
+// ------------------------------------------------------------------------ what backward saves
+
+TEST_P(TorchParity, PowByANumberSavesItsInputNotItsOutput) {
+  Tensor x = leaf({1, 2, 3}, {3});
+  Tensor y = pow(x, 2.0);
+  y.sub_(1);
+  y.sum().backward();
+  testing::expect_close(x.grad(), {2, 4, 6}, {3}, kFloat64);
+}
+
+TEST_P(TorchParity, MulByANumberSavesNothingOfItsInput) {
+  Tensor x = leaf({1, 2}, {2});
+  Tensor y = x.clone();
+  Tensor z = y * 3.f;
+  y.fill_(0);
+  z.sum().backward();
+  testing::expect_close(x.grad(), {3, 3}, {2}, kFloat64);
+}
+
+// d(c @ a)/da reads c only: a may change afterwards.
+TEST_P(TorchParity, MatrixProductsSaveOnlyTheOperandTheOtherGradientReads) {
+  Tensor c = from_vector(std::vector<double>{1, 2, 3, 4}, Shape{2, 2});
+  Tensor x = leaf({1, 1, 1, 1}, {2, 2});
+  Tensor a = x.clone();
+  Tensor z = mm(c, a) + matmul(c, a) + linear(c, a);
+  a.add_(1);
+  z.sum().backward();
+  // d/da sum(c a) = c^T 1 = [[4, 4], [6, 6]] (twice); d/da sum(c a^T) has c's column sums in
+  // each row: [[4, 6], [4, 6]].
+  testing::expect_close(x.grad(), {12, 14, 16, 18}, {2, 2}, kFloat64);
+}
+
+TEST_P(TorchParity, AnInputWhoseGradientIsNeededIsStillCheckedForInPlaceWrites) {
+  Tensor x = leaf({1, 2}, {2});
+  Tensor y = x.clone();
+  Tensor z = y * y;
+  y.fill_(0);
+  testing::expect_error([&] { z.sum().backward(); }, {"modified by an in-place operation", "mul"});
+}
+
+// ------------------------------------------------------------------------------------- clamp
+
+// torch fills clamp's result with NaN when a bound is NaN; kiln does so for either bound alone
+// too (as clamp with tensor bounds, torch.maximum and torch.minimum propagate NaN).
+TEST_P(TorchParity, ClampPropagatesANaNBound) {
+  Tensor x = from_vector(std::vector<float>{-5, 1, 5});
+  const std::vector<double> nan3(3, kNaN);
+  testing::expect_close(clamp(x, NAN, 3.0), nan3, {3}, kFloat32);
+  testing::expect_close(clamp(x, -1.0, NAN), nan3, {3}, kFloat32);
+  testing::expect_close(clamp(x, NAN, std::nullopt), nan3, {3}, kFloat32);
+  testing::expect_close(clamp(x, std::nullopt, NAN), nan3, {3}, kFloat32);
+  testing::expect_close(clamp(x, -1.0, 3.0), {-1, 1, 3}, {3}, kFloat32);
+  // A NaN element stays NaN between ordinary bounds.
+  testing::expect_close(clamp(from_vector(std::vector<float>{NAN}), -1.0, 3.0), {kNaN}, {1},
+                        kFloat32);
+  // Its gradient passes nowhere (x >= NaN is false), as torch's clamp_backward.
+  Tensor xg = leaf({-5, 1, 5}, {3});
+  clamp(xg, NAN, 3.0).sum().backward();
+  testing::expect_close(xg.grad(), {0, 0, 0}, {3}, kFloat64);
+}
+
+// -------------------------------------------------------------------------------------- chunk
+
+TEST_P(TorchParity, ChunkOfAnEmptyDimGivesChunksEmptyPieces) {
+  std::vector<Tensor> pieces = zeros({0, 3}).chunk(2, 0);
+  ASSERT_EQ(pieces.size(), 2u);
+  for (const Tensor& p : pieces) EXPECT_EQ(p.sizes(), (Shape{0, 3}));
+  pieces = zeros({5, 0}).chunk(3, 1);
+  ASSERT_EQ(pieces.size(), 3u);
+  for (const Tensor& p : pieces) EXPECT_EQ(p.sizes(), (Shape{5, 0}));
+  // A non-empty dim keeps torch's rule: pieces of ceil(n / chunks), possibly fewer of them.
+  pieces = zeros({5}).chunk(3);
+  ASSERT_EQ(pieces.size(), 3u);
+  EXPECT_EQ(pieces[2].sizes(), (Shape{1}));
+  EXPECT_EQ(zeros({6}).chunk(4).size(), 3u);
+}
+
+// --------------------------------------------------------- in-place writes that drop the history
+
+// torch: a non-leaf written by fill_, zero_ or copy_ (from a tensor without grad) still requires
+// grad, its grad_fn is the write, and its old history receives zeros.
+TEST_P(TorchParity, FillZeroAndCopyKeepANonLeafRequiringGrad) {
+  const std::vector<std::pair<std::string, std::function<void(Tensor&)>>> writes = {
+      {"fill_", [](Tensor& t) { t.fill_(5); }},
+      {"zero_", [](Tensor& t) { t.zero_(); }},
+      {"copy_",
+       [](Tensor& t) {
+         t.copy_(from_vector(std::vector<double>{7, 8}));
+       }},
+  };
+  for (const auto& [name, write] : writes) {
+    SCOPED_TRACE(name);
+    Tensor x = leaf({1, 2}, {2});
+    Tensor y = x * 2.0;
+    write(y);
+    EXPECT_TRUE(y.requires_grad());
+    EXPECT_FALSE(y.grad_fn_name().empty());
+    (y * 3.0).sum().backward();
+    testing::expect_close(x.grad(), {0, 0}, {2}, kFloat64);
+  }
+}
+
+TEST_P(TorchParity, FillOfAViewOfANonLeafZeroesOnlyThoseGradients) {
+  Tensor x = leaf({1, 2, 3}, {3});
+  Tensor y = x * 2.0;
+  y.narrow(0, 1, 1).fill_(0);
+  EXPECT_TRUE(y.requires_grad());
+  y.sum().backward();
+  testing::expect_close(x.grad(), {2, 0, 2}, {3}, kFloat64);
+}
+
+TEST_P(TorchParity, ALeafThatRequiresGradIsWrittenInPlaceOnlyWithoutGradMode) {
+  Tensor x = leaf({1, 2}, {2});
+  testing::expect_error([&] { x.fill_(0); }, {"fill_", "leaf"});
+  testing::expect_error([&] { x.zero_(); }, {"leaf"});
+  testing::expect_error([&] { x.copy_(zeros({2}, kFloat64)); }, {"copy_", "leaf"});
+  {
+    NoGradGuard no_grad;
+    x.fill_(4);
+    x.copy_(from_vector(std::vector<double>{5, 6}));
+  }
+  EXPECT_TRUE(x.requires_grad());
+  testing::expect_close(x, {5, 6}, {2}, kFloat64);
+  {
+    NoGradGuard no_grad;
+    x.zero_();
+  }
+  EXPECT_TRUE(x.requires_grad());
+}
+
+// ---------------------------------------------------------------------- signed zeros in max/min
+
+// amax/amin of equal zeros: +0 is the greater (IEEE 754-2019 maximum/minimum), whichever comes
+// first, in eager and fused kernels alike (the fused folds are llvm.maximum / kiln_fmax).
+TEST_P(TorchParity, AmaxAndAminOfSignedZerosDoNotDependOnOrder) {
+  for (int64_t n : {2, 3, 17, 40}) {
+    for (bool negative_first : {false, true}) {
+      SCOPED_TRACE("n " + std::to_string(n) + (negative_first ? " -0 first" : " +0 first"));
+      std::vector<float> v(static_cast<size_t>(n), negative_first ? -0.f : 0.f);
+      v[static_cast<size_t>(n) / 2] = negative_first ? 0.f : -0.f;
+      Tensor x = from_vector(v);
+      EXPECT_FALSE(std::signbit(amax(x).item<float>()));
+      EXPECT_TRUE(std::signbit(amin(x).item<float>()));
+      EXPECT_FALSE(std::signbit(max(x).item<float>()));
+      EXPECT_TRUE(std::signbit(min(x).item<float>()));
+      Tensor rows = x.view({1, n}).expand({3, n}).contiguous();
+      for (float r : amax(rows, {1}).to_vector<float>()) EXPECT_FALSE(std::signbit(r));
+      for (float r : amin(rows, {1}).to_vector<float>()) EXPECT_TRUE(std::signbit(r));
+      for (float r : amax(rows.t().contiguous(), {0}).to_vector<float>())
+        EXPECT_FALSE(std::signbit(r));
+    }
+  }
+}
+
+// ------------------------------------------------------------------ NaN through zero gradients
+
+// ceil's gradient is zero, but cos's derivative at -inf is -sin(-inf) = NaN, and 0 * NaN is NaN:
+// torch gives NaN, and so must every mode (no rewrite may drop a product with zero).
+TEST_P(TorchParity, NaNFlowsThroughAZeroGradient) {
+  Tensor x = leaf({-kInf, 0.5}, {2});
+  ceil(cos(x)).sum().backward();
+  testing::expect_close(x.grad(), {kNaN, 0}, {2}, kFloat64);
+}
+
+TEST(TorchParityTrace, NaNFlowsThroughAZeroGradientInATracedBackward) {
+  Tensor x = leaf({-kInf, 0.5}, {2});
+  jit::Function f = jit::trace(
+      [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ceil(cos(in[0])).sum()}; },
+      {x});
+  for (int call = 0; call < 2; ++call) {
+    x.mutable_grad() = Tensor();
+    f({x})[0].backward();
+    testing::expect_close(x.grad(), {kNaN, 0}, {2}, kFloat64);
+  }
+}
+
+}  // namespace
+}  // namespace kiln
