@@ -104,7 +104,8 @@ struct Specialization {
   std::vector<InputKey> key;
   std::unique_ptr<Graph> graph;
   std::unique_ptr<Plan> plan;
-  // Per graph input: the call argument, or -1 for a captured tensor (captures[k]).
+  // Per graph input: the call argument, or -1 for a captured tensor (captures[k]); past the call's
+  // arguments, the hyperparameter scalars[a - key.size()] read at each call.
   std::vector<int64_t> arguments;
   std::vector<Tensor> captures;
   // Per graph output: what it is for, and for write-backs the storage (as a flat tensor) and for
@@ -117,6 +118,23 @@ struct Specialization {
   // loaded one does.
   bool grad_mode = false;
   std::shared_ptr<const Backward> backward;
+  // Values read from outside the tensors (detail::traced_scalar, traced_flag): hyperparameters,
+  // graph inputs read at each call, and modes, which must read as traced for this plan to serve.
+  std::vector<detail::TraceRead> scalars, flags;
+  // Why this specialization cannot serve the call's modes, or "" when it can.
+  std::string flag_mismatch() const {
+    for (const detail::TraceRead& f : flags)
+      if (const double now = f.read(); now != f.value)
+        return f.what + " is " + (now != 0 ? "true" : "false") + ", traced as " +
+               (f.value != 0 ? "true" : "false");
+    return "";
+  }
+  // The call's arguments followed by the hyperparameters' values now (what `arguments` indexes).
+  std::vector<Tensor> arguments_of(const std::vector<Tensor>& inputs) const {
+    std::vector<Tensor> all = inputs;
+    for (const detail::TraceRead& r : scalars) all.push_back(detail::wrap_scalar(r.read()));
+    return all;
+  }
   bool serves(bool call_grad_mode) const {
     return grad_mode == call_grad_mode || (grad_mode && !backward);
   }
@@ -161,7 +179,11 @@ struct TraceScope {
     detail::set_trace_state(nullptr);
     detail::set_lazy_mode(lazy);
     detail::LazyLock lock;
-    for (const auto& s : state.written) detail::set_storage_lazy(*s, detail::LazyRef{}, true);
+    for (size_t k = 0; k < state.written.size(); ++k) {
+      detail::Storage& s = *state.written[k];
+      detail::set_storage_lazy(s, detail::LazyRef{}, true);
+      s.version.store(state.written_versions[k]);
+    }
     for (auto& [leaf, before] : state.grads) leaf->autograd->grad = before;
   }
 };
@@ -186,6 +208,73 @@ std::vector<int64_t> in_place_inputs(const Specialization& s) {
     if (sharing == 1) in_place[k] = found;
   }
   return in_place;
+}
+
+// The storages among those the traced function wrote that it allocated itself and that nothing
+// outside the trace holds when it returns (a zeros buffer it fills in place): their writes are the
+// function's own, not state to write back, so each replay starts again from the factory's value.
+// Inside the trace, tensors over such a storage are held only by recorded nodes' inputs and by the
+// returned values; any other reference (an optimizer's state, a variable the function assigned)
+// means the storage escapes and is written back. An autograd node that saved such a tensor also
+// counts as outside: conservative, the write is then kept.
+absl::flat_hash_set<const detail::Storage*> local_storages(const detail::TraceState& state,
+                                                           const std::vector<Tensor>& returned) {
+  absl::flat_hash_set<const detail::Storage*> candidates;
+  for (const auto& storage : state.written)
+    if (state.created.count(storage.get())) candidates.insert(storage.get());
+  if (candidates.empty()) return candidates;
+  struct Held {
+    int64_t inside = 0;  // references from nodes and returned values
+    int64_t total = 0;   // all references
+  };
+  absl::flat_hash_map<const detail::TensorImpl*, Held> held;
+  auto note = [&](const Tensor& t) {
+    if (!t.defined() || !candidates.contains(t.impl()->storage.get())) return;
+    Held& h = held[t.impl()];
+    ++h.inside;
+    h.total = t.impl_ptr().use_count();
+  };
+  std::vector<const detail::LazyNode*> stack;
+  absl::flat_hash_set<const detail::LazyNode*> seen;
+  auto visit = [&](const detail::LazyRef& r) {
+    if (r.node && seen.insert(r.node.get()).second) stack.push_back(r.node.get());
+  };
+  for (const Tensor& t : returned) {
+    note(t);
+    if (t.defined()) visit(t.impl()->storage->lazy);
+  }
+  for (const auto& storage : state.written) visit(storage->lazy);
+  while (!stack.empty()) {
+    const detail::LazyNode* n = stack.back();
+    stack.pop_back();
+    for (const detail::LazyInput& in : n->inputs) {
+      note(in.tensor);
+      visit(in.ref);
+    }
+  }
+  // A view held inside holds its base: that reference is inside too.
+  std::vector<const detail::TensorImpl*> views;
+  for (const auto& [impl, h] : held)
+    if (impl->view_base) views.push_back(impl);
+  for (const detail::TensorImpl* v : views)
+    for (; v->view_base; v = v->view_base.get()) {
+      Held& h = held[v->view_base.get()];
+      ++h.inside;
+      h.total = v->view_base.use_count();
+    }
+  for (const auto& storage : state.written) {
+    if (!candidates.contains(storage.get())) continue;
+    int64_t impls = 0;
+    bool outside = false;
+    for (const auto& [impl, h] : held) {
+      if (impl->storage.get() != storage.get()) continue;
+      ++impls;
+      outside = outside || h.total != h.inside;
+    }
+    // One reference is state.written's own.
+    if (outside || storage.use_count() != 1 + impls) candidates.erase(storage.get());
+  }
+  return candidates;
 }
 
 // The node output that holds t's value, recording a copy when t is a concrete tensor (a capture
@@ -215,7 +304,12 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
       if (inputs[i].requires_grad()) p.requires_grad_(true);
       placeholders.push_back(p);
     }
+    const uint64_t backward_passes = detail::backward_passes();
     std::vector<Tensor> outputs = fn(placeholders);
+    // A function that runs a backward of its own (backward(), autograd::grad) returns plain
+    // values, as torch.compile's does: the graph its loss came from has been used up.
+    const bool runs_backward = detail::backward_passes() != backward_passes;
+    const absl::flat_hash_set<const detail::Storage*> local = local_storages(scope.state, outputs);
     for (const Tensor& t : outputs) {
       KILN_CHECK(t.defined(), "jit::trace: the traced function returned an undefined tensor");
       requests.push_back(value_ref(t));
@@ -224,6 +318,7 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
       spec->grad_leaves.emplace_back();
     }
     for (const auto& storage : scope.state.written) {
+      if (local.contains(storage.get())) continue;
       requests.push_back(storage->lazy);
       spec->kinds.push_back(OutputKind::WriteBack);
       const detail::LazyType& t = storage->lazy.node->outputs[storage->lazy.index];
@@ -244,7 +339,7 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
     spec->grad_mode = detail::grad_mode();
     const size_t num_forward = requests.size();
     std::vector<Tensor> wrt;
-    if (spec->grad_mode && scope.state.grads.empty()) {
+    if (spec->grad_mode && !runs_backward) {
       for (size_t i = 0; i < outputs.size(); ++i)
         if (outputs[i].requires_grad() && is_floating_point(outputs[i].dtype()))
           backward->outputs.push_back(i);
@@ -264,6 +359,10 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
         for (size_t k = 0; k < returned_binding.inputs.size(); ++k) {
           const Tensor& t = returned_binding.inputs[k];
           if (returned_binding.arguments[k] >= 0 || !t.requires_grad()) continue;
+          // A tensor the function allocated is a constant of the trace: the history it got from
+          // an in-place op inside (c = full_like(a, 1); c.sub_(b)) is the trace's own, recorded
+          // through its other inputs, and must not outlive the trace in a backward.
+          if (scope.state.created.count(t.impl()->storage.get())) continue;
           wrt.push_back(t);
           backward->wrt_arguments.push_back(-1);
           backward->wrt_captures.push_back(t);
@@ -271,6 +370,10 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
       }
     }
     std::vector<size_t> gradient_request_of;  // per gradient request: its differentiated input
+    // Placeholders past the call's arguments: the hyperparameters read, then output gradients.
+    const size_t num_arguments = inputs.size() + scope.state.scalars.size();
+    spec->scalars = scope.state.scalars;
+    spec->flags = scope.state.flags;
     if (!wrt.empty()) {
       std::vector<Tensor> diff_outputs, output_grads;
       for (size_t j = 0; j < backward->outputs.size(); ++j) {
@@ -278,7 +381,7 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
         diff_outputs.push_back(out);
         scope.state.examples.push_back(zeros(out.sizes(), out.dtype()));
         output_grads.push_back(detail::trace_placeholder(
-            input_op(), static_cast<int64_t>(inputs.size() + j), scope.state.examples.back()));
+            input_op(), static_cast<int64_t>(num_arguments + j), scope.state.examples.back()));
       }
       std::vector<Tensor> grads = autograd::grad(diff_outputs, wrt, output_grads,
                                                  /*retain_graph=*/true, /*create_graph=*/false,
@@ -309,12 +412,16 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
     for (Value* v : by_request) spec->graph->add_output(v);
     spec->arguments = binding.arguments;
     spec->captures = binding.inputs;
+    // A tensor the function allocated is held without the autograd history an in-place op gave
+    // it inside: that history reaches the trace's placeholders, which must not outlive it.
+    for (Tensor& c : spec->captures)
+      if (c.defined() && scope.state.created.count(c.impl()->storage.get())) c = c.detach();
     if (!gradient_request_of.empty()) {
       // Split the graph of the function and its gradients into an augmented forward and a
       // backward.
       std::vector<bool> is_output_grad;
       for (int64_t a : binding.arguments)
-        is_output_grad.push_back(a >= static_cast<int64_t>(inputs.size()));
+        is_output_grad.push_back(a >= static_cast<int64_t>(num_arguments));
       Differentiated d = split_forward_backward(*spec->graph, num_forward, is_output_grad);
       spec->graph = std::move(d.forward);
       spec->arguments.clear();
@@ -334,9 +441,9 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
           src.index = static_cast<size_t>(-1 - origin);
         } else {
           const int64_t a = binding.arguments[static_cast<size_t>(origin)];
-          if (a >= static_cast<int64_t>(inputs.size())) {
+          if (a >= static_cast<int64_t>(num_arguments)) {
             src.kind = BackwardSource::kOutputGrad;
-            src.index = static_cast<size_t>(a) - inputs.size();
+            src.index = static_cast<size_t>(a) - num_arguments;
           } else if (a >= 0) {
             src.kind = BackwardSource::kArgument;
             src.index = static_cast<size_t>(a);
@@ -407,9 +514,10 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
                                          const std::vector<Tensor>& inputs) const {
   const bool grad_mode = detail::grad_mode();
   detail::flush_pending();
+  const std::vector<Tensor> arguments = s.arguments_of(inputs);
   std::vector<Tensor> args(s.arguments.size());
   for (size_t k = 0; k < s.arguments.size(); ++k)
-    args[k] = s.arguments[k] >= 0 ? inputs[static_cast<size_t>(s.arguments[k])] : s.captures[k];
+    args[k] = s.arguments[k] >= 0 ? arguments[static_cast<size_t>(s.arguments[k])] : s.captures[k];
   eval(args);
   // A .grad the function replaces without reading it (zero_grad, then backward) is dropped before
   // the run, as eager mode drops it at zero_grad: the old and the new gradients are never held
@@ -425,6 +533,11 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
   }
   std::vector<Tensor> results = s.plan->run(args);
   const ResultHolders holders(args, results);
+  auto is_argument = [&inputs](const Tensor& t) {
+    for (const Tensor& in : inputs)
+      if (t.is_same(in)) return true;
+    return false;
+  };
   std::vector<Tensor> returned, saved;
   {
     NoGradGuard no_grad;
@@ -432,7 +545,10 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
     for (size_t k = 0; k < s.kinds.size(); ++k) {
       switch (s.kinds[k]) {
         case OutputKind::Return:
-          returned.push_back(results[k]);
+          // A returned argument (a view or a same-type to() of it, folded away) becomes an alias
+          // of its own: autograd would take the argument itself for the identity and drop the
+          // call's node, and with it the other outputs' gradients.
+          returned.push_back(is_argument(results[k]) ? results[k].detach() : results[k]);
           break;
         case OutputKind::Saved:
           saved.push_back(results[k]);
@@ -474,7 +590,7 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
         types.emplace_back(returned[i].sizes(), returned[i].dtype());
       }
       detail::record("traced_function", wrt, outs, {},
-                     [b, arguments = inputs, saved, types](const detail::BackwardContext& c) {
+                     [b, arguments, saved, types](const detail::BackwardContext& c) {
                        return run_backward(*b, arguments, saved, types, c);
                      });
     }
@@ -490,14 +606,28 @@ std::vector<Tensor> Function::operator()(const std::vector<Tensor>& inputs) cons
   const Specialization* match = nullptr;
   {
     std::lock_guard<std::mutex> lock(f.mutex);
+    // Every specialization takes as many arguments as the first: the function was written for
+    // that many (called with fewer, it would read past its input vector).
+    KILN_CHECK(f.specs.empty() || key.size() == f.specs[0]->key.size(),
+               "jit::Function: called with ", key.size(),
+               " inputs, but the function was traced with ", f.specs[0]->key.size());
     const bool grad_mode = detail::grad_mode();
-    for (const auto& s : f.specs)
-      if (s->key == key && s->serves(grad_mode)) match = s.get();
+    std::string mode_changed;  // a specialization for these inputs whose modes read otherwise now
+    for (const auto& s : f.specs) {
+      if (!(s->key == key && s->serves(grad_mode))) continue;
+      std::string mismatch = s->flag_mismatch();
+      if (mismatch.empty())
+        match = s.get();
+      else
+        mode_changed = std::move(mismatch);
+    }
     if (!match) {
       g_guard_failures.fetch_add(1);
       // The reason, against the most recent specialization.
       std::string reason = "no specialization yet";
-      if (!f.specs.empty()) {
+      if (!mode_changed.empty()) {
+        reason = mode_changed;
+      } else if (!f.specs.empty()) {
         const auto& prev = f.specs.back()->key;
         if (prev.size() != key.size()) {
           reason = "called with " + std::to_string(key.size()) + " inputs, traced with " +
@@ -593,8 +723,10 @@ void Function::save(const std::string& path) const {
     for (int64_t d : k.sizes) meta << ' ' << d;
     meta << '\n';
   }
+  // A hyperparameter read at each call is saved as its value now: a captured constant.
+  auto is_scalar = [s](int64_t a) { return a >= static_cast<int64_t>(s->key.size()); };
   meta << "bindings " << s->arguments.size() << '\n';
-  for (int64_t a : s->arguments) meta << a << '\n';
+  for (int64_t a : s->arguments) meta << (is_scalar(a) ? -1 : a) << '\n';
   meta << "outputs " << s->kinds.size() << '\n';
   for (size_t k = 0; k < s->kinds.size(); ++k) {
     int64_t target = -1;
@@ -615,8 +747,13 @@ void Function::save(const std::string& path) const {
     meta << static_cast<int64_t>(s->kinds[k]) << ' ' << target << '\n';
   }
   std::vector<Tensor> constants;
-  for (size_t i = 0; i < s->captures.size(); ++i)
-    constants.push_back(s->arguments[i] >= 0 ? Tensor() : s->captures[i].detach());
+  for (size_t i = 0; i < s->captures.size(); ++i) {
+    const int64_t a = s->arguments[i];
+    if (is_scalar(a))
+      constants.push_back(s->arguments_of({}).at(static_cast<size_t>(a) - s->key.size()));
+    else
+      constants.push_back(a >= 0 ? Tensor() : s->captures[i].detach());
+  }
   save_graph(path, *s->graph, constants, meta.str());
 }
 

@@ -257,6 +257,13 @@ Edge gradient_edge(const Tensor& t) {
   return {};
 }
 
+// Counted by run_backward (below).
+thread_local uint64_t t_backward_passes = 0;
+
+uint64_t backward_passes() {
+  return t_backward_passes;
+}
+
 void record(const char* op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
             const std::vector<Tensor>& saved, GradFormula formula) {
   bool differentiable = false;
@@ -433,6 +440,7 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& outputs,
                                  const std::vector<Tensor>& grad_outputs, bool keep_graph,
                                  bool create_graph, const std::vector<Tensor>* inputs,
                                  bool allow_unused) {
+  ++t_backward_passes;
   const char* api = inputs ? "autograd::grad" : "backward";
   KILN_CHECK(!outputs.empty(), api, ": no outputs given");
   KILN_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(), api, ": got ",

@@ -114,6 +114,10 @@ bool needs_grad(const Ts&... ts) {
 }
 bool any_needs_grad(const std::vector<Tensor>& ts);
 
+// Backward passes (backward(), autograd::grad) started on this thread so far: jit::trace tells
+// from it whether a traced function runs a backward of its own.
+uint64_t backward_passes();
+
 // Records a node for `op` making `outputs` from `inputs`. Floating-point outputs get it as their
 // grad_fn; `saved` are the tensors the formula reads, in the order it reads them. Call it only
 // when needs_grad(inputs...) is true.

@@ -129,6 +129,8 @@ Tensor make_empty(const Shape& shape, DType dtype) {
   storage->nbytes = nbytes;
   storage->deleter = [nbytes](void* p) { cpu_free(p, nbytes); };
   storage->owns_allocation = true;
+  // Inside jit::trace a new storage is the function's own until the trace sees it escape.
+  if (TraceState* trace = trace_state()) trace->created.insert(storage.get());
   auto impl = make_pooled<TensorImpl>();
   impl->storage = std::move(storage);
   impl->sizes = shape;

@@ -338,7 +338,10 @@ void trace_assign(const Tensor& self, const Tensor& value) {
   if (!in.ref)
     in =
         lazy_input(lazy_record1(*reshape, {updated}, {root.sizes()}, {root.sizes(), root.dtype()}));
-  if (first_write) t_trace->written.push_back(storage);
+  if (first_write) {
+    t_trace->written.push_back(storage);
+    t_trace->written_versions.push_back(storage->version.load());
+  }
   LazyLock lock;
   set_storage_lazy(*storage, in.ref, true);
 }

@@ -24,9 +24,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -130,11 +132,30 @@ void set_lazy_mode(bool on);
 // True while kiln::jit::trace records a function on this thread.
 bool trace_mode();
 
+// A value a traced function reads from outside its tensors (an optimizer's learning rate, a
+// module's training flag): `read` gives its value at each call of the traced function.
+struct TraceRead {
+  std::string what;  // for messages: "SGD lr", "Dropout training"
+  std::function<double()> read;
+  double value = 0;       // at trace time
+  int64_t argument = -1;  // traced_scalar: the placeholder's index among TraceState::examples
+};
+
 // What a trace records besides the values its function returns (see jit/trace.cpp).
 struct TraceState {
   // Concrete storages the function wrote in place: their `lazy` holds the written value (a flat
-  // [numel] value of the whole storage) until the trace ends and restores them.
+  // [numel] value of the whole storage) until the trace ends and restores them, and their version
+  // counters as they were before the trace (`written_versions`, restored too).
   std::vector<std::shared_ptr<Storage>> written;
+  std::vector<uint64_t> written_versions;
+  // Storages allocated while tracing (factories' results). A write to one that nothing outside
+  // the trace holds when it ends is local to the function: not written back, so that every
+  // replay starts from the factory's value.
+  std::unordered_set<const Storage*> created;
+  // Hyperparameters read through traced_scalar: graph inputs, read again at each call.
+  std::vector<TraceRead> scalars;
+  // Modes read through traced_flag: each call checks them, and a change traces anew.
+  std::vector<TraceRead> flags;
   // Leaves whose .grad the function assigned (by backward), with the .grad they had before.
   std::vector<std::pair<std::shared_ptr<TensorImpl>, Tensor>> grads;
   std::vector<std::string> warnings;
@@ -149,6 +170,14 @@ void set_trace_state(TraceState* state);
 void trace_assign(const Tensor& self, const Tensor& value);
 // The storage of a concrete tensor as one flat [numel] tensor (what trace writes address).
 Tensor flat_storage_tensor(const std::shared_ptr<Storage>& storage, DType dtype);
+// A hyperparameter as a float64 scalar tensor. Inside a trace it is a graph input that each call
+// reads again through `value` (so a changed learning rate is followed without tracing anew);
+// outside it is the value itself. `owner` keeps `value` alive: a call after its owner is gone
+// fails.
+Tensor traced_scalar(const char* what, const double& value, std::weak_ptr<const void> owner);
+// A mode (a module's training flag, whether an optimizer uses momentum): `read()`. Inside a trace,
+// each call of the traced function checks it again and traces anew when it changed.
+bool traced_flag(const char* what, std::function<bool()> read, std::weak_ptr<const void> owner);
 // Reports that a traced function read a value: the trace is specialized to it.
 void trace_warn_value_read(const Tensor& t, const char* what);
 // Marks reads that only validate (index bounds): the node still takes the value as an input and

@@ -137,6 +137,10 @@ void Module::train(bool on) {
   for (Module* module : modules()) module->training_ = on;
 }
 
+bool Module::training_flag() const {
+  return detail::traced_flag((name() + " training").c_str(), [this] { return training_; }, alive_);
+}
+
 void Module::zero_grad() {
   for (Tensor& p : parameters())
     if (p.grad().defined()) p.mutable_grad() = Tensor();
@@ -233,7 +237,7 @@ Dropout::Dropout(double p_) : p(p_) {
 }
 
 Tensor Dropout::forward(const Tensor& input) {
-  return dropout(input, p, is_training());
+  return dropout(input, p, training_flag());
 }
 
 Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> modules) {
@@ -336,7 +340,7 @@ LSTMOutput LSTM::forward(const Tensor& input, const std::optional<LSTMState>& st
     output = steps > 0 ? stack(hs, 0) : zeros({0, batch, hidden_size}, input.dtype());
     if (l + 1 < num_layers) {
       // One dropout over the whole layer output rather than one per time step.
-      if (dropout > 0.0 && is_training()) output = kiln::dropout(output, dropout, true);
+      if (dropout > 0.0 && training_flag()) output = kiln::dropout(output, dropout, true);
       layer_input = output.unbind(0);
     }
   }

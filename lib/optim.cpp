@@ -9,11 +9,13 @@
 #include "kiln/optim.h"
 
 #include <cmath>
+#include <functional>
 #include <initializer_list>
 
 #include "kiln/autograd.h"
 #include "kiln/ops.h"
 #include "lib/dispatch.h"
+#include "lib/lazy.h"
 #include "lib/parallel.h"
 #include "lib/tensor_impl.h"
 
@@ -87,14 +89,9 @@ void SGD::step() {
                i, " ", describe(p));
     Tensor& buf = momentum_buffers_[i];
     bool first = !buf.defined();
-    if (first && o.momentum != 0.0 && detail::trace_mode()) {
-      // A trace replays its first step forever: start from a zero buffer instead, which gives
-      // the first step's buf = g exactly when there is no dampening.
-      KILN_CHECK(o.dampening == 0.0,
-                 "SGD: with dampening, the first step differs from the others; run one step "
-                 "before jit::trace records the step");
-      buf = zeros_like(p);
-      first = false;
+    if (detail::trace_mode()) {
+      traced_update(p, g, buf);
+      continue;
     }
     if (is_fusable(p, g, {&buf})) {
       if (o.momentum != 0.0 && first) buf = empty_like(p);
@@ -137,6 +134,37 @@ void SGD::step() {
   }
 }
 
+// Inside jit::trace: the update made of ops, so that the trace records it. The hyperparameters are
+// graph inputs read at each call of the traced step (a schedule's new learning rate is followed
+// without tracing anew), and the choices that shape the update (momentum or not, Nesterov, weight
+// decay or not) are checked at each call, which traces anew when one changed.
+void SGD::traced_update(Tensor& p, const Tensor& g, Tensor& buf) {
+  const SGDOptions& o = options_;
+  auto scalar = [&](const char* what, const double& v) {
+    return detail::traced_scalar(what, v, alive_);
+  };
+  auto flag = [&](const char* what, std::function<bool()> read) {
+    return detail::traced_flag(what, std::move(read), alive_);
+  };
+  Tensor d = g.dtype() == p.dtype() ? g : g.to(p.dtype());
+  if (flag("SGD weight_decay != 0", [this] { return options_.weight_decay != 0.0; }))
+    d = d + p * scalar("SGD weight_decay", o.weight_decay);
+  if (flag("SGD momentum != 0", [this] { return options_.momentum != 0.0; })) {
+    const Tensor momentum = scalar("SGD momentum", o.momentum);
+    if (!buf.defined()) {
+      // A trace replays its first step forever: start from a zero buffer instead, which gives
+      // the first step's buf = g exactly when there is no dampening.
+      KILN_CHECK(o.dampening == 0.0,
+                 "SGD: with dampening, the first step differs from the others; run one step "
+                 "before jit::trace records the step");
+      buf = zeros_like(p);
+    }
+    buf.mul_(momentum).add_(d * (1.0 - scalar("SGD dampening", o.dampening)));
+    d = flag("SGD nesterov", [this] { return options_.nesterov; }) ? d + buf * momentum : buf;
+  }
+  p.sub_(d * scalar("SGD lr", o.lr));
+}
+
 // ---------------------------------------------------------------------------- Adam
 
 Adam::Adam(std::vector<Tensor> parameters, AdamOptions options)
@@ -166,18 +194,7 @@ void Adam::step() {
       s.exp_avg_sq = zeros_like(p);
     }
     if (detail::trace_mode()) {
-      // The step count lives in a tensor, so that replays of a traced step advance it and the
-      // bias corrections follow (torch's capturable Adam does the same for CUDA graphs).
-      if (!s.step_tensor.defined()) s.step_tensor = scalar_tensor(s.step, kFloat64);
-      s.step_tensor.add_(1);
-      Tensor step_size = reciprocal(1.0 - pow(Scalar(o.beta1), s.step_tensor)) * o.lr;
-      Tensor bias_correction2_sqrt = sqrt(1.0 - pow(Scalar(o.beta2), s.step_tensor));
-      Tensor grad = g.dtype() == p.dtype() ? g : g.to(p.dtype());
-      if (o.weight_decay != 0.0) grad = grad.add(p, o.weight_decay);
-      s.exp_avg.mul_(o.beta1).add_(grad, 1.0 - o.beta1);
-      s.exp_avg_sq.mul_(o.beta2).add_(grad * grad, 1.0 - o.beta2);
-      Tensor denom = (s.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps);
-      p.sub_(s.exp_avg / denom * step_size);
+      traced_update(p, g, s);
       continue;
     }
     if (s.step_tensor.defined()) s.step = s.step_tensor.item<int64_t>();
@@ -221,6 +238,30 @@ void Adam::step() {
     Tensor denom = (s.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps);
     p.add_(s.exp_avg / denom, -step_size);
   }
+}
+
+// Inside jit::trace, as SGD's: hyperparameters are read at each call of the traced step. The step
+// count lives in a tensor, so that replays advance it and the bias corrections follow (torch's
+// capturable Adam does the same for CUDA graphs).
+void Adam::traced_update(Tensor& p, const Tensor& g, State& s) {
+  const AdamOptions& o = options_;
+  auto scalar = [&](const char* what, const double& v) {
+    return detail::traced_scalar(what, v, alive_);
+  };
+  const Tensor lr = scalar("Adam lr", o.lr), beta1 = scalar("Adam beta1", o.beta1);
+  const Tensor beta2 = scalar("Adam beta2", o.beta2), eps = scalar("Adam eps", o.eps);
+  if (!s.step_tensor.defined()) s.step_tensor = scalar_tensor(s.step, kFloat64);
+  s.step_tensor.add_(1);
+  Tensor step_size = reciprocal(1.0 - pow(beta1, s.step_tensor)) * lr;
+  Tensor bias_correction2_sqrt = sqrt(1.0 - pow(beta2, s.step_tensor));
+  Tensor grad = g.dtype() == p.dtype() ? g : g.to(p.dtype());
+  if (detail::traced_flag(
+          "Adam weight_decay != 0", [this] { return options_.weight_decay != 0.0; }, alive_))
+    grad = grad + p * scalar("Adam weight_decay", o.weight_decay);
+  s.exp_avg.mul_(beta1).add_(grad * (1.0 - beta1));
+  s.exp_avg_sq.mul_(beta2).add_(grad * grad * (1.0 - beta2));
+  Tensor denom = (s.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps);
+  p.sub_(s.exp_avg / denom * step_size);
 }
 
 int64_t Adam::step_count(size_t i) const {

@@ -58,6 +58,9 @@ class Module {
   void train(bool on = true);
   void eval() { train(false); }
   bool is_training() const { return training_; }
+  // The training flag as a forward pass reads it: inside jit::trace, each call of the traced
+  // function checks it again (and traces anew when it changed).
+  bool training_flag() const;
 
   // Makes every parameter's grad undefined (torch's set_to_none).
   void zero_grad();
@@ -73,6 +76,8 @@ class Module {
   std::vector<std::pair<std::string, Tensor>> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+  // Expires with the module: a traced function reads training_ through it.
+  std::shared_ptr<const char> alive_ = std::make_shared<const char>(0);
 
   void check_new_name(const std::string& name, const char* what) const;
   template <typename Pick>

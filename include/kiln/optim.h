@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kiln/tensor.h"
@@ -25,6 +26,9 @@ class Optimizer {
 
  protected:
   std::vector<Tensor> parameters_;
+  // Expires with the optimizer: a traced step reads its options through it (lr, betas, ...), so a
+  // replay after the optimizer is gone fails instead of reading freed memory.
+  std::shared_ptr<const char> alive_ = std::make_shared<const char>(0);
 };
 
 struct SGDOptions {
@@ -48,6 +52,7 @@ class SGD : public Optimizer {
   const Tensor& momentum_buffer(size_t i) const { return momentum_buffers_.at(i); }
 
  private:
+  void traced_update(Tensor& p, const Tensor& g, Tensor& buf);
   SGDOptions options_;
   std::vector<Tensor> momentum_buffers_;
 };
@@ -81,6 +86,7 @@ class Adam : public Optimizer {
     Tensor step_tensor;
     Tensor exp_avg, exp_avg_sq;
   };
+  void traced_update(Tensor& p, const Tensor& g, State& s);
   AdamOptions options_;
   std::vector<State> state_;
 };
