@@ -367,14 +367,17 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
                                        .view(out_shape);
   // Rows used several times sum their gradients.
   if (detail::needs_grad(weight))
-    detail::record(op, {weight, indices}, {out}, {indices},
-                   [in = weight.sizes()](const detail::BackwardContext& c) {
-                     const Tensor& g = c.grad();
-                     return std::vector<Tensor>{
-                         index_add(zeros(in, TensorOptions(g.dtype()).device(g.device())), 0,
-                                   c.saved(0).reshape({-1}), g.reshape({-1, in[1]})),
-                         Tensor()};
-                   });
+    detail::record(
+        op, {weight, indices}, {out}, {indices},
+        [in = weight.sizes()](const detail::BackwardContext& c) {
+          const Tensor& g = c.grad();
+          return std::vector<Tensor>{
+              // One gradient row per index (named, not inferred: a -1 is
+              // ambiguous when embedding_dim is 0).
+              index_add(zeros(in, TensorOptions(g.dtype()).device(g.device())), 0,
+                        c.saved(0).reshape({-1}), g.reshape({c.saved(0).numel(), in[1]})),
+              Tensor()};
+        });
   return out;
 }
 

@@ -221,6 +221,20 @@ TEST(Embedding, MatchesReference) {
   }
 }
 
+// An empty embedding_dim: the backward makes a [V, 0] gradient (it reshaped the output gradient
+// with an inferred -1 row count, which is ambiguous for 0 elements).
+TEST(Embedding, GradientWithEmptyEmbeddingDim) {
+  for (bool lazy : {false, true}) {
+    LazyGuard mode(lazy);
+    Tensor w = zeros({3, 0}, kFloat64).requires_grad_();
+    Tensor indices = from_vector<int64_t>({2, 0, 2, 1}, Shape{2, 2});
+    Tensor out = embedding(w, indices);
+    EXPECT_EQ(out.sizes(), (Shape{2, 2, 0}));
+    std::vector<Tensor> g = autograd::grad({out}, {w}, {zeros({2, 2, 0}, kFloat64)});
+    EXPECT_EQ(g[0].sizes(), (Shape{3, 0}));
+  }
+}
+
 TEST(Embedding, Errors) {
   Tensor w = random_tensor({5, 3});
   Tensor w0 = w.clone();

@@ -1,0 +1,649 @@
+// The op table of the differential tester (see ops.h): picks and expressions.
+#include "tests/diff/ops.h"
+
+#include <cmath>
+
+namespace kiln_diff {
+namespace {
+
+using Kind = Params::ScalarKind;
+
+template <typename S>
+S make_scalar(const Params& p, size_t k) {
+  double v = p.scalars.at(k);
+  switch (p.scalar_kind) {
+    case Kind::Int:
+      return S(static_cast<int64_t>(v));
+    case Kind::Bool:
+      return S(v != 0);
+    case Kind::Float:
+      break;
+  }
+  return S(v);
+}
+
+Shape sizes(const torch::Tensor& t) {
+  return t.sizes().vec();
+}
+int64_t rank(const torch::Tensor& t) {
+  return t.dim();
+}
+bool is_float(const torch::Tensor& t) {
+  return t.is_floating_point();
+}
+bool broadcasts(const Shape& a, const Shape& b) {
+  for (size_t i = 1; i <= std::min(a.size(), b.size()); ++i) {
+    int64_t x = a[a.size() - i], y = b[b.size() - i];
+    if (x != y && x != 1 && y != 1) return false;
+  }
+  return true;
+}
+// The dim `d` of a rank-r tensor counted from 0.
+int64_t wrap(int64_t d, int64_t r) {
+  return d < 0 ? d + std::max<int64_t>(r, 1) : d;
+}
+
+const torch::Tensor& arg(Gen& g, const Step& s, size_t k) {
+  for (size_t i = 0; i < g.ids.size(); ++i)
+    if (g.ids[i] == s.args[k]) return g.values[i];
+  throw std::logic_error("unknown value");
+}
+bool any(const torch::Tensor&) {
+  return true;
+}
+bool one_value(Gen& g, Step& s, bool (*pred)(const torch::Tensor&)) {
+  int a = g.pick(pred);
+  if (a < 0) return false;
+  s.args = {g.id(a)};
+  return true;
+}
+bool unary(Gen& g, Step& s) {
+  return one_value(g, s, any);
+}
+// A second operand for a: itself, another value that broadcasts with it (rarely one that does
+// not), or a new input of a broadcastable shape.
+ValueId partner(Gen& g, int a) {
+  const Shape shape = sizes(g.value(a));
+  int64_t r = g.uniform(0, 99);
+  if (r < 10) return g.id(a);
+  if (r < 55 || g.inputs_full()) {
+    bool any_shape = r < 57;
+    return g.id(
+        g.pick([&](const torch::Tensor& t) { return any_shape || broadcasts(shape, sizes(t)); }));
+  }
+  return g.new_input(g.broadcastable(shape), g.random_dtype());
+}
+bool binary(Gen& g, Step& s) {
+  int a = g.pick(any);
+  s.args = {g.id(a), partner(g, a)};
+  if (g.coin(0.5)) std::swap(s.args[0], s.args[1]);
+  return true;
+}
+// pow: an integral base to an integral tensor power is skipped, since libtorch rejects negative
+// integral exponents only when it meets them in the data.
+bool pow_pick(Gen& g, Step& s) {
+  binary(g, s);
+  return is_float(arg(g, s, 0)) || is_float(arg(g, s, 1));
+}
+bool with_scalar(Gen& g, Step& s) {
+  unary(g, s);
+  g.scalar(s.p);
+  return true;
+}
+bool binary_scalar(Gen& g, Step& s) {
+  binary(g, s);
+  g.scalar(s.p);
+  return true;
+}
+bool where_pick(Gen& g, Step& s) {
+  int a = g.pick(any);
+  const Shape shape = sizes(g.value(a));
+  int c = g.pick([&](const torch::Tensor& t) {
+    return t.scalar_type() == torch::kBool && broadcasts(shape, sizes(t));
+  });
+  ValueId cond = c >= 0 ? g.id(c) : g.new_input(g.broadcastable(shape), kiln::kBool);
+  s.args = {cond, g.id(a), partner(g, a)};
+  return true;
+}
+bool where_scalar(Gen& g, Step& s) {
+  where_pick(g, s);
+  s.args.pop_back();
+  g.scalar(s.p);
+  return true;
+}
+// Clamp bounds are never NaN: a NaN bound is being fixed (clamp with NaN bound).
+bool clamp_pick(Gen& g, Step& s) {
+  unary(g, s);
+  g.scalar(s.p);
+  g.scalar(s.p);
+  s.p.scalar_kind = g.coin(0.5) ? Kind::Int : Kind::Float;
+  for (double& v : s.p.scalars)
+    if (std::isnan(v)) v = 0;
+  return true;
+}
+
+// ---------------------------------------------------------------- views
+bool transpose_pick(Gen& g, Step& s) {
+  unary(g, s);
+  int64_t r = rank(arg(g, s, 0));
+  s.p.i = {g.dim(r), g.dim(r)};
+  return true;
+}
+bool permute_pick(Gen& g, Step& s) {
+  unary(g, s);
+  int64_t r = rank(arg(g, s, 0));
+  s.p.list.resize(static_cast<size_t>(r));
+  std::iota(s.p.list.begin(), s.p.list.end(), 0);
+  std::shuffle(s.p.list.begin(), s.p.list.end(), g.rng);
+  for (auto& d : s.p.list)
+    if (g.coin(0.3)) d -= r;
+  return true;
+}
+Shape reshape_target(Gen& g, int64_t n) {
+  if (n == 0) return {g.uniform(1, 3), 0};
+  if (g.coin(0.25)) return {-1};
+  Shape out;
+  int64_t rest = n;
+  for (int64_t k = g.uniform(0, 2); k > 0; --k) {
+    std::vector<int64_t> divisors;
+    for (int64_t d = 1; d <= rest; ++d)
+      if (rest % d == 0) divisors.push_back(d);
+    int64_t d = divisors[static_cast<size_t>(g.uniform(0, divisors.size() - 1))];
+    out.push_back(d);
+    rest /= d;
+  }
+  out.push_back(rest);
+  if (g.coin(0.3)) out[static_cast<size_t>(g.uniform(0, out.size() - 1))] = -1;
+  return out;
+}
+bool reshape_pick(Gen& g, Step& s) {
+  unary(g, s);
+  s.p.list = reshape_target(g, arg(g, s, 0).numel());
+  return true;
+}
+bool expand_pick(Gen& g, Step& s) {
+  unary(g, s);
+  Shape shape = sizes(arg(g, s, 0));
+  for (auto& d : shape) d = d == 1 ? g.uniform(0, 3) : (g.coin(0.3) ? -1 : d);
+  for (int64_t k = g.uniform(0, 1); k > 0; --k) shape.insert(shape.begin(), g.uniform(1, 3));
+  s.p.list = shape;
+  return true;
+}
+bool slice_pick(Gen& g, Step& s) {
+  unary(g, s);
+  const auto& x = arg(g, s, 0);
+  int64_t d = g.dim(rank(x));
+  int64_t n = rank(x) ? x.size(d) : 0;
+  s.p.i = {d, g.uniform(-n - 1, n + 1), g.uniform(-n - 1, n + 1), g.uniform(1, 3)};
+  return true;
+}
+bool select_pick(Gen& g, Step& s) {
+  if (!one_value(g, s, [](const torch::Tensor& t) { return t.dim() > 0; })) return false;
+  const auto& x = arg(g, s, 0);
+  int64_t d = g.dim(rank(x));
+  int64_t n = x.size(d);
+  // Rarely out of range: both must reject it.
+  s.p.i = {d, g.coin(0.03) || n == 0 ? n : g.uniform(-n, n - 1)};
+  return true;
+}
+bool narrow_pick(Gen& g, Step& s) {
+  if (!one_value(g, s, [](const torch::Tensor& t) { return t.dim() > 0; })) return false;
+  const auto& x = arg(g, s, 0);
+  int64_t d = g.dim(rank(x));
+  int64_t n = x.size(d);
+  int64_t start = g.uniform(0, n);
+  s.p.i = {d, start, g.uniform(0, n - start)};
+  return true;
+}
+// Chunks of a size-0 dim are skipped: being fixed (chunk of size-0).
+bool chunk_pick(Gen& g, Step& s) {
+  if (!one_value(g, s, [](const torch::Tensor& t) { return t.dim() > 0; })) return false;
+  const auto& x = arg(g, s, 0);
+  int64_t d = g.dim(rank(x));
+  if (x.size(d) == 0) return false;
+  int64_t chunks = g.uniform(1, 3);
+  int64_t made = static_cast<int64_t>(x.chunk(chunks, d).size());
+  s.p.i = {chunks, d, g.uniform(0, made - 1)};
+  return true;
+}
+bool dim_pick(Gen& g, Step& s) {
+  unary(g, s);
+  s.p.i = {g.dim(rank(arg(g, s, 0)))};
+  return true;
+}
+bool unsqueeze_pick(Gen& g, Step& s) {
+  unary(g, s);
+  int64_t r = rank(arg(g, s, 0));
+  s.p.i = {g.uniform(-r - 1, r)};
+  return true;
+}
+bool flatten_pick(Gen& g, Step& s) {
+  unary(g, s);
+  int64_t r = rank(arg(g, s, 0));
+  int64_t a = g.dim(r), b = g.dim(r);
+  if (wrap(a, r) > wrap(b, r)) std::swap(a, b);
+  s.p.i = {a, b};
+  return true;
+}
+bool matrix_pick(Gen& g, Step& s) {
+  return one_value(g, s, [](const torch::Tensor& t) { return t.dim() <= 2; });
+}
+
+// ---------------------------------------------------------------- in-place writes through views
+// The written value is computed by the program (never an input or a view of one, which are
+// leaves of the gradient), and the write goes through a slice of it.
+bool inplace_target(Gen& g, Step& s) {
+  std::vector<torch::Tensor> inputs;
+  for (size_t i = 0; i < g.ids.size(); ++i)
+    if (g.ids[i] < 0) inputs.push_back(g.values[i]);
+  std::vector<int> found;
+  for (size_t i = 0; i < g.ids.size(); ++i) {
+    if (g.ids[i] < 0 || g.values[i].dim() == 0) continue;
+    bool aliased = std::any_of(inputs.begin(), inputs.end(), [&](const torch::Tensor& in) {
+      return g.values[i].is_alias_of(in);
+    });
+    if (!aliased) found.push_back(static_cast<int>(i));
+  }
+  if (found.empty()) return false;
+  int a = found[static_cast<size_t>(g.uniform(0, found.size() - 1))];
+  const auto& x = g.value(a);
+  int64_t d = g.dim(x.dim());
+  int64_t n = x.size(d);
+  int64_t start = g.uniform(0, n);
+  s.args = {g.id(a)};
+  s.p.i = {d, start, g.uniform(start, n), g.uniform(1, 2)};
+  return true;
+}
+bool inplace_scalar(Gen& g, Step& s) {
+  if (!inplace_target(g, s)) return false;
+  g.scalar(s.p);
+  return true;
+}
+bool inplace_tensor(Gen& g, Step& s) {
+  if (g.inputs_full() || !inplace_target(g, s)) return false;
+  const auto& x = arg(g, s, 0);
+  Shape region = sizes(x.slice(s.p.i[0], s.p.i[1], s.p.i[2], s.p.i[3]));
+  s.args.push_back(g.new_input(g.broadcastable(region), g.random_dtype()));
+  return true;
+}
+
+// ---------------------------------------------------------------- reductions
+void reduce_dims(Gen& g, Step& s) {
+  int64_t r = rank(arg(g, s, 0));
+  std::vector<int64_t> all(static_cast<size_t>(std::max<int64_t>(r, 1)));
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), g.rng);
+  all.resize(static_cast<size_t>(g.uniform(1, static_cast<int64_t>(all.size()))));
+  for (auto& d : all)
+    if (g.coin(0.3)) d -= std::max<int64_t>(r, 1);
+  s.p.list = all;
+}
+bool reduce_list(Gen& g, Step& s) {
+  unary(g, s);
+  reduce_dims(g, s);
+  s.p.i = {g.uniform(0, 1), g.uniform(0, 1)};  // keepdim; correction (var, std)
+  return true;
+}
+bool reduce_one(Gen& g, Step& s) {
+  unary(g, s);
+  s.p.i = {g.dim(rank(arg(g, s, 0))), g.uniform(0, 1)};
+  return true;
+}
+
+// ---------------------------------------------------------------- GEMMs
+// A floating value of the given rank (rarely any value of it), or a new input.
+int gemm_operand(Gen& g, int64_t lo, int64_t hi) {
+  bool any_dtype = g.coin(0.05);
+  int a = g.pick([&](const torch::Tensor& t) {
+    return t.dim() >= lo && t.dim() <= hi && (any_dtype || is_float(t));
+  });
+  if (a >= 0 || g.inputs_full()) return a;
+  Shape shape(static_cast<size_t>(g.uniform(lo, hi)));
+  for (auto& d : shape) d = g.uniform(g.coin(0.1) ? 0 : 1, 4);
+  g.new_input(shape, g.random_float_dtype());
+  return static_cast<int>(g.values.size()) - 1;
+}
+kiln::DType partner_dtype(Gen& g, const torch::Tensor& t) {
+  return g.coin(0.9) ? to_kiln(t.scalar_type()) : g.random_dtype();
+}
+bool mm_pick(Gen& g, Step& s) {
+  int a = gemm_operand(g, 2, 2);
+  if (a < 0 || g.inputs_full()) return false;
+  const auto& x = g.value(a);
+  s.args = {g.id(a), g.new_input({x.size(1), g.uniform(0, 4)}, partner_dtype(g, x))};
+  return true;
+}
+bool bmm_pick(Gen& g, Step& s) {
+  int a = gemm_operand(g, 3, 3);
+  if (a < 0 || g.inputs_full()) return false;
+  const auto& x = g.value(a);
+  s.args = {g.id(a), g.new_input({x.size(0), x.size(2), g.uniform(0, 4)}, partner_dtype(g, x))};
+  return true;
+}
+bool matmul_pick(Gen& g, Step& s) {
+  int a = gemm_operand(g, 1, 4);
+  if (a < 0 || g.inputs_full()) return false;
+  const auto& x = g.value(a);
+  int64_t k = x.size(-1);
+  Shape other;
+  switch (g.uniform(0, 2)) {
+    case 0:
+      other = {k};
+      break;
+    case 1:
+      other = {k, g.uniform(1, 3)};
+      break;
+    default: {
+      Shape batch = x.dim() > 2 ? Shape(x.sizes().begin(), x.sizes().end() - 2) : Shape{2};
+      other = g.broadcastable(batch);
+      other.push_back(k);
+      other.push_back(g.uniform(1, 3));
+    }
+  }
+  s.args = {g.id(a), g.new_input(other, partner_dtype(g, x))};
+  return true;
+}
+bool linear_pick(Gen& g, Step& s) {
+  int a = gemm_operand(g, 1, 3);
+  if (a < 0 || g.program->inputs.size() + 2 > g.max_inputs) return false;
+  const auto& x = g.value(a);
+  int64_t out = g.uniform(1, 4);
+  kiln::DType dt = partner_dtype(g, x);
+  s.args = {g.id(a), g.new_input({out, x.size(-1)}, dt), g.new_input({out}, dt)};
+  return true;
+}
+bool addmm_pick(Gen& g, Step& s) {
+  if (!mm_pick(g, s) || g.inputs_full()) return false;
+  Shape out = {arg(g, s, 0).size(0), arg(g, s, 1).size(1)};
+  s.args.insert(s.args.begin(),
+                g.new_input(g.broadcastable(out), to_kiln(arg(g, s, 0).scalar_type())));
+  return true;
+}
+
+// ---------------------------------------------------------------- indexing and joining
+kiln::DType index_dtype(Gen& g) {
+  return g.coin(0.8) ? kiln::kInt64 : kiln::kInt32;
+}
+bool index_select_pick(Gen& g, Step& s) {
+  if (g.inputs_full() || !one_value(g, s, [](const torch::Tensor& t) { return t.dim() > 0; }))
+    return false;
+  const auto& x = arg(g, s, 0);
+  int64_t d = g.dim(rank(x));
+  int64_t n = x.size(d);
+  s.p.i = {d};
+  s.args.push_back(g.new_input({n ? g.uniform(0, 4) : 0}, index_dtype(g), 0, n));
+  return true;
+}
+bool gather_pick(Gen& g, Step& s) {
+  if (g.inputs_full() || !one_value(g, s, [](const torch::Tensor& t) { return t.dim() > 0; }))
+    return false;
+  const auto& x = arg(g, s, 0);
+  int64_t d = g.dim(rank(x));
+  int64_t n = x.size(d);
+  Shape shape = sizes(x);
+  for (int64_t k = 0; k < x.dim(); ++k)
+    shape[k] = k == wrap(d, x.dim()) ? (n ? g.uniform(0, 3) : 0) : g.uniform(0, shape[k]);
+  s.p.i = {d};
+  s.args.push_back(g.new_input(shape, kiln::kInt64, 0, n));
+  return true;
+}
+bool embedding_pick(Gen& g, Step& s) {
+  if (g.program->inputs.size() + 2 > g.max_inputs) return false;
+  int w = g.pick([](const torch::Tensor& t) {
+    return t.dim() == 2 && t.size(0) > 0 && t.is_floating_point();
+  });
+  ValueId wid =
+      w >= 0 ? g.id(w) : g.new_input({g.uniform(1, 5), g.uniform(1, 3)}, g.random_float_dtype());
+  int64_t rows = arg(g, Step{0, {wid}, {}}, 0).size(0);
+  s.args = {wid, g.new_input(g.random_shape(2), kiln::kInt64, 0, rows)};
+  return true;
+}
+bool cat_pick(Gen& g, Step& s) {
+  if (g.inputs_full()) return false;
+  unary(g, s);
+  const auto& x = arg(g, s, 0);
+  int64_t d = g.dim(rank(x));
+  Shape shape = sizes(x);
+  if (!shape.empty()) shape[wrap(d, x.dim())] = g.uniform(0, 3);
+  s.p.i = {d};
+  s.args.push_back(g.new_input(shape, g.coin(0.7) ? to_kiln(x.scalar_type()) : g.random_dtype()));
+  return true;
+}
+bool stack_pick(Gen& g, Step& s) {
+  if (g.inputs_full()) return false;
+  unary(g, s);
+  const auto& x = arg(g, s, 0);
+  s.p.i = {g.uniform(-x.dim() - 1, x.dim())};
+  s.args.push_back(g.new_input(sizes(x), to_kiln(x.scalar_type())));
+  return true;
+}
+
+// ---------------------------------------------------------------- neural-network ops
+bool layer_norm_pick(Gen& g, Step& s) {
+  if (g.program->inputs.size() + 2 > g.max_inputs ||
+      !one_value(g, s, [](const torch::Tensor& t) { return t.dim() > 0 && is_float(t); }))
+    return false;
+  const auto& x = arg(g, s, 0);
+  int64_t k = x.dim() >= 2 && g.coin(0.3) ? 2 : 1;
+  s.p.list = Shape(x.sizes().end() - k, x.sizes().end());
+  kiln::DType dt = to_kiln(x.scalar_type());
+  s.args.push_back(g.new_input(s.p.list, dt));
+  s.args.push_back(g.new_input(s.p.list, dt));
+  return true;
+}
+bool layer_norm_plain_pick(Gen& g, Step& s) {
+  if (!layer_norm_pick(g, s)) return false;
+  s.args.resize(1);  // the weight and bias inputs stay unused
+  return true;
+}
+bool cross_entropy_pick(Gen& g, Step& s) {
+  if (g.program->inputs.size() + 2 > g.max_inputs) return false;
+  int a = g.pick([](const torch::Tensor& t) {
+    return t.dim() == 2 && t.size(1) > 0 && t.is_floating_point();
+  });
+  ValueId logits =
+      a >= 0 ? g.id(a) : g.new_input({g.uniform(0, 4), g.uniform(1, 5)}, g.random_float_dtype());
+  const auto& x = arg(g, Step{0, {logits}, {}}, 0);
+  int64_t n = x.size(0), c = x.size(1);
+  s.args = {logits, g.new_input({n}, kiln::kInt64, 0, c)};
+  s.p.i = {g.uniform(0, 2)};
+  return true;
+}
+bool mse_pick(Gen& g, Step& s) {
+  if (g.inputs_full() || !one_value(g, s, is_float)) return false;
+  const auto& x = arg(g, s, 0);
+  s.args.push_back(g.new_input(sizes(x), to_kiln(x.scalar_type())));
+  s.p.i = {g.uniform(0, 2)};
+  return true;
+}
+bool softmax_pick(Gen& g, Step& s) {
+  return dim_pick(g, s);
+}
+bool cast_pick(Gen& g, Step& s) {
+  unary(g, s);
+  s.p.i = {static_cast<int64_t>(g.random_dtype())};
+  return true;
+}
+
+kiln::Reduction kiln_reduction(int64_t r) {
+  return static_cast<kiln::Reduction>(r);  // None, Mean, Sum
+}
+int64_t torch_reduction(int64_t r) {
+  return r == 0 ? at::Reduction::None : r == 1 ? at::Reduction::Mean : at::Reduction::Sum;
+}
+
+}  // namespace
+
+kiln::Scalar K::scalar(const Params& p, size_t k) {
+  return make_scalar<kiln::Scalar>(p, k);
+}
+c10::Scalar T::scalar(const Params& p, size_t k) {
+  return make_scalar<c10::Scalar>(p, k);
+}
+
+// One expression for both libraries (DIFF_OP), or one for each (DIFF_OP2: the first is kiln's).
+#define DIFF_OP2(name, flags, pick, kiln_expr, torch_expr)                          \
+  Op {                                                                              \
+    name, flags, pick,                                                              \
+        [](const std::vector<kiln::Tensor>& a, const Params& p) -> kiln::Tensor {   \
+          using B [[maybe_unused]] = K;                                             \
+          using namespace kiln;                                                     \
+          (void)a;                                                                  \
+          (void)p;                                                                  \
+          return kiln_expr;                                                         \
+        },                                                                          \
+        [](const std::vector<torch::Tensor>& a, const Params& p) -> torch::Tensor { \
+          using B [[maybe_unused]] = T;                                             \
+          using namespace torch;                                                    \
+          (void)a;                                                                  \
+          (void)p;                                                                  \
+          return torch_expr;                                                        \
+        },                                                                          \
+        #kiln_expr                                                                  \
+  }
+#define DIFF_OP(name, flags, pick, expr) DIFF_OP2(name, flags, pick, expr, expr)
+
+const std::vector<Op>& op_table() {
+  static const std::vector<Op> table = {
+      // ------------------------------------------------ unary
+      DIFF_OP("neg", 0, unary, neg(a[0])),
+      DIFF_OP("abs", 0, unary, abs(a[0])),
+      DIFF_OP("sign", kZeroGrad, unary, sign(a[0])),
+      DIFF_OP("exp", kInexact, unary, exp(a[0])),
+      DIFF_OP("log", kInexact, unary, log(a[0])),
+      DIFF_OP("log1p", kInexact, unary, log1p(a[0])),
+      DIFF_OP("expm1", kInexact, unary, expm1(a[0])),
+      DIFF_OP("sqrt", kInexact, unary, sqrt(a[0])),
+      DIFF_OP("rsqrt", kInexact, unary, rsqrt(a[0])),
+      DIFF_OP("reciprocal", 0, unary, reciprocal(a[0])),
+      DIFF_OP("sin", kInexact, unary, sin(a[0])),
+      DIFF_OP("cos", kInexact, unary, cos(a[0])),
+      DIFF_OP("tanh", kInexact, unary, tanh(a[0])),
+      DIFF_OP("sigmoid", kInexact, unary, sigmoid(a[0])),
+      DIFF_OP("relu", 0, unary, relu(a[0])),
+      DIFF_OP("gelu", kInexact, unary, gelu(a[0])),
+      DIFF_OP("gelu_tanh", kInexact, unary, gelu(a[0], "tanh")),
+      DIFF_OP("silu", kInexact, unary, silu(a[0])),
+      DIFF_OP("softplus", kInexact, unary, softplus(a[0])),
+      DIFF_OP("erf", kInexact, unary, erf(a[0])),
+      DIFF_OP("floor", kZeroGrad, unary, floor(a[0])),
+      DIFF_OP("ceil", kZeroGrad, unary, ceil(a[0])),
+      DIFF_OP("round", kZeroGrad, unary, round(a[0])),
+      DIFF_OP("logical_not", 0, unary, logical_not(a[0])),
+      DIFF_OP("isnan", 0, unary, isnan(a[0])),
+      DIFF_OP("isfinite", 0, unary, isfinite(a[0])),
+      DIFF_OP("clone", 0, unary, a[0].clone()),
+      DIFF_OP("contiguous", 0, unary, a[0].contiguous()),
+      DIFF_OP("cast", 0, cast_pick, a[0].to(B::dtype(p.i[0]))),
+      // ------------------------------------------------ binary, tensors and scalars
+      DIFF_OP("add", 0, binary, add(a[0], a[1])),
+      DIFF_OP("add_alpha", 0, binary_scalar, add(a[0], a[1], B::scalar(p, 0))),
+      DIFF_OP("sub", 0, binary, sub(a[0], a[1])),
+      DIFF_OP("mul", kMulPow, binary, mul(a[0], a[1])),
+      DIFF_OP("div", 0, binary, div(a[0], a[1])),
+      DIFF_OP("pow", kInexact | kMulPow, pow_pick, pow(a[0], a[1])),
+      DIFF_OP("remainder", 0, binary, remainder(a[0], a[1])),
+      DIFF_OP("minimum", 0, binary, minimum(a[0], a[1])),
+      DIFF_OP("maximum", 0, binary, maximum(a[0], a[1])),
+      DIFF_OP("eq", 0, binary, eq(a[0], a[1])),
+      DIFF_OP("ne", 0, binary, ne(a[0], a[1])),
+      DIFF_OP("lt", 0, binary, lt(a[0], a[1])),
+      DIFF_OP("le", 0, binary, le(a[0], a[1])),
+      DIFF_OP("gt", 0, binary, gt(a[0], a[1])),
+      DIFF_OP("ge", 0, binary, ge(a[0], a[1])),
+      DIFF_OP("logical_and", 0, binary, logical_and(a[0], a[1])),
+      DIFF_OP("logical_or", 0, binary, logical_or(a[0], a[1])),
+      DIFF_OP("add_scalar", 0, with_scalar, add(a[0], B::scalar(p, 0))),
+      DIFF_OP("sub_scalar", 0, with_scalar, sub(a[0], B::scalar(p, 0))),
+      DIFF_OP("mul_scalar", kMulPow, with_scalar, mul(a[0], B::scalar(p, 0))),
+      DIFF_OP("div_scalar", 0, with_scalar, div(a[0], B::scalar(p, 0))),
+      DIFF_OP("pow_scalar", kInexact | kMulPow, with_scalar, pow(a[0], B::scalar(p, 0))),
+      DIFF_OP("scalar_pow", kInexact | kMulPow, with_scalar, pow(B::scalar(p, 0), a[0])),
+      DIFF_OP("remainder_scalar", 0, with_scalar, remainder(a[0], B::scalar(p, 0))),
+      DIFF_OP("eq_scalar", 0, with_scalar, eq(a[0], B::scalar(p, 0))),
+      DIFF_OP("lt_scalar", 0, with_scalar, lt(a[0], B::scalar(p, 0))),
+      DIFF_OP("ge_scalar", 0, with_scalar, ge(a[0], B::scalar(p, 0))),
+      // ------------------------------------------------ ternary
+      DIFF_OP("where", 0, where_pick, where(a[0], a[1], a[2])),
+      DIFF_OP("where_scalar", 0, where_scalar, where(a[0], a[1], B::scalar(p, 0))),
+      DIFF_OP("clamp", 0, clamp_pick, clamp(a[0], B::scalar(p, 0), B::scalar(p, 1))),
+      DIFF_OP("clamp_min", 0, clamp_pick, clamp(a[0], B::scalar(p, 0))),
+      DIFF_OP("clamp_max", 0, clamp_pick, clamp(a[0], B::none(), B::scalar(p, 1))),
+      // ------------------------------------------------ views
+      DIFF_OP("view", 0, reshape_pick, a[0].view(p.list)),
+      DIFF_OP("reshape", 0, reshape_pick, a[0].reshape(p.list)),
+      DIFF_OP("transpose", 0, transpose_pick, a[0].transpose(p.i[0], p.i[1])),
+      DIFF_OP("permute", 0, permute_pick, a[0].permute(p.list)),
+      DIFF_OP("expand", 0, expand_pick, a[0].expand(p.list)),
+      DIFF_OP("slice", 0, slice_pick, a[0].slice(p.i[0], p.i[1], p.i[2], p.i[3])),
+      DIFF_OP("select", 0, select_pick, a[0].select(p.i[0], p.i[1])),
+      DIFF_OP("narrow", 0, narrow_pick, a[0].narrow(p.i[0], p.i[1], p.i[2])),
+      DIFF_OP("chunk", 0, chunk_pick, a[0].chunk(p.i[0], p.i[1]).at(p.i[2])),
+      DIFF_OP("squeeze", 0, unary, a[0].squeeze()),
+      DIFF_OP("squeeze_dim", 0, dim_pick, a[0].squeeze(p.i[0])),
+      DIFF_OP("unsqueeze", 0, unsqueeze_pick, a[0].unsqueeze(p.i[0])),
+      DIFF_OP("flatten", 0, flatten_pick, a[0].flatten(p.i[0], p.i[1])),
+      DIFF_OP("t", 0, matrix_pick, a[0].t()),
+      // ------------------------------------------------ in-place writes through a slice
+      DIFF_OP("slice_add_", kInPlace, inplace_scalar,
+              (a[0].slice(p.i[0], p.i[1], p.i[2], p.i[3]).add_(B::scalar(p, 0)), a[0])),
+      DIFF_OP("slice_mul_", kInPlace, inplace_scalar,
+              (a[0].slice(p.i[0], p.i[1], p.i[2], p.i[3]).mul_(B::scalar(p, 0)), a[0])),
+      DIFF_OP("slice_fill_", kInPlace | kFill, inplace_scalar,
+              (a[0].slice(p.i[0], p.i[1], p.i[2], p.i[3]).fill_(B::scalar(p, 0)), a[0])),
+      DIFF_OP("slice_zero_", kInPlace | kFill, inplace_scalar,
+              (a[0].slice(p.i[0], p.i[1], p.i[2], p.i[3]).zero_(), a[0])),
+      DIFF_OP("slice_add_tensor_", kInPlace, inplace_tensor,
+              (a[0].slice(p.i[0], p.i[1], p.i[2], p.i[3]).add_(a[1]), a[0])),
+      DIFF_OP("slice_copy_", kInPlace | kFill, inplace_tensor,
+              (a[0].slice(p.i[0], p.i[1], p.i[2], p.i[3]).copy_(a[1]), a[0])),
+      // ------------------------------------------------ reductions
+      DIFF_OP("sum", kInexact | kReduce, reduce_list, a[0].sum(p.list, p.i[0] != 0)),
+      DIFF_OP("sum_all", kInexact | kReduce, unary, a[0].sum()),
+      DIFF_OP("mean", kInexact | kReduce, reduce_list, a[0].mean(p.list, p.i[0] != 0)),
+      DIFF_OP("mean_all", kInexact | kReduce, unary, a[0].mean()),
+      DIFF_OP("prod", kInexact | kReduce, reduce_one, a[0].prod(p.i[0], p.i[1] != 0)),
+      DIFF_OP("amax", kReduce | kMinMax, reduce_list, a[0].amax(p.list, p.i[0] != 0)),
+      DIFF_OP("amin", kReduce | kMinMax, reduce_list, a[0].amin(p.list, p.i[0] != 0)),
+      DIFF_OP("max_all", kReduce | kMinMax, unary, a[0].max()),
+      DIFF_OP("min_all", kReduce | kMinMax, unary, a[0].min()),
+      DIFF_OP("max_dim", kReduce | kMinMax, reduce_one, std::get<0>(a[0].max(p.i[0], p.i[1] != 0))),
+      DIFF_OP("argmax", kReduce, reduce_one, a[0].argmax(p.i[0], p.i[1] != 0)),
+      DIFF_OP("argmin", kReduce, reduce_one, a[0].argmin(p.i[0], p.i[1] != 0)),
+      DIFF_OP2("var", kInexact | kReduce, reduce_list, a[0].var(p.list, p.i[1], p.i[0] != 0),
+               at::var(a[0], at::OptionalIntArrayRef(p.list), c10::optional<int64_t>(p.i[1]),
+                       p.i[0] != 0)),
+      DIFF_OP2("std", kInexact | kReduce, reduce_list, a[0].std(p.list, p.i[1], p.i[0] != 0),
+               at::std(a[0], at::OptionalIntArrayRef(p.list), c10::optional<int64_t>(p.i[1]),
+                       p.i[0] != 0)),
+      DIFF_OP("logsumexp", kInexact | kReduce, reduce_list, a[0].logsumexp(p.list, p.i[0] != 0)),
+      DIFF_OP("all", kReduce, unary, a[0].all()),
+      DIFF_OP("any", kReduce, unary, a[0].any()),
+      // ------------------------------------------------ GEMMs
+      DIFF_OP("mm", kInexact | kGemm, mm_pick, mm(a[0], a[1])),
+      DIFF_OP("bmm", kInexact | kGemm, bmm_pick, bmm(a[0], a[1])),
+      DIFF_OP("matmul", kInexact | kGemm, matmul_pick, matmul(a[0], a[1])),
+      DIFF_OP("linear", kInexact | kGemm, linear_pick, linear(a[0], a[1], a[2])),
+      DIFF_OP("addmm", kInexact | kGemm, addmm_pick, addmm(a[0], a[1], a[2])),
+      // ------------------------------------------------ indexing and joining
+      DIFF_OP("index_select", 0, index_select_pick, index_select(a[0], p.i[0], a[1])),
+      DIFF_OP("gather", 0, gather_pick, gather(a[0], p.i[0], a[1])),
+      DIFF_OP("embedding", 0, embedding_pick, embedding(a[0], a[1])),
+      DIFF_OP("cat", 0, cat_pick, cat({a[0], a[1]}, p.i[0])),
+      DIFF_OP("stack", 0, stack_pick, stack({a[0], a[1]}, p.i[0])),
+      // ------------------------------------------------ neural-network ops
+      DIFF_OP("softmax", kInexact, softmax_pick, softmax(a[0], p.i[0])),
+      DIFF_OP("log_softmax", kInexact, softmax_pick, log_softmax(a[0], p.i[0])),
+      DIFF_OP("layer_norm", kInexact, layer_norm_pick, layer_norm(a[0], p.list, a[1], a[2])),
+      DIFF_OP("layer_norm_plain", kInexact, layer_norm_plain_pick, layer_norm(a[0], p.list)),
+      DIFF_OP2("cross_entropy", kInexact, cross_entropy_pick,
+               cross_entropy(a[0], a[1], kiln_diff::kiln_reduction(p.i[0])),
+               at::cross_entropy_loss(a[0], a[1], {}, kiln_diff::torch_reduction(p.i[0]))),
+      DIFF_OP2("mse_loss", kInexact, mse_pick,
+               mse_loss(a[0], a[1], kiln_diff::kiln_reduction(p.i[0])),
+               at::mse_loss(a[0], a[1], kiln_diff::torch_reduction(p.i[0]))),
+  };
+  return table;
+}
+
+}  // namespace kiln_diff

@@ -1,0 +1,741 @@
+// The differential tester: random programs over kiln's public API (tests/diff/ops.cpp) run in
+// kiln's eager, lazy and traced modes and in libtorch, on the same input bytes. Outputs must agree
+// in shape, dtype and value (bit-exact between kiln's modes unless the program computes
+// transcendentals or reorders sums; within a few ulps of libtorch), gradients of a random
+// weighting of the outputs must agree, and an error in one must be an error in the other. A
+// difference is shrunk to a minimal program, printed as C++ to paste into a test.
+//
+// TorchDiff.FixedSeed runs KILN_DIFF_PROGRAMS programs (default 300) from fixed seeds;
+// TorchDiff.FreshSeed runs for KILN_DIFF_SECONDS (default 30) from the seed KILN_DIFF_SEED, or
+// one from the clock, which it prints first.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "tests/diff/ops.h"
+
+namespace kiln_diff {
+
+torch::ScalarType to_torch(kiln::DType t) {
+  switch (t) {
+    case kiln::kBool:
+      return torch::kBool;
+    case kiln::kInt32:
+      return torch::kInt32;
+    case kiln::kInt64:
+      return torch::kInt64;
+    case kiln::kFloat32:
+      return torch::kFloat32;
+    case kiln::kFloat64:
+      return torch::kFloat64;
+  }
+  throw std::logic_error("dtype");
+}
+kiln::DType to_kiln(torch::ScalarType t) {
+  for (kiln::DType d : {kiln::kBool, kiln::kInt32, kiln::kInt64, kiln::kFloat32, kiln::kFloat64})
+    if (to_torch(d) == t) return d;
+  throw std::logic_error("dtype");
+}
+
+namespace {
+
+int64_t numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+// ---------------------------------------------------------------- input bytes
+template <typename V>
+V special_value(std::mt19937_64& rng) {
+  if constexpr (std::is_floating_point_v<V>) {
+    using L = std::numeric_limits<V>;
+    const V values[] = {V(0),     V(-0.0),         L::infinity(), -L::infinity(), L::quiet_NaN(),
+                        L::max(), L::denorm_min(), V(1e-30),      V(-1)};
+    return values[rng() % std::size(values)];
+  } else {
+    using L = std::numeric_limits<V>;
+    const V values[] = {V(0), V(-1), L::max(), L::min()};
+    return values[rng() % std::size(values)];
+  }
+}
+template <typename V>
+void fill(const Input& in, std::vector<unsigned char>& bytes) {
+  std::mt19937_64 rng(in.seed);
+  std::uniform_real_distribution<double> u(in.lo, in.hi);
+  int64_t n = numel(in.shape);
+  bytes.resize(static_cast<size_t>(n) * sizeof(V));
+  V* out = reinterpret_cast<V*>(bytes.data());
+  for (int64_t k = 0; k < n; ++k) {
+    double v = u(rng);
+    if constexpr (std::is_same_v<V, bool>)
+      out[k] = v < (in.lo + in.hi) / 2;
+    else if constexpr (std::is_integral_v<V>)
+      out[k] = static_cast<V>(std::floor(v));
+    else
+      out[k] = static_cast<V>(v);
+    if constexpr (!std::is_same_v<V, bool>)
+      if (in.special && rng() % 6 == 0) out[k] = special_value<V>(rng);
+  }
+}
+std::vector<unsigned char> input_bytes(const Input& in) {
+  std::vector<unsigned char> bytes;
+  switch (in.dtype) {
+    case kiln::kBool:
+      fill<bool>(in, bytes);
+      break;
+    case kiln::kInt32:
+      fill<int32_t>(in, bytes);
+      break;
+    case kiln::kInt64:
+      fill<int64_t>(in, bytes);
+      break;
+    case kiln::kFloat32:
+      fill<float>(in, bytes);
+      break;
+    case kiln::kFloat64:
+      fill<double>(in, bytes);
+      break;
+  }
+  return bytes;
+}
+kiln::Tensor kiln_input(const Input& in) {
+  std::vector<unsigned char> bytes = input_bytes(in);
+  return kiln::detail::from_buffer(bytes.data(), numel(in.shape), in.dtype, in.shape);
+}
+
+}  // namespace
+
+torch::Tensor torch_input(const Input& in) {
+  std::vector<unsigned char> bytes = input_bytes(in);
+  return torch::from_blob(bytes.data(), in.shape, to_torch(in.dtype)).clone();
+}
+
+namespace {
+
+// ---------------------------------------------------------------- generation
+constexpr int kMaxSteps = 8;
+
+// A program of 1 to kMaxSteps steps over 1 to 3 inputs of broadcast-compatible shapes (picks add
+// more). A step libtorch rejects ends the program: kiln must reject it too.
+Program generate(uint64_t seed, bool* grads) {
+  Program prog;
+  prog.seed = seed;
+  Gen g;
+  g.rng.seed(seed);
+  g.program = &prog;
+  *grads = g.coin(0.5);
+  Shape base = g.random_shape(3);
+  for (int64_t k = g.uniform(1, 3); k > 0; --k)
+    g.new_input(g.values.empty() ? base : g.broadcastable(base), g.random_dtype());
+  const auto& table = op_table();
+  for (int64_t n = g.uniform(1, kMaxSteps); n > 0; --n) {
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      Step s;
+      s.op = static_cast<int>(g.uniform(0, static_cast<int64_t>(table.size()) - 1));
+      if (!table[static_cast<size_t>(s.op)].pick(g, s)) continue;
+      std::vector<torch::Tensor> args;
+      for (ValueId id : s.args)
+        for (size_t i = 0; i < g.ids.size(); ++i)
+          if (g.ids[i] == id) args.push_back(g.values[i]);
+      // Being fixed (0-dim reduction backward crash): no reductions of 0-dim tensors in a
+      // program whose gradients are taken; the crash would end the whole run.
+      if (*grads && (table[static_cast<size_t>(s.op)].flags & kReduce) &&
+          std::any_of(args.begin(), args.end(), [](const auto& a) { return a.dim() == 0; }))
+        continue;
+      prog.steps.push_back(s);
+      try {
+        g.values.push_back(table[static_cast<size_t>(s.op)].torch_fn(args, s.p));
+        g.ids.push_back(static_cast<ValueId>(prog.steps.size()) - 1);
+      } catch (const std::exception&) {
+        return prog;
+      }
+      break;
+    }
+  }
+  return prog;
+}
+
+// ---------------------------------------------------------------- running
+enum class Mode { Torch, Eager, Lazy, Traced };
+const char* mode_name(Mode m) {
+  switch (m) {
+    case Mode::Torch:
+      return "torch";
+    case Mode::Eager:
+      return "eager";
+    case Mode::Lazy:
+      return "lazy";
+    case Mode::Traced:
+      return "traced";
+  }
+  return "?";
+}
+
+struct Value {
+  Shape shape;
+  kiln::DType dtype = kiln::kFloat32;
+  std::vector<double> f;   // floating values
+  std::vector<int64_t> i;  // integral and bool values
+  bool requires_grad = false;
+  bool is_view = false;  // a view of another value or the input itself (libtorch only)
+};
+
+struct Outcome {
+  bool error = false;
+  bool foreign_exception = false;  // an exception other than kiln::Error (kiln only)
+  std::string message;
+  std::vector<Value> values;  // one per step
+  std::vector<Value> grads;   // one per floating input, when the program checks gradients
+  std::vector<std::vector<Shape>> arg_shapes;  // per step (libtorch only)
+};
+
+struct Run {
+  const Program& prog;
+  bool grads;  // floating inputs require grad; gradients are compared
+};
+
+template <typename Tensor>
+std::vector<Tensor> apply(const Program& prog, const std::vector<Tensor>& inputs,
+                          Outcome* shapes = nullptr) {
+  const auto& table = op_table();
+  std::vector<Tensor> vals;
+  for (const Step& s : prog.steps) {
+    std::vector<Tensor> args;
+    for (ValueId id : s.args)
+      args.push_back(id < 0 ? inputs[input_index(id)] : vals[static_cast<size_t>(id)]);
+    if (shapes) {
+      shapes->arg_shapes.emplace_back();
+      for (const auto& a : args)
+        shapes->arg_shapes.back().push_back(Shape(a.sizes().begin(), a.sizes().end()));
+    }
+    const Op& op = table[static_cast<size_t>(s.op)];
+    if constexpr (std::is_same_v<Tensor, kiln::Tensor>)
+      vals.push_back(op.kiln_fn(args, s.p));
+    else
+      vals.push_back(op.torch_fn(args, s.p));
+  }
+  return vals;
+}
+
+Value read(const torch::Tensor& t) {
+  Value v;
+  v.shape = t.sizes().vec();
+  v.dtype = to_kiln(t.scalar_type());
+  v.requires_grad = t.requires_grad();
+  v.is_view = t.is_view();
+  torch::Tensor c = t.detach().contiguous();
+  if (t.is_floating_point()) {
+    c = c.to(torch::kFloat64);
+    v.f.assign(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+  } else {
+    c = c.to(torch::kInt64);
+    v.i.assign(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  }
+  return v;
+}
+Value read(const kiln::Tensor& t) {
+  Value v;
+  v.shape = t.sizes();
+  v.dtype = t.dtype();
+  v.requires_grad = t.requires_grad();
+  if (t.is_floating_point())
+    v.f = t.to_vector<double>();
+  else
+    v.i = t.to_vector<int64_t>();
+  return v;
+}
+
+// The weight of output k in the loss whose gradients are compared.
+Input weight_of(const Program& prog, size_t k, const Value& out) {
+  Input w;
+  w.shape = out.shape;
+  w.dtype = out.dtype;
+  w.seed = prog.seed * 7919 + k;
+  w.lo = -1;
+  w.hi = 1;
+  return w;
+}
+
+Outcome run_torch(const Run& r) {
+  Outcome out;
+  std::string phase;
+  try {
+    std::vector<torch::Tensor> inputs;
+    for (const Input& in : r.prog.inputs) {
+      inputs.push_back(torch_input(in));
+      if (r.grads && inputs.back().is_floating_point()) inputs.back().requires_grad_(true);
+    }
+    std::vector<torch::Tensor> vals = apply(r.prog, inputs, &out);
+    std::vector<torch::Tensor> outs, weights, wrt;
+    for (size_t k = 0; k < vals.size(); ++k) {
+      out.values.push_back(read(vals[k]));
+      for (const auto& in : inputs) out.values.back().is_view |= vals[k].is_same(in);
+      if (vals[k].requires_grad()) {
+        outs.push_back(vals[k]);
+        weights.push_back(torch_input(weight_of(r.prog, k, out.values.back())));
+      }
+    }
+    for (const auto& in : inputs)
+      if (in.requires_grad()) wrt.push_back(in);
+    phase = "backward: ";
+    if (!outs.empty() && !wrt.empty()) {
+      auto g = torch::autograd::grad(outs, wrt, weights, true, false, true);
+      for (size_t k = 0; k < g.size(); ++k)
+        out.grads.push_back(read(g[k].defined() ? g[k] : torch::zeros_like(wrt[k])));
+    }
+  } catch (const std::exception& e) {
+    out.error = true;
+    out.message = phase + e.what();
+    out.message = out.message.substr(0, out.message.find('\n'));
+  }
+  return out;
+}
+
+// kiln in one mode; the loss weighs the outputs that require grad in libtorch (`weigh`).
+Outcome run_kiln(const Run& r, Mode mode, const std::vector<bool>& weigh) {
+  Outcome out;
+  std::string phase;
+  try {
+    kiln::LazyGuard lazy(mode != Mode::Eager);
+    std::vector<kiln::Tensor> inputs;
+    for (const Input& in : r.prog.inputs) {
+      inputs.push_back(kiln_input(in));
+      if (r.grads && inputs.back().is_floating_point()) inputs.back().requires_grad_(true);
+    }
+    auto body = [&](const std::vector<kiln::Tensor>& in) { return apply(r.prog, in); };
+    std::vector<kiln::Tensor> vals;
+    if (mode == Mode::Traced)
+      vals = kiln::jit::trace(body, inputs)(inputs);
+    else
+      vals = body(inputs);
+    std::vector<kiln::Tensor> outs, weights, wrt;
+    for (size_t k = 0; k < vals.size(); ++k) {
+      out.values.push_back(read(vals[k]));
+      if (k < weigh.size() && weigh[k] && vals[k].requires_grad()) {
+        outs.push_back(vals[k]);
+        weights.push_back(kiln_input(weight_of(r.prog, k, out.values.back())));
+      }
+    }
+    for (const auto& in : inputs)
+      if (in.requires_grad()) wrt.push_back(in);
+    phase = "backward: ";
+    if (!outs.empty() && !wrt.empty()) {
+      auto g = kiln::autograd::grad(outs, wrt, weights, true, false, true);
+      for (size_t k = 0; k < g.size(); ++k)
+        out.grads.push_back(read(g[k].defined() ? g[k] : kiln::zeros_like(wrt[k])));
+    }
+  } catch (const kiln::Error& e) {
+    out.error = true;
+    out.message = phase + e.what();
+  } catch (const std::exception& e) {
+    out.error = true;
+    out.foreign_exception = true;
+    out.message = phase + e.what();
+  }
+  out.message = out.message.substr(0, out.message.find('\n'));
+  return out;
+}
+
+// ---------------------------------------------------------------- comparing
+struct Tolerance {
+  bool exact = false;
+  double ulps = 0;            // |a - b| <= ulps * eps * (|b| + max(1, the largest finite |b|))
+  bool nan_for_zero = false;  // a NaN in kiln may stand for libtorch's 0 (zero-gradient ops)
+};
+
+double eps_of(kiln::DType t) {
+  return t == kiln::kFloat64 ? std::numeric_limits<double>::epsilon()
+                             : std::numeric_limits<float>::epsilon();
+}
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t k = 0; k < s.size(); ++k) os << (k ? ", " : "") << s[k];
+  os << "]";
+  return os.str();
+}
+
+// An empty string when `got` matches `want`, else what differs.
+std::string compare(const Value& got, const Value& want, const Tolerance& tol) {
+  std::ostringstream os;
+  if (got.shape != want.shape || got.dtype != want.dtype) {
+    os << "shape/dtype " << shape_str(got.shape) << " " << kiln::dtype_name(got.dtype) << " vs "
+       << shape_str(want.shape) << " " << kiln::dtype_name(want.dtype);
+    return os.str();
+  }
+  for (size_t k = 0; k < got.i.size(); ++k)
+    if (got.i[k] != want.i[k]) {
+      os << "element " << k << ": " << got.i[k] << " vs " << want.i[k];
+      return os.str();
+    }
+  // Errors are measured against the tensor's largest magnitude, and at least 1: libtorch rounds
+  // differently where a result cancels to (almost) zero, e.g. x - mean(x) in layer_norm.
+  double scale = 1;
+  for (double v : want.f)
+    if (std::isfinite(v)) scale = std::max(scale, std::abs(v));
+  for (size_t k = 0; k < got.f.size(); ++k) {
+    double a = got.f[k], b = want.f[k];
+    if (a == b || (std::isnan(a) && std::isnan(b))) continue;
+    if (tol.nan_for_zero && std::isnan(a) && b == 0) continue;
+    if (!tol.exact && std::isfinite(a) && std::isfinite(b) &&
+        std::abs(a - b) <= tol.ulps * eps_of(got.dtype) * (std::abs(b) + scale))
+      continue;
+    os.precision(17);
+    os << "element " << k << ": " << a << " vs " << b;
+    return os.str();
+  }
+  return "";
+}
+
+// One difference: its signature (which modes, what kind) and a description.
+struct Mismatch {
+  std::string signature;
+  std::string detail;
+  bool empty() const { return signature.empty(); }
+};
+
+struct Flags {
+  unsigned any = 0;
+  bool int_specials = false;
+  bool zero_dim_reduction = false;
+  bool empty_gemm = false;
+  bool view_outputs = false;  // some value is a view (in libtorch)
+};
+Flags flags_of(const Program& prog, const Outcome& torch_out) {
+  Flags f;
+  const auto& table = op_table();
+  for (size_t k = 0; k < prog.steps.size(); ++k) {
+    unsigned fl = table[static_cast<size_t>(prog.steps[k].op)].flags;
+    f.any |= fl;
+    if (k >= torch_out.arg_shapes.size()) continue;
+    for (const Shape& s : torch_out.arg_shapes[k]) {
+      if ((fl & kReduce) && s.empty()) f.zero_dim_reduction = true;
+      if ((fl & kGemm) && numel(s) == 0) f.empty_gemm = true;
+    }
+  }
+  for (const Input& in : prog.inputs)
+    if (in.special && kiln::is_integral(in.dtype, true)) f.int_specials = true;
+  for (const Value& v : torch_out.values) f.view_outputs |= v.is_view;
+  return f;
+}
+
+// Differences in which programs raise that are known: deliberate (docs/torch-differences.md) or
+// being fixed.
+struct KnownError {
+  const char* torch_says;  // libtorch raised this and kiln did not, or
+  const char* kiln_says;   // kiln raised this and libtorch did not
+  const char* why;
+};
+const KnownError kKnownErrors[] = {
+    {"not implemented for '", nullptr,
+     "deliberate: kiln computes floating ops of integral and bool inputs in float32, and reduces "
+     "bool tensors, where libtorch has no kernel for them"},
+    {"must have the same dtype", nullptr, "deliberate: kiln promotes the operands of a GEMM"},
+    {"expected scalar type", nullptr, "deliberate: kiln promotes the operands of a GEMM"},
+    {"Boolean alpha only supported", nullptr, "deliberate: kiln accepts a bool alpha"},
+    {"modified by an inplace operation", nullptr,
+     "deliberate: kiln's backward saves fewer tensors, so fewer in-place writes invalidate it"},
+    {nullptr, "not supported for bool tensors",
+     "open: kiln rejects bool operands of pow, clamp and remainder, which libtorch promotes"},
+    {nullptr, "integers to negative integer powers are not allowed",
+     "open: kiln rejects negative integral exponent tensors, which libtorch computes (to 0, 1 or "
+     "-1)"},
+};
+bool known_error(Mode mode, const Outcome& got, const Outcome& want, const Flags& flags) {
+  const std::string& msg = got.error ? got.message : want.message;
+  for (const KnownError& k : kKnownErrors) {
+    const char* says = got.error ? k.kiln_says : k.torch_says;
+    if (says && msg.find(says) != std::string::npos) return true;
+  }
+  // (A traced function's backward is traced with its forward.)
+  const bool kiln_backward = got.error && (mode == Mode::Traced || msg.rfind("backward: ", 0) == 0);
+  // Being fixed (pow/mul saving tensors they need not): kiln's backward finds a saved tensor
+  // written in place where libtorch saved nothing.
+  if (kiln_backward && (flags.any & kMulPow) && (flags.any & kInPlace)) return true;
+  // Being fixed: the backward of a 0-dim reduction, and of a size-0 matmul/linear.
+  return kiln_backward && (flags.zero_dim_reduction || flags.empty_gemm);
+}
+
+// Compares kiln's outcome in `mode` with `want` (libtorch's, or kiln eager's).
+Mismatch compare_outcomes(const Run& r, Mode mode, const Outcome& got, Mode ref,
+                          const Outcome& want, const Flags& flags) {
+  std::string who = std::string(mode_name(mode)) + " vs " + mode_name(ref);
+  if (got.foreign_exception) return {who + ": not a kiln::Error", got.message};
+  if (got.error != want.error) {
+    if (known_error(mode, got, want, flags)) return {};
+    return {who + ": error parity", got.error ? "kiln raised: " + got.message
+                                              : "kiln did not raise; torch: " + want.message};
+  }
+  if (got.error) return {};
+  const bool ints_unreliable = flags.int_specials;  // being fixed (integer overflow UB)
+  Tolerance tol;
+  tol.exact = ref != Mode::Torch && !(flags.any & kInexact);
+  tol.ulps = ref == Mode::Torch ? 512 : 64;
+  for (size_t k = 0; k < got.values.size() && k < want.values.size(); ++k) {
+    Value g = got.values[k], w = want.values[k];
+    if (ints_unreliable && !kiln::is_floating_point(w.dtype)) g.i = w.i;
+    // Deliberate: an op without integral kernels in libtorch checks no dtype on an empty tensor
+    // and returns its input's; kiln's result dtype never depends on the sizes.
+    if (ref == Mode::Torch && w.f.empty() && w.i.empty() && g.shape == w.shape &&
+        kiln::is_floating_point(g.dtype) && !kiln::is_floating_point(w.dtype))
+      continue;
+    std::string d = compare(g, w, tol);
+    if (!d.empty()) return {who + ": values", "v" + std::to_string(k) + " " + d};
+    // Known, being fixed: fill_/zero_/copy_ clearing requires_grad, and traced functions that
+    // return views of their inputs, or the inputs themselves.
+    if (r.grads && ref == Mode::Torch && !(flags.any & kFill) &&
+        !(mode == Mode::Traced && flags.view_outputs) && kiln::is_floating_point(w.dtype) &&
+        g.requires_grad != w.requires_grad)
+      return {who + ": requires_grad",
+              "v" + std::to_string(k) +
+                  (g.requires_grad ? " requires grad" : " does not require grad")};
+  }
+  // Gradients, except where a known bug, being fixed, makes them differ: 0-dim reduction
+  // backward, size-0 matmul/linear backward, fill_/zero_/copy_ clearing requires_grad, amin/amax
+  // of ±0, traced view outputs.
+  if (!r.grads || flags.zero_dim_reduction || flags.empty_gemm || (flags.any & (kFill | kMinMax)))
+    return {};
+  if (mode == Mode::Traced && flags.view_outputs) return {};
+  Tolerance gtol = tol;
+  gtol.ulps *= 4;
+  gtol.nan_for_zero = (flags.any & kZeroGrad) != 0;  // being fixed (0-vs-NaN gradient)
+  if (got.grads.size() != want.grads.size())
+    return {who + ": gradients", std::to_string(got.grads.size()) + " vs " +
+                                     std::to_string(want.grads.size()) + " gradients"};
+  for (size_t k = 0; k < got.grads.size(); ++k) {
+    std::string d = compare(got.grads[k], want.grads[k], gtol);
+    if (!d.empty()) return {who + ": gradients", "d/dx" + std::to_string(k) + " " + d};
+  }
+  return {};
+}
+
+// Runs every mode and returns the first difference.
+Mismatch check(const Program& prog, bool grads) {
+  Run r{prog, grads};
+  Outcome t = run_torch(r);
+  std::vector<bool> weigh;
+  for (const Value& v : t.values) weigh.push_back(v.requires_grad);
+  Flags flags = flags_of(prog, t);
+  Outcome eager = run_kiln(r, Mode::Eager, weigh);
+  Mismatch m = compare_outcomes(r, Mode::Eager, eager, Mode::Torch, t, flags);
+  if (!m.empty()) return m;
+  for (Mode mode : {Mode::Lazy, Mode::Traced}) {
+    Outcome o = run_kiln(r, mode, weigh);
+    m = compare_outcomes(r, mode, o, Mode::Eager, eager, flags);
+    if (m.empty()) m = compare_outcomes(r, mode, o, Mode::Torch, t, flags);
+    if (!m.empty()) return m;
+  }
+  return {};
+}
+
+// ---------------------------------------------------------------- shrinking
+// Drops step k and every step that uses it, renumbering the rest.
+Program drop_step(const Program& prog, size_t k) {
+  Program out = prog;
+  out.steps.clear();
+  std::vector<int> renumber(prog.steps.size(), -1);
+  std::vector<bool> dropped(prog.steps.size(), false);
+  for (size_t s = 0; s < prog.steps.size(); ++s) {
+    Step step = prog.steps[s];
+    bool uses_dropped = s == k;
+    for (ValueId& id : step.args)
+      if (id >= 0) {
+        if (dropped[static_cast<size_t>(id)])
+          uses_dropped = true;
+        else
+          id = renumber[static_cast<size_t>(id)];
+      }
+    dropped[s] = uses_dropped;
+    if (uses_dropped) continue;
+    renumber[s] = static_cast<int>(out.steps.size());
+    out.steps.push_back(step);
+  }
+  return out;
+}
+
+// Shrinks a program while it still shows a difference with the same signature.
+Program shrink(Program prog, bool grads, const std::string& signature) {
+  auto same = [&](const Program& p) { return check(p, grads).signature == signature; };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t k = prog.steps.size(); k-- > 0;) {
+      Program smaller = drop_step(prog, k);
+      if (!smaller.steps.empty() && smaller.steps.size() < prog.steps.size() && same(smaller)) {
+        prog = smaller;
+        changed = true;
+      }
+    }
+    for (size_t i = 0; i < prog.inputs.size(); ++i) {
+      Program plain = prog;
+      if (plain.inputs[i].special) {
+        plain.inputs[i].special = false;
+        if (same(plain)) prog = plain, changed = true;
+      }
+      for (size_t d = 0; d < prog.inputs[i].shape.size(); ++d)
+        for (int64_t size : {int64_t{1}, prog.inputs[i].shape[d] / 2}) {
+          Program smaller = prog;
+          if (size >= smaller.inputs[i].shape[d]) continue;
+          smaller.inputs[i].shape[d] = size;
+          if (same(smaller)) prog = smaller, changed = true;
+        }
+    }
+  }
+  return prog;
+}
+
+// ---------------------------------------------------------------- printing as C++
+std::string literal(double v, kiln::DType dtype) {
+  const bool f32 = dtype == kiln::kFloat32;
+  if (std::isnan(v)) return "NAN";
+  if (std::isinf(v)) return v > 0 ? "INFINITY" : "-INFINITY";
+  if (dtype == kiln::kBool) return v != 0 ? "true" : "false";
+  if (kiln::is_integral(dtype)) {
+    auto i = static_cast<int64_t>(v);
+    if (dtype == kiln::kInt32 && i == std::numeric_limits<int32_t>::min()) return "INT32_MIN";
+    if (dtype == kiln::kInt64 && i == std::numeric_limits<int64_t>::min()) return "INT64_MIN";
+    return std::to_string(i);
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f32 ? "%.9g" : "%.17g", v);
+  std::string s = buf;
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  if (std::signbit(v) && v == 0) s = "-0.0";
+  return f32 ? s + "f" : s;
+}
+const char* cpp_type(kiln::DType t) {
+  switch (t) {
+    case kiln::kBool:
+      return "bool";
+    case kiln::kInt32:
+      return "int32_t";
+    case kiln::kInt64:
+      return "int64_t";
+    case kiln::kFloat32:
+      return "float";
+    case kiln::kFloat64:
+      return "double";
+  }
+  return "?";
+}
+std::string list_str(const std::vector<int64_t>& v) {
+  std::string s = "{";
+  for (size_t k = 0; k < v.size(); ++k) s += (k ? ", " : "") + std::to_string(v[k]);
+  return s + "}";
+}
+void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
+}
+std::string value_name(ValueId id) {
+  return id < 0 ? "x" + std::to_string(input_index(id)) : "v" + std::to_string(id);
+}
+std::string step_source(const Step& s) {
+  std::string src = op_table()[static_cast<size_t>(s.op)].source;
+  static const char* reductions[] = {"Reduction::None", "Reduction::Mean", "Reduction::Sum"};
+  for (size_t k = 0; k < s.p.i.size(); ++k) {
+    std::string ik = "p.i[" + std::to_string(k) + "]";
+    int64_t v = s.p.i[k];
+    replace_all(src, "kiln_diff::kiln_reduction(" + ik + ")",
+                reductions[std::clamp<int64_t>(v, 0, 2)]);
+    replace_all(
+        src, "B::dtype(" + ik + ")",
+        std::string("k") +
+            static_cast<char>(std::toupper(kiln::dtype_name(static_cast<kiln::DType>(v))[0])) +
+            (kiln::dtype_name(static_cast<kiln::DType>(v)) + 1));
+    replace_all(src, ik + " != 0", v ? "true" : "false");
+    replace_all(src, ik, std::to_string(v));
+  }
+  static const kiln::DType kinds[] = {kiln::kInt64, kiln::kFloat64, kiln::kBool};
+  for (size_t k = 0; k < s.p.scalars.size(); ++k)
+    replace_all(src, "B::scalar(p, " + std::to_string(k) + ")",
+                literal(s.p.scalars[k], kinds[static_cast<int>(s.p.scalar_kind)]));
+  replace_all(src, "B::none()", "std::nullopt");
+  replace_all(src, "p.list", "Shape" + list_str(s.p.list));
+  for (size_t k = s.args.size(); k-- > 0;)
+    replace_all(src, "a[" + std::to_string(k) + "]", value_name(s.args[k]));
+  return src;
+}
+std::string to_cpp(const Program& prog, bool grads, const Mismatch& m) {
+  std::ostringstream os;
+  os << "// " << m.signature << ": " << m.detail << "\n";
+  os << "// (the values v0.. are compared; gradients are of sum(v_k * w_k) for random w_k)\n";
+  std::vector<bool> used(prog.inputs.size(), false);
+  for (const Step& s : prog.steps)
+    for (ValueId id : s.args)
+      if (id < 0) used[input_index(id)] = true;
+  for (size_t i = 0; i < prog.inputs.size(); ++i) {
+    const Input& in = prog.inputs[i];
+    if (!used[i]) continue;
+    torch::Tensor t = torch_input(in).to(torch::kFloat64).contiguous();
+    os << "Tensor x" << i << " = from_vector(std::vector<" << cpp_type(in.dtype) << ">{";
+    for (int64_t k = 0; k < t.numel(); ++k)
+      os << (k ? ", " : "") << literal(t.data_ptr<double>()[k], in.dtype);
+    os << "}, Shape" << list_str(in.shape) << ")";
+    if (grads && kiln::is_floating_point(in.dtype)) os << ".requires_grad_()";
+    os << ";\n";
+  }
+  for (size_t k = 0; k < prog.steps.size(); ++k)
+    os << "Tensor v" << k << " = " << step_source(prog.steps[k]) << ";\n";
+  return os.str();
+}
+
+// ---------------------------------------------------------------- the tests
+uint64_t env_u64(const char* name, uint64_t fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::strtoull(v, nullptr, 10) : fallback;
+}
+
+struct Tally {
+  int programs = 0, torch_errors = 0, differences = 0;
+};
+
+void check_seed(uint64_t seed, Tally& tally) {
+  // KILN_DIFF_VERBOSE=1 names each program first, to find one that crashes the process.
+  static const bool verbose = std::getenv("KILN_DIFF_VERBOSE") != nullptr;
+  if (verbose) std::fprintf(stderr, "torch_diff: program seed %" PRIu64 "\n", seed);
+  bool grads = false;
+  Program prog = generate(seed, &grads);
+  ++tally.programs;
+  Mismatch m = check(prog, grads);
+  if (m.empty()) return;
+  ++tally.differences;
+  Program small = shrink(prog, grads, m.signature);
+  Mismatch ms = check(small, grads);
+  ADD_FAILURE() << "program seed " << seed << " differs (" << m.signature << ": " << m.detail
+                << "); shrunk to:\n"
+                << to_cpp(small, grads, ms.empty() ? m : ms);
+}
+
+TEST(TorchDiff, FixedSeed) {
+  const uint64_t n = env_u64("KILN_DIFF_PROGRAMS", 300);
+  Tally tally;
+  for (uint64_t seed = 1; seed <= n; ++seed) check_seed(seed, tally);
+  std::printf("torch_diff: %d programs, %d differences\n", tally.programs, tally.differences);
+}
+
+TEST(TorchDiff, FreshSeed) {
+  const uint64_t seed =
+      env_u64("KILN_DIFF_SEED",
+              static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()));
+  const double seconds = static_cast<double>(env_u64("KILN_DIFF_SECONDS", 30));
+  std::printf("torch_diff: KILN_DIFF_SEED=%" PRIu64 "\n", seed);
+  std::fflush(stdout);
+  std::mt19937_64 seeds(seed);
+  Tally tally;
+  // KILN_DIFF_PROGRAM=<program seed> runs that one program (as printed by KILN_DIFF_VERBOSE).
+  if (uint64_t one = env_u64("KILN_DIFF_PROGRAM", 0)) return check_seed(one, tally);
+  auto start = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < seconds)
+    check_seed(seeds(), tally);
+  std::printf("torch_diff: %d programs, %d differences\n", tally.programs, tally.differences);
+}
+
+}  // namespace
+}  // namespace kiln_diff
