@@ -478,9 +478,10 @@ void set_output_devices(const OpDef& def, const Tensor* inputs, size_t count, La
   for (size_t i = 0; i < num_outputs; ++i) outputs[i].device = d;
 }
 
-// Outside the lock (a flush evaluates).
+// A flush evaluates, which must not happen under the lock (a recording nested in one, such as a
+// view re-derived by lazy_input): the next recording outside it flushes instead.
 void after_record() {
-  if (t_live && t_live->count > g_max_pending.load(std::memory_order_relaxed))
+  if (t_lock_depth == 0 && t_live && t_live->count > g_max_pending.load(std::memory_order_relaxed))
     flush_pending("the pending trace passed KILN_MAX_PENDING");
 }
 }  // namespace
