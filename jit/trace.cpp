@@ -185,6 +185,9 @@ struct TraceScope {
       s.version.store(state.written_versions[k]);
     }
     for (auto& [leaf, before] : state.grads) leaf->autograd->grad = before;
+    // The autograd history in-place ops gave tensors inside reaches the placeholders: a tensor
+    // that outlives the trace (a capture, a constant the plan holds) must not keep it.
+    detail::restore_traced_histories();
   }
 };
 
@@ -361,7 +364,7 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
           if (returned_binding.arguments[k] >= 0 || !t.requires_grad()) continue;
           // A tensor the function allocated is a constant of the trace: the history it got from
           // an in-place op inside (c = full_like(a, 1); c.sub_(b)) is the trace's own, recorded
-          // through its other inputs, and must not outlive the trace in a backward.
+          // through its other inputs, and ends with the trace (TraceScope).
           if (scope.state.created.count(t.impl()->storage.get())) continue;
           wrt.push_back(t);
           backward->wrt_arguments.push_back(-1);
@@ -412,10 +415,6 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
     for (Value* v : by_request) spec->graph->add_output(v);
     spec->arguments = binding.arguments;
     spec->captures = binding.inputs;
-    // A tensor the function allocated is held without the autograd history an in-place op gave
-    // it inside: that history reaches the trace's placeholders, which must not outlive it.
-    for (Tensor& c : spec->captures)
-      if (c.defined() && scope.state.created.count(c.impl()->storage.get())) c = c.detach();
     if (!gradient_request_of.empty()) {
       // Split the graph of the function and its gradients into an augmented forward and a
       // backward.

@@ -114,6 +114,11 @@ bool needs_grad(const Ts&... ts) {
 }
 bool any_needs_grad(const std::vector<Tensor>& ts);
 
+// In trace mode an in-place op gives the tensor it writes (and a view's base) a history that
+// reaches the trace's placeholders. jit::trace calls this when the traced function returns or
+// throws: every such tensor gets back the history it had before the trace.
+void restore_traced_histories();
+
 // Backward passes (backward(), autograd::grad) started on this thread so far: jit::trace tells
 // from it whether a traced function runs a backward of its own.
 uint64_t backward_passes();
