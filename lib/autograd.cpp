@@ -299,9 +299,9 @@ void restore_traced_histories() {
 }
 
 // Counted by run_backward (below).
-thread_local uint64_t t_backward_passes = 0;
+thread_local BackwardPasses t_backward_passes;
 
-uint64_t backward_passes() {
+BackwardPasses backward_passes() {
   return t_backward_passes;
 }
 
@@ -483,7 +483,8 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& outputs,
                                  const std::vector<Tensor>& grad_outputs, bool keep_graph,
                                  bool create_graph, const std::vector<Tensor>* inputs,
                                  bool allow_unused) {
-  ++t_backward_passes;
+  ++t_backward_passes.started;
+  if (!keep_graph) ++t_backward_passes.freed_graph;
   const char* api = inputs ? "autograd::grad" : "backward";
   KILN_CHECK(!outputs.empty(), api, ": no outputs given");
   KILN_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(), api, ": got ",

@@ -349,5 +349,133 @@ TEST(TraceContract, ReturnedAliasesOfAnInputGetTheirGradient) {
   });
 }
 
+// --------------------------------------------------- functions that run a backward of their own
+
+enum class Inner { kBackward, kGrad, kGradCreateGraph, kNone };
+
+const char* inner_name(Inner k) {
+  switch (k) {
+    case Inner::kBackward:
+      return "Backward";
+    case Inner::kGrad:
+      return "Grad";
+    case Inner::kGradCreateGraph:
+      return "GradCreateGraph";
+    case Inner::kNone:
+      return "NoBackward";
+  }
+  return "";
+}
+
+// loss = sum(p * p * x) over a captured parameter p. Its gradient 2 p x depends on p, so the
+// gradient computed with create_graph is differentiable again. `differentiable` false: every
+// returned value is detached or computed under NoGradGuard.
+Inputs own_backward(Inner kind, bool differentiable, Tensor p, const Inputs& in) {
+  Tensor loss = (p * p * in[0]).sum();
+  Inputs out;
+  switch (kind) {
+    case Inner::kBackward:
+      p.mutable_grad() = Tensor();  // zero_grad
+      loss.backward();
+      out = {loss};
+      break;
+    case Inner::kGrad:
+      out = autograd::grad({loss}, {p});
+      out.push_back(loss);
+      break;
+    case Inner::kGradCreateGraph:
+      out = autograd::grad({loss}, {p}, {}, std::nullopt, /*create_graph=*/true);
+      out.push_back(loss);
+      break;
+    case Inner::kNone:
+      out = {loss, p * in[0]};
+      break;
+  }
+  if (!differentiable) {
+    for (Tensor& t : out) t = t.detach();
+    NoGradGuard no_grad;
+    out.push_back(p * in[0] + loss);
+  }
+  return out;
+}
+
+// Runs `call`; false when it raised kiln::Error (what eager mode and the replay must agree on).
+bool runs(const std::function<void()>& call) {
+  try {
+    call();
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+Tensor sum_of(const Inputs& values, const std::vector<size_t>& which) {
+  Tensor s = values[which[0]].sum();
+  for (size_t k = 1; k < which.size(); ++k) s = s + values[which[k]].sum();
+  return s;
+}
+
+class OwnBackward : public ::testing::TestWithParam<std::tuple<Inner, bool, bool>> {};
+
+// Traced with autograd on (as a Function is made once, up front), then called three times with
+// changing inputs with autograd on or off: returned values, errors and p.grad as in eager mode,
+// and where eager's returned values are differentiable, the gradients of an outer backward too.
+TEST_P(OwnBackward, MatchesEagerMode) {
+  const auto [kind, differentiable, grad_on] = GetParam();
+  Tensor eager_p = f64({0.5, -1.5}).requires_grad_(true);
+  Tensor traced_p = f64({0.5, -1.5}).requires_grad_(true);
+  jit::Function f =
+      jit::trace([&, kind = kind, differentiable = differentiable](
+                     const Inputs& in) { return own_backward(kind, differentiable, traced_p, in); },
+                 {f64({1, 1})});
+  EXPECT_FALSE(traced_p.grad().defined()) << "tracing assigned .grad";
+  AutoGradMode mode(grad_on);
+  for (const Tensor& x : {f64({1, 2}), f64({-3, 0.25}), f64({4, -1})}) {
+    SCOPED_TRACE(::testing::Message() << "x = " << x);
+    Inputs want, got;
+    const bool eager_ran = runs([&] {
+      want = eager(
+          [&](const Inputs& in) { return own_backward(kind, differentiable, eager_p, in); }, {x});
+    });
+    const bool traced_ran = runs([&] { got = f({x}); });
+    ASSERT_EQ(traced_ran, eager_ran);
+    if (!eager_ran) continue;
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_TRUE(equal(got[i], want[i])) << "output " << i << ": " << got[i] << " vs " << want[i];
+    ASSERT_EQ(traced_p.grad().defined(), eager_p.grad().defined());
+    if (eager_p.grad().defined()) {
+      EXPECT_TRUE(equal(traced_p.grad(), eager_p.grad()))
+          << traced_p.grad() << " vs " << eager_p.grad();
+    }
+    std::vector<size_t> differentiable_outputs;
+    for (size_t i = 0; i < want.size(); ++i)
+      if (want[i].requires_grad()) differentiable_outputs.push_back(i);
+    if (differentiable_outputs.empty()) continue;
+    // A loss whose graph the function's own backward freed cannot be differentiated again, in
+    // either mode; the others give the same gradients.
+    const bool eager_backward = runs([&] { sum_of(want, differentiable_outputs).backward(); });
+    const bool traced_backward = runs([&] { sum_of(got, differentiable_outputs).backward(); });
+    EXPECT_EQ(traced_backward, eager_backward);
+    ASSERT_EQ(traced_p.grad().defined(), eager_p.grad().defined());
+    if (eager_p.grad().defined()) {
+      EXPECT_TRUE(equal(traced_p.grad(), eager_p.grad()))
+          << "after the outer backward: " << traced_p.grad() << " vs " << eager_p.grad();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TraceContract, OwnBackward,
+                         ::testing::Combine(::testing::Values(Inner::kBackward, Inner::kGrad,
+                                                              Inner::kGradCreateGraph,
+                                                              Inner::kNone),
+                                            ::testing::Bool(), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<OwnBackward::ParamType>& info) {
+                           return std::string(inner_name(std::get<0>(info.param))) +
+                                  (std::get<1>(info.param) ? "_ReturnsDifferentiable"
+                                                           : "_ReturnsPlain") +
+                                  (std::get<2>(info.param) ? "_GradOn" : "_GradOff");
+                         });
+
 }  // namespace
 }  // namespace kiln
