@@ -114,9 +114,10 @@ struct Specialization {
   std::vector<Tensor> write_targets;
   std::vector<std::shared_ptr<detail::TensorImpl>> grad_leaves;
   // Traced with autograd on, and (when its returned outputs require grad) its backward. A
-  // specialization traced with autograd on that has no backward serves calls in either mode, as a
-  // loaded one does.
+  // specialization traced with autograd on that has no backward, and whose function runs no
+  // backward of its own, serves calls in either mode, as a loaded one does.
   bool grad_mode = false;
+  bool runs_backward = false;
   std::shared_ptr<const Backward> backward;
   // Values read from outside the tensors (detail::traced_scalar, traced_flag): hyperparameters,
   // graph inputs read at each call, and modes, which must read as traced for this plan to serve.
@@ -136,7 +137,7 @@ struct Specialization {
     return all;
   }
   bool serves(bool call_grad_mode) const {
-    return grad_mode == call_grad_mode || (grad_mode && !backward);
+    return grad_mode == call_grad_mode || (grad_mode && !backward && !runs_backward);
   }
   // Whether a replay writes state shared between calls: captured tensors or .grads.
   bool writes_captures() const {
@@ -185,6 +186,9 @@ struct TraceScope {
       s.version.store(state.written_versions[k]);
     }
     for (auto& [leaf, before] : state.grads) leaf->autograd->grad = before;
+    // The autograd history in-place ops gave tensors inside reaches the placeholders: a tensor
+    // that outlives the trace (a capture, a constant the plan holds) must not keep it.
+    detail::restore_traced_histories();
   }
 };
 
@@ -304,11 +308,15 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
       if (inputs[i].requires_grad()) p.requires_grad_(true);
       placeholders.push_back(p);
     }
-    const uint64_t backward_passes = detail::backward_passes();
+    const detail::BackwardPasses before = detail::backward_passes();
     std::vector<Tensor> outputs = fn(placeholders);
-    // A function that runs a backward of its own (backward(), autograd::grad) returns plain
-    // values, as torch.compile's does: the graph its loss came from has been used up.
-    const bool runs_backward = detail::backward_passes() != backward_passes;
+    // A function that runs a backward of its own (backward(), autograd::grad) needs autograd on
+    // for it, as in eager mode: its specialization serves calls in its own mode only. One whose
+    // backward freed the graph its loss came from returns plain values, as torch.compile's does;
+    // one whose backward kept it (create_graph, retain_graph) is differentiated like any other.
+    const detail::BackwardPasses after = detail::backward_passes();
+    spec->runs_backward = after.started != before.started;
+    const bool graph_freed = after.freed_graph != before.freed_graph;
     const absl::flat_hash_set<const detail::Storage*> local = local_storages(scope.state, outputs);
     for (const Tensor& t : outputs) {
       KILN_CHECK(t.defined(), "jit::trace: the traced function returned an undefined tensor");
@@ -333,13 +341,13 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
       spec->write_targets.emplace_back();
       spec->grad_leaves.push_back(leaf);
     }
-    // A function whose returned values require grad (and that ran no backward of its own) is
-    // differentiable: its gradients are recorded now, from output-gradient placeholders, with the
-    // ops' own gradient formulas, and become the backward graph.
+    // A function whose returned values require grad (and whose own backward, if any, kept its
+    // graph) is differentiable: its gradients are recorded now, from output-gradient placeholders,
+    // with the ops' own gradient formulas, and become the backward graph.
     spec->grad_mode = detail::grad_mode();
     const size_t num_forward = requests.size();
     std::vector<Tensor> wrt;
-    if (spec->grad_mode && !runs_backward) {
+    if (spec->grad_mode && !graph_freed) {
       for (size_t i = 0; i < outputs.size(); ++i)
         if (outputs[i].requires_grad() && is_floating_point(outputs[i].dtype()))
           backward->outputs.push_back(i);
@@ -361,7 +369,7 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
           if (returned_binding.arguments[k] >= 0 || !t.requires_grad()) continue;
           // A tensor the function allocated is a constant of the trace: the history it got from
           // an in-place op inside (c = full_like(a, 1); c.sub_(b)) is the trace's own, recorded
-          // through its other inputs, and must not outlive the trace in a backward.
+          // through its other inputs, and ends with the trace (TraceScope).
           if (scope.state.created.count(t.impl()->storage.get())) continue;
           wrt.push_back(t);
           backward->wrt_arguments.push_back(-1);
@@ -412,10 +420,6 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
     for (Value* v : by_request) spec->graph->add_output(v);
     spec->arguments = binding.arguments;
     spec->captures = binding.inputs;
-    // A tensor the function allocated is held without the autograd history an in-place op gave
-    // it inside: that history reaches the trace's placeholders, which must not outlive it.
-    for (Tensor& c : spec->captures)
-      if (c.defined() && scope.state.created.count(c.impl()->storage.get())) c = c.detach();
     if (!gradient_request_of.empty()) {
       // Split the graph of the function and its gradients into an augmented forward and a
       // backward.

@@ -130,14 +130,37 @@ std::shared_ptr<Node> view_of_base_node(const Tensor& base, const Tensor& view) 
   return node;
 }
 
+// The autograd history of a tensor, as a trace found it before changing it.
+struct SavedHistory {
+  std::weak_ptr<TensorImpl> impl;  // weak: the trace counts who holds its tensors
+  std::shared_ptr<Node> grad_fn;
+  uint32_t output_nr = 0;
+  bool view_tracks_base = false;
+  uint64_t view_version = 0;
+};
+// In trace mode, the histories that in-place ops (and the views' histories rebuilt after them)
+// replaced, oldest first: the new ones reach the trace's placeholders, so jit::trace puts the old
+// ones back (restore_traced_histories). Traces do not nest: one list per thread.
+thread_local std::vector<SavedHistory> t_traced_histories;
+
+// Called before t's history changes; remembers it when the change is a trace's.
+void note_history_change(const std::shared_ptr<TensorImpl>& impl) {
+  if (!trace_mode()) return;
+  const AutogradMeta* m = impl->autograd.get();
+  t_traced_histories.push_back({impl, m ? m->grad_fn : nullptr, m ? m->output_nr : 0,
+                                impl->view_tracks_base, impl->view_version});
+}
+
 void maybe_rebuild_view_history(const Tensor& t) {
   TensorImpl* impl = t.impl();
   if (!impl->view_base || !impl->view_tracks_base) return;
   uint64_t v = version_of(t);
   if (v == impl->view_version) return;
-  impl->view_version = v;
   Tensor base(impl->view_base);
-  if (!requires_grad(base)) return;
+  const bool rebuilds = requires_grad(base);
+  if (rebuilds) note_history_change(t.impl_ptr());
+  impl->view_version = v;
+  if (!rebuilds) return;
   AutogradMeta& m = ensure_autograd_meta(t);
   m.grad_fn = view_of_base_node(base, t);
   m.output_nr = 0;
@@ -257,10 +280,28 @@ Edge gradient_edge(const Tensor& t) {
   return {};
 }
 
-// Counted by run_backward (below).
-thread_local uint64_t t_backward_passes = 0;
+void restore_traced_histories() {
+  std::vector<SavedHistory> saved = std::move(t_traced_histories);
+  t_traced_histories.clear();
+  // Newest first, so each tensor ends with the history it had before its first change.
+  for (auto it = saved.rbegin(); it != saved.rend(); ++it) {
+    const std::shared_ptr<TensorImpl> held = it->impl.lock();
+    if (!held) continue;
+    TensorImpl& impl = *held;
+    if (impl.autograd || it->grad_fn) {
+      if (!impl.autograd) impl.autograd = std::make_shared<AutogradMeta>();
+      impl.autograd->grad_fn = std::move(it->grad_fn);
+      impl.autograd->output_nr = it->output_nr;
+    }
+    impl.view_tracks_base = it->view_tracks_base;
+    impl.view_version = it->view_version;
+  }
+}
 
-uint64_t backward_passes() {
+// Counted by run_backward (below).
+thread_local BackwardPasses t_backward_passes;
+
+BackwardPasses backward_passes() {
   return t_backward_passes;
 }
 
@@ -313,6 +354,8 @@ namespace {
 void rebase_history(const Tensor& self, const Tensor& r) {
   Edge e = gradient_edge(r);
   TensorImpl* impl = self.impl();
+  note_history_change(self.impl_ptr());
+  if (impl->view_base) note_history_change(impl->view_base);
   if (!impl->view_base) {
     AutogradMeta& m = ensure_autograd_meta(self);
     m.grad_fn = e.node;
@@ -440,7 +483,8 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& outputs,
                                  const std::vector<Tensor>& grad_outputs, bool keep_graph,
                                  bool create_graph, const std::vector<Tensor>* inputs,
                                  bool allow_unused) {
-  ++t_backward_passes;
+  ++t_backward_passes.started;
+  if (!keep_graph) ++t_backward_passes.freed_graph;
   const char* api = inputs ? "autograd::grad" : "backward";
   KILN_CHECK(!outputs.empty(), api, ": no outputs given");
   KILN_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(), api, ": got ",

@@ -114,9 +114,20 @@ bool needs_grad(const Ts&... ts) {
 }
 bool any_needs_grad(const std::vector<Tensor>& ts);
 
-// Backward passes (backward(), autograd::grad) started on this thread so far: jit::trace tells
-// from it whether a traced function runs a backward of its own.
-uint64_t backward_passes();
+// In trace mode an in-place op gives the tensor it writes (and a view's base) a history that
+// reaches the trace's placeholders. jit::trace calls this when the traced function returns or
+// throws: every such tensor gets back the history it had before the trace.
+void restore_traced_histories();
+
+// Backward passes (backward(), autograd::grad) started on this thread so far, and how many of
+// them freed the graph they ran through (no retain_graph or create_graph): jit::trace tells from
+// them whether a traced function runs a backward of its own, and whether its returned values can
+// still be differentiated.
+struct BackwardPasses {
+  uint64_t started = 0;
+  uint64_t freed_graph = 0;
+};
+BackwardPasses backward_passes();
 
 // Records a node for `op` making `outputs` from `inputs`. Floating-point outputs get it as their
 // grad_fn; `saved` are the tensors the formula reads, in the order it reads them. Call it only

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <mutex>
 
+#include <absl/container/flat_hash_set.h>
+
 #include "kiln/error.h"
 #include "lib/pool.h"
 #include "lib/tensor_impl.h"
@@ -283,8 +285,46 @@ bool trace_mode() {
 TraceState* trace_state() {
   return t_trace;
 }
+
+namespace {
+// The trace running on this thread: the serial of its first node, and its placeholders (held, so
+// that a freed one's address cannot come back as another node's).
+KILN_FAST_TLS uint64_t t_trace_first_serial = 0;
+thread_local std::vector<std::shared_ptr<LazyNode>> t_trace_placeholders;
+
+// When a trace ends (returned or failed), nodes it recorded that read a placeholder can never be
+// computed; one still alive (held by a value the function stored outside, or by a history a
+// failure left) comes off this thread's live list, so that later flushes, which compute the whole
+// list, do not fail on it. Reading such a value still raises, naming the trace. One pass in
+// recording order: a node's producers come before it.
+void detach_placeholder_readers() {
+  LazyLock lock;
+  absl::flat_hash_set<const LazyNode*> reads;
+  for (const auto& p : t_trace_placeholders) reads.insert(p.get());
+  for (LazyNode* n = t_live ? t_live->head : nullptr; n;) {
+    LazyNode* next = n->live_next;
+    bool reads_placeholder = n->serial >= t_trace_first_serial && reads.contains(n);
+    if (n->serial >= t_trace_first_serial)
+      for (const LazyInput& in : n->inputs)
+        reads_placeholder = reads_placeholder || reads.contains(in.ref.node.get());
+    if (reads_placeholder) {
+      reads.insert(n);
+      live_remove(n);
+    }
+    n = next;
+  }
+  t_trace_placeholders.clear();
+}
+}  // namespace
+
 void set_trace_state(TraceState* state) {
+  if (state) {
+    LazyLock lock;
+    t_trace_first_serial = g_serial + 1;
+  }
+  const bool ending = t_trace && !state;
   t_trace = state;
+  if (ending) detach_placeholder_readers();
 }
 
 Tensor flat_storage_tensor(const std::shared_ptr<Storage>& storage, DType dtype) {
@@ -297,7 +337,9 @@ Tensor flat_storage_tensor(const std::shared_ptr<Storage>& storage, DType dtype)
 }
 
 Tensor trace_placeholder(const OpDef& input_op, int64_t index, const Tensor& t) {
-  return lazy_record1(input_op, {}, {index}, {t.sizes(), t.dtype(), t.device()});
+  Tensor p = lazy_record1(input_op, {}, {index}, {t.sizes(), t.dtype(), t.device()});
+  if (t_trace) t_trace_placeholders.push_back(p.impl()->lazy.node);
+  return p;
 }
 
 void trace_assign(const Tensor& self, const Tensor& value) {
