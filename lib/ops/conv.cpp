@@ -540,15 +540,23 @@ Tensor run_pass(Pass p, const ConvGeom& g, DType dt, const Runner& run) {
 
 // ---------------------------------------------------------------------------------- the passes
 
+// A problem with no images or channels: every sum is empty, so every result is zero (a GEMM over
+// none would divide work by zero).
+bool empty_problem(const ConvGeom& g) {
+  return g.N == 0 || g.C == 0 || g.O == 0;
+}
+
 Tensor forward_kernel(const Tensor& input, const Tensor& weight, const Tensor& bias,
                       const ConvGeom& g) {
   AutoGradMode kernel_only(false);
   const Tensor x = input.contiguous(), w = weight.contiguous();
-  Tensor y = run_pass(Pass::Forward, g, x.dtype(), [&](ConvAlgo a) {
-    if (a == ConvAlgo::OneDNN) return forward_onednn(x, w, g);
-    if (a == ConvAlgo::WeightGrad) return forward_weight_grad(x, w, g);
-    return forward_im2col(x, w, g);
-  });
+  Tensor y = empty_problem(g) ? zeros({g.N, g.O, g.oH, g.oW}, TensorOptions(x.dtype()))
+                              : run_pass(Pass::Forward, g, x.dtype(), [&](ConvAlgo a) {
+                                  if (a == ConvAlgo::OneDNN) return forward_onednn(x, w, g);
+                                  if (a == ConvAlgo::WeightGrad)
+                                    return forward_weight_grad(x, w, g);
+                                  return forward_im2col(x, w, g);
+                                });
   if (bias.defined()) y.add_(bias.reshape({1, g.O, 1, 1}));
   return y;
 }
@@ -556,6 +564,7 @@ Tensor forward_kernel(const Tensor& input, const Tensor& weight, const Tensor& b
 Tensor grad_input_kernel(const Tensor& grad_output, const Tensor& weight, const ConvGeom& g) {
   AutoGradMode kernel_only(false);
   const Tensor gy = grad_output.contiguous(), w = weight.contiguous();
+  if (empty_problem(g)) return zeros({g.N, g.C, g.H, g.W}, TensorOptions(gy.dtype()));
   return run_pass(Pass::GradInput, g, gy.dtype(), [&](ConvAlgo a) {
     return a == ConvAlgo::OneDNN ? grad_input_onednn(gy, w, g) : grad_input_im2col(gy, w, g);
   });
@@ -564,6 +573,7 @@ Tensor grad_input_kernel(const Tensor& grad_output, const Tensor& weight, const 
 Tensor grad_weight_kernel(const Tensor& grad_output, const Tensor& input, const ConvGeom& g) {
   AutoGradMode kernel_only(false);
   const Tensor gy = grad_output.contiguous(), x = input.contiguous();
+  if (empty_problem(g)) return zeros({g.O, g.Cg(), g.kH, g.kW}, TensorOptions(gy.dtype()));
   return run_pass(Pass::GradWeight, g, gy.dtype(), [&](ConvAlgo a) {
     return a == ConvAlgo::OneDNN ? grad_weight_onednn(gy, x, g) : grad_weight_im2col(gy, x, g);
   });

@@ -271,6 +271,23 @@ TEST(ConvTranspose2d, IsTheInputGradientPlusBias) {
   EXPECT_TRUE(testing::gradgradcheck(f, {x, w}));
 }
 
+// Empty batches and channel counts give empty or zero results, and gradients of the same kind.
+TEST(Conv2d, EmptyProblems) {
+  LazyGuard eager(false);
+  const Tensor b = random_tensor({4});
+  const Tensor y = conv2d(random_tensor({0, 3, 5, 5}), random_tensor({4, 3, 3, 3}), b);
+  EXPECT_EQ(y.sizes(), Shape({0, 4, 3, 3}));
+  // No input channels: the output is the bias.
+  const Tensor y0 = conv2d(random_tensor({2, 0, 5, 5}), random_tensor({4, 0, 3, 3}), b);
+  EXPECT_TRUE(allclose(y0, b.reshape({1, 4, 1, 1}).expand({2, 4, 3, 3})));
+  const Tensor gw = conv2d_grad_weight(random_tensor({0, 4, 3, 3}), random_tensor({0, 3, 5, 5}),
+                                       {4, 3, 3, 3}, {1}, {0}, {1}, 1);
+  EXPECT_TRUE(allclose(gw, zeros({4, 3, 3, 3})));
+  const Tensor gx = conv2d_grad_input(random_tensor({2, 0, 3, 3}), random_tensor({0, 3, 3, 3}),
+                                      {2, 3, 5, 5}, {1}, {0}, {1}, 1);
+  EXPECT_TRUE(allclose(gx, zeros({2, 3, 5, 5})));
+}
+
 TEST(Conv1d, IsConv2dOverOneRow) {
   LazyGuard eager(false);
   const Tensor x = random_tensor({2, 4, 11}, kFloat64), w = random_tensor({6, 2, 3}, kFloat64);
