@@ -257,6 +257,175 @@ Tensor Sequential::forward(const Tensor& input) {
   return x;
 }
 
+// ---------------------------------------------------------------------------- convolutions
+
+namespace {
+// torch's default initialization of a convolution's weight (kaiming_uniform_ with a = sqrt(5))
+// and bias: both uniform in [-1/sqrt(fan_in), 1/sqrt(fan_in)].
+double conv_bound(int64_t fan_in) {
+  return fan_in > 0 ? 1.0 / std::sqrt(static_cast<double>(fan_in)) : 0.0;
+}
+void check_conv_channels(const char* module, int64_t in, int64_t out, int64_t groups) {
+  KILN_CHECK(in > 0 && out > 0, module, ": in_channels and out_channels must be positive, got ", in,
+             " and ", out);
+  KILN_CHECK(groups > 0 && in % groups == 0 && out % groups == 0, module, ": in_channels (", in,
+             ") and out_channels (", out, ") must be divisible by groups (", groups, ")");
+}
+int64_t prod(const Shape& s) {
+  int64_t p = 1;
+  for (int64_t v : s) p *= v;
+  return p;
+}
+// A size-1 kernel_size applies to both dims.
+Shape pair(const Shape& s) {
+  return s.size() == 1 ? Shape{s[0], s[0]} : s;
+}
+}  // namespace
+
+Conv2d::Conv2d(int64_t in, int64_t out, Shape kernel, Shape stride_, Shape padding_,
+               Shape dilation_, int64_t groups_, bool with_bias)
+    : in_channels(in),
+      out_channels(out),
+      kernel_size(pair(kernel)),
+      stride(std::move(stride_)),
+      padding(std::move(padding_)),
+      dilation(std::move(dilation_)),
+      groups(groups_) {
+  check_conv_channels("Conv2d", in, out, groups);
+  KILN_CHECK(kernel_size.size() == 2 && kernel_size[0] > 0 && kernel_size[1] > 0,
+             "Conv2d: expected kernel_size of 1 or 2 positive values, got ", shape_str(kernel));
+  const double bound = conv_bound(in / groups * prod(kernel_size));
+  weight = register_parameter("weight",
+                              uniform({out, in / groups, kernel_size[0], kernel_size[1]}, bound));
+  if (with_bias) bias = register_parameter("bias", uniform({out}, bound));
+}
+
+Conv2d::Conv2d(int64_t in, int64_t out, Shape kernel, Shape stride_, PaddingMode mode,
+               Shape dilation_, int64_t groups_, bool with_bias)
+    : Conv2d(in, out, std::move(kernel), std::move(stride_), Shape{0}, std::move(dilation_),
+             groups_, with_bias) {
+  KILN_CHECK(mode.name == "same" || mode.name == "valid",
+             "Conv2d: padding must be \"same\" or \"valid\", got \"", mode.name, "\"");
+  padding_mode = mode.name;
+}
+
+Tensor Conv2d::forward(const Tensor& input) {
+  if (!padding_mode.empty())
+    return conv2d(input, weight, bias, stride, PaddingMode(padding_mode), dilation, groups);
+  return conv2d(input, weight, bias, stride, padding, dilation, groups);
+}
+
+Conv1d::Conv1d(int64_t in, int64_t out, int64_t kernel, int64_t stride_, int64_t padding_,
+               int64_t dilation_, int64_t groups_, bool with_bias)
+    : in_channels(in),
+      out_channels(out),
+      kernel_size(kernel),
+      stride(stride_),
+      padding(padding_),
+      dilation(dilation_),
+      groups(groups_) {
+  check_conv_channels("Conv1d", in, out, groups);
+  KILN_CHECK(kernel > 0, "Conv1d: expected a positive kernel_size, got ", kernel);
+  const double bound = conv_bound(in / groups * kernel);
+  weight = register_parameter("weight", uniform({out, in / groups, kernel}, bound));
+  if (with_bias) bias = register_parameter("bias", uniform({out}, bound));
+}
+
+Conv1d::Conv1d(int64_t in, int64_t out, int64_t kernel, int64_t stride_, PaddingMode mode,
+               int64_t dilation_, int64_t groups_, bool with_bias)
+    : Conv1d(in, out, kernel, stride_, 0, dilation_, groups_, with_bias) {
+  KILN_CHECK(mode.name == "same" || mode.name == "valid",
+             "Conv1d: padding must be \"same\" or \"valid\", got \"", mode.name, "\"");
+  padding_mode = mode.name;
+}
+
+Tensor Conv1d::forward(const Tensor& input) {
+  if (!padding_mode.empty())
+    return conv1d(input, weight, bias, {stride}, PaddingMode(padding_mode), {dilation}, groups);
+  return conv1d(input, weight, bias, {stride}, {padding}, {dilation}, groups);
+}
+
+ConvTranspose2d::ConvTranspose2d(int64_t in, int64_t out, Shape kernel, Shape stride_,
+                                 Shape padding_, Shape output_padding_, int64_t groups_,
+                                 bool with_bias, Shape dilation_)
+    : in_channels(in),
+      out_channels(out),
+      kernel_size(pair(kernel)),
+      stride(std::move(stride_)),
+      padding(std::move(padding_)),
+      output_padding(std::move(output_padding_)),
+      groups(groups_),
+      dilation(std::move(dilation_)) {
+  check_conv_channels("ConvTranspose2d", in, out, groups);
+  KILN_CHECK(kernel_size.size() == 2 && kernel_size[0] > 0 && kernel_size[1] > 0,
+             "ConvTranspose2d: expected kernel_size of 1 or 2 positive values, got ",
+             shape_str(kernel));
+  // torch computes fan_in from the weight's second dim: out / groups.
+  const double bound = conv_bound(out / groups * prod(kernel_size));
+  weight = register_parameter("weight",
+                              uniform({in, out / groups, kernel_size[0], kernel_size[1]}, bound));
+  if (with_bias) bias = register_parameter("bias", uniform({out}, bound));
+}
+
+Tensor ConvTranspose2d::forward(const Tensor& input) {
+  return conv_transpose2d(input, weight, bias, stride, padding, output_padding, groups, dilation);
+}
+
+// ---------------------------------------------------------------------------- normalization
+
+BatchNorm::BatchNorm(int64_t features, double eps_, double momentum_, bool affine_,
+                     bool track_running_stats_)
+    : num_features(features),
+      eps(eps_),
+      momentum(momentum_),
+      affine(affine_),
+      track_running_stats(track_running_stats_) {
+  KILN_CHECK(features > 0, "BatchNorm: num_features must be positive, got ", features);
+  if (affine) {
+    weight = register_parameter("weight", ones({features}));
+    bias = register_parameter("bias", zeros({features}));
+  }
+  if (track_running_stats) {
+    running_mean = register_buffer("running_mean", zeros({features}));
+    running_var = register_buffer("running_var", ones({features}));
+    num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, TensorOptions(kInt64)));
+  }
+}
+
+Tensor BatchNorm::forward(const Tensor& input) {
+  check_rank(input);
+  KILN_CHECK(input.size(1) == num_features, name(), ": expected input with ", num_features,
+             " channels (num_features), got ", describe(input));
+  if (is_training() && track_running_stats) num_batches_tracked.add_(1);
+  // Without running statistics, evaluation normalizes with the batch's, as torch.
+  return batch_norm(input, running_mean, running_var, weight, bias,
+                    is_training() || !track_running_stats, momentum, eps);
+}
+
+void BatchNorm1d::check_rank(const Tensor& input) const {
+  KILN_CHECK(input.defined() && (input.dim() == 2 || input.dim() == 3), name(),
+             ": expected a 2-D [N, C] or 3-D [N, C, L] input, got ", describe(input));
+}
+
+void BatchNorm2d::check_rank(const Tensor& input) const {
+  KILN_CHECK(input.defined() && input.dim() == 4, name(),
+             ": expected a 4-D [N, C, H, W] input, got ", describe(input));
+}
+
+GroupNorm::GroupNorm(int64_t groups, int64_t channels, double eps_, bool affine_)
+    : num_groups(groups), num_channels(channels), eps(eps_), affine(affine_) {
+  KILN_CHECK(groups > 0 && channels % groups == 0, "GroupNorm: num_channels (", channels,
+             ") must be divisible by num_groups (", groups, ")");
+  if (affine) {
+    weight = register_parameter("weight", ones({channels}));
+    bias = register_parameter("bias", zeros({channels}));
+  }
+}
+
+Tensor GroupNorm::forward(const Tensor& input) {
+  return group_norm(input, num_groups, weight, bias, eps);
+}
+
 // ---------------------------------------------------------------------------- LSTM
 
 LSTMCell::LSTMCell(int64_t input, int64_t hidden) : input_size(input), hidden_size(hidden) {

@@ -154,6 +154,168 @@ class GELU : public Module {
   std::string approximate;
 };
 
+// Convolutions with torch.nn's arguments. The weight [out, in / groups, k...] and the bias [out]
+// are drawn uniformly from [-1/sqrt(fan_in), 1/sqrt(fan_in)], fan_in = in / groups * prod(k), as
+// torch's default (kaiming_uniform_ with a = sqrt(5)). padding_mode names "same" or "valid" when
+// constructed with one (padding is then unused).
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t in_channels, int64_t out_channels, Shape kernel_size, Shape stride = {1},
+         Shape padding = {0}, Shape dilation = {1}, int64_t groups = 1, bool bias = true);
+  Conv2d(int64_t in_channels, int64_t out_channels, Shape kernel_size, Shape stride,
+         PaddingMode padding, Shape dilation = {1}, int64_t groups = 1, bool bias = true);
+  std::string name() const override { return "Conv2d"; }
+  Tensor forward(const Tensor& input) override;
+
+  int64_t in_channels, out_channels;
+  Shape kernel_size, stride, padding, dilation;
+  int64_t groups;
+  std::string padding_mode;  // empty, "same" or "valid"
+  Tensor weight, bias;       // bias is undefined when constructed with bias=false
+};
+
+// The same over [N, C, L] (conv1d); kernel_size, stride, padding and dilation have one value.
+class Conv1d : public Module {
+ public:
+  Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1,
+         int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1, bool bias = true);
+  Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride,
+         PaddingMode padding, int64_t dilation = 1, int64_t groups = 1, bool bias = true);
+  std::string name() const override { return "Conv1d"; }
+  Tensor forward(const Tensor& input) override;
+
+  int64_t in_channels, out_channels, kernel_size, stride, padding, dilation, groups;
+  std::string padding_mode;
+  Tensor weight, bias;
+};
+
+// conv_transpose2d with torch.nn.ConvTranspose2d's arguments; weight [in, out / groups, kH, kW],
+// initialized as torch's (fan_in = out / groups * kH * kW).
+class ConvTranspose2d : public Module {
+ public:
+  ConvTranspose2d(int64_t in_channels, int64_t out_channels, Shape kernel_size, Shape stride = {1},
+                  Shape padding = {0}, Shape output_padding = {0}, int64_t groups = 1,
+                  bool bias = true, Shape dilation = {1});
+  std::string name() const override { return "ConvTranspose2d"; }
+  Tensor forward(const Tensor& input) override;
+
+  int64_t in_channels, out_channels;
+  Shape kernel_size, stride, padding, output_padding;
+  int64_t groups;
+  Shape dilation;
+  Tensor weight, bias;
+};
+
+// Batch normalization over the channels of [N, C, ...]: weight ones, bias zeros (when affine);
+// buffers running_mean (zeros), running_var (ones) and num_batches_tracked (int64) when
+// track_running_stats. Training normalizes with batch statistics and updates the running ones;
+// eval uses the running ones (or batch statistics without them).
+class BatchNorm : public Module {
+ public:
+  BatchNorm(int64_t num_features, double eps, double momentum, bool affine,
+            bool track_running_stats);
+  Tensor forward(const Tensor& input) override;
+
+  int64_t num_features;
+  double eps, momentum;
+  bool affine, track_running_stats;
+  Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+
+ protected:
+  virtual void check_rank(const Tensor& input) const = 0;
+};
+// Over [N, C] or [N, C, L].
+class BatchNorm1d : public BatchNorm {
+ public:
+  explicit BatchNorm1d(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
+                       bool affine = true, bool track_running_stats = true)
+      : BatchNorm(num_features, eps, momentum, affine, track_running_stats) {}
+  std::string name() const override { return "BatchNorm1d"; }
+
+ protected:
+  void check_rank(const Tensor& input) const override;
+};
+// Over [N, C, H, W].
+class BatchNorm2d : public BatchNorm {
+ public:
+  explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
+                       bool affine = true, bool track_running_stats = true)
+      : BatchNorm(num_features, eps, momentum, affine, track_running_stats) {}
+  std::string name() const override { return "BatchNorm2d"; }
+
+ protected:
+  void check_rank(const Tensor& input) const override;
+};
+
+// group_norm; weight ones and bias zeros [num_channels] when affine.
+class GroupNorm : public Module {
+ public:
+  GroupNorm(int64_t num_groups, int64_t num_channels, double eps = 1e-5, bool affine = true);
+  std::string name() const override { return "GroupNorm"; }
+  Tensor forward(const Tensor& input) override;
+
+  int64_t num_groups, num_channels;
+  double eps;
+  bool affine;
+  Tensor weight, bias;
+};
+
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(Shape kernel_size, Shape stride = {}, Shape padding = {0},
+                     Shape dilation = {1}, bool ceil_mode = false)
+      : kernel_size(std::move(kernel_size)),
+        stride(std::move(stride)),
+        padding(std::move(padding)),
+        dilation(std::move(dilation)),
+        ceil_mode(ceil_mode) {}
+  std::string name() const override { return "MaxPool2d"; }
+  Tensor forward(const Tensor& input) override {
+    return max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode);
+  }
+
+  Shape kernel_size, stride, padding, dilation;
+  bool ceil_mode;
+};
+
+class AvgPool2d : public Module {
+ public:
+  explicit AvgPool2d(Shape kernel_size, Shape stride = {}, Shape padding = {0},
+                     bool ceil_mode = false, bool count_include_pad = true)
+      : kernel_size(std::move(kernel_size)),
+        stride(std::move(stride)),
+        padding(std::move(padding)),
+        ceil_mode(ceil_mode),
+        count_include_pad(count_include_pad) {}
+  std::string name() const override { return "AvgPool2d"; }
+  Tensor forward(const Tensor& input) override {
+    return avg_pool2d(input, kernel_size, stride, padding, ceil_mode, count_include_pad);
+  }
+
+  Shape kernel_size, stride, padding;
+  bool ceil_mode, count_include_pad;
+};
+
+class AdaptiveAvgPool2d : public Module {
+ public:
+  explicit AdaptiveAvgPool2d(Shape output_size) : output_size(std::move(output_size)) {}
+  std::string name() const override { return "AdaptiveAvgPool2d"; }
+  Tensor forward(const Tensor& input) override { return adaptive_avg_pool2d(input, output_size); }
+
+  Shape output_size;
+};
+
+// Flattens dims start_dim..end_dim into one (by default all but the batch dim).
+class Flatten : public Module {
+ public:
+  explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1)
+      : start_dim(start_dim), end_dim(end_dim) {}
+  std::string name() const override { return "Flatten"; }
+  Tensor forward(const Tensor& input) override { return input.flatten(start_dim, end_dim); }
+
+  int64_t start_dim, end_dim;
+};
+
 // Runs its modules in order, each on the previous one's output; they are registered as "0", "1",
 // ... so parameters are named "0.weight" as in torch.nn.Sequential.
 class Sequential : public Module {

@@ -5,6 +5,8 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "kiln/tensor.h"
@@ -201,6 +203,68 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target,
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
 // Zeroes each element with probability p and scales the rest by 1/(1-p); identity when !train.
 Tensor dropout(const Tensor& x, double p, bool train = true);
+
+// ---------------------------------------------------------------- convolution and pooling (NCHW)
+// Spatial arguments (stride, padding, dilation, kernel_size, ...) give one value per spatial dim;
+// a single value applies to every spatial dim, as torch's ints do.
+// A padding mode by name ("same" or "valid"). It is built only from strings, so that a braced
+// list of numbers passed as padding always means padding sizes.
+struct PaddingMode {
+  template <typename S, typename = std::enable_if_t<std::is_convertible_v<const S&, std::string>>>
+  PaddingMode(const S& s) : name(s) {}  // NOLINT: implicit, as torch's padding="same"
+  std::string name;
+};
+// conv2d: input [N, C, H, W] (or unbatched [C, H, W]), weight [O, C / groups, kH, kW], bias [O]
+// or undefined. float32 and float64. padding "same" (stride 1) or "valid" in the string overload.
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
+              const Shape& stride = {1}, const Shape& padding = {0}, const Shape& dilation = {1},
+              int64_t groups = 1);
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Shape& stride,
+              PaddingMode padding, const Shape& dilation = {1}, int64_t groups = 1);
+// conv1d: input [N, C, L] (or [C, L]), weight [O, C / groups, k]: conv2d with H = 1.
+Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
+              const Shape& stride = {1}, const Shape& padding = {0}, const Shape& dilation = {1},
+              int64_t groups = 1);
+Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Shape& stride,
+              PaddingMode padding, const Shape& dilation = {1}, int64_t groups = 1);
+// The gradients of conv2d (batched, 4-D): the input's, of shape input_size, from grad_output
+// [N, O, oH, oW] and weight; and the weight's, of shape weight_size, from grad_output and input.
+Tensor conv2d_grad_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_size,
+                         const Shape& stride, const Shape& padding, const Shape& dilation,
+                         int64_t groups);
+Tensor conv2d_grad_weight(const Tensor& grad_output, const Tensor& input, const Shape& weight_size,
+                          const Shape& stride, const Shape& padding, const Shape& dilation,
+                          int64_t groups);
+// The transposed convolution (conv2d_grad_input with a bias): input [N, C, H, W], weight
+// [C, O / groups, kH, kW], torch's argument order.
+Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
+                        const Shape& stride = {1}, const Shape& padding = {0},
+                        const Shape& output_padding = {0}, int64_t groups = 1,
+                        const Shape& dilation = {1});
+// Max pooling over [N, C, H, W] (or [C, H, W]); an empty stride means kernel_size. Indices are
+// int64 positions in each H * W plane, as torch's.
+std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, const Shape& kernel_size,
+                                                   const Shape& stride = {},
+                                                   const Shape& padding = {0},
+                                                   const Shape& dilation = {1},
+                                                   bool ceil_mode = false);
+Tensor max_pool2d(const Tensor& input, const Shape& kernel_size, const Shape& stride = {},
+                  const Shape& padding = {0}, const Shape& dilation = {1}, bool ceil_mode = false);
+Tensor avg_pool2d(const Tensor& input, const Shape& kernel_size, const Shape& stride = {},
+                  const Shape& padding = {0}, bool ceil_mode = false,
+                  bool count_include_pad = true);
+Tensor adaptive_avg_pool2d(const Tensor& input, const Shape& output_size);
+
+// ---------------------------------------------------------------- normalization over channels
+// input [N, C, ...]. Training: normalizes with the batch statistics over every dim but C and, when
+// running_mean/running_var are defined, updates them in place (momentum, unbiased variance, as
+// torch); eval: normalizes with the running statistics. weight/bias [C] may be undefined.
+Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight = {}, const Tensor& bias = {}, bool training = false,
+                  double momentum = 0.1, double eps = 1e-5);
+// input [N, C, ...] normalized over each of num_groups groups of C / num_groups channels.
+Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight = {},
+                  const Tensor& bias = {}, double eps = 1e-5);
 
 // ---------------------------------------------------------------- comparison helpers
 // Same shape and every |a - b| <= atol + rtol * |b| (NaNs equal when equal_nan).

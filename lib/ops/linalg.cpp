@@ -38,6 +38,7 @@
 #include "lib/lazy.h"
 #include "lib/loops.h"
 #include "lib/op_table.h"
+#include "lib/ops/gemm.h"
 #include "lib/parallel.h"
 #include "lib/tensor_impl.h"
 
@@ -290,11 +291,11 @@ void cuda_gemm_into(const char* op, const Tensor& out, Tensor a, Tensor b, const
                      out.impl()->data(), N, M * N, batches);
 }
 
-// out (contiguous, batch + [M, N], of dtype `compute`) = beta * out + alpha * a @ b, where a is
-// [..., M, K] and b is [..., K, N] with batch dims that broadcast to `batch`. When beta != 0, out
-// holds the addend on entry. The caller has checked shapes and the alpha/beta kinds.
-void gemm_into(const char* op, const Tensor& out, Tensor a, Tensor b, const Shape& batch,
-               DType compute, const Scalar& alpha, const Scalar& beta) {
+}  // namespace
+
+// (Declared in lib/ops/gemm.h.)
+void detail::gemm_into(const char* op, const Tensor& out, Tensor a, Tensor b, const Shape& batch,
+                       DType compute, const Scalar& alpha, const Scalar& beta) {
   const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
   const int64_t batches = detail::shape_numel(batch);
   if (batches == 0 || M == 0 || N == 0) return;
@@ -362,6 +363,10 @@ void gemm_into(const char* op, const Tensor& out, Tensor a, Tensor b, const Shap
     }
   });
 }
+
+namespace {
+
+using detail::gemm_into;
 
 void check_scalar_kind(const char* op, DType compute, const Scalar& s, const char* name) {
   KILN_CHECK(!(is_integral(compute) && s.is_floating_point()), op,

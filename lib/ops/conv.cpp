@@ -1,0 +1,860 @@
+// Convolution ops (NCHW, float32 and float64): conv2d, conv1d, conv2d_grad_input,
+// conv2d_grad_weight and conv_transpose2d, lowered to GEMMs as Theano's GpuCorrMM and caffe do.
+//
+// Each pass is its own op with its own gradient, so double backward never flips a kernel:
+//   forward      y  = conv2d(x, w)                       [N, O, oH, oW]
+//   grad input   gx = conv2d_grad_input(gy, w)            the "full" convolution (also the
+//                                                         transposed convolution)
+//   grad weight  gw = conv2d_grad_weight(gy, x)
+// The three are bilinear and adjoint to each other: <gx', grad_input(gy, w)> = <conv2d(gx', w), gy>
+// and <gw', grad_weight(gy, x)> = <conv2d(x, gw'), gy>, which gives every gradient formula below.
+//
+// Algorithms (lib/ops/conv.h). im2col lays each input patch out as a column: cols [groups, K,
+// N * oH * oW], K = C / groups * kH * kW, so the forward pass is one GEMM per group with the whole
+// batch folded into its N dimension, W[g] [O / groups, K] @ cols[g]; the input gradient is the GEMM
+// W[g]^T @ gy[g] followed by col2im (scatter-adding the columns back into the image), and the
+// weight gradient gy[g] @ cols[g]^T. The GEMMs run through kiln's GEMM driver (oneDNN's sgemm for
+// float32, lib/ops/gemm.h). The weight-gradient formulation computes a forward pass as the weight
+// gradient of a convolution over the transposed input (channels as images): when the kernel is
+// large next to the output its columns are the smaller ones. oneDNN's own convolution primitives
+// run float32.
+//
+// The chooser starts from Theano's measured rule (the forward formulation when
+// N * kH * kW < C * oH * oW, else the weight-gradient one) to order the candidates, then times each
+// (the faster of two runs) the first time it meets a problem (pass, shapes, strides, padding,
+// dilation, groups, dtype, device), keeps the fastest's result and remembers the choice in memory.
+// KILN_CONV_ALGO=im2col|onednn forces one (im2col: the GEMM formulation Theano's rule picks);
+// KILN_LOG=conv (or all) prints each choice with the times measured. Choices are not yet kept on
+// disk.
+//
+// In lazy mode each op records one node once its checks and output shape are done; the node runs
+// the op itself (a library call, like a GEMM). CUDA is not supported yet: the ops raise.
+#include "lib/ops/conv.h"
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/autograd.h"
+#include "kiln/ops.h"
+#include "lib/autograd.h"
+#include "lib/dispatch.h"
+#include "lib/lazy.h"
+#include "lib/op_table.h"
+#include "lib/ops/gemm.h"
+#include "lib/parallel.h"
+#include "lib/tensor_impl.h"
+
+namespace kiln {
+
+using detail::Attrs;
+using detail::ConvAlgo;
+using detail::describe;
+using detail::shape_str;
+
+namespace {
+
+using Inputs = std::vector<Tensor>;
+
+const detail::OpDef& def_conv(const char* name, int arity, detail::Invoke invoke,
+                              std::vector<std::string> attr_names) {
+  return detail::register_op({name, detail::OpKind::NN, arity, detail::DTypeRule::Same, false,
+                              invoke, std::move(attr_names)});
+}
+using detail::attr_int;
+using detail::attr_ints;
+// Inputs (input, weight, bias); the bias may be absent.
+const detail::OpDef& conv2d_def =
+    def_conv("conv2d", 3,
+             [](const Inputs& in, const Attrs& a) {
+               return Inputs{conv2d(in[0], in[1], in[2], attr_ints(a.at(0)), attr_ints(a.at(1)),
+                                    attr_ints(a.at(2)), attr_int(a.at(3)))};
+             },
+             {"stride", "padding", "dilation", "groups"});
+// Inputs (grad_output, weight).
+const detail::OpDef& grad_input_def = def_conv(
+    "conv2d_grad_input", 2,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{conv2d_grad_input(in[0], in[1], attr_ints(a.at(0)), attr_ints(a.at(1)),
+                                      attr_ints(a.at(2)), attr_ints(a.at(3)), attr_int(a.at(4)))};
+    },
+    {"input_size", "stride", "padding", "dilation", "groups"});
+// Inputs (grad_output, input).
+const detail::OpDef& grad_weight_def = def_conv(
+    "conv2d_grad_weight", 2,
+    [](const Inputs& in, const Attrs& a) {
+      return Inputs{conv2d_grad_weight(in[0], in[1], attr_ints(a.at(0)), attr_ints(a.at(1)),
+                                       attr_ints(a.at(2)), attr_ints(a.at(3)), attr_int(a.at(4)))};
+    },
+    {"weight_size", "stride", "padding", "dilation", "groups"});
+
+// ------------------------------------------------------------------------------------ geometry
+
+// The sizes of one convolution: input [N, C, H, W], weight [O, C / groups, kH, kW], output
+// [N, O, oH, oW]; input pixel (oh * sH - pH + i * dH) feeds output row oh through kernel row i.
+struct ConvGeom {
+  int64_t N, C, H, W, O, kH, kW, oH, oW, sH, sW, pH, pW, dH, dW, groups;
+  int64_t Cg() const { return C / groups; }
+  int64_t Og() const { return O / groups; }
+  int64_t K() const { return Cg() * kH * kW; }
+  int64_t L() const { return oH * oW; }
+};
+
+// A spatial argument with one value per spatial dim (a single value applies to each).
+Shape spatial_arg(const char* op, const char* name, const Shape& v, size_t dims, int64_t min) {
+  KILN_CHECK(v.size() == 1 || v.size() == dims, op, ": expected ", name, " to have 1 or ", dims,
+             " values, got ", shape_str(v));
+  Shape out = v.size() == 1 ? Shape(dims, v[0]) : v;
+  for (int64_t x : out)
+    KILN_CHECK(x >= min, op, ": expected ", name, " values >= ", min, ", got ", shape_str(v));
+  return out;
+}
+
+// Stride, padding and dilation of a 2-D convolution, checked.
+struct ConvArgs {
+  Shape stride, padding, dilation;
+  int64_t groups;
+};
+ConvArgs conv_args(const char* op, const Shape& stride, const Shape& padding, const Shape& dilation,
+                   int64_t groups) {
+  KILN_CHECK(groups > 0, op, ": expected groups > 0, got ", groups);
+  return {spatial_arg(op, "stride", stride, 2, 1), spatial_arg(op, "padding", padding, 2, 0),
+          spatial_arg(op, "dilation", dilation, 2, 1), groups};
+}
+
+void check_operand(const char* op, const Tensor& t, const char* arg, int64_t rank) {
+  detail::check_defined(t, op, arg);
+  KILN_CHECK(!t.device().is_cuda(), op, ": not yet supported on CUDA (", arg, " is ", describe(t),
+             " on ", t.device().str(), ")");
+  KILN_CHECK(t.dtype() == kFloat32 || t.dtype() == kFloat64, op,
+             ": expected float32 or float64 tensors, got ", arg, " ", describe(t));
+  KILN_CHECK(t.dim() == rank, op, ": expected ", arg, " to be ", rank, "-D, got ", describe(t));
+}
+
+void check_same_dtype(const char* op, const Tensor& a, const char* an, const Tensor& b,
+                      const char* bn) {
+  KILN_CHECK(a.dtype() == b.dtype(), op, ": expected ", an, " and ", bn, " of the same dtype, got ",
+             describe(a), " and ", describe(b));
+}
+
+// The geometry of a convolution of an input of `in` sizes with a weight of `w` sizes, checked:
+// channels, groups and a kernel that fits the padded input. `what` describes the operands.
+ConvGeom make_geom(const char* op, const Shape& in, const Shape& w, const ConvArgs& a,
+                   const std::string& what) {
+  ConvGeom g{in[0],
+             in[1],
+             in[2],
+             in[3],
+             w[0],
+             w[2],
+             w[3],
+             0,
+             0,
+             a.stride[0],
+             a.stride[1],
+             a.padding[0],
+             a.padding[1],
+             a.dilation[0],
+             a.dilation[1],
+             a.groups};
+  KILN_CHECK(g.C % g.groups == 0, op, ": groups (", g.groups, ") must divide the input channels (",
+             g.C, "): ", what);
+  KILN_CHECK(g.O % g.groups == 0, op, ": groups (", g.groups, ") must divide the output channels (",
+             g.O, "): ", what);
+  KILN_CHECK(w[1] * g.groups == g.C, op, ": expected input with ", w[1] * g.groups,
+             " channels (weight's ", w[1], " per group times groups ", g.groups, "), got ", g.C,
+             " channels: ", what);
+  const int64_t eh = g.dH * (g.kH - 1) + 1, ew = g.dW * (g.kW - 1) + 1;  // dilated kernel
+  KILN_CHECK(g.H + 2 * g.pH >= eh && g.W + 2 * g.pW >= ew, op, ": kernel size ", eh, "x", ew,
+             " (dilated) is larger than the padded input size ", g.H + 2 * g.pH, "x",
+             g.W + 2 * g.pW, ": ", what);
+  g.oH = (g.H + 2 * g.pH - eh) / g.sH + 1;
+  g.oW = (g.W + 2 * g.pW - ew) / g.sW + 1;
+  return g;
+}
+
+std::string operands(const char* a, const Tensor& x, const char* b, const Tensor& y) {
+  return std::string(a) + " " + describe(x) + ", " + b + " " + describe(y);
+}
+
+// ------------------------------------------------------------------------------ im2col kernels
+
+// cols [groups, K, N * L]: row (c, i, j), c a global channel, holds for every image and output
+// position the input pixel that kernel tap (i, j) reads there (0 in the padding). Group-major
+// rows are channel-major overall, so the row of (c, i, j) is (c * kH + i) * kW + j.
+template <typename T>
+void im2col(const T* x, const ConvGeom& g, T* cols) {
+  const int64_t taps = g.kH * g.kW, L = g.L(), NL = g.N * L;
+  detail::parallel_for(g.C * taps, std::max<int64_t>(1, detail::kParallelGrain / NL),
+                       [&](int64_t begin, int64_t end) {
+                         for (int64_t r = begin; r < end; ++r) {
+                           const int64_t c = r / taps, i = r % taps / g.kW, j = r % g.kW;
+                           for (int64_t n = 0; n < g.N; ++n) {
+                             const T* plane = x + (n * g.C + c) * g.H * g.W;
+                             T* dst = cols + r * NL + n * L;
+                             for (int64_t oh = 0; oh < g.oH; ++oh, dst += g.oW) {
+                               const int64_t ih = oh * g.sH - g.pH + i * g.dH;
+                               if (ih < 0 || ih >= g.H) {
+                                 std::fill(dst, dst + g.oW, T(0));
+                                 continue;
+                               }
+                               const T* src = plane + ih * g.W;
+                               for (int64_t ow = 0; ow < g.oW; ++ow) {
+                                 const int64_t iw = ow * g.sW - g.pW + j * g.dW;
+                                 dst[ow] = iw >= 0 && iw < g.W ? src[iw] : T(0);
+                               }
+                             }
+                           }
+                         }
+                       });
+}
+
+// The adjoint of im2col: x [N, C, H, W] = the sum of every column entry into the pixel it was
+// read from. Each task owns whole (n, c) planes, so the sums need no atomics and run in a fixed
+// order.
+template <typename T>
+void col2im(const T* cols, const ConvGeom& g, T* x) {
+  const int64_t taps = g.kH * g.kW, L = g.L(), NL = g.N * L, HW = g.H * g.W;
+  detail::parallel_for(
+      g.N * g.C, std::max<int64_t>(1, detail::kParallelGrain / std::max<int64_t>(1, taps * L)),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t p = begin; p < end; ++p) {
+          const int64_t n = p / g.C, c = p % g.C;
+          T* plane = x + p * HW;
+          std::fill(plane, plane + HW, T(0));
+          for (int64_t i = 0; i < g.kH; ++i)
+            for (int64_t j = 0; j < g.kW; ++j) {
+              const T* src = cols + ((c * g.kH + i) * g.kW + j) * NL + n * L;
+              for (int64_t oh = 0; oh < g.oH; ++oh, src += g.oW) {
+                const int64_t ih = oh * g.sH - g.pH + i * g.dH;
+                if (ih < 0 || ih >= g.H) continue;
+                T* row = plane + ih * g.W;
+                for (int64_t ow = 0; ow < g.oW; ++ow) {
+                  const int64_t iw = ow * g.sW - g.pW + j * g.dW;
+                  if (iw >= 0 && iw < g.W) row[iw] += src[ow];
+                }
+              }
+            }
+        }
+      });
+}
+
+Tensor make_cols(const Tensor& x, const ConvGeom& g) {
+  Tensor cols = detail::make_empty({g.groups, g.K(), g.N * g.L()}, x.dtype());
+  detail::dispatch_floating(x.dtype(), "conv2d", [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    im2col<T>(std::as_const(x).data_ptr<T>(), g, cols.data_ptr<T>());
+  });
+  return cols;
+}
+
+// gy [N, O, oH, oW] regrouped as [groups, O / groups, N * L], the GEMM operand of the gradients.
+Tensor grouped_grad_output(const Tensor& gy, const ConvGeom& g) {
+  Tensor out = detail::make_empty({g.groups, g.Og(), g.N * g.L()}, gy.dtype());
+  detail::copy_kernel(out.view({g.groups, g.Og(), g.N, g.L()}),
+                      gy.view({g.N, g.groups, g.Og(), g.L()}).permute({1, 2, 0, 3}));
+  return out;
+}
+
+// Inputs of these are contiguous and of one dtype; autograd is off.
+Tensor forward_im2col(const Tensor& x, const Tensor& w, const ConvGeom& g) {
+  const DType dt = x.dtype();
+  Tensor cols = make_cols(x, g);
+  Tensor yg = detail::make_empty({g.groups, g.Og(), g.N * g.L()}, dt);
+  detail::gemm_into("conv2d", yg, w.view({g.groups, g.Og(), g.K()}), cols, {g.groups}, dt, 1, 0);
+  Tensor y = detail::make_empty({g.N, g.O, g.oH, g.oW}, dt);
+  detail::copy_kernel(y.view({g.N, g.groups, g.Og(), g.L()}),
+                      yg.view({g.groups, g.Og(), g.N, g.L()}).permute({2, 0, 1, 3}));
+  return y;
+}
+
+Tensor grad_input_im2col(const Tensor& gy, const Tensor& w, const ConvGeom& g) {
+  const DType dt = gy.dtype();
+  Tensor cols = detail::make_empty({g.groups, g.K(), g.N * g.L()}, dt);
+  detail::gemm_into("conv2d_grad_input", cols, w.view({g.groups, g.Og(), g.K()}).transpose(1, 2),
+                    grouped_grad_output(gy, g), {g.groups}, dt, 1, 0);
+  Tensor gx = detail::make_empty({g.N, g.C, g.H, g.W}, dt);
+  detail::dispatch_floating(dt, "conv2d_grad_input", [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    col2im<T>(std::as_const(cols).data_ptr<T>(), g, gx.data_ptr<T>());
+  });
+  return gx;
+}
+
+Tensor grad_weight_im2col(const Tensor& gy, const Tensor& x, const ConvGeom& g) {
+  const DType dt = gy.dtype();
+  Tensor gw = detail::make_empty({g.groups, g.Og(), g.K()}, dt);
+  detail::gemm_into("conv2d_grad_weight", gw, grouped_grad_output(gy, g),
+                    make_cols(x, g).transpose(1, 2), {g.groups}, dt, 1, 0);
+  return gw.view({g.O, g.Cg(), g.kH, g.kW});
+}
+
+// The forward pass as a weight gradient (groups == 1): y[n, o] = sum_c x[n, c] * w[o, c] is the
+// weight gradient of a convolution whose images are x's channels (x^T [C, N, H, W]), whose output
+// gradient is w^T [C, O, kH, kW] and whose kernel taps are y's positions; stride and dilation
+// trade places. The result comes out as y^T [O, N, oH, oW].
+Tensor forward_weight_grad(const Tensor& x, const Tensor& w, const ConvGeom& g) {
+  const ConvGeom t{g.C,  g.N,  g.H,  g.W,  g.O,  g.oH, g.oW, g.kH,
+                   g.kW, g.dH, g.dW, g.pH, g.pW, g.sH, g.sW, 1};
+  Tensor yt = grad_weight_im2col(w.transpose(0, 1).contiguous(), x.transpose(0, 1).contiguous(), t);
+  return yt.transpose(0, 1).contiguous();
+}
+
+// ------------------------------------------------------------------------------------- oneDNN
+
+dnnl::engine& dnnl_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// oneDNN's descriptors of a convolution: plain NCHW data and (g)oihw weights, dilation counted
+// from 0, and the bottom/right padding that makes the output size exact.
+struct DnnlConv {
+  dnnl::memory::desc src, weights, dst;
+  dnnl::memory::dims strides, dilates, pad_l, pad_r;
+
+  explicit DnnlConv(const ConvGeom& g) {
+    using dnnl::memory;
+    const auto f32 = memory::data_type::f32;
+    src = memory::desc({g.N, g.C, g.H, g.W}, f32, memory::format_tag::nchw);
+    dst = memory::desc({g.N, g.O, g.oH, g.oW}, f32, memory::format_tag::nchw);
+    weights = g.groups == 1 ? memory::desc({g.O, g.C, g.kH, g.kW}, f32, memory::format_tag::oihw)
+                            : memory::desc({g.groups, g.Og(), g.Cg(), g.kH, g.kW}, f32,
+                                           memory::format_tag::goihw);
+    strides = {g.sH, g.sW};
+    dilates = {g.dH - 1, g.dW - 1};
+    pad_l = {g.pH, g.pW};
+    pad_r = {bottom_pad(g), right_pad(g)};
+  }
+  static int64_t bottom_pad(const ConvGeom& g) {
+    return (g.oH - 1) * g.sH + (g.kH - 1) * g.dH + 1 - g.H - g.pH;
+  }
+  static int64_t right_pad(const ConvGeom& g) {
+    return (g.oW - 1) * g.sW + (g.kW - 1) * g.dW + 1 - g.W - g.pW;
+  }
+  dnnl::convolution_forward::primitive_desc forward() const {
+    return {{dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src, weights,
+             dst, strides, dilates, pad_l, pad_r},
+            dnnl_engine()};
+  }
+  dnnl::memory mem(const dnnl::memory::desc& d, const Tensor& t) const {
+    return dnnl::memory(d, dnnl_engine(), const_cast<void*>(t.raw_data_ptr()));
+  }
+};
+
+// Runs one oneDNN primitive; its failures become kiln::Errors naming the pass.
+template <typename Run>
+void dnnl_run(const char* op, const ConvGeom& g, Run run) {
+  try {
+    dnnl::stream stream(dnnl_engine());
+    run(stream);
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    KILN_FAIL(op, ": oneDNN convolution failed (", e.what(), ") for input [", g.N, ", ", g.C, ", ",
+              g.H, ", ", g.W, "], weight [", g.O, ", ", g.Cg(), ", ", g.kH, ", ", g.kW, "]");
+  }
+}
+
+Tensor forward_onednn(const Tensor& x, const Tensor& w, const ConvGeom& g) {
+  Tensor y = detail::make_empty({g.N, g.O, g.oH, g.oW}, kFloat32);
+  DnnlConv d(g);
+  dnnl_run("conv2d", g, [&](dnnl::stream& s) {
+    dnnl::convolution_forward(d.forward())
+        .execute(s, {{DNNL_ARG_SRC, d.mem(d.src, x)},
+                     {DNNL_ARG_WEIGHTS, d.mem(d.weights, w)},
+                     {DNNL_ARG_DST, d.mem(d.dst, y)}});
+  });
+  return y;
+}
+
+Tensor grad_input_onednn(const Tensor& gy, const Tensor& w, const ConvGeom& g) {
+  Tensor gx = detail::make_empty({g.N, g.C, g.H, g.W}, kFloat32);
+  DnnlConv d(g);
+  dnnl_run("conv2d_grad_input", g, [&](dnnl::stream& s) {
+    dnnl::convolution_backward_data::primitive_desc pd(
+        {dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst, d.strides, d.dilates,
+         d.pad_l, d.pad_r},
+        dnnl_engine(), d.forward());
+    dnnl::convolution_backward_data(pd).execute(s, {{DNNL_ARG_DIFF_DST, d.mem(d.dst, gy)},
+                                                    {DNNL_ARG_WEIGHTS, d.mem(d.weights, w)},
+                                                    {DNNL_ARG_DIFF_SRC, d.mem(d.src, gx)}});
+  });
+  return gx;
+}
+
+Tensor grad_weight_onednn(const Tensor& gy, const Tensor& x, const ConvGeom& g) {
+  Tensor gw = detail::make_empty({g.O, g.Cg(), g.kH, g.kW}, kFloat32);
+  DnnlConv d(g);
+  dnnl_run("conv2d_grad_weight", g, [&](dnnl::stream& s) {
+    dnnl::convolution_backward_weights::primitive_desc pd(
+        {dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst, d.strides, d.dilates,
+         d.pad_l, d.pad_r},
+        dnnl_engine(), d.forward());
+    dnnl::convolution_backward_weights(pd).execute(s,
+                                                   {{DNNL_ARG_DIFF_DST, d.mem(d.dst, gy)},
+                                                    {DNNL_ARG_SRC, d.mem(d.src, x)},
+                                                    {DNNL_ARG_DIFF_WEIGHTS, d.mem(d.weights, gw)}});
+  });
+  return gw;
+}
+
+// ------------------------------------------------------------------------------------ chooser
+
+enum class Pass { Forward, GradInput, GradWeight };
+const char* pass_name(Pass p) {
+  return p == Pass::Forward     ? "conv2d"
+         : p == Pass::GradInput ? "conv2d_grad_input"
+                                : "conv2d_grad_weight";
+}
+
+// Theano's rule (GpuCorrMM): the forward formulation while the batch's kernel taps are fewer
+// than the input's channel-positions, else the weight-gradient one.
+bool theano_prefers_forward(const ConvGeom& g) {
+  return g.N * g.kH * g.kW < g.C * g.oH * g.oW;
+}
+
+// The algorithms that can compute a pass, the GEMM formulations in the order Theano's rule
+// prefers. oneDNN: float32 with a non-negative bottom/right padding (a stride that skips the
+// last rows would need a negative one).
+std::vector<ConvAlgo> candidates(Pass p, const ConvGeom& g, DType dt) {
+  std::vector<ConvAlgo> out{ConvAlgo::Im2col};
+  if (p == Pass::Forward && g.groups == 1) {
+    out.push_back(ConvAlgo::WeightGrad);
+    if (!theano_prefers_forward(g)) std::swap(out[0], out[1]);
+  }
+  if (dt == kFloat32 && DnnlConv::bottom_pad(g) >= 0 && DnnlConv::right_pad(g) >= 0)
+    out.push_back(ConvAlgo::OneDNN);
+  return out;
+}
+
+struct ChooserState {
+  std::mutex mutex;
+  std::map<std::string, ConvAlgo> choices;  // guarded by mutex
+  std::atomic<int> forced{-1};              // a ConvAlgo set by set_conv_algo; -1: none
+};
+ChooserState& chooser() {
+  static ChooserState* s = new ChooserState;  // never destroyed: ops may run at exit
+  return *s;
+}
+thread_local ConvAlgo t_last_algo = ConvAlgo::Auto;
+
+// KILN_CONV_ALGO, read on each forced check (choices are rare: once per problem).
+ConvAlgo forced_algo() {
+  const int f = chooser().forced.load(std::memory_order_relaxed);
+  if (f >= 0) return static_cast<ConvAlgo>(f);
+  const char* env = std::getenv("KILN_CONV_ALGO");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "auto") return ConvAlgo::Auto;
+  if (v == "im2col") return ConvAlgo::Gemm;
+  if (v == "onednn") return ConvAlgo::OneDNN;
+  KILN_FAIL("KILN_CONV_ALGO: unknown algorithm '", v, "' (accepted: auto, im2col, onednn)");
+}
+
+// KILN_LOG names conv or all. lib/ cannot use the JIT's logger (jit/log.h), so the variable is read
+// here the same way, on each choice.
+bool log_conv() {
+  const char* env = std::getenv("KILN_LOG");
+  if (!env) return false;
+  const std::string topics = "," + std::string(env) + ",";
+  return topics.find(",conv,") != std::string::npos || topics.find(",all,") != std::string::npos;
+}
+
+std::string problem_str(Pass p, const ConvGeom& g, DType dt) {
+  std::ostringstream os;
+  os << pass_name(p) << " cpu " << dtype_name(dt) << " input [" << g.N << ", " << g.C << ", " << g.H
+     << ", " << g.W << "] weight [" << g.O << ", " << g.Cg() << ", " << g.kH << ", " << g.kW
+     << "] output " << g.oH << "x" << g.oW << " stride " << g.sH << "x" << g.sW << " padding "
+     << g.pH << "x" << g.pW << " dilation " << g.dH << "x" << g.dW << " groups " << g.groups;
+  return os.str();
+}
+
+using Runner = std::function<Tensor(ConvAlgo)>;
+
+// Runs pass p by the forced, remembered or fastest measured algorithm.
+Tensor run_pass(Pass p, const ConvGeom& g, DType dt, const Runner& run) {
+  const std::vector<ConvAlgo> cands = candidates(p, g, dt);
+  auto use = [&](ConvAlgo a) {
+    t_last_algo = a;
+    return run(a);
+  };
+  const ConvAlgo forced = forced_algo();
+  if (forced != ConvAlgo::Auto) {
+    // A forced algorithm that cannot run this problem gives way to the preferred GEMM one.
+    const bool ok = std::find(cands.begin(), cands.end(), forced) != cands.end();
+    return use(ok ? forced : cands[0]);
+  }
+  const std::string key = problem_str(p, g, dt);
+  {
+    std::lock_guard<std::mutex> lock(chooser().mutex);
+    auto it = chooser().choices.find(key);
+    if (it != chooser().choices.end()) return use(it->second);
+  }
+  // Measure each candidate on the real operands, twice: the first run also pays one-time costs
+  // (oneDNN generating its kernel, first touches of fresh buffers), so the faster run counts. The
+  // fastest candidate's result is kept; ties go to the earlier one, the one Theano's rule
+  // prefers.
+  Tensor best;
+  ConvAlgo best_algo = cands[0];
+  double best_ms = 0;
+  std::ostringstream times;
+  for (ConvAlgo a : cands) {
+    Tensor r;
+    double ms = 0;
+    for (int run_index = 0; run_index < 2; ++run_index) {
+      const auto t0 = std::chrono::steady_clock::now();
+      r = run(a);
+      const double t =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      ms = run_index == 0 ? t : std::min(ms, t);
+    }
+    times << (best.defined() ? ", " : "") << conv_algo_name(a) << " " << ms << " ms";
+    if (!best.defined() || ms < best_ms) {
+      best = r;
+      best_algo = a;
+      best_ms = ms;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(chooser().mutex);
+    chooser().choices.emplace(key, best_algo);
+  }
+  t_last_algo = best_algo;
+  if (log_conv())
+    std::cerr << "[kiln conv] " << key << ": " << conv_algo_name(best_algo) << " (measured "
+              << times.str() << "; Theano's rule prefers "
+              << (theano_prefers_forward(g) ? "the forward" : "the weight-gradient")
+              << " formulation)\n";
+  return best;
+}
+
+// ---------------------------------------------------------------------------------- the passes
+
+// A problem with no images or channels: every sum is empty, so every result is zero (a GEMM over
+// none would divide work by zero).
+bool empty_problem(const ConvGeom& g) {
+  return g.N == 0 || g.C == 0 || g.O == 0;
+}
+
+Tensor forward_kernel(const Tensor& input, const Tensor& weight, const Tensor& bias,
+                      const ConvGeom& g) {
+  AutoGradMode kernel_only(false);
+  const Tensor x = input.contiguous(), w = weight.contiguous();
+  Tensor y = empty_problem(g) ? zeros({g.N, g.O, g.oH, g.oW}, TensorOptions(x.dtype()))
+                              : run_pass(Pass::Forward, g, x.dtype(), [&](ConvAlgo a) {
+                                  if (a == ConvAlgo::OneDNN) return forward_onednn(x, w, g);
+                                  if (a == ConvAlgo::WeightGrad)
+                                    return forward_weight_grad(x, w, g);
+                                  return forward_im2col(x, w, g);
+                                });
+  if (bias.defined()) y.add_(bias.reshape({1, g.O, 1, 1}));
+  return y;
+}
+
+Tensor grad_input_kernel(const Tensor& grad_output, const Tensor& weight, const ConvGeom& g) {
+  AutoGradMode kernel_only(false);
+  const Tensor gy = grad_output.contiguous(), w = weight.contiguous();
+  if (empty_problem(g)) return zeros({g.N, g.C, g.H, g.W}, TensorOptions(gy.dtype()));
+  return run_pass(Pass::GradInput, g, gy.dtype(), [&](ConvAlgo a) {
+    return a == ConvAlgo::OneDNN ? grad_input_onednn(gy, w, g) : grad_input_im2col(gy, w, g);
+  });
+}
+
+Tensor grad_weight_kernel(const Tensor& grad_output, const Tensor& input, const ConvGeom& g) {
+  AutoGradMode kernel_only(false);
+  const Tensor gy = grad_output.contiguous(), x = input.contiguous();
+  if (empty_problem(g)) return zeros({g.O, g.Cg(), g.kH, g.kW}, TensorOptions(gy.dtype()));
+  return run_pass(Pass::GradWeight, g, gy.dtype(), [&](ConvAlgo a) {
+    return a == ConvAlgo::OneDNN ? grad_weight_onednn(gy, x, g) : grad_weight_im2col(gy, x, g);
+  });
+}
+
+Tensor saved_if(bool needed, const Tensor& t) {
+  return needed ? t : Tensor();
+}
+
+// conv2d on a batched 4-D input, under the name `op` (conv2d, conv1d) for errors.
+Tensor conv2d_batched(const char* op, const Tensor& x, const Tensor& w, const Tensor& b,
+                      const ConvArgs& a, const std::string& what) {
+  const ConvGeom g = make_geom(op, x.sizes(), w.sizes(), a, what);
+  if (b.defined())
+    KILN_CHECK(b.dim() == 1 && b.size(0) == g.O, op, ": expected bias of shape [", g.O,
+               "] (the output channels), got ", describe(b), " (", what, ")");
+  Tensor out;
+  if (detail::should_record({x, w, b})) {
+    out = detail::lazy_record1(conv2d_def, {x, w, b}, {a.stride, a.padding, a.dilation, a.groups},
+                               {{g.N, g.O, g.oH, g.oW}, x.dtype()});
+  } else {
+    out = forward_kernel(x, w, b, g);
+  }
+  if (detail::needs_grad(x, w, b))
+    detail::record(
+        "conv2d", {x, w, b}, {out},
+        {saved_if(detail::requires_grad(w), x), saved_if(detail::requires_grad(x), w)},
+        [a, xs = x.sizes(), ws = w.sizes()](const detail::BackwardContext& c) {
+          const Tensor &gy = c.grad(), &x = c.saved(0), &w = c.saved(1);
+          std::vector<Tensor> grads(3);
+          if (c.needs_grad(0))
+            grads[0] = conv2d_grad_input(gy, w, xs, a.stride, a.padding, a.dilation, a.groups);
+          if (c.needs_grad(1))
+            grads[1] = conv2d_grad_weight(gy, x, ws, a.stride, a.padding, a.dilation, a.groups);
+          if (c.needs_grad(2)) grads[2] = sum(gy, {0, 2, 3});
+          return grads;
+        });
+  return out;
+}
+
+// conv2d or conv1d (spatial = 1: a 2-D convolution with H = 1) with explicit padding.
+Tensor conv_nd(const char* op, int64_t spatial, const Tensor& input, const Tensor& weight,
+               const Tensor& bias, const Shape& stride, const Shape& padding, const Shape& dilation,
+               int64_t groups) {
+  detail::check_defined(input, op, "input");
+  const int64_t rank = input.dim() == spatial + 1 ? spatial + 1 : spatial + 2;
+  KILN_CHECK(input.dim() == spatial + 1 || input.dim() == spatial + 2, op, ": expected a ",
+             spatial + 1, "-D (unbatched) or ", spatial + 2, "-D (batched) input, got ",
+             describe(input));
+  check_operand(op, input, "input", rank);
+  check_operand(op, weight, "weight", spatial + 2);
+  check_same_dtype(op, input, "input", weight, "weight");
+  if (bias.defined()) {
+    check_operand(op, bias, "bias", 1);
+    check_same_dtype(op, input, "input", bias, "bias");
+  }
+  const std::string what = operands("input", input, "weight", weight);
+  const Shape s = spatial_arg(op, "stride", stride, spatial, 1);
+  const Shape p = spatial_arg(op, "padding", padding, spatial, 0);
+  const Shape d = spatial_arg(op, "dilation", dilation, spatial, 1);
+  Tensor x = rank == spatial + 1 ? input.unsqueeze(0) : input, w = weight;
+  if (spatial == 1) {  // H = 1: the 1-D arguments are the W ones
+    x = x.unsqueeze(2);
+    w = w.unsqueeze(2);
+  }
+  const ConvArgs a = spatial == 1 ? conv_args(op, {1, s[0]}, {0, p[0]}, {1, d[0]}, groups)
+                                  : conv_args(op, s, p, d, groups);
+  Tensor y = conv2d_batched(op, x, w, bias, a, what);
+  if (spatial == 1) y = y.squeeze(2);
+  return rank == spatial + 1 ? y.squeeze(0) : y;
+}
+
+// "same" (stride 1: the output keeps the input's size; an odd total padding puts the extra row
+// or column at the bottom/right, as torch) or "valid" (no padding).
+Tensor conv_nd_mode(const char* op, int64_t spatial, const Tensor& input, const Tensor& weight,
+                    const Tensor& bias, const Shape& stride, const std::string& mode,
+                    const Shape& dilation, int64_t groups) {
+  KILN_CHECK(mode == "same" || mode == "valid", op,
+             ": padding must be \"same\" or \"valid\", got \"", mode, "\"");
+  if (mode == "valid")
+    return conv_nd(op, spatial, input, weight, bias, stride, {0}, dilation, groups);
+  const Shape s = spatial_arg(op, "stride", stride, spatial, 1);
+  KILN_CHECK(std::all_of(s.begin(), s.end(), [](int64_t v) { return v == 1; }), op,
+             ": padding=\"same\" is not supported for strided convolutions (stride ",
+             shape_str(stride), ")");
+  detail::check_defined(weight, op, "weight");
+  KILN_CHECK(weight.dim() == spatial + 2, op, ": expected weight to be ", spatial + 2, "-D, got ",
+             describe(weight));
+  const Shape d = spatial_arg(op, "dilation", dilation, spatial, 1);
+  Shape pad(spatial);
+  Tensor x = input;
+  for (int64_t i = 0; i < spatial; ++i) {
+    const int64_t total = d[i] * (weight.size(2 + i) - 1);
+    pad[i] = total / 2;
+    if (total % 2 == 1) {  // one more zero row/column at the end
+      Shape zs = x.sizes();
+      const int64_t dim = x.dim() - spatial + i;
+      zs[dim] = 1;
+      x = cat({x, zeros(zs, TensorOptions(x.dtype()))}, dim);
+    }
+  }
+  return conv_nd(op, spatial, x, weight, bias, stride, pad, dilation, groups);
+}
+
+// The geometry of a gradient pass, checked against the grad_output it receives.
+ConvGeom grad_geom(const char* op, const Tensor& gy, const Shape& in, const Shape& w,
+                   const ConvArgs& a, const std::string& what) {
+  const ConvGeom g = make_geom(op, in, w, a, what);
+  KILN_CHECK(gy.sizes() == Shape({g.N, g.O, g.oH, g.oW}), op, ": expected grad_output of shape ",
+             shape_str({g.N, g.O, g.oH, g.oW}), " for input ", shape_str(in), " and weight ",
+             shape_str(w), ", got ", describe(gy));
+  return g;
+}
+
+void check_size_arg(const char* op, const char* name, const Shape& s) {
+  KILN_CHECK(s.size() == 4 && std::all_of(s.begin(), s.end(), [](int64_t v) { return v > 0; }), op,
+             ": expected ", name, " to be 4 positive sizes, got ", shape_str(s));
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------------- public ops
+
+namespace detail {
+const char* conv_algo_name(ConvAlgo a) {
+  switch (a) {
+    case ConvAlgo::Auto:
+      return "auto";
+    case ConvAlgo::Gemm:
+      return "gemm";
+    case ConvAlgo::Im2col:
+      return "im2col";
+    case ConvAlgo::WeightGrad:
+      return "weight-grad";
+    case ConvAlgo::OneDNN:
+      return "onednn";
+  }
+  return "?";
+}
+void set_conv_algo(ConvAlgo a) {
+  chooser().forced.store(a == ConvAlgo::Auto ? -1 : static_cast<int>(a));
+}
+void clear_conv_choices() {
+  std::lock_guard<std::mutex> lock(chooser().mutex);
+  chooser().choices.clear();
+}
+ConvAlgo last_conv_algo() {
+  return t_last_algo;
+}
+}  // namespace detail
+
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Shape& stride,
+              const Shape& padding, const Shape& dilation, int64_t groups) {
+  return conv_nd("conv2d", 2, input, weight, bias, stride, padding, dilation, groups);
+}
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Shape& stride,
+              PaddingMode padding, const Shape& dilation, int64_t groups) {
+  return conv_nd_mode("conv2d", 2, input, weight, bias, stride, padding.name, dilation, groups);
+}
+Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Shape& stride,
+              const Shape& padding, const Shape& dilation, int64_t groups) {
+  return conv_nd("conv1d", 1, input, weight, bias, stride, padding, dilation, groups);
+}
+Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Shape& stride,
+              PaddingMode padding, const Shape& dilation, int64_t groups) {
+  return conv_nd_mode("conv1d", 1, input, weight, bias, stride, padding.name, dilation, groups);
+}
+
+Tensor conv2d_grad_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_size,
+                         const Shape& stride, const Shape& padding, const Shape& dilation,
+                         int64_t groups) {
+  const char* op = "conv2d_grad_input";
+  check_operand(op, grad_output, "grad_output", 4);
+  check_operand(op, weight, "weight", 4);
+  check_same_dtype(op, grad_output, "grad_output", weight, "weight");
+  check_size_arg(op, "input_size", input_size);
+  const ConvArgs a = conv_args(op, stride, padding, dilation, groups);
+  const ConvGeom g = grad_geom(op, grad_output, input_size, weight.sizes(), a,
+                               operands("grad_output", grad_output, "weight", weight));
+  Tensor out;
+  if (detail::should_record(grad_output, weight)) {
+    out = detail::lazy_record1(grad_input_def, {grad_output, weight},
+                               {input_size, a.stride, a.padding, a.dilation, a.groups},
+                               {input_size, grad_output.dtype()});
+  } else {
+    out = grad_input_kernel(grad_output, weight, g);
+  }
+  if (detail::needs_grad(grad_output, weight))
+    detail::record(op, {grad_output, weight}, {out},
+                   {saved_if(detail::requires_grad(weight), grad_output),
+                    saved_if(detail::requires_grad(grad_output), weight)},
+                   [a, ws = weight.sizes()](const detail::BackwardContext& c) {
+                     const Tensor &gg = c.grad(), &gy = c.saved(0), &w = c.saved(1);
+                     std::vector<Tensor> grads(2);
+                     if (c.needs_grad(0))
+                       grads[0] = conv2d(gg, w, {}, a.stride, a.padding, a.dilation, a.groups);
+                     if (c.needs_grad(1))
+                       grads[1] = conv2d_grad_weight(gy, gg, ws, a.stride, a.padding, a.dilation,
+                                                     a.groups);
+                     return grads;
+                   });
+  return out;
+}
+
+Tensor conv2d_grad_weight(const Tensor& grad_output, const Tensor& input, const Shape& weight_size,
+                          const Shape& stride, const Shape& padding, const Shape& dilation,
+                          int64_t groups) {
+  const char* op = "conv2d_grad_weight";
+  check_operand(op, grad_output, "grad_output", 4);
+  check_operand(op, input, "input", 4);
+  check_same_dtype(op, grad_output, "grad_output", input, "input");
+  check_size_arg(op, "weight_size", weight_size);
+  const ConvArgs a = conv_args(op, stride, padding, dilation, groups);
+  const ConvGeom g = grad_geom(op, grad_output, input.sizes(), weight_size, a,
+                               operands("grad_output", grad_output, "input", input));
+  Tensor out;
+  if (detail::should_record(grad_output, input)) {
+    out = detail::lazy_record1(grad_weight_def, {grad_output, input},
+                               {weight_size, a.stride, a.padding, a.dilation, a.groups},
+                               {weight_size, grad_output.dtype()});
+  } else {
+    out = grad_weight_kernel(grad_output, input, g);
+  }
+  if (detail::needs_grad(grad_output, input))
+    detail::record(op, {grad_output, input}, {out},
+                   {saved_if(detail::requires_grad(input), grad_output),
+                    saved_if(detail::requires_grad(grad_output), input)},
+                   [a, xs = input.sizes()](const detail::BackwardContext& c) {
+                     const Tensor &gg = c.grad(), &gy = c.saved(0), &x = c.saved(1);
+                     std::vector<Tensor> grads(2);
+                     if (c.needs_grad(0))
+                       grads[0] = conv2d(x, gg, {}, a.stride, a.padding, a.dilation, a.groups);
+                     if (c.needs_grad(1))
+                       grads[1] =
+                           conv2d_grad_input(gy, gg, xs, a.stride, a.padding, a.dilation, a.groups);
+                     return grads;
+                   });
+  return out;
+}
+
+// The input gradient of the convolution whose output this input would be: its size is
+// (H - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1.
+Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
+                        const Shape& stride, const Shape& padding, const Shape& output_padding,
+                        int64_t groups, const Shape& dilation) {
+  const char* op = "conv_transpose2d";
+  detail::check_defined(input, op, "input");
+  KILN_CHECK(input.dim() == 3 || input.dim() == 4, op,
+             ": expected a 3-D (unbatched) or 4-D (batched) input, got ", describe(input));
+  if (input.dim() == 3)
+    return conv_transpose2d(input.unsqueeze(0), weight, bias, stride, padding, output_padding,
+                            groups, dilation)
+        .squeeze(0);
+  check_operand(op, input, "input", 4);
+  check_operand(op, weight, "weight", 4);
+  check_same_dtype(op, input, "input", weight, "weight");
+  const std::string what = operands("input", input, "weight", weight);
+  const ConvArgs a = conv_args(op, stride, padding, dilation, groups);
+  const Shape op_pad = spatial_arg(op, "output_padding", output_padding, 2, 0);
+  KILN_CHECK(input.size(1) == weight.size(0), op, ": expected input with ", weight.size(0),
+             " channels (weight's first dim), got ", input.size(1), ": ", what);
+  KILN_CHECK(weight.size(0) % groups == 0, op, ": groups (", groups,
+             ") must divide the input channels (", weight.size(0), "): ", what);
+  const int64_t C_out = weight.size(1) * groups;
+  Shape out_size{input.size(0), C_out, 0, 0};
+  for (int i = 0; i < 2; ++i) {
+    KILN_CHECK(op_pad[i] < a.stride[i], op, ": output_padding (", shape_str(op_pad),
+               ") must be smaller than stride (", shape_str(a.stride), ")");
+    out_size[2 + i] = (input.size(2 + i) - 1) * a.stride[i] - 2 * a.padding[i] +
+                      a.dilation[i] * (weight.size(2 + i) - 1) + op_pad[i] + 1;
+    KILN_CHECK(out_size[2 + i] > 0, op, ": the output size ", shape_str(out_size),
+               " would be empty for ", what);
+  }
+  if (bias.defined()) {
+    check_operand(op, bias, "bias", 1);
+    check_same_dtype(op, input, "input", bias, "bias");
+    KILN_CHECK(bias.size(0) == C_out, op, ": expected bias of shape [", C_out, "], got ",
+               describe(bias));
+  }
+  Tensor y = conv2d_grad_input(input, weight, out_size, a.stride, a.padding, a.dilation, groups);
+  return bias.defined() ? y + bias.reshape({1, C_out, 1, 1}) : y;
+}
+
+}  // namespace kiln

@@ -1,0 +1,509 @@
+// Pooling (max_pool2d with indices, avg_pool2d, adaptive_avg_pool2d) and normalization over
+// channels (batch_norm, group_norm), NCHW on the CPU.
+//
+// Pooling runs dedicated kernels, one task per (n, c) plane. Every pooling op visits the same
+// windows in its forward and its backward: window (oh, ow) covers rows [h0, h1) and columns
+// [w0, w1) of the plane, clipped to it, as torch computes them (pool_window). max_pool2d records
+// the position of each window's maximum (the first one; a NaN counts as the maximum), and its
+// backward adds each gradient at its position; the gradient of that backward is a gather at the
+// same positions. The average pools are linear, so each one's backward is its adjoint op and the
+// adjoint's gradient is the forward op again.
+//
+// batch_norm and group_norm are compositions of reductions and elementwise ops, so autograd
+// differentiates them (twice, too) and lazy mode fuses them like any other expression. batch_norm
+// in training updates the running statistics in place with no gradient, as torch:
+// running = (1 - momentum) * running + momentum * batch statistic, the variance unbiased.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "kiln/autograd.h"
+#include "kiln/ops.h"
+#include "lib/autograd.h"
+#include "lib/dispatch.h"
+#include "lib/lazy.h"
+#include "lib/op_table.h"
+#include "lib/parallel.h"
+#include "lib/tensor_impl.h"
+
+namespace kiln {
+
+using detail::attr_bool;
+using detail::attr_ints;
+using detail::Attrs;
+using detail::describe;
+using detail::shape_str;
+
+namespace {
+
+using Inputs = std::vector<Tensor>;
+
+// The geometry of a 2-D pooling of an [N, C, H, W] input into [N, C, oH, oW].
+struct PoolGeom {
+  int64_t N = 0, C = 0, H = 0, W = 0, oH = 0, oW = 0;
+  Shape kernel{1, 1}, stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  bool ceil_mode = false, count_include_pad = true;
+  bool adaptive =
+      false;  // adaptive_avg_pool2d's windows: [floor(o * H / oH), ceil((o + 1) * H / oH))
+};
+
+struct Window {
+  int64_t h0, h1, w0, w1;
+  double divisor;  // the average pools' divisor
+};
+
+// torch's windows: for the fixed-size pools the window starts at o * stride - padding, ends a
+// kernel later but not past the padded input, is then clipped to the input, and divides by the
+// padded size (count_include_pad) or the clipped one.
+Window pool_window(const PoolGeom& g, int64_t oh, int64_t ow) {
+  Window w{};
+  if (g.adaptive) {
+    w.h0 = oh * g.H / g.oH;
+    w.h1 = ((oh + 1) * g.H + g.oH - 1) / g.oH;
+    w.w0 = ow * g.W / g.oW;
+    w.w1 = ((ow + 1) * g.W + g.oW - 1) / g.oW;
+    w.divisor = static_cast<double>((w.h1 - w.h0) * (w.w1 - w.w0));
+    return w;
+  }
+  const int64_t h0 = oh * g.stride[0] - g.padding[0], w0 = ow * g.stride[1] - g.padding[1];
+  const int64_t h1 = std::min(h0 + (g.kernel[0] - 1) * g.dilation[0] + 1, g.H + g.padding[0]);
+  const int64_t w1 = std::min(w0 + (g.kernel[1] - 1) * g.dilation[1] + 1, g.W + g.padding[1]);
+  const double padded = static_cast<double>((h1 - h0) * (w1 - w0));
+  w.h0 = std::max<int64_t>(h0, 0);
+  w.w0 = std::max<int64_t>(w0, 0);
+  w.h1 = std::min(h1, g.H);
+  w.w1 = std::min(w1, g.W);
+  w.divisor = g.count_include_pad ? padded : static_cast<double>((w.h1 - w.h0) * (w.w1 - w.w0));
+  return w;
+}
+
+// torch's pooling output size: floor or ceil division, where a ceil window must still start
+// inside the input or its left padding.
+int64_t pool_out_size(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode) {
+  const int64_t span = in + 2 * p - d * (k - 1) - 1;
+  int64_t out = (span + (ceil_mode ? s - 1 : 0)) / s + 1;
+  if (ceil_mode && (out - 1) * s >= in + p) --out;
+  return out;
+}
+
+Shape spatial2(const char* op, const char* name, const Shape& v, int64_t min) {
+  KILN_CHECK(v.size() == 1 || v.size() == 2, op, ": expected ", name,
+             " to have 1 or 2 values, got ", shape_str(v));
+  Shape out = v.size() == 1 ? Shape(2, v[0]) : v;
+  for (int64_t x : out)
+    KILN_CHECK(x >= min, op, ": expected ", name, " values >= ", min, ", got ", shape_str(v));
+  return out;
+}
+
+void check_pool_input(const char* op, const Tensor& x) {
+  detail::check_defined(x, op, "input");
+  KILN_CHECK(!x.device().is_cuda(), op, ": not yet supported on CUDA (input ", describe(x), " on ",
+             x.device().str(), ")");
+  KILN_CHECK(x.dim() == 4, op, ": expected a 3-D (unbatched) or 4-D (batched) input, got ",
+             describe(x));
+  KILN_CHECK(x.dtype() == kFloat32 || x.dtype() == kFloat64, op,
+             ": expected a float32 or float64 input, got ", describe(x));
+  KILN_CHECK(x.size(2) > 0 && x.size(3) > 0, op, ": expected a non-empty image, got ", describe(x));
+}
+
+// The checked geometry of a fixed-size pooling.
+PoolGeom fixed_geom(const char* op, const Tensor& x, const Shape& kernel, const Shape& stride,
+                    const Shape& padding, const Shape& dilation, bool ceil_mode,
+                    bool count_include_pad) {
+  check_pool_input(op, x);
+  PoolGeom g;
+  g.N = x.size(0);
+  g.C = x.size(1);
+  g.H = x.size(2);
+  g.W = x.size(3);
+  g.kernel = spatial2(op, "kernel_size", kernel, 1);
+  g.stride = stride.empty() ? g.kernel : spatial2(op, "stride", stride, 1);
+  g.padding = spatial2(op, "padding", padding, 0);
+  g.dilation = spatial2(op, "dilation", dilation, 1);
+  g.ceil_mode = ceil_mode;
+  g.count_include_pad = count_include_pad;
+  for (int i = 0; i < 2; ++i) {
+    const int64_t extent = (g.kernel[i] - 1) * g.dilation[i] + 1;
+    KILN_CHECK(2 * g.padding[i] <= extent, op, ": padding ", shape_str(g.padding),
+               " should be at most half of the (dilated) kernel size ", shape_str(g.kernel),
+               " for input ", describe(x));
+    const int64_t in = x.size(2 + i);
+    KILN_CHECK(in + 2 * g.padding[i] >= extent, op, ": the (dilated) kernel ", shape_str(g.kernel),
+               " is larger than the padded input of input ", describe(x));
+    (i == 0 ? g.oH : g.oW) =
+        pool_out_size(in, g.kernel[i], g.stride[i], g.padding[i], g.dilation[i], ceil_mode);
+  }
+  return g;
+}
+
+// Runs f(plane index, input plane offset, output plane offset) over the N * C planes in parallel.
+template <typename F>
+void for_planes(const PoolGeom& g, const F& f) {
+  const int64_t work = std::max<int64_t>(1, g.H * g.W + g.oH * g.oW);
+  detail::parallel_for(g.N * g.C, std::max<int64_t>(1, detail::kParallelGrain / work),
+                       [&](int64_t begin, int64_t end) {
+                         for (int64_t p = begin; p < end; ++p) f(p * g.H * g.W, p * g.oH * g.oW);
+                       });
+}
+
+// ---------------------------------------------------------------------------------- max_pool2d
+
+std::pair<Tensor, Tensor> max_pool_kernel(const Tensor& input, const PoolGeom& g) {
+  const Tensor x = input.contiguous();
+  Tensor out = detail::make_empty({g.N, g.C, g.oH, g.oW}, x.dtype());
+  Tensor idx = detail::make_empty({g.N, g.C, g.oH, g.oW}, kInt64);
+  detail::dispatch_floating(x.dtype(), "max_pool2d", [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    const T* xp = std::as_const(x).data_ptr<T>();
+    T* op = out.data_ptr<T>();
+    int64_t* ip = idx.data_ptr<int64_t>();
+    for_planes(g, [&](int64_t in_off, int64_t out_off) {
+      for (int64_t oh = 0; oh < g.oH; ++oh)
+        for (int64_t ow = 0; ow < g.oW; ++ow) {
+          const int64_t h0 = oh * g.stride[0] - g.padding[0], w0 = ow * g.stride[1] - g.padding[1];
+          T best = -std::numeric_limits<T>::infinity();
+          int64_t at = -1;
+          for (int64_t i = 0; i < g.kernel[0]; ++i) {
+            const int64_t h = h0 + i * g.dilation[0];
+            if (h < 0 || h >= g.H) continue;
+            for (int64_t j = 0; j < g.kernel[1]; ++j) {
+              const int64_t w = w0 + j * g.dilation[1];
+              if (w < 0 || w >= g.W) continue;
+              const T v = xp[in_off + h * g.W + w];
+              if (at < 0 || v > best || std::isnan(v)) {  // as torch: the last NaN wins
+                best = v;
+                at = h * g.W + w;
+              }
+            }
+          }
+          op[out_off + oh * g.oW + ow] = best;
+          ip[out_off + oh * g.oW + ow] = at;
+        }
+    });
+  });
+  return {out, idx};
+}
+
+// gx [input_size] = gy added at the positions `indices` holds in each plane.
+Tensor max_pool_backward_kernel(const Tensor& grad_output, const Tensor& indices,
+                                const Shape& input_size) {
+  PoolGeom g;
+  g.N = input_size[0];
+  g.C = input_size[1];
+  g.H = input_size[2];
+  g.W = input_size[3];
+  g.oH = indices.size(2);
+  g.oW = indices.size(3);
+  const Tensor gy = grad_output.contiguous(), ix = indices.contiguous();
+  Tensor gx = detail::make_empty(input_size, gy.dtype());
+  detail::dispatch_floating(gy.dtype(), "max_pool2d_backward", [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    const T* gp = std::as_const(gy).data_ptr<T>();
+    const int64_t* ip = std::as_const(ix).data_ptr<int64_t>();
+    T* xp = gx.data_ptr<T>();
+    for_planes(g, [&](int64_t in_off, int64_t out_off) {
+      std::fill(xp + in_off, xp + in_off + g.H * g.W, T(0));
+      for (int64_t o = 0; o < g.oH * g.oW; ++o) xp[in_off + ip[out_off + o]] += gp[out_off + o];
+    });
+  });
+  return gx;
+}
+
+Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices,
+                           const Shape& input_size);
+
+const detail::OpDef& max_pool_def =
+    detail::register_op({"max_pool2d_with_indices",
+                         detail::OpKind::NN,
+                         1,
+                         detail::DTypeRule::Custom,
+                         false,
+                         [](const Inputs& in, const Attrs& a) {
+                           auto [values, indices] = max_pool2d_with_indices(
+                               in[0], attr_ints(a.at(0)), attr_ints(a.at(1)), attr_ints(a.at(2)),
+                               attr_ints(a.at(3)), attr_bool(a.at(4)));
+                           return Inputs{values, indices};
+                         },
+                         {"kernel_size", "stride", "padding", "dilation", "ceil_mode"}});
+// Inputs (grad_output, indices).
+const detail::OpDef& max_pool_backward_def =
+    detail::register_op({"max_pool2d_backward",
+                         detail::OpKind::NN,
+                         2,
+                         detail::DTypeRule::Custom,
+                         false,
+                         [](const Inputs& in, const Attrs& a) {
+                           return Inputs{max_pool2d_backward(in[0], in[1], attr_ints(a.at(0)))};
+                         },
+                         {"input_size"}});
+
+Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices,
+                           const Shape& input_size) {
+  Tensor out;
+  if (detail::should_record(grad_output, indices)) {
+    out = detail::lazy_record1(max_pool_backward_def, {grad_output, indices}, {input_size},
+                               {input_size, grad_output.dtype()});
+  } else {
+    AutoGradMode kernel_only(false);
+    out = max_pool_backward_kernel(grad_output, indices, input_size);
+  }
+  // Its gradient reads gg at the same positions.
+  if (detail::needs_grad(grad_output))
+    detail::record("max_pool2d_backward", {grad_output}, {out}, {indices},
+                   [](const detail::BackwardContext& c) {
+                     const Tensor& ix = c.saved(0);
+                     return std::vector<Tensor>{
+                         gather(c.grad().flatten(2), 2, ix.flatten(2)).view(ix.sizes())};
+                   });
+  return out;
+}
+
+// ------------------------------------------------------------------------------ average pools
+
+// The average pools' forward (out = window sums / divisor) and adjoint (each gradient spread
+// over its window), on contiguous data.
+Tensor avg_pool_kernel(const Tensor& input, const PoolGeom& g, bool adjoint) {
+  const Tensor x = input.contiguous();
+  Tensor out = detail::make_empty(adjoint ? Shape{g.N, g.C, g.H, g.W} : Shape{g.N, g.C, g.oH, g.oW},
+                                  x.dtype());
+  detail::dispatch_floating(x.dtype(), "avg_pool2d", [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    const T* xp = std::as_const(x).data_ptr<T>();
+    T* op = out.data_ptr<T>();
+    for_planes(g, [&](int64_t in_off, int64_t out_off) {
+      if (adjoint) std::fill(op + in_off, op + in_off + g.H * g.W, T(0));
+      for (int64_t oh = 0; oh < g.oH; ++oh)
+        for (int64_t ow = 0; ow < g.oW; ++ow) {
+          const Window w = pool_window(g, oh, ow);
+          if (adjoint) {
+            const T v = T(xp[out_off + oh * g.oW + ow] / w.divisor);
+            for (int64_t h = w.h0; h < w.h1; ++h)
+              for (int64_t c = w.w0; c < w.w1; ++c) op[in_off + h * g.W + c] += v;
+          } else {
+            double s = 0;
+            for (int64_t h = w.h0; h < w.h1; ++h)
+              for (int64_t c = w.w0; c < w.w1; ++c) s += xp[in_off + h * g.W + c];
+            op[out_off + oh * g.oW + ow] = T(s / w.divisor);
+          }
+        }
+    });
+  });
+  return out;
+}
+
+Attrs pool_attrs(const PoolGeom& g) {
+  return {Shape{g.N, g.C, g.H, g.W}, Shape{g.oH, g.oW}, g.kernel, g.stride, g.padding, g.ceil_mode,
+          g.count_include_pad,       g.adaptive};
+}
+PoolGeom attrs_pool(const Attrs& a) {
+  PoolGeom g;
+  const Shape& in = attr_ints(a.at(0));
+  const Shape& out = attr_ints(a.at(1));
+  g.N = in[0];
+  g.C = in[1];
+  g.H = in[2];
+  g.W = in[3];
+  g.oH = out[0];
+  g.oW = out[1];
+  g.kernel = attr_ints(a.at(2));
+  g.stride = attr_ints(a.at(3));
+  g.padding = attr_ints(a.at(4));
+  g.ceil_mode = attr_bool(a.at(5));
+  g.count_include_pad = attr_bool(a.at(6));
+  g.adaptive = attr_bool(a.at(7));
+  return g;
+}
+
+Tensor avg_pool(const Tensor& x, const PoolGeom& g, bool adjoint);
+
+// Both directions of both average pools: the geometry (input and output sizes, the window rule)
+// is the attributes, so one op serves avg_pool2d, adaptive_avg_pool2d and their gradients.
+const std::vector<std::string> kPoolAttrNames{
+    "input_size", "output_size", "kernel_size",       "stride",
+    "padding",    "ceil_mode",   "count_include_pad", "adaptive"};
+const detail::OpDef& avg_pool_def = detail::register_op(
+    {"avg_pool2d", detail::OpKind::NN, 1, detail::DTypeRule::Same, false,
+     [](const Inputs& in, const Attrs& a) { return Inputs{avg_pool(in[0], attrs_pool(a), false)}; },
+     kPoolAttrNames});
+const detail::OpDef& avg_pool_backward_def = detail::register_op(
+    {"avg_pool2d_backward", detail::OpKind::NN, 1, detail::DTypeRule::Same, false,
+     [](const Inputs& in, const Attrs& a) { return Inputs{avg_pool(in[0], attrs_pool(a), true)}; },
+     kPoolAttrNames});
+
+Tensor avg_pool(const Tensor& x, const PoolGeom& g, bool adjoint) {
+  const Shape out_shape = adjoint ? Shape{g.N, g.C, g.H, g.W} : Shape{g.N, g.C, g.oH, g.oW};
+  Tensor out;
+  if (detail::should_record(x)) {
+    out = detail::lazy_record1(adjoint ? avg_pool_backward_def : avg_pool_def, {x}, pool_attrs(g),
+                               {out_shape, x.dtype()});
+  } else {
+    AutoGradMode kernel_only(false);
+    out = avg_pool_kernel(x, g, adjoint);
+  }
+  if (detail::needs_grad(x))
+    detail::record(adjoint ? "avg_pool2d_backward" : "avg_pool2d", {x}, {out}, {},
+                   [g, adjoint](const detail::BackwardContext& c) {
+                     return std::vector<Tensor>{avg_pool(c.grad(), g, !adjoint)};
+                   });
+  return out;
+}
+
+// An unbatched [C, H, W] input runs as a batch of one.
+template <typename F>
+Tensor batched(const Tensor& x, const F& f) {
+  if (x.defined() && x.dim() == 3) return f(x.unsqueeze(0)).squeeze(0);
+  return f(x);
+}
+
+// ------------------------------------------------------------------------------- normalization
+
+void check_channel_param(const char* op, const Tensor& p, const char* name, const Tensor& x) {
+  if (!p.defined()) return;
+  KILN_CHECK(p.dim() == 1 && p.size(0) == x.size(1), op, ": expected ", name, " of shape [",
+             x.size(1), "] (the input's channels), got ", describe(p), " for input ", describe(x));
+  KILN_CHECK(p.device() == x.device(), op, ": expected ", name, " on ", x.device().str(), ", got ",
+             p.device().str());
+}
+
+// p [C] viewed to broadcast over the channels of an input of rank `rank`.
+Tensor per_channel(const Tensor& p, int64_t rank) {
+  Shape s(static_cast<size_t>(rank), 1);
+  s[1] = p.size(0);
+  return p.reshape(s);
+}
+
+void check_norm_input(const char* op, const Tensor& x) {
+  detail::check_defined(x, op, "input");
+  KILN_CHECK(x.dim() >= 2, op, ": expected an input of at least 2 dims [N, C, ...], got ",
+             describe(x));
+  KILN_CHECK(x.is_floating_point(), op, ": expected a floating-point input, got ", describe(x));
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, const Shape& kernel_size,
+                                                   const Shape& stride, const Shape& padding,
+                                                   const Shape& dilation, bool ceil_mode) {
+  const char* op = "max_pool2d";
+  detail::check_defined(input, op, "input");
+  if (input.dim() == 3) {
+    auto [v, i] = max_pool2d_with_indices(input.unsqueeze(0), kernel_size, stride, padding,
+                                          dilation, ceil_mode);
+    return {v.squeeze(0), i.squeeze(0)};
+  }
+  const PoolGeom g = fixed_geom(op, input, kernel_size, stride, padding, dilation, ceil_mode, true);
+  Tensor values, indices;
+  if (detail::should_record(input)) {
+    auto out = detail::lazy_record(
+        max_pool_def, {input}, {g.kernel, g.stride, g.padding, g.dilation, ceil_mode},
+        {{{g.N, g.C, g.oH, g.oW}, input.dtype()}, {{g.N, g.C, g.oH, g.oW}, kInt64}});
+    values = out[0];
+    indices = out[1];
+  } else {
+    AutoGradMode kernel_only(false);
+    std::tie(values, indices) = max_pool_kernel(input, g);
+  }
+  if (detail::needs_grad(input))
+    detail::record("max_pool2d", {input}, {values}, {indices},
+                   [in_size = input.sizes()](const detail::BackwardContext& c) {
+                     return std::vector<Tensor>{max_pool2d_backward(c.grad(), c.saved(0), in_size)};
+                   });
+  return {values, indices};
+}
+
+Tensor max_pool2d(const Tensor& input, const Shape& kernel_size, const Shape& stride,
+                  const Shape& padding, const Shape& dilation, bool ceil_mode) {
+  return std::get<0>(
+      max_pool2d_with_indices(input, kernel_size, stride, padding, dilation, ceil_mode));
+}
+
+Tensor avg_pool2d(const Tensor& input, const Shape& kernel_size, const Shape& stride,
+                  const Shape& padding, bool ceil_mode, bool count_include_pad) {
+  return batched(input, [&](const Tensor& x) {
+    return avg_pool(x,
+                    fixed_geom("avg_pool2d", x, kernel_size, stride, padding, {1}, ceil_mode,
+                               count_include_pad),
+                    false);
+  });
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& input, const Shape& output_size) {
+  const char* op = "adaptive_avg_pool2d";
+  return batched(input, [&](const Tensor& x) {
+    check_pool_input(op, x);
+    const Shape out = spatial2(op, "output_size", output_size, 1);
+    PoolGeom g;
+    g.N = x.size(0);
+    g.C = x.size(1);
+    g.H = x.size(2);
+    g.W = x.size(3);
+    g.oH = out[0];
+    g.oW = out[1];
+    g.adaptive = true;
+    return avg_pool(x, g, false);
+  });
+}
+
+Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                  double eps) {
+  const char* op = "batch_norm";
+  check_norm_input(op, input);
+  check_channel_param(op, running_mean, "running_mean", input);
+  check_channel_param(op, running_var, "running_var", input);
+  check_channel_param(op, weight, "weight", input);
+  check_channel_param(op, bias, "bias", input);
+  KILN_CHECK(running_mean.defined() == running_var.defined(), op,
+             ": running_mean and running_var must be both given or both undefined");
+  std::vector<int64_t> dims{0};
+  for (int64_t d = 2; d < input.dim(); ++d) dims.push_back(d);
+  const int64_t count = input.numel() / std::max<int64_t>(1, input.size(1));
+  const int64_t rank = input.dim();
+  Tensor mu, var;
+  if (training || !running_mean.defined()) {
+    KILN_CHECK(count > 1, op, ": expected more than 1 value per channel when training, got input ",
+               describe(input));
+    mu = mean(input, dims, true);
+    var = kiln::var(input, dims, 0, true);
+    if (training && running_mean.defined()) {
+      NoGradGuard no_grad;
+      const double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
+      Tensor rm = running_mean, rv = running_var;  // handles: the buffers update in place
+      rm.mul_(1.0 - momentum).add_(mu.flatten() * momentum);
+      rv.mul_(1.0 - momentum).add_(var.flatten() * (momentum * unbias));
+    }
+  } else {
+    mu = per_channel(running_mean, rank);
+    var = per_channel(running_var, rank);
+  }
+  Tensor y = (input - mu) * rsqrt(var + eps);
+  if (weight.defined()) y = y * per_channel(weight, rank);
+  if (bias.defined()) y = y + per_channel(bias, rank);
+  return y;
+}
+
+Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  const char* op = "group_norm";
+  check_norm_input(op, input);
+  KILN_CHECK(num_groups > 0 && input.size(1) % num_groups == 0, op,
+             ": expected the input's channels to be divisible by num_groups (", num_groups,
+             "), got input ", describe(input));
+  check_channel_param(op, weight, "weight", input);
+  check_channel_param(op, bias, "bias", input);
+  const int64_t N = input.size(0);
+  const int64_t per_group = input.numel() / std::max<int64_t>(1, N * num_groups);
+  Tensor y = input;
+  if (input.numel() > 0) {
+    Tensor g = input.reshape({N, num_groups, per_group});
+    Tensor mu = mean(g, {2}, true);
+    y = ((g - mu) * rsqrt(kiln::var(g, {2}, 0, true) + eps)).reshape(input.sizes());
+  }
+  if (weight.defined()) y = y * per_channel(weight, input.dim());
+  if (bias.defined()) y = y + per_channel(bias, input.dim());
+  return y;
+}
+
+}  // namespace kiln
