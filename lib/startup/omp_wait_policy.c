@@ -6,7 +6,8 @@
  * spins each idle thread for about 300000 pause instructions (milliseconds on a Xeon) before it
  * sleeps. On a machine where another process is busy, a spinning thread holds a core that the
  * thread it waits for needs, and a training step ran 3 to 50 times slower than on one thread.
- * A short spin keeps the fast wake-up between back-to-back parallel loops and sleeps soon after.
+ * A short spin (libgomp's own choice when it knows it is oversubscribed) keeps a fast wake-up
+ * between back-to-back parallel loops and sleeps soon after.
  *
  * This constructor only works if it runs before libgomp's: it lives in a library of its own,
  * listed after libgomp among libkiln's dependencies, which glibc's loader initializes first (an
@@ -15,7 +16,7 @@
 #include <stdlib.h>
 
 /* Pause instructions an idle OpenMP thread spins before it sleeps (libgomp's default: 300000). */
-#define KILN_OMP_SPIN_COUNT "10000"
+#define KILN_OMP_SPIN_COUNT "1000"
 
 static const char* g_chosen = NULL; /* what this library set, if anything */
 

@@ -212,7 +212,7 @@ TEST_F(EnvInProcess, BadFlagsReadOnFirstUseRaiseAtTheOpThatReadsThem) {
 
 TEST_F(EnvInProcess, OpenMpThreadsSpinBrieflyUnlessTheUserChose) {
   const std::string out = run("OMP_DISPLAY_ENV=verbose");
-  EXPECT_NE(out.find("GOMP_SPINCOUNT = '10000'"), std::string::npos) << out;
+  EXPECT_NE(out.find("GOMP_SPINCOUNT = '1000'"), std::string::npos) << out;
   const std::string chosen = run("OMP_DISPLAY_ENV=verbose GOMP_SPINCOUNT=300000");
   EXPECT_NE(chosen.find("GOMP_SPINCOUNT = '300000'"), std::string::npos) << chosen;
 }
