@@ -65,7 +65,7 @@ ChildResult run_child(const std::string& env) {
   const std::string cmd =
       "KILN_CACHE_TEST_CHILD=1 KILN_LAZY=1 KILN_FUSE=1 KILN_MAX_PENDING=10000 " + env +
       // A watchdog: a child that hangs (on a FIFO, say) fails its test rather than hanging it.
-      " timeout -s KILL 120 '" + exe + "' --gtest_filter=KernelCacheChild.RunsThreeKernels 2>&1";
+      " timeout -s KILL 60 '" + exe + "' --gtest_filter=KernelCacheChild.RunsThreeKernels 2>&1";
   ChildResult r;
   FILE* pipe = popen(cmd.c_str(), "r");
   EXPECT_NE(pipe, nullptr);
