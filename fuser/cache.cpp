@@ -1,8 +1,12 @@
 // The on-disk kernel cache (see cache.h for the file format and the policies).
 #include "fuser/cache.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <atomic>
@@ -10,12 +14,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <mutex>
 #include <vector>
 
 #include "jit/log.h"
+#include "lib/env.h"
 
 namespace kiln::fuser {
 
@@ -40,6 +44,32 @@ std::string hex(XXH128_hash_t h) {
   return buf;
 }
 
+// The largest payload read back (a kernel's object code is kilobytes): a damaged size field
+// cannot make a read allocate the disk.
+constexpr uint64_t kMaxPayload = uint64_t{256} << 20;
+
+bool read_fully(int fd, char* out, uint64_t n) {
+  while (n > 0) {
+    const ssize_t got = ::read(fd, out, std::min<uint64_t>(n, uint64_t{1} << 30));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    out += got;
+    n -= static_cast<uint64_t>(got);
+  }
+  return true;
+}
+
+bool write_fully(int fd, const char* data, uint64_t n) {
+  while (n > 0) {
+    const ssize_t put = ::write(fd, data, std::min<uint64_t>(n, uint64_t{1} << 30));
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) return false;
+    data += put;
+    n -= static_cast<uint64_t>(put);
+  }
+  return true;
+}
+
 template <typename T>
 void put(std::string& s, T v) {
   s.append(reinterpret_cast<const char*>(&v), sizeof v);
@@ -58,9 +88,8 @@ DiskCache& DiskCache::instance() {
 }
 
 DiskCache::DiskCache() {
-  const char* off = std::getenv("KILN_CACHE");
-  if (off && std::string(off) == "0") return;
-  if (const char* d = std::getenv("KILN_CACHE_DIR"); d && *d) {
+  if (!detail::env_bool("KILN_CACHE")) return;
+  if (std::string d = detail::env_string("KILN_CACHE_DIR"); !d.empty()) {
     dir_ = d;
   } else if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) {
     dir_ = std::string(x) + "/kiln";
@@ -69,11 +98,10 @@ DiskCache::DiskCache() {
   } else {
     return;
   }
-  if (const char* m = std::getenv("KILN_CACHE_MAXSIZE"); m && *m)
-    max_bytes_ = std::strtoull(m, nullptr, 10);
+  max_bytes_ = static_cast<uint64_t>(detail::env_int("KILN_CACHE_MAXSIZE"));
   std::error_code ec;
   fs::create_directories(dir_, ec);
-  if (ec || access(dir_.c_str(), W_OK) != 0) {
+  if (ec || !fs::is_directory(dir_, ec) || access(dir_.c_str(), W_OK | X_OK) != 0) {
     disable("cannot write to " + dir_ + (ec ? " (" + ec.message() + ")" : ""));
     return;
   }
@@ -94,37 +122,71 @@ std::string DiskCache::path_of(const std::string& key) const {
 std::optional<std::string> DiskCache::load(const std::string& key, uint32_t kind) {
   if (!enabled_) return std::nullopt;
   const std::string path = path_of(key);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  in.close();
-  const XXH128_hash_t h = key_hash(key);
-  std::string why;
-  if (data.size() < kHeaderSize || std::memcmp(data.data(), kMagic, 8) != 0) {
-    why = "not a kernel file";
-  } else if (get<uint32_t>(data, 8) != kFormatVersion) {
-    why = "format version " + std::to_string(get<uint32_t>(data, 8));
-  } else if (get<uint32_t>(data, 12) != kind || get<uint64_t>(data, 16) != h.low64 ||
-             get<uint64_t>(data, 24) != h.high64) {
-    why = "another kernel's key";
-  } else if (get<uint64_t>(data, 32) != data.size() - kHeaderSize) {
-    why = "truncated";
-  } else if (get<uint64_t>(data, 40) !=
-             XXH3_64bits(data.data() + kHeaderSize, data.size() - kHeaderSize)) {
-    why = "checksum mismatch";
+  try {
+    std::string why;
+    std::optional<std::string> payload = read_entry(path, key, kind, why);
+    if (payload) {
+      g_hits.fetch_add(1);
+      jit::log("cache", "disk hit ", path);
+      return payload;
+    }
+    if (!why.empty()) reject(path, why);
+  } catch (const std::exception& e) {  // memory, say: the kernel is compiled instead
+    reject(path, e.what());
   }
-  if (!why.empty()) {
-    jit::log("cache", "deleting bad cache entry ", path, ": ", why);
-    std::error_code ec;
-    fs::remove(path, ec);
-    g_rejected.fetch_add(1);
+  return std::nullopt;
+}
+
+// Opens without following a link or waiting on a FIFO, checks the file's type and size against
+// its header before reading, and reads only the length the header gives. Returns the payload,
+// or nothing with `why` empty (no entry) or saying what is wrong with it.
+std::optional<std::string> DiskCache::read_entry(const std::string& path, const std::string& key,
+                                                 uint32_t kind, std::string& why) const {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno != ENOENT) why = std::string("cannot open: ") + std::strerror(errno);
     return std::nullopt;
   }
-  std::error_code ec;
-  fs::last_write_time(path, fs::file_time_type::clock::now(), ec);  // recently used
-  g_hits.fetch_add(1);
-  jit::log("cache", "disk hit ", path);
-  return data.substr(kHeaderSize);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return why = "cannot stat", std::nullopt;
+  if (!S_ISREG(st.st_mode)) return why = "not a regular file", std::nullopt;
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < kHeaderSize || size - kHeaderSize > std::min(max_bytes_, kMaxPayload))
+    return why = "size " + std::to_string(size) + " out of range", std::nullopt;
+  std::string header(kHeaderSize, '\0');
+  if (!read_fully(fd, header.data(), kHeaderSize)) return why = "unreadable", std::nullopt;
+  const XXH128_hash_t h = key_hash(key);
+  if (std::memcmp(header.data(), kMagic, 8) != 0) return why = "not a kernel file", std::nullopt;
+  if (get<uint32_t>(header, 8) != kFormatVersion)
+    return why = "format version " + std::to_string(get<uint32_t>(header, 8)), std::nullopt;
+  if (get<uint32_t>(header, 12) != kind || get<uint64_t>(header, 16) != h.low64 ||
+      get<uint64_t>(header, 24) != h.high64)
+    return why = "another kernel's key", std::nullopt;
+  const uint64_t length = get<uint64_t>(header, 32);
+  if (length != size - kHeaderSize)
+    return why = "header says " + std::to_string(length) + " payload bytes, file has " +
+                 std::to_string(size - kHeaderSize),
+           std::nullopt;
+  std::string payload(length, '\0');
+  if (!read_fully(fd, payload.data(), length)) return why = "truncated", std::nullopt;
+  if (get<uint64_t>(header, 40) != XXH3_64bits(payload.data(), payload.size()))
+    return why = "checksum mismatch", std::nullopt;
+  ::futimens(fd, nullptr);  // recently used, for the eviction order
+  return payload;
+}
+
+// Deletes a bad entry when it is a file or a link (never a directory or another kind of file,
+// which this cache did not make), and counts it.
+void DiskCache::reject(const std::string& path, const std::string& why) {
+  struct stat st {};
+  const bool ours = ::lstat(path.c_str(), &st) == 0 && (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode));
+  jit::log("cache", ours ? "deleting" : "skipping", " bad cache entry ", path, ": ", why);
+  if (ours) ::unlink(path.c_str());
+  g_rejected.fetch_add(1);
 }
 
 void DiskCache::store(const std::string& key, uint32_t kind, const std::string& payload) {
@@ -139,24 +201,11 @@ void DiskCache::store(const std::string& key, uint32_t kind, const std::string& 
   put<uint64_t>(data, XXH3_64bits(payload.data(), payload.size()));
   data += payload;
   const std::string path = path_of(key);
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
   std::lock_guard<std::mutex> lock(g_mutex);
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(data.data(), static_cast<std::streamsize>(data.size()));
-    out.close();
-    if (!out) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      disable("writing " + tmp + " failed");
-      return;
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    disable("renaming " + tmp + " failed");
+  try {
+    if (!write_entry(path, data)) return;
+  } catch (const std::exception& e) {
+    jit::log("cache", "not storing ", path, ": ", e.what());
     return;
   }
   g_writes.fetch_add(1);
@@ -165,6 +214,39 @@ void DiskCache::store(const std::string& key, uint32_t kind, const std::string& 
   constexpr int64_t kRescanWrites = 256;
   if (!scanned_ || bytes_estimate_ > max_bytes_ || ++writes_since_scan_ >= kRescanWrites)
     evict_to_cap();
+}
+
+// Writes a unique temporary file (mkstemp: created afresh, never through a link) and renames it
+// over the entry, so that readers see the old entry or the whole new one. False when it was not
+// stored: the directory failing turns the cache off; something in the entry's place that rename
+// cannot replace (a directory) only skips this entry.
+bool DiskCache::write_entry(const std::string& path, const std::string& data) {
+  std::string tmp = path + ".tmp.XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) {
+    disable("cannot create a file in " + dir_ + " (" + std::strerror(errno) + ")");
+    return false;
+  }
+  const bool written = write_fully(fd, data.data(), data.size());
+  const bool closed = ::close(fd) == 0;
+  if (!written || !closed) {
+    ::unlink(tmp.c_str());
+    disable("writing " + tmp + " failed");
+    return false;
+  }
+  ::chmod(tmp.c_str(),
+          0644);  // mkstemp's 0600 would hide entries from other users of a shared cache
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    if (err == EISDIR || err == ENOTEMPTY || err == EEXIST) {
+      jit::log("cache", "not storing ", path, ": a directory is in its place");
+      return false;
+    }
+    disable("renaming " + tmp + " failed (" + std::strerror(err) + ")");
+    return false;
+  }
+  return true;
 }
 
 void DiskCache::evict_to_cap() {
@@ -176,9 +258,12 @@ void DiskCache::evict_to_cap() {
   std::vector<Entry> entries;
   uint64_t total = 0;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir_, ec)) {
-    if (e.path().extension() != ".kernel") continue;
+  // Regular files only, their own size (a link is not followed), and an iteration that reports
+  // errors rather than throwing them.
+  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::directory_entry& e = *it;
     std::error_code fe;
+    if (e.path().extension() != ".kernel" || !e.is_regular_file(fe) || e.is_symlink(fe)) continue;
     const uint64_t size = e.file_size(fe);
     const auto time = e.last_write_time(fe);
     if (fe) continue;

@@ -5,13 +5,18 @@
 // target and CPU features, LLVM and kiln versions), laid out as
 //   magic "KILNKERN" | format version (u32) | payload kind (u32) | key hash (16 bytes)
 //   | payload size (u64) | XXH3-64 of the payload (u64) | payload
-// Files are written to a temporary name and renamed, so readers never see half a file. A file
-// whose header, size or checksum does not match is deleted and the kernel recompiled: nothing
-// from the cache runs unchecked. The directory is capped at KILN_CACHE_MAXSIZE bytes (default
-// 1 GiB) by deleting the least recently used files; a hit refreshes a file's time. An unwritable
-// directory turns the disk cache off with one warning.
+// Files are written to a temporary name and renamed, so readers never see half a file. An entry
+// is opened without following links or blocking (a FIFO), must be a regular file whose size is
+// what its header says (and within the cap) before anything is read, and is read only up to that
+// length. A file whose header, size or checksum does not match is deleted (a link too; a
+// directory or FIFO in its place is skipped) and the kernel recompiled: nothing from the cache
+// runs unchecked, and no entry throws or hangs. The directory is capped at KILN_CACHE_MAXSIZE bytes
+// (default 1 GiB; a size such as 512M) by deleting the least recently used files; a hit refreshes a
+// file's time. A directory that is unwritable, a file or a link loop turns the disk cache off with
+// one warning.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -38,11 +43,15 @@ class DiskCache {
  private:
   DiskCache();
   std::string path_of(const std::string& key) const;
+  std::optional<std::string> read_entry(const std::string& path, const std::string& key,
+                                        uint32_t kind, std::string& why) const;
+  void reject(const std::string& path, const std::string& why);
+  bool write_entry(const std::string& path, const std::string& data);
   void disable(const std::string& why);
   // Counts the directory's entries, and removes the least recently written ones past the cap.
   void evict_to_cap();
 
-  bool enabled_ = false;
+  std::atomic<bool> enabled_{false};  // read by lookups without the write mutex
   std::string dir_;
   uint64_t max_bytes_ = uint64_t{1} << 30;
   // The directory's size as of the last scan plus this process's writes since (under the write

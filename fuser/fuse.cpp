@@ -22,6 +22,7 @@
 #include "jit/executor.h"
 #include "jit/log.h"
 #include "kiln/error.h"
+#include "lib/env.h"
 #include "lib/op_table.h"
 #include "lib/tensor_impl.h"
 
@@ -195,8 +196,7 @@ std::atomic<int> g_fusion{-1};  // -1: not read from KILN_FUSE yet
 bool fusion_enabled() {
   int v = g_fusion.load(std::memory_order_relaxed);
   if (v < 0) {
-    const char* env = std::getenv("KILN_FUSE");
-    v = env && std::string(env) == "0" ? 0 : 1;
+    v = detail::env_bool("KILN_FUSE") ? 1 : 0;
     g_fusion.store(v, std::memory_order_relaxed);
   }
   return v == 1;

@@ -17,6 +17,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "kiln/error.h"
+#include "lib/env.h"
 
 namespace kiln::jit {
 
@@ -32,9 +33,8 @@ struct DumpState {
   bool made_dirs = false;  // under mu: dir and dir/kernels exist
 
   DumpState() {
-    const char* env = std::getenv("KILN_DUMP");
-    if (env && *env) {
-      dir = env;
+    dir = detail::env_string("KILN_DUMP");
+    if (!dir.empty()) {
       on.store(true, std::memory_order_relaxed);
     }
   }

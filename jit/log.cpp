@@ -5,6 +5,9 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "absl/strings/str_join.h"
+#include "lib/env.h"
+
 namespace kiln::jit {
 
 namespace {
@@ -32,8 +35,7 @@ bool log_enabled(const char* topic) {
   if (g_any.load(std::memory_order_relaxed) == 0) return false;
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_loaded) {
-    const char* env = std::getenv("KILN_LOG");
-    store_topics(env ? env : "");
+    store_topics(absl::StrJoin(detail::env_list("KILN_LOG"), ","));
   }
   if (g_topics.size() <= 2) return false;
   return g_topics.find(",all,") != std::string::npos ||

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kiln/error.h"
+#include "lib/env.h"
 
 namespace kiln::detail {
 
@@ -28,9 +29,7 @@ size_t round_large(size_t n) {
 
 size_t cache_limit() {
   static const size_t limit = [] {
-    const char* env = std::getenv("KILN_CPU_CACHE_MB");
-    long mb = env ? std::atol(env) : 1024;
-    return static_cast<size_t>(mb < 0 ? 0 : mb) << 20;
+    return static_cast<size_t>(env_int("KILN_CPU_CACHE_MB", OnBad::Warn)) << 20;
   }();
   return limit;
 }

@@ -13,6 +13,7 @@
 #include "kiln/device.h"
 #include "kiln/error.h"
 #include "lib/cuda_driver.h"
+#include "lib/env.h"
 
 #ifdef KILN_HAS_CUDA
 #include <cublas_v2.h>
@@ -20,10 +21,8 @@
 
 namespace kiln {
 namespace {
-std::atomic<bool> g_allow_tf32{[] {
-  const char* v = std::getenv("KILN_ALLOW_TF32");
-  return v && std::string(v) == "1";
-}()};
+std::atomic<bool> g_allow_tf32{
+    [] { return detail::env_bool("KILN_ALLOW_TF32", detail::OnBad::Warn); }()};
 }  // namespace
 
 void cuda::set_allow_tf32(bool allow) {

@@ -10,31 +10,16 @@
 #include <absl/container/flat_hash_set.h>
 
 #include "kiln/error.h"
+#include "lib/env.h"
 #include "lib/pool.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln::detail {
 
 namespace {
-bool env_flag(const char* name, bool fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  std::string s(v);
-  return !(s == "0" || s == "false" || s == "off" || s == "no");
-}
-
-int64_t env_int(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  long long n = std::strtoll(v, &end, 10);
-  KILN_CHECK(end && *end == '\0' && n > 0, name, " must be a positive integer, got '", v, "'");
-  return n;
-}
-
 // Constant-initialized, initial-exec thread-locals: every op reads them, and a dynamic initializer
 // or the general TLS model would put a call on that path.
-const bool g_default_lazy = env_flag("KILN_LAZY", true);
+const bool g_default_lazy = env_bool("KILN_LAZY", OnBad::Warn);
 #define KILN_FAST_TLS __attribute__((tls_model("initial-exec"))) thread_local
 KILN_FAST_TLS signed char t_lazy = -1;  // -1: not yet set on this thread (KILN_LAZY decides)
 KILN_FAST_TLS TraceState* t_trace = nullptr;
@@ -50,7 +35,7 @@ KILN_FAST_TLS const char* t_reason = "";
 KILN_FAST_TLS const char* t_cause = nullptr;         // the MaterializeCause in scope
 KILN_FAST_TLS const char* t_reason_cause = nullptr;  // t_cause when the evaluator was called
 
-std::atomic<int64_t> g_max_pending{env_int("KILN_MAX_PENDING", 10000)};
+std::atomic<int64_t> g_max_pending{env_int("KILN_MAX_PENDING", OnBad::Warn)};
 Evaluator g_evaluator = nullptr;
 
 KILN_FAST_TLS int t_inferring = 0;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kiln/error.h"
+#include "lib/env.h"
 
 namespace kiln::detail {
 
@@ -223,9 +224,9 @@ void at_exit() {
 }
 
 const bool kFromEnvironment = [] {
-  const char* env = std::getenv("KILN_PROFILE");
-  if (!env || !*env || std::string(env) == "0") return false;
-  if (std::string(env) == "1")
+  const std::string env = detail::env_string("KILN_PROFILE", detail::OnBad::Warn);
+  if (env.empty()) return false;
+  if (env == "1")
     g_print_at_exit = true;
   else
     exit_trace_path() = env;

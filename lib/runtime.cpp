@@ -4,7 +4,10 @@
 #include <cmath>
 
 #include "kiln/ops.h"
+#include "lib/env.h"
 #include "lib/tensor_impl.h"
+
+extern "C" const char* kiln_omp_spin_count(void);  // lib/startup/omp_wait_policy.c
 
 namespace kiln {
 
@@ -15,6 +18,10 @@ void set_num_threads(int n) {
 
 int get_num_threads() {
   return omp_get_max_threads();
+}
+
+const char* detail::omp_spin_count() {
+  return kiln_omp_spin_count();
 }
 
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool equal_nan) {

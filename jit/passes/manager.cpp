@@ -13,6 +13,7 @@
 #include "jit/dump.h"
 #include "jit/log.h"
 #include "kiln/error.h"
+#include "lib/env.h"
 #include "lib/profiler.h"
 
 namespace kiln::jit {
@@ -55,31 +56,15 @@ std::vector<std::string> pass_names() {
   return names;
 }
 
-std::vector<std::string> parse_list(const char* text) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (const char* c = text;; ++c) {
-    if (*c == ',' || *c == '\0') {
-      size_t b = cur.find_first_not_of(" \t");
-      size_t e = cur.find_last_not_of(" \t");
-      if (b != std::string::npos) out.push_back(cur.substr(b, e - b + 1));
-      cur.clear();
-      if (*c == '\0') break;
-    } else {
-      cur += *c;
-    }
-  }
-  return out;
+// What KILN_DISABLE_PASSES accepts.
+std::vector<std::string> names_and_all() {
+  std::vector<std::string> names = pass_names();
+  names.emplace_back("all");
+  return names;
 }
 
 bool env_verify_default() {
-  const char* v = std::getenv("KILN_VERIFY");
-  if (v && *v) return std::string(v) != "0";
-#ifdef NDEBUG
-  return false;
-#else
-  return true;
-#endif
+  return detail::env_bool("KILN_VERIFY");  // the default follows the build (NDEBUG: off)
 }
 
 struct ManagerState {
@@ -89,14 +74,7 @@ struct ManagerState {
   std::vector<PassProfileEntry> profile;  // one per pass name, in pass order
 
   ManagerState() : verify(env_verify_default()) {
-    if (const char* env = std::getenv("KILN_DISABLE_PASSES")) {
-      for (std::string& name : parse_list(env)) {
-        if (name != "all" && !known_pass(name))
-          std::cerr << "kiln: KILN_DISABLE_PASSES names no pass '" << name
-                    << "' (passes: " << absl::StrJoin(pass_names(), ", ") << ", all)\n";
-        disabled.push_back(std::move(name));
-      }
-    }
+    disabled = detail::env_list("KILN_DISABLE_PASSES", detail::OnBad::Throw, names_and_all());
     for (const std::string& name : pass_names()) {
       profile.emplace_back();
       profile.back().pass = name;

@@ -30,6 +30,7 @@
 // In lazy mode each op records one node once its checks and output shape are done; the node runs
 // the op itself (a library call, like a GEMM). CUDA is not supported yet: the ops raise.
 #include "lib/ops/conv.h"
+#include "lib/env.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -453,21 +454,18 @@ thread_local ConvAlgo t_last_algo = ConvAlgo::Auto;
 ConvAlgo forced_algo() {
   const int f = chooser().forced.load(std::memory_order_relaxed);
   if (f >= 0) return static_cast<ConvAlgo>(f);
-  const char* env = std::getenv("KILN_CONV_ALGO");
-  const std::string v = env ? env : "";
-  if (v.empty() || v == "auto") return ConvAlgo::Auto;
-  if (v == "im2col") return ConvAlgo::Gemm;
-  if (v == "onednn") return ConvAlgo::OneDNN;
-  KILN_FAIL("KILN_CONV_ALGO: unknown algorithm '", v, "' (accepted: auto, im2col, onednn)");
+  const std::vector<std::string> v = detail::env_list("KILN_CONV_ALGO");
+  KILN_CHECK(v.size() <= 1, "KILN_CONV_ALGO: expected one algorithm (auto, im2col, onednn)");
+  if (v.empty() || v[0] == "auto") return ConvAlgo::Auto;
+  return v[0] == "im2col" ? ConvAlgo::Gemm : ConvAlgo::OneDNN;
 }
 
 // KILN_LOG names conv or all. lib/ cannot use the JIT's logger (jit/log.h), so the variable is read
 // here the same way, on each choice.
 bool log_conv() {
-  const char* env = std::getenv("KILN_LOG");
-  if (!env) return false;
-  const std::string topics = "," + std::string(env) + ",";
-  return topics.find(",conv,") != std::string::npos || topics.find(",all,") != std::string::npos;
+  for (const std::string& topic : detail::env_list("KILN_LOG"))
+    if (topic == "conv" || topic == "all") return true;
+  return false;
 }
 
 std::string problem_str(Pass p, const ConvGeom& g, DType dt) {

@@ -1,6 +1,8 @@
 // The on-disk kernel cache, across processes: the test binary runs itself as a child program
 // (three fused kernels) against one cache directory and reads back what the child compiled.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,12 +11,16 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "fuser/cache.h"
 #include "kiln/jit.h"
 #include "kiln/kiln.h"
 #include "tests/testing.h"
@@ -57,8 +63,9 @@ ChildResult run_child(const std::string& env) {
   // The child fuses whatever mode the suite runs in (KILN_LAZY=0 and small KILN_MAX_PENDING
   // runs included): its three programs must each be one kernel.
   const std::string cmd =
-      "KILN_CACHE_TEST_CHILD=1 KILN_LAZY=1 KILN_FUSE=1 KILN_MAX_PENDING=10000 " + env + " '" + exe +
-      "' --gtest_filter=KernelCacheChild.RunsThreeKernels 2>&1";
+      "KILN_CACHE_TEST_CHILD=1 KILN_LAZY=1 KILN_FUSE=1 KILN_MAX_PENDING=10000 " + env +
+      // A watchdog: a child that hangs (on a FIFO, say) fails its test rather than hanging it.
+      " timeout -s KILL 60 '" + exe + "' --gtest_filter=KernelCacheChild.RunsThreeKernels 2>&1";
   ChildResult r;
   FILE* pipe = popen(cmd.c_str(), "r");
   EXPECT_NE(pipe, nullptr);
@@ -196,6 +203,104 @@ TEST_F(KernelCache, AWellFormedEntryThatDoesNotLinkIsRecompiledAndReplaced) {
     EXPECT_EQ(again.compiled, 0) << what << ": the recompiled entries were not stored";
     EXPECT_EQ(again.disk, 3) << what;
   }
+}
+
+// Things in an entry's place that are not kernel files: read without hanging (a FIFO), without
+// reading forever (a link to /dev/zero) and without throwing (a directory); each is recompiled, a
+// link or a file replaced by a good entry, a directory left alone.
+TEST_F(KernelCache, OddEntriesNeitherHangNorThrowAndAreRecompiled) {
+  const ChildResult reference = run_child(env());
+  ASSERT_EQ(entries().size(), 3u);
+  auto header_longer_than_file = [](const fs::path& p) {
+    std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+    const uint64_t size = fs::file_size(p) + 100;  // the payload size field
+    f.seekp(32);
+    f.write(reinterpret_cast<const char*>(&size), 8);
+  };
+  const std::vector<std::tuple<std::string, std::function<void(const fs::path&)>, bool>> odd = {
+      {"a directory", [](const fs::path& p) { fs::remove(p), fs::create_directory(p); }, false},
+      {"a FIFO", [](const fs::path& p) { fs::remove(p), mkfifo(p.c_str(), 0644); }, true},
+      {"a link to /dev/zero",
+       [](const fs::path& p) { fs::remove(p), fs::create_symlink("/dev/zero", p); }, true},
+      {"a header longer than the file", header_longer_than_file, true},
+  };
+  for (const auto& [what, make, replaced] : odd) {
+    fs::remove_all(dir_);
+    run_child(env());
+    const std::vector<fs::path> paths = entries();
+    ASSERT_EQ(paths.size(), 3u) << what;
+    for (const fs::path& p : paths) make(p);
+    ChildResult r = run_child(env());
+    EXPECT_EQ(r.compiled, 3) << what << "\n" << r.output;
+    EXPECT_EQ(r.disk, 0) << what;
+    EXPECT_EQ(r.digest, reference.digest) << what;
+    for (const fs::path& p : paths)
+      EXPECT_EQ(fs::is_regular_file(fs::symlink_status(p)), replaced) << what << ": " << p;
+    ChildResult again = run_child(env());
+    EXPECT_EQ(again.compiled, replaced ? 0 : 3) << what << "\n" << again.output;
+    EXPECT_EQ(again.digest, reference.digest) << what;
+  }
+}
+
+TEST_F(KernelCache, ADirectoryThatIsAFileOrALinkLoopKeepsKernelsInMemoryWithOneWarning) {
+  fs::create_directories(dir_);
+  std::ofstream(dir_ / "file") << "x";
+  fs::create_symlink(dir_ / "loop", dir_ / "loop");
+  for (const std::string bad : {"file", "loop", "loop/cache"}) {
+    ChildResult r = run_child("KILN_CACHE_DIR='" + (dir_ / bad).string() + "'");
+    EXPECT_EQ(r.compiled, 3) << bad << "\n" << r.output;
+    size_t warnings = 0;
+    for (size_t at = 0;
+         (at = r.output.find("kernel cache directory is unusable", at)) != std::string::npos; ++at)
+      ++warnings;
+    EXPECT_EQ(warnings, 1u) << bad << "\n" << r.output;
+  }
+}
+
+TEST_F(KernelCache, TwoProcessesWritingTheSameKernelsAtOnceLeaveGoodEntries) {
+  const ChildResult reference = run_child(env());
+  fs::remove_all(dir_);
+  std::vector<ChildResult> racers(2);
+  std::vector<std::thread> threads;
+  for (ChildResult& r : racers) threads.emplace_back([&] { r = run_child(env()); });
+  for (std::thread& t : threads) t.join();
+  for (const ChildResult& r : racers) EXPECT_EQ(r.digest, reference.digest) << r.output;
+  ChildResult after = run_child(env());
+  EXPECT_EQ(after.disk, 3) << after.output;
+  EXPECT_EQ(after.digest, reference.digest);
+}
+
+// Stores and loads of one key, from two threads and then two processes at once: every load
+// sees nothing or the whole payload that was stored, never a mixture or a partial file.
+TEST(DiskCacheRaces, ConcurrentWritersOfOneKeyNeverExposeAPartialEntry) {
+  fuser::DiskCache& cache = fuser::DiskCache::instance();
+  if (!cache.enabled()) GTEST_SKIP() << "no disk cache in this environment";
+  const std::string key = "race test key " + std::to_string(getpid());
+  const std::string payload(20000, 'k');
+  auto hammer = [&](int rounds) {
+    int bad = 0;
+    for (int i = 0; i < rounds; ++i) {
+      cache.store(key, fuser::kCpuObject, payload);
+      std::optional<std::string> got = cache.load(key, fuser::kCpuObject);
+      bad += got && *got != payload;
+    }
+    return bad;
+  };
+  int bad_threads[2] = {0, 0};
+  std::thread a([&] { bad_threads[0] = hammer(200); }), b([&] { bad_threads[1] = hammer(200); });
+  a.join();
+  b.join();
+  EXPECT_EQ(bad_threads[0] + bad_threads[1], 0);
+  pid_t children[2];
+  for (pid_t& c : children)
+    if ((c = fork()) == 0) _exit(hammer(200) == 0 ? 0 : 1);
+  for (pid_t c : children) {
+    int status = 0;
+    ASSERT_EQ(waitpid(c, &status, 0), c);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a process read a bad entry";
+  }
+  EXPECT_EQ(cache.load(key, fuser::kCpuObject), payload);
+  EXPECT_EQ(fuser::disk_cache_stats().rejected, 0) << "a concurrent write was seen half-done";
 }
 
 TEST_F(KernelCache, TheMemoryCacheCapacityComesFromTheEnvironment) {

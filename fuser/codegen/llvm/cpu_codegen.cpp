@@ -38,6 +38,7 @@
 #include "jit/dump.h"
 #include "jit/log.h"
 #include "kiln/error.h"
+#include "lib/env.h"
 #include "lib/fastmath.h"
 #include "lib/profiler.h"
 #include "llvm/Config/llvm-config.h"
@@ -135,15 +136,7 @@ std::string columns_name(const std::string& name) {
 }
 
 size_t capacity_from_env() {
-  const char* v = std::getenv("KILN_KERNEL_CACHE_MAX");
-  if (!v || !*v) return kDefaultKernelCacheCapacity;
-  char* end = nullptr;
-  const long long n = std::strtoll(v, &end, 10);
-  if (*end != '\0' || n < 0) {
-    std::fprintf(stderr, "kiln: ignoring KILN_KERNEL_CACHE_MAX=%s (not a count of kernels)\n", v);
-    return kDefaultKernelCacheCapacity;
-  }
-  return static_cast<size_t>(n);
+  return static_cast<size_t>(detail::env_int("KILN_KERNEL_CACHE_MAX"));
 }
 
 class CpuJit {

@@ -19,9 +19,9 @@ struct CompileStats {
   double compile_seconds = 0;
 };
 
-// The in-memory cache keeps this many kernels (KILN_KERNEL_CACHE_MAX overrides it), evicting the
-// least recently used. An evicted kernel's code stays loaded while a CompiledKernel of it lives.
-constexpr size_t kDefaultKernelCacheCapacity = 4096;
+// The in-memory cache keeps KILN_KERNEL_CACHE_MAX kernels (default in lib/env.cpp: 4096), evicting
+// the least recently used. An evicted kernel's code stays loaded while a CompiledKernel of it
+// lives.
 
 // The machine code for (kernel, layout): found in the cache, or generated and compiled now.
 // Thread-safe; lookups run beside a compilation, compilations are serialized.
