@@ -111,6 +111,18 @@ TEST(Overflow, ViewsRejectShapesWhoseSizeOverflows) {
       {"split", "split sizes", "large"});
 }
 
+TEST(Overflow, ResultsWhoseBytesOverflowAreRejected) {
+  // 2^62 float64 elements: the count fits, the bytes (2^65) do not.
+  Tensor many = ones({1}, kFloat64).expand({int64_t{1} << 62});
+  {
+    LazyGuard on(true);  // the pending result's storage size
+    expect_error([&] { add(many, 1.0); }, {"add", "[4611686018427387904]", "float64", "bytes"});
+  }
+  LazyGuard off(false);
+  expect_error([&] { add(many, 1.0); }, {"[4611686018427387904]", "float64", "bytes"});
+  expect_error([&] { many.contiguous(); }, {"[4611686018427387904]", "bytes"});
+}
+
 TEST(Overflow, AsStridedChecksItsExtentAgainstTheStorage) {
   Tensor t = arange(4);
   // The last element (1 * INT64_MAX + 1) once wrapped negative and passed the storage check.
