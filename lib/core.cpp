@@ -124,13 +124,10 @@ int64_t checked_last_element(const Shape& sizes, const Shape& strides, int64_t o
                              const char* op) {
   int64_t last = offset;
   for (size_t i = 0; i < sizes.size(); ++i) {
-    auto context = [&] {
-      return str_cat(op, ": sizes ", shape_str(sizes), " with strides ", shape_str(strides),
-                     " and offset ", offset);
-    };
     int64_t step;
     KILN_CHECK(!mul_overflows(sizes[i] - 1, strides[i], &step) && !add_overflows(last, step, &last),
-               context(), " reach past the 64-bit element range");
+               op, ": sizes ", shape_str(sizes), " with strides ", shape_str(strides),
+               " and offset ", offset, " reach past the 64-bit element range");
   }
   return last;
 }
