@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -64,10 +65,11 @@ void* system_alloc(size_t alignment, size_t size) {
   KILN_CHECK(p != nullptr, "out of memory: failed to allocate ", size, " bytes");
   return p;
 }
-}  // namespace
 
-void* cpu_alloc(size_t nbytes) {
-  note_alloc(nbytes);
+void* alloc_uncounted(size_t nbytes) {
+  // No object may exceed PTRDIFF_MAX bytes (and the rounding below must not wrap).
+  KILN_CHECK(nbytes <= static_cast<size_t>(PTRDIFF_MAX), "out of memory: ", nbytes,
+             " bytes is more than one allocation can hold");
   if (nbytes < kLargeBlock)
     return system_alloc(64, (nbytes + 63) / 64 * 64 + (nbytes == 0 ? 64 : 0));
   size_t size = round_large(nbytes);
@@ -84,6 +86,13 @@ void* cpu_alloc(size_t nbytes) {
   }
   void* p = system_alloc(kHugePage, size);
   madvise(p, size, MADV_HUGEPAGE);  // advisory: fewer page faults and TLB misses where THP is on
+  return p;
+}
+}  // namespace
+
+void* cpu_alloc(size_t nbytes) {
+  void* p = alloc_uncounted(nbytes);
+  note_alloc(nbytes);  // after success: a failed request leaves the count unchanged
   return p;
 }
 

@@ -18,6 +18,7 @@ namespace detail {
 namespace {
 __attribute__((tls_model("initial-exec"))) thread_local bool t_grad_mode = true;
 std::atomic<uint64_t> g_next_sequence_nr{0};
+std::atomic<int64_t> g_live_nodes{0};
 
 // Nodes whose last owner went away, waiting to be destroyed by the outermost ~Node (see there).
 thread_local std::vector<std::shared_ptr<Node>> t_release_stack;
@@ -70,17 +71,20 @@ struct FormulaNode final : Node {
   std::vector<SavedTensor> saved;
 };
 
-// The sink for a leaf's gradient: accumulates into leaf.grad().
+// The sink for a leaf's gradient: accumulates into leaf.grad(). It holds the leaf weakly: a .grad
+// computed with create_graph has a history that leads back here, and a strong reference would
+// make leaf -> .grad -> its nodes -> this node -> leaf a cycle that is never freed. A leaf that
+// is gone has no .grad anyone could read.
 struct AccumulateGrad final : Node {
-  explicit AccumulateGrad(std::shared_ptr<TensorImpl> l)
-      : Node("AccumulateGrad"), leaf(std::move(l)) {
+  explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& l) : Node("AccumulateGrad"), leaf(l) {
     sequence_nr = std::numeric_limits<uint64_t>::max();  // run as soon as ready
   }
   bool is_accumulator() const override { return true; }
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grads, const std::vector<bool>&) override {
     Tensor g = std::move(grads[0]);
-    if (!g.defined()) return {};
+    std::shared_ptr<TensorImpl> leaf = this->leaf.lock();
+    if (!g.defined() || !leaf) return {};
     AutogradMeta& m = *leaf->autograd;
     if (TraceState* trace = trace_state()) {
       // The traced function's replays assign .grad again; the trace restores it when done.
@@ -101,7 +105,7 @@ struct AccumulateGrad final : Node {
     return {};
   }
 
-  std::shared_ptr<TensorImpl> leaf;
+  std::weak_ptr<TensorImpl> leaf;
 };
 
 struct Geometry {
@@ -177,9 +181,12 @@ std::shared_ptr<Node> grad_accumulator(const Tensor& leaf) {
 
 // ------------------------------------------------------------------------------------ nodes
 
-Node::Node(std::string n) : name(std::move(n)), sequence_nr(g_next_sequence_nr++) {}
+Node::Node(std::string n) : name(std::move(n)), sequence_nr(g_next_sequence_nr++) {
+  g_live_nodes.fetch_add(1, std::memory_order_relaxed);
+}
 
 Node::~Node() {
+  g_live_nodes.fetch_sub(1, std::memory_order_relaxed);
   for (Edge& e : next_edges) defer_release(std::move(e.node));
   if (t_releasing) return;
   t_releasing = true;
@@ -198,8 +205,15 @@ SavedTensor::SavedTensor(const Tensor& t, bool is_output) {
   version_ = version_of(t);
   AutogradMeta* m = autograd_meta(t);
   if (!is_output && (!m || !m->grad_fn)) {
-    is_leaf_ = true;  // a leaf or a constant: no history to cut, keep the tensor itself
-    data_ = t;
+    is_leaf_ = true;  // a leaf or a constant: no history to cut
+    if (m && m->requires_grad) {
+      // A leaf is held through its accumulator, weakly: a graph made by backward(create_graph)
+      // is the leaf's own .grad history, and holding the leaf from it would be a cycle.
+      data_ = alias(t);
+      grad_fn_ = grad_accumulator(t);
+    } else {
+      data_ = t;
+    }
     return;
   }
   data_ = alias(t);
@@ -223,7 +237,13 @@ Tensor SavedTensor::unpack(const std::shared_ptr<Node>& owner, const std::string
              "modified by an in-place operation: ", describe(data_), ", saved by ", op,
              ", is at version ", now, "; expected version ", version_,
              " instead. Use an out-of-place op (or clone() it) before modifying it.");
-  if (is_leaf_) return data_;
+  if (is_leaf_) {
+    if (!grad_fn_) return data_;
+    // The leaf itself while it lives (its gradient flows to it); once it is gone nobody can read
+    // its gradient, and its values remain.
+    std::shared_ptr<TensorImpl> leaf = static_cast<const AccumulateGrad&>(*grad_fn_).leaf.lock();
+    return leaf ? Tensor(std::move(leaf)) : data_;
+  }
   Tensor out = alias(data_);
   std::shared_ptr<Node> fn = is_output_ ? (output_differentiable_ ? owner : nullptr) : grad_fn_;
   if (fn) {
@@ -238,6 +258,10 @@ void SavedTensor::release() {
   data_ = Tensor();
   defer_release(std::move(grad_fn_));
   released_ = true;
+}
+
+int64_t live_autograd_nodes() {
+  return g_live_nodes.load(std::memory_order_relaxed);
 }
 
 // ------------------------------------------------------------------------------- per tensor
@@ -471,6 +495,20 @@ void accumulate(Tensor& slot, Tensor g) {
   slot = slot.defined() ? add(slot, g) : std::move(g);
 }
 
+// Computes the .grad values that a backward pass with create_graph left pending in lazy mode. A
+// pending value's node holds its inputs, the leaf among them, and the leaf holds its .grad: left
+// pending, leaf, .grad and the values its history saved would form a cycle that is never freed.
+// Computing .grad computes every value its history saved (they are its inputs, transitively), and
+// computed nodes let go of their inputs. Inside a trace, .grad is restored when the trace ends.
+void compute_leaf_gradients(const std::vector<std::shared_ptr<Node>>& accumulators) {
+  if (trace_mode()) return;
+  std::vector<Tensor> grads;
+  for (const auto& node : accumulators)
+    if (auto leaf = static_cast<const AccumulateGrad&>(*node).leaf.lock())
+      if (is_pending(leaf->autograd->grad)) grads.push_back(leaf->autograd->grad);
+  if (!grads.empty()) materialize(grads, "backward with create_graph");
+}
+
 struct ReadyOrder {
   bool operator()(const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) const {
     return a->sequence_nr < b->sequence_nr;  // latest created first
@@ -573,6 +611,7 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& outputs,
     if (deps[r.node.get()] == 0 && started.insert(r.node.get()).second) ready.push(r.node);
 
   std::vector<Tensor> captured(inputs ? inputs->size() : 0);
+  std::vector<std::shared_ptr<Node>> accumulated;  // the leaves' sinks that ran (create_graph)
   while (!ready.empty()) {
     std::shared_ptr<Node> node = ready.top();
     ready.pop();
@@ -603,6 +642,7 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& outputs,
       for (size_t i = 0; i < needs.size(); ++i)
         needs[i] = node->next_edges[i].valid() && is_needed(node->next_edges[i].node.get());
       results = node->apply(std::move(grads), needs);
+      if (create_graph && node->is_accumulator()) accumulated.push_back(node);
       KILN_CHECK(node->is_accumulator() || results.size() == node->next_edges.size(),
                  "autograd: the gradient formula of ", node->name, " returned ", results.size(),
                  " gradients for ", node->next_edges.size(), " inputs");
@@ -619,6 +659,7 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& outputs,
     }
   }
 
+  if (!accumulated.empty()) compute_leaf_gradients(accumulated);
   if (!inputs) return {};
   for (size_t i = 0; i < captured.size(); ++i) {
     if (captured[i].defined()) continue;

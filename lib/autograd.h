@@ -102,6 +102,8 @@ class BackwardContext {
 using GradFormula = std::function<std::vector<Tensor>(const BackwardContext&)>;
 
 bool grad_mode();
+// Autograd nodes alive in the process (a leak check for graphs that must be freed).
+int64_t live_autograd_nodes();
 AutogradMeta* autograd_meta(const Tensor& t);  // null when the tensor never took part
 AutogradMeta& ensure_autograd_meta(const Tensor& t);
 bool requires_grad(const Tensor& t);

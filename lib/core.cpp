@@ -7,6 +7,7 @@
 #include "lib/autograd.h"
 #include "lib/cuda_driver.h"
 #include "lib/cuda_tensor.h"
+#include "lib/int_math.h"
 #include "lib/pool.h"
 #include "lib/tensor_impl.h"
 
@@ -96,8 +97,39 @@ int64_t TensorImpl::numel() const {
 
 int64_t shape_numel(const Shape& sizes) {
   int64_t n = 1;
-  for (int64_t s : sizes) n *= s;
+  for (int64_t s : sizes) n = checked_mul(n, s, "numel: the shape ", shape_str(sizes));
   return n;
+}
+
+int64_t checked_numel(const Shape& sizes, const char* op) {
+  int64_t numel = 1, extent = 1;
+  for (int64_t s : sizes) {
+    KILN_CHECK(s >= 0, op, ": negative dimension ", s, " in shape ", shape_str(sizes));
+    extent = checked_mul(extent, std::max<int64_t>(s, 1), op, ": the shape ", shape_str(sizes));
+    numel = s == 0 ? 0 : numel * s;  // numel <= extent: no overflow
+  }
+  return numel;
+}
+
+size_t checked_nbytes(int64_t numel, DType dtype, const char* op, const Shape& shape) {
+  // PTRDIFF_MAX bounds every object (malloc refuses more), and keeps byte offsets int64.
+  int64_t nbytes;
+  KILN_CHECK(!mul_overflows(numel, static_cast<int64_t>(element_size(dtype)), &nbytes), op,
+             ": the shape ", shape_str(shape), " of ", dtype_name(dtype), " needs more than ",
+             INT64_MAX, " bytes, more than one allocation can hold");
+  return static_cast<size_t>(nbytes);
+}
+
+int64_t checked_last_element(const Shape& sizes, const Shape& strides, int64_t offset,
+                             const char* op) {
+  int64_t last = offset;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    int64_t step;
+    KILN_CHECK(!mul_overflows(sizes[i] - 1, strides[i], &step) && !add_overflows(last, step, &last),
+               op, ": sizes ", shape_str(sizes), " with strides ", shape_str(strides),
+               " and offset ", offset, " reach past the 64-bit element range");
+  }
+  return last;
 }
 
 Shape contiguous_strides(const Shape& sizes) {
@@ -105,7 +137,8 @@ Shape contiguous_strides(const Shape& sizes) {
   int64_t s = 1;
   for (size_t i = sizes.size(); i-- > 0;) {
     strides[i] = s;
-    s *= std::max<int64_t>(sizes[i], 1);
+    if (i > 0)
+      s = checked_mul(s, std::max<int64_t>(sizes[i], 1), "strides: the shape ", shape_str(sizes));
   }
   return strides;
 }
@@ -124,7 +157,7 @@ Tensor make_empty(const Shape& shape, DType dtype) {
   for (int64_t s : shape)
     KILN_CHECK(s >= 0, "empty: negative dimension in shape ", shape_str(shape));
   auto storage = make_pooled<Storage>();
-  size_t nbytes = static_cast<size_t>(shape_numel(shape)) * element_size(dtype);
+  size_t nbytes = checked_nbytes(checked_numel(shape, "empty"), dtype, "empty", shape);
   storage->data = cpu_alloc(nbytes);
   storage->nbytes = nbytes;
   storage->deleter = [nbytes](void* p) { cpu_free(p, nbytes); };
@@ -140,12 +173,13 @@ Tensor make_empty(const Shape& shape, DType dtype) {
 }
 
 Tensor make_empty_strided(const Shape& shape, const Shape& strides, DType dtype, Device device) {
-  int64_t extent = 1;
-  for (size_t i = 0; i < shape.size(); ++i) {
+  for (size_t i = 0; i < shape.size(); ++i)
     KILN_CHECK(shape[i] >= 0, "empty_strided: negative dimension in shape ", shape_str(shape));
-    if (shape[i] == 0) extent = 0;
-    if (extent > 0) extent += (shape[i] - 1) * strides[i];
-  }
+  const bool empty = checked_numel(shape, "empty_strided") == 0;
+  const int64_t extent = empty
+                             ? 0
+                             : checked_add(checked_last_element(shape, strides, 0, "empty_strided"),
+                                           1, "empty_strided: the shape ", shape_str(shape));
   Tensor flat = make_empty_on({extent}, dtype, device);
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = flat.impl()->storage;
@@ -229,6 +263,7 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
                " cannot be broadcast together (size ", da, " vs ", db, " at dimension ", i, ")");
     out[i] = da == 1 ? db : da;
   }
+  checked_numel(out, op);  // two valid shapes can broadcast to one too large
   return out;
 }
 

@@ -12,6 +12,7 @@
 #include "kiln/error.h"
 #include "lib/cuda_driver.h"
 #include "lib/cuda_memory.h"
+#include "lib/int_math.h"
 #include "lib/pool.h"
 #include "lib/tensor_impl.h"
 
@@ -68,7 +69,7 @@ Tensor make_empty_on(const Shape& shape, DType dtype, Device device) {
   for (int64_t s : shape)
     KILN_CHECK(s >= 0, "empty: negative dimension in shape ", shape_str(shape));
   auto storage = std::make_shared<Storage>();
-  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * element_size(dtype);
+  const size_t nbytes = checked_nbytes(checked_numel(shape, "empty"), dtype, "empty", shape);
   const int index = device.index;
   storage->data = cuda::device_alloc(index, nbytes);
   storage->nbytes = nbytes;

@@ -11,6 +11,7 @@
 
 #include "kiln/error.h"
 #include "lib/env.h"
+#include "lib/int_math.h"
 #include "lib/pool.h"
 #include "lib/tensor_impl.h"
 
@@ -198,7 +199,8 @@ void release_inputs(absl::InlinedVector<LazyInput, 3>& inputs) {
 
 std::shared_ptr<TensorImpl> pending_impl(const LazyRef& ref, const LazyType& type) {
   auto storage = make_pooled<Storage>();
-  storage->nbytes = static_cast<size_t>(shape_numel(type.sizes)) * element_size(type.dtype);
+  const char* op = ref.node->op ? ref.node->op->name.c_str() : "lazy";
+  storage->nbytes = checked_nbytes(shape_numel(type.sizes), type.dtype, op, type.sizes);
   storage->device = type.device;
   set_storage_lazy(*storage, ref, false);
   auto impl = make_pooled<TensorImpl>();

@@ -148,13 +148,7 @@ void copy_kernel(const Tensor& dst, const Tensor& src) {
         map_kernel<D, S>([](S v) { return v != S(0); }, dst, src);
       } else if constexpr (std::is_floating_point_v<S> && std::is_integral_v<D>) {
         // NaN and out-of-range values are undefined behaviour in C++; pin them like x86 does.
-        map_kernel<D, S>(
-            [](S v) {
-              if (!(v >= S(std::numeric_limits<D>::min()) && v < -S(std::numeric_limits<D>::min())))
-                return std::numeric_limits<D>::min();
-              return static_cast<D>(v);
-            },
-            dst, src);
+        map_kernel<D, S>([](S v) { return float_to_int<D>(v); }, dst, src);
       } else {
         map_kernel<D, S>([](S v) { return static_cast<D>(v); }, dst, src);
       }

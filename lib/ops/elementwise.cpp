@@ -7,6 +7,7 @@
 #include "lib/autograd.h"
 #include "lib/elementwise.h"
 #include "lib/fastmath.h"
+#include "lib/int_math.h"
 
 namespace kiln {
 
@@ -18,12 +19,17 @@ namespace {
 template <typename T>
 constexpr bool kIsFloat = std::is_floating_point_v<T>;
 
+using detail::wrap_add;
+using detail::wrap_mul;
+using detail::wrap_neg;
+using detail::wrap_sub;
+
 template <typename T>
 T multiply(T x, T y) {
   if constexpr (std::is_same_v<T, bool>)
     return x && y;
   else
-    return x * y;
+    return wrap_mul(x, y);
 }
 
 // Transcendentals in vectorizable arithmetic (lib/fastmath.h; the LLVM code generator emits the
@@ -102,7 +108,8 @@ T tanh_value(T x) {
     return std::tanh(x);
 }
 
-// Integer power by squaring; the caller rejects negative exponents.
+// Integer power by squaring, wrapping as the fused kernels do; the caller rejects negative
+// exponents.
 template <typename T>
 T int_pow(T base, T exp) {
   if constexpr (std::is_same_v<T, bool>) {
@@ -110,8 +117,8 @@ T int_pow(T base, T exp) {
   } else {
     T result = 1;
     while (exp > 0) {
-      if (exp & 1) result *= base;
-      base *= base;
+      if (exp & 1) result = wrap_mul(result, base);
+      base = wrap_mul(base, base);
       exp >>= 1;
     }
     return result;
@@ -209,9 +216,10 @@ std::vector<Tensor> saved_for(Saves saves, const Tensor& x, const Tensor& y) {
     return out;                                                                      \
   }
 
-KILN_UNARY(neg, DTypeRule::Same, false, T(-x), "(neg x)", None, -g)
-KILN_UNARY(abs, DTypeRule::Same, true, T(x < T(0) ? T(-x) : x), "(select (lt x 0) (neg x) x)", X,
-           g* sign(x))
+// The negation (and so abs) of the lowest integer wraps to itself, as in torch.
+KILN_UNARY(neg, DTypeRule::Same, false, wrap_neg(x), "(neg x)", None, -g)
+KILN_UNARY(abs, DTypeRule::Same, true, T(x < T(0) ? wrap_neg(x) : x), "(select (lt x 0) (neg x) x)",
+           X, g* sign(x))
 KILN_UNARY(sign, DTypeRule::Same, true, T((T(0) < x) - (x < T(0))),
            "(select (lt 0 x) 1 (select (lt x 0) -1 0))", None, zeros_like(g))
 KILN_UNARY(exp, DTypeRule::Float, true, exp_value(x), "(exp x)", Y, g* y)
@@ -403,18 +411,19 @@ namespace {
 // Calls use(f) with the scalar formula of a + alpha * b (of a - alpha * b for sub).
 template <typename Use>
 decltype(auto) with_add_formula(bool is_sub, const Scalar& alpha, const Use& use) {
+  // Integers wrap; on bool, wrap_add is plain + (or) and wrap_mul plain * (and).
   if (alpha.to_double() == 1.0 && alpha.to_int() == 1) {
-    if (is_sub) return use([](auto x, auto y) { return decltype(x)(x - y); });
-    return use([](auto x, auto y) { return decltype(x)(x + y); });
+    if (is_sub) return use([](auto x, auto y) { return wrap_sub(x, y); });
+    return use([](auto x, auto y) { return wrap_add(x, y); });
   }
   double ad = is_sub ? -alpha.to_double() : alpha.to_double();
-  int64_t ai = is_sub ? -alpha.to_int() : alpha.to_int();
+  int64_t ai = is_sub ? wrap_neg(alpha.to_int()) : alpha.to_int();
   return use([ad, ai](auto x, auto y) {
     using T = decltype(x);
     if constexpr (kIsFloat<T>)
       return T(x + T(ad) * y);
     else
-      return T(x + T(ai) * y);
+      return wrap_add(x, wrap_mul(static_cast<T>(ai), y));
   });
 }
 

@@ -9,6 +9,7 @@
 #include "lib/cuda_driver.h"
 #include "lib/cuda_tensor.h"
 #include "lib/dispatch.h"
+#include "lib/int_math.h"
 #include "lib/lazy.h"
 #include "lib/op_table.h"
 #include "lib/tensor_impl.h"
@@ -69,10 +70,19 @@ Tensor on_device(const Tensor& t, Device device) {
   return detail::is_pending(t) ? t.to(device) : detail::copy_to_device(t, device);
 }
 
-void check_factory(const char* op, const Shape& shape, const TensorOptions& o) {
+// Checks the device, and that `shape` is valid and its elements of `dtype` fit in one allocation.
+void check_factory(const char* op, const Shape& shape, const TensorOptions& o, DType dtype) {
   if (o.device_.is_cuda()) detail::cuda::require_device(o.device_.index, op);
-  for (int64_t s : shape)
-    KILN_CHECK(s >= 0, op, ": negative dimension ", s, " in shape ", detail::shape_str(shape));
+  detail::checked_nbytes(detail::checked_numel(shape, op), dtype, op, shape);
+}
+
+// A double as a value of T; integers as the fused kernels convert (detail::float_to_int).
+template <typename T>
+T from_double(double v) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
+    return detail::float_to_int<T>(v);
+  else
+    return static_cast<T>(v);
 }
 
 // The process-wide generator: a 64-bit Mersenne Twister; draws are serial so results do not
@@ -93,23 +103,23 @@ double next_uniform(std::mt19937_64& e) {
 
 Tensor empty(const Shape& shape, TensorOptions options) {
   (void)empty_def;
-  check_factory("empty", shape, options);
+  check_factory("empty", shape, options, options.dtype_or(kFloat32));
   if (options.device_.is_cuda())
     return detail::make_empty_on(shape, options.dtype_or(kFloat32), options.device_);
   return make_empty(shape, options.dtype_or(kFloat32));
 }
 Tensor zeros(const Shape& shape, TensorOptions options) {
-  check_factory("zeros", shape, options);
+  check_factory("zeros", shape, options, options.dtype_or(kFloat32));
   return full(shape, 0, options.dtype(options.dtype_or(kFloat32)));
 }
 Tensor ones(const Shape& shape, TensorOptions options) {
-  check_factory("ones", shape, options);
+  check_factory("ones", shape, options, options.dtype_or(kFloat32));
   return full(shape, 1, options.dtype(options.dtype_or(kFloat32)));
 }
 Tensor full(const Shape& shape, const Scalar& value, TensorOptions options) {
   (void)full_def;
-  check_factory("full", shape, options);
   DType dt = options.dtype_or(value.is_floating_point() ? kFloat32 : value.kind());
+  check_factory("full", shape, options, dt);
   if (options.device_.is_cuda()) {
     // Filled on the device (zeros and backward formulas' buffers are often as large as a
     // parameter): zero bytes by a memset, other values by the copy kernel broadcasting the one
@@ -152,14 +162,35 @@ Tensor scalar_tensor(const Scalar& value, TensorOptions options) {
               options.dtype(options.dtype_or(value.is_floating_point() ? kFloat32 : value.kind())));
 }
 
+namespace {
+// The element count of arange(start, end, step) (the caller checked the step's sign), or an error
+// when it exceeds int64. Integer ranges are exact in 128 bits: end - start alone may not fit.
+int64_t arange_length(const Scalar& start, const Scalar& end, const Scalar& step, bool all_int) {
+  const auto too_long = [&](const auto& count) {
+    return detail::str_cat("arange: the range ", start, " -> ", end, " with step ", step,
+                           " is too long (", count, " elements)");
+  };
+  if (all_int) {
+    const __int128 st = step.to_int();
+    const __int128 n = (__int128{end.to_int()} - start.to_int() + st - (st > 0 ? 1 : -1)) / st;
+    KILN_CHECK(n <= INT64_MAX, too_long(static_cast<double>(n)));
+    return static_cast<int64_t>(n);
+  }
+  const double n = std::ceil((end.to_double() - start.to_double()) / step.to_double());
+  KILN_CHECK(n < 0x1p63, too_long(n));
+  return static_cast<int64_t>(n);
+}
+}  // namespace
+
 Tensor arange(const Scalar& end, TensorOptions options) {
   return arange(0, end, 1, options);
 }
 Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, TensorOptions options) {
   (void)arange_def;
-  check_factory("arange", {}, options);
-  if (options.device_.is_cuda())
+  if (options.device_.is_cuda()) {
+    check_factory("arange", {}, options, kFloat32);
     return on_device(arange(start, end, step, options.device(kCPU)), options.device_);
+  }
   bool all_int =
       !start.is_floating_point() && !end.is_floating_point() && !step.is_floating_point();
   DType dt = options.dtype_or(all_int ? kInt64 : kFloat32);
@@ -169,18 +200,17 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, Tensor
              end);
   KILN_CHECK((st > 0 && e >= s) || (st < 0 && e <= s), "arange: upper bound (", end,
              ") and lower bound (", start, ") inconsistent with step sign (", step, ")");
-  int64_t n =
-      all_int ? (end.to_int() - start.to_int() + step.to_int() - (st > 0 ? 1 : -1)) / step.to_int()
-              : static_cast<int64_t>(std::ceil((e - s) / st));
+  const int64_t n = arange_length(start, end, step, all_int);
+  check_factory("arange", {n}, options, dt);
   Tensor t = make_empty({n}, dt);
   detail::dispatch_all(dt, [&](auto tag) {
     using T = KILN_TYPE(tag);
     T* p = t.data_ptr<T>();
     for (int64_t i = 0; i < n; ++i) {
-      if (all_int)
-        p[i] = static_cast<T>(start.to_int() + i * step.to_int());
+      if (all_int)  // every value lies between start and end, but i * step may not fit
+        p[i] = static_cast<T>(detail::wrap_add(start.to_int(), detail::wrap_mul(i, step.to_int())));
       else
-        p[i] = static_cast<T>(s + static_cast<double>(i) * st);
+        p[i] = from_double<T>(s + static_cast<double>(i) * st);
     }
   });
   return t;
@@ -188,11 +218,11 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, Tensor
 
 Tensor linspace(double start, double end, int64_t steps, TensorOptions options) {
   (void)linspace_def;
-  check_factory("linspace", {}, options);
-  if (options.device_.is_cuda())
-    return on_device(linspace(start, end, steps, options.device(kCPU)), options.device_);
   KILN_CHECK(steps >= 0, "linspace: number of steps must be non-negative, got ", steps);
   DType dt = options.dtype_or(kFloat32);
+  check_factory("linspace", {steps}, options, dt);
+  if (options.device_.is_cuda())
+    return on_device(linspace(start, end, steps, options.device(kCPU)), options.device_);
   Tensor t = make_empty({steps}, dt);
   double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0.0;
   detail::dispatch_all(dt, [&](auto tag) {
@@ -202,7 +232,7 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions options) 
     // single step gives `start`.
     int64_t half = std::max<int64_t>(steps / 2, 1);
     for (int64_t i = 0; i < steps; ++i)
-      p[i] = static_cast<T>(i < half ? start + step * i : end - step * (steps - 1 - i));
+      p[i] = from_double<T>(i < half ? start + step * i : end - step * (steps - 1 - i));
   });
   return t;
 }
@@ -212,7 +242,7 @@ Tensor eye(int64_t n, TensorOptions options) {
 }
 Tensor eye(int64_t n, int64_t m, TensorOptions options) {
   (void)eye_def;
-  check_factory("eye", {n, m}, options);
+  check_factory("eye", {n, m}, options, options.dtype_or(kFloat32));
   if (options.device_.is_cuda()) return on_device(eye(n, m, options.device(kCPU)), options.device_);
   Tensor t = zeros({n, m}, options);
   Tensor one = detail::wrap_scalar(1);
@@ -229,7 +259,7 @@ void manual_seed(uint64_t seed) {
 
 Tensor rand(const Shape& shape, TensorOptions options) {
   (void)rand_def;
-  check_factory("rand", shape, options);
+  check_factory("rand", shape, options, options.dtype_or(kFloat32));
   if (options.device_.is_cuda())
     return on_device(rand(shape, options.device(kCPU)), options.device_);
   DType dt = options.dtype_or(kFloat32);
@@ -251,7 +281,7 @@ Tensor rand(const Shape& shape, TensorOptions options) {
 
 Tensor randn(const Shape& shape, TensorOptions options) {
   (void)randn_def;
-  check_factory("randn", shape, options);
+  check_factory("randn", shape, options, options.dtype_or(kFloat32));
   if (options.device_.is_cuda())
     return on_device(randn(shape, options.device(kCPU)), options.device_);
   DType dt = options.dtype_or(kFloat32);
@@ -277,7 +307,7 @@ Tensor randn(const Shape& shape, TensorOptions options) {
 
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options) {
   (void)randint_def;
-  check_factory("randint", shape, options);
+  check_factory("randint", shape, options, kInt64);
   if (options.device_.is_cuda())
     return on_device(randint(low, high, shape, options.device(kCPU)), options.device_);
   KILN_CHECK(low < high, "randint: expected low < high, got low=", low, " high=", high);
@@ -309,7 +339,7 @@ Tensor randint(int64_t high, const Shape& shape, TensorOptions options) {
 namespace detail {
 Tensor from_buffer(const void* data, int64_t count, DType dtype, const Shape& shape) {
   KILN_CHECK(count == 0 || data != nullptr, "from_vector: null data pointer");
-  check_factory("from_vector", shape, {});
+  check_factory("from_vector", shape, {}, dtype);
   Tensor t = make_empty(shape, dtype);
   KILN_CHECK(t.numel() == count, "from_vector: ", count, " values do not fill shape ",
              shape_str(shape), " (", t.numel(), " elements)");
@@ -335,16 +365,19 @@ Tensor from_blob(void* data, const Shape& shape, const Shape& strides, TensorOpt
              ")");
   KILN_CHECK(shape.size() == strides.size(), "from_blob: shape ", detail::shape_str(shape),
              " and strides ", detail::shape_str(strides), " differ in length");
-  check_factory("from_blob", shape, options);
-  int64_t extent = 0;
-  for (size_t i = 0; i < shape.size(); ++i) {
-    KILN_CHECK(strides[i] >= 0, "from_blob: negative stride in ", detail::shape_str(strides));
-    if (shape[i] > 0) extent += (shape[i] - 1) * strides[i];
-  }
   DType dt = options.dtype_or(kFloat32);
+  check_factory("from_blob", shape, options, dt);
+  for (size_t i = 0; i < shape.size(); ++i)
+    KILN_CHECK(strides[i] >= 0, "from_blob: negative stride in ", detail::shape_str(strides));
+  // The elements the geometry reaches (one for an empty tensor, as before).
+  const int64_t extent =
+      detail::shape_numel(shape) == 0
+          ? 1
+          : detail::checked_add(detail::checked_last_element(shape, strides, 0, "from_blob"), 1,
+                                "from_blob: the shape ", detail::shape_str(shape));
   auto storage = std::make_shared<detail::Storage>();
   storage->data = data;
-  storage->nbytes = static_cast<size_t>(extent + 1) * element_size(dt);
+  storage->nbytes = detail::checked_nbytes(extent, dt, "from_blob", shape);
   storage->deleter = std::move(deleter);
   auto impl = std::make_shared<detail::TensorImpl>();
   impl->storage = std::move(storage);

@@ -24,6 +24,7 @@
 #include "lib/autograd.h"
 #include "lib/cuda_tensor.h"
 #include "lib/dispatch.h"
+#include "lib/int_math.h"
 #include "lib/lazy.h"
 #include "lib/op_table.h"
 #include "lib/parallel.h"
@@ -453,9 +454,11 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
                  ref->size(k), " but got size ", t.size(k), " for tensor number ", i,
                  " in the list (", describe(*ref), " vs ", describe(t), ")");
     }
-    out_shape[d] += t.size(d);
+    out_shape[d] = detail::checked_add(out_shape[d], t.size(d), op, ": the concatenated size of ",
+                                       "dimension ", d, " (tensor number ", i, " in the list)");
     pieces.push_back(t);
   }
+  detail::checked_numel(out_shape, op);
   Tensor out;
   if (detail::should_record(tensors)) {
     out = detail::lazy_record1(cat_def, tensors, {d}, {out_shape, dtype});

@@ -5,6 +5,7 @@
 #include "kiln/ops.h"
 #include "lib/autograd.h"
 #include "lib/cuda_tensor.h"
+#include "lib/int_math.h"
 #include "lib/op_table.h"
 #include "lib/tensor_impl.h"
 
@@ -159,6 +160,11 @@ void pieces_with_grad(const detail::OpDef& def, const Tensor& input, const std::
                  });
 }
 
+// The length of the slice [s, e) with `step` (0 <= s <= e); e - s + step - 1 may not fit.
+int64_t slice_length(int64_t s, int64_t e, int64_t step) {
+  return e == s ? 0 : (e - s - 1) / step + 1;
+}
+
 // Resolves one -1 in a requested shape against numel.
 Shape infer_shape(const char* op, const Shape& shape, int64_t numel, const Tensor& t) {
   Shape out = shape;
@@ -169,7 +175,7 @@ Shape infer_shape(const char* op, const Shape& shape, int64_t numel, const Tenso
       infer = static_cast<int64_t>(i);
     } else {
       KILN_CHECK(out[i] >= 0, op, ": invalid shape dimension ", out[i], " in ", shape_str(shape));
-      known *= out[i];
+      known = detail::checked_mul(known, out[i], op, ": the shape ", shape_str(shape));
     }
   }
   if (infer >= 0) {
@@ -180,6 +186,7 @@ Shape infer_shape(const char* op, const Shape& shape, int64_t numel, const Tenso
     KILN_CHECK(known == numel, op, ": shape ", shape_str(shape), " is invalid for input ",
                describe(t), " of size ", numel);
   }
+  detail::checked_numel(out, op);  // with empty dims counted as 1, so that its strides fit too
   return out;
 }
 
@@ -194,11 +201,17 @@ std::optional<Shape> view_strides(const Shape& sizes, const Shape& strides,
   int64_t chunk_base_stride = strides.empty() ? 1 : strides.back();
   int64_t tensor_numel = 1, view_numel = 1;
   for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
-    tensor_numel *= sizes[d];
-    if (d == 0 || (sizes[d - 1] != 1 && strides[d - 1] != tensor_numel * chunk_base_stride)) {
+    tensor_numel *= sizes[d];  // a product of the tensor's sizes: within its numel
+    // A chunk ends where the next dim's stride is not the chunk's extent (an extent past int64
+    // cannot equal any stride).
+    int64_t chunk_extent;
+    if (d == 0 || (sizes[d - 1] != 1 &&
+                   (detail::mul_overflows(tensor_numel, chunk_base_stride, &chunk_extent) ||
+                    strides[d - 1] != chunk_extent))) {
       while (view_d >= 0 && (view_numel < tensor_numel || new_sizes[view_d] == 1)) {
-        out[view_d] = view_numel * chunk_base_stride;
-        view_numel *= new_sizes[view_d];
+        out[view_d] = detail::checked_mul(view_numel, chunk_base_stride, "view: the strides for ",
+                                          shape_str(new_sizes));
+        view_numel *= new_sizes[view_d];  // new_sizes has the tensor's numel
         --view_d;
       }
       if (view_numel != tensor_numel) return std::nullopt;
@@ -246,7 +259,8 @@ Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
              describe(*this));
   Shape shape(sizes().begin(), sizes().begin() + s);
   int64_t n = 1;
-  for (int64_t d = s; d <= e; ++d) n *= sizes()[d];
+  for (int64_t d = s; d <= e; ++d)
+    n = detail::checked_mul(n, sizes()[d], "flatten: the shape ", shape_str(sizes()));
   shape.push_back(n);
   shape.insert(shape.end(), sizes().begin() + e + 1, sizes().end());
   return reshape(shape);
@@ -302,7 +316,9 @@ Tensor Tensor::unsqueeze(int64_t d) const {
   detail::check_defined(*this, "unsqueeze");
   int64_t pos = wrap_dim(d, dim() + 1, "unsqueeze", this);
   Shape sz = sizes(), st = strides();
-  int64_t stride = pos < dim() ? sz[pos] * st[pos] : 1;
+  int64_t stride = pos < dim() ? detail::checked_mul(sz[pos], st[pos], "unsqueeze: the strides ",
+                                                     shape_str(st), " of ", describe(*this))
+                               : 1;
   sz.insert(sz.begin() + pos, 1);
   st.insert(st.begin() + pos, stride);
   return view_with_grad(unsqueeze_def, *this, Attrs{pos},
@@ -364,6 +380,7 @@ Tensor Tensor::expand(const Shape& shape) const {
     sz[i] = want;
     st[i] = cur == want ? strides()[i - off] : 0;
   }
+  detail::checked_numel(sz, "expand");
   return view_with_grad(expand_def, *this, Attrs{sz}, make_view(*this, sz, st, storage_offset()),
                         [in = sizes()](const Tensor& g) { return sum_to_size(g, in); });
 }
@@ -385,8 +402,9 @@ Tensor Tensor::slice(int64_t d, std::optional<int64_t> start, std::optional<int6
   s = std::clamp<int64_t>(s, 0, n);
   e = std::clamp<int64_t>(e, s, n);
   Shape sz = sizes(), st = strides();
-  sz[pos] = (e - s + step - 1) / step;
-  st[pos] = strides()[pos] * step;
+  sz[pos] = slice_length(s, e, step);
+  st[pos] = detail::checked_mul(strides()[pos], step, "slice: the stride of ", describe(*this),
+                                " times step ", step);
   return view_with_grad(slice_def, *this, Attrs{pos, s, e, step},
                         make_view(*this, sz, st, storage_offset() + s * strides()[pos]),
                         [in = sizes(), pos, s, e, step](const Tensor& g) {
@@ -402,7 +420,7 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   int64_t pos = wrap_dim(d, dim(), "narrow", this);
   int64_t n = sizes()[pos];
   if (start < 0) start += n;
-  KILN_CHECK(start >= 0 && length >= 0 && start + length <= n, "narrow: start (", start,
+  KILN_CHECK(start >= 0 && length >= 0 && length <= n - start, "narrow: start (", start,
              ") + length (", length, ") exceeds dimension size (", n, ") of ", describe(*this));
   return slice(pos, start, start + length, 1);
 }
@@ -447,7 +465,7 @@ std::vector<Tensor> Tensor::split(const std::vector<int64_t>& split_sizes, int64
   int64_t total = 0;
   for (int64_t s : split_sizes) {
     KILN_CHECK(s >= 0, "split: split sizes must be non-negative, got ", shape_str(split_sizes));
-    total += s;
+    total = detail::checked_add(total, s, "split: the split sizes ", shape_str(split_sizes));
   }
   KILN_CHECK(total == sizes()[pos], "split: split sizes ", shape_str(split_sizes), " sum to ",
              total, " but dimension ", pos, " of ", describe(*this), " has size ", sizes()[pos]);
@@ -473,7 +491,7 @@ std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const {
   int64_t n = sizes()[pos];
   // An empty dim splits into `chunks` empty pieces, as in torch (split by a size would give one).
   if (n == 0) return split(std::vector<int64_t>(static_cast<size_t>(chunks), 0), pos);
-  return split((n + chunks - 1) / chunks, pos);
+  return split((n - 1) / chunks + 1, pos);  // n + chunks - 1 may not fit
 }
 
 std::vector<Tensor> Tensor::unbind(int64_t d) const {
@@ -512,14 +530,11 @@ void check_in_storage(const char* op, const Tensor& t, const Shape& sizes, const
   KILN_CHECK(sizes.size() == strides.size(), op, ": sizes ", shape_str(sizes), " and strides ",
              shape_str(strides), " differ in length");
   KILN_CHECK(offset >= 0, op, ": negative storage offset ", offset);
-  int64_t last = offset;
-  bool empty = false;
-  for (size_t i = 0; i < sizes.size(); ++i) {
+  for (size_t i = 0; i < sizes.size(); ++i)
     KILN_CHECK(sizes[i] >= 0 && strides[i] >= 0, op, ": negative size or stride in sizes ",
                shape_str(sizes), ", strides ", shape_str(strides));
-    empty = empty || sizes[i] == 0;
-    last += (sizes[i] - 1) * strides[i];
-  }
+  const bool empty = detail::checked_numel(sizes, op) == 0;
+  const int64_t last = empty ? offset : detail::checked_last_element(sizes, strides, offset, op);
   const int64_t capacity =
       static_cast<int64_t>(t.impl()->storage->nbytes / element_size(t.dtype()));
   KILN_CHECK(empty || last < capacity, op, ": sizes ", shape_str(sizes), ", strides ",
@@ -539,7 +554,7 @@ bool overlaps(const Shape& sizes, const Shape& strides) {
   int64_t span = 0;  // the furthest element the smaller-stride dims reach
   for (auto [stride, size] : dims) {
     if (stride <= span) return true;
-    span += (size - 1) * stride;
+    span += (size - 1) * stride;  // within the view's last element, which as_strided checked
   }
   return false;
 }
@@ -558,9 +573,8 @@ Tensor as_strided_backward(const Tensor& g, const Shape& in_sizes, const Shape& 
     along[i] = sizes[i];
     positions = positions + arange(sizes[i], g.device()).view(along) * strides[i];
   }
-  int64_t in_extent = 1, last = rel;
-  for (size_t i = 0; i < in_sizes.size(); ++i) in_extent += (in_sizes[i] - 1) * in_strides[i];
-  for (size_t i = 0; i < sizes.size(); ++i) last += (sizes[i] - 1) * strides[i];
+  const int64_t in_extent = detail::checked_last_element(in_sizes, in_strides, 1, "as_strided");
+  const int64_t last = detail::checked_last_element(sizes, strides, rel, "as_strided");
   const int64_t shift = std::max<int64_t>(0, -rel);
   Tensor flat =
       zeros({shift + std::max(in_extent, last + 1)}, TensorOptions(g.dtype()).device(g.device()));
@@ -597,7 +611,8 @@ Tensor as_strided_scatter(const Tensor& self, const Tensor& src, const Shape& si
     // out would be a fresh contiguous tensor: check the region against one without making it.
     auto geometry = std::make_shared<detail::TensorImpl>();
     geometry->storage = std::make_shared<detail::Storage>();
-    geometry->storage->nbytes = static_cast<size_t>(self.numel()) * element_size(self.dtype());
+    geometry->storage->nbytes =
+        detail::checked_nbytes(self.numel(), self.dtype(), op, self.sizes());
     geometry->sizes = self.sizes();
     geometry->strides = detail::contiguous_strides(self.sizes());
     geometry->dtype = self.dtype();
@@ -647,7 +662,7 @@ Tensor slice_scatter(const Tensor& self, const Tensor& src, int64_t dim,
   s = std::clamp<int64_t>(s, 0, n);
   e = std::clamp<int64_t>(e, s, n);
   Shape region = self.sizes();
-  region[pos] = (e - s + step - 1) / step;
+  region[pos] = slice_length(s, e, step);
   KILN_CHECK(src.sizes() == region, op, ": src ", describe(src), " does not match the shape ",
              shape_str(region), " of the slice of ", describe(self));
   Tensor out;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kiln/testing.h"
+#include "lib/autograd.h"
 #include "tests/testing.h"
 
 namespace kiln {
@@ -331,6 +332,38 @@ TEST(Autograd, BackwardWithCreateGraph) {
   EXPECT_TRUE(x.grad().requires_grad());
   std::vector<Tensor> g2 = autograd::grad({x.grad().sum()}, {x});
   expect_values(g2[0], {3, 9});
+}
+
+// A .grad made with create_graph has a history that leads back to its leaf (its accumulator, and
+// the leaf saved by the nodes of that history): held strongly, every leaf and graph of such a loop
+// would stay alive as a reference cycle.
+TEST(Autograd, HessianVectorProductsWithCreateGraphFreeTheirGraphs) {
+  const Tensor v = from_vector(std::vector<double>{0.25, -1.0, 2.0});
+  auto hessian_vector_product = [&v] {
+    Tensor x = leaf({0.5, 1.5, -2.0});
+    (x.pow(3) * sin(x)).sum().backward({}, std::nullopt, /*create_graph=*/true);
+    EXPECT_TRUE(x.grad().requires_grad());
+    return autograd::grad({(x.grad() * v).sum()}, {x})[0];
+  };
+  Tensor first = hessian_vector_product();
+  const int64_t live = detail::live_autograd_nodes();
+  for (int i = 0; i < 200; ++i) hessian_vector_product();
+  EXPECT_EQ(detail::live_autograd_nodes(), live) << "autograd nodes leaked";
+  // H v for f = sum(x^3 sin x): f'' = 6x sin x + 6x^2 cos x - x^3 sin x, diagonal.
+  std::vector<double> x{0.5, 1.5, -2.0}, vv{0.25, -1.0, 2.0}, expected;
+  for (size_t i = 0; i < x.size(); ++i) {
+    double a = x[i];
+    expected.push_back(vv[i] *
+                       (6 * a * std::sin(a) + 6 * a * a * std::cos(a) - a * a * a * std::sin(a)));
+  }
+  expect_values(first, expected);
+  // The leaf's saved value still serves a second-order backward while the leaf lives.
+  Tensor y = leaf({0.5, 1.5});
+  (y * y * y).sum().backward({}, std::nullopt, /*create_graph=*/true);
+  Tensor g = y.grad();
+  y.mutable_grad() = Tensor();
+  g.sum().backward();
+  expect_values(y.grad(), {3, 9});
 }
 
 // ------------------------------------------------------------------------------- in-place
