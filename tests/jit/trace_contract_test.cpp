@@ -460,6 +460,31 @@ TEST(TraceContract, AStepTracesAnewWhenGradIsSetOrNot) {
   EXPECT_EQ(step.num_specializations(), 2u);
 }
 
+// clip_grad_norm_ scales the .grad it finds in place: each call scales the .grad of the call, and
+// a tensor holding it sees the change, as in eager mode. Such a function cannot be saved.
+TEST(TraceContract, ClippingWritesTheGradOfTheCallInPlace) {
+  Tensor traced_p = f64({0.5, -1.5}).requires_grad_(true);
+  Tensor eager_p = f64({0.5, -1.5}).requires_grad_(true);
+  micro_batch(traced_p, f64({1, 1}));
+  jit::Function clip = jit::trace(
+      [&](const Inputs&) { return Inputs{nn::utils::clip_grad_norm_({traced_p}, 1.0)}; }, {});
+  for (const Tensor& x : batches()) {
+    SCOPED_TRACE(::testing::Message() << "x = " << x);
+    traced_p.mutable_grad() = Tensor();
+    micro_batch(traced_p, x);
+    eager([&](const Inputs& in) { return Inputs{micro_batch(eager_p, in[0])}; }, {x});
+    const Tensor traced_held = traced_p.grad(), held = eager_p.grad();
+    const Tensor norm = clip({})[0];
+    const Tensor want = eager(
+        [&](const Inputs&) { return Inputs{nn::utils::clip_grad_norm_({eager_p}, 1.0)}; }, {})[0];
+    EXPECT_TRUE(allclose(norm, want, 1e-14, 1e-14)) << norm << " vs " << want;
+    EXPECT_TRUE(allclose(traced_held, held, 1e-14, 1e-14)) << traced_held << " vs " << held;
+    EXPECT_TRUE(traced_p.grad().is_same(traced_held));
+    eager_p.mutable_grad() = Tensor();
+  }
+  EXPECT_THROW(clip.save(::testing::TempDir() + "/kiln_trace_clip.kiln"), Error);
+}
+
 // A call argument that requires grad gets its gradient in its own .grad, added to the one it has.
 TEST(TraceContract, BackwardAccumulatesIntoAnArgumentsGrad) {
   const Tensor w = f64({3, -0.5});
