@@ -1,8 +1,9 @@
 // What a traced function promises beyond replaying its graph: it follows the hyperparameters and
 // modes it reads (an optimizer's learning rate, a module's training flag), tracing has no side
 // effects, a failed trace leaves the thread as it was, factories start afresh on every call,
-// returned aliases of inputs get their gradients, and a function that runs its own backward is a
-// plain function. Each is checked against eager mode.
+// returned aliases of inputs get their gradients, a function that runs its own backward is a
+// plain function, and leaves' .grad are read and written at each call (accumulating over calls).
+// Each is checked against eager mode.
 #include <gtest/gtest.h>
 
 #include <functional>
