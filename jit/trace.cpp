@@ -4,14 +4,17 @@
 // Tracing is abstract: the function runs on placeholders in trace mode, where every op records a
 // node and nothing is computed or written. In-place writes are recorded functionally
 // (lib/lazy.cpp, trace_assign): a written storage's value becomes a node, and the trace's graph
-// outputs that value so each replay writes it back into the captured tensor. .grad assignments by
-// backward become outputs the same way. When the trace ends, every captured tensor and .grad is
-// restored to what it was, so tracing has no side effects.
+// outputs that value so each replay writes it back into the captured tensor. A leaf's .grad that
+// the function reads or a backward adds to is a graph input read at each call (detail::TracedGrad),
+// and what the function leaves in it an output that each call assigns or writes in place. When the
+// trace ends, every captured tensor and .grad is restored to what it was before the trace, so
+// tracing has no side effects.
 #include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <sstream>
 
@@ -98,6 +101,42 @@ struct Backward {
   std::vector<Tensor> wrt_captures;     // per differentiated input: the captured tensor
   std::vector<size_t> gradient_of;      // per backward graph output: its differentiated input
 };
+
+// A leaf whose .grad the traced function read or wrote (detail::TracedGrad): a captured tensor or
+// a call argument. Each call reads its .grad (when the plan does) and writes it as the function
+// did: assigns a new tensor (zero_grad, then backward), writes the .grad it found in place (a
+// backward accumulating into it, clip_grad_norm_), or clears it (zero_grad at the end).
+struct GradSlot {
+  enum class Write : uint8_t { kNone, kAssign, kInPlace, kClear };
+  std::shared_ptr<detail::TensorImpl> leaf;  // null for a call argument
+  int64_t argument = -1;
+  int64_t input = -1;  // where arguments_of puts its .grad at each call, or -1
+  Write write = Write::kNone;
+  bool guarded = false;            // the trace depends on the .grad: calls must find it as traced
+  std::optional<InputKey> traced;  // the .grad at trace time, or none when undefined
+
+  Tensor owner(const std::vector<Tensor>& inputs) const {
+    return leaf ? Tensor(leaf) : inputs[static_cast<size_t>(argument)];
+  }
+  // The .grad itself: inside a trace, Tensor::grad would count as the traced function's read.
+  Tensor& grad(const std::vector<Tensor>& inputs) const {
+    return detail::ensure_autograd_meta(owner(inputs)).grad;
+  }
+  // Why a call with these inputs cannot use the plan, or "".
+  std::string mismatch(const std::vector<Tensor>& inputs) const {
+    if (!guarded) return "";
+    const Tensor& g = grad(inputs);
+    std::optional<InputKey> now;
+    if (g.defined()) now = InputKey{g.dtype(), g.sizes(), g.device(), false};
+    if (now == traced) return "";
+    const Tensor t = owner(inputs);
+    const std::string who = leaf ? "a captured " + std::string(dtype_name(t.dtype())) +
+                                       detail::shape_str(t.sizes()) + " tensor"
+                                 : "input " + std::to_string(argument);
+    return "the .grad of " + who + " is " + (now ? key_str(*now) : "undefined") + ", traced as " +
+           (traced ? key_str(*traced) : "undefined");
+  }
+};
 }  // namespace
 
 struct Specialization {
@@ -109,10 +148,11 @@ struct Specialization {
   std::vector<int64_t> arguments;
   std::vector<Tensor> captures;
   // Per graph output: what it is for, and for write-backs the storage (as a flat tensor) and for
-  // grads the leaf that receives it.
+  // grads the index of the .grad in grad_slots.
   std::vector<OutputKind> kinds;
   std::vector<Tensor> write_targets;
-  std::vector<std::shared_ptr<detail::TensorImpl>> grad_leaves;
+  std::vector<size_t> grad_slot_of;
+  std::vector<GradSlot> grad_slots;
   // Traced with autograd on, and (when its returned outputs require grad) its backward. A
   // specialization traced with autograd on that has no backward, and whose function runs no
   // backward of its own, serves calls in either mode, as a loaded one does.
@@ -130,11 +170,27 @@ struct Specialization {
                (f.value != 0 ? "true" : "false");
     return "";
   }
-  // The call's arguments followed by the hyperparameters' values now (what `arguments` indexes).
+  // Why the .grads the call finds do not match the trace's, or "".
+  std::string grad_mismatch(const std::vector<Tensor>& inputs) const {
+    for (const GradSlot& g : grad_slots)
+      if (std::string m = g.mismatch(inputs); !m.empty()) return m;
+    return "";
+  }
+  // The call's arguments followed by the values read at each call, in the order the trace read
+  // them: hyperparameters and .grads (what `arguments` indexes).
   std::vector<Tensor> arguments_of(const std::vector<Tensor>& inputs) const {
     std::vector<Tensor> all = inputs;
-    for (const detail::TraceRead& r : scalars) all.push_back(detail::wrap_scalar(r.read()));
+    all.resize(inputs.size() + scalars.size() + grad_inputs());
+    for (const detail::TraceRead& r : scalars)
+      all.at(static_cast<size_t>(r.argument)) = detail::wrap_scalar(r.read());
+    for (const GradSlot& g : grad_slots)
+      if (g.input >= 0) all.at(static_cast<size_t>(g.input)) = g.grad(inputs);
     return all;
+  }
+  size_t grad_inputs() const {
+    size_t n = 0;
+    for (const GradSlot& g : grad_slots) n += g.input >= 0;
+    return n;
   }
   bool serves(bool call_grad_mode) const {
     return grad_mode == call_grad_mode || (grad_mode && !backward && !runs_backward);
@@ -142,8 +198,8 @@ struct Specialization {
   // Whether a replay writes state shared between calls: captured tensors or .grads.
   bool writes_captures() const {
     for (OutputKind k : kinds)
-      if (k == OutputKind::WriteBack || k == OutputKind::Grad) return true;
-    return false;
+      if (k == OutputKind::WriteBack) return true;
+    return !grad_slots.empty();
   }
 };
 
@@ -185,7 +241,7 @@ struct TraceScope {
       detail::set_storage_lazy(s, detail::LazyRef{}, true);
       s.version.store(state.written_versions[k]);
     }
-    for (auto& [leaf, before] : state.grads) leaf->autograd->grad = before;
+    detail::end_traced_grads();
     // The autograd history in-place ops gave tensors inside reaches the placeholders: a tensor
     // that outlives the trace (a capture, a constant the plan holds) must not keep it.
     detail::restore_traced_histories();
@@ -281,6 +337,27 @@ absl::flat_hash_set<const detail::Storage*> local_storages(const detail::TraceSt
   return candidates;
 }
 
+// How a call replays what the traced function did to one leaf's .grad (read while still tracing).
+GradSlot grad_slot(const detail::TracedGrad& r) {
+  GradSlot slot;
+  if (r.argument < 0) slot.leaf = r.leaf;
+  slot.argument = r.argument;
+  slot.input = r.input;
+  if (r.initial.defined())
+    slot.traced = InputKey{r.initial.dtype(), r.initial.sizes(), r.initial.device(), false};
+  const Tensor& now = r.leaf->autograd->grad;
+  if (now.defined() && now.is_same(r.initial)) {
+    // The .grad it found, written in place when its value is no longer the placeholder's.
+    if (detail::lazy_input(now).ref.node->op != &input_op()) slot.write = GradSlot::Write::kInPlace;
+  } else if (now.defined()) {
+    slot.write = GradSlot::Write::kAssign;
+  } else if (r.assigned) {
+    slot.write = GradSlot::Write::kClear;
+  }
+  slot.guarded = r.observed || slot.write == GradSlot::Write::kInPlace;
+  return slot;
+}
+
 // The node output that holds t's value, recording a copy when t is a concrete tensor (a capture
 // returned as is) so that every output is computed by the graph.
 detail::LazyRef value_ref(const Tensor& t) {
@@ -308,6 +385,7 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
       if (inputs[i].requires_grad()) p.requires_grad_(true);
       placeholders.push_back(p);
     }
+    detail::begin_traced_grads(placeholders);
     const detail::BackwardPasses before = detail::backward_passes();
     std::vector<Tensor> outputs = fn(placeholders);
     // A function that runs a backward of its own (backward(), autograd::grad) needs autograd on
@@ -323,7 +401,7 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
       requests.push_back(value_ref(t));
       spec->kinds.push_back(OutputKind::Return);
       spec->write_targets.emplace_back();
-      spec->grad_leaves.emplace_back();
+      spec->grad_slot_of.emplace_back();
     }
     for (const auto& storage : scope.state.written) {
       if (local.contains(storage.get())) continue;
@@ -331,15 +409,17 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
       spec->kinds.push_back(OutputKind::WriteBack);
       const detail::LazyType& t = storage->lazy.node->outputs[storage->lazy.index];
       spec->write_targets.push_back(detail::flat_storage_tensor(storage, t.dtype));
-      spec->grad_leaves.emplace_back();
+      spec->grad_slot_of.emplace_back();
     }
-    for (const auto& [leaf, before] : scope.state.grads) {
-      const Tensor& g = leaf->autograd->grad;
-      if (!g.defined() || g.is_same(before)) continue;
-      requests.push_back(value_ref(g));
-      spec->kinds.push_back(OutputKind::Grad);
-      spec->write_targets.emplace_back();
-      spec->grad_leaves.push_back(leaf);
+    for (const detail::TracedGrad& r : detail::traced_grads()) {
+      GradSlot slot = grad_slot(r);
+      if (slot.write == GradSlot::Write::kAssign || slot.write == GradSlot::Write::kInPlace) {
+        requests.push_back(value_ref(r.leaf->autograd->grad));
+        spec->kinds.push_back(OutputKind::Grad);
+        spec->write_targets.emplace_back();
+        spec->grad_slot_of.push_back(spec->grad_slots.size());
+      }
+      spec->grad_slots.push_back(std::move(slot));
     }
     // A function whose returned values require grad (and whose own backward, if any, kept its
     // graph) is differentiable: its gradients are recorded now, from output-gradient placeholders,
@@ -378,8 +458,9 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
       }
     }
     std::vector<size_t> gradient_request_of;  // per gradient request: its differentiated input
-    // Placeholders past the call's arguments: the hyperparameters read, then output gradients.
-    const size_t num_arguments = inputs.size() + scope.state.scalars.size();
+    // Placeholders past the call's arguments: the hyperparameters and .grads read, then output
+    // gradients.
+    const size_t num_arguments = scope.state.examples.size();
     spec->scalars = scope.state.scalars;
     spec->flags = scope.state.flags;
     if (!wrt.empty()) {
@@ -420,6 +501,9 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
     for (Value* v : by_request) spec->graph->add_output(v);
     spec->arguments = binding.arguments;
     spec->captures = binding.inputs;
+    // A .grad the graph reads must be there at each call, as it was when traced.
+    for (GradSlot& g : spec->grad_slots)
+      for (int64_t a : binding.arguments) g.guarded = g.guarded || (g.input >= 0 && a == g.input);
     if (!gradient_request_of.empty()) {
       // Split the graph of the function and its gradients into an augmented forward and a
       // backward.
@@ -437,7 +521,7 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
       for (size_t k = 0; k < d.num_saved; ++k) {
         spec->kinds.push_back(OutputKind::Saved);
         spec->write_targets.emplace_back();
-        spec->grad_leaves.emplace_back();
+        spec->grad_slot_of.emplace_back();
       }
       for (int64_t origin : d.backward_inputs) {
         BackwardSource src{BackwardSource::kSaved, 0, Tensor()};
@@ -526,13 +610,13 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
   // A .grad the function replaces without reading it (zero_grad, then backward) is dropped before
   // the run, as eager mode drops it at zero_grad: the old and the new gradients are never held
   // together.
-  absl::flat_hash_set<const detail::Storage*> read;  // filled at the first .grad output only
-  for (size_t k = 0; k < s.kinds.size(); ++k) {
-    if (s.kinds[k] != OutputKind::Grad) continue;
+  absl::flat_hash_set<const detail::Storage*> read;  // filled at the first such .grad only
+  for (const GradSlot& g : s.grad_slots) {
+    if (g.write != GradSlot::Write::kAssign && g.write != GradSlot::Write::kClear) continue;
     if (read.empty())
       for (const Tensor& a : args)
         if (a.defined()) read.insert(a.impl()->storage.get());
-    Tensor& old = s.grad_leaves[k]->autograd->grad;
+    Tensor& old = g.grad(inputs);
     if (old.defined() && !read.contains(old.impl()->storage.get())) old = Tensor();
   }
   std::vector<Tensor> results = s.plan->run(args);
@@ -573,11 +657,25 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
           detail::bump_version(dst);
           break;
         }
-        case OutputKind::Grad:
-          s.grad_leaves[k]->autograd->grad = results[k];
+        case OutputKind::Grad: {
+          const GradSlot& g = s.grad_slots[s.grad_slot_of[k]];
+          Tensor& grad = g.grad(inputs);
+          if (g.write == GradSlot::Write::kAssign) {
+            grad = results[k];
+          } else {
+            // Written in place, as eager mode's backward adds into the .grad it finds: whoever
+            // holds that tensor sees the new value.
+            eval({grad});
+            detail::copy_kernel(
+                grad, detail::may_overlap(grad, results[k]) ? results[k].clone() : results[k]);
+            detail::bump_version(grad);
+          }
           break;
+        }
       }
     }
+    for (const GradSlot& g : s.grad_slots)
+      if (g.write == GradSlot::Write::kClear) g.grad(inputs) = Tensor();
   }
   if (s.backward && grad_mode) {
     // The returned values get one autograd node whose backward runs the traced backward plan.
@@ -620,6 +718,7 @@ std::vector<Tensor> Function::operator()(const std::vector<Tensor>& inputs) cons
     for (const auto& s : f.specs) {
       if (!(s->key == key && s->serves(grad_mode))) continue;
       std::string mismatch = s->flag_mismatch();
+      if (mismatch.empty()) mismatch = s->grad_mismatch(inputs);
       if (mismatch.empty())
         match = s.get();
       else
@@ -727,7 +826,15 @@ void Function::save(const std::string& path) const {
     for (int64_t d : k.sizes) meta << ' ' << d;
     meta << '\n';
   }
-  // A hyperparameter read at each call is saved as its value now: a captured constant.
+  // A hyperparameter read at each call is saved as its value now: a captured constant. The file
+  // has no way to say that a call reads a .grad, or writes one other than by assigning a captured
+  // leaf's.
+  for (const GradSlot& g : s->grad_slots)
+    KILN_CHECK(g.input < 0 && (g.write == GradSlot::Write::kNone ||
+                               (g.write == GradSlot::Write::kAssign && g.leaf)),
+               "jit::Function::save: the function reads the .grad of a tensor at each call, "
+               "writes it in place, clears it or assigns an argument's; such a function cannot be "
+               "saved");
   auto is_scalar = [s](int64_t a) { return a >= static_cast<int64_t>(s->key.size()); };
   meta << "bindings " << s->arguments.size() << '\n';
   for (int64_t a : s->arguments) meta << (is_scalar(a) ? -1 : a) << '\n';
@@ -743,7 +850,8 @@ void Function::save(const std::string& path) const {
           cap.numel() == s->write_targets[k].numel() && cap.is_contiguous() &&
           cap.storage_offset() == 0)
         target = static_cast<int64_t>(i);
-      if (s->kinds[k] == OutputKind::Grad && s->captures[i].impl_ptr() == s->grad_leaves[k])
+      if (s->kinds[k] == OutputKind::Grad &&
+          s->captures[i].impl_ptr() == s->grad_slots[s->grad_slot_of[k]].leaf)
         target = static_cast<int64_t>(i);
     }
     KILN_CHECK(!targets || target >= 0, "jit::Function::save: output ", k,
@@ -754,7 +862,8 @@ void Function::save(const std::string& path) const {
   for (size_t i = 0; i < s->captures.size(); ++i) {
     const int64_t a = s->arguments[i];
     if (is_scalar(a))
-      constants.push_back(s->arguments_of({}).at(static_cast<size_t>(a) - s->key.size()));
+      constants.push_back(
+          s->arguments_of(std::vector<Tensor>(s->key.size())).at(static_cast<size_t>(a)));
     else
       constants.push_back(a >= 0 ? Tensor() : s->captures[i].detach());
   }
@@ -810,7 +919,7 @@ Function load(const std::string& path) {
     if (kind < 0 || kind > 3) fail("output kind");
     spec->kinds.push_back(static_cast<OutputKind>(kind));
     spec->write_targets.emplace_back();
-    spec->grad_leaves.emplace_back();
+    spec->grad_slot_of.emplace_back();
     if (kind == 0 || kind == 3) continue;
     if (target < 0 || target >= static_cast<int64_t>(spec->captures.size()) ||
         spec->arguments[static_cast<size_t>(target)] >= 0)
@@ -820,7 +929,11 @@ Function load(const std::string& path) {
       spec->write_targets.back() = detail::flat_storage_tensor(cap.impl()->storage, cap.dtype());
     } else {
       if (!cap.requires_grad()) cap.requires_grad_(true);
-      spec->grad_leaves.back() = cap.impl_ptr();
+      GradSlot slot;
+      slot.leaf = cap.impl_ptr();
+      slot.write = GradSlot::Write::kAssign;
+      spec->grad_slot_of.back() = spec->grad_slots.size();
+      spec->grad_slots.push_back(std::move(slot));
     }
   }
   spec->graph = std::move(loaded.graph);

@@ -71,6 +71,66 @@ struct FormulaNode final : Node {
   std::vector<SavedTensor> saved;
 };
 
+// ------------------------------------------------------------------------- .grad in a trace
+
+// What the trace running on this thread did to leaves' .grad, one record per leaf (traces do not
+// nest), and the first node it recorded: older nodes are histories from before the trace.
+thread_local std::vector<TracedGrad> t_traced_grads;
+thread_local std::vector<Tensor> t_traced_grad_arguments;  // the placeholder of each argument
+thread_local uint64_t t_trace_first_node = 0;
+
+// The record of leaf's .grad, made at the leaf's first touch: its .grad before the trace, and in
+// its place a placeholder read at each call (the argument's .grad for an argument's placeholder).
+TracedGrad& traced_grad_record(const std::shared_ptr<TensorImpl>& leaf) {
+  for (TracedGrad& r : t_traced_grads)
+    if (r.leaf == leaf) return r;
+  TracedGrad r;
+  r.leaf = leaf;
+  AutogradMeta& m = ensure_autograd_meta(Tensor(leaf));
+  r.before = m.grad;
+  Tensor now = m.grad;
+  TraceState& trace = *trace_state();
+  for (size_t i = 0; i < t_traced_grad_arguments.size(); ++i) {
+    if (t_traced_grad_arguments[i].impl() != leaf.get()) continue;
+    r.argument = static_cast<int64_t>(i);
+    const AutogradMeta* am = autograd_meta(trace.examples.at(i));
+    now = am ? am->grad : Tensor();
+  }
+  if (now.defined()) {
+    static const OpDef* input = find_op("input");
+    KILN_CHECK(input, "jit::trace: the graph input op is not registered");
+    r.input = static_cast<int64_t>(trace.examples.size());
+    trace.examples.push_back(now);
+    r.initial = trace_placeholder(*input, r.input, now);
+  }
+  m.grad = r.initial;
+  t_traced_grads.push_back(std::move(r));
+  return t_traced_grads.back();
+}
+
+// The function reads leaf's .grad (`grad`, its value now): when that is still the value it found,
+// the trace depends on the .grad at each call.
+void note_traced_grad_read(TracedGrad& r, const Tensor& grad) {
+  if (r.initial.defined() ? grad.is_same(r.initial) : !r.assigned && !grad.defined())
+    r.observed = true;
+}
+
+// An in-place op under autograd inside a trace on a tensor whose history (or whose base's) dates
+// from before the trace: a replay writes the new value back, but cannot give the tensor the
+// history eager mode would, so its later gradients would flow into the old one.
+void check_traced_write_history(const Tensor& self, const char* op) {
+  for (const TensorImpl* t = self.impl(); t; t = t->view_base.get()) {
+    const AutogradMeta* m = t->autograd.get();
+    if (!m || !m->grad_fn || m->grad_fn->sequence_nr >= t_trace_first_node) continue;
+    KILN_FAIL(op, ": jit::trace: the traced function writes in place, with autograd on, ",
+              describe(self), ", which has autograd history from before the trace (made by ",
+              m->grad_fn->name,
+              "); a replay could not give it its new history, so gradients through it would be "
+              "wrong. Detach or clone it before the trace, write it under kiln::NoGradGuard, or "
+              "compute it inside the traced function");
+  }
+}
+
 // The sink for a leaf's gradient: accumulates into leaf.grad(). It holds the leaf weakly: a .grad
 // computed with create_graph has a history that leads back here, and a strong reference would
 // make leaf -> .grad -> its nodes -> this node -> leaf a cycle that is never freed. A leaf that
@@ -86,11 +146,11 @@ struct AccumulateGrad final : Node {
     std::shared_ptr<TensorImpl> leaf = this->leaf.lock();
     if (!g.defined() || !leaf) return {};
     AutogradMeta& m = *leaf->autograd;
-    if (TraceState* trace = trace_state()) {
-      // The traced function's replays assign .grad again; the trace restores it when done.
-      bool known = false;
-      for (const auto& [impl, before] : trace->grads) known |= impl == leaf;
-      if (!known) trace->grads.emplace_back(leaf, m.grad);
+    if (trace_state()) {
+      // Accumulating reads the .grad: jit::trace replays add to the .grad of each call.
+      TracedGrad& r = traced_grad_record(leaf);
+      note_traced_grad_read(r, m.grad);
+      r.assigned = true;
     }
     if (!m.grad.defined()) {
       // A gradient nobody else holds can become .grad without a copy.
@@ -304,6 +364,24 @@ Edge gradient_edge(const Tensor& t) {
   return {};
 }
 
+void begin_traced_grads(const std::vector<Tensor>& argument_placeholders) {
+  t_traced_grads.clear();
+  t_traced_grad_arguments = argument_placeholders;
+  t_trace_first_node = g_next_sequence_nr.load();
+}
+
+const std::vector<TracedGrad>& traced_grads() {
+  return t_traced_grads;
+}
+
+void end_traced_grads() {
+  std::vector<TracedGrad> records = std::move(t_traced_grads);
+  t_traced_grads.clear();
+  t_traced_grad_arguments.clear();
+  t_trace_first_node = 0;
+  for (TracedGrad& r : records) r.leaf->autograd->grad = std::move(r.before);
+}
+
 void restore_traced_histories() {
   std::vector<SavedHistory> saved = std::move(t_traced_histories);
   t_traced_histories.clear();
@@ -443,6 +521,7 @@ void apply_inplace(Tensor& self, const char* op, std::initializer_list<const Ten
                ") cannot be modified in place; do it under kiln::NoGradGuard, or use an "
                "out-of-place op");
   }
+  if (tracing && recording) check_traced_write_history(self, op);
   Tensor r = out_of_place(saves_self ? self.clone() : self);
   KILN_CHECK(can_cast(r.dtype(), self.dtype()), op, ": result type ", r.dtype(),
              " can't be cast to the desired output type ", self.dtype(), " of ", describe(self));
@@ -717,12 +796,23 @@ bool Tensor::requires_grad() const {
 
 const Tensor& Tensor::grad() const {
   static const Tensor kUndefined;
+  if (defined() && detail::trace_mode()) {
+    detail::TracedGrad& r = detail::traced_grad_record(impl_ptr());
+    detail::note_traced_grad_read(r, r.leaf->autograd->grad);
+    return r.leaf->autograd->grad;
+  }
   const detail::AutogradMeta* m = defined() ? detail::autograd_meta(*this) : nullptr;
   return m ? m->grad : kUndefined;
 }
 
 Tensor& Tensor::mutable_grad() {
   detail::check_defined(*this, "mutable_grad");
+  if (detail::trace_mode()) {
+    // Taken to be written (zero_grad assigns it): a read through it is not guarded on.
+    detail::TracedGrad& r = detail::traced_grad_record(impl_ptr());
+    r.assigned = true;
+    return r.leaf->autograd->grad;
+  }
   return detail::ensure_autograd_meta(*this).grad;
 }
 

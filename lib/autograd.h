@@ -121,6 +121,27 @@ bool any_needs_grad(const std::vector<Tensor>& ts);
 // throws: every such tensor gets back the history it had before the trace.
 void restore_traced_histories();
 
+// What a traced function did to a leaf's .grad (Tensor::grad, mutable_grad, and a backward
+// accumulating into it, in trace mode), so that jit::trace replays read the .grad of each call and
+// assign it as eager mode would. A leaf's first touch puts in its .grad a placeholder for the
+// .grad at each call (none when it is undefined at trace time).
+struct TracedGrad {
+  std::shared_ptr<TensorImpl> leaf;  // a captured leaf, or the placeholder of call argument:
+  int64_t argument = -1;
+  Tensor before;          // leaf's .grad before the trace, restored when it ends
+  Tensor initial;         // the placeholder, or undefined
+  int64_t input = -1;     // the placeholder's index among TraceState::examples
+  bool observed = false;  // the function read the .grad it found (grad(), accumulation)
+  bool assigned = false;  // the function may have replaced it (mutable_grad(), accumulation)
+};
+// jit::trace brackets its function with these: `argument_placeholders` stand for the call's
+// arguments. traced_grads() lists the leaves touched so far; end_traced_grads() puts back every
+// .grad as it was before the trace. Between them, an in-place op under autograd on a tensor whose
+// history dates from before the trace raises (a replay could not give it its new history).
+void begin_traced_grads(const std::vector<Tensor>& argument_placeholders);
+const std::vector<TracedGrad>& traced_grads();
+void end_traced_grads();
+
 // Backward passes (backward(), autograd::grad) started on this thread so far, and how many of
 // them freed the graph they ran through (no retain_graph or create_graph): jit::trace tells from
 // them whether a traced function runs a backward of its own, and whether its returned values can

@@ -156,8 +156,7 @@ struct TraceState {
   std::vector<TraceRead> scalars;
   // Modes read through traced_flag: each call checks them, and a change traces anew.
   std::vector<TraceRead> flags;
-  // Leaves whose .grad the function assigned (by backward), with the .grad they had before.
-  std::vector<std::pair<std::shared_ptr<TensorImpl>, Tensor>> grads;
+  // (What the function does to leaves' .grad: lib/autograd.h, TracedGrad.)
   std::vector<std::string> warnings;
   // The example inputs the placeholders stand for: a value read inside the trace (item()) is
   // computed from them.

@@ -142,8 +142,8 @@ bool Module::training_flag() const {
 }
 
 void Module::zero_grad() {
-  for (Tensor& p : parameters())
-    if (p.grad().defined()) p.mutable_grad() = Tensor();
+  // Without reading .grad first: a traced zero_grad then does not depend on whether it was set.
+  for (Tensor& p : parameters()) p.mutable_grad() = Tensor();
 }
 
 namespace {

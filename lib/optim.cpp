@@ -61,8 +61,8 @@ Optimizer::Optimizer(std::vector<Tensor> parameters) : parameters_(std::move(par
 }
 
 void Optimizer::zero_grad() {
-  for (Tensor& p : parameters_)
-    if (p.grad().defined()) p.mutable_grad() = Tensor();
+  // Without reading .grad first: a traced zero_grad then does not depend on whether it was set.
+  for (Tensor& p : parameters_) p.mutable_grad() = Tensor();
 }
 
 // ---------------------------------------------------------------------------- SGD

@@ -1,8 +1,9 @@
 // What a traced function promises beyond replaying its graph: it follows the hyperparameters and
 // modes it reads (an optimizer's learning rate, a module's training flag), tracing has no side
 // effects, a failed trace leaves the thread as it was, factories start afresh on every call,
-// returned aliases of inputs get their gradients, and a function that runs its own backward is a
-// plain function. Each is checked against eager mode.
+// returned aliases of inputs get their gradients, a function that runs its own backward is a
+// plain function, and leaves' .grad are read and written at each call (accumulating over calls).
+// Each is checked against eager mode.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -50,6 +51,16 @@ Inputs step_on(Opt& opt, const Tensor& p, const Inputs& in) {
   loss.backward();
   opt.step();
   return Inputs{loss};
+}
+
+void eager_step_and_clear(optim::Optimizer& opt) {
+  eager(
+      [&](const Inputs&) {
+        opt.step();
+        opt.zero_grad();
+        return Inputs{};
+      },
+      {});
 }
 
 TEST(TraceContract, SgdFollowsHyperparametersChangedAfterTracingWithoutRecompiling) {
@@ -347,6 +358,227 @@ TEST(TraceContract, ReturnedAliasesOfAnInputGetTheirGradient) {
     y.copy_(in[0]);
     return Inputs{y, in[0] * 3};
   });
+}
+
+// ------------------------------------------------------------------- .grad across calls
+
+// loss = sum(p * p * x): p's gradient 2 p x is exact in float64 with dyadic values.
+Tensor micro_batch(const Tensor& p, const Tensor& x) {
+  Tensor loss = (p * p * x).sum();
+  loss.backward();
+  return loss.detach();
+}
+
+const std::vector<Tensor>& batches() {
+  static const std::vector<Tensor> b = {f64({1, 2}), f64({-3, 0.25}), f64({4, -1}), f64({0.5, 8})};
+  return b;
+}
+
+// Gradient accumulation over micro-batches, split across two traced functions: one runs a
+// backward (no zero_grad), the other steps and clears. The .grad each reads is the one of the
+// call, and each backward adds to it, as in eager mode.
+TEST(TraceContract, BackwardAccumulatesIntoGradAcrossCallsAsEagerMode) {
+  Tensor traced_p = f64({0.5, -1.5}).requires_grad_(true);
+  Tensor eager_p = f64({0.5, -1.5}).requires_grad_(true);
+  optim::SGD traced_opt({traced_p}, optim::SGDOptions{0.25});
+  optim::SGD eager_opt({eager_p}, optim::SGDOptions{0.25});
+  jit::Function accumulate = jit::trace(
+      [&](const Inputs& in) { return Inputs{micro_batch(traced_p, in[0])}; }, {f64({1, 1})});
+  EXPECT_FALSE(traced_p.grad().defined()) << "tracing assigned .grad";
+  micro_batch(traced_p, f64({1, 1}));  // .grad defined when the step is traced
+  jit::Function step = jit::trace(
+      [&](const Inputs&) {
+        traced_opt.step();
+        traced_opt.zero_grad();
+        return Inputs{};
+      },
+      {});
+  EXPECT_TRUE(traced_p.grad().defined()) << "tracing cleared .grad";
+  traced_p.mutable_grad() = Tensor();
+  std::string log;
+  for (int round = 0; round < 3; ++round) {
+    for (const Tensor& x : batches()) {
+      SCOPED_TRACE(::testing::Message() << "round " << round << ", x = " << x);
+      const Tensor held = eager_p.grad(), traced_held = traced_p.grad();
+      const Tensor want =
+          eager([&](const Inputs& in) { return Inputs{micro_batch(eager_p, in[0])}; }, {x})[0];
+      log += logged("guard", [&] { EXPECT_TRUE(equal(accumulate({x})[0], want)); });
+      ASSERT_TRUE(traced_p.grad().defined());
+      EXPECT_TRUE(equal(traced_p.grad(), eager_p.grad()))
+          << traced_p.grad() << " vs " << eager_p.grad();
+      // Eager mode adds into the .grad it finds: a tensor holding it sees the sum.
+      if (held.defined()) {
+        EXPECT_TRUE(equal(traced_held, held)) << traced_held << " vs " << held;
+      }
+    }
+    step({});
+    eager_step_and_clear(eager_opt);
+    EXPECT_FALSE(traced_p.grad().defined());
+    EXPECT_TRUE(equal(traced_p, eager_p)) << traced_p << " vs " << eager_p;
+  }
+  EXPECT_NE(log.find("the .grad of a captured float64[2] tensor is float64[2], traced as "
+                     "undefined"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(accumulate.num_specializations(), 2u);
+  EXPECT_EQ(step.num_specializations(), 1u);
+}
+
+// A .grad defined at trace time and undefined at a call (and the other way): the step reads it,
+// so each case has its own specialization, and an undefined .grad leaves p alone as in eager mode.
+TEST(TraceContract, AStepTracesAnewWhenGradIsSetOrNot) {
+  Tensor traced_p = f64({0.5, -1.5}).requires_grad_(true);
+  Tensor eager_p = f64({0.5, -1.5}).requires_grad_(true);
+  optim::SGD traced_opt({traced_p}, optim::SGDOptions{0.5, 0.5});
+  optim::SGD eager_opt({eager_p}, optim::SGDOptions{0.5, 0.5});
+  micro_batch(traced_p, f64({1, 1}));
+  jit::Function step = jit::trace(
+      [&](const Inputs&) {
+        traced_opt.step();
+        return Inputs{};
+      },
+      {});
+  traced_p.mutable_grad() = Tensor();
+  for (int call = 0; call < 6; ++call) {
+    SCOPED_TRACE(::testing::Message() << "call " << call);
+    const Tensor& x = batches()[static_cast<size_t>(call) % batches().size()];
+    if (call % 3 != 1) {
+      micro_batch(traced_p, x);
+      eager([&](const Inputs& in) { return Inputs{micro_batch(eager_p, in[0])}; }, {x});
+    } else {
+      traced_p.mutable_grad() = Tensor();
+      eager_p.mutable_grad() = Tensor();
+    }
+    step({});
+    eager(
+        [&](const Inputs&) {
+          eager_opt.step();
+          return Inputs{};
+        },
+        {});
+    EXPECT_TRUE(equal(traced_p, eager_p)) << traced_p << " vs " << eager_p;
+  }
+  EXPECT_EQ(step.num_specializations(), 2u);
+}
+
+// clip_grad_norm_ scales the .grad it finds in place: each call scales the .grad of the call, and
+// a tensor holding it sees the change, as in eager mode. Such a function cannot be saved.
+TEST(TraceContract, ClippingWritesTheGradOfTheCallInPlace) {
+  Tensor traced_p = f64({0.5, -1.5}).requires_grad_(true);
+  Tensor eager_p = f64({0.5, -1.5}).requires_grad_(true);
+  micro_batch(traced_p, f64({1, 1}));
+  jit::Function clip = jit::trace(
+      [&](const Inputs&) { return Inputs{nn::utils::clip_grad_norm_({traced_p}, 1.0)}; }, {});
+  for (const Tensor& x : batches()) {
+    SCOPED_TRACE(::testing::Message() << "x = " << x);
+    traced_p.mutable_grad() = Tensor();
+    micro_batch(traced_p, x);
+    eager([&](const Inputs& in) { return Inputs{micro_batch(eager_p, in[0])}; }, {x});
+    const Tensor traced_held = traced_p.grad(), held = eager_p.grad();
+    const Tensor norm = clip({})[0];
+    const Tensor want = eager(
+        [&](const Inputs&) { return Inputs{nn::utils::clip_grad_norm_({eager_p}, 1.0)}; }, {})[0];
+    EXPECT_TRUE(allclose(norm, want, 1e-14, 1e-14)) << norm << " vs " << want;
+    EXPECT_TRUE(allclose(traced_held, held, 1e-14, 1e-14)) << traced_held << " vs " << held;
+    EXPECT_TRUE(traced_p.grad().is_same(traced_held));
+    eager_p.mutable_grad() = Tensor();
+  }
+  EXPECT_THROW(clip.save(::testing::TempDir() + "/kiln_trace_clip.kiln"), Error);
+}
+
+// A call argument that requires grad gets its gradient in its own .grad, added to the one it has.
+TEST(TraceContract, BackwardAccumulatesIntoAnArgumentsGrad) {
+  const Tensor w = f64({3, -0.5});
+  const Fn fn = [&](const Inputs& in) { return Inputs{micro_batch(in[0], w)}; };
+  Tensor traced_x = f64({1, 2}).requires_grad_(true);
+  Tensor eager_x = f64({1, 2}).requires_grad_(true);
+  jit::Function f = jit::trace(fn, {traced_x});
+  EXPECT_FALSE(traced_x.grad().defined());
+  for (int call = 0; call < 4; ++call) {
+    SCOPED_TRACE(::testing::Message() << "call " << call);
+    if (call == 2) {  // new arguments, without a .grad
+      traced_x = batches()[2].clone().requires_grad_(true);
+      eager_x = batches()[2].clone().requires_grad_(true);
+    }
+    const Tensor want = eager(fn, {eager_x})[0];
+    EXPECT_TRUE(equal(f({traced_x})[0], want));
+    ASSERT_TRUE(traced_x.grad().defined());
+    EXPECT_TRUE(equal(traced_x.grad(), eager_x.grad()))
+        << traced_x.grad() << " vs " << eager_x.grad();
+  }
+}
+
+// Tracing zero_grad (and a step after it) leaves .grad as it was before the trace, and each call
+// clears and assigns it as eager mode does.
+TEST(TraceContract, TracingZeroGradLeavesGradAsItWas) {
+  Tensor traced_p = f64({0.5, -1.5}).requires_grad_(true);
+  Tensor eager_p = f64({0.5, -1.5}).requires_grad_(true);
+  optim::SGD traced_opt({traced_p}, optim::SGDOptions{0.25});
+  optim::SGD eager_opt({eager_p}, optim::SGDOptions{0.25});
+  micro_batch(traced_p, f64({1, 3}));
+  micro_batch(eager_p, f64({1, 3}));
+  const Tensor before = traced_p.grad();
+  jit::Function f = jit::trace([&](const Inputs& in) { return step_on(traced_opt, traced_p, in); },
+                               {f64({1, 1})});
+  EXPECT_TRUE(traced_p.grad().is_same(before)) << "tracing changed .grad";
+  jit::Function clear = jit::trace(
+      [&](const Inputs&) {
+        traced_opt.zero_grad();
+        return Inputs{};
+      },
+      {});
+  EXPECT_TRUE(traced_p.grad().is_same(before)) << "tracing zero_grad cleared .grad";
+  EXPECT_TRUE(equal(before, f64({1, -9})));
+  for (const Tensor& x : batches()) {
+    SCOPED_TRACE(::testing::Message() << "x = " << x);
+    f({x});
+    eager([&](const Inputs& in) { return step_on(eager_opt, eager_p, in); }, {x});
+    EXPECT_TRUE(equal(traced_p, eager_p)) << traced_p << " vs " << eager_p;
+    EXPECT_TRUE(equal(traced_p.grad(), eager_p.grad()));
+    clear({});
+    EXPECT_FALSE(traced_p.grad().defined());
+  }
+}
+
+// A captured tensor whose history dates from before the trace, written in place under autograd:
+// a replay could not give it the history eager mode does (its gradient would flow into the old
+// one), so tracing raises and leaves it as it was. Written under NoGradGuard, it traces and
+// matches eager mode.
+TEST(TraceContract, WritingATensorWithEarlierHistoryUnderAutogradIsAnError) {
+  const Tensor p = f64({0.5, -1.5}).requires_grad_(true);
+  Tensor h = p * 2;
+  try {
+    jit::trace(
+        [&](const Inputs& in) {
+          h.mul_(in[0]);
+          return Inputs{h.sum()};
+        },
+        {f64({1, 2})});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("mul_: jit::trace: the traced function writes in place, "
+                                         "with autograd on,"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("history from before the trace"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(equal(h, f64({1, -3}))) << h;
+  h.sum().backward();
+  EXPECT_TRUE(equal(p.grad(), f64({2, 2}))) << p.grad();
+
+  Tensor eager_h = p * 2;
+  const auto write = [](Tensor& t, const Inputs& in) {
+    NoGradGuard no_grad;
+    t.mul_(in[0]);
+    return Inputs{t * 1};
+  };
+  jit::Function f = jit::trace([&](const Inputs& in) { return write(h, in); }, {f64({1, 1})});
+  for (const Tensor& x : batches()) {
+    EXPECT_TRUE(
+        equal(f({x})[0], eager([&](const Inputs& in) { return write(eager_h, in); }, {x})[0]));
+    EXPECT_TRUE(equal(h, eager_h)) << h << " vs " << eager_h;
+  }
 }
 
 // --------------------------------------------------- functions that run a backward of their own
