@@ -18,7 +18,7 @@ class Scalar {
             std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>, int> = 0>
   Scalar(T v) : kind_(kInt64), i_(static_cast<int64_t>(v)), d_(static_cast<double>(v)) {}
   template <typename T, std::enable_if_t<std::is_floating_point_v<T>, int> = 0>
-  Scalar(T v) : kind_(kFloat64), i_(static_cast<int64_t>(v)), d_(static_cast<double>(v)) {}
+  Scalar(T v) : kind_(kFloat64), i_(truncate(static_cast<double>(v))), d_(static_cast<double>(v)) {}
 
   // kBool, kInt64 or kFloat64: the category of the value, not a tensor dtype.
   DType kind() const { return kind_; }
@@ -34,10 +34,16 @@ class Scalar {
     else if constexpr (std::is_same_v<T, bool>)
       return kind_ == kFloat64 ? d_ != 0 : i_ != 0;
     else
-      return kind_ == kFloat64 ? static_cast<T>(d_) : static_cast<T>(i_);
+      return static_cast<T>(kind_ == kFloat64 ? truncate(d_) : i_);
   }
 
  private:
+  // Toward zero, and 0 for what no int64 holds (NaN, infinities, 2^63 and beyond), where a plain
+  // cast would be undefined behaviour.
+  static int64_t truncate(double v) {
+    return v >= -0x1p63 && v < 0x1p63 ? static_cast<int64_t>(v) : 0;
+  }
+
   DType kind_;
   int64_t i_;
   double d_;

@@ -1,5 +1,9 @@
 // torch's type promotion: promote_types, the result type of ops mixing tensors, 0-dim tensors and
 // C++ numbers, true division, comparisons, and can_cast for in-place writes.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
 #include "tests/testing.h"
 
 namespace kiln {
@@ -189,6 +193,27 @@ TEST(Promotion, DTypeNamesAndSizes) {
   EXPECT_EQ(to_floating(kFloat64), kFloat64);
   EXPECT_TRUE(is_integral(kBool, true));
   EXPECT_FALSE(is_integral(kBool));
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// A float Scalar's integer view truncates toward zero; for values no int64 holds it is 0, not the
+// undefined result of a plain cast (which UBSan reports, and x86 turns into INT64_MIN).
+TEST(ScalarConversion, NonFiniteAndHugeFloatsConvertToZero) {
+  EXPECT_EQ(Scalar(-2.75).to_int(), -2);
+  EXPECT_EQ(Scalar(2.75f).to<int32_t>(), 2);
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double v : {std::nan(""), inf, -inf, 0x1p63, -0x1p64, 1e300}) {
+    EXPECT_EQ(Scalar(v).to_int(), 0) << v;
+    EXPECT_EQ(Scalar(v).to<int64_t>(), 0) << v;
+    EXPECT_EQ(Scalar(v).to<int32_t>(), 0) << v;
+    if (!std::isnan(v)) EXPECT_EQ(Scalar(v).to_double(), v) << v;  // the value itself is kept
+  }
+  EXPECT_EQ(Scalar(-0x1p63).to_int(), INT64_MIN);  // the one power of two that fits
 }
 
 }  // namespace
