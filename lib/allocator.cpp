@@ -4,8 +4,13 @@
 // reused only for the same rounded size (2 MiB granules), so a steady-state loop allocates nothing
 // new. The cache holds at most KILN_CPU_CACHE_MB (default 1024) MiB; beyond that, freed blocks go
 // back to the system.
+//
+// Under AddressSanitizer (tools/sanitize) the bytes past each block's requested size, and whole
+// blocks while they wait in the cache, are poisoned: the memory stays mapped, but reading past a
+// tensor's end or using a freed one is still reported. (Without ASan the macros are empty.)
 #include "lib/allocator.h"
 
+#include <sanitizer/asan_interface.h>
 #include <sys/mman.h>
 
 #include <atomic>
@@ -70,8 +75,12 @@ void* alloc_uncounted(size_t nbytes) {
   // No object may exceed PTRDIFF_MAX bytes (and the rounding below must not wrap).
   KILN_CHECK(nbytes <= static_cast<size_t>(PTRDIFF_MAX), "out of memory: ", nbytes,
              " bytes is more than one allocation can hold");
-  if (nbytes < kLargeBlock)
-    return system_alloc(64, (nbytes + 63) / 64 * 64 + (nbytes == 0 ? 64 : 0));
+  if (nbytes < kLargeBlock) {
+    const size_t size = (nbytes + 63) / 64 * 64 + (nbytes == 0 ? 64 : 0);
+    void* p = system_alloc(64, size);
+    ASAN_POISON_MEMORY_REGION(static_cast<char*>(p) + nbytes, size - nbytes);
+    return p;
+  }
   size_t size = round_large(nbytes);
   {
     BlockCache& c = cache();
@@ -81,11 +90,13 @@ void* alloc_uncounted(size_t nbytes) {
       void* p = it->second.back();
       it->second.pop_back();
       c.cached -= size;
+      ASAN_UNPOISON_MEMORY_REGION(p, nbytes);  // the rest stays poisoned from cpu_free
       return p;
     }
   }
   void* p = system_alloc(kHugePage, size);
   madvise(p, size, MADV_HUGEPAGE);  // advisory: fewer page faults and TLB misses where THP is on
+  ASAN_POISON_MEMORY_REGION(static_cast<char*>(p) + nbytes, size - nbytes);
   return p;
 }
 }  // namespace
@@ -104,6 +115,7 @@ void cpu_free(void* p, size_t nbytes) {
     BlockCache& c = cache();
     std::lock_guard<std::mutex> lock(c.mu);
     if (c.cached + size <= cache_limit()) {
+      ASAN_POISON_MEMORY_REGION(p, size);
       c.free_blocks[size].push_back(p);
       c.cached += size;
       return;

@@ -66,7 +66,9 @@ uint64_t g_serial = 0;  // under the lock
 struct LiveList {
   LazyNode* head = nullptr;
   LazyNode* tail = nullptr;
-  int64_t count = 0;
+  // Written under the lock; atomic because the owner thread reads it without the lock after each
+  // recording (KILN_MAX_PENDING), while another thread may free one of its nodes.
+  std::atomic<int64_t> count{0};
 };
 
 namespace {
@@ -89,8 +91,9 @@ void splice_into(LiveList& from, LiveList& to) {
     to.head = from.head;
   }
   to.tail = from.tail;
-  to.count += from.count;
-  from = LiveList{};
+  to.count.fetch_add(from.count.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  from.head = from.tail = nullptr;
+  from.count.store(0, std::memory_order_relaxed);
 }
 
 // This thread's list, made at its first recording and handed to the orphans at its end. A plain
@@ -128,7 +131,7 @@ void live_insert(LazyNode* n) {
   else
     l.head = n;
   l.tail = n;
-  ++l.count;
+  l.count.fetch_add(1, std::memory_order_relaxed);
 }
 
 void live_remove(LazyNode* n) {
@@ -143,7 +146,7 @@ void live_remove(LazyNode* n) {
   else
     l->tail = n->live_prev;
   n->live_list = nullptr;
-  --l->count;
+  l->count.fetch_sub(1, std::memory_order_relaxed);
 }
 
 // A computed node whose last consumer went: its result storages stop counting as read.
@@ -510,7 +513,8 @@ void set_output_devices(const OpDef& def, const Tensor* inputs, size_t count, La
 // A flush evaluates, which must not happen under the lock (a recording nested in one, such as a
 // view re-derived by lazy_input): the next recording outside it flushes instead.
 void after_record() {
-  if (t_lock_depth == 0 && t_live && t_live->count > g_max_pending.load(std::memory_order_relaxed))
+  if (t_lock_depth == 0 && t_live &&
+      t_live->count.load(std::memory_order_relaxed) > g_max_pending.load(std::memory_order_relaxed))
     flush_pending("the pending trace passed KILN_MAX_PENDING");
 }
 }  // namespace
@@ -701,7 +705,7 @@ void prepare_write(const Tensor& t) {
 
 int64_t pending_count() {
   LazyLock lock;
-  return t_live ? t_live->count : 0;
+  return t_live ? t_live->count.load(std::memory_order_relaxed) : 0;
 }
 int64_t max_pending() {
   return g_max_pending.load();

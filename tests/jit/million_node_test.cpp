@@ -21,6 +21,7 @@
 #include "kiln/kiln.h"
 #include "lib/lazy.h"
 #include "lib/tensor_impl.h"
+#include "tests/scale.h"
 
 namespace kiln {
 namespace {
@@ -207,7 +208,7 @@ void run_graph_stages(const std::vector<detail::LazyRef>& requests, size_t min_n
   timer.lap("graph_hash + destroy");
 }
 
-constexpr int64_t kNodes = 1000000;
+const int64_t kNodes = kiln::testing::scaled(1000000);
 
 TEST(MillionNodes, Chain) {
   LazyGuard lazy(true);

@@ -17,6 +17,7 @@
 #include "jit/executor.h"
 #include "jit/ir.h"
 #include "kiln/kiln.h"
+#include "tests/scale.h"
 #include "tests/testing.h"
 
 namespace kiln::jit {
@@ -1023,7 +1024,7 @@ TEST(Differential, RunPassesPreservesResults) {
 }
 
 // ----------------------------------------------------------------------------- million-node graphs
-constexpr int64_t kMillion = 1000000;
+const int64_t kMillion = kiln::testing::scaled(1000000);
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -14,6 +14,7 @@
 
 #include "jit/hash.h"
 #include "tests/jit/random_graph.h"
+#include "tests/scale.h"
 #include "tests/testing.h"
 
 namespace kiln {
@@ -154,7 +155,7 @@ TEST(GraphSerialize, SubgraphsRoundTrip) {
 TEST(GraphSerialize, DeepNestingIsIterative) {
   auto root = std::make_unique<Graph>();
   Graph* g = root.get();
-  for (int d = 0; d < 100000; ++d) {
+  for (int64_t d = 0, depth = kiln::testing::scaled(100000); d < depth; ++d) {
     Node* n = g->create("exp", {g->add_input(kF32x4)}, {}, {kF32x4});
     g->add_output(n->output());
     auto sub = std::make_unique<Graph>();
@@ -488,7 +489,8 @@ TEST(GraphSerialize, ResealedCorruptionsThrowOrVerify) {
 TEST(GraphSerialize, MillionNodeChainRoundTrips) {
   auto g = std::make_unique<Graph>();
   Value* v = g->add_input(kF32x4);
-  for (int i = 0; i < 1000000; ++i) v = g->create("exp", {v}, {}, {kF32x4})->output();
+  for (int64_t i = 0, n = kiln::testing::scaled(1000000); i < n; ++i)
+    v = g->create("exp", {v}, {}, {kF32x4})->output();
   g->add_output(v);
   using clock = std::chrono::steady_clock;
   auto ms = [](clock::time_point a) {

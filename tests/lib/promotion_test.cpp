@@ -1,5 +1,9 @@
 // torch's type promotion: promote_types, the result type of ops mixing tensors, 0-dim tensors and
 // C++ numbers, true division, comparisons, and can_cast for in-place writes.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
 #include "tests/testing.h"
 
 namespace kiln {
@@ -189,6 +193,29 @@ TEST(Promotion, DTypeNamesAndSizes) {
   EXPECT_EQ(to_floating(kFloat64), kFloat64);
   EXPECT_TRUE(is_integral(kBool, true));
   EXPECT_FALSE(is_integral(kBool));
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// A float Scalar's integer view truncates toward zero; for values the integer type cannot hold
+// it is that type's lowest value (x86's "integer indefinite", what the fused kernels' conversion
+// gives), never the undefined result of a plain cast (which UBSan reports).
+TEST(ScalarConversion, NonFiniteAndHugeFloatsConvertToTheLowestInteger) {
+  EXPECT_EQ(Scalar(-2.75).to_int(), -2);
+  EXPECT_EQ(Scalar(2.75f).to<int32_t>(), 2);
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double v : {std::nan(""), inf, -inf, 0x1p63, -0x1p64, 1e300}) {
+    EXPECT_EQ(Scalar(v).to_int(), INT64_MIN) << v;
+    EXPECT_EQ(Scalar(v).to<int64_t>(), INT64_MIN) << v;
+    EXPECT_EQ(Scalar(v).to<int32_t>(), INT32_MIN) << v;
+    if (!std::isnan(v)) EXPECT_EQ(Scalar(v).to_double(), v) << v;  // the value itself is kept
+  }
+  EXPECT_EQ(Scalar(-0x1p63).to_int(), INT64_MIN);   // the one power of two that fits
+  EXPECT_EQ(Scalar(3e9).to<int32_t>(), INT32_MIN);  // fits int64, not int32
 }
 
 }  // namespace
