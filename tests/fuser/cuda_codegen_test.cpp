@@ -35,6 +35,7 @@
 #include "lib/op_table.h"
 #include "tests/fuser/fuser_testing.h"
 #include "tests/fuser/random_reduction.h"
+#include "tests/scale.h"
 #include "tests/testing.h"
 #endif
 
@@ -294,15 +295,16 @@ void compile_random_programs(uint64_t seed, int count) {
               static_cast<unsigned long long>(seed), programs, kernels);
 }
 
-// 300 programs in all, in three test cases (each has its own timeout).
+// 300 programs in all, in three test cases (each has its own timeout); fewer under
+// KILN_TEST_SCALE.
 TEST(CudaCodegen, RandomProgramsCompileForSm90Seed1) {
-  compile_random_programs(20261125, 100);
+  compile_random_programs(20261125, static_cast<int>(testing::scaled(100, 24)));
 }
 TEST(CudaCodegen, RandomProgramsCompileForSm90Seed2) {
-  compile_random_programs(20261126, 100);
+  compile_random_programs(20261126, static_cast<int>(testing::scaled(100, 24)));
 }
 TEST(CudaCodegen, RandomProgramsCompileForSm90Seed3) {
-  compile_random_programs(20261127, 100);
+  compile_random_programs(20261127, static_cast<int>(testing::scaled(100, 24)));
 }
 
 // A literal of the graph is a kernel scalar: x * 0.37 and x * 0.38 are the same source (and so

@@ -16,6 +16,7 @@
 #include "kiln/jit.h"
 #include "kiln/kiln.h"
 #include "tests/fuser/fuser_testing.h"
+#include "tests/scale.h"
 #include "tests/testing.h"
 
 namespace kiln {
@@ -463,7 +464,7 @@ void run_random_programs(uint64_t seed, int count, double seconds) {
 }
 
 TEST(FuserRandom, TwoThousandProgramsWithAFixedSeedMatchEager) {
-  run_random_programs(20261122, 2000, 0);
+  run_random_programs(20261122, static_cast<int>(testing::scaled(2000, 200)), 0);
 }
 
 // A fresh seed each run (printed, so a failure can be replayed with KILN_FUZZ_SEED), for at most

@@ -13,6 +13,7 @@
 #include "kiln/jit.h"
 #include "kiln/kiln.h"
 #include "tests/fuser/fuser_testing.h"
+#include "tests/scale.h"
 #include "tests/testing.h"
 
 namespace kiln {
@@ -369,13 +370,14 @@ Coverage run_random(uint64_t seed, int programs) {
 }
 
 TEST(ViewJoinRandom, TwoThousandProgramsWithAFixedSeedMatchEager) {
-  const Coverage cov = run_random(20261122, 2000);
+  const int programs = static_cast<int>(testing::scaled(2000, 200));  // KILN_TEST_SCALE
+  const Coverage cov = run_random(20261122, programs);
   std::cout << cov.programs << " programs ran, " << cov.pushed_views << " views pushed, "
             << cov.join_kernels << " kernels ending in a join\n";
   // The generator reaches what this test is about.
-  EXPECT_GE(cov.programs, 1500);
-  EXPECT_GE(cov.pushed_views, 500);
-  EXPECT_GE(cov.join_kernels, 300);
+  EXPECT_GE(cov.programs, programs * 3 / 4);
+  EXPECT_GE(cov.pushed_views, programs / 4);
+  EXPECT_GE(cov.join_kernels, programs * 3 / 20);
 }
 
 TEST(ViewJoinRandom, FreshSeedTimeBoxed) {

@@ -19,6 +19,7 @@
 #include "kiln/kiln.h"
 #include "lib/lazy.h"
 #include "lib/tensor_impl.h"
+#include "tests/scale.h"
 #include "tests/testing.h"
 
 namespace kiln {
@@ -859,7 +860,7 @@ void check_random_programs(int count, uint64_t seed0, bool exp_log) {
 }
 
 TEST_F(Lazy, RandomProgramsMatchEager) {
-  check_random_programs(200, 1000, false);
+  check_random_programs(static_cast<int>(testing::scaled(200, 40)), 1000, false);
 }
 
 // With exp and log, stabilizable patterns appear; with the stabilize pass off, lazy mode must

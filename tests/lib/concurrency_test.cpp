@@ -18,6 +18,7 @@
 #include "kiln/optim.h"
 #include "lib/lazy.h"
 #include "lib/tensor_impl.h"
+#include "tests/scale.h"
 #include "tests/testing.h"
 
 namespace kiln {
@@ -27,11 +28,9 @@ using testing::values;
 
 constexpr int kThreads = 4;
 
-// Iterations shrink under sanitizers (KILN_TEST_SCALE=0.25), never to zero.
+// Iterations shrink under sanitizers (KILN_TEST_SCALE), never below a few rounds.
 int scaled(int n) {
-  const char* s = std::getenv("KILN_TEST_SCALE");
-  const double scale = s ? std::atof(s) : 1.0;
-  return std::max(1, static_cast<int>(n * (scale > 0 ? scale : 1.0)));
+  return static_cast<int>(testing::scaled(n, 2));
 }
 
 // Runs body(i) on kThreads threads that start together.
