@@ -140,27 +140,35 @@ class BasicBlock : public nn::Module {
   std::shared_ptr<nn::Sequential> downsample;  // null: identity shortcut
 };
 
-// A 3x3 stem, three stages of basic blocks (width, 2 * width, 4 * width channels; the last two
-// halve the resolution), global average pooling and a linear classifier: the CIFAR ResNets'
-// layout (He et al. 2016, section 4.2) at a small size.
 class ResNet : public nn::Module {
  public:
-  ResNet(int64_t width, int64_t blocks_per_stage, int64_t classes) {
+  explicit ResNet(const ResNetArch& arch) {
+    KILN_CHECK(arch.width > 0 && arch.classes > 0 && !arch.blocks.empty(),
+               "make_resnet: width and classes must be positive and there must be a stage");
     features = register_module("features", std::make_shared<nn::Sequential>());
-    features->push_back(conv3x3(3, width, 1));
-    features->push_back(std::make_shared<nn::BatchNorm2d>(width));
+    if (arch.imagenet_stem) {
+      features->push_back(std::make_shared<nn::Conv2d>(3, arch.width, Shape{7, 7}, Shape{2, 2},
+                                                       Shape{3, 3}, Shape{1, 1}, 1,
+                                                       /*bias=*/false));
+    } else {
+      features->push_back(conv3x3(3, arch.width, 1));
+    }
+    features->push_back(std::make_shared<nn::BatchNorm2d>(arch.width));
     features->push_back(std::make_shared<nn::ReLU>());
-    int64_t in = width;
-    for (int64_t stage = 0; stage < 3; ++stage) {
-      const int64_t out = width << stage;
-      for (int64_t b = 0; b < blocks_per_stage; ++b) {
+    if (arch.imagenet_stem)
+      features->push_back(std::make_shared<nn::MaxPool2d>(Shape{3, 3}, Shape{2, 2}, Shape{1, 1}));
+    int64_t in = arch.width;
+    for (size_t stage = 0; stage < arch.blocks.size(); ++stage) {
+      const int64_t out = arch.width << stage;
+      KILN_CHECK(arch.blocks[stage] > 0, "make_resnet: stage ", stage, " has no blocks");
+      for (int64_t b = 0; b < arch.blocks[stage]; ++b) {
         features->push_back(std::make_shared<BasicBlock>(in, out, stage > 0 && b == 0 ? 2 : 1));
         in = out;
       }
     }
     features->push_back(std::make_shared<nn::AdaptiveAvgPool2d>(Shape{1, 1}));
     features->push_back(std::make_shared<nn::Flatten>());
-    fc = register_module("fc", std::make_shared<nn::Linear>(in, classes));
+    fc = register_module("fc", std::make_shared<nn::Linear>(in, arch.classes));
   }
   std::string name() const override { return "ResNet"; }
   Tensor forward(const Tensor& x) override { return fc->forward(features->forward(x)); }
@@ -171,7 +179,7 @@ class ResNet : public nn::Module {
 
 // Accuracy and mean loss over a data set, in eval mode (batch norm's running statistics), in
 // chunks so the activations stay small.
-void evaluate(ResNet& model, const ShapesDataset& data, ResNetResult& result) {
+void evaluate(nn::Module& model, const ShapesDataset& data, ResNetResult& result) {
   NoGradGuard no_grad;
   model.eval();
   const int64_t n = data.labels.size(0), chunk = 500;
@@ -189,6 +197,10 @@ void evaluate(ResNet& model, const ShapesDataset& data, ResNetResult& result) {
 }
 
 }  // namespace
+
+std::shared_ptr<nn::Module> make_resnet(const ResNetArch& arch) {
+  return std::make_shared<ResNet>(arch);
+}
 
 const std::vector<std::string>& shape_class_names() {
   static const std::vector<std::string> names = {
@@ -224,7 +236,8 @@ ResNetResult train_resnet(const ResNetConfig& c) {
   // Different seeds for the two splits: the test images are new draws.
   ShapesDataset train = generate_shapes(c.train_images, c.image_size, c.seed);
   ShapesDataset test = generate_shapes(c.test_images, c.image_size, c.seed ^ 0x9e3779b97f4a7c15ULL);
-  ResNet model(c.width, c.blocks_per_stage, kClasses);
+  // The CIFAR layout (He et al. 2016, section 4.2) at a small size.
+  ResNet model(ResNetArch{c.width, std::vector<int64_t>(3, c.blocks_per_stage), false, kClasses});
   // Parameters, running statistics and both splits move to the device once: a training step
   // then reads nothing from the host.
   model.to(device);
