@@ -46,6 +46,42 @@ TEST(ResNetExample, ShapesAreDeterministicAndBalanced) {
   EXPECT_EQ(shape_class_names().size(), 10u);
 }
 
+// Parameters of a ResNet with ResNet-18's layout (7x7 stem, two basic blocks in each of four
+// stages, batch norm weight and bias per channel, 1x1 downsampling at each stage after the first),
+// counted layer by layer as torchvision's resnet18 lays them out.
+int64_t resnet18_parameters(int64_t width, int64_t classes) {
+  int64_t n = 3 * width * 7 * 7 + 2 * width;  // stem convolution and batch norm
+  int64_t in = width;
+  for (int64_t stage = 0; stage < 4; ++stage) {
+    const int64_t c = width << stage;
+    n += in * c * 9 + c * c * 9 + 4 * c;  // first block: two convolutions, two batch norms
+    if (stage > 0) n += in * c + 2 * c;   // its 1x1 downsampling and batch norm
+    n += 2 * c * c * 9 + 4 * c;           // second block
+    in = c;
+  }
+  return n + in * classes + classes;  // the linear head
+}
+
+// make_resnet builds ResNet-18's layout: the count above is torchvision's resnet18 at width 64
+// (11,689,512 with 1000 classes), and a narrow one built here matches it. (A narrow one: building
+// the full-width model draws 11.7M random numbers, which takes seconds.)
+TEST(ResNetExample, ResNet18LayoutHasTorchvisionsParameters) {
+  ASSERT_EQ(resnet18_parameters(64, 1000), 11689512);
+  manual_seed(0);
+  ResNetArch arch = resnet18_arch(10);
+  arch.width = 8;
+  std::shared_ptr<nn::Module> model = make_resnet(arch);
+  int64_t n = 0;
+  for (const Tensor& p : model->parameters()) n += p.numel();
+  EXPECT_EQ(n, resnet18_parameters(8, 10));
+  EXPECT_EQ(model->buffers().size(), 3u * 20);  // 20 batch norms: mean, var, batches tracked
+  NoGradGuard no_grad;
+  model->eval();
+  Tensor logits = model->forward(randn({2, 3, 64, 64}));
+  EXPECT_EQ(logits.sizes(), (Shape{2, 10}));
+  EXPECT_TRUE(isfinite(logits).all().item<bool>());
+}
+
 TEST(ResNetExample, LearnsTheShapesInAShortTracedRun) {
   ResNetConfig c;
   c.train_images = 4800;
