@@ -1,0 +1,195 @@
+// Convolution benchmarks, float32 on the CPU, eager.
+//   BM_Conv/<problem>/<pass>/<algorithm>: one pass of the GpuCorrMM benchmark configurations
+//     (input 64x32x32 with 128 5x5 kernels, valid; 384x13x13 with 384 3x3 kernels, padding 1;
+//     batch 32) computed by one algorithm, forced with set_conv_algo (lib/ops/conv.h).
+//   BM_Conv/<problem>/<pass>/auto: the chooser's pick (its measuring call excluded), registered
+//     after the forced rows of its pass; the label names the pick, and <algorithm>_vs_fastest
+//     prints each row's time over the fastest forced time of the pass in this run
+//     (chosen_vs_fastest: the pick's own time; target <= 1.1).
+//   BM_ResNet18TrainStep/<mode>: one training step (forward, cross entropy, backward, Adam) of
+//     ResNet-18 (tools/examples/resnet.h) on a batch of 32 3x64x64 images, eager (the reference,
+//     registered first), lazy, and as a jit::trace replay; vs_eager = eager's step time / this
+//     one's (above 1: faster; target for the traced step >= 1.3).
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kiln/jit.h"
+#include "kiln/kiln.h"
+#include "kiln/nn.h"
+#include "kiln/optim.h"
+#include "kiln/profiler.h"
+#include "lib/ops/conv.h"
+#include "tools/bench/counters.h"
+#include "tools/examples/resnet.h"
+
+namespace {
+
+using kiln::Shape;
+using kiln::Tensor;
+using kiln::detail::ConvAlgo;
+
+struct ConvProblem {
+  const char* name;
+  int64_t N, C, H, W, O, k, pad;
+  int64_t out_h() const { return H + 2 * pad - k + 1; }
+  int64_t out_w() const { return W + 2 * pad - k + 1; }
+  double flops() const { return 2.0 * static_cast<double>(N * O * C * k * k * out_h() * out_w()); }
+};
+constexpr int64_t kConvBatch = 32;
+const ConvProblem kProblems[] = {
+    {"64x32x32_k5x5x128", kConvBatch, 64, 32, 32, 128, 5, 0},
+    {"384x13x13_k3x3x384_pad1", kConvBatch, 384, 13, 13, 384, 3, 1},
+};
+
+enum class Pass { Forward, GradInput, GradWeight };
+const char* pass_name(Pass p) {
+  return p == Pass::Forward ? "forward" : p == Pass::GradInput ? "grad_input" : "grad_weight";
+}
+// The algorithms lib/ops/conv.cpp can run each pass with (the weight-gradient formulation is a
+// forward algorithm only).
+std::vector<ConvAlgo> algorithms(Pass p) {
+  if (p == Pass::Forward) return {ConvAlgo::Im2col, ConvAlgo::WeightGrad, ConvAlgo::OneDNN};
+  return {ConvAlgo::Im2col, ConvAlgo::OneDNN};
+}
+
+// Seconds per call of each forced algorithm, by "<problem>/<pass>", filled as the rows run.
+std::map<std::string, std::map<ConvAlgo, double>>& forced_seconds() {
+  static std::map<std::string, std::map<ConvAlgo, double>> m;
+  return m;
+}
+
+struct ConvOperands {
+  Tensor x, w, gy;
+  explicit ConvOperands(const ConvProblem& p)
+      : x(kiln::randn({p.N, p.C, p.H, p.W})),
+        w(kiln::randn({p.O, p.C, p.k, p.k})),
+        gy(kiln::randn({p.N, p.O, p.out_h(), p.out_w()})) {}
+};
+
+Tensor run_pass(Pass pass, const ConvProblem& p, const ConvOperands& in) {
+  const Shape stride{1, 1}, padding{p.pad, p.pad}, dilation{1, 1};
+  switch (pass) {
+    case Pass::Forward:
+      return kiln::conv2d(in.x, in.w, Tensor(), stride, padding, dilation, 1);
+    case Pass::GradInput:
+      return kiln::conv2d_grad_input(in.gy, in.w, in.x.sizes(), stride, padding, dilation, 1);
+    default:
+      return kiln::conv2d_grad_weight(in.gy, in.x, in.w.sizes(), stride, padding, dilation, 1);
+  }
+}
+
+// Restores the chooser (measure, then remember) when a row ends.
+struct ForcedAlgo {
+  explicit ForcedAlgo(ConvAlgo a) { kiln::detail::set_conv_algo(a); }
+  ~ForcedAlgo() { kiln::detail::set_conv_algo(ConvAlgo::Auto); }
+};
+
+// `algo` Auto: the chooser's pick, after a first call that measures and remembers it.
+void BM_Conv(benchmark::State& state, const ConvProblem& p, Pass pass, ConvAlgo algo) {
+  kiln::manual_seed(0);
+  kiln::LazyGuard eager(false);
+  ConvOperands in(p);
+  ForcedAlgo forced(algo);
+  if (algo == ConvAlgo::Auto) kiln::detail::clear_conv_choices();
+  run_pass(pass, p, in);  // warm-up: oneDNN's kernel generation, the chooser's measurements
+  const ConvAlgo ran = kiln::detail::last_conv_algo();
+  if (algo != ConvAlgo::Auto && ran != algo) {
+    state.SkipWithError("the forced algorithm cannot run this problem");
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) benchmark::DoNotOptimize(run_pass(pass, p, in).raw_data_ptr());
+  const double per_call =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+      static_cast<double>(state.iterations());
+  kiln::bench::set_flops(state, p.flops());
+  const std::string key = std::string(p.name) + "/" + pass_name(pass);
+  if (algo != ConvAlgo::Auto) {
+    forced_seconds()[key][algo] = per_call;
+    return;
+  }
+  const std::map<ConvAlgo, double>& times = forced_seconds()[key];
+  if (times.empty()) return;  // the forced rows were filtered out
+  double fastest = times.begin()->second;
+  for (const auto& [a, s] : times) fastest = std::min(fastest, s);
+  for (const auto& [a, s] : times)
+    state.counters[std::string(kiln::detail::conv_algo_name(a)) + "_vs_fastest"] = s / fastest;
+  state.counters["chosen_vs_fastest"] = per_call / fastest;
+  state.SetLabel(std::string("chose ") + kiln::detail::conv_algo_name(ran));
+}
+
+const bool kConvRegistered = [] {
+  for (const ConvProblem& p : kProblems) {
+    for (Pass pass : {Pass::Forward, Pass::GradInput, Pass::GradWeight}) {
+      std::vector<ConvAlgo> algos = algorithms(pass);
+      algos.push_back(ConvAlgo::Auto);  // last: it reads the forced rows' times
+      for (ConvAlgo a : algos) {
+        const std::string name = std::string("BM_Conv/") + p.name + "/" + pass_name(pass) + "/" +
+                                 (a == ConvAlgo::Auto ? "auto" : kiln::detail::conv_algo_name(a));
+        benchmark::RegisterBenchmark(name.c_str(), BM_Conv, p, pass, a)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+      }
+    }
+  }
+  return true;
+}();
+
+// ----------------------------------------------------------------- ResNet-18 training step
+
+enum class StepMode { Eager, Lazy, Traced };
+double g_resnet_eager_seconds = 0;
+
+void BM_ResNet18TrainStep(benchmark::State& state, StepMode mode) {
+  constexpr int64_t B = 32, S = 64, kClasses = 200;  // Tiny ImageNet's size and classes
+  kiln::manual_seed(0);
+  std::shared_ptr<kiln::nn::Module> model =
+      kiln::examples::make_resnet(kiln::examples::resnet18_arch(kClasses));
+  kiln::optim::Adam adam(model->parameters(), kiln::optim::AdamOptions{1e-3});
+  Tensor x = kiln::randn({B, 3, S, S});
+  Tensor y = kiln::randint(kClasses, {B});
+  kiln::LazyGuard lazy(mode != StepMode::Eager);
+  auto step = [&](const std::vector<Tensor>& in) {
+    adam.zero_grad();
+    Tensor loss = kiln::cross_entropy(model->forward(in[0]), in[1]);
+    loss.backward();
+    adam.step();
+    return std::vector<Tensor>{loss.detach()};
+  };
+  kiln::jit::Function traced;
+  if (mode == StepMode::Traced) traced = kiln::jit::trace(step, {x, y});
+  auto run = [&] {
+    return (mode == StepMode::Traced ? traced({x, y}) : step({x, y}))[0].item<float>();
+  };
+  // Two untimed steps: kernel compilation, the convolution chooser's measurements, first touches.
+  run();
+  run();
+  // Under KILN_PROFILE the report then covers the timed steps alone.
+  if (kiln::profiler::enabled()) kiln::profiler::reset();
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) benchmark::DoNotOptimize(run());
+  const double per_step =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+      static_cast<double>(state.iterations());
+  state.counters["step_s"] = per_step;
+  if (mode == StepMode::Eager) g_resnet_eager_seconds = per_step;
+  if (mode != StepMode::Eager && g_resnet_eager_seconds > 0)
+    state.counters["vs_eager"] = g_resnet_eager_seconds / per_step;
+  state.SetItemsProcessed(state.iterations() * B);
+}
+BENCHMARK_CAPTURE(BM_ResNet18TrainStep, eager, StepMode::Eager)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_ResNet18TrainStep, lazy, StepMode::Lazy)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_ResNet18TrainStep, traced, StepMode::Traced)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+}  // namespace
