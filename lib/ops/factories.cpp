@@ -271,7 +271,8 @@ Tensor rand(const Shape& shape, TensorOptions options) {
   detail::dispatch_floating(dt, "rand", [&](auto tag) {
     using T = KILN_TYPE(tag);
     T* p = t.data_ptr<T>();
-    for (int64_t i = 0; i < t.numel(); ++i) {
+    const int64_t n = t.numel();  // numel() walks the sizes: not once per element
+    for (int64_t i = 0; i < n; ++i) {
       T v = static_cast<T>(next_uniform(g.engine));
       p[i] = v < T(1) ? v : std::nextafter(T(1), T(0));  // rounding to float must not reach 1
     }
@@ -323,7 +324,8 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opti
     // Rejection sampling keeps every value equally likely.
     uint64_t limit =
         std::numeric_limits<uint64_t>::max() - std::numeric_limits<uint64_t>::max() % range;
-    for (int64_t i = 0; i < t.numel(); ++i) {
+    const int64_t n = t.numel();
+    for (int64_t i = 0; i < n; ++i) {
       uint64_t r;
       do r = g.engine();
       while (r >= limit);
