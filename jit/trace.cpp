@@ -410,12 +410,14 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
     }
     spec->graph->clear_outputs();
     for (Value* v : by_request) spec->graph->add_output(v);
+    // A tensor the function allocated is held without the autograd history an in-place op gave
+    // it inside (fill_ makes its constant value self's history): that history reaches the
+    // trace's placeholders, which must not outlive it. Detached here, before the captures of
+    // the forward and of the backward are taken from the binding.
+    for (Tensor& c : binding.inputs)
+      if (c.defined() && scope.state.created.count(c.impl()->storage.get())) c = c.detach();
     spec->arguments = binding.arguments;
     spec->captures = binding.inputs;
-    // A tensor the function allocated is held without the autograd history an in-place op gave
-    // it inside: that history reaches the trace's placeholders, which must not outlive it.
-    for (Tensor& c : spec->captures)
-      if (c.defined() && scope.state.created.count(c.impl()->storage.get())) c = c.detach();
     if (!gradient_request_of.empty()) {
       // Split the graph of the function and its gradients into an augmented forward and a
       // backward.

@@ -371,10 +371,11 @@ std::vector<Tensor> saved_for(Saves grad_a_reads, Saves grad_b_reads, const Tens
   }
 
 namespace {
-// The share of the gradient of maximum/minimum that goes to a: all of it where a wins, half
-// where they tie (as torch).
-Tensor winner_share(const Tensor& a_wins, const Tensor& a, const Tensor& b, DType dtype) {
-  return a_wins.to(dtype) + eq(a, b).to(dtype) * 0.5;
+// The gradient of maximum/minimum that goes to one operand, as torch's: exactly 0 where it loses
+// (even where g is inf or NaN), half of g where they tie, all of g otherwise, so where either
+// operand is NaN (the result is NaN, neither loses nor ties) both get all of it.
+Tensor share(const Tensor& g, const Tensor& loses, const Tensor& a, const Tensor& b) {
+  return where(logical_not(loses), where(eq(a, b), g * 0.5, g), 0.0);
 }
 }  // namespace
 
@@ -382,11 +383,11 @@ KILN_BINARY(mul, DTypeRule::Same, true, multiply(x, y), "(mul x y)", g* b, Y, g*
 KILN_BINARY(div, DTypeRule::Float, true, x / y, "(div x y)", g / b, Y, -g* a / (b * b), XY)
 // NaN propagates from either side, as in torch.minimum/maximum.
 KILN_BINARY(minimum, DTypeRule::Same, true, T((x != x || x < y) ? x : y),
-            "(select (or (ne x x) (lt x y)) x y)", g* winner_share(lt(a, b), a, b, g.dtype()), XY,
-            g*(1 - winner_share(lt(a, b), a, b, g.dtype())), XY)
+            "(select (or (ne x x) (lt x y)) x y)", share(g, gt(a, b), a, b), XY,
+            share(g, lt(a, b), a, b), XY)
 KILN_BINARY(maximum, DTypeRule::Same, true, T((x != x || x > y) ? x : y),
-            "(select (or (ne x x) (gt x y)) x y)", g* winner_share(gt(a, b), a, b, g.dtype()), XY,
-            g*(1 - winner_share(gt(a, b), a, b, g.dtype())), XY)
+            "(select (or (ne x x) (gt x y)) x y)", share(g, lt(a, b), a, b), XY,
+            share(g, gt(a, b), a, b), XY)
 KILN_BINARY(eq, DTypeRule::Predicate, true, x == y, "(eq x y)", Tensor(), None, Tensor(), None)
 KILN_BINARY(ne, DTypeRule::Predicate, true, x != y, "(ne x y)", Tensor(), None, Tensor(), None)
 KILN_BINARY(lt, DTypeRule::Predicate, true, x < y, "(lt x y)", Tensor(), None, Tensor(), None)
@@ -542,7 +543,9 @@ Tensor pow(const Tensor& base, const Tensor& exponent) {
     else
       return T(int_pow(x, y));
   });
-  // d/da = b a^(b-1) (0 where b = 0); d/db = a^b log(a) (0 where a = 0 and b >= 0), as torch.
+  // d/da = b a^(b-1) (0 where b = 0); d/db = a^b log(a) (0 where a = 0 and b >= 0), as torch,
+  // whose exponent gradient multiplies g by the masked derivative (an infinite g gives NaN where
+  // the mask gives 0), and whose base gradient masks g's product.
   // The output is saved only for the exponent's gradient: x ** 2 may then be written in place.
   if (detail::needs_grad(base, exponent))
     detail::record("pow", {base, exponent}, {out},
@@ -552,7 +555,7 @@ Tensor pow(const Tensor& base, const Tensor& exponent) {
                      std::vector<Tensor> grads(2);
                      if (c.needs_grad(0)) grads[0] = where(ne(b, 0), g * b * pow(a, b - 1), 0.0);
                      if (c.needs_grad(1))
-                       grads[1] = where(logical_or(ne(a, 0), lt(b, 0)), g * y * log(a), 0.0);
+                       grads[1] = g * where(logical_or(ne(a, 0), lt(b, 0)), y * log(a), 0.0);
                      return grads;
                    });
   return out;

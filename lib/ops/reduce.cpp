@@ -971,6 +971,14 @@ auto extremum_formula = [](const Tensor& x, const Tensor& y, const Tensor& g, co
                            const std::vector<int64_t>& rdims) {
   return extremum_grad(x, y, g, rdims);
 };
+// max()/min() of every element, as torch's evenly_distribute_backward (CPU): the elements equal
+// to the result share the gradient and the others get exactly 0, even where the gradient is NaN;
+// a NaN result's gradient goes to the NaN elements. (amax/amin multiply by the mask, as torch.)
+auto all_extremum_formula = [](const Tensor& x, const Tensor& y, const Tensor& g, const Shape&,
+                               const std::vector<int64_t>& rdims) {
+  const Tensor hit = logical_or(eq(x, y), logical_and(isnan(x), isnan(y)));
+  return where(hit, g / sum(hit.to(g.dtype()), rdims, true), 0.0);
+};
 
 // max/min along one dim: the gradient goes to the element the index names.
 std::tuple<Tensor, Tensor> values_indices_with_grad(const char* op, const Tensor& x, int64_t dim,
@@ -1004,12 +1012,12 @@ Tensor amin(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 
 Tensor max(const Tensor& x) {
   return reduction_with_grad(max_def, x, {}, false, extremum<true>(max_def, x, {}, false, true),
-                             true, true, extremum_formula);
+                             true, true, all_extremum_formula);
 }
 
 Tensor min(const Tensor& x) {
   return reduction_with_grad(min_def, x, {}, false, extremum<false>(min_def, x, {}, false, true),
-                             true, true, extremum_formula);
+                             true, true, all_extremum_formula);
 }
 
 std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
