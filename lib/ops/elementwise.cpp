@@ -164,8 +164,10 @@ const detail::OpDef& def_op(const char* name, OpKind kind, int arity, DTypeRule 
 using Inputs = std::vector<Tensor>;
 using detail::Attrs;
 
-void check_no_zero_divisor(const char* op, const Tensor& b, DType compute) {
+// a is the dividend: an empty result divides nothing (as torch, which then does not raise).
+void check_no_zero_divisor(const char* op, const Tensor& a, const Tensor& b, DType compute) {
   if (!is_integral(compute)) return;  // bool operands are rejected with a clearer message later
+  if (detail::shape_numel(detail::broadcast_shapes(a.sizes(), b.sizes(), op)) == 0) return;
   KILN_CHECK(!kiln::eq(b, 0).any().item<bool>(), op, ": integer division by zero (divisor ",
              detail::describe(b), ")");
 }
@@ -228,8 +230,9 @@ KILN_UNARY(tanh, DTypeRule::Float, true, tanh_value(x), "(tanh x)", Y, g*(1 - y 
 KILN_UNARY(sigmoid, DTypeRule::Float, true, T(1) / (T(1) + exp_value(-x)),
            "(div 1 (add 1 (exp (neg x))))", Y, g*(y*(1 - y)))
 // NaN passes through, as torch's relu (clamp_min(x, 0)) does.
+// Its gradient is g except where y <= 0 (torch's threshold_backward): a NaN passes g through.
 KILN_UNARY(relu, DTypeRule::Same, false, T(x > T(0) || x != x ? x : T(0)),
-           "(select (or (gt x 0) (ne x x)) x 0)", Y, where(gt(y, 0), g, 0.0))
+           "(select (or (gt x 0) (ne x x)) x 0)", Y, where(logical_not(le(y, 0)), g, 0.0))
 KILN_UNARY(silu, DTypeRule::Float, true, x / (T(1) + exp_value(-x)),
            "(div x (add 1 (exp (neg x))))", X, g*(sigmoid(x) * (1 + x * (1 - sigmoid(x)))))
 KILN_UNARY(erf, DTypeRule::Float, true, erf_value(x), "(erf x)", X,
@@ -497,7 +500,7 @@ static const detail::OpDef& remainder_def = def_op(
 Tensor remainder(const Tensor& a, const Tensor& b) {
   detail::check_defined(a, "remainder");
   detail::check_defined(b, "remainder", "other");
-  check_no_zero_divisor("remainder", b, detail::result_type({a, b}));
+  check_no_zero_divisor("remainder", a, b, detail::result_type({a, b}));
   Tensor out = detail::binary_op<DTypeRule::Same>(remainder_def, a, b, [](auto x, auto y) {
     using T = decltype(x);
     T r;
@@ -624,6 +627,17 @@ static const detail::OpDef& clamp_def = def_op(
     // An absent bound (none) leaves the value as it is; a NaN bound makes every result NaN.
     "(let lo (if-attr a0 none x (select (or (lt x a0) (ne a0 a0)) a0 x))"
     " (if-attr a1 none lo (select (or (gt lo a1) (ne a1 a1)) a1 lo)))");
+namespace {
+// An integral bound outside an int32 result's range would wrap when converted; torch raises.
+void check_bound_fits(const std::optional<Scalar>& bound, DType dtype, const Tensor& x) {
+  if (!bound || dtype != kInt32 || bound->is_floating_point()) return;
+  const int64_t v = bound->to_int();
+  KILN_CHECK(v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max(),
+             "clamp: bound ", v, " cannot be converted to ", dtype, " without overflow (input ",
+             detail::describe(x), ")");
+}
+}  // namespace
+
 Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max) {
   detail::check_elementwise_input(clamp_def, x, "input");
   KILN_CHECK(min || max, "clamp: at least one of 'min' or 'max' must be given");
@@ -631,6 +645,8 @@ Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> m
   if (min) operands.push_back(wrap_scalar(*min));
   if (max) operands.push_back(wrap_scalar(*max));
   DType common = detail::result_type(operands);
+  check_bound_fits(min, common, x);
+  check_bound_fits(max, common, x);
   Tensor out;
   if (detail::should_record(x))
     out = detail::lazy_record1(clamp_def, {x}, {optional_attr(min), optional_attr(max)},

@@ -1,8 +1,9 @@
 // Ops and autograd against libtorch's semantics on edge cases (0-dim reductions, size-0 matrix
 // products, what backward saves, NaN clamp bounds, empty chunks, in-place writes of tensors that
 // require grad, writes into integral tensors, signed zeros in max/min, empty layer_norm and cat,
-// NaN operands of minimum/maximum, NaN through zero gradients), each in eager mode and in lazy
-// mode. Expected values are libtorch's (1.13 and 2.x agree on them).
+// NaN operands of minimum/maximum, NaN through zero gradients and relu, empty remainders,
+// integral clamp bounds), each in eager mode and in lazy mode. Expected values are libtorch's
+// (1.13 and 2.x agree on them).
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -231,6 +232,15 @@ TEST_P(TorchParity, ClampPropagatesANaNBound) {
   testing::expect_close(xg.grad(), {0, 0, 0}, {3}, kFloat64);
 }
 
+// torch raises for an integral bound outside an int32 input's range; converted, it would wrap
+// (INT64_MIN to 0, so clamp(-2, min=INT64_MIN) gave 0).
+TEST_P(TorchParity, ClampRejectsAnIntegralBoundOutsideTheInputsRange) {
+  Tensor x = from_vector(std::vector<int32_t>{-2, 5}, Shape{2});
+  EXPECT_THROW(clamp(x, std::numeric_limits<int64_t>::min()), Error);
+  EXPECT_THROW(clamp(x, std::nullopt, int64_t{1} << 40), Error);
+  EXPECT_EQ(clamp(x, -3, 4).to_vector<int64_t>(), (std::vector<int64_t>{-2, 4}));
+}
+
 // -------------------------------------------------------------------------------------- chunk
 
 TEST_P(TorchParity, ChunkOfAnEmptyDimGivesChunksEmptyPieces) {
@@ -424,6 +434,21 @@ TEST_P(TorchParity, MaxAndMinOfEveryElementGiveOthersAZeroGradient) {
 }
 
 // ------------------------------------------------------------------ NaN through zero gradients
+
+// torch's relu gradient is g except where the result is <= 0: a NaN passes g through.
+TEST_P(TorchParity, ReluOfNaNPassesTheGradientThrough) {
+  Tensor x = leaf({kNaN, -1, 2}, {3});
+  relu(x).sum().backward();
+  testing::expect_close(x.grad(), {1, 0, 1}, {3}, kFloat64);
+}
+
+// A zero divisor in an integral remainder raises, but not when the result is empty: nothing is
+// divided (torch).
+TEST_P(TorchParity, IntegralRemainderOfAnEmptyResultDividesNothing) {
+  Tensor r = remainder(zeros({0, 0}, kInt64), zeros({1}, kInt64));
+  EXPECT_EQ(r.sizes(), (Shape{0, 0}));
+  EXPECT_THROW(remainder(ones({2}, kInt64), zeros({1}, kInt64)), Error);
+}
 
 // ceil's gradient is zero, but cos's derivative at -inf is -sin(-inf) = NaN, and 0 * NaN is NaN:
 // torch gives NaN, and so must every mode (no rewrite may drop a product with zero).
