@@ -933,14 +933,17 @@ Tensor prod(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
       run_simple<T>(p, ProdOps<T>{}, [&](int64_t i, Wide<T> a) { o[i] = static_cast<O>(a); });
     });
   }
-  // d prod / d x_i is the product of the others: y / x_i when the input has no zero. With
-  // zeros, each element's product of the others is taken directly (x with that element replaced
-  // by 1, R^2 work per row), which stays exact and differentiable.
+  // d prod / d x_i is the product of the others: y / x_i when the input has no zero, taken before
+  // g multiplies it (as torch: g * y alone may round in the subnormals); g itself for a 0-dim
+  // input (nothing else, even where x is inf). With zeros, each element's product of the others
+  // is taken directly (x with that element replaced by 1, R^2 work per row), which stays exact
+  // and differentiable.
   return reduction_with_grad(
       prod_def, x, dims, keepdim, out, true, true,
       [](const Tensor& x, const Tensor& y, const Tensor& g, const Shape&,
          const std::vector<int64_t>& rdims) {
-        if (!eq(x, 0).any().item<bool>()) return g * y / x;
+        if (x.dim() == 0) return g;
+        if (!eq(x, 0).any().item<bool>()) return g * (y / x);
         std::vector<int64_t> order, kept_sizes;
         for (int64_t d = 0; d < x.dim(); ++d)
           if (!std::binary_search(rdims.begin(), rdims.end(), d)) {

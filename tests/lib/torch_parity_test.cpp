@@ -2,8 +2,8 @@
 // products, what backward saves, NaN clamp bounds, empty chunks, in-place writes of tensors that
 // require grad, writes into integral tensors, signed zeros in max/min, empty layer_norm and cat,
 // NaN operands of minimum/maximum, NaN through zero gradients and relu, empty remainders,
-// integral clamp bounds), each in eager mode and in lazy mode. Expected values are libtorch's
-// (1.13 and 2.x agree on them).
+// integral clamp bounds, prod of a 0-dim or subnormal input), each in eager mode and in lazy mode.
+// Expected values are libtorch's (1.13 and 2.x agree on them).
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -101,6 +101,18 @@ TEST_P(TorchParity, ArgAndLogicalReductionsOverTheDimOfA0DimTensor) {
     testing::expect_close(all(x, {dim}), {1}, Shape{}, kBool);
     testing::expect_close(any(x, {dim}, true), {1}, Shape{}, kBool);
   }
+}
+
+// torch's prod gradient: g for a 0-dim input (even an infinite one), g * (y / x) otherwise, so a
+// subnormal product divides back exactly before g scales it.
+TEST_P(TorchParity, ProdGradientOfA0DimOrSubnormalInput) {
+  Tensor inf = from_vector(std::vector<float>{INFINITY}, Shape{}).requires_grad_();
+  (inf.prod(0, false) * 0.625f).backward();
+  testing::expect_close(inf.grad(), {0.625}, {}, kFloat32);
+  const float tiny = std::numeric_limits<float>::denorm_min();
+  Tensor x = from_vector(std::vector<float>{1.0f, tiny}, Shape{2}).requires_grad_();
+  (x.prod(0, false) * 0.625f).backward();
+  EXPECT_EQ(x.grad().to_vector<float>()[1], 0.625f);
 }
 
 // ---------------------------------------------------------------------- size-0 matrix products
