@@ -441,6 +441,9 @@ const KnownError kKnownErrors[] = {
     {"Boolean alpha only supported", nullptr, "deliberate: kiln accepts a bool alpha"},
     {"modified by an inplace operation", nullptr,
      "deliberate: kiln's backward saves fewer tensors, so fewer in-place writes invalidate it"},
+    {"more than one element of the written-to tensor refers to a single memory location", nullptr,
+     "open: kiln writes in place through an expanded view (its elements share memory), which "
+     "libtorch refuses"},
     {nullptr, "not supported for bool tensors",
      "open: kiln rejects bool operands of pow, clamp and remainder, which libtorch promotes"},
     {nullptr, "integers to negative integer powers are not allowed",
