@@ -548,7 +548,8 @@ Tensor pow(const Tensor& base, const Tensor& exponent) {
   });
   // d/da = b a^(b-1) (0 where b = 0); d/db = a^b log(a) (0 where a = 0 and b >= 0), as torch,
   // whose exponent gradient multiplies g by the masked derivative (an infinite g gives NaN where
-  // the mask gives 0), and whose base gradient masks g's product.
+  // the mask gives 0), and whose base gradient masks g's product. log(a) is taken in the result's
+  // dtype: an integral base (pow(3, x)) would take it in float32.
   // The output is saved only for the exponent's gradient: x ** 2 may then be written in place.
   if (detail::needs_grad(base, exponent))
     detail::record("pow", {base, exponent}, {out},
@@ -558,7 +559,8 @@ Tensor pow(const Tensor& base, const Tensor& exponent) {
                      std::vector<Tensor> grads(2);
                      if (c.needs_grad(0)) grads[0] = where(ne(b, 0), g * b * pow(a, b - 1), 0.0);
                      if (c.needs_grad(1))
-                       grads[1] = g * where(logical_or(ne(a, 0), lt(b, 0)), y * log(a), 0.0);
+                       grads[1] =
+                           g * where(logical_or(ne(a, 0), lt(b, 0)), y * log(a.to(y.dtype())), 0.0);
                      return grads;
                    });
   return out;
@@ -627,16 +629,25 @@ static const detail::OpDef& clamp_def = def_op(
     // An absent bound (none) leaves the value as it is; a NaN bound makes every result NaN.
     "(let lo (if-attr a0 none x (select (or (lt x a0) (ne a0 a0)) a0 x))"
     " (if-attr a1 none lo (select (or (gt lo a1) (ne a1 a1)) a1 lo)))");
-namespace {
-// An integral bound outside an int32 result's range would wrap when converted; torch raises.
-void check_bound_fits(const std::optional<Scalar>& bound, DType dtype, const Tensor& x) {
-  if (!bound || dtype != kInt32 || bound->is_floating_point()) return;
-  const int64_t v = bound->to_int();
-  KILN_CHECK(v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max(),
-             "clamp: bound ", v, " cannot be converted to ", dtype, " without overflow (input ",
-             detail::describe(x), ")");
+namespace detail {
+void check_value_fits(const char* op, const Scalar& value, DType dtype, const Tensor& t) {
+  if (!is_integral(dtype)) return;
+  const double lowest = dtype == kInt32 ? -2147483648.0 : -9223372036854775808.0;
+  bool fits;
+  if (value.is_floating_point()) {
+    const double v = value.to_double();
+    fits = v >= lowest && v < -lowest;  // false for NaN
+  } else {
+    const int64_t v = value.to_int();
+    fits = dtype == kInt64 ||
+           (v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max());
+  }
+  KILN_CHECK(fits, op, ": value ",
+             value.is_floating_point() ? std::to_string(value.to_double())
+                                       : std::to_string(value.to_int()),
+             " cannot be converted to ", dtype, " without overflow (", describe(t), ")");
 }
-}  // namespace
+}  // namespace detail
 
 Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max) {
   detail::check_elementwise_input(clamp_def, x, "input");
@@ -645,8 +656,8 @@ Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> m
   if (min) operands.push_back(wrap_scalar(*min));
   if (max) operands.push_back(wrap_scalar(*max));
   DType common = detail::result_type(operands);
-  check_bound_fits(min, common, x);
-  check_bound_fits(max, common, x);
+  for (const auto& bound : {min, max})
+    if (bound) detail::check_value_fits("clamp", *bound, common, x);
   Tensor out;
   if (detail::should_record(x))
     out = detail::lazy_record1(clamp_def, {x}, {optional_attr(min), optional_attr(max)},

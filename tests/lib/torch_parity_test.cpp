@@ -2,8 +2,9 @@
 // products, what backward saves, NaN clamp bounds, empty chunks, in-place writes of tensors that
 // require grad, writes into integral tensors, signed zeros in max/min, empty layer_norm and cat,
 // NaN operands of minimum/maximum, NaN through zero gradients and relu, empty remainders,
-// integral clamp bounds, prod of a 0-dim or subnormal input), each in eager mode and in lazy mode.
-// Expected values are libtorch's (1.13 and 2.x agree on them).
+// integral clamp bounds and fill values, pow of an integral base, prod of a 0-dim or subnormal
+// input), each in eager mode and in lazy mode. Expected values are libtorch's (1.13 and 2.x agree
+// on them).
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -253,6 +254,16 @@ TEST_P(TorchParity, ClampRejectsAnIntegralBoundOutsideTheInputsRange) {
   EXPECT_EQ(clamp(x, -3, 4).to_vector<int64_t>(), (std::vector<int64_t>{-2, 4}));
 }
 
+// As torch: fill_ of an integral tensor with a value it cannot hold raises (converted, inf is
+// undefined behaviour).
+TEST_P(TorchParity, FillOfAnIntegralTensorRejectsAValueItCannotHold) {
+  Tensor i64 = zeros({2}, kInt64), i32 = zeros({2}, kInt32);
+  EXPECT_THROW(i64.fill_(INFINITY), Error);
+  EXPECT_THROW(i64.fill_(NAN), Error);
+  EXPECT_THROW(i32.fill_(int64_t{1} << 40), Error);
+  EXPECT_EQ(i32.fill_(-7).to_vector<int64_t>(), (std::vector<int64_t>{-7, -7}));
+}
+
 // -------------------------------------------------------------------------------------- chunk
 
 TEST_P(TorchParity, ChunkOfAnEmptyDimGivesChunksEmptyPieces) {
@@ -422,6 +433,14 @@ TEST_P(TorchParity, TheLoserOfMinimumOrMaximumGetsZeroEvenFromAnInfiniteGradient
                           is_max ? std::vector<double>{kInf, 0} : std::vector<double>{0, kInf}, {2},
                           kFloat64);
   }
+}
+
+// d 3^x / dx = 3^x log 3 in float64: the log of the integral base is taken in the result's dtype.
+TEST_P(TorchParity, PowOfAnIntegralBaseDifferentiatesInTheResultsDtype) {
+  Tensor x = leaf({1.7675477301287135}, {1});
+  pow(3, x).sum().backward();
+  const double want = std::pow(3.0, 1.7675477301287135) * std::log(3.0);
+  EXPECT_NEAR(x.grad().to_vector<double>()[0], want, 1e-14 * want);
 }
 
 // torch's exponent gradient of pow multiplies the incoming gradient by 0 where the base is 0: an
