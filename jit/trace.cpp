@@ -499,6 +499,12 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
     }
     spec->graph->clear_outputs();
     for (Value* v : by_request) spec->graph->add_output(v);
+    // A tensor the function allocated is held without the autograd history an in-place op gave
+    // it inside (fill_ makes its constant value self's history): that history reaches the
+    // trace's placeholders, which must not outlive it. Detached here, before the captures of
+    // the forward and of the backward are taken from the binding.
+    for (Tensor& c : binding.inputs)
+      if (c.defined() && scope.state.created.count(c.impl()->storage.get())) c = c.detach();
     spec->arguments = binding.arguments;
     spec->captures = binding.inputs;
     // A .grad the graph reads must be there at each call, as it was when traced.

@@ -504,6 +504,8 @@ void apply_inplace(Tensor& self, const char* op, std::initializer_list<const Ten
   if (!tracing) prepare_write(self);
   bool recording = grad_mode() && requires_grad(self);
   for (const Tensor* o : others) recording = recording || (grad_mode() && requires_grad(*o));
+  // An integral or bool tensor has no gradient (as torch's), whatever is written into it.
+  recording = recording && is_floating_point(self.dtype());
   // A device tensor has no reference kernels to write it directly: its new value is computed out of
   // place (recorded, then fused and run on the device) and copied in on the device.
   if (!recording && !tracing && !self.device().is_cuda()) {
@@ -541,7 +543,10 @@ void apply_inplace(Tensor& self, const char* op, std::initializer_list<const Ten
   {
     AutoGradMode off(false);
     if (tracing) {
-      trace_assign(self, r);
+      // The node that becomes self's storage's value holds r without its history: that history
+      // may save self's storage (amin saves its output), and storage and node would hold each
+      // other past the trace's end.
+      trace_assign(self, r.detach());
     } else {
       materialize({r}, "an in-place op under autograd");
       prepare_write(self);

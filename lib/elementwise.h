@@ -19,6 +19,11 @@ inline void check_elementwise_input(const OpDef& def, const Tensor& t, const cha
              ": not supported for bool tensors (", arg, " is ", describe(t), ")");
 }
 
+// Raises unless a tensor of `dtype` can hold `value` (an integral dtype: the value in its range,
+// not NaN or inf), as torch does: converted, it would wrap or be undefined. `t` is the operand
+// named in the message.
+void check_value_fits(const char* op, const Scalar& value, DType dtype, const Tensor& t);
+
 // Runs f over the compute type chosen by the rule, instantiating only the types the rule allows.
 template <DTypeRule Rule, typename F>
 void dispatch_for_rule(DType compute, const OpDef& def, F&& f) {

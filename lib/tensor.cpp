@@ -6,6 +6,7 @@
 #include "lib/cuda_driver.h"
 #include "lib/cuda_tensor.h"
 #include "lib/dispatch.h"
+#include "lib/elementwise.h"
 #include "lib/loops.h"
 #include "lib/tensor_impl.h"
 
@@ -276,6 +277,7 @@ Tensor& Tensor::zero_() {
 
 Tensor& Tensor::fill_(const Scalar& value) {
   detail::check_defined(*this, "fill_");
+  detail::check_value_fits("fill_", value, dtype(), *this);
   detail::apply_inplace(
       *this, "fill_", {}, false,
       [&] {

@@ -171,8 +171,10 @@ const detail::OpDef& def_op(const char* name, OpKind kind, int arity, DTypeRule 
 using Inputs = std::vector<Tensor>;
 using detail::Attrs;
 
-void check_no_zero_divisor(const char* op, const Tensor& b, DType compute) {
+// a is the dividend: an empty result divides nothing (as torch, which then does not raise).
+void check_no_zero_divisor(const char* op, const Tensor& a, const Tensor& b, DType compute) {
   if (!is_integral(compute)) return;  // bool operands are rejected with a clearer message later
+  if (detail::shape_numel(detail::broadcast_shapes(a.sizes(), b.sizes(), op)) == 0) return;
   KILN_CHECK(!kiln::eq(b, 0).any().item<bool>(), op, ": integer division by zero (divisor ",
              detail::describe(b), ")");
 }
@@ -236,8 +238,9 @@ KILN_UNARY(tanh, DTypeRule::Float, true, tanh_value(x), "(tanh x)", Y, g*(1 - y 
 KILN_UNARY(sigmoid, DTypeRule::Float, true, T(1) / (T(1) + exp_value(-x)),
            "(div 1 (add 1 (exp (neg x))))", Y, g*(y*(1 - y)))
 // NaN passes through, as torch's relu (clamp_min(x, 0)) does.
+// Its gradient is g except where y <= 0 (torch's threshold_backward): a NaN passes g through.
 KILN_UNARY(relu, DTypeRule::Same, false, T(x > T(0) || x != x ? x : T(0)),
-           "(select (or (gt x 0) (ne x x)) x 0)", Y, where(gt(y, 0), g, 0.0))
+           "(select (or (gt x 0) (ne x x)) x 0)", Y, where(logical_not(le(y, 0)), g, 0.0))
 KILN_UNARY(silu, DTypeRule::Float, true, x / (T(1) + exp_value(-x)),
            "(div x (add 1 (exp (neg x))))", X, g*(sigmoid(x) * (1 + x * (1 - sigmoid(x)))))
 KILN_UNARY(erf, DTypeRule::Float, true, erf_value(x), "(erf x)", X,
@@ -379,10 +382,11 @@ std::vector<Tensor> saved_for(Saves grad_a_reads, Saves grad_b_reads, const Tens
   }
 
 namespace {
-// The share of the gradient of maximum/minimum that goes to a: all of it where a wins, half
-// where they tie (as torch).
-Tensor winner_share(const Tensor& a_wins, const Tensor& a, const Tensor& b, DType dtype) {
-  return a_wins.to(dtype) + eq(a, b).to(dtype) * 0.5;
+// The gradient of maximum/minimum that goes to one operand, as torch's: exactly 0 where it loses
+// (even where g is inf or NaN), half of g where they tie, all of g otherwise, so where either
+// operand is NaN (the result is NaN, neither loses nor ties) both get all of it.
+Tensor share(const Tensor& g, const Tensor& loses, const Tensor& a, const Tensor& b) {
+  return where(logical_not(loses), where(eq(a, b), g * 0.5, g), 0.0);
 }
 }  // namespace
 
@@ -390,11 +394,11 @@ KILN_BINARY(mul, DTypeRule::Same, true, multiply(x, y), "(mul x y)", g* b, Y, g*
 KILN_BINARY(div, DTypeRule::Float, true, x / y, "(div x y)", g / b, Y, -g* a / (b * b), XY)
 // NaN propagates from either side, as in torch.minimum/maximum.
 KILN_BINARY(minimum, DTypeRule::Same, true, T((x != x || x < y) ? x : y),
-            "(select (or (ne x x) (lt x y)) x y)", g* winner_share(lt(a, b), a, b, g.dtype()), XY,
-            g*(1 - winner_share(lt(a, b), a, b, g.dtype())), XY)
+            "(select (or (ne x x) (lt x y)) x y)", share(g, gt(a, b), a, b), XY,
+            share(g, lt(a, b), a, b), XY)
 KILN_BINARY(maximum, DTypeRule::Same, true, T((x != x || x > y) ? x : y),
-            "(select (or (ne x x) (gt x y)) x y)", g* winner_share(gt(a, b), a, b, g.dtype()), XY,
-            g*(1 - winner_share(gt(a, b), a, b, g.dtype())), XY)
+            "(select (or (ne x x) (gt x y)) x y)", share(g, lt(a, b), a, b), XY,
+            share(g, gt(a, b), a, b), XY)
 KILN_BINARY(eq, DTypeRule::Predicate, true, x == y, "(eq x y)", Tensor(), None, Tensor(), None)
 KILN_BINARY(ne, DTypeRule::Predicate, true, x != y, "(ne x y)", Tensor(), None, Tensor(), None)
 KILN_BINARY(lt, DTypeRule::Predicate, true, x < y, "(lt x y)", Tensor(), None, Tensor(), None)
@@ -505,7 +509,7 @@ static const detail::OpDef& remainder_def = def_op(
 Tensor remainder(const Tensor& a, const Tensor& b) {
   detail::check_defined(a, "remainder");
   detail::check_defined(b, "remainder", "other");
-  check_no_zero_divisor("remainder", b, detail::result_type({a, b}));
+  check_no_zero_divisor("remainder", a, b, detail::result_type({a, b}));
   Tensor out = detail::binary_op<DTypeRule::Same>(remainder_def, a, b, [](auto x, auto y) {
     using T = decltype(x);
     T r;
@@ -551,7 +555,10 @@ Tensor pow(const Tensor& base, const Tensor& exponent) {
     else
       return T(int_pow(x, y));
   });
-  // d/da = b a^(b-1) (0 where b = 0); d/db = a^b log(a) (0 where a = 0 and b >= 0), as torch.
+  // d/da = b a^(b-1) (0 where b = 0); d/db = a^b log(a) (0 where a = 0 and b >= 0), as torch,
+  // whose exponent gradient multiplies g by the masked derivative (an infinite g gives NaN where
+  // the mask gives 0), and whose base gradient masks g's product. log(a) is taken in the result's
+  // dtype: an integral base (pow(3, x)) would take it in float32.
   // The output is saved only for the exponent's gradient: x ** 2 may then be written in place.
   if (detail::needs_grad(base, exponent))
     detail::record("pow", {base, exponent}, {out},
@@ -561,7 +568,8 @@ Tensor pow(const Tensor& base, const Tensor& exponent) {
                      std::vector<Tensor> grads(2);
                      if (c.needs_grad(0)) grads[0] = where(ne(b, 0), g * b * pow(a, b - 1), 0.0);
                      if (c.needs_grad(1))
-                       grads[1] = where(logical_or(ne(a, 0), lt(b, 0)), g * y * log(a), 0.0);
+                       grads[1] =
+                           g * where(logical_or(ne(a, 0), lt(b, 0)), y * log(a.to(y.dtype())), 0.0);
                      return grads;
                    });
   return out;
@@ -630,6 +638,26 @@ static const detail::OpDef& clamp_def = def_op(
     // An absent bound (none) leaves the value as it is; a NaN bound makes every result NaN.
     "(let lo (if-attr a0 none x (select (or (lt x a0) (ne a0 a0)) a0 x))"
     " (if-attr a1 none lo (select (or (gt lo a1) (ne a1 a1)) a1 lo)))");
+namespace detail {
+void check_value_fits(const char* op, const Scalar& value, DType dtype, const Tensor& t) {
+  if (!is_integral(dtype)) return;
+  const double lowest = dtype == kInt32 ? -2147483648.0 : -9223372036854775808.0;
+  bool fits;
+  if (value.is_floating_point()) {
+    const double v = value.to_double();
+    fits = v >= lowest && v < -lowest;  // false for NaN
+  } else {
+    const int64_t v = value.to_int();
+    fits = dtype == kInt64 ||
+           (v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max());
+  }
+  KILN_CHECK(fits, op, ": value ",
+             value.is_floating_point() ? std::to_string(value.to_double())
+                                       : std::to_string(value.to_int()),
+             " cannot be converted to ", dtype, " without overflow (", describe(t), ")");
+}
+}  // namespace detail
+
 Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max) {
   detail::check_elementwise_input(clamp_def, x, "input");
   KILN_CHECK(min || max, "clamp: at least one of 'min' or 'max' must be given");
@@ -637,6 +665,8 @@ Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> m
   if (min) operands.push_back(wrap_scalar(*min));
   if (max) operands.push_back(wrap_scalar(*max));
   DType common = detail::result_type(operands);
+  for (const auto& bound : {min, max})
+    if (bound) detail::check_value_fits("clamp", *bound, common, x);
   Tensor out;
   if (detail::should_record(x))
     out = detail::lazy_record1(clamp_def, {x}, {optional_attr(min), optional_attr(max)},

@@ -425,6 +425,32 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   return out;
 }
 
+namespace {
+// cat's autograd node: each piece's gradient is its slice of the output's.
+Tensor with_cat_grad(const std::vector<Tensor>& tensors, int64_t d, const Tensor& out) {
+  if (!detail::any_needs_grad(tensors)) return out;
+  std::vector<int64_t> widths;  // -1 for the skipped empty 1-D tensors
+  for (const Tensor& t : tensors) widths.push_back(t.dim() == 1 && t.numel() == 0 ? -1 : t.size(d));
+  detail::record(
+      cat_def.name.c_str(), tensors, {out}, {}, [d, widths](const detail::BackwardContext& c) {
+        std::vector<Tensor> grads;
+        int64_t start = 0;
+        for (size_t i = 0; i < widths.size(); ++i) {
+          if (!c.needs_grad(i)) {
+            grads.emplace_back();
+          } else if (widths[i] < 0) {  // a skipped piece: an empty gradient (torch)
+            grads.push_back(zeros({0}, TensorOptions(c.grad().dtype()).device(c.grad().device())));
+          } else {
+            grads.push_back(c.grad().narrow(d, start, widths[i]));
+          }
+          start += std::max<int64_t>(widths[i], 0);
+        }
+        return grads;
+      });
+  return out;
+}
+}  // namespace
+
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   const char* op = cat_def.name.c_str();
   KILN_CHECK(!tensors.empty(), op, ": expected a non-empty list of tensors");
@@ -438,7 +464,9 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     if (!(t.dim() == 1 && t.numel() == 0) && !ref) ref = &t;
   }
   DType dtype = detail::result_type(tensors);
-  if (!ref) return detail::make_empty({0}, dtype);
+  // Only skipped pieces: an empty result, which still requires grad when a piece does (torch).
+  if (!ref)
+    return with_cat_grad(tensors, 0, detail::make_empty_on({0}, dtype, tensors[0].device()));
   const int64_t d = detail::wrap_dim(dim, ref->dim(), op, ref);
   Shape out_shape = ref->sizes();
   out_shape[d] = 0;
@@ -466,25 +494,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     out = detail::make_empty_on(out_shape, dtype, ref->device());
     join_into(out, pieces, d);
   }
-  if (detail::any_needs_grad(tensors)) {
-    std::vector<int64_t> widths;  // -1 for the skipped empty 1-D tensors
-    for (const Tensor& t : tensors)
-      widths.push_back(t.dim() == 1 && t.numel() == 0 ? -1 : t.size(d));
-    detail::record(op, tensors, {out}, {}, [d, widths](const detail::BackwardContext& c) {
-      std::vector<Tensor> grads;
-      int64_t start = 0;
-      for (size_t i = 0; i < widths.size(); ++i) {
-        if (widths[i] < 0 || !c.needs_grad(i)) {
-          grads.emplace_back();
-        } else {
-          grads.push_back(c.grad().narrow(d, start, widths[i]));
-        }
-        start += std::max<int64_t>(widths[i], 0);
-      }
-      return grads;
-    });
-  }
-  return out;
+  return with_cat_grad(tensors, d, out);
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {

@@ -557,6 +557,31 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
   return softmax_with_grad(log_softmax_def, x, dim, true);
 }
 
+namespace {
+// The reference kernel: layer_norm of x into out (of the compute dtype, not empty), row by row.
+void layer_norm_into(Tensor& out, const Tensor& x, const Shape& normalized_shape,
+                     const Tensor& weight, const Tensor& bias, double eps) {
+  const DType compute = out.dtype();
+  const int64_t n = detail::shape_numel(normalized_shape);
+  const int64_t rows = out.numel() / n;
+  Tensor in = x.to(compute).contiguous();
+  Tensor w = weight.defined() ? weight.to(compute).contiguous() : Tensor();
+  Tensor b = bias.defined() ? bias.to(compute).contiguous() : Tensor();
+  detail::dispatch_floating(compute, layer_norm_def.name.c_str(), [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    const T* xp = std::as_const(in).data_ptr<T>();
+    T* yp = out.data_ptr<T>();
+    const T* wp = w.defined() ? std::as_const(w).data_ptr<T>() : nullptr;
+    const T* bp = b.defined() ? std::as_const(b).data_ptr<T>() : nullptr;
+    detail::parallel_for(rows, std::max<int64_t>(1, detail::kParallelGrain / n),
+                         [&](int64_t begin, int64_t end) {
+                           for (int64_t r = begin; r < end; ++r)
+                             layer_norm_row<T>(xp + r * n, yp + r * n, n, wp, bp, eps);
+                         });
+  });
+}
+}  // namespace
+
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps) {
   const char* op = layer_norm_def.name.c_str();
@@ -590,26 +615,9 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
                                {x.sizes(), compute});
   } else {
     out = detail::make_empty(x.sizes(), compute);
-    if (out.numel() == 0) return out;
-    const int64_t n = detail::shape_numel(normalized_shape);
-    const int64_t rows = out.numel() / n;
-    Tensor in = x.to(compute).contiguous();
-    Tensor w = weight.defined() ? weight.to(compute).contiguous() : Tensor();
-    Tensor b = bias.defined() ? bias.to(compute).contiguous() : Tensor();
-    detail::dispatch_floating(compute, op, [&](auto tag) {
-      using T = KILN_TYPE(tag);
-      const T* xp = std::as_const(in).data_ptr<T>();
-      T* yp = out.data_ptr<T>();
-      const T* wp = w.defined() ? std::as_const(w).data_ptr<T>() : nullptr;
-      const T* bp = b.defined() ? std::as_const(b).data_ptr<T>() : nullptr;
-      detail::parallel_for(rows, std::max<int64_t>(1, detail::kParallelGrain / n),
-                           [&](int64_t begin, int64_t end) {
-                             for (int64_t r = begin; r < end; ++r)
-                               layer_norm_row<T>(xp + r * n, yp + r * n, n, wp, bp, eps);
-                           });
-    });
+    if (out.numel() > 0) layer_norm_into(out, x, normalized_shape, weight, bias, eps);
   }
-  if (out.numel() == 0) return out;  // as eager: nothing to differentiate
+  // An empty result requires grad too (as torch's): its inputs' gradients are empty or zero.
   // The statistics are recomputed from x with kiln ops, so the formula differentiates again.
   // The weight's and bias's gradients are summed over the batch dims by the engine.
   if (detail::needs_grad(x, weight, bias)) {

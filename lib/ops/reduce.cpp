@@ -933,14 +933,17 @@ Tensor prod(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
       run_simple<T>(p, ProdOps<T>{}, [&](int64_t i, Wide<T> a) { o[i] = static_cast<O>(a); });
     });
   }
-  // d prod / d x_i is the product of the others: y / x_i when the input has no zero. With
-  // zeros, each element's product of the others is taken directly (x with that element replaced
-  // by 1, R^2 work per row), which stays exact and differentiable.
+  // d prod / d x_i is the product of the others: y / x_i when the input has no zero, taken before
+  // g multiplies it (as torch: g * y alone may round in the subnormals); g itself for a 0-dim
+  // input (nothing else, even where x is inf). With zeros, each element's product of the others
+  // is taken directly (x with that element replaced by 1, R^2 work per row), which stays exact
+  // and differentiable.
   return reduction_with_grad(
       prod_def, x, dims, keepdim, out, true, true,
       [](const Tensor& x, const Tensor& y, const Tensor& g, const Shape&,
          const std::vector<int64_t>& rdims) {
-        if (!eq(x, 0).any().item<bool>()) return g * y / x;
+        if (x.dim() == 0) return g;
+        if (!eq(x, 0).any().item<bool>()) return g * (y / x);
         std::vector<int64_t> order, kept_sizes;
         for (int64_t d = 0; d < x.dim(); ++d)
           if (!std::binary_search(rdims.begin(), rdims.end(), d)) {
@@ -970,6 +973,14 @@ namespace {
 auto extremum_formula = [](const Tensor& x, const Tensor& y, const Tensor& g, const Shape&,
                            const std::vector<int64_t>& rdims) {
   return extremum_grad(x, y, g, rdims);
+};
+// max()/min() of every element, as torch's evenly_distribute_backward (CPU): the elements equal
+// to the result share the gradient and the others get exactly 0, even where the gradient is NaN;
+// a NaN result's gradient goes to the NaN elements. (amax/amin multiply by the mask, as torch.)
+auto all_extremum_formula = [](const Tensor& x, const Tensor& y, const Tensor& g, const Shape&,
+                               const std::vector<int64_t>& rdims) {
+  const Tensor hit = logical_or(eq(x, y), logical_and(isnan(x), isnan(y)));
+  return where(hit, g / sum(hit.to(g.dtype()), rdims, true), 0.0);
 };
 
 // max/min along one dim: the gradient goes to the element the index names.
@@ -1004,12 +1015,12 @@ Tensor amin(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 
 Tensor max(const Tensor& x) {
   return reduction_with_grad(max_def, x, {}, false, extremum<true>(max_def, x, {}, false, true),
-                             true, true, extremum_formula);
+                             true, true, all_extremum_formula);
 }
 
 Tensor min(const Tensor& x) {
   return reduction_with_grad(min_def, x, {}, false, extremum<false>(min_def, x, {}, false, true),
-                             true, true, extremum_formula);
+                             true, true, all_extremum_formula);
 }
 
 std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {

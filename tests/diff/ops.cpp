@@ -95,6 +95,53 @@ bool binary_scalar(Gen& g, Step& s) {
   g.scalar(s.p);
   return true;
 }
+
+// ---------------------------------------------------------------- deliberate differences
+// Operands on which kiln and libtorch deliberately differ (docs/torch-differences.md) are not
+// picked: the difference would spread through the rest of the program.
+
+// The largest finite magnitude of a floating tensor (0 when it has none).
+double max_finite_abs(const torch::Tensor& t) {
+  if (!is_float(t) || t.numel() == 0) return 0;
+  torch::Tensor a = t.detach().to(torch::kFloat64).abs();
+  return torch::where(torch::isfinite(a), a, torch::zeros_like(a)).max().item<double>();
+}
+double largest(torch::ScalarType t) {
+  return t == torch::kFloat32 ? std::numeric_limits<float>::max()
+                              : std::numeric_limits<double>::max();
+}
+// relu of -0 (deliberate difference): kiln's is +0 (0 is the larger, as in amax), libtorch's
+// vectorized clamp returns -0, whose sign a later op (reciprocal) may read.
+bool relu_pick(Gen& g, Step& s) {
+  unary(g, s);
+  const auto& x = arg(g, s, 0);
+  return !is_float(x) || !torch::logical_and(x == 0, torch::signbit(x)).any().item<bool>();
+}
+// float32 erf of a subnormal (deliberate difference): kiln's rational approximation gives 0,
+// libtorch's a subnormal, whose sign a later op (abs's gradient) reads.
+bool erf_pick(Gen& g, Step& s) {
+  unary(g, s);
+  const auto& x = arg(g, s, 0);
+  if (x.scalar_type() != torch::kFloat32) return true;
+  torch::Tensor a = x.detach().abs();
+  return !torch::logical_and(a > 0, a < std::numeric_limits<float>::min()).any().item<bool>();
+}
+// log1p near the largest float: libtorch's vectorized log1p overflows to inf there.
+bool log1p_pick(Gen& g, Step& s) {
+  unary(g, s);
+  const auto& x = arg(g, s, 0);
+  return max_finite_abs(x) <= largest(x.scalar_type()) / 16;
+}
+// add with alpha: libtorch computes a + alpha * b in one FMA, kiln in two roundings, so where
+// alpha * b alone overflows, kiln's sum is infinite and libtorch's may not be.
+bool add_alpha_pick(Gen& g, Step& s) {
+  binary_scalar(g, s);
+  const auto& a = arg(g, s, 0);
+  const auto& b = arg(g, s, 1);
+  const torch::ScalarType out = torch::result_type(a, b);
+  if (!c10::isFloatingType(out)) return true;
+  return max_finite_abs(b) * std::abs(s.p.scalars[0]) <= largest(out) / 2;
+}
 bool where_pick(Gen& g, Step& s) {
   int a = g.pick(any);
   const Shape shape = sizes(g.value(a));
@@ -111,15 +158,23 @@ bool where_scalar(Gen& g, Step& s) {
   g.scalar(s.p);
   return true;
 }
-// Clamp bounds are never NaN: a NaN bound is being fixed (clamp with NaN bound).
 bool clamp_pick(Gen& g, Step& s) {
   unary(g, s);
   g.scalar(s.p);
   g.scalar(s.p);
   s.p.scalar_kind = g.coin(0.5) ? Kind::Int : Kind::Float;
-  for (double& v : s.p.scalars)
-    if (std::isnan(v)) v = 0;
+  // Integral bounds are finite (converting NaN or inf to an integer is undefined).
+  if (s.p.scalar_kind == Kind::Int)
+    for (double& v : s.p.scalars)
+      if (!std::isfinite(v)) v = 0;
   return true;
+}
+// One NaN bound (deliberate difference): kiln's result is NaN, libtorch 1.13's the input.
+bool clamp_min_pick(Gen& g, Step& s) {
+  return clamp_pick(g, s) && !std::isnan(s.p.scalars[0]);
+}
+bool clamp_max_pick(Gen& g, Step& s) {
+  return clamp_pick(g, s) && !std::isnan(s.p.scalars[1]);
 }
 
 // ---------------------------------------------------------------- views
@@ -195,12 +250,10 @@ bool narrow_pick(Gen& g, Step& s) {
   s.p.i = {d, start, g.uniform(0, n - start)};
   return true;
 }
-// Chunks of a size-0 dim are skipped: being fixed (chunk of size-0).
 bool chunk_pick(Gen& g, Step& s) {
   if (!one_value(g, s, [](const torch::Tensor& t) { return t.dim() > 0; })) return false;
   const auto& x = arg(g, s, 0);
   int64_t d = g.dim(rank(x));
-  if (x.size(d) == 0) return false;
   int64_t chunks = g.uniform(1, 3);
   int64_t made = static_cast<int64_t>(x.chunk(chunks, d).size());
   s.p.i = {chunks, d, g.uniform(0, made - 1)};
@@ -284,6 +337,27 @@ bool reduce_list(Gen& g, Step& s) {
   s.p.i = {g.uniform(0, 1), g.uniform(0, 1)};  // keepdim; correction (var, std)
   return true;
 }
+// A float32 value whose sum overflows float32 (deliberate difference): kiln's float sums accumulate
+// in float64, so its mean, var and std are finite where libtorch's are inf or NaN.
+bool sum_fits(const torch::Tensor& x) {
+  return x.scalar_type() != torch::kFloat32 ||
+         max_finite_abs(x) * static_cast<double>(x.numel()) <= largest(torch::kFloat32) / 2;
+}
+bool mean_pick(Gen& g, Step& s) {
+  return reduce_list(g, s) && sum_fits(arg(g, s, 0));
+}
+bool mean_all_pick(Gen& g, Step& s) {
+  return unary(g, s) && sum_fits(arg(g, s, 0));
+}
+// var/std over the dim of a 0-dim tensor with correction 1 (deliberate difference): both are
+// NaN, and libtorch's gradient is inf where kiln's is NaN.
+// OPEN: values whose squares overflow (kiln's compensated two-pass formula gives NaN for inf).
+bool var_pick(Gen& g, Step& s) {
+  if (!reduce_list(g, s)) return false;
+  const auto& x = arg(g, s, 0);
+  return !(rank(x) == 0 && s.p.i[1] == 1) && sum_fits(x) &&
+         (!is_float(x) || max_finite_abs(x) <= std::sqrt(largest(x.scalar_type())) / 16);
+}
 bool reduce_one(Gen& g, Step& s) {
   unary(g, s);
   s.p.i = {g.dim(rank(arg(g, s, 0))), g.uniform(0, 1)};
@@ -303,6 +377,18 @@ int gemm_operand(Gen& g, int64_t lo, int64_t hi) {
   g.new_input(shape, g.random_float_dtype());
   return static_cast<int>(g.values.size()) - 1;
 }
+// Operands whose products may overflow are not multiplied (deliberate difference): oneDNN
+// accumulates with FMAs, where a product past the largest float joins the sum unrounded, and
+// libtorch's GEMM rounds it to inf first (inf vs NaN, finite vs inf).
+// Nor are an empty operand and one of another dtype (deliberate difference): libtorch skips the
+// promotion and returns the first operand's dtype.
+bool products_fit(const torch::Tensor& a, const torch::Tensor& b) {
+  if ((a.numel() == 0 || b.numel() == 0) && a.scalar_type() != b.scalar_type()) return false;
+  const torch::ScalarType t = torch::result_type(a, b);
+  if (!c10::isFloatingType(t)) return true;
+  const double k = static_cast<double>(std::max<int64_t>(1, a.dim() ? a.size(-1) : 1));
+  return max_finite_abs(a) * max_finite_abs(b) * k <= largest(t) / 4;
+}
 kiln::DType partner_dtype(Gen& g, const torch::Tensor& t) {
   return g.coin(0.9) ? to_kiln(t.scalar_type()) : g.random_dtype();
 }
@@ -311,14 +397,14 @@ bool mm_pick(Gen& g, Step& s) {
   if (a < 0 || g.inputs_full()) return false;
   const auto& x = g.value(a);
   s.args = {g.id(a), g.new_input({x.size(1), g.uniform(0, 4)}, partner_dtype(g, x))};
-  return true;
+  return products_fit(arg(g, s, 0), arg(g, s, 1));
 }
 bool bmm_pick(Gen& g, Step& s) {
   int a = gemm_operand(g, 3, 3);
   if (a < 0 || g.inputs_full()) return false;
   const auto& x = g.value(a);
   s.args = {g.id(a), g.new_input({x.size(0), x.size(2), g.uniform(0, 4)}, partner_dtype(g, x))};
-  return true;
+  return products_fit(arg(g, s, 0), arg(g, s, 1));
 }
 bool matmul_pick(Gen& g, Step& s) {
   int a = gemm_operand(g, 1, 4);
@@ -341,7 +427,7 @@ bool matmul_pick(Gen& g, Step& s) {
     }
   }
   s.args = {g.id(a), g.new_input(other, partner_dtype(g, x))};
-  return true;
+  return products_fit(arg(g, s, 0), arg(g, s, 1));
 }
 bool linear_pick(Gen& g, Step& s) {
   int a = gemm_operand(g, 1, 3);
@@ -350,14 +436,15 @@ bool linear_pick(Gen& g, Step& s) {
   int64_t out = g.uniform(1, 4);
   kiln::DType dt = partner_dtype(g, x);
   s.args = {g.id(a), g.new_input({out, x.size(-1)}, dt), g.new_input({out}, dt)};
-  return true;
+  return products_fit(arg(g, s, 0), arg(g, s, 1)) &&
+         max_finite_abs(arg(g, s, 2)) <= largest(torch::kFloat32) / 4;
 }
 bool addmm_pick(Gen& g, Step& s) {
   if (!mm_pick(g, s) || g.inputs_full()) return false;
   Shape out = {arg(g, s, 0).size(0), arg(g, s, 1).size(1)};
   s.args.insert(s.args.begin(),
                 g.new_input(g.broadcastable(out), to_kiln(arg(g, s, 0).scalar_type())));
-  return true;
+  return max_finite_abs(arg(g, s, 0)) <= largest(torch::kFloat32) / 4;
 }
 
 // ---------------------------------------------------------------- indexing and joining
@@ -419,6 +506,9 @@ bool stack_pick(Gen& g, Step& s) {
 }
 
 // ---------------------------------------------------------------- neural-network ops
+// Not picked (deliberate differences): values whose square overflows (kiln's float32 statistics
+// are float64, libtorch's overflow to NaN), and rows of one element or of equal values (kiln's
+// result is exactly 0, libtorch's a rounding error whose sign a later op may read).
 bool layer_norm_pick(Gen& g, Step& s) {
   if (g.program->inputs.size() + 2 > g.max_inputs ||
       !one_value(g, s, [](const torch::Tensor& t) { return t.dim() > 0 && is_float(t); }))
@@ -426,10 +516,18 @@ bool layer_norm_pick(Gen& g, Step& s) {
   const auto& x = arg(g, s, 0);
   int64_t k = x.dim() >= 2 && g.coin(0.3) ? 2 : 1;
   s.p.list = Shape(x.sizes().end() - k, x.sizes().end());
+  const int64_t n =
+      std::accumulate(s.p.list.begin(), s.p.list.end(), int64_t{1}, std::multiplies<>());
+  if (max_finite_abs(x) > std::sqrt(largest(x.scalar_type())) / 16 || n == 1) return false;
+  if (x.numel() > 0 && n > 0) {
+    torch::Tensor rows = x.detach().reshape({-1, n});
+    if ((std::get<0>(rows.max(1)) == std::get<0>(rows.min(1))).any().item<bool>()) return false;
+  }
   kiln::DType dt = to_kiln(x.scalar_type());
   s.args.push_back(g.new_input(s.p.list, dt));
   s.args.push_back(g.new_input(s.p.list, dt));
-  return true;
+  const double limit = std::sqrt(largest(to_torch(dt))) / 16;  // x may have moved: use dt
+  return max_finite_abs(arg(g, s, 1)) <= limit && max_finite_abs(arg(g, s, 2)) <= limit;
 }
 bool layer_norm_plain_pick(Gen& g, Step& s) {
   if (!layer_norm_pick(g, s)) return false;
@@ -449,12 +547,15 @@ bool cross_entropy_pick(Gen& g, Step& s) {
   s.p.i = {g.uniform(0, 2)};
   return true;
 }
+// Operands whose difference doubled overflows are not picked (deliberate difference): kiln's
+// gradient scales g first (2 g / N times the difference), libtorch's doubles the difference.
 bool mse_pick(Gen& g, Step& s) {
   if (g.inputs_full() || !one_value(g, s, is_float)) return false;
   const auto& x = arg(g, s, 0);
   s.args.push_back(g.new_input(sizes(x), to_kiln(x.scalar_type())));
   s.p.i = {g.uniform(0, 2)};
-  return true;
+  const auto& a = arg(g, s, 0);
+  return max_finite_abs(a) + max_finite_abs(arg(g, s, 1)) <= largest(a.scalar_type()) / 4;
 }
 bool softmax_pick(Gen& g, Step& s) {
   return dim_pick(g, s);
@@ -508,10 +609,10 @@ const std::vector<Op>& op_table() {
       // ------------------------------------------------ unary
       DIFF_OP("neg", 0, unary, neg(a[0])),
       DIFF_OP("abs", 0, unary, abs(a[0])),
-      DIFF_OP("sign", kZeroGrad, unary, sign(a[0])),
+      DIFF_OP("sign", 0, unary, sign(a[0])),
       DIFF_OP("exp", kInexact, unary, exp(a[0])),
       DIFF_OP("log", kInexact, unary, log(a[0])),
-      DIFF_OP("log1p", kInexact, unary, log1p(a[0])),
+      DIFF_OP("log1p", kInexact, log1p_pick, log1p(a[0])),
       DIFF_OP("expm1", kInexact, unary, expm1(a[0])),
       DIFF_OP("sqrt", kInexact, unary, sqrt(a[0])),
       DIFF_OP("rsqrt", kInexact, unary, rsqrt(a[0])),
@@ -520,15 +621,15 @@ const std::vector<Op>& op_table() {
       DIFF_OP("cos", kInexact, unary, cos(a[0])),
       DIFF_OP("tanh", kInexact, unary, tanh(a[0])),
       DIFF_OP("sigmoid", kInexact, unary, sigmoid(a[0])),
-      DIFF_OP("relu", 0, unary, relu(a[0])),
+      DIFF_OP("relu", 0, relu_pick, relu(a[0])),
       DIFF_OP("gelu", kInexact, unary, gelu(a[0])),
       DIFF_OP("gelu_tanh", kInexact, unary, gelu(a[0], "tanh")),
       DIFF_OP("silu", kInexact, unary, silu(a[0])),
       DIFF_OP("softplus", kInexact, unary, softplus(a[0])),
-      DIFF_OP("erf", kInexact, unary, erf(a[0])),
-      DIFF_OP("floor", kZeroGrad, unary, floor(a[0])),
-      DIFF_OP("ceil", kZeroGrad, unary, ceil(a[0])),
-      DIFF_OP("round", kZeroGrad, unary, round(a[0])),
+      DIFF_OP("erf", kInexact, erf_pick, erf(a[0])),
+      DIFF_OP("floor", 0, unary, floor(a[0])),
+      DIFF_OP("ceil", 0, unary, ceil(a[0])),
+      DIFF_OP("round", 0, unary, round(a[0])),
       DIFF_OP("logical_not", 0, unary, logical_not(a[0])),
       DIFF_OP("isnan", 0, unary, isnan(a[0])),
       DIFF_OP("isfinite", 0, unary, isfinite(a[0])),
@@ -537,11 +638,11 @@ const std::vector<Op>& op_table() {
       DIFF_OP("cast", 0, cast_pick, a[0].to(B::dtype(p.i[0]))),
       // ------------------------------------------------ binary, tensors and scalars
       DIFF_OP("add", 0, binary, add(a[0], a[1])),
-      DIFF_OP("add_alpha", 0, binary_scalar, add(a[0], a[1], B::scalar(p, 0))),
+      DIFF_OP("add_alpha", 0, add_alpha_pick, add(a[0], a[1], B::scalar(p, 0))),
       DIFF_OP("sub", 0, binary, sub(a[0], a[1])),
-      DIFF_OP("mul", kMulPow, binary, mul(a[0], a[1])),
+      DIFF_OP("mul", 0, binary, mul(a[0], a[1])),
       DIFF_OP("div", 0, binary, div(a[0], a[1])),
-      DIFF_OP("pow", kInexact | kMulPow, pow_pick, pow(a[0], a[1])),
+      DIFF_OP("pow", kInexact, pow_pick, pow(a[0], a[1])),
       DIFF_OP("remainder", 0, binary, remainder(a[0], a[1])),
       DIFF_OP("minimum", 0, binary, minimum(a[0], a[1])),
       DIFF_OP("maximum", 0, binary, maximum(a[0], a[1])),
@@ -555,10 +656,10 @@ const std::vector<Op>& op_table() {
       DIFF_OP("logical_or", 0, binary, logical_or(a[0], a[1])),
       DIFF_OP("add_scalar", 0, with_scalar, add(a[0], B::scalar(p, 0))),
       DIFF_OP("sub_scalar", 0, with_scalar, sub(a[0], B::scalar(p, 0))),
-      DIFF_OP("mul_scalar", kMulPow, with_scalar, mul(a[0], B::scalar(p, 0))),
+      DIFF_OP("mul_scalar", 0, with_scalar, mul(a[0], B::scalar(p, 0))),
       DIFF_OP("div_scalar", 0, with_scalar, div(a[0], B::scalar(p, 0))),
-      DIFF_OP("pow_scalar", kInexact | kMulPow, with_scalar, pow(a[0], B::scalar(p, 0))),
-      DIFF_OP("scalar_pow", kInexact | kMulPow, with_scalar, pow(B::scalar(p, 0), a[0])),
+      DIFF_OP("pow_scalar", kInexact, with_scalar, pow(a[0], B::scalar(p, 0))),
+      DIFF_OP("scalar_pow", kInexact, with_scalar, pow(B::scalar(p, 0), a[0])),
       DIFF_OP("remainder_scalar", 0, with_scalar, remainder(a[0], B::scalar(p, 0))),
       DIFF_OP("eq_scalar", 0, with_scalar, eq(a[0], B::scalar(p, 0))),
       DIFF_OP("lt_scalar", 0, with_scalar, lt(a[0], B::scalar(p, 0))),
@@ -567,8 +668,8 @@ const std::vector<Op>& op_table() {
       DIFF_OP("where", 0, where_pick, where(a[0], a[1], a[2])),
       DIFF_OP("where_scalar", 0, where_scalar, where(a[0], a[1], B::scalar(p, 0))),
       DIFF_OP("clamp", 0, clamp_pick, clamp(a[0], B::scalar(p, 0), B::scalar(p, 1))),
-      DIFF_OP("clamp_min", 0, clamp_pick, clamp(a[0], B::scalar(p, 0))),
-      DIFF_OP("clamp_max", 0, clamp_pick, clamp(a[0], B::none(), B::scalar(p, 1))),
+      DIFF_OP("clamp_min", 0, clamp_min_pick, clamp(a[0], B::scalar(p, 0))),
+      DIFF_OP("clamp_max", 0, clamp_max_pick, clamp(a[0], B::none(), B::scalar(p, 1))),
       // ------------------------------------------------ views
       DIFF_OP("view", 0, reshape_pick, a[0].view(p.list)),
       DIFF_OP("reshape", 0, reshape_pick, a[0].reshape(p.list)),
@@ -585,46 +686,46 @@ const std::vector<Op>& op_table() {
       DIFF_OP("flatten", 0, flatten_pick, a[0].flatten(p.i[0], p.i[1])),
       DIFF_OP("t", 0, matrix_pick, a[0].t()),
       // ------------------------------------------------ in-place writes through a slice
-      DIFF_OP("slice_add_", kInPlace, inplace_scalar,
+      DIFF_OP("slice_add_", 0, inplace_scalar,
               (a[0].slice(p.i[0], p.i[1], p.i[2], p.i[3]).add_(B::scalar(p, 0)), a[0])),
-      DIFF_OP("slice_mul_", kInPlace, inplace_scalar,
+      DIFF_OP("slice_mul_", 0, inplace_scalar,
               (a[0].slice(p.i[0], p.i[1], p.i[2], p.i[3]).mul_(B::scalar(p, 0)), a[0])),
-      DIFF_OP("slice_fill_", kInPlace | kFill, inplace_scalar,
+      DIFF_OP("slice_fill_", 0, inplace_scalar,
               (a[0].slice(p.i[0], p.i[1], p.i[2], p.i[3]).fill_(B::scalar(p, 0)), a[0])),
-      DIFF_OP("slice_zero_", kInPlace | kFill, inplace_scalar,
+      DIFF_OP("slice_zero_", 0, inplace_scalar,
               (a[0].slice(p.i[0], p.i[1], p.i[2], p.i[3]).zero_(), a[0])),
-      DIFF_OP("slice_add_tensor_", kInPlace, inplace_tensor,
+      DIFF_OP("slice_add_tensor_", 0, inplace_tensor,
               (a[0].slice(p.i[0], p.i[1], p.i[2], p.i[3]).add_(a[1]), a[0])),
-      DIFF_OP("slice_copy_", kInPlace | kFill, inplace_tensor,
+      DIFF_OP("slice_copy_", 0, inplace_tensor,
               (a[0].slice(p.i[0], p.i[1], p.i[2], p.i[3]).copy_(a[1]), a[0])),
       // ------------------------------------------------ reductions
-      DIFF_OP("sum", kInexact | kReduce, reduce_list, a[0].sum(p.list, p.i[0] != 0)),
-      DIFF_OP("sum_all", kInexact | kReduce, unary, a[0].sum()),
-      DIFF_OP("mean", kInexact | kReduce, reduce_list, a[0].mean(p.list, p.i[0] != 0)),
-      DIFF_OP("mean_all", kInexact | kReduce, unary, a[0].mean()),
-      DIFF_OP("prod", kInexact | kReduce, reduce_one, a[0].prod(p.i[0], p.i[1] != 0)),
-      DIFF_OP("amax", kReduce | kMinMax, reduce_list, a[0].amax(p.list, p.i[0] != 0)),
-      DIFF_OP("amin", kReduce | kMinMax, reduce_list, a[0].amin(p.list, p.i[0] != 0)),
-      DIFF_OP("max_all", kReduce | kMinMax, unary, a[0].max()),
-      DIFF_OP("min_all", kReduce | kMinMax, unary, a[0].min()),
-      DIFF_OP("max_dim", kReduce | kMinMax, reduce_one, std::get<0>(a[0].max(p.i[0], p.i[1] != 0))),
-      DIFF_OP("argmax", kReduce, reduce_one, a[0].argmax(p.i[0], p.i[1] != 0)),
-      DIFF_OP("argmin", kReduce, reduce_one, a[0].argmin(p.i[0], p.i[1] != 0)),
-      DIFF_OP2("var", kInexact | kReduce, reduce_list, a[0].var(p.list, p.i[1], p.i[0] != 0),
+      DIFF_OP("sum", kInexact, reduce_list, a[0].sum(p.list, p.i[0] != 0)),
+      DIFF_OP("sum_all", kInexact, unary, a[0].sum()),
+      DIFF_OP("mean", kInexact, mean_pick, a[0].mean(p.list, p.i[0] != 0)),
+      DIFF_OP("mean_all", kInexact, mean_all_pick, a[0].mean()),
+      DIFF_OP("prod", kInexact, reduce_one, a[0].prod(p.i[0], p.i[1] != 0)),
+      DIFF_OP("amax", 0, reduce_list, a[0].amax(p.list, p.i[0] != 0)),
+      DIFF_OP("amin", 0, reduce_list, a[0].amin(p.list, p.i[0] != 0)),
+      DIFF_OP("max_all", 0, unary, a[0].max()),
+      DIFF_OP("min_all", 0, unary, a[0].min()),
+      DIFF_OP("max_dim", 0, reduce_one, std::get<0>(a[0].max(p.i[0], p.i[1] != 0))),
+      DIFF_OP("argmax", 0, reduce_one, a[0].argmax(p.i[0], p.i[1] != 0)),
+      DIFF_OP("argmin", 0, reduce_one, a[0].argmin(p.i[0], p.i[1] != 0)),
+      DIFF_OP2("var", kInexact, var_pick, a[0].var(p.list, p.i[1], p.i[0] != 0),
                at::var(a[0], at::OptionalIntArrayRef(p.list), c10::optional<int64_t>(p.i[1]),
                        p.i[0] != 0)),
-      DIFF_OP2("std", kInexact | kReduce, reduce_list, a[0].std(p.list, p.i[1], p.i[0] != 0),
+      DIFF_OP2("std", kInexact, var_pick, a[0].std(p.list, p.i[1], p.i[0] != 0),
                at::std(a[0], at::OptionalIntArrayRef(p.list), c10::optional<int64_t>(p.i[1]),
                        p.i[0] != 0)),
-      DIFF_OP("logsumexp", kInexact | kReduce, reduce_list, a[0].logsumexp(p.list, p.i[0] != 0)),
-      DIFF_OP("all", kReduce, unary, a[0].all()),
-      DIFF_OP("any", kReduce, unary, a[0].any()),
+      DIFF_OP("logsumexp", kInexact, reduce_list, a[0].logsumexp(p.list, p.i[0] != 0)),
+      DIFF_OP("all", 0, unary, a[0].all()),
+      DIFF_OP("any", 0, unary, a[0].any()),
       // ------------------------------------------------ GEMMs
-      DIFF_OP("mm", kInexact | kGemm, mm_pick, mm(a[0], a[1])),
-      DIFF_OP("bmm", kInexact | kGemm, bmm_pick, bmm(a[0], a[1])),
-      DIFF_OP("matmul", kInexact | kGemm, matmul_pick, matmul(a[0], a[1])),
-      DIFF_OP("linear", kInexact | kGemm, linear_pick, linear(a[0], a[1], a[2])),
-      DIFF_OP("addmm", kInexact | kGemm, addmm_pick, addmm(a[0], a[1], a[2])),
+      DIFF_OP("mm", kInexact, mm_pick, mm(a[0], a[1])),
+      DIFF_OP("bmm", kInexact, bmm_pick, bmm(a[0], a[1])),
+      DIFF_OP("matmul", kInexact, matmul_pick, matmul(a[0], a[1])),
+      DIFF_OP("linear", kInexact, linear_pick, linear(a[0], a[1], a[2])),
+      DIFF_OP("addmm", kInexact, addmm_pick, addmm(a[0], a[1], a[2])),
       // ------------------------------------------------ indexing and joining
       DIFF_OP("index_select", 0, index_select_pick, index_select(a[0], p.i[0], a[1])),
       DIFF_OP("gather", 0, gather_pick, gather(a[0], p.i[0], a[1])),

@@ -137,14 +137,7 @@ struct Gen {
 using Pick = bool (*)(Gen&, Step&);
 
 enum OpFlags : unsigned {
-  kInexact = 1,    // not bit-exact between kiln's modes (transcendentals, reordered sums)
-  kInPlace = 2,    // writes into an earlier value
-  kGemm = 4,       // a matrix product
-  kReduce = 8,     // a reduction
-  kZeroGrad = 16,  // piecewise constant: gradient zero
-  kMinMax = 32,    // amax/amin
-  kFill = 64,      // fill_/zero_/copy_
-  kMulPow = 128,   // mul/pow, whose saved operands an in-place write may invalidate
+  kInexact = 1,  // not bit-exact between kiln's modes (transcendentals, reordered sums)
 };
 
 struct Op {

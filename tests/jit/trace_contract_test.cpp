@@ -221,6 +221,39 @@ TEST(TraceContract, InPlaceWriteOfAFactoryResultUnderAutogradTraces) {
   EXPECT_TRUE(equal(b.grad(), eb.grad())) << b.grad() << " vs " << eb.grad();
 }
 
+// zero_ of a computed value makes its new value (a factory's result inside the trace, a capture
+// of the traced graph) the value's history; held with that history, the capture would keep the
+// trace's placeholder alive, and the call's flush would find it pending.
+TEST(TraceContract, FillOfAComputedValueUnderAutogradTraces) {
+  const Fn fn = [](const Inputs& in) {
+    Tensor y = in[0] * 2;
+    y.slice(0, 0, 1).zero_();
+    return Inputs{y};
+  };
+  Tensor x = f64({3, 5}).requires_grad_(true);
+  jit::Function f = jit::trace(fn, {x});
+  Inputs got = f({x});
+  EXPECT_TRUE(equal(got[0], f64({0, 10})));
+  got[0].sum().backward();
+  ASSERT_TRUE(x.grad().defined());
+  EXPECT_TRUE(equal(x.grad(), f64({0, 2})));
+}
+
+// The trace's backward raises (amin saved its output, which fill_ then wrote): nothing of the
+// trace stays pending. The written value's node held the fill value with its history, which
+// reached amin's saved output, whose storage held the node: a cycle that kept the placeholder
+// alive, and the thread's next flush raised in unrelated code.
+TEST(TraceContract, AFailedDifferentiationLeavesNothingPending) {
+  const Fn fn = [](const Inputs& in) {
+    Tensor y = in[0].amin({0}, true);
+    y.fill_(2);
+    return Inputs{y};
+  };
+  const int64_t before = jit::stats().pending_nodes;
+  EXPECT_THROW(jit::trace(fn, {f64({3, 5}).requires_grad_(true)}), Error);
+  EXPECT_EQ(jit::stats().pending_nodes, before);
+}
+
 TEST(TraceContract, AFailedTraceLeavesTheThreadAsItWas) {
   const bool lazy = is_lazy_enabled();
   EXPECT_THROW(jit::trace(

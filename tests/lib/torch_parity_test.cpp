@@ -1,7 +1,10 @@
 // Ops and autograd against libtorch's semantics on edge cases (0-dim reductions, size-0 matrix
 // products, what backward saves, NaN clamp bounds, empty chunks, in-place writes of tensors that
-// require grad, signed zeros in max/min, NaN through zero gradients), each in eager mode and in
-// lazy mode. Expected values are libtorch's (1.13 and 2.x agree on them).
+// require grad, writes into integral tensors, signed zeros in max/min, empty layer_norm and cat,
+// NaN operands of minimum/maximum, NaN through zero gradients and relu, empty remainders,
+// integral clamp bounds and fill values, pow of an integral base, prod of a 0-dim or subnormal
+// input), each in eager mode and in lazy mode. Expected values are libtorch's (1.13 and 2.x agree
+// on them).
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -99,6 +102,18 @@ TEST_P(TorchParity, ArgAndLogicalReductionsOverTheDimOfA0DimTensor) {
     testing::expect_close(all(x, {dim}), {1}, Shape{}, kBool);
     testing::expect_close(any(x, {dim}, true), {1}, Shape{}, kBool);
   }
+}
+
+// torch's prod gradient: g for a 0-dim input (even an infinite one), g * (y / x) otherwise, so a
+// subnormal product divides back exactly before g scales it.
+TEST_P(TorchParity, ProdGradientOfA0DimOrSubnormalInput) {
+  Tensor inf = from_vector(std::vector<float>{INFINITY}, Shape{}).requires_grad_();
+  (inf.prod(0, false) * 0.625f).backward();
+  testing::expect_close(inf.grad(), {0.625}, {}, kFloat32);
+  const float tiny = std::numeric_limits<float>::denorm_min();
+  Tensor x = from_vector(std::vector<float>{1.0f, tiny}, Shape{2}).requires_grad_();
+  (x.prod(0, false) * 0.625f).backward();
+  EXPECT_EQ(x.grad().to_vector<float>()[1], 0.625f);
 }
 
 // ---------------------------------------------------------------------- size-0 matrix products
@@ -230,6 +245,25 @@ TEST_P(TorchParity, ClampPropagatesANaNBound) {
   testing::expect_close(xg.grad(), {0, 0, 0}, {3}, kFloat64);
 }
 
+// torch raises for an integral bound outside an int32 input's range; converted, it would wrap
+// (INT64_MIN to 0, so clamp(-2, min=INT64_MIN) gave 0).
+TEST_P(TorchParity, ClampRejectsAnIntegralBoundOutsideTheInputsRange) {
+  Tensor x = from_vector(std::vector<int32_t>{-2, 5}, Shape{2});
+  EXPECT_THROW(clamp(x, std::numeric_limits<int64_t>::min()), Error);
+  EXPECT_THROW(clamp(x, std::nullopt, int64_t{1} << 40), Error);
+  EXPECT_EQ(clamp(x, -3, 4).to_vector<int64_t>(), (std::vector<int64_t>{-2, 4}));
+}
+
+// As torch: fill_ of an integral tensor with a value it cannot hold raises (converted, inf is
+// undefined behaviour).
+TEST_P(TorchParity, FillOfAnIntegralTensorRejectsAValueItCannotHold) {
+  Tensor i64 = zeros({2}, kInt64), i32 = zeros({2}, kInt32);
+  EXPECT_THROW(i64.fill_(INFINITY), Error);
+  EXPECT_THROW(i64.fill_(NAN), Error);
+  EXPECT_THROW(i32.fill_(int64_t{1} << 40), Error);
+  EXPECT_EQ(i32.fill_(-7).to_vector<int64_t>(), (std::vector<int64_t>{-7, -7}));
+}
+
 // -------------------------------------------------------------------------------------- chunk
 
 TEST_P(TorchParity, ChunkOfAnEmptyDimGivesChunksEmptyPieces) {
@@ -299,6 +333,18 @@ TEST_P(TorchParity, ALeafThatRequiresGradIsWrittenInPlaceOnlyWithoutGradMode) {
   EXPECT_TRUE(x.requires_grad());
 }
 
+// torch: an integral or bool tensor never requires grad, whatever is written into it.
+TEST_P(TorchParity, AWriteIntoABoolOrIntegralTensorRecordsNoGradient) {
+  Tensor x = leaf({2, 0}, {2});
+  for (DType dtype : {kBool, kInt64}) {
+    Tensor t = ge(x, 1.0).to(dtype);
+    t.slice(0, 0, 1).copy_(x.slice(0, 1, 2));
+    EXPECT_FALSE(t.requires_grad()) << dtype;
+    EXPECT_FALSE(erf(t).requires_grad()) << dtype;
+    testing::expect_close(t.to(kFloat64), {0, 0}, {2}, kFloat64);
+  }
+}
+
 // ---------------------------------------------------------------------- signed zeros in max/min
 
 // amax/amin of equal zeros: +0 is the greater (IEEE 754-2019 maximum/minimum), whichever comes
@@ -323,7 +369,117 @@ TEST_P(TorchParity, AmaxAndAminOfSignedZerosDoNotDependOnOrder) {
   }
 }
 
+// --------------------------------------------------------------------- layer_norm of nothing
+
+// torch: layer_norm of an empty input (no rows, or rows of nothing) still requires grad; the
+// weight's and bias's gradients are zeros.
+TEST_P(TorchParity, LayerNormOfAnEmptyInputRequiresGrad) {
+  for (const Shape& shape : {Shape{0, 3}, Shape{2, 0}}) {
+    const Shape normalized{shape[1]};
+    Tensor x = leaf({}, shape);
+    Tensor w = leaf(std::vector<double>(static_cast<size_t>(shape[1]), 2.0), normalized);
+    Tensor b = leaf(std::vector<double>(static_cast<size_t>(shape[1]), 1.0), normalized);
+    Tensor y = layer_norm(x, normalized, w, b);
+    ASSERT_TRUE(y.requires_grad()) << shape[0] << " rows of " << shape[1];
+    EXPECT_EQ(y.sizes(), shape);
+    y.sum().backward();
+    ASSERT_TRUE(x.grad().defined());
+    EXPECT_EQ(x.grad().sizes(), shape);
+    testing::expect_close(w.grad(), std::vector<double>(static_cast<size_t>(shape[1]), 0.0),
+                          normalized, kFloat64);
+    testing::expect_close(b.grad(), std::vector<double>(static_cast<size_t>(shape[1]), 0.0),
+                          normalized, kFloat64);
+  }
+}
+
+// torch: cat skips empty 1-D pieces; when every piece is one, the empty result still requires
+// grad if a piece does.
+TEST_P(TorchParity, CatOfOnlyEmptyPiecesRequiresGrad) {
+  Tensor x = leaf({}, {0});
+  Tensor y = cat({x, zeros({0}, kBool)}, -1);
+  EXPECT_EQ(y.dtype(), kFloat64);
+  ASSERT_TRUE(y.requires_grad());
+  y.sum().backward();
+  EXPECT_EQ(x.grad().sizes(), Shape{0});
+}
+
+// -------------------------------------------------------------- minimum and maximum of a NaN
+
+// torch: each operand gets the gradient unless it loses (half where they tie), so where either
+// is NaN both get all of it; minimum(v, v) of a NaN v passes twice the gradient to v.
+TEST_P(TorchParity, MinimumAndMaximumPassTheGradientOfANaNToBothOperands) {
+  for (bool is_max : {false, true}) {
+    Tensor x = leaf({kNaN, 1, 2, 3}, {4}), y = leaf({0, kNaN, 2, 1}, {4});
+    (is_max ? maximum(x, y) : minimum(x, y)).sum().backward();
+    testing::expect_close(x.grad(), {1, 1, 0.5, is_max ? 1.0 : 0.0}, {4}, kFloat64);
+    testing::expect_close(y.grad(), {1, 1, 0.5, is_max ? 0.0 : 1.0}, {4}, kFloat64);
+  }
+  Tensor v = leaf({kNaN}, {1});
+  minimum(v, v).sum().backward();
+  testing::expect_close(v.grad(), {2}, {1}, kFloat64);
+}
+
+// torch masks the loser's gradient (masked_fill): exactly 0 even where the incoming gradient is
+// infinite (here the derivative of m / 0).
+TEST_P(TorchParity, TheLoserOfMinimumOrMaximumGetsZeroEvenFromAnInfiniteGradient) {
+  for (bool is_max : {false, true}) {
+    Tensor x = leaf({1, 3}, {2}), y = leaf({2, 2}, {2});
+    Tensor m = is_max ? maximum(x, y) : minimum(x, y);
+    div(m, zeros({2}, kFloat64)).sum().backward();
+    testing::expect_close(x.grad(),
+                          is_max ? std::vector<double>{0, kInf} : std::vector<double>{kInf, 0}, {2},
+                          kFloat64);
+    testing::expect_close(y.grad(),
+                          is_max ? std::vector<double>{kInf, 0} : std::vector<double>{0, kInf}, {2},
+                          kFloat64);
+  }
+}
+
+// d 3^x / dx = 3^x log 3 in float64: the log of the integral base is taken in the result's dtype.
+TEST_P(TorchParity, PowOfAnIntegralBaseDifferentiatesInTheResultsDtype) {
+  Tensor x = leaf({1.7675477301287135}, {1});
+  pow(3, x).sum().backward();
+  const double want = std::pow(3.0, 1.7675477301287135) * std::log(3.0);
+  EXPECT_NEAR(x.grad().to_vector<double>()[0], want, 1e-14 * want);
+}
+
+// torch's exponent gradient of pow multiplies the incoming gradient by 0 where the base is 0: an
+// infinite gradient (of 1 / 0^b) gives NaN there.
+TEST_P(TorchParity, PowExponentGradientAtAZeroBaseKeepsAnInfiniteGradientNaN) {
+  Tensor b = leaf({2.5}, {1});
+  reciprocal(pow(zeros({1}, kFloat64), b)).sum().backward();
+  testing::expect_close(b.grad(), {kNaN}, {1}, kFloat64);
+}
+
+// torch's max()/min() of every element (CPU): the elements equal to the result share the
+// gradient, the others get exactly 0 even when it is NaN, and a NaN result's goes to the NaNs.
+TEST_P(TorchParity, MaxAndMinOfEveryElementGiveOthersAZeroGradient) {
+  for (bool is_max : {false, true}) {
+    Tensor x = leaf(is_max ? std::vector<double>{1, 3, 3} : std::vector<double>{3, 1, 1}, {3});
+    ((is_max ? x.max() : x.min()) * kNaN).backward();
+    testing::expect_close(x.grad(), {0, kNaN, kNaN}, {3}, kFloat64);
+    Tensor n = leaf({1, kNaN, 2}, {3});
+    (is_max ? n.max() : n.min()).backward();
+    testing::expect_close(n.grad(), {0, 1, 0}, {3}, kFloat64);
+  }
+}
+
 // ------------------------------------------------------------------ NaN through zero gradients
+
+// torch's relu gradient is g except where the result is <= 0: a NaN passes g through.
+TEST_P(TorchParity, ReluOfNaNPassesTheGradientThrough) {
+  Tensor x = leaf({kNaN, -1, 2}, {3});
+  relu(x).sum().backward();
+  testing::expect_close(x.grad(), {1, 0, 1}, {3}, kFloat64);
+}
+
+// A zero divisor in an integral remainder raises, but not when the result is empty: nothing is
+// divided (torch).
+TEST_P(TorchParity, IntegralRemainderOfAnEmptyResultDividesNothing) {
+  Tensor r = remainder(zeros({0, 0}, kInt64), zeros({1}, kInt64));
+  EXPECT_EQ(r.sizes(), (Shape{0, 0}));
+  EXPECT_THROW(remainder(ones({2}, kInt64), zeros({1}, kInt64)), Error);
+}
 
 // ceil's gradient is zero, but cos's derivative at -inf is -sin(-inf) = NaN, and 0 * NaN is NaN:
 // torch gives NaN, and so must every mode (no rewrite may drop a product with zero).
