@@ -97,7 +97,7 @@ int64_t TensorImpl::numel() const {
 
 int64_t shape_numel(const Shape& sizes) {
   int64_t n = 1;
-  for (int64_t s : sizes) n = checked_mul(n, s, "numel: the shape ", shape_str(sizes));
+  for (int64_t s : sizes) n = KILN_CHECKED_MUL(n, s, "numel: the shape ", shape_str(sizes));
   return n;
 }
 
@@ -105,7 +105,8 @@ int64_t checked_numel(const Shape& sizes, const char* op) {
   int64_t numel = 1, extent = 1;
   for (int64_t s : sizes) {
     KILN_CHECK(s >= 0, op, ": negative dimension ", s, " in shape ", shape_str(sizes));
-    extent = checked_mul(extent, std::max<int64_t>(s, 1), op, ": the shape ", shape_str(sizes));
+    extent =
+        KILN_CHECKED_MUL(extent, std::max<int64_t>(s, 1), op, ": the shape ", shape_str(sizes));
     numel = s == 0 ? 0 : numel * s;  // numel <= extent: no overflow
   }
   return numel;
@@ -138,7 +139,8 @@ Shape contiguous_strides(const Shape& sizes) {
   for (size_t i = sizes.size(); i-- > 0;) {
     strides[i] = s;
     if (i > 0)
-      s = checked_mul(s, std::max<int64_t>(sizes[i], 1), "strides: the shape ", shape_str(sizes));
+      s = KILN_CHECKED_MUL(s, std::max<int64_t>(sizes[i], 1), "strides: the shape ",
+                           shape_str(sizes));
   }
   return strides;
 }
@@ -176,10 +178,10 @@ Tensor make_empty_strided(const Shape& shape, const Shape& strides, DType dtype,
   for (size_t i = 0; i < shape.size(); ++i)
     KILN_CHECK(shape[i] >= 0, "empty_strided: negative dimension in shape ", shape_str(shape));
   const bool empty = checked_numel(shape, "empty_strided") == 0;
-  const int64_t extent = empty
-                             ? 0
-                             : checked_add(checked_last_element(shape, strides, 0, "empty_strided"),
-                                           1, "empty_strided: the shape ", shape_str(shape));
+  const int64_t extent =
+      empty ? 0
+            : KILN_CHECKED_ADD(checked_last_element(shape, strides, 0, "empty_strided"), 1,
+                               "empty_strided: the shape ", shape_str(shape));
   Tensor flat = make_empty_on({extent}, dtype, device);
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = flat.impl()->storage;

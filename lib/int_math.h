@@ -25,22 +25,23 @@ inline bool add_overflows(int64_t a, int64_t b, int64_t* out) {
   return __builtin_add_overflow(a, b, out);
 }
 
-// a * b and a + b for sizes; an overflow throws kiln::Error "<context...> is too large ...". The
-// context (op name, shape) is formatted only on failure.
-template <typename... Context>
-int64_t checked_mul(int64_t a, int64_t b, const Context&... context) {
-  int64_t r;
-  KILN_CHECK(!mul_overflows(a, b, &r), context...,
-             " is too large (its size computation overflows 64 bits)");
-  return r;
-}
-template <typename... Context>
-int64_t checked_add(int64_t a, int64_t b, const Context&... context) {
-  int64_t r;
-  KILN_CHECK(!add_overflows(a, b, &r), context...,
-             " is too large (its size computation overflows 64 bits)");
-  return r;
-}
+// a * b and a + b for sizes; an overflow throws kiln::Error "<context...> is too large ...".
+// Macros, so that the context (an op name, a formatted shape) is evaluated only on failure: these
+// run on every op's size computation.
+#define KILN_CHECKED_MUL(a, b, ...)                                             \
+  ([&]() -> int64_t {                                                           \
+    int64_t kiln_r_;                                                            \
+    KILN_CHECK(!::kiln::detail::mul_overflows((a), (b), &kiln_r_), __VA_ARGS__, \
+               " is too large (its size computation overflows 64 bits)");       \
+    return kiln_r_;                                                             \
+  }())
+#define KILN_CHECKED_ADD(a, b, ...)                                             \
+  ([&]() -> int64_t {                                                           \
+    int64_t kiln_r_;                                                            \
+    KILN_CHECK(!::kiln::detail::add_overflows((a), (b), &kiln_r_), __VA_ARGS__, \
+               " is too large (its size computation overflows 64 bits)");       \
+    return kiln_r_;                                                             \
+  }())
 
 // The element count of `sizes` for `op`: negative sizes are rejected, and so are shapes whose
 // count or contiguous extent (the product with empty dims counted as 1, which bounds every

@@ -375,8 +375,8 @@ Tensor from_blob(void* data, const Shape& shape, const Shape& strides, TensorOpt
   const int64_t extent =
       detail::shape_numel(shape) == 0
           ? 1
-          : detail::checked_add(detail::checked_last_element(shape, strides, 0, "from_blob"), 1,
-                                "from_blob: the shape ", detail::shape_str(shape));
+          : KILN_CHECKED_ADD(detail::checked_last_element(shape, strides, 0, "from_blob"), 1,
+                             "from_blob: the shape ", detail::shape_str(shape));
   auto storage = std::make_shared<detail::Storage>();
   storage->data = data;
   storage->nbytes = detail::checked_nbytes(extent, dt, "from_blob", shape);

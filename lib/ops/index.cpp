@@ -482,8 +482,8 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
                  ref->size(k), " but got size ", t.size(k), " for tensor number ", i,
                  " in the list (", describe(*ref), " vs ", describe(t), ")");
     }
-    out_shape[d] = detail::checked_add(out_shape[d], t.size(d), op, ": the concatenated size of ",
-                                       "dimension ", d, " (tensor number ", i, " in the list)");
+    out_shape[d] = KILN_CHECKED_ADD(out_shape[d], t.size(d), op, ": the concatenated size of ",
+                                    "dimension ", d, " (tensor number ", i, " in the list)");
     pieces.push_back(t);
   }
   detail::checked_numel(out_shape, op);

@@ -175,7 +175,7 @@ Shape infer_shape(const char* op, const Shape& shape, int64_t numel, const Tenso
       infer = static_cast<int64_t>(i);
     } else {
       KILN_CHECK(out[i] >= 0, op, ": invalid shape dimension ", out[i], " in ", shape_str(shape));
-      known = detail::checked_mul(known, out[i], op, ": the shape ", shape_str(shape));
+      known = KILN_CHECKED_MUL(known, out[i], op, ": the shape ", shape_str(shape));
     }
   }
   if (infer >= 0) {
@@ -209,8 +209,8 @@ std::optional<Shape> view_strides(const Shape& sizes, const Shape& strides,
                    (detail::mul_overflows(tensor_numel, chunk_base_stride, &chunk_extent) ||
                     strides[d - 1] != chunk_extent))) {
       while (view_d >= 0 && (view_numel < tensor_numel || new_sizes[view_d] == 1)) {
-        out[view_d] = detail::checked_mul(view_numel, chunk_base_stride, "view: the strides for ",
-                                          shape_str(new_sizes));
+        out[view_d] = KILN_CHECKED_MUL(view_numel, chunk_base_stride, "view: the strides for ",
+                                       shape_str(new_sizes));
         view_numel *= new_sizes[view_d];  // new_sizes has the tensor's numel
         --view_d;
       }
@@ -260,7 +260,7 @@ Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
   Shape shape(sizes().begin(), sizes().begin() + s);
   int64_t n = 1;
   for (int64_t d = s; d <= e; ++d)
-    n = detail::checked_mul(n, sizes()[d], "flatten: the shape ", shape_str(sizes()));
+    n = KILN_CHECKED_MUL(n, sizes()[d], "flatten: the shape ", shape_str(sizes()));
   shape.push_back(n);
   shape.insert(shape.end(), sizes().begin() + e + 1, sizes().end());
   return reshape(shape);
@@ -316,8 +316,8 @@ Tensor Tensor::unsqueeze(int64_t d) const {
   detail::check_defined(*this, "unsqueeze");
   int64_t pos = wrap_dim(d, dim() + 1, "unsqueeze", this);
   Shape sz = sizes(), st = strides();
-  int64_t stride = pos < dim() ? detail::checked_mul(sz[pos], st[pos], "unsqueeze: the strides ",
-                                                     shape_str(st), " of ", describe(*this))
+  int64_t stride = pos < dim() ? KILN_CHECKED_MUL(sz[pos], st[pos], "unsqueeze: the strides ",
+                                                  shape_str(st), " of ", describe(*this))
                                : 1;
   sz.insert(sz.begin() + pos, 1);
   st.insert(st.begin() + pos, stride);
@@ -403,8 +403,8 @@ Tensor Tensor::slice(int64_t d, std::optional<int64_t> start, std::optional<int6
   e = std::clamp<int64_t>(e, s, n);
   Shape sz = sizes(), st = strides();
   sz[pos] = slice_length(s, e, step);
-  st[pos] = detail::checked_mul(strides()[pos], step, "slice: the stride of ", describe(*this),
-                                " times step ", step);
+  st[pos] = KILN_CHECKED_MUL(strides()[pos], step, "slice: the stride of ", describe(*this),
+                             " times step ", step);
   return view_with_grad(slice_def, *this, Attrs{pos, s, e, step},
                         make_view(*this, sz, st, storage_offset() + s * strides()[pos]),
                         [in = sizes(), pos, s, e, step](const Tensor& g) {
@@ -465,7 +465,7 @@ std::vector<Tensor> Tensor::split(const std::vector<int64_t>& split_sizes, int64
   int64_t total = 0;
   for (int64_t s : split_sizes) {
     KILN_CHECK(s >= 0, "split: split sizes must be non-negative, got ", shape_str(split_sizes));
-    total = detail::checked_add(total, s, "split: the split sizes ", shape_str(split_sizes));
+    total = KILN_CHECKED_ADD(total, s, "split: the split sizes ", shape_str(split_sizes));
   }
   KILN_CHECK(total == sizes()[pos], "split: split sizes ", shape_str(split_sizes), " sum to ",
              total, " but dimension ", pos, " of ", describe(*this), " has size ", sizes()[pos]);
