@@ -13,7 +13,7 @@ S make_scalar(const Params& p, size_t k) {
   double v = p.scalars.at(k);
   switch (p.scalar_kind) {
     case Kind::Int:
-      return S(static_cast<int64_t>(v));
+      return S(kiln::detail::float_to_int<int64_t>(v));  // defined for any double
     case Kind::Bool:
       return S(v != 0);
     case Kind::Float:
