@@ -461,8 +461,13 @@ LazyInput lazy_input(const Tensor& t) {
                  .impl()
                  ->lazy;
   }
-  impl->lazy = in.ref;
-  impl->lazy_generation = storage.lazy_generation;
+  // Cached for views of a pending storage only. A storage with data is one a trace wrote
+  // (trace_assign): its value node reads the written tensors themselves, so caching it in their
+  // TensorImpl would make a cycle (impl -> node -> impl) that outlives the trace.
+  if (!storage.data) {
+    impl->lazy = in.ref;
+    impl->lazy_generation = storage.lazy_generation;
+  }
   return in;
 }
 
