@@ -391,7 +391,9 @@ Tensor share(const Tensor& g, const Tensor& loses, const Tensor& a, const Tensor
 }  // namespace
 
 KILN_BINARY(mul, DTypeRule::Same, true, multiply(x, y), "(mul x y)", g* b, Y, g* a, X)
-KILN_BINARY(div, DTypeRule::Float, true, x / y, "(div x y)", g / b, Y, -g* a / (b * b), XY)
+// b's gradient divides twice, as torch's does: b * b underflows (b = 1e-30f) or overflows where
+// a / b / b does not.
+KILN_BINARY(div, DTypeRule::Float, true, x / y, "(div x y)", g / b, Y, -g*(a / b) / b, XY)
 // NaN propagates from either side, as in torch.minimum/maximum.
 KILN_BINARY(minimum, DTypeRule::Same, true, T((x != x || x < y) ? x : y),
             "(select (or (ne x x) (lt x y)) x y)", share(g, gt(a, b), a, b), XY,

@@ -441,6 +441,18 @@ TEST(AutogradOps, BinaryArithmetic) {
       signed_mag(0.5, 2), c);
 }
 
+// The divisor's gradient -g a / b^2 where b^2 alone underflows (1e-30f) or overflows (3e38f)
+// and a / b / b does not: x / x has gradient 1/x - x/x^2 = 0 for x's both roles.
+TEST(AutogradOps, DivGradientOfTinyAndHugeDivisors) {
+  for (float v : {1e-30f, 3e38f, -2.5f}) {
+    Tensor x = from_vector(std::vector<float>{v}).requires_grad_(true);
+    div(x, x).sum().backward();
+    const float got = x.grad().to_vector<float>()[0];
+    EXPECT_TRUE(std::isfinite(got)) << v << ": " << got;
+    EXPECT_LE(std::abs(got), 1e-6f / std::abs(v)) << v << ": " << got;
+  }
+}
+
 TEST(AutogradOps, BinaryWithScalar) {
   Cfg c = with_gradgrad();
   Gen u = uniform(-2, 2);
