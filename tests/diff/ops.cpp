@@ -126,11 +126,15 @@ bool erf_pick(Gen& g, Step& s) {
   torch::Tensor a = x.detach().abs();
   return !torch::logical_and(a > 0, a < std::numeric_limits<float>::min()).any().item<bool>();
 }
-// log1p near the largest float: libtorch's vectorized log1p overflows to inf there.
+// log1p near the largest float: libtorch's vectorized log1p overflows to inf there. Nor a float32
+// subnormal: kiln's log1p returns it (right), libtorch's 0, whose log a later op takes.
 bool log1p_pick(Gen& g, Step& s) {
   unary(g, s);
   const auto& x = arg(g, s, 0);
-  return max_finite_abs(x) <= largest(x.scalar_type()) / 16;
+  if (max_finite_abs(x) > largest(x.scalar_type()) / 16) return false;
+  if (x.scalar_type() != torch::kFloat32) return true;
+  torch::Tensor a = x.detach().abs();
+  return !torch::logical_and(a > 0, a < std::numeric_limits<float>::min()).any().item<bool>();
 }
 // add with alpha: libtorch computes a + alpha * b in one FMA, kiln in two roundings, so where
 // alpha * b alone overflows, kiln's sum is infinite and libtorch's may not be.
@@ -557,8 +561,12 @@ bool mse_pick(Gen& g, Step& s) {
   const auto& a = arg(g, s, 0);
   return max_finite_abs(a) + max_finite_abs(arg(g, s, 1)) <= largest(a.scalar_type()) / 4;
 }
+// Nor an empty integral or bool operand (deliberate difference): libtorch returns its dtype, kiln
+// float32, and the dtype spreads (cat, mean, an in-place add_ of a float).
 bool softmax_pick(Gen& g, Step& s) {
-  return dim_pick(g, s);
+  if (!dim_pick(g, s)) return false;
+  const auto& x = arg(g, s, 0);
+  return is_float(x) || x.numel() > 0;
 }
 bool cast_pick(Gen& g, Step& s) {
   unary(g, s);
