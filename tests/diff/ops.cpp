@@ -81,9 +81,19 @@ bool binary(Gen& g, Step& s) {
 }
 // pow: an integral base to an integral tensor power is skipped, since libtorch rejects negative
 // integral exponents only when it meets them in the data.
+// Nor a base holding -inf or -0 with an exponent of +-0.5 (deliberate difference): kiln's pow
+// takes the square root there (as libtorch's pow with a scalar exponent does), libtorch's pow with
+// a tensor exponent calls std::pow (sqrt(-inf) is NaN, pow(-inf, 0.5) inf; the sign of a zero).
 bool pow_pick(Gen& g, Step& s) {
   binary(g, s);
-  return is_float(arg(g, s, 0)) || is_float(arg(g, s, 1));
+  const auto &x = arg(g, s, 0), &y = arg(g, s, 1);
+  if (!is_float(x) && !is_float(y)) return false;
+  if (!is_float(x) || x.numel() == 0 || y.numel() == 0) return true;
+  const bool negative_zero_or_inf =
+      torch::logical_and(torch::signbit(x), torch::logical_or(x == 0, torch::isinf(x)))
+          .any()
+          .item<bool>();
+  return !negative_zero_or_inf || !(torch::abs(y.to(torch::kFloat64)) == 0.5).any().item<bool>();
 }
 bool with_scalar(Gen& g, Step& s) {
   unary(g, s);
