@@ -501,6 +501,19 @@ Tensor sub(const Tensor& a, const Scalar& b) {
   return sub(a, wrap_scalar(b));
 }
 
+namespace {
+// a // b as torch's remainder gradient computes it (Python's floor division, from fmod): NaN where
+// fmod is (an infinite a, a zero b), and -1 for a finite nonzero a over an infinite b of the
+// other sign, where floor(a / b) would be floor(-0).
+Tensor floor_quotient(const Tensor& a, const Tensor& b) {
+  const double inf = std::numeric_limits<double>::infinity();
+  Tensor q = where(logical_not(logical_or(eq(abs(a), inf), eq(b, 0))), floor(a / b), std::nan(""));
+  Tensor opposite_signs = logical_and(ne(a, 0), ne(lt(a, 0), lt(b, 0)));
+  Tensor rounds_down = logical_and(logical_and(eq(abs(b), inf), isfinite(a)), opposite_signs);
+  return where(logical_not(rounds_down), q, -1.0);
+}
+}  // namespace
+
 static const detail::OpDef& remainder_def = def_op(
     "remainder", OpKind::Binary, 2, DTypeRule::Same, false,
     [](const Inputs& in, const Attrs&) { return Inputs{remainder(in[0], in[1])}; }, {}, nullptr,
@@ -522,13 +535,14 @@ Tensor remainder(const Tensor& a, const Tensor& b) {
     if (r != T(0) && ((r < T(0)) != (y < T(0)))) r = T(r + y);
     return r;
   });
-  // a - floor(a / b) * b
+  // a - floor_quotient(a, b) * b
   if (detail::needs_grad(a, b))
     detail::record("remainder", {a, b}, {out}, saved_for(Saves::None, Saves::XY, a, b),
                    [](const detail::BackwardContext& c) {
                      const Tensor& g = c.grad();
-                     return std::vector<Tensor>{
-                         g, c.needs_grad(1) ? -g * floor(c.saved(0) / c.saved(1)) : Tensor()};
+                     return std::vector<Tensor>{g, c.needs_grad(1)
+                                                       ? -g * floor_quotient(c.saved(0), c.saved(1))
+                                                       : Tensor()};
                    });
   return out;
 }

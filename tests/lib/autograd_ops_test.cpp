@@ -507,6 +507,23 @@ TEST(AutogradOps, Remainder) {
       avoiding(uniform(-4, 4), {-4.5, -3, -1.5, 0, 1.5, 3, 4.5}, 0.05), c);
 }
 
+// The divisor's gradient is -g (a // b) with torch's floor division: -1 for a finite a over an
+// infinite b of the other sign (floor(a / b) is -0 there), 0 for the same sign, NaN for an
+// infinite a or a zero b.
+TEST(AutogradOps, RemainderGradientAtInfiniteAndZeroOperands) {
+  const double inf = INFINITY;
+  Tensor a = from_vector(std::vector<double>{0.5, -0.5, 0.5, inf, 3.0});
+  Tensor b = from_vector(std::vector<double>{-inf, inf, inf, 2.0, 0.0});
+  b.requires_grad_(true);
+  remainder(a, b).sum().backward();
+  const std::vector<double> got = b.grad().to_vector<double>();
+  EXPECT_EQ(got[0], 1.0);
+  EXPECT_EQ(got[1], 1.0);
+  EXPECT_EQ(got[2], 0.0);
+  EXPECT_TRUE(std::isnan(got[3])) << got[3];
+  EXPECT_TRUE(std::isnan(got[4])) << got[4];
+}
+
 TEST(AutogradOps, MinimumMaximum) {
   Cfg c = with_gradgrad();
   Gen u = uniform(-2, 2);
