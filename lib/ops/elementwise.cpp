@@ -220,8 +220,9 @@ std::vector<Tensor> saved_for(Saves saves, const Tensor& x, const Tensor& y) {
 
 // The negation (and so abs) of the lowest integer wraps to itself, as in torch.
 KILN_UNARY(neg, DTypeRule::Same, false, wrap_neg(x), "(neg x)", None, -g)
-KILN_UNARY(abs, DTypeRule::Same, true, T(x < T(0) ? wrap_neg(x) : x), "(select (lt x 0) (neg x) x)",
-           X, g* sign(x))
+// abs(-0.0) is +0, as torch's (reciprocal reads the sign): zeros select a literal 0.
+KILN_UNARY(abs, DTypeRule::Same, true, T(x < T(0) ? wrap_neg(x) : (x == T(0) ? T(0) : x)),
+           "(select (lt x 0) (neg x) (select (eq x 0) 0 x))", X, g* sign(x))
 KILN_UNARY(sign, DTypeRule::Same, true, T((T(0) < x) - (x < T(0))),
            "(select (lt 0 x) 1 (select (lt x 0) -1 0))", None, zeros_like(g))
 KILN_UNARY(exp, DTypeRule::Float, true, exp_value(x), "(exp x)", Y, g* y)
@@ -391,9 +392,9 @@ Tensor share(const Tensor& g, const Tensor& loses, const Tensor& a, const Tensor
 }  // namespace
 
 KILN_BINARY(mul, DTypeRule::Same, true, multiply(x, y), "(mul x y)", g* b, Y, g* a, X)
-// b's gradient divides twice, as torch's does: b * b underflows (b = 1e-30f) or overflows where
-// a / b / b does not.
-KILN_BINARY(div, DTypeRule::Float, true, x / y, "(div x y)", g / b, Y, -g*(a / b) / b, XY)
+// b's gradient divides twice, in torch's order: b * b underflows (b = 1e-30f) or overflows where
+// (a / b) / b does not.
+KILN_BINARY(div, DTypeRule::Float, true, x / y, "(div x y)", g / b, Y, -g*((a / b) / b), XY)
 // NaN propagates from either side, as in torch.minimum/maximum.
 KILN_BINARY(minimum, DTypeRule::Same, true, T((x != x || x < y) ? x : y),
             "(select (or (ne x x) (lt x y)) x y)", share(g, gt(a, b), a, b), XY,
@@ -502,12 +503,12 @@ Tensor sub(const Tensor& a, const Scalar& b) {
 }
 
 namespace {
-// a // b as torch's remainder gradient computes it (Python's floor division, from fmod): NaN where
-// fmod is (an infinite a, a zero b), and -1 for a finite nonzero a over an infinite b of the
-// other sign, where floor(a / b) would be floor(-0).
+// a // b as torch's remainder gradient computes it (Python's floor division, from fmod): a / b
+// for a zero b, NaN for an infinite a (where fmod is NaN), and -1 for a finite nonzero a over an
+// infinite b of the other sign, where floor(a / b) would be floor(-0).
 Tensor floor_quotient(const Tensor& a, const Tensor& b) {
   const double inf = std::numeric_limits<double>::infinity();
-  Tensor q = where(logical_not(logical_or(eq(abs(a), inf), eq(b, 0))), floor(a / b), std::nan(""));
+  Tensor q = where(ne(abs(a), inf), floor(a / b), std::nan(""));
   Tensor opposite_signs = logical_and(ne(a, 0), ne(lt(a, 0), lt(b, 0)));
   Tensor rounds_down = logical_and(logical_and(eq(abs(b), inf), isfinite(a)), opposite_signs);
   return where(logical_not(rounds_down), q, -1.0);

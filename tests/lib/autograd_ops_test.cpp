@@ -509,7 +509,7 @@ TEST(AutogradOps, Remainder) {
 
 // The divisor's gradient is -g (a // b) with torch's floor division: -1 for a finite a over an
 // infinite b of the other sign (floor(a / b) is -0 there), 0 for the same sign, NaN for an
-// infinite a or a zero b.
+// infinite a, and a / b (inf) for a zero b.
 TEST(AutogradOps, RemainderGradientAtInfiniteAndZeroOperands) {
   const double inf = INFINITY;
   Tensor a = from_vector(std::vector<double>{0.5, -0.5, 0.5, inf, 3.0});
@@ -521,7 +521,19 @@ TEST(AutogradOps, RemainderGradientAtInfiniteAndZeroOperands) {
   EXPECT_EQ(got[1], 1.0);
   EXPECT_EQ(got[2], 0.0);
   EXPECT_TRUE(std::isnan(got[3])) << got[3];
-  EXPECT_TRUE(std::isnan(got[4])) << got[4];
+  EXPECT_EQ(got[4], -inf);
+}
+
+// abs(-0) is +0, whose reciprocal is +inf, in every mode.
+TEST(AutogradOps, AbsOfNegativeZeroIsPositiveZero) {
+  for (bool lazy : {false, true}) {
+    LazyGuard mode(lazy);
+    Tensor x = from_vector(std::vector<float>{-0.0f, 0.0f, -2.0f});
+    const std::vector<float> got = reciprocal(abs(x) * 1.0f).to_vector<float>();
+    EXPECT_EQ(got[0], INFINITY) << lazy;
+    EXPECT_EQ(got[1], INFINITY) << lazy;
+    EXPECT_EQ(got[2], 0.5f) << lazy;
+  }
 }
 
 TEST(AutogradOps, MinimumMaximum) {
