@@ -307,15 +307,23 @@ bool matrix_pick(Gen& g, Step& s) {
 }
 
 // ---------------------------------------------------------------- in-place writes through views
+// Whether elements of t share memory (an expanded value).
+bool overlaps_itself(const torch::Tensor& t) {
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.stride(d) == 0 && t.size(d) > 1) return true;
+  return false;
+}
 // The written value is computed by the program (never an input or a view of one, which are
-// leaves of the gradient), and the write goes through a slice of it.
+// leaves of the gradient), and the write goes through a slice of it. Not a value whose elements
+// share memory (open difference): libtorch refuses the write, and kiln's eager and traced modes
+// disagree on it.
 bool inplace_target(Gen& g, Step& s) {
   std::vector<torch::Tensor> inputs;
   for (size_t i = 0; i < g.ids.size(); ++i)
     if (g.ids[i] < 0) inputs.push_back(g.values[i]);
   std::vector<int> found;
   for (size_t i = 0; i < g.ids.size(); ++i) {
-    if (g.ids[i] < 0 || g.values[i].dim() == 0) continue;
+    if (g.ids[i] < 0 || g.values[i].dim() == 0 || overlaps_itself(g.values[i])) continue;
     bool aliased = std::any_of(inputs.begin(), inputs.end(), [&](const torch::Tensor& in) {
       return g.values[i].is_alias_of(in);
     });
