@@ -576,14 +576,16 @@ Tensor pow(const Tensor& base, const Tensor& exponent) {
   // whose exponent gradient multiplies g by the masked derivative (an infinite g gives NaN where
   // the mask gives 0), and whose base gradient masks g's product. log(a) is taken in the result's
   // dtype: an integral base (pow(3, x)) would take it in float32.
-  // The output is saved only for the exponent's gradient: x ** 2 may then be written in place.
+  // The base's gradient multiplies g last, as torch's: b a^(b-1) may overflow where g b a^(b-1)
+  // would not. The output is saved only for the exponent's gradient: x ** 2 may then be written
+  // in place.
   if (detail::needs_grad(base, exponent))
     detail::record("pow", {base, exponent}, {out},
                    {base, exponent, detail::requires_grad(exponent) ? out : Tensor()},
                    [](const detail::BackwardContext& c) {
                      const Tensor &g = c.grad(), &a = c.saved(0), &b = c.saved(1), &y = c.saved(2);
                      std::vector<Tensor> grads(2);
-                     if (c.needs_grad(0)) grads[0] = where(ne(b, 0), g * b * pow(a, b - 1), 0.0);
+                     if (c.needs_grad(0)) grads[0] = where(ne(b, 0), g * (b * pow(a, b - 1)), 0.0);
                      if (c.needs_grad(1))
                        grads[1] =
                            g * where(logical_or(ne(a, 0), lt(b, 0)), y * log(a.to(y.dtype())), 0.0);

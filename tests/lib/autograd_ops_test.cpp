@@ -536,6 +536,14 @@ TEST(AutogradOps, AbsOfNegativeZeroIsPositiveZero) {
   }
 }
 
+// The base's gradient is g (b a^(b-1)), as torch's: 2 a overflows for the largest double, so
+// the gradient is infinite even where g is below 1/2.
+TEST(AutogradOps, PowBaseGradientOverflowsAsTorch) {
+  Tensor a = from_vector(std::vector<double>{1.7976931348623157e308}).requires_grad_(true);
+  pow(a, 2).backward(from_vector(std::vector<double>{-0.25}));
+  EXPECT_EQ(a.grad().to_vector<double>()[0], -INFINITY) << a.grad();
+}
+
 TEST(AutogradOps, MinimumMaximum) {
   Cfg c = with_gradgrad();
   Gen u = uniform(-2, 2);
