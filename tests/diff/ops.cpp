@@ -539,8 +539,8 @@ bool stack_pick(Gen& g, Step& s) {
 
 // ---------------------------------------------------------------- neural-network ops
 // Not picked (deliberate differences): values whose square overflows (kiln's float32 statistics
-// are float64, libtorch's overflow to NaN), and rows of one element or of equal values (kiln's
-// result is exactly 0, libtorch's a rounding error whose sign a later op may read).
+// are float64, libtorch's overflow to NaN), and rows of one element or of (nearly) equal values
+// (kiln's result is exactly 0, libtorch's a rounding error whose sign a later op may read).
 bool layer_norm_pick(Gen& g, Step& s) {
   if (g.program->inputs.size() + 2 > g.max_inputs ||
       !one_value(g, s, [](const torch::Tensor& t) { return t.dim() > 0 && is_float(t); }))
@@ -553,7 +553,9 @@ bool layer_norm_pick(Gen& g, Step& s) {
   if (max_finite_abs(x) > std::sqrt(largest(x.scalar_type())) / 16 || n == 1) return false;
   if (x.numel() > 0 && n > 0) {
     torch::Tensor rows = x.detach().reshape({-1, n});
-    if ((std::get<0>(rows.max(1)) == std::get<0>(rows.min(1))).any().item<bool>()) return false;
+    // Nearly equal rows too (a subnormal and -0): their normalized values are rounding errors.
+    torch::Tensor range = (std::get<0>(rows.max(1)) - std::get<0>(rows.min(1))).to(torch::kFloat64);
+    if ((range.abs() < 1e-20).any().item<bool>()) return false;
   }
   kiln::DType dt = to_kiln(x.scalar_type());
   s.args.push_back(g.new_input(s.p.list, dt));
