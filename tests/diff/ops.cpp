@@ -143,6 +143,17 @@ bool inexact_so_far(const Gen& g) {
     if (op_table()[static_cast<size_t>(before.op)].flags & kInexact) return true;
   return false;
 }
+// No remainder of a dividend far larger than a computed floating divisor (deliberate
+// difference): the divisor is within ulps of libtorch's (erf), and fmod magnifies that ulp by the
+// quotient into any value in [0, divisor).
+bool remainder_pick(Gen& g, Step& s) {
+  binary(g, s);
+  const auto &x = arg(g, s, 0), &y = arg(g, s, 1);
+  if (!inexact_so_far(g) || !is_float(y) || x.numel() == 0 || y.numel() == 0) return true;
+  torch::Tensor ratio = x.detach().to(torch::kFloat64).abs().max() /
+                        torch::clamp_min(y.detach().to(torch::kFloat64).abs().min(), 1e-300);
+  return !(ratio > 1 << 16).item<bool>();
+}
 // log1p near the largest float: libtorch's vectorized log1p overflows to inf there. Nor a float32
 // subnormal: kiln's log1p returns it (right), libtorch's 0, whose log a later op takes. Nor
 // computed float32 values within rounding of -1 (erf of a large negative value): log1p's condition
@@ -690,7 +701,7 @@ const std::vector<Op>& op_table() {
       DIFF_OP("mul", 0, binary, mul(a[0], a[1])),
       DIFF_OP("div", 0, binary, div(a[0], a[1])),
       DIFF_OP("pow", kInexact, pow_pick, pow(a[0], a[1])),
-      DIFF_OP("remainder", 0, binary, remainder(a[0], a[1])),
+      DIFF_OP("remainder", 0, remainder_pick, remainder(a[0], a[1])),
       DIFF_OP("minimum", 0, binary, minimum(a[0], a[1])),
       DIFF_OP("maximum", 0, binary, maximum(a[0], a[1])),
       DIFF_OP("eq", 0, binary, eq(a[0], a[1])),
