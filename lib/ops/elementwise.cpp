@@ -572,7 +572,8 @@ Tensor pow(const Tensor& base, const Tensor& exponent) {
     else
       return T(int_pow(x, y));
   });
-  // d/da = b a^(b-1) (0 where b = 0); d/db = a^b log(a) (0 where a = 0 and b >= 0), as torch,
+  // d/da = b a^(b-1) (0 where b = 0); d/db = a^b log(a) (0 where a = 0 and b >= 0: a NaN b is
+  // not, so its gradient is NaN), as torch,
   // whose exponent gradient multiplies g by the masked derivative (an infinite g gives NaN where
   // the mask gives 0), and whose base gradient masks g's product. log(a) is taken in the result's
   // dtype: an integral base (pow(3, x)) would take it in float32.
@@ -587,8 +588,8 @@ Tensor pow(const Tensor& base, const Tensor& exponent) {
                      std::vector<Tensor> grads(2);
                      if (c.needs_grad(0)) grads[0] = where(ne(b, 0), g * (b * pow(a, b - 1)), 0.0);
                      if (c.needs_grad(1))
-                       grads[1] =
-                           g * where(logical_or(ne(a, 0), lt(b, 0)), y * log(a.to(y.dtype())), 0.0);
+                       grads[1] = g * where(logical_not(logical_and(eq(a, 0), ge(b, 0))),
+                                            y * log(a.to(y.dtype())), 0.0);
                      return grads;
                    });
   return out;

@@ -88,6 +88,9 @@ bool pow_pick(Gen& g, Step& s) {
   binary(g, s);
   const auto &x = arg(g, s, 0), &y = arg(g, s, 1);
   if (!is_float(x) && !is_float(y)) return false;
+  // An integral base to a float64 power (deliberate difference): libtorch's exponent gradient
+  // takes the base's log in float32, kiln's in float64.
+  if (!is_float(x) && y.scalar_type() == torch::kFloat64) return false;
   if (!is_float(x) || x.numel() == 0 || y.numel() == 0) return true;
   const bool negative_zero_or_inf =
       torch::logical_and(torch::signbit(x), torch::logical_or(x == 0, torch::isinf(x)))

@@ -544,6 +544,15 @@ TEST(AutogradOps, PowBaseGradientOverflowsAsTorch) {
   EXPECT_EQ(a.grad().to_vector<double>()[0], -INFINITY) << a.grad();
 }
 
+// The exponent's gradient is 0 where a = 0 and b >= 0 only: a NaN exponent's is NaN, as torch's.
+TEST(AutogradOps, PowExponentGradientOfZeroBaseAndNaNExponent) {
+  Tensor b = from_vector(std::vector<double>{NAN, 2.0}).requires_grad_(true);
+  pow(from_vector(std::vector<double>{0.0, 0.0}), b).sum().backward();
+  const std::vector<double> got = b.grad().to_vector<double>();
+  EXPECT_TRUE(std::isnan(got[0])) << got[0];
+  EXPECT_EQ(got[1], 0.0);
+}
+
 TEST(AutogradOps, MinimumMaximum) {
   Cfg c = with_gradgrad();
   Gen u = uniform(-2, 2);
