@@ -409,6 +409,16 @@ bool reduce_one(Gen& g, Step& s) {
   s.p.i = {g.dim(rank(arg(g, s, 0))), g.uniform(0, 1)};
   return true;
 }
+// Nor a float32 prod of tiny nonzero values (deliberate difference): kiln's float32 product
+// accumulates in float64 and rounds once, libtorch's rounds each step, so a product that
+// underflows may be -0 in kiln and a subnormal in libtorch, and the gradient y / x reads it.
+bool prod_pick(Gen& g, Step& s) {
+  reduce_one(g, s);
+  const auto& x = arg(g, s, 0);
+  if (x.scalar_type() != torch::kFloat32) return true;
+  torch::Tensor a = x.detach().abs();
+  return !torch::logical_and(a > 0, a < 1e-20).any().item<bool>();
+}
 
 // ---------------------------------------------------------------- GEMMs
 // A floating value of the given rank (rarely any value of it), or a new input.
@@ -764,7 +774,7 @@ const std::vector<Op>& op_table() {
       DIFF_OP("sum_all", kInexact, unary, a[0].sum()),
       DIFF_OP("mean", kInexact, mean_pick, a[0].mean(p.list, p.i[0] != 0)),
       DIFF_OP("mean_all", kInexact, mean_all_pick, a[0].mean()),
-      DIFF_OP("prod", kInexact, reduce_one, a[0].prod(p.i[0], p.i[1] != 0)),
+      DIFF_OP("prod", kInexact, prod_pick, a[0].prod(p.i[0], p.i[1] != 0)),
       DIFF_OP("amax", 0, reduce_list, a[0].amax(p.list, p.i[0] != 0)),
       DIFF_OP("amin", 0, reduce_list, a[0].amin(p.list, p.i[0] != 0)),
       DIFF_OP("max_all", 0, unary, a[0].max()),
