@@ -159,15 +159,16 @@ bool remainder_pick(Gen& g, Step& s) {
 }
 // log1p near the largest float: libtorch's vectorized log1p overflows to inf there. Nor a float32
 // subnormal: kiln's log1p returns it (right), libtorch's 0, whose log a later op takes. Nor
-// computed float32 values within rounding of -1 (erf of a large negative value): log1p's condition
-// number there turns kiln's ulp of difference into -16.6 vs -inf.
+// computed float32 values within 0.01 of -1 (erf of a large negative value): log1p's condition
+// number 1 / (1 + x) there turns kiln's ulps of difference into -16.6 vs -inf, or past the
+// tolerance.
 bool log1p_pick(Gen& g, Step& s) {
   unary(g, s);
   const auto& x = arg(g, s, 0);
   if (max_finite_abs(x) > largest(x.scalar_type()) / 16) return false;
   if (x.scalar_type() != torch::kFloat32) return true;
   torch::Tensor a = x.detach().abs();
-  if (inexact_so_far(g) && (x.detach() + 1).abs().le(1e-5).any().item<bool>()) return false;
+  if (inexact_so_far(g) && (x.detach() + 1).abs().le(1e-2).any().item<bool>()) return false;
   return !torch::logical_and(a > 0, a < std::numeric_limits<float>::min()).any().item<bool>();
 }
 // add with alpha: libtorch computes a + alpha * b in one FMA, kiln in two roundings, so where
