@@ -155,7 +155,20 @@ bool remainder_pick(Gen& g, Step& s) {
   if (!inexact_so_far(g) || !is_float(y) || x.numel() == 0 || y.numel() == 0) return true;
   torch::Tensor ratio = x.detach().to(torch::kFloat64).abs().max() /
                         torch::clamp_min(y.detach().to(torch::kFloat64).abs().min(), 1e-300);
-  return !(ratio > 1 << 16).item<bool>();
+  return !(ratio > 64).item<bool>();
+}
+// The same for a scalar divisor.
+bool remainder_scalar_pick(Gen& g, Step& s) {
+  with_scalar(g, s);
+  const auto& x = arg(g, s, 0);
+  if (!inexact_so_far(g) || !is_float(x) || x.numel() == 0) return true;
+  return max_finite_abs(x) <= 64 * std::abs(s.p.scalars[0]);
+}
+// A negative base to a computed floating power (deliberate difference): the result is NaN
+// unless the power is an integer, which the power's ulps of difference decide.
+bool scalar_pow_pick(Gen& g, Step& s) {
+  with_scalar(g, s);
+  return !(s.p.scalars[0] < 0 && is_float(arg(g, s, 0)) && inexact_so_far(g));
 }
 // log1p near the largest float: libtorch's vectorized log1p overflows to inf there. Nor a float32
 // subnormal: kiln's log1p returns it (right), libtorch's 0, whose log a later op takes. Nor
@@ -731,8 +744,8 @@ const std::vector<Op>& op_table() {
       DIFF_OP("mul_scalar", 0, with_scalar, mul(a[0], B::scalar(p, 0))),
       DIFF_OP("div_scalar", 0, with_scalar, div(a[0], B::scalar(p, 0))),
       DIFF_OP("pow_scalar", kInexact, with_scalar, pow(a[0], B::scalar(p, 0))),
-      DIFF_OP("scalar_pow", kInexact, with_scalar, pow(B::scalar(p, 0), a[0])),
-      DIFF_OP("remainder_scalar", 0, with_scalar, remainder(a[0], B::scalar(p, 0))),
+      DIFF_OP("scalar_pow", kInexact, scalar_pow_pick, pow(B::scalar(p, 0), a[0])),
+      DIFF_OP("remainder_scalar", 0, remainder_scalar_pick, remainder(a[0], B::scalar(p, 0))),
       DIFF_OP("eq_scalar", 0, with_scalar, eq(a[0], B::scalar(p, 0))),
       DIFF_OP("lt_scalar", 0, with_scalar, lt(a[0], B::scalar(p, 0))),
       DIFF_OP("ge_scalar", 0, with_scalar, ge(a[0], B::scalar(p, 0))),
