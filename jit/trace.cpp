@@ -13,6 +13,7 @@
 #include <absl/container/flat_hash_set.h>
 
 #include <atomic>
+#include <exception>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
@@ -100,6 +101,9 @@ struct Backward {
   std::vector<int64_t> wrt_arguments;   // per differentiated input: call argument, or -1
   std::vector<Tensor> wrt_captures;     // per differentiated input: the captured tensor
   std::vector<size_t> gradient_of;      // per backward graph output: its differentiated input
+  // What differentiating the function raised (a saved value written in place, say): as in eager
+  // mode, the forward works and running its backward raises it. Then there is no graph.
+  std::exception_ptr error;
 };
 
 // A leaf whose .grad the traced function read or wrote (detail::TracedGrad): a captured tensor or
@@ -472,9 +476,14 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
         output_grads.push_back(detail::trace_placeholder(
             input_op(), static_cast<int64_t>(num_arguments + j), scope.state.examples.back()));
       }
-      std::vector<Tensor> grads = autograd::grad(diff_outputs, wrt, output_grads,
-                                                 /*retain_graph=*/true, /*create_graph=*/false,
-                                                 /*allow_unused=*/true);
+      std::vector<Tensor> grads;
+      try {
+        grads = autograd::grad(diff_outputs, wrt, output_grads,
+                               /*retain_graph=*/true, /*create_graph=*/false,
+                               /*allow_unused=*/true);
+      } catch (const Error&) {
+        backward->error = std::current_exception();
+      }
       for (size_t w = 0; w < grads.size(); ++w) {
         if (!grads[w].defined()) continue;
         requests.push_back(value_ref(grads[w]));
@@ -554,7 +563,8 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
           backward->graph->size(), " backward nodes (elementwise forward values recomputed)");
     }
   }
-  if (backward->graph) {
+  if (backward->error) spec->backward = std::move(backward);
+  if (backward && backward->graph) {
     run_passes(*backward->graph);
     if (verify_passes()) verify_types(*backward->graph);
     if (plan) backward->plan = std::make_unique<Plan>(*backward->graph);
@@ -576,6 +586,7 @@ std::vector<Tensor> run_backward(const Backward& b, const std::vector<Tensor>& a
                                  const std::vector<Tensor>& saved,
                                  const std::vector<std::pair<Shape, DType>>& returned,
                                  const detail::BackwardContext& c) {
+  if (b.error) std::rethrow_exception(b.error);
   std::vector<Tensor> args;
   for (const BackwardSource& src : b.sources) {
     switch (src.kind) {
@@ -1020,6 +1031,7 @@ GraphGradient differentiate(const Graph& g, std::vector<bool> wrt) {
   for (OutputKind k : spec->kinds) result.num_saved += k == OutputKind::Saved;
   result.forward = std::move(spec->graph);
   if (spec->backward) {
+    if (spec->backward->error) std::rethrow_exception(spec->backward->error);
     auto& b = const_cast<Backward&>(*spec->backward);
     for (const BackwardSource& src : b.sources) {
       switch (src.kind) {

@@ -220,8 +220,9 @@ std::vector<Tensor> saved_for(Saves saves, const Tensor& x, const Tensor& y) {
 
 // The negation (and so abs) of the lowest integer wraps to itself, as in torch.
 KILN_UNARY(neg, DTypeRule::Same, false, wrap_neg(x), "(neg x)", None, -g)
-KILN_UNARY(abs, DTypeRule::Same, true, T(x < T(0) ? wrap_neg(x) : x), "(select (lt x 0) (neg x) x)",
-           X, g* sign(x))
+// abs(-0.0) is +0, as torch's (reciprocal reads the sign): zeros select a literal 0.
+KILN_UNARY(abs, DTypeRule::Same, true, T(x < T(0) ? wrap_neg(x) : (x == T(0) ? T(0) : x)),
+           "(select (lt x 0) (neg x) (select (eq x 0) 0 x))", X, g* sign(x))
 KILN_UNARY(sign, DTypeRule::Same, true, T((T(0) < x) - (x < T(0))),
            "(select (lt 0 x) 1 (select (lt x 0) -1 0))", None, zeros_like(g))
 KILN_UNARY(exp, DTypeRule::Float, true, exp_value(x), "(exp x)", Y, g* y)
@@ -391,7 +392,9 @@ Tensor share(const Tensor& g, const Tensor& loses, const Tensor& a, const Tensor
 }  // namespace
 
 KILN_BINARY(mul, DTypeRule::Same, true, multiply(x, y), "(mul x y)", g* b, Y, g* a, X)
-KILN_BINARY(div, DTypeRule::Float, true, x / y, "(div x y)", g / b, Y, -g* a / (b * b), XY)
+// b's gradient divides twice, in torch's order: b * b underflows (b = 1e-30f) or overflows where
+// (a / b) / b does not.
+KILN_BINARY(div, DTypeRule::Float, true, x / y, "(div x y)", g / b, Y, -g*((a / b) / b), XY)
 // NaN propagates from either side, as in torch.minimum/maximum.
 KILN_BINARY(minimum, DTypeRule::Same, true, T((x != x || x < y) ? x : y),
             "(select (or (ne x x) (lt x y)) x y)", share(g, gt(a, b), a, b), XY,
@@ -499,6 +502,19 @@ Tensor sub(const Tensor& a, const Scalar& b) {
   return sub(a, wrap_scalar(b));
 }
 
+namespace {
+// a // b as torch's remainder gradient computes it (Python's floor division, from fmod): a / b
+// for a zero b, NaN for an infinite a (where fmod is NaN), and -1 for a finite nonzero a over an
+// infinite b of the other sign, where floor(a / b) would be floor(-0).
+Tensor floor_quotient(const Tensor& a, const Tensor& b) {
+  const double inf = std::numeric_limits<double>::infinity();
+  Tensor q = where(ne(abs(a), inf), floor(a / b), std::nan(""));
+  Tensor opposite_signs = logical_and(ne(a, 0), ne(lt(a, 0), lt(b, 0)));
+  Tensor rounds_down = logical_and(logical_and(eq(abs(b), inf), isfinite(a)), opposite_signs);
+  return where(logical_not(rounds_down), q, -1.0);
+}
+}  // namespace
+
 static const detail::OpDef& remainder_def = def_op(
     "remainder", OpKind::Binary, 2, DTypeRule::Same, false,
     [](const Inputs& in, const Attrs&) { return Inputs{remainder(in[0], in[1])}; }, {}, nullptr,
@@ -520,13 +536,14 @@ Tensor remainder(const Tensor& a, const Tensor& b) {
     if (r != T(0) && ((r < T(0)) != (y < T(0)))) r = T(r + y);
     return r;
   });
-  // a - floor(a / b) * b
+  // a - floor_quotient(a, b) * b
   if (detail::needs_grad(a, b))
     detail::record("remainder", {a, b}, {out}, saved_for(Saves::None, Saves::XY, a, b),
                    [](const detail::BackwardContext& c) {
                      const Tensor& g = c.grad();
-                     return std::vector<Tensor>{
-                         g, c.needs_grad(1) ? -g * floor(c.saved(0) / c.saved(1)) : Tensor()};
+                     return std::vector<Tensor>{g, c.needs_grad(1)
+                                                       ? -g * floor_quotient(c.saved(0), c.saved(1))
+                                                       : Tensor()};
                    });
   return out;
 }
@@ -555,21 +572,24 @@ Tensor pow(const Tensor& base, const Tensor& exponent) {
     else
       return T(int_pow(x, y));
   });
-  // d/da = b a^(b-1) (0 where b = 0); d/db = a^b log(a) (0 where a = 0 and b >= 0), as torch,
+  // d/da = b a^(b-1) (0 where b = 0); d/db = a^b log(a) (0 where a = 0 and b >= 0: a NaN b is
+  // not, so its gradient is NaN), as torch,
   // whose exponent gradient multiplies g by the masked derivative (an infinite g gives NaN where
   // the mask gives 0), and whose base gradient masks g's product. log(a) is taken in the result's
   // dtype: an integral base (pow(3, x)) would take it in float32.
-  // The output is saved only for the exponent's gradient: x ** 2 may then be written in place.
+  // The base's gradient multiplies g last, as torch's: b a^(b-1) may overflow where g b a^(b-1)
+  // would not. The output is saved only for the exponent's gradient: x ** 2 may then be written
+  // in place.
   if (detail::needs_grad(base, exponent))
     detail::record("pow", {base, exponent}, {out},
                    {base, exponent, detail::requires_grad(exponent) ? out : Tensor()},
                    [](const detail::BackwardContext& c) {
                      const Tensor &g = c.grad(), &a = c.saved(0), &b = c.saved(1), &y = c.saved(2);
                      std::vector<Tensor> grads(2);
-                     if (c.needs_grad(0)) grads[0] = where(ne(b, 0), g * b * pow(a, b - 1), 0.0);
+                     if (c.needs_grad(0)) grads[0] = where(ne(b, 0), g * (b * pow(a, b - 1)), 0.0);
                      if (c.needs_grad(1))
-                       grads[1] =
-                           g * where(logical_or(ne(a, 0), lt(b, 0)), y * log(a.to(y.dtype())), 0.0);
+                       grads[1] = g * where(logical_not(logical_and(eq(a, 0), ge(b, 0))),
+                                            y * log(a.to(y.dtype())), 0.0);
                      return grads;
                    });
   return out;

@@ -81,9 +81,22 @@ bool binary(Gen& g, Step& s) {
 }
 // pow: an integral base to an integral tensor power is skipped, since libtorch rejects negative
 // integral exponents only when it meets them in the data.
+// Nor a base holding -inf or -0 with an exponent of +-0.5 (deliberate difference): kiln's pow
+// takes the square root there (as libtorch's pow with a scalar exponent does), libtorch's pow with
+// a tensor exponent calls std::pow (sqrt(-inf) is NaN, pow(-inf, 0.5) inf; the sign of a zero).
 bool pow_pick(Gen& g, Step& s) {
   binary(g, s);
-  return is_float(arg(g, s, 0)) || is_float(arg(g, s, 1));
+  const auto &x = arg(g, s, 0), &y = arg(g, s, 1);
+  if (!is_float(x) && !is_float(y)) return false;
+  // An integral base to a float64 power (deliberate difference): libtorch's exponent gradient
+  // takes the base's log in float32, kiln's in float64.
+  if (!is_float(x) && y.scalar_type() == torch::kFloat64) return false;
+  if (!is_float(x) || x.numel() == 0 || y.numel() == 0) return true;
+  const bool negative_zero_or_inf =
+      torch::logical_and(torch::signbit(x), torch::logical_or(x == 0, torch::isinf(x)))
+          .any()
+          .item<bool>();
+  return !negative_zero_or_inf || !(torch::abs(y.to(torch::kFloat64)) == 0.5).any().item<bool>();
 }
 bool with_scalar(Gen& g, Step& s) {
   unary(g, s);
@@ -126,11 +139,50 @@ bool erf_pick(Gen& g, Step& s) {
   torch::Tensor a = x.detach().abs();
   return !torch::logical_and(a > 0, a < std::numeric_limits<float>::min()).any().item<bool>();
 }
-// log1p near the largest float: libtorch's vectorized log1p overflows to inf there.
+// Whether a step so far computes transcendentals, GEMMs or reductions: its float32 values are
+// within ulps of libtorch's, not equal.
+bool inexact_so_far(const Gen& g) {
+  for (const Step& before : g.program->steps)
+    if (op_table()[static_cast<size_t>(before.op)].flags & kInexact) return true;
+  return false;
+}
+// No remainder of a dividend far larger than a computed floating divisor (deliberate
+// difference): the divisor is within ulps of libtorch's (erf), and fmod magnifies that ulp by the
+// quotient into any value in [0, divisor).
+bool remainder_pick(Gen& g, Step& s) {
+  binary(g, s);
+  const auto &x = arg(g, s, 0), &y = arg(g, s, 1);
+  if (!inexact_so_far(g) || !is_float(y) || x.numel() == 0 || y.numel() == 0) return true;
+  torch::Tensor ratio = x.detach().to(torch::kFloat64).abs().max() /
+                        torch::clamp_min(y.detach().to(torch::kFloat64).abs().min(), 1e-300);
+  return !(ratio > 64).item<bool>();
+}
+// The same for a scalar divisor.
+bool remainder_scalar_pick(Gen& g, Step& s) {
+  with_scalar(g, s);
+  const auto& x = arg(g, s, 0);
+  if (!inexact_so_far(g) || !is_float(x) || x.numel() == 0) return true;
+  return max_finite_abs(x) <= 64 * std::abs(s.p.scalars[0]);
+}
+// A negative base to a computed floating power (deliberate difference): the result is NaN
+// unless the power is an integer, which the power's ulps of difference decide.
+bool scalar_pow_pick(Gen& g, Step& s) {
+  with_scalar(g, s);
+  return !(s.p.scalars[0] < 0 && is_float(arg(g, s, 0)) && inexact_so_far(g));
+}
+// log1p near the largest float: libtorch's vectorized log1p overflows to inf there. Nor a float32
+// subnormal: kiln's log1p returns it (right), libtorch's 0, whose log a later op takes. Nor
+// computed float32 values within 0.01 of -1 (erf of a large negative value): log1p's condition
+// number 1 / (1 + x) there turns kiln's ulps of difference into -16.6 vs -inf, or past the
+// tolerance.
 bool log1p_pick(Gen& g, Step& s) {
   unary(g, s);
   const auto& x = arg(g, s, 0);
-  return max_finite_abs(x) <= largest(x.scalar_type()) / 16;
+  if (max_finite_abs(x) > largest(x.scalar_type()) / 16) return false;
+  if (x.scalar_type() != torch::kFloat32) return true;
+  torch::Tensor a = x.detach().abs();
+  if (inexact_so_far(g) && (x.detach() + 1).abs().le(1e-2).any().item<bool>()) return false;
+  return !torch::logical_and(a > 0, a < std::numeric_limits<float>::min()).any().item<bool>();
 }
 // add with alpha: libtorch computes a + alpha * b in one FMA, kiln in two roundings, so where
 // alpha * b alone overflows, kiln's sum is infinite and libtorch's may not be.
@@ -283,15 +335,23 @@ bool matrix_pick(Gen& g, Step& s) {
 }
 
 // ---------------------------------------------------------------- in-place writes through views
+// Whether elements of t share memory (an expanded value).
+bool overlaps_itself(const torch::Tensor& t) {
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.stride(d) == 0 && t.size(d) > 1) return true;
+  return false;
+}
 // The written value is computed by the program (never an input or a view of one, which are
-// leaves of the gradient), and the write goes through a slice of it.
+// leaves of the gradient), and the write goes through a slice of it. Not a value whose elements
+// share memory (open difference): libtorch refuses the write, and kiln's eager and traced modes
+// disagree on it.
 bool inplace_target(Gen& g, Step& s) {
   std::vector<torch::Tensor> inputs;
   for (size_t i = 0; i < g.ids.size(); ++i)
     if (g.ids[i] < 0) inputs.push_back(g.values[i]);
   std::vector<int> found;
   for (size_t i = 0; i < g.ids.size(); ++i) {
-    if (g.ids[i] < 0 || g.values[i].dim() == 0) continue;
+    if (g.ids[i] < 0 || g.values[i].dim() == 0 || overlaps_itself(g.values[i])) continue;
     bool aliased = std::any_of(inputs.begin(), inputs.end(), [&](const torch::Tensor& in) {
       return g.values[i].is_alias_of(in);
     });
@@ -362,6 +422,16 @@ bool reduce_one(Gen& g, Step& s) {
   unary(g, s);
   s.p.i = {g.dim(rank(arg(g, s, 0))), g.uniform(0, 1)};
   return true;
+}
+// Nor a float32 prod of tiny nonzero values (deliberate difference): kiln's float32 product
+// accumulates in float64 and rounds once, libtorch's rounds each step, so a product that
+// underflows may be -0 in kiln and a subnormal in libtorch, and the gradient y / x reads it.
+bool prod_pick(Gen& g, Step& s) {
+  reduce_one(g, s);
+  const auto& x = arg(g, s, 0);
+  if (x.scalar_type() != torch::kFloat32) return true;
+  torch::Tensor a = x.detach().abs();
+  return !torch::logical_and(a > 0, a < 1e-20).any().item<bool>();
 }
 
 // ---------------------------------------------------------------- GEMMs
@@ -507,8 +577,8 @@ bool stack_pick(Gen& g, Step& s) {
 
 // ---------------------------------------------------------------- neural-network ops
 // Not picked (deliberate differences): values whose square overflows (kiln's float32 statistics
-// are float64, libtorch's overflow to NaN), and rows of one element or of equal values (kiln's
-// result is exactly 0, libtorch's a rounding error whose sign a later op may read).
+// are float64, libtorch's overflow to NaN), and rows of one element or of (nearly) equal values
+// (kiln's result is exactly 0, libtorch's a rounding error whose sign a later op may read).
 bool layer_norm_pick(Gen& g, Step& s) {
   if (g.program->inputs.size() + 2 > g.max_inputs ||
       !one_value(g, s, [](const torch::Tensor& t) { return t.dim() > 0 && is_float(t); }))
@@ -521,7 +591,9 @@ bool layer_norm_pick(Gen& g, Step& s) {
   if (max_finite_abs(x) > std::sqrt(largest(x.scalar_type())) / 16 || n == 1) return false;
   if (x.numel() > 0 && n > 0) {
     torch::Tensor rows = x.detach().reshape({-1, n});
-    if ((std::get<0>(rows.max(1)) == std::get<0>(rows.min(1))).any().item<bool>()) return false;
+    // Nearly equal rows too (a subnormal and -0): their normalized values are rounding errors.
+    torch::Tensor range = (std::get<0>(rows.max(1)) - std::get<0>(rows.min(1))).to(torch::kFloat64);
+    if ((range.abs() < 1e-20).any().item<bool>()) return false;
   }
   kiln::DType dt = to_kiln(x.scalar_type());
   s.args.push_back(g.new_input(s.p.list, dt));
@@ -557,13 +629,26 @@ bool mse_pick(Gen& g, Step& s) {
   const auto& a = arg(g, s, 0);
   return max_finite_abs(a) + max_finite_abs(arg(g, s, 1)) <= largest(a.scalar_type()) / 4;
 }
+// Nor an empty integral or bool operand (deliberate difference): libtorch returns its dtype, kiln
+// float32, and the dtype spreads (cat, mean, an in-place add_ of a float).
 bool softmax_pick(Gen& g, Step& s) {
-  return dim_pick(g, s);
+  if (!dim_pick(g, s)) return false;
+  const auto& x = arg(g, s, 0);
+  return is_float(x) || x.numel() > 0;
 }
+// Nor a cast to an integral or bool dtype of floats that an inexact op computed and that lie
+// within float32 rounding of an integer (deliberate difference): kiln's float32 transcendentals
+// are within a few ulps of libtorch's (erf(3.96f) is 1 - 2^-24 in kiln, 1 in libtorch), and the
+// cast truncates that ulp into a whole unit.
 bool cast_pick(Gen& g, Step& s) {
   unary(g, s);
   s.p.i = {static_cast<int64_t>(g.random_dtype())};
-  return true;
+  const auto& x = arg(g, s, 0);
+  if (!is_float(x) || kiln::is_floating_point(static_cast<kiln::DType>(s.p.i[0]))) return true;
+  if (!inexact_so_far(g) || x.numel() == 0) return true;
+  torch::Tensor v = x.detach().to(torch::kFloat64);
+  torch::Tensor near = (v - v.round()).abs() <= 1e-5 * torch::clamp_min(v.abs(), 1);
+  return !torch::logical_and(near, v != 0).any().item<bool>();
 }
 
 kiln::Reduction kiln_reduction(int64_t r) {
@@ -643,7 +728,7 @@ const std::vector<Op>& op_table() {
       DIFF_OP("mul", 0, binary, mul(a[0], a[1])),
       DIFF_OP("div", 0, binary, div(a[0], a[1])),
       DIFF_OP("pow", kInexact, pow_pick, pow(a[0], a[1])),
-      DIFF_OP("remainder", 0, binary, remainder(a[0], a[1])),
+      DIFF_OP("remainder", 0, remainder_pick, remainder(a[0], a[1])),
       DIFF_OP("minimum", 0, binary, minimum(a[0], a[1])),
       DIFF_OP("maximum", 0, binary, maximum(a[0], a[1])),
       DIFF_OP("eq", 0, binary, eq(a[0], a[1])),
@@ -659,8 +744,8 @@ const std::vector<Op>& op_table() {
       DIFF_OP("mul_scalar", 0, with_scalar, mul(a[0], B::scalar(p, 0))),
       DIFF_OP("div_scalar", 0, with_scalar, div(a[0], B::scalar(p, 0))),
       DIFF_OP("pow_scalar", kInexact, with_scalar, pow(a[0], B::scalar(p, 0))),
-      DIFF_OP("scalar_pow", kInexact, with_scalar, pow(B::scalar(p, 0), a[0])),
-      DIFF_OP("remainder_scalar", 0, with_scalar, remainder(a[0], B::scalar(p, 0))),
+      DIFF_OP("scalar_pow", kInexact, scalar_pow_pick, pow(B::scalar(p, 0), a[0])),
+      DIFF_OP("remainder_scalar", 0, remainder_scalar_pick, remainder(a[0], B::scalar(p, 0))),
       DIFF_OP("eq_scalar", 0, with_scalar, eq(a[0], B::scalar(p, 0))),
       DIFF_OP("lt_scalar", 0, with_scalar, lt(a[0], B::scalar(p, 0))),
       DIFF_OP("ge_scalar", 0, with_scalar, ge(a[0], B::scalar(p, 0))),
@@ -703,7 +788,7 @@ const std::vector<Op>& op_table() {
       DIFF_OP("sum_all", kInexact, unary, a[0].sum()),
       DIFF_OP("mean", kInexact, mean_pick, a[0].mean(p.list, p.i[0] != 0)),
       DIFF_OP("mean_all", kInexact, mean_all_pick, a[0].mean()),
-      DIFF_OP("prod", kInexact, reduce_one, a[0].prod(p.i[0], p.i[1] != 0)),
+      DIFF_OP("prod", kInexact, prod_pick, a[0].prod(p.i[0], p.i[1] != 0)),
       DIFF_OP("amax", 0, reduce_list, a[0].amax(p.list, p.i[0] != 0)),
       DIFF_OP("amin", 0, reduce_list, a[0].amin(p.list, p.i[0] != 0)),
       DIFF_OP("max_all", 0, unary, a[0].max()),

@@ -239,10 +239,11 @@ TEST(TraceContract, FillOfAComputedValueUnderAutogradTraces) {
   EXPECT_TRUE(equal(x.grad(), f64({0, 2})));
 }
 
-// The trace's backward raises (amin saved its output, which fill_ then wrote): nothing of the
-// trace stays pending. The written value's node held the fill value with its history, which
-// reached amin's saved output, whose storage held the node: a cycle that kept the placeholder
-// alive, and the thread's next flush raised in unrelated code.
+// Differentiating the function raises (amin saved its output, which fill_ then wrote): the trace
+// still succeeds, as eager mode's forward does, its backward raises, and nothing of the trace stays
+// pending. The written value's node held the fill value with its history, which reached amin's
+// saved output, whose storage held the node: a cycle that kept the placeholder alive, and the
+// thread's next flush raised in unrelated code.
 TEST(TraceContract, AFailedDifferentiationLeavesNothingPending) {
   const Fn fn = [](const Inputs& in) {
     Tensor y = in[0].amin({0}, true);
@@ -250,8 +251,39 @@ TEST(TraceContract, AFailedDifferentiationLeavesNothingPending) {
     return Inputs{y};
   };
   const int64_t before = jit::stats().pending_nodes;
-  EXPECT_THROW(jit::trace(fn, {f64({3, 5}).requires_grad_(true)}), Error);
+  {
+    Tensor x = f64({3, 5}).requires_grad_(true);
+    Inputs out = jit::trace(fn, {x})({x});
+    EXPECT_TRUE(equal(out[0], f64({2})));
+    EXPECT_THROW(out[0].sum().backward(), Error);
+  }
   EXPECT_EQ(jit::stats().pending_nodes, before);
+}
+
+// A function whose backward would raise (reciprocal saved its output, which a write through a
+// slice then changed) traces and runs forward as in eager mode, where only a backward raises: a
+// caller that never differentiates it must not see the error.
+TEST(TraceContract, AWriteToASavedValueRaisesOnlyInBackwardAsEagerMode) {
+  const Fn fn = [](const Inputs& in) {
+    Tensor y = reciprocal(in[0]);
+    y.slice(0, 1, 2).fill_(0);
+    return Inputs{y};
+  };
+  Tensor x = f64({2, 4}).requires_grad_(true);
+  Inputs want = eager(fn, {x});
+  jit::Function f = jit::trace(fn, {x});
+  Inputs got = f({x});
+  EXPECT_TRUE(equal(got[0], want[0])) << got[0] << " vs " << want[0];
+  EXPECT_TRUE(got[0].requires_grad());
+  EXPECT_TRUE(equal(f({f64({4, 8}).requires_grad_(true)})[0], f64({0.25, 0})));
+  EXPECT_THROW(want[0].sum().backward(), Error);
+  try {
+    got[0].sum().backward();
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("modified by an in-place operation"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(TraceContract, AFailedTraceLeavesTheThreadAsItWas) {

@@ -441,6 +441,18 @@ TEST(AutogradOps, BinaryArithmetic) {
       signed_mag(0.5, 2), c);
 }
 
+// The divisor's gradient -g a / b^2 where b^2 alone underflows (1e-30f) or overflows (3e38f)
+// and a / b / b does not: x / x has gradient 1/x - x/x^2 = 0 for x's both roles.
+TEST(AutogradOps, DivGradientOfTinyAndHugeDivisors) {
+  for (float v : {1e-30f, 3e38f, -2.5f}) {
+    Tensor x = from_vector(std::vector<float>{v}).requires_grad_(true);
+    div(x, x).sum().backward();
+    const float got = x.grad().to_vector<float>()[0];
+    EXPECT_TRUE(std::isfinite(got)) << v << ": " << got;
+    EXPECT_LE(std::abs(got), 1e-6f / std::abs(v)) << v << ": " << got;
+  }
+}
+
 TEST(AutogradOps, BinaryWithScalar) {
   Cfg c = with_gradgrad();
   Gen u = uniform(-2, 2);
@@ -493,6 +505,52 @@ TEST(AutogradOps, Remainder) {
   check_unary(
       "remainder scalar", [](const Tensor& x) { return remainder(x, 1.5); },
       avoiding(uniform(-4, 4), {-4.5, -3, -1.5, 0, 1.5, 3, 4.5}, 0.05), c);
+}
+
+// The divisor's gradient is -g (a // b) with torch's floor division: -1 for a finite a over an
+// infinite b of the other sign (floor(a / b) is -0 there), 0 for the same sign, NaN for an
+// infinite a, and a / b (inf) for a zero b.
+TEST(AutogradOps, RemainderGradientAtInfiniteAndZeroOperands) {
+  const double inf = INFINITY;
+  Tensor a = from_vector(std::vector<double>{0.5, -0.5, 0.5, inf, 3.0});
+  Tensor b = from_vector(std::vector<double>{-inf, inf, inf, 2.0, 0.0});
+  b.requires_grad_(true);
+  remainder(a, b).sum().backward();
+  const std::vector<double> got = b.grad().to_vector<double>();
+  EXPECT_EQ(got[0], 1.0);
+  EXPECT_EQ(got[1], 1.0);
+  EXPECT_EQ(got[2], 0.0);
+  EXPECT_TRUE(std::isnan(got[3])) << got[3];
+  EXPECT_EQ(got[4], -inf);
+}
+
+// abs(-0) is +0, whose reciprocal is +inf, in every mode.
+TEST(AutogradOps, AbsOfNegativeZeroIsPositiveZero) {
+  for (bool lazy : {false, true}) {
+    LazyGuard mode(lazy);
+    Tensor x = from_vector(std::vector<float>{-0.0f, 0.0f, -2.0f});
+    const std::vector<float> got = reciprocal(abs(x) * 1.0f).to_vector<float>();
+    EXPECT_EQ(got[0], INFINITY) << lazy;
+    EXPECT_EQ(got[1], INFINITY) << lazy;
+    EXPECT_EQ(got[2], 0.5f) << lazy;
+  }
+}
+
+// The base's gradient is g (b a^(b-1)), as torch's: 2 a overflows for the largest double, so
+// the gradient is infinite even where g is below 1/2.
+TEST(AutogradOps, PowBaseGradientOverflowsAsTorch) {
+  Tensor a = from_vector(std::vector<double>{1.7976931348623157e308}).requires_grad_(true);
+  pow(a, 2).backward(from_vector(std::vector<double>{-0.25}));
+  EXPECT_EQ(a.grad().to_vector<double>()[0], -INFINITY) << a.grad();
+}
+
+// The exponent's gradient is 0 where a = 0 and b >= 0 only: a NaN exponent's is NaN, as torch's.
+TEST(AutogradOps, PowExponentGradientOfZeroBaseAndNaNExponent) {
+  Tensor b = from_vector(std::vector<double>{NAN, 2.0}).requires_grad_(true);
+  pow(from_vector(std::vector<double>{0.0, 0.0}), b).sum().backward();
+  const std::vector<double> got = b.grad().to_vector<double>();
+  EXPECT_TRUE(std::isnan(got[0])) << got[0];
+  EXPECT_EQ(got[1], 0.0);
 }
 
 TEST(AutogradOps, MinimumMaximum) {
