@@ -14,6 +14,7 @@
 #include "kiln/kiln.h"
 #include "lib/lazy.h"
 #include "tests/fuser/fuser_testing.h"
+#include "tests/jit/log_capture.h"
 #include "tests/testing.h"
 
 namespace kiln {
@@ -24,15 +25,7 @@ using testing::Inputs;
 using testing::plan_of;
 using testing::Planned;
 
-// stderr while `body` runs with KILN_LOG=topics.
-std::string logged(const char* topics, const std::function<void()>& body) {
-  jit::set_log_topics(topics);
-  ::testing::internal::CaptureStderr();
-  body();
-  std::string out = ::testing::internal::GetCapturedStderr();
-  jit::set_log_topics("");
-  return out;
-}
+using testing::logged;
 
 std::vector<std::string> lines_of(const std::string& text, const std::string& prefix) {
   std::vector<std::string> lines;

@@ -14,6 +14,7 @@
 #include "kiln/autograd.h"
 #include "kiln/jit.h"
 #include "kiln/kiln.h"
+#include "tests/jit/log_capture.h"
 
 namespace kiln {
 namespace {
@@ -30,15 +31,7 @@ Tensor f64(std::vector<double> v) {
   return from_vector(v);
 }
 
-// stderr while `body` runs with KILN_LOG=topics.
-std::string logged(const char* topics, const std::function<void()>& body) {
-  jit::set_log_topics(topics);
-  ::testing::internal::CaptureStderr();
-  body();
-  std::string out = ::testing::internal::GetCapturedStderr();
-  jit::set_log_topics("");
-  return out;
-}
+using testing::logged;
 
 // ------------------------------------------------------------ hyperparameters and modes
 
