@@ -6,10 +6,12 @@
 // The writer walks the node list once, iteratively: a million-node graph dumps like a small one.
 #include "jit/dump.h"
 
+#include <cxxabi.h>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -18,6 +20,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "kiln/error.h"
 #include "lib/env.h"
+#include "lib/profiler.h"
 
 namespace kiln::jit {
 
@@ -30,7 +33,8 @@ struct DumpState {
   std::atomic<int64_t> next_file{0};
   std::atomic<int64_t> next_graph{0};
   std::atomic<bool> warned{false};
-  bool made_dirs = false;  // under mu: dir and dir/kernels exist
+  bool made_dirs = false;                           // under mu: dir and dir/kernels exist
+  absl::flat_hash_map<int64_t, std::string> names;  // under mu: graph number -> what it is
 
   DumpState() {
     dir = detail::env_string("KILN_DUMP");
@@ -145,16 +149,14 @@ void append_value_ids(std::string& out, const std::vector<const Value*>& values)
   out += ']';
 }
 
-// The file's path for the graph's next step; numbers the graph on its first file.
+// The file's path for the graph's next step.
 std::string next_path(const std::string& dir, const Graph& g, const char* pass) {
   DumpState& s = state();
-  Graph::DumpInfo& info = g.dump_info();
-  if (info.id < 0) info.id = s.next_graph.fetch_add(1);
-  const int step = info.steps++;
+  const int64_t id = graph_number(g);
+  const int step = g.dump_info().steps++;
   char name[64];
   std::snprintf(name, sizeof name, "%06lld_g%04lld_%02d_",
-                static_cast<long long>(s.next_file.fetch_add(1)), static_cast<long long>(info.id),
-                step);
+                static_cast<long long>(s.next_file.fetch_add(1)), static_cast<long long>(id), step);
   return dir + "/" + name + pass + ".json";
 }
 
@@ -188,6 +190,11 @@ GraphText graph_text(const Graph& g, const char* pass, int step,
   append_int(out, step);
   out += ",\"pass\":";
   append_json_string(out, pass);
+  const std::string name = graph_name(g);
+  if (!name.empty()) {
+    out += ",\"name\":";
+    append_json_string(out, name);
+  }
   out += ",\n\"nodes\":[\n";
   bool first = true;
   for (const Node* n = g.first(); n; n = n->next()) {
@@ -271,6 +278,65 @@ GraphText graph_text(const Graph& g, const char* pass, int step,
 constexpr const char* kTail = "\n]}\n";
 
 }  // namespace
+
+int64_t graph_number(const Graph& g) {
+  // A graph is numbered by the one thread that builds and plans it.
+  Graph::DumpInfo& info = g.dump_info();
+  if (info.id < 0) info.id = state().next_graph.fetch_add(1);
+  return info.id;
+}
+
+bool graph_names_kept() {
+  return dump_enabled() || detail::profiling();
+}
+
+void set_graph_name(const Graph& g, std::string name) {
+  const int64_t id = graph_number(g);
+  if (detail::profiling()) detail::profile_name_graph(id, name);
+  if (!dump_enabled()) return;
+  DumpState& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.names[id] = std::move(name);
+}
+
+std::string graph_name(const Graph& g) {
+  if (g.dump_info().id < 0) return "";
+  DumpState& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.names.find(g.dump_info().id);
+  return it == s.names.end() ? "" : it->second;
+}
+
+namespace {
+bool ends_with(const std::string& s, const char* tail) {
+  const size_t n = std::strlen(tail);
+  return s.size() >= n && s.compare(s.size() - n, n, tail) == 0;
+}
+}  // namespace
+
+std::string callable_name(const std::type_info& type) {
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> demangled(
+      abi::__cxa_demangle(type.name(), nullptr, nullptr, &status), std::free);
+  const std::string full = status == 0 && demangled ? demangled.get() : type.name();
+  if (full.find("(*)") != std::string::npos) return "a function";
+  // Drop namespaces' noise, parameter lists and braces: "(anonymous namespace)::lstm()::{lambda(
+  // std::vector<kiln::Tensor> const&)#1}" becomes "lstm()::lambda#1".
+  std::string out;
+  int depth = 0;
+  for (size_t i = 0; i < full.size(); ++i) {
+    if (full.compare(i, 21, "(anonymous namespace)") == 0) {
+      i += 22;  // with the "::" after it
+      continue;
+    }
+    const char c = full[i];
+    // "()" marks a function; a lambda's parameters are dropped with it ("lambda#1").
+    if (c == '(' && depth++ == 0 && !ends_with(out, "lambda")) out += "()";
+    if (c == ')') --depth;
+    if (depth == 0 && c != ')' && c != '{' && c != '}') out += c;
+  }
+  return out;
+}
 
 bool dump_enabled() {
   return state().on.load(std::memory_order_relaxed);

@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "jit/ir.h"
@@ -23,6 +24,27 @@ void set_dump_dir(const std::string& dir);
 
 // The version of the "kiln.graph" JSON schema this code writes.
 constexpr int kDumpSchemaVersion = 1;
+
+// The graph's number, given on first use from one process-wide count: the id in KILN_DUMP's file
+// names and in the profile records of the steps its plan runs.
+int64_t graph_number(const Graph& g);
+
+// Whether graphs' names are kept: dumping or profiling is on.
+bool graph_names_kept();
+// Says what `g` is ("lazy flush #3: item() (data access)", "trace #1: backward") for the dump's
+// "name" and the profile's graph_names(); call it before the graph's first dump (run_passes).
+// `describe` returns the name and is called only when names are kept.
+void set_graph_name(const Graph& g, std::string name);
+template <typename Describe>
+void name_graph(const Graph& g, Describe&& describe) {
+  if (graph_names_kept()) set_graph_name(g, describe());
+}
+// The name set_graph_name gave `g`, or "".
+std::string graph_name(const Graph& g);
+
+// A callable's type as a short name for a traced function's graphs: "lstm()::lambda#1" for the
+// first lambda in lstm(), a functor's class name, or "a function" for a function pointer.
+std::string callable_name(const std::type_info& type);
 
 // A fusion group as the dump describes it (the executor fills it from fuser::FusionGroup).
 struct DumpGroup {

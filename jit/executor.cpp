@@ -161,7 +161,8 @@ size_t Plan::num_join_kernel_steps() const {
   return n;
 }
 
-Plan::Plan(const Graph& graph, const std::vector<int64_t>& in_place_inputs) {
+Plan::Plan(const Graph& graph, const std::vector<int64_t>& in_place_inputs)
+    : graph_(graph_number(graph)) {
   detail::ProfileSpan span("plan.build");
   if (fuser::fusion_enabled()) {
     detail::ProfileSpan fusion("fusion");
@@ -867,6 +868,15 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
   t_step_event = profiling ? &step_event : nullptr;
   DeviceSpans device_spans;
   const char* kernel = nullptr;  // the symbol of the group's kernel that ran
+  // A step's profile record, naming its graph and fusion group: a kernel that several groups
+  // share is timed per group.
+  auto record_of = [&](const Step& step) {
+    profiler::Record r =
+        step_record(*step.node, step.group, kernel, step.map_into != nullptr, args, outs);
+    r.graph = graph_;
+    if (step.group) r.group = static_cast<int64_t>(step.group - groups_.data());
+    return r;
+  };
   for (const Step& step : steps_) {
     if (profiling) {
       span = detail::profile_begin();
@@ -923,10 +933,7 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
         void* end = detail::cuda::record_event(
             step.cuda_device, detail::cuda::stream(step.cuda_device), /*timed=*/true);
         if (records) {
-          device_spans.spans.push_back(
-              {span,
-               step_record(*step.node, step.group, kernel, step.map_into != nullptr, args, outs),
-               step_event, end});
+          device_spans.spans.push_back({span, record_of(step), step_event, end});
         } else {
           detail::cuda::destroy_event(step_event);
           detail::cuda::destroy_event(end);
@@ -934,8 +941,7 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
         step_event = nullptr;
         detail::profile_end_discard(span);
       } else if (records) {
-        detail::profile_end(span, step_record(*step.node, step.group, kernel,
-                                              step.map_into != nullptr, args, outs));
+        detail::profile_end(span, record_of(step));
       } else {
         detail::profile_end_discard(span);
       }

@@ -105,6 +105,7 @@ class Plan {
   void plan_in_place(const Graph& graph, const std::vector<int64_t>& in_place_inputs);
 
   std::vector<fuser::FusionGroup> groups_;
+  int64_t graph_ = -1;  // the graph's number (jit/dump.h), which its steps' profile records carry
   std::vector<Step> steps_;
   std::vector<int64_t> input_slots_;
   std::vector<int64_t> output_slots_;

@@ -11,6 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "jit/dump.h"
 #include "jit/executor.h"
 #include "jit/hash.h"
 #include "jit/infer.h"
@@ -470,6 +471,10 @@ void evaluate(const std::vector<LazyRef>& requests) {
       detail::ProfileSpan building("lazy.graph");
       graph = make_graph(recipe);
     }
+    name_graph(*graph, [] {
+      return "lazy flush #" + std::to_string(g_evaluations.load()) + ": " +
+             detail::evaluation_reason();
+    });
     run_passes(*graph);
     if (verify_passes()) verify_types(*graph);
     entry = std::make_shared<PlanCache::Entry>();

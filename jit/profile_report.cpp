@@ -134,6 +134,7 @@ std::string report() {
 
   // The steps' rows: per kernel (name and shape) and per op type (name).
   std::map<std::string, Row> per_kernel, per_type;
+  std::map<int64_t, Row> per_graph;  // by graph number
   std::map<std::string, Row> phases;
   std::map<std::string, std::pair<int64_t, std::string>> guard_reasons;  // count, latest
   int64_t step_ns = 0, step_calls = 0;
@@ -156,6 +157,13 @@ std::string report() {
     }
     step_ns += r.duration_ns;
     ++step_calls;
+    if (r.graph >= 0) {
+      Row& row = per_graph[r.graph];
+      ++row.calls;
+      row.ns += r.duration_ns;
+      row.bytes += r.bytes;
+      row.flops += r.flops;
+    }
     for (auto* m : {&per_kernel, &per_type}) {
       const std::string key =
           m == &per_kernel && !r.shape.empty() ? r.name + " [" + r.shape + "]" : r.name;
@@ -181,6 +189,20 @@ std::string report() {
   table(os, values(per_kernel), step_ns);
   os << "\nPer op type (fused kernels by the ops inside):\n";
   table(os, values(per_type), step_ns);
+  if (!per_graph.empty()) {
+    // Each graph by what it is: which traced function or lazy flush, as KILN_DUMP names it.
+    std::map<int64_t, std::string> names;
+    for (GraphName& g : graph_names()) names[g.graph] = std::move(g.name);
+    std::vector<Row> rows;
+    for (auto& [graph, row] : per_graph) {
+      auto name = names.find(graph);
+      row.name = "graph " + std::to_string(graph) +
+                 (name == names.end() ? std::string() : ": " + name->second);
+      rows.push_back(row);
+    }
+    os << "\nPer graph (calls: the steps its plans ran):\n";
+    table(os, rows, step_ns);
+  }
 
   // The JIT's own costs.
   char line[512];

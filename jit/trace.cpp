@@ -12,6 +12,7 @@
 #include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
 
+#include <algorithm>
 #include <atomic>
 #include <exception>
 #include <mutex>
@@ -21,6 +22,7 @@
 
 #include "fuser/codegen/llvm/cpu_codegen.h"
 #include "jit/differentiate.h"
+#include "jit/dump.h"
 #include "jit/executor.h"
 #include "jit/infer.h"
 #include "jit/lazy_eval.h"
@@ -564,12 +566,25 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
     }
   }
   if (backward->error) spec->backward = std::move(backward);
+  // What the graphs are, for KILN_DUMP and the profile: "trace f()::lambda#1: forward".
+  auto trace_graph_name = [&](const char* part) {
+    std::string name = "trace " + callable_name(fn.target_type());
+    if (!specs.empty()) name += " (specialization " + std::to_string(specs.size() + 1) + ")";
+    return name + ": " + part;
+  };
   if (backward && backward->graph) {
+    name_graph(*backward->graph, [&] { return trace_graph_name("backward"); });
     run_passes(*backward->graph);
     if (verify_passes()) verify_types(*backward->graph);
     if (plan) backward->plan = std::make_unique<Plan>(*backward->graph);
     spec->backward = std::move(backward);
   }
+  name_graph(*spec->graph, [&] {
+    std::string name = trace_graph_name(spec->runs_backward ? "forward+backward" : "forward");
+    const auto writes = std::count(spec->kinds.begin(), spec->kinds.end(), OutputKind::WriteBack);
+    if (writes) name += ", writes " + std::to_string(writes) + " captured tensor(s) in place";
+    return name;
+  });
   run_passes(*spec->graph);
   if (verify_passes()) verify_types(*spec->graph);
   if (plan) spec->plan = std::make_unique<Plan>(*spec->graph, in_place_inputs(*spec));

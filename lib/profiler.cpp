@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <vector>
@@ -28,6 +29,7 @@ const std::chrono::steady_clock::time_point g_epoch = std::chrono::steady_clock:
 struct Store {
   std::mutex mutex;
   std::vector<profiler::Record> records;
+  std::map<int64_t, std::string> graph_names;  // by graph number; outlives reset()
 };
 Store& store() {
   static Store* s = new Store();
@@ -77,6 +79,12 @@ void profile_store(const SpanStart& s, profiler::Record&& r, int64_t duration_ns
 
 void profile_event(profiler::Record&& r) {
   profile_end(SpanStart{profile_now_ns(), t_depth}, std::move(r));
+}
+
+void profile_name_graph(int64_t graph, std::string name) {
+  Store& st = store();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  st.graph_names[graph] = std::move(name);
 }
 
 void profile_clear() {
@@ -135,6 +143,14 @@ std::vector<Record> records() {
   return st.records;
 }
 
+std::vector<GraphName> graph_names() {
+  detail::Store& st = detail::store();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  std::vector<GraphName> out;
+  for (const auto& [graph, name] : st.graph_names) out.push_back({graph, name});
+  return out;
+}
+
 namespace {
 void json_string(std::ostream& os, const std::string& s) {
   os << '"';
@@ -172,9 +188,18 @@ std::string chrome_trace() {
   os.setf(std::ios::fixed);
   os.precision(3);
   os << "[\n";
-  for (size_t i = 0; i < rs.size(); ++i) {
-    const Record& r = rs[i];
-    os << "{\"name\":";
+  const char* separator = "";  // before each event but the first
+  for (const GraphName& g : graph_names()) {
+    os << separator
+       << "{\"name\":\"kiln_graph\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{\"graph\":"
+       << g.graph << ",\"name\":";
+    json_string(os, g.name);
+    os << "}}";
+    separator = ",\n";
+  }
+  for (const Record& r : rs) {
+    os << separator << "{\"name\":";
+    separator = ",\n";
     json_string(os, r.shape.empty() ? r.name : r.name + " " + r.shape);
     os << ",\"cat\":\"" << category_name(r.category)
        << "\",\"ph\":\"X\",\"ts\":" << static_cast<double>(r.start_ns) / 1e3
@@ -187,10 +212,11 @@ std::string chrome_trace() {
       os << ",\"kernel\":";
       json_string(os, r.kernel);
     }
-    os << ",\"bytes\":" << r.bytes << ",\"flops\":" << r.flops << "}}"
-       << (i + 1 < rs.size() ? ",\n" : "\n");
+    if (r.graph >= 0) os << ",\"graph\":" << r.graph;
+    if (r.group >= 0) os << ",\"group\":" << r.group;
+    os << ",\"bytes\":" << r.bytes << ",\"flops\":" << r.flops << "}}";
   }
-  os << "]\n";
+  os << "\n]\n";
   return os.str();
 }
 

@@ -37,6 +37,8 @@ void profile_store(const SpanStart& s, profiler::Record&& r, int64_t duration_ns
 void profile_clear();
 // A record of no duration at the current time (a guard failure), at the current depth.
 void profile_event(profiler::Record&& r);
+// Names graph number `graph` for profiler::graph_names() (a later name replaces an earlier one).
+void profile_name_graph(int64_t graph, std::string name);
 
 // A JIT phase's span over a scope, measured only when profiling was on as it began. The name is
 // `name` followed by `suffix` (both static strings, or living as long as the span).

@@ -34,7 +34,20 @@ struct Record {
   int64_t duration_ns = 0;
   int64_t bytes = 0;  // moved by the step, 0 when unknown
   int64_t flops = 0;  // floating-point operations, 0 when unknown
+  // Plan steps: the number of the graph whose plan ran the step (the id KILN_DUMP's files and
+  // graph_names() use), and for fused kernels the fusion group's index in that graph (the dump's
+  // group id), so that a kernel two groups share is timed per group. -1 when none.
+  int64_t graph = -1;
+  int64_t group = -1;
 };
+
+// What a planned graph is (a lazy flush and why, a traced function's forward or backward), by
+// graph number, for every graph named while profiling was on; kept by reset().
+struct GraphName {
+  int64_t graph = -1;
+  std::string name;
+};
+std::vector<GraphName> graph_names();
 
 // Profiling is off unless KILN_PROFILE is set (to 1: a report on stderr at exit; to a file name:
 // a Chrome trace written there at exit) or set_enabled(true) is called. Off, each hook costs one
@@ -66,7 +79,9 @@ std::string report();
 // Prints report() to stderr.
 void print();
 // The records as a Chrome trace event file (a JSON array of complete events, ts and dur in
-// microseconds), which Perfetto and chrome://tracing load.
+// microseconds), which Perfetto and chrome://tracing load. Plan steps carry args.graph and
+// args.group; each named graph is a metadata event {"ph":"M","name":"kiln_graph","args":{"graph":
+// N,"name":...}}, which trace viewers ignore and tools/kiln-viz reads.
 std::string chrome_trace();
 void write_chrome_trace(const std::string& path);
 

@@ -424,6 +424,41 @@ TEST(Dump, OffWritesNothing) {
   EXPECT_EQ(g.dump_info().id, -1);  // never numbered: no file was written
 }
 
+// Each graph's files say what it is: a lazy flush and its cause, a traced function's part.
+TEST(Dump, GraphsAreNamedByWhatTheyAre) {
+  const fs::path dir = fresh_dir("kiln_dump_names");
+  jit::set_dump_dir(dir.string());
+  const Tensor x = testing::input({6, 5});
+  Tensor w = testing::input({6, 5}).requires_grad_(true);
+  {
+    LazyGuard lazy(true);
+    (tanh(x * 3.0) + x).sum().item();
+  }
+  jit::Function f = jit::trace(
+      [&w](const std::vector<Tensor>& in) { return std::vector<Tensor>{(exp(in[0] * w)).sum()}; },
+      {x});
+  jit::set_dump_dir("");
+  std::map<int64_t, std::set<std::string>> names;  // per graph: the names of its files
+  for (const fs::path& file : graph_files(dir)) {
+    const Json doc = parse_file(file);
+    names[doc["graph"].integer()].insert(doc["name"].str);
+  }
+  std::set<std::string> all;
+  for (const auto& [graph, n] : names) {
+    EXPECT_EQ(n.size(), 1u) << "graph " << graph << " has files of different names";
+    all.insert(*n.begin());
+  }
+  const std::string lambda =
+      "trace kiln::Dump_GraphsAreNamedByWhatTheyAre_Test::TestBody()::lambda#1: ";
+  bool flush = false;
+  for (const std::string& n : all)
+    flush |= n.rfind("lazy flush #", 0) == 0 && n.find("item()") != std::string::npos;
+  EXPECT_TRUE(flush) << ::testing::PrintToString(all);
+  EXPECT_EQ(all.count(lambda + "forward"), 1u) << ::testing::PrintToString(all);
+  EXPECT_EQ(all.count(lambda + "backward"), 1u) << ::testing::PrintToString(all);
+  fs::remove_all(dir);
+}
+
 // What the child process runs with KILN_DUMP set: a lazy LSTM cell through the public API.
 TEST(DumpChild, LazyLstmCell) {
   manual_seed(3);

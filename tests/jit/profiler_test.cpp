@@ -8,6 +8,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -374,12 +377,101 @@ TEST(Profiler, ChromeTraceIsJsonWithOneEventPerSpan) {
   if (std::system("python3 -c 'pass' >/dev/null 2>&1") == 0) {
     const std::string cmd =
         "python3 -c 'import json,sys; e=json.load(open(sys.argv[1])); "
+        "e=[x for x in e if x[\"ph\"]!=\"M\"]; "
         "assert all(x[\"ph\"]==\"X\" and x[\"dur\"]>=0 and \"tid\" in x for x in e); "
         "sys.exit(0 if len(e)==" +
         std::to_string(rs.size()) + " else 3)' " + path;
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   }
   std::remove(path.c_str());
+}
+
+// Four groups that compile to one kernel (the same ops on the same layout): graph A's one group
+// runs three times, graph B's three groups once each. Each launch is timed for its own graph and
+// group, so the groups' times sum to the kernel's total and their launches differ.
+TEST(Profiler, AKernelTwoGroupsShareIsTimedPerGroup) {
+  const Tensor x = concrete_random({37, 29}), y = concrete_random({37, 29}),
+               w = concrete_random({37, 29});
+  profiler::reset();
+  {
+    profiler::ProfileGuard guard;
+    LazyGuard lazy(true);
+    for (int i = 0; i < 3; ++i) eval(tanh(x * y));
+    eval(tanh(x * y), tanh(w * y), tanh(x * y * y));
+  }
+  const std::vector<Record> rs = profiler::records();
+  std::string kernel;
+  for (const Record& r : rs)
+    if (r.category == Category::kKernel && r.name == "fused:mul_tanh") kernel = r.kernel;
+  ASSERT_FALSE(kernel.empty());
+  // Per (graph, group): launches and time; and the kernel's total.
+  std::map<std::pair<int64_t, int64_t>, std::pair<int, int64_t>> per_group;
+  int64_t total_ns = 0;
+  std::set<int64_t> graphs;
+  for (const Record& r : rs) {
+    if (r.category == Category::kKernel || r.category == Category::kLibrary) {
+      EXPECT_GE(r.graph, 0) << r.name;
+      graphs.insert(r.graph);
+    }
+    if (r.category == Category::kKernel) EXPECT_GE(r.group, 0) << r.name;
+    if (r.category == Category::kLibrary) EXPECT_EQ(r.group, -1) << r.name;
+    if (r.kernel != kernel) continue;
+    auto& g = per_group[{r.graph, r.group}];
+    ++g.first;
+    g.second += r.duration_ns;
+    total_ns += r.duration_ns;
+  }
+  // Graph A's group ran three times, graph B's three groups once each.
+  ASSERT_EQ(per_group.size(), 4u);
+  EXPECT_EQ(graphs.size(), 2u);
+  const int64_t graph_a = per_group.begin()->first.first;
+  int64_t sum_ns = 0;
+  for (const auto& [key, g] : per_group) {
+    EXPECT_EQ(g.first, key.first == graph_a ? 3 : 1) << key.first << "/" << key.second;
+    sum_ns += g.second;
+  }
+  EXPECT_EQ(sum_ns, total_ns);
+  // The trace carries both ids with each launch, and the graphs' names.
+  const std::string trace = profiler::chrome_trace();
+  EXPECT_EQ(count(trace, "\"kernel\":\"" + kernel + "\",\"graph\":"), 6u) << trace;
+  std::map<int64_t, std::string> names;
+  for (const profiler::GraphName& g : profiler::graph_names()) names[g.graph] = g.name;
+  for (int64_t g : graphs) {
+    EXPECT_EQ(names[g].rfind("lazy flush #", 0), 0u) << g << ": " << names[g];
+    EXPECT_NE(trace.find("\"name\":\"kiln_graph\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{"
+                         "\"graph\":" +
+                         std::to_string(g) + ","),
+              std::string::npos);
+  }
+  // The report's per-graph table names them too.
+  const std::string report = profiler::report();
+  EXPECT_NE(report.find("Per graph"), std::string::npos) << report;
+  EXPECT_NE(report.find("graph " + std::to_string(*graphs.begin()) + ": lazy flush #"),
+            std::string::npos)
+      << report;
+}
+
+// A traced function's graphs are named after it and after their part.
+std::vector<Tensor> traced_loss_step(const Tensor& x, Tensor& w) {
+  jit::Function f = jit::trace(
+      [&w](const std::vector<Tensor>& in) { return std::vector<Tensor>{(tanh(in[0] * w)).sum()}; },
+      {x});
+  return f({x});
+}
+
+TEST(Profiler, TracedGraphsAreNamedByFunctionAndPart) {
+  const Tensor x = concrete_random({13, 17});
+  Tensor w = concrete_random({13, 17}).requires_grad_(true);
+  profiler::reset();
+  profiler::ProfileGuard guard;
+  std::vector<Tensor> out = traced_loss_step(x, w);
+  out[0].backward();
+  eval(w.grad());
+  std::set<std::string> names;
+  for (const profiler::GraphName& g : profiler::graph_names()) names.insert(g.name);
+  const std::string prefix = "trace kiln::traced_loss_step()::lambda#1: ";
+  EXPECT_EQ(names.count(prefix + "forward"), 1u) << ::testing::PrintToString(names);
+  EXPECT_EQ(names.count(prefix + "backward"), 1u) << ::testing::PrintToString(names);
 }
 
 // What the child process runs under KILN_PROFILE (and, standing alone, a quick workload).
