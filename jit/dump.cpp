@@ -204,6 +204,7 @@ GraphText graph_text(const Graph& g, const char* pass, int step,
     append_int(out, index.at(n));
     out += ",\"op\":";
     append_json_string(out, n->kind());
+    if (n->op().kind == detail::OpKind::View) out += ",\"view\":true";
     out += ",\"attrs\":{";
     const std::vector<std::string>& names = n->op().attr_names;
     for (size_t a = 0; a < n->attrs().size(); ++a) {

@@ -238,6 +238,13 @@ void expect_consistent(const Json& doc, const std::string& what) {
     EXPECT_EQ(nodes[i]["id"].integer(), static_cast<int64_t>(i)) << what;
     EXPECT_EQ(nodes[i]["op"].kind, Json::kString) << what;
     EXPECT_EQ(nodes[i]["attrs"].kind, Json::kObject) << what;
+    // Views, and only they, say so (kiln-viz hides them outside groups in its overview).
+    const std::string& op = nodes[i]["op"].str;
+    const bool view = op == "view" || op == "reshape" || op == "transpose" || op == "permute" ||
+                      op == "select" || op == "slice" || op == "expand" || op == "unsqueeze" ||
+                      op == "squeeze" || op == "as_strided";
+    EXPECT_EQ(nodes[i].has("view"), view) << what << ": " << op;
+    if (view) EXPECT_TRUE(nodes[i]["view"].b) << what;
     for (const Json& out : nodes[i]["outputs"].items) {
       EXPECT_TRUE(values.insert(out["id"].integer()).second) << what << ": value defined twice";
       EXPECT_EQ(out["dtype"].kind, Json::kString) << what;

@@ -2,6 +2,9 @@
 //   kiln_viz_workload lstm        a traced LSTM cell, forward and backward, run three times
 //   kiln_viz_workload wide N      a lazily recorded graph of N nodes or more, passed and planned
 //                                 (fused), not run: its dump is the plan's graph without kernels
+//   kiln_viz_workload word_lm     tools/examples/word_lm's traced training step (a two-layer LSTM
+//                                 over 20 time steps: about 2,000 nodes in some 90 groups, many
+//                                 sharing a kernel), a few steps on a small corpus
 // Dumping and profiling come from the environment (KILN_DUMP, KILN_PROFILE).
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +22,7 @@
 #include "kiln/nn.h"
 #include "lib/lazy.h"
 #include "lib/tensor_impl.h"
+#include "word_lm.h"
 
 namespace {
 
@@ -119,6 +123,23 @@ int wide(int64_t target) {
   return 0;
 }
 
+// The word_lm example as its user ran it (traced, two layers, 20 time steps), made small in
+// everything but the graph: a short corpus, narrow layers, one epoch of a few steps.
+int word_lm() {
+  kiln::examples::WordLmConfig c;
+  c.train_tokens = 4000;
+  c.valid_tokens = 400;
+  c.embedding_dim = 16;
+  c.hidden_size = 32;
+  c.epochs = 1;
+  c.max_steps_per_epoch = 4;
+  c.trace = true;
+  const kiln::examples::WordLmResult r = kiln::examples::train_word_lm(c);
+  std::printf("word_lm: %lld steps, last loss %.3f\n", static_cast<long long>(r.steps),
+              r.step_losses.empty() ? 0.0 : r.step_losses.back());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -127,6 +148,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kiln_viz_workload: KILN_DUMP is not set; nothing is dumped\n");
   if (mode == "lstm") return lstm();
   if (mode == "wide" && argc > 2) return wide(std::atoll(argv[2]));
-  std::fprintf(stderr, "usage: kiln_viz_workload lstm | wide N\n");
+  if (mode == "word_lm") return word_lm();
+  std::fprintf(stderr, "usage: kiln_viz_workload lstm | wide N | word_lm\n");
   return 2;
 }
