@@ -420,6 +420,7 @@ void evaluate_speculatively(const std::vector<LazyRef>& requests, detail::TraceS
   detail::ProfileSpan span("trace.evaluate");
   LazyGraphBinding binding;
   std::unique_ptr<Graph> graph = build_graph(requests, &binding, false, &trace.examples);
+  name_graph(*graph, [] { return "inside a trace: " + detail::evaluation_reason(); });
   std::vector<Tensor> results = Plan(*graph).run(binding.inputs);
   const ResultHolders holders(binding.inputs, results);
   detail::LazyLock lock;
