@@ -256,10 +256,10 @@ def overview(chromium, page, data, trace, work, max_seconds):
     shown = data["graphs"][[g["file"] for g in data["graphs"]].index(attr(dom, "data-file"))]
     groups = shown["groups"]
     print("shown: graph %s \"%s\", %d nodes, %d groups; zoom %s, %s groups in view, the smallest "
-          "%s px tall" % (shown["graph"], shown["name"], shown["n"], len(groups), attr(dom, "data-zoom"),
+          "%s px tall" % (shown["graph"], shown.get("name", ""), shown["n"], len(groups), attr(dom, "data-zoom"),
                           attr(dom, "data-groups-in-view"), attr(dom, "data-min-group-px")))
-    if not shown["name"].startswith("trace ") or "forward+backward" not in shown["name"]:
-        fail("the graph shown first is not named as the traced step: %r" % shown["name"])
+    if not shown.get("name", "").startswith("trace ") or "forward+backward" not in shown["name"]:
+        fail("the graph shown first is not named as the traced step: %r" % shown.get("name"))
     summary = re.search(r'<div id="summary">(.*?)</div>', dom, re.S).group(1)
     if htmllib.escape(shown["name"], quote=False) not in summary:
         fail("the summary does not name the graph: %r" % summary)
