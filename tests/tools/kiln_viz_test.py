@@ -69,10 +69,13 @@ def attr(dom, name):
     return m.group(1) if m else None
 
 
+WINDOW = "1280,760"  # the overview's checks and the screenshots see a laptop's window
+
+
 def screenshot(chromium, page, fragment, png):
     with tempfile.TemporaryDirectory(prefix="kiln-viz-chromium-") as profile:
         run(chromium_args(chromium, profile) + [
-            "--hide-scrollbars", "--window-size=1280,760",
+            "--hide-scrollbars", "--window-size=" + WINDOW,
             "--screenshot=" + os.path.abspath(png), "file://" + page + fragment])
 
 
@@ -120,10 +123,12 @@ def read_png(path):
     return width, height, rows
 
 
-def render(chromium, page, fragment, max_seconds):
-    """The DOM of the page (with a URL fragment setting its state) after headless Chromium ran it."""
+def render(chromium, page, fragment, max_seconds, window=None):
+    """The DOM of the page (with a URL fragment setting its state) after headless Chromium ran it,
+    in a window of `window` ("1280,760") or Chromium's default size."""
     with tempfile.TemporaryDirectory(prefix="kiln-viz-chromium-") as profile:
-        cmd = chromium_args(chromium, profile) + ["--dump-dom", "file://" + page + fragment]
+        size = ["--window-size=" + window] if window else []
+        cmd = chromium_args(chromium, profile) + size + ["--dump-dom", "file://" + page + fragment]
         return run(cmd, timeout=max(120, 3 * max_seconds), echo=False).stdout
 
 
@@ -250,7 +255,7 @@ def check_overview_screenshot(png):
 
 def overview(chromium, page, data, trace, work, max_seconds):
     # The first view: collapsed, labelled group boxes at a readable size.
-    dom = render(chromium, page, "", max_seconds)
+    dom = render(chromium, page, "", max_seconds, WINDOW)
     open(os.path.join(work, "dom.html"), "w", encoding="utf-8").write(dom)
     drawn = check_status(dom, work)
     shown = data["graphs"][[g["file"] for g in data["graphs"]].index(attr(dom, "data-file"))]
@@ -287,7 +292,7 @@ def overview(chromium, page, data, trace, work, max_seconds):
     if not slow or int(slow[0]) != timed[0]["id"] or len(slow) != min(40, len(timed)):
         fail("the slow-groups list %s does not start with the slowest group %d"
              % (slow[:5], timed[0]["id"]))
-    dom = render(chromium, page, "#click=%23ranking%20a", max_seconds)
+    dom = render(chromium, page, "#click=%23ranking%20a", max_seconds, WINDOW)
     drawn = check_status(dom, work)
     first = timed[0]
     box = [float(v) for v in (attr(dom, "data-focus-box") or "-1,-1,0,0").split(",")]
@@ -299,8 +304,12 @@ def overview(chromium, page, data, trace, work, max_seconds):
         fail("the click focused group %s, not %d" % (attr(dom, "data-focus-group"), first["id"]))
     if attr(dom, "data-focus-members") != str(len(first["members"])):
         fail("the focused group is not expanded to its nodes")
-    if not (0 <= box[0] and 0 <= box[1] < height / 2 and box[0] + box[2] <= width and box[2] > 100):
-        fail("the focused group's box %s is not framed in the %dx%d canvas" % (box, width, height))
+    # Framed: the whole box where it fits, else its top left corner near the canvas's.
+    for at, size, room in ((box[0], box[2], width), (box[1], box[3], height)):
+        if not (0 <= at and (at + size <= room if size <= room - 40 else at <= 21)):
+            fail("the focused group's box %s is not framed in the %dx%d canvas" % (box, width, height))
+    if box[2] < 100:
+        fail("the focused group's box %s is too small to read" % box)
     if not re.search(r'<g class="group focus" data-g="%d"' % groups.index(first), drawn):
         fail("the focused group is not marked")
     check_group_times(data, shown, trace_kernels(trace))
