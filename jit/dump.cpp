@@ -316,11 +316,12 @@ bool ends_with(const std::string& s, const char* tail) {
 }  // namespace
 
 std::string callable_name(const std::type_info& type) {
+  // A pointer's mangled type name starts with 'P': a function pointer names no function.
+  if (type.name()[0] == 'P') return "a function";
   int status = 0;
   std::unique_ptr<char, void (*)(void*)> demangled(
       abi::__cxa_demangle(type.name(), nullptr, nullptr, &status), std::free);
   const std::string full = status == 0 && demangled ? demangled.get() : type.name();
-  if (full.find("(*)") != std::string::npos) return "a function";
   // Drop namespaces' noise, parameter lists and braces: "(anonymous namespace)::lstm()::{lambda(
   // std::vector<kiln::Tensor> const&)#1}" becomes "lstm()::lambda#1".
   std::string out;

@@ -431,6 +431,21 @@ TEST(Dump, OffWritesNothing) {
   EXPECT_EQ(g.dump_info().id, -1);  // never numbered: no file was written
 }
 
+struct StepFunctor {
+  std::vector<Tensor> operator()(const std::vector<Tensor>& in) const { return in; }
+};
+std::vector<Tensor> step_function(const std::vector<Tensor>& in) {
+  return in;
+}
+
+TEST(Dump, CallableNamesAreShort) {
+  auto lambda = [](const std::vector<Tensor>& in) { return in; };
+  EXPECT_EQ(jit::callable_name(jit::TracedFn(lambda).target_type()),
+            "kiln::Dump_CallableNamesAreShort_Test::TestBody()::lambda#1");
+  EXPECT_EQ(jit::callable_name(jit::TracedFn(StepFunctor()).target_type()), "kiln::StepFunctor");
+  EXPECT_EQ(jit::callable_name(jit::TracedFn(&step_function).target_type()), "a function");
+}
+
 // Each graph's files say what it is: a lazy flush and its cause, a traced function's part.
 TEST(Dump, GraphsAreNamedByWhatTheyAre) {
   const fs::path dir = fresh_dir("kiln_dump_names");
