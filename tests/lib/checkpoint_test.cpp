@@ -381,6 +381,22 @@ TEST(Safetensors, PythonReadsKilnsFilesAndKilnReadsPythons) {
   for (const std::string& f : {kiln_file, python_file, script}) std::remove(f.c_str());
 }
 
+TEST(Safetensors, CudaModulesSaveAndLoad) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  manual_seed(8);
+  nn::Linear a(3, 2), b(3, 2);
+  a.to(kCUDA);
+  b.to(kCUDA);
+  const std::string path = temp_path("cuda.safetensors");
+  save(path, a);
+  StateDict file = load(path);
+  EXPECT_EQ(file.at("weight").device(), kCPU);
+  load(path, b);
+  EXPECT_EQ(b.weight.device(), kCUDA);
+  EXPECT_TRUE(same_bits(b.weight.to(kCPU), a.weight.to(kCPU)));
+  std::remove(path.c_str());
+}
+
 // ---------------------------------------------------------------- optimizers
 
 TEST(OptimizerStateDict, AdamKeysValuesAndRoundTrip) {
