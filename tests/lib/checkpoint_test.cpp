@@ -326,8 +326,10 @@ std::string interop_python(std::string* why) {
   const std::string python = (venv / "bin" / "python").string();
   const std::string check = python + " -c 'import safetensors.numpy, numpy'";
   if (shell(check).second == 0) return python;
-  auto [out, rc] = shell("python3 -m venv " + venv.string() + " && " + python +
-                         " -m pip install --quiet --disable-pip-version-check safetensors numpy");
+  auto [out, rc] =
+      shell("python3 -m venv " + venv.string() + " && " + python +
+            " -m pip install --quiet --disable-pip-version-check --timeout 30 --retries 1 "
+            "safetensors numpy");
   if (rc != 0 || shell(check).second != 0) {
     *why = out;
     return "";
