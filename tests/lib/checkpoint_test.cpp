@@ -114,6 +114,14 @@ TEST(StateDict, LoadCopiesIntoTheModuleAndReportsKeysWhenNotStrict) {
   EXPECT_TRUE(equal(b.head->bias, zeros({2})));
 }
 
+TEST(StateDict, LoadingItsOwnStateDictChangesNothing) {
+  manual_seed(2);
+  Net net;
+  const StateDict before = snapshot(net.state_dict());
+  net.load_state_dict(net.state_dict());  // every source is the destination itself
+  expect_same_bits(net.state_dict(), before);
+}
+
 TEST(StateDict, FailedLoadLeavesTheModuleBitIdentical) {
   manual_seed(3);
   Net net;
