@@ -58,8 +58,9 @@ void check_non_negative(double value, const char* optimizer, const char* what) {
 std::string state_key(size_t i, const char* name) {
   return "state." + std::to_string(i) + "." + name;
 }
+constexpr const char* kGroupPrefix = "param_groups.0.";
 std::string group_key(const char* name) {
-  return std::string("param_groups.0.") + name;
+  return std::string(kGroupPrefix) + name;
 }
 
 void put_group_common(StateDict& out, size_t num_parameters) {
@@ -97,14 +98,13 @@ void check_optimizer_dict(const StateDict& d, const std::vector<Tensor>& paramet
                ".load_state_dict: param_groups.0.params must be 0..", parameters.size() - 1);
   for (const auto& [key, t] : d) {
     const std::string where = std::string(optimizer) + ".load_state_dict: '" + key + "'";
-    if (key.rfind("param_groups.0.", 0) == 0) {
-      KILN_CHECK(known(group, key.substr(15)) || key.substr(15) == "params", where,
-                 ": unknown hyperparameter");
+    if (key.rfind(kGroupPrefix, 0) == 0) {
+      const std::string name = key.substr(std::string(kGroupPrefix).size());
+      KILN_CHECK(known(group, name) || name == "params", where, ": unknown hyperparameter");
       continue;
     }
-    KILN_CHECK(key.rfind("state.", 0) == 0, where,
-               ": expected state.<i>.<name> or "
-               "param_groups.0.<name>");
+    KILN_CHECK(key.rfind("state.", 0) == 0, where, ": expected state.<i>.<name> or ", kGroupPrefix,
+               "<name>");
     const size_t dot = key.find('.', 6);
     const std::string index = key.substr(6, dot == std::string::npos ? dot : dot - 6);
     KILN_CHECK(dot != std::string::npos && !index.empty() &&
@@ -354,10 +354,6 @@ int64_t Adam::step_count(size_t i) const {
   const State& s = state_.at(i);
   return s.step_tensor.defined() ? s.step_tensor.item<int64_t>() : s.step;
 }
-
-}  // namespace kiln::optim
-
-namespace kiln::optim {
 
 StateDict SGD::state_dict() const {
   StateDict out;
