@@ -1,0 +1,465 @@
+// Convolutions and pools on a CUDA device (see conv_cuda.h): the layouts and GEMMs of conv.cpp's
+// im2col formulation, with the data movement as hand-written CUDA C kernels that NVRTC compiles
+// (through the CUDA code generator's cache: DeviceKernels::source_kernel) and the GEMMs on cuBLAS.
+//
+// Layouts, as on the CPU: cols [G, K, N * L] (row (c, i, j) of channel c and kernel tap (i, j),
+// column (n, oh, ow)), so each pass is one GEMM strided-batched over the groups with the whole
+// batch in its N dimension; the output gradient enters the GEMMs regrouped as [G, O / G, N * L]
+// (the group kernel) and the forward GEMM's result leaves as [N, O, oH, oW] (the ungroup kernel);
+// with one image both layouts are the same bytes and neither kernel runs.
+//
+// Every kernel is a grid-stride loop over its outputs, one thread an element, with no shared memory
+// or block synchronization: col2im and the average pools' backward gather (each input pixel sums
+// the columns or windows that read it, in the CPU kernels' order, so without atomics and bit for
+// bit as the CPU computes them); only max_pool2d's backward scatters with atomic adds, since its
+// op carries the positions but not the windows. The same source compiles as host C++
+// (KILN_HOST_LAUNCH), which is how the tests run the kernels without a GPU.
+#include "lib/ops/conv_cuda.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/error.h"
+#include "lib/cuda_blas.h"
+#include "lib/cuda_driver.h"
+#include "lib/cuda_tensor.h"
+#include "lib/tensor_impl.h"
+
+namespace kiln::detail::cuda_conv {
+
+namespace {
+
+// ------------------------------------------------------------------------------ kernel sources
+
+// The geometry every kernel takes (one by-value parameter): a convolution's or a pooling's sizes,
+// flags (1: count_include_pad, 2: adaptive windows) and the strides of the strided operand
+// (im2col's input, the pools' input, the group kernel's output gradient), in elements.
+constexpr const char* kPrelude = R"(// kiln: lib/ops/conv_cuda.cpp
+struct KilnGeom {
+  long long N, C, H, W, oH, oW, kH, kW, sH, sW, pH, pW, dH, dW, G, flags;
+  long long xs[4];
+};
+#ifdef KILN_HOST_LAUNCH
+#define __global__
+struct kiln_dim3 { unsigned x; };
+static kiln_dim3 blockIdx{0}, blockDim{1}, gridDim{1}, threadIdx{0};
+template <typename V> static V atomicAdd(V* p, V v) { V old = *p; *p = old + v; return old; }
+#endif
+#define KILN_FOR_EACH(e, n) \
+  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < (n); \
+       e += (long long)blockDim.x * gridDim.x)
+)";
+
+struct KernelText {
+  const char* base;                 // the name without its dtype and version
+  std::vector<const char*> params;  // "type name", T being the value type
+  const char* body;
+};
+
+// im2col: cols[r, q] for row r = (c * kH + i) * kW + j and column q = n * L + oh * oW + ow.
+const KernelText kIm2col{"im2col",
+                         {"long long n", "KilnGeom g", "const T* x", "T* cols"},
+                         R"(  const long long L = g.oH * g.oW, NL = g.N * L;
+  KILN_FOR_EACH(e, n) {
+    const long long r = e / NL, q = e % NL, img = q / L, l = q % L;
+    const long long c = r / (g.kH * g.kW), i = r / g.kW % g.kH, j = r % g.kW;
+    const long long ih = l / g.oW * g.sH - g.pH + i * g.dH, iw = l % g.oW * g.sW - g.pW + j * g.dW;
+    cols[e] = ih >= 0 && ih < g.H && iw >= 0 && iw < g.W
+                  ? x[img * g.xs[0] + c * g.xs[1] + ih * g.xs[2] + iw * g.xs[3]]
+                  : (T)0;
+  }
+)"};
+
+// col2im: x[n, c, h, w] = the sum over kernel taps (i, j), in that order, of the column entry
+// that read the pixel.
+const KernelText kCol2im{"col2im",
+                         {"long long n", "KilnGeom g", "const T* cols", "T* x"},
+                         R"(  const long long L = g.oH * g.oW, NL = g.N * L;
+  KILN_FOR_EACH(e, n) {
+    const long long w = e % g.W, h = e / g.W % g.H, c = e / (g.W * g.H) % g.C;
+    const long long img = e / (g.W * g.H * g.C);
+    T s = (T)0;
+    for (long long i = 0; i < g.kH; ++i) {
+      const long long hs = h + g.pH - i * g.dH;
+      if (hs < 0 || hs % g.sH != 0 || hs / g.sH >= g.oH) continue;
+      for (long long j = 0; j < g.kW; ++j) {
+        const long long ws = w + g.pW - j * g.dW;
+        if (ws < 0 || ws % g.sW != 0 || ws / g.sW >= g.oW) continue;
+        s += cols[((c * g.kH + i) * g.kW + j) * NL + img * L + hs / g.sH * g.oW + ws / g.sW];
+      }
+    }
+    x[e] = s;
+  }
+)"};
+
+// group: out [G * O / G, N, L] from gy [N, O, oH, oW] at strides xs (C holds O here).
+const KernelText kGroup{"conv_group",
+                        {"long long n", "KilnGeom g", "const T* gy", "T* out"},
+                        R"(  const long long L = g.oH * g.oW;
+  KILN_FOR_EACH(e, n) {
+    const long long l = e % L, img = e / L % g.N, o = e / (L * g.N);
+    out[e] = gy[img * g.xs[0] + o * g.xs[1] + l / g.oW * g.xs[2] + l % g.oW * g.xs[3]];
+  }
+)"};
+
+// ungroup: y [N, O, L] from the GEMM's [O, N, L] (C holds O here).
+const KernelText kUngroup{"conv_ungroup",
+                          {"long long n", "KilnGeom g", "const T* yg", "T* y"},
+                          R"(  const long long L = g.oH * g.oW;
+  KILN_FOR_EACH(e, n) {
+    const long long l = e % L, o = e / L % g.C, img = e / (L * g.C);
+    y[e] = yg[(o * g.N + img) * L + l];
+  }
+)"};
+
+// The bias: y [N, O, L] += b[o] (b at stride xs[0]; C holds O here).
+const KernelText kBias{"conv_bias",
+                       {"long long n", "KilnGeom g", "const T* b", "T* y"},
+                       R"(  KILN_FOR_EACH(e, n) {
+    y[e] += b[e / (g.oH * g.oW) % g.C * g.xs[0]];
+  }
+)"};
+
+// max_pool2d: the CPU kernel's loop per output element.
+const KernelText kMaxPool{"max_pool2d",
+                          {"long long n", "KilnGeom g", "const T* x", "T* out", "long long* index"},
+                          R"(  KILN_FOR_EACH(e, n) {
+    const long long ow = e % g.oW, oh = e / g.oW % g.oH, plane = e / (g.oW * g.oH);
+    const T* xp = x + plane / g.C * g.xs[0] + plane % g.C * g.xs[1];
+    const long long h0 = oh * g.sH - g.pH, w0 = ow * g.sW - g.pW;
+    T best = -(T)1 / (T)0;
+    long long at = -1;
+    for (long long i = 0; i < g.kH; ++i) {
+      const long long h = h0 + i * g.dH;
+      if (h < 0 || h >= g.H) continue;
+      for (long long j = 0; j < g.kW; ++j) {
+        const long long w = w0 + j * g.dW;
+        if (w < 0 || w >= g.W) continue;
+        const T v = xp[h * g.xs[2] + w * g.xs[3]];
+        if (at < 0 || v > best || v != v) {
+          best = v;
+          at = h * g.W + w;
+        }
+      }
+    }
+    out[e] = best;
+    index[e] = at;
+  }
+)"};
+
+// max_pool2d's backward: gx (zeroed) += gy at each output's recorded position.
+const KernelText kMaxPoolBackward{
+    "max_pool2d_backward",
+    {"long long n", "KilnGeom g", "const T* gy", "const long long* index", "T* gx"},
+    R"(  KILN_FOR_EACH(e, n) {
+    atomicAdd(gx + e / (g.oH * g.oW) * g.H * g.W + index[e], gy[e]);
+  }
+)"};
+
+// The window of output (oh, ow) as pool_norm.cpp's pool_window computes it.
+constexpr const char* kWindow = R"(
+struct KilnWindow {
+  long long h0, h1, w0, w1;
+  double divisor;
+};
+#ifndef KILN_HOST_LAUNCH
+__device__
+#endif
+static KilnWindow kiln_window(const KilnGeom& g, long long oh, long long ow) {
+  KilnWindow w;
+  if (g.flags & 2) {
+    w.h0 = oh * g.H / g.oH;
+    w.h1 = ((oh + 1) * g.H + g.oH - 1) / g.oH;
+    w.w0 = ow * g.W / g.oW;
+    w.w1 = ((ow + 1) * g.W + g.oW - 1) / g.oW;
+    w.divisor = (double)((w.h1 - w.h0) * (w.w1 - w.w0));
+    return w;
+  }
+  const long long h0 = oh * g.sH - g.pH, w0 = ow * g.sW - g.pW;
+  long long h1 = h0 + (g.kH - 1) * g.dH + 1, w1 = w0 + (g.kW - 1) * g.dW + 1;
+  if (h1 > g.H + g.pH) h1 = g.H + g.pH;
+  if (w1 > g.W + g.pW) w1 = g.W + g.pW;
+  const double padded = (double)((h1 - h0) * (w1 - w0));
+  w.h0 = h0 < 0 ? 0 : h0;
+  w.w0 = w0 < 0 ? 0 : w0;
+  w.h1 = h1 < g.H ? h1 : g.H;
+  w.w1 = w1 < g.W ? w1 : g.W;
+  w.divisor = (g.flags & 1) ? padded : (double)((w.h1 - w.h0) * (w.w1 - w.w0));
+  return w;
+}
+)";
+
+// avg_pool2d and adaptive_avg_pool2d: window sums in double over the divisor.
+const KernelText kAvgPool{"avg_pool2d",
+                          {"long long n", "KilnGeom g", "const T* x", "T* out"},
+                          R"(  KILN_FOR_EACH(e, n) {
+    const long long ow = e % g.oW, oh = e / g.oW % g.oH, plane = e / (g.oW * g.oH);
+    const T* xp = x + plane / g.C * g.xs[0] + plane % g.C * g.xs[1];
+    const KilnWindow w = kiln_window(g, oh, ow);
+    double s = 0;
+    for (long long h = w.h0; h < w.h1; ++h)
+      for (long long c = w.w0; c < w.w1; ++c) s += xp[h * g.xs[2] + c * g.xs[3]];
+    out[e] = (T)(s / w.divisor);
+  }
+)"};
+
+// Their backward: gx[n, c, h, w] sums gy / divisor over the windows holding (h, w), in increasing
+// (oh, ow) order as the CPU kernel adds them. Candidate rows: adaptive windows
+// [floor(h * oH / H), ceil((h + 1) * oH / H)), fixed ones from the last window starting at or
+// before h back to the first that still reaches it; each is checked against its window.
+const KernelText kAvgPoolBackward{"avg_pool2d_backward",
+                                  {"long long n", "KilnGeom g", "const T* gy", "T* gx"},
+                                  R"(  KILN_FOR_EACH(e, n) {
+    const long long w = e % g.W, h = e / g.W % g.H, plane = e / (g.W * g.H);
+    const T* gp = gy + plane / g.C * g.xs[0] + plane % g.C * g.xs[1];
+    long long oh0, oh1, ow0, ow1;  // candidate ranges, inclusive
+    if (g.flags & 2) {
+      oh0 = h * g.oH / g.H;
+      oh1 = ((h + 1) * g.oH + g.H - 1) / g.H - 1;
+      ow0 = w * g.oW / g.W;
+      ow1 = ((w + 1) * g.oW + g.W - 1) / g.W - 1;
+    } else {
+      const long long hr = h + g.pH - (g.kH - 1) * g.dH, wr = w + g.pW - (g.kW - 1) * g.dW;
+      oh0 = hr <= 0 ? 0 : (hr + g.sH - 1) / g.sH;
+      ow0 = wr <= 0 ? 0 : (wr + g.sW - 1) / g.sW;
+      oh1 = (h + g.pH) / g.sH;
+      ow1 = (w + g.pW) / g.sW;
+    }
+    if (oh1 > g.oH - 1) oh1 = g.oH - 1;
+    if (ow1 > g.oW - 1) ow1 = g.oW - 1;
+    T s = (T)0;
+    for (long long oh = oh0; oh <= oh1; ++oh)
+      for (long long ow = ow0; ow <= ow1; ++ow) {
+        const KilnWindow win = kiln_window(g, oh, ow);
+        if (h < win.h0 || h >= win.h1 || w < win.w0 || w >= win.w1) continue;
+        s += (T)(gp[oh * g.xs[2] + ow * g.xs[3]] / win.divisor);
+      }
+    gx[e] = s;
+  }
+)"};
+
+const KernelText* const kKernels[] = {&kIm2col,          &kCol2im,  &kGroup,
+                                      &kUngroup,         &kBias,    &kMaxPool,
+                                      &kMaxPoolBackward, &kAvgPool, &kAvgPoolBackward};
+
+std::string kernel_name(const KernelText& k, DType dtype) {
+  // The version suffix changes with the source, so a cached binary never outlives its text.
+  return std::string("kiln_") + k.base + "_" + dtype_name(dtype) + "_v1";
+}
+
+// The parameter's type: all of "type name" but the name.
+std::string param_type(const char* param) {
+  const std::string p(param);
+  return p.substr(0, p.rfind(' '));
+}
+
+std::string kernel_source(const KernelText& k, DType dtype) {
+  const std::string name = kernel_name(k, dtype);
+  std::string s =
+      std::string(kPrelude) + "typedef " + (dtype == kFloat64 ? "double" : "float") + " T;\n";
+  if (&k == &kAvgPool || &k == &kAvgPoolBackward) s += kWindow;
+  s += "extern \"C\" __global__ void " + name + "(";
+  std::string host_args;
+  for (size_t i = 0; i < k.params.size(); ++i) {
+    s += (i ? ", " : "") + std::string(k.params[i]);
+    host_args +=
+        (i ? ", *(" : "*(") + param_type(k.params[i]) + "*)args[" + std::to_string(i) + "]";
+  }
+  s += ") {\n" + std::string(k.body) + "}\n";
+  s += "#ifdef KILN_HOST_LAUNCH\nextern \"C\" void " + name + "_host(void** args) {\n  " + name +
+       "(" + host_args + ");\n}\n#endif\n";
+  return s;
+}
+
+// ------------------------------------------------------------------------------------ launches
+
+// The loaded kernel of `k` for dtype on device, compiled once per process (and cached on disk by
+// the code generator).
+void* kernel_function(const KernelText& k, DType dtype, int device) {
+  static std::mutex mu;
+  static auto* loaded = new std::map<std::pair<std::string, int>, void*>;  // guarded by mu
+  const std::string name = kernel_name(k, dtype);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = loaded->find({name, device});
+    if (it != loaded->end()) return it->second;
+  }
+  auto* compile = device_kernels().source_kernel;
+  KILN_CHECK(compile, "CUDA: ", name,
+             " needs the CUDA code generator (NVRTC), which this build lacks");
+  void* fn = compile(name, kernel_source(k, dtype), device);
+  std::lock_guard<std::mutex> lock(mu);
+  return loaded->emplace(std::make_pair(name, device), fn).first->second;
+}
+
+struct KilnGeom {
+  long long N, C, H, W, oH, oW, kH, kW, sH, sW, pH, pW, dH, dW, G, flags;
+  long long xs[4];
+};
+
+KilnGeom conv_geom(const ConvGeom& g) {
+  return {g.N,  g.C,  g.H,  g.W,  g.oH, g.oW,     g.kH, g.kW,        g.sH,
+          g.sW, g.pH, g.pW, g.dH, g.dW, g.groups, 0,    {0, 0, 0, 0}};
+}
+
+KilnGeom pool_geom(const PoolShape& p) {
+  return {p.N,         p.C,  p.H,  p.W,
+          p.oH,        p.oW, p.kH, p.kW,
+          p.sH,        p.sW, p.pH, p.pW,
+          p.dH,        p.dW, 1,    (p.count_include_pad ? 1 : 0) | (p.adaptive ? 2 : 0),
+          {0, 0, 0, 0}};
+}
+
+// The geometry with the strides of 4-D tensor t.
+KilnGeom with_strides(KilnGeom g, const Tensor& t) {
+  for (int k = 0; k < 4; ++k) g.xs[k] = t.stride(k);
+  return g;
+}
+
+void* ptr(const Tensor& t) {
+  return t.impl()->data();
+}
+
+// Launches k over n elements: 256 threads a block, at most 32 blocks a multiprocessor (the
+// grid-stride loop covers the rest).
+void launch(const KernelText& k, DType dtype, int device, int64_t n, const KilnGeom& g,
+            std::vector<void*> pointers) {
+  if (n == 0) return;
+  constexpr int64_t kThreads = 256;
+  const int64_t sms = cuda::device_info(device).multiprocessors;
+  const auto blocks = static_cast<unsigned>(
+      std::max<int64_t>(1, std::min((n + kThreads - 1) / kThreads, sms * 32)));
+  const long long count = n;
+  std::vector<void*> args{const_cast<long long*>(&count), const_cast<KilnGeom*>(&g)};
+  for (void*& p : pointers) args.push_back(&p);
+  void* fn = kernel_function(k, dtype, device);
+  cuda::launch(device, fn, {blocks, static_cast<unsigned>(kThreads), 0}, args.data(),
+               kernel_name(k, dtype).c_str());
+}
+
+Tensor empty_like_on(const Tensor& like, const Shape& shape) {
+  return make_empty_on(shape, like.dtype(), like.device());
+}
+
+// im2col of x into cols [G, K, N * L].
+Tensor columns(const Tensor& x, const ConvGeom& g) {
+  Tensor cols = empty_like_on(x, {g.groups, g.K(), g.N * g.L()});
+  launch(kIm2col, x.dtype(), x.device().index, cols.numel(), with_strides(conv_geom(g), x),
+         {ptr(x), ptr(cols)});
+  return cols;
+}
+
+// gy [N, O, oH, oW] as the GEMMs read it, [G, O / G, N * L]: gy itself for one contiguous image.
+Tensor grouped(const Tensor& gy, const ConvGeom& g) {
+  if (g.N == 1 && gy.is_contiguous()) return gy;
+  Tensor out = empty_like_on(gy, {g.groups, g.Og(), g.N * g.L()});
+  KilnGeom k = with_strides(conv_geom(g), gy);
+  k.C = g.O;
+  launch(kGroup, gy.dtype(), gy.device().index, out.numel(), k, {ptr(gy), ptr(out)});
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------- the passes
+
+void pass_gemm(ConvPass pass, const ConvGeom& g, DType dtype, int device, const void* a,
+               const void* b, void* c) {
+  const int64_t Og = g.Og(), K = g.K(), NL = g.N * g.L();
+  switch (pass) {
+    case ConvPass::Forward:  // [Og, K] @ [K, NL]
+      cuda::gemm(device, dtype, 'N', 'N', Og, NL, K, 1, a, K, Og * K, b, NL, K * NL, 0, c, NL,
+                 Og * NL, g.groups);
+      break;
+    case ConvPass::GradInput:  // [Og, K]^T @ [Og, NL]
+      cuda::gemm(device, dtype, 'T', 'N', K, NL, Og, 1, a, K, Og * K, b, NL, Og * NL, 0, c, NL,
+                 K * NL, g.groups);
+      break;
+    case ConvPass::GradWeight:  // [Og, NL] @ [K, NL]^T
+      cuda::gemm(device, dtype, 'N', 'T', Og, K, NL, 1, a, NL, Og * NL, b, NL, K * NL, 0, c, K,
+                 Og * K, g.groups);
+      break;
+  }
+}
+
+Tensor forward(const Tensor& x, const Tensor& w, const ConvGeom& g) {
+  const int device = x.device().index;
+  const Tensor cols = columns(x, g);
+  Tensor y = empty_like_on(x, {g.N, g.O, g.oH, g.oW});
+  if (g.N == 1) {  // [G, O / G, L] is y's layout already
+    pass_gemm(ConvPass::Forward, g, x.dtype(), device, ptr(w), ptr(cols), ptr(y));
+    return y;
+  }
+  Tensor yg = empty_like_on(x, {g.groups, g.Og(), g.N * g.L()});
+  pass_gemm(ConvPass::Forward, g, x.dtype(), device, ptr(w), ptr(cols), ptr(yg));
+  KilnGeom k = conv_geom(g);
+  k.C = g.O;
+  launch(kUngroup, x.dtype(), device, y.numel(), k, {ptr(yg), ptr(y)});
+  return y;
+}
+
+void add_bias(const Tensor& y, const Tensor& bias) {
+  KilnGeom k{};
+  k.C = y.size(1);
+  k.oH = y.size(2);
+  k.oW = y.size(3);
+  k.xs[0] = bias.stride(0);
+  launch(kBias, y.dtype(), y.device().index, y.numel(), k, {ptr(bias), ptr(y)});
+}
+
+Tensor grad_input(const Tensor& gy, const Tensor& w, const ConvGeom& g) {
+  const int device = gy.device().index;
+  const Tensor gyg = grouped(gy, g);
+  Tensor cols = empty_like_on(gy, {g.groups, g.K(), g.N * g.L()});
+  pass_gemm(ConvPass::GradInput, g, gy.dtype(), device, ptr(w), ptr(gyg), ptr(cols));
+  Tensor gx = empty_like_on(gy, {g.N, g.C, g.H, g.W});
+  launch(kCol2im, gy.dtype(), device, gx.numel(), conv_geom(g), {ptr(cols), ptr(gx)});
+  return gx;
+}
+
+Tensor grad_weight(const Tensor& gy, const Tensor& x, const ConvGeom& g) {
+  const Tensor gyg = grouped(gy, g), cols = columns(x, g);
+  Tensor gw = empty_like_on(gy, {g.O, g.Cg(), g.kH, g.kW});
+  pass_gemm(ConvPass::GradWeight, g, gy.dtype(), gy.device().index, ptr(gyg), ptr(cols), ptr(gw));
+  return gw;
+}
+
+// ----------------------------------------------------------------------------------- the pools
+
+std::pair<Tensor, Tensor> max_pool(const Tensor& x, const PoolShape& p) {
+  Tensor out = empty_like_on(x, {p.N, p.C, p.oH, p.oW});
+  Tensor index = make_empty_on(out.sizes(), kInt64, x.device());
+  launch(kMaxPool, x.dtype(), x.device().index, out.numel(), with_strides(pool_geom(p), x),
+         {ptr(x), ptr(out), ptr(index)});
+  return {out, index};
+}
+
+Tensor max_pool_backward(const Tensor& gy, const Tensor& indices, const PoolShape& p) {
+  const int device = gy.device().index;
+  const Tensor g = gy.contiguous(), ix = indices.contiguous();
+  Tensor gx = empty_like_on(gy, {p.N, p.C, p.H, p.W});
+  cuda::memset_on_device(device, ptr(gx), 0,
+                         static_cast<size_t>(gx.numel()) * element_size(gx.dtype()));
+  launch(kMaxPoolBackward, gy.dtype(), device, g.numel(), pool_geom(p), {ptr(g), ptr(ix), ptr(gx)});
+  return gx;
+}
+
+Tensor avg_pool(const Tensor& x, const PoolShape& p, bool adjoint) {
+  Tensor out = empty_like_on(x, adjoint ? Shape{p.N, p.C, p.H, p.W} : Shape{p.N, p.C, p.oH, p.oW});
+  launch(adjoint ? kAvgPoolBackward : kAvgPool, x.dtype(), x.device().index, out.numel(),
+         with_strides(pool_geom(p), x), {ptr(x), ptr(out)});
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> kernel_sources() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (DType t : {kFloat32, kFloat64})
+    for (const KernelText* k : kKernels) out.emplace_back(kernel_name(*k, t), kernel_source(*k, t));
+  return out;
+}
+
+}  // namespace kiln::detail::cuda_conv
