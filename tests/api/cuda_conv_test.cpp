@@ -24,6 +24,7 @@
 #include "lib/ops/conv.h"
 #include "lib/ops/conv_cuda.h"
 #include "lib/tensor_impl.h"
+#include "resnet.h"
 #include "tests/testing.h"
 
 #ifdef KILN_HAS_CUDA
@@ -270,6 +271,7 @@ TEST(CudaConv, NothingGoesThroughTheHost) {
   const Tensor gw = conv2d_grad_weight(gy, x, w.sizes(), {2}, {1}, {1}, 2);
   const auto [m, idx] = max_pool2d_with_indices(x, {3}, {2}, {1});
   const Tensor a = avg_pool2d(x, {2}), aa = adaptive_avg_pool2d(x, {3, 2});
+  eval({y, gx, gw, m, idx, a, aa});  // device ops record; this runs them
   cuda::synchronize();
   const detail::cuda::TransferCounts after = detail::cuda::transfer_counts();
   EXPECT_EQ(after.copies_to_host, before.copies_to_host);
@@ -365,6 +367,27 @@ TEST(CudaConv, BadInputRaisesAsOnTheCpu) {
                         {"max_pool2d", "larger than the padded input"});
   testing::expect_error([&] { avg_pool2d(x.to(kInt64), {2}); },
                         {"avg_pool2d", "float32 or float64"});
+}
+
+// tools/examples/resnet --device cuda: parameters, batch norm's running statistics and the batches
+// move to the device, and a few traced training steps there compute the CPU's losses.
+TEST(CudaConv, ResNetExampleTrainsOnTheDevice) {
+  KILN_REQUIRE_DEVICE();
+  examples::ResNetConfig c;
+  c.image_size = 8;
+  c.train_images = 32;
+  c.test_images = 8;
+  c.width = 4;
+  c.batch_size = 8;
+  c.steps = 3;
+  c.log_every = 0;
+  const examples::ResNetResult cpu = examples::train_resnet(c);
+  c.device = "cuda";
+  const examples::ResNetResult dev = examples::train_resnet(c);
+  ASSERT_EQ(dev.step_losses.size(), cpu.step_losses.size());
+  for (size_t i = 0; i < cpu.step_losses.size(); ++i)
+    EXPECT_NEAR(dev.step_losses[i], cpu.step_losses[i], 1e-3) << "step " << i;
+  EXPECT_NEAR(dev.test_loss, cpu.test_loss, 1e-3);
 }
 
 // ------------------------------------------------------------- choices kept on disk (the CPU)
