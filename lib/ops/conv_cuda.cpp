@@ -17,6 +17,10 @@
 #include "lib/ops/conv_cuda.h"
 
 #include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -36,22 +40,40 @@ namespace {
 // ------------------------------------------------------------------------------ kernel sources
 
 // The geometry every kernel takes (one by-value parameter): a convolution's or a pooling's sizes,
-// flags (1: count_include_pad, 2: adaptive windows) and the strides of the strided operand
-// (im2col's input, the pools' input, the group kernel's output gradient), in elements.
+// flags (1: count_include_pad, 2: adaptive windows), the strides of the strided operand (im2col's
+// input, the pools' input, the group kernel's output gradient) in elements, and whether index
+// arithmetic needs 64 bits (wide). Each kernel's body is a template over its index type I: int
+// where every offset and the grid-stride loop's last step fit (64-bit division and modulo cost
+// GPUs many instructions), else long long; the geometry reaches the body as KilnGeomT<I>.
 constexpr const char* kPrelude = R"(// kiln: lib/ops/conv_cuda.cpp
 struct KilnGeom {
   long long N, C, H, W, oH, oW, kH, kW, sH, sW, pH, pW, dH, dW, G, flags;
   long long xs[4];
+  long long wide;
 };
 #ifdef KILN_HOST_LAUNCH
 #define __global__
+#define KILN_DEVICE
 struct kiln_dim3 { unsigned x; };
 static kiln_dim3 blockIdx{0}, blockDim{1}, gridDim{1}, threadIdx{0};
 template <typename V> static V atomicAdd(V* p, V v) { V old = *p; *p = old + v; return old; }
+#else
+#define KILN_DEVICE __device__
 #endif
+template <typename I> struct KilnGeomT {
+  I N, C, H, W, oH, oW, kH, kW, sH, sW, pH, pW, dH, dW, G, flags;
+  I xs[4];
+};
+template <typename I> static KILN_DEVICE KilnGeomT<I> kiln_geom(const KilnGeom& g) {
+  const KilnGeomT<I> r = {(I)g.N,  (I)g.C,  (I)g.H,  (I)g.W,  (I)g.oH, (I)g.oW,
+                          (I)g.kH, (I)g.kW, (I)g.sH, (I)g.sW, (I)g.pH, (I)g.pW,
+                          (I)g.dH, (I)g.dW, (I)g.G,  (I)g.flags,
+                          {(I)g.xs[0], (I)g.xs[1], (I)g.xs[2], (I)g.xs[3]}};
+  return r;
+}
 #define KILN_FOR_EACH(e, n) \
-  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < (n); \
-       e += (long long)blockDim.x * gridDim.x)
+  for (I e = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; e < (n); \
+       e += (I)blockDim.x * (I)gridDim.x)
 )";
 
 struct KernelText {
@@ -63,11 +85,11 @@ struct KernelText {
 // im2col: cols[r, q] for row r = (c * kH + i) * kW + j and column q = n * L + oh * oW + ow.
 const KernelText kIm2col{"im2col",
                          {"long long n", "KilnGeom g", "const T* x", "T* cols"},
-                         R"(  const long long L = g.oH * g.oW, NL = g.N * L;
+                         R"(  const I L = g.oH * g.oW, NL = g.N * L;
   KILN_FOR_EACH(e, n) {
-    const long long r = e / NL, q = e % NL, img = q / L, l = q % L;
-    const long long c = r / (g.kH * g.kW), i = r / g.kW % g.kH, j = r % g.kW;
-    const long long ih = l / g.oW * g.sH - g.pH + i * g.dH, iw = l % g.oW * g.sW - g.pW + j * g.dW;
+    const I r = e / NL, q = e % NL, img = q / L, l = q % L;
+    const I c = r / (g.kH * g.kW), i = r / g.kW % g.kH, j = r % g.kW;
+    const I ih = l / g.oW * g.sH - g.pH + i * g.dH, iw = l % g.oW * g.sW - g.pW + j * g.dW;
     cols[e] = ih >= 0 && ih < g.H && iw >= 0 && iw < g.W
                   ? x[img * g.xs[0] + c * g.xs[1] + ih * g.xs[2] + iw * g.xs[3]]
                   : (T)0;
@@ -78,16 +100,16 @@ const KernelText kIm2col{"im2col",
 // that read the pixel.
 const KernelText kCol2im{"col2im",
                          {"long long n", "KilnGeom g", "const T* cols", "T* x"},
-                         R"(  const long long L = g.oH * g.oW, NL = g.N * L;
+                         R"(  const I L = g.oH * g.oW, NL = g.N * L;
   KILN_FOR_EACH(e, n) {
-    const long long w = e % g.W, h = e / g.W % g.H, c = e / (g.W * g.H) % g.C;
-    const long long img = e / (g.W * g.H * g.C);
+    const I w = e % g.W, h = e / g.W % g.H, c = e / (g.W * g.H) % g.C;
+    const I img = e / (g.W * g.H * g.C);
     T s = (T)0;
-    for (long long i = 0; i < g.kH; ++i) {
-      const long long hs = h + g.pH - i * g.dH;
+    for (I i = 0; i < g.kH; ++i) {
+      const I hs = h + g.pH - i * g.dH;
       if (hs < 0 || hs % g.sH != 0 || hs / g.sH >= g.oH) continue;
-      for (long long j = 0; j < g.kW; ++j) {
-        const long long ws = w + g.pW - j * g.dW;
+      for (I j = 0; j < g.kW; ++j) {
+        const I ws = w + g.pW - j * g.dW;
         if (ws < 0 || ws % g.sW != 0 || ws / g.sW >= g.oW) continue;
         s += cols[((c * g.kH + i) * g.kW + j) * NL + img * L + hs / g.sH * g.oW + ws / g.sW];
       }
@@ -99,9 +121,9 @@ const KernelText kCol2im{"col2im",
 // group: out [G * O / G, N, L] from gy [N, O, oH, oW] at strides xs (C holds O here).
 const KernelText kGroup{"conv_group",
                         {"long long n", "KilnGeom g", "const T* gy", "T* out"},
-                        R"(  const long long L = g.oH * g.oW;
+                        R"(  const I L = g.oH * g.oW;
   KILN_FOR_EACH(e, n) {
-    const long long l = e % L, img = e / L % g.N, o = e / (L * g.N);
+    const I l = e % L, img = e / L % g.N, o = e / (L * g.N);
     out[e] = gy[img * g.xs[0] + o * g.xs[1] + l / g.oW * g.xs[2] + l % g.oW * g.xs[3]];
   }
 )"};
@@ -109,9 +131,9 @@ const KernelText kGroup{"conv_group",
 // ungroup: y [N, O, L] from the GEMM's [O, N, L] (C holds O here).
 const KernelText kUngroup{"conv_ungroup",
                           {"long long n", "KilnGeom g", "const T* yg", "T* y"},
-                          R"(  const long long L = g.oH * g.oW;
+                          R"(  const I L = g.oH * g.oW;
   KILN_FOR_EACH(e, n) {
-    const long long l = e % L, o = e / L % g.C, img = e / (L * g.C);
+    const I l = e % L, o = e / L % g.C, img = e / (L * g.C);
     y[e] = yg[(o * g.N + img) * L + l];
   }
 )"};
@@ -128,16 +150,16 @@ const KernelText kBias{"conv_bias",
 const KernelText kMaxPool{"max_pool2d",
                           {"long long n", "KilnGeom g", "const T* x", "T* out", "long long* index"},
                           R"(  KILN_FOR_EACH(e, n) {
-    const long long ow = e % g.oW, oh = e / g.oW % g.oH, plane = e / (g.oW * g.oH);
+    const I ow = e % g.oW, oh = e / g.oW % g.oH, plane = e / (g.oW * g.oH);
     const T* xp = x + plane / g.C * g.xs[0] + plane % g.C * g.xs[1];
-    const long long h0 = oh * g.sH - g.pH, w0 = ow * g.sW - g.pW;
+    const I h0 = oh * g.sH - g.pH, w0 = ow * g.sW - g.pW;
     T best = -(T)1 / (T)0;
-    long long at = -1;
-    for (long long i = 0; i < g.kH; ++i) {
-      const long long h = h0 + i * g.dH;
+    I at = -1;
+    for (I i = 0; i < g.kH; ++i) {
+      const I h = h0 + i * g.dH;
       if (h < 0 || h >= g.H) continue;
-      for (long long j = 0; j < g.kW; ++j) {
-        const long long w = w0 + j * g.dW;
+      for (I j = 0; j < g.kW; ++j) {
+        const I w = w0 + j * g.dW;
         if (w < 0 || w >= g.W) continue;
         const T v = xp[h * g.xs[2] + w * g.xs[3]];
         if (at < 0 || v > best || v != v) {
@@ -162,15 +184,13 @@ const KernelText kMaxPoolBackward{
 
 // The window of output (oh, ow) as pool_norm.cpp's pool_window computes it.
 constexpr const char* kWindow = R"(
-struct KilnWindow {
-  long long h0, h1, w0, w1;
+template <typename I> struct KilnWindow {
+  I h0, h1, w0, w1;
   double divisor;
 };
-#ifndef KILN_HOST_LAUNCH
-__device__
-#endif
-static KilnWindow kiln_window(const KilnGeom& g, long long oh, long long ow) {
-  KilnWindow w;
+template <typename I>
+static KILN_DEVICE KilnWindow<I> kiln_window(const KilnGeomT<I>& g, I oh, I ow) {
+  KilnWindow<I> w;
   if (g.flags & 2) {
     w.h0 = oh * g.H / g.oH;
     w.h1 = ((oh + 1) * g.H + g.oH - 1) / g.oH;
@@ -179,8 +199,8 @@ static KilnWindow kiln_window(const KilnGeom& g, long long oh, long long ow) {
     w.divisor = (double)((w.h1 - w.h0) * (w.w1 - w.w0));
     return w;
   }
-  const long long h0 = oh * g.sH - g.pH, w0 = ow * g.sW - g.pW;
-  long long h1 = h0 + (g.kH - 1) * g.dH + 1, w1 = w0 + (g.kW - 1) * g.dW + 1;
+  const I h0 = oh * g.sH - g.pH, w0 = ow * g.sW - g.pW;
+  I h1 = h0 + (g.kH - 1) * g.dH + 1, w1 = w0 + (g.kW - 1) * g.dW + 1;
   if (h1 > g.H + g.pH) h1 = g.H + g.pH;
   if (w1 > g.W + g.pW) w1 = g.W + g.pW;
   const double padded = (double)((h1 - h0) * (w1 - w0));
@@ -197,12 +217,12 @@ static KilnWindow kiln_window(const KilnGeom& g, long long oh, long long ow) {
 const KernelText kAvgPool{"avg_pool2d",
                           {"long long n", "KilnGeom g", "const T* x", "T* out"},
                           R"(  KILN_FOR_EACH(e, n) {
-    const long long ow = e % g.oW, oh = e / g.oW % g.oH, plane = e / (g.oW * g.oH);
+    const I ow = e % g.oW, oh = e / g.oW % g.oH, plane = e / (g.oW * g.oH);
     const T* xp = x + plane / g.C * g.xs[0] + plane % g.C * g.xs[1];
-    const KilnWindow w = kiln_window(g, oh, ow);
+    const KilnWindow<I> w = kiln_window(g, oh, ow);
     double s = 0;
-    for (long long h = w.h0; h < w.h1; ++h)
-      for (long long c = w.w0; c < w.w1; ++c) s += xp[h * g.xs[2] + c * g.xs[3]];
+    for (I h = w.h0; h < w.h1; ++h)
+      for (I c = w.w0; c < w.w1; ++c) s += xp[h * g.xs[2] + c * g.xs[3]];
     out[e] = (T)(s / w.divisor);
   }
 )"};
@@ -214,16 +234,16 @@ const KernelText kAvgPool{"avg_pool2d",
 const KernelText kAvgPoolBackward{"avg_pool2d_backward",
                                   {"long long n", "KilnGeom g", "const T* gy", "T* gx"},
                                   R"(  KILN_FOR_EACH(e, n) {
-    const long long w = e % g.W, h = e / g.W % g.H, plane = e / (g.W * g.H);
+    const I w = e % g.W, h = e / g.W % g.H, plane = e / (g.W * g.H);
     const T* gp = gy + plane / g.C * g.xs[0] + plane % g.C * g.xs[1];
-    long long oh0, oh1, ow0, ow1;  // candidate ranges, inclusive
+    I oh0, oh1, ow0, ow1;  // candidate ranges, inclusive
     if (g.flags & 2) {
       oh0 = h * g.oH / g.H;
       oh1 = ((h + 1) * g.oH + g.H - 1) / g.H - 1;
       ow0 = w * g.oW / g.W;
       ow1 = ((w + 1) * g.oW + g.W - 1) / g.W - 1;
     } else {
-      const long long hr = h + g.pH - (g.kH - 1) * g.dH, wr = w + g.pW - (g.kW - 1) * g.dW;
+      const I hr = h + g.pH - (g.kH - 1) * g.dH, wr = w + g.pW - (g.kW - 1) * g.dW;
       oh0 = hr <= 0 ? 0 : (hr + g.sH - 1) / g.sH;
       ow0 = wr <= 0 ? 0 : (wr + g.sW - 1) / g.sW;
       oh1 = (h + g.pH) / g.sH;
@@ -232,9 +252,9 @@ const KernelText kAvgPoolBackward{"avg_pool2d_backward",
     if (oh1 > g.oH - 1) oh1 = g.oH - 1;
     if (ow1 > g.oW - 1) ow1 = g.oW - 1;
     T s = (T)0;
-    for (long long oh = oh0; oh <= oh1; ++oh)
-      for (long long ow = ow0; ow <= ow1; ++ow) {
-        const KilnWindow win = kiln_window(g, oh, ow);
+    for (I oh = oh0; oh <= oh1; ++oh)
+      for (I ow = ow0; ow <= ow1; ++ow) {
+        const KilnWindow<I> win = kiln_window(g, oh, ow);
         if (h < win.h0 || h >= win.h1 || w < win.w0 || w >= win.w1) continue;
         s += (T)(gp[oh * g.xs[2] + ow * g.xs[3]] / win.divisor);
       }
@@ -248,13 +268,17 @@ const KernelText* const kKernels[] = {&kIm2col,          &kCol2im,  &kGroup,
 
 std::string kernel_name(const KernelText& k, DType dtype) {
   // The version suffix changes with the source, so a cached binary never outlives its text.
-  return std::string("kiln_") + k.base + "_" + dtype_name(dtype) + "_v1";
+  return std::string("kiln_") + k.base + "_" + dtype_name(dtype) + "_v2";
 }
 
-// The parameter's type: all of "type name" but the name.
+// The parameter's type (all of "type name" but the name) and name.
 std::string param_type(const char* param) {
   const std::string p(param);
   return p.substr(0, p.rfind(' '));
+}
+std::string param_name(const char* param) {
+  const std::string p(param);
+  return p.substr(p.rfind(' ') + 1);
 }
 
 std::string kernel_source(const KernelText& k, DType dtype) {
@@ -262,14 +286,20 @@ std::string kernel_source(const KernelText& k, DType dtype) {
   std::string s =
       std::string(kPrelude) + "typedef " + (dtype == kFloat64 ? "double" : "float") + " T;\n";
   if (&k == &kAvgPool || &k == &kAvgPoolBackward) s += kWindow;
-  s += "extern \"C\" __global__ void " + name + "(";
-  std::string host_args;
+  // The body over index type I, then the kernel (parameters n, g, then the pointers) picking I.
+  std::string params, pointers, host_args;
   for (size_t i = 0; i < k.params.size(); ++i) {
-    s += (i ? ", " : "") + std::string(k.params[i]);
+    params += (i ? ", " : "") + std::string(k.params[i]);
+    if (i >= 2) pointers += ", " + param_name(k.params[i]);
     host_args +=
         (i ? ", *(" : "*(") + param_type(k.params[i]) + "*)args[" + std::to_string(i) + "]";
   }
+  s += "template <typename I>\nstatic KILN_DEVICE void kiln_body(I n, const KilnGeomT<I>& g";
+  for (size_t i = 2; i < k.params.size(); ++i) s += ", " + std::string(k.params[i]);
   s += ") {\n" + std::string(k.body) + "}\n";
+  s += "extern \"C\" __global__ void " + name + "(" + params + ") {\n";
+  s += "  if (g.wide)\n    kiln_body<long long>(n, kiln_geom<long long>(g)" + pointers + ");\n";
+  s += "  else\n    kiln_body<int>((int)n, kiln_geom<int>(g)" + pointers + ");\n}\n";
   s += "#ifdef KILN_HOST_LAUNCH\nextern \"C\" void " + name + "_host(void** args) {\n  " + name +
        "(" + host_args + ");\n}\n#endif\n";
   return s;
@@ -299,19 +329,22 @@ void* kernel_function(const KernelText& k, DType dtype, int device) {
 struct KilnGeom {
   long long N, C, H, W, oH, oW, kH, kW, sH, sW, pH, pW, dH, dW, G, flags;
   long long xs[4];
+  long long wide;  // set by launch
 };
 
+std::atomic<bool> g_force_wide{false};  // set_wide_indices
+
 KilnGeom conv_geom(const ConvGeom& g) {
-  return {g.N,  g.C,  g.H,  g.W,  g.oH, g.oW,     g.kH, g.kW,        g.sH,
-          g.sW, g.pH, g.pW, g.dH, g.dW, g.groups, 0,    {0, 0, 0, 0}};
+  return {g.N,  g.C,  g.H,  g.W,  g.oH, g.oW,     g.kH, g.kW,         g.sH,
+          g.sW, g.pH, g.pW, g.dH, g.dW, g.groups, 0,    {0, 0, 0, 0}, 0};
 }
 
 KilnGeom pool_geom(const PoolShape& p) {
-  return {p.N,         p.C,  p.H,  p.W,
-          p.oH,        p.oW, p.kH, p.kW,
-          p.sH,        p.sW, p.pH, p.pW,
-          p.dH,        p.dW, 1,    (p.count_include_pad ? 1 : 0) | (p.adaptive ? 2 : 0),
-          {0, 0, 0, 0}};
+  return {p.N,          p.C,  p.H,  p.W,
+          p.oH,         p.oW, p.kH, p.kW,
+          p.sH,         p.sW, p.pH, p.pW,
+          p.dH,         p.dW, 1,    (p.count_include_pad ? 1 : 0) | (p.adaptive ? 2 : 0),
+          {0, 0, 0, 0}, 0};
 }
 
 // The geometry with the strides of 4-D tensor t.
@@ -324,21 +357,33 @@ void* ptr(const Tensor& t) {
   return t.impl()->data();
 }
 
-// Launches k over n elements: 256 threads a block, at most 32 blocks a multiprocessor (the
-// grid-stride loop covers the rest).
-void launch(const KernelText& k, DType dtype, int device, int64_t n, const KilnGeom& g,
-            std::vector<void*> pointers) {
+// The elements from t's first to one past its last (its offsets span).
+int64_t span(const Tensor& t) {
+  int64_t s = 1;
+  for (int64_t d = 0; d < t.dim(); ++d) s += (t.size(d) - 1) * std::abs(t.stride(d));
+  return t.numel() == 0 ? 0 : s;
+}
+
+// Launches k over n elements of its output with its operands (pointer parameters, in order):
+// 256 threads a block, at most 32 blocks a multiprocessor (the grid-stride loop covers the rest);
+// 32-bit indices unless an operand's offsets or the loop's last step could pass 2^31 - 1.
+void launch(const KernelText& k, int64_t n, KilnGeom g, const std::vector<Tensor>& operands) {
   if (n == 0) return;
+  const int device = operands.at(0).device().index;
   constexpr int64_t kThreads = 256;
   const int64_t sms = cuda::device_info(device).multiprocessors;
-  const auto blocks = static_cast<unsigned>(
-      std::max<int64_t>(1, std::min((n + kThreads - 1) / kThreads, sms * 32)));
+  const int64_t blocks = std::max<int64_t>(1, std::min((n + kThreads - 1) / kThreads, sms * 32));
+  int64_t extent = n;
+  for (const Tensor& t : operands) extent = std::max(extent, span(t));
+  g.wide = g_force_wide.load() || extent + blocks * kThreads > int64_t{INT32_MAX};
   const long long count = n;
-  std::vector<void*> args{const_cast<long long*>(&count), const_cast<KilnGeom*>(&g)};
+  std::vector<void*> pointers, args{const_cast<long long*>(&count), &g};
+  for (const Tensor& t : operands) pointers.push_back(ptr(t));
   for (void*& p : pointers) args.push_back(&p);
+  const DType dtype = operands.at(0).dtype();
   void* fn = kernel_function(k, dtype, device);
-  cuda::launch(device, fn, {blocks, static_cast<unsigned>(kThreads), 0}, args.data(),
-               kernel_name(k, dtype).c_str());
+  cuda::launch(device, fn, {static_cast<unsigned>(blocks), static_cast<unsigned>(kThreads), 0},
+               args.data(), kernel_name(k, dtype).c_str());
 }
 
 Tensor empty_like_on(const Tensor& like, const Shape& shape) {
@@ -348,8 +393,7 @@ Tensor empty_like_on(const Tensor& like, const Shape& shape) {
 // im2col of x into cols [G, K, N * L].
 Tensor columns(const Tensor& x, const ConvGeom& g) {
   Tensor cols = empty_like_on(x, {g.groups, g.K(), g.N * g.L()});
-  launch(kIm2col, x.dtype(), x.device().index, cols.numel(), with_strides(conv_geom(g), x),
-         {ptr(x), ptr(cols)});
+  launch(kIm2col, cols.numel(), with_strides(conv_geom(g), x), {x, cols});
   return cols;
 }
 
@@ -359,7 +403,7 @@ Tensor grouped(const Tensor& gy, const ConvGeom& g) {
   Tensor out = empty_like_on(gy, {g.groups, g.Og(), g.N * g.L()});
   KilnGeom k = with_strides(conv_geom(g), gy);
   k.C = g.O;
-  launch(kGroup, gy.dtype(), gy.device().index, out.numel(), k, {ptr(gy), ptr(out)});
+  launch(kGroup, out.numel(), k, {gy, out});
   return out;
 }
 
@@ -398,7 +442,7 @@ Tensor forward(const Tensor& x, const Tensor& w, const ConvGeom& g) {
   pass_gemm(ConvPass::Forward, g, x.dtype(), device, ptr(w), ptr(cols), ptr(yg));
   KilnGeom k = conv_geom(g);
   k.C = g.O;
-  launch(kUngroup, x.dtype(), device, y.numel(), k, {ptr(yg), ptr(y)});
+  launch(kUngroup, y.numel(), k, {yg, y});
   return y;
 }
 
@@ -408,7 +452,7 @@ void add_bias(const Tensor& y, const Tensor& bias) {
   k.oH = y.size(2);
   k.oW = y.size(3);
   k.xs[0] = bias.stride(0);
-  launch(kBias, y.dtype(), y.device().index, y.numel(), k, {ptr(bias), ptr(y)});
+  launch(kBias, y.numel(), k, {bias, y});
 }
 
 Tensor grad_input(const Tensor& gy, const Tensor& w, const ConvGeom& g) {
@@ -417,7 +461,7 @@ Tensor grad_input(const Tensor& gy, const Tensor& w, const ConvGeom& g) {
   Tensor cols = empty_like_on(gy, {g.groups, g.K(), g.N * g.L()});
   pass_gemm(ConvPass::GradInput, g, gy.dtype(), device, ptr(w), ptr(gyg), ptr(cols));
   Tensor gx = empty_like_on(gy, {g.N, g.C, g.H, g.W});
-  launch(kCol2im, gy.dtype(), device, gx.numel(), conv_geom(g), {ptr(cols), ptr(gx)});
+  launch(kCol2im, gx.numel(), conv_geom(g), {cols, gx});
   return gx;
 }
 
@@ -433,8 +477,7 @@ Tensor grad_weight(const Tensor& gy, const Tensor& x, const ConvGeom& g) {
 std::pair<Tensor, Tensor> max_pool(const Tensor& x, const PoolShape& p) {
   Tensor out = empty_like_on(x, {p.N, p.C, p.oH, p.oW});
   Tensor index = make_empty_on(out.sizes(), kInt64, x.device());
-  launch(kMaxPool, x.dtype(), x.device().index, out.numel(), with_strides(pool_geom(p), x),
-         {ptr(x), ptr(out), ptr(index)});
+  launch(kMaxPool, out.numel(), with_strides(pool_geom(p), x), {x, out, index});
   return {out, index};
 }
 
@@ -444,15 +487,19 @@ Tensor max_pool_backward(const Tensor& gy, const Tensor& indices, const PoolShap
   Tensor gx = empty_like_on(gy, {p.N, p.C, p.H, p.W});
   cuda::memset_on_device(device, ptr(gx), 0,
                          static_cast<size_t>(gx.numel()) * element_size(gx.dtype()));
-  launch(kMaxPoolBackward, gy.dtype(), device, g.numel(), pool_geom(p), {ptr(g), ptr(ix), ptr(gx)});
+  launch(kMaxPoolBackward, g.numel(), pool_geom(p), {g, ix, gx});
   return gx;
 }
 
 Tensor avg_pool(const Tensor& x, const PoolShape& p, bool adjoint) {
   Tensor out = empty_like_on(x, adjoint ? Shape{p.N, p.C, p.H, p.W} : Shape{p.N, p.C, p.oH, p.oW});
-  launch(adjoint ? kAvgPoolBackward : kAvgPool, x.dtype(), x.device().index, out.numel(),
-         with_strides(pool_geom(p), x), {ptr(x), ptr(out)});
+  launch(adjoint ? kAvgPoolBackward : kAvgPool, out.numel(), with_strides(pool_geom(p), x),
+         {x, out});
   return out;
+}
+
+void set_wide_indices(bool on) {
+  g_force_wide.store(on);
 }
 
 std::vector<std::pair<std::string, std::string>> kernel_sources() {

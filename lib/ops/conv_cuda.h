@@ -46,6 +46,9 @@ Tensor max_pool_backward(const Tensor& gy, const Tensor& indices, const PoolShap
 // windows that hold it, in the CPU kernel's order).
 Tensor avg_pool(const Tensor& x, const PoolShape& p, bool adjoint);
 
+// For tests: 64-bit index arithmetic in every kernel, also where 32 bits suffice.
+void set_wide_indices(bool on);
+
 // Every kernel's (name, CUDA C source) in both dtypes. Each source also compiles as host C++ with
 // KILN_HOST_LAUNCH defined: the kernel then runs as one thread of one block (its grid-stride loop
 // covers every element), and `extern "C" void <name>_host(void** args)` calls it with

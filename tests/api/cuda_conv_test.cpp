@@ -86,6 +86,12 @@ std::string prepare_device() {
 
 const Device kDev = kCUDA;
 
+// Forces a convolution algorithm for a scope (the chooser measures again after it).
+struct ForcedAlgo {
+  explicit ForcedAlgo(ConvAlgo a) { detail::set_conv_algo(a); }
+  ~ForcedAlgo() { detail::set_conv_algo(ConvAlgo::Auto); }
+};
+
 double tol(DType t) {
   return t == kFloat64 ? 1e-10 : 2e-4;
 }
@@ -164,7 +170,7 @@ TEST(CudaConv, NeedsTheCudaToolkit) {
 TEST(CudaConv, PassesMatchTheCpuOnRandomGeometries) {
   KILN_REQUIRE_DEVICE();
   LazyGuard eager(false);
-  detail::set_conv_algo(ConvAlgo::Im2col);
+  ForcedAlgo im2col(ConvAlgo::Im2col);
   for (int i = 0; i < 16; ++i) {
     const Geometry g = random_geometry(i);
     for (DType dt : {kFloat32, kFloat64}) {
@@ -195,7 +201,6 @@ TEST(CudaConv, PassesMatchTheCpuOnRandomGeometries) {
                      "conv2d_grad_weight " + what);
     }
   }
-  detail::set_conv_algo(ConvAlgo::Auto);
 }
 
 // The forward pass by the weight-gradient formulation, and the chooser measuring both on the
@@ -205,10 +210,11 @@ TEST(CudaConv, WeightGradFormulationAndChooser) {
   LazyGuard eager(false);
   const Tensor x = testing::random_tensor({3, 2, 5, 5}), w = testing::random_tensor({4, 2, 5, 5});
   const Tensor y = conv2d(x, w, {}, {1}, {1});
-  detail::set_conv_algo(ConvAlgo::WeightGrad);
-  expect_matches(conv2d(x.to(kDev), w.to(kDev), {}, {1}, {1}), y, "weight-grad");
-  EXPECT_EQ(detail::last_conv_algo(), ConvAlgo::WeightGrad);
-  detail::set_conv_algo(ConvAlgo::Auto);
+  {
+    ForcedAlgo weight_grad(ConvAlgo::WeightGrad);
+    expect_matches(conv2d(x.to(kDev), w.to(kDev), {}, {1}, {1}), y, "weight-grad");
+    EXPECT_EQ(detail::last_conv_algo(), ConvAlgo::WeightGrad);
+  }
   detail::clear_conv_choices();
   detail::set_conv_choices_on_disk(false);
   expect_matches(conv2d(x.to(kDev), w.to(kDev), {}, {1}, {1}), y, "chosen");
@@ -220,7 +226,7 @@ TEST(CudaConv, WeightGradFormulationAndChooser) {
 // "same" padding, unbatched inputs, gradients through autograd, and lazy mode.
 TEST(CudaConv, Conv1dTransposedAutogradAndLazy) {
   KILN_REQUIRE_DEVICE();
-  detail::set_conv_algo(ConvAlgo::Im2col);
+  ForcedAlgo im2col(ConvAlgo::Im2col);
   for (DType dt : {kFloat32, kFloat64}) {
     LazyGuard eager(false);
     const Tensor x1 = testing::random_tensor({2, 4, 9}, dt),
@@ -254,14 +260,13 @@ TEST(CudaConv, Conv1dTransposedAutogradAndLazy) {
     expect_matches(conv2d(x.to(kDev), w.to(kDev), {}, {2}, {1}), conv2d(x, w, {}, {2}, {1}),
                    "lazy");
   }
-  detail::set_conv_algo(ConvAlgo::Auto);
 }
 
 // On the device, a convolution pass and a pool move nothing through the host.
 TEST(CudaConv, NothingGoesThroughTheHost) {
   KILN_REQUIRE_DEVICE();
   LazyGuard eager(false);
-  detail::set_conv_algo(ConvAlgo::Im2col);
+  ForcedAlgo im2col(ConvAlgo::Im2col);
   const Tensor x = testing::random_tensor({2, 4, 7, 7}).to(kDev);
   const Tensor w = testing::random_tensor({6, 2, 3, 3}).to(kDev);
   const Tensor gy = testing::random_tensor({2, 6, 4, 4}).to(kDev);
@@ -276,7 +281,6 @@ TEST(CudaConv, NothingGoesThroughTheHost) {
   const detail::cuda::TransferCounts after = detail::cuda::transfer_counts();
   EXPECT_EQ(after.copies_to_host, before.copies_to_host);
   EXPECT_EQ(after.copies_to_device, before.copies_to_device);
-  detail::set_conv_algo(ConvAlgo::Auto);
 }
 
 // max_pool2d (values and indices exactly, NaNs included), avg_pool2d and adaptive_avg_pool2d and
@@ -332,6 +336,55 @@ TEST(CudaConv, PoolsAndTheirGradientsMatchTheCpu) {
         expect_matches(xg.grad(), xc.grad(), std::string(c.name) + " gradient " + what);
       }
     }
+  }
+}
+
+// Each kernel's 64-bit index variant (which runs where an offset could pass 2^31 - 1) computes
+// what its 32-bit one does, bit for bit.
+TEST(CudaConv, WideIndexVariantsComputeTheSame) {
+  KILN_REQUIRE_DEVICE();
+  LazyGuard eager(false);
+  ForcedAlgo im2col(ConvAlgo::Im2col);
+  auto run_all = [](const Geometry& g, const Tensor& x, const Tensor& w, const Tensor& b,
+                    const Tensor& gy) {
+    const Shape xs{g.N, g.C, g.H, g.W};
+    std::vector<Tensor> out{
+        conv2d(x, w, b, g.stride, g.padding, g.dilation, g.groups),
+        conv2d_grad_input(gy, w, xs, g.stride, g.padding, g.dilation, g.groups),
+        conv2d_grad_weight(gy, x, w.sizes(), g.stride, g.padding, g.dilation, g.groups),
+        avg_pool2d(x, {2}, {1}, {1}, true, false), adaptive_avg_pool2d(x, {3, 2})};
+    const auto [m, i] = max_pool2d_with_indices(x, {2, 3}, {1, 2}, {1});
+    out.push_back(m);
+    out.push_back(i);
+    Tensor xg = x.detach().requires_grad_();
+    (max_pool2d(xg, {2}).sum() + avg_pool2d(xg, {3}, {2}, {1}).sum()).backward();
+    out.push_back(xg.grad());
+    eval(out);  // device ops record: run them while the setting holds
+    return out;
+  };
+  for (int i = 0; i < 4; ++i) {
+    const Geometry g = random_geometry(i);
+    SCOPED_TRACE(g.str());
+    const Tensor x = testing::random_tensor(
+                         {g.N, g.C, std::max<int64_t>(g.H, 4), std::max<int64_t>(g.W, 4)}, kFloat64)
+                         .transpose(2, 3)
+                         .contiguous()
+                         .to(kDev)
+                         .transpose(2, 3);
+    Geometry gx = g;
+    gx.H = x.size(2);
+    gx.W = x.size(3);
+    const Tensor w = testing::random_tensor({g.O, g.C / g.groups, g.kH, g.kW}, kFloat64).to(kDev);
+    const Tensor b = testing::random_tensor({g.O}, kFloat64).to(kDev);
+    const Tensor y = conv2d(x, w, b, g.stride, g.padding, g.dilation, g.groups);
+    const Tensor gy = testing::random_tensor(y.sizes(), kFloat64).to(kDev);
+    const std::vector<Tensor> narrow = run_all(gx, x, w, b, gy);
+    detail::cuda_conv::set_wide_indices(true);
+    const std::vector<Tensor> wide = run_all(gx, x, w, b, gy);
+    detail::cuda_conv::set_wide_indices(false);
+    for (size_t k = 0; k < narrow.size(); ++k)
+      EXPECT_EQ(testing::bytes(wide[k].to(kCPU)), testing::bytes(narrow[k].to(kCPU)))
+          << "result " << k;
   }
 }
 
