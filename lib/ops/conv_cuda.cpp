@@ -412,37 +412,70 @@ Tensor grouped(const Tensor& gy, const ConvGeom& g) {
 // ---------------------------------------------------------------------------------- the passes
 
 void pass_gemm(ConvPass pass, const ConvGeom& g, DType dtype, int device, const void* a,
-               const void* b, void* c) {
+               const void* b, void* c, double beta) {
   const int64_t Og = g.Og(), K = g.K(), NL = g.N * g.L();
   switch (pass) {
     case ConvPass::Forward:  // [Og, K] @ [K, NL]
-      cuda::gemm(device, dtype, 'N', 'N', Og, NL, K, 1, a, K, Og * K, b, NL, K * NL, 0, c, NL,
+      cuda::gemm(device, dtype, 'N', 'N', Og, NL, K, 1, a, K, Og * K, b, NL, K * NL, beta, c, NL,
                  Og * NL, g.groups);
       break;
     case ConvPass::GradInput:  // [Og, K]^T @ [Og, NL]
-      cuda::gemm(device, dtype, 'T', 'N', K, NL, Og, 1, a, K, Og * K, b, NL, Og * NL, 0, c, NL,
+      cuda::gemm(device, dtype, 'T', 'N', K, NL, Og, 1, a, K, Og * K, b, NL, Og * NL, beta, c, NL,
                  K * NL, g.groups);
       break;
     case ConvPass::GradWeight:  // [Og, NL] @ [K, NL]^T
-      cuda::gemm(device, dtype, 'N', 'T', Og, K, NL, 1, a, NL, Og * NL, b, NL, K * NL, 0, c, K,
+      cuda::gemm(device, dtype, 'N', 'T', Og, K, NL, 1, a, NL, Og * NL, b, NL, K * NL, beta, c, K,
                  Og * K, g.groups);
       break;
   }
 }
 
-Tensor forward(const Tensor& x, const Tensor& w, const ConvGeom& g) {
+namespace {
+std::atomic<int64_t> g_max_cols_bytes{int64_t{256} << 20};  // set_max_cols_bytes
+
+// Runs f(first image, geometry of the chunk) over the batch in chunks whose column matrix stays
+// within the limit (at least one image each), so a large batch never needs all its columns at
+// once.
+template <typename F>
+void for_chunks(const ConvGeom& g, DType dtype, const F& f) {
+  const int64_t per_image =
+      std::max<int64_t>(1, g.groups * g.K() * g.L() * static_cast<int64_t>(element_size(dtype)));
+  const int64_t step = std::clamp<int64_t>(g_max_cols_bytes.load() / per_image, 1, g.N);
+  for (int64_t n0 = 0; n0 < g.N; n0 += step) {
+    ConvGeom c = g;
+    c.N = std::min(step, g.N - n0);
+    f(n0, c);
+  }
+}
+
+// The forward pass of a chunk into y (its images of the output, contiguous).
+void forward_into(const Tensor& x, const Tensor& w, const ConvGeom& g, const Tensor& y) {
   const int device = x.device().index;
   const Tensor cols = columns(x, g);
-  Tensor y = empty_like_on(x, {g.N, g.O, g.oH, g.oW});
   if (g.N == 1) {  // [G, O / G, L] is y's layout already
     pass_gemm(ConvPass::Forward, g, x.dtype(), device, ptr(w), ptr(cols), ptr(y));
-    return y;
+    return;
   }
   Tensor yg = empty_like_on(x, {g.groups, g.Og(), g.N * g.L()});
   pass_gemm(ConvPass::Forward, g, x.dtype(), device, ptr(w), ptr(cols), ptr(yg));
   KilnGeom k = conv_geom(g);
   k.C = g.O;
   launch(kUngroup, y.numel(), k, {yg, y});
+}
+
+void grad_input_into(const Tensor& gy, const Tensor& w, const ConvGeom& g, const Tensor& gx) {
+  const Tensor gyg = grouped(gy, g);
+  Tensor cols = empty_like_on(gy, {g.groups, g.K(), g.N * g.L()});
+  pass_gemm(ConvPass::GradInput, g, gy.dtype(), gy.device().index, ptr(w), ptr(gyg), ptr(cols));
+  launch(kCol2im, gx.numel(), conv_geom(g), {cols, gx});
+}
+}  // namespace
+
+Tensor forward(const Tensor& x, const Tensor& w, const ConvGeom& g) {
+  Tensor y = empty_like_on(x, {g.N, g.O, g.oH, g.oW});
+  for_chunks(g, x.dtype(), [&](int64_t n0, const ConvGeom& c) {
+    forward_into(x.narrow(0, n0, c.N), w, c, y.narrow(0, n0, c.N));
+  });
   return y;
 }
 
@@ -456,19 +489,21 @@ void add_bias(const Tensor& y, const Tensor& bias) {
 }
 
 Tensor grad_input(const Tensor& gy, const Tensor& w, const ConvGeom& g) {
-  const int device = gy.device().index;
-  const Tensor gyg = grouped(gy, g);
-  Tensor cols = empty_like_on(gy, {g.groups, g.K(), g.N * g.L()});
-  pass_gemm(ConvPass::GradInput, g, gy.dtype(), device, ptr(w), ptr(gyg), ptr(cols));
   Tensor gx = empty_like_on(gy, {g.N, g.C, g.H, g.W});
-  launch(kCol2im, gx.numel(), conv_geom(g), {cols, gx});
+  for_chunks(g, gy.dtype(), [&](int64_t n0, const ConvGeom& c) {
+    grad_input_into(gy.narrow(0, n0, c.N), w, c, gx.narrow(0, n0, c.N));
+  });
   return gx;
 }
 
+// The chunks' weight gradients add up in gw (the GEMM's beta).
 Tensor grad_weight(const Tensor& gy, const Tensor& x, const ConvGeom& g) {
-  const Tensor gyg = grouped(gy, g), cols = columns(x, g);
   Tensor gw = empty_like_on(gy, {g.O, g.Cg(), g.kH, g.kW});
-  pass_gemm(ConvPass::GradWeight, g, gy.dtype(), gy.device().index, ptr(gyg), ptr(cols), ptr(gw));
+  for_chunks(g, gy.dtype(), [&](int64_t n0, const ConvGeom& c) {
+    const Tensor gyg = grouped(gy.narrow(0, n0, c.N), c), cols = columns(x.narrow(0, n0, c.N), c);
+    pass_gemm(ConvPass::GradWeight, c, gy.dtype(), gy.device().index, ptr(gyg), ptr(cols), ptr(gw),
+              n0 == 0 ? 0 : 1);
+  });
   return gw;
 }
 
@@ -496,6 +531,10 @@ Tensor avg_pool(const Tensor& x, const PoolShape& p, bool adjoint) {
   launch(adjoint ? kAvgPoolBackward : kAvgPool, out.numel(), with_strides(pool_geom(p), x),
          {x, out});
   return out;
+}
+
+void set_max_cols_bytes(int64_t bytes) {
+  g_max_cols_bytes.store(bytes);
 }
 
 void set_wide_indices(bool on) {

@@ -14,8 +14,9 @@
 namespace kiln::detail::cuda_conv {
 
 // The three im2col passes (conv.cpp's forward_im2col, grad_input_im2col, grad_weight_im2col):
-// im2col or col2im kernels around one cuBLAS GEMM strided-batched over the groups. Operands are
-// contiguous and of one dtype.
+// im2col or col2im kernels around one cuBLAS GEMM strided-batched over the groups, per chunk of
+// images whose column matrix fits in 256 MiB (set_max_cols_bytes). Operands are contiguous and of
+// one dtype.
 Tensor forward(const Tensor& x, const Tensor& w, const ConvGeom& g);
 Tensor grad_input(const Tensor& gy, const Tensor& w, const ConvGeom& g);
 Tensor grad_weight(const Tensor& gy, const Tensor& x, const ConvGeom& g);
@@ -25,10 +26,10 @@ void add_bias(const Tensor& y, const Tensor& bias);
 // The GEMM of a pass alone, on device buffers laid out as the pass's GEMM reads and writes them
 // (forward: C [G, O/G, N*L] = w @ cols [G, K, N*L]; grad_input: cols = w^T @ gy_grouped
 // [G, O/G, N*L]; grad_weight: gw [G, O/G, K] = gy_grouped @ cols^T). `a` is the first operand, `b`
-// the second. The benchmark times it next to the whole pass.
+// the second; c = product + beta * c. The benchmark times it next to the whole pass.
 enum class ConvPass { Forward, GradInput, GradWeight };
 void pass_gemm(ConvPass pass, const ConvGeom& g, DType dtype, int device, const void* a,
-               const void* b, void* c);
+               const void* b, void* c, double beta = 0);
 
 // A pooling's geometry (lib/ops/pool_norm.cpp's PoolGeom): input [N, C, H, W], output
 // [N, C, oH, oW]; adaptive: adaptive_avg_pool2d's windows, else fixed ones of kernel k, stride s,
@@ -46,6 +47,8 @@ Tensor max_pool_backward(const Tensor& gy, const Tensor& indices, const PoolShap
 // windows that hold it, in the CPU kernel's order).
 Tensor avg_pool(const Tensor& x, const PoolShape& p, bool adjoint);
 
+// For tests: the column matrix's budget per chunk of images (at least one image runs at once).
+void set_max_cols_bytes(int64_t bytes);
 // For tests: 64-bit index arithmetic in every kernel, also where 32 bits suffice.
 void set_wide_indices(bool on);
 

@@ -203,6 +203,42 @@ TEST(CudaConv, PassesMatchTheCpuOnRandomGeometries) {
   }
 }
 
+// A batch whose column matrix passes the budget runs in chunks of images (the weight gradient
+// summing theirs), computing what the CPU does.
+TEST(CudaConv, LargeBatchesRunInChunks) {
+  KILN_REQUIRE_DEVICE();
+  LazyGuard eager(false);
+  ForcedAlgo im2col(ConvAlgo::Im2col);
+  struct Budget {
+    explicit Budget(int64_t bytes) { detail::cuda_conv::set_max_cols_bytes(bytes); }
+    ~Budget() { detail::cuda_conv::set_max_cols_bytes(int64_t{256} << 20); }
+  };
+  for (int64_t budget : {int64_t{1}, int64_t{3000}}) {  // one image a chunk; a few
+    Budget chunks(budget);
+    for (int i = 1; i < 4; ++i) {
+      Geometry g = random_geometry(i);
+      g.N = 5;
+      const std::string what = g.str() + " budget " + std::to_string(budget);
+      SCOPED_TRACE(what);
+      const Tensor x = testing::random_tensor({g.N, g.C, g.H, g.W}, kFloat64);
+      const Tensor w = testing::random_tensor({g.O, g.C / g.groups, g.kH, g.kW}, kFloat64);
+      const Tensor y = conv2d(x, w, {}, g.stride, g.padding, g.dilation, g.groups);
+      expect_matches(conv2d(x.to(kDev), w.to(kDev), {}, g.stride, g.padding, g.dilation, g.groups),
+                     y, "conv2d " + what);
+      const Tensor gy = testing::random_tensor(y.sizes(), kFloat64);
+      const Shape xs = x.sizes(), ws = w.sizes();
+      expect_matches(
+          conv2d_grad_input(gy.to(kDev), w.to(kDev), xs, g.stride, g.padding, g.dilation, g.groups),
+          conv2d_grad_input(gy, w, xs, g.stride, g.padding, g.dilation, g.groups),
+          "conv2d_grad_input " + what);
+      expect_matches(conv2d_grad_weight(gy.to(kDev), x.to(kDev), ws, g.stride, g.padding,
+                                        g.dilation, g.groups),
+                     conv2d_grad_weight(gy, x, ws, g.stride, g.padding, g.dilation, g.groups),
+                     "conv2d_grad_weight " + what);
+    }
+  }
+}
+
 // The forward pass by the weight-gradient formulation, and the chooser measuring both on the
 // device.
 TEST(CudaConv, WeightGradFormulationAndChooser) {
