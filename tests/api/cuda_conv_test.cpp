@@ -485,10 +485,11 @@ TEST(CudaConv, ResNetExampleTrainsOnTheDevice) {
 // returns what it logged (KILN_LOG=conv).
 std::string run_child(const std::string& cache_dir) {
   const std::string log = cache_dir + "/../child.log";
-  const std::string command = "KILN_CACHE_DIR=" + cache_dir +
-                              " KILN_LOG=conv KILN_LAZY=0 KILN_CUDA_CONV_CHILD=1 " +
-                              fs::read_symlink("/proc/self/exe").string() +
-                              " --gtest_filter=CudaConv.ChildWorkload > " + log + " 2>&1";
+  const std::string command =
+      "KILN_CACHE=1 KILN_CACHE_DIR=" + cache_dir +
+      " KILN_CONV_ALGO=auto KILN_LOG=conv KILN_LAZY=0 KILN_CUDA_CONV_CHILD=1 " +
+      fs::read_symlink("/proc/self/exe").string() + " --gtest_filter=CudaConv.ChildWorkload > " +
+      log + " 2>&1";
   EXPECT_EQ(std::system(command.c_str()), 0) << command;
   std::ifstream in(log);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
