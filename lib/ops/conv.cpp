@@ -584,6 +584,11 @@ Tensor run_pass(Pass p, const ConvGeom& g, DType dt, Device device, const Runner
 bool empty_problem(const ConvGeom& g) {
   return g.N == 0 || g.C == 0 || g.O == 0;
 }
+// An input or output gradient as a pass reads it: the device's im2col and group kernels read any
+// strides, the CPU's kernels want contiguous data.
+Tensor data_layout(const Tensor& t) {
+  return t.device().is_cuda() ? t : t.contiguous();
+}
 TensorOptions options_of(const Tensor& t) {
   return TensorOptions(t.dtype()).device(t.device());
 }
@@ -591,7 +596,7 @@ TensorOptions options_of(const Tensor& t) {
 Tensor forward_kernel(const Tensor& input, const Tensor& weight, const Tensor& bias,
                       const ConvGeom& g) {
   AutoGradMode kernel_only(false);
-  const Tensor x = input.contiguous(), w = weight.contiguous();
+  const Tensor x = data_layout(input), w = weight.contiguous();
   Tensor y = empty_problem(g) ? zeros({g.N, g.O, g.oH, g.oW}, options_of(x))
                               : run_pass(Pass::Forward, g, x.dtype(), x.device(), [&](ConvAlgo a) {
                                   if (a == ConvAlgo::OneDNN) return forward_onednn(x, w, g);
@@ -609,7 +614,7 @@ Tensor forward_kernel(const Tensor& input, const Tensor& weight, const Tensor& b
 
 Tensor grad_input_kernel(const Tensor& grad_output, const Tensor& weight, const ConvGeom& g) {
   AutoGradMode kernel_only(false);
-  const Tensor gy = grad_output.contiguous(), w = weight.contiguous();
+  const Tensor gy = data_layout(grad_output), w = weight.contiguous();
   if (empty_problem(g)) return zeros({g.N, g.C, g.H, g.W}, options_of(gy));
   return run_pass(Pass::GradInput, g, gy.dtype(), gy.device(), [&](ConvAlgo a) {
     return a == ConvAlgo::OneDNN ? grad_input_onednn(gy, w, g) : grad_input_im2col(gy, w, g);
@@ -618,7 +623,7 @@ Tensor grad_input_kernel(const Tensor& grad_output, const Tensor& weight, const 
 
 Tensor grad_weight_kernel(const Tensor& grad_output, const Tensor& input, const ConvGeom& g) {
   AutoGradMode kernel_only(false);
-  const Tensor gy = grad_output.contiguous(), x = input.contiguous();
+  const Tensor gy = data_layout(grad_output), x = data_layout(input);
   if (empty_problem(g)) return zeros({g.O, g.Cg(), g.kH, g.kW}, options_of(gy));
   return run_pass(Pass::GradWeight, g, gy.dtype(), gy.device(), [&](ConvAlgo a) {
     return a == ConvAlgo::OneDNN ? grad_weight_onednn(gy, x, g) : grad_weight_im2col(gy, x, g);
