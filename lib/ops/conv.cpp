@@ -269,7 +269,8 @@ Tensor grouped_grad_output(const Tensor& gy, const ConvGeom& g) {
   return out;
 }
 
-// Inputs of these are contiguous and of one dtype; autograd is off.
+// Inputs of these are contiguous (on a device only the weight need be) and of one dtype; autograd
+// is off.
 Tensor forward_im2col(const Tensor& x, const Tensor& w, const ConvGeom& g) {
   if (x.device().is_cuda()) return detail::cuda_conv::forward(x, w, g);
   const DType dt = x.dtype();

@@ -15,8 +15,8 @@ namespace kiln::detail::cuda_conv {
 
 // The three im2col passes (conv.cpp's forward_im2col, grad_input_im2col, grad_weight_im2col):
 // im2col or col2im kernels around one cuBLAS GEMM strided-batched over the groups, per chunk of
-// images whose column matrix fits in 256 MiB (set_max_cols_bytes). Operands are contiguous and of
-// one dtype.
+// images whose column matrix fits in 256 MiB (set_max_cols_bytes). Operands are of one dtype; the
+// weight is contiguous, x and gy may have any strides.
 Tensor forward(const Tensor& x, const Tensor& w, const ConvGeom& g);
 Tensor grad_input(const Tensor& gy, const Tensor& w, const ConvGeom& g);
 Tensor grad_weight(const Tensor& gy, const Tensor& x, const ConvGeom& g);
