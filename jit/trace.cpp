@@ -360,23 +360,21 @@ absl::flat_hash_set<const detail::Storage*> local_storages(const detail::TraceSt
   return candidates;
 }
 
-// A tensor that outlives the call (a captured one, or one the function keeps outside) written in
-// place with autograd on: eager mode gives it a history that reaches the function's inputs, and a
-// replay, which writes back its value, could not, so gradients through it would be lost.
-void check_written_histories(const detail::TraceState& state,
-                             const absl::flat_hash_set<const detail::Storage*>& local) {
+// A captured tensor written in place with autograd on: eager mode gives it a history that reaches
+// the function's inputs, and a replay, which writes back its value, could not, so gradients
+// through it would be lost. (A tensor the function allocated gets its history inside the graph.)
+void check_written_histories(const detail::TraceState& state) {
   for (const std::shared_ptr<detail::TensorImpl>& impl : detail::tensors_given_traced_history()) {
     const detail::Storage* storage = impl->storage.get();
     bool written = false;
     for (const auto& w : state.written) written = written || w.get() == storage;
-    KILN_CHECK(!written || local.contains(storage),
+    KILN_CHECK(!written || state.created.count(storage),
                "jit::trace: the traced function writes, with autograd on, a value that requires "
                "grad into ",
                detail::describe(Tensor(impl)),
-               ", which outlives the call (a captured tensor, or one it keeps outside); a replay "
-               "writes the value back but could not give the tensor the autograd history eager "
-               "mode does, so gradients through it would be lost. Write it under "
-               "kiln::NoGradGuard, or return the value instead");
+               ", a tensor it captured; a replay writes the value back but could not give the "
+               "tensor the autograd history eager mode does, so gradients through it would be "
+               "lost. Write it under kiln::NoGradGuard, or return the value instead");
   }
 }
 
@@ -475,7 +473,7 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
     spec->runs_backward = after.started != before.started;
     const bool graph_freed = after.freed_graph != before.freed_graph;
     const absl::flat_hash_set<const detail::Storage*> local = local_storages(scope.state, outputs);
-    check_written_histories(scope.state, local);
+    check_written_histories(scope.state);
     spec->frees = detail::traced_frees();
     for (const Tensor& t : outputs) {
       KILN_CHECK(t.defined(), "jit::trace: the traced function returned an undefined tensor");

@@ -669,6 +669,25 @@ TEST(TraceContract, WritingACapturedTensorWithAValueThatRequiresGradIsAnError) {
   EXPECT_EQ(jit::stats().pending_nodes, pending);
 }
 
+// A tensor the function allocates, written with a value that requires grad and saved by the op
+// that reads it: its history is the graph's own, and the call's gradient is eager mode's.
+TEST(TraceContract, AFactoryResultWrittenWithAValueThatRequiresGradTraces) {
+  const Fn fn = [](const Inputs& in) {
+    Tensor c = zeros_like(in[0]);
+    c.copy_(in[0] * 2);
+    return Inputs{(c * c).sum()};
+  };
+  jit::Function f = jit::trace(fn, {f64({1, 1}).requires_grad_(true)});
+  for (const Tensor& x : batches()) {
+    const Tensor eager_x = x.clone().requires_grad_(true),
+                 traced_x = x.clone().requires_grad_(true);
+    eager(fn, {eager_x})[0].backward();
+    f({traced_x})[0].backward();
+    EXPECT_TRUE(equal(traced_x.grad(), eager_x.grad()))
+        << traced_x.grad() << " vs " << eager_x.grad();
+  }
+}
+
 // A captured non-leaf (computed from a parameter before the trace): the call's gradient reaches the
 // parameter through the capture's history, as in eager mode.
 TEST(TraceContract, ACapturedNonLeafPassesItsGradientOnAsEagerMode) {
