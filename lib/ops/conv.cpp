@@ -27,6 +27,9 @@
 // KILN_LOG=conv (or all) prints each choice with the times measured. Choices are not yet kept on
 // disk.
 //
+// conv2d_epilogue is conv2d with a bias, a residual add and an activation computed by the
+// convolution (oneDNN post-ops); only the graph pass jit/passes/conv_fold.cpp makes it.
+//
 // In lazy mode each op records one node once its checks and output shape are done; the node runs
 // the op itself (a library call, like a GEMM). CUDA is not supported yet: the ops raise.
 #include "lib/ops/conv.h"
@@ -44,6 +47,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -99,6 +103,16 @@ const detail::OpDef& grad_weight_def = def_conv(
                                        attr_ints(a.at(2)), attr_ints(a.at(3)), attr_int(a.at(4)))};
     },
     {"weight_size", "stride", "padding", "dilation", "groups"});
+// Inputs (input, weight, bias, residual), the last two optional: activation(conv2d(input,
+// weight) + bias + residual), the bias and residual add and the activation ("none", "relu",
+// "gelu", "gelu_tanh", "silu") computed as the convolution's epilogue (oneDNN post-ops). Only the
+// graph pass jit/passes/conv_fold.cpp makes it, from graphs already differentiated: it has no
+// gradient formula.
+Tensor conv2d_epilogue_kernel(const Inputs& in, const Attrs& a);
+const detail::OpDef& conv2d_epilogue_def =
+    def_conv("conv2d_epilogue", 4,
+             [](const Inputs& in, const Attrs& a) { return Inputs{conv2d_epilogue_kernel(in, a)}; },
+             {"stride", "padding", "dilation", "groups", "activation"});
 
 // ------------------------------------------------------------------------------------ geometry
 
@@ -367,14 +381,56 @@ void dnnl_run(const char* op, const ConvGeom& g, Run run) {
   }
 }
 
-Tensor forward_onednn(const Tensor& x, const Tensor& w, const ConvGeom& g) {
-  Tensor y = detail::make_empty({g.N, g.O, g.oH, g.oW}, kFloat32);
+// What a convolution adds after its sums (conv2d_epilogue): a bias [O], a residual of the
+// output's shape, an activation; undefined or "none" where absent.
+struct Epilogue {
+  Tensor bias, residual;
+  std::string activation = "none";
+};
+
+// The oneDNN eltwise algorithm computing an activation as kiln does (SiLU is swish with alpha 1).
+dnnl::algorithm dnnl_activation(const std::string& act) {
+  if (act == "relu") return dnnl::algorithm::eltwise_relu;
+  if (act == "gelu") return dnnl::algorithm::eltwise_gelu_erf;
+  if (act == "gelu_tanh") return dnnl::algorithm::eltwise_gelu_tanh;
+  KILN_CHECK(act == "silu", "conv2d_epilogue: unknown activation '", act, "'");
+  return dnnl::algorithm::eltwise_swish;
+}
+
+// The forward convolution; with an epilogue, its bias is the primitive's bias and the residual
+// and activation are post-ops (a sum onto the output, which starts as a copy of the residual,
+// then the eltwise), so the output is written once.
+Tensor forward_onednn(const Tensor& x, const Tensor& w, const ConvGeom& g, const Epilogue& e = {}) {
+  Tensor y = e.residual.defined() ? e.residual.contiguous().clone()
+                                  : detail::make_empty({g.N, g.O, g.oH, g.oW}, kFloat32);
   DnnlConv d(g);
+  dnnl::post_ops post;
+  if (e.residual.defined()) post.append_sum(1.f);
+  if (e.activation != "none")
+    post.append_eltwise(1.f, dnnl_activation(e.activation), e.activation == "silu" ? 1.f : 0.f,
+                        0.f);
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(post);
+  const dnnl::memory::desc bias_desc({g.O}, dnnl::memory::data_type::f32,
+                                     dnnl::memory::format_tag::x);
   dnnl_run("conv2d", g, [&](dnnl::stream& s) {
-    dnnl::convolution_forward(d.forward())
-        .execute(s, {{DNNL_ARG_SRC, d.mem(d.src, x)},
-                     {DNNL_ARG_WEIGHTS, d.mem(d.weights, w)},
-                     {DNNL_ARG_DST, d.mem(d.dst, y)}});
+    std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, d.mem(d.src, x)},
+                                                  {DNNL_ARG_WEIGHTS, d.mem(d.weights, w)},
+                                                  {DNNL_ARG_DST, d.mem(d.dst, y)}};
+    if (e.bias.defined()) {
+      args.emplace(DNNL_ARG_BIAS, d.mem(bias_desc, e.bias));
+      dnnl::convolution_forward::primitive_desc pd(
+          {dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, d.src, d.weights,
+           bias_desc, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r},
+          attr, dnnl_engine());
+      dnnl::convolution_forward(pd).execute(s, args);
+    } else {
+      dnnl::convolution_forward::primitive_desc pd(
+          {dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, d.src, d.weights,
+           d.dst, d.strides, d.dilates, d.pad_l, d.pad_r},
+          attr, dnnl_engine());
+      dnnl::convolution_forward(pd).execute(s, args);
+    }
   });
   return y;
 }
@@ -557,6 +613,42 @@ Tensor forward_kernel(const Tensor& input, const Tensor& weight, const Tensor& b
                                 });
   if (bias.defined()) y.add_(bias.reshape({1, g.O, 1, 1}));
   return y;
+}
+
+// The epilogue computed by kiln's ops on a convolution's output y (in place), for the algorithms
+// without post-ops: as many passes over y as there are parts.
+Tensor apply_epilogue(Tensor y, const Epilogue& e) {
+  if (e.bias.defined()) y.add_(e.bias.reshape({1, e.bias.size(0), 1, 1}));
+  if (e.residual.defined()) y.add_(e.residual);
+  if (e.activation == "relu") return relu(y);
+  if (e.activation == "gelu") return gelu(y, "none");
+  if (e.activation == "gelu_tanh") return gelu(y, "tanh");
+  if (e.activation == "silu") return silu(y);
+  return y;
+}
+
+Tensor conv2d_epilogue_kernel(const Inputs& in, const Attrs& a) {
+  const char* op = "conv2d_epilogue";
+  const ConvArgs args =
+      conv_args(op, attr_ints(a.at(0)), attr_ints(a.at(1)), attr_ints(a.at(2)), attr_int(a.at(3)));
+  const ConvGeom g =
+      make_geom(op, in[0].sizes(), in[1].sizes(), args, operands("input", in[0], "weight", in[1]));
+  Epilogue e{in[2], in[3], detail::attr_string(a.at(4))};
+  KILN_CHECK(!e.bias.defined() || e.bias.sizes() == Shape{g.O}, op, ": expected bias of shape [",
+             g.O, "], got ", describe(e.bias));
+  KILN_CHECK(!e.residual.defined() || e.residual.sizes() == Shape({g.N, g.O, g.oH, g.oW}), op,
+             ": expected a residual of the output's shape ", shape_str({g.N, g.O, g.oH, g.oW}),
+             ", got ", describe(e.residual));
+  AutoGradMode kernel_only(false);
+  const Tensor x = in[0].contiguous(), w = in[1].contiguous();
+  if (e.bias.defined()) e.bias = e.bias.contiguous();
+  if (empty_problem(g))
+    return apply_epilogue(zeros({g.N, g.O, g.oH, g.oW}, TensorOptions(x.dtype())), e);
+  return run_pass(Pass::Forward, g, x.dtype(), [&](ConvAlgo algo) {
+    if (algo == ConvAlgo::OneDNN) return forward_onednn(x, w, g, e);
+    return apply_epilogue(
+        algo == ConvAlgo::WeightGrad ? forward_weight_grad(x, w, g) : forward_im2col(x, w, g), e);
+  });
 }
 
 Tensor grad_input_kernel(const Tensor& grad_output, const Tensor& weight, const ConvGeom& g) {

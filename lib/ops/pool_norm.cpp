@@ -9,10 +9,14 @@
 // same positions. The average pools are linear, so each one's backward is its adjoint op and the
 // adjoint's gradient is the forward op again.
 //
-// batch_norm and group_norm are compositions of reductions and elementwise ops, so autograd
-// differentiates them (twice, too) and lazy mode fuses them like any other expression. batch_norm
-// in training updates the running statistics in place with no gradient, as torch:
-// running = (1 - momentum) * running + momentum * batch statistic, the variance unbiased.
+// batch_norm and group_norm are compositions of reductions and elementwise ops, which lazy mode
+// fuses like any other expression; autograd differentiates group_norm (twice, too) through its
+// ops, and training batch_norm through a formula of its own whose ops differentiate again
+// (normalize), written so that its statistics and its backward's sums are one kernel each.
+// Eval batch_norm is a per-channel affine, which jit/passes/conv_fold.cpp folds into a
+// preceding convolution. batch_norm in training updates the running statistics in place with no
+// gradient, as torch: running = (1 - momentum) * running + momentum * batch statistic, the variance
+// unbiased.
 #include <algorithm>
 #include <cmath>
 #include <limits>

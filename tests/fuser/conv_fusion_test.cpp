@@ -15,7 +15,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fuser/fuse.h"
@@ -23,6 +25,7 @@
 #include "kiln/autograd.h"
 #include "kiln/jit.h"
 #include "kiln/kiln.h"
+#include "lib/ops/conv.h"
 #include "tests/fuser/fuser_testing.h"
 #include "tests/fuser/random_reduction.h"
 #include "tests/testing.h"
@@ -30,6 +33,7 @@
 namespace kiln {
 namespace {
 
+using detail::ConvAlgo;
 using testing::Fn;
 using testing::Inputs;
 using testing::plan_of;
@@ -258,6 +262,124 @@ TEST(ConvFusion, TracedBasicBlockStepRunsNineKernels) {
     for (size_t k = 0; k < got.size(); ++k)
       expect_near(got[k], want[k], 1e-5, 1e-5, "traced, output " + std::to_string(k));
   }
+}
+
+// ------------------------------------------------------------------------------------- eval
+// in: x, then per convolution its weight and bn's weight, bias, running mean and running var.
+Tensor eval_block(const Inputs& in) {
+  auto bn = [&](const Tensor& t, size_t p) {
+    return batch_norm(t, in[p + 2], in[p + 3], in[p], in[p + 1], false, 0.1, 1e-5);
+  };
+  Tensor h = relu(bn(conv2d(in[0], in[1], {}, {1}, {1}), 2));
+  h = bn(conv2d(h, in[6], {}, {1}, {1}), 7);
+  return relu(h + in[0]);
+}
+
+Inputs eval_block_inputs(int64_t N, int64_t C, int64_t HW) {
+  Inputs in = {testing::input({N, C, HW, HW})};
+  for (int conv = 0; conv < 2; ++conv) {
+    in.push_back(testing::input({C, C, 3, 3}, kFloat32, -0.3, 0.3));
+    in.push_back(testing::input({C}, kFloat32, 0.5, 1.5));
+    in.push_back(testing::input({C}));
+    in.push_back(testing::input({C}, kFloat32, -1, 1));
+    in.push_back(testing::input({C}, kFloat32, 0.5, 2));
+  }
+  return in;
+}
+
+int count_op(const jit::Graph& g, const std::string& name) {
+  int n = 0;
+  for (const jit::Node* node : g.nodes()) n += node->op().name == name;
+  return n;
+}
+
+// No fused kernel walks the activations (shape `act`): every pass over them is a convolution's.
+void expect_no_kernel_over(const jit::Graph& g, const Shape& act, const std::string& what) {
+  for (const fuser::FusionGroup& fg : fuser::find_groups(g))
+    EXPECT_NE(fg.shape, act) << what << ": a kernel passes over the activations\n" << groups_str(g);
+}
+
+// Runs fn planned with conv_fold and without it, and eagerly in float64; the folded result is
+// within 2e-4 * scale of the float64 reference (as the unfolded one), and within 1e-4 * scale of
+// the unfolded one (folding rounds the scaled weight once, and the epilogue adds inside oneDNN).
+void expect_folded_close(const Fn& fn, const Inputs& in, const std::string& what) {
+  Planned folded = plan_of(fn, in, true);
+  Inputs got = folded.plan->run(folded.binding.inputs);
+  Inputs unfolded;
+  {
+    jit::set_disabled_passes({"conv_fold"});
+    Planned p = plan_of(fn, in, true);
+    unfolded = p.plan->run(p.binding.inputs);
+    jit::set_disabled_passes({});
+  }
+  Inputs ref = testing::eager(fn, to_dtype(in, kFloat64));
+  for (size_t k = 0; k < got.size(); ++k) {
+    expect_near(got[k], ref[k], 0, 2e-4, what + " (folded against float64)");
+    expect_near(unfolded[k], ref[k], 0, 2e-4, what + " (unfolded against float64)");
+    expect_near(got[k], unfolded[k], 0, 1e-4, what + " (folded against unfolded)");
+  }
+}
+
+// Eval batch norm folds into the convolutions' weights and biases, and the ReLUs and the residual
+// add become their epilogues: two convolutions and no kernel over the activations. The 4 kernels
+// left are per channel, 2 per batch norm: its scale (weight / sqrt(running_var + eps)) and its
+// shift (bias - running_mean * scale, which reads the scale); each convolution's scaled weight
+// is a lone multiplication (a step of its own, not a compiled kernel).
+TEST(ConvFolding, EvalBasicBlockIsTwoConvolutionsWithEpilogues) {
+  for (ConvAlgo algo : {ConvAlgo::OneDNN, ConvAlgo::Im2col}) {
+    detail::set_conv_algo(algo);
+    const std::string what = std::string("eval block, ") + detail::conv_algo_name(algo);
+    Inputs in = eval_block_inputs(4, 8, 6);
+    Fn fn = [](const Inputs& in) { return Inputs{eval_block(in)}; };
+    Planned p = plan_of(fn, in, true);
+    EXPECT_EQ(count_op(*p.graph, "conv2d_epilogue"), 2) << groups_str(*p.graph);
+    EXPECT_EQ(count_op(*p.graph, "conv2d"), 0) << groups_str(*p.graph);
+    expect_no_kernel_over(*p.graph, in[0].sizes(), what);
+    EXPECT_EQ(p.plan->num_kernel_steps(), 4u) << groups_str(*p.graph);
+    expect_folded_close(fn, in, what);
+  }
+  detail::set_conv_algo(ConvAlgo::Auto);
+}
+
+// A bias and each activation run as the epilogue, with or without a residual.
+TEST(ConvFolding, BiasActivationAndResidualAreTheEpilogue) {
+  const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&)>>> acts = {
+      {"relu", [](const Tensor& t) { return relu(t); }},
+      {"gelu", [](const Tensor& t) { return gelu(t, "none"); }},
+      {"gelu_tanh", [](const Tensor& t) { return gelu(t, "tanh"); }},
+      {"silu", [](const Tensor& t) { return silu(t); }}};
+  for (ConvAlgo algo : {ConvAlgo::OneDNN, ConvAlgo::Im2col}) {
+    detail::set_conv_algo(algo);
+    for (const auto& [name, act] : acts) {
+      for (bool residual : {false, true}) {
+        const std::string what =
+            name + (residual ? " with residual, " : ", ") + detail::conv_algo_name(algo);
+        Inputs in = {testing::input({3, 4, 7, 5}), testing::input({6, 4, 3, 3}, kFloat32, -.3, .3),
+                     testing::input({6}), testing::input({3, 6, 5, 3})};
+        Fn fn = [act = act, residual](const Inputs& in) {
+          Tensor y = conv2d(in[0], in[1], in[2], {1}, {0});
+          return Inputs{act(residual ? y + in[3] : y)};
+        };
+        Planned p = plan_of(fn, in, true);
+        EXPECT_EQ(count_op(*p.graph, "conv2d_epilogue"), 1) << what << groups_str(*p.graph);
+        EXPECT_EQ(p.plan->num_kernel_steps(), 0u) << what << groups_str(*p.graph);
+        expect_folded_close(fn, in, what);
+      }
+    }
+  }
+  detail::set_conv_algo(ConvAlgo::Auto);
+}
+
+// A convolution whose output is read elsewhere too (training: the batch statistics) keeps it.
+TEST(ConvFolding, AConvolutionReadTwiceIsLeftAlone) {
+  Inputs in = {testing::input({2, 3, 5, 5}), testing::input({4, 3, 3, 3})};
+  Fn fn = [](const Inputs& in) {
+    Tensor y = conv2d(in[0], in[1]);
+    return Inputs{relu(y), y.sum()};
+  };
+  Planned p = plan_of(fn, in, true);
+  EXPECT_EQ(count_op(*p.graph, "conv2d_epilogue"), 0) << groups_str(*p.graph);
+  EXPECT_EQ(count_op(*p.graph, "conv2d"), 1) << groups_str(*p.graph);
 }
 
 }  // namespace
