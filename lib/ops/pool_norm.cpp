@@ -397,29 +397,44 @@ double per_channel_count(const Tensor& x) {
   return static_cast<double>(x.numel() / std::max<int64_t>(1, x.size(1)));
 }
 
+// Every dim but the channels (1) of a tensor of rank `rank`.
+std::vector<int64_t> non_channel_dims(int64_t rank) {
+  std::vector<int64_t> dims{0};
+  for (int64_t d = 2; d < rank; ++d) dims.push_back(d);
+  return dims;
+}
+
 // Training batch_norm's statistics and the 1 / sqrt(var + eps) that normalizes.
 //
-// Both fold every dim but the channels. On the channels-first view [C, N, H, W] of the input
-// they are row reductions over the trailing dims, which the fuser folds in one kernel reading
-// each channel's values once: the sum and the sum of squares, accumulated in double (the input
-// widened inside the kernel). The variance is taken about the mean rounded to the input's dtype,
-// m: E[(x - m)^2] = E[x^2] - 2 m E[x] + m^2 exceeds the variance by (E[x] - m)^2, a relative
-// 2^-48 of E[x]^2, and cancels in double, not in float. Computing it through m also makes the
-// fused kernel one chain ending at invstd (its last node), so the mean, the variance and invstd
-// are all outputs of that one kernel; a variance computed beside the mean would leave the mean's
-// rounding to a kernel of its own.
+// Recorded (lazy mode, traces), both fold every dim but the channels on the channels-first view
+// [C, N, H, W] of the input, where they are row reductions over the trailing dims, which the
+// fuser folds in one kernel reading each channel's values once: the sum and the sum of squares,
+// accumulated in double (the input widened inside the kernel). The variance is taken about the
+// mean rounded to the input's dtype, m: E[(x - m)^2] = E[x^2] - 2 m E[x] + m^2 exceeds the
+// variance by (E[x] - m)^2, a relative 2^-48 of E[x]^2, and cancels in double, not in float.
+// Computing it through m also makes the fused kernel one chain ending at invstd (its last node),
+// so the mean, the variance and invstd are all outputs of that one kernel; a variance computed
+// beside the mean would leave the mean's rounding to a kernel of its own. Eager mode runs the
+// reference reductions over dims (0, 2, ...) in place instead (mean, and var's two passes):
+// widened copies of the input would only cost it time.
 struct BatchStats {
   Tensor mean, var, invstd;  // [C], of the input's dtype; var biased
 };
 BatchStats batch_stats(const Tensor& input, double eps) {
-  const std::vector<int64_t> dims = trailing_dims(input.dim());
-  const double n = per_channel_count(input);
-  const Tensor xt = input.transpose(0, 1).to(kFloat64);
-  const Tensor mean64 = xt.sum(dims) / n;
   BatchStats st;
-  st.mean = mean64.to(input.dtype());
-  const Tensor m = st.mean.to(kFloat64);
-  st.var = clamp((xt * xt).sum(dims) / n - m * (mean64 * 2.0 - m), 0.0).to(input.dtype());
+  if (!detail::should_record(input)) {
+    const std::vector<int64_t> dims = non_channel_dims(input.dim());
+    st.mean = mean(input, dims);
+    st.var = kiln::var(input, dims, 0);
+  } else {
+    const std::vector<int64_t> dims = trailing_dims(input.dim());
+    const double n = per_channel_count(input);
+    const Tensor xt = input.transpose(0, 1).to(kFloat64);
+    const Tensor mean64 = xt.sum(dims) / n;
+    st.mean = mean64.to(input.dtype());
+    const Tensor m = st.mean.to(kFloat64);
+    st.var = clamp((xt * xt).sum(dims) / n - m * (mean64 * 2.0 - m), 0.0).to(input.dtype());
+  }
   st.invstd = rsqrt(st.var + eps);
   return st;
 }
@@ -442,8 +457,9 @@ Tensor normalize_kernel(const Tensor& input, const Tensor& mean, const Tensor& i
 //   xhat = (x - mean) * invstd, A = invstd * weight
 //   d bias = sum(g), d weight = sum(g * xhat), both over every dim but the channels
 //   d x = A * (g - (q * (x - mean) + sum(g) / n)),  q = invstd * sum(g * xhat) / n
-// The two sums are row reductions of the channels-first views of g and x, in double, folded by
-// one kernel, which also computes q (its last node: sum(g * xhat) = (sum(g * x) - mean * sum(g))
+// Recorded, the two sums are row reductions of the channels-first views of g and x, in double
+// (eager mode: the reference reductions, as in batch_stats), folded by one kernel, which also
+// computes q (its last node: sum(g * xhat) = (sum(g * x) - mean * sum(g))
 // * invstd is computed from sum(g) rounded to the input's dtype, a relative 2^-24 |mean| / std
 // of it at most, so that every output of the kernel is on one chain); d x is one elementwise pass.
 std::vector<Tensor> normalize_backward(const detail::BackwardContext& c) {
@@ -452,11 +468,19 @@ std::vector<Tensor> normalize_backward(const detail::BackwardContext& c) {
   const int64_t rank = x.dim();
   const std::vector<int64_t> dims = trailing_dims(rank);
   const double n = per_channel_count(x);
-  const Tensor gt = g.transpose(0, 1).to(kFloat64), xt = x.transpose(0, 1).to(kFloat64);
-  const Tensor sum_g = gt.sum(dims).to(x.dtype());
-  const Tensor sum_gx = (gt * xt).sum(dims);
-  const Tensor sum_gxhat =
-      ((sum_gx - mean.to(kFloat64) * sum_g.to(kFloat64)) * invstd.to(kFloat64)).to(x.dtype());
+  Tensor sum_g, sum_gxhat;
+  if (!detail::should_record(g, x)) {
+    // Eager: the reference reductions over dims (0, 2, ...), as in batch_stats.
+    const std::vector<int64_t> over = non_channel_dims(rank);
+    sum_g = g.sum(over);
+    sum_gxhat = (g * (x - per_channel(mean, rank))).sum(over) * invstd;
+  } else {
+    const Tensor gt = g.transpose(0, 1).to(kFloat64), xt = x.transpose(0, 1).to(kFloat64);
+    sum_g = gt.sum(dims).to(x.dtype());
+    const Tensor sum_gx = (gt * xt).sum(dims);
+    sum_gxhat =
+        ((sum_gx - mean.to(kFloat64) * sum_g.to(kFloat64)) * invstd.to(kFloat64)).to(x.dtype());
+  }
   std::vector<Tensor> grads(3);
   if (c.needs_grad(0)) {
     // The correction through q first, for the order of the graph (as in normalize_kernel).
