@@ -358,14 +358,49 @@ struct DnnlConv {
   static int64_t right_pad(const ConvGeom& g) {
     return (g.oW - 1) * g.sW + (g.kW - 1) * g.dW + 1 - g.W - g.pW;
   }
+  // The same shape in the layout oneDNN's fastest kernel for the problem chooses (channels in
+  // blocks of 16 on AVX-512): on plain NCHW memory oneDNN offers only its GEMM-based
+  // convolution. Layouts converts between the two.
+  static dnnl::memory::desc any(const dnnl::memory::desc& d) {
+    return {d.dims(), d.data_type(), dnnl::memory::format_tag::any};
+  }
   dnnl::convolution_forward::primitive_desc forward() const {
-    return {{dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src, weights,
-             dst, strides, dilates, pad_l, pad_r},
+    return {{dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, any(src),
+             any(weights), any(dst), strides, dilates, pad_l, pad_r},
             dnnl_engine()};
   }
   dnnl::memory mem(const dnnl::memory::desc& d, const Tensor& t) const {
     return dnnl::memory(d, dnnl_engine(), const_cast<void*>(t.raw_data_ptr()));
   }
+};
+
+// Reorders between kiln's plain tensors and the layouts a primitive chose, on one stream (in
+// order): inputs before the primitive runs, outputs (finish) after it.
+class Layouts {
+ public:
+  explicit Layouts(dnnl::stream& s) : s_(s) {}
+  // `plain` as the primitive reads it.
+  dnnl::memory in(const dnnl::memory::desc& want, dnnl::memory plain) {
+    if (want == plain.get_desc()) return plain;
+    dnnl::memory m(want, dnnl_engine());
+    dnnl::reorder(plain, m).execute(s_, plain, m);
+    return m;
+  }
+  // Where the primitive writes what finish() copies to `plain`; `accumulate`: it adds to what is
+  // there (a sum post-op), so the plain values go in first.
+  dnnl::memory out(const dnnl::memory::desc& want, dnnl::memory plain, bool accumulate = false) {
+    if (want == plain.get_desc()) return plain;
+    dnnl::memory m = accumulate ? in(want, plain) : dnnl::memory(want, dnnl_engine());
+    outputs_.emplace_back(m, plain);
+    return m;
+  }
+  void finish() {
+    for (auto& [m, plain] : outputs_) dnnl::reorder(m, plain).execute(s_, m, plain);
+  }
+
+ private:
+  dnnl::stream& s_;
+  std::vector<std::pair<dnnl::memory, dnnl::memory>> outputs_;
 };
 
 // Runs one oneDNN primitive; its failures become kiln::Errors naming the pass.
@@ -414,23 +449,26 @@ Tensor forward_onednn(const Tensor& x, const Tensor& w, const ConvGeom& g, const
   const dnnl::memory::desc bias_desc({g.O}, dnnl::memory::data_type::f32,
                                      dnnl::memory::format_tag::x);
   dnnl_run("conv2d", g, [&](dnnl::stream& s) {
-    std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, d.mem(d.src, x)},
-                                                  {DNNL_ARG_WEIGHTS, d.mem(d.weights, w)},
-                                                  {DNNL_ARG_DST, d.mem(d.dst, y)}};
-    if (e.bias.defined()) {
-      args.emplace(DNNL_ARG_BIAS, d.mem(bias_desc, e.bias));
-      dnnl::convolution_forward::primitive_desc pd(
-          {dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, d.src, d.weights,
-           bias_desc, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r},
-          attr, dnnl_engine());
-      dnnl::convolution_forward(pd).execute(s, args);
-    } else {
-      dnnl::convolution_forward::primitive_desc pd(
-          {dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, d.src, d.weights,
-           d.dst, d.strides, d.dilates, d.pad_l, d.pad_r},
-          attr, dnnl_engine());
-      dnnl::convolution_forward(pd).execute(s, args);
-    }
+    const dnnl::convolution_forward::primitive_desc pd =
+        e.bias.defined()
+            ? dnnl::convolution_forward::primitive_desc(
+                  {dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+                   DnnlConv::any(d.src), DnnlConv::any(d.weights), bias_desc, DnnlConv::any(d.dst),
+                   d.strides, d.dilates, d.pad_l, d.pad_r},
+                  attr, dnnl_engine())
+            : dnnl::convolution_forward::primitive_desc(
+                  {dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+                   DnnlConv::any(d.src), DnnlConv::any(d.weights), DnnlConv::any(d.dst), d.strides,
+                   d.dilates, d.pad_l, d.pad_r},
+                  attr, dnnl_engine());
+    Layouts layouts(s);
+    std::unordered_map<int, dnnl::memory> args = {
+        {DNNL_ARG_SRC, layouts.in(pd.src_desc(), d.mem(d.src, x))},
+        {DNNL_ARG_WEIGHTS, layouts.in(pd.weights_desc(), d.mem(d.weights, w))},
+        {DNNL_ARG_DST, layouts.out(pd.dst_desc(), d.mem(d.dst, y), e.residual.defined())}};
+    if (e.bias.defined()) args.emplace(DNNL_ARG_BIAS, d.mem(bias_desc, e.bias));
+    dnnl::convolution_forward(pd).execute(s, args);
+    layouts.finish();
   });
   return y;
 }
@@ -440,12 +478,15 @@ Tensor grad_input_onednn(const Tensor& gy, const Tensor& w, const ConvGeom& g) {
   DnnlConv d(g);
   dnnl_run("conv2d_grad_input", g, [&](dnnl::stream& s) {
     dnnl::convolution_backward_data::primitive_desc pd(
-        {dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst, d.strides, d.dilates,
-         d.pad_l, d.pad_r},
+        {dnnl::algorithm::convolution_direct, DnnlConv::any(d.src), DnnlConv::any(d.weights),
+         DnnlConv::any(d.dst), d.strides, d.dilates, d.pad_l, d.pad_r},
         dnnl_engine(), d.forward());
-    dnnl::convolution_backward_data(pd).execute(s, {{DNNL_ARG_DIFF_DST, d.mem(d.dst, gy)},
-                                                    {DNNL_ARG_WEIGHTS, d.mem(d.weights, w)},
-                                                    {DNNL_ARG_DIFF_SRC, d.mem(d.src, gx)}});
+    Layouts layouts(s);
+    dnnl::convolution_backward_data(pd).execute(
+        s, {{DNNL_ARG_DIFF_DST, layouts.in(pd.diff_dst_desc(), d.mem(d.dst, gy))},
+            {DNNL_ARG_WEIGHTS, layouts.in(pd.weights_desc(), d.mem(d.weights, w))},
+            {DNNL_ARG_DIFF_SRC, layouts.out(pd.diff_src_desc(), d.mem(d.src, gx))}});
+    layouts.finish();
   });
   return gx;
 }
@@ -455,13 +496,15 @@ Tensor grad_weight_onednn(const Tensor& gy, const Tensor& x, const ConvGeom& g) 
   DnnlConv d(g);
   dnnl_run("conv2d_grad_weight", g, [&](dnnl::stream& s) {
     dnnl::convolution_backward_weights::primitive_desc pd(
-        {dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst, d.strides, d.dilates,
-         d.pad_l, d.pad_r},
+        {dnnl::algorithm::convolution_direct, DnnlConv::any(d.src), DnnlConv::any(d.weights),
+         DnnlConv::any(d.dst), d.strides, d.dilates, d.pad_l, d.pad_r},
         dnnl_engine(), d.forward());
-    dnnl::convolution_backward_weights(pd).execute(s,
-                                                   {{DNNL_ARG_DIFF_DST, d.mem(d.dst, gy)},
-                                                    {DNNL_ARG_SRC, d.mem(d.src, x)},
-                                                    {DNNL_ARG_DIFF_WEIGHTS, d.mem(d.weights, gw)}});
+    Layouts layouts(s);
+    dnnl::convolution_backward_weights(pd).execute(
+        s, {{DNNL_ARG_DIFF_DST, layouts.in(pd.diff_dst_desc(), d.mem(d.dst, gy))},
+            {DNNL_ARG_SRC, layouts.in(pd.src_desc(), d.mem(d.src, x))},
+            {DNNL_ARG_DIFF_WEIGHTS, layouts.out(pd.diff_weights_desc(), d.mem(d.weights, gw))}});
+    layouts.finish();
   });
   return gw;
 }
