@@ -307,10 +307,12 @@ void expect_folded_close(const Fn& fn, const Inputs& in, const std::string& what
   Inputs got = folded.plan->run(folded.binding.inputs);
   Inputs unfolded;
   {
+    const bool was_disabled = jit::pass_disabled("conv_fold");
     jit::set_disabled_passes({"conv_fold"});
     Planned p = plan_of(fn, in, true);
     unfolded = p.plan->run(p.binding.inputs);
-    jit::set_disabled_passes({});
+    jit::set_disabled_passes(was_disabled ? std::vector<std::string>{"conv_fold"}
+                                          : std::vector<std::string>{});
   }
   Inputs ref = testing::eager(fn, to_dtype(in, kFloat64));
   for (size_t k = 0; k < got.size(); ++k) {
