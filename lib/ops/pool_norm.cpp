@@ -483,13 +483,19 @@ std::vector<Tensor> normalize_backward(const detail::BackwardContext& c) {
   }
   std::vector<Tensor> grads(3);
   if (c.needs_grad(0)) {
+    // Recorded, d x reads g and x through a view, g.unsqueeze(0) (computed in [1, N, C, ...] and
+    // squeezed back: the same memory), as the sums read them through the transpose: when every
+    // use of g is a view, push_views moves g's elementwise producer (the ReLU gradient of the
+    // layer before) into both kernels rather than writing g out for them.
+    const bool recorded = detail::should_record(g, x);
+    auto view = [recorded](const Tensor& t) { return recorded ? t.unsqueeze(0) : t; };
+    auto channel = [&](const Tensor& p) { return view(per_channel(p, rank)); };
     // The correction through q first, for the order of the graph (as in normalize_kernel).
     const Tensor q = invstd * sum_gxhat / n;
-    const Tensor a_c =
-        w.defined() ? per_channel(invstd, rank) * per_channel(w, rank) : per_channel(invstd, rank);
-    grads[0] =
-        a_c *
-        (g - (per_channel(q, rank) * (x - per_channel(mean, rank)) + per_channel(sum_g, rank) / n));
+    const Tensor a_c = w.defined() ? channel(invstd) * channel(w) : channel(invstd);
+    const Tensor dx =
+        a_c * (view(g) - (channel(q) * (view(x) - channel(mean)) + channel(sum_g) / n));
+    grads[0] = recorded ? dx.squeeze(0) : dx;
   }
   if (c.needs_grad(1)) grads[1] = sum_gxhat;
   if (c.needs_grad(2)) grads[2] = sum_g;
