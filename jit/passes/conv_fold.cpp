@@ -52,6 +52,8 @@ constexpr size_t kActivationAttr = 4;
 // computing v, read by nothing but the node being rewritten; null otherwise.
 Node* sole_conv(Value* v, bool epilogue_ok) {
   if (!v || v->uses().size() != 1 || v->node()->owning_graph()->is_output(v)) return nullptr;
+  // conv2d_epilogue runs on the CPU only (a GPU convolution keeps its own ops).
+  if (!v->type().device.is_cpu()) return nullptr;
   Node* c = v->node();
   const ConvOps& op = conv_ops();
   if (&c->op() == op.conv && c->num_inputs() == 3 && c->attrs().size() == kGeometryAttrs) return c;
