@@ -22,17 +22,18 @@ namespace kiln::jit {
 // that equal subexpressions are one value when the pattern rules look for "the same x" (softmax's
 // two exps); fold before the rewrites, so rules see constants rather than constant arithmetic;
 // canonicalize before stabilize, so views and x * 1 do not hide a stabilizable pattern; gemm_bias
-// after them (x * 1 + b is a bias add once canonical); transfers after the rewrites, so that
-// the elementwise chains it moves to the device are in their final form; and dce
-// after them, for nodes the rewrites left behind that they did not remove themselves; push_views
-// and sink_views at the very end, for the fuser.
+// and conv_fold after them (x * 1 + b is a bias add once canonical); transfers after the rewrites,
+// so that the elementwise chains it moves to the device are in their final form; and dce after
+// them, for nodes the rewrites left behind that they did not remove themselves; push_views and
+// sink_views at the very end, for the fuser.
 const std::vector<PassInfo>& all_passes() {
   static const std::vector<PassInfo> passes = {
       {"dce", &eliminate_dead_code},  {"cse", &eliminate_common_subexpressions},
       {"fold", &fold_constants},      {"canonicalize", &canonicalize},
       {"stabilize", &stabilize},      {"transfers", &eliminate_transfers},
-      {"gemm_bias", &fold_gemm_bias}, {"dce", &eliminate_dead_code},
-      {"push_views", &push_views},    {"sink_views", &sink_views},
+      {"gemm_bias", &fold_gemm_bias}, {"conv_fold", &fold_conv_epilogues},
+      {"dce", &eliminate_dead_code},  {"push_views", &push_views},
+      {"sink_views", &sink_views},
   };
   return passes;
 }

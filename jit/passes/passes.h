@@ -32,6 +32,9 @@ bool stabilize(Graph& g, PassContext& ctx);
 bool sink_views(Graph& g, PassContext& ctx);
 // add(mm(a, b), bias) -> addmm(bias, a, b): the bias add folds into the GEMM (beta = 1).
 bool fold_gemm_bias(Graph& g, PassContext& ctx);
+// Folds a per-channel affine after a convolution (eval batch norm) into its weight and bias, and
+// makes a residual add and an activation after it the convolution's epilogue (see conv_fold.cpp).
+bool fold_conv_epilogues(Graph& g, PassContext& ctx);
 // view(elementwise(a, b)) -> elementwise(view(a), view(b)) where that removes the view from
 // between fusible nodes (see push_views.cpp); only with fusion on.
 bool push_views(Graph& g, PassContext& ctx);

@@ -60,8 +60,10 @@ bool is_pushable_view(const Node& n) {
 
 bool is_elementwise(const Node& n) {
   const OpDef& op = n.op();
-  return (op.kind == detail::OpKind::Unary || op.kind == detail::OpKind::Binary) && op.formula &&
-         op.map_into && n.num_outputs() == 1 && !passes::is_nondeterministic(op);
+  // where (ternary: the ReLU gradient's) has a formula but no map_into.
+  const bool unary_binary = op.kind == detail::OpKind::Unary || op.kind == detail::OpKind::Binary;
+  return ((unary_binary && op.map_into) || op.kind == detail::OpKind::Ternary) && op.formula &&
+         n.num_outputs() == 1 && !passes::is_nondeterministic(op);
 }
 
 // Whether a view's result is read only by nodes that fuse with what computes it.

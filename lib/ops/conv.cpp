@@ -32,6 +32,9 @@
 // On a CUDA device the im2col formulation runs lib/ops/conv_cuda.cpp's kernels and cuBLAS (the
 // weight-gradient one is built of it); oneDNN is CPU only.
 //
+// conv2d_epilogue is conv2d with a bias, a residual add and an activation computed by the
+// convolution (oneDNN post-ops); only the graph pass jit/passes/conv_fold.cpp makes it.
+//
 // In lazy mode each op records one node once its checks and output shape are done; the node runs
 // the op itself (a library call, like a GEMM).
 #include "lib/ops/conv.h"
@@ -53,6 +56,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -109,6 +113,16 @@ const detail::OpDef& grad_weight_def = def_conv(
                                        attr_ints(a.at(2)), attr_ints(a.at(3)), attr_int(a.at(4)))};
     },
     {"weight_size", "stride", "padding", "dilation", "groups"});
+// Inputs (input, weight, bias, residual), the last two optional: activation(conv2d(input,
+// weight) + bias + residual), the bias and residual add and the activation ("none", "relu",
+// "gelu", "gelu_tanh", "silu") computed as the convolution's epilogue (oneDNN post-ops). Only the
+// graph pass jit/passes/conv_fold.cpp makes it, from graphs already differentiated: it has no
+// gradient formula.
+Tensor conv2d_epilogue_kernel(const Inputs& in, const Attrs& a);
+const detail::OpDef& conv2d_epilogue_def =
+    def_conv("conv2d_epilogue", 4,
+             [](const Inputs& in, const Attrs& a) { return Inputs{conv2d_epilogue_kernel(in, a)}; },
+             {"stride", "padding", "dilation", "groups", "activation"});
 
 // ------------------------------------------------------------------------------------ geometry
 
@@ -349,14 +363,49 @@ struct DnnlConv {
   static int64_t right_pad(const ConvGeom& g) {
     return (g.oW - 1) * g.sW + (g.kW - 1) * g.dW + 1 - g.W - g.pW;
   }
+  // The same shape in the layout oneDNN's fastest kernel for the problem chooses (channels in
+  // blocks of 16 on AVX-512): on plain NCHW memory oneDNN offers only its GEMM-based
+  // convolution. Layouts converts between the two.
+  static dnnl::memory::desc any(const dnnl::memory::desc& d) {
+    return {d.dims(), d.data_type(), dnnl::memory::format_tag::any};
+  }
   dnnl::convolution_forward::primitive_desc forward() const {
-    return {{dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src, weights,
-             dst, strides, dilates, pad_l, pad_r},
+    return {{dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, any(src),
+             any(weights), any(dst), strides, dilates, pad_l, pad_r},
             dnnl_engine()};
   }
   dnnl::memory mem(const dnnl::memory::desc& d, const Tensor& t) const {
     return dnnl::memory(d, dnnl_engine(), const_cast<void*>(t.raw_data_ptr()));
   }
+};
+
+// Reorders between kiln's plain tensors and the layouts a primitive chose, on one stream (in
+// order): inputs before the primitive runs, outputs (finish) after it.
+class Layouts {
+ public:
+  explicit Layouts(dnnl::stream& s) : s_(s) {}
+  // `plain` as the primitive reads it.
+  dnnl::memory in(const dnnl::memory::desc& want, dnnl::memory plain) {
+    if (want == plain.get_desc()) return plain;
+    dnnl::memory m(want, dnnl_engine());
+    dnnl::reorder(plain, m).execute(s_, plain, m);
+    return m;
+  }
+  // Where the primitive writes what finish() copies to `plain`; `accumulate`: it adds to what is
+  // there (a sum post-op), so the plain values go in first.
+  dnnl::memory out(const dnnl::memory::desc& want, dnnl::memory plain, bool accumulate = false) {
+    if (want == plain.get_desc()) return plain;
+    dnnl::memory m = accumulate ? in(want, plain) : dnnl::memory(want, dnnl_engine());
+    outputs_.emplace_back(m, plain);
+    return m;
+  }
+  void finish() {
+    for (auto& [m, plain] : outputs_) dnnl::reorder(m, plain).execute(s_, m, plain);
+  }
+
+ private:
+  dnnl::stream& s_;
+  std::vector<std::pair<dnnl::memory, dnnl::memory>> outputs_;
 };
 
 // Runs one oneDNN primitive; its failures become kiln::Errors naming the pass.
@@ -372,14 +421,59 @@ void dnnl_run(const char* op, const ConvGeom& g, Run run) {
   }
 }
 
-Tensor forward_onednn(const Tensor& x, const Tensor& w, const ConvGeom& g) {
-  Tensor y = detail::make_empty({g.N, g.O, g.oH, g.oW}, kFloat32);
+// What a convolution adds after its sums (conv2d_epilogue): a bias [O], a residual of the
+// output's shape, an activation; undefined or "none" where absent.
+struct Epilogue {
+  Tensor bias, residual;
+  std::string activation = "none";
+};
+
+// The oneDNN eltwise algorithm computing an activation as kiln does (SiLU is swish with alpha 1).
+dnnl::algorithm dnnl_activation(const std::string& act) {
+  if (act == "relu") return dnnl::algorithm::eltwise_relu;
+  if (act == "gelu") return dnnl::algorithm::eltwise_gelu_erf;
+  if (act == "gelu_tanh") return dnnl::algorithm::eltwise_gelu_tanh;
+  KILN_CHECK(act == "silu", "conv2d_epilogue: unknown activation '", act, "'");
+  return dnnl::algorithm::eltwise_swish;
+}
+
+// The forward convolution; with an epilogue, its bias is the primitive's bias and the residual
+// and activation are post-ops (a sum onto the output, which starts as a copy of the residual,
+// then the eltwise), so the output is written once.
+Tensor forward_onednn(const Tensor& x, const Tensor& w, const ConvGeom& g, const Epilogue& e = {}) {
+  Tensor y = e.residual.defined() ? e.residual.contiguous().clone()
+                                  : detail::make_empty({g.N, g.O, g.oH, g.oW}, kFloat32);
   DnnlConv d(g);
+  dnnl::post_ops post;
+  if (e.residual.defined()) post.append_sum(1.f);
+  if (e.activation != "none")
+    post.append_eltwise(1.f, dnnl_activation(e.activation), e.activation == "silu" ? 1.f : 0.f,
+                        0.f);
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(post);
+  const dnnl::memory::desc bias_desc({g.O}, dnnl::memory::data_type::f32,
+                                     dnnl::memory::format_tag::x);
   dnnl_run("conv2d", g, [&](dnnl::stream& s) {
-    dnnl::convolution_forward(d.forward())
-        .execute(s, {{DNNL_ARG_SRC, d.mem(d.src, x)},
-                     {DNNL_ARG_WEIGHTS, d.mem(d.weights, w)},
-                     {DNNL_ARG_DST, d.mem(d.dst, y)}});
+    const dnnl::convolution_forward::primitive_desc pd =
+        e.bias.defined()
+            ? dnnl::convolution_forward::primitive_desc(
+                  {dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+                   DnnlConv::any(d.src), DnnlConv::any(d.weights), bias_desc, DnnlConv::any(d.dst),
+                   d.strides, d.dilates, d.pad_l, d.pad_r},
+                  attr, dnnl_engine())
+            : dnnl::convolution_forward::primitive_desc(
+                  {dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+                   DnnlConv::any(d.src), DnnlConv::any(d.weights), DnnlConv::any(d.dst), d.strides,
+                   d.dilates, d.pad_l, d.pad_r},
+                  attr, dnnl_engine());
+    Layouts layouts(s);
+    std::unordered_map<int, dnnl::memory> args = {
+        {DNNL_ARG_SRC, layouts.in(pd.src_desc(), d.mem(d.src, x))},
+        {DNNL_ARG_WEIGHTS, layouts.in(pd.weights_desc(), d.mem(d.weights, w))},
+        {DNNL_ARG_DST, layouts.out(pd.dst_desc(), d.mem(d.dst, y), e.residual.defined())}};
+    if (e.bias.defined()) args.emplace(DNNL_ARG_BIAS, d.mem(bias_desc, e.bias));
+    dnnl::convolution_forward(pd).execute(s, args);
+    layouts.finish();
   });
   return y;
 }
@@ -389,12 +483,15 @@ Tensor grad_input_onednn(const Tensor& gy, const Tensor& w, const ConvGeom& g) {
   DnnlConv d(g);
   dnnl_run("conv2d_grad_input", g, [&](dnnl::stream& s) {
     dnnl::convolution_backward_data::primitive_desc pd(
-        {dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst, d.strides, d.dilates,
-         d.pad_l, d.pad_r},
+        {dnnl::algorithm::convolution_direct, DnnlConv::any(d.src), DnnlConv::any(d.weights),
+         DnnlConv::any(d.dst), d.strides, d.dilates, d.pad_l, d.pad_r},
         dnnl_engine(), d.forward());
-    dnnl::convolution_backward_data(pd).execute(s, {{DNNL_ARG_DIFF_DST, d.mem(d.dst, gy)},
-                                                    {DNNL_ARG_WEIGHTS, d.mem(d.weights, w)},
-                                                    {DNNL_ARG_DIFF_SRC, d.mem(d.src, gx)}});
+    Layouts layouts(s);
+    dnnl::convolution_backward_data(pd).execute(
+        s, {{DNNL_ARG_DIFF_DST, layouts.in(pd.diff_dst_desc(), d.mem(d.dst, gy))},
+            {DNNL_ARG_WEIGHTS, layouts.in(pd.weights_desc(), d.mem(d.weights, w))},
+            {DNNL_ARG_DIFF_SRC, layouts.out(pd.diff_src_desc(), d.mem(d.src, gx))}});
+    layouts.finish();
   });
   return gx;
 }
@@ -404,13 +501,15 @@ Tensor grad_weight_onednn(const Tensor& gy, const Tensor& x, const ConvGeom& g) 
   DnnlConv d(g);
   dnnl_run("conv2d_grad_weight", g, [&](dnnl::stream& s) {
     dnnl::convolution_backward_weights::primitive_desc pd(
-        {dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst, d.strides, d.dilates,
-         d.pad_l, d.pad_r},
+        {dnnl::algorithm::convolution_direct, DnnlConv::any(d.src), DnnlConv::any(d.weights),
+         DnnlConv::any(d.dst), d.strides, d.dilates, d.pad_l, d.pad_r},
         dnnl_engine(), d.forward());
-    dnnl::convolution_backward_weights(pd).execute(s,
-                                                   {{DNNL_ARG_DIFF_DST, d.mem(d.dst, gy)},
-                                                    {DNNL_ARG_SRC, d.mem(d.src, x)},
-                                                    {DNNL_ARG_DIFF_WEIGHTS, d.mem(d.weights, gw)}});
+    Layouts layouts(s);
+    dnnl::convolution_backward_weights(pd).execute(
+        s, {{DNNL_ARG_DIFF_DST, layouts.in(pd.diff_dst_desc(), d.mem(d.dst, gy))},
+            {DNNL_ARG_SRC, layouts.in(pd.src_desc(), d.mem(d.src, x))},
+            {DNNL_ARG_DIFF_WEIGHTS, layouts.out(pd.diff_weights_desc(), d.mem(d.weights, gw))}});
+    layouts.finish();
   });
   return gw;
 }
@@ -611,6 +710,42 @@ Tensor forward_kernel(const Tensor& input, const Tensor& weight, const Tensor& b
     y.add_(bias.reshape({1, g.O, 1, 1}));
   }
   return y;
+}
+
+// The epilogue computed by kiln's ops on a convolution's output y (in place), for the algorithms
+// without post-ops: as many passes over y as there are parts.
+Tensor apply_epilogue(Tensor y, const Epilogue& e) {
+  if (e.bias.defined()) y.add_(e.bias.reshape({1, e.bias.size(0), 1, 1}));
+  if (e.residual.defined()) y.add_(e.residual);
+  if (e.activation == "relu") return relu(y);
+  if (e.activation == "gelu") return gelu(y, "none");
+  if (e.activation == "gelu_tanh") return gelu(y, "tanh");
+  if (e.activation == "silu") return silu(y);
+  return y;
+}
+
+Tensor conv2d_epilogue_kernel(const Inputs& in, const Attrs& a) {
+  const char* op = "conv2d_epilogue";
+  const ConvArgs args =
+      conv_args(op, attr_ints(a.at(0)), attr_ints(a.at(1)), attr_ints(a.at(2)), attr_int(a.at(3)));
+  const ConvGeom g =
+      make_geom(op, in[0].sizes(), in[1].sizes(), args, operands("input", in[0], "weight", in[1]));
+  Epilogue e{in[2], in[3], detail::attr_string(a.at(4))};
+  KILN_CHECK(!e.bias.defined() || e.bias.sizes() == Shape{g.O}, op, ": expected bias of shape [",
+             g.O, "], got ", describe(e.bias));
+  KILN_CHECK(!e.residual.defined() || e.residual.sizes() == Shape({g.N, g.O, g.oH, g.oW}), op,
+             ": expected a residual of the output's shape ", shape_str({g.N, g.O, g.oH, g.oW}),
+             ", got ", describe(e.residual));
+  AutoGradMode kernel_only(false);
+  const Tensor x = in[0].contiguous(), w = in[1].contiguous();
+  if (e.bias.defined()) e.bias = e.bias.contiguous();
+  if (empty_problem(g))
+    return apply_epilogue(zeros({g.N, g.O, g.oH, g.oW}, TensorOptions(x.dtype())), e);
+  return run_pass(Pass::Forward, g, x.dtype(), [&](ConvAlgo algo) {
+    if (algo == ConvAlgo::OneDNN) return forward_onednn(x, w, g, e);
+    return apply_epilogue(
+        algo == ConvAlgo::WeightGrad ? forward_weight_grad(x, w, g) : forward_im2col(x, w, g), e);
+  });
 }
 
 Tensor grad_input_kernel(const Tensor& grad_output, const Tensor& weight, const ConvGeom& g) {

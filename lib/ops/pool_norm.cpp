@@ -10,10 +10,14 @@
 // same positions. The average pools are linear, so each one's backward is its adjoint op and the
 // adjoint's gradient is the forward op again.
 //
-// batch_norm and group_norm are compositions of reductions and elementwise ops, so autograd
-// differentiates them (twice, too) and lazy mode fuses them like any other expression. batch_norm
-// in training updates the running statistics in place with no gradient, as torch:
-// running = (1 - momentum) * running + momentum * batch statistic, the variance unbiased.
+// batch_norm and group_norm are compositions of reductions and elementwise ops, which lazy mode
+// fuses like any other expression; autograd differentiates group_norm (twice, too) through its
+// ops, and training batch_norm through a formula of its own whose ops differentiate again
+// (normalize), written so that its statistics and its backward's sums are one kernel each.
+// Eval batch_norm is a per-channel affine, which jit/passes/conv_fold.cpp folds into a
+// preceding convolution. batch_norm in training updates the running statistics in place with no
+// gradient, as torch: running = (1 - momentum) * running + momentum * batch statistic, the variance
+// unbiased.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -393,6 +397,140 @@ void check_norm_input(const char* op, const Tensor& x) {
   KILN_CHECK(x.is_floating_point(), op, ": expected a floating-point input, got ", describe(x));
 }
 
+// Dims 1.. of a tensor of rank `rank`: every dim but the channels of a channels-first view.
+std::vector<int64_t> trailing_dims(int64_t rank) {
+  std::vector<int64_t> dims;
+  for (int64_t d = 1; d < rank; ++d) dims.push_back(d);
+  return dims;
+}
+
+// The number of values per channel of an [N, C, ...] input.
+double per_channel_count(const Tensor& x) {
+  return static_cast<double>(x.numel() / std::max<int64_t>(1, x.size(1)));
+}
+
+// Every dim but the channels (1) of a tensor of rank `rank`.
+std::vector<int64_t> non_channel_dims(int64_t rank) {
+  std::vector<int64_t> dims{0};
+  for (int64_t d = 2; d < rank; ++d) dims.push_back(d);
+  return dims;
+}
+
+// Training batch_norm's statistics and the 1 / sqrt(var + eps) that normalizes.
+//
+// Recorded (lazy mode, traces), both fold every dim but the channels on the channels-first view
+// [C, N, H, W] of the input, where they are row reductions over the trailing dims, which the
+// fuser folds in one kernel reading each channel's values once: the sum and the sum of squares,
+// accumulated in double (the input widened inside the kernel). The variance is taken about the
+// mean rounded to the input's dtype, m: E[(x - m)^2] = E[x^2] - 2 m E[x] + m^2 exceeds the
+// variance by (E[x] - m)^2, a relative 2^-48 of E[x]^2, and cancels in double, not in float.
+// Computing it through m also makes the fused kernel one chain ending at invstd (its last node),
+// so the mean, the variance and invstd are all outputs of that one kernel; a variance computed
+// beside the mean would leave the mean's rounding to a kernel of its own. Eager mode runs the
+// reference reductions over dims (0, 2, ...) in place instead (mean, and var's two passes):
+// widened copies of the input would only cost it time.
+struct BatchStats {
+  Tensor mean, var, invstd;  // [C], of the input's dtype; var biased
+};
+BatchStats batch_stats(const Tensor& input, double eps) {
+  BatchStats st;
+  if (!detail::should_record(input)) {
+    const std::vector<int64_t> dims = non_channel_dims(input.dim());
+    st.mean = mean(input, dims);
+    st.var = kiln::var(input, dims, 0);
+  } else {
+    const std::vector<int64_t> dims = trailing_dims(input.dim());
+    const double n = per_channel_count(input);
+    const Tensor xt = input.transpose(0, 1).to(kFloat64);
+    const Tensor mean64 = xt.sum(dims) / n;
+    st.mean = mean64.to(input.dtype());
+    const Tensor m = st.mean.to(kFloat64);
+    st.var = clamp((xt * xt).sum(dims) / n - m * (mean64 * 2.0 - m), 0.0).to(input.dtype());
+  }
+  st.invstd = rsqrt(st.var + eps);
+  return st;
+}
+
+// (input - mean) * invstd * weight + bias, the per-channel [C] values broadcast over the
+// channels; the weight and bias may be undefined.
+Tensor normalize_kernel(const Tensor& input, const Tensor& mean, const Tensor& invstd,
+                        const Tensor& weight, const Tensor& bias) {
+  const int64_t rank = input.dim();
+  // invstd first: graphs list a node's operands in order, and the mean's view after the node that
+  // computes invstd from it lets the kernel computing both finish before any reader of the mean.
+  Tensor y = per_channel(invstd, rank) * (input - per_channel(mean, rank));
+  if (weight.defined()) y = y * per_channel(weight, rank);
+  if (bias.defined()) y = y + per_channel(bias, rank);
+  return y;
+}
+
+// batch_norm's gradients from the output's gradient g, the input x and the batch's mean and
+// invstd: {input, weight, bias}, each only when needed.
+//   xhat = (x - mean) * invstd, A = invstd * weight
+//   d bias = sum(g), d weight = sum(g * xhat), both over every dim but the channels
+//   d x = A * (g - (q * (x - mean) + sum(g) / n)),  q = invstd * sum(g * xhat) / n
+// Recorded, the two sums are row reductions of the channels-first views of g and x, in double
+// (eager mode: the reference reductions, as in batch_stats), folded by one kernel, which also
+// computes q (its last node: sum(g * xhat) = (sum(g * x) - mean * sum(g))
+// * invstd is computed from sum(g) rounded to the input's dtype, a relative 2^-24 |mean| / std
+// of it at most, so that every output of the kernel is on one chain); d x is one elementwise pass.
+std::vector<Tensor> normalize_backward(const detail::BackwardContext& c) {
+  const Tensor &g = c.grad(), &x = c.saved(0), &mean = c.saved(1), &invstd = c.saved(2),
+               &w = c.saved(3);
+  const int64_t rank = x.dim();
+  const std::vector<int64_t> dims = trailing_dims(rank);
+  const double n = per_channel_count(x);
+  Tensor sum_g, sum_gxhat;
+  if (!detail::should_record(g, x)) {
+    // Eager: the reference reductions over dims (0, 2, ...), as in batch_stats.
+    const std::vector<int64_t> over = non_channel_dims(rank);
+    sum_g = g.sum(over);
+    sum_gxhat = (g * (x - per_channel(mean, rank))).sum(over) * invstd;
+  } else {
+    const Tensor gt = g.transpose(0, 1).to(kFloat64), xt = x.transpose(0, 1).to(kFloat64);
+    sum_g = gt.sum(dims).to(x.dtype());
+    const Tensor sum_gx = (gt * xt).sum(dims);
+    sum_gxhat =
+        ((sum_gx - mean.to(kFloat64) * sum_g.to(kFloat64)) * invstd.to(kFloat64)).to(x.dtype());
+  }
+  std::vector<Tensor> grads(3);
+  if (c.needs_grad(0)) {
+    // Recorded, d x reads g and x through a view, g.unsqueeze(0) (computed in [1, N, C, ...] and
+    // squeezed back: the same memory), as the sums read them through the transpose: when every
+    // use of g is a view, push_views moves g's elementwise producer (the ReLU gradient of the
+    // layer before) into both kernels rather than writing g out for them.
+    const bool recorded = detail::should_record(g, x);
+    auto view = [recorded](const Tensor& t) { return recorded ? t.unsqueeze(0) : t; };
+    auto channel = [&](const Tensor& p) { return view(per_channel(p, rank)); };
+    // The correction through q first, for the order of the graph (as in normalize_kernel).
+    const Tensor q = invstd * sum_gxhat / n;
+    const Tensor a_c = w.defined() ? channel(invstd) * channel(w) : channel(invstd);
+    const Tensor dx =
+        a_c * (view(g) - (channel(q) * (view(x) - channel(mean)) + channel(sum_g) / n));
+    grads[0] = recorded ? dx.squeeze(0) : dx;
+  }
+  if (c.needs_grad(1)) grads[1] = sum_gxhat;
+  if (c.needs_grad(2)) grads[2] = sum_g;
+  return grads;
+}
+
+// Training batch_norm's normalization with its own gradient formula: autograd through the
+// composition would sum the gradients of the [1, C, 1, 1] statistics over dims (0, 2, 3), which
+// no fused kernel folds (see normalize_backward). mean and invstd keep their own history (from
+// the input), so the formula's ops differentiate again through them (double backward).
+Tensor normalize(const Tensor& input, const Tensor& mean, const Tensor& invstd,
+                 const Tensor& weight, const Tensor& bias) {
+  Tensor y;
+  {
+    AutoGradMode no_history(false);
+    y = normalize_kernel(input, mean, invstd, weight, bias);
+  }
+  if (detail::needs_grad(input, weight, bias, mean, invstd))
+    detail::record("batch_norm", {input, weight, bias}, {y}, {input, mean, invstd, weight},
+                   &normalize_backward);
+  return y;
+}
+
 }  // namespace
 
 std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, const Shape& kernel_size,
@@ -469,31 +607,28 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
   check_channel_param(op, bias, "bias", input);
   KILN_CHECK(running_mean.defined() == running_var.defined(), op,
              ": running_mean and running_var must be both given or both undefined");
-  std::vector<int64_t> dims{0};
-  for (int64_t d = 2; d < input.dim(); ++d) dims.push_back(d);
   const int64_t count = input.numel() / std::max<int64_t>(1, input.size(1));
   const int64_t rank = input.dim();
-  Tensor mu, var;
-  if (training || !running_mean.defined()) {
-    KILN_CHECK(count > 1, op, ": expected more than 1 value per channel when training, got input ",
-               describe(input));
-    mu = mean(input, dims, true);
-    var = kiln::var(input, dims, 0, true);
-    if (training && running_mean.defined()) {
-      NoGradGuard no_grad;
-      const double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
-      Tensor rm = running_mean, rv = running_var;  // handles: the buffers update in place
-      rm.mul_(1.0 - momentum).add_(mu.flatten() * momentum);
-      rv.mul_(1.0 - momentum).add_(var.flatten() * (momentum * unbias));
-    }
-  } else {
-    mu = per_channel(running_mean, rank);
-    var = per_channel(running_var, rank);
+  if (!training && running_mean.defined()) {
+    // Eval: a per-channel affine of the input (as torch's CPU kernel), which a graph pass folds
+    // into a preceding convolution (jit/passes/conv_fold.cpp).
+    Tensor scale = rsqrt(running_var + eps);
+    if (weight.defined()) scale = scale * weight;
+    Tensor shift = -running_mean * scale;
+    if (bias.defined()) shift = shift + bias;
+    return input * per_channel(scale, rank) + per_channel(shift, rank);
   }
-  Tensor y = (input - mu) * rsqrt(var + eps);
-  if (weight.defined()) y = y * per_channel(weight, rank);
-  if (bias.defined()) y = y + per_channel(bias, rank);
-  return y;
+  KILN_CHECK(count > 1, op, ": expected more than 1 value per channel when training, got input ",
+             describe(input));
+  const BatchStats st = batch_stats(input, eps);
+  if (training && running_mean.defined()) {
+    NoGradGuard no_grad;
+    const double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
+    Tensor rm = running_mean, rv = running_var;  // handles: the buffers update in place
+    rm.mul_(1.0 - momentum).add_(st.mean * momentum);
+    rv.mul_(1.0 - momentum).add_(st.var * (momentum * unbias));
+  }
+  return normalize(input, st.mean, st.invstd, weight, bias);
 }
 
 Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight, const Tensor& bias,

@@ -632,8 +632,8 @@ TEST(PassManager, FixedOrder) {
   std::vector<std::string> names;
   for (const PassInfo& p : all_passes()) names.push_back(p.name);
   EXPECT_EQ(names, (std::vector<std::string>{"dce", "cse", "fold", "canonicalize", "stabilize",
-                                             "transfers", "gemm_bias", "dce", "push_views",
-                                             "sink_views"}));
+                                             "transfers", "gemm_bias", "conv_fold", "dce",
+                                             "push_views", "sink_views"}));
 }
 
 Graph* neg_neg_graph(Graph& g) {
@@ -727,7 +727,7 @@ TEST(PassManager, ProfileCountsRunsNodesAndRewrites) {
     EXPECT_EQ(g.size(), 1u);
   }
   std::vector<PassProfileEntry> profile = pass_profile();
-  ASSERT_EQ(profile.size(), 9u);  // the distinct passes of all_passes()
+  ASSERT_EQ(profile.size(), 10u);  // the distinct passes of all_passes()
   for (const PassProfileEntry& e : profile) {
     EXPECT_EQ(e.runs, e.pass == "dce" ? 4 : 2) << e.pass;
     EXPECT_GE(e.seconds, 0.0);
