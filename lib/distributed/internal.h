@@ -1,0 +1,38 @@
+// Internals shared by the distributed sources: kiln's Store seen as Gloo's, the NCCL loader.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gloo/rendezvous/store.h>
+
+#include "kiln/distributed.h"
+
+namespace kiln::distributed {
+
+// Gloo's rendezvous speaks to any kiln Store through this.
+class GlooStoreAdapter : public gloo::rendezvous::Store {
+ public:
+  explicit GlooStoreAdapter(kiln::distributed::Store& store) : store_(store) {}
+  void set(const std::string& key, const std::vector<char>& data) override;
+  std::vector<char> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override;
+
+ private:
+  kiln::distributed::Store& store_;
+};
+
+// Why NCCL cannot run in this process ("" when it can): no CUDA driver or device, or no
+// libnccl.so.2. Loads NCCL on the first call.
+const std::string& nccl_unavailable_reason();
+
+std::shared_ptr<ProcessGroup> make_gloo_group(int rank, int world_size,
+                                              std::shared_ptr<Store> store,
+                                              const std::string& prefix,
+                                              std::chrono::milliseconds timeout);
+
+}  // namespace kiln::distributed
