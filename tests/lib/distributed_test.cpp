@@ -570,6 +570,27 @@ TEST(Distributed, InitFromTorchrunEnvironmentOverTcpStore) {
       "env init");
 }
 
+// tools/kiln-run, found above this binary (build trees live in the source tree).
+std::string find_kiln_run() {
+  std::filesystem::path dir = std::filesystem::read_symlink("/proc/self/exe").parent_path();
+  for (; !dir.empty() && dir != dir.root_path(); dir = dir.parent_path()) {
+    if (std::filesystem::exists(dir / "tools" / "kiln-run")) return dir / "tools" / "kiln-run";
+  }
+  return "";
+}
+
+TEST(Distributed, KilnRunStartsRanksWithTorchrunEnvironment) {
+  std::string kiln_run = find_kiln_run();
+  if (kiln_run.empty()) GTEST_SKIP() << "tools/kiln-run not found above this binary";
+  std::string self = std::filesystem::read_symlink("/proc/self/exe");
+  std::string cmd = "DIST_TEST_WORKER=env timeout 60 " + kiln_run + " -n 3 " + self + " 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  // A failing rank stops the job, whose status is the rank's.
+  cmd = "DIST_TEST_WORKER=no_such_scenario timeout 60 " + kiln_run + " -n 2 " + self + " 2>&1";
+  int status = std::system(cmd.c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << cmd;
+}
+
 TEST(Distributed, StoresSetGetWaitAndTimeOut) {
   TempDir dir;
   dist::FileStore file(dir.path + "/store", std::chrono::milliseconds(200));
