@@ -591,6 +591,46 @@ TEST(Distributed, KilnRunStartsRanksWithTorchrunEnvironment) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << cmd;
 }
 
+std::string run_and_capture(const std::string& cmd) {
+  std::string out;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
+  EXPECT_EQ(pclose(pipe), 0) << cmd << "\n" << out;
+  return out;
+}
+
+// The lines that report losses and perplexities (not the timings).
+std::vector<std::string> loss_lines(const std::string& out) {
+  std::vector<std::string> lines;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(" step ") != std::string::npos) lines.push_back(line);
+    auto valid = line.find("valid ppl");
+    if (valid != std::string::npos) lines.push_back(line.substr(0, line.find(',', valid)));
+  }
+  return lines;
+}
+
+// The word language model example on two ranks follows the single-process run (without dropout,
+// whose masks each rank draws for itself).
+TEST(Distributed, WordLmOnTwoRanksMatchesOneProcess) {
+  std::string kiln_run = find_kiln_run();
+  std::filesystem::path word_lm =
+      std::filesystem::read_symlink("/proc/self/exe").parent_path().parent_path() / "tools" /
+      "examples" / "word_lm";
+  if (kiln_run.empty() || !std::filesystem::exists(word_lm))
+    GTEST_SKIP() << "needs tools/kiln-run and the word_lm example (ninja word_lm)";
+  std::string args =
+      " --epochs 1 --steps 12 --dropout 0 --log-every 4 --train-tokens 8000 --valid-tokens 1000";
+  std::vector<std::string> one = loss_lines(run_and_capture(word_lm.string() + args + " 2>&1"));
+  std::vector<std::string> two = loss_lines(
+      run_and_capture("timeout 120 " + kiln_run + " -n 2 " + word_lm.string() + " --ddp" + args));
+  EXPECT_EQ(one.size(), 4u);
+  EXPECT_EQ(one, two);
+}
+
 TEST(Distributed, StoresSetGetWaitAndTimeOut) {
   TempDir dir;
   dist::FileStore file(dir.path + "/store", std::chrono::milliseconds(200));
