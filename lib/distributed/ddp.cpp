@@ -7,13 +7,16 @@
 // process group's thread as one averaging all-reduce, in bucket order on every rank, while the
 // backward computes the next gradients. When the last parameter's gradient arrived the hook waits
 // for the buckets and writes the averages back into each .grad.
+#include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "kiln/autograd.h"
 #include "kiln/distributed.h"
 #include "kiln/error.h"
 #include "kiln/ops.h"
 #include "lib/autograd_hooks.h"
+#include "lib/distributed/internal.h"
 
 namespace kiln::nn::parallel {
 
@@ -43,32 +46,37 @@ struct DistributedDataParallel::Reducer {
   size_t next_launch = 0;  // buckets are reduced in order
   bool sync = true;
 
+  // As torch: the first bucket holds at most 1 MiB, so that communication starts early in the
+  // backward; the others up to cap_mb.
   void make_buckets(double cap_mb) {
     const auto cap = static_cast<int64_t>(cap_mb * 1024 * 1024);
+    const int64_t first_cap = std::min<int64_t>(cap, 1 << 20);
     bucket_of.assign(params.size(), 0);
     std::vector<size_t> open;  // the bucket being filled, per dtype
     for (size_t k = params.size(); k-- > 0;) {
       const Tensor& p = params[k];
-      size_t* slot = nullptr;
-      for (size_t& b : open) {
-        if (buckets[b].dtype == p.dtype()) slot = &b;
-      }
-      if (!slot || (buckets[*slot].numel > 0 &&
-                    (buckets[*slot].numel + p.numel()) * int64_t(p.element_size()) > cap)) {
-        buckets.emplace_back();
-        buckets.back().dtype = p.dtype();
-        if (slot) {
-          *slot = buckets.size() - 1;
-        } else {
-          open.push_back(buckets.size() - 1);
+      const int64_t bytes = p.numel() * int64_t(p.element_size());
+      auto same_dtype = [&](size_t b) { return buckets[b].dtype == p.dtype(); };
+      auto it = std::find_if(open.begin(), open.end(), same_dtype);
+      if (it != open.end()) {
+        const Bucket& current = buckets[*it];
+        const int64_t limit = *it == 0 ? first_cap : cap;
+        if (current.numel > 0 && current.numel * int64_t(p.element_size()) + bytes > limit) {
+          open.erase(it);
+          it = open.end();
         }
       }
-      size_t b = slot ? *slot : open.back();
-      Bucket& bucket = buckets[b];
+      if (it == open.end()) {
+        buckets.emplace_back();
+        buckets.back().dtype = p.dtype();
+        open.push_back(buckets.size() - 1);
+        it = open.end() - 1;
+      }
+      Bucket& bucket = buckets[*it];
       bucket.params.push_back(k);
       bucket.offsets.push_back(bucket.numel);
       bucket.numel += p.numel();
-      bucket_of[k] = b;
+      bucket_of[k] = *it;
     }
     reset();
   }
@@ -106,7 +114,7 @@ struct DistributedDataParallel::Reducer {
     --bucket.missing;
     while (next_launch < buckets.size() && buckets[next_launch].missing == 0) {
       Bucket& b = buckets[next_launch++];
-      b.work = group->allreduce(b.flat, ReduceOp::AVG);
+      b.work = distributed::allreduce_buffer(*group, b.flat, ReduceOp::AVG);
     }
     if (num_ready == params.size()) finish();
   }
@@ -134,12 +142,36 @@ struct DistributedDataParallel::Reducer {
   }
 };
 
+namespace {
+
+// Every rank must hold parameters of the same number and sizes: otherwise buckets would average
+// unrelated gradients, or the collectives would disagree on their sizes.
+void verify_same_parameters(Module& module, ProcessGroup& group) {
+  std::vector<int64_t> mine;
+  for (const Tensor& p : module.parameters()) mine.push_back(p.numel());
+  const std::vector<int64_t> summary = {int64_t(mine.size()),
+                                        std::accumulate(mine.begin(), mine.end(), int64_t(0))};
+  Tensor local = from_vector(summary);
+  std::vector<Tensor> all;
+  for (int r = 0; r < group.size(); ++r) all.push_back(zeros({2}, kInt64));
+  group.allgather(all, local)->wait();
+  for (int r = 0; r < group.size(); ++r) {
+    std::vector<int64_t> theirs = all[r].to_vector<int64_t>();
+    KILN_CHECK(theirs == summary, "DistributedDataParallel: rank ", r, " has ", theirs[0],
+               " parameters of ", theirs[1], " elements in all, rank ", group.rank(), " has ",
+               summary[0], " of ", summary[1], ": every rank must wrap the same model");
+  }
+}
+
+}  // namespace
+
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<Module> module,
                                                  std::shared_ptr<ProcessGroup> group,
                                                  double bucket_cap_mb)
     : module_(std::move(module)), reducer_(std::make_shared<Reducer>()) {
   KILN_CHECK(module_, "DistributedDataParallel: no module");
   reducer_->group = group ? std::move(group) : distributed::default_group();
+  verify_same_parameters(*module_, *reducer_->group);
   // Every rank starts from rank 0's parameters and buffers.
   std::vector<std::pair<Tensor, std::shared_ptr<Work>>> pending;
   for (Tensor t : module_->parameters()) pending.emplace_back(t, reducer_->group->broadcast(t, 0));

@@ -191,11 +191,13 @@ class GlooGroup : public ProcessGroup, public std::enable_shared_from_this<GlooG
                "all_reduce: ReduceOp::AVG needs a floating-point tensor, got ",
                dtype_name(tensor.dtype()));
     Tensor buf = stage(tensor, "all_reduce");
-    auto run = [ctx = context_, buf, op, size = size_](uint32_t tag) {
-      reduce_in_place(ctx, buf, op, tag);
-      if (op == ReduceOp::AVG) divide(buf, size);
-    };
-    return enqueue("all_reduce", run, [tensor, buf]() mutable { write_back(tensor, buf); });
+    return enqueue("all_reduce", reduce_task(buf, op),
+                   [tensor, buf]() mutable { write_back(tensor, buf); });
+  }
+
+  // all_reduce on a buffer the caller owns (see allreduce_buffer in internal.h): no staging.
+  std::shared_ptr<Work> allreduce_buffer(const Tensor& buffer, ReduceOp op) {
+    return enqueue("all_reduce", reduce_task(buffer, op), nullptr);
   }
 
   std::shared_ptr<Work> broadcast(Tensor& tensor, int root) override {
@@ -267,10 +269,7 @@ class GlooGroup : public ProcessGroup, public std::enable_shared_from_this<GlooG
     // Gloo's reduce-scatter (halving-doubling) takes power-of-two groups only; an allreduce of
     // the whole input is the general form, and the slice of this rank is the result.
     Tensor buf = stage(kiln::cat(flat, 0), "reduce_scatter");
-    auto run = [ctx = context_, buf, op, size = size_](uint32_t tag) {
-      reduce_in_place(ctx, buf, op, tag);
-      if (op == ReduceOp::AVG) divide(buf, size);
-    };
+    auto run = reduce_task(buf, op);
     auto finish = [output, buf, n = output.numel(), rank = rank_]() mutable {
       write_back(output, buf.narrow(0, rank * n, n));
     };
@@ -284,6 +283,13 @@ class GlooGroup : public ProcessGroup, public std::enable_shared_from_this<GlooG
   }
 
  private:
+  std::function<void(uint32_t)> reduce_task(const Tensor& buf, ReduceOp op) const {
+    return [ctx = context_, buf, op, size = size_](uint32_t tag) {
+      reduce_in_place(ctx, buf, op, tag);
+      if (op == ReduceOp::AVG) divide(buf, size);
+    };
+  }
+
   static void reduce_in_place(const std::shared_ptr<gloo::Context>& ctx, const Tensor& buf,
                               ReduceOp op, uint32_t tag) {
     if (buf.numel() == 0) return;
@@ -430,6 +436,14 @@ std::shared_ptr<ProcessGroup> make_gloo_group(int rank, int world_size,
                                               const std::string& prefix,
                                               std::chrono::milliseconds timeout) {
   return std::make_shared<GlooGroup>(rank, world_size, std::move(store), prefix, timeout);
+}
+
+std::shared_ptr<Work> allreduce_buffer(ProcessGroup& group, const Tensor& buffer, ReduceOp op) {
+  KILN_CHECK(buffer.is_contiguous() && !buffer.device().is_cuda(),
+             "allreduce_buffer: needs a contiguous CPU buffer");
+  if (auto* gloo = dynamic_cast<GlooGroup*>(&group)) return gloo->allreduce_buffer(buffer, op);
+  Tensor t = buffer;
+  return group.allreduce(t, op);
 }
 
 }  // namespace kiln::distributed

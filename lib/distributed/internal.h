@@ -30,6 +30,11 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
 // libnccl.so.2. Loads NCCL on the first call.
 const std::string& nccl_unavailable_reason();
 
+// all_reduce straight on `buffer`'s memory, skipping the staging copies: the caller owns buffer (a
+// contiguous CPU tensor whose value is computed), and neither reads nor writes it until the Work
+// completes. DistributedDataParallel's buckets.
+std::shared_ptr<Work> allreduce_buffer(ProcessGroup& group, const Tensor& buffer, ReduceOp op);
+
 std::shared_ptr<ProcessGroup> make_gloo_group(int rank, int world_size,
                                               std::shared_ptr<Store> store,
                                               const std::string& prefix,

@@ -399,6 +399,24 @@ void check_no_sync_keeps_local_gradients(int rank, int world) {
   }
 }
 
+// Rank 1 wraps a model of another size: DDP's construction raises on every rank.
+int ddp_mismatch_worker(int rank, int world) {
+  dist::init_process_group("gloo", rank, world, worker_store(env_timeout()), env_timeout());
+  auto module = std::make_shared<nn::Linear>(4, rank == 1 ? 3 : 2);
+  try {
+    nn::parallel::DistributedDataParallel ddp(module);
+    WORKER_CHECK(false, "DDP over different models did not raise");
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    std::cerr << "rank " << rank << " raised: " << msg << std::endl;
+    std::string other = rank == 0 ? "rank 1 has 2 parameters of 15 elements"
+                                  : "rank 0 has 2 parameters of 10 elements";
+    WORKER_CHECK(msg.find(other) != std::string::npos, "message: ", msg);
+  }
+  dist::destroy_process_group();
+  return g_failures ? 1 : 0;
+}
+
 int run_worker(const std::string& scenario) {
   int rank = env_int("RANK"), world = env_int("WORLD_SIZE");
   g_rank = rank;
@@ -408,6 +426,7 @@ int run_worker(const std::string& scenario) {
     if (scenario == "mismatch") return mismatch_worker(rank, world);
     if (scenario == "env") return env_worker();
     if (scenario == "ddp") return ddp_worker(rank, world);
+    if (scenario == "ddp_mismatch") return ddp_mismatch_worker(rank, world);
     std::cerr << "unknown scenario " << scenario << std::endl;
   } catch (const std::exception& e) {
     std::cerr << "rank " << rank << ": " << e.what() << std::endl;
@@ -544,6 +563,10 @@ TEST(Distributed, DdpMatchesOneProcessOnTheWholeBatch) {
     expect_all_pass(run_ranks("ddp", world, std::chrono::seconds(120)),
                     "DDP, world size " + std::to_string(world));
   }
+}
+
+TEST(Distributed, DdpOverDifferentModelsRaises) {
+  expect_all_pass(run_ranks("ddp_mismatch", 2, std::chrono::seconds(60)), "DDP model mismatch");
 }
 
 TEST(Distributed, RankExitingMidStepIsNamedByTheOthers) {
