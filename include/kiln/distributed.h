@@ -63,6 +63,7 @@ class TCPStore : public Store {
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   using Store::wait;
   int port() const;  // the port served (useful with port 0 on the master)
+  const std::string& host() const;
 
  private:
   struct Impl;

@@ -119,23 +119,19 @@ void write_back(Tensor& dst, const Tensor& src) {
   dst.copy_(src.view(dst.sizes()));
 }
 
+// The address this rank's Gloo device listens on, which its peers connect to: loopback when every
+// rank is on this machine (a file store, or a TCP store served on loopback), the host name
+// otherwise.
 std::string transport_hostname(const Store& store) {
-  // Peers connect to the address this rank's device listens on: loopback when every rank is on
-  // this machine (a file store, or a TCP store on a loopback master), the host name otherwise.
-  if (auto* tcp = dynamic_cast<const TCPStore*>(&store)) {
-    (void)tcp;
-    const char* master = std::getenv("MASTER_ADDR");
-    std::string m = master ? master : "127.0.0.1";
-    if (m != "127.0.0.1" && m != "localhost" && m != "::1") {
-      char name[256] = {};
-      ::gethostname(name, sizeof(name) - 1);
-      return name;
-    }
-  }
-  return "127.0.0.1";
+  auto* tcp = dynamic_cast<const TCPStore*>(&store);
+  if (!tcp || tcp->host() == "127.0.0.1" || tcp->host() == "localhost" || tcp->host() == "::1")
+    return "127.0.0.1";
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
 }
 
-class GlooGroup : public ProcessGroup, public std::enable_shared_from_this<GlooGroup> {
+class GlooGroup : public ProcessGroup {
  public:
   GlooGroup(int rank, int size, std::shared_ptr<Store> store, const std::string& prefix,
             std::chrono::milliseconds timeout)
@@ -153,8 +149,6 @@ class GlooGroup : public ProcessGroup, public std::enable_shared_from_this<GlooG
     try {
       auto device = gloo::transport::tcp::CreateDevice(attr);
       context->connectFullMesh(*prefixed_, device);
-    } catch (const kiln::Error& e) {
-      KILN_FAIL("init_process_group: rank ", rank_, " could not connect to its peers: ", e.what());
     } catch (const std::exception& e) {
       KILN_FAIL("init_process_group: rank ", rank_, " could not connect to its peers: ", e.what());
     }

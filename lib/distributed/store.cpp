@@ -312,6 +312,10 @@ int TCPStore::port() const {
   return impl_->port;
 }
 
+const std::string& TCPStore::host() const {
+  return impl_->host;
+}
+
 void TCPStore::set(const std::string& key, const std::vector<char>& value) {
   impl_->request("set", key, [&](int fd) {
     uint8_t op = kSet;
