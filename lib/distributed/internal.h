@@ -1,4 +1,4 @@
-// Internals shared by the distributed sources: kiln's Store seen as Gloo's, the NCCL loader.
+// Internals shared by the distributed sources: kiln's Store seen as Gloo's, the group makers.
 #pragma once
 
 #include <chrono>
@@ -35,6 +35,10 @@ const std::string& nccl_unavailable_reason();
 // completes. DistributedDataParallel's buckets.
 std::shared_ptr<Work> allreduce_buffer(ProcessGroup& group, const Tensor& buffer, ReduceOp op);
 
+std::shared_ptr<ProcessGroup> make_nccl_group(int rank, int world_size,
+                                              std::shared_ptr<Store> store,
+                                              const std::string& prefix,
+                                              std::chrono::milliseconds timeout);
 std::shared_ptr<ProcessGroup> make_gloo_group(int rank, int world_size,
                                               std::shared_ptr<Store> store,
                                               const std::string& prefix,

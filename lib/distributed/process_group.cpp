@@ -1,7 +1,5 @@
-// init_process_group and the collectives on the default group (torch.distributed's functions), the
-// rendezvous checks every rank makes at init, and the lazily loaded NCCL library.
-#include <dlfcn.h>
-
+// init_process_group and the collectives on the default group (torch.distributed's functions), and
+// the rendezvous checks every rank makes at init.
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -9,7 +7,6 @@
 #include "kiln/distributed.h"
 #include "kiln/error.h"
 #include "kiln/ops.h"
-#include "lib/cuda_driver.h"
 #include "lib/distributed/internal.h"
 
 namespace kiln::distributed {
@@ -82,30 +79,12 @@ std::shared_ptr<Work> finish(std::shared_ptr<Work> work, bool async_op) {
 
 }  // namespace
 
-// ---------------------------------------------------------------------------------- NCCL
-
-const std::string& nccl_unavailable_reason() {
-  // NCCL is opened on first use, as the CUDA driver is: one build serves machines with and
-  // without GPUs.
-  static const std::string reason = [] {
-    const std::string& cuda = detail::cuda::unavailable_reason();
-    if (!cuda.empty()) return "no CUDA device: " + cuda;
-    if (!dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL)) {
-      const char* e = dlerror();
-      return std::string("NCCL (libnccl.so.2) could not be loaded: ") + (e ? e : "");
-    }
-    return std::string();
-  }();
-  return reason;
-}
-
 bool is_available(const std::string& backend, std::string* reason) {
   std::string why;
   if (backend == "gloo") {
     why = "";
   } else if (backend == "nccl") {
     why = nccl_unavailable_reason();
-    if (why.empty()) why = "kiln's NCCL process group is not implemented yet (NCCL loads)";
   } else {
     why = "unknown backend '" + backend + "' (accepted: gloo, nccl)";
   }
@@ -130,6 +109,8 @@ std::shared_ptr<ProcessGroup> new_group(const std::string& backend, int rank, in
     prefix = "group" + std::to_string(g_groups_made++) + "/";
   }
   rendezvous_check(*store, prefix, backend, rank, world_size, timeout);
+  if (backend == "nccl")
+    return make_nccl_group(rank, world_size, std::move(store), prefix, timeout);
   return make_gloo_group(rank, world_size, std::move(store), prefix, timeout);
 }
 
