@@ -30,6 +30,7 @@ struct DistributedDataParallel::Reducer {
     std::vector<int64_t> offsets;  // of each parameter's gradient in flat
     int64_t numel = 0;
     DType dtype = kFloat32;
+    Device device = kCPU;
     size_t missing = 0;  // gradients not yet copied in during this backward
     Tensor flat;         // this backward's gradients, then their averages
     std::shared_ptr<Work> work;
@@ -56,8 +57,10 @@ struct DistributedDataParallel::Reducer {
     for (size_t k = params.size(); k-- > 0;) {
       const Tensor& p = params[k];
       const int64_t bytes = p.numel() * int64_t(p.element_size());
-      auto same_dtype = [&](size_t b) { return buckets[b].dtype == p.dtype(); };
-      auto it = std::find_if(open.begin(), open.end(), same_dtype);
+      auto same_kind = [&](size_t b) {
+        return buckets[b].dtype == p.dtype() && buckets[b].device == p.device();
+      };
+      auto it = std::find_if(open.begin(), open.end(), same_kind);
       if (it != open.end()) {
         const Bucket& current = buckets[*it];
         const int64_t limit = *it == 0 ? first_cap : cap;
@@ -69,6 +72,7 @@ struct DistributedDataParallel::Reducer {
       if (it == open.end()) {
         buckets.emplace_back();
         buckets.back().dtype = p.dtype();
+        buckets.back().device = p.device();
         open.push_back(buckets.size() - 1);
         it = open.end() - 1;
       }
@@ -102,21 +106,34 @@ struct DistributedDataParallel::Reducer {
     ++num_ready;
     Bucket& bucket = buckets[bucket_of[k]];
     if (!bucket.flat.defined()) {
-      bucket.flat = kiln::empty({bucket.numel}, bucket.dtype);
-      bucket.flat.raw_data_ptr();
+      bucket.flat = kiln::empty({bucket.numel}, TensorOptions(bucket.dtype).device(bucket.device));
+      if (!bucket.device.is_cuda()) bucket.flat.raw_data_ptr();
     }
     size_t pos = 0;
     while (bucket.params[pos] != k) ++pos;
-    Tensor g = param.grad().detach().contiguous();
-    std::memcpy(static_cast<char*>(bucket.flat.raw_data_ptr()) +
-                    bucket.offsets[pos] * int64_t(param.element_size()),
-                g.raw_data_ptr(), param.numel() * param.element_size());
+    copy_into_bucket(bucket, bucket.offsets[pos], param);
     --bucket.missing;
     while (next_launch < buckets.size() && buckets[next_launch].missing == 0) {
       Bucket& b = buckets[next_launch++];
-      b.work = distributed::allreduce_buffer(*group, b.flat, ReduceOp::AVG);
+      // CPU buckets are reduced in place; CUDA ones through NCCL's staged all-reduce.
+      b.work = b.device.is_cuda() ? group->allreduce(b.flat, ReduceOp::AVG)
+                                  : distributed::allreduce_buffer(*group, b.flat, ReduceOp::AVG);
     }
     if (num_ready == params.size()) finish();
+  }
+
+  static void copy_into_bucket(Bucket& bucket, int64_t offset, const Tensor& param) {
+    const int64_t n = param.numel();
+    if (bucket.device.is_cuda()) {
+      NoGradGuard no_grad;
+      bucket.flat.narrow(0, offset, n).copy_(param.grad().detach().reshape({n}));
+      return;
+    }
+    // The CPU bucket's memory is written directly: it is computed and nothing else reads it.
+    Tensor g = param.grad().detach().contiguous();
+    std::memcpy(
+        static_cast<char*>(bucket.flat.raw_data_ptr()) + offset * int64_t(param.element_size()),
+        g.raw_data_ptr(), n * param.element_size());
   }
 
   void finish() {

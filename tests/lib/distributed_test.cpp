@@ -715,6 +715,17 @@ TEST(Distributed, NcclOnOneGpu) {
   dist::barrier();
   Tensor cpu = ones({2});
   testing::expect_error([&] { dist::all_reduce(cpu); }, {"all_reduce", "nccl backend takes"});
+  // DDP over CUDA parameters: with one rank the gradients are the plain backward's.
+  auto module = make_mlp(7), plain = make_mlp(7);
+  module->to(kCUDA);
+  nn::parallel::DistributedDataParallel ddp(module);
+  mse_loss(ddp(batch_inputs().to(kCUDA)), batch_targets().to(kCUDA)).backward();
+  mse_loss((*plain)(batch_inputs()), batch_targets()).backward();
+  std::vector<Tensor> got = ddp.parameters(), want = plain->parameters();
+  for (size_t i = 0; i < got.size(); ++i) {
+    testing::expect_close(got[i].grad().to(kCPU), testing::values(want[i].grad()), want[i].sizes(),
+                          kFloat32, 1e-4, 1e-6);
+  }
   dist::destroy_process_group();
 }
 
