@@ -99,6 +99,7 @@ struct DistributedDataParallel::Reducer {
   // The hook: parameter k's gradient is complete for this backward.
   void on_gradient(size_t k, const Tensor& param) {
     if (!sync) return;
+    distributed::check_not_tracing("DistributedDataParallel (its backward hook)");
     KILN_CHECK(!ready[k], "DistributedDataParallel: parameter '", names[k],
                "' received a gradient twice in one backward (a backward with retain_graph run "
                "again, or a second backward before the first one's gradients were all produced)");

@@ -104,6 +104,7 @@ class GlooWork : public Work {
 
 // A tensor's values in a contiguous CPU buffer of the collective's own, computed now.
 Tensor stage(const Tensor& t, const char* op) {
+  check_not_tracing(op);
   KILN_CHECK(t.defined(), op, ": undefined tensor");
   KILN_CHECK(!t.device().is_cuda(), op,
              ": the gloo backend takes CPU tensors; a CUDA tensor needs the nccl backend");
@@ -170,6 +171,7 @@ class GlooGroup : public ProcessGroup {
   std::string backend() const override { return "gloo"; }
 
   std::shared_ptr<Work> barrier() override {
+    check_not_tracing("barrier");
     return enqueue(
         "barrier",
         [ctx = context_](uint32_t tag) {
@@ -191,6 +193,7 @@ class GlooGroup : public ProcessGroup {
 
   // all_reduce on a buffer the caller owns (see allreduce_buffer in internal.h): no staging.
   std::shared_ptr<Work> allreduce_buffer(const Tensor& buffer, ReduceOp op) {
+    check_not_tracing("all_reduce");
     return enqueue("all_reduce", reduce_task(buffer, op), nullptr);
   }
 

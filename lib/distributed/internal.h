@@ -26,6 +26,10 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
   kiln::distributed::Store& store_;
 };
 
+// Raises when called inside jit::trace: a collective is not a graph op yet, so a replay would skip
+// it (and its result would be a constant of the trace).
+void check_not_tracing(const char* op);
+
 // Why NCCL cannot run in this process ("" when it can): no CUDA driver or device, or no
 // libnccl.so.2. Loads NCCL on the first call.
 const std::string& nccl_unavailable_reason();

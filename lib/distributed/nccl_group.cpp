@@ -283,6 +283,7 @@ class NcclGroup : public ProcessGroup {
 
   // A contiguous copy on this group's device, computed now (raw_data_ptr waits for the device).
   Tensor stage(const Tensor& t, const char* op) const {
+    check_not_tracing(op);
     KILN_CHECK(t.defined(), op, ": undefined tensor");
     KILN_CHECK(t.device().is_cuda() && t.device().index == device_, op,
                ": the nccl backend takes tensors on cuda:", device_, " (this rank's LOCAL_RANK)");

@@ -8,6 +8,7 @@
 #include "kiln/error.h"
 #include "kiln/ops.h"
 #include "lib/distributed/internal.h"
+#include "lib/lazy.h"
 
 namespace kiln::distributed {
 namespace {
@@ -78,6 +79,11 @@ std::shared_ptr<Work> finish(std::shared_ptr<Work> work, bool async_op) {
 }
 
 }  // namespace
+
+void check_not_tracing(const char* op) {
+  KILN_CHECK(!detail::trace_state(), op,
+             ": collectives cannot run inside jit::trace yet (a replay would skip them)");
+}
 
 bool is_available(const std::string& backend, std::string* reason) {
   std::string why;

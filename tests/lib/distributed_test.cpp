@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "kiln/distributed.h"
+#include "kiln/jit.h"
 #include "kiln/optim.h"
 #include "tests/testing.h"
 
@@ -747,6 +748,13 @@ TEST(Distributed, BadArgumentsRaise) {
   Tensor out = zeros({2});
   testing::expect_error([&] { dist::reduce_scatter_tensor(out, ones({3})); },
                         {"reduce_scatter_tensor", "3 elements"});
+  auto reduce = [](const std::vector<Tensor>& in) {
+    Tensor t = in[0] * 2.0;
+    dist::all_reduce(t);
+    return std::vector<Tensor>{t};
+  };
+  testing::expect_error([&] { jit::trace(reduce, {ones({2})}); },
+                        {"all_reduce", "inside jit::trace"});
   dist::destroy_process_group();
 }
 
