@@ -9,7 +9,6 @@
 // for the buckets and writes the averages back into each .grad.
 #include <algorithm>
 #include <cstring>
-#include <numeric>
 
 #include "kiln/autograd.h"
 #include "kiln/distributed.h"
@@ -165,13 +164,15 @@ namespace {
 // Every rank must hold parameters of the same number and sizes: otherwise buckets would average
 // unrelated gradients, or the collectives would disagree on their sizes.
 void verify_same_parameters(Module& module, ProcessGroup& group) {
-  std::vector<int64_t> mine;
-  for (const Tensor& p : module.parameters()) mine.push_back(p.numel());
-  const std::vector<int64_t> summary = {int64_t(mine.size()),
-                                        std::accumulate(mine.begin(), mine.end(), int64_t(0))};
-  Tensor local = from_vector(summary);
+  std::vector<Tensor> params = module.parameters();
+  std::vector<int64_t> summary = {int64_t(params.size()), 0};
+  for (const Tensor& p : params) summary[1] += p.numel();
+  // On the parameters' device: the NCCL group takes CUDA tensors only.
+  const Device device = params.empty() ? kCPU : params[0].device();
+  Tensor local = from_vector(summary).to(device);
   std::vector<Tensor> all;
-  for (int r = 0; r < group.size(); ++r) all.push_back(zeros({2}, kInt64));
+  for (int r = 0; r < group.size(); ++r)
+    all.push_back(zeros({2}, TensorOptions(kInt64).device(device)));
   group.allgather(all, local)->wait();
   for (int r = 0; r < group.size(); ++r) {
     std::vector<int64_t> theirs = all[r].to_vector<int64_t>();
