@@ -102,6 +102,12 @@ class GlooWork : public Work {
   std::exception_ptr error_;
 };
 
+// The collective number a rank reached, as its arrival record in the store holds it.
+std::vector<char> encode(uint64_t n) {
+  std::string s = std::to_string(n);
+  return std::vector<char>(s.begin(), s.end());
+}
+
 // A tensor's values in a contiguous CPU buffer of the collective's own, computed now.
 Tensor stage(const Tensor& t, const char* op) {
   check_not_tracing(op);
@@ -263,20 +269,14 @@ class GlooGroup : public ProcessGroup {
                  dtype_name(in.dtype()));
       flat.push_back(in.detach().reshape({in.numel()}));
     }
-    // Gloo's reduce-scatter (halving-doubling) takes power-of-two groups only; an allreduce of
-    // the whole input is the general form, and the slice of this rank is the result.
+    // An all-reduce of the whole input, of which this rank keeps its slice: right for any group
+    // size and dtype, at world_size times the traffic of a true reduce-scatter.
     Tensor buf = stage(kiln::cat(flat, 0), "reduce_scatter");
     auto run = reduce_task(buf, op);
     auto finish = [output, buf, n = output.numel(), rank = rank_]() mutable {
       write_back(output, buf.narrow(0, rank * n, n));
     };
     return enqueue("reduce_scatter", run, finish);
-  }
-
-  // The collective number this rank reached, for the store's arrival records.
-  static std::vector<char> encode(uint64_t n) {
-    std::string s = std::to_string(n);
-    return std::vector<char>(s.begin(), s.end());
   }
 
  private:
@@ -287,6 +287,12 @@ class GlooGroup : public ProcessGroup {
     };
   }
 
+  template <typename T>
+  static void set_output(gloo::AllreduceOptions& opts, void* p, size_t n, ReduceFn fn) {
+    opts.setOutput(static_cast<T*>(p), n);
+    opts.setReduceFunction(std::move(fn));
+  }
+
   static void reduce_in_place(const std::shared_ptr<gloo::Context>& ctx, const Tensor& buf,
                               ReduceOp op, uint32_t tag) {
     if (buf.numel() == 0) return;
@@ -295,22 +301,19 @@ class GlooGroup : public ProcessGroup {
     size_t n = static_cast<size_t>(buf.numel());
     switch (buf.dtype()) {
       case kFloat32:
-        opts.setOutput(static_cast<float*>(p), n), opts.setReduceFunction(typed_reduce<float>(op));
+        set_output<float>(opts, p, n, typed_reduce<float>(op));
         break;
       case kFloat64:
-        opts.setOutput(static_cast<double*>(p), n),
-            opts.setReduceFunction(typed_reduce<double>(op));
+        set_output<double>(opts, p, n, typed_reduce<double>(op));
         break;
       case kInt32:
-        opts.setOutput(static_cast<int32_t*>(p), n),
-            opts.setReduceFunction(typed_reduce<int32_t>(op));
+        set_output<int32_t>(opts, p, n, typed_reduce<int32_t>(op));
         break;
       case kInt64:
-        opts.setOutput(static_cast<int64_t*>(p), n),
-            opts.setReduceFunction(typed_reduce<int64_t>(op));
+        set_output<int64_t>(opts, p, n, typed_reduce<int64_t>(op));
         break;
       case kBool:
-        opts.setOutput(static_cast<uint8_t*>(p), n), opts.setReduceFunction(bool_reduce(op));
+        set_output<uint8_t>(opts, p, n, bool_reduce(op));
         break;
     }
     opts.setTag(tag);
