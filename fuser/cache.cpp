@@ -20,6 +20,7 @@
 
 #include "jit/log.h"
 #include "lib/env.h"
+#include "lib/ops/conv.h"
 
 namespace kiln::fuser {
 
@@ -289,5 +290,20 @@ void DiskCache::evict_to_cap() {
 DiskCacheStats disk_cache_stats() {
   return {g_hits.load(), g_writes.load(), g_rejected.load()};
 }
+
+namespace {
+// The convolution chooser's measured choices (lib/ops/conv.h) live in this cache too, read with
+// the same checks as kernels; a payload kind beside cache.h's.
+constexpr uint32_t kConvChoice = 3;
+const bool g_conv_choices_registered = [] {
+  detail::conv_choice_store() = {[](const std::string& key) {
+                                   return DiskCache::instance().load(key, kConvChoice).value_or("");
+                                 },
+                                 [](const std::string& key, const std::string& choice) {
+                                   DiskCache::instance().store(key, kConvChoice, choice);
+                                 }};
+  return true;
+}();
+}  // namespace
 
 }  // namespace kiln::fuser

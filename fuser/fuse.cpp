@@ -178,6 +178,15 @@ bool is_fusible(const Node& n) {
   return member_types(n).has_value();
 }
 
+namespace {
+// The convolution passes and pools, which run lib/ops/conv_cuda.cpp's kernels on a device.
+bool is_conv_or_pool(const std::string& name) {
+  return name == "conv2d" || name == "conv2d_grad_input" || name == "conv2d_grad_weight" ||
+         name == "max_pool2d_with_indices" || name == "max_pool2d_backward" ||
+         name == "avg_pool2d" || name == "avg_pool2d_backward";
+}
+}  // namespace
+
 bool has_device_kernel(const Node& n) {
   if (n.num_outputs() == 0) return false;
   const DType t = n.output(0)->type().dtype;
@@ -186,7 +195,7 @@ bool has_device_kernel(const Node& n) {
   return (kind == detail::OpKind::Linalg && (t == kFloat32 || t == kFloat64)) ||
          kind == detail::OpKind::Join || kind == detail::OpKind::View || name == "index_select" ||
          name == "gather" || name == "embedding" || name == "index_add" || name == "scatter_add" ||
-         name == "slice_scatter" || name == "as_strided_scatter";
+         name == "slice_scatter" || name == "as_strided_scatter" || is_conv_or_pool(name);
 }
 
 namespace {

@@ -102,10 +102,26 @@ struct Backward {
   std::vector<size_t> outputs;          // returned outputs that get a gradient
   std::vector<int64_t> wrt_arguments;   // per differentiated input: call argument, or -1
   std::vector<Tensor> wrt_captures;     // per differentiated input: the captured tensor
-  std::vector<size_t> gradient_of;      // per backward graph output: its differentiated input
-  // What differentiating the function raised (a saved value written in place, say): as in eager
-  // mode, the forward works and running its backward raises it. Then there is no graph.
+  // Per backward graph output: its differentiated input w, or past them (w >= wrt_arguments'
+  // size) the retained output retained[w - wrt_arguments.size()].
+  std::vector<size_t> gradient_of;
+  // Returned outputs the function called retain_grad() on: each call's get in their .grad the
+  // whole gradient that reaches them, as eager mode's (through the other outputs too).
+  std::vector<size_t> retained;
+  // What differentiating the function raised (a saved value written in place, say), and where:
+  // fails[j][w] when the gradient of returned output outputs[j] for differentiated input w raised.
+  // As in eager mode, the forward works and a backward raises it only when it needs one of those
+  // gradients; the graph computes the others (none: no graph).
   std::exception_ptr error;
+  std::vector<std::vector<bool>> fails;
+
+  // Raises the error when the backward of a call (its output gradients and needs) reaches a part
+  // that could not be differentiated.
+  void check_reached(const detail::BackwardContext& c) const {
+    for (size_t j = 0; j < fails.size() && j < c.num_grads(); ++j)
+      for (size_t w = 0; w < wrt_arguments.size(); ++w)
+        if (fails[j][w] && c.grad(j).defined() && c.needs_grad(w)) std::rethrow_exception(error);
+  }
 };
 
 // A leaf whose .grad the traced function read or wrote (detail::TracedGrad): a captured tensor or
@@ -164,6 +180,9 @@ struct Specialization {
   // backward of its own, serves calls in either mode, as a loaded one does.
   bool grad_mode = false;
   bool runs_backward = false;
+  // The nodes from before the trace whose saved tensors the function's own backward frees
+  // (detail::traced_frees): each call frees them, as eager mode's backward does.
+  std::vector<std::weak_ptr<detail::Node>> frees;
   std::shared_ptr<const Backward> backward;
   // Values read from outside the tensors (detail::traced_scalar, traced_flag): hyperparameters,
   // graph inputs read at each call, and modes, which must read as traced for this plan to serve.
@@ -205,7 +224,7 @@ struct Specialization {
   bool writes_captures() const {
     for (OutputKind k : kinds)
       if (k == OutputKind::WriteBack) return true;
-    return !grad_slots.empty();
+    return !grad_slots.empty() || !frees.empty();
   }
 };
 
@@ -343,6 +362,24 @@ absl::flat_hash_set<const detail::Storage*> local_storages(const detail::TraceSt
   return candidates;
 }
 
+// A captured tensor written in place with autograd on: eager mode gives it a history that reaches
+// the function's inputs, and a replay, which writes back its value, could not, so gradients
+// through it would be lost. (A tensor the function allocated gets its history inside the graph.)
+void check_written_histories(const detail::TraceState& state) {
+  for (const std::shared_ptr<detail::TensorImpl>& impl : detail::tensors_given_traced_history()) {
+    const detail::Storage* storage = impl->storage.get();
+    bool written = false;
+    for (const auto& w : state.written) written = written || w.get() == storage;
+    KILN_CHECK(!written || state.created.count(storage),
+               "jit::trace: the traced function writes, with autograd on, a value that requires "
+               "grad into ",
+               detail::describe(Tensor(impl)),
+               ", a tensor it captured; a replay writes the value back but could not give the "
+               "tensor the autograd history eager mode does, so gradients through it would be "
+               "lost. Write it under kiln::NoGradGuard, or return the value instead");
+  }
+}
+
 // How a call replays what the traced function did to one leaf's .grad (read while still tracing).
 GradSlot grad_slot(const detail::TracedGrad& r) {
   GradSlot slot;
@@ -362,6 +399,42 @@ GradSlot grad_slot(const detail::TracedGrad& r) {
   }
   slot.guarded = r.observed || slot.write == GradSlot::Write::kInPlace;
   return slot;
+}
+
+// The gradients of `outputs` for each of `wrt` (from `output_grads`) when differentiating them
+// all at once raised: each output and input alone tells which gradients raise (fails[j][w]), and
+// each input's gradient is then taken from the outputs whose gradient for it does not.
+std::vector<Tensor> gradients_around_failures(const std::vector<Tensor>& outputs,
+                                              const std::vector<Tensor>& wrt,
+                                              const std::vector<Tensor>& output_grads,
+                                              std::vector<std::vector<bool>>& fails) {
+  auto differentiates = [](const std::vector<Tensor>& outs, const Tensor& w,
+                           const std::vector<Tensor>& grads) -> std::optional<Tensor> {
+    try {
+      return autograd::grad(outs, {w}, grads, /*retain_graph=*/true, /*create_graph=*/false,
+                            /*allow_unused=*/true)[0];
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+  };
+  fails.assign(outputs.size(), std::vector<bool>(wrt.size(), false));
+  std::vector<Tensor> gradients(wrt.size());
+  for (size_t w = 0; w < wrt.size(); ++w) {
+    std::vector<Tensor> outs, grads;
+    for (size_t j = 0; j < outputs.size(); ++j) {
+      fails[j][w] = !differentiates({outputs[j]}, wrt[w], {output_grads[j]});
+      if (fails[j][w]) continue;
+      outs.push_back(outputs[j]);
+      grads.push_back(output_grads[j]);
+    }
+    if (outs.empty()) continue;
+    std::optional<Tensor> g = differentiates(outs, wrt[w], grads);
+    KILN_CHECK(g,
+               "jit::trace: differentiating the returned values together raised where each "
+               "alone did not");
+    gradients[w] = *g;
+  }
+  return gradients;
 }
 
 // The node output that holds t's value, recording a copy when t is a concrete tensor (a capture
@@ -402,6 +475,8 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
     spec->runs_backward = after.started != before.started;
     const bool graph_freed = after.freed_graph != before.freed_graph;
     const absl::flat_hash_set<const detail::Storage*> local = local_storages(scope.state, outputs);
+    check_written_histories(scope.state);
+    spec->frees = detail::traced_frees();
     for (const Tensor& t : outputs) {
       KILN_CHECK(t.defined(), "jit::trace: the traced function returned an undefined tensor");
       requests.push_back(value_ref(t));
@@ -461,6 +536,10 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
           backward->wrt_arguments.push_back(-1);
           backward->wrt_captures.push_back(t);
         }
+        for (size_t i : backward->outputs)
+          if (const detail::AutogradMeta* m = detail::autograd_meta(outputs[i]);
+              m && m->retains_grad)
+            backward->retained.push_back(i);
       }
     }
     std::vector<size_t> gradient_request_of;  // per gradient request: its differentiated input
@@ -478,6 +557,8 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
         output_grads.push_back(detail::trace_placeholder(
             input_op(), static_cast<int64_t>(num_arguments + j), scope.state.examples.back()));
       }
+      // The retained outputs' gradients are taken as those of inputs: all that reaches them.
+      for (size_t i : backward->retained) wrt.push_back(outputs[i]);
       std::vector<Tensor> grads;
       try {
         grads = autograd::grad(diff_outputs, wrt, output_grads,
@@ -485,6 +566,7 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
                                /*allow_unused=*/true);
       } catch (const Error&) {
         backward->error = std::current_exception();
+        grads = gradients_around_failures(diff_outputs, wrt, output_grads, backward->fails);
       }
       for (size_t w = 0; w < grads.size(); ++w) {
         if (!grads[w].defined()) continue;
@@ -565,20 +647,19 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
           backward->graph->size(), " backward nodes (elementwise forward values recomputed)");
     }
   }
-  if (backward->error) spec->backward = std::move(backward);
   // What the graphs are, for KILN_DUMP and the profile: "trace f()::lambda#1: forward".
   auto trace_graph_name = [&](const char* part) {
     std::string name = "trace " + callable_name(fn.target_type());
     if (!specs.empty()) name += " (specialization " + std::to_string(specs.size() + 1) + ")";
     return name + ": " + part;
   };
-  if (backward && backward->graph) {
+  if (backward->graph) {
     name_graph(*backward->graph, [&] { return trace_graph_name("backward"); });
     run_passes(*backward->graph);
     if (verify_passes()) verify_types(*backward->graph);
     if (plan) backward->plan = std::make_unique<Plan>(*backward->graph);
-    spec->backward = std::move(backward);
   }
+  if (backward->graph || backward->error) spec->backward = std::move(backward);
   name_graph(*spec->graph, [&] {
     std::string name = trace_graph_name(spec->runs_backward ? "forward+backward" : "forward");
     const auto writes = std::count(spec->kinds.begin(), spec->kinds.end(), OutputKind::WriteBack);
@@ -597,11 +678,15 @@ namespace {
 // differentiated inputs from the gradients of its returned outputs.
 // `returned`: the sizes and dtype of each differentiated output (an absent gradient is zeros);
 // not the outputs themselves, which hold this backward as their grad_fn.
+// `retained`: the call's retained outputs (Backward::retained), whose .grad gets their gradient.
 std::vector<Tensor> run_backward(const Backward& b, const std::vector<Tensor>& arguments,
                                  const std::vector<Tensor>& saved,
                                  const std::vector<std::pair<Shape, DType>>& returned,
+                                 const std::vector<std::weak_ptr<detail::TensorImpl>>& retained,
                                  const detail::BackwardContext& c) {
-  if (b.error) std::rethrow_exception(b.error);
+  if (b.error) b.check_reached(c);
+  std::vector<Tensor> grads(b.wrt_arguments.size());
+  if (!b.graph) return grads;
   std::vector<Tensor> args;
   for (const BackwardSource& src : b.sources) {
     switch (src.kind) {
@@ -624,8 +709,16 @@ std::vector<Tensor> run_backward(const Backward& b, const std::vector<Tensor>& a
   }
   eval(args);
   std::vector<Tensor> results = b.plan->run(args);
-  std::vector<Tensor> grads(b.wrt_arguments.size());
-  for (size_t k = 0; k < results.size(); ++k) grads[b.gradient_of[k]] = results[k];
+  for (size_t k = 0; k < results.size(); ++k) {
+    const size_t w = b.gradient_of[k];
+    if (w < grads.size()) {
+      grads[w] = results[k];
+    } else if (auto impl = retained[w - grads.size()].lock()) {
+      NoGradGuard no_grad;
+      Tensor& g = impl->autograd->grad;
+      g = g.defined() ? g + results[k] : results[k];
+    }
+  }
   return grads;
 }
 }  // namespace
@@ -634,6 +727,7 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
                                          const std::vector<Tensor>& inputs) const {
   const bool grad_mode = detail::grad_mode();
   detail::flush_pending();
+  detail::free_as_traced(s.frees);
   const std::vector<Tensor> arguments = s.arguments_of(inputs);
   std::vector<Tensor> args(s.arguments.size());
   for (size_t k = 0; k < s.arguments.size(); ++k)
@@ -671,7 +765,9 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
           returned.push_back(is_argument(results[k]) ? results[k].detach() : results[k]);
           break;
         case OutputKind::Saved:
-          saved.push_back(results[k]);
+          // Without its history: a saved value may be a returned one too, whose history is the
+          // call's node, and the node holding it would be a cycle that is never freed.
+          saved.push_back(results[k].detach());
           break;
         case OutputKind::WriteBack: {
           // The new value's buffer becomes the captured storage's when nothing else holds it (the
@@ -723,10 +819,14 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
         outs.push_back(returned[i]);
         types.emplace_back(returned[i].sizes(), returned[i].dtype());
       }
+      // Held weakly, as the engine holds a retained tensor: the tensor holds this node.
+      std::vector<std::weak_ptr<detail::TensorImpl>> retained;
+      for (size_t i : b->retained) retained.push_back(returned[i].impl_ptr());
       detail::record("traced_function", wrt, outs, {},
-                     [b, arguments, saved, types](const detail::BackwardContext& c) {
-                       return run_backward(*b, arguments, saved, types, c);
+                     [b, arguments, saved, types, retained](const detail::BackwardContext& c) {
+                       return run_backward(*b, arguments, saved, types, retained, c);
                      });
+      for (size_t i : b->retained) detail::ensure_autograd_meta(returned[i]).retains_grad = true;
     }
   }
   return returned;

@@ -79,6 +79,8 @@ struct FormulaNode final : Node {
 thread_local std::vector<TracedGrad> t_traced_grads;
 thread_local std::vector<Tensor> t_traced_grad_arguments;  // the placeholder of each argument
 thread_local uint64_t t_trace_first_node = 0;
+// The nodes from before the trace that a backward inside it would have freed (traced_frees).
+thread_local std::vector<std::weak_ptr<Node>> t_traced_frees;
 
 // The record of leaf's .grad, made at the leaf's first touch: its .grad before the trace, and in
 // its place a placeholder read at each call (the argument's .grad for an argument's placeholder).
@@ -381,6 +383,7 @@ Edge gradient_edge(const Tensor& t) {
 
 void begin_traced_grads(const std::vector<Tensor>& argument_placeholders) {
   t_traced_grads.clear();
+  t_traced_frees.clear();
   t_traced_grad_arguments = argument_placeholders;
   t_trace_first_node = g_next_sequence_nr.load();
 }
@@ -393,8 +396,36 @@ void end_traced_grads() {
   std::vector<TracedGrad> records = std::move(t_traced_grads);
   t_traced_grads.clear();
   t_traced_grad_arguments.clear();
+  t_traced_frees.clear();
   t_trace_first_node = 0;
   for (TracedGrad& r : records) r.leaf->autograd->grad = std::move(r.before);
+}
+
+std::vector<std::shared_ptr<TensorImpl>> tensors_given_traced_history() {
+  std::vector<std::shared_ptr<TensorImpl>> given;
+  absl::flat_hash_set<const TensorImpl*> seen;
+  for (const SavedHistory& h : t_traced_histories) {
+    std::shared_ptr<TensorImpl> impl = h.impl.lock();
+    if (!impl || !seen.insert(impl.get()).second) continue;
+    const AutogradMeta* m = impl->autograd.get();
+    if (m && m->grad_fn && m->grad_fn->sequence_nr >= t_trace_first_node)
+      given.push_back(std::move(impl));
+  }
+  return given;
+}
+
+std::vector<std::weak_ptr<Node>> traced_frees() {
+  return t_traced_frees;
+}
+
+void free_as_traced(const std::vector<std::weak_ptr<Node>>& nodes) {
+  std::vector<std::shared_ptr<Node>> alive;
+  for (const std::weak_ptr<Node>& w : nodes)
+    if (std::shared_ptr<Node> n = w.lock()) alive.push_back(std::move(n));
+  for (const std::shared_ptr<Node>& n : alive)
+    if (const auto* f = dynamic_cast<const FormulaNode*>(n.get()))
+      for (const SavedTensor& s : f->saved) s.unpack(n, n->name);
+  for (const std::shared_ptr<Node>& n : alive) n->release_saved();
 }
 
 void restore_traced_histories() {
@@ -608,6 +639,15 @@ void compute_leaf_gradients(const std::vector<std::shared_ptr<Node>>& accumulato
   if (!grads.empty()) materialize(grads, "backward with create_graph");
 }
 
+// Frees a node's saved tensors after a backward pass ran it. A trace frees none from before it
+// (tracing has no side effects): it lists them, and each call of the traced function frees them.
+void release_after_pass(const std::shared_ptr<Node>& node) {
+  if (trace_mode() && node->sequence_nr < t_trace_first_node)
+    t_traced_frees.push_back(node);
+  else
+    node->release_saved();
+}
+
 struct ReadyOrder {
   bool operator()(const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) const {
     return a->sequence_nr < b->sequence_nr;  // latest created first
@@ -746,7 +786,7 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& outputs,
                  "autograd: the gradient formula of ", node->name, " returned ", results.size(),
                  " gradients for ", node->next_edges.size(), " inputs");
     }
-    if (!keep_graph) node->release_saved();
+    if (!keep_graph) release_after_pass(node);
     for (size_t i = 0; i < node->next_edges.size(); ++i) {
       const Edge& e = node->next_edges[i];
       if (!e.valid()) continue;

@@ -121,6 +121,19 @@ bool any_needs_grad(const std::vector<Tensor>& ts);
 // throws: every such tensor gets back the history it had before the trace.
 void restore_traced_histories();
 
+// The tensors alive that an in-place op under autograd gave a new history in the trace running on
+// this thread: jit::trace raises when one outlives the call (a replay writes back its value, but
+// could not give it that history).
+std::vector<std::shared_ptr<TensorImpl>> tensors_given_traced_history();
+
+// A backward pass that does not keep its graph frees the saved tensors of the nodes it runs. In a
+// trace, the nodes from before the trace (a captured tensor's history) are only listed, since
+// tracing has no side effects: traced_frees(). Each call of the traced function then frees them
+// as its backward would (free_as_traced), raising first as that backward would when one was freed
+// already or a tensor it saved was modified in place.
+std::vector<std::weak_ptr<Node>> traced_frees();
+void free_as_traced(const std::vector<std::weak_ptr<Node>>& nodes);
+
 // What a traced function did to a leaf's .grad (Tensor::grad, mutable_grad, and a backward
 // accumulating into it, in trace mode), so that jit::trace replays read the .grad of each call and
 // assign it as eager mode would. A leaf's first touch puts in its .grad a placeholder for the

@@ -3,6 +3,7 @@
 // where CUDA is unavailable, before anything is allocated.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "kiln/tensor.h"
@@ -33,6 +34,10 @@ struct DeviceKernels {
   bool (*scatter_add)(const Tensor& out, const Tensor& self, int64_t dim,
                       const std::vector<int64_t>& idx, const Shape& index_sizes, const Tensor& src,
                       bool select) = nullptr;
+  // A hand-written kernel (`extern "C" __global__ void <name>(...)` in `source`) compiled by NVRTC
+  // and cached as the generated kernels are, loaded on `device`: its function handle (for
+  // cuda::launch). Hand-written library kernels (lib/ops/conv_cuda.cpp) reach NVRTC through it.
+  void* (*source_kernel)(const std::string& name, const std::string& source, int device) = nullptr;
 };
 DeviceKernels& device_kernels();
 // Runs every pending CUDA copy and kernel on the tensor's device (a no-op for CPU tensors).

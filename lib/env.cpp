@@ -66,6 +66,7 @@ std::vector<EnvFlag> make_table() {
       {"KILN_DIFF_SEED", K::External, "", nullptr, 0, "tests: the fresh-seed diff run's seed"},
       {"KILN_DIFF_PROGRAMS", K::External, "", nullptr, 0, "tests: programs per diff run"},
       {"KILN_DIFF_PROGRAM", K::External, "", nullptr, 0, "tests: run one diff program"},
+      {"KILN_DIFF_SKIP", K::External, "", nullptr, 0, "tests: fixed-seed diff programs left out"},
       {"KILN_DIFF_VERBOSE", K::External, "", nullptr, 0, "tests: name each diff program"},
       {"KILN_JOBS", K::External, "", nullptr, 0, "tools: build and test parallelism"},
       {"KILN_BUILD_TYPE", K::External, "", nullptr, 0, "tools/setup: the CMake build type"},

@@ -8,9 +8,11 @@
 // formulas.
 #include "kiln/optim.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <initializer_list>
+#include <string>
 
 #include "kiln/autograd.h"
 #include "kiln/ops.h"
@@ -46,6 +48,90 @@ T* data(const Tensor& t) {
 
 void check_non_negative(double value, const char* optimizer, const char* what) {
   KILN_CHECK(value >= 0.0, optimizer, ": invalid ", what, " ", value, " (must be >= 0)");
+}
+
+// ---------------------------------------------------------------------------- state_dict
+
+// Flat names for torch's nested optimizer state_dict: {"state": {i: {name: t}}, "param_groups":
+// [{hyperparameter: v, "params": [i...]}]} becomes "state.<i>.<name>" and
+// "param_groups.0.<hyperparameter>" (kiln's optimizers have one parameter group).
+std::string state_key(size_t i, const char* name) {
+  return "state." + std::to_string(i) + "." + name;
+}
+constexpr const char* kGroupPrefix = "param_groups.0.";
+std::string group_key(const char* name) {
+  return std::string(kGroupPrefix) + name;
+}
+
+void put_group_common(StateDict& out, size_t num_parameters) {
+  std::vector<int64_t> indices(num_parameters);
+  for (size_t i = 0; i < num_parameters; ++i) indices[i] = static_cast<int64_t>(i);
+  out.insert(group_key("params"),
+             from_vector(indices, Shape{static_cast<int64_t>(num_parameters)}));
+}
+
+// The hyperparameter `name` as a vector of `count` values; raises naming the optimizer when the
+// dict lacks it or it has another number of values.
+std::vector<double> read_group(const StateDict& d, const char* optimizer, const char* name,
+                               int64_t count = 1) {
+  const std::string key = group_key(name);
+  KILN_CHECK(d.contains(key), optimizer, ".load_state_dict: missing '", key, "'");
+  const Tensor& t = d.at(key);
+  KILN_CHECK(t.defined() && t.numel() == count, optimizer, ".load_state_dict: '", key,
+             "' must hold ", count, " value(s), got ", describe(t));
+  return t.to_vector<double>();
+}
+
+// Checks every "state." and "param_groups." name of `d` against the optimizer's parameters:
+// the index in range, the state name known, a tensor-valued state shaped as its parameter.
+void check_optimizer_dict(const StateDict& d, const std::vector<Tensor>& parameters,
+                          const char* optimizer, const std::vector<std::string>& scalar_state,
+                          const std::vector<std::string>& tensor_state,
+                          const std::vector<std::string>& group) {
+  auto known = [](const std::vector<std::string>& names, const std::string& n) {
+    return std::find(names.begin(), names.end(), n) != names.end();
+  };
+  const std::vector<double> params =
+      read_group(d, optimizer, "params", static_cast<int64_t>(parameters.size()));
+  for (size_t i = 0; i < params.size(); ++i)
+    KILN_CHECK(params[i] == static_cast<double>(i), optimizer,
+               ".load_state_dict: param_groups.0.params must be 0..", parameters.size() - 1);
+  for (const auto& [key, t] : d) {
+    const std::string where = std::string(optimizer) + ".load_state_dict: '" + key + "'";
+    if (key.rfind(kGroupPrefix, 0) == 0) {
+      const std::string name = key.substr(std::string(kGroupPrefix).size());
+      KILN_CHECK(known(group, name) || name == "params", where, ": unknown hyperparameter");
+      continue;
+    }
+    KILN_CHECK(key.rfind("state.", 0) == 0, where, ": expected state.<i>.<name> or ", kGroupPrefix,
+               "<name>");
+    const size_t dot = key.find('.', 6);
+    const std::string index = key.substr(6, dot == std::string::npos ? dot : dot - 6);
+    KILN_CHECK(dot != std::string::npos && !index.empty() &&
+                   index.find_first_not_of("0123456789") == std::string::npos &&
+                   index.size() < 10 && std::stoul(index) < parameters.size(),
+               where, ": no parameter of that index (the optimizer has ", parameters.size(), ")");
+    const Tensor& p = parameters[std::stoul(index)];
+    const std::string name = key.substr(dot + 1);
+    KILN_CHECK(t.defined(), where, " is undefined");
+    if (known(scalar_state, name)) {
+      KILN_CHECK(t.numel() == 1, where, " must hold one value, got ", describe(t));
+    } else {
+      KILN_CHECK(known(tensor_state, name), where, ": unknown state '", name, "'");
+      KILN_CHECK(t.sizes() == p.sizes(), where, " is ", describe(t), ", its parameter ",
+                 describe(p));
+    }
+  }
+}
+
+// Sets a state tensor to `src`'s values: in place when it exists (a traced step holds it),
+// else as a copy on the parameter's device and in its dtype.
+void assign_state(Tensor& slot, const Tensor& src, const Tensor& parameter) {
+  if (slot.defined()) {
+    slot.copy_(src);
+    return;
+  }
+  slot = src.to(parameter.device()).to(parameter.dtype()).clone();
 }
 
 }  // namespace
@@ -267,6 +353,94 @@ void Adam::traced_update(Tensor& p, const Tensor& g, State& s) {
 int64_t Adam::step_count(size_t i) const {
   const State& s = state_.at(i);
   return s.step_tensor.defined() ? s.step_tensor.item<int64_t>() : s.step;
+}
+
+StateDict SGD::state_dict() const {
+  StateDict out;
+  for (size_t i = 0; i < parameters_.size(); ++i)
+    if (momentum_buffers_[i].defined())
+      out.insert(state_key(i, "momentum_buffer"), momentum_buffers_[i].detach().clone());
+  const SGDOptions& o = options_;
+  out.insert(group_key("lr"), scalar_tensor(o.lr, kFloat64));
+  out.insert(group_key("momentum"), scalar_tensor(o.momentum, kFloat64));
+  out.insert(group_key("dampening"), scalar_tensor(o.dampening, kFloat64));
+  out.insert(group_key("weight_decay"), scalar_tensor(o.weight_decay, kFloat64));
+  out.insert(group_key("nesterov"), scalar_tensor(o.nesterov, kBool));
+  put_group_common(out, parameters_.size());
+  return out;
+}
+
+void SGD::load_state_dict(const StateDict& d) {
+  check_optimizer_dict(d, parameters_, "SGD", {}, {"momentum_buffer"},
+                       {"lr", "momentum", "dampening", "weight_decay", "nesterov"});
+  SGDOptions o;
+  o.lr = read_group(d, "SGD", "lr")[0];
+  o.momentum = read_group(d, "SGD", "momentum")[0];
+  o.dampening = read_group(d, "SGD", "dampening")[0];
+  o.weight_decay = read_group(d, "SGD", "weight_decay")[0];
+  o.nesterov = read_group(d, "SGD", "nesterov")[0] != 0.0;
+  SGD check(parameters_, o);  // the constructor's checks of the options, before any change
+  NoGradGuard no_grad;
+  options_ = o;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const std::string key = state_key(i, "momentum_buffer");
+    if (d.contains(key))
+      assign_state(momentum_buffers_[i], d.at(key), parameters_[i]);
+    else
+      momentum_buffers_[i] = Tensor();  // as torch: a parameter without saved state starts anew
+  }
+}
+
+StateDict Adam::state_dict() const {
+  StateDict out;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const State& s = state_[i];
+    if (!s.exp_avg.defined()) continue;
+    // torch keeps the step as a float32 tensor; exact to 2^24 steps.
+    out.insert(state_key(i, "step"), scalar_tensor(static_cast<double>(step_count(i)), kFloat32));
+    out.insert(state_key(i, "exp_avg"), s.exp_avg.detach().clone());
+    out.insert(state_key(i, "exp_avg_sq"), s.exp_avg_sq.detach().clone());
+  }
+  const AdamOptions& o = options_;
+  out.insert(group_key("lr"), scalar_tensor(o.lr, kFloat64));
+  out.insert(group_key("betas"), from_vector(std::vector<double>{o.beta1, o.beta2}));
+  out.insert(group_key("eps"), scalar_tensor(o.eps, kFloat64));
+  out.insert(group_key("weight_decay"), scalar_tensor(o.weight_decay, kFloat64));
+  put_group_common(out, parameters_.size());
+  return out;
+}
+
+void Adam::load_state_dict(const StateDict& d) {
+  check_optimizer_dict(d, parameters_, "Adam", {"step"}, {"exp_avg", "exp_avg_sq"},
+                       {"lr", "betas", "eps", "weight_decay"});
+  AdamOptions o;
+  o.lr = read_group(d, "Adam", "lr")[0];
+  const std::vector<double> betas = read_group(d, "Adam", "betas", 2);
+  o.beta1 = betas[0];
+  o.beta2 = betas[1];
+  o.eps = read_group(d, "Adam", "eps")[0];
+  o.weight_decay = read_group(d, "Adam", "weight_decay")[0];
+  Adam check(parameters_, o);  // the constructor's checks of the options, before any change
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const bool any = d.contains(state_key(i, "step")) || d.contains(state_key(i, "exp_avg")) ||
+                     d.contains(state_key(i, "exp_avg_sq"));
+    for (const char* name : {"step", "exp_avg", "exp_avg_sq"})
+      KILN_CHECK(!any || d.contains(state_key(i, name)), "Adam.load_state_dict: parameter ", i,
+                 " has state but no '", state_key(i, name), "'");
+  }
+  NoGradGuard no_grad;
+  options_ = o;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    State& s = state_[i];
+    if (!d.contains(state_key(i, "step"))) {
+      s = State();  // as torch: a parameter without saved state starts anew
+      continue;
+    }
+    s.step = static_cast<int64_t>(d.at(state_key(i, "step")).item<double>());
+    if (s.step_tensor.defined()) s.step_tensor.fill_(s.step);
+    assign_state(s.exp_avg, d.at(state_key(i, "exp_avg")), parameters_[i]);
+    assign_state(s.exp_avg_sq, d.at(state_key(i, "exp_avg_sq")), parameters_[i]);
+  }
 }
 
 }  // namespace kiln::optim

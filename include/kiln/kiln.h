@@ -11,4 +11,6 @@
 #include "kiln/optim.h"
 #include "kiln/profiler.h"
 #include "kiln/scalar.h"
+#include "kiln/serialize.h"
+#include "kiln/state_dict.h"
 #include "kiln/tensor.h"

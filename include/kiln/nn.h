@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kiln/ops.h"
+#include "kiln/state_dict.h"
 #include "kiln/tensor.h"
 
 namespace kiln::nn {
@@ -70,6 +71,17 @@ class Module {
   // Moves every parameter and buffer to `device` in place (handles see the move); gradients are
   // dropped.
   void to(Device device);
+
+  // Every parameter and buffer by dotted path, as torch.nn.Module.state_dict(): for each module
+  // in preorder, its parameters then its buffers ("layers.0.weight", "bn.running_mean",
+  // "bn.num_batches_tracked"). The tensors are detached handles sharing the module's storage; a
+  // tensor reachable by two paths (tied weights) appears under both, as in torch.
+  StateDict state_dict() const;
+  // Copies `dict`'s tensors into the parameters and buffers of the same names (converting dtype
+  // and device as copy_ does). Strict: every name must match both ways. A shape mismatch, or with
+  // strict a missing or unexpected name, raises kiln::Error naming them, and then nothing in the
+  // module has changed: every check runs before the first copy.
+  LoadStateDictResult load_state_dict(const StateDict& dict, bool strict = true);
 
  private:
   std::vector<std::pair<std::string, Tensor>> parameters_;

@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "kiln/state_dict.h"
 #include "kiln/tensor.h"
 
 namespace kiln::optim {
@@ -23,6 +24,17 @@ class Optimizer {
   // Makes every parameter's grad undefined (torch's default, set_to_none=True).
   void zero_grad();
   const std::vector<Tensor>& parameters() const { return parameters_; }
+
+  // The optimizer's state as flat names of torch's nested state_dict(): "state.<i>.<name>" for
+  // parameter i's state (only parameters updated at least once, as in torch) and
+  // "param_groups.0.<hyperparameter>" as 0-dim float64 tensors ("betas" holds two values),
+  // "param_groups.0.params" the parameter indices (int64). Tensors are copies.
+  virtual StateDict state_dict() const = 0;
+  // Restores what state_dict() gave (hyperparameters included). Everything is checked first (the
+  // parameter count, each state tensor's shape against its parameter's): a mismatch raises
+  // kiln::Error and leaves the optimizer as it was. State tensors that exist are written in
+  // place, so a traced step (jit::trace) sees the loaded values.
+  virtual void load_state_dict(const StateDict& dict) = 0;
 
  protected:
   std::vector<Tensor> parameters_;
@@ -46,6 +58,8 @@ class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> parameters, SGDOptions options);
   void step() override;
+  StateDict state_dict() const override;
+  void load_state_dict(const StateDict& dict) override;
   // Mutable so that a schedule can change the learning rate between steps.
   SGDOptions& options() { return options_; }
   // The momentum buffer of parameter i; undefined before its first update or without momentum.
@@ -72,6 +86,8 @@ class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> parameters, AdamOptions options = {});
   void step() override;
+  StateDict state_dict() const override;
+  void load_state_dict(const StateDict& dict) override;
   AdamOptions& options() { return options_; }
   // Per-parameter state: steps taken, first and second moment estimates (undefined before the
   // parameter's first update).

@@ -22,15 +22,23 @@
 // The chooser starts from Theano's measured rule (the forward formulation when
 // N * kH * kW < C * oH * oW, else the weight-gradient one) to order the candidates, then times each
 // (the faster of two runs) the first time it meets a problem (pass, shapes, strides, padding,
-// dilation, groups, dtype, device), keeps the fastest's result and remembers the choice in memory.
-// KILN_CONV_ALGO=im2col|onednn forces one (im2col: the GEMM formulation Theano's rule picks);
-// KILN_LOG=conv (or all) prints each choice with the times measured. Choices are not yet kept on
-// disk.
+// dilation, groups, dtype, device), keeps the fastest's result and remembers the choice in memory
+// and in the kernel cache's directory (ConvChoiceStore, keyed by the problem, the device's name and
+// the candidate set), where a later process reads it back instead of measuring (a damaged or stale
+// entry is ignored). KILN_CONV_ALGO=im2col|onednn forces one (im2col: the GEMM formulation
+// Theano's rule picks); KILN_LOG=conv (or all) prints each choice with the times measured, or
+// "from cache".
+//
+// On a CUDA device the im2col formulation runs lib/ops/conv_cuda.cpp's kernels and cuBLAS (the
+// weight-gradient one is built of it); oneDNN is CPU only.
 //
 // In lazy mode each op records one node once its checks and output shape are done; the node runs
-// the op itself (a library call, like a GEMM). CUDA is not supported yet: the ops raise.
+// the op itself (a library call, like a GEMM).
 #include "lib/ops/conv.h"
+#include "lib/cuda_driver.h"
+#include "lib/cuda_tensor.h"
 #include "lib/env.h"
+#include "lib/ops/conv_cuda.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -42,6 +50,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -61,6 +70,7 @@ namespace kiln {
 
 using detail::Attrs;
 using detail::ConvAlgo;
+using detail::ConvGeom;
 using detail::describe;
 using detail::shape_str;
 
@@ -102,16 +112,6 @@ const detail::OpDef& grad_weight_def = def_conv(
 
 // ------------------------------------------------------------------------------------ geometry
 
-// The sizes of one convolution: input [N, C, H, W], weight [O, C / groups, kH, kW], output
-// [N, O, oH, oW]; input pixel (oh * sH - pH + i * dH) feeds output row oh through kernel row i.
-struct ConvGeom {
-  int64_t N, C, H, W, O, kH, kW, oH, oW, sH, sW, pH, pW, dH, dW, groups;
-  int64_t Cg() const { return C / groups; }
-  int64_t Og() const { return O / groups; }
-  int64_t K() const { return Cg() * kH * kW; }
-  int64_t L() const { return oH * oW; }
-};
-
 // A spatial argument with one value per spatial dim (a single value applies to each).
 Shape spatial_arg(const char* op, const char* name, const Shape& v, size_t dims, int64_t min) {
   KILN_CHECK(v.size() == 1 || v.size() == dims, op, ": expected ", name, " to have 1 or ", dims,
@@ -136,8 +136,6 @@ ConvArgs conv_args(const char* op, const Shape& stride, const Shape& padding, co
 
 void check_operand(const char* op, const Tensor& t, const char* arg, int64_t rank) {
   detail::check_defined(t, op, arg);
-  KILN_CHECK(!t.device().is_cuda(), op, ": not yet supported on CUDA (", arg, " is ", describe(t),
-             " on ", t.device().str(), ")");
   KILN_CHECK(t.dtype() == kFloat32 || t.dtype() == kFloat64, op,
              ": expected float32 or float64 tensors, got ", arg, " ", describe(t));
   KILN_CHECK(t.dim() == rank, op, ": expected ", arg, " to be ", rank, "-D, got ", describe(t));
@@ -147,6 +145,9 @@ void check_same_dtype(const char* op, const Tensor& a, const char* an, const Ten
                       const char* bn) {
   KILN_CHECK(a.dtype() == b.dtype(), op, ": expected ", an, " and ", bn, " of the same dtype, got ",
              describe(a), " and ", describe(b));
+  KILN_CHECK(a.device() == b.device(), op, ": expected ", an, " and ", bn,
+             " on the same device, got ", describe(a), " on ", a.device().str(), " and ",
+             describe(b), " on ", b.device().str());
 }
 
 // The geometry of a convolution of an input of `in` sizes with a weight of `w` sizes, checked:
@@ -268,8 +269,10 @@ Tensor grouped_grad_output(const Tensor& gy, const ConvGeom& g) {
   return out;
 }
 
-// Inputs of these are contiguous and of one dtype; autograd is off.
+// Inputs of these are contiguous (on a device only the weight need be) and of one dtype; autograd
+// is off.
 Tensor forward_im2col(const Tensor& x, const Tensor& w, const ConvGeom& g) {
+  if (x.device().is_cuda()) return detail::cuda_conv::forward(x, w, g);
   const DType dt = x.dtype();
   Tensor cols = make_cols(x, g);
   Tensor yg = detail::make_empty({g.groups, g.Og(), g.N * g.L()}, dt);
@@ -281,6 +284,7 @@ Tensor forward_im2col(const Tensor& x, const Tensor& w, const ConvGeom& g) {
 }
 
 Tensor grad_input_im2col(const Tensor& gy, const Tensor& w, const ConvGeom& g) {
+  if (gy.device().is_cuda()) return detail::cuda_conv::grad_input(gy, w, g);
   const DType dt = gy.dtype();
   Tensor cols = detail::make_empty({g.groups, g.K(), g.N * g.L()}, dt);
   detail::gemm_into("conv2d_grad_input", cols, w.view({g.groups, g.Og(), g.K()}).transpose(1, 2),
@@ -294,6 +298,7 @@ Tensor grad_input_im2col(const Tensor& gy, const Tensor& w, const ConvGeom& g) {
 }
 
 Tensor grad_weight_im2col(const Tensor& gy, const Tensor& x, const ConvGeom& g) {
+  if (gy.device().is_cuda()) return detail::cuda_conv::grad_weight(gy, x, g);
   const DType dt = gy.dtype();
   Tensor gw = detail::make_empty({g.groups, g.Og(), g.K()}, dt);
   detail::gemm_into("conv2d_grad_weight", gw, grouped_grad_output(gy, g),
@@ -426,15 +431,16 @@ bool theano_prefers_forward(const ConvGeom& g) {
 }
 
 // The algorithms that can compute a pass, the GEMM formulations in the order Theano's rule
-// prefers. oneDNN: float32 with a non-negative bottom/right padding (a stride that skips the
-// last rows would need a negative one).
-std::vector<ConvAlgo> candidates(Pass p, const ConvGeom& g, DType dt) {
+// prefers. oneDNN: float32 on the CPU with a non-negative bottom/right padding (a stride that
+// skips the last rows would need a negative one).
+std::vector<ConvAlgo> candidates(Pass p, const ConvGeom& g, DType dt, Device device) {
   std::vector<ConvAlgo> out{ConvAlgo::Im2col};
   if (p == Pass::Forward && g.groups == 1) {
     out.push_back(ConvAlgo::WeightGrad);
     if (!theano_prefers_forward(g)) std::swap(out[0], out[1]);
   }
-  if (dt == kFloat32 && DnnlConv::bottom_pad(g) >= 0 && DnnlConv::right_pad(g) >= 0)
+  if (dt == kFloat32 && !device.is_cuda() && DnnlConv::bottom_pad(g) >= 0 &&
+      DnnlConv::right_pad(g) >= 0)
     out.push_back(ConvAlgo::OneDNN);
   return out;
 }
@@ -443,6 +449,7 @@ struct ChooserState {
   std::mutex mutex;
   std::map<std::string, ConvAlgo> choices;  // guarded by mutex
   std::atomic<int> forced{-1};              // a ConvAlgo set by set_conv_algo; -1: none
+  std::atomic<bool> on_disk{true};          // set_conv_choices_on_disk
 };
 ChooserState& chooser() {
   static ChooserState* s = new ChooserState;  // never destroyed: ops may run at exit
@@ -468,20 +475,42 @@ bool log_conv() {
   return false;
 }
 
-std::string problem_str(Pass p, const ConvGeom& g, DType dt) {
+std::string problem_str(Pass p, const ConvGeom& g, DType dt, Device device) {
   std::ostringstream os;
-  os << pass_name(p) << " cpu " << dtype_name(dt) << " input [" << g.N << ", " << g.C << ", " << g.H
-     << ", " << g.W << "] weight [" << g.O << ", " << g.Cg() << ", " << g.kH << ", " << g.kW
-     << "] output " << g.oH << "x" << g.oW << " stride " << g.sH << "x" << g.sW << " padding "
-     << g.pH << "x" << g.pW << " dilation " << g.dH << "x" << g.dW << " groups " << g.groups;
+  os << pass_name(p) << " " << device.str() << " " << dtype_name(dt) << " input [" << g.N << ", "
+     << g.C << ", " << g.H << ", " << g.W << "] weight [" << g.O << ", " << g.Cg() << ", " << g.kH
+     << ", " << g.kW << "] output " << g.oH << "x" << g.oW << " stride " << g.sH << "x" << g.sW
+     << " padding " << g.pH << "x" << g.pW << " dilation " << g.dH << "x" << g.dW << " groups "
+     << g.groups;
   return os.str();
 }
 
 using Runner = std::function<Tensor(ConvAlgo)>;
 
+// The disk key of a problem's choice: the problem, the device's model (choices measured on one
+// GPU do not carry to another) and the candidates measured.
+std::string choice_key(const std::string& problem, Device device,
+                       const std::vector<ConvAlgo>& cands) {
+  std::string key = "conv choice v1|" + problem + "|" +
+                    (device.is_cuda() ? detail::cuda::device_info(device.index).name : "cpu") +
+                    "|candidates";
+  for (ConvAlgo a : cands) key += std::string(" ") + conv_algo_name(a);
+  return key;
+}
+
+// The choice stored on disk for key, if it names one of the candidates (anything else is ignored).
+std::optional<ConvAlgo> stored_choice(const std::string& key, const std::vector<ConvAlgo>& cands) {
+  const detail::ConvChoiceStore& store = detail::conv_choice_store();
+  if (!store.load || !chooser().on_disk.load()) return std::nullopt;
+  const std::string name = store.load(key);
+  for (ConvAlgo a : cands)
+    if (name == conv_algo_name(a)) return a;
+  return std::nullopt;
+}
+
 // Runs pass p by the forced, remembered or fastest measured algorithm.
-Tensor run_pass(Pass p, const ConvGeom& g, DType dt, const Runner& run) {
-  const std::vector<ConvAlgo> cands = candidates(p, g, dt);
+Tensor run_pass(Pass p, const ConvGeom& g, DType dt, Device device, const Runner& run) {
+  const std::vector<ConvAlgo> cands = candidates(p, g, dt, device);
   auto use = [&](ConvAlgo a) {
     t_last_algo = a;
     return run(a);
@@ -492,11 +521,21 @@ Tensor run_pass(Pass p, const ConvGeom& g, DType dt, const Runner& run) {
     const bool ok = std::find(cands.begin(), cands.end(), forced) != cands.end();
     return use(ok ? forced : cands[0]);
   }
-  const std::string key = problem_str(p, g, dt);
+  const std::string key = problem_str(p, g, dt, device);
   {
     std::lock_guard<std::mutex> lock(chooser().mutex);
     auto it = chooser().choices.find(key);
     if (it != chooser().choices.end()) return use(it->second);
+  }
+  const std::string disk_key = choice_key(key, device, cands);
+  if (const std::optional<ConvAlgo> stored = stored_choice(disk_key, cands)) {
+    {
+      std::lock_guard<std::mutex> lock(chooser().mutex);
+      chooser().choices.emplace(key, *stored);
+    }
+    if (log_conv())
+      std::cerr << "[kiln conv] " << key << ": " << conv_algo_name(*stored) << " (from cache)\n";
+    return use(*stored);
   }
   // Measure each candidate on the real operands, twice: the first run also pays one-time costs
   // (oneDNN generating its kernel, first touches of fresh buffers), so the faster run counts. The
@@ -512,6 +551,7 @@ Tensor run_pass(Pass p, const ConvGeom& g, DType dt, const Runner& run) {
     for (int run_index = 0; run_index < 2; ++run_index) {
       const auto t0 = std::chrono::steady_clock::now();
       r = run(a);
+      detail::synchronize_device(r);  // a device pass is done when its kernels are
       const double t =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       ms = run_index == 0 ? t : std::min(ms, t);
@@ -527,6 +567,8 @@ Tensor run_pass(Pass p, const ConvGeom& g, DType dt, const Runner& run) {
     std::lock_guard<std::mutex> lock(chooser().mutex);
     chooser().choices.emplace(key, best_algo);
   }
+  if (detail::conv_choice_store().store && chooser().on_disk.load())
+    detail::conv_choice_store().store(disk_key, conv_algo_name(best_algo));
   t_last_algo = best_algo;
   if (log_conv())
     std::cerr << "[kiln conv] " << key << ": " << conv_algo_name(best_algo) << " (measured "
@@ -543,36 +585,48 @@ Tensor run_pass(Pass p, const ConvGeom& g, DType dt, const Runner& run) {
 bool empty_problem(const ConvGeom& g) {
   return g.N == 0 || g.C == 0 || g.O == 0;
 }
+// An input or output gradient as a pass reads it: the device's im2col and group kernels read any
+// strides, the CPU's kernels want contiguous data.
+Tensor data_layout(const Tensor& t) {
+  return t.device().is_cuda() ? t : t.contiguous();
+}
+TensorOptions options_of(const Tensor& t) {
+  return TensorOptions(t.dtype()).device(t.device());
+}
 
 Tensor forward_kernel(const Tensor& input, const Tensor& weight, const Tensor& bias,
                       const ConvGeom& g) {
   AutoGradMode kernel_only(false);
-  const Tensor x = input.contiguous(), w = weight.contiguous();
-  Tensor y = empty_problem(g) ? zeros({g.N, g.O, g.oH, g.oW}, TensorOptions(x.dtype()))
-                              : run_pass(Pass::Forward, g, x.dtype(), [&](ConvAlgo a) {
+  const Tensor x = data_layout(input), w = weight.contiguous();
+  Tensor y = empty_problem(g) ? zeros({g.N, g.O, g.oH, g.oW}, options_of(x))
+                              : run_pass(Pass::Forward, g, x.dtype(), x.device(), [&](ConvAlgo a) {
                                   if (a == ConvAlgo::OneDNN) return forward_onednn(x, w, g);
                                   if (a == ConvAlgo::WeightGrad)
                                     return forward_weight_grad(x, w, g);
                                   return forward_im2col(x, w, g);
                                 });
-  if (bias.defined()) y.add_(bias.reshape({1, g.O, 1, 1}));
+  if (bias.defined() && y.device().is_cuda()) {
+    detail::cuda_conv::add_bias(y, bias);  // the evaluator runs no composite op on a device
+  } else if (bias.defined()) {
+    y.add_(bias.reshape({1, g.O, 1, 1}));
+  }
   return y;
 }
 
 Tensor grad_input_kernel(const Tensor& grad_output, const Tensor& weight, const ConvGeom& g) {
   AutoGradMode kernel_only(false);
-  const Tensor gy = grad_output.contiguous(), w = weight.contiguous();
-  if (empty_problem(g)) return zeros({g.N, g.C, g.H, g.W}, TensorOptions(gy.dtype()));
-  return run_pass(Pass::GradInput, g, gy.dtype(), [&](ConvAlgo a) {
+  const Tensor gy = data_layout(grad_output), w = weight.contiguous();
+  if (empty_problem(g)) return zeros({g.N, g.C, g.H, g.W}, options_of(gy));
+  return run_pass(Pass::GradInput, g, gy.dtype(), gy.device(), [&](ConvAlgo a) {
     return a == ConvAlgo::OneDNN ? grad_input_onednn(gy, w, g) : grad_input_im2col(gy, w, g);
   });
 }
 
 Tensor grad_weight_kernel(const Tensor& grad_output, const Tensor& input, const ConvGeom& g) {
   AutoGradMode kernel_only(false);
-  const Tensor gy = grad_output.contiguous(), x = input.contiguous();
-  if (empty_problem(g)) return zeros({g.O, g.Cg(), g.kH, g.kW}, TensorOptions(gy.dtype()));
-  return run_pass(Pass::GradWeight, g, gy.dtype(), [&](ConvAlgo a) {
+  const Tensor gy = data_layout(grad_output), x = data_layout(input);
+  if (empty_problem(g)) return zeros({g.O, g.Cg(), g.kH, g.kW}, options_of(gy));
+  return run_pass(Pass::GradWeight, g, gy.dtype(), gy.device(), [&](ConvAlgo a) {
     return a == ConvAlgo::OneDNN ? grad_weight_onednn(gy, x, g) : grad_weight_im2col(gy, x, g);
   });
 }
@@ -670,7 +724,7 @@ Tensor conv_nd_mode(const char* op, int64_t spatial, const Tensor& input, const 
       Shape zs = x.sizes();
       const int64_t dim = x.dim() - spatial + i;
       zs[dim] = 1;
-      x = cat({x, zeros(zs, TensorOptions(x.dtype()))}, dim);
+      x = cat({x, zeros(zs, options_of(x))}, dim);
     }
   }
   return conv_nd(op, spatial, x, weight, bias, stride, pad, dilation, groups);
@@ -720,6 +774,13 @@ void clear_conv_choices() {
 }
 ConvAlgo last_conv_algo() {
   return t_last_algo;
+}
+void set_conv_choices_on_disk(bool on) {
+  chooser().on_disk.store(on);
+}
+ConvChoiceStore& conv_choice_store() {
+  static ConvChoiceStore store;  // set once at load time, before any op runs
+  return store;
 }
 }  // namespace detail
 

@@ -2,9 +2,20 @@
 // each pass runs and the chooser's memory of measured choices.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace kiln::detail {
+
+// The sizes of one convolution: input [N, C, H, W], weight [O, C / groups, kH, kW], output
+// [N, O, oH, oW]; input pixel (oh * sH - pH + i * dH) feeds output row oh through kernel row i.
+struct ConvGeom {
+  int64_t N, C, H, W, O, kH, kW, oH, oW, sH, sW, pH, pW, dH, dW, groups;
+  int64_t Cg() const { return C / groups; }
+  int64_t Og() const { return O / groups; }
+  int64_t K() const { return Cg() * kH * kW; }
+  int64_t L() const { return oH * oW; }
+};
 
 // How a convolution pass is computed.
 //   Im2col: im2col (or col2im) and one GEMM per group with the batch folded into it.
@@ -19,9 +30,21 @@ const char* conv_algo_name(ConvAlgo a);
 
 // Overrides KILN_CONV_ALGO for the process; Auto returns to the environment's setting.
 void set_conv_algo(ConvAlgo a);
-// Forgets every measured choice.
+// Forgets every measured choice in memory (stored ones are read back on the next use).
 void clear_conv_choices();
+// Whether choices are read from and written to the ConvChoiceStore (on by default; off: the
+// chooser measures each problem once per process, for tests of the measuring itself).
+void set_conv_choices_on_disk(bool on);
 // The algorithm the last convolution pass computed on this thread ran.
 ConvAlgo last_conv_algo();
+
+// Where measured choices are kept between processes: the kernel cache's directory (fuser/cache.cpp
+// fills these in at load time; lib/ does not depend on fuser/). load returns "" when no valid entry
+// is stored under the key; null entries keep choices in memory only.
+struct ConvChoiceStore {
+  std::string (*load)(const std::string& key) = nullptr;
+  void (*store)(const std::string& key, const std::string& choice) = nullptr;
+};
+ConvChoiceStore& conv_choice_store();
 
 }  // namespace kiln::detail

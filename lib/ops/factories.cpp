@@ -4,8 +4,10 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <sstream>
 
 #include "kiln/ops.h"
+#include "kiln/serialize.h"
 #include "lib/cuda_driver.h"
 #include "lib/cuda_tensor.h"
 #include "lib/dispatch.h"
@@ -255,6 +257,40 @@ void manual_seed(uint64_t seed) {
   auto& g = generator();
   std::lock_guard<std::mutex> lock(g.mu);
   g.engine.seed(seed);
+}
+
+// The engine's words as the standard's text form writes them (state_size words, then the
+// position), each uint64 kept bit for bit in an int64.
+constexpr int64_t kRngStateWords = std::mt19937_64::state_size + 1;
+
+Tensor get_rng_state() {
+  std::ostringstream text;
+  {
+    auto& g = generator();
+    std::lock_guard<std::mutex> lock(g.mu);
+    text << g.engine;
+  }
+  std::istringstream in(text.str());
+  std::vector<int64_t> words;
+  for (uint64_t w; in >> w;) words.push_back(static_cast<int64_t>(w));
+  KILN_CHECK(static_cast<int64_t>(words.size()) == kRngStateWords,
+             "get_rng_state: unexpected generator state of ", words.size(), " words");
+  return from_vector(words);
+}
+
+void set_rng_state(const Tensor& state) {
+  KILN_CHECK(state.defined() && state.dtype() == kInt64 && state.sizes() == Shape{kRngStateWords},
+             "set_rng_state: expected the int64[", kRngStateWords,
+             "] tensor that get_rng_state returns, got ", detail::describe(state));
+  std::ostringstream text;
+  for (int64_t w : state.to_vector<int64_t>()) text << static_cast<uint64_t>(w) << ' ';
+  std::mt19937_64 engine;
+  std::istringstream in(text.str());
+  in >> engine;
+  KILN_CHECK(!in.fail(), "set_rng_state: the tensor is not a generator state");
+  auto& g = generator();
+  std::lock_guard<std::mutex> lock(g.mu);
+  g.engine = engine;
 }
 
 Tensor rand(const Shape& shape, TensorOptions options) {

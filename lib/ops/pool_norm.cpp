@@ -1,11 +1,12 @@
 // Pooling (max_pool2d with indices, avg_pool2d, adaptive_avg_pool2d) and normalization over
 // channels (batch_norm, group_norm), NCHW on the CPU.
 //
-// Pooling runs dedicated kernels, one task per (n, c) plane. Every pooling op visits the same
-// windows in its forward and its backward: window (oh, ow) covers rows [h0, h1) and columns
-// [w0, w1) of the plane, clipped to it, as torch computes them (pool_window). max_pool2d records
-// the position of each window's maximum (the first one; a NaN counts as the maximum), and its
-// backward adds each gradient at its position; the gradient of that backward is a gather at the
+// Pooling runs dedicated kernels, one task per (n, c) plane (on a CUDA device,
+// lib/ops/conv_cuda.cpp's NVRTC kernels, one thread per output element). Every pooling op visits
+// the same windows in its forward and its backward: window (oh, ow) covers rows [h0, h1) and
+// columns [w0, w1) of the plane, clipped to it, as torch computes them (pool_window). max_pool2d
+// records the position of each window's maximum (the first one; a NaN counts as the maximum), and
+// its backward adds each gradient at its position; the gradient of that backward is a gather at the
 // same positions. The average pools are linear, so each one's backward is its adjoint op and the
 // adjoint's gradient is the forward op again.
 //
@@ -25,6 +26,7 @@
 #include "lib/dispatch.h"
 #include "lib/lazy.h"
 #include "lib/op_table.h"
+#include "lib/ops/conv_cuda.h"
 #include "lib/parallel.h"
 #include "lib/tensor_impl.h"
 
@@ -99,8 +101,6 @@ Shape spatial2(const char* op, const char* name, const Shape& v, int64_t min) {
 
 void check_pool_input(const char* op, const Tensor& x) {
   detail::check_defined(x, op, "input");
-  KILN_CHECK(!x.device().is_cuda(), op, ": not yet supported on CUDA (input ", describe(x), " on ",
-             x.device().str(), ")");
   KILN_CHECK(x.dim() == 4, op, ": expected a 3-D (unbatched) or 4-D (batched) input, got ",
              describe(x));
   KILN_CHECK(x.dtype() == kFloat32 || x.dtype() == kFloat64, op,
@@ -138,6 +138,14 @@ PoolGeom fixed_geom(const char* op, const Tensor& x, const Shape& kernel, const 
   return g;
 }
 
+// The geometry as the CUDA kernels take it.
+detail::cuda_conv::PoolShape cuda_shape(const PoolGeom& g) {
+  return {g.N,          g.C,          g.H,           g.W,           g.oH,
+          g.oW,         g.kernel[0],  g.kernel[1],   g.stride[0],   g.stride[1],
+          g.padding[0], g.padding[1], g.dilation[0], g.dilation[1], g.count_include_pad,
+          g.adaptive};
+}
+
 // Runs f(plane index, input plane offset, output plane offset) over the N * C planes in parallel.
 template <typename F>
 void for_planes(const PoolGeom& g, const F& f) {
@@ -151,6 +159,7 @@ void for_planes(const PoolGeom& g, const F& f) {
 // ---------------------------------------------------------------------------------- max_pool2d
 
 std::pair<Tensor, Tensor> max_pool_kernel(const Tensor& input, const PoolGeom& g) {
+  if (input.device().is_cuda()) return detail::cuda_conv::max_pool(input, cuda_shape(g));
   const Tensor x = input.contiguous();
   Tensor out = detail::make_empty({g.N, g.C, g.oH, g.oW}, x.dtype());
   Tensor idx = detail::make_empty({g.N, g.C, g.oH, g.oW}, kInt64);
@@ -196,6 +205,8 @@ Tensor max_pool_backward_kernel(const Tensor& grad_output, const Tensor& indices
   g.W = input_size[3];
   g.oH = indices.size(2);
   g.oW = indices.size(3);
+  if (grad_output.device().is_cuda())
+    return detail::cuda_conv::max_pool_backward(grad_output, indices, cuda_shape(g));
   const Tensor gy = grad_output.contiguous(), ix = indices.contiguous();
   Tensor gx = detail::make_empty(input_size, gy.dtype());
   detail::dispatch_floating(gy.dtype(), "max_pool2d_backward", [&](auto tag) {
@@ -265,6 +276,7 @@ Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices,
 // The average pools' forward (out = window sums / divisor) and adjoint (each gradient spread
 // over its window), on contiguous data.
 Tensor avg_pool_kernel(const Tensor& input, const PoolGeom& g, bool adjoint) {
+  if (input.device().is_cuda()) return detail::cuda_conv::avg_pool(input, cuda_shape(g), adjoint);
   const Tensor x = input.contiguous();
   Tensor out = detail::make_empty(adjoint ? Shape{g.N, g.C, g.H, g.W} : Shape{g.N, g.C, g.oH, g.oW},
                                   x.dtype());

@@ -1,11 +1,13 @@
 // A stand-in for libcuda.so.1 over host memory, for testing kiln's CUDA runtime on machines
 // without a GPU: devices, contexts, streams, memory, copies and events behave as the driver's do
 // (copies complete at once), modules load, and launching a kernel fails with
-// CUDA_ERROR_NOT_SUPPORTED (nothing can run CUDA code here). Device memory is a host mapping
-// whose address is the device pointer, kept inaccessible (PROT_NONE) except while the fake itself
-// copies: host code that reads or writes device memory directly faults, as it would read garbage
-// on a GPU. Every pointer is checked against the live allocations, so a host pointer passed as a
-// device one (or a stale one) fails the call instead of passing.
+// CUDA_ERROR_NOT_SUPPORTED (nothing can run CUDA code here) unless a test registered a host
+// build of that kernel by name (kiln_fake_register_kernel): then the launch calls it, with every
+// device allocation open, as one thread whose grid-stride loops cover the whole launch. Device
+// memory is a host mapping whose address is the device pointer, kept inaccessible (PROT_NONE)
+// except while the fake itself copies: host code that reads or writes device memory directly
+// faults, as it would read garbage on a GPU. Every pointer is checked against the live allocations,
+// so a host pointer passed as a device one (or a stale one) fails the call instead of passing.
 #include <cuda.h>
 
 #include <sys/mman.h>
@@ -15,13 +17,26 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <string>
 
 namespace {
 std::mutex g_mu;
 std::map<uintptr_t, size_t> g_device;  // live device allocations: address -> size
 std::map<uintptr_t, size_t> g_pinned;
-int g_context_tag, g_stream_tag, g_module_tag, g_function_tag;
+int g_context_tag, g_stream_tag, g_module_tag;
+// A function handle per kernel name, and the host builds tests registered (under g_mu).
+struct Function {
+  std::string name;
+  void (*host)(void** args) = nullptr;
+};
+std::map<std::string, std::unique_ptr<Function>> g_functions;
+Function* function_named(const std::string& name) {
+  std::unique_ptr<Function>& f = g_functions[name];
+  if (!f) f.reset(new Function{name});
+  return f.get();
+}
 
 size_t mapped_size(size_t n) {
   return (std::max<size_t>(n, 1) + 4095) / 4096 * 4096;
@@ -223,13 +238,20 @@ CUresult cuModuleLoadData(CUmodule* m, const void* image) {
 CUresult cuModuleUnload(CUmodule) {
   return CUDA_SUCCESS;
 }
-CUresult cuModuleGetFunction(CUfunction* f, CUmodule, const char*) {
-  *f = reinterpret_cast<CUfunction>(&g_function_tag);
+CUresult cuModuleGetFunction(CUfunction* f, CUmodule, const char* name) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  *f = reinterpret_cast<CUfunction>(function_named(name));
   return CUDA_SUCCESS;
 }
-CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                        unsigned, CUstream, void**, void**) {
-  return CUDA_ERROR_NOT_SUPPORTED;
+CUresult cuLaunchKernel(CUfunction f, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, CUstream, void** args, void**) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  Function* fn = reinterpret_cast<Function*>(f);
+  if (!fn || !fn->host) return CUDA_ERROR_NOT_SUPPORTED;
+  for (const auto& [p, n] : g_device) set_access(p, true);
+  fn->host(args);
+  for (const auto& [p, n] : g_device) set_access(p, false);
+  return CUDA_SUCCESS;
 }
 CUresult cuGetErrorName(CUresult r, const char** s) {
   *s = r == CUDA_ERROR_NOT_SUPPORTED     ? "CUDA_ERROR_NOT_SUPPORTED"
@@ -248,6 +270,13 @@ CUresult cuGetErrorString(CUresult r, const char** s) {
 CUresult cuGetExportTable(const void** table, const CUuuid*) {
   *table = nullptr;
   return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+// For tests: launches of the kernel `name` run `host` (its source built for the host), which takes
+// cuLaunchKernel's parameter pointers.
+void kiln_fake_register_kernel(const char* name, void (*host)(void** args)) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  function_named(name)->host = host;
 }
 
 // For the fake cuBLAS: opens (on != 0) or closes the device allocation holding p.

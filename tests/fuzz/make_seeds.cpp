@@ -2,8 +2,9 @@
 //   kiln_fuzz_seeds tests/fuzz/corpus
 // corpus/jit_load: a saved jit::Function (a traced matmul, relu and sum with a captured weight)
 // and broken copies of it; corpus/kernel_cache: a real kernel cache entry (the object code of a
-// fused elementwise kernel) and broken copies. Each seed starts with the target's flags byte (see
-// the targets' comments).
+// fused elementwise kernel) and broken copies; corpus/safetensors: a checkpoint of every dtype
+// with metadata, and broken copies. Each jit_load and kernel_cache seed starts with the target's
+// flags byte (see the targets' comments); safetensors seeds are plain files.
 #include <unistd.h>
 
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include "jit/serialize.h"
 #include "kiln/jit.h"
 #include "kiln/kiln.h"
+#include "kiln/serialize.h"
 
 namespace {
 
@@ -92,6 +94,35 @@ void kernel_cache_seeds(const fs::path& dir, const fs::path& cache) {
   write_seed(dir, "bad_version", 6, flipped(entry, 8));
 }
 
+void safetensors_seeds(const fs::path& dir) {
+  using namespace kiln;
+  StateDict d;
+  d.insert("layers.0.weight", arange(6, kFloat32).reshape({2, 3}));
+  d.insert("f64", from_vector<double>({0.5, -2.0}));
+  d.insert("i64", from_vector<int64_t>({-1, 7}));
+  d.insert("i32", from_vector<int32_t>({3}));
+  d.insert("b", from_vector(std::vector<bool>{true, false}));
+  d.insert("scalar", scalar_tensor(1.5, kFloat64));
+  d.insert("empty", zeros({0, 2}));
+  const std::string file = save_to_string(d, {{"format", "pt"}});
+  auto write = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream(dir / name, std::ios::binary | std::ios::trunc)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  };
+  write("valid", file);
+  write("truncated", file.substr(0, file.size() - 5));
+  write("short_length", file.substr(0, 6));
+  write("bad_json", flipped(file, 9));
+  std::string bad_offsets = file;
+  const size_t at = bad_offsets.find("[0,24]");
+  if (at != std::string::npos) bad_offsets.replace(at, 6, "[0,28]");
+  write("bad_offsets", bad_offsets);
+  StateDict linear;
+  linear.insert("weight", zeros({3, 2}));
+  linear.insert("bias", ones({3}));
+  write("linear", save_to_string(linear));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -105,12 +136,13 @@ int main(int argc, char** argv) {
   // Before kiln's first use: the cache directory is read once.
   setenv("KILN_CACHE_DIR", (work / "cache").c_str(), 1);
   const std::string function = saved_function(work);
-  for (const char* target : {"jit_load", "kernel_cache"}) {
+  for (const char* target : {"jit_load", "kernel_cache", "safetensors"}) {
     fs::remove_all(corpus / target);
     fs::create_directories(corpus / target);
   }
   jit_load_seeds(corpus / "jit_load", function);
   kernel_cache_seeds(corpus / "kernel_cache", work / "cache");
+  safetensors_seeds(corpus / "safetensors");
   fs::remove_all(work);
   return 0;
 }

@@ -14,6 +14,7 @@
 #include "kiln/autograd.h"
 #include "kiln/jit.h"
 #include "kiln/kiln.h"
+#include "lib/autograd.h"
 #include "tests/jit/log_capture.h"
 
 namespace kiln {
@@ -639,6 +640,71 @@ TEST(TraceContract, WritingATensorWithEarlierHistoryUnderAutogradIsAnError) {
   }
 }
 
+// A captured tensor written in place, inside the function, with a value that requires grad: eager
+// mode gives it a history that reaches the argument, which a replay (writing its value back)
+// could not, so later gradients through it would be lost. Tracing raises and leaves it as it was.
+TEST(TraceContract, WritingACapturedTensorWithAValueThatRequiresGradIsAnError) {
+  const auto write = [](Tensor& c, const Inputs& in) {
+    c.copy_(in[0] * 2);
+    return Inputs{c.sum()};
+  };
+  Tensor eager_c = f64({0, 0}), eager_x = f64({1, 3}).requires_grad_(true);
+  eager([&](const Inputs& in) { return write(eager_c, in); }, {eager_x});
+  eager_c.sum().backward();
+  EXPECT_TRUE(equal(eager_x.grad(), f64({2, 2})));
+
+  Tensor c = f64({0, 0}), x = f64({1, 3}).requires_grad_(true);
+  const int64_t pending = jit::stats().pending_nodes;
+  try {
+    jit::trace([&](const Inputs& in) { return write(c, in); }, {x});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("jit::trace: the traced function writes, with autograd "
+                                         "on, a value that requires grad into"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(equal(c, f64({0, 0}))) << c;
+  EXPECT_FALSE(c.requires_grad());
+  EXPECT_EQ(jit::stats().pending_nodes, pending);
+}
+
+// A tensor the function allocates, written with a value that requires grad and saved by the op
+// that reads it: its history is the graph's own, and the call's gradient is eager mode's.
+TEST(TraceContract, AFactoryResultWrittenWithAValueThatRequiresGradTraces) {
+  const Fn fn = [](const Inputs& in) {
+    Tensor c = zeros_like(in[0]);
+    c.copy_(in[0] * 2);
+    return Inputs{(c * c).sum()};
+  };
+  jit::Function f = jit::trace(fn, {f64({1, 1}).requires_grad_(true)});
+  for (const Tensor& x : batches()) {
+    const Tensor eager_x = x.clone().requires_grad_(true),
+                 traced_x = x.clone().requires_grad_(true);
+    eager(fn, {eager_x})[0].backward();
+    f({traced_x})[0].backward();
+    EXPECT_TRUE(equal(traced_x.grad(), eager_x.grad()))
+        << traced_x.grad() << " vs " << eager_x.grad();
+  }
+}
+
+// A captured non-leaf (computed from a parameter before the trace): the call's gradient reaches the
+// parameter through the capture's history, as in eager mode.
+TEST(TraceContract, ACapturedNonLeafPassesItsGradientOnAsEagerMode) {
+  const auto fn = [](const Tensor& h, const Inputs& in) { return Inputs{(h * h * in[0]).sum()}; };
+  Tensor eager_p = f64({0.5, -1.5}).requires_grad_(true), traced_p = f64({0.5, -1.5});
+  traced_p.requires_grad_(true);
+  Tensor eager_h = eager_p * 2, traced_h = traced_p * 2;
+  jit::Function f = jit::trace([&](const Inputs& in) { return fn(traced_h, in); }, {f64({1, 1})});
+  for (const Tensor& x : batches()) {
+    eager([&](const Inputs& in) { return fn(eager_h, in); }, {x})[0].backward(
+        Tensor(), /*retain_graph=*/true);
+    f({x})[0].backward(Tensor(), /*retain_graph=*/true);
+    EXPECT_TRUE(equal(traced_p.grad(), eager_p.grad()))
+        << traced_p.grad() << " vs " << eager_p.grad();
+  }
+}
+
 // --------------------------------------------------- functions that run a backward of their own
 
 enum class Inner { kBackward, kGrad, kGradCreateGraph, kNone };
@@ -766,6 +832,118 @@ INSTANTIATE_TEST_SUITE_P(TraceContract, OwnBackward,
                                                            : "_ReturnsPlain") +
                                   (std::get<2>(info.param) ? "_GradOn" : "_GradOff");
                          });
+
+// The function's own backward runs through the earlier graph of a captured non-leaf (h = p * p,
+// which saved p) and frees it. As in eager mode: tracing frees nothing (a backward through h
+// still works), each call frees it (a backward through h then raises), and a call after that
+// raises as its backward would.
+TEST(TraceContract, AnOwnBackwardFreesACapturedTensorsEarlierGraphAtEachCallAsEagerMode) {
+  const auto fn = [](const Tensor& h, const Inputs& in) {
+    Tensor loss = (h * in[0]).sum();
+    loss.backward();
+    return Inputs{loss.detach()};
+  };
+  Tensor eager_p = f64({0.5, -1.5}).requires_grad_(true), traced_p = f64({0.5, -1.5});
+  traced_p.requires_grad_(true);
+  Tensor eager_h = eager_p * eager_p, traced_h = traced_p * traced_p;
+  jit::Function f = jit::trace([&](const Inputs& in) { return fn(traced_h, in); }, {f64({1, 1})});
+  EXPECT_TRUE(runs([&] { traced_h.sum().backward(Tensor(), /*retain_graph=*/true); }))
+      << "tracing freed the captured tensor's graph";
+  EXPECT_TRUE(runs([&] { eager_h.sum().backward(Tensor(), /*retain_graph=*/true); }));
+  const Inputs x = {f64({1, 2})};
+  const Inputs want = eager([&](const Inputs& in) { return fn(eager_h, in); }, x);
+  const Inputs got = f(x);
+  EXPECT_TRUE(equal(got[0], want[0])) << got[0] << " vs " << want[0];
+  EXPECT_TRUE(equal(traced_p.grad(), eager_p.grad()))
+      << traced_p.grad() << " vs " << eager_p.grad();
+  EXPECT_FALSE(runs([&] { eager_h.sum().backward(Tensor(), /*retain_graph=*/true); }));
+  EXPECT_FALSE(runs([&] { traced_h.sum().backward(Tensor(), /*retain_graph=*/true); }))
+      << "the call left the captured tensor's graph alive";
+  EXPECT_FALSE(runs([&] { eager([&](const Inputs& in) { return fn(eager_h, in); }, x); }));
+  EXPECT_FALSE(runs([&] { f(x); })) << "a call ran backward through a freed graph";
+  EXPECT_TRUE(equal(traced_p.grad(), eager_p.grad()))
+      << traced_p.grad() << " vs " << eager_p.grad();
+}
+
+// -------------------------------------------------------------- differentiable functions
+
+// retain_grad() on an intermediate the function returns: after a call and a backward, its .grad
+// is the whole gradient that reached it (through the other returned value too), as in eager mode.
+TEST(TraceContract, ARetainedReturnedIntermediateGetsItsGradientAsEagerMode) {
+  const Fn fn = [](const Inputs& in) {
+    Tensor t = in[0] * in[1];
+    t.retain_grad();
+    return Inputs{(t * t).sum(), t};
+  };
+  const Inputs example = {f64({1, 1}).requires_grad_(true), f64({1, 1}).requires_grad_(true)};
+  jit::Function f = jit::trace(fn, example);
+  for (const Tensor& x : batches()) {
+    SCOPED_TRACE(::testing::Message() << "x = " << x);
+    const Inputs in = {x.clone().requires_grad_(true), f64({0.5, 3}).requires_grad_(true)};
+    const Inputs want = eager(fn, in);
+    const Inputs got = f(in);
+    for (int pass = 0; pass < 2; ++pass) {
+      (want[0] + want[1].sum() * 3).backward(Tensor(), /*retain_graph=*/true);
+      (got[0] + got[1].sum() * 3).backward(Tensor(), /*retain_graph=*/true);
+      ASSERT_TRUE(want[1].grad().defined());
+      ASSERT_TRUE(got[1].grad().defined()) << "the intermediate's .grad was not kept";
+      EXPECT_TRUE(equal(got[1].grad(), want[1].grad()))
+          << got[1].grad() << " vs " << want[1].grad();
+    }
+  }
+}
+
+// Differentiating part of the function fails (reciprocal saved its output y, which a write
+// through a slice then changed); y * w, whose gradient for w does not need reciprocal's, and
+// x * w differentiate. As in eager mode, a backward raises only when it reaches reciprocal.
+TEST(TraceContract, AFailedDifferentiationRaisesOnlyInBackwardsThatReachIt) {
+  const Fn fn = [](const Inputs& in) {
+    Tensor y = reciprocal(in[0]);
+    y.slice(0, 1, 2).fill_(0);
+    return Inputs{y * in[1], in[0] * in[1]};
+  };
+  const auto inputs = [] {
+    return Inputs{f64({2, 4}).requires_grad_(true), f64({3, 5}).requires_grad_(true)};
+  };
+  jit::Function f = jit::trace(fn, inputs());
+  for (bool traced : {false, true}) {
+    SCOPED_TRACE(traced ? "traced" : "eager");
+    const Inputs in = inputs();
+    const Inputs out = traced ? f(in) : eager(fn, in);
+    // Through the second output only: both gradients.
+    EXPECT_TRUE(runs([&] { out[1].sum().backward(Tensor(), /*retain_graph=*/true); }));
+    ASSERT_TRUE(in[0].grad().defined() && in[1].grad().defined());
+    EXPECT_TRUE(equal(in[0].grad(), f64({3, 5}))) << in[0].grad();
+    EXPECT_TRUE(equal(in[1].grad(), f64({2, 4}))) << in[1].grad();
+    // Through the first, for w only: reciprocal is not reached.
+    Inputs gw;
+    EXPECT_TRUE(runs([&] { gw = autograd::grad({out[0].sum()}, {in[1]}, {}, true); }));
+    ASSERT_EQ(gw.size(), 1u);
+    EXPECT_TRUE(equal(gw[0], f64({0.5, 0}))) << gw[0];
+    // For x it is.
+    EXPECT_FALSE(runs([&] { autograd::grad({out[0].sum()}, {in[0]}, {}, true); }));
+    EXPECT_FALSE(runs([&] { out[0].sum().backward(Tensor(), /*retain_graph=*/true); }));
+  }
+}
+
+// The autograd node of a call holds the forward values its backward reads (here the sum s, a
+// reduction's result, which is returned too) without their history: the returned s holds the
+// node, and a node holding s itself would be a cycle that outlives both.
+TEST(TraceContract, ACallsAutogradNodeIsFreedWithItsOutputs) {
+  const Fn fn = [](const Inputs& in) {
+    Tensor s = in[0].sum();
+    return Inputs{s, s * s};
+  };
+  Tensor x = f64({0.5, 1}).requires_grad_(true);
+  jit::Function f = jit::trace(fn, {x});
+  const int64_t live = detail::live_autograd_nodes();
+  {
+    const Inputs out = f({x});
+    const Inputs g = autograd::grad({out[1]}, {x}, {}, /*retain_graph=*/true);
+    EXPECT_TRUE(equal(g[0], f64({3, 3}))) << g[0];
+  }
+  EXPECT_EQ(detail::live_autograd_nodes(), live) << "a call's autograd node leaked";
+}
 
 }  // namespace
 }  // namespace kiln

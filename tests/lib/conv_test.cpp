@@ -185,6 +185,7 @@ TEST(Conv2d, EveryAlgorithmMatchesDirectLoops) {
 TEST(Conv2d, ChooserMeasuresOnceAndLogs) {
   LazyGuard eager(false);
   detail::clear_conv_choices();
+  detail::set_conv_choices_on_disk(false);  // an earlier process's stored choice would be used
   const char* old = std::getenv("KILN_LOG");
   setenv("KILN_LOG", "conv", 1);
   const Tensor x = random_tensor({2, 3, 9, 9}), w = random_tensor({4, 3, 3, 3});
@@ -206,6 +207,7 @@ TEST(Conv2d, ChooserMeasuresOnceAndLogs) {
   EXPECT_NE(first.find("ms"), std::string::npos);
   EXPECT_EQ(second, "");
   EXPECT_TRUE(allclose(y1, y2, 1e-4, 1e-4));
+  detail::set_conv_choices_on_disk(true);
 }
 
 TEST(Conv2d, EnvironmentForcesAnAlgorithm) {

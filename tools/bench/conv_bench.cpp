@@ -1,4 +1,4 @@
-// Convolution benchmarks, float32 on the CPU, eager.
+// Convolution benchmarks, float32 on the CPU (and on a CUDA device), eager.
 //   BM_Conv/<problem>/<pass>/<algorithm>: one pass of the GpuCorrMM benchmark configurations
 //     (input 64x32x32 with 128 5x5 kernels, valid; 384x13x13 with 384 3x3 kernels, padding 1;
 //     batch 32) computed by one algorithm, forced with set_conv_algo (lib/ops/conv.h).
@@ -6,6 +6,9 @@
 //     after the forced rows of its pass; the label names the pick, and <algorithm>_vs_fastest
 //     prints each row's time over the fastest forced time of the pass in this run
 //     (chosen_vs_fastest: the pick's own time; target <= 1.1).
+//   BM_CudaConv/<problem>/<pass>: the same passes on cuda:0 (the chooser's pick, its measuring
+//     call excluded), synchronized; gemm_ms: its cuBLAS GEMM alone on buffers of the same shapes
+//     (lib/ops/conv_cuda.h's pass_gemm), vs_gemms: the pass's time over it (target <= 1.2).
 //   BM_ResNet18TrainStep/<mode>: one training step (forward, cross entropy, backward, Adam) of
 //     ResNet-18 (tools/examples/resnet.h) on a batch of 32 3x64x64 images, eager (the reference,
 //     registered first), lazy, and as a jit::trace replay; vs_eager = eager's step time / this
@@ -24,6 +27,7 @@
 #include "kiln/optim.h"
 #include "kiln/profiler.h"
 #include "lib/ops/conv.h"
+#include "lib/ops/conv_cuda.h"
 #include "tools/bench/counters.h"
 #include "tools/examples/resnet.h"
 
@@ -137,6 +141,80 @@ const bool kConvRegistered = [] {
       }
     }
   }
+  return true;
+}();
+
+// ------------------------------------------------------------------------------------ CUDA
+
+// Seconds per call of f, called `reps` times after one untimed call, the device synchronized.
+template <typename F>
+double device_seconds(int reps, const F& f) {
+  f();
+  kiln::cuda::synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) f();
+  kiln::cuda::synchronize();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps;
+}
+
+void BM_CudaConv(benchmark::State& state, const ConvProblem& p, Pass pass) {
+  if (!kiln::cuda::is_available()) {
+    state.SkipWithError("no usable CUDA device");
+    return;
+  }
+  kiln::manual_seed(0);
+  kiln::LazyGuard eager(false);
+  ConvOperands in(p);
+  in.x = in.x.to(kiln::kCUDA);
+  in.w = in.w.to(kiln::kCUDA);
+  in.gy = in.gy.to(kiln::kCUDA);
+  kiln::detail::clear_conv_choices();
+  // Device ops record (even eagerly); eval runs them. First: the chooser's measurements, kernel
+  // loading.
+  kiln::eval({run_pass(pass, p, in)});
+  const ConvAlgo ran = kiln::detail::last_conv_algo();
+  kiln::cuda::synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) kiln::eval({run_pass(pass, p, in)});  // launches; no per-call sync
+  kiln::cuda::synchronize();
+  const double per_call =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+      static_cast<double>(state.iterations());
+  // The pass's GEMM alone: operands of its shapes (values do not matter to its time).
+  const kiln::detail::ConvGeom g{p.N,       p.C, p.H, p.W,   p.O,   p.k, p.k, p.out_h(),
+                                 p.out_w(), 1,   1,   p.pad, p.pad, 1,   1,   1};
+  const int64_t K = g.K(), NL = g.N * g.L();
+  using kiln::detail::cuda_conv::ConvPass;
+  const ConvPass cp = pass == Pass::Forward     ? ConvPass::Forward
+                      : pass == Pass::GradInput ? ConvPass::GradInput
+                                                : ConvPass::GradWeight;
+  const Shape a = pass == Pass::GradWeight ? Shape{p.O, NL} : Shape{p.O, K};
+  const Shape b = pass == Pass::Forward     ? Shape{K, NL}
+                  : pass == Pass::GradInput ? Shape{p.O, NL}
+                                            : Shape{K, NL};
+  const Shape c = pass == Pass::Forward     ? Shape{p.O, NL}
+                  : pass == Pass::GradInput ? Shape{K, NL}
+                                            : Shape{p.O, K};
+  const Tensor ta = kiln::zeros(a, kiln::kCUDA), tb = kiln::zeros(b, kiln::kCUDA);
+  Tensor tc = kiln::zeros(c, kiln::kCUDA);
+  const void *pa = ta.raw_data_ptr(), *pb = tb.raw_data_ptr();
+  void* pc = tc.raw_data_ptr();
+  const double gemm = device_seconds(
+      10, [&] { kiln::detail::cuda_conv::pass_gemm(cp, g, kiln::kFloat32, 0, pa, pb, pc); });
+  kiln::bench::set_flops(state, p.flops());
+  state.counters["gemm_ms"] = gemm * 1e3;
+  state.counters["vs_gemms"] = per_call / gemm;
+  state.SetLabel(std::string("chose ") + kiln::detail::conv_algo_name(ran));
+}
+
+const bool kCudaConvRegistered = [] {
+  for (const ConvProblem& p : kProblems)
+    for (Pass pass : {Pass::Forward, Pass::GradInput, Pass::GradWeight})
+      benchmark::RegisterBenchmark(
+          (std::string("BM_CudaConv/") + p.name + "/" + pass_name(pass)).c_str(), BM_CudaConv, p,
+          pass)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
   return true;
 }();
 

@@ -254,6 +254,13 @@ bool scatter_add_on_device(const Tensor& out, const Tensor& self, int64_t dim,
 
 const bool g_scatter_add_registered =
     (detail::device_kernels().scatter_add = &scatter_add_on_device, true);
+
+// Hand-written kernels of lib/ (lib/cuda_tensor.h's DeviceKernels::source_kernel).
+void* source_kernel_function(const std::string& name, const std::string& source, int device) {
+  return source_kernel(name, source, device).fn;
+}
+const bool g_source_kernel_registered =
+    (detail::device_kernels().source_kernel = &source_kernel_function, true);
 }  // namespace
 
 }  // namespace kiln::fuser::cuda
