@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "kiln/distributed.h"
@@ -24,16 +25,25 @@ using kiln::Tensor;
 constexpr int64_t kGlobalBatch = 256, kD = 784, kH = 1024, kC = 10;
 constexpr int kIterations = 30;
 
+// The store directory of a group of one, removed at exit (after the group, made later).
+struct StoreDir {
+  std::string path;
+  ~StoreDir() {
+    if (!path.empty()) std::filesystem::remove_all(path);
+  }
+};
+
 // The ranks kiln-run started, or a group of one.
 std::shared_ptr<dist::ProcessGroup> group() {
+  static StoreDir dir;
   static std::shared_ptr<dist::ProcessGroup> g = [] {
     if (!dist::is_initialized()) {
       if (std::getenv("WORLD_SIZE")) {
         dist::init_process_group("gloo");
       } else {
-        char dir[] = "/tmp/kiln_ddp_bench_XXXXXX";
-        dist::init_process_group("gloo", 0, 1,
-                                 std::make_shared<dist::FileStore>(std::string(mkdtemp(dir))));
+        char tmpl[] = "/tmp/kiln_ddp_bench_XXXXXX";
+        dir.path = mkdtemp(tmpl);
+        dist::init_process_group("gloo", 0, 1, std::make_shared<dist::FileStore>(dir.path));
       }
     }
     return dist::default_group();
