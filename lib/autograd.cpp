@@ -1,6 +1,7 @@
 // The autograd engine: grad mode, per-tensor autograd state, recording, in-place history
 // rewriting, and the backward pass.
 #include "lib/autograd.h"
+#include "lib/autograd_hooks.h"
 
 #include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
@@ -164,10 +165,15 @@ struct AccumulateGrad final : Node {
     } else {
       m.grad = m.grad + g;
     }
+    if (!post_hooks.empty()) {
+      Tensor t(std::move(leaf));
+      for (const auto& hook : post_hooks) hook(t);
+    }
     return {};
   }
 
   std::weak_ptr<TensorImpl> leaf;
+  std::vector<std::function<void(const Tensor&)>> post_hooks;  // lib/autograd_hooks.h
 };
 
 struct Geometry {
@@ -240,6 +246,15 @@ std::shared_ptr<Node> grad_accumulator(const Tensor& leaf) {
   return acc;
 }
 }  // namespace
+
+std::shared_ptr<Node> add_post_accumulate_grad_hook(const Tensor& leaf,
+                                                    std::function<void(const Tensor&)> hook) {
+  KILN_CHECK(leaf.requires_grad() && leaf.is_leaf(),
+             "add_post_accumulate_grad_hook: the tensor must be a leaf that requires grad");
+  std::shared_ptr<Node> acc = grad_accumulator(leaf);
+  static_cast<AccumulateGrad&>(*acc).post_hooks.push_back(std::move(hook));
+  return acc;
+}
 
 // ------------------------------------------------------------------------------------ nodes
 

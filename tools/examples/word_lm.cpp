@@ -5,6 +5,7 @@
 
 #include "flags.h"
 
+#include <kiln/distributed.h>
 #include <kiln/jit.h>
 #include <kiln/kiln.h>
 #include <kiln/nn.h>
@@ -374,7 +375,18 @@ std::vector<std::string> generate_corpus(int64_t tokens, uint64_t seed) {
   return out;
 }
 
-WordLmResult train_word_lm(const WordLmConfig& c) {
+WordLmResult train_word_lm(const WordLmConfig& config) {
+  WordLmConfig c = config;
+  int rank = 0, world = 1;
+  if (c.ddp) {
+    KILN_CHECK(!c.trace, "train_word_lm: --ddp does not combine with --trace");
+    if (!distributed::is_initialized()) distributed::init_process_group("gloo");
+    rank = distributed::get_rank();
+    world = distributed::get_world_size();
+    KILN_CHECK(c.batch_size % world == 0, "train_word_lm: batch_size ", c.batch_size,
+               " does not split over ", world, " ranks");
+    if (rank != 0) c.log = nullptr;  // rank 0 reports for all
+  }
   const int64_t eval_batch = 10;
   KILN_CHECK(c.batch_size > 0 && c.bptt > 0 && c.epochs >= 0 && c.num_layers > 0,
              "train_word_lm: batch_size, bptt and num_layers must be positive");
@@ -390,11 +402,18 @@ WordLmResult train_word_lm(const WordLmConfig& c) {
   // Different seeds for the two splits: validation sentences are new samples of the grammar.
   Tensor train_data =
       batchify(to_ids(generate_corpus(c.train_tokens, c.seed), index), c.batch_size);
+  // Each rank trains on its own columns of the batch (a column is one continuous text stream).
+  const int64_t local_batch = c.batch_size / world;
+  train_data = train_data.narrow(1, rank * local_batch, local_batch).contiguous();
   Tensor valid_data = batchify(
       to_ids(generate_corpus(c.valid_tokens, c.seed ^ 0x9e3779b97f4a7c15ULL), index), eval_batch);
 
   const int64_t V = static_cast<int64_t>(vocab.size());
-  RnnLanguageModel model(V, c);
+  auto model_ptr = std::make_shared<RnnLanguageModel>(V, c);
+  RnnLanguageModel& model = *model_ptr;
+  // With --ddp the gradients are averaged over the ranks during each backward.
+  std::unique_ptr<nn::parallel::DistributedDataParallel> ddp;
+  if (c.ddp) ddp = std::make_unique<nn::parallel::DistributedDataParallel>(model_ptr);
   std::vector<Tensor> params = model.parameters();
   std::unique_ptr<optim::Optimizer> optimizer;
   if (c.optimizer == "sgd")
@@ -443,14 +462,14 @@ WordLmResult train_word_lm(const WordLmConfig& c) {
       if (c.max_steps_per_epoch > 0 && epoch_steps >= c.max_steps_per_epoch) break;
       const int64_t len = std::min(c.bptt, train_data.size(0) - 1 - i);
       Tensor input = train_data.narrow(0, i, len);
-      Tensor target = train_data.narrow(0, i + 1, len).reshape({len * B});
+      Tensor target = train_data.narrow(0, i + 1, len).reshape({len * local_batch});
       const auto step_start = std::chrono::steady_clock::now();
       Tensor loss;
       if (c.trace) {
         // The traced step takes the state as arguments (zeros at the start of an epoch, as the
         // LSTM's default) and returns the next one, detached: truncated BPTT.
         if (!state) {
-          const Shape s{c.num_layers, B, c.hidden_size};
+          const Shape s{c.num_layers, local_batch, c.hidden_size};
           state = nn::LSTMState{zeros(s), zeros(s)};
         }
         if (!traced_step.defined())
@@ -465,6 +484,10 @@ WordLmResult train_word_lm(const WordLmConfig& c) {
             train_step({input, target, state ? state->h : Tensor(), state ? state->c : Tensor()});
         loss = out[0];
         state = nn::LSTMState{out[1], out[2]};
+      }
+      if (c.ddp) {
+        loss = loss.clone();
+        distributed::all_reduce(loss, distributed::ReduceOp::AVG);  // the whole batch's loss
       }
       const double l = loss.item<double>();
       result.step_seconds.push_back(
@@ -535,6 +558,7 @@ void usage(const char* argv0) {
       << "  --seed N            (" << d.seed << ")\n"
       << "  --log-every N       steps between progress lines, 0 = none (" << d.log_every << ")\n"
       << "  --trace             trace the training step once (jit::trace) and replay it\n"
+      << "  --ddp               data-parallel over the ranks tools/kiln-run starts\n"
       << "  --sample N          print the first N tokens of the corpus and exit\n";
 }
 
@@ -547,6 +571,7 @@ int main(int argc, char** argv) {
   kiln::examples::Flags flags;
   flags.add("--epochs", &c.epochs);
   flags.add_switch("--trace", &c.trace);
+  flags.add_switch("--ddp", &c.ddp);
   flags.add("--train-tokens", &c.train_tokens);
   flags.add("--valid-tokens", &c.valid_tokens);
   flags.add("--embed", &c.embedding_dim);
@@ -570,6 +595,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     auto r = kiln::examples::train_word_lm(c);
+    if (c.ddp && kiln::distributed::get_rank() != 0) return 0;  // rank 0 reports
     std::cout << "done: " << r.steps << " steps in " << r.seconds << " s";
     if (!r.valid_perplexity.empty())
       std::cout << ", final validation perplexity " << r.valid_perplexity.back();

@@ -37,6 +37,11 @@ struct WordLmConfig {
   // Trace the whole training step (forward, backward, clipping, optimizer update) once with
   // jit::trace and replay it (re-traced when the learning rate is annealed).
   bool trace = false;
+  // Data parallelism: the ranks started by tools/kiln-run (kiln::distributed's environment) each
+  // train on batch_size / world_size columns of the batch, gradients averaged by
+  // DistributedDataParallel. With dropout 0 it follows the single-process run (same losses up to
+  // float32 rounding); with dropout each rank draws its own masks.
+  bool ddp = false;
   std::function<void()> after_step;  // called after every training step (benchmarks measure)
   std::ostream* log = nullptr;
 };

@@ -1,0 +1,51 @@
+// Internals shared by the distributed sources: kiln's Store seen as Gloo's, the group makers.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gloo/rendezvous/store.h>
+
+#include "kiln/distributed.h"
+
+namespace kiln::distributed {
+
+// Gloo's rendezvous speaks to any kiln Store through this.
+class GlooStoreAdapter : public gloo::rendezvous::Store {
+ public:
+  explicit GlooStoreAdapter(kiln::distributed::Store& store) : store_(store) {}
+  void set(const std::string& key, const std::vector<char>& data) override;
+  std::vector<char> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override;
+
+ private:
+  kiln::distributed::Store& store_;
+};
+
+// Raises when called inside jit::trace: a collective is not a graph op yet, so a replay would skip
+// it (and its result would be a constant of the trace).
+void check_not_tracing(const char* op);
+
+// Why NCCL cannot run in this process ("" when it can): no CUDA driver or device, or no
+// libnccl.so.2. Loads NCCL on the first call.
+const std::string& nccl_unavailable_reason();
+
+// all_reduce straight on `buffer`'s memory, skipping the staging copies: the caller owns buffer (a
+// contiguous CPU tensor whose value is computed), and neither reads nor writes it until the Work
+// completes. DistributedDataParallel's buckets.
+std::shared_ptr<Work> allreduce_buffer(ProcessGroup& group, const Tensor& buffer, ReduceOp op);
+
+std::shared_ptr<ProcessGroup> make_nccl_group(int rank, int world_size,
+                                              std::shared_ptr<Store> store,
+                                              const std::string& prefix,
+                                              std::chrono::milliseconds timeout);
+std::shared_ptr<ProcessGroup> make_gloo_group(int rank, int world_size,
+                                              std::shared_ptr<Store> store,
+                                              const std::string& prefix,
+                                              std::chrono::milliseconds timeout);
+
+}  // namespace kiln::distributed
