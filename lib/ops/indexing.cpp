@@ -167,7 +167,11 @@ Tensor apply_basic(const Tensor& self, const std::vector<TensorIndex>& indices,
       case TensorIndex::Kind::Tensor: {
         const Tensor& t = i.tensor();
         detail::check_defined(t, "index", "index tensor");
-        if (t.dtype() == kBool) {
+        if (t.dtype() == kBool && t.dim() == 0) {  // as true or false
+          cur = cur.unsqueeze(d);
+          if (!t.item<bool>()) cur = cur.narrow(d, 0, 0);
+          ++d;
+        } else if (t.dtype() == kBool) {
           const Shape covered(cur.sizes().begin() + d, cur.sizes().begin() + d + t.dim());
           KILN_CHECK(covered == t.sizes(), "index: the shape of the mask ", describe(t),
                      " does not match the shape ", shape_str(covered), " of the indexed dims of ",

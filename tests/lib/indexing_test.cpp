@@ -65,6 +65,8 @@ TEST(Indexing, BasicIndicesAreViews) {
   expect_close(x.index({1}), {7, 7}, {2}, kFloat64);
   EXPECT_EQ(x.index({true}).sizes(), (Shape{1, 3, 2}));
   EXPECT_EQ(x.index({false}).sizes(), (Shape{0, 3, 2}));
+  EXPECT_EQ(x.index({Slice(), full({}, true)}).sizes(), (Shape{3, 1, 2}));
+  EXPECT_EQ(x.index({full({}, false)}).sizes(), (Shape{0, 3, 2}));
   EXPECT_EQ(x.index({}).sizes(), (Shape{3, 2}));
 }
 
