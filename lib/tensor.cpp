@@ -517,11 +517,11 @@ Tensor Tensor::norm(const Scalar& p) const {
 Tensor Tensor::norm(const Scalar& p, const std::vector<int64_t>& dims, bool keepdim) const {
   return kiln::norm(*this, p, dims, keepdim);
 }
-Tensor Tensor::all(int64_t dim, bool keepdim) const {
-  return kiln::all(*this, {dim}, keepdim);
+Tensor Tensor::all(const std::vector<int64_t>& dims, bool keepdim) const {
+  return kiln::all(*this, dims, keepdim);
 }
-Tensor Tensor::any(int64_t dim, bool keepdim) const {
-  return kiln::any(*this, {dim}, keepdim);
+Tensor Tensor::any(const std::vector<int64_t>& dims, bool keepdim) const {
+  return kiln::any(*this, dims, keepdim);
 }
 
 #define KILN_UNARY_METHOD(NAME) \

@@ -246,8 +246,16 @@ class Tensor {
   Tensor norm(const Scalar& p, I dim, bool keepdim = false) const {
     return norm(p, Shape{static_cast<int64_t>(dim)}, keepdim);
   }
-  Tensor all(int64_t dim, bool keepdim = false) const;
-  Tensor any(int64_t dim, bool keepdim = false) const;
+  Tensor all(const std::vector<int64_t>& dims, bool keepdim = false) const;
+  Tensor any(const std::vector<int64_t>& dims, bool keepdim = false) const;
+  template <typename I, detail::if_dim<I> = 0>
+  Tensor all(I dim, bool keepdim = false) const {
+    return all(Shape{static_cast<int64_t>(dim)}, keepdim);
+  }
+  template <typename I, detail::if_dim<I> = 0>
+  Tensor any(I dim, bool keepdim = false) const {
+    return any(Shape{static_cast<int64_t>(dim)}, keepdim);
+  }
 
   // --- more elementwise methods (each forwards to the free function of the same name)
   Tensor sign() const;

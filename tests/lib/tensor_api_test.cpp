@@ -180,6 +180,9 @@ TEST(TensorApi, SingleDimReductions) {
   EXPECT_TRUE(equal(x.logsumexp(2), logsumexp(x, {2})));
   EXPECT_TRUE(equal((x > 0).all(1), all(x > 0, {1})));
   EXPECT_TRUE(equal((x > 0).any(2, true), any(x > 0, {2}, true)));
+  EXPECT_TRUE(equal((x > 0).all({0, 2}), all(x > 0, {0, 2})));
+  EXPECT_EQ((x > 0).any({}).dim(), 0);
+  EXPECT_EQ(x.sum({}, true).sizes(), (Shape{1, 1, 1}));
   EXPECT_TRUE(equal(x.norm(1, 2), norm(x, 1, {2})));
   EXPECT_TRUE(equal(sum(x, 1), sum(x, {1})));
   EXPECT_TRUE(equal(mean(x, -1, true), mean(x, {-1}, true)));
