@@ -501,3 +501,184 @@ Tensor& operator/=(Tensor& a, const Scalar& b) {
 }
 
 }  // namespace kiln
+
+// --- more method forwards
+namespace kiln {
+
+std::ostream& operator<<(std::ostream& os, const Shape& shape) {
+  os << '[';
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  return os << ']';
+}
+
+Tensor Tensor::norm(const Scalar& p) const {
+  return kiln::norm(*this, p);
+}
+Tensor Tensor::norm(const Scalar& p, const std::vector<int64_t>& dims, bool keepdim) const {
+  return kiln::norm(*this, p, dims, keepdim);
+}
+Tensor Tensor::all(const std::vector<int64_t>& dims, bool keepdim) const {
+  return kiln::all(*this, dims, keepdim);
+}
+Tensor Tensor::any(const std::vector<int64_t>& dims, bool keepdim) const {
+  return kiln::any(*this, dims, keepdim);
+}
+
+#define KILN_UNARY_METHOD(NAME) \
+  Tensor Tensor::NAME() const { \
+    return kiln::NAME(*this);   \
+  }
+KILN_UNARY_METHOD(sign)
+KILN_UNARY_METHOD(log1p)
+KILN_UNARY_METHOD(expm1)
+KILN_UNARY_METHOD(rsqrt)
+KILN_UNARY_METHOD(reciprocal)
+KILN_UNARY_METHOD(sin)
+KILN_UNARY_METHOD(cos)
+KILN_UNARY_METHOD(erf)
+KILN_UNARY_METHOD(floor)
+KILN_UNARY_METHOD(ceil)
+KILN_UNARY_METHOD(round)
+KILN_UNARY_METHOD(logical_not)
+KILN_UNARY_METHOD(isnan)
+KILN_UNARY_METHOD(isfinite)
+KILN_UNARY_METHOD(bitwise_not)
+KILN_UNARY_METHOD(nonzero)
+#undef KILN_UNARY_METHOD
+
+#define KILN_BINARY_METHOD(NAME, OTHER)       \
+  Tensor Tensor::NAME(const OTHER& o) const { \
+    return kiln::NAME(*this, o);              \
+  }
+KILN_BINARY_METHOD(remainder, Tensor)
+KILN_BINARY_METHOD(remainder, Scalar)
+KILN_BINARY_METHOD(minimum, Tensor)
+KILN_BINARY_METHOD(maximum, Tensor)
+KILN_BINARY_METHOD(eq, Scalar)
+KILN_BINARY_METHOD(ne, Scalar)
+KILN_BINARY_METHOD(lt, Scalar)
+KILN_BINARY_METHOD(le, Scalar)
+KILN_BINARY_METHOD(gt, Scalar)
+KILN_BINARY_METHOD(ge, Scalar)
+KILN_BINARY_METHOD(logical_and, Tensor)
+KILN_BINARY_METHOD(logical_or, Tensor)
+KILN_BINARY_METHOD(bitwise_and, Tensor)
+KILN_BINARY_METHOD(bitwise_or, Tensor)
+KILN_BINARY_METHOD(bitwise_xor, Tensor)
+KILN_BINARY_METHOD(bmm, Tensor)
+KILN_BINARY_METHOD(masked_select, Tensor)
+KILN_BINARY_METHOD(flip, std::vector<int64_t>)
+KILN_BINARY_METHOD(repeat, std::vector<int64_t>)
+#undef KILN_BINARY_METHOD
+
+Tensor Tensor::where(const Tensor& condition, const Tensor& other) const {
+  return kiln::where(condition, *this, other);
+}
+Tensor Tensor::clamp(const Tensor& min, const Tensor& max) const {
+  return kiln::clamp(*this, min, max);
+}
+Tensor Tensor::clamp(std::nullopt_t, const Tensor& max) const {
+  return kiln::clamp(*this, Tensor(), max);
+}
+Tensor Tensor::lerp(const Tensor& end, const Scalar& weight) const {
+  return kiln::lerp(*this, end, weight);
+}
+Tensor Tensor::lerp(const Tensor& end, const Tensor& weight) const {
+  return kiln::lerp(*this, end, weight);
+}
+Tensor Tensor::addcmul(const Tensor& t1, const Tensor& t2, const Scalar& value) const {
+  return kiln::addcmul(*this, t1, t2, value);
+}
+Tensor Tensor::addcdiv(const Tensor& t1, const Tensor& t2, const Scalar& value) const {
+  return kiln::addcdiv(*this, t1, t2, value);
+}
+Tensor Tensor::index_select(int64_t dim, const Tensor& index) const {
+  return kiln::index_select(*this, dim, index);
+}
+Tensor Tensor::gather(int64_t dim, const Tensor& index) const {
+  return kiln::gather(*this, dim, index);
+}
+Tensor Tensor::index_add(int64_t dim, const Tensor& index, const Tensor& source) const {
+  return kiln::index_add(*this, dim, index, source);
+}
+Tensor Tensor::scatter_add(int64_t dim, const Tensor& index, const Tensor& src) const {
+  return kiln::scatter_add(*this, dim, index, src);
+}
+Tensor Tensor::slice_scatter(const Tensor& src, int64_t dim, std::optional<int64_t> start,
+                             std::optional<int64_t> end, int64_t step) const {
+  return kiln::slice_scatter(*this, src, dim, start, end, step);
+}
+Tensor Tensor::as_strided(const Shape& sizes, const Shape& strides,
+                          std::optional<int64_t> storage_offset) const {
+  return kiln::as_strided(*this, sizes, strides, storage_offset);
+}
+Tensor Tensor::sum_to_size(const Shape& shape) const {
+  return kiln::sum_to_size(*this, shape);
+}
+Tensor Tensor::addmm(const Tensor& mat1, const Tensor& mat2, const Scalar& beta,
+                     const Scalar& alpha) const {
+  return kiln::addmm(*this, mat1, mat2, beta, alpha);
+}
+Tensor Tensor::masked_fill(const Tensor& mask, const Scalar& value) const {
+  return kiln::masked_fill(*this, mask, value);
+}
+Tensor Tensor::masked_fill(const Tensor& mask, const Tensor& value) const {
+  return kiln::masked_fill(*this, mask, value);
+}
+Tensor& Tensor::masked_fill_(const Tensor& mask, const Scalar& value) {
+  return copy_(kiln::masked_fill(*this, mask, value));
+}
+Tensor& Tensor::masked_fill_(const Tensor& mask, const Tensor& value) {
+  return copy_(kiln::masked_fill(*this, mask, value));
+}
+std::tuple<Tensor, Tensor> Tensor::topk(int64_t k, int64_t dim, bool largest, bool sorted) const {
+  return kiln::topk(*this, k, dim, largest, sorted);
+}
+std::tuple<Tensor, Tensor> Tensor::sort(int64_t dim, bool descending) const {
+  return kiln::sort(*this, dim, descending);
+}
+Tensor Tensor::argsort(int64_t dim, bool descending) const {
+  return kiln::argsort(*this, dim, descending);
+}
+Tensor Tensor::cumsum(int64_t dim, std::optional<DType> dtype) const {
+  return kiln::cumsum(*this, dim, dtype);
+}
+Tensor Tensor::cumprod(int64_t dim, std::optional<DType> dtype) const {
+  return kiln::cumprod(*this, dim, dtype);
+}
+Tensor Tensor::roll(const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims) const {
+  return kiln::roll(*this, shifts, dims);
+}
+Tensor Tensor::tril(int64_t diagonal) const {
+  return kiln::tril(*this, diagonal);
+}
+Tensor Tensor::triu(int64_t diagonal) const {
+  return kiln::triu(*this, diagonal);
+}
+
+// --- comparison and bitwise operators
+#define KILN_OPERATOR(OP, FN)                            \
+  Tensor operator OP(const Tensor& a, const Tensor& b) { \
+    return FN(a, b);                                     \
+  }                                                      \
+  Tensor operator OP(const Tensor& a, const Scalar& b) { \
+    return FN(a, b);                                     \
+  }                                                      \
+  Tensor operator OP(const Scalar& a, const Tensor& b) { \
+    return FN(detail::wrap_scalar(a), b);                \
+  }
+KILN_OPERATOR(==, eq)
+KILN_OPERATOR(!=, ne)
+KILN_OPERATOR(<, lt)
+KILN_OPERATOR(<=, le)
+KILN_OPERATOR(>, gt)
+KILN_OPERATOR(>=, ge)
+KILN_OPERATOR(&, bitwise_and)
+KILN_OPERATOR(|, bitwise_or)
+KILN_OPERATOR(^, bitwise_xor)
+#undef KILN_OPERATOR
+Tensor operator~(const Tensor& a) {
+  return bitwise_not(a);
+}
+
+}  // namespace kiln

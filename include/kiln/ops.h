@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -51,6 +52,37 @@ Tensor from_vector(const std::vector<T>& data, std::optional<Shape> shape = std:
                              shape.value_or(Shape{static_cast<int64_t>(data.size())}));
 }
 Tensor from_vector(const std::vector<bool>& data, std::optional<Shape> shape = std::nullopt);
+// from_vector(data, {2, 3}): a braced list does not convert to std::optional<Shape>.
+template <typename T>
+Tensor from_vector(const std::vector<T>& data, const Shape& shape) {
+  return from_vector(data, std::optional<Shape>(shape));
+}
+
+// The values of kiln::tensor: a number or a (nested) braced list of them.
+class TensorData {
+ public:
+  TensorData(bool v) : kind_(kBool), values_{v ? 1.0 : 0.0} {}
+  TensorData(int v) : TensorData(static_cast<int64_t>(v)) {}
+  TensorData(int64_t v) : kind_(kInt64), ints_{v} {}
+  TensorData(float v) : TensorData(static_cast<double>(v)) {}
+  TensorData(double v) : kind_(kFloat64), values_{v} {}
+  TensorData(std::initializer_list<TensorData> list);
+
+  // Row-major elements: integers in ints(), others in values().
+  const Shape& shape() const { return shape_; }
+  DType kind() const { return kind_; }  // bool, int64 or float64, the widest element's kind
+  const std::vector<int64_t>& ints() const { return ints_; }
+  const std::vector<double>& values() const { return values_; }
+
+ private:
+  Shape shape_;
+  DType kind_ = kBool;
+  std::vector<int64_t> ints_;
+  std::vector<double> values_;
+};
+// torch::tensor: kiln::tensor({{1, 2}, {3, 4}}) is int64, kiln::tensor({1.5, 2.}) float32 (the
+// default dtype), kiln::tensor({true, false}) bool; options give another dtype or device.
+Tensor tensor(const TensorData& data, TensorOptions options = {});
 // Wraps user memory without copying. The memory must outlive the tensor and its views unless a
 // deleter is given, which kiln calls when the last of them goes away.
 Tensor from_blob(void* data, const Shape& shape, TensorOptions options = {},
@@ -126,6 +158,27 @@ Tensor logical_or(const Tensor& a, const Scalar& b);
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
 Tensor where(const Tensor& condition, const Tensor& a, const Scalar& b);
 Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt);
+// Tensor bounds (broadcasting); an undefined one (or std::nullopt for min) leaves that side open.
+// Not libtorch's std::optional<Tensor>: that would make clamp(x, std::nullopt, std::nullopt)
+// ambiguous with the overload above.
+Tensor clamp(const Tensor& x, const Tensor& min, const Tensor& max = {});
+Tensor clamp(const Tensor& x, std::nullopt_t, const Tensor& max);
+// Bitwise ops on bool and integer tensors; floating-point operands raise, as torch.
+Tensor bitwise_and(const Tensor& a, const Tensor& b);
+Tensor bitwise_and(const Tensor& a, const Scalar& b);
+Tensor bitwise_or(const Tensor& a, const Tensor& b);
+Tensor bitwise_or(const Tensor& a, const Scalar& b);
+Tensor bitwise_xor(const Tensor& a, const Tensor& b);
+Tensor bitwise_xor(const Tensor& a, const Scalar& b);
+Tensor bitwise_not(const Tensor& x);
+// start + weight * (end - start)
+Tensor lerp(const Tensor& start, const Tensor& end, const Scalar& weight);
+Tensor lerp(const Tensor& start, const Tensor& end, const Tensor& weight);
+// self + value * tensor1 * tensor2 and self + value * tensor1 / tensor2
+Tensor addcmul(const Tensor& self, const Tensor& tensor1, const Tensor& tensor2,
+               const Scalar& value = 1);
+Tensor addcdiv(const Tensor& self, const Tensor& tensor1, const Tensor& tensor2,
+               const Scalar& value = 1);
 
 // ---------------------------------------------------------------- reductions
 // An empty `dims` reduces over every dimension. Negative dims count from the end.
@@ -151,6 +204,69 @@ Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim
 Tensor sum_to_size(const Tensor& x, const Shape& shape);
 Tensor all(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor any(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// The vector p-norm over dims (every dim when empty): p = 1, 2, any other positive number, or
+// infinity (the largest |x|).
+Tensor norm(const Tensor& x, const Scalar& p = 2, const std::vector<int64_t>& dims = {},
+            bool keepdim = false);
+
+// Single-dim overloads: sum(x, 1), mean(x, -1, true). Templates so that a braced list, even an
+// empty one ({} means every dim), always picks the list overload above.
+template <typename I, detail::if_dim<I> = 0>
+Tensor sum(const Tensor& x, I dim, bool keepdim = false,
+           std::optional<DType> dtype = std::nullopt) {
+  return sum(x, Shape{static_cast<int64_t>(dim)}, keepdim, dtype);
+}
+template <typename I, detail::if_dim<I> = 0>
+Tensor mean(const Tensor& x, I dim, bool keepdim = false) {
+  return mean(x, Shape{static_cast<int64_t>(dim)}, keepdim);
+}
+template <typename I, detail::if_dim<I> = 0>
+Tensor prod(const Tensor& x, I dim, bool keepdim = false) {
+  return prod(x, Shape{static_cast<int64_t>(dim)}, keepdim);
+}
+template <typename I, detail::if_dim<I> = 0>
+Tensor amax(const Tensor& x, I dim, bool keepdim = false) {
+  return amax(x, Shape{static_cast<int64_t>(dim)}, keepdim);
+}
+template <typename I, detail::if_dim<I> = 0>
+Tensor amin(const Tensor& x, I dim, bool keepdim = false) {
+  return amin(x, Shape{static_cast<int64_t>(dim)}, keepdim);
+}
+template <typename I, detail::if_dim<I> = 0>
+Tensor var(const Tensor& x, I dim, int64_t correction = 1, bool keepdim = false) {
+  return var(x, Shape{static_cast<int64_t>(dim)}, correction, keepdim);
+}
+template <typename I, detail::if_dim<I> = 0>
+Tensor std(const Tensor& x, I dim, int64_t correction = 1, bool keepdim = false) {
+  return std(x, Shape{static_cast<int64_t>(dim)}, correction, keepdim);
+}
+template <typename I, detail::if_dim<I> = 0>
+Tensor logsumexp(const Tensor& x, I dim, bool keepdim = false) {
+  return logsumexp(x, Shape{static_cast<int64_t>(dim)}, keepdim);
+}
+template <typename I, detail::if_dim<I> = 0>
+Tensor all(const Tensor& x, I dim, bool keepdim = false) {
+  return all(x, Shape{static_cast<int64_t>(dim)}, keepdim);
+}
+template <typename I, detail::if_dim<I> = 0>
+Tensor any(const Tensor& x, I dim, bool keepdim = false) {
+  return any(x, Shape{static_cast<int64_t>(dim)}, keepdim);
+}
+template <typename I, detail::if_dim<I> = 0>
+Tensor norm(const Tensor& x, const Scalar& p, I dim, bool keepdim = false) {
+  return norm(x, p, Shape{static_cast<int64_t>(dim)}, keepdim);
+}
+
+// ---------------------------------------------------------------- sorting and scans
+// The k largest (smallest when !largest) along dim, in order, and their int64 indices.
+std::tuple<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true,
+                                bool sorted = true);
+// Stable; NaN sorts as the largest value, as torch.
+std::tuple<Tensor, Tensor> sort(const Tensor& x, int64_t dim = -1, bool descending = false);
+Tensor argsort(const Tensor& x, int64_t dim = -1, bool descending = false);
+// Integer and bool inputs accumulate in int64 unless dtype says otherwise, as torch.
+Tensor cumsum(const Tensor& x, int64_t dim, std::optional<DType> dtype = std::nullopt);
+Tensor cumprod(const Tensor& x, int64_t dim, std::optional<DType> dtype = std::nullopt);
 
 // ---------------------------------------------------------------- linear algebra (oneDNN GEMM)
 Tensor mm(const Tensor& a, const Tensor& b);
@@ -162,6 +278,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 // beta * self + alpha * (m1 @ m2)
 Tensor addmm(const Tensor& self, const Tensor& m1, const Tensor& m2, const Scalar& beta = 1,
              const Scalar& alpha = 1);
+
+// Einstein summation over one to three operands, lowered to permutes, sums and batched GEMMs:
+// "ij,jk->ik", "bij,bjk->bik", "i,i->", "ij->ji", "bhqd,bhkd->bhqk", implicit outputs ("ij,jk").
+// Ellipses and repeated letters within one operand (diagonals) raise.
+Tensor einsum(const std::string& equation, const std::vector<Tensor>& operands);
 
 // ---------------------------------------------------------------- indexing and joining
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
@@ -179,6 +300,23 @@ Tensor scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const T
 Tensor slice_scatter(const Tensor& self, const Tensor& src, int64_t dim = 0,
                      std::optional<int64_t> start = std::nullopt,
                      std::optional<int64_t> end = std::nullopt, int64_t step = 1);
+// x with the elements where mask (broadcast to x) holds replaced by value (a number or a 0-dim
+// tensor); x's dtype.
+Tensor masked_fill(const Tensor& x, const Tensor& mask, const Scalar& value);
+Tensor masked_fill(const Tensor& x, const Tensor& mask, const Tensor& value);
+// The elements of x (broadcast with mask) where mask holds, as a 1-D tensor.
+Tensor masked_select(const Tensor& x, const Tensor& mask);
+// The indices of the nonzero elements, int64 [count, x.dim()].
+Tensor nonzero(const Tensor& x);
+// Copies: flip reverses the given dims; roll shifts elements along dims (the flattened tensor when
+// dims is empty), wrapping around; repeat tiles x (torch's Tensor.repeat); tril/triu keep the
+// elements on and below (above) the given diagonal of the last two dims and zero the rest.
+Tensor flip(const Tensor& x, const std::vector<int64_t>& dims);
+Tensor roll(const Tensor& x, const std::vector<int64_t>& shifts,
+            const std::vector<int64_t>& dims = {});
+Tensor repeat(const Tensor& x, const std::vector<int64_t>& repeats);
+Tensor tril(const Tensor& x, int64_t diagonal = 0);
+Tensor triu(const Tensor& x, int64_t diagonal = 0);
 // A view of self's storage with the given geometry; storage_offset is absolute, as in torch.
 Tensor as_strided(const Tensor& self, const Shape& sizes, const Shape& strides,
                   std::optional<int64_t> storage_offset = std::nullopt);

@@ -7,6 +7,7 @@
 #include <ostream>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "kiln/device.h"
@@ -21,6 +22,20 @@ struct TensorImpl;
 }
 
 using Shape = std::vector<int64_t>;
+// Prints [2, 3], as libtorch prints sizes(). Shape is a std::vector, so this is found where kiln's
+// names are visible (inside namespace kiln or after `using namespace kiln`).
+std::ostream& operator<<(std::ostream& os, const Shape& shape);
+
+class Tensor;
+namespace indexing {
+class TensorIndex;
+}
+namespace detail {
+// An integral dim for the single-dim overloads of the reductions (x.sum(1)). A template so that a
+// braced list, even an empty one ({} means every dim), always picks the list overload.
+template <typename I>
+using if_dim = std::enable_if_t<std::is_integral_v<I> && !std::is_same_v<I, bool>, int>;
+}  // namespace detail
 
 // What a factory makes: dtype (defaulting per factory, float32 for most) and device.
 struct TensorOptions {
@@ -105,6 +120,8 @@ class Tensor {
   // --- conversions
   Tensor to(DType dtype) const;
   Tensor to(Device device) const;
+  Tensor cpu() const { return to(kCPU); }
+  Tensor cuda() const { return to(kCUDA); }
   Tensor contiguous() const;
   Tensor clone() const;
 
@@ -193,6 +210,131 @@ class Tensor {
   Tensor logsumexp(const std::vector<int64_t>& dims, bool keepdim = false) const;
   Tensor all() const;
   Tensor any() const;
+  Tensor norm(const Scalar& p = 2) const;
+  Tensor norm(const Scalar& p, const std::vector<int64_t>& dims, bool keepdim = false) const;
+
+  // Single-dim reductions: x.sum(1), x.mean(-1, true).
+  template <typename I, detail::if_dim<I> = 0>
+  Tensor sum(I dim, bool keepdim = false, std::optional<DType> dtype = std::nullopt) const {
+    return sum(Shape{static_cast<int64_t>(dim)}, keepdim, dtype);
+  }
+  template <typename I, detail::if_dim<I> = 0>
+  Tensor mean(I dim, bool keepdim = false) const {
+    return mean(Shape{static_cast<int64_t>(dim)}, keepdim);
+  }
+  template <typename I, detail::if_dim<I> = 0>
+  Tensor amax(I dim, bool keepdim = false) const {
+    return amax(Shape{static_cast<int64_t>(dim)}, keepdim);
+  }
+  template <typename I, detail::if_dim<I> = 0>
+  Tensor amin(I dim, bool keepdim = false) const {
+    return amin(Shape{static_cast<int64_t>(dim)}, keepdim);
+  }
+  template <typename I, detail::if_dim<I> = 0>
+  Tensor var(I dim, int64_t correction = 1, bool keepdim = false) const {
+    return var(Shape{static_cast<int64_t>(dim)}, correction, keepdim);
+  }
+  template <typename I, detail::if_dim<I> = 0>
+  Tensor std(I dim, int64_t correction = 1, bool keepdim = false) const {
+    return std(Shape{static_cast<int64_t>(dim)}, correction, keepdim);
+  }
+  template <typename I, detail::if_dim<I> = 0>
+  Tensor logsumexp(I dim, bool keepdim = false) const {
+    return logsumexp(Shape{static_cast<int64_t>(dim)}, keepdim);
+  }
+  template <typename I, detail::if_dim<I> = 0>
+  Tensor norm(const Scalar& p, I dim, bool keepdim = false) const {
+    return norm(p, Shape{static_cast<int64_t>(dim)}, keepdim);
+  }
+  Tensor all(const std::vector<int64_t>& dims, bool keepdim = false) const;
+  Tensor any(const std::vector<int64_t>& dims, bool keepdim = false) const;
+  template <typename I, detail::if_dim<I> = 0>
+  Tensor all(I dim, bool keepdim = false) const {
+    return all(Shape{static_cast<int64_t>(dim)}, keepdim);
+  }
+  template <typename I, detail::if_dim<I> = 0>
+  Tensor any(I dim, bool keepdim = false) const {
+    return any(Shape{static_cast<int64_t>(dim)}, keepdim);
+  }
+
+  // --- more elementwise methods (each forwards to the free function of the same name)
+  Tensor sign() const;
+  Tensor log1p() const;
+  Tensor expm1() const;
+  Tensor rsqrt() const;
+  Tensor reciprocal() const;
+  Tensor sin() const;
+  Tensor cos() const;
+  Tensor erf() const;
+  Tensor floor() const;
+  Tensor ceil() const;
+  Tensor round() const;
+  Tensor logical_not() const;
+  Tensor isnan() const;
+  Tensor isfinite() const;
+  Tensor remainder(const Tensor& other) const;
+  Tensor remainder(const Scalar& other) const;
+  Tensor minimum(const Tensor& other) const;
+  Tensor maximum(const Tensor& other) const;
+  Tensor eq(const Scalar& other) const;
+  Tensor ne(const Scalar& other) const;
+  Tensor lt(const Scalar& other) const;
+  Tensor le(const Scalar& other) const;
+  Tensor gt(const Scalar& other) const;
+  Tensor ge(const Scalar& other) const;
+  Tensor logical_and(const Tensor& other) const;
+  Tensor logical_or(const Tensor& other) const;
+  Tensor bitwise_and(const Tensor& other) const;
+  Tensor bitwise_or(const Tensor& other) const;
+  Tensor bitwise_xor(const Tensor& other) const;
+  Tensor bitwise_not() const;
+  // torch's x.where(condition, other): x where condition holds, else other.
+  Tensor where(const Tensor& condition, const Tensor& other) const;
+  // Tensor bounds; an undefined one (or std::nullopt for min) leaves that side open.
+  Tensor clamp(const Tensor& min, const Tensor& max = {}) const;
+  Tensor clamp(std::nullopt_t, const Tensor& max) const;
+  Tensor lerp(const Tensor& end, const Scalar& weight) const;
+  Tensor lerp(const Tensor& end, const Tensor& weight) const;
+  Tensor addcmul(const Tensor& tensor1, const Tensor& tensor2, const Scalar& value = 1) const;
+  Tensor addcdiv(const Tensor& tensor1, const Tensor& tensor2, const Scalar& value = 1) const;
+  Tensor bmm(const Tensor& other) const;
+
+  // --- indexing (libtorch's: x.index({Slice(1, None), 0, "...", None, mask}); see
+  // kiln::indexing below)
+  Tensor index(const std::vector<indexing::TensorIndex>& indices) const;
+  Tensor& index_put_(const std::vector<indexing::TensorIndex>& indices, const Tensor& value);
+  Tensor& index_put_(const std::vector<indexing::TensorIndex>& indices, const Scalar& value);
+  Tensor index_select(int64_t dim, const Tensor& index) const;
+  Tensor gather(int64_t dim, const Tensor& index) const;
+  Tensor index_add(int64_t dim, const Tensor& index, const Tensor& source) const;
+  Tensor scatter_add(int64_t dim, const Tensor& index, const Tensor& src) const;
+  Tensor slice_scatter(const Tensor& src, int64_t dim = 0,
+                       std::optional<int64_t> start = std::nullopt,
+                       std::optional<int64_t> end = std::nullopt, int64_t step = 1) const;
+  Tensor as_strided(const Shape& sizes, const Shape& strides,
+                    std::optional<int64_t> storage_offset = std::nullopt) const;
+  Tensor sum_to_size(const Shape& shape) const;
+  Tensor addmm(const Tensor& mat1, const Tensor& mat2, const Scalar& beta = 1,
+               const Scalar& alpha = 1) const;
+  Tensor masked_fill(const Tensor& mask, const Scalar& value) const;
+  Tensor masked_fill(const Tensor& mask, const Tensor& value) const;
+  Tensor& masked_fill_(const Tensor& mask, const Scalar& value);
+  Tensor& masked_fill_(const Tensor& mask, const Tensor& value);
+  Tensor masked_select(const Tensor& mask) const;
+  Tensor nonzero() const;
+
+  // --- sorting, scans and rearrangements
+  std::tuple<Tensor, Tensor> topk(int64_t k, int64_t dim = -1, bool largest = true,
+                                  bool sorted = true) const;
+  std::tuple<Tensor, Tensor> sort(int64_t dim = -1, bool descending = false) const;
+  Tensor argsort(int64_t dim = -1, bool descending = false) const;
+  Tensor cumsum(int64_t dim, std::optional<DType> dtype = std::nullopt) const;
+  Tensor cumprod(int64_t dim, std::optional<DType> dtype = std::nullopt) const;
+  Tensor flip(const std::vector<int64_t>& dims) const;
+  Tensor roll(const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims = {}) const;
+  Tensor repeat(const std::vector<int64_t>& repeats) const;
+  Tensor tril(int64_t diagonal = 0) const;
+  Tensor triu(int64_t diagonal = 0) const;
 
   Tensor matmul(const Tensor& other) const;
   Tensor mm(const Tensor& other) const;
@@ -227,5 +369,83 @@ Tensor& operator+=(Tensor& a, const Scalar& b);
 Tensor& operator-=(Tensor& a, const Scalar& b);
 Tensor& operator*=(Tensor& a, const Scalar& b);
 Tensor& operator/=(Tensor& a, const Scalar& b);
+
+// Comparisons give bool tensors, as libtorch's (not a bool: use equal() or allclose() for that).
+Tensor operator==(const Tensor& a, const Tensor& b);
+Tensor operator!=(const Tensor& a, const Tensor& b);
+Tensor operator<(const Tensor& a, const Tensor& b);
+Tensor operator<=(const Tensor& a, const Tensor& b);
+Tensor operator>(const Tensor& a, const Tensor& b);
+Tensor operator>=(const Tensor& a, const Tensor& b);
+Tensor operator==(const Tensor& a, const Scalar& b);
+Tensor operator!=(const Tensor& a, const Scalar& b);
+Tensor operator<(const Tensor& a, const Scalar& b);
+Tensor operator<=(const Tensor& a, const Scalar& b);
+Tensor operator>(const Tensor& a, const Scalar& b);
+Tensor operator>=(const Tensor& a, const Scalar& b);
+Tensor operator==(const Scalar& a, const Tensor& b);
+Tensor operator!=(const Scalar& a, const Tensor& b);
+Tensor operator<(const Scalar& a, const Tensor& b);
+Tensor operator<=(const Scalar& a, const Tensor& b);
+Tensor operator>(const Scalar& a, const Tensor& b);
+Tensor operator>=(const Scalar& a, const Tensor& b);
+// Bitwise, on bool and integer tensors only (floating-point operands raise, as torch).
+Tensor operator&(const Tensor& a, const Tensor& b);
+Tensor operator|(const Tensor& a, const Tensor& b);
+Tensor operator^(const Tensor& a, const Tensor& b);
+Tensor operator&(const Tensor& a, const Scalar& b);
+Tensor operator|(const Tensor& a, const Scalar& b);
+Tensor operator^(const Tensor& a, const Scalar& b);
+Tensor operator&(const Scalar& a, const Tensor& b);
+Tensor operator|(const Scalar& a, const Tensor& b);
+Tensor operator^(const Scalar& a, const Tensor& b);
+Tensor operator~(const Tensor& a);
+
+// libtorch's tensor indices: `using namespace kiln::indexing;` then
+// x.index({Slice(1, None, 2), 0, Ellipsis, None, mask, index_tensor}).
+namespace indexing {
+constexpr std::nullopt_t None = std::nullopt;
+struct EllipsisIndexType {
+  constexpr EllipsisIndexType() = default;
+};
+constexpr EllipsisIndexType Ellipsis{};
+
+// start:stop:step; an absent bound means the whole dim from that end, an absent step 1.
+struct Slice {
+  Slice(std::optional<int64_t> start = std::nullopt, std::optional<int64_t> stop = std::nullopt,
+        std::optional<int64_t> step = std::nullopt)
+      : start(start), stop(stop), step(step.value_or(1)) {}
+  std::optional<int64_t> start, stop;
+  int64_t step;
+};
+
+class TensorIndex {
+ public:
+  enum class Kind { None, Ellipsis, Integer, Boolean, Slice, Tensor };
+  TensorIndex(std::nullopt_t) : kind_(Kind::None) {}
+  TensorIndex(EllipsisIndexType) : kind_(Kind::Ellipsis) {}
+  TensorIndex(const char* text);  // "..." only, as libtorch's
+  TensorIndex(int64_t i) : kind_(Kind::Integer), integer_(i) {}
+  TensorIndex(int i) : TensorIndex(static_cast<int64_t>(i)) {}
+  // Exactly bool (a template, as libtorch's): pointers and other types don't convert to it.
+  template <typename B, std::enable_if_t<std::is_same_v<B, bool>, int> = 0>
+  TensorIndex(B b) : kind_(Kind::Boolean), boolean_(b) {}
+  TensorIndex(Slice s) : kind_(Kind::Slice), slice_(s) {}
+  TensorIndex(Tensor t) : kind_(Kind::Tensor), tensor_(std::move(t)) {}
+
+  Kind kind() const { return kind_; }
+  int64_t integer() const { return integer_; }
+  bool boolean() const { return boolean_; }
+  const Slice& slice() const { return slice_; }
+  const Tensor& tensor() const { return tensor_; }
+
+ private:
+  Kind kind_;
+  int64_t integer_ = 0;
+  bool boolean_ = false;
+  Slice slice_;
+  Tensor tensor_;
+};
+}  // namespace indexing
 
 }  // namespace kiln

@@ -382,7 +382,7 @@ Tensor Tensor::expand(const Shape& shape) const {
   }
   detail::checked_numel(sz, "expand");
   return view_with_grad(expand_def, *this, Attrs{sz}, make_view(*this, sz, st, storage_offset()),
-                        [in = sizes()](const Tensor& g) { return sum_to_size(g, in); });
+                        [in = sizes()](const Tensor& g) { return kiln::sum_to_size(g, in); });
 }
 
 Tensor Tensor::expand_as(const Tensor& other) const {
@@ -408,7 +408,7 @@ Tensor Tensor::slice(int64_t d, std::optional<int64_t> start, std::optional<int6
   return view_with_grad(slice_def, *this, Attrs{pos, s, e, step},
                         make_view(*this, sz, st, storage_offset() + s * strides()[pos]),
                         [in = sizes(), pos, s, e, step](const Tensor& g) {
-                          return slice_scatter(
+                          return kiln::slice_scatter(
                               zeros(in, TensorOptions(g.dtype()).device(g.device())), g, pos, s, e,
                               step);
                         });
@@ -439,7 +439,7 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
   st.erase(st.begin() + pos);
   return view_with_grad(select_def, *this, Attrs{pos, index}, make_view(*this, sz, st, offset),
                         [in = sizes(), pos, index](const Tensor& g) {
-                          return slice_scatter(
+                          return kiln::slice_scatter(
                               zeros(in, TensorOptions(g.dtype()).device(g.device())),
                               g.unsqueeze(pos), pos, index, index + 1);
                         });

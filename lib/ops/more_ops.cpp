@@ -1,0 +1,413 @@
+// Everyday ops that libtorch users expect, most of them compositions of table ops (so that they
+// record lazily, fuse and trace, and differentiate through their parts): bitwise ops, lerp,
+// addcmul/addcdiv, clamp with tensor bounds, norm, flip, roll, repeat, tril/triu, kiln::tensor
+// and einsum (lowered to permutes, sums and one batched GEMM per pair of operands).
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kiln/autograd.h"
+#include "kiln/ops.h"
+#include "lib/autograd.h"
+#include "lib/elementwise.h"
+#include "lib/op_table.h"
+#include "lib/tensor_impl.h"
+
+namespace kiln {
+
+using detail::describe;
+using detail::DTypeRule;
+using detail::OpKind;
+using detail::shape_str;
+
+// ------------------------------------------------------------------------------------ bitwise ops
+namespace {
+using Inputs = std::vector<Tensor>;
+
+void check_bitwise(const char* op, const Tensor& t) {
+  detail::check_defined(t, op);
+  KILN_CHECK(!t.is_floating_point(), op, ": only bool and integer tensors are supported, got ",
+             describe(t));
+}
+}  // namespace
+
+// No formulas: the fuser's primitives have no bitwise operations on integers, so these run their
+// own kernels (still recorded lazily and traced as one node each).
+#define KILN_BITWISE(NAME, EXPR)                                                          \
+  static const auto NAME##_fn = [](auto x, auto y) {                                      \
+    using T = decltype(x);                                                                \
+    if constexpr (std::is_integral_v<T>)                                                  \
+      return T(EXPR);                                                                     \
+    else                                                                                  \
+      return x; /* unreachable: floating operands raise first */                          \
+  };                                                                                      \
+  static const detail::OpDef& NAME##_def = detail::register_op(                           \
+      {#NAME,                                                                             \
+       OpKind::Binary,                                                                    \
+       2,                                                                                 \
+       DTypeRule::Same,                                                                   \
+       true,                                                                              \
+       [](const Inputs& in, const detail::Attrs&) { return Inputs{NAME(in[0], in[1])}; }, \
+       {},                                                                                \
+       [](const Tensor& out, const Tensor* in, const detail::Attrs&) {                    \
+         detail::binary_into<DTypeRule::Same>(NAME##_def, NAME##_fn, out, in[0], in[1]);  \
+       }});                                                                               \
+  Tensor NAME(const Tensor& a, const Tensor& b) {                                         \
+    check_bitwise(#NAME, a);                                                              \
+    check_bitwise(#NAME, b);                                                              \
+    return detail::binary_op<DTypeRule::Same>(NAME##_def, a, b, NAME##_fn);               \
+  }                                                                                       \
+  Tensor NAME(const Tensor& a, const Scalar& b) {                                         \
+    KILN_CHECK(!b.is_floating_point(), #NAME, ": a floating-point operand ", b,           \
+               " is not supported (with ", describe(a), ")");                             \
+    return NAME(a, detail::wrap_scalar(b));                                               \
+  }
+KILN_BITWISE(bitwise_and, x& y)
+KILN_BITWISE(bitwise_or, x | y)
+KILN_BITWISE(bitwise_xor, x ^ y)
+#undef KILN_BITWISE
+
+// ~x: logical not on bool, two's complement not on integers.
+Tensor bitwise_not(const Tensor& x) {
+  check_bitwise("bitwise_not", x);
+  if (x.dtype() == kBool) return logical_not(x);
+  return bitwise_xor(x, -1);
+}
+
+// ------------------------------------------------------------------- compositions of elementwise
+Tensor lerp(const Tensor& start, const Tensor& end, const Scalar& weight) {
+  return lerp(start, end, detail::wrap_scalar(weight));
+}
+Tensor lerp(const Tensor& start, const Tensor& end, const Tensor& weight) {
+  detail::check_defined(start, "lerp", "start");
+  detail::check_defined(end, "lerp", "end");
+  detail::check_defined(weight, "lerp", "weight");
+  KILN_CHECK(start.is_floating_point() && end.is_floating_point(),
+             "lerp: expected floating-point start and end, got ", describe(start), " and ",
+             describe(end));
+  return start + weight * (end - start);
+}
+
+Tensor addcmul(const Tensor& self, const Tensor& t1, const Tensor& t2, const Scalar& value) {
+  detail::check_defined(self, "addcmul", "self");
+  return self + t1 * t2 * value;
+}
+Tensor addcdiv(const Tensor& self, const Tensor& t1, const Tensor& t2, const Scalar& value) {
+  detail::check_defined(self, "addcdiv", "self");
+  detail::check_defined(t1, "addcdiv", "tensor1");
+  detail::check_defined(t2, "addcdiv", "tensor2");
+  KILN_CHECK(t1.is_floating_point() || t2.is_floating_point(), "addcdiv: integer division of ",
+             describe(t1), " by ", describe(t2), " is not supported, as in torch");
+  return self + t1 / t2 * value;
+}
+
+// The result is x's promoted with the bounds' type, as torch's; a NaN anywhere gives NaN.
+Tensor clamp(const Tensor& x, const Tensor& min, const Tensor& max) {
+  detail::check_defined(x, "clamp");
+  KILN_CHECK(min.defined() || max.defined(),
+             "clamp: at least one of 'min' or 'max' must be given (input ", describe(x), ")");
+  Tensor out = x;
+  if (min.defined()) out = maximum(out, min);
+  if (max.defined()) out = minimum(out, max);
+  return out;
+}
+Tensor clamp(const Tensor& x, std::nullopt_t, const Tensor& max) {
+  return clamp(x, Tensor(), max);
+}
+
+// ------------------------------------------------------------------------------------------ norm
+Tensor norm(const Tensor& x, const Scalar& p, const std::vector<int64_t>& dims, bool keepdim) {
+  detail::check_defined(x, "norm");
+  KILN_CHECK(x.is_floating_point(), "norm: expected a floating-point input, got ", describe(x));
+  const double q = p.to_double();
+  KILN_CHECK(q > 0, "norm: p must be positive (1, 2, any other or infinity), got ", p, " for ",
+             describe(x));
+  // The output's shape with the reduced dims kept as size 1, for the gradient.
+  Shape kept = x.sizes();
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (dims.empty()) kept[d] = 1;
+  for (int64_t d : dims)
+    if (x.dim() > 0) kept[detail::wrap_dim(d, x.dim(), "norm", &x)] = 1;
+  if (std::isinf(q)) return amax(abs(x), dims, keepdim);
+  if (q == 1) return sum(abs(x), dims, keepdim);
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out =
+        q == 2 ? sqrt(sum(x * x, dims, keepdim)) : pow(sum(pow(abs(x), q), dims, keepdim), 1.0 / q);
+  }
+  // x |x|^(p-2) / norm^(p-1), and 0 where the norm (or x, for p < 2) is 0, as torch's: the
+  // composition's gradient would be NaN there.
+  if (detail::needs_grad(x))
+    detail::record("norm", {x}, {out}, {x, out}, [q, kept](const detail::BackwardContext& c) {
+      const Tensor &x = c.saved(0), y = c.saved(1).reshape(kept), g = c.grad().reshape(kept);
+      const Tensor scale = q == 2 ? x / y : x * pow(abs(x), q - 2) / pow(y, q - 1);
+      const Tensor zero = logical_or(eq(y, 0), eq(x, 0));
+      return std::vector<Tensor>{where(zero, zeros({}, x.dtype()), g * scale)};
+    });
+  return out;
+}
+
+// ------------------------------------------------------------------------------ rearrangements
+Tensor flip(const Tensor& x, const std::vector<int64_t>& dims) {
+  detail::check_defined(x, "flip");
+  std::vector<bool> seen(static_cast<size_t>(x.dim()), false);
+  Tensor out = x;
+  for (int64_t dim : dims) {
+    const int64_t d = detail::wrap_dim(dim, x.dim(), "flip", &x);
+    KILN_CHECK(!seen[d], "flip: dim ", d, " appears more than once in the dims of ", describe(x));
+    seen[d] = true;
+    const int64_t n = x.size(d);
+    out = index_select(out, d, arange(n - 1, -1, -1));
+  }
+  return dims.empty() ? x.clone() : out;
+}
+
+Tensor roll(const Tensor& x, const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims) {
+  detail::check_defined(x, "roll");
+  if (dims.empty()) {
+    KILN_CHECK(shifts.size() == 1, "roll: without dims, exactly one shift is expected, got ",
+               shifts.size(), " for ", describe(x));
+    return roll(x.flatten(), shifts, {0}).view(x.sizes());
+  }
+  KILN_CHECK(shifts.size() == dims.size(), "roll: ", shifts.size(), " shifts and ", dims.size(),
+             " dims do not match (input ", describe(x), ")");
+  Tensor out = x;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int64_t d = detail::wrap_dim(dims[i], x.dim(), "roll", &x);
+    const int64_t n = x.size(d);
+    if (n == 0) continue;
+    const int64_t s = ((shifts[i] % n) + n) % n;
+    if (s == 0) continue;
+    out = cat({out.narrow(d, n - s, s), out.narrow(d, 0, n - s)}, d);
+  }
+  return out.is_same(x) ? x.clone() : out;
+}
+
+// x viewed with a size-1 dim before each of its dims, expanded to the repeats and merged.
+Tensor repeat(const Tensor& x, const std::vector<int64_t>& repeats) {
+  detail::check_defined(x, "repeat");
+  const int64_t n = static_cast<int64_t>(repeats.size());
+  KILN_CHECK(n >= x.dim(), "repeat: the number of repeats (", n,
+             ") cannot be smaller than the number of dims of ", describe(x));
+  for (int64_t r : repeats)
+    KILN_CHECK(r >= 0, "repeat: repeats must be non-negative, got ", shape_str(repeats), " for ",
+               describe(x));
+  Shape padded(static_cast<size_t>(n - x.dim()), 1);
+  padded.insert(padded.end(), x.sizes().begin(), x.sizes().end());
+  Shape interleaved, expanded, result;
+  for (int64_t i = 0; i < n; ++i) {
+    interleaved.insert(interleaved.end(), {1, padded[i]});
+    expanded.insert(expanded.end(), {repeats[i], padded[i]});
+    result.push_back(repeats[i] * padded[i]);
+  }
+  Tensor out = x.reshape(interleaved).expand(expanded).reshape(result);
+  // Repeats of one are a view of x: a copy all the same, as torch's.
+  int64_t copies = 1;
+  for (int64_t r : repeats) copies *= r;
+  return copies == 1 ? out.clone() : out;
+}
+
+namespace {
+// True where column - row <= diagonal (lower) or >= diagonal (upper), over x's last two dims.
+Tensor triangle_mask(const Tensor& x, int64_t diagonal, bool lower, const char* op) {
+  detail::check_defined(x, op);
+  KILN_CHECK(x.dim() >= 2, op, ": expected a tensor of at least 2 dims, got ", describe(x));
+  Tensor rows = arange(x.size(-2)).unsqueeze(1), cols = arange(x.size(-1)).unsqueeze(0);
+  Tensor offset = cols - rows;
+  return lower ? le(offset, diagonal) : ge(offset, diagonal);
+}
+}  // namespace
+
+Tensor tril(const Tensor& x, int64_t diagonal) {
+  Tensor mask = triangle_mask(x, diagonal, true, "tril");
+  return where(mask, x, zeros({}, x.dtype()));
+}
+Tensor triu(const Tensor& x, int64_t diagonal) {
+  Tensor mask = triangle_mask(x, diagonal, false, "triu");
+  return where(mask, x, zeros({}, x.dtype()));
+}
+
+// ------------------------------------------------------------------------------------ kiln::tensor
+TensorData::TensorData(std::initializer_list<TensorData> list) {
+  const TensorData* first = list.size() ? list.begin() : nullptr;
+  shape_ = {static_cast<int64_t>(list.size())};
+  if (!first) kind_ = kFloat64;  // tensor({}) is float32, as torch's
+  if (first) shape_.insert(shape_.end(), first->shape_.begin(), first->shape_.end());
+  for (const TensorData& e : list) {
+    KILN_CHECK(e.shape_ == first->shape_, "tensor: nested lists must have equal lengths, got ",
+               shape_str(first->shape_), " and ", shape_str(e.shape_));
+    if (e.kind_ == kFloat64 || (e.kind_ == kInt64 && kind_ == kBool)) kind_ = e.kind_;
+  }
+  // Every element in the widest kind: integers stay exact in ints_ unless a float appears.
+  for (const TensorData& e : list) {
+    if (kind_ == kInt64) {
+      if (e.kind_ == kInt64)
+        ints_.insert(ints_.end(), e.ints_.begin(), e.ints_.end());
+      else
+        for (double v : e.values_) ints_.push_back(static_cast<int64_t>(v));
+    } else {
+      values_.insert(values_.end(), e.values_.begin(), e.values_.end());
+      for (int64_t v : e.ints_) values_.push_back(static_cast<double>(v));
+    }
+  }
+}
+
+Tensor tensor(const TensorData& data, TensorOptions options) {
+  const DType inferred = data.kind() == kFloat64 ? kFloat32 : data.kind();
+  const DType dtype = options.dtype_or(inferred);
+  Tensor out = data.kind() == kInt64 ? from_vector(data.ints(), data.shape())
+                                     : from_vector(data.values(), data.shape());
+  if (data.kind() == kBool) out = out.to(kBool);
+  return out.to(dtype).to(options.device_);
+}
+
+// ------------------------------------------------------------------------------------------ einsum
+namespace {
+std::vector<std::string> split_terms(const std::string& lhs) {
+  std::vector<std::string> terms(1);
+  for (char c : lhs) {
+    if (c == ',')
+      terms.emplace_back();
+    else if (c != ' ')
+      terms.back() += c;
+  }
+  return terms;
+}
+
+// The operand summed over the letters that neither `keep` nor any other operand needs.
+Tensor sum_unneeded(const Tensor& t, std::string& letters, const std::string& keep) {
+  std::vector<int64_t> dims;
+  std::string kept;
+  for (size_t i = 0; i < letters.size(); ++i) {
+    if (keep.find(letters[i]) == std::string::npos)
+      dims.push_back(static_cast<int64_t>(i));
+    else
+      kept += letters[i];
+  }
+  letters = kept;
+  return dims.empty() ? t : sum(t, dims);
+}
+
+Tensor permuted(const Tensor& t, const std::string& from, const std::string& to) {
+  std::vector<int64_t> order;
+  for (char c : to) order.push_back(static_cast<int64_t>(from.find(c)));
+  return t.permute(order);
+}
+
+int64_t product(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t v : s) n *= v;
+  return n;
+}
+
+// Contracts a (letters la) with b (letters lb) into letters `out`, whose letters all appear in a
+// or b: batch letters (in a, b and out), a's own, b's own and the contracted ones (in both, not in
+// out) become one bmm of [batch, a's, contracted] by [batch, contracted, b's].
+Tensor contract(Tensor a, std::string la, Tensor b, std::string lb, const std::string& out,
+                const std::string& equation) {
+  std::string batch, left, right, inner;
+  for (char c : la) {
+    const bool in_b = lb.find(c) != std::string::npos, in_out = out.find(c) != std::string::npos;
+    (in_b ? (in_out ? batch : inner) : left) += c;
+  }
+  for (char c : lb)
+    if (la.find(c) == std::string::npos) right += c;
+  auto size_of = [&](char c, const Tensor& t, const std::string& l) {
+    return t.size(static_cast<int64_t>(l.find(c)));
+  };
+  Shape batch_shape, left_shape, right_shape, inner_shape;
+  Shape a_shape = a.sizes(), b_shape = b.sizes();
+  for (char c : batch) {
+    int64_t sa = size_of(c, a, la), sb = size_of(c, b, lb);
+    KILN_CHECK(sa == sb || sa == 1 || sb == 1, "einsum: '", equation, "': letter '", c,
+               "' has sizes ", sa, " and ", sb, " in operands ", describe(a), " and ", describe(b));
+    batch_shape.push_back(std::max(sa, sb));
+  }
+  for (char c : inner) {
+    int64_t sa = size_of(c, a, la), sb = size_of(c, b, lb);
+    KILN_CHECK(sa == sb, "einsum: '", equation, "': contracted letter '", c, "' has sizes ", sa,
+               " and ", sb, " in operands ", describe(a), " and ", describe(b));
+    inner_shape.push_back(sa);
+  }
+  for (char c : left) left_shape.push_back(size_of(c, a, la));
+  for (char c : right) right_shape.push_back(size_of(c, b, lb));
+  // Batch letters of size 1 on one side broadcast.
+  Tensor pa = permuted(a, la, batch + left + inner), pb = permuted(b, lb, batch + inner + right);
+  Shape ea = batch_shape, eb = batch_shape;
+  ea.insert(ea.end(), pa.sizes().begin() + batch.size(), pa.sizes().end());
+  eb.insert(eb.end(), pb.sizes().begin() + batch.size(), pb.sizes().end());
+  pa = pa.expand(ea);
+  pb = pb.expand(eb);
+  const int64_t nb = product(batch_shape), nl = product(left_shape), nr = product(right_shape),
+                nk = product(inner_shape);
+  Tensor r = bmm(pa.reshape({nb, nl, nk}), pb.reshape({nb, nk, nr}));
+  Shape r_shape = batch_shape;
+  r_shape.insert(r_shape.end(), left_shape.begin(), left_shape.end());
+  r_shape.insert(r_shape.end(), right_shape.begin(), right_shape.end());
+  return permuted(r.reshape(r_shape), batch + left + right, out);
+}
+}  // namespace
+
+Tensor einsum(const std::string& equation, const std::vector<Tensor>& operands) {
+  const size_t arrow = equation.find("->");
+  std::vector<std::string> terms = split_terms(equation.substr(0, arrow));
+  std::string shapes;
+  for (const Tensor& t : operands) shapes += (shapes.empty() ? "" : ", ") + describe(t);
+  KILN_CHECK(terms.size() == operands.size(), "einsum: '", equation, "' names ", terms.size(),
+             " operands, got ", operands.size(), " (", shapes, ")");
+  KILN_CHECK(!operands.empty() && operands.size() <= 3, "einsum: '", equation,
+             "': one to three operands are supported, got ", operands.size());
+  KILN_CHECK(equation.find("...") == std::string::npos, "einsum: '", equation,
+             "': ellipses are not supported");
+  std::map<char, int> count;
+  for (size_t i = 0; i < terms.size(); ++i) {
+    detail::check_defined(operands[i], "einsum");
+    KILN_CHECK(static_cast<int64_t>(terms[i].size()) == operands[i].dim(), "einsum: '", equation,
+               "': operand ", i, " has ", terms[i].size(), " letters for ", describe(operands[i]));
+    for (char c : terms[i]) {
+      KILN_CHECK(std::isalpha(static_cast<unsigned char>(c)), "einsum: '", equation,
+                 "': unexpected character '", c, "'");
+      KILN_CHECK(std::count(terms[i].begin(), terms[i].end(), c) == 1, "einsum: '", equation,
+                 "': letter '", c, "' repeats in operand ", i,
+                 " (diagonals are not supported; operands ", shapes, ")");
+      ++count[c];
+    }
+  }
+  std::string out;
+  if (arrow == std::string::npos) {
+    for (const auto& [c, n] : count)  // implicit form: the letters seen once, alphabetically
+      if (n == 1) out += c;
+  } else {
+    for (char c : equation.substr(arrow + 2)) {
+      if (c == ' ') continue;
+      KILN_CHECK(count.count(c) && std::count(out.begin(), out.end(), c) == 0, "einsum: '",
+                 equation, "': output letter '", c, "' is repeated or in no operand");
+      out += c;
+    }
+  }
+  // Contract left to right, each step keeping what the output or a later operand needs.
+  std::string letters = terms[0];
+  std::string later;
+  for (size_t i = 1; i < terms.size(); ++i) later += terms[i];
+  Tensor acc = sum_unneeded(operands[0], letters, out + later);
+  for (size_t i = 1; i < terms.size(); ++i) {
+    later = "";
+    for (size_t j = i + 1; j < terms.size(); ++j) later += terms[j];
+    std::string lb = terms[i];
+    Tensor b = sum_unneeded(operands[i], lb, out + letters + later);
+    std::string next;
+    for (char c : letters + lb)
+      if ((out + later).find(c) != std::string::npos && next.find(c) == std::string::npos)
+        next += c;
+    acc = contract(acc, letters, b, lb, next, equation);
+    letters = next;
+  }
+  return permuted(acc, letters, out).contiguous();
+}
+
+}  // namespace kiln
