@@ -741,7 +741,7 @@ Tensor conv2d_epilogue_kernel(const Inputs& in, const Attrs& a) {
   if (e.bias.defined()) e.bias = e.bias.contiguous();
   if (empty_problem(g))
     return apply_epilogue(zeros({g.N, g.O, g.oH, g.oW}, TensorOptions(x.dtype())), e);
-  return run_pass(Pass::Forward, g, x.dtype(), [&](ConvAlgo algo) {
+  return run_pass(Pass::Forward, g, x.dtype(), x.device(), [&](ConvAlgo algo) {
     if (algo == ConvAlgo::OneDNN) return forward_onednn(x, w, g, e);
     return apply_epilogue(
         algo == ConvAlgo::WeightGrad ? forward_weight_grad(x, w, g) : forward_im2col(x, w, g), e);
