@@ -44,12 +44,15 @@
 //     differentiable jit::trace of the forward (issue 6), called and differentiated each iteration.
 //   BM_FuseLayerNormBackward4096, BM_FuseSoftmaxXentBackward4096: see "backward row models".
 #include <benchmark/benchmark.h>
-
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
 #include <map>
 #include <string>
 #include <vector>
@@ -254,6 +257,143 @@ void BM_FuseHashAndHit100(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_FuseHashAndHit100)->Unit(benchmark::kMicrosecond);
+
+// ------------------------------------------------------------------------- process start
+// A 10-op kernel of a fixed structure (three tanh, four multiplications by a number, three adds)
+// on [64] float32, recorded and evaluated.
+Tensor ten_op_kernel(const Tensor& x) {
+  Tensor y = x;
+  for (int i = 0; i < 10; ++i) y = i % 3 == 0 ? kiln::tanh(y) : i % 3 == 1 ? y * 1.5 : y + x;
+  return y;
+}
+
+// CPU time of the whole process: steadier than wall time on a loaded machine.
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+// Child mode of kiln_bench (`kiln_bench --first-call`, see main): in a fresh process, times the
+// first evaluation of ten_op_kernel (everything kiln starts on first use: LLVM, the disk cache,
+// the compile or the load) and then its steady state (median of 200 calls), and prints
+// "first_ms steady_ms compile_ms kernels_compiled first_cpu_ms". The input is made before the clock
+// starts.
+int first_call_main() {
+  Tensor x;
+  {
+    kiln::LazyGuard eager(false);
+    x = kiln::randn({64});
+  }
+  kiln::LazyGuard lazy(true);
+  const double cpu_start = process_cpu_seconds();
+  const Clock::time_point start = Clock::now();
+  Tensor y = ten_op_kernel(x);
+  kiln::eval(y);
+  const double first = std::chrono::duration<double>(Clock::now() - start).count();
+  const double first_cpu = process_cpu_seconds() - cpu_start;
+  std::vector<double> steady;
+  for (int i = 0; i < 200; ++i) {
+    const Clock::time_point t = Clock::now();
+    Tensor z = ten_op_kernel(x);
+    kiln::eval(z);
+    steady.push_back(std::chrono::duration<double>(Clock::now() - t).count());
+  }
+  std::nth_element(steady.begin(), steady.begin() + 100, steady.end());
+  const kiln::jit::Stats s = kiln::jit::stats();
+  std::printf("%.6f %.6f %.6f %lld %.6f\n", first * 1e3, steady[100] * 1e3, s.compile_seconds * 1e3,
+              static_cast<long long>(s.kernels_compiled), first_cpu * 1e3);
+  return 0;
+}
+
+// One child run (see first_call_main) with the kernel cache in `dir`: false on failure.
+struct FirstCall {
+  double first_ms = 0, steady_ms = 0, compile_ms = 0, first_cpu_ms = 0;
+  long long compiled = 0;
+};
+bool run_first_call(const std::string& dir, FirstCall* r) {
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return false;
+  const std::string cmd = "KILN_CACHE=1 KILN_CACHE_DIR='" + dir + "' '" +
+                          std::string(exe, static_cast<size_t>(n)) + "' --first-call";
+  FILE* out = popen(cmd.c_str(), "r");
+  if (!out) return false;
+  const int got = std::fscanf(out, "%lf %lf %lf %lld %lf", &r->first_ms, &r->steady_ms,
+                              &r->compile_ms, &r->compiled, &r->first_cpu_ms);
+  return pclose(out) == 0 && got == 5;
+}
+
+// A new process compiling ten_op_kernel with an empty kernel cache (cold), then another finding
+// it on disk (warm). Targets: cold first call <= 8 ms; warm first call within 0.3 ms of the
+// steady-state call. Medians over the iterations.
+void BM_FuseNewProcess(benchmark::State& state) {
+  std::vector<double> cold, cold_cpu, warm, warm_cpu, steady, compile;
+  int64_t run = 0;
+  for (auto _ : state) {
+    const std::string dir =
+        "/tmp/kiln_bench_start_" + std::to_string(::getpid()) + "_" + std::to_string(run++);
+    FirstCall c, w;
+    const bool ok =
+        run_first_call(dir, &c) && c.compiled == 1 && run_first_call(dir, &w) && w.compiled == 0;
+    std::system(("rm -rf '" + dir + "'").c_str());
+    if (!ok) {
+      state.SkipWithError("a child process failed (or compiled where it should not)");
+      return;
+    }
+    cold.push_back(c.first_ms);
+    cold_cpu.push_back(c.first_cpu_ms);
+    compile.push_back(c.compile_ms);
+    warm.push_back(w.first_ms);
+    warm_cpu.push_back(w.first_cpu_ms);
+    steady.push_back(w.steady_ms);
+  }
+  auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  state.counters["cold_first_ms"] = median(cold);
+  state.counters["cold_first_cpu_ms"] = median(cold_cpu);
+  state.counters["cold_compile_ms"] = median(compile);
+  state.counters["warm_first_ms"] = median(warm);
+  state.counters["warm_first_cpu_ms"] = median(warm_cpu);
+  state.counters["steady_ms"] = median(steady);
+  state.counters["cold_vs_target"] = median(cold) / 8.0;
+  state.counters["warm_vs_target"] = (median(warm) - median(steady)) / 0.3;
+}
+BENCHMARK(BM_FuseNewProcess)->Unit(benchmark::kMillisecond)->Iterations(11)->UseRealTime();
+
+// A million recorded elementwise ops (x = x * a + b on a [1] float64 tensor, 500k times) under the
+// default KILN_MAX_PENDING, each flush evaluating what has been recorded so far, then the result
+// read. Target: 2 s end to end.
+void BM_FuseMillionOps(benchmark::State& state) {
+  const Tensor x0 = [] {
+    kiln::LazyGuard eager(false);
+    return kiln::full({1}, 0.75, kiln::kFloat64);
+  }();
+  kiln::LazyGuard lazy(true);
+  const kiln::jit::Stats before = kiln::jit::stats();
+  double seconds = 0;
+  for (auto _ : state) {
+    const Clock::time_point start = Clock::now();
+    Tensor x = x0;
+    for (int i = 0; i < 500000; ++i) x = x * 1.000001 + 1e-6;
+    benchmark::DoNotOptimize(x.item<double>());
+    seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  }
+  const kiln::jit::Stats after = kiln::jit::stats();
+  const double runs = static_cast<double>(state.iterations());
+  state.counters["s_per_million"] = seconds / runs;
+  state.counters["vs_target"] = seconds / runs / 2.0;
+  state.counters["evaluations"] =
+      static_cast<double>(after.evaluations - before.evaluations) / runs;
+  state.counters["kernels_compiled"] =
+      static_cast<double>(after.kernels_compiled - before.kernels_compiled);
+  state.counters["compile_s"] = after.compile_seconds - before.compile_seconds;
+  state.counters["plan_cache_hits"] =
+      static_cast<double>(after.plan_cache_hits - before.plan_cache_hits) / runs;
+}
+BENCHMARK(BM_FuseMillionOps)->Unit(benchmark::kMillisecond)->Iterations(1)->UseRealTime();
 
 // ------------------------------------------------------------------------- reduction fusion
 // Times per iteration measured earlier in this run, by key, for the ratios of later benchmarks.
@@ -729,3 +869,8 @@ void BM_LstmCellStepBackwardTraced(benchmark::State& state) {
 BENCHMARK(BM_LstmCellStepBackwardTraced)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
+
+// kiln_bench --first-call (main): BM_FuseNewProcess's child.
+int kiln_bench_first_call_main() {
+  return first_call_main();
+}
