@@ -566,8 +566,15 @@ const char* Plan::run_group(const Step& step, const std::vector<Tensor>& host_ar
   const Shape& shape = g.shape;
   const int64_t numel = detail::shape_numel(shape);
   const size_t num_inputs = args.size();
-  fuser::Layout layout;
-  layout.single_element.resize(num_inputs, false);
+  // This thread's layout, reset: its vectors keep their capacity, so finding the step's kernel
+  // allocates nothing (a copy is kept only when a new kernel is looked up).
+  static thread_local fuser::Layout t_layout;
+  fuser::Layout& layout = t_layout;
+  layout.flat = true;
+  layout.rows = false;
+  layout.rank = 0;
+  layout.single_element.assign(num_inputs, false);
+  layout.inner.clear();
   for (size_t k = 0; k < num_inputs; ++k) {
     const Tensor& t = args[k];
     const int64_t n = t.numel();
