@@ -17,6 +17,13 @@
 //     with its kernels already compiled (graph, passes, fusion, key, cache hit, run).
 //   BM_FuseHashAndHit100: the part of that a repeated trace pays before running (target < 20 us):
 //     the pending chain's nodes collected and hashed, and its plan found in the memory cache.
+//   BM_FuseEval100Recorded: the chain's evaluation alone (recording untimed): collect, key, memory
+//     hit, run. Target 15 us.
+//   BM_FuseNewProcess: a new process's first evaluation of a 10-op kernel, with an empty kernel
+//     cache (cold, target 8 ms) and with the kernel on disk (warm, target: within 0.3 ms of the
+//     steady-state call); wall and process CPU time.
+//   BM_FuseMillionOps: a million recorded elementwise ops under the default KILN_MAX_PENDING,
+//     end to end. Target 2 s.
 //
 // Reduction fusion (softmax, layer_norm and cross entropy written from primitives, one kernel each
 // in lazy mode), against the memory floor measured in the same run:
@@ -257,6 +264,34 @@ void BM_FuseHashAndHit100(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_FuseHashAndHit100)->Unit(benchmark::kMicrosecond);
+
+// The memory hit end to end without the recording: a recorded 100-op chain evaluated (collect,
+// key, plan found in the memory cache with its kernel, run) and read. Recording is not timed
+// (the timer is paused around it). Target: 15 us.
+void BM_FuseEval100Recorded(benchmark::State& state) {
+  const Tensor x = small_input();
+  kiln::LazyGuard lazy(true);
+  kiln::eval(chain100(x));  // plans and compiles once
+  const int64_t compiled = kiln::jit::stats().kernels_compiled;
+  const int64_t hits = kiln::jit::stats().plan_cache_hits;
+  double seconds = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    Tensor y = chain100(x);
+    state.ResumeTiming();
+    const Clock::time_point start = Clock::now();
+    kiln::eval(y);
+    benchmark::DoNotOptimize(y.raw_data_ptr());
+    seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  }
+  if (kiln::jit::stats().kernels_compiled != compiled ||
+      kiln::jit::stats().plan_cache_hits - hits != static_cast<int64_t>(state.iterations()))
+    state.SkipWithError("an evaluation missed the plan cache");
+  const double us = seconds * 1e6 / static_cast<double>(state.iterations());
+  state.counters["us_per_eval"] = us;
+  state.counters["vs_target"] = us / 15.0;
+}
+BENCHMARK(BM_FuseEval100Recorded)->Unit(benchmark::kMicrosecond);
 
 // ------------------------------------------------------------------------- process start
 // A 10-op kernel of a fixed structure (three tanh, four multiplications by a number, three adds)
