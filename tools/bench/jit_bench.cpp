@@ -4,7 +4,7 @@
 //     tensor, run eagerly and recorded in lazy mode (recording only; dropping the pending chain,
 //     which frees its nodes, is timed apart). Target: recording < 300 ns/op.
 //   BM_JitCall10Ops/*: one call of a 10-op function on a [1] float32 tensor: eager, lazy with
-//     kiln::eval of the result, and replayed by a jit::trace'd Function. Target: replay < 2 us.
+//     kiln::eval of the result, and replayed by a jit::trace'd Function. Target: replay <= 0.3 us.
 //   BM_ProfileReplay10Ops/{off,on}: the replay with the profiler off and on (issue 7); off should
 //     match BM_JitCall10Ops/replay within noise.
 //   BM_JitPasses/*: run_passes (verification off) on chain and wide graphs of 10k, 100k and 1M
