@@ -461,7 +461,9 @@ class ScratchTensors {
   }
   ~ScratchTensors() {
     v_.clear();
-    if (t_spares.size() < kMaxSpares) t_spares.push_back(std::move(v_));
+    // A large plan's slots are not kept: a thread would hold their capacity for good.
+    if (t_spares.size() < kMaxSpares && v_.capacity() <= kMaxKept)
+      t_spares.push_back(std::move(v_));
   }
   ScratchTensors(const ScratchTensors&) = delete;
   ScratchTensors& operator=(const ScratchTensors&) = delete;
@@ -469,6 +471,7 @@ class ScratchTensors {
 
  private:
   static constexpr size_t kMaxSpares = 16;
+  static constexpr size_t kMaxKept = 1024;  // tensors (16 KiB of handles)
   std::vector<Tensor> v_;
 };
 
