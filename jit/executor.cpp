@@ -6,6 +6,7 @@
 #include <optional>
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "fuser/codegen/llvm/cpu_codegen.h"
 #ifdef KILN_HAS_CUDA
 #include "fuser/codegen/cuda/cuda_kernel.h"
@@ -445,6 +446,35 @@ __attribute__((tls_model("initial-exec"))) thread_local detail::SpanStart* t_ste
 // The timed event opening the profiled device step running on this thread: recorded again after
 // a compile, so that the step's device time leaves the compile out.
 __attribute__((tls_model("initial-exec"))) thread_local void** t_step_event = nullptr;
+
+// A run's working vectors (its slots, a step's arguments and outputs), taken from this thread's
+// spares and given back empty with their capacity: a replay of a small plan allocates none of
+// them. A run inside a step's op takes spares of its own.
+__attribute__((tls_model("initial-exec"))) thread_local std::vector<std::vector<Tensor>> t_spares;
+class ScratchTensors {
+ public:
+  ScratchTensors() {
+    std::vector<std::vector<Tensor>>& spares = t_spares;
+    if (spares.empty()) return;
+    v_ = std::move(spares.back());
+    spares.pop_back();
+  }
+  ~ScratchTensors() {
+    v_.clear();
+    // A large plan's slots are not kept: a thread would hold their capacity for good.
+    if (t_spares.size() < kMaxSpares && v_.capacity() <= kMaxKept)
+      t_spares.push_back(std::move(v_));
+  }
+  ScratchTensors(const ScratchTensors&) = delete;
+  ScratchTensors& operator=(const ScratchTensors&) = delete;
+  std::vector<Tensor>& operator*() { return v_; }
+
+ private:
+  static constexpr size_t kMaxSpares = 16;
+  static constexpr size_t kMaxKept = 1024;  // tensors (16 KiB of handles)
+  std::vector<Tensor> v_;
+};
+
 }  // namespace
 
 fuser::CompiledKernel Plan::kernel_for(const Step& step, const fuser::Layout& layout) const {
@@ -539,8 +569,15 @@ const char* Plan::run_group(const Step& step, const std::vector<Tensor>& host_ar
   const Shape& shape = g.shape;
   const int64_t numel = detail::shape_numel(shape);
   const size_t num_inputs = args.size();
-  fuser::Layout layout;
-  layout.single_element.resize(num_inputs, false);
+  // This thread's layout, reset: its vectors keep their capacity, so finding the step's kernel
+  // allocates nothing (a copy is kept only when a new kernel is looked up).
+  static thread_local fuser::Layout t_layout;
+  fuser::Layout& layout = t_layout;
+  layout.flat = true;
+  layout.rows = false;
+  layout.rank = 0;
+  layout.single_element.assign(num_inputs, false);
+  layout.inner.clear();
   for (size_t k = 0; k < num_inputs; ++k) {
     const Tensor& t = args[k];
     const int64_t n = t.numel();
@@ -554,7 +591,7 @@ const char* Plan::run_group(const Step& step, const std::vector<Tensor>& host_ar
   for (const Tensor& t : *dests)
     if (!detail::is_contiguous_layout(t.sizes(), t.strides())) layout.flat = false;
   if (numel == 0) return nullptr;
-  std::vector<char*> ptrs(num_inputs + dests->size());
+  absl::InlinedVector<char*, 16> ptrs(num_inputs + dests->size());
   for (size_t k = 0; k < num_inputs; ++k) ptrs[k] = args[k].impl()->data();
   for (size_t k = 0; k < dests->size(); ++k) ptrs[num_inputs + k] = (*dests)[k].impl()->data();
   if (layout.flat) {
@@ -824,7 +861,9 @@ bool writable_in_place(const Tensor& target, const ValueType& type, const std::v
 std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
   KILN_CHECK(inputs.size() == input_slots_.size(), "jit: the graph takes ", input_slots_.size(),
              " inputs, got ", inputs.size());
-  std::vector<Tensor> slots(num_slots_);
+  ScratchTensors slots_scratch;
+  std::vector<Tensor>& slots = *slots_scratch;
+  slots.resize(num_slots_);
   for (size_t i = 0; i < inputs.size(); ++i)
     slots[static_cast<size_t>(input_slots_[i])] = inputs[i];
   for (const auto& [slot, value] : constants_) slots[static_cast<size_t>(slot)] = value;
@@ -849,8 +888,9 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
   }
   EagerScope eager;
   const bool warm = warm_.load(std::memory_order_acquire);
-  std::vector<Tensor> args;
-  std::vector<Tensor> outs;
+  ScratchTensors args_scratch, outs_scratch;
+  std::vector<Tensor>& args = *args_scratch;
+  std::vector<Tensor>& outs = *outs_scratch;
   // Read once per run: off, the steps' only profiling cost is a branch on this.
   const bool profiling = detail::profiling();
   detail::SpanStart span{0, 0};

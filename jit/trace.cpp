@@ -76,6 +76,19 @@ InputKey key_of(const Tensor& t) {
   return {t.dtype(), t.sizes(), t.device(), t.requires_grad()};
 }
 
+// Whether the inputs match a specialization's key, read in place (a replay builds no key).
+bool key_matches(const std::vector<InputKey>& key, const std::vector<Tensor>& inputs) {
+  if (key.size() != inputs.size()) return false;
+  for (size_t i = 0; i < key.size(); ++i) {
+    const InputKey& k = key[i];
+    const Tensor& t = inputs[i];
+    if (!(k.dtype == t.dtype() && k.sizes == t.sizes() && k.device == t.device() &&
+          k.requires_grad == t.requires_grad()))
+      return false;
+  }
+  return true;
+}
+
 std::string key_str(const InputKey& k) {
   std::string s = std::string(dtype_name(k.dtype)) + detail::shape_str(k.sizes);
   if (!k.device.is_cpu()) s += " on " + k.device.str();
@@ -193,13 +206,13 @@ struct Specialization {
       if (const double now = f.read(); now != f.value)
         return f.what + " is " + (now != 0 ? "true" : "false") + ", traced as " +
                (f.value != 0 ? "true" : "false");
-    return "";
+    return {};
   }
   // Why the .grads the call finds do not match the trace's, or "".
   std::string grad_mismatch(const std::vector<Tensor>& inputs) const {
     for (const GradSlot& g : grad_slots)
       if (std::string m = g.mismatch(inputs); !m.empty()) return m;
-    return "";
+    return {};
   }
   // The call's arguments followed by the values read at each call, in the order the trace read
   // them: hyperparameters and .grads (what `arguments` indexes).
@@ -219,6 +232,12 @@ struct Specialization {
   }
   bool serves(bool call_grad_mode) const {
     return grad_mode == call_grad_mode || (grad_mode && !backward && !runs_backward);
+  }
+  // Whether every output is a returned value (a plain function).
+  bool returns_only() const {
+    for (OutputKind k : kinds)
+      if (k != OutputKind::Return) return false;
+    return true;
   }
   // Whether a replay writes state shared between calls: captured tensors or .grads.
   bool writes_captures() const {
@@ -728,7 +747,10 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
   const bool grad_mode = detail::grad_mode();
   detail::flush_pending();
   detail::free_as_traced(s.frees);
-  const std::vector<Tensor> arguments = s.arguments_of(inputs);
+  // The inputs themselves when the trace read nothing else (no copy of the vector).
+  std::vector<Tensor> extended;
+  if (!s.scalars.empty() || s.grad_inputs() > 0) extended = s.arguments_of(inputs);
+  const std::vector<Tensor>& arguments = extended.empty() ? inputs : extended;
   std::vector<Tensor> args(s.arguments.size());
   for (size_t k = 0; k < s.arguments.size(); ++k)
     args[k] = s.arguments[k] >= 0 ? arguments[static_cast<size_t>(s.arguments[k])] : s.captures[k];
@@ -746,7 +768,7 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
     if (old.defined() && !read.contains(old.impl()->storage.get())) old = Tensor();
   }
   std::vector<Tensor> results = s.plan->run(args);
-  const ResultHolders holders(args, results);
+  std::optional<ResultHolders> holders;  // made at the first write-back, which alone reads it
   auto is_argument = [&inputs](const Tensor& t) {
     for (const Tensor& in : inputs)
       if (t.is_same(in)) return true;
@@ -756,7 +778,14 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
   {
     NoGradGuard no_grad;
     LazyGuard eager(false);
-    for (size_t k = 0; k < s.kinds.size(); ++k) {
+    const bool returns_only = s.returns_only();
+    if (returns_only) {
+      // A plain function: its results are what it returns (no second vector).
+      for (Tensor& r : results)
+        if (is_argument(r)) r = r.detach();
+      returned = std::move(results);
+    }
+    for (size_t k = 0; k < s.kinds.size() && !returns_only; ++k) {
       switch (s.kinds[k]) {
         case OutputKind::Return:
           // A returned argument (a view or a same-type to() of it, folded away) becomes an alias
@@ -778,7 +807,9 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
           if (src.impl()->storage.get() == &storage && src.storage_offset() == 0 &&
               src.is_contiguous() && src.numel() == dst.numel()) {
             // The plan computed it in place.
-          } else if (storage.owns_allocation && holders.can_give_up(src, storage.nbytes))
+          } else if (storage.owns_allocation &&
+                     (holders ? *holders : holders.emplace(args, results))
+                         .can_give_up(src, storage.nbytes))
             swap_buffers(storage, *src.impl()->storage);
           else
             detail::copy_kernel(dst, detail::may_overlap(dst, src) ? src.clone() : src);
@@ -835,20 +866,20 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
 std::vector<Tensor> Function::operator()(const std::vector<Tensor>& inputs) const {
   KILN_CHECK(impl_, "jit::Function: called on an empty Function");
   FunctionImpl& f = *impl_;
-  std::vector<InputKey> key;
-  for (const Tensor& t : inputs) key.push_back(key_of(t));
+  for (const Tensor& t : inputs)
+    KILN_CHECK(t.defined(), "jit::trace: an input is an undefined tensor");
   const Specialization* match = nullptr;
   {
     std::lock_guard<std::mutex> lock(f.mutex);
     // Every specialization takes as many arguments as the first: the function was written for
     // that many (called with fewer, it would read past its input vector).
-    KILN_CHECK(f.specs.empty() || key.size() == f.specs[0]->key.size(),
-               "jit::Function: called with ", key.size(),
+    KILN_CHECK(f.specs.empty() || inputs.size() == f.specs[0]->key.size(),
+               "jit::Function: called with ", inputs.size(),
                " inputs, but the function was traced with ", f.specs[0]->key.size());
     const bool grad_mode = detail::grad_mode();
     std::string mode_changed;  // a specialization for these inputs whose modes read otherwise now
     for (const auto& s : f.specs) {
-      if (!(s->key == key && s->serves(grad_mode))) continue;
+      if (!(key_matches(s->key, inputs) && s->serves(grad_mode))) continue;
       std::string mismatch = s->flag_mismatch();
       if (mismatch.empty()) mismatch = s->grad_mismatch(inputs);
       if (mismatch.empty())
@@ -858,6 +889,8 @@ std::vector<Tensor> Function::operator()(const std::vector<Tensor>& inputs) cons
     }
     if (!match) {
       g_guard_failures.fetch_add(1);
+      std::vector<InputKey> key;
+      for (const Tensor& t : inputs) key.push_back(key_of(t));
       // The reason, against the most recent specialization.
       std::string reason = "no specialization yet";
       if (!mode_changed.empty()) {

@@ -167,7 +167,10 @@ class RatioReporter : public benchmark::ConsoleReporter {
 
 }  // namespace
 
+int kiln_bench_first_call_main();  // fuser_bench.cpp: BM_FuseNewProcess's child process
+
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--first-call") return kiln_bench_first_call_main();
   // The reference figures are eager kiln; benchmarks of lazy mode and traces set their mode.
   kiln::set_lazy_enabled(false);
   benchmark::Initialize(&argc, argv);

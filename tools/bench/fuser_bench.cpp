@@ -17,6 +17,13 @@
 //     with its kernels already compiled (graph, passes, fusion, key, cache hit, run).
 //   BM_FuseHashAndHit100: the part of that a repeated trace pays before running (target < 20 us):
 //     the pending chain's nodes collected and hashed, and its plan found in the memory cache.
+//   BM_FuseEval100Recorded: the chain's evaluation alone (recording untimed): collect, key, memory
+//     hit, run. Target 15 us.
+//   BM_FuseNewProcess: a new process's first evaluation of a 10-op kernel, with an empty kernel
+//     cache (cold, target 8 ms) and with the kernel on disk (warm, target: within 0.3 ms of the
+//     steady-state call); wall and process CPU time.
+//   BM_FuseMillionOps: a million recorded elementwise ops under the default KILN_MAX_PENDING,
+//     end to end. Target 2 s.
 //
 // Reduction fusion (softmax, layer_norm and cross entropy written from primitives, one kernel each
 // in lazy mode), against the memory floor measured in the same run:
@@ -44,12 +51,15 @@
 //     differentiable jit::trace of the forward (issue 6), called and differentiated each iteration.
 //   BM_FuseLayerNormBackward4096, BM_FuseSoftmaxXentBackward4096: see "backward row models".
 #include <benchmark/benchmark.h>
-
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
 #include <map>
 #include <string>
 #include <vector>
@@ -254,6 +264,188 @@ void BM_FuseHashAndHit100(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_FuseHashAndHit100)->Unit(benchmark::kMicrosecond);
+
+// The memory hit end to end without the recording: a recorded 100-op chain evaluated (collect,
+// key, plan found in the memory cache with its kernel, run) and read. Recording is not timed
+// (the timer is paused around it). Target: 15 us.
+void BM_FuseEval100Recorded(benchmark::State& state) {
+  const Tensor x = small_input();
+  kiln::LazyGuard lazy(true);
+  kiln::eval(chain100(x));  // plans and compiles once
+  const int64_t compiled = kiln::jit::stats().kernels_compiled;
+  const int64_t hits = kiln::jit::stats().plan_cache_hits;
+  double seconds = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    Tensor y = chain100(x);
+    state.ResumeTiming();
+    const Clock::time_point start = Clock::now();
+    kiln::eval(y);
+    benchmark::DoNotOptimize(y.raw_data_ptr());
+    seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  }
+  if (kiln::jit::stats().kernels_compiled != compiled ||
+      kiln::jit::stats().plan_cache_hits - hits != static_cast<int64_t>(state.iterations()))
+    state.SkipWithError("an evaluation missed the plan cache");
+  const double us = seconds * 1e6 / static_cast<double>(state.iterations());
+  state.counters["us_per_eval"] = us;
+  state.counters["vs_target"] = us / 15.0;
+}
+BENCHMARK(BM_FuseEval100Recorded)->Unit(benchmark::kMicrosecond);
+
+// ------------------------------------------------------------------------- process start
+// A 10-op kernel of a fixed structure (three tanh, four multiplications by a number, three adds)
+// on [64] float32, recorded and evaluated.
+// `swapped`: the multiplications and adds trade places (the same ops, another kernel).
+Tensor ten_op_kernel(const Tensor& x, bool swapped = false) {
+  Tensor y = x;
+  for (int i = 0; i < 10; ++i) {
+    const int kind = i % 3 == 0 ? 0 : (i % 3 == 1) != swapped ? 1 : 2;
+    y = kind == 0 ? kiln::tanh(y) : kind == 1 ? y * 1.5 : y + x;
+  }
+  return y;
+}
+
+// CPU time of the whole process: steadier than wall time on a loaded machine.
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+// Child mode of kiln_bench (`kiln_bench --first-call`, see main): in a fresh process, times the
+// first evaluation of ten_op_kernel (everything kiln starts on first use: LLVM, the disk cache,
+// the compile or the load) and then its steady state (median of 200 calls), and prints
+// then the first evaluation of the swapped kernel (a second kernel in a process that has made
+// one), and prints "first_ms steady_ms compile_ms kernels_compiled first_cpu_ms second_cpu_ms".
+// The input is made before the clock starts.
+int first_call_main() {
+  Tensor x;
+  {
+    kiln::LazyGuard eager(false);
+    x = kiln::randn({64});
+  }
+  kiln::LazyGuard lazy(true);
+  const double cpu_start = process_cpu_seconds();
+  const Clock::time_point start = Clock::now();
+  Tensor y = ten_op_kernel(x);
+  kiln::eval(y);
+  const double first = std::chrono::duration<double>(Clock::now() - start).count();
+  const double first_cpu = process_cpu_seconds() - cpu_start;
+  std::vector<double> steady;
+  for (int i = 0; i < 200; ++i) {
+    const Clock::time_point t = Clock::now();
+    Tensor z = ten_op_kernel(x);
+    kiln::eval(z);
+    steady.push_back(std::chrono::duration<double>(Clock::now() - t).count());
+  }
+  std::nth_element(steady.begin(), steady.begin() + 100, steady.end());
+  const double second_start = process_cpu_seconds();
+  Tensor w = ten_op_kernel(x, true);
+  kiln::eval(w);
+  const double second_cpu = process_cpu_seconds() - second_start;
+  const kiln::jit::Stats s = kiln::jit::stats();
+  std::printf("%.6f %.6f %.6f %lld %.6f %.6f\n", first * 1e3, steady[100] * 1e3,
+              s.compile_seconds * 1e3, static_cast<long long>(s.kernels_compiled), first_cpu * 1e3,
+              second_cpu * 1e3);
+  return 0;
+}
+
+// One child run (see first_call_main) with the kernel cache in `dir`: false on failure.
+struct FirstCall {
+  double first_ms = 0, steady_ms = 0, compile_ms = 0, first_cpu_ms = 0, second_cpu_ms = 0;
+  long long compiled = 0;
+};
+bool run_first_call(const std::string& dir, FirstCall* r) {
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return false;
+  const std::string cmd = "KILN_CACHE=1 KILN_CACHE_DIR='" + dir + "' '" +
+                          std::string(exe, static_cast<size_t>(n)) + "' --first-call";
+  FILE* out = popen(cmd.c_str(), "r");
+  if (!out) return false;
+  const int got = std::fscanf(out, "%lf %lf %lf %lld %lf %lf", &r->first_ms, &r->steady_ms,
+                              &r->compile_ms, &r->compiled, &r->first_cpu_ms, &r->second_cpu_ms);
+  return pclose(out) == 0 && got == 6;
+}
+
+// A new process compiling ten_op_kernel with an empty kernel cache (cold), then another finding
+// it on disk (warm); each then evaluates the swapped kernel too (compiled, then loaded). Targets:
+// cold first call <= 8 ms; warm first call within 0.3 ms of the steady-state call. Medians over the
+// iterations.
+void BM_FuseNewProcess(benchmark::State& state) {
+  std::vector<double> cold, cold_cpu, warm, warm_cpu, steady, compile, cold_second, warm_second;
+  int64_t run = 0;
+  for (auto _ : state) {
+    const std::string dir =
+        "/tmp/kiln_bench_start_" + std::to_string(::getpid()) + "_" + std::to_string(run++);
+    FirstCall c, w;
+    const bool ok =
+        run_first_call(dir, &c) && c.compiled == 2 && run_first_call(dir, &w) && w.compiled == 0;
+    std::system(("rm -rf '" + dir + "'").c_str());
+    if (!ok) {
+      state.SkipWithError("a child process failed (or compiled where it should not)");
+      return;
+    }
+    cold.push_back(c.first_ms);
+    cold_cpu.push_back(c.first_cpu_ms);
+    compile.push_back(c.compile_ms);
+    warm.push_back(w.first_ms);
+    warm_cpu.push_back(w.first_cpu_ms);
+    steady.push_back(w.steady_ms);
+    cold_second.push_back(c.second_cpu_ms);
+    warm_second.push_back(w.second_cpu_ms);
+  }
+  auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  state.counters["cold_first_ms"] = median(cold);
+  state.counters["cold_first_cpu_ms"] = median(cold_cpu);
+  state.counters["cold_compile_ms"] = median(compile);
+  state.counters["warm_first_ms"] = median(warm);
+  state.counters["warm_first_cpu_ms"] = median(warm_cpu);
+  state.counters["steady_ms"] = median(steady);
+  // The second kernel of a process that has compiled (cold) or loaded (warm) one: what the first
+  // call pays for kiln and LLVM starting is the difference.
+  state.counters["cold_second_cpu_ms"] = median(cold_second);
+  state.counters["warm_second_cpu_ms"] = median(warm_second);
+  state.counters["cold_vs_target"] = median(cold) / 8.0;
+  state.counters["warm_vs_target"] = (median(warm) - median(steady)) / 0.3;
+}
+BENCHMARK(BM_FuseNewProcess)->Unit(benchmark::kMillisecond)->Iterations(11)->UseRealTime();
+
+// A million recorded elementwise ops (x = x * a + b on a [1] float64 tensor, 500k times) under the
+// default KILN_MAX_PENDING, each flush evaluating what has been recorded so far, then the result
+// read. Target: 2 s end to end.
+void BM_FuseMillionOps(benchmark::State& state) {
+  const Tensor x0 = [] {
+    kiln::LazyGuard eager(false);
+    return kiln::full({1}, 0.75, kiln::kFloat64);
+  }();
+  kiln::LazyGuard lazy(true);
+  const kiln::jit::Stats before = kiln::jit::stats();
+  double seconds = 0;
+  for (auto _ : state) {
+    const Clock::time_point start = Clock::now();
+    Tensor x = x0;
+    for (int i = 0; i < 500000; ++i) x = x * 1.000001 + 1e-6;
+    benchmark::DoNotOptimize(x.item<double>());
+    seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  }
+  const kiln::jit::Stats after = kiln::jit::stats();
+  const double runs = static_cast<double>(state.iterations());
+  state.counters["s_per_million"] = seconds / runs;
+  state.counters["vs_target"] = seconds / runs / 2.0;
+  state.counters["evaluations"] =
+      static_cast<double>(after.evaluations - before.evaluations) / runs;
+  state.counters["kernels_compiled"] =
+      static_cast<double>(after.kernels_compiled - before.kernels_compiled);
+  state.counters["compile_s"] = after.compile_seconds - before.compile_seconds;
+  state.counters["plan_cache_hits"] =
+      static_cast<double>(after.plan_cache_hits - before.plan_cache_hits) / runs;
+}
+BENCHMARK(BM_FuseMillionOps)->Unit(benchmark::kMillisecond)->Iterations(1)->UseRealTime();
 
 // ------------------------------------------------------------------------- reduction fusion
 // Times per iteration measured earlier in this run, by key, for the ratios of later benchmarks.
@@ -729,3 +921,8 @@ void BM_LstmCellStepBackwardTraced(benchmark::State& state) {
 BENCHMARK(BM_LstmCellStepBackwardTraced)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
+
+// kiln_bench --first-call (main): BM_FuseNewProcess's child.
+int kiln_bench_first_call_main() {
+  return first_call_main();
+}
