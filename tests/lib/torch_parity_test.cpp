@@ -314,6 +314,25 @@ TEST_P(TorchParity, FillOfAViewOfANonLeafZeroesOnlyThoseGradients) {
   testing::expect_close(x.grad(), {2, 0, 2}, {3}, kFloat64);
 }
 
+// torch: a view taken before an in-place write to its base gets its history from the base's
+// (as_strided's backward); an expanded view's elements share memory, so their gradients add up
+// in the base, as they did through expand.
+TEST_P(TorchParity, AnExpandedViewOfARewrittenBaseSumsItsGradient) {
+  Tensor x = leaf({2}, {1});
+  Tensor y = x * 3.0;
+  Tensor e = y.expand({4});
+  y.add_(1.0);
+  (e * from_vector(std::vector<double>{1, 2, 3, 4})).sum().backward();
+  testing::expect_close(x.grad(), {30}, {1}, kFloat64);
+  // Through a write to a slice of the base, and an expanded column of a matrix.
+  Tensor a = leaf({1, 2}, {2, 1});
+  Tensor b = a * 1.0;
+  Tensor wide = b.expand({2, 3});
+  b.slice(0, 0, 1).add_(5.0);
+  (wide * from_vector(std::vector<double>{1, 2, 3, 4, 5, 6}, Shape{2, 3})).sum().backward();
+  testing::expect_close(a.grad(), {6, 15}, {2, 1}, kFloat64);
+}
+
 TEST_P(TorchParity, ALeafThatRequiresGradIsWrittenInPlaceOnlyWithoutGradMode) {
   Tensor x = leaf({1, 2}, {2});
   testing::expect_error([&] { x.fill_(0); }, {"fill_", "leaf"});
@@ -498,6 +517,29 @@ TEST(TorchParityTrace, NaNFlowsThroughAZeroGradientInATracedBackward) {
     x.mutable_grad() = Tensor();
     f({x})[0].backward();
     testing::expect_close(x.grad(), {kNaN, 0}, {2}, kFloat64);
+  }
+}
+
+// The same in a traced backward: the program of tests/diff (KILN_DIFF_PROGRAM=17261331561535160547)
+// writes through slices of a GEMM result after expanding it.
+TEST(TorchParityTrace, AnExpandedViewOfARewrittenBaseSumsItsGradientInATracedBackward) {
+  Tensor x = leaf({1, 2, -1}, {3});
+  Tensor m = leaf({2, 1, 3}, {3, 1});
+  auto body = [](const std::vector<Tensor>& in) {
+    Tensor y = matmul(in[0], in[1]);
+    y.slice(-1, 0, 2, 2).add_(-0.75);
+    Tensor e = y.expand({2, 2});
+    y.slice(0, 2, 2, 2).add_(1.0);
+    return std::vector<Tensor>{y, e};
+  };
+  jit::Function f = jit::trace(body, {x, m});
+  for (int call = 0; call < 2; ++call) {
+    x.mutable_grad() = Tensor();
+    std::vector<Tensor> out = f({x, m});
+    (out[0] * 10.0 + (out[1] * from_vector(std::vector<double>{1, 2, 3, 4}, Shape{2, 2})).sum())
+        .sum()
+        .backward();
+    testing::expect_close(x.grad(), {40, 20, 60}, {3}, kFloat64);  // (10 + 1+2+3+4) * m
   }
 }
 
