@@ -71,7 +71,8 @@ ValueId partner(Gen& g, int a) {
     return g.id(
         g.pick([&](const torch::Tensor& t) { return any_shape || broadcasts(shape, sizes(t)); }));
   }
-  return g.new_input(g.broadcastable(shape), g.random_dtype());
+  const Shape other = g.broadcastable(shape);
+  return g.new_input(other, g.random_dtype());
 }
 bool binary(Gen& g, Step& s) {
   int a = g.pick(any);
@@ -375,8 +376,8 @@ bool inplace_scalar(Gen& g, Step& s) {
 bool inplace_tensor(Gen& g, Step& s) {
   if (g.inputs_full() || !inplace_target(g, s)) return false;
   const auto& x = arg(g, s, 0);
-  Shape region = sizes(x.slice(s.p.i[0], s.p.i[1], s.p.i[2], s.p.i[3]));
-  s.args.push_back(g.new_input(g.broadcastable(region), g.random_dtype()));
+  const Shape region = g.broadcastable(sizes(x.slice(s.p.i[0], s.p.i[1], s.p.i[2], s.p.i[3])));
+  s.args.push_back(g.new_input(region, g.random_dtype()));
   return true;
 }
 
@@ -418,6 +419,21 @@ bool var_pick(Gen& g, Step& s) {
   return !(rank(x) == 0 && s.p.i[1] == 1) && sum_fits(x) &&
          (!is_float(x) || max_finite_abs(x) <= std::sqrt(largest(x.scalar_type())) / 16);
 }
+// Nor zeros of both signs under amax/amin/max/min (deliberate difference): kiln's +0 is the
+// greater, whichever comes first; libtorch keeps the first of equal values (per lane where it
+// vectorizes), and a later op (div, reciprocal) reads the sign.
+bool zeros_of_both_signs(const torch::Tensor& x) {
+  if (!is_float(x)) return false;
+  torch::Tensor zero = x.detach() == 0, negative = torch::signbit(x.detach());
+  return torch::logical_and(zero, negative).any().item<bool>() &&
+         torch::logical_and(zero, torch::logical_not(negative)).any().item<bool>();
+}
+bool extremum_pick(Gen& g, Step& s) {
+  return unary(g, s) && !zeros_of_both_signs(arg(g, s, 0));
+}
+bool extremum_list_pick(Gen& g, Step& s) {
+  return reduce_list(g, s) && !zeros_of_both_signs(arg(g, s, 0));
+}
 bool reduce_one(Gen& g, Step& s) {
   unary(g, s);
   s.p.i = {g.dim(rank(arg(g, s, 0))), g.uniform(0, 1)};
@@ -426,11 +442,18 @@ bool reduce_one(Gen& g, Step& s) {
 // Nor a float32 prod of tiny nonzero values (deliberate difference): kiln's float32 product
 // accumulates in float64 and rounds once, libtorch's rounds each step, so a product that
 // underflows may be -0 in kiln and a subnormal in libtorch, and the gradient y / x reads it.
+// Nor one whose partial products may overflow float32 (the product of the finite magnitudes
+// above 1 passes half the largest float): libtorch's step is infinite there, and stays so,
+// where kiln's product may come back into range ({3.4e38, 1.03, -0.24}: -8.6e37 in kiln).
 bool prod_pick(Gen& g, Step& s) {
   reduce_one(g, s);
   const auto& x = arg(g, s, 0);
   if (x.scalar_type() != torch::kFloat32) return true;
-  torch::Tensor a = x.detach().abs();
+  torch::Tensor a = x.detach().abs().to(torch::kFloat64);
+  torch::Tensor growth =
+      torch::where(torch::isfinite(a), torch::clamp_min(a, 1), torch::ones_like(a));
+  if (torch::log(growth).sum().item<double>() > std::log(largest(torch::kFloat32) / 2))
+    return false;
   return !torch::logical_and(a > 0, a < 1e-20).any().item<bool>();
 }
 
@@ -466,14 +489,16 @@ bool mm_pick(Gen& g, Step& s) {
   int a = gemm_operand(g, 2, 2);
   if (a < 0 || g.inputs_full()) return false;
   const auto& x = g.value(a);
-  s.args = {g.id(a), g.new_input({x.size(1), g.uniform(0, 4)}, partner_dtype(g, x))};
+  const Shape other = {x.size(1), g.uniform(0, 4)};
+  s.args = {g.id(a), g.new_input(other, partner_dtype(g, x))};
   return products_fit(arg(g, s, 0), arg(g, s, 1));
 }
 bool bmm_pick(Gen& g, Step& s) {
   int a = gemm_operand(g, 3, 3);
   if (a < 0 || g.inputs_full()) return false;
   const auto& x = g.value(a);
-  s.args = {g.id(a), g.new_input({x.size(0), x.size(2), g.uniform(0, 4)}, partner_dtype(g, x))};
+  const Shape other = {x.size(0), x.size(2), g.uniform(0, 4)};
+  s.args = {g.id(a), g.new_input(other, partner_dtype(g, x))};
   return products_fit(arg(g, s, 0), arg(g, s, 1));
 }
 bool matmul_pick(Gen& g, Step& s) {
@@ -518,6 +543,11 @@ bool addmm_pick(Gen& g, Step& s) {
 }
 
 // ---------------------------------------------------------------- indexing and joining
+// A new floating input of [min_rows..max_rows, 1..max_cols].
+ValueId new_matrix(Gen& g, int64_t min_rows, int64_t max_rows, int64_t max_cols) {
+  const Shape shape = {g.uniform(min_rows, max_rows), g.uniform(1, max_cols)};
+  return g.new_input(shape, g.random_float_dtype());
+}
 kiln::DType index_dtype(Gen& g) {
   return g.coin(0.8) ? kiln::kInt64 : kiln::kInt32;
 }
@@ -528,7 +558,8 @@ bool index_select_pick(Gen& g, Step& s) {
   int64_t d = g.dim(rank(x));
   int64_t n = x.size(d);
   s.p.i = {d};
-  s.args.push_back(g.new_input({n ? g.uniform(0, 4) : 0}, index_dtype(g), 0, n));
+  const Shape index_shape = {n ? g.uniform(0, 4) : 0};
+  s.args.push_back(g.new_input(index_shape, index_dtype(g), 0, n));
   return true;
 }
 bool gather_pick(Gen& g, Step& s) {
@@ -549,8 +580,7 @@ bool embedding_pick(Gen& g, Step& s) {
   int w = g.pick([](const torch::Tensor& t) {
     return t.dim() == 2 && t.size(0) > 0 && t.is_floating_point();
   });
-  ValueId wid =
-      w >= 0 ? g.id(w) : g.new_input({g.uniform(1, 5), g.uniform(1, 3)}, g.random_float_dtype());
+  ValueId wid = w >= 0 ? g.id(w) : new_matrix(g, 1, 5, 3);
   int64_t rows = arg(g, Step{0, {wid}, {}}, 0).size(0);
   s.args = {wid, g.new_input(g.random_shape(2), kiln::kInt64, 0, rows)};
   return true;
@@ -594,12 +624,20 @@ bool layer_norm_pick(Gen& g, Step& s) {
     // Nearly equal rows too (a subnormal and -0): their normalized values are rounding errors.
     torch::Tensor range = (std::get<0>(rows.max(1)) - std::get<0>(rows.min(1))).to(torch::kFloat64);
     if ((range.abs() < 1e-20).any().item<bool>()) return false;
+    // So is the normalized value of an element within rounding of its row's mean ({-3.75,
+    // -1.75, 0.25}: 0 in kiln, about -1e-7 in libtorch, whose floor is -1).
+    torch::Tensor wide = rows.to(torch::kFloat64);
+    torch::Tensor peak = std::get<0>(wide.abs().max(1, true));
+    if (((wide - wide.mean(1, true)).abs() <= 1e-5 * peak).any().item<bool>()) return false;
   }
   kiln::DType dt = to_kiln(x.scalar_type());
   s.args.push_back(g.new_input(s.p.list, dt));
   s.args.push_back(g.new_input(s.p.list, dt));
   const double limit = std::sqrt(largest(to_torch(dt))) / 16;  // x may have moved: use dt
-  return max_finite_abs(arg(g, s, 1)) <= limit && max_finite_abs(arg(g, s, 2)) <= limit;
+  // Nor an infinite weight (deliberate difference): the input's gradient is NaN in libtorch's
+  // formula, infinite in kiln's where no infinities meet.
+  return max_finite_abs(arg(g, s, 1)) <= limit && max_finite_abs(arg(g, s, 2)) <= limit &&
+         !torch::isinf(arg(g, s, 1)).any().item<bool>();
 }
 bool layer_norm_plain_pick(Gen& g, Step& s) {
   if (!layer_norm_pick(g, s)) return false;
@@ -611,8 +649,7 @@ bool cross_entropy_pick(Gen& g, Step& s) {
   int a = g.pick([](const torch::Tensor& t) {
     return t.dim() == 2 && t.size(1) > 0 && t.is_floating_point();
   });
-  ValueId logits =
-      a >= 0 ? g.id(a) : g.new_input({g.uniform(0, 4), g.uniform(1, 5)}, g.random_float_dtype());
+  ValueId logits = a >= 0 ? g.id(a) : new_matrix(g, 0, 4, 5);
   const auto& x = arg(g, Step{0, {logits}, {}}, 0);
   int64_t n = x.size(0), c = x.size(1);
   s.args = {logits, g.new_input({n}, kiln::kInt64, 0, c)};
@@ -789,10 +826,10 @@ const std::vector<Op>& op_table() {
       DIFF_OP("mean", kInexact, mean_pick, a[0].mean(p.list, p.i[0] != 0)),
       DIFF_OP("mean_all", kInexact, mean_all_pick, a[0].mean()),
       DIFF_OP("prod", kInexact, prod_pick, a[0].prod(p.i[0], p.i[1] != 0)),
-      DIFF_OP("amax", 0, reduce_list, a[0].amax(p.list, p.i[0] != 0)),
-      DIFF_OP("amin", 0, reduce_list, a[0].amin(p.list, p.i[0] != 0)),
-      DIFF_OP("max_all", 0, unary, a[0].max()),
-      DIFF_OP("min_all", 0, unary, a[0].min()),
+      DIFF_OP("amax", 0, extremum_list_pick, a[0].amax(p.list, p.i[0] != 0)),
+      DIFF_OP("amin", 0, extremum_list_pick, a[0].amin(p.list, p.i[0] != 0)),
+      DIFF_OP("max_all", 0, extremum_pick, a[0].max()),
+      DIFF_OP("min_all", 0, extremum_pick, a[0].min()),
       DIFF_OP("max_dim", 0, reduce_one, std::get<0>(a[0].max(p.i[0], p.i[1] != 0))),
       DIFF_OP("argmax", 0, reduce_one, a[0].argmax(p.i[0], p.i[1] != 0)),
       DIFF_OP("argmin", 0, reduce_one, a[0].argmin(p.i[0], p.i[1] != 0)),
