@@ -116,6 +116,15 @@ TEST_P(TorchParity, ProdGradientOfA0DimOrSubnormalInput) {
   EXPECT_EQ(x.grad().to_vector<float>()[1], 0.625f);
 }
 
+// Deliberate difference (docs/torch-differences.md): a float32 product accumulates in float64 and
+// rounds once, so partial products past float32's range do not make it infinite (libtorch: -inf).
+TEST_P(TorchParity, Float32ProdWhosePartialProductsOverflowIsFinite) {
+  const std::vector<float> v = {3.40282347e+38f, 1.03001821f, -0.244147792f};
+  const float want = static_cast<float>(double{v[0]} * double{v[1]} * double{v[2]});
+  ASSERT_TRUE(std::isfinite(want));
+  EXPECT_EQ(from_vector(v).prod(0, false).item<float>(), want);
+}
+
 // ---------------------------------------------------------------------- size-0 matrix products
 
 TEST_P(TorchParity, MatmulWithAnEmptyContractionIsZeroAndSoAreItsGradients) {
@@ -389,6 +398,16 @@ TEST_P(TorchParity, AmaxAndAminOfSignedZerosDoNotDependOnOrder) {
 }
 
 // --------------------------------------------------------------------- layer_norm of nothing
+
+// Deliberate difference (docs/torch-differences.md): layer_norm subtracts the mean first, so an
+// element equal to its row's mean normalizes to exactly 0 (libtorch: a rounding error of either
+// sign, about -1e-7 here, whose floor is -1).
+TEST_P(TorchParity, LayerNormOfAnElementAtItsRowsMeanIsExactlyZero) {
+  Tensor x = from_vector(std::vector<int32_t>{-2, 0, 2}) - 1.75;
+  Tensor y = layer_norm(x, {3});
+  EXPECT_EQ(y.to_vector<float>()[1], 0.f);
+  EXPECT_EQ(floor(y).to_vector<float>()[1], 0.f);
+}
 
 // torch: layer_norm of an empty input (no rows, or rows of nothing) still requires grad; the
 // weight's and bias's gradients are zeros.
