@@ -150,9 +150,30 @@ bool inexact_so_far(const Gen& g) {
 // No remainder of a dividend far larger than a computed floating divisor (deliberate
 // difference): the divisor is within ulps of libtorch's (erf), and fmod magnifies that ulp by the
 // quotient into any value in [0, divisor).
+// Nor a floating remainder whose quotient overflows (deliberate difference): kiln's is exact
+// (fmod), libtorch's vectorized kernel (8 elements or more) divides first and gives NaN
+// (remainder(3.4e38f, -0.75f) is 0).
+double max_abs(const torch::Tensor& t) {
+  if (t.numel() == 0) return 0;
+  torch::Tensor a = t.detach().to(torch::kFloat64).abs();
+  return torch::where(torch::isfinite(a), a, torch::zeros_like(a)).max().item<double>();
+}
+double min_nonzero_abs(const torch::Tensor& t) {
+  if (t.numel() == 0) return INFINITY;
+  torch::Tensor a = t.detach().to(torch::kFloat64).abs();
+  return torch::where(torch::logical_and(a > 0, torch::isfinite(a)), a,
+                      torch::full_like(a, INFINITY))
+      .min()
+      .item<double>();
+}
+bool quotient_fits(double dividend, double divisor, torch::ScalarType t) {
+  // A zero or NaN divisor gives NaN in both.
+  return !c10::isFloatingType(t) || divisor == 0 || !(dividend > largest(t) / 2 * divisor);
+}
 bool remainder_pick(Gen& g, Step& s) {
   binary(g, s);
   const auto &x = arg(g, s, 0), &y = arg(g, s, 1);
+  if (!quotient_fits(max_abs(x), min_nonzero_abs(y), torch::result_type(x, y))) return false;
   if (!inexact_so_far(g) || !is_float(y) || x.numel() == 0 || y.numel() == 0) return true;
   torch::Tensor ratio = x.detach().to(torch::kFloat64).abs().max() /
                         torch::clamp_min(y.detach().to(torch::kFloat64).abs().min(), 1e-300);
@@ -162,6 +183,9 @@ bool remainder_pick(Gen& g, Step& s) {
 bool remainder_scalar_pick(Gen& g, Step& s) {
   with_scalar(g, s);
   const auto& x = arg(g, s, 0);
+  if (!quotient_fits(max_abs(x), std::abs(s.p.scalars[0]),
+                     torch::result_type(x, T::scalar(s.p, 0))))
+    return false;
   if (!inexact_so_far(g) || !is_float(x) || x.numel() == 0) return true;
   return max_finite_abs(x) <= 64 * std::abs(s.p.scalars[0]);
 }
