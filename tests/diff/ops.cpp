@@ -147,13 +147,8 @@ bool inexact_so_far(const Gen& g) {
     if (op_table()[static_cast<size_t>(before.op)].flags & kInexact) return true;
   return false;
 }
-// No remainder of a dividend far larger than a computed floating divisor (deliberate
-// difference): the divisor is within ulps of libtorch's (erf), and fmod magnifies that ulp by the
-// quotient into any value in [0, divisor).
-// Nor a floating remainder whose quotient overflows (deliberate difference): kiln's is exact
-// (fmod), libtorch's vectorized kernel (8 elements or more) divides first and gives NaN
-// (remainder(3.4e38f, -0.75f) is 0).
-double max_abs(const torch::Tensor& t) {
+// The largest finite magnitude of a tensor of any dtype (0 when it has none or is empty).
+double max_magnitude(const torch::Tensor& t) {
   if (t.numel() == 0) return 0;
   torch::Tensor a = t.detach().to(torch::kFloat64).abs();
   return torch::where(torch::isfinite(a), a, torch::zeros_like(a)).max().item<double>();
@@ -166,14 +161,19 @@ double min_nonzero_abs(const torch::Tensor& t) {
       .min()
       .item<double>();
 }
+// No floating remainder whose quotient overflows (deliberate difference): kiln's is exact
+// (fmod), libtorch's vectorized kernel (8 elements or more) divides first and gives NaN
+// (remainder(3.4e38f, -0.75f) is 0). A zero or NaN divisor gives NaN in both.
 bool quotient_fits(double dividend, double divisor, torch::ScalarType t) {
-  // A zero or NaN divisor gives NaN in both.
   return !c10::isFloatingType(t) || divisor == 0 || !(dividend > largest(t) / 2 * divisor);
 }
+// Nor a dividend far larger than a computed floating divisor (deliberate difference): the divisor
+// is within ulps of libtorch's (erf), and fmod magnifies that ulp by the quotient into any value
+// in [0, divisor).
 bool remainder_pick(Gen& g, Step& s) {
   binary(g, s);
   const auto &x = arg(g, s, 0), &y = arg(g, s, 1);
-  if (!quotient_fits(max_abs(x), min_nonzero_abs(y), torch::result_type(x, y))) return false;
+  if (!quotient_fits(max_magnitude(x), min_nonzero_abs(y), torch::result_type(x, y))) return false;
   if (!inexact_so_far(g) || !is_float(y) || x.numel() == 0 || y.numel() == 0) return true;
   torch::Tensor ratio = x.detach().to(torch::kFloat64).abs().max() /
                         torch::clamp_min(y.detach().to(torch::kFloat64).abs().min(), 1e-300);
@@ -183,7 +183,7 @@ bool remainder_pick(Gen& g, Step& s) {
 bool remainder_scalar_pick(Gen& g, Step& s) {
   with_scalar(g, s);
   const auto& x = arg(g, s, 0);
-  if (!quotient_fits(max_abs(x), std::abs(s.p.scalars[0]),
+  if (!quotient_fits(max_magnitude(x), std::abs(s.p.scalars[0]),
                      torch::result_type(x, T::scalar(s.p, 0))))
     return false;
   if (!inexact_so_far(g) || !is_float(x) || x.numel() == 0) return true;
