@@ -463,22 +463,26 @@ bool reduce_one(Gen& g, Step& s) {
   s.p.i = {g.dim(rank(arg(g, s, 0))), g.uniform(0, 1)};
   return true;
 }
-// Nor a float32 prod of tiny nonzero values (deliberate difference): kiln's float32 product
-// accumulates in float64 and rounds once, libtorch's rounds each step, so a product that
-// underflows may be -0 in kiln and a subnormal in libtorch, and the gradient y / x reads it.
-// Nor one whose partial products may overflow float32 (the product of the finite magnitudes
-// above 1 passes half the largest float): libtorch's step is infinite there, and stays so,
-// where kiln's product may come back into range ({3.4e38, 1.03, -0.24}: -8.6e37 in kiln).
+// Nor a prod whose partial products may overflow (the product of the finite magnitudes above 1
+// passes half the largest float; deliberate difference): the result then depends on the order of
+// the steps, which differs between libtorch, kiln's eager kernel (4 lanes) and its fused ones:
+// inf, finite (kiln's float32 product accumulates in float64: {3.4e38, 1.03, -0.24} is -8.6e37
+// in kiln, -inf in libtorch), or NaN where inf meets a zero (the gradient's products of the
+// others: {1.8e308, 2.8, 1.43, 0}).
+// Nor a float32 prod of tiny nonzero values: kiln's float32 product rounds once, libtorch's
+// each step, so a product that underflows may be -0 in kiln and a subnormal in libtorch, and
+// the gradient y / x reads it.
 bool prod_pick(Gen& g, Step& s) {
   reduce_one(g, s);
   const auto& x = arg(g, s, 0);
-  if (x.scalar_type() != torch::kFloat32) return true;
+  if (!is_float(x)) return true;
   torch::Tensor a = x.detach().abs().to(torch::kFloat64);
   torch::Tensor growth =
       torch::where(torch::isfinite(a), torch::clamp_min(a, 1), torch::ones_like(a));
-  if (torch::log(growth).sum().item<double>() > std::log(largest(torch::kFloat32) / 2))
+  if (torch::log(growth).sum().item<double>() > std::log(largest(x.scalar_type()) / 2))
     return false;
-  return !torch::logical_and(a > 0, a < 1e-20).any().item<bool>();
+  return x.scalar_type() != torch::kFloat32 ||
+         !torch::logical_and(a > 0, a < 1e-20).any().item<bool>();
 }
 
 // ---------------------------------------------------------------- GEMMs
