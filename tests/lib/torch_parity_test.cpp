@@ -520,6 +520,17 @@ TEST_P(TorchParity, IntegralRemainderOfAnEmptyResultDividesNothing) {
   EXPECT_THROW(remainder(ones({2}, kInt64), zeros({1}, kInt64)), Error);
 }
 
+// A 0-dim int64 divisor of an int32 tensor is read as int32 (the result's dtype): INT64_MIN wraps
+// to 0, and the remainder raises (torch: ZeroDivisionError) instead of trapping in the kernel.
+TEST_P(TorchParity, IntegralRemainderChecksTheDivisorInTheResultsDtype) {
+  Tensor x = from_vector(std::vector<int32_t>{-3}, Shape{1});
+  Tensor lowest = from_vector(std::vector<int64_t>{std::numeric_limits<int64_t>::min()}, Shape{});
+  testing::expect_error([&] { remainder(x, lowest); }, {"remainder", "division by zero", "int32"});
+  Tensor r = remainder(x, from_vector(std::vector<int64_t>{(int64_t{1} << 32) + 2}, Shape{}));
+  EXPECT_EQ(r.dtype(), kInt32);
+  EXPECT_EQ(r.to_vector<int64_t>(), (std::vector<int64_t>{1}));  // -3 mod 2
+}
+
 // ceil's gradient is zero, but cos's derivative at -inf is -sin(-inf) = NaN, and 0 * NaN is NaN:
 // torch gives NaN, and so must every mode (no rewrite may drop a product with zero).
 TEST_P(TorchParity, NaNFlowsThroughAZeroGradient) {
