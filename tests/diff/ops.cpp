@@ -469,9 +469,10 @@ bool reduce_one(Gen& g, Step& s) {
 // inf, finite (kiln's float32 product accumulates in float64: {3.4e38, 1.03, -0.24} is -8.6e37
 // in kiln, -inf in libtorch), or NaN where inf meets a zero (the gradient's products of the
 // others: {1.8e308, 2.8, 1.43, 0}).
-// Nor a float32 prod of tiny nonzero values: kiln's float32 product rounds once, libtorch's
-// each step, so a product that underflows may be -0 in kiln and a subnormal in libtorch, and
-// the gradient y / x reads it.
+// Nor a prod of tiny nonzero values (float32 below 1e-20, float64 below 1e-290): kiln's float32
+// product rounds once, libtorch's each step, so a product that underflows may be -0 in kiln and a
+// subnormal in libtorch; in float64 the steps' orders differ and a subnormal product keeps few
+// bits; the gradient y / x reads either.
 bool prod_pick(Gen& g, Step& s) {
   reduce_one(g, s);
   const auto& x = arg(g, s, 0);
@@ -481,8 +482,8 @@ bool prod_pick(Gen& g, Step& s) {
       torch::where(torch::isfinite(a), torch::clamp_min(a, 1), torch::ones_like(a));
   if (torch::log(growth).sum().item<double>() > std::log(largest(x.scalar_type()) / 2))
     return false;
-  return x.scalar_type() != torch::kFloat32 ||
-         !torch::logical_and(a > 0, a < 1e-20).any().item<bool>();
+  const double tiny = x.scalar_type() == torch::kFloat32 ? 1e-20 : 1e-290;
+  return !torch::logical_and(a > 0, a < tiny).any().item<bool>();
 }
 
 // ---------------------------------------------------------------- GEMMs
@@ -662,10 +663,12 @@ bool layer_norm_pick(Gen& g, Step& s) {
   s.args.push_back(g.new_input(s.p.list, dt));
   s.args.push_back(g.new_input(s.p.list, dt));
   const double limit = std::sqrt(largest(to_torch(dt))) / 16;  // x may have moved: use dt
-  // Nor an infinite weight (deliberate difference): the input's gradient is NaN in libtorch's
-  // formula, infinite in kiln's where no infinities meet.
+  // Nor an infinite weight or bias (deliberate difference): with an infinite weight, or an
+  // infinite gradient coming back through an infinite output, the input's gradient is NaN in
+  // libtorch's formula, infinite in kiln's where no infinities meet.
   return max_finite_abs(arg(g, s, 1)) <= limit && max_finite_abs(arg(g, s, 2)) <= limit &&
-         !torch::isinf(arg(g, s, 1)).any().item<bool>();
+         !torch::isinf(arg(g, s, 1)).any().item<bool>() &&
+         !torch::isinf(arg(g, s, 2)).any().item<bool>();
 }
 bool layer_norm_plain_pick(Gen& g, Step& s) {
   if (!layer_norm_pick(g, s)) return false;
