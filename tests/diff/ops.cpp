@@ -164,6 +164,15 @@ double min_nonzero_abs(const torch::Tensor& t) {
 // No floating remainder whose quotient overflows (deliberate difference): kiln's is exact
 // (fmod), libtorch's vectorized kernel (8 elements or more) divides first and gives NaN
 // (remainder(3.4e38f, -0.75f) is 0). A zero or NaN divisor gives NaN in both.
+// Nor the lowest integer over -1: libtorch's integral remainder divides it and traps (SIGFPE),
+// which would end the run; kiln's is 0.
+bool traps_in_torch(const torch::Tensor& x, bool divisor_minus_one, torch::ScalarType t) {
+  if (!divisor_minus_one || c10::isFloatingType(t) || t == torch::kBool) return false;
+  torch::Tensor wide = x.detach().to(torch::kInt64);
+  const int64_t lowest = t == torch::kInt32 ? std::numeric_limits<int32_t>::min()
+                                            : std::numeric_limits<int64_t>::min();
+  return (wide == lowest).any().item<bool>();
+}
 bool quotient_fits(double dividend, double divisor, torch::ScalarType t) {
   return !c10::isFloatingType(t) || divisor == 0 || !(dividend > largest(t) / 2 * divisor);
 }
@@ -173,7 +182,9 @@ bool quotient_fits(double dividend, double divisor, torch::ScalarType t) {
 bool remainder_pick(Gen& g, Step& s) {
   binary(g, s);
   const auto &x = arg(g, s, 0), &y = arg(g, s, 1);
-  if (!quotient_fits(max_magnitude(x), min_nonzero_abs(y), torch::result_type(x, y))) return false;
+  const torch::ScalarType t = torch::result_type(x, y);
+  if (!quotient_fits(max_magnitude(x), min_nonzero_abs(y), t)) return false;
+  if (y.numel() > 0 && traps_in_torch(x, (y.detach() == -1).any().item<bool>(), t)) return false;
   if (!inexact_so_far(g) || !is_float(y) || x.numel() == 0 || y.numel() == 0) return true;
   torch::Tensor ratio = x.detach().to(torch::kFloat64).abs().max() /
                         torch::clamp_min(y.detach().to(torch::kFloat64).abs().min(), 1e-300);
@@ -183,9 +194,9 @@ bool remainder_pick(Gen& g, Step& s) {
 bool remainder_scalar_pick(Gen& g, Step& s) {
   with_scalar(g, s);
   const auto& x = arg(g, s, 0);
-  if (!quotient_fits(max_magnitude(x), std::abs(s.p.scalars[0]),
-                     torch::result_type(x, T::scalar(s.p, 0))))
-    return false;
+  const torch::ScalarType t = torch::result_type(x, T::scalar(s.p, 0));
+  if (!quotient_fits(max_magnitude(x), std::abs(s.p.scalars[0]), t)) return false;
+  if (traps_in_torch(x, s.p.scalars[0] == -1, t)) return false;
   if (!inexact_so_far(g) || !is_float(x) || x.numel() == 0) return true;
   return max_finite_abs(x) <= 64 * std::abs(s.p.scalars[0]);
 }
