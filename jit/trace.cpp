@@ -847,6 +847,13 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
       std::vector<Tensor> outs;
       std::vector<std::pair<Shape, DType>> types;
       for (size_t i : b->outputs) {
+        // Outputs the graph merged into one value (CSE: sqrt(x) returned twice) come back as one
+        // tensor; each takes its own alias, as the backward reads one gradient per output.
+        for (const Tensor& o : outs)
+          if (o.is_same(returned[i])) {
+            returned[i] = returned[i].detach();
+            break;
+          }
         outs.push_back(returned[i]);
         types.emplace_back(returned[i].sizes(), returned[i].dtype());
       }

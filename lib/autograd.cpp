@@ -14,6 +14,9 @@
 #include "kiln/ops.h"
 
 namespace kiln {
+// lib/ops/views.cpp: the gradient of as_strided, summed where view elements share a location.
+Tensor as_strided_backward(const Tensor& g, const Shape& in_sizes, const Shape& in_strides,
+                           const Shape& sizes, const Shape& strides, int64_t rel);
 namespace detail {
 
 namespace {
@@ -190,12 +193,13 @@ std::vector<Tensor> one(Tensor t) {
   return v;
 }
 
-// The history of a view rebuilt from its base's: the view's elements of the base.
+// The history of a view rebuilt from its base's: the view's elements of the base. An expanded
+// view's elements share memory locations: their gradients add up there (as_strided's backward).
 std::shared_ptr<Node> view_of_base_node(const Tensor& base, const Tensor& view) {
   Geometry b = geometry_of(base), v = geometry_of(view);
   auto node = std::make_shared<FormulaNode>("as_strided", [b, v](const BackwardContext& c) {
-    Tensor z = make_zeros_strided(b.sizes, b.strides, c.grad().dtype(), c.grad().device());
-    return one(as_strided_scatter(z, c.grad(), v.sizes, v.strides, v.offset - b.offset));
+    return one(
+        as_strided_backward(c.grad(), b.sizes, b.strides, v.sizes, v.strides, v.offset - b.offset));
   });
   node->next_edges.push_back(gradient_edge(base));
   node->input_meta.push_back({base.sizes(), base.dtype(), true});

@@ -175,8 +175,11 @@ using detail::Attrs;
 void check_no_zero_divisor(const char* op, const Tensor& a, const Tensor& b, DType compute) {
   if (!is_integral(compute)) return;  // bool operands are rejected with a clearer message later
   if (detail::shape_numel(detail::broadcast_shapes(a.sizes(), b.sizes(), op)) == 0) return;
-  KILN_CHECK(!kiln::eq(b, 0).any().item<bool>(), op, ": integer division by zero (divisor ",
-             detail::describe(b), ")");
+  // The divisor as the kernel reads it, in the result's dtype: a 0-dim int64 divisor of an int32
+  // tensor wraps (INT64_MIN becomes 0), as in torch.
+  KILN_CHECK(!kiln::eq(b.to(compute), 0).any().item<bool>(), op,
+             ": integer division by zero (divisor ", detail::describe(b), " as ",
+             dtype_name(compute), ")");
 }
 }  // namespace
 

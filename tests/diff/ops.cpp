@@ -71,7 +71,8 @@ ValueId partner(Gen& g, int a) {
     return g.id(
         g.pick([&](const torch::Tensor& t) { return any_shape || broadcasts(shape, sizes(t)); }));
   }
-  return g.new_input(g.broadcastable(shape), g.random_dtype());
+  const Shape other = g.broadcastable(shape);
+  return g.new_input(other, g.random_dtype());
 }
 bool binary(Gen& g, Step& s) {
   int a = g.pick(any);
@@ -146,12 +147,44 @@ bool inexact_so_far(const Gen& g) {
     if (op_table()[static_cast<size_t>(before.op)].flags & kInexact) return true;
   return false;
 }
-// No remainder of a dividend far larger than a computed floating divisor (deliberate
-// difference): the divisor is within ulps of libtorch's (erf), and fmod magnifies that ulp by the
-// quotient into any value in [0, divisor).
+// The largest finite magnitude of a tensor of any dtype (0 when it has none or is empty).
+double max_magnitude(const torch::Tensor& t) {
+  if (t.numel() == 0) return 0;
+  torch::Tensor a = t.detach().to(torch::kFloat64).abs();
+  return torch::where(torch::isfinite(a), a, torch::zeros_like(a)).max().item<double>();
+}
+double min_nonzero_abs(const torch::Tensor& t) {
+  if (t.numel() == 0) return INFINITY;
+  torch::Tensor a = t.detach().to(torch::kFloat64).abs();
+  return torch::where(torch::logical_and(a > 0, torch::isfinite(a)), a,
+                      torch::full_like(a, INFINITY))
+      .min()
+      .item<double>();
+}
+// No floating remainder whose quotient overflows (deliberate difference): kiln's is exact
+// (fmod), libtorch's vectorized kernel (8 elements or more) divides first and gives NaN
+// (remainder(3.4e38f, -0.75f) is 0). A zero or NaN divisor gives NaN in both.
+// Nor the lowest integer over -1: libtorch's integral remainder divides it and traps (SIGFPE),
+// which would end the run; kiln's is 0.
+bool traps_in_torch(const torch::Tensor& x, bool divisor_minus_one, torch::ScalarType t) {
+  if (!divisor_minus_one || c10::isFloatingType(t) || t == torch::kBool) return false;
+  torch::Tensor wide = x.detach().to(torch::kInt64);
+  const int64_t lowest = t == torch::kInt32 ? std::numeric_limits<int32_t>::min()
+                                            : std::numeric_limits<int64_t>::min();
+  return (wide == lowest).any().item<bool>();
+}
+bool quotient_fits(double dividend, double divisor, torch::ScalarType t) {
+  return !c10::isFloatingType(t) || divisor == 0 || !(dividend > largest(t) / 2 * divisor);
+}
+// Nor a dividend far larger than a computed floating divisor (deliberate difference): the divisor
+// is within ulps of libtorch's (erf), and fmod magnifies that ulp by the quotient into any value
+// in [0, divisor).
 bool remainder_pick(Gen& g, Step& s) {
   binary(g, s);
   const auto &x = arg(g, s, 0), &y = arg(g, s, 1);
+  const torch::ScalarType t = torch::result_type(x, y);
+  if (!quotient_fits(max_magnitude(x), min_nonzero_abs(y), t)) return false;
+  if (y.numel() > 0 && traps_in_torch(x, (y.detach() == -1).any().item<bool>(), t)) return false;
   if (!inexact_so_far(g) || !is_float(y) || x.numel() == 0 || y.numel() == 0) return true;
   torch::Tensor ratio = x.detach().to(torch::kFloat64).abs().max() /
                         torch::clamp_min(y.detach().to(torch::kFloat64).abs().min(), 1e-300);
@@ -161,6 +194,9 @@ bool remainder_pick(Gen& g, Step& s) {
 bool remainder_scalar_pick(Gen& g, Step& s) {
   with_scalar(g, s);
   const auto& x = arg(g, s, 0);
+  const torch::ScalarType t = torch::result_type(x, T::scalar(s.p, 0));
+  if (!quotient_fits(max_magnitude(x), std::abs(s.p.scalars[0]), t)) return false;
+  if (traps_in_torch(x, s.p.scalars[0] == -1, t)) return false;
   if (!inexact_so_far(g) || !is_float(x) || x.numel() == 0) return true;
   return max_finite_abs(x) <= 64 * std::abs(s.p.scalars[0]);
 }
@@ -302,6 +338,8 @@ bool narrow_pick(Gen& g, Step& s) {
   s.p.i = {d, start, g.uniform(0, n - start)};
   return true;
 }
+// OPEN (docs/torch-differences.md): not a single piece, the whole input, which a trace returns
+// as the input itself.
 bool chunk_pick(Gen& g, Step& s) {
   if (!one_value(g, s, [](const torch::Tensor& t) { return t.dim() > 0; })) return false;
   const auto& x = arg(g, s, 0);
@@ -309,7 +347,7 @@ bool chunk_pick(Gen& g, Step& s) {
   int64_t chunks = g.uniform(1, 3);
   int64_t made = static_cast<int64_t>(x.chunk(chunks, d).size());
   s.p.i = {chunks, d, g.uniform(0, made - 1)};
-  return true;
+  return made > 1;
 }
 bool dim_pick(Gen& g, Step& s) {
   unary(g, s);
@@ -375,8 +413,8 @@ bool inplace_scalar(Gen& g, Step& s) {
 bool inplace_tensor(Gen& g, Step& s) {
   if (g.inputs_full() || !inplace_target(g, s)) return false;
   const auto& x = arg(g, s, 0);
-  Shape region = sizes(x.slice(s.p.i[0], s.p.i[1], s.p.i[2], s.p.i[3]));
-  s.args.push_back(g.new_input(g.broadcastable(region), g.random_dtype()));
+  const Shape region = g.broadcastable(sizes(x.slice(s.p.i[0], s.p.i[1], s.p.i[2], s.p.i[3])));
+  s.args.push_back(g.new_input(region, g.random_dtype()));
   return true;
 }
 
@@ -418,20 +456,47 @@ bool var_pick(Gen& g, Step& s) {
   return !(rank(x) == 0 && s.p.i[1] == 1) && sum_fits(x) &&
          (!is_float(x) || max_finite_abs(x) <= std::sqrt(largest(x.scalar_type())) / 16);
 }
+// Nor zeros of both signs under amax/amin/max/min (deliberate difference): kiln's +0 is the
+// greater, whichever comes first; libtorch keeps the first of equal values (per lane where it
+// vectorizes), and a later op (div, reciprocal) reads the sign.
+bool zeros_of_both_signs(const torch::Tensor& x) {
+  if (!is_float(x)) return false;
+  torch::Tensor zero = x.detach() == 0, negative = torch::signbit(x.detach());
+  return torch::logical_and(zero, negative).any().item<bool>() &&
+         torch::logical_and(zero, torch::logical_not(negative)).any().item<bool>();
+}
+bool extremum_pick(Gen& g, Step& s) {
+  return unary(g, s) && !zeros_of_both_signs(arg(g, s, 0));
+}
+bool extremum_list_pick(Gen& g, Step& s) {
+  return reduce_list(g, s) && !zeros_of_both_signs(arg(g, s, 0));
+}
 bool reduce_one(Gen& g, Step& s) {
   unary(g, s);
   s.p.i = {g.dim(rank(arg(g, s, 0))), g.uniform(0, 1)};
   return true;
 }
-// Nor a float32 prod of tiny nonzero values (deliberate difference): kiln's float32 product
-// accumulates in float64 and rounds once, libtorch's rounds each step, so a product that
-// underflows may be -0 in kiln and a subnormal in libtorch, and the gradient y / x reads it.
+// Nor a prod whose partial products may overflow (the product of the finite magnitudes above 1
+// passes half the largest float; deliberate difference): the result then depends on the order of
+// the steps, which differs between libtorch, kiln's eager kernel (4 lanes) and its fused ones:
+// inf, finite (kiln's float32 product accumulates in float64: {3.4e38, 1.03, -0.24} is -8.6e37
+// in kiln, -inf in libtorch), or NaN where inf meets a zero (the gradient's products of the
+// others: {1.8e308, 2.8, 1.43, 0}).
+// Nor a prod of tiny nonzero values (float32 below 1e-20, float64 below 1e-290): kiln's float32
+// product rounds once, libtorch's each step, so a product that underflows may be -0 in kiln and a
+// subnormal in libtorch; in float64 the steps' orders differ and a subnormal product keeps few
+// bits; the gradient y / x reads either.
 bool prod_pick(Gen& g, Step& s) {
   reduce_one(g, s);
   const auto& x = arg(g, s, 0);
-  if (x.scalar_type() != torch::kFloat32) return true;
-  torch::Tensor a = x.detach().abs();
-  return !torch::logical_and(a > 0, a < 1e-20).any().item<bool>();
+  if (!is_float(x)) return true;
+  torch::Tensor a = x.detach().abs().to(torch::kFloat64);
+  torch::Tensor growth =
+      torch::where(torch::isfinite(a), torch::clamp_min(a, 1), torch::ones_like(a));
+  if (torch::log(growth).sum().item<double>() > std::log(largest(x.scalar_type()) / 2))
+    return false;
+  const double tiny = x.scalar_type() == torch::kFloat32 ? 1e-20 : 1e-290;
+  return !torch::logical_and(a > 0, a < tiny).any().item<bool>();
 }
 
 // ---------------------------------------------------------------- GEMMs
@@ -466,14 +531,16 @@ bool mm_pick(Gen& g, Step& s) {
   int a = gemm_operand(g, 2, 2);
   if (a < 0 || g.inputs_full()) return false;
   const auto& x = g.value(a);
-  s.args = {g.id(a), g.new_input({x.size(1), g.uniform(0, 4)}, partner_dtype(g, x))};
+  const Shape other = {x.size(1), g.uniform(0, 4)};
+  s.args = {g.id(a), g.new_input(other, partner_dtype(g, x))};
   return products_fit(arg(g, s, 0), arg(g, s, 1));
 }
 bool bmm_pick(Gen& g, Step& s) {
   int a = gemm_operand(g, 3, 3);
   if (a < 0 || g.inputs_full()) return false;
   const auto& x = g.value(a);
-  s.args = {g.id(a), g.new_input({x.size(0), x.size(2), g.uniform(0, 4)}, partner_dtype(g, x))};
+  const Shape other = {x.size(0), x.size(2), g.uniform(0, 4)};
+  s.args = {g.id(a), g.new_input(other, partner_dtype(g, x))};
   return products_fit(arg(g, s, 0), arg(g, s, 1));
 }
 bool matmul_pick(Gen& g, Step& s) {
@@ -518,6 +585,11 @@ bool addmm_pick(Gen& g, Step& s) {
 }
 
 // ---------------------------------------------------------------- indexing and joining
+// A new floating input of [min_rows..max_rows, 1..max_cols].
+ValueId new_matrix(Gen& g, int64_t min_rows, int64_t max_rows, int64_t max_cols) {
+  const Shape shape = {g.uniform(min_rows, max_rows), g.uniform(1, max_cols)};
+  return g.new_input(shape, g.random_float_dtype());
+}
 kiln::DType index_dtype(Gen& g) {
   return g.coin(0.8) ? kiln::kInt64 : kiln::kInt32;
 }
@@ -528,7 +600,8 @@ bool index_select_pick(Gen& g, Step& s) {
   int64_t d = g.dim(rank(x));
   int64_t n = x.size(d);
   s.p.i = {d};
-  s.args.push_back(g.new_input({n ? g.uniform(0, 4) : 0}, index_dtype(g), 0, n));
+  const Shape index_shape = {n ? g.uniform(0, 4) : 0};
+  s.args.push_back(g.new_input(index_shape, index_dtype(g), 0, n));
   return true;
 }
 bool gather_pick(Gen& g, Step& s) {
@@ -549,8 +622,7 @@ bool embedding_pick(Gen& g, Step& s) {
   int w = g.pick([](const torch::Tensor& t) {
     return t.dim() == 2 && t.size(0) > 0 && t.is_floating_point();
   });
-  ValueId wid =
-      w >= 0 ? g.id(w) : g.new_input({g.uniform(1, 5), g.uniform(1, 3)}, g.random_float_dtype());
+  ValueId wid = w >= 0 ? g.id(w) : new_matrix(g, 1, 5, 3);
   int64_t rows = arg(g, Step{0, {wid}, {}}, 0).size(0);
   s.args = {wid, g.new_input(g.random_shape(2), kiln::kInt64, 0, rows)};
   return true;
@@ -594,12 +666,22 @@ bool layer_norm_pick(Gen& g, Step& s) {
     // Nearly equal rows too (a subnormal and -0): their normalized values are rounding errors.
     torch::Tensor range = (std::get<0>(rows.max(1)) - std::get<0>(rows.min(1))).to(torch::kFloat64);
     if ((range.abs() < 1e-20).any().item<bool>()) return false;
+    // So is the normalized value of an element within rounding of its row's mean ({-3.75,
+    // -1.75, 0.25}: 0 in kiln, about -1e-7 in libtorch, whose floor is -1).
+    torch::Tensor wide = rows.to(torch::kFloat64);
+    torch::Tensor peak = std::get<0>(wide.abs().max(1, true));
+    if (((wide - wide.mean(1, true)).abs() <= 1e-5 * peak).any().item<bool>()) return false;
   }
   kiln::DType dt = to_kiln(x.scalar_type());
   s.args.push_back(g.new_input(s.p.list, dt));
   s.args.push_back(g.new_input(s.p.list, dt));
   const double limit = std::sqrt(largest(to_torch(dt))) / 16;  // x may have moved: use dt
-  return max_finite_abs(arg(g, s, 1)) <= limit && max_finite_abs(arg(g, s, 2)) <= limit;
+  // Nor an infinite weight or bias (deliberate difference): with an infinite weight, or an
+  // infinite gradient coming back through an infinite output, the input's gradient is NaN in
+  // libtorch's formula, infinite in kiln's where no infinities meet.
+  return max_finite_abs(arg(g, s, 1)) <= limit && max_finite_abs(arg(g, s, 2)) <= limit &&
+         !torch::isinf(arg(g, s, 1)).any().item<bool>() &&
+         !torch::isinf(arg(g, s, 2)).any().item<bool>();
 }
 bool layer_norm_plain_pick(Gen& g, Step& s) {
   if (!layer_norm_pick(g, s)) return false;
@@ -611,8 +693,7 @@ bool cross_entropy_pick(Gen& g, Step& s) {
   int a = g.pick([](const torch::Tensor& t) {
     return t.dim() == 2 && t.size(1) > 0 && t.is_floating_point();
   });
-  ValueId logits =
-      a >= 0 ? g.id(a) : g.new_input({g.uniform(0, 4), g.uniform(1, 5)}, g.random_float_dtype());
+  ValueId logits = a >= 0 ? g.id(a) : new_matrix(g, 0, 4, 5);
   const auto& x = arg(g, Step{0, {logits}, {}}, 0);
   int64_t n = x.size(0), c = x.size(1);
   s.args = {logits, g.new_input({n}, kiln::kInt64, 0, c)};
@@ -789,10 +870,10 @@ const std::vector<Op>& op_table() {
       DIFF_OP("mean", kInexact, mean_pick, a[0].mean(p.list, p.i[0] != 0)),
       DIFF_OP("mean_all", kInexact, mean_all_pick, a[0].mean()),
       DIFF_OP("prod", kInexact, prod_pick, a[0].prod(p.i[0], p.i[1] != 0)),
-      DIFF_OP("amax", 0, reduce_list, a[0].amax(p.list, p.i[0] != 0)),
-      DIFF_OP("amin", 0, reduce_list, a[0].amin(p.list, p.i[0] != 0)),
-      DIFF_OP("max_all", 0, unary, a[0].max()),
-      DIFF_OP("min_all", 0, unary, a[0].min()),
+      DIFF_OP("amax", 0, extremum_list_pick, a[0].amax(p.list, p.i[0] != 0)),
+      DIFF_OP("amin", 0, extremum_list_pick, a[0].amin(p.list, p.i[0] != 0)),
+      DIFF_OP("max_all", 0, extremum_pick, a[0].max()),
+      DIFF_OP("min_all", 0, extremum_pick, a[0].min()),
       DIFF_OP("max_dim", 0, reduce_one, std::get<0>(a[0].max(p.i[0], p.i[1] != 0))),
       DIFF_OP("argmax", 0, reduce_one, a[0].argmax(p.i[0], p.i[1] != 0)),
       DIFF_OP("argmin", 0, reduce_one, a[0].argmin(p.i[0], p.i[1] != 0)),

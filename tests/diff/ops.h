@@ -93,6 +93,9 @@ struct Gen {
     return out;
   }
   // A new program input (returns its value id), or a kind of failure when there are enough.
+  // Callers draw its shape and dtype in separate statements: the order in which a call's
+  // arguments are evaluated is unspecified (GCC and clang differ), and a seed must name the same
+  // program whatever compiler built the tester.
   ValueId new_input(const Shape& shape, kiln::DType dtype, double lo = -3, double hi = 3) {
     Input in;
     in.shape = shape;

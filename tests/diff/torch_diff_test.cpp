@@ -135,8 +135,12 @@ Program generate(uint64_t seed, bool* grads) {
   g.program = &prog;
   *grads = g.coin(0.5);
   Shape base = g.random_shape(3);
-  for (int64_t k = g.uniform(1, 3); k > 0; --k)
-    g.new_input(g.values.empty() ? base : g.broadcastable(base), g.random_dtype());
+  for (int64_t k = g.uniform(1, 3); k > 0; --k) {
+    // One draw per statement: the order of a call's arguments is unspecified (GCC and clang
+    // differ), and a seed must name the same program whatever compiled the tester.
+    Shape shape = g.values.empty() ? base : g.broadcastable(base);
+    g.new_input(shape, g.random_dtype());
+  }
   const auto& table = op_table();
   for (int64_t n = g.uniform(1, kMaxSteps); n > 0; --n) {
     for (int attempt = 0; attempt < 50; ++attempt) {
@@ -726,14 +730,18 @@ void name_crashes() {
 }
 
 void check_seed(uint64_t seed, Tally& tally) {
-  // KILN_DIFF_VERBOSE=1 names each program first.
-  static const bool verbose = std::getenv("KILN_DIFF_VERBOSE") != nullptr;
+  // KILN_DIFF_VERBOSE=1 names each program first; KILN_DIFF_VERBOSE=2 prints it as C++ too.
+  static const uint64_t verbosity = env_u64("KILN_DIFF_VERBOSE", 0);
+  static const bool verbose = verbosity >= 1, print_programs = verbosity >= 2;
   if (verbose) std::fprintf(stderr, "torch_diff: program seed %" PRIu64 "\n", seed);
   name_crashes();
   g_running_seed.store(seed);
   bool grads = false;
   Program prog = generate(seed, &grads);
   ++tally.programs;
+  if (print_programs)
+    std::fprintf(stderr, "%s",
+                 to_cpp(prog, grads, {"program " + std::to_string(seed), ""}).c_str());
   Mismatch m = check(prog, grads);
   if (m.empty()) return;
   ++tally.differences;

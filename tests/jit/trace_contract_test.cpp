@@ -419,6 +419,28 @@ TEST(TraceContract, ReturnedAliasesOfAnInputGetTheirGradient) {
   });
 }
 
+// The graph merges sqrt(x) computed twice (CSE) into one value, yet the two outputs were two
+// tensors: each gets its own gradient, as in eager mode. When they came back as one tensor, both
+// weights reached the backward through one slot and the other read zeros: 0 / (2 sqrt(0)) made
+// the gradient at 0 NaN instead of inf.
+TEST(TraceContract, OutputsMergedIntoOneValueGetTheirOwnGradients) {
+  const Fn fn = [](const Inputs& in) { return Inputs{sqrt(in[0]), sqrt(in[0])}; };
+  const Inputs weights = {f64({1, 1, 2}), f64({1, -3, 2})};
+  auto gradient = [&](const Inputs& out, const Tensor& x) {
+    return autograd::grad(out, {x}, weights)[0];
+  };
+  Tensor x = f64({0, 4, 1}).requires_grad_(true);
+  const Tensor want = gradient(eager(fn, {x}), x);
+  jit::Function f = jit::trace(fn, {x});
+  for (int call = 0; call < 2; ++call) {
+    const Inputs out = f({x});
+    EXPECT_FALSE(out[0].is_same(out[1]));
+    const Tensor got = gradient(out, x);
+    EXPECT_TRUE(equal(got, want)) << "call " << call << ": " << got << ", eager " << want;
+  }
+  EXPECT_TRUE(equal(want, f64({INFINITY, -0.5, 2})));
+}
+
 // ------------------------------------------------------------------- .grad across calls
 
 // loss = sum(p * p * x): p's gradient 2 p x is exact in float64 with dyadic values.

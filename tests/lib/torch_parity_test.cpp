@@ -3,8 +3,9 @@
 // require grad, writes into integral tensors, signed zeros in max/min, empty layer_norm and cat,
 // NaN operands of minimum/maximum, NaN through zero gradients and relu, empty remainders,
 // integral clamp bounds and fill values, pow of an integral base, prod of a 0-dim or subnormal
-// input), each in eager mode and in lazy mode. Expected values are libtorch's (1.13 and 2.x agree
-// on them).
+// input, an expanded view of a base written in place), each in eager mode and in lazy mode.
+// Expected values are libtorch's (1.13 and 2.x agree on them), except where a test says it pins a
+// deliberate difference (docs/torch-differences.md).
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -114,6 +115,15 @@ TEST_P(TorchParity, ProdGradientOfA0DimOrSubnormalInput) {
   Tensor x = from_vector(std::vector<float>{1.0f, tiny}, Shape{2}).requires_grad_();
   (x.prod(0, false) * 0.625f).backward();
   EXPECT_EQ(x.grad().to_vector<float>()[1], 0.625f);
+}
+
+// Deliberate difference (docs/torch-differences.md): a float32 product accumulates in float64 and
+// rounds once, so partial products past float32's range do not make it infinite (libtorch: -inf).
+TEST_P(TorchParity, Float32ProdWhosePartialProductsOverflowIsFinite) {
+  const std::vector<float> v = {3.40282347e+38f, 1.03001821f, -0.244147792f};
+  const float want = static_cast<float>(double{v[0]} * double{v[1]} * double{v[2]});
+  ASSERT_TRUE(std::isfinite(want));
+  EXPECT_EQ(from_vector(v).prod(0, false).item<float>(), want);
 }
 
 // ---------------------------------------------------------------------- size-0 matrix products
@@ -314,6 +324,25 @@ TEST_P(TorchParity, FillOfAViewOfANonLeafZeroesOnlyThoseGradients) {
   testing::expect_close(x.grad(), {2, 0, 2}, {3}, kFloat64);
 }
 
+// torch: a view taken before an in-place write to its base gets its history from the base's
+// (as_strided's backward); an expanded view's elements share memory, so their gradients add up
+// in the base, as they did through expand.
+TEST_P(TorchParity, AnExpandedViewOfARewrittenBaseSumsItsGradient) {
+  Tensor x = leaf({2}, {1});
+  Tensor y = x * 3.0;
+  Tensor e = y.expand({4});
+  y.add_(1.0);
+  (e * from_vector(std::vector<double>{1, 2, 3, 4})).sum().backward();
+  testing::expect_close(x.grad(), {30}, {1}, kFloat64);
+  // Through a write to a slice of the base, and an expanded column of a matrix.
+  Tensor a = leaf({1, 2}, {2, 1});
+  Tensor b = a * 1.0;
+  Tensor wide = b.expand({2, 3});
+  b.slice(0, 0, 1).add_(5.0);
+  (wide * from_vector(std::vector<double>{1, 2, 3, 4, 5, 6}, Shape{2, 3})).sum().backward();
+  testing::expect_close(a.grad(), {6, 15}, {2, 1}, kFloat64);
+}
+
 TEST_P(TorchParity, ALeafThatRequiresGradIsWrittenInPlaceOnlyWithoutGradMode) {
   Tensor x = leaf({1, 2}, {2});
   testing::expect_error([&] { x.fill_(0); }, {"fill_", "leaf"});
@@ -370,6 +399,16 @@ TEST_P(TorchParity, AmaxAndAminOfSignedZerosDoNotDependOnOrder) {
 }
 
 // --------------------------------------------------------------------- layer_norm of nothing
+
+// Deliberate difference (docs/torch-differences.md): layer_norm subtracts the mean first, so an
+// element equal to its row's mean normalizes to exactly 0 (libtorch: a rounding error of either
+// sign, about -1e-7 here, whose floor is -1).
+TEST_P(TorchParity, LayerNormOfAnElementAtItsRowsMeanIsExactlyZero) {
+  Tensor x = from_vector(std::vector<int32_t>{-2, 0, 2}) - 1.75;
+  Tensor y = layer_norm(x, {3});
+  EXPECT_EQ(y.to_vector<float>()[1], 0.f);
+  EXPECT_EQ(floor(y).to_vector<float>()[1], 0.f);
+}
 
 // torch: layer_norm of an empty input (no rows, or rows of nothing) still requires grad; the
 // weight's and bias's gradients are zeros.
@@ -481,6 +520,17 @@ TEST_P(TorchParity, IntegralRemainderOfAnEmptyResultDividesNothing) {
   EXPECT_THROW(remainder(ones({2}, kInt64), zeros({1}, kInt64)), Error);
 }
 
+// A 0-dim int64 divisor of an int32 tensor is read as int32 (the result's dtype): INT64_MIN wraps
+// to 0, and the remainder raises (torch: ZeroDivisionError) instead of trapping in the kernel.
+TEST_P(TorchParity, IntegralRemainderChecksTheDivisorInTheResultsDtype) {
+  Tensor x = from_vector(std::vector<int32_t>{-3}, Shape{1});
+  Tensor lowest = from_vector(std::vector<int64_t>{std::numeric_limits<int64_t>::min()}, Shape{});
+  testing::expect_error([&] { remainder(x, lowest); }, {"remainder", "division by zero", "int32"});
+  Tensor r = remainder(x, from_vector(std::vector<int64_t>{(int64_t{1} << 32) + 2}, Shape{}));
+  EXPECT_EQ(r.dtype(), kInt32);
+  EXPECT_EQ(r.to_vector<int64_t>(), (std::vector<int64_t>{1}));  // -3 mod 2
+}
+
 // ceil's gradient is zero, but cos's derivative at -inf is -sin(-inf) = NaN, and 0 * NaN is NaN:
 // torch gives NaN, and so must every mode (no rewrite may drop a product with zero).
 TEST_P(TorchParity, NaNFlowsThroughAZeroGradient) {
@@ -498,6 +548,29 @@ TEST(TorchParityTrace, NaNFlowsThroughAZeroGradientInATracedBackward) {
     x.mutable_grad() = Tensor();
     f({x})[0].backward();
     testing::expect_close(x.grad(), {kNaN, 0}, {2}, kFloat64);
+  }
+}
+
+// The same in a traced backward: the program of tests/diff (KILN_DIFF_PROGRAM=17261331561535160547)
+// writes through slices of a GEMM result after expanding it.
+TEST(TorchParityTrace, AnExpandedViewOfARewrittenBaseSumsItsGradientInATracedBackward) {
+  Tensor x = leaf({1, 2, -1}, {3});
+  Tensor m = leaf({2, 1, 3}, {3, 1});
+  auto body = [](const std::vector<Tensor>& in) {
+    Tensor y = matmul(in[0], in[1]);
+    y.slice(-1, 0, 2, 2).add_(-0.75);
+    Tensor e = y.expand({2, 2});
+    y.slice(0, 2, 2, 2).add_(1.0);
+    return std::vector<Tensor>{y, e};
+  };
+  jit::Function f = jit::trace(body, {x, m});
+  for (int call = 0; call < 2; ++call) {
+    x.mutable_grad() = Tensor();
+    std::vector<Tensor> out = f({x, m});
+    (out[0] * 10.0 + (out[1] * from_vector(std::vector<double>{1, 2, 3, 4}, Shape{2, 2})).sum())
+        .sum()
+        .backward();
+    testing::expect_close(x.grad(), {40, 20, 60}, {3}, kFloat64);  // (10 + 1+2+3+4) * m
   }
 }
 
