@@ -29,8 +29,8 @@ namespace {
 // Bumped whenever the CUDA emitter's output changes for the same kernel description, so that the
 // disk cache never serves a binary built by an older emitter.
 // 2: one variant (index32, vec) per source and binary, the kernels without index32 and vec
-// parameters.
-constexpr int kCudaEmitterVersion = 2;
+// parameters. 3: transcendental functions from lib/math/primitives.h, not libdevice's.
+constexpr int kCudaEmitterVersion = 3;
 // Threads per block of the elementwise kernels: 256 keeps occupancy full on every architecture
 // from sm_75 on, and the grid is capped at this many blocks per multiprocessor (the grid-stride
 // loop covers the rest), so that huge tensors do not launch millions of short-lived blocks.
