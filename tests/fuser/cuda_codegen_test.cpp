@@ -1880,6 +1880,33 @@ TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
       cases.size(), runs.size(), index32_runs, exact, close);
 }
 
+// The disk cache files a CUDA binary under the source it is compiled from, with the target and
+// NVRTC's version and options, never a version number bumped by hand: the same source gets the
+// same key, and other code (here: another primitive's device function) or another target another.
+TEST(CudaCodegen, TheDiskKeyIsTheSourceAndTheTarget) {
+  auto source_of = [](fuser::Prim prim) {
+    Kernel k;
+    k.input_types = {kFloat32};
+    const int32_t x = k.add({fuser::Prim::Load, kFloat32, -1, -1, -1, 0});
+    k.outputs = {k.add({prim, kFloat32, x})};
+    k.output_types = {kFloat32};
+    k.ops = "unary";
+    Layout flat;
+    flat.single_element = {false};
+    return fuser::cuda::cuda_source(k, flat, "kiln_unary", {true, false});
+  };
+  const std::string exp_source = source_of(fuser::Prim::Exp);
+  const std::string key = fuser::cuda::cuda_disk_key(exp_source, 90, false);
+  EXPECT_EQ(key, fuser::cuda::cuda_disk_key(source_of(fuser::Prim::Exp), 90, false));
+  EXPECT_EQ(key.rfind(exp_source, 0), 0u);  // the whole source, first
+  EXPECT_NE(key.find("kiln_exp_f32"), std::string::npos);
+  EXPECT_NE(key.find("--fmad=false"), std::string::npos);
+  EXPECT_EQ(key.find("cuda-emitter"), std::string::npos);
+  EXPECT_NE(key, fuser::cuda::cuda_disk_key(source_of(fuser::Prim::Tanh), 90, false));
+  EXPECT_NE(key, fuser::cuda::cuda_disk_key(exp_source, 80, false));
+  EXPECT_NE(key, fuser::cuda::cuda_disk_key(exp_source, 90, true));
+}
+
 #endif  // KILN_HAS_CUDA
 
 }  // namespace

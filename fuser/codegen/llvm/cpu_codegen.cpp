@@ -163,8 +163,7 @@ class CpuJit {
                                                                           : 0;
     // Everything besides the kernel that decides the machine code: part of every cache key.
     target_key_ = target_->getTargetTriple().str() + "|" + target_->getTargetCPU().str() + "|" +
-                  target_->getTargetFeatureString().str() +
-                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 19";
+                  target_->getTargetFeatureString().str() + "|LLVM " LLVM_VERSION_STRING;
   }
 
   // The in-memory cache: a hit, else a kernel still loaded for someone who holds it, else one
@@ -203,6 +202,11 @@ class CpuJit {
     CompiledKernel code = load(key, k, layout);
     insert(key, code);
     return code;
+  }
+
+  std::string disk_key(const Kernel& k, const Layout& layout) {
+    const std::string name = kernel_symbol(kernel_key(k, layout), k);
+    return disk_key_of(*emit_module(name, k, layout).module);
   }
 
   // Sets the in-memory cache's capacity (a number of kernels), evicting down to it.
@@ -274,7 +278,13 @@ class CpuJit {
     const std::string name = kernel_symbol(key, k);
     CompiledKernel code;
     llvm::orc::ResourceTrackerSP tracker = jit_->getMainJITDylib().createResourceTracker();
-    const std::string disk_key = key + target_key_;
+    // On disk, the object is filed under the IR it is compiled from (and the target): a change of
+    // the emitter's output can never load an object built from other code.
+    Phases phases;
+    auto t = std::chrono::steady_clock::now();
+    Emitted emitted = emit_module(name, k, layout);
+    const std::string disk_key = disk_key_of(*emitted.module);
+    phases.ir = seconds_since(t);
     // With KILN_DUMP on, kernels are compiled rather than read from the disk cache, so that every
     // kernel's IR and assembly are dumped; the object still goes to the disk cache.
     std::optional<std::string> object;
@@ -301,9 +311,8 @@ class CpuJit {
       span.set_category(kiln::profiler::Category::kCache);
     }
     if (!from_disk) {
-      Phases phases;
-      object = compile_object(name, k, layout, phases);
-      auto t = std::chrono::steady_clock::now();
+      object = compile_object(name, k, layout, std::move(emitted), phases);
+      t = std::chrono::steady_clock::now();
       DiskCache::instance().store(disk_key, kCpuObject, *object);
       phases.store = seconds_since(t);
       t = std::chrono::steady_clock::now();
@@ -376,12 +385,13 @@ class CpuJit {
   static double seconds_since(std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   }
-  // The kernel as LLVM IR, verified, optimized and compiled to an object file (ELF) in memory.
-  std::string compile_object(const std::string& name, const Kernel& k, const Layout& layout,
-                             Phases& phases) {
-    auto t = std::chrono::steady_clock::now();
-    jit::log("codegen", "compiling ", name, " (", layout.flat ? "flat" : "strided", " layout",
-             layout.flat ? "" : ", rank " + std::to_string(layout.rank), ")\n", k.str());
+  // A kernel's module, as emitted (before optimization), in its own context.
+  struct Emitted {
+    std::unique_ptr<llvm::LLVMContext> context;
+    std::unique_ptr<llvm::Module> module;
+  };
+  // The kernel as LLVM IR, verified.
+  Emitted emit_module(const std::string& name, const Kernel& k, const Layout& layout) {
     auto context = std::make_unique<llvm::LLVMContext>();
     // LLVM's remarks and warnings (a loop it was asked to vectorize and did not) are the JIT's
     // business, not the user's: they go to KILN_LOG=codegen.
@@ -413,14 +423,30 @@ class CpuJit {
     llvm::raw_string_ostream err(errors);
     KILN_CHECK(!llvm::verifyModule(*module, &err), "fuser: generated invalid IR for ", name, ": ",
                err.str(), "\n", k.str());
-    phases.ir = seconds_since(t);
+    return {std::move(context), std::move(module)};
+  }
+  // The disk cache's key of a kernel: its emitted module's text and the target (triple, CPU,
+  // features, LLVM's version). No version is bumped by hand: whatever changes the emitted code
+  // (the emitter, lib/math/primitives.h) changes the key.
+  std::string disk_key_of(const llvm::Module& module) const {
+    std::string key;
+    llvm::raw_string_ostream os(key);
+    module.print(os, nullptr);
+    return os.str() + "|" + target_key_;
+  }
+  // The emitted module optimized and compiled to an object file (ELF) in memory.
+  std::string compile_object(const std::string& name, const Kernel& k, const Layout& layout,
+                             Emitted emitted, Phases& phases) {
+    jit::log("codegen", "compiling ", name, " (", layout.flat ? "flat" : "strided", " layout",
+             layout.flat ? "" : ", rank " + std::to_string(layout.rank), ")\n", k.str());
+    std::unique_ptr<llvm::Module> module = std::move(emitted.module);
     if (jit::log_enabled("ir-raw")) {
       std::string ir;
       llvm::raw_string_ostream os(ir);
       module->print(os, nullptr);
       jit::log("ir-raw", "generated IR of ", name, ":\n", os.str());
     }
-    t = std::chrono::steady_clock::now();
+    auto t = std::chrono::steady_clock::now();
     optimize(*module, *target_);
     phases.optimize = seconds_since(t);
     t = std::chrono::steady_clock::now();
@@ -1488,6 +1514,10 @@ void CpuJit::emit(llvm::Module& m, const std::string& name, const Kernel& k, con
 
 CompiledKernel cpu_kernel(const Kernel& kernel, const Layout& layout) {
   return cpu_jit().get(kernel, layout);
+}
+
+std::string cpu_disk_key(const Kernel& kernel, const Layout& layout) {
+  return cpu_jit().disk_key(kernel, layout);
 }
 
 size_t set_cpu_kernel_cache_capacity(size_t kernels) {
