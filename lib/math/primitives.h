@@ -24,7 +24,8 @@
 // (docs/numerics.md) hold everywhere. Where an algorithm needs an exact product or sum (Dekker's
 // product, TwoSum, Veltkamp's split), it uses plain operations.
 //
-// Branch-free: every case is computed and the right one selected, integers come from the bits of
+// Branch-free (but for one branch in plain scalar code, see is_scalar): every case is computed
+// and the right one selected, integers come from the bits of
 // rounded values, table indices are in range for every input, so that no NaN, infinity or
 // out-of-range value meets a float-to-int conversion (undefined in C++, poison in LLVM IR),
 // a shift or an index, and so that the loops vectorize.
@@ -60,6 +61,10 @@ using Like = typename Rebind<V, S>::type;
 
 template <typename T>
 using IfScalar = std::enable_if_t<std::is_arithmetic_v<T>, int>;
+// Plain scalars take a branch where a case is costly and rare (sin and cos's large reduction);
+// other families compute every case and select.
+template <typename T>
+inline constexpr bool is_scalar = std::is_arithmetic_v<T>;
 
 template <typename T, IfScalar<T> = 0>
 inline T select(bool m, T a, T b) {
@@ -351,9 +356,14 @@ KILN_MATH_INLINE F sincos_f32(F x) {
   const D n = t - D(C::kMagic);
   const U q_fast = convert<uint32_t>(bitcast<uint64_t>(t));
   const D r_fast = fmadd(-n, D(C::kPio2Lo), fmadd(-n, D(C::kPio2Hi), xd));
-  U ql;
-  const D rl = reduce_large_f32(bitcast<uint32_t>(ax), &ql);
   const auto fast = ax < F(C::kFast);
+  U ql = U(0);
+  D rl = D(0.0);
+  if constexpr (is_scalar<F>) {
+    if (!fast) rl = reduce_large_f32(bitcast<uint32_t>(ax), &ql);
+  } else {
+    rl = reduce_large_f32(bitcast<uint32_t>(ax), &ql);
+  }
   U q = select(fast, q_fast, select(negative, U(0) - ql, ql));
   const D r = select(fast, r_fast, select(negative, -rl, rl));
   if (kCosine) q = q + U(1);
@@ -834,18 +844,24 @@ KILN_MATH_INLINE F kernel_cos_f64(F x, F y) {
 
 // sin(x) (cosine false) or cos(x): x = n pi/2 + r (reduce_medium_f64 below 2^20, else
 // reduce_large_f64 on |x| and the signs flipped), then +-sin r or +-cos r by n mod 4 (cos x =
-// sin(x + pi/2): one more quadrant). Both reductions are computed; the right one is selected.
+// sin(x + pi/2): one more quadrant). Both reductions are computed (plain scalars: the large one
+// only where it is taken); the right one is selected.
 template <bool kCosine, typename F>
 KILN_MATH_INLINE F sincos_f64(F x) {
   using C = SinCosF64;
   using U = Like<F, uint32_t>;
   using U64 = Like<F, uint64_t>;
   const F ax = abs_of(x);
-  F hf, lf, hl, ll;
-  const U qf = reduce_medium_f64(x, &hf, &lf);
-  const U ql = reduce_large_f64(bitcast<uint64_t>(ax), &hl, &ll);
   const auto negative = x < F(0.0);
   const auto fast = ax < F(C::kFast);
+  F hf, lf, hl = F(0.0), ll = F(0.0);
+  const U qf = reduce_medium_f64(x, &hf, &lf);
+  U ql = U(0);
+  if constexpr (is_scalar<F>) {
+    if (!fast) ql = reduce_large_f64(bitcast<uint64_t>(ax), &hl, &ll);
+  } else {
+    ql = reduce_large_f64(bitcast<uint64_t>(ax), &hl, &ll);
+  }
   U q = select(fast, qf, select(negative, U(0) - ql, ql));
   const F hi = select(fast, hf, select(negative, -hl, hl));
   const F lo = select(fast, lf, select(negative, -ll, ll));
