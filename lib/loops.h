@@ -120,17 +120,28 @@ inline __attribute__((always_inline)) void map_row(const F& f, const std::array<
 // so each version computes the same bits; lib/math/primitives.h's fmadd is one FMA instruction in
 // the first two and a call of libm's fma in the baseline one.
 #if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__clang__)  // contracts nothing anyway (-ffp-contract=off); its own vector widths
+#define KILN_LOOP_AVX512 \
+  __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,bmi2"), flatten))
+#define KILN_LOOP_AVX2 __attribute__((target("avx2,fma,bmi2"), flatten))
+#else
+#define KILN_LOOP_AVX512                                                                  \
+  __attribute__((                                                                         \
+      target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,bmi2,prefer-vector-width=512"), \
+      optimize("fp-contract=off"), flatten))
+#define KILN_LOOP_AVX2 \
+  __attribute__((target("avx2,fma,bmi2"), optimize("fp-contract=off"), flatten))
+#endif
 template <typename Out, typename... Ins, typename F, size_t N, size_t... I>
-__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,bmi2,prefer-vector-width=512"),
-               optimize("fp-contract=off"), flatten)) void
-map_row_avx512(const F& f, const std::array<char*, N>& p, int64_t n,
-               const std::array<int64_t, N>& s, bool contiguous, std::index_sequence<I...> i) {
+KILN_LOOP_AVX512 void map_row_avx512(const F& f, const std::array<char*, N>& p, int64_t n,
+                                     const std::array<int64_t, N>& s, bool contiguous,
+                                     std::index_sequence<I...> i) {
   map_row<Out, Ins...>(f, p, n, s, contiguous, i);
 }
 template <typename Out, typename... Ins, typename F, size_t N, size_t... I>
-__attribute__((target("avx2,fma,bmi2"), optimize("fp-contract=off"), flatten)) void map_row_avx2(
-    const F& f, const std::array<char*, N>& p, int64_t n, const std::array<int64_t, N>& s,
-    bool contiguous, std::index_sequence<I...> i) {
+KILN_LOOP_AVX2 void map_row_avx2(const F& f, const std::array<char*, N>& p, int64_t n,
+                                 const std::array<int64_t, N>& s, bool contiguous,
+                                 std::index_sequence<I...> i) {
   map_row<Out, Ins...>(f, p, n, s, contiguous, i);
 }
 // 2: AVX-512 (F, VL, BW, DQ) with FMA; 1: AVX2 with FMA; 0: neither.
