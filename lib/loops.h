@@ -55,11 +55,6 @@ LoopGeometry<N> make_geometry(const Shape& shape, const std::array<char*, N>& ba
   return g;
 }
 
-template <size_t... I>
-constexpr auto index_tuple(std::index_sequence<I...>) {
-  return std::make_tuple(std::integral_constant<size_t, I>{}...);
-}
-
 // Calls row(ptrs, n, inner_strides) over every element of the geometry, in parallel chunks.
 template <size_t N, typename Row>
 void run_geometry(const LoopGeometry<N>& g, int64_t grain, const Row& row) {
@@ -101,6 +96,69 @@ void run_geometry(const LoopGeometry<N>& g, int64_t grain, const Row& row) {
   });
 }
 
+// One row of map_kernel: o[j] = f(in[j]...) for j < n, operands at p, contiguous or at byte
+// strides s.
+template <typename Out, typename... Ins, typename F, size_t N, size_t... I>
+inline __attribute__((always_inline)) void map_row(const F& f, const std::array<char*, N>& p,
+                                                   int64_t n, const std::array<int64_t, N>& s,
+                                                   bool contiguous, std::index_sequence<I...>) {
+  Out* __restrict o = reinterpret_cast<Out*>(p[0]);
+  if (contiguous) {
+    std::tuple<const Ins* __restrict...> in{reinterpret_cast<const Ins*>(p[1 + I])...};
+    for (int64_t j = 0; j < n; ++j) o[j] = static_cast<Out>(f(std::get<I>(in)[j]...));
+  } else {
+    for (int64_t j = 0; j < n; ++j)
+      *reinterpret_cast<Out*>(p[0] + j * s[0]) =
+          static_cast<Out>(f(*reinterpret_cast<const Ins*>(p[1 + I] + j * s[1 + I])...));
+  }
+}
+
+// The row loop compiled for the CPU kiln runs on: AVX-512 (512-bit vectors) or AVX2, with FMA,
+// where it has them, else x86-64's baseline. Everything the loop calls is inlined into it
+// (flatten), so that the formula is compiled for that instruction set too. Separate operations
+// never contract (fp-contract=off: GCC would contract a * b + c in C++ wherever FMA is enabled),
+// so each version computes the same bits; lib/math/primitives.h's fmadd is one FMA instruction in
+// the first two and a call of libm's fma in the baseline one.
+#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__clang__)  // contracts nothing anyway (-ffp-contract=off); its own vector widths
+#define KILN_LOOP_AVX512 \
+  __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,bmi2"), flatten))
+#define KILN_LOOP_AVX2 __attribute__((target("avx2,fma,bmi2"), flatten))
+#else
+#define KILN_LOOP_AVX512                                                                  \
+  __attribute__((                                                                         \
+      target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,bmi2,prefer-vector-width=512"), \
+      optimize("fp-contract=off"), flatten))
+#define KILN_LOOP_AVX2 \
+  __attribute__((target("avx2,fma,bmi2"), optimize("fp-contract=off"), flatten))
+#endif
+template <typename Out, typename... Ins, typename F, size_t N, size_t... I>
+KILN_LOOP_AVX512 void map_row_avx512(const F& f, const std::array<char*, N>& p, int64_t n,
+                                     const std::array<int64_t, N>& s, bool contiguous,
+                                     std::index_sequence<I...> i) {
+  map_row<Out, Ins...>(f, p, n, s, contiguous, i);
+}
+template <typename Out, typename... Ins, typename F, size_t N, size_t... I>
+KILN_LOOP_AVX2 void map_row_avx2(const F& f, const std::array<char*, N>& p, int64_t n,
+                                 const std::array<int64_t, N>& s, bool contiguous,
+                                 std::index_sequence<I...> i) {
+  map_row<Out, Ins...>(f, p, n, s, contiguous, i);
+}
+// 2: AVX-512 (F, VL, BW, DQ) with FMA; 1: AVX2 with FMA; 0: neither.
+inline int cpu_vector_level() {
+  static const int level = [] {
+    __builtin_cpu_init();
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                      __builtin_cpu_supports("bmi2");
+    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512dq");
+    return avx512 ? 2 : avx2 ? 1 : 0;
+  }();
+  return level;
+}
+#endif
+
 // out[i] = f(in_0[i], ..., in_k[i]) over out's shape. `out` must be a CPU tensor of type Out;
 // each input must be of type Ins... and broadcastable to out's shape. `out` may be one of the
 // inputs (same view), but must not otherwise overlap them.
@@ -114,19 +172,13 @@ void map_kernel(const F& f, const Tensor& out, const Ts&... ins) {
   auto row = [&](const std::array<char*, N>& p, int64_t n, const std::array<int64_t, N>& s) {
     bool contiguous = true;
     for (size_t k = 0; k < N; ++k) contiguous &= s[k] == esz[k];
-    auto body = [&](auto... I) {
-      Out* __restrict o = reinterpret_cast<Out*>(p[0]);
-      if (contiguous) {
-        std::tuple<const Ins* __restrict...> in{reinterpret_cast<const Ins*>(p[1 + I])...};
-        for (int64_t j = 0; j < n; ++j)
-          o[j] = static_cast<Out>(f(std::get<decltype(I)::value>(in)[j]...));
-      } else {
-        for (int64_t j = 0; j < n; ++j)
-          *reinterpret_cast<Out*>(p[0] + j * s[0]) =
-              static_cast<Out>(f(*reinterpret_cast<const Ins*>(p[1 + I] + j * s[1 + I])...));
-      }
-    };
-    std::apply(body, index_tuple(std::index_sequence_for<Ins...>{}));
+    const auto i = std::index_sequence_for<Ins...>{};
+#if defined(__x86_64__) && defined(__GNUC__)
+    const int level = cpu_vector_level();
+    if (level == 2) return map_row_avx512<Out, Ins...>(f, p, n, s, contiguous, i);
+    if (level == 1) return map_row_avx2<Out, Ins...>(f, p, n, s, contiguous, i);
+#endif
+    map_row<Out, Ins...>(f, p, n, s, contiguous, i);
   };
   // Every operand contiguous with out's element count (so none is actually expanded): one flat
   // row, with no geometry to build.

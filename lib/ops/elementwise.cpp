@@ -32,10 +32,11 @@ T multiply(T x, T y) {
     return wrap_mul(x, y);
 }
 
-// Transcendentals in vectorizable arithmetic (lib/fastmath.h; the LLVM code generator emits the
-// same sequences): exp, log, log1p, expm1, sin, cos, tanh and erf for float32 and float64.
+// Transcendentals (lib/math/primitives.h through lib/fastmath.h; the code generators instantiate
+// the same definitions): exp, log, log1p, expm1, sin, cos, tanh and erf for float32 and float64.
+// Always inlined, so that the multiversioned loops of lib/loops.h compile them with FMA.
 template <typename T>
-T erf_value(T x) {
+KILN_MATH_INLINE T erf_value(T x) {
   if constexpr (std::is_same_v<T, float>)
     return detail::erf_f32(x);
   else if constexpr (std::is_same_v<T, double>)
@@ -45,7 +46,7 @@ T erf_value(T x) {
 }
 
 template <typename T>
-T exp_value(T x) {
+KILN_MATH_INLINE T exp_value(T x) {
   if constexpr (std::is_same_v<T, float>)
     return detail::exp_f32(x);
   else if constexpr (std::is_same_v<T, double>)
@@ -54,7 +55,7 @@ T exp_value(T x) {
     return std::exp(x);
 }
 template <typename T>
-T log_value(T x) {
+KILN_MATH_INLINE T log_value(T x) {
   if constexpr (std::is_same_v<T, float>)
     return detail::log_f32(x);
   else if constexpr (std::is_same_v<T, double>)
@@ -63,7 +64,7 @@ T log_value(T x) {
     return std::log(x);
 }
 template <typename T>
-T log1p_value(T x) {
+KILN_MATH_INLINE T log1p_value(T x) {
   if constexpr (std::is_same_v<T, float>)
     return detail::log1p_f32(x);
   else if constexpr (std::is_same_v<T, double>)
@@ -72,7 +73,7 @@ T log1p_value(T x) {
     return std::log1p(x);
 }
 template <typename T>
-T expm1_value(T x) {
+KILN_MATH_INLINE T expm1_value(T x) {
   if constexpr (std::is_same_v<T, float>)
     return detail::expm1_f32(x);
   else if constexpr (std::is_same_v<T, double>)
@@ -81,7 +82,7 @@ T expm1_value(T x) {
     return std::expm1(x);
 }
 template <typename T>
-T sin_value(T x) {
+KILN_MATH_INLINE T sin_value(T x) {
   if constexpr (std::is_same_v<T, float>)
     return detail::sin_f32(x);
   else if constexpr (std::is_same_v<T, double>)
@@ -90,7 +91,7 @@ T sin_value(T x) {
     return std::sin(x);
 }
 template <typename T>
-T cos_value(T x) {
+KILN_MATH_INLINE T cos_value(T x) {
   if constexpr (std::is_same_v<T, float>)
     return detail::cos_f32(x);
   else if constexpr (std::is_same_v<T, double>)
@@ -99,7 +100,7 @@ T cos_value(T x) {
     return std::cos(x);
 }
 template <typename T>
-T tanh_value(T x) {
+KILN_MATH_INLINE T tanh_value(T x) {
   if constexpr (std::is_same_v<T, float>)
     return detail::tanh_f32(x);
   else if constexpr (std::is_same_v<T, double>)

@@ -21,6 +21,8 @@
 #include <xxhash.h>
 
 #include "fuser/cache.h"
+#include "fuser/codegen/llvm/cpu_codegen.h"
+#include "fuser/kernel.h"
 #include "kiln/jit.h"
 #include "kiln/kiln.h"
 #include "tests/testing.h"
@@ -48,6 +50,39 @@ TEST(KernelCacheChild, RunsThreeKernels) {
               static_cast<long long>(s.kernels_compiled),
               static_cast<long long>(s.kernel_disk_hits), static_cast<unsigned long long>(digest),
               static_cast<long long>(s.kernels_evicted));
+}
+
+// y = f(x) for one float32 input: a kernel whose emitted code is the primitive's.
+fuser::Kernel unary_kernel(fuser::Prim prim, const char* ops) {
+  fuser::Kernel k;
+  k.input_types = {kFloat32};
+  const int32_t x = k.add({fuser::Prim::Load, kFloat32, -1, -1, -1, 0});
+  k.outputs = {k.add({prim, kFloat32, x})};
+  k.output_types = {kFloat32};
+  k.ops = ops;
+  return k;
+}
+
+// The disk cache files a CPU kernel under the code emitted for it (the LLVM IR module's text)
+// and the target, with no version number bumped by hand: the same kernel gets the same key, the
+// key holds the emitted module (an edit of the emitter or of lib/math/primitives.h changes it),
+// and kernels whose code differs get different keys.
+TEST(KernelCacheKey, IsTheEmittedCodeAndTheTarget) {
+  fuser::Layout flat;
+  flat.single_element = {false};
+  const fuser::Kernel exp_k = unary_kernel(fuser::Prim::Exp, "exp");
+  const std::string key = fuser::cpu_disk_key(exp_k, flat);
+  EXPECT_EQ(key, fuser::cpu_disk_key(exp_k, flat));
+  EXPECT_NE(key.find("define void @kiln_exp"), std::string::npos) << key;
+  EXPECT_NE(key.find("@llvm.fma.f32"), std::string::npos);  // exp's polynomial, emitted
+  EXPECT_NE(key.find("LLVM "), std::string::npos);
+  EXPECT_EQ(key.find("codegen "), std::string::npos);  // no hand-bumped version
+  EXPECT_NE(key, fuser::cpu_disk_key(unary_kernel(fuser::Prim::Tanh, "exp"), flat));
+  fuser::Layout strided;
+  strided.flat = false;
+  strided.rank = 1;
+  strided.inner = {fuser::Layout::kAny, fuser::Layout::kAny};
+  EXPECT_NE(key, fuser::cpu_disk_key(exp_k, strided));
 }
 
 struct ChildResult {

@@ -1040,9 +1040,10 @@ TEST(CudaCodegen, CallFlagsFollowTheLaunchRules) {
 // after another (the elements are independent, so the order is immaterial), flat (scalar and 4-wide
 // loops) and strided (transposed and broadcast operands), with 32-bit and 64-bit indices, on the
 // same special and random values as the LLVM emitter's kernel. Outputs must be bit-equal (any NaN
-// for a NaN). Kernels with transcendental functions are left out: their CUDA versions differ from
-// lib/fastmath.h's by design (see cuda_codegen.h), and the host's libm is neither. What the host
-// cannot show: CUDA's own float-to-integer conversion (x86's is what the prelude's guard gives).
+// for a NaN). Kernels with transcendental functions are left out here (the rows kernels below run
+// them): an fmadd inside them may round once or twice by the CPU (see cuda_codegen.h). What the
+// host cannot show: CUDA's own float-to-integer conversion (x86's is what the prelude's guard
+// gives).
 
 bool has_transcendental(const Kernel& k) {
   for (const fuser::Instr& in : k.body) switch (in.prim) {
@@ -1095,6 +1096,16 @@ struct int4 {
 struct uchar4 {
   unsigned char x, y, z, w;
 };
+static inline int __float_as_int(float f) {
+  int i;
+  memcpy(&i, &f, sizeof i);
+  return i;
+}
+static inline long long __double_as_longlong(double d) {
+  long long i;
+  memcpy(&i, &d, sizeof i);
+  return i;
+}
 static inline float __int_as_float(int i) {
   float f;
   memcpy(&f, &i, sizeof f);
@@ -1399,31 +1410,16 @@ TEST(CudaCodegen, GeneratedKernelsComputeWhatTheLlvmEmitterComputes) {
 // barrier, and a read of the partner lane's slot (two sets of slots, alternating, so that a slot
 // is never rewritten before every lane has read it). So the real generated code runs: per-thread
 // folds, the warp butterflies and the shared memory between warps, bands of rows per block, the
-// finish and columns kernels. Transcendental functions are mapped to lib/fastmath.h's, which the
-// LLVM emitter's kernels compute, so softmax and layer_norm run too. The outputs are compared
+// finish and columns kernels. Transcendental functions are the generated ones (lib/math/
+// primitives.h rendered as device functions, which the LLVM emitter's kernels compute too; their
+// fmadd is the host's fma, fused as LLVM's is on a host with FMA), so softmax and layer_norm run
+// too. The outputs are compared
 // with the LLVM emitter's rows kernel, finish and columns functions called over the same bands of
 // rows (calls = blocks): bit for bit, but for kernels with floating sums, whose order differs
 // (see cuda_codegen.h): those within rtol 1e-5, atol 1e-5 (float32) or 1e-12 (float64) of it
 // (on these inputs most sums are exact in double, so most of these are bit-equal too).
 constexpr const char* kFiberShims = R"(#include <stdlib.h>
 #include <ucontext.h>
-#include "lib/fastmath.h"
-#define expf(x) kiln::detail::exp_f32(x)
-#define exp(x) kiln::detail::exp_f64(x)
-#define logf(x) kiln::detail::log_f32(x)
-#define log(x) kiln::detail::log_f64(x)
-#define log1pf(x) kiln::detail::log1p_f32(x)
-#define log1p(x) kiln::detail::log1p_f64(x)
-#define expm1f(x) kiln::detail::expm1_f32(x)
-#define expm1(x) kiln::detail::expm1_f64(x)
-#define sinf(x) kiln::detail::sin_f32(x)
-#define sin(x) kiln::detail::sin_f64(x)
-#define cosf(x) kiln::detail::cos_f32(x)
-#define cos(x) kiln::detail::cos_f64(x)
-#define tanhf(x) kiln::detail::tanh_f32(x)
-#define tanh(x) kiln::detail::tanh_f64(x)
-#define erff(x) kiln::detail::erf_f32(x)
-#define erf(x) kiln::detail::erf_f64(x)
 #define __shared__ static
 struct KilnFiber {
   ucontext_t context;
@@ -1505,6 +1501,19 @@ static int kiln_fiber_grid(unsigned blocks, unsigned threads, F run) {
 // const long long* dims, void* const* ptrs, const unsigned long long* scalars,
 // unsigned long long* partials, long long stride, long long R)` that runs its rows kernel
 // (which 0, on `blocks` blocks of `threads` threads), finish kernel (1) or columns kernel (2).
+// The transcendental device functions a generated source carries (each guarded by
+// KILN_MATH_<name>), for a translation unit of several kernels.
+std::string math_functions_of(const std::string& source) {
+  std::string functions;
+  for (size_t at = source.find("#ifndef KILN_MATH_"); at != std::string::npos;
+       at = source.find("#ifndef KILN_MATH_", at)) {
+    const size_t end = source.find('\n', source.find("#endif  // KILN_MATH_", at));
+    functions += source.substr(at, end + 1 - at);
+    at = end;
+  }
+  return functions;
+}
+
 std::string host_rows_kernel(const Kernel& k, const std::string& source, const std::string& symbol,
                              const std::string& ns) {
   const size_t start = source.find("\nstruct KilnRowsDims");
@@ -1726,6 +1735,7 @@ TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
     const std::string source =
         fuser::cuda::cuda_source(k, runs[i].second.layout, "kr" + id, {runs[i].second.index32});
     if (i == 0) unit += source.substr(0, source.find("\nstruct KilnRowsDims"));
+    unit += math_functions_of(source);
     unit += host_rows_kernel(k, source, "kr" + id, "rows" + id);
   }
   {
@@ -1868,6 +1878,33 @@ TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
       "%zu rows kernels, %zu runs (%zu with 32-bit indices): %zu output elements bit-equal to the "
       "LLVM emitter's, %zu within the tolerance of floating sums\n",
       cases.size(), runs.size(), index32_runs, exact, close);
+}
+
+// The disk cache files a CUDA binary under the source it is compiled from, with the target and
+// NVRTC's version and options, never a version number bumped by hand: the same source gets the
+// same key, and other code (here: another primitive's device function) or another target another.
+TEST(CudaCodegen, TheDiskKeyIsTheSourceAndTheTarget) {
+  auto source_of = [](fuser::Prim prim) {
+    Kernel k;
+    k.input_types = {kFloat32};
+    const int32_t x = k.add({fuser::Prim::Load, kFloat32, -1, -1, -1, 0});
+    k.outputs = {k.add({prim, kFloat32, x})};
+    k.output_types = {kFloat32};
+    k.ops = "unary";
+    Layout flat;
+    flat.single_element = {false};
+    return fuser::cuda::cuda_source(k, flat, "kiln_unary", {true, false});
+  };
+  const std::string exp_source = source_of(fuser::Prim::Exp);
+  const std::string key = fuser::cuda::cuda_disk_key(exp_source, 90, false);
+  EXPECT_EQ(key, fuser::cuda::cuda_disk_key(source_of(fuser::Prim::Exp), 90, false));
+  EXPECT_EQ(key.rfind(exp_source, 0), 0u);  // the whole source, first
+  EXPECT_NE(key.find("kiln_exp_f32"), std::string::npos);
+  EXPECT_NE(key.find("--fmad=false"), std::string::npos);
+  EXPECT_EQ(key.find("cuda-emitter"), std::string::npos);
+  EXPECT_NE(key, fuser::cuda::cuda_disk_key(source_of(fuser::Prim::Tanh), 90, false));
+  EXPECT_NE(key, fuser::cuda::cuda_disk_key(exp_source, 80, false));
+  EXPECT_NE(key, fuser::cuda::cuda_disk_key(exp_source, 90, true));
 }
 
 #endif  // KILN_HAS_CUDA

@@ -1,8 +1,6 @@
-// lib/fastmath.h against higher precision: the float32 functions against double-precision libm
-// over the whole float range (exp within 1 ulp, tanh 2, log, log1p and expm1 2, sin and cos 1, of
-// the correctly rounded result), the float64 ones against long double (random doubles of every
-// binade plus uniform ones in the intervals where each function's cases meet): exp, log, log1p,
-// expm1, erf, sin and cos within 1 ulp, tanh within 2; special values exact.
+// lib/fastmath.h's scalar functions (lib/math/primitives.h instantiated for plain C++ values):
+// special values exactly, and float64 sin and cos on the hardest cases of their reductions. The
+// accuracy sweeps of every primitive are tests/lib/ulp_test.cpp's.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,53 +14,6 @@
 namespace kiln::detail {
 namespace {
 
-// Distance in representable floats (same sign; both finite).
-int64_t ulps(float a, float b) {
-  auto key = [](float f) {
-    int32_t i;
-    std::memcpy(&i, &f, 4);
-    return i < 0 ? int64_t{INT32_MIN} - i : int64_t{i};
-  };
-  return std::llabs(key(a) - key(b));
-}
-
-template <typename Fast, typename Exact>
-int64_t max_ulps_over_floats(Fast fast, Exact exact, float* worst, uint64_t stride = 37) {
-  int64_t max = 0;
-  // Every stride-th float of either sign, finite only: about 116 million values for 37.
-  for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += stride) {
-    const auto b32 = static_cast<uint32_t>(bits);
-    float x;
-    std::memcpy(&x, &b32, 4);
-    if (!std::isfinite(x)) continue;
-    const float want = static_cast<float>(exact(static_cast<double>(x)));
-    const float got = fast(x);
-    if (std::isnan(want)) {
-      EXPECT_TRUE(std::isnan(got)) << "x = " << x;
-      continue;
-    }
-    if (std::isinf(want) || want == 0.0f) {
-      EXPECT_EQ(got, want) << "x = " << x;
-      continue;
-    }
-    const int64_t u = ulps(got, want);
-    if (u > max) {
-      max = u;
-      *worst = x;
-    }
-  }
-  return max;
-}
-
-// Every 101st float of either sign (42 million), finite only.
-template <typename Fast, typename Exact>
-void expect_float_ulps(const char* name, Fast fast, Exact exact, int64_t bound) {
-  float worst = 0;
-  const int64_t max = max_ulps_over_floats(fast, exact, &worst, 101);
-  EXPECT_LE(max, bound) << name << " at x = " << worst;
-  std::printf("%s: at most %lld ulp (worst at %.9g)\n", name, static_cast<long long>(max), worst);
-}
-
 // Distance in representable doubles (both finite).
 int64_t ulps64(double a, double b) {
   auto key = [](double f) {
@@ -71,158 +22,6 @@ int64_t ulps64(double a, double b) {
     return i < 0 ? static_cast<long double>(INT64_MIN) - i : static_cast<long double>(i);
   };
   return static_cast<int64_t>(std::fabs(key(a) - key(b)));
-}
-
-// Random doubles: uniform bit patterns (every binade alike) and uniform values in [lo, hi].
-template <typename Fast, typename Exact>
-void expect_double_ulps(const char* name, Fast fast, Exact exact, double lo, double hi,
-                        int64_t bound) {
-  std::mt19937_64 rng(5);
-  std::uniform_real_distribution<double> in_range(lo, hi);
-  int64_t max = 0;
-  double worst = 0;
-  for (int i = 0; i < 4000000; ++i) {
-    double x;
-    if (i % 2) {
-      x = in_range(rng);
-    } else {
-      const uint64_t b = rng();
-      std::memcpy(&x, &b, 8);
-    }
-    if (!std::isfinite(x)) continue;
-    const long double e = exact(static_cast<long double>(x));
-    const auto want = static_cast<double>(e);
-    const double got = fast(x);
-    if (std::isnan(want)) {
-      EXPECT_TRUE(std::isnan(got)) << "x = " << x;
-      continue;
-    }
-    if (std::isinf(want) || want == 0.0) {
-      EXPECT_EQ(got, want) << "x = " << x;
-      continue;
-    }
-    const int64_t u = ulps64(got, want);
-    if (u > max) {
-      max = u;
-      worst = x;
-    }
-  }
-  EXPECT_LE(max, bound) << name << " at x = " << worst;
-  std::printf("%s: at most %lld ulp (worst at %.17g)\n", name, static_cast<long long>(max), worst);
-}
-
-TEST(FastMath, ExpIsWithinOneUlpOverTheFloatRange) {
-  float worst = 0;
-  const int64_t max = max_ulps_over_floats(
-      exp_f32, [](double x) { return std::exp(x); }, &worst);
-  EXPECT_LE(max, 1) << "at x = " << worst;
-  std::printf("exp_f32: at most %lld ulp (worst at %.9g)\n", static_cast<long long>(max), worst);
-}
-
-TEST(FastMath, TanhIsWithinTwoUlpsOverTheFloatRange) {
-  float worst = 0;
-  const int64_t max = max_ulps_over_floats(
-      tanh_f32, [](double x) { return std::tanh(x); }, &worst);
-  EXPECT_LE(max, 2) << "at x = " << worst;
-  std::printf("tanh_f32: at most %lld ulp (worst at %.9g)\n", static_cast<long long>(max), worst);
-}
-
-TEST(FastMath, LogIsWithinTwoUlpsOverTheFloatRange) {
-  expect_float_ulps(
-      "log_f32", log_f32, [](double x) { return std::log(x); }, 2);
-}
-
-TEST(FastMath, Log1pIsWithinTwoUlpsOverTheFloatRange) {
-  expect_float_ulps(
-      "log1p_f32", log1p_f32, [](double x) { return std::log1p(x); }, 2);
-}
-
-TEST(FastMath, Expm1IsWithinTwoUlpsOverTheFloatRange) {
-  expect_float_ulps(
-      "expm1_f32", expm1_f32, [](double x) { return std::expm1(x); }, 2);
-}
-
-TEST(FastMath, SinAndCosAreWithinOneUlpOverTheFloatRange) {
-  expect_float_ulps(
-      "sin_f32", sin_f32, [](double x) { return std::sin(x); }, 1);
-  expect_float_ulps(
-      "cos_f32", cos_f32, [](double x) { return std::cos(x); }, 1);
-}
-
-// Floats whose distance to a multiple of pi/2 is smallest (the hardest cases of the reduction),
-// around both reductions' boundary, and large ones.
-TEST(FastMath, SinAndCosNearMultiplesOfHalfPi) {
-  int64_t max = 0;
-  float worst = 0;
-  auto check = [&](float x) {
-    for (int c = 0; c < 2; ++c) {
-      const float got = c ? cos_f32(x) : sin_f32(x);
-      const auto want = static_cast<float>(c ? std::cos(double(x)) : std::sin(double(x)));
-      const int64_t u = ulps(got, want);
-      if (u > max) max = u, worst = x;
-    }
-  };
-  for (double k = 1; k < 1e6; k = k * 1.01 + 1) {
-    const float x = static_cast<float>(k * 1.5707963267948966);
-    for (float y = x, i = 0; i < 4; ++i, y = std::nextafter(y, 0.0f)) check(y), check(-y);
-    for (float y = x, i = 0; i < 4; ++i, y = std::nextafter(y, 1e30f)) check(y), check(-y);
-  }
-  // The reported hardest float for the reduction, 1.0 and 0.5 * pi's neighbours, the boundary.
-  for (float x : {16367173.0f * 6.2831855f, 1.0f, 1.5707964f, 1.5707963f, 3.1415927f, 1048575.9f,
-                  1048576.0f, 1048576.1f, 1e10f, 1e20f, 3.4e38f, 105414350.0f, 8.34e5f})
-    check(x), check(-x);
-  EXPECT_LE(max, 1) << "at x = " << worst;
-}
-
-TEST(FastMath, ExpF64IsWithinOneUlp) {
-  expect_double_ulps(
-      "exp_f64", exp_f64, [](long double x) { return std::exp(x); }, -750.0, 720.0, 1);
-  expect_double_ulps(
-      "exp_f64 near 0", exp_f64, [](long double x) { return std::exp(x); }, -1.0, 1.0, 1);
-}
-
-TEST(FastMath, LogF64IsWithinOneUlp) {
-  expect_double_ulps(
-      "log_f64", log_f64, [](long double x) { return std::log(x); }, 0.0, 4.0, 1);
-  expect_double_ulps(
-      "log_f64 near 1", log_f64, [](long double x) { return std::log(x); }, 0.7, 1.5, 1);
-}
-
-TEST(FastMath, Expm1F64IsWithinOneUlp) {
-  auto exact = [](long double x) { return std::expm1(x); };
-  expect_double_ulps("expm1_f64", expm1_f64, exact, -45.0, 710.0, 1);
-  expect_double_ulps("expm1_f64 near 0", expm1_f64, exact, -1.5, 1.5, 1);
-  expect_double_ulps("expm1_f64 near the overflow", expm1_f64, exact, 700.0, 709.78, 1);
-}
-
-TEST(FastMath, Log1pF64IsWithinOneUlp) {
-  auto exact = [](long double x) { return std::log1p(x); };
-  expect_double_ulps("log1p_f64", log1p_f64, exact, -1.0, 4.0, 1);
-  expect_double_ulps("log1p_f64 near 0", log1p_f64, exact, -0.4, 0.5, 1);
-  expect_double_ulps("log1p_f64 near -1", log1p_f64, exact, -1.0, -0.99, 1);
-}
-
-TEST(FastMath, TanhF64IsWithinTwoUlps) {
-  auto exact = [](long double x) { return std::tanh(x); };
-  expect_double_ulps("tanh_f64", tanh_f64, exact, -25.0, 25.0, 2);
-  expect_double_ulps("tanh_f64 near 0", tanh_f64, exact, -1.0, 1.0, 2);
-}
-
-TEST(FastMath, ErfF64IsWithinOneUlp) {
-  auto exact = [](long double x) { return std::erf(x); };
-  expect_double_ulps("erf_f64", erf_f64, exact, -7.0, 7.0, 1);
-  expect_double_ulps("erf_f64 near 0", erf_f64, exact, -1.3, 1.3, 1);
-}
-
-TEST(FastMath, SinAndCosF64AreWithinOneUlp) {
-  auto sin_exact = [](long double x) { return std::sin(x); };
-  auto cos_exact = [](long double x) { return std::cos(x); };
-  // Every binade (half the draws), and uniform draws: small, around the reductions' boundary
-  // (2^20), and large.
-  for (auto [lo, hi] : {std::pair{-10.0, 10.0}, std::pair{1e6, 1.1e6}, std::pair{-1e22, 1e22}}) {
-    expect_double_ulps("sin_f64", sin_f64, sin_exact, lo, hi, 1);
-    expect_double_ulps("cos_f64", cos_f64, cos_exact, lo, hi, 1);
-  }
 }
 
 // Doubles closest to multiples of pi/2 (the reductions' hardest cases: the remainder loses up to
@@ -402,6 +201,16 @@ TEST(FastMath, SpecialValues) {
   EXPECT_EQ(expm1_f32(sub), sub);
   EXPECT_EQ(expm1_f32(-sub), -sub);
   EXPECT_EQ(expm1_f32(88.7f), static_cast<float>(std::expm1(double(88.7f))));  // 2^127 doubled
+
+  EXPECT_EQ(erf_f32(0.0f), 0.0f);
+  EXPECT_TRUE(std::signbit(erf_f32(-0.0f)));
+  EXPECT_EQ(erf_f32(inf), 1.0f);
+  EXPECT_EQ(erf_f32(-inf), -1.0f);
+  for (float v : {3.61037564f, 3.9f, 4.0f, 5.0f})  // a rational approximation gave 1 + 2^-23
+    EXPECT_EQ(erf_f32(v), static_cast<float>(std::erf(double(v)))) << v;
+  EXPECT_EQ(erf_f32(-10.0f), -1.0f);
+  EXPECT_TRUE(std::isnan(erf_f32(nan)));
+  EXPECT_EQ(erf_f32(sub), static_cast<float>(std::erf(double(sub))));
 
   EXPECT_EQ(sin_f32(0.0f), 0.0f);
   EXPECT_TRUE(std::signbit(sin_f32(-0.0f)));

@@ -5,10 +5,10 @@
 //     counted are the minimum (read x, write y). Target: lazy within 1.25x of the triad.
 //   BM_FuseLog16M/{eager,lazy}, BM_FuseSin16M/{eager,lazy}: log(x) * 2 (x = |randn| + 0.001) and
 //     sin(x) * 2 (x = randn * 10) on 16M float32: transcendentals inlined as vector polynomials
-//     (lib/fastmath.h) rather than libm calls. Bytes: read x, write y.
+//     (lib/math/primitives.h) rather than libm calls. Bytes: read x, write y.
 //   BM_FuseTanhF64_4M/{eager,lazy}, BM_FuseSinF64_4M/{eager,lazy}: tanh(x) * 2 and sin(x) + 1
-//     (x = randn * 10) on 4M float64: the float64 polynomials of lib/fastmath.h (tanh_f64,
-//     sin_f64). Bytes: read x, write y.
+//     (x = randn * 10) on 4M float64: the float64 polynomials of lib/math/primitives.h
+//     (tanh_f64, sin_f64). Bytes: read x, write y.
 //   BM_FuseLstmCellPointwise/{eager,lazy}: the pointwise part of an LSTM cell (batch 64, hidden
 //     1500) after the gate GEMM: one kernel in lazy mode.
 //   BM_FuseCompileCold: generating and compiling a new 10-op kernel (each iteration a kernel of

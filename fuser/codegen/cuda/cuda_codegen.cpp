@@ -18,9 +18,12 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "fuser/codegen/cuda/source_value.h"
 #include "kiln/error.h"
 
 namespace kiln::fuser::cuda {
@@ -277,6 +280,39 @@ std::string libm(const char* name, DType t) {
   return std::string(name) + (t == kFloat32 ? "f" : "");
 }
 
+// The transcendental primitives as device functions (kiln_exp_f32, ...): lib/math/primitives.h's
+// definitions rendered once as CUDA C (fuser/codegen/cuda/source_value.h), so that a CUDA kernel
+// computes what the CPU's kernels compute. By name; a kernel includes those it calls.
+const std::map<std::string, std::string>& math_functions() {
+  static const std::map<std::string, std::string> functions = [] {
+    std::map<std::string, std::string> f;
+    auto add = [&f](const std::string& name, const auto& f32, const auto& f64) {
+      f["kiln_" + name + "_f32"] = src::render<float>("kiln_" + name + "_f32", f32);
+      f["kiln_" + name + "_f64"] = src::render<double>("kiln_" + name + "_f64", f64);
+    };
+    add(
+        "exp", [](auto x) { return math::exp_f32(x); }, [](auto x) { return math::exp_f64(x); });
+    add(
+        "log", [](auto x) { return math::log_f32(x); }, [](auto x) { return math::log_f64(x); });
+    add(
+        "log1p", [](auto x) { return math::log1p_f32(x); },
+        [](auto x) { return math::log1p_f64(x); });
+    add(
+        "expm1", [](auto x) { return math::expm1_f32(x); },
+        [](auto x) { return math::expm1_f64(x); });
+    add(
+        "sin", [](auto x) { return math::sin_f32(x); }, [](auto x) { return math::sin_f64(x); });
+    add(
+        "cos", [](auto x) { return math::cos_f32(x); }, [](auto x) { return math::cos_f64(x); });
+    add(
+        "tanh", [](auto x) { return math::tanh_f32(x); }, [](auto x) { return math::tanh_f64(x); });
+    add(
+        "erf", [](auto x) { return math::erf_f32(x); }, [](auto x) { return math::erf_f64(x); });
+    return f;
+  }();
+  return functions;
+}
+
 class Source {
  public:
   Source(const Kernel& k, const Layout& layout, const std::string& symbol, CudaCallFlags variant)
@@ -314,23 +350,36 @@ class Source {
     KILN_CHECK(param_bytes <= 32764, "fuser: CUDA codegen: ", symbol_, " needs ", param_bytes,
                " bytes of kernel parameters, past CUDA's limit of 32764");
     out_ += kPrelude;
+    const size_t math_at = out_.size();
     if (layout_.rows) {
       out_ += kRowsPrelude;
       const RowsPlan plan = rows_plan();
       rows_kernel(plan);
       if (k_.num_globals > 0) finish_kernel(plan);
       if (k_.num_columns() > 0) columns_kernel(plan);
-      return out_;
+    } else {
+      body();
+      if (layout_.flat)
+        flat();
+      else
+        strided();
     }
-    body();
-    if (layout_.flat)
-      flat();
-    else
-      strided();
+    std::string math;
+    for (const std::string& name : math_) math += math_functions().at(name);
+    out_.insert(math_at, math);
     return out_;
   }
 
  private:
+  // The device function of a transcendental primitive for a float32 or float64 operand, noted
+  // for emit() to include.
+  std::string math_function(const char* name, DType t) {
+    KILN_CHECK(is_floating_point(t), "fuser: CUDA codegen: ", name, " of ", dtype_name(t));
+    const std::string f = std::string("kiln_") + name + (t == kFloat32 ? "_f32" : "_f64");
+    math_.insert(f);
+    return f;
+  }
+
   size_t num_ptrs() const { return k_.input_types.size() + k_.outputs.size(); }
   DType ptr_type(size_t p) const {
     const size_t n = k_.input_types.size();
@@ -476,23 +525,23 @@ class Source {
       case Prim::Select:
         return a + " ? " + b + " : " + c;
       case Prim::Exp:
-        return call(libm("exp", t));
+        return call(math_function("exp", t));
       case Prim::Log:
-        return call(libm("log", t));
+        return call(math_function("log", t));
       case Prim::Log1p:
-        return call(libm("log1p", t));
+        return call(math_function("log1p", t));
       case Prim::Expm1:
-        return call(libm("expm1", t));
+        return call(math_function("expm1", t));
       case Prim::Sqrt:  // correctly rounded (NVRTC's default -prec-sqrt=true)
         return call(libm("sqrt", t));
       case Prim::Sin:
-        return call(libm("sin", t));
+        return call(math_function("sin", t));
       case Prim::Cos:
-        return call(libm("cos", t));
+        return call(math_function("cos", t));
       case Prim::Tanh:
-        return call(libm("tanh", t));
+        return call(math_function("tanh", t));
       case Prim::Erf:
-        return call(libm("erf", t));
+        return call(math_function("erf", t));
       // On integers and bools the identity, as the reference kernels' on_floats.
       case Prim::Floor:
         return fp ? call(libm("floor", t)) : a;
@@ -1203,6 +1252,7 @@ class Source {
   const std::string& symbol_;
   const CudaCallFlags variant_;
   std::string out_;
+  std::set<std::string> math_;  // the transcendental device functions the kernel calls
   // Rows kernels: where expr reads each input (an offset variable), and the inputs it read.
   std::vector<std::string> load_at_;
   std::vector<bool> load_used_;

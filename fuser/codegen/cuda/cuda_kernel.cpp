@@ -26,11 +26,6 @@
 namespace kiln::fuser::cuda {
 
 namespace {
-// Bumped whenever the CUDA emitter's output changes for the same kernel description, so that the
-// disk cache never serves a binary built by an older emitter.
-// 2: one variant (index32, vec) per source and binary, the kernels without index32 and vec
-// parameters.
-constexpr int kCudaEmitterVersion = 2;
 // Threads per block of the elementwise kernels: 256 keeps occupancy full on every architecture
 // from sm_75 on, and the grid is capped at this many blocks per multiprocessor (the grid-stride
 // loop covers the rest), so that huge tensors do not launch millions of short-lived blocks.
@@ -78,7 +73,14 @@ std::string cuda_binary_key(const Kernel& kernel, const Layout& layout, CudaCall
   variant = cuda_variant(kernel, layout, variant);
   return kernel_key(kernel, layout) + (variant.index32 ? "|index32" : "|index64") +
          (variant.vec ? "|vec4" : "") + (ptx ? "|compute_" : "|sm_") + std::to_string(arch) + "|" +
-         compiler_version() + "|cuda-emitter " + std::to_string(kCudaEmitterVersion);
+         compiler_version();
+}
+
+std::string cuda_disk_key(const std::string& source, int arch, bool ptx) {
+  std::string key =
+      source + (ptx ? "|compute_" : "|sm_") + std::to_string(arch) + "|" + compiler_version();
+  for (const std::string& option : cuda_compile_options()) key += "|" + option;
+  return key;
 }
 
 namespace {
@@ -103,7 +105,12 @@ CudaBinary compile_cached(const std::string& key, const std::string& symbol, int
   binary->ptx = ptx;
   detail::ProfileSpan span("compile");
   span.set_detail(binary->symbol);
-  std::optional<std::string> cached = DiskCache::instance().load(key, kCudaBinary);
+  // On disk, the binary is filed under the source it was compiled from (with the target, the
+  // compiler and its options): a change of the code generator's output can never load a binary
+  // built from other code.
+  const std::string code = source();
+  const std::string disk_key = cuda_disk_key(code, arch, ptx);
+  std::optional<std::string> cached = DiskCache::instance().load(disk_key, kCudaBinary);
   if (cached) {
     binary->image = std::move(*cached);
     span.set_name("kernel.disk_load");
@@ -114,11 +121,11 @@ CudaBinary compile_cached(const std::string& key, const std::string& symbol, int
   } else {
     const auto start = std::chrono::steady_clock::now();
     CudaCompiled out =
-        nvrtc_compile(source(), binary->symbol, arch, ptx ? CudaOutput::kPtx : CudaOutput::kCubin,
+        nvrtc_compile(code, binary->symbol, arch, ptx ? CudaOutput::kPtx : CudaOutput::kCubin,
                       cuda_compile_options());
     if (!out.log.empty()) jit::log("codegen", "NVRTC log for ", binary->symbol, ": ", out.log);
     binary->image = std::move(out.code);
-    DiskCache::instance().store(key, kCudaBinary, binary->image);
+    DiskCache::instance().store(disk_key, kCudaBinary, binary->image);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::lock_guard<std::mutex> lock(s.mu);
@@ -187,7 +194,7 @@ std::string source_binary_key(const std::string& name, int sm) {
   bool ptx = false;
   const int arch = target_arch(sm, &ptx);
   return "source kernel " + name + (ptx ? "|compute_" : "|sm_") + std::to_string(arch) + "|" +
-         compiler_version() + "|cuda-emitter " + std::to_string(kCudaEmitterVersion);
+         compiler_version();
 }
 
 CudaBinary source_binary(const std::string& name, const std::string& source, int sm) {

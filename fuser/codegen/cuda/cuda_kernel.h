@@ -29,9 +29,14 @@ struct CudaBinary {
 CudaBinary cuda_binary(const Kernel& kernel, const Layout& layout, CudaCallFlags variant, int sm,
                        bool* from_disk = nullptr);
 
-// The key the disk cache files the binary under.
+// The key a process's binaries are kept under in memory (the kernel, its layout and variant, the
+// target and NVRTC's version).
 std::string cuda_binary_key(const Kernel& kernel, const Layout& layout, CudaCallFlags variant,
                             int sm);
+// The key the disk cache files a binary under: the CUDA source it is compiled from, the target
+// (sm_<arch> for a binary, compute_<arch> for PTX), NVRTC's version and the compile options. No
+// version is bumped by hand: a change of the generated code changes the key.
+std::string cuda_disk_key(const std::string& source, int arch, bool ptx);
 
 struct CudaCompileStats {
   int64_t compiles = 0;

@@ -6,12 +6,14 @@
 // when the cache and every plan holding it have let go. The
 // IR is a loop over elements (flat layout) or over rows with an inner loop over the last dimension
 // (strided layout, strides passed per call: LLVM's loop vectorizer versions the inner loop on a
-// unit stride). Every primitive computes exactly what the op's reference kernel computes: IEEE
-// operations without fast-math flags or contraction, transcendental functions (float32 and
-// float64) as the inline branch-free sequences of lib/fastmath.h that the reference kernels run (so
-// loops vectorize), and fmod and pow as calls to the same libm functions the reference kernels
-// call (marked nobuiltin, so LLVM does not rewrite them): fused results are bit-identical to eager
-// ones.
+// unit stride). Every primitive computes what the op's reference kernel computes: IEEE
+// operations without fast-math flags or contraction (a fused result of ops without a
+// transcendental is bit-equal to the eager one); the transcendental functions (float32 and
+// float64) are lib/math/primitives.h's single definitions instantiated for IR values
+// (fuser/codegen/llvm/ir_value.h: branch-free, so loops vectorize; FMA inside a primitive where
+// the host has it), within the bounds of docs/numerics.md of the exact result; fmod and pow call
+// the same libm functions the reference kernels call (marked nobuiltin, so LLVM does not rewrite
+// them).
 #include "fuser/codegen/llvm/cpu_codegen.h"
 
 #include <xxhash.h>
@@ -35,11 +37,11 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "fuser/cache.h"
+#include "fuser/codegen/llvm/ir_value.h"
 #include "jit/dump.h"
 #include "jit/log.h"
 #include "kiln/error.h"
 #include "lib/env.h"
-#include "lib/fastmath.h"
 #include "lib/profiler.h"
 #include "llvm/Config/llvm-config.h"
 #include "llvm/ExecutionEngine/Orc/CompileUtils.h"
@@ -180,8 +182,7 @@ class CpuJit {
                                                                           : 0;
     // Everything besides the kernel that decides the machine code: part of every cache key.
     target_key_ = target_->getTargetTriple().str() + "|" + target_->getTargetCPU().str() + "|" +
-                  target_->getTargetFeatureString().str() +
-                  "|LLVM " LLVM_VERSION_STRING "|kiln codegen 18";
+                  target_->getTargetFeatureString().str() + "|LLVM " LLVM_VERSION_STRING;
     jit::log(
         "codegen", "LLVM JIT started in ",
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count(),
@@ -224,6 +225,11 @@ class CpuJit {
     CompiledKernel code = load(key, k, layout);
     insert(key, code);
     return code;
+  }
+
+  std::string disk_key(const Kernel& k, const Layout& layout) {
+    const std::string name = kernel_symbol(kernel_key(k, layout), k);
+    return disk_key_of(*emit_module(name, k, layout).module);
   }
 
   // Sets the in-memory cache's capacity (a number of kernels), evicting down to it.
@@ -295,7 +301,13 @@ class CpuJit {
     const std::string name = kernel_symbol(key, k);
     CompiledKernel code;
     llvm::orc::ResourceTrackerSP tracker = jit_->getMainJITDylib().createResourceTracker();
-    const std::string disk_key = key + target_key_;
+    // On disk, the object is filed under the IR it is compiled from (and the target): a change of
+    // the emitter's output can never load an object built from other code.
+    Phases phases;
+    auto t = std::chrono::steady_clock::now();
+    Emitted emitted = emit_module(name, k, layout);
+    const std::string disk_key = disk_key_of(*emitted.module);
+    phases.ir = seconds_since(t);
     // With KILN_DUMP on, kernels are compiled rather than read from the disk cache, so that every
     // kernel's IR and assembly are dumped; the object still goes to the disk cache.
     std::optional<std::string> object;
@@ -322,9 +334,8 @@ class CpuJit {
       span.set_category(kiln::profiler::Category::kCache);
     }
     if (!from_disk) {
-      Phases phases;
-      object = compile_object(name, k, layout, phases);
-      auto t = std::chrono::steady_clock::now();
+      object = compile_object(name, k, layout, std::move(emitted), phases);
+      t = std::chrono::steady_clock::now();
       DiskCache::instance().store(disk_key, kCpuObject, *object);
       phases.store = seconds_since(t);
       t = std::chrono::steady_clock::now();
@@ -397,12 +408,13 @@ class CpuJit {
   static double seconds_since(std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   }
-  // The kernel as LLVM IR, verified, optimized and compiled to an object file (ELF) in memory.
-  std::string compile_object(const std::string& name, const Kernel& k, const Layout& layout,
-                             Phases& phases) {
-    auto t = std::chrono::steady_clock::now();
-    jit::log("codegen", "compiling ", name, " (", layout.flat ? "flat" : "strided", " layout",
-             layout.flat ? "" : ", rank " + std::to_string(layout.rank), ")\n", k.str());
+  // A kernel's module, as emitted (before optimization), in its own context.
+  struct Emitted {
+    std::unique_ptr<llvm::LLVMContext> context;
+    std::unique_ptr<llvm::Module> module;
+  };
+  // The kernel as LLVM IR, verified.
+  Emitted emit_module(const std::string& name, const Kernel& k, const Layout& layout) {
     auto context = std::make_unique<llvm::LLVMContext>();
     // LLVM's remarks and warnings (a loop it was asked to vectorize and did not) are the JIT's
     // business, not the user's: they go to KILN_LOG=codegen.
@@ -434,14 +446,30 @@ class CpuJit {
     llvm::raw_string_ostream err(errors);
     KILN_CHECK(!llvm::verifyModule(*module, &err), "fuser: generated invalid IR for ", name, ": ",
                err.str(), "\n", k.str());
-    phases.ir = seconds_since(t);
+    return {std::move(context), std::move(module)};
+  }
+  // The disk cache's key of a kernel: its emitted module's text and the target (triple, CPU,
+  // features, LLVM's version). No version is bumped by hand: whatever changes the emitted code
+  // (the emitter, lib/math/primitives.h) changes the key.
+  std::string disk_key_of(const llvm::Module& module) const {
+    std::string key;
+    llvm::raw_string_ostream os(key);
+    module.print(os, nullptr);
+    return os.str() + "|" + target_key_;
+  }
+  // The emitted module optimized and compiled to an object file (ELF) in memory.
+  std::string compile_object(const std::string& name, const Kernel& k, const Layout& layout,
+                             Emitted emitted, Phases& phases) {
+    jit::log("codegen", "compiling ", name, " (", layout.flat ? "flat" : "strided", " layout",
+             layout.flat ? "" : ", rank " + std::to_string(layout.rank), ")\n", k.str());
+    std::unique_ptr<llvm::Module> module = std::move(emitted.module);
     if (jit::log_enabled("ir-raw")) {
       std::string ir;
       llvm::raw_string_ostream os(ir);
       module->print(os, nullptr);
       jit::log("ir-raw", "generated IR of ", name, ":\n", os.str());
     }
-    t = std::chrono::steady_clock::now();
+    auto t = std::chrono::steady_clock::now();
     optimize(*module, *target_);
     phases.optimize = seconds_since(t);
     t = std::chrono::steady_clock::now();
@@ -712,19 +740,6 @@ class Emitter {
     call->addFnAttr(llvm::Attribute::NoBuiltin);
     return call;
   }
-  // lib/fastmath.h's erf_f32, operation for operation.
-  llvm::Value* erf_f32(llvm::Value* x) {
-    using C = detail::ErfF32;
-    auto f = [this](float v) { return llvm::ConstantFP::get(b_.getFloatTy(), v); };
-    x = b_.CreateSelect(b_.CreateFCmpOGT(x, f(C::kBound)), f(C::kBound),
-                        b_.CreateSelect(b_.CreateFCmpOLT(x, f(-C::kBound)), f(-C::kBound), x));
-    llvm::Value* x2 = b_.CreateFMul(x, x);
-    llvm::Value* p = f(C::kP[0]);
-    for (int i = 1; i < 7; ++i) p = b_.CreateFAdd(b_.CreateFMul(p, x2), f(C::kP[i]));
-    llvm::Value* q = f(C::kQ[0]);
-    for (int i = 1; i < 5; ++i) q = b_.CreateFAdd(b_.CreateFMul(q, x2), f(C::kQ[i]));
-    return b_.CreateFDiv(b_.CreateFMul(x, p), q);
-  }
   // The truncated remainder of integers, a divisor of 0 or -1 taken as 1 (a result of 0) so that
   // the kernel never traps (the entry point rejects 0; INT_MIN % -1 overflows the division).
   llvm::Value* int_rem(llvm::Value* a, llvm::Value* b) {
@@ -805,551 +820,13 @@ class Emitter {
     }
     return result;
   }
-  // lib/fastmath.h's exp_f32, operation for operation.
-  llvm::Value* exp_f32(llvm::Value* x) {
-    using C = detail::ExpF32;
-    auto f = [this](float v) { return llvm::ConstantFP::get(b_.getFloatTy(), v); };
-    llvm::Value* xc =
-        b_.CreateSelect(b_.CreateFCmpOLT(x, f(C::kLo)), f(C::kLo),
-                        b_.CreateSelect(b_.CreateFCmpOGT(x, f(C::kHi)), f(C::kHi), x));
-    llvm::Value* t = b_.CreateFAdd(b_.CreateFMul(xc, f(C::kLog2e)), f(C::kMagic));
-    llvm::Value* n = b_.CreateFSub(t, f(C::kMagic));
-    llvm::Value* r = b_.CreateFSub(xc, b_.CreateFMul(n, f(C::kLn2Hi)));
-    r = b_.CreateFSub(r, b_.CreateFMul(n, f(C::kLn2Lo)));
-    llvm::Value* p = f(C::kPoly[0]);
-    for (int i = 1; i < 6; ++i) p = b_.CreateFAdd(b_.CreateFMul(p, r), f(C::kPoly[i]));
-    p = b_.CreateFAdd(b_.CreateFAdd(b_.CreateFMul(p, b_.CreateFMul(r, r)), r), f(1.0f));
-    llvm::Value* ni = b_.CreateSub(i32_bits(t), b_.getInt32(detail::bits_of(C::kMagic)));
-    llvm::Value* n1 = b_.CreateAShr(ni, 1);
-    llvm::Value* n2 = b_.CreateSub(ni, n1);
-    auto scale = [&](llvm::Value* e) {
-      return b_.CreateBitCast(b_.CreateShl(b_.CreateAdd(e, b_.getInt32(127)), 23), b_.getFloatTy());
-    };
-    llvm::Value* y = b_.CreateFMul(b_.CreateFMul(p, scale(n1)), scale(n2));
-    return b_.CreateSelect(b_.CreateFCmpOLT(x, f(C::kLo)), f(0.0f), y);
+  // A transcendental primitive: lib/math/primitives.h's definition instantiated for IR values
+  // (fuser/codegen/llvm/ir_value.h), f32 for float32 and f64 for float64.
+  template <typename F32, typename F64>
+  llvm::Value* math(llvm::Value* x, DType t, const F32& f32, const F64& f64) {
+    ir::Scope scope(b_, m_);
+    return t == kFloat32 ? f32(ir::Ir<float>(x)).v : f64(ir::Ir<double>(x)).v;
   }
-  // lib/fastmath.h's tanh_f32, operation for operation.
-  llvm::Value* tanh_f32(llvm::Value* x) {
-    using C = detail::TanhF32;
-    auto f = [this](float v) { return llvm::ConstantFP::get(b_.getFloatTy(), v); };
-    llvm::Value* negative = b_.CreateFCmpOLT(x, f(0.0f));
-    llvm::Value* ax = b_.CreateSelect(negative, b_.CreateFNeg(x), x);
-    llvm::Value* z = b_.CreateFMul(x, x);
-    llvm::Value* p = f(C::kPoly[0]);
-    for (int i = 1; i < 5; ++i) p = b_.CreateFAdd(b_.CreateFMul(p, z), f(C::kPoly[i]));
-    llvm::Value* small = b_.CreateFAdd(b_.CreateFMul(b_.CreateFMul(p, z), x), x);
-    llvm::Value* e = exp_f32(b_.CreateFAdd(ax, ax));
-    llvm::Value* big = b_.CreateFSub(f(1.0f), b_.CreateFDiv(f(2.0f), b_.CreateFAdd(e, f(1.0f))));
-    llvm::Value* signed_big = b_.CreateSelect(negative, b_.CreateFNeg(big), big);
-    llvm::Value* zero = b_.CreateFCmpOEQ(x, f(0.0f));
-    return b_.CreateSelect(b_.CreateFCmpOLT(ax, f(C::kSmall)), b_.CreateSelect(zero, x, small),
-                           signed_big);
-  }
-
-  llvm::Constant* cf(float v) { return llvm::ConstantFP::get(b_.getFloatTy(), v); }
-  llvm::Constant* cd(double v) { return llvm::ConstantFP::get(b_.getDoubleTy(), v); }
-  llvm::Value* i32_bits(llvm::Value* x) { return b_.CreateBitCast(x, b_.getInt32Ty()); }
-  llvm::Value* i64_bits(llvm::Value* x) { return b_.CreateBitCast(x, b_.getInt64Ty()); }
-  llvm::Value* float_of(llvm::Value* i) { return b_.CreateBitCast(i, b_.getFloatTy()); }
-  llvm::Value* double_of(llvm::Value* i) { return b_.CreateBitCast(i, b_.getDoubleTy()); }
-  // p = c[0]; p = p * x + c[i] for i = 1.. (Horner, each step rounded twice: no contraction).
-  template <typename Coeffs>
-  llvm::Value* horner(llvm::Value* x, const Coeffs& c, int count, bool down = false) {
-    auto coeff = [&](int i) -> llvm::Value* {
-      return x->getType()->isFloatTy() ? cf(static_cast<float>(c[i])) : cd(c[i]);
-    };
-    llvm::Value* p = coeff(down ? count - 1 : 0);
-    if (down) {
-      for (int i = count - 2; i >= 0; --i) p = b_.CreateFAdd(b_.CreateFMul(p, x), coeff(i));
-    } else {
-      for (int i = 1; i < count; ++i) p = b_.CreateFAdd(b_.CreateFMul(p, x), coeff(i));
-    }
-    return p;
-  }
-  // lib/fastmath.h's log_f32, operation for operation.
-  llvm::Value* log_f32(llvm::Value* x) {
-    using C = detail::LogF32;
-    llvm::Value* sub = b_.CreateFCmpOLT(x, cf(C::kSmallest));
-    llvm::Value* xs = b_.CreateSelect(sub, b_.CreateFMul(x, cf(C::kScale)), x);
-    llvm::Value* bias = b_.CreateSelect(sub, b_.getInt32(23), b_.getInt32(0));
-    llvm::Value* ix = b_.CreateAdd(i32_bits(xs), b_.getInt32(0x3f800000u - C::kSqrtHalf));
-    llvm::Value* k = b_.CreateSub(b_.CreateSub(b_.CreateLShr(ix, 23), b_.getInt32(127)), bias);
-    llvm::Value* f = b_.CreateFSub(float_of(b_.CreateAdd(b_.CreateAnd(ix, b_.getInt32(0x007fffffu)),
-                                                         b_.getInt32(C::kSqrtHalf))),
-                                   cf(1.0f));
-    llvm::Value* fk = b_.CreateSIToFP(k, b_.getFloatTy());
-    llvm::Value* z = b_.CreateFMul(f, f);
-    llvm::Value* p = horner(f, C::kPoly, 9);
-    llvm::Value* y = b_.CreateFMul(b_.CreateFMul(p, f), z);
-    y = b_.CreateFAdd(y, b_.CreateFMul(cf(C::kLn2Lo), fk));
-    y = b_.CreateFAdd(y, b_.CreateFMul(cf(-0.5f), z));
-    llvm::Value* r = b_.CreateFAdd(f, y);
-    r = b_.CreateFAdd(r, b_.CreateFMul(cf(C::kLn2Hi), fk));
-    llvm::Value* inf = cf(std::numeric_limits<float>::infinity());
-    r = b_.CreateSelect(b_.CreateFCmpOLT(x, cf(0.0f)), cf(detail::float_of(0x7fc00000u)), r);
-    r = b_.CreateSelect(b_.CreateFCmpOEQ(x, cf(0.0f)), cf(-std::numeric_limits<float>::infinity()),
-                        r);
-    r = b_.CreateSelect(b_.CreateFCmpOEQ(x, inf), inf, r);
-    return b_.CreateSelect(b_.CreateFCmpUNE(x, x), x, r);
-  }
-  // lib/fastmath.h's log1p_f32, operation for operation.
-  llvm::Value* log1p_f32(llvm::Value* x) {
-    llvm::Value* u = b_.CreateFAdd(cf(1.0f), x);
-    llvm::Value* ax = b_.CreateSelect(b_.CreateFCmpOLT(x, cf(0.0f)), b_.CreateFNeg(x), x);
-    llvm::Value* c = b_.CreateSelect(b_.CreateFCmpOLE(ax, cf(1.0f)),
-                                     b_.CreateFSub(x, b_.CreateFSub(u, cf(1.0f))),
-                                     b_.CreateFSub(cf(1.0f), b_.CreateFSub(u, x)));
-    llvm::Value* r = b_.CreateFAdd(log_f32(u), b_.CreateFDiv(c, u));
-    llvm::Value* inf = cf(std::numeric_limits<float>::infinity());
-    r = b_.CreateSelect(b_.CreateFCmpOLT(ax, cf(detail::Log1pF32::kTiny)), x, r);
-    r = b_.CreateSelect(b_.CreateFCmpOEQ(x, cf(-1.0f)), cf(-std::numeric_limits<float>::infinity()),
-                        r);
-    return b_.CreateSelect(b_.CreateFCmpOEQ(x, inf), inf, r);
-  }
-  // lib/fastmath.h's expm1_f32, operation for operation.
-  llvm::Value* expm1_f32(llvm::Value* x) {
-    using E = detail::ExpF32;
-    using C = detail::Expm1F32;
-    llvm::Value* xc =
-        b_.CreateSelect(b_.CreateFCmpOLT(x, cf(C::kLo)), cf(C::kLo),
-                        b_.CreateSelect(b_.CreateFCmpOGT(x, cf(E::kHi)), cf(E::kHi), x));
-    llvm::Value* t = b_.CreateFAdd(b_.CreateFMul(xc, cf(E::kLog2e)), cf(E::kMagic));
-    llvm::Value* n = b_.CreateFSub(t, cf(E::kMagic));
-    llvm::Value* ni = b_.CreateSub(i32_bits(t), b_.getInt32(detail::bits_of(E::kMagic)));
-    llvm::Value* r = b_.CreateFSub(xc, b_.CreateFMul(n, cf(E::kLn2Hi)));
-    r = b_.CreateFSub(r, b_.CreateFMul(n, cf(E::kLn2Lo)));
-    llvm::Value* p = horner(r, E::kPoly, 6);
-    llvm::Value* em = b_.CreateFAdd(b_.CreateFMul(p, b_.CreateFMul(r, r)), r);
-    llvm::Value* big = b_.CreateICmpSGT(ni, b_.getInt32(127));
-    llvm::Value* e =
-        b_.CreateAdd(b_.CreateSub(ni, b_.CreateZExt(big, b_.getInt32Ty())), b_.getInt32(127));
-    llvm::Value* s = float_of(b_.CreateShl(e, 23));
-    llvm::Value* y = b_.CreateFAdd(b_.CreateFMul(s, em), b_.CreateFSub(s, cf(1.0f)));
-    y = b_.CreateSelect(big, b_.CreateFMul(y, cf(2.0f)), y);
-    y = b_.CreateSelect(b_.CreateFCmpOGT(x, cf(E::kHi)), cf(std::numeric_limits<float>::infinity()),
-                        y);
-    llvm::Value* ax = b_.CreateSelect(b_.CreateFCmpOLT(x, cf(0.0f)), b_.CreateFNeg(x), x);
-    return b_.CreateSelect(b_.CreateFCmpOLT(ax, cf(C::kTiny)), x, y);
-  }
-  // lib/fastmath.h's 2/pi bits for reduce_large_f32, one private copy per module.
-  llvm::GlobalVariable* inv_pio2_bits() {
-    if (llvm::GlobalVariable* g = m_.getNamedGlobal("kiln_inv_pio2_bits")) return g;
-    llvm::Constant* init = llvm::ConstantDataArray::get(
-        ctx_, llvm::ArrayRef<uint32_t>(detail::SinCosF32::kInvPio2Bits));
-    auto* g = new llvm::GlobalVariable(m_, init->getType(), true, llvm::GlobalValue::PrivateLinkage,
-                                       init, "kiln_inv_pio2_bits");
-    g->setUnnamedAddr(llvm::GlobalValue::UnnamedAddr::Global);
-    return g;
-  }
-  // lib/fastmath.h's sincos_f32, operation for operation; both reductions, then a select.
-  llvm::Value* sincos_f32(llvm::Value* x, bool cosine) {
-    using C = detail::SinCosF32;
-    llvm::Type* i32 = b_.getInt32Ty();
-    llvm::Type* i64 = b_.getInt64Ty();
-    llvm::Type* f64 = b_.getDoubleTy();
-    llvm::Value* xd = b_.CreateFPExt(x, f64);
-    llvm::Value* negative = b_.CreateFCmpOLT(x, cf(0.0f));
-    llvm::Value* ax = b_.CreateSelect(negative, b_.CreateFNeg(x), x);
-    // |x| < 2^20: Cody-Waite.
-    llvm::Value* t = b_.CreateFAdd(b_.CreateFMul(xd, cd(C::k2OverPi)), cd(C::kMagic));
-    llvm::Value* n = b_.CreateFSub(t, cd(C::kMagic));
-    llvm::Value* q_fast = b_.CreateTrunc(i64_bits(t), i32);
-    llvm::Value* r_fast = b_.CreateFSub(b_.CreateFSub(xd, b_.CreateFMul(n, cd(C::kPio2Hi))),
-                                        b_.CreateFMul(n, cd(C::kPio2Lo)));
-    // Larger: reduce_large_f32.
-    llvm::Value* xi = i32_bits(ax);
-    llvm::Value* j = b_.CreateAnd(b_.CreateLShr(xi, 26), b_.getInt32(15));
-    llvm::Value* m =
-        b_.CreateShl(b_.CreateOr(b_.CreateAnd(xi, b_.getInt32(0x7fffffu)), b_.getInt32(0x800000u)),
-                     b_.CreateAnd(b_.CreateLShr(xi, 23), b_.getInt32(7)));
-    llvm::GlobalVariable* table = inv_pio2_bits();
-    auto entry = [&](uint32_t plus) {
-      llvm::Value* index = b_.CreateZExt(b_.CreateAdd(j, b_.getInt32(plus)), i64);
-      return b_.CreateLoad(
-          i32, b_.CreateInBoundsGEP(table->getValueType(), table, {b_.getInt64(0), index}));
-    };
-    llvm::Value* m64 = b_.CreateZExt(m, i64);
-    llvm::Value* r0 = b_.CreateZExt(b_.CreateMul(m, entry(0)), i64);
-    llvm::Value* r1 = b_.CreateMul(m64, b_.CreateZExt(entry(4), i64));
-    llvm::Value* r2 = b_.CreateMul(m64, b_.CreateZExt(entry(8), i64));
-    llvm::Value* f = b_.CreateAdd(b_.CreateOr(b_.CreateLShr(r2, 32), b_.CreateShl(r0, 32)), r1);
-    llvm::Value* nl = b_.CreateLShr(b_.CreateAdd(f, b_.getInt64(uint64_t{1} << 61)), 62);
-    f = b_.CreateSub(f, b_.CreateShl(nl, 62));
-    llvm::Value* ql = b_.CreateTrunc(nl, i32);
-    llvm::Value* rl = b_.CreateFMul(b_.CreateSIToFP(f, f64), cd(C::kPi63));
-    llvm::Value* q_large = b_.CreateSelect(negative, b_.CreateSub(b_.getInt32(0), ql), ql);
-    llvm::Value* r_large = b_.CreateSelect(negative, b_.CreateFNeg(rl), rl);
-    llvm::Value* fast = b_.CreateFCmpOLT(ax, cf(C::kFast));
-    llvm::Value* q = b_.CreateSelect(fast, q_fast, q_large);
-    llvm::Value* r = b_.CreateSelect(fast, r_fast, r_large);
-    if (cosine) q = b_.CreateAdd(q, b_.getInt32(1));
-    llvm::Value* z = b_.CreateFMul(r, r);
-    llvm::Value* s = horner(z, C::kSin, 4, /*down=*/true);
-    s = b_.CreateFAdd(b_.CreateFMul(b_.CreateFMul(r, z), s), r);
-    llvm::Value* c = horner(z, C::kCos, 4, /*down=*/true);
-    c = b_.CreateFAdd(b_.CreateFSub(cd(1.0), b_.CreateFMul(cd(0.5), z)),
-                      b_.CreateFMul(b_.CreateFMul(z, z), c));
-    auto bit = [&](uint32_t mask) {
-      return b_.CreateICmpNE(b_.CreateAnd(q, b_.getInt32(mask)), b_.getInt32(0));
-    };
-    llvm::Value* v = b_.CreateSelect(bit(1), c, s);
-    v = b_.CreateSelect(bit(2), b_.CreateFNeg(v), v);
-    llvm::Value* y = b_.CreateFPTrunc(v, b_.getFloatTy());
-    if (!cosine) y = b_.CreateSelect(b_.CreateFCmpOEQ(x, cf(0.0f)), x, y);
-    return b_.CreateSelect(b_.CreateFCmpOLT(ax, cf(std::numeric_limits<float>::infinity())), y,
-                           b_.CreateFSub(x, x));
-  }
-  // lib/fastmath.h's exp_f64, operation for operation.
-  llvm::Value* exp_f64(llvm::Value* x) {
-    using C = detail::ExpF64;
-    llvm::Value* xc =
-        b_.CreateSelect(b_.CreateFCmpOLT(x, cd(C::kLo)), cd(C::kLo),
-                        b_.CreateSelect(b_.CreateFCmpOGT(x, cd(C::kHi)), cd(C::kHi), x));
-    llvm::Value* t = b_.CreateFAdd(b_.CreateFMul(xc, cd(C::kLog2e)), cd(C::kMagic));
-    llvm::Value* k = b_.CreateFSub(t, cd(C::kMagic));
-    llvm::Value* ki = b_.CreateSub(i64_bits(t), b_.getInt64(detail::bits_of(C::kMagic)));
-    llvm::Value* hi = b_.CreateFSub(xc, b_.CreateFMul(k, cd(C::kLn2Hi)));
-    llvm::Value* lo = b_.CreateFMul(k, cd(C::kLn2Lo));
-    llvm::Value* r = b_.CreateFSub(hi, lo);
-    llvm::Value* z = b_.CreateFMul(r, r);
-    llvm::Value* p = horner(z, C::kPoly, 5, /*down=*/true);
-    llvm::Value* c = b_.CreateFSub(r, b_.CreateFMul(z, p));
-    llvm::Value* q = b_.CreateFDiv(b_.CreateFMul(r, c), b_.CreateFSub(cd(2.0), c));
-    llvm::Value* y = b_.CreateFSub(cd(1.0), b_.CreateFSub(b_.CreateFSub(lo, q), hi));
-    llvm::Value* k1 = b_.CreateAShr(ki, 1);
-    llvm::Value* k2 = b_.CreateSub(ki, k1);
-    auto scale = [&](llvm::Value* e) {
-      return double_of(b_.CreateShl(b_.CreateAdd(e, b_.getInt64(1023)), 52));
-    };
-    return b_.CreateFMul(b_.CreateFMul(y, scale(k1)), scale(k2));
-  }
-  // lib/fastmath.h's log_f64, operation for operation.
-  llvm::Value* log_f64(llvm::Value* x) {
-    using C = detail::LogF64;
-    const auto& lg = C::kLg;
-    llvm::Value* sub = b_.CreateFCmpOLT(x, cd(C::kSmallest));
-    llvm::Value* xs = b_.CreateSelect(sub, b_.CreateFMul(x, cd(C::kScale)), x);
-    llvm::Value* bias = b_.CreateSelect(sub, b_.getInt64(54), b_.getInt64(0));
-    llvm::Value* ix = b_.CreateAdd(i64_bits(xs), b_.getInt64(0x3ff0000000000000u - C::kSqrtHalf));
-    llvm::Value* k = b_.CreateSub(b_.CreateSub(b_.CreateLShr(ix, 52), b_.getInt64(1023)), bias);
-    llvm::Value* f =
-        b_.CreateFSub(double_of(b_.CreateAdd(b_.CreateAnd(ix, b_.getInt64(0x000fffffffffffffu)),
-                                             b_.getInt64(C::kSqrtHalf))),
-                      cd(1.0));
-    llvm::Value* hfsq = b_.CreateFMul(b_.CreateFMul(cd(0.5), f), f);
-    llvm::Value* s = b_.CreateFDiv(f, b_.CreateFAdd(cd(2.0), f));
-    llvm::Value* z = b_.CreateFMul(s, s);
-    llvm::Value* w = b_.CreateFMul(z, z);
-    auto madd = [&](double a, llvm::Value* u, llvm::Value* v) {  // a + u * v
-      return b_.CreateFAdd(cd(a), b_.CreateFMul(u, v));
-    };
-    llvm::Value* t1 = b_.CreateFMul(w, madd(lg[1], w, madd(lg[3], w, cd(lg[5]))));
-    llvm::Value* t2 = b_.CreateFMul(z, madd(lg[0], w, madd(lg[2], w, madd(lg[4], w, cd(lg[6])))));
-    llvm::Value* rr = b_.CreateFAdd(t2, t1);
-    llvm::Value* dk = b_.CreateSIToFP(k, b_.getDoubleTy());
-    llvm::Value* inner =
-        b_.CreateFAdd(b_.CreateFMul(s, b_.CreateFAdd(hfsq, rr)), b_.CreateFMul(dk, cd(C::kLn2Lo)));
-    llvm::Value* r = b_.CreateFSub(b_.CreateFMul(dk, cd(C::kLn2Hi)),
-                                   b_.CreateFSub(b_.CreateFSub(hfsq, inner), f));
-    llvm::Value* inf = cd(std::numeric_limits<double>::infinity());
-    r = b_.CreateSelect(b_.CreateFCmpOLT(x, cd(0.0)), cd(detail::double_of(0x7ff8000000000000u)),
-                        r);
-    r = b_.CreateSelect(b_.CreateFCmpOEQ(x, cd(0.0)), cd(-std::numeric_limits<double>::infinity()),
-                        r);
-    r = b_.CreateSelect(b_.CreateFCmpOEQ(x, inf), inf, r);
-    return b_.CreateSelect(b_.CreateFCmpUNE(x, x), x, r);
-  }
-
-  // Shorthands for the float64 functions below, which mirror lib/fastmath.h line by line.
-  llvm::Value* fadd(llvm::Value* a, llvm::Value* b) { return b_.CreateFAdd(a, b); }
-  llvm::Value* fsub(llvm::Value* a, llvm::Value* b) { return b_.CreateFSub(a, b); }
-  llvm::Value* fmul(llvm::Value* a, llvm::Value* b) { return b_.CreateFMul(a, b); }
-  llvm::Value* fdiv(llvm::Value* a, llvm::Value* b) { return b_.CreateFDiv(a, b); }
-  llvm::Value* sel(llvm::Value* c, llvm::Value* a, llvm::Value* b) {
-    return b_.CreateSelect(c, a, b);
-  }
-  llvm::Value* i64c(uint64_t v) { return b_.getInt64(v); }
-  // x < 0 ? -x : x (-0 stays -0, as in lib/fastmath.h).
-  llvm::Value* abs_f64(llvm::Value* x) {
-    return sel(b_.CreateFCmpOLT(x, cd(0.0)), b_.CreateFNeg(x), x);
-  }
-  // x < lo ? lo : (x > hi ? hi : x).
-  llvm::Value* clamp_f64(llvm::Value* x, double lo, double hi) {
-    return sel(b_.CreateFCmpOLT(x, cd(lo)), cd(lo), sel(b_.CreateFCmpOGT(x, cd(hi)), cd(hi), x));
-  }
-  // lib/fastmath.h's expm1_f64, operation for operation.
-  llvm::Value* expm1_f64(llvm::Value* x) {
-    using E = detail::ExpF64;
-    using C = detail::Expm1F64;
-    llvm::Value* xc = clamp_f64(x, C::kLo, C::kHi);
-    llvm::Value* t = fadd(fmul(xc, cd(E::kLog2e)), cd(E::kMagic));
-    llvm::Value* kd = fsub(t, cd(E::kMagic));
-    llvm::Value* k = b_.CreateSub(i64_bits(t), i64c(detail::bits_of(E::kMagic)));
-    llvm::Value* hi = fsub(xc, fmul(kd, cd(E::kLn2Hi)));
-    llvm::Value* lo = fmul(kd, cd(E::kLn2Lo));
-    llvm::Value* r = fsub(hi, lo);
-    llvm::Value* c = fsub(fsub(hi, r), lo);
-    llvm::Value* hfx = fmul(cd(0.5), r);
-    llvm::Value* hxs = fmul(r, hfx);
-    llvm::Value* q = horner(hxs, C::kQ, 5, /*down=*/true);
-    llvm::Value* r1 = fadd(fmul(q, hxs), cd(1.0));
-    llvm::Value* tt = fsub(cd(3.0), fmul(r1, hfx));
-    llvm::Value* e = fmul(hxs, fdiv(fsub(r1, tt), fsub(cd(6.0), fmul(r, tt))));
-    e = fsub(fmul(r, fsub(e, c)), c);
-    e = fsub(e, hxs);
-    llvm::Value* em = fsub(r, e);
-    llvm::Value* y_m1 = fsub(fmul(cd(0.5), em), cd(0.5));
-    llvm::Value* y_p1 =
-        sel(b_.CreateFCmpOLT(r, cd(-0.25)), fmul(cd(-2.0), fsub(e, fadd(r, cd(0.5)))),
-            fadd(fmul(cd(2.0), em), cd(1.0)));
-    llvm::Value* top = b_.CreateICmpEQ(k, i64c(1024));
-    llvm::Value* twopk = double_of(b_.CreateShl(
-        b_.CreateAdd(b_.CreateSub(k, b_.CreateZExt(top, b_.getInt64Ty())), i64c(1023)), 52));
-    llvm::Value* twomk = double_of(b_.CreateShl(b_.CreateSub(i64c(1023), k), 52));
-    llvm::Value* y_far = fmul(fadd(em, cd(1.0)), twopk);
-    y_far = fsub(sel(top, fmul(y_far, cd(2.0)), y_far), cd(1.0));
-    llvm::Value* y_mid = fmul(fadd(em, fsub(cd(1.0), twomk)), twopk);
-    llvm::Value* y_high = fmul(fadd(fsub(r, fadd(e, twomk)), cd(1.0)), twopk);
-    auto k_is = [&](int64_t v) {
-      return b_.CreateICmpEQ(k, b_.getInt64(static_cast<uint64_t>(v)));
-    };
-    llvm::Value* y = sel(b_.CreateICmpSLT(k, i64c(20)), y_mid, y_high);
-    y = sel(b_.CreateOr(b_.CreateICmpSLT(k, i64c(0)), b_.CreateICmpSGT(k, i64c(56))), y_far, y);
-    y = sel(k_is(1), y_p1, y);
-    y = sel(k_is(-1), y_m1, y);
-    y = sel(k_is(0), em, y);
-    y = sel(b_.CreateFCmpOGT(x, cd(C::kHi)), cd(std::numeric_limits<double>::infinity()), y);
-    y = sel(b_.CreateFCmpOLT(x, cd(C::kLo)), cd(-1.0), y);
-    return sel(b_.CreateFCmpOLT(abs_f64(x), cd(C::kTiny)), x, y);
-  }
-  // lib/fastmath.h's log1p_f64, operation for operation.
-  llvm::Value* log1p_f64(llvm::Value* x) {
-    using C = detail::LogF64;
-    const auto& lg = C::kLg;
-    llvm::Value* u = fadd(cd(1.0), x);
-    llvm::Value* ax = abs_f64(x);
-    llvm::Value* c =
-        sel(b_.CreateFCmpOLE(ax, cd(1.0)), fsub(x, fsub(u, cd(1.0))), fsub(cd(1.0), fsub(u, x)));
-    llvm::Value* iu = b_.CreateAdd(i64_bits(u), i64c(0x3ff0000000000000u - C::kSqrtHalf));
-    llvm::Value* k = b_.CreateSub(b_.CreateLShr(iu, 52), i64c(1023));
-    llvm::Value* fu = fsub(
-        double_of(b_.CreateAdd(b_.CreateAnd(iu, i64c(0x000fffffffffffffu)), i64c(C::kSqrtHalf))),
-        cd(1.0));
-    llvm::Value* k0 = b_.CreateICmpEQ(k, i64c(0));
-    llvm::Value* f = sel(k0, x, fu);
-    llvm::Value* cu = sel(k0, cd(0.0), fdiv(c, u));
-    llvm::Value* hfsq = fmul(fmul(cd(0.5), f), f);
-    llvm::Value* s = fdiv(f, fadd(cd(2.0), f));
-    llvm::Value* z = fmul(s, s);
-    llvm::Value* w = fmul(z, z);
-    auto madd = [&](double a, llvm::Value* p, llvm::Value* q) { return fadd(cd(a), fmul(p, q)); };
-    llvm::Value* t1 = fmul(w, madd(lg[1], w, madd(lg[3], w, cd(lg[5]))));
-    llvm::Value* t2 = fmul(z, madd(lg[0], w, madd(lg[2], w, madd(lg[4], w, cd(lg[6])))));
-    llvm::Value* rr = fadd(t2, t1);
-    llvm::Value* dk = b_.CreateSIToFP(k, b_.getDoubleTy());
-    llvm::Value* inner = fadd(fmul(s, fadd(hfsq, rr)), fadd(fmul(dk, cd(C::kLn2Lo)), cu));
-    llvm::Value* r = fsub(fmul(dk, cd(C::kLn2Hi)), fsub(fsub(hfsq, inner), f));
-    const double inf = std::numeric_limits<double>::infinity();
-    r = sel(b_.CreateFCmpOLT(ax, cd(detail::Log1pF64::kTiny)), x, r);
-    r = sel(b_.CreateFCmpOLT(x, cd(-1.0)), cd(detail::double_of(0x7ff8000000000000u)), r);
-    r = sel(b_.CreateFCmpOEQ(x, cd(-1.0)), cd(-inf), r);
-    r = sel(b_.CreateFCmpOEQ(x, cd(inf)), cd(inf), r);
-    return sel(b_.CreateFCmpUNE(x, x), x, r);
-  }
-  // lib/fastmath.h's tanh_f64, operation for operation.
-  llvm::Value* tanh_f64(llvm::Value* x) {
-    using C = detail::TanhF64;
-    llvm::Value* ax = abs_f64(x);
-    llvm::Value* u = expm1_f64(fadd(ax, ax));
-    llvm::Value* d = fadd(u, cd(2.0));
-    llvm::Value* t =
-        sel(b_.CreateFCmpOLT(ax, cd(C::kMid)), fdiv(u, d), fsub(cd(1.0), fdiv(cd(2.0), d)));
-    t = sel(b_.CreateFCmpOLT(x, cd(0.0)), b_.CreateFNeg(t), t);
-    return sel(b_.CreateFCmpOLT(ax, cd(C::kTiny)), x, t);
-  }
-  // lib/fastmath.h's erf_f64, operation for operation.
-  llvm::Value* erf_f64(llvm::Value* x) {
-    using C = detail::ErfF64;
-    llvm::Value* ax = abs_f64(x);
-    llvm::Value* y_tiny = fmul(cd(0.125), fadd(fmul(cd(8.0), ax), fmul(cd(C::kEfx8), ax)));
-    llvm::Value* z = fmul(ax, ax);
-    llvm::Value* pp = horner(z, C::kPp, 5, /*down=*/true);
-    llvm::Value* qq = horner(z, C::kQq, 6, /*down=*/true);
-    llvm::Value* y_small = fadd(ax, fmul(ax, fdiv(pp, qq)));
-    llvm::Value* s = fsub(ax, cd(1.0));
-    llvm::Value* pa = horner(s, C::kPa, 7, /*down=*/true);
-    llvm::Value* qa = horner(s, C::kQa, 7, /*down=*/true);
-    llvm::Value* y_mid = fadd(cd(C::kErx), fdiv(pa, qa));
-    llvm::Value* far = b_.CreateFCmpOGE(ax, cd(C::kFar));
-    llvm::Value* v = fdiv(cd(1.0), z);
-    auto coeff = [&](const double* b, const double* a, int i) {
-      return sel(far, cd(b[i]), cd(a[i]));
-    };
-    llvm::Value* rs = coeff(C::kRb, C::kRa, 7);
-    for (int i = 6; i >= 0; --i) rs = fadd(fmul(rs, v), coeff(C::kRb, C::kRa, i));
-    llvm::Value* ss = coeff(C::kSb, C::kSa, 8);
-    for (int i = 7; i >= 0; --i) ss = fadd(fmul(ss, v), coeff(C::kSb, C::kSa, i));
-    llvm::Value* zh = double_of(b_.CreateAnd(i64_bits(ax), i64c(0xffffffff00000000u)));
-    llvm::Value* ec = fmul(exp_f64(fsub(fmul(b_.CreateFNeg(zh), zh), cd(0.5625))),
-                           exp_f64(fadd(fmul(fsub(zh, ax), fadd(zh, ax)), fdiv(rs, ss))));
-    llvm::Value* y_big = fsub(cd(1.0), fdiv(ec, ax));
-    llvm::Value* y = sel(b_.CreateFCmpOLT(ax, cd(C::kBig)), y_big, cd(1.0));
-    y = sel(b_.CreateFCmpOLT(ax, cd(C::kMid)), y_mid, y);
-    y = sel(b_.CreateFCmpOLT(ax, cd(C::kSmall)), y_small, y);
-    y = sel(b_.CreateFCmpOLT(ax, cd(C::kTiny)), y_tiny, y);
-    y = sel(b_.CreateFCmpOLT(x, cd(0.0)), b_.CreateFNeg(y), y);
-    return sel(b_.CreateFCmpUNE(x, x), x, y);
-  }
-  // lib/fastmath.h's two_sum and two_product: {s, e} with s + e = a + b, {p, e} with p + e = a b.
-  std::pair<llvm::Value*, llvm::Value*> two_sum(llvm::Value* a, llvm::Value* b) {
-    llvm::Value* s = fadd(a, b);
-    llvm::Value* bb = fsub(s, a);
-    return {s, fadd(fsub(a, fsub(s, bb)), fsub(b, bb))};
-  }
-  std::pair<llvm::Value*, llvm::Value*> two_product(llvm::Value* a, llvm::Value* b) {
-    using C = detail::SinCosF64;
-    llvm::Value* p = fmul(a, b);
-    auto split = [&](llvm::Value* v) -> std::pair<llvm::Value*, llvm::Value*> {
-      llvm::Value* t = fmul(cd(C::kSplit), v);
-      llvm::Value* h = fsub(t, fsub(t, v));
-      return {h, fsub(v, h)};
-    };
-    auto [ah, al] = split(a);
-    auto [bh, bl] = split(b);
-    llvm::Value* e =
-        fadd(fadd(fadd(fsub(fmul(ah, bh), p), fmul(ah, bl)), fmul(al, bh)), fmul(al, bl));
-    return {p, e};
-  }
-  // lib/fastmath.h's 2/pi bits for reduce_large_f64, one private copy per module.
-  llvm::GlobalVariable* inv_pio2_bits_f64() {
-    if (llvm::GlobalVariable* g = m_.getNamedGlobal("kiln_inv_pio2_bits_f64")) return g;
-    llvm::Constant* init = llvm::ConstantDataArray::get(
-        ctx_, llvm::ArrayRef<uint32_t>(detail::SinCosF64::kInvPio2Bits));
-    auto* g = new llvm::GlobalVariable(m_, init->getType(), true, llvm::GlobalValue::PrivateLinkage,
-                                       init, "kiln_inv_pio2_bits_f64");
-    g->setUnnamedAddr(llvm::GlobalValue::UnnamedAddr::Global);
-    return g;
-  }
-  // lib/fastmath.h's reduce_large_f64, operation for operation: {quadrant (i32), hi, lo}.
-  std::tuple<llvm::Value*, llvm::Value*, llvm::Value*> reduce_large_f64(llvm::Value* ix) {
-    using C = detail::SinCosF64;
-    llvm::Type* i32 = b_.getInt32Ty();
-    llvm::Type* i64 = b_.getInt64Ty();
-    llvm::Type* f64 = b_.getDoubleTy();
-    llvm::Value* e = b_.CreateLShr(ix, 52);
-    e = sel(b_.CreateICmpULT(e, i64c(1043)), i64c(1043),
-            sel(b_.CreateICmpUGT(e, i64c(2046)), i64c(2046), e));
-    llvm::Value* p0 = b_.CreateSub(e, i64c(1013));
-    llvm::Value* k = b_.CreateLShr(p0, 5);
-    llvm::Value* sh = b_.CreateAnd(p0, i64c(31));
-    llvm::GlobalVariable* table = inv_pio2_bits_f64();
-    auto word = [&](uint64_t j) {
-      llvm::Value* index = b_.CreateAdd(k, i64c(j));
-      return b_.CreateZExt(b_.CreateLoad(i32, b_.CreateInBoundsGEP(table->getValueType(), table,
-                                                                   {b_.getInt64(0), index})),
-                           i64);
-    };
-    llvm::Value* words[7];
-    for (uint64_t j = 0; j < 7; ++j) words[j] = word(j);
-    llvm::Value* w[6];
-    for (int j = 0; j < 6; ++j) {
-      llvm::Value* pair = b_.CreateOr(b_.CreateShl(words[j], 32), words[j + 1]);
-      w[5 - j] = b_.CreateLShr(b_.CreateShl(pair, sh), 32);
-    }
-    llvm::Value* m =
-        b_.CreateOr(b_.CreateAnd(ix, i64c(0x000fffffffffffffu)), i64c(0x0010000000000000u));
-    llvm::Value* m0 = b_.CreateAnd(m, i64c(0xffffffffu));
-    llvm::Value* m1 = b_.CreateLShr(m, 32);
-    llvm::Value* pa[6];
-    llvm::Value* pb[5];
-    for (int j = 0; j < 6; ++j) pa[j] = b_.CreateMul(m0, w[j]);
-    for (int j = 0; j < 5; ++j) pb[j] = b_.CreateMul(m1, w[j]);
-    auto low = [&](llvm::Value* v) { return b_.CreateAnd(v, i64c(0xffffffffu)); };
-    llvm::Value* out[6];
-    llvm::Value* carry = i64c(0);
-    for (int j = 0; j < 6; ++j) {
-      llvm::Value* col = b_.CreateAdd(carry, low(pa[j]));
-      if (j >= 1)
-        col = b_.CreateAdd(b_.CreateAdd(col, b_.CreateLShr(pa[j - 1], 32)), low(pb[j - 1]));
-      if (j >= 2) col = b_.CreateAdd(col, b_.CreateLShr(pb[j - 2], 32));
-      out[j] = low(col);
-      carry = b_.CreateLShr(col, 32);
-    }
-    llvm::Value* top = b_.CreateOr(b_.CreateShl(out[5], 32), out[4]);
-    llvm::Value* mid = b_.CreateOr(b_.CreateShl(out[3], 32), out[2]);
-    llvm::Value* n = b_.CreateLShr(b_.CreateAdd(top, i64c(uint64_t{1} << 61)), 62);
-    llvm::Value* f = b_.CreateSub(top, b_.CreateShl(n, 62));
-    llvm::Value* f_hi = b_.CreateAShr(f, 11);
-    llvm::Value* f_mid =
-        b_.CreateOr(b_.CreateShl(b_.CreateAnd(f, i64c(0x7ff)), 42), b_.CreateLShr(mid, 22));
-    llvm::Value* f_lo = b_.CreateAnd(mid, i64c(0x3fffff));
-    auto [s, e1] = two_sum(fmul(b_.CreateSIToFP(f_hi, f64), cd(0x1p-51)),
-                           fmul(b_.CreateSIToFP(f_mid, f64), cd(0x1p-104)));
-    llvm::Value* l = fadd(e1, fmul(b_.CreateSIToFP(f_lo, f64), cd(0x1p-126)));
-    auto [p, pe] = two_product(s, cd(C::kPio2Hi));
-    llvm::Value* e2 = fadd(pe, fadd(fmul(s, cd(C::kPio2Lo)), fmul(l, cd(C::kPio2Hi))));
-    llvm::Value* hi = fadd(p, e2);
-    llvm::Value* lo = fsub(e2, fsub(hi, p));
-    return {b_.CreateTrunc(n, i32), hi, lo};
-  }
-  // lib/fastmath.h's kernel_sin_f64 and kernel_cos_f64, operation for operation.
-  llvm::Value* kernel_sin_f64(llvm::Value* x, llvm::Value* y) {
-    const auto& s = detail::SinCosF64::kSin;
-    llvm::Value* z = fmul(x, x);
-    llvm::Value* w = fmul(z, z);
-    llvm::Value* r = fadd(fadd(cd(s[1]), fmul(z, fadd(cd(s[2]), fmul(z, cd(s[3]))))),
-                          fmul(fmul(z, w), fadd(cd(s[4]), fmul(z, cd(s[5])))));
-    llvm::Value* v = fmul(z, x);
-    return fsub(x, fsub(fsub(fmul(z, fsub(fmul(cd(0.5), y), fmul(v, r))), y), fmul(v, cd(s[0]))));
-  }
-  llvm::Value* kernel_cos_f64(llvm::Value* x, llvm::Value* y) {
-    const auto& c = detail::SinCosF64::kCos;
-    llvm::Value* z = fmul(x, x);
-    llvm::Value* w = fmul(z, z);
-    llvm::Value* r =
-        fadd(fmul(z, fadd(cd(c[0]), fmul(z, fadd(cd(c[1]), fmul(z, cd(c[2])))))),
-             fmul(fmul(w, w), fadd(cd(c[3]), fmul(z, fadd(cd(c[4]), fmul(z, cd(c[5])))))));
-    llvm::Value* hz = fmul(cd(0.5), z);
-    llvm::Value* h = fsub(cd(1.0), hz);
-    return fadd(h, fadd(fsub(fsub(cd(1.0), h), hz), fsub(fmul(z, r), fmul(x, y))));
-  }
-  // lib/fastmath.h's sincos_f64, operation for operation; both reductions, then a select.
-  llvm::Value* sincos_f64(llvm::Value* x, bool cosine) {
-    using C = detail::SinCosF64;
-    llvm::Type* i32 = b_.getInt32Ty();
-    llvm::Value* ax = abs_f64(x);
-    // |x| < 2^20: reduce_medium_f64.
-    llvm::Value* t = fadd(fmul(x, cd(C::k2OverPi)), cd(C::kMagic));
-    llvm::Value* n = fsub(t, cd(C::kMagic));
-    llvm::Value* a = fsub(x, fmul(n, cd(C::kPio2[0])));
-    auto [s1, e1] = two_sum(a, b_.CreateFNeg(fmul(n, cd(C::kPio2[1]))));
-    auto [s2, e2] = two_sum(s1, b_.CreateFNeg(fmul(n, cd(C::kPio2[2]))));
-    llvm::Value* tail = fsub(fadd(e1, e2), fmul(n, cd(C::kPio2[3])));
-    llvm::Value* hi_fast = fadd(s2, tail);
-    llvm::Value* lo_fast = fsub(tail, fsub(hi_fast, s2));
-    llvm::Value* q_fast = b_.CreateTrunc(i64_bits(t), i32);
-    // Larger: reduce_large_f64 on |x|, signs flipped for negative x.
-    auto [ql, hl, ll] = reduce_large_f64(i64_bits(ax));
-    llvm::Value* negative = b_.CreateFCmpOLT(x, cd(0.0));
-    llvm::Value* q_large = sel(negative, b_.CreateSub(b_.getInt32(0), ql), ql);
-    llvm::Value* hi_large = sel(negative, b_.CreateFNeg(hl), hl);
-    llvm::Value* lo_large = sel(negative, b_.CreateFNeg(ll), ll);
-    llvm::Value* fast = b_.CreateFCmpOLT(ax, cd(C::kFast));
-    llvm::Value* q = sel(fast, q_fast, q_large);
-    llvm::Value* hi = sel(fast, hi_fast, hi_large);
-    llvm::Value* lo = sel(fast, lo_fast, lo_large);
-    if (cosine) q = b_.CreateAdd(q, b_.getInt32(1));
-    llvm::Value* s = kernel_sin_f64(hi, lo);
-    llvm::Value* c = kernel_cos_f64(hi, lo);
-    auto bit = [&](uint32_t mask) {
-      return b_.CreateICmpNE(b_.CreateAnd(q, b_.getInt32(mask)), b_.getInt32(0));
-    };
-    llvm::Value* v = sel(bit(1), c, s);
-    v = sel(bit(2), b_.CreateFNeg(v), v);
-    if (!cosine) v = sel(b_.CreateFCmpOEQ(x, cd(0.0)), x, v);
-    return sel(b_.CreateFCmpOLT(ax, cd(std::numeric_limits<double>::infinity())), v, fsub(x, x));
-  }
-
   llvm::Value* intrinsic(llvm::Intrinsic::ID id, llvm::Value* x) {
     return b_.CreateUnaryIntrinsic(id, x);
   }
@@ -1433,25 +910,35 @@ class Emitter {
         r = b_.CreateSelect(a, b, c);
         break;
       case Prim::Exp:
-        r = t == kFloat32 ? exp_f32(a) : exp_f64(a);
+        r = math(
+            a, t, [](auto x) { return math::exp_f32(x); }, [](auto x) { return math::exp_f64(x); });
         break;
       case Prim::Log:
-        r = t == kFloat32 ? log_f32(a) : log_f64(a);
+        r = math(
+            a, t, [](auto x) { return math::log_f32(x); }, [](auto x) { return math::log_f64(x); });
         break;
       case Prim::Log1p:
-        r = t == kFloat32 ? log1p_f32(a) : log1p_f64(a);
+        r = math(
+            a, t, [](auto x) { return math::log1p_f32(x); },
+            [](auto x) { return math::log1p_f64(x); });
         break;
       case Prim::Expm1:
-        r = t == kFloat32 ? expm1_f32(a) : expm1_f64(a);
+        r = math(
+            a, t, [](auto x) { return math::expm1_f32(x); },
+            [](auto x) { return math::expm1_f64(x); });
         break;
       case Prim::Sin:
-        r = t == kFloat32 ? sincos_f32(a, false) : sincos_f64(a, false);
+        r = math(
+            a, t, [](auto x) { return math::sin_f32(x); }, [](auto x) { return math::sin_f64(x); });
         break;
       case Prim::Cos:
-        r = t == kFloat32 ? sincos_f32(a, true) : sincos_f64(a, true);
+        r = math(
+            a, t, [](auto x) { return math::cos_f32(x); }, [](auto x) { return math::cos_f64(x); });
         break;
       case Prim::Tanh:
-        r = t == kFloat32 ? tanh_f32(a) : tanh_f64(a);
+        r = math(
+            a, t, [](auto x) { return math::tanh_f32(x); },
+            [](auto x) { return math::tanh_f64(x); });
         break;
       case Prim::Sqrt:
         r = intrinsic(llvm::Intrinsic::sqrt, a);
@@ -1473,7 +960,8 @@ class Emitter {
         r = fp ? intrinsic(llvm::Intrinsic::nearbyint, a) : a;
         break;
       case Prim::Erf:
-        r = t == kFloat32 ? erf_f32(a) : erf_f64(a);
+        r = math(
+            a, t, [](auto x) { return math::erf_f32(x); }, [](auto x) { return math::erf_f64(x); });
         break;
       case Prim::Rem:
         r = fp ? libm2("fmod", a, b, t) : int_rem(a, b);
@@ -2049,6 +1537,10 @@ void CpuJit::emit(llvm::Module& m, const std::string& name, const Kernel& k, con
 
 CompiledKernel cpu_kernel(const Kernel& kernel, const Layout& layout) {
   return cpu_jit().get(kernel, layout);
+}
+
+std::string cpu_disk_key(const Kernel& kernel, const Layout& layout) {
+  return cpu_jit().disk_key(kernel, layout);
 }
 
 size_t set_cpu_kernel_cache_capacity(size_t kernels) {

@@ -26,6 +26,9 @@ struct CompileStats {
 // The machine code for (kernel, layout): found in the cache, or generated and compiled now.
 // Thread-safe; lookups run beside a compilation, compilations are serialized.
 CompiledKernel cpu_kernel(const Kernel& kernel, const Layout& layout);
+// The key the disk cache files the kernel's object under: its emitted LLVM IR module (text) and
+// the target (triple, CPU and features, LLVM's version); no hand-bumped version.
+std::string cpu_disk_key(const Kernel& kernel, const Layout& layout);
 
 // Sets the in-memory cache's capacity (for tests), evicting down to it; returns the previous one.
 size_t set_cpu_kernel_cache_capacity(size_t kernels);

@@ -1,0 +1,174 @@
+// LLVM IR values as a value family of lib/math/primitives.h: Ir<T> wraps the llvm::Value of
+// scalar type T (float, double, uint32_t, uint64_t; bool for masks) and its operators emit the
+// instruction through the IRBuilder of the enclosing IrScope. Instantiating a primitive with
+// Ir<float> or Ir<double> emits exactly the operations that the scalar instantiation runs:
+// IEEE operations without fast-math flags (never contracted), fmadd as llvm.fma (rounded once,
+// as the scalar fmadd: one instruction on a host with FMA), select for every choice.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "lib/math/primitives.h"
+#include "llvm/IR/Constants.h"
+#include "llvm/IR/GlobalVariable.h"
+#include "llvm/IR/IRBuilder.h"
+#include "llvm/IR/Intrinsics.h"
+#include "llvm/IR/Module.h"
+
+namespace kiln::fuser::ir {
+
+struct Context {
+  llvm::IRBuilder<>* b;
+  llvm::Module* m;
+};
+inline thread_local Context* current = nullptr;
+
+// Makes `b` (emitting into `m`) the builder of Ir values while it lives.
+class Scope {
+ public:
+  Scope(llvm::IRBuilder<>& b, llvm::Module& m) : context_{&b, &m}, outer_(current) {
+    current = &context_;
+  }
+  ~Scope() { current = outer_; }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  Context context_;
+  Context* outer_;
+};
+
+inline llvm::IRBuilder<>& builder() {
+  return *current->b;
+}
+
+template <typename T>
+llvm::Type* type_of() {
+  llvm::IRBuilder<>& b = builder();
+  if constexpr (std::is_same_v<T, float>) return b.getFloatTy();
+  if constexpr (std::is_same_v<T, double>) return b.getDoubleTy();
+  if constexpr (std::is_same_v<T, bool>) return b.getInt1Ty();
+  if constexpr (std::is_same_v<T, uint32_t>) return b.getInt32Ty();
+  if constexpr (std::is_same_v<T, uint64_t>) return b.getInt64Ty();
+}
+
+template <typename T>
+struct Ir {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bool> ||
+                std::is_same_v<T, uint32_t> || std::is_same_v<T, uint64_t>);
+  static constexpr bool kFloat = std::is_floating_point_v<T>;
+  using Mask = Ir<bool>;
+
+  llvm::Value* v = nullptr;
+
+  Ir() = default;
+  // From an instruction (a template, so that a literal 0 picks the constant below).
+  template <
+      typename P,
+      std::enable_if_t<std::is_convertible_v<P, llvm::Value*> && std::is_pointer_v<P>, int> = 0>
+  explicit Ir(P value) : v(value) {}
+  Ir(T c) : v(constant(c)) {}  // NOLINT: constants convert implicitly, as in scalar code
+
+  static llvm::Value* constant(T c) {
+    if constexpr (kFloat)
+      return llvm::ConstantFP::get(type_of<T>(), c);
+    else
+      return llvm::ConstantInt::get(type_of<T>(), static_cast<uint64_t>(c));
+  }
+
+  friend Ir operator+(Ir a, Ir b) {
+    if constexpr (kFloat) return Ir(builder().CreateFAdd(a.v, b.v));
+    return Ir(builder().CreateAdd(a.v, b.v));
+  }
+  friend Ir operator-(Ir a, Ir b) {
+    if constexpr (kFloat) return Ir(builder().CreateFSub(a.v, b.v));
+    return Ir(builder().CreateSub(a.v, b.v));
+  }
+  friend Ir operator*(Ir a, Ir b) {
+    if constexpr (kFloat) return Ir(builder().CreateFMul(a.v, b.v));
+    return Ir(builder().CreateMul(a.v, b.v));
+  }
+  friend Ir operator/(Ir a, Ir b) { return Ir(builder().CreateFDiv(a.v, b.v)); }
+  friend Ir operator-(Ir a) { return Ir(builder().CreateFNeg(a.v)); }
+  friend Ir operator&(Ir a, Ir b) { return Ir(builder().CreateAnd(a.v, b.v)); }
+  friend Ir operator|(Ir a, Ir b) { return Ir(builder().CreateOr(a.v, b.v)); }
+  friend Ir operator!(Ir a) { return Ir(builder().CreateNot(a.v)); }
+  friend Ir operator<<(Ir a, int n) { return Ir(builder().CreateShl(a.v, n)); }
+  friend Ir operator>>(Ir a, int n) { return Ir(builder().CreateLShr(a.v, n)); }
+  friend Ir operator<<(Ir a, Ir n) { return Ir(builder().CreateShl(a.v, n.v)); }
+  friend Ir operator>>(Ir a, Ir n) { return Ir(builder().CreateLShr(a.v, n.v)); }
+
+  // Ordered comparisons of floats (false for NaN) but != (true for NaN), as C++'s; unsigned
+  // comparisons of integers.
+  friend Mask operator<(Ir a, Ir b) {
+    if constexpr (kFloat) return Mask(builder().CreateFCmpOLT(a.v, b.v));
+    return Mask(builder().CreateICmpULT(a.v, b.v));
+  }
+  friend Mask operator<=(Ir a, Ir b) {
+    if constexpr (kFloat) return Mask(builder().CreateFCmpOLE(a.v, b.v));
+    return Mask(builder().CreateICmpULE(a.v, b.v));
+  }
+  friend Mask operator>(Ir a, Ir b) {
+    if constexpr (kFloat) return Mask(builder().CreateFCmpOGT(a.v, b.v));
+    return Mask(builder().CreateICmpUGT(a.v, b.v));
+  }
+  friend Mask operator>=(Ir a, Ir b) {
+    if constexpr (kFloat) return Mask(builder().CreateFCmpOGE(a.v, b.v));
+    return Mask(builder().CreateICmpUGE(a.v, b.v));
+  }
+  friend Mask operator==(Ir a, Ir b) {
+    if constexpr (kFloat) return Mask(builder().CreateFCmpOEQ(a.v, b.v));
+    return Mask(builder().CreateICmpEQ(a.v, b.v));
+  }
+  friend Mask operator!=(Ir a, Ir b) {
+    if constexpr (kFloat) return Mask(builder().CreateFCmpUNE(a.v, b.v));
+    return Mask(builder().CreateICmpNE(a.v, b.v));
+  }
+
+  friend Ir select(Ir<bool> m, Ir a, Ir b) { return Ir(builder().CreateSelect(m.v, a.v, b.v)); }
+  friend Ir fmadd(Ir a, Ir b, Ir c) {
+    return Ir(builder().CreateIntrinsic(llvm::Intrinsic::fma, {a.v->getType()}, {a.v, b.v, c.v}));
+  }
+  friend Ir sar(Ir a, int n) { return Ir(builder().CreateAShr(a.v, n)); }
+  friend Mask lt_signed(Ir a, Ir b) { return Mask(builder().CreateICmpSLT(a.v, b.v)); }
+};
+
+template <typename S, typename T>
+Ir<S> bitcast(Ir<T> x) {
+  static_assert(sizeof(S) == sizeof(T));
+  return Ir<S>(builder().CreateBitCast(x.v, type_of<S>()));
+}
+
+// Integer sources are signed (to floats); integers zero-extend or truncate.
+template <typename S, typename T>
+Ir<S> convert(Ir<T> x) {
+  llvm::IRBuilder<>& b = builder();
+  llvm::Type* to = type_of<S>();
+  if constexpr (std::is_floating_point_v<T> && std::is_floating_point_v<S>)
+    return Ir<S>(b.CreateFPCast(x.v, to));
+  else if constexpr (std::is_floating_point_v<S>)
+    return Ir<S>(b.CreateSIToFP(x.v, to));
+  else
+    return Ir<S>(b.CreateZExtOrTrunc(x.v, to));
+}
+
+// Table's entry `index`: the table is a private constant of the module, emitted once.
+template <typename Table, typename U>
+Ir<uint32_t> gather(Ir<U> index) {
+  llvm::IRBuilder<>& b = builder();
+  llvm::Module& m = *current->m;
+  llvm::GlobalVariable* g = m.getNamedGlobal(Table::kName);
+  if (!g) {
+    llvm::Constant* init = llvm::ConstantDataArray::get(
+        m.getContext(), llvm::ArrayRef<uint32_t>(Table::kData, Table::kSize));
+    g = new llvm::GlobalVariable(m, init->getType(), true, llvm::GlobalValue::PrivateLinkage, init,
+                                 Table::kName);
+    g->setUnnamedAddr(llvm::GlobalValue::UnnamedAddr::Global);
+  }
+  llvm::Value* i = b.CreateZExtOrTrunc(index.v, b.getInt64Ty());
+  return Ir<uint32_t>(
+      b.CreateLoad(b.getInt32Ty(), b.CreateInBoundsGEP(g->getValueType(), g, {b.getInt64(0), i})));
+}
+
+}  // namespace kiln::fuser::ir

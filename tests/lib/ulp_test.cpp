@@ -1,0 +1,324 @@
+// The documented accuracy of lib/math/primitives.h (docs/numerics.md, "Transcendental
+// primitives"): every float32 unary primitive against double-precision libm, every float64 one
+// against long double, in ulps of the result (the distance in representable values from the
+// correctly rounded one), as glibc's and SLEEF's test suites measure it.
+//   float32: a dense sweep over every binade of either sign (every 97th bit pattern: subnormals,
+//            +-0, +-inf and NaN included), plus every float around each function's range-
+//            reduction and case boundaries; exhaustive (all 2^32) takes minutes on the test
+//            machines (libm's double reference is the cost), so the sweep is dense instead.
+//   float64: random bit patterns (every binade alike) and uniform values in the intervals where
+//            each function's cases meet.
+// Special values (NaN, infinities, signed zeros, overflow and underflow) are checked exactly.
+// KILN_TEST_SCALE shrinks the sweeps (sanitizer runs).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <initializer_list>
+#include <limits>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lib/math/primitives.h"
+#include "tests/scale.h"
+
+namespace kiln::math {
+namespace {
+
+// y[i] = f(x[i]), compiled with FMA and AVX2 where the CPU has them (flatten: the primitive is
+// inlined, so that its fmadd is one instruction; nothing else contracts): the same bits as the
+// baseline loop, faster.
+template <typename T, typename F>
+__attribute__((target("avx2,fma"), optimize("fp-contract=off"), flatten)) void apply_fma(const F& f,
+                                                                                         const T* x,
+                                                                                         T* y,
+                                                                                         size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] = f(x[i]);
+}
+template <typename T, typename F>
+void apply(const F& f, const std::vector<T>& x, std::vector<T>& y) {
+  y.resize(x.size());
+  static const bool fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (fma) return apply_fma(f, x.data(), y.data(), x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = f(x[i]);
+}
+
+// Distance in representable values (any signs, both finite): the order-preserving integer of each.
+int64_t ulps(float a, float b) {
+  auto key = [](float f) {
+    int32_t i;
+    std::memcpy(&i, &f, 4);
+    return i < 0 ? int64_t{INT32_MIN} - i : int64_t{i};
+  };
+  return std::llabs(key(a) - key(b));
+}
+int64_t ulps(double a, double b) {
+  auto key = [](double f) {
+    int64_t i;
+    std::memcpy(&i, &f, 8);
+    return i < 0 ? static_cast<long double>(INT64_MIN) - i : static_cast<long double>(i);
+  };
+  return static_cast<int64_t>(std::fabs(key(a) - key(b)));
+}
+
+// The documented bounds (docs/numerics.md), in ulps.
+const UlpBound& bound(const std::string& name) {
+  for (const UlpBound& b : kUlpBounds)
+    if (name == b.name) return b;
+  std::abort();
+}
+
+template <typename T>
+struct Result {
+  int64_t max = 0;
+  T worst = 0;
+};
+
+// got against want (the reference rounded to T) for each x: NaN for NaN, infinities exact,
+// every finite result within `bound`.
+template <typename T>
+void check(const char* name, const std::vector<T>& x, const std::vector<T>& got,
+           const std::vector<T>& want, int64_t bound, Result<T>& r) {
+  int failures = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const T g = got[i], w = want[i];
+    bool ok;
+    if (std::isnan(w)) {
+      ok = std::isnan(g);
+    } else if (std::isinf(w) || std::isinf(g) || std::isnan(g)) {
+      ok = g == w;
+    } else {
+      const int64_t u = ulps(g, w);
+      if (u > r.max) r.max = u, r.worst = x[i];
+      ok = u <= bound;
+    }
+    if (!ok && failures++ < 5)
+      ADD_FAILURE() << name << "(" << std::hexfloat << x[i] << ") = " << g << ", want " << w;
+  }
+}
+
+// ---- float32 ----
+
+using F32 = float (*)(float);
+using Ref32 = double (*)(double);
+
+// Every stride-th bit pattern (from an odd offset, so that both signs and every exponent and
+// low-bit pattern come up) and the special values, to f in chunks.
+void float_sweep(const std::function<void(const std::vector<float>&)>& f) {
+  const auto stride = static_cast<uint64_t>(97 / testing::test_scale());
+  std::vector<float> x;
+  for (uint64_t b = 13; b < (uint64_t{1} << 32); b += stride) {
+    float v;
+    const auto b32 = static_cast<uint32_t>(b);
+    std::memcpy(&v, &b32, 4);
+    x.push_back(v);
+    if (x.size() == (1u << 20)) f(x), x.clear();
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float v :
+       {0.0f, -0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(),
+        std::numeric_limits<float>::denorm_min(), -std::numeric_limits<float>::denorm_min(),
+        std::numeric_limits<float>::min(), -std::numeric_limits<float>::min(),
+        std::numeric_limits<float>::max(), -std::numeric_limits<float>::max()})
+    x.push_back(v);
+  f(x);
+}
+
+// Every float within `count` representable values of each centre, on either side.
+std::vector<float> around(std::initializer_list<float> centres, int count) {
+  count = static_cast<int>(testing::scaled(count));
+  std::vector<float> x;
+  for (float c : centres) {
+    float lo = c, hi = c;
+    x.push_back(c);
+    for (int i = 0; i < count; ++i) {
+      lo = std::nextafter(lo, -std::numeric_limits<float>::infinity());
+      hi = std::nextafter(hi, std::numeric_limits<float>::infinity());
+      x.push_back(lo);
+      x.push_back(hi);
+    }
+  }
+  return x;
+}
+
+// The floats nearest multiples of pi/2 (the reductions' hardest cases) and their neighbours.
+std::vector<float> near_half_pi() {
+  std::vector<float> x;
+  for (double k = 1; k < 1e7; k = k * 1.002 + 1) {
+    float y = static_cast<float>(k * 1.5707963267948966);
+    for (int i = 0; i < 3; ++i, y = std::nextafter(y, 0.0f)) x.push_back(y), x.push_back(-y);
+  }
+  for (float v : {16367173.0f * 6.2831855f, 105414350.0f, 1e10f, 1e20f, 3.4e38f})
+    x.push_back(v), x.push_back(-v);
+  return x;
+}
+
+// fn against ref over the sweep and the sets.
+template <typename Fn>
+Result<float> sweep_f32(const char* name, const Fn& fn, Ref32 ref,
+                        const std::vector<std::vector<float>>& sets) {
+  Result<float> r;
+  std::vector<float> got, want;
+  auto run = [&](const std::vector<float>& x) {
+    apply<float>(fn, x, got);
+    want.resize(x.size());
+    for (size_t i = 0; i < x.size(); ++i) want[i] = static_cast<float>(ref(x[i]));
+    check(name, x, got, want, bound(name).f32, r);
+  };
+  float_sweep(run);
+  for (const std::vector<float>& x : sets) run(x);
+  std::printf("%s_f32: at most %lld ulp (worst at %.9g)\n", name, static_cast<long long>(r.max),
+              static_cast<double>(r.worst));
+  return r;
+}
+
+TEST(UlpF32, Exp) {
+  sweep_f32(
+      "exp", [](float x) { return exp_f32(x); }, [](double x) { return std::exp(x); },
+      {around({-103.972084f, -87.33655f, 88.72284f, 0.0f, 0.34657359f}, 3000)});
+}
+
+TEST(UlpF32, Log) {
+  sweep_f32(
+      "log", [](float x) { return log_f32(x); }, [](double x) { return std::log(x); },
+      {around({1.0f, 0.70710677f, 1.4142135f, std::numeric_limits<float>::min()}, 50000)});
+}
+
+TEST(UlpF32, Log1p) {
+  sweep_f32(
+      "log1p", [](float x) { return log1p_f32(x); }, [](double x) { return std::log1p(x); },
+      {around({-1.0f, 0.0f, 5.96046448e-8f, -0.29289323f, 0.41421357f}, 50000)});
+}
+
+TEST(UlpF32, Expm1) {
+  sweep_f32(
+      "expm1", [](float x) { return expm1_f32(x); }, [](double x) { return std::expm1(x); },
+      {around({0.0f, -30.0f, 88.72284f, 2.98023224e-8f, 0.34657359f}, 50000)});
+}
+
+TEST(UlpF32, SinAndCos) {
+  const std::vector<std::vector<float>> sets{near_half_pi(),
+                                             around({1048576.0f, -1048576.0f}, 50000)};
+  sweep_f32(
+      "sin", [](float x) { return sin_f32(x); }, [](double x) { return std::sin(x); }, sets);
+  sweep_f32(
+      "cos", [](float x) { return cos_f32(x); }, [](double x) { return std::cos(x); }, sets);
+}
+
+TEST(UlpF32, Tanh) {
+  sweep_f32(
+      "tanh", [](float x) { return tanh_f32(x); }, [](double x) { return std::tanh(x); },
+      {around({0.625f, -0.625f, 0.0f, 9.0f, -9.0f}, 50000)});
+}
+
+// erf, and its magnitude at most 1 everywhere: near +-4 (where the rational approximation is
+// clamped, and where its quotient rounded to 1 + 2^-23 before) every float.
+TEST(UlpF32, ErfAndItsMagnitudeIsAtMostOne) {
+  const std::vector<std::vector<float>> sets{around({4.0f, -4.0f, 3.8f, -3.8f}, 300000)};
+  sweep_f32(
+      "erf", [](float x) { return erf_f32(x); }, [](double x) { return std::erf(x); }, sets);
+  auto at_most_one = [](const std::vector<float>& x) {
+    for (float v : x) {
+      const float y = erf_f32(v);
+      if (!std::isnan(v) && !(std::ceil(std::fabs(y)) <= 1.0f)) {
+        ADD_FAILURE() << "erf_f32(" << v << ") = " << std::hexfloat << y;
+        return;
+      }
+    }
+  };
+  float_sweep(at_most_one);
+  for (const std::vector<float>& x : sets) at_most_one(x);
+}
+
+// ---- float64 ----
+
+using Ref64 = long double (*)(long double);
+
+// Random doubles: uniform bit patterns (every binade alike) and uniform values in [lo, hi], for
+// each interval.
+std::vector<double> double_sample(std::initializer_list<std::pair<double, double>> ranges) {
+  std::mt19937_64 rng(5);
+  const int64_t n = testing::scaled(1000000);
+  std::vector<double> x;
+  for (auto [lo, hi] : ranges) {
+    std::uniform_real_distribution<double> in_range(lo, hi);
+    for (int64_t i = 0; i < n; ++i) {
+      double v = in_range(rng);
+      if (i % 2) {
+        const uint64_t b = rng();
+        std::memcpy(&v, &b, 8);
+      }
+      x.push_back(v);
+    }
+  }
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double v : {0.0, -0.0, inf, -inf, std::numeric_limits<double>::quiet_NaN(),
+                   std::numeric_limits<double>::denorm_min(), std::numeric_limits<double>::min(),
+                   std::numeric_limits<double>::max(), -std::numeric_limits<double>::max()})
+    x.push_back(v);
+  return x;
+}
+
+template <typename Fn>
+void sweep_f64(const char* name, const Fn& fn, Ref64 ref, const std::vector<double>& x) {
+  Result<double> r;
+  std::vector<double> got, want(x.size());
+  apply<double>(fn, x, got);
+  for (size_t i = 0; i < x.size(); ++i) want[i] = static_cast<double>(ref(x[i]));
+  check(name, x, got, want, bound(name).f64, r);
+  std::printf("%s_f64: at most %lld ulp (worst at %.17g)\n", name, static_cast<long long>(r.max),
+              r.worst);
+}
+
+TEST(UlpF64, Exp) {
+  sweep_f64(
+      "exp", [](double x) { return exp_f64(x); }, [](long double x) { return std::exp(x); },
+      double_sample({{-750.0, 720.0}, {-1.0, 1.0}}));
+}
+
+TEST(UlpF64, Log) {
+  sweep_f64(
+      "log", [](double x) { return log_f64(x); }, [](long double x) { return std::log(x); },
+      double_sample({{0.0, 4.0}, {0.7, 1.5}}));
+}
+
+TEST(UlpF64, Log1p) {
+  sweep_f64(
+      "log1p", [](double x) { return log1p_f64(x); }, [](long double x) { return std::log1p(x); },
+      double_sample({{-1.0, 4.0}, {-0.4, 0.5}, {-1.0, -0.99}}));
+}
+
+TEST(UlpF64, Expm1) {
+  sweep_f64(
+      "expm1", [](double x) { return expm1_f64(x); }, [](long double x) { return std::expm1(x); },
+      double_sample({{-45.0, 710.0}, {-1.5, 1.5}, {700.0, 709.78}}));
+}
+
+TEST(UlpF64, SinAndCos) {
+  const std::vector<double> x = double_sample({{-10.0, 10.0}, {1e6, 1.1e6}, {-1e22, 1e22}});
+  sweep_f64(
+      "sin", [](double v) { return sin_f64(v); }, [](long double v) { return std::sin(v); }, x);
+  sweep_f64(
+      "cos", [](double v) { return cos_f64(v); }, [](long double v) { return std::cos(v); }, x);
+}
+
+TEST(UlpF64, Tanh) {
+  sweep_f64(
+      "tanh", [](double x) { return tanh_f64(x); }, [](long double x) { return std::tanh(x); },
+      double_sample({{-25.0, 25.0}, {-1.0, 1.0}}));
+}
+
+TEST(UlpF64, Erf) {
+  sweep_f64(
+      "erf", [](double x) { return erf_f64(x); }, [](long double x) { return std::erf(x); },
+      double_sample({{-7.0, 7.0}, {-1.3, 1.3}}));
+}
+
+}  // namespace
+}  // namespace kiln::math
