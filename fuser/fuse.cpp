@@ -22,12 +22,14 @@
 #include "jit/executor.h"
 #include "jit/log.h"
 #include "kiln/error.h"
+#include "lib/broadcast.h"
 #include "lib/env.h"
 #include "lib/op_table.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln::fuser {
 
+using detail::broadcasts_to;
 using jit::Node;
 using jit::Value;
 
@@ -832,15 +834,6 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
 
 // Kernels stay small enough to compile in milliseconds: a longer chain becomes several groups.
 constexpr size_t kMaxGroupNodes = 128;
-
-bool broadcasts_to(const Shape& from, const Shape& to) {
-  if (from.size() > to.size()) return false;
-  for (size_t i = 0; i < from.size(); ++i) {
-    const int64_t f = from[from.size() - 1 - i], t = to[to.size() - 1 - i];
-    if (f != t && f != 1) return false;
-  }
-  return true;
-}
 
 }  // namespace
 

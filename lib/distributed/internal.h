@@ -30,6 +30,11 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
 // it (and its result would be a constant of the trace).
 void check_not_tracing(const char* op);
 
+// reduce_scatter's inputs, checked against the output and the group's size (every backend), each
+// flattened to one dim for the backend to concatenate.
+std::vector<Tensor> reduce_scatter_inputs(const Tensor& output, const std::vector<Tensor>& inputs,
+                                          ReduceOp op, int group_size);
+
 // Why NCCL cannot run in this process ("" when it can): no CUDA driver or device, or no
 // libnccl.so.2. Loads NCCL on the first call.
 const std::string& nccl_unavailable_reason();

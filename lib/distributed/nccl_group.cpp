@@ -248,19 +248,7 @@ class NcclGroup : public ProcessGroup {
 
   std::shared_ptr<Work> reduce_scatter(Tensor& output, const std::vector<Tensor>& inputs,
                                        ReduceOp op) override {
-    KILN_CHECK(static_cast<int>(inputs.size()) == size_, "reduce_scatter: ", inputs.size(),
-               " input tensors for a group of ", size_, " ranks");
-    KILN_CHECK(op != ReduceOp::AVG || output.is_floating_point(),
-               "reduce_scatter: ReduceOp::AVG needs a floating-point tensor, got ",
-               dtype_name(output.dtype()));
-    std::vector<Tensor> flat;
-    for (const Tensor& in : inputs) {
-      KILN_CHECK(in.numel() == output.numel() && in.dtype() == output.dtype(),
-                 "reduce_scatter: each input must have the output's ", output.numel(),
-                 " elements and dtype ", dtype_name(output.dtype()), ", got ", in.numel(), " of ",
-                 dtype_name(in.dtype()));
-      flat.push_back(in.detach().reshape({in.numel()}));
-    }
+    const std::vector<Tensor> flat = reduce_scatter_inputs(output, inputs, op, size_);
     Tensor in = stage(cat(flat, 0), "reduce_scatter");
     Tensor out = stage(output, "reduce_scatter");
     if (out.numel() > 0) {

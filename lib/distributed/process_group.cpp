@@ -80,6 +80,24 @@ std::shared_ptr<Work> finish(std::shared_ptr<Work> work, bool async_op) {
 
 }  // namespace
 
+std::vector<Tensor> reduce_scatter_inputs(const Tensor& output, const std::vector<Tensor>& inputs,
+                                          ReduceOp op, int group_size) {
+  KILN_CHECK(static_cast<int>(inputs.size()) == group_size, "reduce_scatter: ", inputs.size(),
+             " input tensors for a group of ", group_size, " ranks");
+  KILN_CHECK(op != ReduceOp::AVG || output.is_floating_point(),
+             "reduce_scatter: ReduceOp::AVG needs a floating-point tensor, got ",
+             dtype_name(output.dtype()));
+  std::vector<Tensor> flat;
+  for (const Tensor& in : inputs) {
+    KILN_CHECK(in.numel() == output.numel() && in.dtype() == output.dtype(),
+               "reduce_scatter: each input must have the output's ", output.numel(),
+               " elements and dtype ", dtype_name(output.dtype()), ", got ", in.numel(), " of ",
+               dtype_name(in.dtype()));
+    flat.push_back(in.detach().reshape({in.numel()}));
+  }
+  return flat;
+}
+
 void check_not_tracing(const char* op) {
   KILN_CHECK(!detail::trace_state(), op,
              ": collectives cannot run inside jit::trace yet (a replay would skip them)");

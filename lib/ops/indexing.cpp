@@ -16,11 +16,13 @@
 #include <vector>
 
 #include "kiln/ops.h"
+#include "lib/broadcast.h"
 #include "lib/elementwise.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln {
 
+using detail::broadcasts_to;
 using detail::describe;
 using detail::shape_str;
 using indexing::TensorIndex;
@@ -57,17 +59,6 @@ Tensor masked_select(const Tensor& x, const Tensor& mask) {
     if (flags[i]) picked.push_back(static_cast<int64_t>(i));
   return index_select(x.expand(shape).reshape({-1}), 0, from_vector(picked).to(x.device()));
 }
-
-namespace {
-bool broadcasts_to(const Shape& from, const Shape& to) {
-  if (from.size() > to.size()) return false;
-  for (size_t i = 0; i < from.size(); ++i) {
-    const int64_t f = from[from.size() - 1 - i], t = to[to.size() - 1 - i];
-    if (f != t && f != 1) return false;
-  }
-  return true;
-}
-}  // namespace
 
 namespace {
 void check_mask(const char* op, const Tensor& x, const Tensor& mask) {

@@ -32,6 +32,7 @@
 #include "kiln/autograd.h"
 #include "kiln/ops.h"
 #include "lib/autograd.h"
+#include "lib/broadcast.h"
 #include "lib/cuda_blas.h"
 #include "lib/cuda_tensor.h"
 #include "lib/dispatch.h"
@@ -44,6 +45,7 @@
 
 namespace kiln {
 
+using detail::broadcasts_to;
 using detail::describe;
 using detail::DTypeRule;
 using detail::OpKind;
@@ -372,15 +374,6 @@ void check_scalar_kind(const char* op, DType compute, const Scalar& s, const cha
   KILN_CHECK(!(is_integral(compute) && s.is_floating_point()), op,
              ": for integral input tensors, argument ", name,
              " must not be a floating point number (got ", s, " for ", dtype_name(compute), ")");
-}
-
-// Whether a tensor of shape `from` broadcasts to exactly `to`.
-bool broadcasts_to(const Shape& from, const Shape& to) {
-  if (from.size() > to.size()) return false;
-  size_t off = to.size() - from.size();
-  for (size_t i = 0; i < from.size(); ++i)
-    if (from[i] != 1 && from[i] != to[off + i]) return false;
-  return true;
 }
 
 std::string pair_str(const Tensor& a, const Tensor& b) {
