@@ -17,6 +17,7 @@
 
 #ifdef KILN_HAS_CUDA
 #include "fuser/cache.h"
+#include "fuser/codegen/cuda/cuda_codegen.h"
 #include "fuser/codegen/cuda/cuda_kernel.h"
 #include "fuser/fuse.h"
 #include "jit/ir.h"
@@ -107,8 +108,11 @@ TEST(Cuda, BinariesAreCachedOnDiskPerArchitectureAndCompiler) {
   const fuser::cuda::CudaCompileStats after = fuser::cuda::cuda_compile_stats();
   EXPECT_EQ(after.memory_hits, before.memory_hits + 1);
   if (fuser::DiskCache::instance().enabled()) {
+    // On disk the binary is filed under the source it was compiled from.
+    const std::string disk_key = fuser::cuda::cuda_disk_key(
+        fuser::cuda::cuda_source(g.kernel, layout, bin.symbol, v), 90, /*ptx=*/false);
     std::optional<std::string> on_disk =
-        fuser::DiskCache::instance().load(key90, fuser::kCudaBinary);
+        fuser::DiskCache::instance().load(disk_key, fuser::kCudaBinary);
     ASSERT_TRUE(on_disk.has_value());
     EXPECT_EQ(*on_disk, bin.image);
   }
