@@ -149,9 +149,13 @@ class StoreServer {
     std::string key, value;
     if (op == kSet) {
       if (!read_string(fd, &key) || !read_string(fd, &value)) return false;
-      std::lock_guard<std::mutex> lock(mu_);
-      data_[key] = std::move(value);
-      return true;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        data_[key] = std::move(value);
+      }
+      // Acknowledged once stored, so that a read on another connection after set returns sees it.
+      const uint8_t stored = 1;
+      return write_all(fd, &stored, 1);
     }
     if (op == kGet) {
       if (!read_string(fd, &key)) return false;
@@ -319,8 +323,10 @@ const std::string& TCPStore::host() const {
 void TCPStore::set(const std::string& key, const std::vector<char>& value) {
   impl_->request("set", key, [&](int fd) {
     uint8_t op = kSet;
+    uint8_t stored = 0;
     bool ok = write_all(fd, &op, 1) && write_string(fd, key) &&
-              write_string(fd, std::string(value.begin(), value.end()));
+              write_string(fd, std::string(value.begin(), value.end())) &&
+              read_all(fd, &stored, 1) && stored == 1;
     return std::make_pair(ok, 0);
   });
 }
