@@ -399,13 +399,23 @@ KILN_BINARY(mul, DTypeRule::Same, true, multiply(x, y), "(mul x y)", g* b, Y, g*
 // b's gradient divides twice, in torch's order: b * b underflows (b = 1e-30f) or overflows where
 // (a / b) / b does not.
 KILN_BINARY(div, DTypeRule::Float, true, x / y, "(div x y)", g / b, Y, -g*((a / b) / b), XY)
-// NaN propagates from either side, as in torch.minimum/maximum.
-KILN_BINARY(minimum, DTypeRule::Same, true, T((x != x || x < y) ? x : y),
-            "(select (or (ne x x) (lt x y)) x y)", share(g, gt(a, b), a, b), XY,
-            share(g, lt(a, b), a, b), XY)
-KILN_BINARY(maximum, DTypeRule::Same, true, T((x != x || x > y) ? x : y),
-            "(select (or (ne x x) (gt x y)) x y)", share(g, lt(a, b), a, b), XY,
-            share(g, gt(a, b), a, b), XY)
+// NaN propagates from either side, as in torch.minimum/maximum. Of zeros of both signs, +0 is
+// the greater whichever operand holds it (IEEE 754-2019 maximum/minimum, as amax/amin and relu):
+// x + y of zeros is -0 only when both are, -(-x + -y) is -0 when either is (the primitives have no
+// sign test); libtorch keeps the first or the second operand depending on its loop.
+KILN_BINARY(minimum, DTypeRule::Same, true,
+            T((x != x || x < y)          ? x
+              : (x == T(0) && y == T(0)) ? T(-(-x + -y))
+                                         : y),
+            "(select (or (ne x x) (lt x y)) x"
+            " (select (and (eq x 0) (eq y 0)) (neg (add (neg x) (neg y))) y))",
+            share(g, gt(a, b), a, b), XY, share(g, lt(a, b), a, b), XY)
+KILN_BINARY(maximum, DTypeRule::Same, true,
+            T((x != x || x > y)          ? x
+              : (x == T(0) && y == T(0)) ? T(x + y)
+                                         : y),
+            "(select (or (ne x x) (gt x y)) x (select (and (eq x 0) (eq y 0)) (add x y) y))",
+            share(g, lt(a, b), a, b), XY, share(g, gt(a, b), a, b), XY)
 KILN_BINARY(eq, DTypeRule::Predicate, true, x == y, "(eq x y)", Tensor(), None, Tensor(), None)
 KILN_BINARY(ne, DTypeRule::Predicate, true, x != y, "(ne x y)", Tensor(), None, Tensor(), None)
 KILN_BINARY(lt, DTypeRule::Predicate, true, x < y, "(lt x y)", Tensor(), None, Tensor(), None)

@@ -131,6 +131,48 @@ bool relu_pick(Gen& g, Step& s) {
   const auto& x = arg(g, s, 0);
   return !is_float(x) || !torch::logical_and(x == 0, torch::signbit(x)).any().item<bool>();
 }
+bool inexact_so_far(const Gen& g);
+
+// sign of a value within rounding of 0 after inexact steps (deliberate difference): a GEMM's or
+// a transcendental's ulps may give it either sign (sign(gelu(bmm(...))) of a value that cancels).
+bool sign_pick(Gen& g, Step& s) {
+  unary(g, s);
+  const auto& x = arg(g, s, 0);
+  if (!is_float(x) || !inexact_so_far(g) || x.numel() == 0) return true;
+  torch::Tensor v = x.detach().to(torch::kFloat64).abs();
+  return !torch::logical_and(v > 0, v <= 1e-5 * std::max(1.0, max_finite_abs(x)))
+              .any()
+              .item<bool>();
+}
+// sin/cos of values beyond 64 in magnitude after inexact steps (deliberate difference): their
+// ulps, which the steps before may have moved (pow magnifies a GEMM's), are past the tolerance of
+// a result within [-1, 1] (cos(pow(v, v)) of an addmm result near 6: 46656 +- ulps of 0.004).
+bool periodic_pick(Gen& g, Step& s) {
+  unary(g, s);
+  return !inexact_so_far(g) || max_finite_abs(arg(g, s, 0)) <= 64;
+}
+// gelu of -0 in float32 (deliberate difference): kiln's is -0 (x Phi(x)), as libtorch's scalar
+// loop and float64 kernels give; libtorch's float32 vector loop gives +0, whose sign rsqrt reads.
+bool gelu_pick(Gen& g, Step& s) {
+  unary(g, s);
+  const auto& x = arg(g, s, 0);
+  return x.scalar_type() != torch::kFloat32 ||
+         !torch::logical_and(x == 0, torch::signbit(x)).any().item<bool>();
+}
+// maximum/minimum where zeros of both signs meet (deliberate difference): kiln's +0 is the greater
+// whichever operand holds it (as in amax and relu); libtorch keeps the first operand in its scalar
+// loop and the second in its vector loop.
+bool extremum_binary_pick(Gen& g, Step& s) {
+  binary(g, s);
+  const auto &x = arg(g, s, 0), &y = arg(g, s, 1);
+  if (!is_float(x) && !is_float(y)) return true;
+  if (!broadcasts(sizes(x), sizes(y))) return true;
+  torch::Tensor a = x.detach().to(torch::kFloat64), b = y.detach().to(torch::kFloat64);
+  return !torch::logical_and(torch::logical_and(a == 0, b == 0),
+                             torch::signbit(a) != torch::signbit(b))
+              .any()
+              .item<bool>();
+}
 // float32 erf of a subnormal (deliberate difference): kiln's rational approximation gives 0,
 // libtorch's a subnormal, whose sign a later op (abs's gradient) reads.
 bool erf_pick(Gen& g, Step& s) {
@@ -146,6 +188,17 @@ bool inexact_so_far(const Gen& g) {
   for (const Step& before : g.program->steps)
     if (op_table()[static_cast<size_t>(before.op)].flags & kInexact) return true;
   return false;
+}
+// Whether a step so far normalizes (layer_norm): an infinite gradient that comes back to it makes
+// its input's gradient NaN in libtorch and infinite in kiln (deliberate difference).
+bool normalized_so_far(const Gen& g) {
+  for (const Step& before : g.program->steps)
+    if (std::string(op_table()[static_cast<size_t>(before.op)].name).rfind("layer_norm", 0) == 0)
+      return true;
+  return false;
+}
+bool holds_inf(const torch::Tensor& t) {
+  return is_float(t) && torch::isinf(t.detach()).any().item<bool>();
 }
 // The largest finite magnitude of a tensor of any dtype (0 when it has none or is empty).
 double max_magnitude(const torch::Tensor& t) {
@@ -434,15 +487,20 @@ bool reduce_list(Gen& g, Step& s) {
   return true;
 }
 // A float32 value whose sum overflows float32 (deliberate difference): kiln's float sums accumulate
-// in float64, so its mean, var and std are finite where libtorch's are inf or NaN.
+// in float64, so its mean, var and std are finite where libtorch's are inf or NaN. Nor a float64
+// value whose partial sums may overflow: the result depends on the order of the steps, which
+// differs between libtorch and kiln (-inf in one, NaN where the other meets inf - inf).
 bool sum_fits(const torch::Tensor& x) {
-  return x.scalar_type() != torch::kFloat32 ||
-         max_finite_abs(x) * static_cast<double>(x.numel()) <= largest(torch::kFloat32) / 2;
+  return !is_float(x) ||
+         max_finite_abs(x) * static_cast<double>(x.numel()) <= largest(x.scalar_type()) / 2;
+}
+bool sum_pick(Gen& g, Step& s) {
+  return reduce_list(g, s) && sum_fits(arg(g, s, 0));
 }
 bool mean_pick(Gen& g, Step& s) {
   return reduce_list(g, s) && sum_fits(arg(g, s, 0));
 }
-bool mean_all_pick(Gen& g, Step& s) {
+bool whole_sum_pick(Gen& g, Step& s) {
   return unary(g, s) && sum_fits(arg(g, s, 0));
 }
 // var/std over the dim of a 0-dim tensor with correction 1 (deliberate difference): both are
@@ -571,6 +629,9 @@ bool linear_pick(Gen& g, Step& s) {
   int64_t out = g.uniform(1, 4);
   kiln::DType dt = partner_dtype(g, x);
   s.args = {g.id(a), g.new_input({out, x.size(-1)}, dt), g.new_input({out}, dt)};
+  // Nor, after a layer_norm, an infinite weight or bias (deliberate difference, see
+  // normalized_so_far): the gradient coming back to the input is infinite.
+  if (normalized_so_far(g) && (holds_inf(arg(g, s, 1)) || holds_inf(arg(g, s, 2)))) return false;
   return products_fit(arg(g, s, 0), arg(g, s, 1)) &&
          max_finite_abs(arg(g, s, 2)) <= largest(torch::kFloat32) / 4;
 }
@@ -706,6 +767,9 @@ bool mse_pick(Gen& g, Step& s) {
   s.args.push_back(g.new_input(sizes(x), to_kiln(x.scalar_type())));
   s.p.i = {g.uniform(0, 2)};
   const auto& a = arg(g, s, 0);
+  // Nor, after a layer_norm, an infinite operand (see normalized_so_far): the other's gradient is
+  // infinite.
+  if (normalized_so_far(g) && (holds_inf(a) || holds_inf(arg(g, s, 1)))) return false;
   return max_finite_abs(a) + max_finite_abs(arg(g, s, 1)) <= largest(a.scalar_type()) / 4;
 }
 // Nor an empty integral or bool operand (deliberate difference): libtorch returns its dtype, kiln
@@ -773,7 +837,7 @@ const std::vector<Op>& op_table() {
       // ------------------------------------------------ unary
       DIFF_OP("neg", 0, unary, neg(a[0])),
       DIFF_OP("abs", 0, unary, abs(a[0])),
-      DIFF_OP("sign", 0, unary, sign(a[0])),
+      DIFF_OP("sign", 0, sign_pick, sign(a[0])),
       DIFF_OP("exp", kInexact, unary, exp(a[0])),
       DIFF_OP("log", kInexact, unary, log(a[0])),
       DIFF_OP("log1p", kInexact, log1p_pick, log1p(a[0])),
@@ -781,12 +845,12 @@ const std::vector<Op>& op_table() {
       DIFF_OP("sqrt", kInexact, unary, sqrt(a[0])),
       DIFF_OP("rsqrt", kInexact, unary, rsqrt(a[0])),
       DIFF_OP("reciprocal", 0, unary, reciprocal(a[0])),
-      DIFF_OP("sin", kInexact, unary, sin(a[0])),
-      DIFF_OP("cos", kInexact, unary, cos(a[0])),
+      DIFF_OP("sin", kInexact, periodic_pick, sin(a[0])),
+      DIFF_OP("cos", kInexact, periodic_pick, cos(a[0])),
       DIFF_OP("tanh", kInexact, unary, tanh(a[0])),
       DIFF_OP("sigmoid", kInexact, unary, sigmoid(a[0])),
       DIFF_OP("relu", 0, relu_pick, relu(a[0])),
-      DIFF_OP("gelu", kInexact, unary, gelu(a[0])),
+      DIFF_OP("gelu", kInexact, gelu_pick, gelu(a[0])),
       DIFF_OP("gelu_tanh", kInexact, unary, gelu(a[0], "tanh")),
       DIFF_OP("silu", kInexact, unary, silu(a[0])),
       DIFF_OP("softplus", kInexact, unary, softplus(a[0])),
@@ -808,8 +872,8 @@ const std::vector<Op>& op_table() {
       DIFF_OP("div", 0, binary, div(a[0], a[1])),
       DIFF_OP("pow", kInexact, pow_pick, pow(a[0], a[1])),
       DIFF_OP("remainder", 0, remainder_pick, remainder(a[0], a[1])),
-      DIFF_OP("minimum", 0, binary, minimum(a[0], a[1])),
-      DIFF_OP("maximum", 0, binary, maximum(a[0], a[1])),
+      DIFF_OP("minimum", 0, extremum_binary_pick, minimum(a[0], a[1])),
+      DIFF_OP("maximum", 0, extremum_binary_pick, maximum(a[0], a[1])),
       DIFF_OP("eq", 0, binary, eq(a[0], a[1])),
       DIFF_OP("ne", 0, binary, ne(a[0], a[1])),
       DIFF_OP("lt", 0, binary, lt(a[0], a[1])),
@@ -863,10 +927,10 @@ const std::vector<Op>& op_table() {
       DIFF_OP("slice_copy_", 0, inplace_tensor,
               (a[0].slice(p.i[0], p.i[1], p.i[2], p.i[3]).copy_(a[1]), a[0])),
       // ------------------------------------------------ reductions
-      DIFF_OP("sum", kInexact, reduce_list, a[0].sum(p.list, p.i[0] != 0)),
-      DIFF_OP("sum_all", kInexact, unary, a[0].sum()),
+      DIFF_OP("sum", kInexact, sum_pick, a[0].sum(p.list, p.i[0] != 0)),
+      DIFF_OP("sum_all", kInexact, whole_sum_pick, a[0].sum()),
       DIFF_OP("mean", kInexact, mean_pick, a[0].mean(p.list, p.i[0] != 0)),
-      DIFF_OP("mean_all", kInexact, mean_all_pick, a[0].mean()),
+      DIFF_OP("mean_all", kInexact, whole_sum_pick, a[0].mean()),
       DIFF_OP("prod", kInexact, prod_pick, a[0].prod(p.i[0], p.i[1] != 0)),
       DIFF_OP("amax", 0, extremum_list_pick, a[0].amax(p.list, p.i[0] != 0)),
       DIFF_OP("amin", 0, extremum_list_pick, a[0].amin(p.list, p.i[0] != 0)),
