@@ -398,7 +398,7 @@ TEST_P(TorchParity, AmaxAndAminOfSignedZerosDoNotDependOnOrder) {
   }
 }
 
-// maximum/minimum of zeros of both signs agree with amax/amax of the pair: +0 is the greater,
+// maximum/minimum of zeros of both signs agree with amax/amin of the pair: +0 is the greater,
 // whichever operand holds it, in eager and fused kernels (short and vectorized lengths alike).
 // libtorch keeps the first operand in its scalar loop and the second in its vector loop (a
 // deliberate difference: the tester does not pick such operands).
