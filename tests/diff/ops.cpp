@@ -783,15 +783,31 @@ bool softmax_pick(Gen& g, Step& s) {
 // within float32 rounding of an integer (deliberate difference): kiln's float32 transcendentals
 // are within a few ulps of libtorch's (erf(3.96f) is 1 - 2^-24 in kiln, 1 in libtorch), and the
 // cast truncates that ulp into a whole unit.
+// Whether x holds a nonzero value within float32 rounding of k + offset for an integer k.
+bool near_integers(const torch::Tensor& x, double offset) {
+  torch::Tensor v = x.detach().to(torch::kFloat64);
+  torch::Tensor w = v - offset;
+  torch::Tensor near = (w - w.round()).abs() <= 1e-5 * torch::clamp_min(v.abs(), 1);
+  return torch::logical_and(near, v != 0).any().item<bool>();
+}
 bool cast_pick(Gen& g, Step& s) {
   unary(g, s);
   s.p.i = {static_cast<int64_t>(g.random_dtype())};
   const auto& x = arg(g, s, 0);
   if (!is_float(x) || kiln::is_floating_point(static_cast<kiln::DType>(s.p.i[0]))) return true;
-  if (!inexact_so_far(g) || x.numel() == 0) return true;
-  torch::Tensor v = x.detach().to(torch::kFloat64);
-  torch::Tensor near = (v - v.round()).abs() <= 1e-5 * torch::clamp_min(v.abs(), 1);
-  return !torch::logical_and(near, v != 0).any().item<bool>();
+  return !inexact_so_far(g) || x.numel() == 0 || !near_integers(x, 0);
+}
+// The same for floor and ceil (ceil(abs(erf(x))) of float32 is 2 in kiln where kiln's erf is an
+// ulp above 1, docs/torch-differences.md), and for round near a half-integer.
+bool floor_ceil_pick(Gen& g, Step& s) {
+  unary(g, s);
+  const auto& x = arg(g, s, 0);
+  return !is_float(x) || !inexact_so_far(g) || x.numel() == 0 || !near_integers(x, 0);
+}
+bool round_pick(Gen& g, Step& s) {
+  unary(g, s);
+  const auto& x = arg(g, s, 0);
+  return !is_float(x) || !inexact_so_far(g) || x.numel() == 0 || !near_integers(x, 0.5);
 }
 
 kiln::Reduction kiln_reduction(int64_t r) {
@@ -855,9 +871,9 @@ const std::vector<Op>& op_table() {
       DIFF_OP("silu", kInexact, unary, silu(a[0])),
       DIFF_OP("softplus", kInexact, unary, softplus(a[0])),
       DIFF_OP("erf", kInexact, erf_pick, erf(a[0])),
-      DIFF_OP("floor", 0, unary, floor(a[0])),
-      DIFF_OP("ceil", 0, unary, ceil(a[0])),
-      DIFF_OP("round", 0, unary, round(a[0])),
+      DIFF_OP("floor", 0, floor_ceil_pick, floor(a[0])),
+      DIFF_OP("ceil", 0, floor_ceil_pick, ceil(a[0])),
+      DIFF_OP("round", 0, round_pick, round(a[0])),
       DIFF_OP("logical_not", 0, unary, logical_not(a[0])),
       DIFF_OP("isnan", 0, unary, isnan(a[0])),
       DIFF_OP("isfinite", 0, unary, isfinite(a[0])),
