@@ -144,6 +144,35 @@ bool sign_pick(Gen& g, Step& s) {
               .any()
               .item<bool>();
 }
+// A reciprocal (reciprocal, rsqrt, a divisor) of a value within 1e-2 of 0 (relative to the
+// tensor's largest magnitude, at least 1) after inexact steps (deliberate difference): such a
+// value may be what is left of a cancellation (a GEMM's sum, remainder), whose ulps are the
+// operands' and so a large part of it, and the reciprocal is compared relative to itself.
+bool near_zero_after_inexact(const Gen& g, const torch::Tensor& x) {
+  if (!is_float(x) || !inexact_so_far(g) || x.numel() == 0) return false;
+  torch::Tensor v = x.detach().to(torch::kFloat64).abs();
+  return torch::logical_and(v > 0, v < 1e-2 * std::max(1.0, max_finite_abs(x))).any().item<bool>();
+}
+bool reciprocal_pick(Gen& g, Step& s) {
+  unary(g, s);
+  return !near_zero_after_inexact(g, arg(g, s, 0));
+}
+bool div_pick(Gen& g, Step& s) {
+  binary(g, s);
+  return !near_zero_after_inexact(g, arg(g, s, 1));
+}
+// log of a softmax that underflowed to 0 (deliberate difference): a trace's stabilize pass
+// computes log(softmax(x)) as log_softmax(x), finite where eager mode and libtorch give -inf.
+bool log_pick(Gen& g, Step& s) {
+  unary(g, s);
+  const ValueId id = s.args[0];
+  if (id < 0 ||
+      std::string(
+          op_table()[static_cast<size_t>(g.program->steps[static_cast<size_t>(id)].op)].name) !=
+          "softmax")
+    return true;
+  return !(arg(g, s, 0) == 0).any().item<bool>();
+}
 // sin/cos of values beyond 64 in magnitude after inexact steps (deliberate difference): their
 // ulps, which the steps before may have moved (pow magnifies a GEMM's), are past the tolerance of
 // a result within [-1, 1] (cos(pow(v, v)) of an addmm result near 6: 46656 +- ulps of 0.004).
@@ -855,12 +884,12 @@ const std::vector<Op>& op_table() {
       DIFF_OP("abs", 0, unary, abs(a[0])),
       DIFF_OP("sign", 0, sign_pick, sign(a[0])),
       DIFF_OP("exp", kInexact, unary, exp(a[0])),
-      DIFF_OP("log", kInexact, unary, log(a[0])),
+      DIFF_OP("log", kInexact, log_pick, log(a[0])),
       DIFF_OP("log1p", kInexact, log1p_pick, log1p(a[0])),
       DIFF_OP("expm1", kInexact, unary, expm1(a[0])),
       DIFF_OP("sqrt", kInexact, unary, sqrt(a[0])),
-      DIFF_OP("rsqrt", kInexact, unary, rsqrt(a[0])),
-      DIFF_OP("reciprocal", 0, unary, reciprocal(a[0])),
+      DIFF_OP("rsqrt", kInexact, reciprocal_pick, rsqrt(a[0])),
+      DIFF_OP("reciprocal", 0, reciprocal_pick, reciprocal(a[0])),
       DIFF_OP("sin", kInexact, periodic_pick, sin(a[0])),
       DIFF_OP("cos", kInexact, periodic_pick, cos(a[0])),
       DIFF_OP("tanh", kInexact, unary, tanh(a[0])),
@@ -885,7 +914,7 @@ const std::vector<Op>& op_table() {
       DIFF_OP("add_alpha", 0, add_alpha_pick, add(a[0], a[1], B::scalar(p, 0))),
       DIFF_OP("sub", 0, binary, sub(a[0], a[1])),
       DIFF_OP("mul", 0, binary, mul(a[0], a[1])),
-      DIFF_OP("div", 0, binary, div(a[0], a[1])),
+      DIFF_OP("div", 0, div_pick, div(a[0], a[1])),
       DIFF_OP("pow", kInexact, pow_pick, pow(a[0], a[1])),
       DIFF_OP("remainder", 0, remainder_pick, remainder(a[0], a[1])),
       DIFF_OP("minimum", 0, extremum_binary_pick, minimum(a[0], a[1])),
