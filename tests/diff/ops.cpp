@@ -267,6 +267,14 @@ bool remainder_pick(Gen& g, Step& s) {
   const torch::ScalarType t = torch::result_type(x, y);
   if (!quotient_fits(max_magnitude(x), min_nonzero_abs(y), t)) return false;
   if (y.numel() > 0 && traps_in_torch(x, (y.detach() == -1).any().item<bool>(), t)) return false;
+  // Nor a dividend whose quotient may underflow (OPEN, docs/torch-differences.md): kiln's divisor
+  // gradient -g floor(a / b) rounds the quotient to -0 first (0), libtorch's floor division is
+  // exact (-1).
+  if (c10::isFloatingType(t)) {
+    const double tiny = t == torch::kFloat32 ? std::numeric_limits<float>::min()
+                                             : std::numeric_limits<double>::min();
+    if (min_nonzero_abs(x) < tiny * std::max(1.0, max_magnitude(y))) return false;
+  }
   if (!inexact_so_far(g) || !is_float(y) || x.numel() == 0 || y.numel() == 0) return true;
   torch::Tensor ratio = x.detach().to(torch::kFloat64).abs().max() /
                         torch::clamp_min(y.detach().to(torch::kFloat64).abs().min(), 1e-300);
@@ -297,10 +305,14 @@ bool log1p_pick(Gen& g, Step& s) {
   unary(g, s);
   const auto& x = arg(g, s, 0);
   if (max_finite_abs(x) > largest(x.scalar_type()) / 16) return false;
-  if (x.scalar_type() != torch::kFloat32) return true;
-  torch::Tensor a = x.detach().abs();
-  if (inexact_so_far(g) && (x.detach() + 1).abs().le(1e-2).any().item<bool>()) return false;
-  return !torch::logical_and(a > 0, a < std::numeric_limits<float>::min()).any().item<bool>();
+  if (!is_float(x)) return true;
+  torch::Tensor a = x.detach().abs().to(torch::kFloat64);
+  // Nor a float64 subnormal (libtorch's float64 log1p of one is 0 too).
+  const double smallest = x.scalar_type() == torch::kFloat32 ? std::numeric_limits<float>::min()
+                                                             : std::numeric_limits<double>::min();
+  if (torch::logical_and(a > 0, a < smallest).any().item<bool>()) return false;
+  return x.scalar_type() != torch::kFloat32 || !inexact_so_far(g) ||
+         !(x.detach() + 1).abs().le(1e-2).any().item<bool>();
 }
 // add with alpha: libtorch computes a + alpha * b in one FMA, kiln in two roundings, so where
 // alpha * b alone overflows, kiln's sum is infinite and libtorch's may not be.
@@ -812,12 +824,13 @@ bool softmax_pick(Gen& g, Step& s) {
 // within float32 rounding of an integer (deliberate difference): kiln's float32 transcendentals
 // are within a few ulps of libtorch's (erf(3.96f) is 1 - 2^-24 in kiln, 1 in libtorch), and the
 // cast truncates that ulp into a whole unit.
-// Whether x holds a nonzero value within float32 rounding of k + offset for an integer k.
-bool near_integers(const torch::Tensor& x, double offset) {
+// Whether x holds a value within float32 rounding of k + offset for an integer k (0 itself only
+// with `zero`).
+bool near_integers(const torch::Tensor& x, double offset, bool zero = false) {
   torch::Tensor v = x.detach().to(torch::kFloat64);
   torch::Tensor w = v - offset;
   torch::Tensor near = (w - w.round()).abs() <= 1e-5 * torch::clamp_min(v.abs(), 1);
-  return torch::logical_and(near, v != 0).any().item<bool>();
+  return torch::logical_and(near, zero ? v == v : v != 0).any().item<bool>();
 }
 bool cast_pick(Gen& g, Step& s) {
   unary(g, s);
@@ -826,12 +839,30 @@ bool cast_pick(Gen& g, Step& s) {
   if (!is_float(x) || kiln::is_floating_point(static_cast<kiln::DType>(s.p.i[0]))) return true;
   return !inexact_so_far(g) || x.numel() == 0 || !near_integers(x, 0);
 }
-// The same for floor and ceil (ceil(abs(erf(x))) of float32 is 2 in kiln where kiln's erf is an
-// ulp above 1, docs/torch-differences.md), and for round near a half-integer.
+// The same for floor and ceil, 0 included (ceil(abs(erf(x))) of float32 is 2 in kiln where kiln's
+// erf is an ulp above 1, docs/torch-differences.md; floor(logsumexp(log_softmax(x))) of 1 - 1e-8
+// is -1), and for round near a half-integer.
 bool floor_ceil_pick(Gen& g, Step& s) {
   unary(g, s);
   const auto& x = arg(g, s, 0);
-  return !is_float(x) || !inexact_so_far(g) || x.numel() == 0 || !near_integers(x, 0);
+  return !is_float(x) || !inexact_so_far(g) || x.numel() == 0 || !near_integers(x, 0, true);
+}
+// Nor a truth value (logical ops, all, any) of floats within rounding of 0, 0 included, after
+// inexact steps: a rounding error of either library (a layer_norm row's sum, gelu of a large
+// negative value) is true where the other's 0 is false.
+bool truth_of(const Gen& g, const torch::Tensor& x) {
+  return !is_float(x) || !inexact_so_far(g) || x.numel() == 0 ||
+         !torch::le(x.detach().to(torch::kFloat64).abs(), 1e-5 * std::max(1.0, max_finite_abs(x)))
+              .any()
+              .item<bool>();
+}
+bool truth_pick(Gen& g, Step& s) {
+  unary(g, s);
+  return truth_of(g, arg(g, s, 0));
+}
+bool truth_binary_pick(Gen& g, Step& s) {
+  binary(g, s);
+  return truth_of(g, arg(g, s, 0)) && truth_of(g, arg(g, s, 1));
 }
 bool round_pick(Gen& g, Step& s) {
   unary(g, s);
@@ -903,7 +934,7 @@ const std::vector<Op>& op_table() {
       DIFF_OP("floor", 0, floor_ceil_pick, floor(a[0])),
       DIFF_OP("ceil", 0, floor_ceil_pick, ceil(a[0])),
       DIFF_OP("round", 0, round_pick, round(a[0])),
-      DIFF_OP("logical_not", 0, unary, logical_not(a[0])),
+      DIFF_OP("logical_not", 0, truth_pick, logical_not(a[0])),
       DIFF_OP("isnan", 0, unary, isnan(a[0])),
       DIFF_OP("isfinite", 0, unary, isfinite(a[0])),
       DIFF_OP("clone", 0, unary, a[0].clone()),
@@ -925,8 +956,8 @@ const std::vector<Op>& op_table() {
       DIFF_OP("le", 0, binary, le(a[0], a[1])),
       DIFF_OP("gt", 0, binary, gt(a[0], a[1])),
       DIFF_OP("ge", 0, binary, ge(a[0], a[1])),
-      DIFF_OP("logical_and", 0, binary, logical_and(a[0], a[1])),
-      DIFF_OP("logical_or", 0, binary, logical_or(a[0], a[1])),
+      DIFF_OP("logical_and", 0, truth_binary_pick, logical_and(a[0], a[1])),
+      DIFF_OP("logical_or", 0, truth_binary_pick, logical_or(a[0], a[1])),
       DIFF_OP("add_scalar", 0, with_scalar, add(a[0], B::scalar(p, 0))),
       DIFF_OP("sub_scalar", 0, with_scalar, sub(a[0], B::scalar(p, 0))),
       DIFF_OP("mul_scalar", 0, with_scalar, mul(a[0], B::scalar(p, 0))),
@@ -991,8 +1022,8 @@ const std::vector<Op>& op_table() {
                at::std(a[0], at::OptionalIntArrayRef(p.list), c10::optional<int64_t>(p.i[1]),
                        p.i[0] != 0)),
       DIFF_OP("logsumexp", kInexact, reduce_list, a[0].logsumexp(p.list, p.i[0] != 0)),
-      DIFF_OP("all", 0, unary, a[0].all()),
-      DIFF_OP("any", 0, unary, a[0].any()),
+      DIFF_OP("all", 0, truth_pick, a[0].all()),
+      DIFF_OP("any", 0, truth_pick, a[0].any()),
       // ------------------------------------------------ GEMMs
       DIFF_OP("mm", kInexact, mm_pick, mm(a[0], a[1])),
       DIFF_OP("bmm", kInexact, bmm_pick, bmm(a[0], a[1])),
