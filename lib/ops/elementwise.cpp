@@ -518,13 +518,15 @@ Tensor sub(const Tensor& a, const Scalar& b) {
 
 namespace {
 // a // b as torch's remainder gradient computes it (Python's floor division, from fmod): a / b
-// for a zero b, NaN for an infinite a (where fmod is NaN), and -1 for a finite nonzero a over an
-// infinite b of the other sign, where floor(a / b) would be floor(-0).
+// for a zero b, NaN for an infinite a (where fmod is NaN), and -1 for a finite nonzero a over a b
+// of the other sign whose quotient rounds to -0 (b infinite, or a / b below the smallest
+// subnormal: a subnormal a), where floor(a / b) would be floor(-0): the exact quotient is
+// negative, so its floor is -1.
 Tensor floor_quotient(const Tensor& a, const Tensor& b) {
   const double inf = std::numeric_limits<double>::infinity();
   Tensor q = where(ne(abs(a), inf), floor(a / b), std::nan(""));
   Tensor opposite_signs = logical_and(ne(a, 0), ne(lt(a, 0), lt(b, 0)));
-  Tensor rounds_down = logical_and(logical_and(eq(abs(b), inf), isfinite(a)), opposite_signs);
+  Tensor rounds_down = logical_and(logical_and(eq(q, 0), isfinite(a)), opposite_signs);
   return where(logical_not(rounds_down), q, -1.0);
 }
 }  // namespace

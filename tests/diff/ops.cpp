@@ -267,14 +267,6 @@ bool remainder_pick(Gen& g, Step& s) {
   const torch::ScalarType t = torch::result_type(x, y);
   if (!quotient_fits(max_magnitude(x), min_nonzero_abs(y), t)) return false;
   if (y.numel() > 0 && traps_in_torch(x, (y.detach() == -1).any().item<bool>(), t)) return false;
-  // Nor a dividend whose quotient may underflow (OPEN, docs/torch-differences.md): kiln's divisor
-  // gradient -g floor(a / b) rounds the quotient to -0 first (0), libtorch's floor division is
-  // exact (-1).
-  if (c10::isFloatingType(t)) {
-    const double tiny = t == torch::kFloat32 ? std::numeric_limits<float>::min()
-                                             : std::numeric_limits<double>::min();
-    if (min_nonzero_abs(x) < tiny * std::max(1.0, max_magnitude(y))) return false;
-  }
   if (!inexact_so_far(g) || !is_float(y) || x.numel() == 0 || y.numel() == 0) return true;
   torch::Tensor ratio = x.detach().to(torch::kFloat64).abs().max() /
                         torch::clamp_min(y.detach().to(torch::kFloat64).abs().min(), 1e-300);

@@ -452,6 +452,16 @@ TEST_P(TorchParity, GeluOfNegativeZeroIsNegativeZero) {
   }
 }
 
+// remainder(a, b)'s divisor gradient is -g (a // b), libtorch's floor division: -1 for a nonzero
+// a over a b of the other sign, even where a / b rounds to -0 (a subnormal a; an infinite b).
+TEST_P(TorchParity, RemainderDivisorGradientWhereTheQuotientRoundsToZero) {
+  const double tiny = std::numeric_limits<double>::denorm_min();
+  Tensor a = from_vector(std::vector<double>{tiny, -tiny, tiny, 1.5, tiny});
+  Tensor b = leaf({-2.5, 3.0, -kInf, -kInf, 2.5}, {5});
+  remainder(a, b).backward(ones({5}, kFloat64));
+  EXPECT_EQ(b.grad().to_vector<double>(), (std::vector<double>{1, 1, 1, 1, 0}));
+}
+
 // --------------------------------------------------------------------- layer_norm of nothing
 
 // Deliberate difference (docs/torch-differences.md): layer_norm subtracts the mean first, so an
