@@ -258,6 +258,12 @@ bool traps_in_torch(const torch::Tensor& x, bool divisor_minus_one, torch::Scala
 bool quotient_fits(double dividend, double divisor, torch::ScalarType t) {
   return !c10::isFloatingType(t) || divisor == 0 || !(dividend > largest(t) / 2 * divisor);
 }
+bool near_integers(const torch::Tensor& x, double offset, bool zero = false);
+// Nor a computed dividend within rounding of a multiple of the divisor, 0 included (deliberate
+// difference): an ulp either side is 0 or nearly the divisor (remainder(sum(softmax(x)), 1.0)).
+bool near_multiple(const torch::Tensor& x, const torch::Tensor& divisor) {
+  return near_integers(x.detach().to(torch::kFloat64) / divisor, 0, true);
+}
 // Nor a dividend far larger than a computed floating divisor (deliberate difference): the divisor
 // is within ulps of libtorch's (erf), and fmod magnifies that ulp by the quotient into any value
 // in [0, divisor).
@@ -268,6 +274,7 @@ bool remainder_pick(Gen& g, Step& s) {
   if (!quotient_fits(max_magnitude(x), min_nonzero_abs(y), t)) return false;
   if (y.numel() > 0 && traps_in_torch(x, (y.detach() == -1).any().item<bool>(), t)) return false;
   if (!inexact_so_far(g) || !is_float(y) || x.numel() == 0 || y.numel() == 0) return true;
+  if (near_multiple(x, y.detach().to(torch::kFloat64))) return false;
   torch::Tensor ratio = x.detach().to(torch::kFloat64).abs().max() /
                         torch::clamp_min(y.detach().to(torch::kFloat64).abs().min(), 1e-300);
   return !(ratio > 64).item<bool>();
@@ -280,6 +287,7 @@ bool remainder_scalar_pick(Gen& g, Step& s) {
   if (!quotient_fits(max_magnitude(x), std::abs(s.p.scalars[0]), t)) return false;
   if (traps_in_torch(x, s.p.scalars[0] == -1, t)) return false;
   if (!inexact_so_far(g) || !is_float(x) || x.numel() == 0) return true;
+  if (near_multiple(x, torch::tensor(s.p.scalars[0], torch::kFloat64))) return false;
   return max_finite_abs(x) <= 64 * std::abs(s.p.scalars[0]);
 }
 // A negative base to a computed floating power (deliberate difference): the result is NaN
@@ -818,7 +826,7 @@ bool softmax_pick(Gen& g, Step& s) {
 // cast truncates that ulp into a whole unit.
 // Whether x holds a value within float32 rounding of k + offset for an integer k (0 itself only
 // with `zero`).
-bool near_integers(const torch::Tensor& x, double offset, bool zero = false) {
+bool near_integers(const torch::Tensor& x, double offset, bool zero) {
   torch::Tensor v = x.detach().to(torch::kFloat64);
   torch::Tensor w = v - offset;
   torch::Tensor near = (w - w.round()).abs() <= 1e-5 * torch::clamp_min(v.abs(), 1);
