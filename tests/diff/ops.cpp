@@ -274,7 +274,8 @@ bool remainder_pick(Gen& g, Step& s) {
   if (!quotient_fits(max_magnitude(x), min_nonzero_abs(y), t)) return false;
   if (y.numel() > 0 && traps_in_torch(x, (y.detach() == -1).any().item<bool>(), t)) return false;
   if (!inexact_so_far(g) || !is_float(y) || x.numel() == 0 || y.numel() == 0) return true;
-  if (near_multiple(x, y.detach().to(torch::kFloat64))) return false;
+  if (broadcasts(sizes(x), sizes(y)) && near_multiple(x, y.detach().to(torch::kFloat64)))
+    return false;
   torch::Tensor ratio = x.detach().to(torch::kFloat64).abs().max() /
                         torch::clamp_min(y.detach().to(torch::kFloat64).abs().min(), 1e-300);
   return !(ratio > 64).item<bool>();
