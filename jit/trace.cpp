@@ -844,16 +844,19 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
       wrt.push_back(b->wrt_arguments[w] >= 0 ? inputs[static_cast<size_t>(b->wrt_arguments[w])]
                                              : b->wrt_captures[w]);
     if (detail::any_needs_grad(wrt)) {
-      std::vector<Tensor> outs;
-      std::vector<std::pair<Shape, DType>> types;
-      for (size_t i : b->outputs) {
-        // Outputs the graph merged into one value (CSE: sqrt(x) returned twice) come back as one
-        // tensor; each takes its own alias, as the backward reads one gradient per output.
-        for (const Tensor& o : outs)
-          if (o.is_same(returned[i])) {
+      // Outputs the graph merged into one value (CSE: sqrt(x) returned twice; a piece of
+      // chunk(1, d), which is its whole input) come back as one tensor; each takes its own alias,
+      // as in eager mode: the backward reads one gradient per differentiated output, and an output
+      // that is not differentiated must not take the node as its history.
+      for (size_t i = 1; i < returned.size(); ++i)
+        for (size_t j = 0; j < i; ++j)
+          if (returned[j].is_same(returned[i])) {
             returned[i] = returned[i].detach();
             break;
           }
+      std::vector<Tensor> outs;
+      std::vector<std::pair<Shape, DType>> types;
+      for (size_t i : b->outputs) {
         outs.push_back(returned[i]);
         types.emplace_back(returned[i].sizes(), returned[i].dtype());
       }

@@ -399,13 +399,23 @@ KILN_BINARY(mul, DTypeRule::Same, true, multiply(x, y), "(mul x y)", g* b, Y, g*
 // b's gradient divides twice, in torch's order: b * b underflows (b = 1e-30f) or overflows where
 // (a / b) / b does not.
 KILN_BINARY(div, DTypeRule::Float, true, x / y, "(div x y)", g / b, Y, -g*((a / b) / b), XY)
-// NaN propagates from either side, as in torch.minimum/maximum.
-KILN_BINARY(minimum, DTypeRule::Same, true, T((x != x || x < y) ? x : y),
-            "(select (or (ne x x) (lt x y)) x y)", share(g, gt(a, b), a, b), XY,
-            share(g, lt(a, b), a, b), XY)
-KILN_BINARY(maximum, DTypeRule::Same, true, T((x != x || x > y) ? x : y),
-            "(select (or (ne x x) (gt x y)) x y)", share(g, lt(a, b), a, b), XY,
-            share(g, gt(a, b), a, b), XY)
+// NaN propagates from either side, as in torch.minimum/maximum. Of zeros of both signs, +0 is
+// the greater whichever operand holds it (IEEE 754-2019 maximum/minimum, as amax/amin and relu):
+// x + y of zeros is -0 only when both are, -(-x + -y) is -0 when either is (the primitives have no
+// sign test); libtorch keeps the first or the second operand depending on its loop.
+KILN_BINARY(minimum, DTypeRule::Same, true,
+            T((x != x || x < y)          ? x
+              : (x == T(0) && y == T(0)) ? T(-(-x + -y))
+                                         : y),
+            "(select (or (ne x x) (lt x y)) x"
+            " (select (and (eq x 0) (eq y 0)) (neg (add (neg x) (neg y))) y))",
+            share(g, gt(a, b), a, b), XY, share(g, lt(a, b), a, b), XY)
+KILN_BINARY(maximum, DTypeRule::Same, true,
+            T((x != x || x > y)          ? x
+              : (x == T(0) && y == T(0)) ? T(x + y)
+                                         : y),
+            "(select (or (ne x x) (gt x y)) x (select (and (eq x 0) (eq y 0)) (add x y) y))",
+            share(g, lt(a, b), a, b), XY, share(g, gt(a, b), a, b), XY)
 KILN_BINARY(eq, DTypeRule::Predicate, true, x == y, "(eq x y)", Tensor(), None, Tensor(), None)
 KILN_BINARY(ne, DTypeRule::Predicate, true, x != y, "(ne x y)", Tensor(), None, Tensor(), None)
 KILN_BINARY(lt, DTypeRule::Predicate, true, x < y, "(lt x y)", Tensor(), None, Tensor(), None)
@@ -508,13 +518,15 @@ Tensor sub(const Tensor& a, const Scalar& b) {
 
 namespace {
 // a // b as torch's remainder gradient computes it (Python's floor division, from fmod): a / b
-// for a zero b, NaN for an infinite a (where fmod is NaN), and -1 for a finite nonzero a over an
-// infinite b of the other sign, where floor(a / b) would be floor(-0).
+// for a zero b, NaN for an infinite a (where fmod is NaN), and -1 for a finite nonzero a over a b
+// of the other sign whose quotient rounds to -0 (b infinite, or a / b below the smallest
+// subnormal: a subnormal a), where floor(a / b) would be floor(-0): the exact quotient is
+// negative, so its floor is -1.
 Tensor floor_quotient(const Tensor& a, const Tensor& b) {
   const double inf = std::numeric_limits<double>::infinity();
   Tensor q = where(ne(abs(a), inf), floor(a / b), std::nan(""));
   Tensor opposite_signs = logical_and(ne(a, 0), ne(lt(a, 0), lt(b, 0)));
-  Tensor rounds_down = logical_and(logical_and(eq(abs(b), inf), isfinite(a)), opposite_signs);
+  Tensor rounds_down = logical_and(logical_and(eq(q, 0), isfinite(a)), opposite_signs);
   return where(logical_not(rounds_down), q, -1.0);
 }
 }  // namespace

@@ -131,6 +131,77 @@ bool relu_pick(Gen& g, Step& s) {
   const auto& x = arg(g, s, 0);
   return !is_float(x) || !torch::logical_and(x == 0, torch::signbit(x)).any().item<bool>();
 }
+bool inexact_so_far(const Gen& g);
+
+// sign of a value within rounding of 0 after inexact steps (deliberate difference): a GEMM's or
+// a transcendental's ulps may give it either sign (sign(gelu(bmm(...))) of a value that cancels).
+bool sign_pick(Gen& g, Step& s) {
+  unary(g, s);
+  const auto& x = arg(g, s, 0);
+  if (!is_float(x) || !inexact_so_far(g) || x.numel() == 0) return true;
+  torch::Tensor v = x.detach().to(torch::kFloat64).abs();
+  return !torch::logical_and(v > 0, v <= 1e-5 * std::max(1.0, max_finite_abs(x)))
+              .any()
+              .item<bool>();
+}
+// A reciprocal (reciprocal, rsqrt, a divisor) of a value within 1e-2 of 0 (relative to the
+// tensor's largest magnitude, at least 1) after inexact steps (deliberate difference): such a
+// value may be what is left of a cancellation (a GEMM's sum, remainder), whose ulps are the
+// operands' and so a large part of it, and the reciprocal is compared relative to itself.
+bool near_zero_after_inexact(const Gen& g, const torch::Tensor& x) {
+  if (!is_float(x) || !inexact_so_far(g) || x.numel() == 0) return false;
+  torch::Tensor v = x.detach().to(torch::kFloat64).abs();
+  return torch::logical_and(v > 0, v < 1e-2 * std::max(1.0, max_finite_abs(x))).any().item<bool>();
+}
+bool reciprocal_pick(Gen& g, Step& s) {
+  unary(g, s);
+  return !near_zero_after_inexact(g, arg(g, s, 0));
+}
+bool div_pick(Gen& g, Step& s) {
+  binary(g, s);
+  return !near_zero_after_inexact(g, arg(g, s, 1));
+}
+// log of a softmax that underflowed to 0 (deliberate difference): a trace's stabilize pass
+// computes log(softmax(x)) as log_softmax(x), finite where eager mode and libtorch give -inf.
+bool log_pick(Gen& g, Step& s) {
+  unary(g, s);
+  const ValueId id = s.args[0];
+  if (id < 0 ||
+      std::string(
+          op_table()[static_cast<size_t>(g.program->steps[static_cast<size_t>(id)].op)].name) !=
+          "softmax")
+    return true;
+  return !(arg(g, s, 0) == 0).any().item<bool>();
+}
+// sin/cos of values beyond 64 in magnitude after inexact steps (deliberate difference): their
+// ulps, which the steps before may have moved (pow magnifies a GEMM's), are past the tolerance of
+// a result within [-1, 1] (cos(pow(v, v)) of an addmm result near 6: 46656 +- ulps of 0.004).
+bool periodic_pick(Gen& g, Step& s) {
+  unary(g, s);
+  return !inexact_so_far(g) || max_finite_abs(arg(g, s, 0)) <= 64;
+}
+// gelu of -0 in float32 (deliberate difference): kiln's is -0 (x Phi(x)), as libtorch's scalar
+// loop and float64 kernels give; libtorch's float32 vector loop gives +0, whose sign rsqrt reads.
+bool gelu_pick(Gen& g, Step& s) {
+  unary(g, s);
+  const auto& x = arg(g, s, 0);
+  return x.scalar_type() != torch::kFloat32 ||
+         !torch::logical_and(x == 0, torch::signbit(x)).any().item<bool>();
+}
+// maximum/minimum where zeros of both signs meet (deliberate difference): kiln's +0 is the greater
+// whichever operand holds it (as in amax and relu); libtorch keeps the first operand in its scalar
+// loop and the second in its vector loop.
+bool extremum_binary_pick(Gen& g, Step& s) {
+  binary(g, s);
+  const auto &x = arg(g, s, 0), &y = arg(g, s, 1);
+  if (!is_float(x) && !is_float(y)) return true;
+  if (!broadcasts(sizes(x), sizes(y))) return true;
+  torch::Tensor a = x.detach().to(torch::kFloat64), b = y.detach().to(torch::kFloat64);
+  return !torch::logical_and(torch::logical_and(a == 0, b == 0),
+                             torch::signbit(a) != torch::signbit(b))
+              .any()
+              .item<bool>();
+}
 // float32 erf of a subnormal (deliberate difference): kiln's rational approximation gives 0,
 // libtorch's a subnormal, whose sign a later op (abs's gradient) reads.
 bool erf_pick(Gen& g, Step& s) {
@@ -146,6 +217,17 @@ bool inexact_so_far(const Gen& g) {
   for (const Step& before : g.program->steps)
     if (op_table()[static_cast<size_t>(before.op)].flags & kInexact) return true;
   return false;
+}
+// Whether a step so far normalizes (layer_norm): an infinite gradient that comes back to it makes
+// its input's gradient NaN in libtorch and infinite in kiln (deliberate difference).
+bool normalized_so_far(const Gen& g) {
+  for (const Step& before : g.program->steps)
+    if (std::string(op_table()[static_cast<size_t>(before.op)].name).rfind("layer_norm", 0) == 0)
+      return true;
+  return false;
+}
+bool holds_inf(const torch::Tensor& t) {
+  return is_float(t) && torch::isinf(t.detach()).any().item<bool>();
 }
 // The largest finite magnitude of a tensor of any dtype (0 when it has none or is empty).
 double max_magnitude(const torch::Tensor& t) {
@@ -176,6 +258,12 @@ bool traps_in_torch(const torch::Tensor& x, bool divisor_minus_one, torch::Scala
 bool quotient_fits(double dividend, double divisor, torch::ScalarType t) {
   return !c10::isFloatingType(t) || divisor == 0 || !(dividend > largest(t) / 2 * divisor);
 }
+bool near_integers(const torch::Tensor& x, double offset, bool zero = false);
+// Nor a computed dividend within rounding of a multiple of the divisor, 0 included (deliberate
+// difference): an ulp either side is 0 or nearly the divisor (remainder(sum(softmax(x)), 1.0)).
+bool near_multiple(const torch::Tensor& x, const torch::Tensor& divisor) {
+  return near_integers(x.detach().to(torch::kFloat64) / divisor, 0, true);
+}
 // Nor a dividend far larger than a computed floating divisor (deliberate difference): the divisor
 // is within ulps of libtorch's (erf), and fmod magnifies that ulp by the quotient into any value
 // in [0, divisor).
@@ -186,6 +274,8 @@ bool remainder_pick(Gen& g, Step& s) {
   if (!quotient_fits(max_magnitude(x), min_nonzero_abs(y), t)) return false;
   if (y.numel() > 0 && traps_in_torch(x, (y.detach() == -1).any().item<bool>(), t)) return false;
   if (!inexact_so_far(g) || !is_float(y) || x.numel() == 0 || y.numel() == 0) return true;
+  if (broadcasts(sizes(x), sizes(y)) && near_multiple(x, y.detach().to(torch::kFloat64)))
+    return false;
   torch::Tensor ratio = x.detach().to(torch::kFloat64).abs().max() /
                         torch::clamp_min(y.detach().to(torch::kFloat64).abs().min(), 1e-300);
   return !(ratio > 64).item<bool>();
@@ -198,6 +288,7 @@ bool remainder_scalar_pick(Gen& g, Step& s) {
   if (!quotient_fits(max_magnitude(x), std::abs(s.p.scalars[0]), t)) return false;
   if (traps_in_torch(x, s.p.scalars[0] == -1, t)) return false;
   if (!inexact_so_far(g) || !is_float(x) || x.numel() == 0) return true;
+  if (near_multiple(x, torch::tensor(s.p.scalars[0], torch::kFloat64))) return false;
   return max_finite_abs(x) <= 64 * std::abs(s.p.scalars[0]);
 }
 // A negative base to a computed floating power (deliberate difference): the result is NaN
@@ -215,10 +306,14 @@ bool log1p_pick(Gen& g, Step& s) {
   unary(g, s);
   const auto& x = arg(g, s, 0);
   if (max_finite_abs(x) > largest(x.scalar_type()) / 16) return false;
-  if (x.scalar_type() != torch::kFloat32) return true;
-  torch::Tensor a = x.detach().abs();
-  if (inexact_so_far(g) && (x.detach() + 1).abs().le(1e-2).any().item<bool>()) return false;
-  return !torch::logical_and(a > 0, a < std::numeric_limits<float>::min()).any().item<bool>();
+  if (!is_float(x)) return true;
+  torch::Tensor a = x.detach().abs().to(torch::kFloat64);
+  // Nor a float64 subnormal (libtorch's float64 log1p of one is 0 too).
+  const double smallest = x.scalar_type() == torch::kFloat32 ? std::numeric_limits<float>::min()
+                                                             : std::numeric_limits<double>::min();
+  if (torch::logical_and(a > 0, a < smallest).any().item<bool>()) return false;
+  return x.scalar_type() != torch::kFloat32 || !inexact_so_far(g) ||
+         !(x.detach() + 1).abs().le(1e-2).any().item<bool>();
 }
 // add with alpha: libtorch computes a + alpha * b in one FMA, kiln in two roundings, so where
 // alpha * b alone overflows, kiln's sum is infinite and libtorch's may not be.
@@ -338,8 +433,6 @@ bool narrow_pick(Gen& g, Step& s) {
   s.p.i = {d, start, g.uniform(0, n - start)};
   return true;
 }
-// OPEN (docs/torch-differences.md): not a single piece, the whole input, which a trace returns
-// as the input itself.
 bool chunk_pick(Gen& g, Step& s) {
   if (!one_value(g, s, [](const torch::Tensor& t) { return t.dim() > 0; })) return false;
   const auto& x = arg(g, s, 0);
@@ -347,7 +440,7 @@ bool chunk_pick(Gen& g, Step& s) {
   int64_t chunks = g.uniform(1, 3);
   int64_t made = static_cast<int64_t>(x.chunk(chunks, d).size());
   s.p.i = {chunks, d, g.uniform(0, made - 1)};
-  return made > 1;
+  return true;
 }
 bool dim_pick(Gen& g, Step& s) {
   unary(g, s);
@@ -436,15 +529,20 @@ bool reduce_list(Gen& g, Step& s) {
   return true;
 }
 // A float32 value whose sum overflows float32 (deliberate difference): kiln's float sums accumulate
-// in float64, so its mean, var and std are finite where libtorch's are inf or NaN.
+// in float64, so its mean, var and std are finite where libtorch's are inf or NaN. Nor a float64
+// value whose partial sums may overflow: the result depends on the order of the steps, which
+// differs between libtorch and kiln (-inf in one, NaN where the other meets inf - inf).
 bool sum_fits(const torch::Tensor& x) {
-  return x.scalar_type() != torch::kFloat32 ||
-         max_finite_abs(x) * static_cast<double>(x.numel()) <= largest(torch::kFloat32) / 2;
+  return !is_float(x) ||
+         max_finite_abs(x) * static_cast<double>(x.numel()) <= largest(x.scalar_type()) / 2;
+}
+bool sum_pick(Gen& g, Step& s) {
+  return reduce_list(g, s) && sum_fits(arg(g, s, 0));
 }
 bool mean_pick(Gen& g, Step& s) {
   return reduce_list(g, s) && sum_fits(arg(g, s, 0));
 }
-bool mean_all_pick(Gen& g, Step& s) {
+bool whole_sum_pick(Gen& g, Step& s) {
   return unary(g, s) && sum_fits(arg(g, s, 0));
 }
 // var/std over the dim of a 0-dim tensor with correction 1 (deliberate difference): both are
@@ -573,6 +671,9 @@ bool linear_pick(Gen& g, Step& s) {
   int64_t out = g.uniform(1, 4);
   kiln::DType dt = partner_dtype(g, x);
   s.args = {g.id(a), g.new_input({out, x.size(-1)}, dt), g.new_input({out}, dt)};
+  // Nor, after a layer_norm, an infinite weight or bias (deliberate difference, see
+  // normalized_so_far): the gradient coming back to the input is infinite.
+  if (normalized_so_far(g) && (holds_inf(arg(g, s, 1)) || holds_inf(arg(g, s, 2)))) return false;
   return products_fit(arg(g, s, 0), arg(g, s, 1)) &&
          max_finite_abs(arg(g, s, 2)) <= largest(torch::kFloat32) / 4;
 }
@@ -708,6 +809,9 @@ bool mse_pick(Gen& g, Step& s) {
   s.args.push_back(g.new_input(sizes(x), to_kiln(x.scalar_type())));
   s.p.i = {g.uniform(0, 2)};
   const auto& a = arg(g, s, 0);
+  // Nor, after a layer_norm, an infinite operand (see normalized_so_far): the other's gradient is
+  // infinite.
+  if (normalized_so_far(g) && (holds_inf(a) || holds_inf(arg(g, s, 1)))) return false;
   return max_finite_abs(a) + max_finite_abs(arg(g, s, 1)) <= largest(a.scalar_type()) / 4;
 }
 // Nor an empty integral or bool operand (deliberate difference): libtorch returns its dtype, kiln
@@ -721,15 +825,50 @@ bool softmax_pick(Gen& g, Step& s) {
 // within float32 rounding of an integer (deliberate difference): kiln's float32 transcendentals
 // are within a few ulps of libtorch's (erf(3.96f) is 1 - 2^-24 in kiln, 1 in libtorch), and the
 // cast truncates that ulp into a whole unit.
+// Whether x holds a value within float32 rounding of k + offset for an integer k (0 itself only
+// with `zero`).
+bool near_integers(const torch::Tensor& x, double offset, bool zero) {
+  torch::Tensor v = x.detach().to(torch::kFloat64);
+  torch::Tensor w = v - offset;
+  torch::Tensor near = (w - w.round()).abs() <= 1e-5 * torch::clamp_min(v.abs(), 1);
+  return torch::logical_and(near, zero ? v == v : v != 0).any().item<bool>();
+}
 bool cast_pick(Gen& g, Step& s) {
   unary(g, s);
   s.p.i = {static_cast<int64_t>(g.random_dtype())};
   const auto& x = arg(g, s, 0);
   if (!is_float(x) || kiln::is_floating_point(static_cast<kiln::DType>(s.p.i[0]))) return true;
-  if (!inexact_so_far(g) || x.numel() == 0) return true;
-  torch::Tensor v = x.detach().to(torch::kFloat64);
-  torch::Tensor near = (v - v.round()).abs() <= 1e-5 * torch::clamp_min(v.abs(), 1);
-  return !torch::logical_and(near, v != 0).any().item<bool>();
+  return !inexact_so_far(g) || x.numel() == 0 || !near_integers(x, 0);
+}
+// The same for floor and ceil, 0 included (ceil(abs(erf(x))) of float32 is 2 in kiln where kiln's
+// erf is an ulp above 1, docs/torch-differences.md; floor(logsumexp(log_softmax(x))) of 1 - 1e-8
+// is -1), and for round near a half-integer.
+bool floor_ceil_pick(Gen& g, Step& s) {
+  unary(g, s);
+  const auto& x = arg(g, s, 0);
+  return !is_float(x) || !inexact_so_far(g) || x.numel() == 0 || !near_integers(x, 0, true);
+}
+// Nor a truth value (logical ops, all, any) of floats within rounding of 0, 0 included, after
+// inexact steps: a rounding error of either library (a layer_norm row's sum, gelu of a large
+// negative value) is true where the other's 0 is false.
+bool truth_of(const Gen& g, const torch::Tensor& x) {
+  return !is_float(x) || !inexact_so_far(g) || x.numel() == 0 ||
+         !torch::le(x.detach().to(torch::kFloat64).abs(), 1e-5 * std::max(1.0, max_finite_abs(x)))
+              .any()
+              .item<bool>();
+}
+bool truth_pick(Gen& g, Step& s) {
+  unary(g, s);
+  return truth_of(g, arg(g, s, 0));
+}
+bool truth_binary_pick(Gen& g, Step& s) {
+  binary(g, s);
+  return truth_of(g, arg(g, s, 0)) && truth_of(g, arg(g, s, 1));
+}
+bool round_pick(Gen& g, Step& s) {
+  unary(g, s);
+  const auto& x = arg(g, s, 0);
+  return !is_float(x) || !inexact_so_far(g) || x.numel() == 0 || !near_integers(x, 0.5);
 }
 
 kiln::Reduction kiln_reduction(int64_t r) {
@@ -775,28 +914,28 @@ const std::vector<Op>& op_table() {
       // ------------------------------------------------ unary
       DIFF_OP("neg", 0, unary, neg(a[0])),
       DIFF_OP("abs", 0, unary, abs(a[0])),
-      DIFF_OP("sign", 0, unary, sign(a[0])),
+      DIFF_OP("sign", 0, sign_pick, sign(a[0])),
       DIFF_OP("exp", kInexact, unary, exp(a[0])),
-      DIFF_OP("log", kInexact, unary, log(a[0])),
+      DIFF_OP("log", kInexact, log_pick, log(a[0])),
       DIFF_OP("log1p", kInexact, log1p_pick, log1p(a[0])),
       DIFF_OP("expm1", kInexact, unary, expm1(a[0])),
       DIFF_OP("sqrt", kInexact, unary, sqrt(a[0])),
-      DIFF_OP("rsqrt", kInexact, unary, rsqrt(a[0])),
-      DIFF_OP("reciprocal", 0, unary, reciprocal(a[0])),
-      DIFF_OP("sin", kInexact, unary, sin(a[0])),
-      DIFF_OP("cos", kInexact, unary, cos(a[0])),
+      DIFF_OP("rsqrt", kInexact, reciprocal_pick, rsqrt(a[0])),
+      DIFF_OP("reciprocal", 0, reciprocal_pick, reciprocal(a[0])),
+      DIFF_OP("sin", kInexact, periodic_pick, sin(a[0])),
+      DIFF_OP("cos", kInexact, periodic_pick, cos(a[0])),
       DIFF_OP("tanh", kInexact, unary, tanh(a[0])),
       DIFF_OP("sigmoid", kInexact, unary, sigmoid(a[0])),
       DIFF_OP("relu", 0, relu_pick, relu(a[0])),
-      DIFF_OP("gelu", kInexact, unary, gelu(a[0])),
+      DIFF_OP("gelu", kInexact, gelu_pick, gelu(a[0])),
       DIFF_OP("gelu_tanh", kInexact, unary, gelu(a[0], "tanh")),
       DIFF_OP("silu", kInexact, unary, silu(a[0])),
       DIFF_OP("softplus", kInexact, unary, softplus(a[0])),
       DIFF_OP("erf", kInexact, erf_pick, erf(a[0])),
-      DIFF_OP("floor", 0, unary, floor(a[0])),
-      DIFF_OP("ceil", 0, unary, ceil(a[0])),
-      DIFF_OP("round", 0, unary, round(a[0])),
-      DIFF_OP("logical_not", 0, unary, logical_not(a[0])),
+      DIFF_OP("floor", 0, floor_ceil_pick, floor(a[0])),
+      DIFF_OP("ceil", 0, floor_ceil_pick, ceil(a[0])),
+      DIFF_OP("round", 0, round_pick, round(a[0])),
+      DIFF_OP("logical_not", 0, truth_pick, logical_not(a[0])),
       DIFF_OP("isnan", 0, unary, isnan(a[0])),
       DIFF_OP("isfinite", 0, unary, isfinite(a[0])),
       DIFF_OP("clone", 0, unary, a[0].clone()),
@@ -807,19 +946,19 @@ const std::vector<Op>& op_table() {
       DIFF_OP("add_alpha", 0, add_alpha_pick, add(a[0], a[1], B::scalar(p, 0))),
       DIFF_OP("sub", 0, binary, sub(a[0], a[1])),
       DIFF_OP("mul", 0, binary, mul(a[0], a[1])),
-      DIFF_OP("div", 0, binary, div(a[0], a[1])),
+      DIFF_OP("div", 0, div_pick, div(a[0], a[1])),
       DIFF_OP("pow", kInexact, pow_pick, pow(a[0], a[1])),
       DIFF_OP("remainder", 0, remainder_pick, remainder(a[0], a[1])),
-      DIFF_OP("minimum", 0, binary, minimum(a[0], a[1])),
-      DIFF_OP("maximum", 0, binary, maximum(a[0], a[1])),
+      DIFF_OP("minimum", 0, extremum_binary_pick, minimum(a[0], a[1])),
+      DIFF_OP("maximum", 0, extremum_binary_pick, maximum(a[0], a[1])),
       DIFF_OP("eq", 0, binary, eq(a[0], a[1])),
       DIFF_OP("ne", 0, binary, ne(a[0], a[1])),
       DIFF_OP("lt", 0, binary, lt(a[0], a[1])),
       DIFF_OP("le", 0, binary, le(a[0], a[1])),
       DIFF_OP("gt", 0, binary, gt(a[0], a[1])),
       DIFF_OP("ge", 0, binary, ge(a[0], a[1])),
-      DIFF_OP("logical_and", 0, binary, logical_and(a[0], a[1])),
-      DIFF_OP("logical_or", 0, binary, logical_or(a[0], a[1])),
+      DIFF_OP("logical_and", 0, truth_binary_pick, logical_and(a[0], a[1])),
+      DIFF_OP("logical_or", 0, truth_binary_pick, logical_or(a[0], a[1])),
       DIFF_OP("add_scalar", 0, with_scalar, add(a[0], B::scalar(p, 0))),
       DIFF_OP("sub_scalar", 0, with_scalar, sub(a[0], B::scalar(p, 0))),
       DIFF_OP("mul_scalar", 0, with_scalar, mul(a[0], B::scalar(p, 0))),
@@ -865,10 +1004,10 @@ const std::vector<Op>& op_table() {
       DIFF_OP("slice_copy_", 0, inplace_tensor,
               (a[0].slice(p.i[0], p.i[1], p.i[2], p.i[3]).copy_(a[1]), a[0])),
       // ------------------------------------------------ reductions
-      DIFF_OP("sum", kInexact, reduce_list, a[0].sum(p.list, p.i[0] != 0)),
-      DIFF_OP("sum_all", kInexact, unary, a[0].sum()),
+      DIFF_OP("sum", kInexact, sum_pick, a[0].sum(p.list, p.i[0] != 0)),
+      DIFF_OP("sum_all", kInexact, whole_sum_pick, a[0].sum()),
       DIFF_OP("mean", kInexact, mean_pick, a[0].mean(p.list, p.i[0] != 0)),
-      DIFF_OP("mean_all", kInexact, mean_all_pick, a[0].mean()),
+      DIFF_OP("mean_all", kInexact, whole_sum_pick, a[0].mean()),
       DIFF_OP("prod", kInexact, prod_pick, a[0].prod(p.i[0], p.i[1] != 0)),
       DIFF_OP("amax", 0, extremum_list_pick, a[0].amax(p.list, p.i[0] != 0)),
       DIFF_OP("amin", 0, extremum_list_pick, a[0].amin(p.list, p.i[0] != 0)),
@@ -884,8 +1023,8 @@ const std::vector<Op>& op_table() {
                at::std(a[0], at::OptionalIntArrayRef(p.list), c10::optional<int64_t>(p.i[1]),
                        p.i[0] != 0)),
       DIFF_OP("logsumexp", kInexact, reduce_list, a[0].logsumexp(p.list, p.i[0] != 0)),
-      DIFF_OP("all", 0, unary, a[0].all()),
-      DIFF_OP("any", 0, unary, a[0].any()),
+      DIFF_OP("all", 0, truth_pick, a[0].all()),
+      DIFF_OP("any", 0, truth_pick, a[0].any()),
       // ------------------------------------------------ GEMMs
       DIFF_OP("mm", kInexact, mm_pick, mm(a[0], a[1])),
       DIFF_OP("bmm", kInexact, bmm_pick, bmm(a[0], a[1])),

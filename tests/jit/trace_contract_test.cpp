@@ -441,6 +441,33 @@ TEST(TraceContract, OutputsMergedIntoOneValueGetTheirOwnGradients) {
   EXPECT_TRUE(equal(want, f64({INFINITY, -0.5, 2})));
 }
 
+// The single piece of chunk(1, d) is its whole input, so the graph gives it the input's value:
+// the trace returned one tensor for both. Taken before an in-place write of y into the input,
+// the piece does not require grad in eager mode (nor in libtorch), while the input does; the one
+// tensor took the call's node as its history and the piece's weight reached y's gradient.
+TEST(TraceContract, ASinglePieceOfChunkIsNotItsInputAfterAnInPlaceWrite) {
+  const Fn fn = [](const Inputs& in) {
+    Tensor v = clamp(in[0] * 1.0, 0.5, 0.5);  // no history: in[0] does not require grad
+    Tensor piece = v.chunk(1, 0)[0];
+    v.slice(0, 1, 2).copy_(in[1]);
+    return Inputs{piece, v};
+  };
+  Tensor x = f64({3, -1, 2}), y = f64({5}).requires_grad_(true);
+  const Inputs eager_out = eager(fn, {x, y});
+  EXPECT_FALSE(eager_out[0].requires_grad());
+  const Tensor want = autograd::grad({eager_out[1]}, {y}, {f64({1, 4, 1})})[0];
+  jit::Function f = jit::trace(fn, {x, y});
+  for (int call = 0; call < 2; ++call) {
+    const Inputs out = f({x, y});
+    EXPECT_FALSE(out[0].is_same(out[1])) << "call " << call;
+    EXPECT_FALSE(out[0].requires_grad()) << "call " << call;
+    EXPECT_TRUE(equal(out[0], f64({0.5, 5, 0.5}))) << "call " << call << ": " << out[0];
+    const Tensor got = autograd::grad({out[1]}, {y}, {f64({1, 4, 1})})[0];
+    EXPECT_TRUE(equal(got, want)) << "call " << call << ": " << got << ", eager " << want;
+  }
+  EXPECT_TRUE(equal(want, f64({4})));
+}
+
 // ------------------------------------------------------------------- .grad across calls
 
 // loss = sum(p * p * x): p's gradient 2 p x is exact in float64 with dyadic values.

@@ -398,6 +398,70 @@ TEST_P(TorchParity, AmaxAndAminOfSignedZerosDoNotDependOnOrder) {
   }
 }
 
+// maximum/minimum of zeros of both signs agree with amax/amin of the pair: +0 is the greater,
+// whichever operand holds it, in eager and fused kernels (short and vectorized lengths alike).
+// libtorch keeps the first operand in its scalar loop and the second in its vector loop (a
+// deliberate difference: the tester does not pick such operands).
+TEST_P(TorchParity, MaximumAndMinimumOfSignedZerosAgreeWithAmaxAndAmin) {
+  for (int64_t n : {1, 8, 17}) {
+    for (DType dtype : {kFloat32, kFloat64}) {
+      const Tensor pos = zeros({n}, dtype), neg = full({n}, -0.0, dtype);
+      for (bool negative_first : {false, true}) {
+        SCOPED_TRACE("n " + std::to_string(n) + (negative_first ? " -0 first" : " +0 first"));
+        const Tensor &a = negative_first ? neg : pos, &b = negative_first ? pos : neg;
+        for (double r : maximum(a, b).to(kFloat64).to_vector<double>())
+          EXPECT_FALSE(std::signbit(r));
+        for (double r : minimum(a, b).to(kFloat64).to_vector<double>())
+          EXPECT_TRUE(std::signbit(r));
+        // Inside a fused group too (the lazy mode fuses the mul into the same kernel).
+        for (double r : (maximum(a * 1.0, b) * 2.0).to(kFloat64).to_vector<double>())
+          EXPECT_FALSE(std::signbit(r));
+        for (double r : (minimum(a, b * 1.0) * 2.0).to(kFloat64).to_vector<double>())
+          EXPECT_TRUE(std::signbit(r));
+      }
+      for (double r : maximum(neg, neg).to(kFloat64).to_vector<double>())
+        EXPECT_TRUE(std::signbit(r));
+      for (double r : minimum(pos, pos).to(kFloat64).to_vector<double>())
+        EXPECT_FALSE(std::signbit(r));
+    }
+  }
+  EXPECT_EQ(maximum(from_vector(std::vector<int64_t>{0, -3, 5}),
+                    from_vector(std::vector<int64_t>{0, 2, 4}))
+                .to_vector<int64_t>(),
+            (std::vector<int64_t>{0, 2, 5}));
+  EXPECT_EQ(minimum(from_vector(std::vector<int64_t>{0, -3, 5}),
+                    from_vector(std::vector<int64_t>{0, 2, 4}))
+                .to_vector<int64_t>(),
+            (std::vector<int64_t>{0, -3, 4}));
+}
+
+// gelu(-0) is -0 (x Phi(x)), as libtorch's scalar loop and its float64 kernels give; libtorch's
+// float32 vector loop gives +0 (a deliberate difference: the tester does not pick such operands).
+TEST_P(TorchParity, GeluOfNegativeZeroIsNegativeZero) {
+  for (int64_t n : {1, 8, 17}) {
+    for (DType dtype : {kFloat32, kFloat64}) {
+      SCOPED_TRACE("n " + std::to_string(n));
+      const Tensor x = full({n}, -0.0, dtype);
+      for (const char* approximate : {"none", "tanh"}) {
+        for (double r : gelu(x, approximate).to(kFloat64).to_vector<double>())
+          EXPECT_TRUE(std::signbit(r)) << approximate;
+        for (double r : (gelu(x * 1.0, approximate) * 2.0).to(kFloat64).to_vector<double>())
+          EXPECT_TRUE(std::signbit(r)) << approximate << " fused";
+      }
+    }
+  }
+}
+
+// remainder(a, b)'s divisor gradient is -g (a // b), libtorch's floor division: -1 for a nonzero
+// a over a b of the other sign, even where a / b rounds to -0 (a subnormal a; an infinite b).
+TEST_P(TorchParity, RemainderDivisorGradientWhereTheQuotientRoundsToZero) {
+  const double tiny = std::numeric_limits<double>::denorm_min();
+  Tensor a = from_vector(std::vector<double>{tiny, -tiny, tiny, 1.5, tiny});
+  Tensor b = leaf({-2.5, 3.0, -kInf, -kInf, 2.5}, {5});
+  remainder(a, b).backward(ones({5}, kFloat64));
+  EXPECT_EQ(b.grad().to_vector<double>(), (std::vector<double>{1, 1, 1, 1, 0}));
+}
+
 // --------------------------------------------------------------------- layer_norm of nothing
 
 // Deliberate difference (docs/torch-differences.md): layer_norm subtracts the mean first, so an
