@@ -240,11 +240,21 @@ std::set<std::string> compile_every_formula_op(DType dtype, std::set<std::string
   return fused_ops;
 }
 
-// Every formula op takes float32: all of them are compiled.
+// The bitwise ops take bools and integers only; every other formula op takes float32.
+const char* const kBitwiseOps[] = {"bitwise_and", "bitwise_or", "bitwise_xor"};
+bool is_bitwise(const std::string& op) {
+  return std::find(std::begin(kBitwiseOps), std::end(kBitwiseOps), op) != std::end(kBitwiseOps);
+}
+void expect_bitwise_fused(const std::set<std::string>& fused) {
+  for (const char* op : kBitwiseOps) EXPECT_EQ(fused.count(op), 1u) << op << " was not fused";
+}
+
+// Every formula op that takes float32 is compiled.
 TEST(CudaCodegen, EveryFormulaOpInFloat32CompilesForSm90) {
   std::set<std::string> ops;
   const std::set<std::string> fused = compile_every_formula_op(kFloat32, ops);
-  for (const std::string& op : ops) EXPECT_EQ(fused.count(op), 1u) << op << " was not fused";
+  for (const std::string& op : ops)
+    if (!is_bitwise(op)) EXPECT_EQ(fused.count(op), 1u) << op << " was not fused";
   EXPECT_GE(ops.size(), 40u);
 }
 TEST(CudaCodegen, EveryFormulaOpInFloat64CompilesForSm90) {
@@ -253,15 +263,42 @@ TEST(CudaCodegen, EveryFormulaOpInFloat64CompilesForSm90) {
 }
 TEST(CudaCodegen, EveryFormulaOpInInt32CompilesForSm90) {
   std::set<std::string> ops;
-  EXPECT_GE(compile_every_formula_op(kInt32, ops).size(), 20u);
+  const std::set<std::string> fused = compile_every_formula_op(kInt32, ops);
+  EXPECT_GE(fused.size(), 20u);
+  expect_bitwise_fused(fused);
 }
 TEST(CudaCodegen, EveryFormulaOpInInt64CompilesForSm90) {
   std::set<std::string> ops;
-  EXPECT_GE(compile_every_formula_op(kInt64, ops).size(), 20u);
+  const std::set<std::string> fused = compile_every_formula_op(kInt64, ops);
+  EXPECT_GE(fused.size(), 20u);
+  expect_bitwise_fused(fused);
 }
 TEST(CudaCodegen, EveryFormulaOpInBoolCompilesForSm90) {
   std::set<std::string> ops;
-  EXPECT_GE(compile_every_formula_op(kBool, ops).size(), 10u);
+  const std::set<std::string> fused = compile_every_formula_op(kBool, ops);
+  EXPECT_GE(fused.size(), 10u);
+  expect_bitwise_fused(fused);
+}
+
+// (a & b) | (c ^ d), a comparison and a where: one group, whose kernel compiles in bool, int32 and
+// int64, flat and strided.
+TEST(CudaCodegen, ABitwiseMaskChainIsOneKernelThatCompilesForSm90) {
+  Fn fn = [](const Inputs& in) {
+    const Tensor m = (in[0] & in[1]) | (in[2] ^ in[3]);
+    return Inputs{where(ne(m, 0), m, ~in[0])};
+  };
+  VariantTurns turns;
+  for (DType t : {kBool, kInt32, kInt64}) {
+    Inputs in;
+    for (const Shape& s : {Shape{6, 7}, Shape{7}, Shape{6, 1}, Shape{6, 7}})
+      in.push_back(testing::input(s, t, -50, 50));
+    const Grouped grouped = groups_of(fn, in);
+    ASSERT_EQ(grouped.groups.size(), 1u) << grouped.planned.graph->str();
+    const FusionGroup& g = grouped.groups[0];
+    for (const auto& [name, layout] : layouts_of(g.kernel, g))
+      expect_compiles(g.kernel, layout, turns.next(g.kernel, layout),
+                      std::string("bitwise mask chain of ") + dtype_name(t) + ", " + name);
+  }
 }
 
 // Random elementwise programs (those of the fuser's differential tests): each group's kernel,
