@@ -294,6 +294,7 @@ TEST(CudaCodegen, ABitwiseMaskChainIsOneKernelThatCompilesForSm90) {
       in.push_back(testing::input(s, t, -50, 50));
     const Grouped grouped = groups_of(fn, in);
     ASSERT_EQ(grouped.groups.size(), 1u) << grouped.planned.graph->str();
+    EXPECT_EQ(grouped.planned.plan->num_steps(), 1u) << grouped.planned.graph->str();
     const FusionGroup& g = grouped.groups[0];
     for (const auto& [name, layout] : layouts_of(g.kernel, g))
       expect_compiles(g.kernel, layout, turns.next(g.kernel, layout),
