@@ -280,13 +280,15 @@ TEST(CudaCodegen, EveryFormulaOpInBoolCompilesForSm90) {
   expect_bitwise_fused(fused);
 }
 
-// (a & b) | (c ^ d), a comparison and a where: one group, whose kernel compiles in bool, int32 and
-// int64, flat and strided.
+// (a & b) | (c ^ d), a comparison and a where.
+Inputs bitwise_mask_chain(const Inputs& in) {
+  const Tensor m = (in[0] & in[1]) | (in[2] ^ in[3]);
+  return Inputs{where(ne(m, 0), m, ~in[0])};
+}
+
+// The mask chain is one group, whose kernel compiles in bool, int32 and int64, flat and strided.
 TEST(CudaCodegen, ABitwiseMaskChainIsOneKernelThatCompilesForSm90) {
-  Fn fn = [](const Inputs& in) {
-    const Tensor m = (in[0] & in[1]) | (in[2] ^ in[3]);
-    return Inputs{where(ne(m, 0), m, ~in[0])};
-  };
+  const Fn fn = bitwise_mask_chain;
   VariantTurns turns;
   for (DType t : {kBool, kInt32, kInt64}) {
     Inputs in;
@@ -1291,15 +1293,10 @@ TEST(CudaCodegen, GeneratedKernelsComputeWhatTheLlvmEmitterComputes) {
     std::vector<CudaCallFlags> flat_variants, strided_variants;
   };
   std::vector<Case> cases;
-  testing::RandomProgram gen(20261128);
-  for (int i = 0; i < 3000 && cases.size() < 250; ++i) {
-    Inputs in = gen.make_inputs();
-    Fn fn = gen.make_program(2 + i % 9);
-    if (testing::eager(fn, in).empty()) continue;
-    const Grouped grouped = groups_of(fn, in);
+  const auto add_cases = [&cases](const Grouped& grouped, const std::string& what) {
     for (const FusionGroup& g : grouped.groups) {
       if (g.rows || has_transcendental(g.kernel)) continue;
-      Case c{g.kernel, g.scalars, "program " + std::to_string(i), {}, {}, {}, {}};
+      Case c{g.kernel, g.scalars, what, {}, {}, {}, {}};
       const size_t inputs = g.kernel.input_types.size(), outputs = g.kernel.outputs.size();
       c.flat.single_element.assign(inputs, false);
       c.strided.flat = false;
@@ -1313,8 +1310,22 @@ TEST(CudaCodegen, GeneratedKernelsComputeWhatTheLlvmEmitterComputes) {
       c.strided_variants = variants_of(c.kernel, c.strided);
       cases.push_back(std::move(c));
     }
+  };
+  testing::RandomProgram gen(20261128);
+  for (int i = 0; i < 3000 && cases.size() < 250; ++i) {
+    Inputs in = gen.make_inputs();
+    Fn fn = gen.make_program(2 + i % 9);
+    if (testing::eager(fn, in).empty()) continue;
+    add_cases(groups_of(fn, in), "program " + std::to_string(i));
   }
   ASSERT_GE(cases.size(), 150u);
+  // The random programs have no bitwise ops: in CUDA C bools promote to int for & | ^.
+  for (DType t : {kBool, kInt32, kInt64}) {
+    Inputs in;
+    for (int i = 0; i < 4; ++i) in.push_back(testing::input({kRows, kCols}, t, -50, 50));
+    add_cases(groups_of(bitwise_mask_chain, in),
+              std::string("bitwise mask chain of ") + dtype_name(t));
+  }
   const std::string dir = ::testing::TempDir() + "/kiln_cuda_host_" + std::to_string(getpid());
   ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
   // Each variant's source is another kernel (namespace flat<case>_<variant>, strided...). Their
