@@ -221,10 +221,10 @@ bool set_fusion_enabled(bool on) {
 
 const char* prim_name(Prim p) {
   static const char* const names[] = {
-      "load", "scalar", "literal", "cast", "neg", "add", "sub",  "mul",   "div",    "lt",
-      "le",   "gt",     "ge",      "eq",   "ne",  "and", "or",   "not",   "select", "exp",
-      "log",  "log1p",  "expm1",   "sqrt", "sin", "cos", "tanh", "floor", "ceil",   "round",
-      "rsum", "rmax",   "rmin",    "erf",  "rem", "pow", "rprod"};
+      "load", "scalar", "literal", "cast", "neg", "add", "sub",   "mul",   "div",    "lt",
+      "le",   "gt",     "ge",      "eq",   "ne",  "and", "or",    "not",   "select", "exp",
+      "log",  "log1p",  "expm1",   "sqrt", "sin", "cos", "tanh",  "floor", "ceil",   "round",
+      "rsum", "rmax",   "rmin",    "erf",  "rem", "pow", "rprod", "band",  "bor",    "bxor"};
   return names[static_cast<int>(p)];
 }
 
@@ -534,6 +534,9 @@ class FormulaParser {
         {"rem", Prim::Rem, 2, false},
         {"pow", Prim::Pow, 2, false},
         {"rprod", Prim::ReduceProd, 1, false},
+        {"band", Prim::BitAnd, 2, false},
+        {"bor", Prim::BitOr, 2, false},
+        {"bxor", Prim::BitXor, 2, false},
     };
     for (const Entry& e : entries) {
       if (name != e.name) continue;

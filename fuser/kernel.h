@@ -74,6 +74,11 @@ enum class Prim : uint8_t {
   Pow,
   // The product of a's values, in a's type: floating products may reassociate, integer ones wrap.
   ReduceProd,
+  // Bitwise and, or and xor of bools and integers (a two's complement not is xor with -1), in the
+  // operands' meeting type; And and Or above are logical: their result is bool.
+  BitAnd,
+  BitOr,
+  BitXor,
 };
 inline bool is_reduction(Prim p) {
   return p == Prim::ReduceSum || p == Prim::ReduceMax || p == Prim::ReduceMin ||

@@ -35,9 +35,9 @@ void check_bitwise(const char* op, const Tensor& t) {
 }
 }  // namespace
 
-// No formulas: the fuser's primitives have no bitwise operations on integers, so these run their
-// own kernels (still recorded lazily and traced as one node each).
-#define KILN_BITWISE(NAME, EXPR)                                                          \
+// FORMULA is the same operation on the fuser's bitwise primitives (fuser/kernel.h), so chains of
+// these fuse with comparisons, where and arithmetic; floating operands raise before recording.
+#define KILN_BITWISE(NAME, EXPR, FORMULA)                                                 \
   static const auto NAME##_fn = [](auto x, auto y) {                                      \
     using T = decltype(x);                                                                \
     if constexpr (std::is_integral_v<T>)                                                  \
@@ -55,7 +55,8 @@ void check_bitwise(const char* op, const Tensor& t) {
        {},                                                                                \
        [](const Tensor& out, const Tensor* in, const detail::Attrs&) {                    \
          detail::binary_into<DTypeRule::Same>(NAME##_def, NAME##_fn, out, in[0], in[1]);  \
-       }});                                                                               \
+       },                                                                                 \
+       FORMULA});                                                                         \
   Tensor NAME(const Tensor& a, const Tensor& b) {                                         \
     check_bitwise(#NAME, a);                                                              \
     check_bitwise(#NAME, b);                                                              \
@@ -66,9 +67,9 @@ void check_bitwise(const char* op, const Tensor& t) {
                " is not supported (with ", describe(a), ")");                             \
     return NAME(a, detail::wrap_scalar(b));                                               \
   }
-KILN_BITWISE(bitwise_and, x& y)
-KILN_BITWISE(bitwise_or, x | y)
-KILN_BITWISE(bitwise_xor, x ^ y)
+KILN_BITWISE(bitwise_and, x& y, "(band x y)")
+KILN_BITWISE(bitwise_or, x | y, "(bor x y)")
+KILN_BITWISE(bitwise_xor, x ^ y, "(bxor x y)")
 #undef KILN_BITWISE
 
 // ~x: logical not on bool, two's complement not on integers.

@@ -240,11 +240,21 @@ std::set<std::string> compile_every_formula_op(DType dtype, std::set<std::string
   return fused_ops;
 }
 
-// Every formula op takes float32: all of them are compiled.
+// The bitwise ops take bools and integers only; every other formula op takes float32.
+const char* const kBitwiseOps[] = {"bitwise_and", "bitwise_or", "bitwise_xor"};
+bool is_bitwise(const std::string& op) {
+  return std::find(std::begin(kBitwiseOps), std::end(kBitwiseOps), op) != std::end(kBitwiseOps);
+}
+void expect_bitwise_fused(const std::set<std::string>& fused) {
+  for (const char* op : kBitwiseOps) EXPECT_EQ(fused.count(op), 1u) << op << " was not fused";
+}
+
+// Every formula op that takes float32 is compiled.
 TEST(CudaCodegen, EveryFormulaOpInFloat32CompilesForSm90) {
   std::set<std::string> ops;
   const std::set<std::string> fused = compile_every_formula_op(kFloat32, ops);
-  for (const std::string& op : ops) EXPECT_EQ(fused.count(op), 1u) << op << " was not fused";
+  for (const std::string& op : ops)
+    if (!is_bitwise(op)) EXPECT_EQ(fused.count(op), 1u) << op << " was not fused";
   EXPECT_GE(ops.size(), 40u);
 }
 TEST(CudaCodegen, EveryFormulaOpInFloat64CompilesForSm90) {
@@ -253,15 +263,45 @@ TEST(CudaCodegen, EveryFormulaOpInFloat64CompilesForSm90) {
 }
 TEST(CudaCodegen, EveryFormulaOpInInt32CompilesForSm90) {
   std::set<std::string> ops;
-  EXPECT_GE(compile_every_formula_op(kInt32, ops).size(), 20u);
+  const std::set<std::string> fused = compile_every_formula_op(kInt32, ops);
+  EXPECT_GE(fused.size(), 20u);
+  expect_bitwise_fused(fused);
 }
 TEST(CudaCodegen, EveryFormulaOpInInt64CompilesForSm90) {
   std::set<std::string> ops;
-  EXPECT_GE(compile_every_formula_op(kInt64, ops).size(), 20u);
+  const std::set<std::string> fused = compile_every_formula_op(kInt64, ops);
+  EXPECT_GE(fused.size(), 20u);
+  expect_bitwise_fused(fused);
 }
 TEST(CudaCodegen, EveryFormulaOpInBoolCompilesForSm90) {
   std::set<std::string> ops;
-  EXPECT_GE(compile_every_formula_op(kBool, ops).size(), 10u);
+  const std::set<std::string> fused = compile_every_formula_op(kBool, ops);
+  EXPECT_GE(fused.size(), 10u);
+  expect_bitwise_fused(fused);
+}
+
+// (a & b) | (c ^ d), a comparison and a where.
+Inputs bitwise_mask_chain(const Inputs& in) {
+  const Tensor m = (in[0] & in[1]) | (in[2] ^ in[3]);
+  return Inputs{where(ne(m, 0), m, ~in[0])};
+}
+
+// The mask chain is one group, whose kernel compiles in bool, int32 and int64, flat and strided.
+TEST(CudaCodegen, ABitwiseMaskChainIsOneKernelThatCompilesForSm90) {
+  const Fn fn = bitwise_mask_chain;
+  VariantTurns turns;
+  for (DType t : {kBool, kInt32, kInt64}) {
+    Inputs in;
+    for (const Shape& s : {Shape{6, 7}, Shape{7}, Shape{6, 1}, Shape{6, 7}})
+      in.push_back(testing::input(s, t, -50, 50));
+    const Grouped grouped = groups_of(fn, in);
+    ASSERT_EQ(grouped.groups.size(), 1u) << grouped.planned.graph->str();
+    EXPECT_EQ(grouped.planned.plan->num_steps(), 1u) << grouped.planned.graph->str();
+    const FusionGroup& g = grouped.groups[0];
+    for (const auto& [name, layout] : layouts_of(g.kernel, g))
+      expect_compiles(g.kernel, layout, turns.next(g.kernel, layout),
+                      std::string("bitwise mask chain of ") + dtype_name(t) + ", " + name);
+  }
 }
 
 // Random elementwise programs (those of the fuser's differential tests): each group's kernel,
@@ -1253,15 +1293,10 @@ TEST(CudaCodegen, GeneratedKernelsComputeWhatTheLlvmEmitterComputes) {
     std::vector<CudaCallFlags> flat_variants, strided_variants;
   };
   std::vector<Case> cases;
-  testing::RandomProgram gen(20261128);
-  for (int i = 0; i < 3000 && cases.size() < 250; ++i) {
-    Inputs in = gen.make_inputs();
-    Fn fn = gen.make_program(2 + i % 9);
-    if (testing::eager(fn, in).empty()) continue;
-    const Grouped grouped = groups_of(fn, in);
+  const auto add_cases = [&cases](const Grouped& grouped, const std::string& what) {
     for (const FusionGroup& g : grouped.groups) {
       if (g.rows || has_transcendental(g.kernel)) continue;
-      Case c{g.kernel, g.scalars, "program " + std::to_string(i), {}, {}, {}, {}};
+      Case c{g.kernel, g.scalars, what, {}, {}, {}, {}};
       const size_t inputs = g.kernel.input_types.size(), outputs = g.kernel.outputs.size();
       c.flat.single_element.assign(inputs, false);
       c.strided.flat = false;
@@ -1275,8 +1310,22 @@ TEST(CudaCodegen, GeneratedKernelsComputeWhatTheLlvmEmitterComputes) {
       c.strided_variants = variants_of(c.kernel, c.strided);
       cases.push_back(std::move(c));
     }
+  };
+  testing::RandomProgram gen(20261128);
+  for (int i = 0; i < 3000 && cases.size() < 250; ++i) {
+    Inputs in = gen.make_inputs();
+    Fn fn = gen.make_program(2 + i % 9);
+    if (testing::eager(fn, in).empty()) continue;
+    add_cases(groups_of(fn, in), "program " + std::to_string(i));
   }
   ASSERT_GE(cases.size(), 150u);
+  // The random programs have no bitwise ops: in CUDA C bools promote to int for & | ^.
+  for (DType t : {kBool, kInt32, kInt64}) {
+    Inputs in;
+    for (int i = 0; i < 4; ++i) in.push_back(testing::input({kRows, kCols}, t, -50, 50));
+    add_cases(groups_of(bitwise_mask_chain, in),
+              std::string("bitwise mask chain of ") + dtype_name(t));
+  }
   const std::string dir = ::testing::TempDir() + "/kiln_cuda_host_" + std::to_string(getpid());
   ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
   // Each variant's source is another kernel (namespace flat<case>_<variant>, strided...). Their

@@ -151,6 +151,49 @@ TEST(Fuser, AMixedDtypeChainIsOneKernel) {
   expect_fused_equals_eager(fn, {a, b, c, d}, "mixed dtypes");
 }
 
+// The bitwise ops fuse with comparisons and where: the integer mask arithmetic of libtorch code
+// (flags, bit tests) is one kernel.
+TEST(Fuser, BitwiseOpsThenACompareAndAWhereAreOneKernel) {
+  Tensor a = testing::input({6, 7}, kInt32, -1000, 1000), b = testing::input({7}, kInt32, 0, 255),
+         c = testing::input({6, 1}, kInt32, -1000, 1000), d = testing::input({6, 7}, kInt32, -9, 9);
+  Fn fn = [](const Inputs& in) {
+    const Tensor m = (in[0] & in[1]) | (in[2] ^ in[3]);
+    return Inputs{where(gt(m, 7), m, ~in[0])};
+  };
+  Planned p = plan_of(fn, {a, b, c, d});
+  EXPECT_EQ(p.plan->num_kernel_steps(), 1u) << p.graph->str();
+  EXPECT_EQ(p.plan->num_steps(), 1u) << p.graph->str();
+  expect_fused_equals_eager(fn, {a, b, c, d}, "(a & b) | (c ^ d), gt, where");
+}
+
+// Fused bitwise ops equal the eager kernels in bool, int32 and int64, with mixed dtypes, scalar
+// operands, broadcasting and every input layout (transposed, strided, expanded).
+TEST(Fuser, BitwiseOpsMatchEagerInEveryIntegerDtypeAndLayout) {
+  Fn fn = [](const Inputs& in) {
+    const Tensor &a = in[0], &b = in[1], &c = in[2];
+    const Tensor m = ((a & b) ^ (~a | c)) | (b ^ 1);
+    return Inputs{m, (m & c) ^ (a & 0x55), where(ne(m & b, 0), a, c)};
+  };
+  for (DType t : {kBool, kInt32, kInt64}) {
+    const double lo = t == kBool ? 0 : -100000, hi = t == kBool ? 1 : 100000;
+    const Tensor a = testing::input({4, 1, 5}, t, lo, hi), b = testing::input({3, 5}, t, lo, hi);
+    for (DType tc : {kBool, kInt32, kInt64}) {
+      const Tensor c = testing::input({4, 3, 1}, tc, tc == kBool ? 0 : lo, tc == kBool ? 1 : hi);
+      for (const auto& [la, xa] : testing::input_layouts(a))
+        for (const auto& [lb, xb] : testing::input_layouts(b)) {
+          const std::string what = std::string(dtype_name(t)) + " and " + dtype_name(tc) + ", " +
+                                   la + " a, " + lb + " b";
+          expect_fused_equals_eager(fn, {xa, xb, c}, what);
+          const Planned p = plan_of(fn, {xa, xb, c});
+          bool fused = false;
+          for (const fuser::FusionGroup& g : fuser::find_groups(*p.graph))
+            for (const jit::Node* n : g.nodes) fused |= n->kind() == "bitwise_and";
+          EXPECT_TRUE(fused) << what << ": no bitwise_and was fused\n" << p.graph->str();
+        }
+    }
+  }
+}
+
 // A lone node with an operand of another dtype runs through its entry point (the executor's direct
 // steps take operands of the compute type only), and still matches.
 TEST(Fuser, ALoneMixedDtypeNodeIsNoKernelAndMatches) {

@@ -462,6 +462,65 @@ TEST(MoreOps, LazyAndTracedEqualEager) {
     testing::expect_lazy_equal(got[i], want[i], "traced output " + std::to_string(i));
 }
 
+// x & y, x | y, x ^ y and ~(x & y) ^ y of a [4, 1, 5] and b [3, 5] broadcast to [4, 3, 5], in
+// int64 (bools as 0 and 1, where ~ is logical not).
+std::vector<std::vector<double>> bitwise_ref(const Tensor& a, const Tensor& b) {
+  const std::vector<double> va = values(a), vb = values(b);
+  const Shape out{4, 3, 5};
+  std::vector<std::vector<double>> r(4);
+  for (int64_t k = 0; k < numel_of(out); ++k) {
+    const std::vector<int64_t> i = testing::unravel(k, out);
+    const auto x = static_cast<int64_t>(va[testing::ravel({i[0], 0, i[2]}, a.sizes())]);
+    const auto y = static_cast<int64_t>(vb[testing::ravel({i[1], i[2]}, b.sizes())]);
+    const int64_t not_xy = a.dtype() == kBool ? !(x & y) : ~(x & y);
+    r[0].push_back(static_cast<double>(x & y));
+    r[1].push_back(static_cast<double>(x | y));
+    r[2].push_back(static_cast<double>(x ^ y));
+    r[3].push_back(static_cast<double>(not_xy ^ y));
+  }
+  return r;
+}
+
+// The bitwise ops (which fuse) against int64 reference loops on broadcast and non-contiguous
+// operands, eagerly, lazily and traced; floating operands raise in every mode.
+TEST(MoreOps, BitwiseOpsAgainstReferenceEagerLazyAndTraced) {
+  using In = std::vector<Tensor>;
+  const auto fn = [](const In& in) {
+    const Tensor &a = in[0], &b = in[1];
+    return In{a & b, a | b, a ^ b, ~(a & b) ^ b};
+  };
+  for (DType t : {kBool, kInt32, kInt64}) {
+    const double lo = t == kBool ? 0 : -1e6, hi = t == kBool ? 1 : 1e6;
+    // b is a transposed (non-contiguous) [3, 5].
+    const auto operands = [&] {
+      return In{testing::input({4, 1, 5}, t, lo, hi), testing::input({5, 3}, t, lo, hi).t()};
+    };
+    const auto expect_ref = [&](const In& got, const In& in, const std::string& what) {
+      const std::vector<std::vector<double>> want = bitwise_ref(in[0], in[1]);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t j = 0; j < got.size(); ++j) {
+        SCOPED_TRACE(what + " " + dtype_name(t) + ", output " + std::to_string(j));
+        expect_close(got[j], want[j], {4, 3, 5}, t, 0, 0);
+      }
+    };
+    const In x = operands();
+    expect_ref(fn(x), x, "eager");
+    testing::check_lazy(std::string("bitwise ") + dtype_name(t), [&] { return fn(x); });
+    jit::Function traced = jit::trace(fn, x);
+    const In x2 = operands();
+    expect_ref(traced(x2), x2, "traced");
+  }
+  const Tensor f = testing::input({3}, kFloat32), i = testing::input({3}, kInt32, -9, 9);
+  for (bool lazy : {false, true}) {
+    LazyGuard mode(lazy);
+    expect_error([&] { (void)((i & 3) | f); }, {"bitwise_or", "float32[3]"});
+    expect_error([&] { (void)~(f * 2); }, {"bitwise_not", "float32[3]"});
+    expect_error([&] { (void)(i ^ 0.5); }, {"bitwise_xor", "int32[3]"});
+  }
+  const auto g = [](const In& in) { return In{in[0] & in[1]}; };
+  expect_error([&] { (void)jit::trace(g, {i, f}); }, {"bitwise_and", "float32[3]"});
+}
+
 TEST(MoreOps, BadInputRaisesAndLeavesInputs) {
   const Tensor x = from_vector(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3});
   const Tensor i = from_vector(std::vector<int64_t>{1, 2});

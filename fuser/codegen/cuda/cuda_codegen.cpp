@@ -553,6 +553,16 @@ class Source {
         return fp ? call(libm("fmod", t)) : boolean ? "false" : call("kiln_rem");
       case Prim::Pow:  // pow takes no bools; LLVM's i1 squaring loop gives 1
         return fp ? call("kiln_fpow") : boolean ? "true" : call("kiln_pow");
+      // Bools promote to int and convert back to bool (0 or 1) in the declared value's type.
+      case Prim::BitAnd:
+        KILN_CHECK(!fp, "fuser: CUDA codegen: bitwise and of ", dtype_name(at));
+        return bin("&");
+      case Prim::BitOr:
+        KILN_CHECK(!fp, "fuser: CUDA codegen: bitwise or of ", dtype_name(at));
+        return bin("|");
+      case Prim::BitXor:
+        KILN_CHECK(!fp, "fuser: CUDA codegen: bitwise xor of ", dtype_name(at));
+        return bin("^");
       case Prim::ReduceSum:
       case Prim::ReduceMax:
       case Prim::ReduceMin:

@@ -969,6 +969,16 @@ class Emitter {
       case Prim::Pow:
         r = fp ? float_pow(a, b, t) : int_pow(a, b);
         break;
+      // On i1, i32 and i64 alike; the formulas reject floats before fusing.
+      case Prim::BitAnd:
+        r = b_.CreateAnd(a, b);
+        break;
+      case Prim::BitOr:
+        r = b_.CreateOr(a, b);
+        break;
+      case Prim::BitXor:
+        r = b_.CreateXor(a, b);
+        break;
     }
     return r;
   }
