@@ -8,6 +8,7 @@
 
 #include <cxxabi.h>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -329,6 +330,15 @@ std::string callable_name(const std::type_info& type) {
   for (size_t i = 0; i < full.size(); ++i) {
     if (full.compare(i, 21, "(anonymous namespace)") == 0) {
       i += 22;  // with the "::" after it
+      continue;
+    }
+    // clang names a lambda "$_<n>" (n counted over the file, from 0), GCC "{lambda(...)#<n>}"
+    // (counted in its function, from 1): both read "lambda#<n>", numbered from 1.
+    if (full.compare(i, 2, "$_") == 0 && i + 2 < full.size() && std::isdigit(full[i + 2])) {
+      size_t end = i + 2;
+      while (end < full.size() && std::isdigit(full[end])) ++end;
+      out += "lambda#" + std::to_string(std::stoll(full.substr(i + 2, end - i - 2)) + 1);
+      i = end - 1;
       continue;
     }
     const char c = full[i];

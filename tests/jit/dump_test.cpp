@@ -26,6 +26,7 @@
 #include "kiln/nn.h"
 #include "lib/lazy.h"
 #include "lib/tensor_impl.h"
+#include "tests/jit/graph_names.h"
 #include "tests/testing.h"
 
 namespace kiln {
@@ -440,8 +441,11 @@ std::vector<Tensor> step_function(const std::vector<Tensor>& in) {
 
 TEST(Dump, CallableNamesAreShort) {
   auto lambda = [](const std::vector<Tensor>& in) { return in; };
-  EXPECT_EQ(jit::callable_name(jit::TracedFn(lambda).target_type()),
-            "kiln::Dump_CallableNamesAreShort_Test::TestBody()::lambda#1");
+  // The lambda's number is GCC's count in its function, clang's in its file.
+  EXPECT_TRUE(std::regex_match(
+      jit::callable_name(jit::TracedFn(lambda).target_type()),
+      std::regex(R"(kiln::Dump_CallableNamesAreShort_Test::TestBody\(\)::lambda#[0-9]+)")))
+      << jit::callable_name(jit::TracedFn(lambda).target_type());
   EXPECT_EQ(jit::callable_name(jit::TracedFn(StepFunctor()).target_type()), "kiln::StepFunctor");
   EXPECT_EQ(jit::callable_name(jit::TracedFn(&step_function).target_type()), "a function");
 }
@@ -471,13 +475,13 @@ TEST(Dump, GraphsAreNamedByWhatTheyAre) {
     all.insert(*n.begin());
   }
   const std::string lambda =
-      "trace kiln::Dump_GraphsAreNamedByWhatTheyAre_Test::TestBody()::lambda#1: ";
+      R"(trace kiln::Dump_GraphsAreNamedByWhatTheyAre_Test::TestBody\(\)::lambda#[0-9]+: )";
   bool flush = false;
   for (const std::string& n : all)
     flush |= n.rfind("lazy flush #", 0) == 0 && n.find("item()") != std::string::npos;
   EXPECT_TRUE(flush) << ::testing::PrintToString(all);
-  EXPECT_EQ(all.count(lambda + "forward"), 1u) << ::testing::PrintToString(all);
-  EXPECT_EQ(all.count(lambda + "backward"), 1u) << ::testing::PrintToString(all);
+  EXPECT_EQ(testing::count_matching(all, lambda + "forward"), 1u) << ::testing::PrintToString(all);
+  EXPECT_EQ(testing::count_matching(all, lambda + "backward"), 1u) << ::testing::PrintToString(all);
   fs::remove_all(dir);
 }
 
