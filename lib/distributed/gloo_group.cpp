@@ -233,9 +233,7 @@ class GlooGroup : public ProcessGroup {
     }
     KILN_CHECK(outputs[rank_].numel() == input.numel(), "all_gather: output ", rank_, " has ",
                outputs[rank_].numel(), " elements, this rank's input ", input.numel());
-    Tensor out =
-        stage(kiln::empty({static_cast<int64_t>(total / input.element_size())}, input.dtype()),
-              "all_gather");
+    Tensor out = receive_buffer(static_cast<int64_t>(total / input.element_size()), input);
     auto run = [ctx = context_, in, out, bytes, total](uint32_t tag) {
       if (total == 0) return;
       gloo::AllgathervOptions opts(ctx);

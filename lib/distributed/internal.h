@@ -30,6 +30,10 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
 // it (and its result would be a constant of the trace).
 void check_not_tracing(const char* op);
 
+// A collective's receive buffer: `numel` elements of `like`'s dtype on its device, allocated now
+// and never read before the collective writes it (so, unlike a staged input, not copied).
+Tensor receive_buffer(int64_t numel, const Tensor& like);
+
 // reduce_scatter's inputs, checked against the output and the group's size (every backend), each
 // flattened to one dim for the backend to concatenate.
 std::vector<Tensor> reduce_scatter_inputs(const Tensor& output, const std::vector<Tensor>& inputs,

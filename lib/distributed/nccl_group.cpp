@@ -219,8 +219,7 @@ class NcclGroup : public ProcessGroup {
                  dtype_name(input.dtype()));
       total += o.numel();
     }
-    Tensor out =
-        stage(empty({total}, TensorOptions(input.dtype()).device(input.device())), "all_gather");
+    Tensor out = receive_buffer(total, input);
     char* base = static_cast<char*>(out.raw_data_ptr());
     const void* mine = in.numel() > 0 ? in.raw_data_ptr() : nullptr;
     check(nccl().ncclGroupStart(), "all_gather");

@@ -80,6 +80,12 @@ std::shared_ptr<Work> finish(std::shared_ptr<Work> work, bool async_op) {
 
 }  // namespace
 
+Tensor receive_buffer(int64_t numel, const Tensor& like) {
+  Tensor buffer = empty({numel}, TensorOptions(like.dtype()).device(like.device()));
+  buffer.raw_data_ptr();  // allocated here, on the calling thread
+  return buffer;
+}
+
 std::vector<Tensor> reduce_scatter_inputs(const Tensor& output, const std::vector<Tensor>& inputs,
                                           ReduceOp op, int group_size) {
   KILN_CHECK(static_cast<int>(inputs.size()) == group_size, "reduce_scatter: ", inputs.size(),
