@@ -28,8 +28,9 @@ bool is_fusible(const jit::Node& n);
 // views of device memory (a reshape that must copy copies on the device), slice_scatter and
 // as_strided_scatter as device copies, index_select, gather and embedding by the gather kernel,
 // index_add and scatter_add by the scatter-add kernel (with fusion off: through the host), the conv
-// passes and pools by lib/ops/conv_cuda.cpp's kernels. A device runs other unfused nodes through the
-// host (other nn ops, argmax and friends never reach it: they record compositions of fusible ops).
+// passes and pools by lib/ops/conv_cuda.cpp's kernels. A device runs other unfused nodes through
+// the host (other nn ops, argmax and friends never reach it: they record compositions of fusible
+// ops).
 bool has_device_kernel(const jit::Node& n);
 
 // The trailing dims a reduction folds when it can join a group (all of them for an empty list of
