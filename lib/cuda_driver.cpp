@@ -23,6 +23,7 @@ namespace kiln::detail::cuda {
 
 namespace {
 std::atomic<int64_t> g_h2d_bytes{0}, g_d2h_bytes{0}, g_h2d_copies{0}, g_d2h_copies{0};
+std::atomic<int64_t> g_launches{0};
 
 #ifdef KILN_HAS_CUDA
 #define KILN_CU_NAME_(x) #x
@@ -338,6 +339,7 @@ void* Module::function(const std::string& name) const {
 
 void launch(int index, void* function, const LaunchShape& shape, void** args, const char* name) {
   set_device(index);
+  g_launches.fetch_add(1, std::memory_order_relaxed);
   CUresult r =
       api().cuLaunchKernel(static_cast<CUfunction>(function), shape.grid, 1, 1, shape.block, 1, 1,
                            shape.shared_bytes, static_cast<CUstream>(stream(index)), args, nullptr);
@@ -418,6 +420,10 @@ void launch(int index, void*, const LaunchShape&, void**, const char*) {
 
 TransferCounts transfer_counts() {
   return {g_h2d_bytes.load(), g_d2h_bytes.load(), g_h2d_copies.load(), g_d2h_copies.load()};
+}
+
+int64_t launch_count() {
+  return g_launches.load(std::memory_order_relaxed);
 }
 
 }  // namespace kiln::detail::cuda

@@ -92,4 +92,8 @@ struct TransferCounts {
 };
 TransferCounts transfer_counts();
 
+// Kernels kiln has launched so far (cuBLAS's own launches not counted): benchmarks count the
+// launches of one replay with it.
+int64_t launch_count();
+
 }  // namespace kiln::detail::cuda

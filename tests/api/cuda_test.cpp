@@ -2,7 +2,15 @@
 // were, and compiled kernels are cached per architecture. With one: each op on CUDA tensors
 // matches the CPU reference (differential tests over random inputs and layouts), autograd and
 // jit::trace work unchanged, and the allocator's statistics follow the tensors.
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
 #include <set>
 
 #include "fuser/fuse.h"
@@ -193,9 +201,10 @@ TEST(Cuda, FactoriesFillOnTheDevice) {
       ASSERT_EQ(got.device(), kCUDA);
       EXPECT_EQ(got.dtype(), dt);
       EXPECT_EQ(testing::values(got.to(kCPU)), testing::values(expected));
-      if (is_floating_point(dt))
+      if (is_floating_point(dt)) {
         EXPECT_EQ(std::signbit(got.to(kCPU).to(kFloat64).data_ptr<double>()[0]),
                   std::signbit(expected.to(kFloat64).data_ptr<double>()[0]));
+      }
     }
     EXPECT_EQ(testing::values(zeros({4, 4}, TensorOptions(dt).device(kCUDA)).to(kCPU)),
               testing::values(zeros({4, 4}, dt)));
@@ -840,6 +849,125 @@ TEST(Cuda, TheAllocatorCachesAndReleases) {
   cuda::empty_cache();
   EXPECT_LT(cuda::memory_stats().reserved_bytes, freed.reserved_bytes);
 }
+
+// A traced training step whose parameters and batch live on the device moves nothing between host
+// and device once it runs steadily: no upload (hyperparameters and step counts are kernel
+// arguments), no download (the loss stays on the device until read).
+TEST(Cuda, ATracedTrainingStepMovesNothingBetweenHostAndDevice) {
+  KILN_REQUIRE_GPU();
+  if (!fuser::fusion_enabled())
+    GTEST_SKIP() << "unfused (the fake driver's runs), device ops go through the host";
+  manual_seed(3);
+  nn::Sequential model({std::make_shared<nn::Linear>(12, 32), std::make_shared<nn::ReLU>(),
+                        std::make_shared<nn::Linear>(32, 5)});
+  model.to(kCUDA);
+  optim::Adam adam(model.parameters(), optim::AdamOptions{1e-2});
+  const Tensor x = testing::random_tensor({16, 12}).to(kCUDA), y = randint(5, {16}).to(kCUDA);
+  jit::Function step = jit::trace(
+      [&](const std::vector<Tensor>& in) {
+        adam.zero_grad();
+        Tensor loss = cross_entropy(model.forward(in[0]), in[1]);
+        loss.backward();
+        adam.step();
+        return std::vector<Tensor>{loss.detach()};
+      },
+      {x, y});
+  const float first = step({x, y})[0].item<float>();
+  for (int i = 0; i < 2; ++i) eval(step({x, y}));
+  profiler::set_enabled(true);
+  profiler::reset();
+  const detail::cuda::TransferCounts before = detail::cuda::transfer_counts();
+  Tensor loss;
+  for (int i = 0; i < 5; ++i) loss = step({x, y})[0];
+  eval(loss);
+  const detail::cuda::TransferCounts after = detail::cuda::transfer_counts();
+  const std::string report = profiler::report();
+  profiler::set_enabled(false);
+  EXPECT_EQ(after.host_to_device - before.host_to_device, 0) << report;
+  EXPECT_EQ(after.device_to_host - before.device_to_host, 0) << report;
+  EXPECT_NE(report.find("0.000 MB to the device in 0 copies, 0.000 MB to the host in 0 copies"),
+            std::string::npos)
+      << report;
+  EXPECT_LT(loss.item<float>(), first) << "the steps trained";
+}
+
+#ifdef KILN_HAS_CUDA
+// The workload of ASecondProcessLoadsEveryKernelFromDisk (in its child processes only): fused
+// elementwise, rows and reduction kernels and a traced training step; prints the compile counts.
+TEST(Cuda, KernelCacheChildWorkload) {
+  if (!std::getenv("KILN_CUDA_CACHE_CHILD"))
+    GTEST_SKIP() << "run by ASecondProcessLoadsEveryKernelFromDisk";
+  auto attempt = [](const char* what, const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {  // the fake driver runs no kernel; NVRTC has compiled it first
+      std::cerr << "error in " << what << ": " << e.what() << "\n";
+    }
+  };
+  const Tensor a = testing::random_tensor({64, 48}).to(kCUDA);
+  attempt("elementwise", [&] { eval(tanh(a * a) + 1); });
+  attempt("softmax", [&] { eval(softmax(a, 1)); });
+  attempt("sums", [&] { eval({a.sum(), a.sum({0})}); });
+  attempt("training step", [&] {
+    manual_seed(1);
+    nn::Linear layer(48, 4);
+    layer.to(kCUDA);
+    optim::SGD sgd(layer.parameters(), optim::SGDOptions{0.1});
+    const Tensor y = randint(4, {64}).to(kCUDA);
+    jit::Function step = jit::trace(
+        [&](const std::vector<Tensor>& in) {
+          sgd.zero_grad();
+          Tensor loss = cross_entropy(layer.forward(in[0]), in[1]);
+          loss.backward();
+          sgd.step();
+          return std::vector<Tensor>{loss.detach()};
+        },
+        {a, y});
+    eval(step({a, y}));
+  });
+  const fuser::cuda::CudaCompileStats stats = fuser::cuda::cuda_compile_stats();
+  std::cerr << "nvrtc compiles " << stats.compiles << " disk hits " << stats.disk_hits << "\n";
+}
+
+// A second process finds every kernel the first one compiled in the disk cache: no NVRTC call.
+TEST(Cuda, ASecondProcessLoadsEveryKernelFromDisk) {
+  KILN_REQUIRE_GPU();
+  namespace fs = std::filesystem;
+  const std::string dir = ::testing::TempDir() + "/kiln_cuda_cache_" + std::to_string(getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto run_child = [&] {
+    const std::string log = dir + "/child.log";
+    const std::string command = "KILN_CACHE_DIR=" + dir +
+                                "/cache KILN_FUSE=1 KILN_CUDA_CACHE_CHILD=1 " +
+                                fs::read_symlink("/proc/self/exe").string() +
+                                " --gtest_filter=Cuda.KernelCacheChildWorkload > " + log + " 2>&1";
+    EXPECT_EQ(std::system(command.c_str()), 0) << command;
+    std::ifstream in(log);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  auto counts = [](const std::string& log) {
+    const size_t at = log.find("nvrtc compiles ");
+    EXPECT_NE(at, std::string::npos) << log;
+    int64_t compiles = -1, hits = -1;
+    if (at != std::string::npos)
+      std::sscanf(log.c_str() + at, "nvrtc compiles %ld disk hits %ld", &compiles, &hits);
+    return std::pair{compiles, hits};
+  };
+  const std::string first_log = run_child();
+  const auto [compiled, first_hits] = counts(first_log);
+  EXPECT_GE(compiled, 4) << first_log;
+  EXPECT_EQ(first_hits, 0) << first_log;
+  const std::string second_log = run_child();
+  const auto [recompiled, hits] = counts(second_log);
+  EXPECT_EQ(recompiled, 0) << second_log;
+  EXPECT_EQ(hits, compiled) << second_log;
+  if (detail::cuda::device_info(0).name.find("kiln fake") == std::string::npos) {
+    EXPECT_EQ(second_log.find("error in "), std::string::npos) << second_log;
+  }
+  fs::remove_all(dir);
+}
+#endif
 
 }  // namespace
 }  // namespace kiln

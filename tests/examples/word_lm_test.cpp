@@ -9,6 +9,7 @@
 #include <set>
 
 #include "kiln/jit.h"
+#include "kiln/kiln.h"
 #include "word_lm.h"
 
 namespace kiln::examples {
@@ -161,6 +162,30 @@ TEST(WordLmExample, TracedTrainingWithDropoutFollowsEager) {
   const double first = mean(traced.step_losses.begin(), traced.step_losses.begin() + 5);
   const double last = mean(traced.step_losses.end() - 5, traced.step_losses.end());
   EXPECT_LT(last, first - 0.5);
+}
+
+// On a GPU (--device cuda) the example trains as on the host, eagerly and traced: the same losses
+// within float32 rounding of a different summation order (dropout masks are drawn on the host).
+TEST(WordLmExample, TrainsOnTheDeviceAsOnTheHost) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no usable CUDA device: run tools/gpu-check on a GPU";
+  WordLmConfig c = small_config();
+  c.epochs = 1;
+  c.max_steps_per_epoch = 40;
+  c.lr = 1e-2;
+  c.log_every = 0;
+  const WordLmResult host = train_word_lm(c);
+  c.device = "cuda";
+  for (bool trace : {false, true}) {
+    c.trace = trace;
+    const WordLmResult device = train_word_lm(c);
+    ASSERT_EQ(device.step_losses.size(), host.step_losses.size());
+    for (size_t i = 0; i < host.step_losses.size(); ++i)
+      ASSERT_NEAR(device.step_losses[i], host.step_losses[i], 2e-3 * host.step_losses[i])
+          << "step " << i << (trace ? " (traced)" : "");
+    ASSERT_EQ(device.valid_perplexity.size(), 1u);
+    EXPECT_NEAR(device.valid_perplexity[0], host.valid_perplexity[0],
+                1e-2 * host.valid_perplexity[0]);
+  }
 }
 
 }  // namespace

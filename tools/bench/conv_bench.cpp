@@ -9,11 +9,13 @@
 //   BM_CudaConv/<problem>/<pass>: the same passes on cuda:0 (the chooser's pick, its measuring
 //     call excluded), synchronized; gemm_ms: its cuBLAS GEMM alone on buffers of the same shapes
 //     (lib/ops/conv_cuda.h's pass_gemm), vs_gemms: the pass's time over it (target <= 1.2).
+//     BM_CudaConv also runs ResNet-18's 3x3 stride-1 convolutions (resnet18_*).
 //   BM_ResNet18TrainStep/<mode>: one training step (forward, cross entropy, backward, Adam) of
 //     ResNet-18 (tools/examples/resnet.h) on a batch of 32 3x64x64 images, eager (the reference,
 //     registered first), lazy, and as a jit::trace replay; vs_eager = eager's step time / this
 //     one's (above 1: faster; target for the traced step >= 1.3); cpu_step_s and cpu_vs_eager
-//     the same from the CPU time of all the process's threads.
+//     the same from the CPU time of all the process's threads. BM_CudaResNet18TrainStep/<mode>:
+//     the same step with the model and batch on cuda:0 (eager and traced).
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
 
@@ -50,6 +52,14 @@ constexpr int64_t kConvBatch = 32;
 const ConvProblem kProblems[] = {
     {"64x32x32_k5x5x128", kConvBatch, 64, 32, 32, 128, 5, 0},
     {"384x13x13_k3x3x384_pad1", kConvBatch, 384, 13, 13, 384, 3, 1},
+};
+// ResNet-18's 3x3 stride-1 convolutions on BM_ResNet18TrainStep's batch (32 images of 64x64): the
+// bulk of its convolution time, measured on the device against their GEMMs.
+const ConvProblem kResNetProblems[] = {
+    {"resnet18_64x16x16_k3x3x64_pad1", kConvBatch, 64, 16, 16, 64, 3, 1},
+    {"resnet18_128x8x8_k3x3x128_pad1", kConvBatch, 128, 8, 8, 128, 3, 1},
+    {"resnet18_256x4x4_k3x3x256_pad1", kConvBatch, 256, 4, 4, 256, 3, 1},
+    {"resnet18_512x2x2_k3x3x512_pad1", kConvBatch, 512, 2, 2, 512, 3, 1},
 };
 
 enum class Pass { Forward, GradInput, GradWeight };
@@ -210,21 +220,24 @@ void BM_CudaConv(benchmark::State& state, const ConvProblem& p, Pass pass) {
 }
 
 const bool kCudaConvRegistered = [] {
-  for (const ConvProblem& p : kProblems)
+  auto add = [](const ConvProblem& p) {
     for (Pass pass : {Pass::Forward, Pass::GradInput, Pass::GradWeight})
       benchmark::RegisterBenchmark(
           (std::string("BM_CudaConv/") + p.name + "/" + pass_name(pass)).c_str(), BM_CudaConv, p,
           pass)
           ->Unit(benchmark::kMillisecond)
           ->UseRealTime();
+  };
+  for (const ConvProblem& p : kProblems) add(p);
+  for (const ConvProblem& p : kResNetProblems) add(p);
   return true;
 }();
 
 // ----------------------------------------------------------------- ResNet-18 training step
 
 enum class StepMode { Eager, Lazy, Traced };
-double g_resnet_eager_seconds = 0;
-double g_resnet_eager_cpu_seconds = 0;
+// The eager step's wall and CPU seconds, per device type (the reference of the later rows).
+std::map<kiln::DeviceType, std::pair<double, double>> g_resnet_eager_seconds;
 
 // CPU seconds of every thread of the process (user and system): on the shared, loaded dev VM the
 // wall time mostly measures the other processes; the work done shows here.
@@ -237,14 +250,19 @@ double process_cpu_seconds() {
   return seconds(u.ru_utime) + seconds(u.ru_stime);
 }
 
-void BM_ResNet18TrainStep(benchmark::State& state, StepMode mode) {
+void resnet18_train_step(benchmark::State& state, StepMode mode, kiln::Device device) {
   constexpr int64_t B = 32, S = 64, kClasses = 200;  // Tiny ImageNet's size and classes
+  if (device.is_cuda() && !kiln::cuda::is_available()) {
+    state.SkipWithError("no usable CUDA device");
+    return;
+  }
   kiln::manual_seed(0);
   std::shared_ptr<kiln::nn::Module> model =
       kiln::examples::make_resnet(kiln::examples::resnet18_arch(kClasses));
+  model->to(device);
   kiln::optim::Adam adam(model->parameters(), kiln::optim::AdamOptions{1e-3});
-  Tensor x = kiln::randn({B, 3, S, S});
-  Tensor y = kiln::randint(kClasses, {B});
+  Tensor x = kiln::randn({B, 3, S, S}).to(device);
+  Tensor y = kiln::randint(kClasses, {B}).to(device);
   kiln::LazyGuard lazy(mode != StepMode::Eager);
   auto step = [&](const std::vector<Tensor>& in) {
     adam.zero_grad();
@@ -272,15 +290,19 @@ void BM_ResNet18TrainStep(benchmark::State& state, StepMode mode) {
   const double cpu_per_step = (process_cpu_seconds() - cpu_start) / steps;
   state.counters["step_s"] = per_step;
   state.counters["cpu_step_s"] = cpu_per_step;
-  if (mode == StepMode::Eager) {
-    g_resnet_eager_seconds = per_step;
-    g_resnet_eager_cpu_seconds = cpu_per_step;
-  }
-  if (mode != StepMode::Eager && g_resnet_eager_seconds > 0) {
-    state.counters["vs_eager"] = g_resnet_eager_seconds / per_step;
-    state.counters["cpu_vs_eager"] = g_resnet_eager_cpu_seconds / cpu_per_step;
+  if (mode == StepMode::Eager) g_resnet_eager_seconds[device.type] = {per_step, cpu_per_step};
+  auto eager = g_resnet_eager_seconds.find(device.type);
+  if (mode != StepMode::Eager && eager != g_resnet_eager_seconds.end()) {
+    state.counters["vs_eager"] = eager->second.first / per_step;
+    state.counters["cpu_vs_eager"] = eager->second.second / cpu_per_step;
   }
   state.SetItemsProcessed(state.iterations() * B);
+}
+void BM_ResNet18TrainStep(benchmark::State& state, StepMode mode) {
+  resnet18_train_step(state, mode, kiln::kCPU);
+}
+void BM_CudaResNet18TrainStep(benchmark::State& state, StepMode mode) {
+  resnet18_train_step(state, mode, kiln::kCUDA);
 }
 BENCHMARK_CAPTURE(BM_ResNet18TrainStep, eager, StepMode::Eager)
     ->Unit(benchmark::kMillisecond)
@@ -289,6 +311,12 @@ BENCHMARK_CAPTURE(BM_ResNet18TrainStep, lazy, StepMode::Lazy)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_ResNet18TrainStep, traced, StepMode::Traced)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_CudaResNet18TrainStep, eager, StepMode::Eager)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_CudaResNet18TrainStep, traced, StepMode::Traced)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

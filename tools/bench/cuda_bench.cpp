@@ -1,23 +1,39 @@
-// GPU benchmarks (issue 8), each a ratio against a limit measured in the same run; on a machine
-// without a GPU every BM_Cuda* benchmark but the compile ones reports "no CUDA device" and skips.
+// GPU benchmarks, each a ratio against a limit measured in the same run; on a machine without a
+// GPU every BM_Cuda* benchmark but the compile ones reports "no CUDA device" and skips.
+// tools/bench/gpu_peers.py runs the same workloads (same definitions) with torch eager,
+// torch.compile and jax.jit; tools/gpu-check runs both.
+// Device throughput: each timed iteration queues kCalls calls back to back and synchronizes once,
+// so that the host's work of one call overlaps the device's work of the one before (as in a
+// training loop); per_call_ms is the time of one call.
 //   BM_CudaCopyFloor64M: device-to-device copy of 64M float32 (cuMemcpyDtoD): the floor. It runs
 //     first (registration order); later rows print of_copy = their bytes/s / the floor's.
 //   BM_CudaGelu64M: GELU (tanh form) from primitives on 64M float32, one fused kernel; bytes = read
 //     x + write y. Target: of_copy >= 0.85.
-//   BM_CudaSoftmax8192, BM_CudaLayerNorm8192: 8192 x 8192 float32 along dim 1; bytes = read x +
-//     write y. Target: time within 1.3x of the copy floor (of_copy >= 0.77).
-//   BM_CudaLstmCell/{eager,traced}: an LSTM cell step (batch 64, input and hidden 1500) forward and
-//     backward, eager kiln against the same step as a jit::trace; vs_eager on the traced row.
+//   BM_CudaSoftmax8192, BM_CudaLayerNorm8192: softmax and layer_norm written from primitives on
+//     8192 x 8192 float32 along dim 1; bytes = read x + write y. Target: of_copy >= 0.80.
+//   BM_CudaSoftmaxBackward8192, BM_CudaLayerNormBackward8192: their gradients (of x; layer_norm's
+//     of w and b too) by autograd from an upstream gradient, the forward evaluated once; bytes =
+//     read x and the upstream gradient, write x's gradient. Target: of_copy >= 0.70.
+//   BM_CudaLstmCell/{gemms,eager,traced}: an LSTM cell step (batch 64, input and hidden 1500)
+//     forward and backward (gradients of the weights and bias by autograd::grad), eager kiln and
+//     as a jit::trace; gemms: the step's six GEMMs alone (two forward, four backward).
+//     vs_gemms = step / GEMMs (target for the traced step <= 1.1).
 //   BM_CudaGemm/{cublas,kiln}: 4096^3 float32 through cuBLAS alone and through kiln's matmul;
-//     vs_cublas on kiln's row.
+//     vs_cublas on kiln's row (target <= 1/0.95).
+//   BM_CudaReplay10Ops/{queued,synchronized}: a traced function of ten elementwise ops on one-
+//     element device tensors (jit_bench's ten_ops), per call: queued back to back, and waiting
+//     for each result; launches_per_call counts kiln's kernel launches. Target: <= 15 us.
+//   BM_CudaMlpTrainStep/traced: a traced training step (784-1024-1024-10 MLP, batch 128, Adam)
+//     whose parameters and batch live on the device; h2d_bytes and d2h_bytes per step (target 0).
 //   BM_CudaNvrtcCompile: NVRTC compiling a new 10-op elementwise kernel (its 32-bit, 4-wide
-//     variant) to a cubin for sm_90 (runs without a GPU); BM_CudaNvrtcCompileSoftmax: the same
-//     for a new softmax rows kernel; BM_CudaDiskCacheLoad: finding the 10-op cubin in the disk
-//     cache.
+//     variant) to a cubin for sm_90 (runs without a GPU; target <= 100 ms);
+//     BM_CudaNvrtcCompileSoftmax: the same for a new softmax rows kernel; BM_CudaDiskCacheLoad:
+//     finding the 10-op cubin in the disk cache.
 #include <benchmark/benchmark.h>
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -37,6 +53,7 @@
 namespace kiln::bench {
 namespace {
 
+constexpr int kCalls = 10;      // calls queued per timed iteration
 double g_copy_bytes_per_s = 0;  // set by BM_CudaCopyFloor64M
 
 bool skip_without_gpu(benchmark::State& state) {
@@ -45,80 +62,118 @@ bool skip_without_gpu(benchmark::State& state) {
   return true;
 }
 
-// Evaluates t and waits for the device.
-void finish(const Tensor& t) {
-  eval(t);
-  cuda::synchronize(t.device().index);
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Times the loop by wall clock (the device runs asynchronously; each iteration ends synchronized)
-// and prints bytes/s and of_copy.
+// Runs `call` kCalls times per iteration without waiting, then waits for the device; returns the
+// seconds of one call and prints per_call_ms, bytes/s and of_copy (bytes: one call's).
 template <typename F>
-void timed(benchmark::State& state, double bytes, F&& body) {
-  double best = 1e30, total = 0;
-  int64_t n = 0;
+double queued(benchmark::State& state, double bytes, F&& call) {
+  call();  // compiles, warms the allocator
+  cuda::synchronize(0);
+  double total = 0;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
-    body();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::min(best, s);
-    total += s;
-    ++n;
+    for (int i = 0; i < kCalls; ++i) call();
+    cuda::synchronize(0);
+    total += seconds_since(t0);
   }
-  set_bytes(state, bytes);
-  const double rate = bytes * static_cast<double>(n) / total;
-  if (g_copy_bytes_per_s > 0) state.counters["of_copy"] = rate / g_copy_bytes_per_s;
-  state.counters["best_ms"] = best * 1e3;
+  const double per_call = total / static_cast<double>(state.iterations() * kCalls);
+  state.counters["per_call_ms"] = per_call * 1e3;
+  if (bytes > 0) {
+    state.counters["bytes/s"] = bytes / per_call;
+    if (g_copy_bytes_per_s > 0) state.counters["of_copy"] = bytes / per_call / g_copy_bytes_per_s;
+  }
+  return per_call;
+}
+
+constexpr int64_t k64M = int64_t{64} << 20;
+
+// A normal random tensor on cuda:0, made once per process for each shape and tag (drawing 64M
+// numbers on the host takes longer than a benchmark's measurement).
+Tensor device_randn(const Shape& shape, int tag = 0) {
+  static std::map<std::pair<Shape, int>, Tensor> made;
+  auto [at, fresh] = made.try_emplace({shape, tag});
+  if (fresh) at->second = randn(shape).to(kCUDA);
+  return at->second.detach();
 }
 
 void BM_CudaCopyFloor64M(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
-  const int64_t n = int64_t{64} << 20;
-  Tensor a = randn({n}).to(kCUDA), b = empty({n}, kCUDA);
+  Tensor a = device_randn({k64M}), b = empty({k64M}, kCUDA);
   void* src = a.raw_data_ptr();
   void* dst = b.raw_data_ptr();
-  const double bytes = 2.0 * static_cast<double>(n) * 4;
-  double total = 0;
-  int64_t iters = 0;
-  for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
-    detail::cuda::copy_on_device(0, dst, src, static_cast<size_t>(n) * 4);
-    cuda::synchronize(0);
-    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ++iters;
-  }
-  set_bytes(state, bytes);
-  g_copy_bytes_per_s = bytes * static_cast<double>(iters) / total;
+  const double bytes = 2.0 * static_cast<double>(k64M) * 4;
+  const double per_call = queued(state, bytes, [&] {
+    detail::cuda::copy_on_device(0, dst, src, static_cast<size_t>(k64M) * 4);
+  });
+  g_copy_bytes_per_s = bytes / per_call;
 }
 BENCHMARK(BM_CudaCopyFloor64M)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+Tensor gelu_from_primitives(const Tensor& x) {
+  return 0.5 * x * (1 + tanh(0.7978845608 * (x + 0.044715 * x * x * x)));
+}
+
+Tensor softmax_from_primitives(const Tensor& x) {
+  Tensor e = exp(x - x.amax({1}, true));
+  return e / e.sum({1}, true);
+}
+
+Tensor layer_norm_from_primitives(const Tensor& x, const Tensor& w, const Tensor& b) {
+  Tensor d = x - x.mean({1}, true);
+  return d * rsqrt((d * d).mean({1}, true) + 1e-5) * w + b;
+}
+
 void BM_CudaGelu64M(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
-  const int64_t n = int64_t{64} << 20;
-  Tensor x = randn({n}).to(kCUDA);
-  timed(state, 2.0 * static_cast<double>(n) * 4, [&] {
-    Tensor y = 0.5 * x * (1 + tanh(0.7978845608 * (x + 0.044715 * x * x * x)));
-    finish(y);
-  });
+  Tensor x = device_randn({k64M});
+  queued(state, 2.0 * static_cast<double>(k64M) * 4, [&] { eval(gelu_from_primitives(x)); });
 }
 BENCHMARK(BM_CudaGelu64M)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+constexpr int64_t kRows = 8192;
+constexpr double kRowBytes = 2.0 * kRows * kRows * 4;  // read x, write y
+
 void BM_CudaSoftmax8192(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
-  Tensor x = randn({8192, 8192}).to(kCUDA);
-  timed(state, 2.0 * 8192 * 8192 * 4, [&] { finish(softmax(x, 1)); });
+  Tensor x = device_randn({kRows, kRows});
+  queued(state, kRowBytes, [&] { eval(softmax_from_primitives(x)); });
 }
 BENCHMARK(BM_CudaSoftmax8192)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_CudaLayerNorm8192(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
-  Tensor x = randn({8192, 8192}).to(kCUDA);
-  Tensor w = randn({8192}).to(kCUDA), b = randn({8192}).to(kCUDA);
-  timed(state, 2.0 * 8192 * 8192 * 4, [&] { finish(layer_norm(x, {8192}, w, b)); });
+  Tensor x = device_randn({kRows, kRows});
+  Tensor w = device_randn({kRows}, 1), b = device_randn({kRows}, 2);
+  queued(state, kRowBytes, [&] { eval(layer_norm_from_primitives(x, w, b)); });
 }
 BENCHMARK(BM_CudaLayerNorm8192)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-double g_lstm_eager_s = 0;
+// The gradients of `y` (evaluated once, its graph kept) with respect to `wrt`, from `g`.
+void backward_rows(benchmark::State& state, const Tensor& y, const std::vector<Tensor>& wrt,
+                   const Tensor& g) {
+  eval(y);
+  queued(state, 1.5 * kRowBytes, [&] { eval(autograd::grad({y}, wrt, {g}, true)); });
+}
+
+void BM_CudaSoftmaxBackward8192(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  Tensor x = device_randn({kRows, kRows}).requires_grad_(true);
+  backward_rows(state, softmax_from_primitives(x), {x}, device_randn({kRows, kRows}, 1));
+}
+BENCHMARK(BM_CudaSoftmaxBackward8192)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_CudaLayerNormBackward8192(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  Tensor x = device_randn({kRows, kRows}).requires_grad_(true);
+  Tensor w = device_randn({kRows}, 1).requires_grad_(true);
+  Tensor b = device_randn({kRows}, 2).requires_grad_(true);
+  backward_rows(state, layer_norm_from_primitives(x, w, b), {x, w, b},
+                device_randn({kRows, kRows}, 1));
+}
+BENCHMARK(BM_CudaLayerNormBackward8192)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 std::vector<Tensor> lstm_step(const std::vector<Tensor>& in) {
   const Tensor &x = in[0], &h = in[1], &c = in[2], &wx = in[3], &wh = in[4], &b = in[5];
@@ -129,74 +184,131 @@ std::vector<Tensor> lstm_step(const std::vector<Tensor>& in) {
   return {h2, c2};
 }
 
-void BM_CudaLstmCell(benchmark::State& state) {
+enum class LstmMode { Gemms, Eager, Traced };
+double g_lstm_gemms_s = 0;
+
+void BM_CudaLstmCell(benchmark::State& state, LstmMode mode) {
   if (skip_without_gpu(state)) return;
-  const bool traced = state.range(0) == 1;
   const int64_t B = 64, H = 1500;
   Tensor x = randn({B, H}).to(kCUDA), h = randn({B, H}).to(kCUDA), c = randn({B, H}).to(kCUDA);
   Tensor wx = (randn({H, 4 * H}) * 0.02).to(kCUDA).requires_grad_(true);
   Tensor wh = (randn({H, 4 * H}) * 0.02).to(kCUDA).requires_grad_(true);
   Tensor b = zeros({4 * H}, kCUDA).requires_grad_(true);
-  std::vector<Tensor> inputs{x, h, c, wx, wh, b};
+  const std::vector<Tensor> inputs{x, h, c, wx, wh, b};
   jit::Function f;
-  if (traced) f = jit::trace(lstm_step, inputs);
-  double total = 0;
-  int64_t n = 0;
-  for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<Tensor> out = traced ? f(inputs) : lstm_step(inputs);
-    Tensor loss = out[0].sum() + out[1].sum();
-    loss.backward();
-    finish(wx.grad());
-    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ++n;
-    wx.mutable_grad().zero_();
-    wh.mutable_grad().zero_();
-    b.mutable_grad().zero_();
-  }
-  const double per = total / static_cast<double>(n);
-  if (!traced) g_lstm_eager_s = per;
-  if (traced && g_lstm_eager_s > 0) state.counters["vs_eager"] = per / g_lstm_eager_s;
+  if (mode == LstmMode::Traced) f = jit::trace(lstm_step, inputs);
+  const Tensor dgates = randn({B, 4 * H}).to(kCUDA);
+  auto step = [&] {
+    if (mode == LstmMode::Gemms) {  // forward x.wx, h.wh; backward of both operands of each
+      eval({x.matmul(wx.detach()), h.matmul(wh.detach()), dgates.matmul(wx.detach().t()),
+            dgates.matmul(wh.detach().t()), x.t().matmul(dgates), h.t().matmul(dgates)});
+      return;
+    }
+    std::vector<Tensor> out = mode == LstmMode::Traced ? f(inputs) : lstm_step(inputs);
+    eval(autograd::grad({out[0].sum() + out[1].sum()}, {wx, wh, b}));
+  };
+  const double per = queued(state, 0, step);
+  if (mode == LstmMode::Gemms) g_lstm_gemms_s = per;
+  if (mode != LstmMode::Gemms && g_lstm_gemms_s > 0)
+    state.counters["vs_gemms"] = per / g_lstm_gemms_s;
 }
-BENCHMARK(BM_CudaLstmCell)
-    ->Arg(0)
-    ->Arg(1)
-    ->ArgName("traced")
+BENCHMARK_CAPTURE(BM_CudaLstmCell, gemms, LstmMode::Gemms)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_CudaLstmCell, eager, LstmMode::Eager)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_CudaLstmCell, traced, LstmMode::Traced)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
 double g_cublas_s = 0;
 
-void BM_CudaGemm(benchmark::State& state) {
+void BM_CudaGemm(benchmark::State& state, bool through_kiln) {
   if (skip_without_gpu(state)) return;
-  const bool through_kiln = state.range(0) == 1;
   const int64_t n = 4096;
-  Tensor a = randn({n, n}).to(kCUDA), b = randn({n, n}).to(kCUDA), c = empty({n, n}, kCUDA);
-  double total = 0;
-  int64_t iters = 0;
-  for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
+  Tensor a = device_randn({n, n}), b = device_randn({n, n}, 1), c = empty({n, n}, kCUDA);
+  const double per = queued(state, 0, [&] {
     if (through_kiln) {
-      finish(a.matmul(b));
+      eval(a.matmul(b));
     } else {
       detail::cuda::gemm(0, kFloat32, 'N', 'N', n, n, n, 1.0, a.raw_data_ptr(), n, 0,
                          b.raw_data_ptr(), n, 0, 0.0, c.raw_data_ptr(), n, 0, 1);
-      cuda::synchronize(0);
     }
-    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ++iters;
-  }
-  const double per = total / static_cast<double>(iters);
-  set_flops(state, 2.0 * n * n * n);
+  });
+  state.counters["flop/s"] = 2.0 * n * n * n / per;
   if (!through_kiln) g_cublas_s = per;
   if (through_kiln && g_cublas_s > 0) state.counters["vs_cublas"] = per / g_cublas_s;
 }
-BENCHMARK(BM_CudaGemm)
-    ->Arg(0)
-    ->Arg(1)
-    ->ArgName("kiln")
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_CudaGemm, cublas, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_CudaGemm, kiln, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// jit_bench's ten_ops: scalars, unary ops and the input itself.
+std::vector<Tensor> ten_ops(const std::vector<Tensor>& in) {
+  const Tensor& x = in[0];
+  Tensor y = tanh(x * 1.5 + 0.25) * 2.0 - 0.5;
+  y = -(sigmoid(y) * x + x);
+  return {exp(y)};
+}
+
+void BM_CudaReplay10Ops(benchmark::State& state, bool wait_each) {
+  if (skip_without_gpu(state)) return;
+  const Tensor x = randn({1}).to(kCUDA);
+  jit::Function f = jit::trace(ten_ops, {x});
+  eval(f({x}));
+  cuda::synchronize(0);
+  const int64_t launches = detail::cuda::launch_count();
+  const detail::cuda::TransferCounts moved = detail::cuda::transfer_counts();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    Tensor y = f({x})[0];
+    eval(y);
+    if (wait_each) cuda::synchronize(0);
+  }
+  cuda::synchronize(0);
+  const double calls = static_cast<double>(state.iterations());
+  state.counters["us_per_call"] = seconds_since(t0) * 1e6 / calls;
+  state.counters["launches_per_call"] =
+      static_cast<double>(detail::cuda::launch_count() - launches) / calls;
+  state.counters["h2d_bytes_per_call"] =
+      static_cast<double>(detail::cuda::transfer_counts().host_to_device - moved.host_to_device) /
+      calls;
+}
+BENCHMARK_CAPTURE(BM_CudaReplay10Ops, queued, false)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_CudaReplay10Ops, synchronized, true)->Unit(benchmark::kMicrosecond);
+
+// A traced MLP training step on the device: nothing moves between host and device per step.
+void BM_CudaMlpTrainStep(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  manual_seed(0);
+  nn::Sequential model({std::make_shared<nn::Linear>(784, 1024), std::make_shared<nn::ReLU>(),
+                        std::make_shared<nn::Linear>(1024, 1024), std::make_shared<nn::ReLU>(),
+                        std::make_shared<nn::Linear>(1024, 10)});
+  model.to(kCUDA);
+  optim::Adam adam(model.parameters(), optim::AdamOptions{1e-3});
+  const Tensor x = randn({128, 784}).to(kCUDA), y = randint(10, {128}).to(kCUDA);
+  jit::Function step = jit::trace(
+      [&](const std::vector<Tensor>& in) {
+        adam.zero_grad();
+        Tensor loss = cross_entropy(model.forward(in[0]), in[1]);
+        loss.backward();
+        adam.step();
+        return std::vector<Tensor>{loss.detach()};
+      },
+      {x, y});
+  for (int i = 0; i < 3; ++i) eval(step({x, y}));  // traces, compiles, settles the allocator
+  cuda::synchronize(0);
+  const detail::cuda::TransferCounts before = detail::cuda::transfer_counts();
+  const double per = queued(state, 0, [&] { eval(step({x, y})); });
+  const detail::cuda::TransferCounts after = detail::cuda::transfer_counts();
+  const double steps = static_cast<double>(state.iterations() * kCalls + 1);
+  state.counters["step_ms"] = per * 1e3;
+  state.counters["h2d_bytes"] =
+      static_cast<double>(after.host_to_device - before.host_to_device) / steps;
+  state.counters["d2h_bytes"] =
+      static_cast<double>(after.device_to_host - before.device_to_host) / steps;
+}
+BENCHMARK(BM_CudaMlpTrainStep)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 #ifdef KILN_HAS_CUDA
 // A 10-op elementwise kernel whose structure differs per `variant` (the op order rotates and a

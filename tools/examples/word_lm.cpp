@@ -395,6 +395,7 @@ WordLmResult train_word_lm(const WordLmConfig& config) {
              " training tokens and ", eval_batch * 2, " validation tokens");
   KILN_CHECK(c.optimizer == "adam" || c.optimizer == "sgd",
              "train_word_lm: optimizer must be adam or sgd, got ", c.optimizer);
+  const Device device = Device::parse(c.device);
   manual_seed(c.seed);
   const std::vector<std::string> vocab = word_lm_vocabulary();
   std::unordered_map<std::string, int64_t> index;
@@ -404,13 +405,16 @@ WordLmResult train_word_lm(const WordLmConfig& config) {
       batchify(to_ids(generate_corpus(c.train_tokens, c.seed), index), c.batch_size);
   // Each rank trains on its own columns of the batch (a column is one continuous text stream).
   const int64_t local_batch = c.batch_size / world;
-  train_data = train_data.narrow(1, rank * local_batch, local_batch).contiguous();
-  Tensor valid_data = batchify(
-      to_ids(generate_corpus(c.valid_tokens, c.seed ^ 0x9e3779b97f4a7c15ULL), index), eval_batch);
+  train_data = train_data.narrow(1, rank * local_batch, local_batch).contiguous().to(device);
+  Tensor valid_data =
+      batchify(to_ids(generate_corpus(c.valid_tokens, c.seed ^ 0x9e3779b97f4a7c15ULL), index),
+               eval_batch)
+          .to(device);
 
   const int64_t V = static_cast<int64_t>(vocab.size());
   auto model_ptr = std::make_shared<RnnLanguageModel>(V, c);
   RnnLanguageModel& model = *model_ptr;
+  model.to(device);
   // With --ddp the gradients are averaged over the ranks during each backward.
   std::unique_ptr<nn::parallel::DistributedDataParallel> ddp;
   if (c.ddp) ddp = std::make_unique<nn::parallel::DistributedDataParallel>(model_ptr);
@@ -470,7 +474,7 @@ WordLmResult train_word_lm(const WordLmConfig& config) {
         // LSTM's default) and returns the next one, detached: truncated BPTT.
         if (!state) {
           const Shape s{c.num_layers, local_batch, c.hidden_size};
-          state = nn::LSTMState{zeros(s), zeros(s)};
+          state = nn::LSTMState{zeros(s, device), zeros(s, device)};
         }
         if (!traced_step.defined())
           traced_step = jit::trace(train_step, {input, target, state->h, state->c});
@@ -559,6 +563,7 @@ void usage(const char* argv0) {
       << "  --log-every N       steps between progress lines, 0 = none (" << d.log_every << ")\n"
       << "  --trace             trace the training step once (jit::trace) and replay it\n"
       << "  --ddp               data-parallel over the ranks tools/kiln-run starts\n"
+      << "  --device NAME       cpu or cuda (" << d.device << ")\n"
       << "  --sample N          print the first N tokens of the corpus and exit\n";
 }
 
@@ -572,6 +577,7 @@ int main(int argc, char** argv) {
   flags.add("--epochs", &c.epochs);
   flags.add_switch("--trace", &c.trace);
   flags.add_switch("--ddp", &c.ddp);
+  flags.add("--device", &c.device);
   flags.add("--train-tokens", &c.train_tokens);
   flags.add("--valid-tokens", &c.valid_tokens);
   flags.add("--embed", &c.embedding_dim);

@@ -42,6 +42,9 @@ struct WordLmConfig {
   // DistributedDataParallel. With dropout 0 it follows the single-process run (same losses up to
   // float32 rounding); with dropout each rank draws its own masks.
   bool ddp = false;
+  // Where the model, the data and the training step live ("cpu", "cuda", "cuda:1"): the corpus
+  // is moved there once and each step reads only its loss back.
+  std::string device = "cpu";
   std::function<void()> after_step;  // called after every training step (benchmarks measure)
   std::ostream* log = nullptr;
 };
