@@ -4,8 +4,8 @@
 // The two products are batched GEMMs (matmul); the scaling, the masking and the softmax are
 // elementwise ops and one row reduction between them, so the fuser makes them one rows kernel, and
 // the composition records lazily, traces and differentiates through its parts. The causal mask is
-// a comparison of two aranges (key index <= query index, torch's top-left aligned tril), which
-// joins the same kernel instead of a materialized [L, S] tensor.
+// a comparison of two expanded aranges (key index <= query index, torch's top-left aligned tril),
+// which joins the same kernel instead of a materialized [L, S] tensor.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -83,11 +83,13 @@ Shape check_attention(const char* op, const Tensor& q, const Tensor& k, const Te
   return scores;
 }
 
-// true where query i may attend to key j: j <= i.
-Tensor causal_mask(int64_t L, int64_t S, Device device) {
-  Tensor rows = arange(L, TensorOptions().dtype(kInt64).device(device)).unsqueeze(1);
-  Tensor cols = arange(S, TensorOptions().dtype(kInt64).device(device));
-  return ge(rows, cols);
+// true where query i may attend to key j: j <= i, over the scores' whole shape [..., L, S]. The
+// aranges are expanded to that shape before the comparison, so that the comparison has the fused
+// group's shape and joins its kernel (a rows group takes no computed operand of another shape).
+Tensor causal_mask(const Shape& scores, Device device) {
+  const int64_t L = scores[scores.size() - 2], S = scores.back();
+  const TensorOptions options = TensorOptions(kInt64).device(device);
+  return ge(arange(L, options).unsqueeze(1).expand(scores), arange(S, options).expand(scores));
 }
 
 }  // namespace
@@ -97,12 +99,12 @@ namespace detail {
 Attention attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                     const Tensor& mask, double dropout_p, bool is_causal,
                     std::optional<double> scale) {
-  check_attention(op, q, k, v, mask, dropout_p, is_causal);
+  const Shape scores_shape = check_attention(op, q, k, v, mask, dropout_p, is_causal);
   const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
   Tensor scores = matmul(q, k.transpose(-2, -1)) * s;
   if (is_causal)
-    scores = where(causal_mask(q.size(-2), k.size(-2), q.device()), scores, kMinusInf);
+    scores = where(causal_mask(scores_shape, q.device()), scores, kMinusInf);
   else if (mask.defined() && mask.dtype() == kBool)
     scores = where(mask, scores, kMinusInf);
   else if (mask.defined())
