@@ -7,6 +7,7 @@
 #include <iostream>
 #include <numeric>
 
+#include "kiln/jit.h"
 #include "transformer_lm.h"
 
 namespace kiln::examples {
@@ -55,7 +56,11 @@ TEST(TransformerLmExample, LossFallsWithTheTracedStep) {
   TransformerLmConfig c = small_config();
   c.trace = true;
   c.norm_first = true;
+  const jit::Stats before = jit::stats();
   expect_loss_falls(train_transformer_lm(c), "traced, norm_first");
+  // Traced once; every later step replays the plan (the step's shapes never change).
+  EXPECT_EQ(jit::stats().traces - before.traces, 1);
+  EXPECT_GE(jit::stats().replays - before.replays, 79);
 }
 
 }  // namespace
