@@ -416,8 +416,8 @@ namespace kiln {
 // (false gives -inf), a float mask (query's dtype) is added to the scores. is_causal lets query i
 // attend to keys 0..i (no attn_mask then). dropout_p drops attention weights (always: there is no
 // training flag, as in torch). scale defaults to 1/sqrt(E). A query that may attend to nothing
-// gets NaN, as in torch. The two products are GEMMs; scaling, masking and softmax fuse into one
-// kernel.
+// gets NaN, as torch 2.0-2.4 (torch 2.5 on gives 0; see docs/torch-differences.md). The two
+// products are GEMMs; scaling, masking and softmax fuse into one kernel.
 Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
                                     const Tensor& attn_mask = {}, double dropout_p = 0.0,
                                     bool is_causal = false,

@@ -1,8 +1,9 @@
 // Tests of attention: scaled_dot_product_attention against a float64 loop reference (random
 // shapes, length-1 sequences, a transposed query, causal, bool and float masks, a fully masked row
-// giving NaN as torch), its gradients by finite differences, traced against eager, one fused kernel
-// between the two GEMMs; MultiheadAttention and TransformerEncoderLayer against references
-// composed here from the same weights; and bad input raising kiln::Error naming the op and shapes.
+// giving NaN as torch 2.0-2.4), its gradients by finite differences, traced against eager, one
+// fused kernel between the two GEMMs; MultiheadAttention and TransformerEncoderLayer against
+// references composed here from the same weights; and bad input raising kiln::Error naming the op
+// and shapes.
 #include <cmath>
 #include <limits>
 #include <optional>
