@@ -406,3 +406,121 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
 
 }  // namespace utils
 }  // namespace kiln::nn
+
+// ---------------------------------------------------------------------------- attention
+namespace kiln {
+
+// torch.nn.functional.scaled_dot_product_attention: softmax(query key^T * scale + mask) value over
+// query [..., L, E], key [..., S, E] and value [..., S, Ev] (batch dims broadcast), giving
+// [..., L, Ev]. attn_mask broadcasts to [..., L, S]: a bool mask is true where a query may attend
+// (false gives -inf), a float mask (query's dtype) is added to the scores. is_causal lets query i
+// attend to keys 0..i (no attn_mask then). dropout_p drops attention weights (always: there is no
+// training flag, as in torch). scale defaults to 1/sqrt(E). A query that may attend to nothing
+// gets NaN, as torch 2.0-2.4 (torch 2.5 on gives 0; see docs/torch-differences.md). The two
+// products are GEMMs; scaling, masking and softmax fuse into one kernel.
+Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                                    const Tensor& attn_mask = {}, double dropout_p = 0.0,
+                                    bool is_causal = false,
+                                    std::optional<double> scale = std::nullopt);
+
+}  // namespace kiln
+
+namespace kiln::nn {
+
+struct MultiheadAttentionOptions {
+  MultiheadAttentionOptions(int64_t embed_dim, int64_t num_heads)
+      : embed_dim(embed_dim), num_heads(num_heads) {}
+  int64_t embed_dim;
+  int64_t num_heads;
+  double dropout = 0.0;      // on the attention weights, in training mode
+  bool bias = true;          // in_proj_bias and out_proj.bias
+  bool batch_first = false;  // [N, L, E] rather than [L, N, E]
+};
+
+struct MultiheadAttentionOutput {
+  Tensor output;   // [L, N, E] ([N, L, E] with batch_first; [L, E] unbatched)
+  Tensor weights;  // [N, L, S] averaged over heads ([N, H, L, S] if not); undefined without
+                   // need_weights
+};
+
+// torch.nn.MultiheadAttention (kdim = vdim = embed_dim, no add_bias_kv / add_zero_attn). Parameters
+// as torch's: in_proj_weight [3E, E] (xavier uniform), in_proj_bias [3E] (zeros) and out_proj, a
+// Linear(E, E) whose bias starts at zeros. Each of the num_heads heads attends over E / num_heads
+// channels with scaled_dot_product_attention.
+class MultiheadAttention : public Module {
+ public:
+  explicit MultiheadAttention(const MultiheadAttentionOptions& options);
+  MultiheadAttention(int64_t embed_dim, int64_t num_heads)
+      : MultiheadAttention(MultiheadAttentionOptions(embed_dim, num_heads)) {}
+  std::string name() const override { return "MultiheadAttention"; }
+  // query [L, N, E], key and value [S, N, E] (batch first: [N, L, E], [N, S, E]), or unbatched
+  // [L, E], [S, E]. key_padding_mask [N, S] ([S] unbatched): true (or -inf) marks keys to ignore.
+  // attn_mask [L, S] or [N * num_heads, L, S]: bool true marks pairs that may NOT attend (torch's
+  // convention, the opposite of scaled_dot_product_attention's), a float mask is added.
+  MultiheadAttentionOutput forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                   const Tensor& key_padding_mask = {}, bool need_weights = true,
+                                   const Tensor& attn_mask = {}, bool average_attn_weights = true);
+  // Self-attention: forward(x, x, x).output.
+  Tensor forward(const Tensor& input) override { return forward(input, input, input).output; }
+
+  MultiheadAttentionOptions options;
+  int64_t head_dim;
+  Tensor in_proj_weight, in_proj_bias;  // in_proj_bias undefined without bias
+  std::shared_ptr<Linear> out_proj;
+};
+
+struct TransformerEncoderLayerOptions {
+  TransformerEncoderLayerOptions(int64_t d_model, int64_t nhead) : d_model(d_model), nhead(nhead) {}
+  int64_t d_model;
+  int64_t nhead;
+  int64_t dim_feedforward = 2048;
+  double dropout = 0.1;
+  std::string activation = "relu";  // "relu" or "gelu"
+  double layer_norm_eps = 1e-5;
+  bool batch_first = false;
+  bool norm_first = false;  // pre-norm: x + sa(norm1(x)), x + ff(norm2(x))
+  bool bias = true;
+};
+
+// torch.nn.TransformerEncoderLayer: self-attention and a feed-forward block (linear1, activation,
+// dropout, linear2), each followed by dropout and a residual add, with layer norms after them
+// (post-norm, torch's default) or before (norm_first). Submodules named as torch's: self_attn,
+// linear1, dropout, linear2, norm1, norm2, dropout1, dropout2.
+class TransformerEncoderLayer : public Module {
+ public:
+  explicit TransformerEncoderLayer(const TransformerEncoderLayerOptions& options);
+  TransformerEncoderLayer(int64_t d_model, int64_t nhead)
+      : TransformerEncoderLayer(TransformerEncoderLayerOptions(d_model, nhead)) {}
+  std::string name() const override { return "TransformerEncoderLayer"; }
+  // src [S, N, E] ([N, S, E] with batch_first); masks as MultiheadAttention's attn_mask and
+  // key_padding_mask.
+  Tensor forward(const Tensor& src, const Tensor& src_mask,
+                 const Tensor& src_key_padding_mask = {});
+  Tensor forward(const Tensor& src) override { return forward(src, Tensor()); }
+
+  TransformerEncoderLayerOptions options;
+  std::shared_ptr<MultiheadAttention> self_attn;
+  std::shared_ptr<Linear> linear1, linear2;
+  std::shared_ptr<Dropout> dropout, dropout1, dropout2;
+  std::shared_ptr<LayerNorm> norm1, norm2;
+
+ private:
+  Tensor self_attention_block(const Tensor& x, const Tensor& mask, const Tensor& padding);
+  Tensor feed_forward_block(const Tensor& x);
+};
+
+// torch.nn.TransformerEncoder: num_layers copies of `layer` (same options and initial weights, as
+// torch's deep copies), registered as layers.0, layers.1, ..., then `norm` when given.
+class TransformerEncoder : public Module {
+ public:
+  TransformerEncoder(const std::shared_ptr<TransformerEncoderLayer>& layer, int64_t num_layers,
+                     std::shared_ptr<LayerNorm> norm = nullptr);
+  std::string name() const override { return "TransformerEncoder"; }
+  Tensor forward(const Tensor& src, const Tensor& mask, const Tensor& src_key_padding_mask = {});
+  Tensor forward(const Tensor& src) override { return forward(src, Tensor()); }
+
+  std::vector<std::shared_ptr<TransformerEncoderLayer>> layers;
+  std::shared_ptr<LayerNorm> norm;  // null when not given
+};
+
+}  // namespace kiln::nn

@@ -316,8 +316,8 @@ class RnnLanguageModel : public nn::Module {
   std::shared_ptr<nn::Linear> decoder;
 };
 
-// Lays the token stream out as `batch` parallel columns [rows, batch] (dropping the remainder),
-// so that consecutive segments of rows continue each column's text.
+}  // namespace
+
 Tensor batchify(const std::vector<int64_t>& ids, int64_t batch) {
   const int64_t rows = static_cast<int64_t>(ids.size()) / batch;
   std::vector<int64_t> laid_out(rows * batch);
@@ -333,6 +333,8 @@ std::vector<int64_t> to_ids(const std::vector<std::string>& words,
   for (const auto& w : words) ids.push_back(index.at(w));
   return ids;
 }
+
+namespace {
 
 nn::LSTMState detached(const nn::LSTMState& s) {
   return {s.h.detach(), s.c.detach()};
