@@ -898,12 +898,13 @@ TEST(Distributed, TracedAllReduceIsAnUnfusedGraphOp) {
   dist::init_process_group("gloo", 0, 1, std::make_shared<dist::FileStore>(dir.path + "/store"),
                            std::chrono::seconds(10));
   auto f = [](const std::vector<Tensor>& in) {
+    Tensor c = in[0] * 5.0 + 2.0;  // computed before the collectives, read after them
     Tensor a = in[0] * 2.0 + 1.0;
     Tensor r1 = dist::functional::all_reduce(a);
     Tensor r2 = dist::functional::all_reduce(a);
     Tensor b = in[0].clone();
     dist::all_reduce(b);  // in place, on the default group
-    return std::vector<Tensor>{(r1 + r2) * 3.0 + b};
+    return std::vector<Tensor>{c + ((r1 + r2) * 3.0 + b)};
   };
   jit::Function traced = jit::trace(f, {ones({5})});
   const std::string graph = traced.graph_str();
@@ -917,11 +918,13 @@ TEST(Distributed, TracedAllReduceIsAnUnfusedGraphOp) {
   Tensor out = traced({x})[0];
   const jit::Stats after = jit::stats();
   EXPECT_EQ(after.replays - before.replays, 1);
-  // One kernel computes a, the collectives run as steps of their own, one kernel the result.
-  EXPECT_EQ(after.fused_kernels_run - before.fused_kernels_run, 2);
+  // The collectives run as steps of their own and no kernel spans one: kernels compute c and a
+  // before the first, (r1 + r2) * 3 between the second and the in-place one, and the sum after
+  // it (c and (r1 + r2) * 3 would join that last kernel if work moved across collectives).
+  EXPECT_EQ(after.fused_kernels_run - before.fused_kernels_run, 4) << graph;
   EXPECT_GE(after.unfused_steps_run - before.unfused_steps_run, 3);
   std::vector<double> expected;
-  for (double v : testing::values(x)) expected.push_back(2 * (v * 2 + 1) * 3 + v);
+  for (double v : testing::values(x)) expected.push_back((v * 5 + 2) + (2 * (v * 2 + 1) * 3 + v));
   testing::expect_close(out, expected, {5}, kFloat32);
   dist::destroy_process_group();
   testing::expect_error([&] { traced({x}); }, {"all_reduce", "destroyed"});
