@@ -770,7 +770,7 @@ std::vector<std::string> loss_lines(const std::string& out) {
 }
 
 // The word language model example on two ranks follows the single-process run (without dropout,
-// whose masks each rank draws for itself).
+// whose masks each rank draws for itself), with its training step run eagerly or traced.
 TEST(Distributed, WordLmOnTwoRanksMatchesOneProcess) {
   std::string kiln_run = find_kiln_run();
   std::filesystem::path word_lm =
@@ -785,6 +785,10 @@ TEST(Distributed, WordLmOnTwoRanksMatchesOneProcess) {
       run_and_capture("timeout 120 " + kiln_run + " -n 2 " + word_lm.string() + " --ddp" + args));
   EXPECT_EQ(one.size(), 4u);
   EXPECT_EQ(one, two);
+  // The training step traced, its gradient all-reduces replayed as graph ops.
+  std::vector<std::string> traced = loss_lines(run_and_capture(
+      "timeout 120 " + kiln_run + " -n 2 " + word_lm.string() + " --ddp --trace" + args));
+  EXPECT_EQ(traced, two);
 }
 
 TEST(Distributed, StoresSetGetWaitAndTimeOut) {
