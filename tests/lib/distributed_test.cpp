@@ -519,6 +519,48 @@ void check_traced_no_sync(int rank, int world) {
   WORKER_CHECK(traced_fb.num_specializations() >= 2, "expected a specialization per no_sync mode");
 }
 
+// A rank gone in the middle of training: the replayed step's all-reduce raises on the others,
+// naming it, and leaves the parameters and Adam's state (its step count too) as they were: no
+// write-back is computed in place before a collective, which may fail.
+int ddp_trace_fault_worker(int rank, int world) {
+  dist::init_process_group("gloo", rank, world, worker_store(std::chrono::seconds(30)),
+                           env_timeout());
+  auto module = make_mlp(7);
+  DDP ddp(module);
+  optim::Adam adam(ddp.parameters(), optim::AdamOptions{1e-3});
+  Tensor x = shard_of(batch_inputs(), rank, world, 0),
+         y = shard_of(batch_targets(), rank, world, 0);
+  jit::Function step = jit::trace(
+      [&](const std::vector<Tensor>& in) {
+        adam.zero_grad();
+        Tensor loss = mse_loss(ddp(in[0]), in[1]);
+        loss.backward();
+        adam.step();
+        return std::vector<Tensor>{loss};
+      },
+      {x, y});
+  step({x, y});
+  step({x, y});  // from the second run on, write-backs may be computed in place
+  if (rank == 1) std::_Exit(3);
+  std::vector<std::vector<unsigned char>> before;
+  for (const Tensor& p : ddp.parameters()) before.push_back(testing::bytes(p));
+  for (const auto& [name, t] : adam.state_dict()) before.push_back(testing::bytes(t));
+  try {
+    step({x, y});
+    WORKER_CHECK(false, "the replay without rank 1 did not raise");
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    std::cerr << "rank " << rank << " raised: " << msg << std::endl;
+    WORKER_CHECK(msg.find("rank 1 did not arrive") != std::string::npos, "message: ", msg);
+    WORKER_CHECK(msg.find("all_reduce") != std::string::npos, "message: ", msg);
+  }
+  std::vector<std::vector<unsigned char>> after;
+  for (const Tensor& p : ddp.parameters()) after.push_back(testing::bytes(p));
+  for (const auto& [name, t] : adam.state_dict()) after.push_back(testing::bytes(t));
+  WORKER_CHECK(after == before, "the failed replay changed the parameters or Adam's state");
+  std::_Exit(g_failures ? 1 : 0);  // the group's peers are gone: skip its orderly teardown
+}
+
 int ddp_trace_worker(int rank, int world) {
   dist::init_process_group("gloo", rank, world, worker_store(env_timeout()), env_timeout());
   for (double cap_mb : {25.0, 0.0005}) check_traced_step_matches_eager(rank, world, cap_mb);
@@ -556,6 +598,7 @@ int run_worker(const std::string& scenario) {
     if (scenario == "ddp") return ddp_worker(rank, world);
     if (scenario == "ddp_mismatch") return ddp_mismatch_worker(rank, world);
     if (scenario == "ddp_trace") return ddp_trace_worker(rank, world);
+    if (scenario == "ddp_trace_fault") return ddp_trace_fault_worker(rank, world);
     std::cerr << "unknown scenario " << scenario << std::endl;
   } catch (const std::exception& e) {
     std::cerr << "rank " << rank << ": " << e.what() << std::endl;
@@ -696,6 +739,13 @@ TEST(Distributed, DdpMatchesOneProcessOnTheWholeBatch) {
 
 TEST(Distributed, TracedDdpStepMatchesEagerDdpBitForBit) {
   expect_all_pass(run_ranks("ddp_trace", 2, std::chrono::seconds(300)), "traced DDP step");
+}
+
+TEST(Distributed, TracedDdpStepWithoutARankRaisesAndChangesNothing) {
+  auto results = run_ranks("ddp_trace_fault", 2, std::chrono::seconds(120),
+                           {{"DIST_TEST_TIMEOUT_MS", "3000"}});
+  EXPECT_EQ(results[1].exit_code, 3);
+  EXPECT_EQ(results[0].exit_code, 0) << results[0].output;
 }
 
 TEST(Distributed, DdpOverDifferentModelsRaises) {
