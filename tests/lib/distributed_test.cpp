@@ -980,6 +980,8 @@ TEST(Distributed, TracedAllReduceIsAnUnfusedGraphOp) {
   std::vector<double> expected;
   for (double v : testing::values(x)) expected.push_back((v * 5 + 2) + (2 * (v * 2 + 1) * 3 + v));
   testing::expect_close(out, expected, {5}, kFloat32);
+  testing::expect_error([&] { traced.save(dir.path + "/f.kiln"); },
+                        {"jit::save", "collective (all_reduce)"});
   dist::destroy_process_group();
   testing::expect_error([&] { traced({x}); }, {"all_reduce", "destroyed"});
 }
