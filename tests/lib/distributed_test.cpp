@@ -121,7 +121,12 @@ void check_all_reduce(int rank, int world, int& id) {
       for (int64_t n : {int64_t(0), int64_t(1), int64_t(7), int64_t(1001)}) {
         ++id;
         Tensor t = make(input_values(rank, id, n, dtype), dtype, {n});
+        // The functional form returns the reduction and leaves its input as it was.
+        Tensor reduced = dist::functional::all_reduce(t, op);
+        expect_values(t, input_values(rank, id, n, dtype), dtype, "functional all_reduce input");
         dist::all_reduce(t, op);
+        WORKER_CHECK(testing::bytes(reduced) == testing::bytes(t), "functional all_reduce ",
+                     dtype_name(dtype), " op ", int(op), " n ", n, " differs from all_reduce's");
         std::vector<double> expected(n);
         for (int64_t i = 0; i < n; ++i) {
           std::vector<double> xs;
@@ -738,7 +743,9 @@ TEST(Distributed, DdpMatchesOneProcessOnTheWholeBatch) {
 }
 
 TEST(Distributed, TracedDdpStepMatchesEagerDdpBitForBit) {
-  expect_all_pass(run_ranks("ddp_trace", 2, std::chrono::seconds(300)), "traced DDP step");
+  for (int world : {2, 3})
+    expect_all_pass(run_ranks("ddp_trace", world, std::chrono::seconds(300)),
+                    "traced DDP step, world size " + std::to_string(world));
 }
 
 TEST(Distributed, TracedDdpStepWithoutARankRaisesAndChangesNothing) {
