@@ -21,6 +21,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "jit/executor.h"
 #include "jit/log.h"
+#include "jit/passes/rewriter.h"
 #include "kiln/error.h"
 #include "lib/broadcast.h"
 #include "lib/env.h"
@@ -982,12 +983,21 @@ constexpr size_t kMaxTargetsTried = 8;
 // must be an element's or a row's broadcast back (keepdim): a global reduction's result exists
 // only after every row. Exits are visited in the order they run, so a target that was itself an
 // exit has already moved (merged_into resolves it). Each exit looks at its members' inputs, at
+// Whether a node with side effects (a collective) lies strictly between graph positions a < b;
+// `effects` holds their positions in order. Work never moves across a collective: every rank runs
+// the same steps around each one, and the graph's order is the program's.
+bool effect_between(const std::vector<int64_t>& effects, int64_t a, int64_t b) {
+  auto it = std::upper_bound(effects.begin(), effects.end(), a);
+  return it != effects.end() && *it < b;
+}
+
 // most kMaxReadersLookedAt readers of each and at most kMaxTargetsTried targets: linear in the
 // graph.
 void merge_column_exits(std::vector<Building>& groups, std::vector<int64_t>& run_at,
                         absl::flat_hash_map<const Node*, size_t>& group_of,
                         const absl::flat_hash_map<const Node*, Role>& role_of,
-                        const absl::flat_hash_map<const Node*, int64_t>& position) {
+                        const absl::flat_hash_map<const Node*, int64_t>& position,
+                        const std::vector<int64_t>& effects) {
   std::vector<size_t> merged_into(groups.size());
   for (size_t i = 0; i < groups.size(); ++i) merged_into[i] = i;
   auto resolve = [&](size_t g) {
@@ -1049,6 +1059,7 @@ void merge_column_exits(std::vector<Building>& groups, std::vector<int64_t>& run
       // A join's pieces are written through their slices' strides, one row dim (k = 1) at a time.
       if (exit.columns && target.join && exit.k != 1) continue;
       if (target.members.size() + exit.members.size() > kMaxGroupNodes + 32) continue;
+      if (effect_between(effects, run_at[t], run_at[e])) continue;
       bool available = true;
       for (const Value* v : reads) {
         const Node* p = v->node();
@@ -1106,8 +1117,10 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
   };
   std::vector<const Node*> order;
   absl::flat_hash_map<const Node*, int64_t> position;
+  std::vector<int64_t> effects;  // positions of collectives, in order
   for (const Node* n = graph.first(); n; n = n->next()) {
     position[n] = static_cast<int64_t>(order.size());
+    if (!n->is_input() && jit::passes::has_side_effects(n->op())) effects.push_back(position[n]);
     order.push_back(n);
   }
   absl::flat_hash_map<const Node*, size_t> group_of;
@@ -1207,6 +1220,12 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
             refuse(p, [&] {
               return "it is also read by " + node_label(*reader_before) +
                      ", outside the group and before the group's last node";
+            });
+            continue;
+          }
+          if (effect_between(effects, position.at(p), run_at)) {
+            refuse(p, [] {
+              return std::string("a collective runs between it and the group's last node");
             });
             continue;
           }
@@ -1360,7 +1379,7 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
     }
     groups.push_back(std::move(st));
   }
-  merge_column_exits(groups, group_run_at, group_of, role_of, position);
+  merge_column_exits(groups, group_run_at, group_of, role_of, position, effects);
   std::vector<FusionGroup> result;
   for (Building& b : groups) {
     // On the CPU a lone node runs its reference kernel (or its formula straight into its output);

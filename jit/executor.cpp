@@ -14,6 +14,7 @@
 #include "fuser/fuse.h"
 #include "jit/dump.h"
 #include "jit/log.h"
+#include "jit/passes/rewriter.h"
 #include "kiln/autograd.h"
 #include "kiln/device.h"
 #include "kiln/error.h"
@@ -370,7 +371,9 @@ void Plan::plan_in_place(const Graph& graph, const std::vector<int64_t>& in_plac
   for (size_t i = 0; i < steps_.size(); ++i) step_of[steps_[i].node] = i;
   for (size_t i = steps_.size(); i-- > 0;) {
     const Step& st = steps_[i];
-    bool may_fail = false;  // on the values it reads; otherwise only when memory runs out
+    // On the values it reads, or a collective (a peer gone, the timeout); otherwise only when
+    // memory runs out.
+    bool may_fail = !st.group && passes::has_side_effects(st.node->op());
     if (!st.group && !st.map_into && st.node->op().checks_integer_values)
       for (const Value* in : st.node->inputs())
         may_fail |= in && !is_floating_point(in->type().dtype);

@@ -32,10 +32,10 @@ class FusedGraphDump;
 // be computed in (a trace's write-back into a captured tensor: an optimizer's parameter and
 // state), or -1. The plan takes it when the output comes from a kernel or direct step (through
 // views) after which nothing reads the input's old value and no step may raise on the values it
-// reads (OpDef::checks_integer_values: an index out of range), so a failed run leaves the input
-// as it was; and from its second run on (the first compiles the kernels). Each run checks the
-// layouts again: the step must read every alias of the input at the element it writes. The output
-// is then a view of the input.
+// reads (OpDef::checks_integer_values: an index out of range) or runs a collective (a peer may be
+// gone), so a failed run leaves the input as it was; and from its second run on (the first compiles
+// the kernels). Each run checks the layouts again: the step must read every alias of the input at
+// the element it writes. The output is then a view of the input.
 class Plan {
  public:
   explicit Plan(const Graph& graph, const std::vector<int64_t>& in_place_inputs = {});

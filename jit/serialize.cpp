@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "jit/address_map.h"
+#include "jit/passes/rewriter.h"
 #include "jit/wire.h"
 #include "kiln/error.h"
 #include "kiln/kiln.h"
@@ -518,6 +519,12 @@ std::string serialize_graph(const Graph& g, const std::vector<Tensor>& constants
 
 void save_graph(const std::string& path, const Graph& g, const std::vector<Tensor>& constants,
                 const std::string& metadata) {
+  // A collective names its process group by a number of this process (lib/distributed): another
+  // process could not run it against the same ranks.
+  for (const Node* n = g.first(); n; n = n->next())
+    KILN_CHECK(n->is_input() || !passes::has_side_effects(n->op()), "kiln::jit::save: ", path,
+               ": the graph runs a collective (", n->kind(),
+               ") over a process group of this process, which a file cannot name");
   std::string bytes = Writer("kiln::jit::save: " + path).finish(g, constants, metadata);
   static std::atomic<uint64_t> counter{0};
   std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);

@@ -144,6 +144,17 @@ std::shared_ptr<Work> reduce_scatter(Tensor& output, const std::vector<Tensor>& 
 std::shared_ptr<Work> reduce_scatter_tensor(Tensor& output, const Tensor& input,
                                             ReduceOp op = ReduceOp::SUM, bool async_op = false);
 
+// Collectives that return their result as a new tensor and write nothing (torch's functional
+// collectives). Inside jit::trace each call records an op of the graph, which every replay runs
+// with the replay's buffer (in the graph's order, the same on every rank that traced the same
+// function); outside it runs at once. all_reduce (the in-place function above, on the default
+// group) inside jit::trace is this op followed by a recorded write into `tensor`. The result does
+// not require grad: the op has no gradient formula. Other collectives inside jit::trace raise.
+namespace functional {
+Tensor all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::SUM,
+                  std::shared_ptr<ProcessGroup> group = nullptr);
+}  // namespace functional
+
 }  // namespace kiln::distributed
 
 namespace kiln::nn::parallel {

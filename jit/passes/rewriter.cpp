@@ -64,16 +64,26 @@ Node* producer(const Value* v, const OpDef* op) {
   return v->node();
 }
 
-bool is_nondeterministic(const OpDef& op) {
-  // Compared by table entry: this runs once per node in every pass.
-  static const std::vector<const OpDef*> ops = [] {
-    std::vector<const OpDef*> found;
-    for (const char* name : {"dropout", "rand", "randn", "randint", "bernoulli", "rand_like",
-                             "randn_like", "randint_like", "normal", "uniform", "multinomial"})
-      if (const OpDef* def = detail::find_op(name)) found.push_back(def);
-    return found;
-  }();
+namespace {
+// Compared by table entry: these run once per node in every pass.
+std::vector<const OpDef*> find_ops(std::initializer_list<const char*> names) {
+  std::vector<const OpDef*> found;
+  for (const char* name : names)
+    if (const OpDef* def = detail::find_op(name)) found.push_back(def);
+  return found;
+}
+}  // namespace
+
+bool has_side_effects(const OpDef& op) {
+  static const std::vector<const OpDef*> ops = find_ops({"all_reduce"});
   return std::find(ops.begin(), ops.end(), &op) != ops.end();
+}
+
+bool is_nondeterministic(const OpDef& op) {
+  static const std::vector<const OpDef*> ops =
+      find_ops({"dropout", "rand", "randn", "randint", "bernoulli", "rand_like", "randn_like",
+                "randint_like", "normal", "uniform", "multinomial"});
+  return has_side_effects(op) || std::find(ops.begin(), ops.end(), &op) != ops.end();
 }
 
 // ------------------------------------------------------------------------------ removing nodes
@@ -152,7 +162,7 @@ int64_t remove_dead_nodes(Graph& g, const std::vector<Node*>& candidates) {
     return left;
   };
   auto removable = [&outputs, &doomed](const Node* n) {
-    if (n->is_input() || doomed.get(n)) return false;
+    if (n->is_input() || doomed.get(n) || has_side_effects(n->op())) return false;
     for (const auto& out : n->outputs())
       if (outputs.contains(out.get())) return false;
     return true;

@@ -60,8 +60,12 @@ int64_t destroy_dead(Graph& g, const std::vector<Node*>& dead, const NodeMap& ma
 // every producer left unread by those, and so on. Candidates that are still read are kept.
 int64_t remove_dead_nodes(Graph& g, const std::vector<Node*>& candidates);
 
-// Ops that draw random numbers: never merged, folded or rewritten.
+// Ops whose result is not a function of their inputs (random draws, collectives): never merged,
+// folded, recomputed or rewritten.
 bool is_nondeterministic(const OpDef& op);
+// Ops that act outside the graph (collectives: every rank must run each of them, in the same
+// order): never removed, even when nothing reads their result.
+bool has_side_effects(const OpDef& op);
 
 // Applies a rule set to a graph until no rule fires.
 //

@@ -7,6 +7,14 @@
 // process group's thread as one averaging all-reduce, in bucket order on every rank, while the
 // backward computes the next gradients. When the last parameter's gradient arrived the hook waits
 // for the buckets and writes the averages back into each .grad.
+//
+// Inside jit::trace the same hooks record the step instead: a complete bucket becomes the cat of
+// its gradients and a recorded all_reduce of it (functional.cpp), an op of the traced graph that
+// each replay runs, and the averages are written into each .grad as recorded in-place writes. The
+// arithmetic is eager mode's (the same gradients in the same flat layout, averaged by the same
+// call), so a replayed step gives eager DDP's result bit for bit. Whether the step synchronizes is
+// read as a traced flag: a traced step serves calls inside no_sync() by a specialization of its
+// own, traced there without collectives.
 #include <algorithm>
 #include <cstring>
 
@@ -16,6 +24,7 @@
 #include "kiln/ops.h"
 #include "lib/autograd_hooks.h"
 #include "lib/distributed/internal.h"
+#include "lib/lazy.h"
 
 namespace kiln::nn::parallel {
 
@@ -30,11 +39,13 @@ struct DistributedDataParallel::Reducer {
     int64_t numel = 0;
     DType dtype = kFloat32;
     Device device = kCPU;
-    size_t missing = 0;  // gradients not yet copied in during this backward
-    Tensor flat;         // this backward's gradients, then their averages
-    std::shared_ptr<Work> work;
+    size_t missing = 0;          // gradients not yet copied in during this backward
+    Tensor flat;                 // this backward's gradients, then their averages
+    std::shared_ptr<Work> work;  // none when the reduction was recorded inside jit::trace
+    std::vector<Tensor> traced;  // inside jit::trace: the gradients, per entry of params
   };
 
+  std::weak_ptr<Reducer> self;  // the owner of the no_sync flag a traced step reads
   std::shared_ptr<ProcessGroup> group;
   std::vector<std::string> names;  // of the parameters that require grad
   std::vector<Tensor> params;
@@ -92,34 +103,62 @@ struct DistributedDataParallel::Reducer {
       b.missing = b.params.size();
       b.flat = Tensor();
       b.work = nullptr;
+      b.traced.assign(b.params.size(), Tensor());
     }
   }
 
   // The hook: parameter k's gradient is complete for this backward.
   void on_gradient(size_t k, const Tensor& param) {
-    if (!sync) return;
-    distributed::check_not_tracing("DistributedDataParallel (its backward hook)");
+    const bool tracing = detail::trace_mode();
+    if (!(tracing ? traced_sync() : sync)) return;
     KILN_CHECK(!ready[k], "DistributedDataParallel: parameter '", names[k],
                "' received a gradient twice in one backward (a backward with retain_graph run "
                "again, or a second backward before the first one's gradients were all produced)");
     ready[k] = true;
     ++num_ready;
     Bucket& bucket = buckets[bucket_of[k]];
-    if (!bucket.flat.defined()) {
-      bucket.flat = kiln::empty({bucket.numel}, TensorOptions(bucket.dtype).device(bucket.device));
-      if (!bucket.device.is_cuda()) bucket.flat.raw_data_ptr();
-    }
     size_t pos = 0;
     while (bucket.params[pos] != k) ++pos;
-    copy_into_bucket(bucket, bucket.offsets[pos], param);
-    --bucket.missing;
-    while (next_launch < buckets.size() && buckets[next_launch].missing == 0) {
-      Bucket& b = buckets[next_launch++];
-      // CPU buckets are reduced in place; CUDA ones through NCCL's staged all-reduce.
-      b.work = b.device.is_cuda() ? group->allreduce(b.flat, ReduceOp::AVG)
-                                  : distributed::allreduce_buffer(*group, b.flat, ReduceOp::AVG);
+    if (tracing) {
+      bucket.traced[pos] = param.grad().detach();
+    } else {
+      if (!bucket.flat.defined()) {
+        bucket.flat =
+            kiln::empty({bucket.numel}, TensorOptions(bucket.dtype).device(bucket.device));
+        if (!bucket.device.is_cuda()) bucket.flat.raw_data_ptr();
+      }
+      copy_into_bucket(bucket, bucket.offsets[pos], param);
     }
+    --bucket.missing;
+    while (next_launch < buckets.size() && buckets[next_launch].missing == 0)
+      launch(buckets[next_launch++], tracing);
     if (num_ready == params.size()) finish();
+  }
+
+  // Whether this backward synchronizes, read inside jit::trace as a flag each call checks.
+  bool traced_sync() {
+    return detail::traced_flag(
+        "DistributedDataParallel synchronizing (outside no_sync())",
+        [w = self] {
+          auto r = w.lock();
+          return r && r->sync;
+        },
+        self);
+  }
+
+  // Starts averaging a complete bucket: CPU buckets in place on the group's thread, CUDA ones
+  // through NCCL's staged all-reduce; inside jit::trace, a recorded all_reduce of the bucket.
+  void launch(Bucket& b, bool tracing) {
+    if (tracing) {
+      NoGradGuard no_grad;
+      std::vector<Tensor> flat;
+      for (const Tensor& g : b.traced) flat.push_back(g.reshape({g.numel()}));
+      b.flat = distributed::functional::all_reduce(kiln::cat(flat, 0), ReduceOp::AVG, group);
+      b.traced.assign(b.params.size(), Tensor());
+      return;
+    }
+    b.work = b.device.is_cuda() ? group->allreduce(b.flat, ReduceOp::AVG)
+                                : distributed::allreduce_buffer(*group, b.flat, ReduceOp::AVG);
   }
 
   static void copy_into_bucket(Bucket& bucket, int64_t offset, const Tensor& param) {
@@ -139,7 +178,7 @@ struct DistributedDataParallel::Reducer {
   void finish() {
     NoGradGuard no_grad;
     for (Bucket& b : buckets) {
-      b.work->wait();
+      if (b.work) b.work->wait();
       for (size_t i = 0; i < b.params.size(); ++i) {
         Tensor& p = params[b.params[i]];
         p.mutable_grad().copy_(b.flat.narrow(0, b.offsets[i], p.numel()).view(p.sizes()));
@@ -198,6 +237,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<Module> module,
   for (auto& [t, work] : pending) work->wait();
 
   Reducer& r = *reducer_;
+  r.self = reducer_;
   for (auto& [name, p] : module_->named_parameters()) {
     if (!p.requires_grad()) continue;
     r.names.push_back(name);

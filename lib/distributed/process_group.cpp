@@ -73,6 +73,13 @@ std::shared_ptr<ProcessGroup> group_or_default() {
   return g_default;
 }
 
+// What an all_reduce recorded inside jit::trace returns: the graph runs the collective.
+class RecordedWork : public Work {
+ public:
+  bool is_completed() override { return true; }
+  void wait() override {}
+};
+
 std::shared_ptr<Work> finish(std::shared_ptr<Work> work, bool async_op) {
   if (!async_op) work->wait();
   return work;
@@ -105,8 +112,10 @@ std::vector<Tensor> reduce_scatter_inputs(const Tensor& output, const std::vecto
 }
 
 void check_not_tracing(const char* op) {
-  KILN_CHECK(!detail::trace_state(), op,
-             ": collectives cannot run inside jit::trace yet (a replay would skip them)");
+  KILN_CHECK(
+      !detail::trace_state(), op,
+      ": only all_reduce (kiln::distributed::all_reduce or functional::all_reduce) can run "
+      "inside jit::trace; other collectives are not graph ops yet (a replay would skip them)");
 }
 
 bool is_available(const std::string& backend, std::string* reason) {
@@ -204,6 +213,10 @@ std::shared_ptr<Work> barrier(bool async_op) {
 }
 
 std::shared_ptr<Work> all_reduce(Tensor& tensor, ReduceOp op, bool async_op) {
+  if (detail::trace_mode()) {
+    traced_all_reduce(tensor, op, group_or_default());
+    return std::make_shared<RecordedWork>();
+  }
   return finish(group_or_default()->allreduce(tensor, op), async_op);
 }
 

@@ -3,7 +3,8 @@
 // references they compute alone and exit non-zero on a mismatch. Collectives over every dtype,
 // world sizes 1-4, uneven and empty tensors; DistributedDataParallel against one process on the
 // whole batch; a rank exiting or hanging mid-step; mismatched world sizes; init from torchrun's
-// environment over a TCP store; NCCL's unavailability without a GPU.
+// environment over a TCP store; NCCL's unavailability without a GPU. A traced DDP step (all_reduce
+// as an op of the traced graph) against the eager DDP step, bit for bit, with and without no_sync.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -23,6 +24,8 @@
 #include <sstream>
 #include <thread>
 
+#include "jit/ir.h"
+#include "jit/passes/passes.h"
 #include "kiln/distributed.h"
 #include "kiln/jit.h"
 #include "kiln/optim.h"
@@ -118,7 +121,12 @@ void check_all_reduce(int rank, int world, int& id) {
       for (int64_t n : {int64_t(0), int64_t(1), int64_t(7), int64_t(1001)}) {
         ++id;
         Tensor t = make(input_values(rank, id, n, dtype), dtype, {n});
+        // The functional form returns the reduction and leaves its input as it was.
+        Tensor reduced = dist::functional::all_reduce(t, op);
+        expect_values(t, input_values(rank, id, n, dtype), dtype, "functional all_reduce input");
         dist::all_reduce(t, op);
+        WORKER_CHECK(testing::bytes(reduced) == testing::bytes(t), "functional all_reduce ",
+                     dtype_name(dtype), " op ", int(op), " n ", n, " differs from all_reduce's");
         std::vector<double> expected(n);
         for (int64_t i = 0; i < n; ++i) {
           std::vector<double> xs;
@@ -400,6 +408,172 @@ void check_no_sync_keeps_local_gradients(int rank, int world) {
   }
 }
 
+// ------------------------------------------------------------------------- traced DDP steps
+
+using DDP = nn::parallel::DistributedDataParallel;
+
+// This rank's shard of the batch, scaled per step so that every step sees other data.
+Tensor shard_of(const Tensor& batch, int rank, int world, int step) {
+  int64_t shard = kBatch / world;
+  return (batch.narrow(0, rank * shard, shard) * (1.0 + 0.25 * step)).contiguous();
+}
+
+void expect_bit_equal_parameters(const std::vector<Tensor>& got, const std::vector<Tensor>& want,
+                                 const std::string& what) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    WORKER_CHECK(testing::bytes(got[i]) == testing::bytes(want[i]), what, ": parameter ", i,
+                 " differs from eager DDP's");
+  }
+}
+
+// A training step (zero_grad, forward, backward with DDP's reduction, SGD step) traced once and
+// replayed for kSteps steps equals the eager DDP step bit for bit at every step, and training on
+// the whole batch in one process within float32's tolerance.
+void check_traced_step_matches_eager(int rank, int world, double cap_mb) {
+  optim::SGDOptions options;
+  options.lr = 0.1;
+  auto eager_module = make_mlp(7);
+  DDP eager(eager_module, nullptr, cap_mb);
+  optim::SGD eager_opt(eager.parameters(), options);
+  auto traced_module = make_mlp(rank == 0 ? 7 : 100 + rank);  // DDP broadcasts rank 0's
+  DDP traced(traced_module, nullptr, cap_mb);
+  optim::SGD traced_opt(traced.parameters(), options);
+  auto step = [](DDP& ddp, optim::SGD& opt, const Tensor& x, const Tensor& y) {
+    opt.zero_grad();
+    Tensor loss = mse_loss(ddp(x), y);
+    loss.backward();
+    opt.step();
+    return loss;
+  };
+  jit::Function traced_step = jit::trace(
+      [&](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{step(traced, traced_opt, in[0], in[1])};
+      },
+      {shard_of(batch_inputs(), rank, world, 0), shard_of(batch_targets(), rank, world, 0)});
+  WORKER_CHECK(traced_step.graph_str().find("all_reduce(") != std::string::npos,
+               "the traced step's graph has no all_reduce:\n", traced_step.graph_str());
+  auto reference = make_mlp(7);
+  optim::SGD reference_opt(reference->parameters(), options);
+  const int64_t replays = jit::stats().replays;
+  for (int s = 0; s < kSteps; ++s) {
+    Tensor x = shard_of(batch_inputs(), rank, world, s),
+           y = shard_of(batch_targets(), rank, world, s);
+    Tensor eager_loss = step(eager, eager_opt, x, y);
+    Tensor traced_loss = traced_step({x, y})[0];
+    WORKER_CHECK(testing::bytes(traced_loss) == testing::bytes(eager_loss), "loss at step ", s);
+    expect_bit_equal_parameters(traced.parameters(), eager.parameters(),
+                                detail::str_cat("traced step ", s, " cap ", cap_mb));
+    // One process on the whole batch (the ranks' shards, concatenated).
+    reference_opt.zero_grad();
+    mse_loss((*reference)(batch_inputs() * (1.0 + 0.25 * s)), batch_targets() * (1.0 + 0.25 * s))
+        .backward();
+    reference_opt.step();
+  }
+  WORKER_CHECK(jit::stats().replays - replays == kSteps, "the traced step was not replayed");
+  std::vector<Tensor> got = traced.parameters(), want = reference->parameters();
+  for (size_t i = 0; i < got.size(); ++i) {
+    expect_values(
+        got[i], testing::values(want[i]), kFloat32,
+        detail::str_cat("traced DDP parameter ", i, " against one process, cap ", cap_mb));
+  }
+}
+
+// Gradient accumulation: a traced forward-backward called inside no_sync() accumulates locally and
+// called outside it reduces the sums, as eager DDP does: the flag is read by the trace, and each
+// setting gets a specialization of its own (the one inside no_sync records no collective).
+void check_traced_no_sync(int rank, int world) {
+  optim::SGDOptions options;
+  options.lr = 0.1;
+  auto eager_module = make_mlp(7), traced_module = make_mlp(7);
+  DDP eager(eager_module), traced(traced_module);
+  optim::SGD eager_opt(eager.parameters(), options), traced_opt(traced.parameters(), options);
+  auto forward_backward = [](DDP& ddp, const Tensor& x, const Tensor& y) {
+    Tensor loss = mse_loss(ddp(x), y) / 2.0;
+    loss.backward();
+    return loss;
+  };
+  Tensor x0 = shard_of(batch_inputs(), rank, world, 0),
+         y0 = shard_of(batch_targets(), rank, world, 0);
+  jit::Function traced_fb = jit::trace(
+      [&](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{forward_backward(traced, in[0], in[1])};
+      },
+      {x0, y0});
+  for (int s = 0; s < kSteps; ++s) {
+    Tensor x1 = shard_of(batch_inputs(), rank, world, s + 1);
+    Tensor y1 = shard_of(batch_targets(), rank, world, s + 1);
+    for (Tensor& p : eager.parameters()) p.mutable_grad() = Tensor();
+    for (Tensor& p : traced.parameters()) p.mutable_grad() = Tensor();
+    {
+      auto e = eager.no_sync();
+      auto t = traced.no_sync();
+      forward_backward(eager, x0, y0);
+      traced_fb({x0, y0});
+    }
+    std::vector<Tensor> got = traced.parameters(), want = eager.parameters();
+    for (size_t i = 0; i < got.size(); ++i)
+      WORKER_CHECK(testing::bytes(got[i].grad()) == testing::bytes(want[i].grad()),
+                   "local gradient ", i, " under no_sync at step ", s);
+    forward_backward(eager, x1, y1);
+    traced_fb({x1, y1});
+    eager_opt.step();
+    traced_opt.step();
+    expect_bit_equal_parameters(traced.parameters(), eager.parameters(),
+                                detail::str_cat("no_sync then synchronized, step ", s));
+  }
+  WORKER_CHECK(traced_fb.num_specializations() >= 2, "expected a specialization per no_sync mode");
+}
+
+// A rank gone in the middle of training: the replayed step's all-reduce raises on the others,
+// naming it, and leaves the parameters and Adam's state (its step count too) as they were: no
+// write-back is computed in place before a collective, which may fail.
+int ddp_trace_fault_worker(int rank, int world) {
+  dist::init_process_group("gloo", rank, world, worker_store(std::chrono::seconds(30)),
+                           env_timeout());
+  auto module = make_mlp(7);
+  DDP ddp(module);
+  optim::Adam adam(ddp.parameters(), optim::AdamOptions{1e-3});
+  Tensor x = shard_of(batch_inputs(), rank, world, 0),
+         y = shard_of(batch_targets(), rank, world, 0);
+  jit::Function step = jit::trace(
+      [&](const std::vector<Tensor>& in) {
+        adam.zero_grad();
+        Tensor loss = mse_loss(ddp(in[0]), in[1]);
+        loss.backward();
+        adam.step();
+        return std::vector<Tensor>{loss};
+      },
+      {x, y});
+  step({x, y});
+  step({x, y});  // from the second run on, write-backs may be computed in place
+  if (rank == 1) std::_Exit(3);
+  std::vector<std::vector<unsigned char>> before;
+  for (const Tensor& p : ddp.parameters()) before.push_back(testing::bytes(p));
+  for (const auto& [name, t] : adam.state_dict()) before.push_back(testing::bytes(t));
+  try {
+    step({x, y});
+    WORKER_CHECK(false, "the replay without rank 1 did not raise");
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    std::cerr << "rank " << rank << " raised: " << msg << std::endl;
+    WORKER_CHECK(msg.find("rank 1 did not arrive") != std::string::npos, "message: ", msg);
+    WORKER_CHECK(msg.find("all_reduce") != std::string::npos, "message: ", msg);
+  }
+  std::vector<std::vector<unsigned char>> after;
+  for (const Tensor& p : ddp.parameters()) after.push_back(testing::bytes(p));
+  for (const auto& [name, t] : adam.state_dict()) after.push_back(testing::bytes(t));
+  WORKER_CHECK(after == before, "the failed replay changed the parameters or Adam's state");
+  std::_Exit(g_failures ? 1 : 0);  // the group's peers are gone: skip its orderly teardown
+}
+
+int ddp_trace_worker(int rank, int world) {
+  dist::init_process_group("gloo", rank, world, worker_store(env_timeout()), env_timeout());
+  for (double cap_mb : {25.0, 0.0005}) check_traced_step_matches_eager(rank, world, cap_mb);
+  check_traced_no_sync(rank, world);
+  dist::destroy_process_group();
+  return g_failures ? 1 : 0;
+}
+
 // Rank 1 wraps a model of another size: DDP's construction raises on every rank.
 int ddp_mismatch_worker(int rank, int world) {
   dist::init_process_group("gloo", rank, world, worker_store(env_timeout()), env_timeout());
@@ -428,6 +602,8 @@ int run_worker(const std::string& scenario) {
     if (scenario == "env") return env_worker();
     if (scenario == "ddp") return ddp_worker(rank, world);
     if (scenario == "ddp_mismatch") return ddp_mismatch_worker(rank, world);
+    if (scenario == "ddp_trace") return ddp_trace_worker(rank, world);
+    if (scenario == "ddp_trace_fault") return ddp_trace_fault_worker(rank, world);
     std::cerr << "unknown scenario " << scenario << std::endl;
   } catch (const std::exception& e) {
     std::cerr << "rank " << rank << ": " << e.what() << std::endl;
@@ -566,6 +742,19 @@ TEST(Distributed, DdpMatchesOneProcessOnTheWholeBatch) {
   }
 }
 
+TEST(Distributed, TracedDdpStepMatchesEagerDdpBitForBit) {
+  for (int world : {2, 3})
+    expect_all_pass(run_ranks("ddp_trace", world, std::chrono::seconds(300)),
+                    "traced DDP step, world size " + std::to_string(world));
+}
+
+TEST(Distributed, TracedDdpStepWithoutARankRaisesAndChangesNothing) {
+  auto results = run_ranks("ddp_trace_fault", 2, std::chrono::seconds(120),
+                           {{"DIST_TEST_TIMEOUT_MS", "3000"}});
+  EXPECT_EQ(results[1].exit_code, 3);
+  EXPECT_EQ(results[0].exit_code, 0) << results[0].output;
+}
+
 TEST(Distributed, DdpOverDifferentModelsRaises) {
   expect_all_pass(run_ranks("ddp_mismatch", 2, std::chrono::seconds(60)), "DDP model mismatch");
 }
@@ -638,7 +827,7 @@ std::vector<std::string> loss_lines(const std::string& out) {
 }
 
 // The word language model example on two ranks follows the single-process run (without dropout,
-// whose masks each rank draws for itself).
+// whose masks each rank draws for itself), with its training step run eagerly or traced.
 TEST(Distributed, WordLmOnTwoRanksMatchesOneProcess) {
   std::string kiln_run = find_kiln_run();
   std::filesystem::path word_lm =
@@ -653,6 +842,10 @@ TEST(Distributed, WordLmOnTwoRanksMatchesOneProcess) {
       run_and_capture("timeout 120 " + kiln_run + " -n 2 " + word_lm.string() + " --ddp" + args));
   EXPECT_EQ(one.size(), 4u);
   EXPECT_EQ(one, two);
+  // The training step traced, its gradient all-reduces replayed as graph ops.
+  std::vector<std::string> traced = loss_lines(run_and_capture(
+      "timeout 120 " + kiln_run + " -n 2 " + word_lm.string() + " --ddp --trace" + args));
+  EXPECT_EQ(traced, two);
 }
 
 TEST(Distributed, StoresSetGetWaitAndTimeOut) {
@@ -748,14 +941,75 @@ TEST(Distributed, BadArgumentsRaise) {
   Tensor out = zeros({2});
   testing::expect_error([&] { dist::reduce_scatter_tensor(out, ones({3})); },
                         {"reduce_scatter_tensor", "3 elements"});
-  auto reduce = [](const std::vector<Tensor>& in) {
-    Tensor t = in[0] * 2.0;
-    dist::all_reduce(t);
-    return std::vector<Tensor>{t};
+  auto gather = [](const std::vector<Tensor>& in) {
+    std::vector<Tensor> outs = {zeros({2})};
+    dist::all_gather(outs, in[0]);
+    return outs;
   };
-  testing::expect_error([&] { jit::trace(reduce, {ones({2})}); },
-                        {"all_reduce", "inside jit::trace"});
+  testing::expect_error([&] { jit::trace(gather, {ones({2})}); },
+                        {"all_gather", "only all_reduce", "inside jit::trace"});
   dist::destroy_process_group();
+}
+
+// all_reduce inside jit::trace is a node of the graph: a library call between two fused kernels
+// (the fuser neither fuses it nor moves work across it), two reductions of the same value stay two
+// (every rank must run each), and each replay runs it on the replay's values.
+TEST(Distributed, TracedAllReduceIsAnUnfusedGraphOp) {
+  TempDir dir;
+  dist::init_process_group("gloo", 0, 1, std::make_shared<dist::FileStore>(dir.path + "/store"),
+                           std::chrono::seconds(10));
+  auto f = [](const std::vector<Tensor>& in) {
+    Tensor c = in[0] * 5.0 + 2.0;  // computed before the collectives, read after them
+    Tensor a = in[0] * 2.0 + 1.0;
+    Tensor r1 = dist::functional::all_reduce(a);
+    Tensor r2 = dist::functional::all_reduce(a);
+    Tensor b = in[0].clone();
+    dist::all_reduce(b);  // in place, on the default group
+    return std::vector<Tensor>{c + ((r1 + r2) * 3.0 + b)};
+  };
+  jit::Function traced = jit::trace(f, {ones({5})});
+  const std::string graph = traced.graph_str();
+  size_t count = 0;
+  for (size_t at = graph.find("all_reduce("); at != std::string::npos;
+       at = graph.find("all_reduce(", at + 1))
+    ++count;
+  EXPECT_EQ(count, 3u) << graph;
+  Tensor x = from_vector(std::vector<double>{0.5, -1, 2, 3.25, -4}).to(kFloat32);
+  const jit::Stats before = jit::stats();
+  Tensor out = traced({x})[0];
+  const jit::Stats after = jit::stats();
+  EXPECT_EQ(after.replays - before.replays, 1);
+  // The collectives run as steps of their own and no kernel spans one: kernels compute c and a
+  // before the first, (r1 + r2) * 3 between the second and the in-place one, and the sum after
+  // it (c and (r1 + r2) * 3 would join that last kernel if work moved across collectives).
+  EXPECT_EQ(after.fused_kernels_run - before.fused_kernels_run, 4) << graph;
+  EXPECT_GE(after.unfused_steps_run - before.unfused_steps_run, 3);
+  std::vector<double> expected;
+  for (double v : testing::values(x)) expected.push_back((v * 5 + 2) + (2 * (v * 2 + 1) * 3 + v));
+  testing::expect_close(out, expected, {5}, kFloat32);
+  testing::expect_error([&] { traced.save(dir.path + "/f.kiln"); },
+                        {"jit::save", "collective (all_reduce)"});
+  dist::destroy_process_group();
+  testing::expect_error([&] { traced({x}); }, {"all_reduce", "destroyed"});
+}
+
+// The passes keep every collective: CSE does not merge two of one value, DCE does not remove one
+// whose result nothing reads.
+TEST(Distributed, PassesKeepEveryAllReduce) {
+  jit::Graph g;
+  jit::Value* x = g.add_input(jit::ValueType{kFloat32, {4}, kCPU});
+  const detail::Attrs attrs = {int64_t(dist::ReduceOp::SUM), int64_t(0)};
+  auto reduce = [&](jit::Value* v) {
+    return g.create("all_reduce", {v}, attrs, {jit::ValueType{kFloat32, {4}, kCPU}})->output();
+  };
+  jit::Value* r1 = reduce(x);
+  jit::Value* r2 = reduce(x);
+  reduce(x);  // read by nothing
+  g.add_output(g.create("add", {r1, r2}, {}, {jit::ValueType{kFloat32, {4}, kCPU}})->output());
+  jit::run_passes(g);
+  size_t count = 0;
+  for (const jit::Node* n = g.first(); n; n = n->next()) count += n->kind() == "all_reduce";
+  EXPECT_EQ(count, 3u) << g.str();
 }
 
 }  // namespace

@@ -381,7 +381,6 @@ WordLmResult train_word_lm(const WordLmConfig& config) {
   WordLmConfig c = config;
   int rank = 0, world = 1;
   if (c.ddp) {
-    KILN_CHECK(!c.trace, "train_word_lm: --ddp does not combine with --trace");
     if (!distributed::is_initialized()) distributed::init_process_group("gloo");
     rank = distributed::get_rank();
     world = distributed::get_world_size();
