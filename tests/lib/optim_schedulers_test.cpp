@@ -374,5 +374,64 @@ TEST(OptimFusion, EachTracedUpdateIsOneKernelPerParameter) {
   }
 }
 
+// ---------------------------------------------------------------- on a GPU
+
+// Every optimizer's update on the device (lazy, KILN_LAZY=0, and a traced step) with a schedule
+// stepped after each update follows the host's fused loop. Skipped without a usable device.
+TEST(OptimCuda, EveryOptimizerWithAScheduleOnTheDeviceFollowsTheHost) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no usable CUDA device: run on a GPU machine";
+  const std::vector<std::pair<
+      std::string, std::function<std::unique_ptr<optim::Optimizer>(const std::vector<Tensor>&)>>>
+      cases = {
+          {"SGD nesterov", make<optim::SGD>(optim::SGDOptions{0.1, 0.9, 0.0, 0.01, true})},
+          {"Adam", make<optim::Adam>(optim::AdamOptions{0.01, 0.9, 0.999, 1e-8, 0.1})},
+          {"AdamW amsgrad",
+           make<optim::AdamW>(optim::AdamWOptions{0.01, 0.9, 0.99, 1e-8, 0.1, true})},
+          {"RMSprop centered momentum",
+           make<optim::RMSprop>(optim::RMSpropOptions{0.01, 0.9, 1e-8, 0.1, 0.9, true})},
+          {"Adagrad", make<optim::Adagrad>(optim::AdagradOptions{0.1, 0.01, 0.1, 0.1})},
+      };
+  const int steps = 5;
+  const Tensor a0 = testing::random_tensor({64, 33}), b0 = testing::random_tensor({17});
+  std::vector<Inputs> grads;
+  for (int s = 0; s < steps; ++s)
+    grads.push_back({testing::random_tensor({64, 33}), testing::random_tensor({17})});
+  enum class Mode { Lazy, Eager, Traced };
+  for (const auto& [name, maker] : cases) {
+    // Returns the parameters after `steps` updates on `device`.
+    auto train = [&, &maker = maker](Device device, Mode mode) {
+      LazyGuard lazy(mode != Mode::Eager);
+      Tensor a = a0.to(device).clone(), b = b0.to(device).clone();
+      std::unique_ptr<optim::Optimizer> opt = maker({a, b});
+      optim::StepLR schedule(*opt, 2, 0.5);
+      auto update = [&](const Inputs& in) {
+        a.mutable_grad() = in[0];
+        b.mutable_grad() = in[1];
+        opt->step();
+        return Inputs{};
+      };
+      jit::Function f;
+      for (int s = 0; s < steps; ++s) {
+        const Inputs in{grads[s][0].to(device), grads[s][1].to(device)};
+        if (mode == Mode::Traced) {
+          if (!f.defined()) f = jit::trace(update, in);
+          f(in);
+        } else {
+          update(in);
+        }
+        schedule.step();
+      }
+      return Inputs{a.to(kCPU), b.to(kCPU)};
+    };
+    const Inputs host = train(kCPU, Mode::Lazy);
+    for (Mode mode : {Mode::Lazy, Mode::Eager, Mode::Traced}) {
+      const Inputs device = train(kCUDA, mode);
+      for (size_t i = 0; i < 2; ++i)
+        EXPECT_TRUE(allclose(device[i], host[i], 1e-5, 1e-6))
+            << name << ", mode " << int(mode) << ", parameter " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln
