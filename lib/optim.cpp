@@ -315,6 +315,7 @@ GroupedOptimizer<O>::GroupedOptimizer(const char* name, O defaults)
 
 template <typename O>
 void GroupedOptimizer<O>::add_groups(std::vector<ParamGroup<O>> groups) {
+  KILN_CHECK(!groups.empty(), name_, ": no parameter groups given");
   for (ParamGroup<O>& g : groups) add_param_group(std::move(g));
 }
 

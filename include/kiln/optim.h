@@ -84,6 +84,7 @@ class Optimizer {
 template <typename Options>
 class GroupedOptimizer : public Optimizer {
  public:
+  // Change a group's options here; add groups with add_param_group, which makes their state.
   std::deque<ParamGroup<Options>>& param_groups() { return groups_; }
   const std::deque<ParamGroup<Options>>& param_groups() const { return groups_; }
   // The first group's options: an optimizer made from a list of parameters has only that group.

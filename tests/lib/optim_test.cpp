@@ -367,6 +367,8 @@ TEST(Optim, InvalidOptionsOfEveryOptimizerNameTheOptimizerAndTheOption) {
       {"Adagrad", "initial_accumulator_value", "-2"});
   expect_error([&] { optim::Adagrad({p}, {0.1, 0.0, 0.0, 0.0, -1.0}); }, {"Adagrad", "eps"});
   expect_error([&] { optim::Adagrad({arange(3)}); }, {"Adagrad", "parameter 0", "int64[3]"});
+  expect_error([&] { optim::RMSprop(std::vector<optim::ParamGroup<optim::RMSpropOptions>>{}); },
+               {"RMSprop", "no parameter groups"});
 }
 
 using AdamWGroup = optim::ParamGroup<optim::AdamWOptions>;
