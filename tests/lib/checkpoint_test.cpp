@@ -422,11 +422,12 @@ TEST(OptimizerStateDict, AdamKeysValuesAndRoundTrip) {
     adam.step();
   }
   StateDict d = adam.state_dict();
-  EXPECT_EQ(d.keys(), (std::vector<std::string>{
-                          "state.0.step", "state.0.exp_avg", "state.0.exp_avg_sq", "state.1.step",
-                          "state.1.exp_avg", "state.1.exp_avg_sq", "param_groups.0.lr",
-                          "param_groups.0.betas", "param_groups.0.eps",
-                          "param_groups.0.weight_decay", "param_groups.0.params"}));
+  EXPECT_EQ(d.keys(),
+            (std::vector<std::string>{"state.0.step", "state.0.exp_avg", "state.0.exp_avg_sq",
+                                      "state.1.step", "state.1.exp_avg", "state.1.exp_avg_sq",
+                                      "param_groups.0.lr", "param_groups.0.betas",
+                                      "param_groups.0.eps", "param_groups.0.weight_decay",
+                                      "param_groups.0.amsgrad", "param_groups.0.params"}));
   EXPECT_EQ(d.at("state.1.step").item<double>(), 3.0);
   EXPECT_EQ(d.at("param_groups.0.betas").to_vector<double>(), (std::vector<double>{0.8, 0.95}));
   EXPECT_EQ(d.at("param_groups.0.params").to_vector<int64_t>(), (std::vector<int64_t>{0, 1}));
