@@ -572,7 +572,6 @@ RecurrentRun run_recurrent(const Tensor& input, int64_t layers, int64_t directio
                            double dropout, const std::vector<Tensor>& initial, Step step) {
   const int64_t steps = input.size(0), batch = input.size(1);
   RecurrentRun run;
-  run.final.resize(initial.size());
   std::vector<std::vector<Tensor>> finals(initial.size());
   Tensor layer_input = input;
   for (int64_t l = 0; l < layers; ++l) {
@@ -600,7 +599,7 @@ RecurrentRun run_recurrent(const Tensor& input, int64_t layers, int64_t directio
     else
       layer_input = run.output;
   }
-  for (size_t k = 0; k < finals.size(); ++k) run.final[k] = stack(finals[k], 0);
+  for (const std::vector<Tensor>& last_states : finals) run.final.push_back(stack(last_states, 0));
   return run;
 }
 

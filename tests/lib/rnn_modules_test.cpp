@@ -322,6 +322,15 @@ TEST(GRU, TracedMatchesEager) {
   }
 }
 
+TEST(GRU, AnEmptySequenceLeavesTheStateAsItWas) {
+  nn::GRU gru(nn::GRUOptions(3, 4).num_layers(2).bidirectional(true));
+  Tensor h0 = random_tensor({4, 2, 4});
+  auto [output, h_n] = gru.forward(zeros({0, 2, 3}), h0);
+  EXPECT_EQ(output.sizes(), (Shape{0, 2, 8}));
+  EXPECT_TRUE(equal(h_n, h0));
+  EXPECT_TRUE(equal(std::get<1>(gru.forward(zeros({0, 2, 3}), Tensor())), zeros({4, 2, 4})));
+}
+
 TEST(GRU, BadInputRaisesNamingTheModuleAndShapes) {
   nn::GRU gru(nn::GRUOptions(3, 4).num_layers(2));
   expect_error(
@@ -429,6 +438,29 @@ TEST(LSTMOptions, BatchFirstAndBidirectionalMatchSteppingTheCells) {
         bi.forward(ones({T, B, I}), nn::LSTMState{zeros({1, B, H}), zeros({1, B, H})});
       },
       {"LSTM", "[2, 3, 2]", "float32[1, 3, 2]"});
+}
+
+TEST(LSTMOptions, TracedMatchesEager) {
+  manual_seed(34);
+  nn::LSTM lstm(nn::LSTMOptions(3, 4).num_layers(2).bidirectional(true).batch_first(true));
+  auto run = [&](const Inputs& in) {
+    nn::LSTMOutput out = lstm.forward(in[0], nn::LSTMState{in[1], in[2]});
+    return Inputs{out.output, out.state.h, out.state.c};
+  };
+  Tensor x = testing::input({2, 5, 3}), h0 = testing::input({4, 2, 4}, kFloat32, -1, 1),
+         c0 = testing::input({4, 2, 4});
+  Inputs eager;
+  {
+    LazyGuard off(false);
+    eager = run({x, h0, c0});
+  }
+  jit::Function f = jit::trace(run, {x, h0, c0});
+  for (int call = 0; call < 2; ++call) {
+    Inputs traced = f({x, h0, c0});
+    ASSERT_EQ(traced.size(), 3u);
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_TRUE(allclose(traced[i], eager[i], 1e-5, 1e-6)) << "output " << i << ", call " << call;
+  }
 }
 
 TEST(LSTMOptions, DropoutOnlyBetweenLayersWhileTrainingAndNoBias) {
