@@ -1070,9 +1070,12 @@ void merge_column_exits(std::vector<Building>& groups, std::vector<int64_t>& run
       if (exit.columns && target.k >= 0 && target.k != exit.k) continue;
       // A join's pieces are written through their slices' strides, one row dim (k = 1) at a time.
       if (exit.columns && !target.joins.empty() && exit.k != 1) continue;
-      // Another join: of pieces of the same shape, along the same dim as the target's.
+      // Another join: of pieces of the same shape, along the same dim as the target's, on its
+      // device.
       if (join_exit && (target.joins.empty() ||
-                        join_dim(*exit.joins.front()) != join_dim(*target.joins.front())))
+                        join_dim(*exit.joins.front()) != join_dim(*target.joins.front()) ||
+                        exit.joins.front()->output()->type().device !=
+                            target.joins.front()->output()->type().device))
         continue;
       if (target.members.size() + exit.members.size() > kMaxGroupNodes + 32) continue;
       bool available = true;
