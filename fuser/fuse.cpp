@@ -658,6 +658,20 @@ void append_op_name(Kernel& k, const std::string& name, bool always = false) {
   k.ops += name;
 }
 
+// The dim a cat or stack joins along, counted from the front.
+int64_t join_dim(const Node& join) {
+  const auto rank = static_cast<int64_t>(join.output()->type().sizes.size());
+  const int64_t d = detail::attr_int(join.attr(0));
+  return d < 0 ? d + rank : d;
+}
+
+// The join of g whose value `v` is, or null.
+const Node* join_of(const FusionGroup& g, const Value* v) {
+  for (const FusionGroup::Join& j : g.joins)
+    if (j.node->output() == v) return j.node;
+  return nullptr;
+}
+
 // Builds the group's kernel: loads for its inputs, scalars for its constants, attributes and
 // element counts, and each member's formula in graph order.
 void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& roles) {
@@ -709,7 +723,7 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
     return l->second;
   };
   for (const Node* n : g.nodes) {
-    if (n == g.join) continue;  // written as the kernel's last outputs
+    if (join_of(g, n->output())) continue;  // written as the kernel's last outputs
     const Role role = roles.at(n);
     const bool reduction = n->op().kind == detail::OpKind::Reduction;
     const bool folds = reduction || is_row_wise(*n);
@@ -733,8 +747,9 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
                        shape != kept_shape(g.shape, g.reduced_dims);
     // A column sum of the group's join (cat along the row's dim) folds each piece into its part
     // of the column slot: the cat's element (i, p * R + j) is piece p's (i, j).
-    const bool of_join = role == Role::kColumn && g.join && n->input(0) == g.join->output();
-    const size_t parts = of_join ? g.join->num_inputs() : 1;
+    const Node* summed_join = role == Role::kColumn ? join_of(g, n->input(0)) : nullptr;
+    const bool of_join = summed_join != nullptr;
+    const size_t parts = of_join ? summed_join->num_inputs() : 1;
     std::vector<int32_t> operands;
     for (const Value* in : n->inputs())
       operands.push_back(
@@ -792,7 +807,8 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
     if (role == Role::kColumn) k.column_parts.push_back(static_cast<int32_t>(parts));
     int32_t result = -1;
     for (size_t part = 0; part < parts; ++part) {
-      if (of_join) operands[0] = cast(operand(g.join->input(part), false, false), operand_types[0]);
+      if (of_join)
+        operands[0] = cast(operand(summed_join->input(part), false, false), operand_types[0]);
       // Parts after the first only fold: what follows their reduction is the first part's (the
       // columns function computes it for every position of the slot).
       const int32_t r = FormulaParser(k, formula, compute, n->output()->type().dtype,
@@ -808,9 +824,9 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
     value_instr[n->output()] = result;
     append_op_name(k, n->op().name);
   }
-  // Outputs: members whose value is read outside the group or returned; then the join's pieces.
+  // Outputs: members whose value is read outside the group or returned; then the joins' pieces.
   for (const Node* n : g.nodes) {
-    if (n == g.join) continue;
+    if (join_of(g, n->output())) continue;
     const Value* v = n->output();
     bool outside = n->owning_graph()->is_output(v);
     for (const jit::Use& u : v->uses()) outside |= !roles.contains(u.user);
@@ -821,18 +837,16 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
     k.output_per_element.push_back(g.rows && v->type().sizes == g.shape &&
                                    roles.at(n) != Role::kColumn);
   }
-  if (g.join) {
-    const Value* whole = g.join->output();
-    for (const Value* piece : g.join->inputs()) {
+  for (FusionGroup::Join& join : g.joins) {
+    const Value* whole = join.node->output();
+    for (const Value* piece : join.node->inputs()) {
       k.outputs.push_back(operand(piece, false, false));
       k.output_types.push_back(whole->type().dtype);
       k.output_per_element.push_back(false);
     }
     g.outputs.push_back(whole);
-    const auto rank = static_cast<int64_t>(whole->type().sizes.size());
-    const int64_t d = detail::attr_int(g.join->attr(0));
-    g.join_dim = d < 0 ? d + rank : d;
-    append_op_name(k, g.join->op().name, /*always=*/true);
+    join.dim = join_dim(*join.node);
+    append_op_name(k, join.node->op().name, /*always=*/true);
   }
 }
 
@@ -956,7 +970,9 @@ struct Building {
   int k = -1;            // trailing dims a row reduction folds (or a column one keeps); -1: none
   bool small = false;    // a member of a smaller shape, recomputed per element
   bool reduces = false;  // a rows kernel
-  bool join = false;     // ends in a cat or stack (and has no reductions but column exits)
+  // The cats or stacks it ends in (then it has no reductions but column exits): its root, and
+  // other joins of pieces it computes, merged in later.
+  std::vector<const Node*> joins;
   bool columns = false;  // rooted at a column reduction (a sum over the leading dims)
 };
 
@@ -1014,9 +1030,14 @@ void merge_column_exits(std::vector<Building>& groups, std::vector<int64_t>& run
     Building& exit = groups[e];
     // A lone elementwise node (no kernel of its own: groups have two nodes at least) moves up the
     // same way, as another output of the kernel: an LSTM backward's gradient of c, f * dc'.
-    const bool lone = exit.members.size() == 1 && !exit.reduces && !exit.join &&
+    const bool lone = exit.members.size() == 1 && !exit.reduces && exit.joins.empty() &&
                       is_fusible(*exit.members[0]) && !is_broadcast_view(*exit.members[0]);
-    if ((!exit.columns && !lone) || exit.members.empty()) continue;
+    // A cat or stack (with the elementwise nodes only it reads) whose other pieces an earlier
+    // join group computes (a GRU backward's second gate-gradient cat, sharing pieces with the
+    // first) becomes another join of that group: its kernel writes the shared pieces twice
+    // instead of a second kernel reading them back.
+    const bool join_exit = exit.joins.size() == 1 && !exit.reduces && !exit.small;
+    if ((!exit.columns && !lone && !join_exit) || exit.members.empty()) continue;
     std::vector<const Value*> reads;  // values the exit reads from outside
     for (const Node* m : exit.members)
       for (const Value* in : m->inputs())
@@ -1040,16 +1061,17 @@ void merge_column_exits(std::vector<Building>& groups, std::vector<int64_t>& run
     });
     candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
     if (candidates.size() > kMaxTargetsTried) candidates.resize(kMaxTargetsTried);
-    // A lone column sum of the target's cat (pieces of the target's shape, cat along the last
-    // dim): it folds the pieces.
+    // A lone column sum of one of the target's cats (pieces of the target's shape, cat along the
+    // last dim): it folds the pieces.
     auto sums_join = [&](const Building& t) {
-      if (!t.join || exit.members.size() != 1) return false;
-      const Node* join = t.members.front();
+      if (!exit.columns || exit.members.size() != 1) return false;
       const Node* r = exit.members.front();
-      if (r->input(0) != join->output() || join->op().name != "cat") return false;
       const auto rank = static_cast<int64_t>(t.shape.size());
-      const int64_t d = detail::attr_int(join->attr(0));
-      return (d < 0 ? d + rank : d) == rank - 1 && exit.k == 1;
+      for (const Node* join : t.joins)
+        if (r->input(0) == join->output() && join->op().name == "cat" &&
+            join_dim(*join) == rank - 1 && exit.k == 1)
+          return true;
+      return false;
     };
     for (size_t t : candidates) {
       Building& target = groups[t];
@@ -1057,7 +1079,14 @@ void merge_column_exits(std::vector<Building>& groups, std::vector<int64_t>& run
       if (!of_join && exit.shape != target.shape) continue;
       if (exit.columns && target.k >= 0 && target.k != exit.k) continue;
       // A join's pieces are written through their slices' strides, one row dim (k = 1) at a time.
-      if (exit.columns && target.join && exit.k != 1) continue;
+      if (exit.columns && !target.joins.empty() && exit.k != 1) continue;
+      // Another join: of pieces of the same shape, along the same dim as the target's, on its
+      // device.
+      if (join_exit && (target.joins.empty() ||
+                        join_dim(*exit.joins.front()) != join_dim(*target.joins.front()) ||
+                        exit.joins.front()->output()->type().device !=
+                            target.joins.front()->output()->type().device))
+        continue;
       if (target.members.size() + exit.members.size() > kMaxGroupNodes + 32) continue;
       if (effect_between(effects, run_at[t], run_at[e])) continue;
       bool available = true;
@@ -1066,7 +1095,9 @@ void merge_column_exits(std::vector<Building>& groups, std::vector<int64_t>& run
         if (group_at(p) == std::optional<size_t>(t)) {
           // A join's value is written by the kernel, not computed in it: only its column sum
           // (above) folds its pieces.
-          if (target.join && p == target.members.front() && !of_join) available = false;
+          const bool target_join =
+              std::find(target.joins.begin(), target.joins.end(), p) != target.joins.end();
+          if (target_join && !of_join) available = false;
           // Read inside the kernel: an element's value, or a row's broadcast back (keepdim). A
           // global reduction's result exists only after every row, a row value without keepdim
           // broadcasts along other dims than the rows.
@@ -1089,9 +1120,14 @@ void merge_column_exits(std::vector<Building>& groups, std::vector<int64_t>& run
         target.k = exit.k;
         target.reduces = true;
       }
+      target.joins.insert(target.joins.end(), exit.joins.begin(), exit.joins.end());
       exit.members.clear();
+      exit.joins.clear();
       merged_into[e] = t;
-      jit::log("fuser", exit.columns ? "column exit over " : "lone node over ",
+      jit::log("fuser",
+               exit.columns ? "column exit over "
+               : join_exit  ? "join exit over "
+                            : "lone node over ",
                detail::shape_str(exit.shape), " merged into the group over ",
                detail::shape_str(target.shape), of_join ? " (a sum of its cat)" : "");
       break;
@@ -1145,7 +1181,7 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
       st.reduces = true;
     } else if (is_join_exit(*consumer)) {
       st.shape = consumer->input(0)->type().sizes;
-      st.join = true;
+      st.joins.push_back(consumer);
     } else if (std::optional<int> lead = fused_column_dims(*consumer)) {
       st.shape = consumer->input(0)->type().sizes;
       st.k = static_cast<int>(st.shape.size()) - *lead;
@@ -1294,11 +1330,11 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
               continue;
             }
           } else if (is_row_wise(*p)) {
-            if (st.join || ps != st.shape || (st.k >= 0 && st.k != 1)) {
+            if (!st.joins.empty() || ps != st.shape || (st.k >= 0 && st.k != 1)) {
               refuse(p, [&] {
                 return std::string("a row-wise op cannot join here: ") +
-                       (st.join          ? "the group ends in a cat or stack"
-                        : ps != st.shape ? "its shape " + detail::shape_str(ps) +
+                       (!st.joins.empty() ? "the group ends in a cat or stack"
+                        : ps != st.shape  ? "its shape " + detail::shape_str(ps) +
                                                " is not the group's " + detail::shape_str(st.shape)
                                          : "the group already folds rows of its last " +
                                                std::to_string(st.k) + " dims");
@@ -1313,7 +1349,7 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
             auto cannot_exit = [&](const std::string& why) {
               refuse(p, [&] { return "a reduction cannot be an exit here: " + why; });
             };
-            if (st.join) {
+            if (!st.joins.empty()) {
               cannot_exit("the group ends in a cat or stack");
               continue;
             } else if (st.k >= 0) {
@@ -1384,9 +1420,10 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
   for (Building& b : groups) {
     // On the CPU a lone node runs its reference kernel (or its formula straight into its output);
     // on a device, where there is no reference kernel, it is a group of one: its own kernel.
-    const bool lone_on_device =
-        b.members.size() == 1 && b.members[0]->output()->type().device.is_cuda() && !b.join &&
-        !is_broadcast_view(*b.members[0]) && (b.reduces || is_fusible(*b.members[0]));
+    const bool lone_on_device = b.members.size() == 1 &&
+                                b.members[0]->output()->type().device.is_cuda() &&
+                                b.joins.empty() && !is_broadcast_view(*b.members[0]) &&
+                                (b.reduces || is_fusible(*b.members[0]));
     if (b.members.size() < 2 && !lone_on_device) continue;
     FusionGroup g;
     g.nodes = b.members;
@@ -1395,7 +1432,7 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
     g.shape = b.shape;
     g.anchor = b.members.front();  // the root: merged column exits run with it, before their place
     g.rows = b.reduces;
-    if (b.join) g.join = b.members.front();
+    for (const Node* join : b.joins) g.joins.push_back({join, join_dim(*join)});
     // Without row reductions a row is the innermost dim.
     if (g.rows) g.reduced_dims = b.k >= 0 ? b.k : 1;
     absl::flat_hash_map<const Node*, Role> roles;

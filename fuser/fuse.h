@@ -48,13 +48,18 @@ struct FusionGroup {
   // (column exits run with the group computing their operands, earlier than their own place).
   const jit::Node* anchor = nullptr;
   std::vector<const jit::Value*> inputs;  // tensor values read from outside, one per input
-  // Members' values read after the group or returned, then the join's value if there is one.
+  // Members' values read after the group or returned, then the joins' values.
   std::vector<const jit::Value*> outputs;
-  // A cat or stack whose pieces the group writes (a join exit), or null: the group allocates its
-  // output (the last of `outputs`) and the kernel's outputs after the other outputs' are its
-  // pieces, each written into its slice (cat) or index (stack) along `join_dim`.
-  const jit::Node* join = nullptr;
-  int64_t join_dim = 0;
+  // The cats or stacks whose pieces the group writes (join exits): the group allocates each one's
+  // output (the last of `outputs`, in this order) and the kernel's outputs after the other
+  // outputs' are their pieces, join after join, each written into its slice (cat) or index
+  // (stack) along the join's `dim`. A second join is another exit whose pieces the group computes
+  // too (a GRU backward's two gate-gradient cats).
+  struct Join {
+    const jit::Node* node = nullptr;
+    int64_t dim = 0;
+  };
+  std::vector<Join> joins;
   // The iteration shape: every elementwise member's output shape (without reductions), or the
   // shape whose rows the kernel walks (with them).
   Shape shape;

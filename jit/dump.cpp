@@ -266,11 +266,12 @@ GraphText graph_text(const Graph& g, const char* pass, int step,
     append_ints(s, grp.shape);
     s += ",\"rows\":";
     s += grp.rows ? "true" : "false";
-    s += ",\"join\":";
-    if (grp.join)
-      append_int(s, index.at(grp.join));
-    else
-      s += "null";
+    s += ",\"joins\":[";
+    for (size_t j = 0; j < grp.joins.size(); ++j) {
+      if (j) s += ',';
+      append_int(s, index.at(grp.joins[j]));
+    }
+    s += ']';
     s += ",\"kernels\":[";
     t.group_heads.push_back(std::move(s));
   }

@@ -23,7 +23,7 @@ std::string dump_dir();
 void set_dump_dir(const std::string& dir);
 
 // The version of the "kiln.graph" JSON schema this code writes.
-constexpr int kDumpSchemaVersion = 1;
+constexpr int kDumpSchemaVersion = 2;
 
 // The graph's number, given on first use from one process-wide count: the id in KILN_DUMP's file
 // names and in the profile records of the steps its plan runs.
@@ -54,7 +54,7 @@ struct DumpGroup {
   std::string ops;  // the kernel's ops, as in its symbol kiln_<ops>_<hash8>
   Shape shape;      // the iteration shape
   bool rows = false;
-  const Node* join = nullptr;  // a cat or stack the group writes into, or null
+  std::vector<const Node*> joins;  // the cats or stacks the group writes into, in kernel order
 };
 
 // Writes `g` as it is after `pass` ("input" before the passes): the file

@@ -159,7 +159,7 @@ size_t Plan::num_kernel_steps() const {
 
 size_t Plan::num_join_kernel_steps() const {
   size_t n = 0;
-  for (const Step& s : steps_) n += s.group && s.group->join;
+  for (const Step& s : steps_) n += s.group && !s.group->joins.empty();
   return n;
 }
 
@@ -172,8 +172,12 @@ Plan::Plan(const Graph& graph, const std::vector<int64_t>& in_place_inputs)
   }
   if (dump_enabled()) {
     std::vector<DumpGroup> dumped;
-    for (const fuser::FusionGroup& g : groups_)
-      dumped.push_back({g.nodes, g.inputs, g.outputs, g.kernel.ops, g.shape, g.rows, g.join});
+    for (const fuser::FusionGroup& g : groups_) {
+      std::vector<const Node*> joins;
+      for (const fuser::FusionGroup::Join& j : g.joins) joins.push_back(j.node);
+      dumped.push_back(
+          {g.nodes, g.inputs, g.outputs, g.kernel.ops, g.shape, g.rows, std::move(joins)});
+    }
     dump_ = FusedGraphDump::create(graph, dumped);
   }
   // The steps before slot assignment: a fusion group is one step where its last node is, reading
@@ -416,7 +420,7 @@ void Plan::plan_in_place(const Graph& graph, const std::vector<int64_t>& in_plac
     } else {
       at = s->second;
       const Step& st = steps_[at];
-      if (!(st.group && !st.group->rows && !st.group->join) && !st.map_into)
+      if (!(st.group && !st.group->rows && st.group->joins.empty()) && !st.map_into)
         why = "its step is no elementwise kernel or direct step";
       else if (last_read[static_cast<size_t>(j)] > static_cast<int64_t>(at))
         why = "a later step reads the input's old value";
@@ -555,17 +559,21 @@ const char* Plan::run_group(const Step& step, const std::vector<Tensor>& host_ar
     args_ptr = &moved;
   }
   const std::vector<Tensor>& args = *args_ptr;
-  // Where the kernel's outputs go: the outputs, then a join's pieces in their slices of its value.
+  // Where the kernel's outputs go: the outputs, then each join's pieces in their slices of its
+  // value (the joins' values are the last outputs).
   std::vector<Tensor> joined;
   const std::vector<Tensor>* dests = &outs;
-  if (g.join) {
-    joined.assign(outs.begin(), outs.end() - 1);
-    const Tensor& whole = outs.back();
-    const bool stack = g.join->op().name == "stack";
-    const int64_t d = g.join_dim;
-    const int64_t width = stack ? 1 : g.shape[static_cast<size_t>(d)];
-    for (int64_t p = 0; p < static_cast<int64_t>(g.join->num_inputs()); ++p)
-      joined.push_back(stack ? whole.select(d, p) : whole.narrow(d, p * width, width));
+  if (!g.joins.empty()) {
+    const size_t first_whole = outs.size() - g.joins.size();
+    joined.assign(outs.begin(), outs.begin() + static_cast<std::ptrdiff_t>(first_whole));
+    for (size_t j = 0; j < g.joins.size(); ++j) {
+      const Tensor& whole = outs[first_whole + j];
+      const bool stack = g.joins[j].node->op().name == "stack";
+      const int64_t d = g.joins[j].dim;
+      const int64_t width = stack ? 1 : g.shape[static_cast<size_t>(d)];
+      for (int64_t p = 0; p < static_cast<int64_t>(g.joins[j].node->num_inputs()); ++p)
+        joined.push_back(stack ? whole.select(d, p) : whole.narrow(d, p * width, width));
+    }
     dests = &joined;
   }
   if (g.rows) return run_rows_group(step, args, *dests);

@@ -23,6 +23,12 @@ Tensor uniform(const Shape& shape, double bound) {
 
 // ---------------------------------------------------------------------------- Module
 
+Module::Module(Module&& other) noexcept
+    : parameters_(std::move(other.parameters_)),
+      buffers_(std::move(other.buffers_)),
+      children_(std::move(other.children_)),
+      training_(other.training_) {}
+
 Tensor Module::forward(const Tensor& input) {
   KILN_FAIL(name(), ": this module has no forward(input) taking one tensor (called with ",
             describe(input), ")");
@@ -64,6 +70,17 @@ std::shared_ptr<Module> Module::register_module(const std::string& name,
   KILN_CHECK(module != nullptr, this->name(), ": submodule '", name, "' is null");
   children_.emplace_back(name, module);
   return module;
+}
+
+std::shared_ptr<Module> Module::replace_module(const std::string& name,
+                                               std::shared_ptr<Module> module) {
+  KILN_CHECK(module != nullptr, this->name(), ": replacement for submodule '", name, "' is null");
+  for (auto& entry : children_) {
+    if (entry.first != name) continue;
+    entry.second = module;
+    return module;
+  }
+  KILN_FAIL(this->name(), ": no submodule named '", name, "' to replace");
 }
 
 // Walks the tree in preorder with an explicit stack, prefixing names with the path to each module.
@@ -208,13 +225,30 @@ Tensor Linear::forward(const Tensor& input) {
   return linear(input, weight, bias);
 }
 
-Embedding::Embedding(int64_t num, int64_t dim) : num_embeddings(num), embedding_dim(dim) {
+Embedding::Embedding(int64_t num, int64_t dim) : Embedding(EmbeddingOptions(num, dim)) {}
+
+Embedding::Embedding(const EmbeddingOptions& options)
+    : num_embeddings(options.num_embeddings()), embedding_dim(options.embedding_dim()) {
+  const int64_t num = num_embeddings, dim = embedding_dim;
   KILN_CHECK(num >= 0 && dim >= 0, "Embedding: sizes must be non-negative, got ", num, " x ", dim);
-  weight = register_parameter("weight", randn({num, dim}));
+  Tensor w = randn({num, dim});
+  if (const auto& pad = options.padding_idx()) {
+    KILN_CHECK(*pad >= -num && *pad < num, "Embedding: padding_idx must be within [", -num, ", ",
+               num, ") for num_embeddings=", num, ", got ", *pad);
+    padding_idx = *pad < 0 ? *pad + num : *pad;
+    w.select(0, *padding_idx).zero_();
+  }
+  weight = register_parameter("weight", w);
 }
 
 Tensor Embedding::forward(const Tensor& indices) {
-  return embedding(weight, indices);
+  Tensor out = embedding(weight, indices);
+  if (!padding_idx || !weight.requires_grad() || !is_grad_enabled()) return out;
+  // Lookups of the padding row take their value from a detached weight: the same values, but
+  // their gradient stops there, so the row's gradient is zero (one fusible select per element
+  // instead of a special embedding backward).
+  Tensor is_pad = (indices == *padding_idx).unsqueeze(-1);
+  return where(is_pad, out.detach(), out);
 }
 
 LayerNorm::LayerNorm(Shape shape, double eps_, bool elementwise_affine)
@@ -255,6 +289,73 @@ Tensor Sequential::forward(const Tensor& input) {
   Tensor x = input;
   for (const auto& layer : layers_) x = layer->forward(x);
   return x;
+}
+
+// ---------------------------------------------------------------------------- containers
+
+void ModuleList::push_back(std::shared_ptr<Module> module) {
+  KILN_CHECK(module != nullptr, "ModuleList: cannot append a null module at position ",
+             modules_.size());
+  register_module(std::to_string(modules_.size()), module);
+  modules_.push_back(std::move(module));
+}
+
+void ModuleList::extend(const std::vector<std::shared_ptr<Module>>& modules) {
+  for (const auto& m : modules) push_back(m);
+}
+
+const std::shared_ptr<Module>& ModuleList::operator[](size_t index) const {
+  KILN_CHECK(index < modules_.size(), "ModuleList: index ", index, " is out of range for ",
+             modules_.size(), " modules");
+  return modules_[index];
+}
+
+void ModuleList::fail_cast(const std::string& key, const std::string& actual) const {
+  KILN_FAIL("ModuleList: module ", key, " is a ", actual, ", not the type asked for");
+}
+
+void ModuleDict::insert(const std::string& key, std::shared_ptr<Module> module) {
+  KILN_CHECK(module != nullptr, "ModuleDict: module for key '", key, "' is null");
+  for (auto& entry : items_) {
+    if (entry.first != key) continue;
+    replace_module(key, module);
+    entry.second = std::move(module);
+    return;
+  }
+  register_module(key, module);
+  items_.emplace_back(key, std::move(module));
+}
+
+void ModuleDict::update(const Items& modules) {
+  for (const auto& [key, module] : modules) insert(key, module);
+}
+
+bool ModuleDict::contains(const std::string& key) const {
+  for (const auto& entry : items_)
+    if (entry.first == key) return true;
+  return false;
+}
+
+const std::shared_ptr<Module>& ModuleDict::operator[](const std::string& key) const {
+  for (const auto& entry : items_)
+    if (entry.first == key) return entry.second;
+  KILN_FAIL("ModuleDict: no module under key '", key, "' (", items_.size(), " keys)");
+}
+
+std::vector<std::string> ModuleDict::keys() const {
+  std::vector<std::string> out;
+  for (const auto& entry : items_) out.push_back(entry.first);
+  return out;
+}
+
+std::vector<std::shared_ptr<Module>> ModuleDict::values() const {
+  std::vector<std::shared_ptr<Module>> out;
+  for (const auto& entry : items_) out.push_back(entry.second);
+  return out;
+}
+
+void ModuleDict::fail_cast(const std::string& key, const std::string& actual) const {
+  KILN_FAIL("ModuleDict: module '", key, "' is a ", actual, ", not the type asked for");
 }
 
 // ---------------------------------------------------------------------------- convolutions
@@ -426,14 +527,91 @@ Tensor GroupNorm::forward(const Tensor& input) {
   return group_norm(input, num_groups, weight, bias, eps);
 }
 
-// ---------------------------------------------------------------------------- LSTM
+// ---------------------------------------------------------------------------- recurrent layers
 
-LSTMCell::LSTMCell(int64_t input, int64_t hidden) : input_size(input), hidden_size(hidden) {
+namespace {
+
+// The options every recurrent stack shares, checked once.
+void check_recurrent_options(const char* module, int64_t input, int64_t hidden, int64_t layers,
+                             double dropout) {
+  KILN_CHECK(input >= 0 && hidden > 0, module,
+             ": expected input_size >= 0 and hidden_size > 0, got ", input, " and ", hidden);
+  KILN_CHECK(layers >= 1, module, ": num_layers must be at least 1, got ", layers);
+  KILN_CHECK(dropout >= 0.0 && dropout <= 1.0, module, ": dropout has to be between 0 and 1, got ",
+             dropout);
+}
+
+// A sequence input, made time-major.
+Tensor time_major(const char* module, const Tensor& input, int64_t input_size, bool batch_first) {
+  KILN_CHECK(input.defined() && input.dim() == 3 && input.size(2) == input_size, module,
+             ": expected input ", batch_first ? "[batch, time, " : "[time, batch, ", input_size,
+             "], got ", describe(input));
+  return batch_first ? input.transpose(0, 1) : input;
+}
+
+// An initial state tensor [layers * directions, batch, hidden], or zeros when it is undefined.
+Tensor initial_state(const char* module, const char* what, const Tensor& state, const Shape& shape,
+                     const Tensor& input) {
+  if (!state.defined()) return zeros(shape, TensorOptions(input.dtype()).device(input.device()));
+  KILN_CHECK(state.sizes() == shape, module, ": expected ", what, " of shape ", shape_str(shape),
+             " for input ", describe(input), ", got ", describe(state));
+  return state;
+}
+
+struct RecurrentRun {
+  Tensor output;              // [time, batch, directions * hidden]
+  std::vector<Tensor> final;  // per state member: [layers * directions, batch, hidden]
+};
+
+// Runs layers x directions cells over a time-major input, as torch's RNN modules do: `step(cell,
+// x_t, state)` returns the state after one step of cells[cell] (state[0] is the output h). The
+// reverse direction reads the sequence backwards and writes its outputs at the same time steps;
+// the next layer reads both directions side by side, after dropout when `dropout` > 0.
+template <typename Step>
+RecurrentRun run_recurrent(const Tensor& input, int64_t layers, int64_t directions, int64_t hidden,
+                           double dropout, const std::vector<Tensor>& initial, Step step) {
+  const int64_t steps = input.size(0), batch = input.size(1);
+  RecurrentRun run;
+  std::vector<std::vector<Tensor>> finals(initial.size());
+  Tensor layer_input = input;
+  for (int64_t l = 0; l < layers; ++l) {
+    std::vector<Tensor> xs = layer_input.unbind(0), direction_outputs;
+    for (int64_t d = 0; d < directions; ++d) {
+      const int64_t cell = l * directions + d;
+      std::vector<Tensor> state;
+      for (const Tensor& s : initial) state.push_back(s.select(0, cell));
+      std::vector<Tensor> hs(steps);
+      for (int64_t i = 0; i < steps; ++i) {
+        const int64_t t = d == 0 ? i : steps - 1 - i;
+        state = step(cell, xs[t], state);
+        hs[t] = state[0];
+      }
+      for (size_t k = 0; k < state.size(); ++k) finals[k].push_back(state[k]);
+      direction_outputs.push_back(
+          steps > 0
+              ? stack(hs, 0)
+              : zeros({0, batch, hidden}, TensorOptions(input.dtype()).device(input.device())));
+    }
+    run.output = directions == 1 ? direction_outputs[0] : cat(direction_outputs, 2);
+    // One dropout over the whole layer output rather than one per time step.
+    if (l + 1 < layers && dropout > 0.0)
+      layer_input = kiln::dropout(run.output, dropout, true);
+    else
+      layer_input = run.output;
+  }
+  for (const std::vector<Tensor>& last_states : finals) run.final.push_back(stack(last_states, 0));
+  return run;
+}
+
+}  // namespace
+
+LSTMCell::LSTMCell(int64_t input, int64_t hidden, bool with_bias)
+    : input_size(input), hidden_size(hidden) {
   KILN_CHECK(input >= 0 && hidden > 0, "LSTMCell: expected input_size >= 0 and hidden_size > 0, ",
              "got ", input, " and ", hidden);
   const double bound = 1.0 / std::sqrt(static_cast<double>(hidden));
   weight = register_parameter("weight", uniform({4 * hidden, input + hidden}, bound));
-  bias = register_parameter("bias", uniform({4 * hidden}, bound));
+  if (with_bias) bias = register_parameter("bias", uniform({4 * hidden}, bound));
 }
 
 LSTMState LSTMCell::forward(const Tensor& input, const std::optional<LSTMState>& state) {
@@ -466,54 +644,119 @@ LSTMState LSTMCell::forward(const Tensor& input, const std::optional<LSTMState>&
 }
 
 LSTM::LSTM(int64_t input, int64_t hidden, int64_t layers, double dropout_)
-    : input_size(input), hidden_size(hidden), num_layers(layers), dropout(dropout_) {
-  KILN_CHECK(layers >= 1, "LSTM: num_layers must be at least 1, got ", layers);
-  KILN_CHECK(dropout >= 0.0 && dropout <= 1.0, "LSTM: dropout has to be between 0 and 1, got ",
-             dropout);
-  for (int64_t l = 0; l < layers; ++l)
-    cells.push_back(register_module("l" + std::to_string(l),
-                                    std::make_shared<LSTMCell>(l == 0 ? input : hidden, hidden)));
+    : LSTM(LSTMOptions(input, hidden).num_layers(layers).dropout(dropout_)) {}
+
+LSTM::LSTM(const LSTMOptions& options)
+    : input_size(options.input_size()),
+      hidden_size(options.hidden_size()),
+      num_layers(options.num_layers()),
+      dropout(options.dropout()),
+      options_(options) {
+  check_recurrent_options("LSTM", input_size, hidden_size, num_layers, dropout);
+  const int64_t directions = options.bidirectional() ? 2 : 1;
+  for (int64_t l = 0; l < num_layers; ++l) {
+    for (int64_t d = 0; d < directions; ++d) {
+      const int64_t in = l == 0 ? input_size : directions * hidden_size;
+      cells.push_back(register_module("l" + std::to_string(l) + (d ? "_reverse" : ""),
+                                      std::make_shared<LSTMCell>(in, hidden_size, options.bias())));
+    }
+  }
 }
 
 LSTMOutput LSTM::forward(const Tensor& input, const std::optional<LSTMState>& state) {
-  KILN_CHECK(input.defined() && input.dim() == 3 && input.size(2) == input_size,
-             "LSTM: expected input [time, batch, ", input_size, "], got ", describe(input));
-  const int64_t steps = input.size(0), batch = input.size(1);
-  const Shape state_shape{num_layers, batch, hidden_size};
+  const bool batch_first = options_.batch_first();
+  const Tensor x = time_major("LSTM", input, input_size, batch_first);
+  const int64_t directions = options_.bidirectional() ? 2 : 1;
+  const Shape state_shape{num_layers * directions, x.size(1), hidden_size};
   if (state) {
-    KILN_CHECK(state->h.defined() && state->c.defined() && state->h.sizes() == state_shape &&
-                   state->c.sizes() == state_shape,
-               "LSTM: expected h and c of shape ", shape_str(state_shape), " for input ",
-               describe(input), ", got ", describe(state->h), " and ", describe(state->c));
+    KILN_CHECK(state->h.defined() && state->c.defined(), "LSTM: h and c must both be defined, got ",
+               describe(state->h), " and ", describe(state->c));
   }
-  std::vector<Tensor> layer_input = input.unbind(0);
-  std::vector<Tensor> h_n, c_n;
-  Tensor output;
-  for (int64_t l = 0; l < num_layers; ++l) {
-    std::optional<LSTMState> s;
-    if (state) s = LSTMState{state->h.select(0, l), state->c.select(0, l)};
-    std::vector<Tensor> hs;
-    hs.reserve(steps);
-    for (int64_t t = 0; t < steps; ++t) {
-      LSTMState next = cells[l]->forward(layer_input[t], s);
-      hs.push_back(next.h);
-      s = std::move(next);
-    }
-    if (s) {
-      h_n.push_back(s->h);
-      c_n.push_back(s->c);
-    } else {  // an empty sequence without an initial state
-      h_n.push_back(zeros({batch, hidden_size}, input.dtype()));
-      c_n.push_back(zeros({batch, hidden_size}, input.dtype()));
-    }
-    output = steps > 0 ? stack(hs, 0) : zeros({0, batch, hidden_size}, input.dtype());
-    if (l + 1 < num_layers) {
-      // One dropout over the whole layer output rather than one per time step.
-      if (dropout > 0.0 && training_flag()) output = kiln::dropout(output, dropout, true);
-      layer_input = output.unbind(0);
+  std::vector<Tensor> initial{
+      initial_state("LSTM", "h", state ? state->h : Tensor(), state_shape, input),
+      initial_state("LSTM", "c", state ? state->c : Tensor(), state_shape, input)};
+  const bool drop = dropout > 0.0 && num_layers > 1 && training_flag();
+  RecurrentRun run =
+      run_recurrent(x, num_layers, directions, hidden_size, drop ? dropout : 0.0, initial,
+                    [&](int64_t cell, const Tensor& xt, const std::vector<Tensor>& s) {
+                      LSTMState next = cells[cell]->forward(xt, LSTMState{s[0], s[1]});
+                      return std::vector<Tensor>{next.h, next.c};
+                    });
+  Tensor output = batch_first ? run.output.transpose(0, 1) : run.output;
+  return {output, {run.final[0], run.final[1]}};
+}
+
+GRUCell::GRUCell(int64_t input, int64_t hidden, bool with_bias)
+    : GRUCell(GRUCellOptions(input, hidden).bias(with_bias)) {}
+
+GRUCell::GRUCell(const GRUCellOptions& options)
+    : input_size(options.input_size()), hidden_size(options.hidden_size()) {
+  const int64_t input = input_size, hidden = hidden_size;
+  KILN_CHECK(input >= 0 && hidden > 0, "GRUCell: expected input_size >= 0 and hidden_size > 0, ",
+             "got ", input, " and ", hidden);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(hidden));
+  weight_ih = register_parameter("weight_ih", uniform({3 * hidden, input}, bound));
+  weight_hh = register_parameter("weight_hh", uniform({3 * hidden, hidden}, bound));
+  if (options.bias()) {
+    bias_ih = register_parameter("bias_ih", uniform({3 * hidden}, bound));
+    bias_hh = register_parameter("bias_hh", uniform({3 * hidden}, bound));
+  }
+}
+
+Tensor GRUCell::forward(const Tensor& input, const Tensor& hx) {
+  KILN_CHECK(input.defined() && input.dim() == 2 && input.size(1) == input_size,
+             "GRUCell: expected input [batch, ", input_size, "], got ", describe(input));
+  const int64_t batch = input.size(0);
+  Tensor h = hx;
+  if (!h.defined()) {
+    h = zeros({batch, hidden_size}, TensorOptions(input.dtype()).device(input.device()));
+  } else {
+    KILN_CHECK(h.sizes() == Shape({batch, hidden_size}), "GRUCell: expected hx [", batch, ", ",
+               hidden_size, "] for input ", describe(input), ", got ", describe(h));
+  }
+  std::vector<Tensor> gi = linear(input, weight_ih, bias_ih).chunk(3, 1);
+  std::vector<Tensor> gh = linear(h, weight_hh, bias_hh).chunk(3, 1);
+  Tensor r = sigmoid(gi[0] + gh[0]);
+  Tensor z = sigmoid(gi[1] + gh[1]);
+  Tensor n = tanh(gi[2] + r * gh[2]);
+  // (1 - z) * n + z * h, with one multiply fewer.
+  return n + z * (h - n);
+}
+
+GRU::GRU(const GRUOptions& options) : options_(options) {
+  check_recurrent_options("GRU", options.input_size(), options.hidden_size(), options.num_layers(),
+                          options.dropout());
+  const int64_t directions = options.bidirectional() ? 2 : 1, hidden = options.hidden_size();
+  for (int64_t l = 0; l < options.num_layers(); ++l) {
+    for (int64_t d = 0; d < directions; ++d) {
+      const int64_t in = l == 0 ? options.input_size() : directions * hidden;
+      auto cell = std::make_shared<GRUCell>(in, hidden, options.bias());
+      const std::string suffix = "_l" + std::to_string(l) + (d ? "_reverse" : "");
+      register_parameter("weight_ih" + suffix, cell->weight_ih);
+      register_parameter("weight_hh" + suffix, cell->weight_hh);
+      if (options.bias()) {
+        register_parameter("bias_ih" + suffix, cell->bias_ih);
+        register_parameter("bias_hh" + suffix, cell->bias_hh);
+      }
+      cells.push_back(std::move(cell));
     }
   }
-  return {output, {stack(h_n, 0), stack(c_n, 0)}};
+}
+
+std::tuple<Tensor, Tensor> GRU::forward(const Tensor& input, const Tensor& hx) {
+  const GRUOptions& o = options_;
+  const Tensor x = time_major("GRU", input, o.input_size(), o.batch_first());
+  const int64_t directions = o.bidirectional() ? 2 : 1;
+  const Shape state_shape{o.num_layers() * directions, x.size(1), o.hidden_size()};
+  std::vector<Tensor> initial{initial_state("GRU", "hx", hx, state_shape, input)};
+  const bool drop = o.dropout() > 0.0 && o.num_layers() > 1 && training_flag();
+  RecurrentRun run =
+      run_recurrent(x, o.num_layers(), directions, o.hidden_size(), drop ? o.dropout() : 0.0,
+                    initial, [&](int64_t cell, const Tensor& xt, const std::vector<Tensor>& s) {
+                      return std::vector<Tensor>{cells[cell]->forward(xt, s[0])};
+                    });
+  Tensor output = o.batch_first() ? run.output.transpose(0, 1) : run.output;
+  return {output, run.final[0]};
 }
 
 // ---------------------------------------------------------------------------- utils

@@ -1,7 +1,6 @@
 // kiln::nn's attention modules: MultiheadAttention, TransformerEncoderLayer, TransformerEncoder,
 // as torch.nn's. Every forward is a composition of recorded ops (linear, views, the attention of
 // lib/attention.h, layer_norm, dropout), so the modules record lazily, trace and differentiate.
-#include <cmath>
 #include <limits>
 #include <memory>
 #include <string>
@@ -19,12 +18,6 @@ using detail::shape_str;
 namespace {
 
 constexpr const char* kMha = "MultiheadAttention";
-
-// torch.nn.init.xavier_uniform_ of a [fan_out, fan_in] matrix: uniform in +-sqrt(6 / (in + out)).
-Tensor xavier_uniform(int64_t fan_out, int64_t fan_in) {
-  const double bound = std::sqrt(6.0 / static_cast<double>(std::max<int64_t>(fan_in + fan_out, 1)));
-  return rand({fan_out, fan_in}) * (2.0 * bound) - bound;
-}
 
 // torch's _canonical_mask: a bool mask (true = masked out) as an additive one (-inf where true);
 // a float mask, which must have the query's dtype, as it is.
@@ -74,7 +67,7 @@ MultiheadAttention::MultiheadAttention(const MultiheadAttentionOptions& options_
   KILN_CHECK(options.dropout >= 0.0 && options.dropout <= 1.0, kMha,
              ": dropout must be in [0, 1], got ", options.dropout);
   head_dim = E / H;
-  in_proj_weight = register_parameter("in_proj_weight", xavier_uniform(3 * E, E));
+  in_proj_weight = register_parameter("in_proj_weight", init::xavier_uniform_(empty({3 * E, E})));
   if (options.bias) in_proj_bias = register_parameter("in_proj_bias", zeros({3 * E}));
   out_proj = register_module("out_proj", std::make_shared<Linear>(E, E, options.bias));
   if (options.bias) {

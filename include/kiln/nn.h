@@ -5,12 +5,35 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "kiln/ops.h"
 #include "kiln/state_dict.h"
 #include "kiln/tensor.h"
+
+// A field of an options struct with libtorch's accessors (TORCH_ARG): `name(value)` sets it and
+// returns the options for chaining, `name()` reads it. Declared as `KILN_ARG(type, name) =
+// default;`.
+#ifndef KILN_ARG
+#define KILN_ARG(T, name)                                        \
+ public:                                                         \
+  auto name(const T& new_##name)->decltype(*this) { /* NOLINT */ \
+    this->name##_ = new_##name;                                  \
+    return *this;                                                \
+  }                                                              \
+  const T& name() const noexcept {                               \
+    return this->name##_;                                        \
+  }                                                              \
+  T& name() noexcept {                                           \
+    return this->name##_;                                        \
+  }                                                              \
+                                                                 \
+ private:                                                        \
+  T name##_
+#endif
 
 namespace kiln::nn {
 
@@ -24,6 +47,11 @@ class Module {
   // Parameters are handles: copying a module would silently share them, so it is not allowed.
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
+  // Moving takes over the parameters, buffers and children (the same tensor handles), so that a
+  // module built as a value can be handed to a container: Sequential seq(Linear(2, 3), ReLU()).
+  // The moved-to module has its own lifetime token: a trace that read the moved-from module's
+  // training flag does not follow the move.
+  Module(Module&& other) noexcept;
 
   // The module's type, used in error messages ("Linear", "LSTMCell", ...).
   virtual std::string name() const { return "Module"; }
@@ -41,6 +69,9 @@ class Module {
     register_module(name, std::static_pointer_cast<Module>(module));
     return module;
   }
+  // Swaps the submodule registered as `name` for `module` (same name, same position), as
+  // libtorch's replace_module; raises if no submodule has that name.
+  std::shared_ptr<Module> replace_module(const std::string& name, std::shared_ptr<Module> module);
 
   // Parameters of this module, then of each child in registration order (depth first, preorder),
   // each tensor once even when shared between modules. recurse=false lists only this module's.
@@ -108,14 +139,29 @@ class Linear : public Module {
   Tensor weight, bias;  // bias is undefined when constructed with bias=false
 };
 
-// A lookup table: forward(indices) = weight[indices], weight [num, dim] drawn from N(0, 1).
+// torch::nn::EmbeddingOptions: padding_idx only (no max_norm, scale_grad_by_freq or sparse).
+class EmbeddingOptions {
+ public:
+  EmbeddingOptions(int64_t num_embeddings, int64_t embedding_dim)
+      : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim) {}
+  KILN_ARG(int64_t, num_embeddings);
+  KILN_ARG(int64_t, embedding_dim);
+  // A row whose lookups pass no gradient back; it starts at zeros. Negative counts from the end.
+  KILN_ARG(std::optional<int64_t>, padding_idx) = std::nullopt;
+};
+
+// A lookup table: forward(indices) = weight[indices], weight [num, dim] drawn from N(0, 1). With
+// padding_idx, that row starts at zeros and its gradient is always zero (as torch: the row itself
+// may still be changed by hand, and lookups of it return its current value).
 class Embedding : public Module {
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim);
+  explicit Embedding(const EmbeddingOptions& options);
   std::string name() const override { return "Embedding"; }
   Tensor forward(const Tensor& indices) override;
 
   int64_t num_embeddings, embedding_dim;
+  std::optional<int64_t> padding_idx;  // normalized to [0, num_embeddings)
   Tensor weight;
 };
 
@@ -328,16 +374,45 @@ class Flatten : public Module {
   int64_t start_dim, end_dim;
 };
 
+namespace module_args {
+// What a container accepts as a module: a shared_ptr to one, or a module value (moved into a
+// new shared_ptr, as libtorch's containers take module holders).
+template <typename M>
+constexpr bool is_module_arg_v = std::is_convertible_v<std::decay_t<M>, std::shared_ptr<Module>> ||
+                                 std::is_base_of_v<Module, std::decay_t<M>>;
+template <typename M>
+std::shared_ptr<Module> to_module_ptr(M&& module) {
+  using T = std::decay_t<M>;
+  if constexpr (std::is_convertible_v<T, std::shared_ptr<Module>>) {
+    return std::forward<M>(module);
+  } else {
+    static_assert(!std::is_lvalue_reference_v<M>,
+                  "a module value is moved into its container: pass a temporary or std::move it");
+    return std::make_shared<T>(std::move(module));
+  }
+}
+}  // namespace module_args
+
 // Runs its modules in order, each on the previous one's output; they are registered as "0", "1",
-// ... so parameters are named "0.weight" as in torch.nn.Sequential.
+// ... so parameters are named "0.weight" as in torch.nn.Sequential. Constructible from modules
+// directly, values or shared_ptrs: Sequential seq(Linear(4, 3), ReLU()).
 class Sequential : public Module {
  public:
   Sequential() = default;
   Sequential(std::initializer_list<std::shared_ptr<Module>> modules);
+  template <typename... Ms, typename = std::enable_if_t<(sizeof...(Ms) > 0) &&
+                                                        (module_args::is_module_arg_v<Ms> && ...)>>
+  explicit Sequential(Ms&&... modules) {
+    (push_back(module_args::to_module_ptr(std::forward<Ms>(modules))), ...);
+  }
   std::string name() const override { return "Sequential"; }
   Tensor forward(const Tensor& input) override;
 
   void push_back(std::shared_ptr<Module> module);
+  template <typename M, typename = std::enable_if_t<std::is_base_of_v<Module, std::decay_t<M>>>>
+  void push_back(M&& module) {
+    push_back(module_args::to_module_ptr(std::forward<M>(module)));
+  }
   size_t size() const { return layers_.size(); }
   const std::shared_ptr<Module>& operator[](size_t i) const { return layers_.at(i); }
 
@@ -345,7 +420,8 @@ class Sequential : public Module {
   std::vector<std::shared_ptr<Module>> layers_;
 };
 
-// An LSTM's hidden and cell state: [batch, hidden] for a cell, [layers, batch, hidden] for LSTM.
+// An LSTM's hidden and cell state: [batch, hidden] for a cell, [layers * directions, batch, hidden]
+// for LSTM.
 struct LSTMState {
   Tensor h, c;
 };
@@ -354,10 +430,11 @@ struct LSTMState {
 // weight [4*hidden, input + hidden] with one bias [4*hidden], so a step is a single GEMM:
 //   gates = bias + [x, h] @ weight^T, split into i, f, g, o (torch's gate order)
 //   c' = sigmoid(f) * c + sigmoid(i) * tanh(g),  h' = sigmoid(o) * tanh(c').
-// Initialized uniformly in [-1/sqrt(hidden), 1/sqrt(hidden)] as torch.nn.LSTMCell.
+// Initialized uniformly in [-1/sqrt(hidden), 1/sqrt(hidden)] as torch.nn.LSTMCell. Without bias
+// (bias=false) the bias is undefined and not registered.
 class LSTMCell : public Module {
  public:
-  LSTMCell(int64_t input_size, int64_t hidden_size);
+  LSTMCell(int64_t input_size, int64_t hidden_size, bool bias = true);
   std::string name() const override { return "LSTMCell"; }
   // input [batch, input_size]; a missing state (nullopt) starts at zeros.
   LSTMState forward(const Tensor& input, const std::optional<LSTMState>& state);
@@ -373,26 +450,253 @@ class LSTMCell : public Module {
 };
 
 struct LSTMOutput {
-  Tensor output;    // [time, batch, hidden]: the last layer's h at every step
-  LSTMState state;  // h_n and c_n, each [layers, batch, hidden]
+  // [time, batch, directions * hidden] ([batch, time, ...] with batch_first): the last layer's h
+  // at every step, the two directions side by side (forward first).
+  Tensor output;
+  // h_n and c_n, each [layers * directions, batch, hidden] (row l * directions + d), whatever
+  // batch_first says, as torch.
+  LSTMState state;
 };
 
-// A stack of LSTMCells run over a sequence [time, batch, input_size]; the cells are registered as
-// "l0", "l1", .... Dropout with probability `dropout` is applied to each layer's output except the
-// last one's, in training mode.
+// torch::nn::LSTMOptions (no proj_size).
+class LSTMOptions {
+ public:
+  LSTMOptions(int64_t input_size, int64_t hidden_size)
+      : input_size_(input_size), hidden_size_(hidden_size) {}
+  KILN_ARG(int64_t, input_size);
+  KILN_ARG(int64_t, hidden_size);
+  KILN_ARG(int64_t, num_layers) = 1;
+  KILN_ARG(bool, bias) = true;
+  KILN_ARG(bool, batch_first) = false;
+  // Dropout on each layer's output but the last one's, in training mode only.
+  KILN_ARG(double, dropout) = 0.0;
+  KILN_ARG(bool, bidirectional) = false;
+};
+
+// A stack of LSTMCells run over a sequence [time, batch, input_size] ([batch, time, input_size]
+// with batch_first); the cells are registered as "l0", "l1", ..., and the reverse direction's as
+// "l0_reverse", ... (torch's suffix). A bidirectional layer feeds the next one with both
+// directions' outputs side by side.
 class LSTM : public Module {
  public:
   LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1, double dropout = 0.0);
+  explicit LSTM(const LSTMOptions& options);
   std::string name() const override { return "LSTM"; }
   // A missing state (nullopt) starts at zeros.
   LSTMOutput forward(const Tensor& input, const std::optional<LSTMState>& state);
   // The output sequence from a zero state, so that the LSTM also works as a plain Module.
   Tensor forward(const Tensor& input) override { return forward(input, std::nullopt).output; }
+  const LSTMOptions& options() const { return options_; }
 
   int64_t input_size, hidden_size, num_layers;
   double dropout;
+  // Layer l's direction d is cells[l * directions + d].
   std::vector<std::shared_ptr<LSTMCell>> cells;
+
+ private:
+  LSTMOptions options_;
 };
+
+// ---------------------------------------------------------------------------- GRU
+
+// torch::nn::GRUCellOptions.
+class GRUCellOptions {
+ public:
+  GRUCellOptions(int64_t input_size, int64_t hidden_size)
+      : input_size_(input_size), hidden_size_(hidden_size) {}
+  KILN_ARG(int64_t, input_size);
+  KILN_ARG(int64_t, hidden_size);
+  KILN_ARG(bool, bias) = true;
+};
+
+// One GRU step with torch's parameters and gate order r, z, n:
+//   r = sigmoid(W_ir x + b_ir + W_hr h + b_hr),  z = sigmoid(W_iz x + b_iz + W_hz h + b_hz)
+//   n = tanh(W_in x + b_in + r * (W_hn h + b_hn)),  h' = (1 - z) * n + z * h.
+// weight_ih [3H, input], weight_hh [3H, H], bias_ih and bias_hh [3H] (undefined without bias),
+// all uniform in [-1/sqrt(H), 1/sqrt(H)]. A step is two GEMMs (r * (W_hn h + b_hn) keeps the
+// two products apart) and one fused kernel for everything pointwise.
+class GRUCell : public Module {
+ public:
+  GRUCell(int64_t input_size, int64_t hidden_size, bool bias = true);
+  explicit GRUCell(const GRUCellOptions& options);
+  std::string name() const override { return "GRUCell"; }
+  // input [batch, input_size], hx [batch, hidden_size]; an undefined hx starts at zeros.
+  Tensor forward(const Tensor& input, const Tensor& hx);
+  Tensor forward(const Tensor& input) override { return forward(input, Tensor()); }
+
+  int64_t input_size, hidden_size;
+  Tensor weight_ih, weight_hh, bias_ih, bias_hh;
+};
+
+// torch::nn::GRUOptions.
+class GRUOptions {
+ public:
+  GRUOptions(int64_t input_size, int64_t hidden_size)
+      : input_size_(input_size), hidden_size_(hidden_size) {}
+  KILN_ARG(int64_t, input_size);
+  KILN_ARG(int64_t, hidden_size);
+  KILN_ARG(int64_t, num_layers) = 1;
+  KILN_ARG(bool, bias) = true;
+  KILN_ARG(bool, batch_first) = false;
+  // Dropout on each layer's output but the last one's, in training mode only.
+  KILN_ARG(double, dropout) = 0.0;
+  KILN_ARG(bool, bidirectional) = false;
+};
+
+// A stack of GRU cells over a sequence [time, batch, input_size] ([batch, time, input_size] with
+// batch_first). Parameters have torch's names: weight_ih_l0, weight_hh_l0, bias_ih_l0,
+// bias_hh_l0, and weight_ih_l0_reverse, ... for the reverse direction, so a torch GRU's
+// state_dict loads as it is.
+class GRU : public Module {
+ public:
+  GRU(int64_t input_size, int64_t hidden_size) : GRU(GRUOptions(input_size, hidden_size)) {}
+  explicit GRU(const GRUOptions& options);
+  std::string name() const override { return "GRU"; }
+  // (output, h_n) as torch: output [time, batch, directions * hidden] (batch-first with
+  // batch_first), h_n [layers * directions, batch, hidden]; an undefined hx starts at zeros.
+  std::tuple<Tensor, Tensor> forward(const Tensor& input, const Tensor& hx);
+  Tensor forward(const Tensor& input) override { return std::get<0>(forward(input, Tensor())); }
+  const GRUOptions& options() const { return options_; }
+
+  // Layer l's direction d is cells[l * directions + d]; their tensors are this module's
+  // parameters (the cells themselves are not registered submodules).
+  std::vector<std::shared_ptr<GRUCell>> cells;
+
+ private:
+  GRUOptions options_;
+};
+
+// ---------------------------------------------------------------------------- containers
+
+// torch::nn::ModuleList: modules registered as "0", "1", ... (parameters "0.weight"), with no
+// forward of its own.
+class ModuleList : public Module {
+ public:
+  ModuleList() = default;
+  template <typename... Ms, typename = std::enable_if_t<(sizeof...(Ms) > 0) &&
+                                                        (module_args::is_module_arg_v<Ms> && ...)>>
+  explicit ModuleList(Ms&&... modules) {
+    (push_back(module_args::to_module_ptr(std::forward<Ms>(modules))), ...);
+  }
+  std::string name() const override { return "ModuleList"; }
+
+  void push_back(std::shared_ptr<Module> module);
+  template <typename M, typename = std::enable_if_t<std::is_base_of_v<Module, std::decay_t<M>>>>
+  void push_back(M&& module) {
+    push_back(module_args::to_module_ptr(std::forward<M>(module)));
+  }
+  void extend(const std::vector<std::shared_ptr<Module>>& modules);
+  size_t size() const { return modules_.size(); }
+  bool is_empty() const { return modules_.empty(); }
+  // Raise kiln::Error for an index out of range.
+  const std::shared_ptr<Module>& operator[](size_t index) const;
+  const std::shared_ptr<Module>& ptr(size_t index) const { return (*this)[index]; }
+  // The module at `index` as a T (raises when it is not one).
+  template <typename T>
+  T& at(size_t index) const {
+    return checked_cast<T>(ptr(index), std::to_string(index));
+  }
+  auto begin() const { return modules_.begin(); }
+  auto end() const { return modules_.end(); }
+
+ private:
+  std::vector<std::shared_ptr<Module>> modules_;
+  template <typename T>
+  T& checked_cast(const std::shared_ptr<Module>& m, const std::string& key) const {
+    auto* typed = dynamic_cast<T*>(m.get());
+    if (!typed) fail_cast(key, m->name());
+    return *typed;
+  }
+  [[noreturn]] void fail_cast(const std::string& key, const std::string& actual) const;
+};
+
+// torch::nn::ModuleDict: modules registered under their keys (parameters "key.weight"), in
+// insertion order; inserting an existing key replaces that module in place.
+class ModuleDict : public Module {
+ public:
+  using Items = std::vector<std::pair<std::string, std::shared_ptr<Module>>>;
+  ModuleDict() = default;
+  explicit ModuleDict(const Items& modules) { update(modules); }
+  std::string name() const override { return "ModuleDict"; }
+
+  void insert(const std::string& key, std::shared_ptr<Module> module);
+  void update(const Items& modules);
+  bool contains(const std::string& key) const;
+  // Raises kiln::Error naming the key when it is absent.
+  const std::shared_ptr<Module>& operator[](const std::string& key) const;
+  template <typename T>
+  T& at(const std::string& key) const {
+    auto* typed = dynamic_cast<T*>((*this)[key].get());
+    if (!typed) fail_cast(key, (*this)[key]->name());
+    return *typed;
+  }
+  std::vector<std::string> keys() const;
+  std::vector<std::shared_ptr<Module>> values() const;
+  const Items& items() const { return items_; }
+  size_t size() const { return items_.size(); }
+  bool empty() const { return items_.empty(); }
+  auto begin() const { return items_.begin(); }
+  auto end() const { return items_.end(); }
+
+ private:
+  Items items_;
+  [[noreturn]] void fail_cast(const std::string& key, const std::string& actual) const;
+};
+
+// ---------------------------------------------------------------------------- init
+
+// torch::nn::init: each function overwrites its tensor in place without autograd history (as
+// under NoGradGuard; a parameter stays a leaf) and returns it. Random draws come from the process
+// generator, so manual_seed reproduces them.
+namespace init {
+
+// torch's nonlinearity and fan-mode names (torch::kReLU, torch::kFanIn) as enums.
+enum class Nonlinearity {
+  Linear,
+  Conv1D,
+  Conv2D,
+  Conv3D,
+  ConvTranspose1D,
+  ConvTranspose2D,
+  ConvTranspose3D,
+  Sigmoid,
+  Tanh,
+  ReLU,
+  LeakyReLU,
+  SELU
+};
+enum class FanMode { FanIn, FanOut };
+
+// The recommended gain for a nonlinearity: 1 for linear, convolutions and sigmoid, 5/3 for tanh,
+// sqrt(2) for ReLU, sqrt(2 / (1 + param^2)) for leaky ReLU (param = negative slope), 3/4 for SELU.
+double calculate_gain(Nonlinearity nonlinearity, double param = 0.01);
+// (fan_in, fan_out) = (size(1) * receptive field, size(0) * receptive field), the receptive field
+// being the product of the sizes after the second; raises for fewer than 2 dims.
+std::tuple<int64_t, int64_t> _calculate_fan_in_and_fan_out(const Tensor& tensor);
+
+Tensor uniform_(Tensor tensor, double low = 0.0, double high = 1.0);
+Tensor normal_(Tensor tensor, double mean = 0.0, double std = 1.0);
+Tensor constant_(Tensor tensor, const Scalar& value);
+Tensor ones_(Tensor tensor);
+Tensor zeros_(Tensor tensor);
+// The identity on a 2-D tensor (ones on the diagonal of a non-square one).
+Tensor eye_(Tensor tensor);
+// U(-a, a), a = gain * sqrt(6 / (fan_in + fan_out)).
+Tensor xavier_uniform_(Tensor tensor, double gain = 1.0);
+// N(0, std), std = gain * sqrt(2 / (fan_in + fan_out)).
+Tensor xavier_normal_(Tensor tensor, double gain = 1.0);
+// U(-b, b), b = sqrt(3) * gain / sqrt(fan), gain = calculate_gain(nonlinearity, a) and fan the
+// fan_in or fan_out as mode says.
+Tensor kaiming_uniform_(Tensor tensor, double a = 0.0, FanMode mode = FanMode::FanIn,
+                        Nonlinearity nonlinearity = Nonlinearity::LeakyReLU);
+// N(0, std), std = gain / sqrt(fan).
+Tensor kaiming_normal_(Tensor tensor, double a = 0.0, FanMode mode = FanMode::FanIn,
+                       Nonlinearity nonlinearity = Nonlinearity::LeakyReLU);
+// A (semi-)orthogonal matrix times gain over the tensor flattened to [size(0), rest], from the QR
+// decomposition of a standard normal draw (signs fixed so R's diagonal is positive), as torch.
+Tensor orthogonal_(Tensor tensor, double gain = 1.0);
+
+}  // namespace init
 
 namespace utils {
 

@@ -226,6 +226,33 @@ TEST(JoinFusion, LstmBackwardStyleGateGradientsCatIntoOneKernel) {
   EXPECT_EQ(p.plan->num_steps(), 1u) << p.graph->str();
 }
 
+TEST(JoinFusion, TwoCatsOfSharedPiecesAreOneKernel) {
+  // A GRU cell's backward: the input GEMM's gate gradient cat(dr, dz, dn) and the hidden GEMM's
+  // cat(dr, dz, r * dn) share pieces; one kernel writes both, each with its column sum (the two
+  // bias gradients).
+  const int64_t batch = 3, hidden = 5;
+  std::vector<Tensor> in;
+  for (int k = 0; k < 4; ++k) in.push_back(testing::input({batch, hidden}));
+  Fn fn = [](const Inputs& x) {
+    Tensor r = sigmoid(x[0]), z = sigmoid(x[1]), dn = x[2] * (1.0 - x[3] * x[3]);
+    Tensor dr = dn * x[3] * r * (1.0 - r), dz = x[2] * z * (1.0 - z);
+    Tensor gi = cat({dr, dz, dn}, 1), gh = cat({dr, dz, r * dn}, 1);
+    return Inputs{gi, gh, gi.sum({0}), gh.sum({0})};
+  };
+  Planned p = expect_planned_equals_eager(fn, in, "two gate-gradient cats");
+  expect_one_kernel(p, "two gate-gradient cats");
+  EXPECT_EQ(p.plan->num_join_kernel_steps(), 1u) << p.graph->str();
+  // A cat along another dim stays a step of its own (here the reference cat, reading the pieces
+  // the kernel wrote for it).
+  Fn two_dims = [](const Inputs& x) {
+    Tensor a = exp(x[0]), b = x[1] * x[2];
+    return Inputs{cat({a, b}, 1), cat({a, b}, 0)};
+  };
+  Planned q = expect_planned_equals_eager(two_dims, in, "cats along dims 1 and 0");
+  EXPECT_EQ(q.plan->num_kernel_steps(), 1u) << q.graph->str();
+  EXPECT_EQ(q.plan->num_steps(), 2u) << q.graph->str();
+}
+
 TEST(JoinFusion, CatWithMismatchedPiecesRunsTheReferenceKernel) {
   Tensor a = testing::input({2, 3}), b = testing::input({2, 4});
   Fn fn = [](const Inputs& in) { return Inputs{cat({exp(in[0]), exp(in[1])}, 1)}; };

@@ -1,0 +1,152 @@
+// kiln::nn::init: torch.nn.init's initializers, each overwriting a tensor in place outside
+// autograd.
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "kiln/autograd.h"
+#include "kiln/nn.h"
+#include "lib/tensor_impl.h"
+
+namespace kiln::nn::init {
+
+using detail::describe;
+
+namespace {
+
+// Writes `values` (computed here in the tensor's dtype and device) into `tensor` without autograd
+// history, so a parameter stays a leaf that requires grad.
+Tensor overwrite(Tensor tensor, const char* op, const std::function<Tensor(TensorOptions)>& make) {
+  KILN_CHECK(tensor.defined(), "nn::init::", op, ": the tensor is undefined");
+  NoGradGuard no_grad;
+  tensor.copy_(make(TensorOptions(tensor.dtype()).device(tensor.device())));
+  return tensor;
+}
+
+double fan(const Tensor& tensor, FanMode mode) {
+  auto [fan_in, fan_out] = _calculate_fan_in_and_fan_out(tensor);
+  return static_cast<double>(mode == FanMode::FanIn ? fan_in : fan_out);
+}
+
+// The unit-norm rows of a rows x cols (rows <= cols) standard normal draw made orthonormal by
+// modified Gram-Schmidt in float64: Q of the QR decomposition of its transpose with R's diagonal
+// positive, which is what torch's sign correction of Q makes of any QR.
+std::vector<double> orthonormal_rows(int64_t rows, int64_t cols) {
+  std::vector<double> q = randn({rows, cols}, kFloat64).to_vector<double>();
+  for (int64_t i = 0; i < rows; ++i) {
+    double* qi = q.data() + i * cols;
+    for (int64_t j = 0; j < i; ++j) {
+      const double* qj = q.data() + j * cols;
+      double dot = 0.0;
+      for (int64_t k = 0; k < cols; ++k) dot += qi[k] * qj[k];
+      for (int64_t k = 0; k < cols; ++k) qi[k] -= dot * qj[k];
+    }
+    double norm = 0.0;
+    for (int64_t k = 0; k < cols; ++k) norm += qi[k] * qi[k];
+    norm = std::sqrt(norm);
+    for (int64_t k = 0; k < cols; ++k) qi[k] /= norm;
+  }
+  return q;
+}
+
+}  // namespace
+
+double calculate_gain(Nonlinearity nonlinearity, double param) {
+  switch (nonlinearity) {
+    case Nonlinearity::Tanh:
+      return 5.0 / 3.0;
+    case Nonlinearity::ReLU:
+      return std::sqrt(2.0);
+    case Nonlinearity::LeakyReLU:
+      return std::sqrt(2.0 / (1.0 + param * param));
+    case Nonlinearity::SELU:
+      return 3.0 / 4.0;
+    default:  // linear, the convolutions and sigmoid
+      return 1.0;
+  }
+}
+
+std::tuple<int64_t, int64_t> _calculate_fan_in_and_fan_out(const Tensor& tensor) {
+  KILN_CHECK(tensor.defined() && tensor.dim() >= 2,
+             "nn::init: fan in and fan out can not be computed for a tensor with fewer than 2 "
+             "dimensions, got ",
+             describe(tensor));
+  int64_t receptive_field = 1;
+  for (int64_t d = 2; d < tensor.dim(); ++d) receptive_field *= tensor.size(d);
+  return {tensor.size(1) * receptive_field, tensor.size(0) * receptive_field};
+}
+
+Tensor uniform_(Tensor tensor, double low, double high) {
+  return overwrite(tensor, "uniform_",
+                   [&](TensorOptions o) { return rand(tensor.sizes(), o) * (high - low) + low; });
+}
+
+Tensor normal_(Tensor tensor, double mean, double std) {
+  return overwrite(tensor, "normal_",
+                   [&](TensorOptions o) { return randn(tensor.sizes(), o) * std + mean; });
+}
+
+Tensor constant_(Tensor tensor, const Scalar& value) {
+  return overwrite(tensor, "constant_",
+                   [&](TensorOptions o) { return full(tensor.sizes(), value, o); });
+}
+
+Tensor ones_(Tensor tensor) {
+  return constant_(std::move(tensor), 1);
+}
+
+Tensor zeros_(Tensor tensor) {
+  return constant_(std::move(tensor), 0);
+}
+
+Tensor eye_(Tensor tensor) {
+  KILN_CHECK(tensor.defined() && tensor.dim() == 2,
+             "nn::init::eye_: only tensors with 2 dimensions are supported, got ",
+             describe(tensor));
+  return overwrite(tensor, "eye_",
+                   [&](TensorOptions o) { return eye(tensor.size(0), tensor.size(1), o); });
+}
+
+Tensor xavier_uniform_(Tensor tensor, double gain) {
+  auto [fan_in, fan_out] = _calculate_fan_in_and_fan_out(tensor);
+  const double std = gain * std::sqrt(2.0 / static_cast<double>(fan_in + fan_out));
+  const double bound = std::sqrt(3.0) * std;
+  return uniform_(std::move(tensor), -bound, bound);
+}
+
+Tensor xavier_normal_(Tensor tensor, double gain) {
+  auto [fan_in, fan_out] = _calculate_fan_in_and_fan_out(tensor);
+  const double std = gain * std::sqrt(2.0 / static_cast<double>(fan_in + fan_out));
+  return normal_(std::move(tensor), 0.0, std);
+}
+
+Tensor kaiming_uniform_(Tensor tensor, double a, FanMode mode, Nonlinearity nonlinearity) {
+  if (tensor.defined() && tensor.numel() == 0) return tensor;  // torch warns and leaves it
+  const double std = calculate_gain(nonlinearity, a) / std::sqrt(fan(tensor, mode));
+  const double bound = std::sqrt(3.0) * std;
+  return uniform_(std::move(tensor), -bound, bound);
+}
+
+Tensor kaiming_normal_(Tensor tensor, double a, FanMode mode, Nonlinearity nonlinearity) {
+  if (tensor.defined() && tensor.numel() == 0) return tensor;
+  const double std = calculate_gain(nonlinearity, a) / std::sqrt(fan(tensor, mode));
+  return normal_(std::move(tensor), 0.0, std);
+}
+
+Tensor orthogonal_(Tensor tensor, double gain) {
+  KILN_CHECK(tensor.defined() && tensor.dim() >= 2,
+             "nn::init::orthogonal_: only tensors with 2 or more dimensions are supported, got ",
+             describe(tensor));
+  if (tensor.numel() == 0) return tensor;
+  const int64_t rows = tensor.size(0), cols = tensor.numel() / rows;
+  // Orthonormal rows when rows <= cols, orthonormal columns (the transpose's rows) otherwise.
+  const bool transpose = rows > cols;
+  std::vector<double> q = transpose ? orthonormal_rows(cols, rows) : orthonormal_rows(rows, cols);
+  Tensor m = from_vector(q, transpose ? Shape{cols, rows} : Shape{rows, cols});
+  if (transpose) m = m.t();
+  return overwrite(tensor, "orthogonal_", [&](TensorOptions) {
+    return (m * gain).reshape(tensor.sizes()).to(tensor.dtype()).to(tensor.device());
+  });
+}
+
+}  // namespace kiln::nn::init
