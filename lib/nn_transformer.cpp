@@ -118,8 +118,10 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
   };
   const Tensor mask = merged_mask(attn_mask, key_padding_mask, query, N, H, L, S, batched);
   const double p = training_flag() ? options.dropout : 0.0;
-  detail::Attention a =
-      detail::attention(kMha, heads(qp), heads(kp), heads(vp), mask, p, false, std::nullopt);
+  // torch computes the softmax itself when the weights are asked for (a query that may attend to
+  // no key gets NaN) and calls scaled_dot_product_attention otherwise (zeros there).
+  detail::Attention a = detail::attention(kMha, heads(qp), heads(kp), heads(vp), mask, p, false,
+                                          std::nullopt, /*safe=*/!need_weights);
   Tensor out = out_proj->forward(a.output.transpose(1, 2).reshape({N, L, E}));
   out = !batched ? out.squeeze(0) : options.batch_first ? out : out.transpose(0, 1);
   Tensor weights;

@@ -1,6 +1,6 @@
 // scaled_dot_product_attention, composed of table ops as torch's math reference computes it:
 //   scores = (q @ k^T) * scale, masked (a bool mask selects the scores, -inf elsewhere; a float
-//   mask is added), softmax over the keys, dropout, then @ v.
+//   mask is added), softmax over the keys (zero weights for a fully masked row), dropout, then @ v.
 // The two products are batched GEMMs (matmul); the scaling, the masking and the softmax are
 // elementwise ops and one row reduction between them, so the fuser makes them one rows kernel, and
 // the composition records lazily, traces and differentiates through its parts. The causal mask is
@@ -92,13 +92,22 @@ Tensor causal_mask(const Shape& scores, Device device) {
   return ge(arange(L, options).unsqueeze(1).expand(scores), arange(S, options).expand(scores));
 }
 
+// torch's _safe_softmax (torch >= 2.5 computes scaled_dot_product_attention's weights with it):
+// a row whose scores are all -inf (a query that may attend to no key) gets zero weights where
+// softmax gives NaN. Such a row's scores are replaced by zeros before the softmax too, so that no
+// NaN reaches the backward (whose gradient for the row is then zero, as torch's).
+Tensor safe_softmax(const Tensor& scores) {
+  const Tensor live = ne(amax(scores, -1, true), -std::numeric_limits<double>::infinity());
+  return where(live, softmax(where(live, scores, 0.0), -1), 0.0);
+}
+
 }  // namespace
 
 namespace detail {
 
 Attention attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                     const Tensor& mask, double dropout_p, bool is_causal,
-                    std::optional<double> scale) {
+                    std::optional<double> scale, bool safe) {
   const Shape scores_shape = check_attention(op, q, k, v, mask, dropout_p, is_causal);
   const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
@@ -109,7 +118,7 @@ Attention attention(const char* op, const Tensor& q, const Tensor& k, const Tens
     scores = where(mask, scores, kMinusInf);
   else if (mask.defined())
     scores = scores + mask;
-  Tensor weights = softmax(scores, -1);
+  Tensor weights = safe ? safe_softmax(scores) : softmax(scores, -1);
   if (dropout_p > 0.0) weights = dropout(weights, dropout_p, true);
   return {matmul(weights, v), weights};
 }
@@ -120,7 +129,7 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
                                     const Tensor& attn_mask, double dropout_p, bool is_causal,
                                     std::optional<double> scale) {
   return detail::attention("scaled_dot_product_attention", query, key, value, attn_mask, dropout_p,
-                           is_causal, scale)
+                           is_causal, scale, /*safe=*/true)
       .output;
 }
 

@@ -1,6 +1,6 @@
 // Tests of attention: scaled_dot_product_attention against a float64 loop reference (random
 // shapes, length-1 sequences, a transposed query, causal, bool and float masks, a fully masked row
-// giving NaN as torch 2.0-2.4), its gradients by finite differences, traced against eager, one
+// giving zeros as torch >= 2.5), its gradients by finite differences, traced against eager, one
 // fused kernel between the two GEMMs; MultiheadAttention and TransformerEncoderLayer against
 // references composed here from the same weights; and bad input raising kiln::Error naming the op
 // and shapes.
@@ -42,7 +42,7 @@ Shape with(Shape batch, std::initializer_list<int64_t> tail) {
 }
 
 // softmax(q k^T * scale + mask) v in double, one (batch, query) row at a time. A row whose
-// scores are all -inf is NaN, as torch's softmax makes it.
+// scores are all -inf is zeros, as torch >= 2.5's "safe" softmax makes it.
 std::vector<double> reference_sdpa(const SdpaCase& c, const Tensor& q, const Tensor& k,
                                    const Tensor& v, const Tensor& mask, double scale) {
   const std::vector<double> qv = values(q), kv = values(k), vv = values(v);
@@ -69,9 +69,13 @@ std::vector<double> reference_sdpa(const SdpaCase& c, const Tensor& q, const Ten
         m = std::max(m, s[j]);
       }
       double sum = 0;
-      for (int64_t j = 0; j < c.S; ++j) sum += s[j] = std::exp(s[j] - m);  // NaN when m = -inf
+      for (int64_t j = 0; j < c.S; ++j) sum += s[j] = std::exp(s[j] - m);
       for (int64_t o = 0; o < c.Ev; ++o) {
         double acc = 0;
+        if (m == -kInf) {  // every key masked
+          out[(b * c.L + i) * c.Ev + o] = 0;
+          continue;
+        }
         for (int64_t j = 0; j < c.S; ++j) acc += s[j] / sum * vv[(b * c.S + j) * c.Ev + o];
         out[(b * c.L + i) * c.Ev + o] = acc;
       }
@@ -138,24 +142,41 @@ TEST(ScaledDotProductAttention, EdgeShapes) {
       check_sdpa(cases[i], kFloat32, transposed, "case " + std::to_string(i));
 }
 
-TEST(ScaledDotProductAttention, FullyMaskedRowIsNaNAsTorch) {
-  Tensor q = random_tensor({2, 3, 4}), k = random_tensor({2, 5, 4}), v = random_tensor({2, 5, 2});
+// A query that may attend to no key (its bool mask row all false, or its float mask row all -inf)
+// gets zeros, as torch >= 2.5's scaled_dot_product_attention gives (torch 2.0-2.4: NaN), and its
+// gradients stay finite: zero for that query, and the other rows' as without it.
+TEST(ScaledDotProductAttention, FullyMaskedRowIsZeroAsTorch) {
   // Query row 1 may attend to nothing; the others to keys 0 and 3.
   std::vector<bool> allowed(15, false);
   for (int64_t i : {0, 2})
     for (int64_t j : {0, 3}) allowed[i * 5 + j] = true;
-  Tensor mask = from_vector(allowed, Shape{3, 5});
-  Tensor out = scaled_dot_product_attention(q, k, v, mask);
-  std::vector<double> got = values(out);
-  for (int64_t b = 0; b < 2; ++b)
-    for (int64_t i = 0; i < 3; ++i)
-      for (int64_t o = 0; o < 2; ++o)
-        EXPECT_EQ(std::isnan(got[(b * 3 + i) * 2 + o]), i == 1) << b << " " << i << " " << o;
-  // A float mask of -inf everywhere in a row does the same.
-  Tensor fmask = zeros({3, 5});
+  Tensor fmask = zeros({3, 5}, kFloat64);
   fmask.narrow(0, 1, 1).fill_(-kInf);
-  for (double x : values(scaled_dot_product_attention(q, k, v, fmask).narrow(1, 1, 1)))
-    EXPECT_TRUE(std::isnan(x));
+  const Tensor q0 = random_tensor({2, 3, 4}, kFloat64), k0 = random_tensor({2, 5, 4}, kFloat64);
+  const Tensor v0 = random_tensor({2, 5, 2}, kFloat64);
+  for (bool bool_mask : {true, false}) {
+    SCOPED_TRACE(bool_mask ? "bool mask" : "float mask");
+    Tensor mask = bool_mask ? from_vector(allowed, Shape{3, 5}) : fmask.clone();
+    Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true);
+    Tensor v = v0.clone().requires_grad_(true);
+    if (!bool_mask) mask.requires_grad_(true);
+    Tensor out = scaled_dot_product_attention(q, k, v, mask);
+    const SdpaCase c{{2}, 3, 5, 4, 2, bool_mask ? MaskKind::Bool : MaskKind::Float, {3, 5}};
+    expect_close(out, reference_sdpa(c, q0, k0, v0, mask.detach(), 0.5), {2, 3, 2}, kFloat64, 1e-12,
+                 1e-12);
+    for (double x : values(out.select(1, 1))) EXPECT_EQ(x, 0.0);
+    (out * out).sum().backward();
+    for (double x : values(q.grad().select(1, 1))) EXPECT_EQ(x, 0.0);
+    for (const Tensor& g : {q.grad(), k.grad(), v.grad()})
+      for (double x : values(g)) EXPECT_TRUE(std::isfinite(x));
+    if (!bool_mask)
+      for (double x : values(mask.grad())) EXPECT_TRUE(std::isfinite(x));
+    // The other rows' gradients are those of the attention without the masked query.
+    Tensor q2 = q0.narrow(1, 0, 1).clone().requires_grad_(true);
+    Tensor row0 = scaled_dot_product_attention(q2, k0, v0, mask.detach().narrow(0, 0, 1));
+    (row0 * row0).sum().backward();
+    expect_close(q.grad().narrow(1, 0, 1), values(q2.grad()), {2, 1, 4}, kFloat64, 1e-12, 1e-12);
+  }
 }
 
 TEST(ScaledDotProductAttention, ExplicitScaleAndDropout) {
@@ -424,6 +445,39 @@ TEST(MultiheadAttention, UnbatchedPerHeadMaskAndWeightsPerHead) {
         m.forward(random_tensor({4, 1, 5}), xb, xb);
       },
       {"MultiheadAttention", "query", "[4, 1, 5]"});
+}
+
+// A query that may attend to no key, as torch 2.15's module gives it: with need_weights its own
+// softmax makes the query's output and weights NaN; without, it calls scaled_dot_product_attention,
+// whose zeros leave out_proj's bias as the query's output.
+TEST(MultiheadAttention, FullyMaskedQueryNaNWithWeightsZeroWithout) {
+  const int64_t L = 3, N = 2, E = 8;
+  nn::MultiheadAttention m(E, 2);
+  {
+    NoGradGuard no_grad;
+    m.out_proj->bias.copy_(random_tensor({E}, kFloat32, -0.5, 0.5));
+  }
+  const std::vector<double> bias = values(m.out_proj->bias);
+  Tensor x = random_tensor({L, N, E});  // [seq, batch, embed]
+  Tensor blocked = zeros({L, L}, kBool);
+  blocked.select(0, 1).fill_(true);  // query 1 may attend to nothing
+  nn::MultiheadAttentionOutput with = m.forward(x, x, x, {}, true, blocked);
+  nn::MultiheadAttentionOutput without = m.forward(x, x, x, {}, false, blocked);
+  for (double y : values(with.output.select(0, 1))) EXPECT_TRUE(std::isnan(y));
+  for (double y : values(with.weights.select(1, 1))) EXPECT_TRUE(std::isnan(y));
+  const std::vector<double> row = values(without.output.select(0, 1));
+  for (size_t i = 0; i < row.size(); ++i) EXPECT_NEAR(row[i], bias[i % E], 1e-6) << i;
+  for (int64_t i : {0, 2}) {
+    for (double y : values(with.output.select(0, i))) EXPECT_TRUE(std::isfinite(y));
+    EXPECT_TRUE(allclose(with.output.select(0, i), without.output.select(0, i), 1e-5, 1e-6));
+  }
+  // Every key of batch 1 padding: all its queries alike.
+  Tensor padding = zeros({N, L}, kBool);
+  padding.select(0, 1).fill_(true);
+  for (double y : values(m.forward(x, x, x, padding, true).output.select(1, 1)))
+    EXPECT_TRUE(std::isnan(y));
+  const std::vector<double> padded = values(m.forward(x, x, x, padding, false).output.select(1, 1));
+  for (size_t i = 0; i < padded.size(); ++i) EXPECT_NEAR(padded[i], bias[i % E], 1e-6) << i;
 }
 
 // ------------------------------------------------------------------------ TransformerEncoderLayer
