@@ -276,6 +276,19 @@ void expect_consistent(const Json& doc, const std::string& what) {
     }
     for (const char* list : {"inputs", "outputs"})
       for (const Json& v : g[list].items) EXPECT_TRUE(values.count(v.integer())) << what;
+    // The joins are cats or stacks whose values end the group's outputs, in order.
+    ASSERT_EQ(g["joins"].kind, Json::kArray) << what;
+    const std::vector<Json>& joins = g["joins"].items;
+    const std::vector<Json>& outs = g["outputs"].items;
+    ASSERT_LE(joins.size(), outs.size()) << what;
+    for (size_t j = 0; j < joins.size(); ++j) {
+      ASSERT_LT(joins[j].integer(), static_cast<int64_t>(nodes.size())) << what;
+      const Json& join = nodes[static_cast<size_t>(joins[j].integer())];
+      EXPECT_TRUE(join["op"].str == "cat" || join["op"].str == "stack") << what;
+      EXPECT_EQ(outs[outs.size() - joins.size() + j].integer(),
+                join["outputs"].items.at(0)["id"].integer())
+          << what;
+    }
   }
   for (size_t i = 0; i < nodes.size(); ++i) {
     auto it = group_of.find(static_cast<int64_t>(i));
@@ -338,7 +351,7 @@ TEST(Dump, LstmCellGraphAfterEveryPassFusionGroupsAndKernels) {
     const Json doc = parse_file(files[k]);
     EXPECT_EQ(doc["schema"].str, "kiln.graph") << name;
     EXPECT_EQ(doc["version"].integer(), jit::kDumpSchemaVersion) << name;
-    EXPECT_EQ(doc["version"].integer(), 1) << name;
+    EXPECT_EQ(doc["version"].integer(), 2) << name;
     EXPECT_EQ(doc["pass"].str, passes[k]) << name;
     EXPECT_EQ(doc["step"].integer(), static_cast<int64_t>(k)) << name;
     EXPECT_EQ(std::stoll(m[2]), doc["graph"].integer()) << name;
@@ -377,6 +390,42 @@ TEST(Dump, LstmCellGraphAfterEveryPassFusionGroupsAndKernels) {
   }
   EXPECT_EQ(grouped, members);
   EXPECT_EQ(grouped, plan.num_nodes() - (plan.num_steps() - plan.num_kernel_steps()));
+  fs::remove_all(dir);
+}
+
+// A group that writes two cats (a GRU cell's backward: the two gate-gradient cats share pieces)
+// names both, in the order of their values at the end of its outputs.
+TEST(Dump, AGroupWritingTwoCatsNamesBoth) {
+  const fs::path dir = fresh_dir("kiln_dump_two_joins");
+  jit::set_dump_dir(dir.string());
+  std::vector<Tensor> in;
+  for (int k = 0; k < 4; ++k) in.push_back(testing::input({3, 5}));
+  std::unique_ptr<jit::Graph> graph;
+  jit::LazyGraphBinding binding;
+  {
+    LazyGuard lazy(true);
+    Tensor r = sigmoid(in[0]), z = sigmoid(in[1]), dn = in[2] * (1.0 - in[3] * in[3]);
+    Tensor dr = dn * in[3] * r * (1.0 - r), dz = in[2] * z * (1.0 - z);
+    Tensor gi = cat({dr, dz, dn}, 1), gh = cat({dr, dz, r * dn}, 1);
+    std::vector<detail::LazyRef> requests;
+    for (const Tensor& t : {gi, gh}) requests.push_back(t.impl()->storage->lazy);
+    graph = jit::build_graph(requests, &binding, false);
+  }
+  jit::run_passes(*graph);
+  jit::Plan plan(*graph);
+  plan.run(binding.inputs);
+  jit::set_dump_dir("");
+  ASSERT_EQ(plan.num_join_kernel_steps(), 1u) << graph->str();
+  const std::vector<fs::path> files = graph_files(dir);
+  ASSERT_FALSE(files.empty());
+  const Json fused = parse_file(files.back());
+  EXPECT_EQ(fused["pass"].str, "fuse");
+  expect_consistent(fused, "fused");
+  ASSERT_EQ(fused["groups"].items.size(), 1u);
+  const std::vector<Json>& joins = fused["groups"].items[0]["joins"].items;
+  ASSERT_EQ(joins.size(), 2u);
+  for (const Json& j : joins)
+    EXPECT_EQ(fused["nodes"].items.at(static_cast<size_t>(j.integer()))["op"].str, "cat");
   fs::remove_all(dir);
 }
 
