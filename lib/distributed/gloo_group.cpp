@@ -9,6 +9,7 @@
 // Naming the rank that did not arrive: before each collective a rank writes its number to the
 // store ("arrived/<rank>"). When Gloo fails (a peer closed its connections, or the timeout
 // passed), the rank reads the others' numbers and names those behind its own.
+#include <signal.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -138,6 +139,16 @@ std::string transport_hostname(const Store& store) {
   return name;
 }
 
+// Gloo's TCP pairs write with writev, which raises SIGPIPE on a connection whose peer has gone (a
+// rank that exited mid-step): by default that kills this rank before Gloo can report the error
+// that names the missing rank. Python, and so torch's ProcessGroupGloo, ignores SIGPIPE; a
+// program that installed a handler of its own keeps it.
+void ignore_sigpipe() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL)
+    ::signal(SIGPIPE, SIG_IGN);
+}
+
 class GlooGroup : public ProcessGroup {
  public:
   GlooGroup(int rank, int size, std::shared_ptr<Store> store, const std::string& prefix,
@@ -151,6 +162,7 @@ class GlooGroup : public ProcessGroup {
     } else {
       attr.hostname = transport_hostname(*store_);
     }
+    ignore_sigpipe();
     auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
     context->setTimeout(timeout_);
     try {

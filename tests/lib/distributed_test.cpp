@@ -258,6 +258,10 @@ int collectives_worker(int rank, int world) {
 int fault_worker(int rank, int world, const std::string& mode) {
   auto timeout = env_timeout();
   dist::init_process_group("gloo", rank, world, worker_store(std::chrono::seconds(30)), timeout);
+  // A write to rank 1's closed connection must fail in Gloo, not kill this rank by SIGPIPE.
+  struct sigaction pipe {};
+  WORKER_CHECK(sigaction(SIGPIPE, nullptr, &pipe) == 0 && pipe.sa_handler == SIG_IGN,
+               "SIGPIPE is not ignored after init_process_group");
   Tensor t = ones({10});
   dist::all_reduce(t);
   if (rank == 1) {
