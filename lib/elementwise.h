@@ -99,13 +99,19 @@ Tensor unary_op(const OpDef& def, const Tensor& x, const F& f, Attrs attrs = {})
 // written into it; the inputs are untouched if a check fails. Out of place, lazy mode records the
 // call (as def(a, b) with `attrs`) instead of running it.
 template <DTypeRule Rule, typename F>
-Tensor binary_op(const OpDef& def, const Tensor& a, const Tensor& b, const F& f,
+Tensor binary_op(const OpDef& def, const Tensor& a_in, const Tensor& b_in, const F& f,
                  Tensor* inplace = nullptr, Attrs attrs = {}) {
   KILN_CHECK(def.dtype_rule == Rule, def.name, ": dtype rule mismatch");
-  check_elementwise_input(def, a, inplace ? "self" : "input");
-  check_elementwise_input(def, b, "other");
-  Shape shape = broadcast_shapes(a.sizes(), b.sizes(), def.name.c_str());
-  DType compute = compute_type(def.dtype_rule, result_type(a, b));
+  check_elementwise_input(def, a_in, inplace ? "self" : "input");
+  check_elementwise_input(def, b_in, "other");
+  Shape shape = broadcast_shapes(a_in.sizes(), b_in.sizes(), def.name.c_str());
+  const DType promoted = result_type(a_in, b_in);
+  // torch reads a logical op's operands' truth in their common dtype: a float64 denormal beside a
+  // float32 tensor is 0 there, so false. Converted first, the recorded op's operands agree too.
+  const bool convert =
+      Rule == DTypeRule::Logical && (a_in.dtype() != promoted || b_in.dtype() != promoted);
+  const Tensor a = convert ? a_in.to(promoted) : a_in, b = convert ? b_in.to(promoted) : b_in;
+  DType compute = compute_type(def.dtype_rule, promoted);
   DType out_type = produces_bool(def.dtype_rule) ? kBool : compute;
   if (!inplace && should_record(a, b))
     return lazy_record1(def, {a, b}, std::move(attrs), {std::move(shape), out_type});

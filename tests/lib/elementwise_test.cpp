@@ -662,6 +662,23 @@ TEST(SpecialValues, PredicatesOnNonFinite) {
   testing::expect_close(isfinite(i), {1, 1, 1}, {3}, kBool, 0, 0);
 }
 
+// torch reads logical_and/logical_or's operands in their common dtype: a float64 denormal (or a
+// double scalar) beside a float32 tensor becomes 0 there, so false. Eager and recorded alike.
+TEST(SpecialValues, LogicalOpsReadTruthInTheCommonDType) {
+  for (bool lazy : {false, true}) {
+    SCOPED_TRACE(lazy ? "lazy" : "eager");
+    LazyGuard guard(lazy);
+    Tensor x = from_vector(std::vector<float>{1e-30f, 0.0f, 2.0f});
+    Tensor tiny = from_vector(std::vector<double>{4.9406564584124654e-324}, Shape{});
+    testing::expect_close(logical_or(x, tiny), {1, 0, 1}, {3}, kBool, 0, 0);
+    testing::expect_close(logical_or(tiny, x), {1, 0, 1}, {3}, kBool, 0, 0);
+    testing::expect_close(logical_and(x.abs() + 1, tiny), {0, 0, 0}, {3}, kBool, 0, 0);
+    testing::expect_close(logical_or(x, 1e-300), {1, 0, 1}, {3}, kBool, 0, 0);
+    // Operands of one dtype are read as they are.
+    testing::expect_close(logical_or(x.to(kFloat64), tiny), {1, 1, 1}, {3}, kBool, 0, 0);
+  }
+}
+
 TEST(SpecialValues, ReluAndClampPassNaNThrough) {
   for (DType dt : {kFloat32, kFloat64}) {
     Tensor x = from_vector(std::vector<double>{kNaN, -kInf, kInf, -1, 0.5}).to(dt);
