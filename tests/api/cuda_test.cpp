@@ -611,6 +611,29 @@ TEST(Cuda, TracedFunctionsReplayOnTheDevice) {
   }
 }
 
+// A traced function on device tensors differentiates there: its outputs' gradients, and the zeros
+// that stand for an output without one, live on the outputs' device.
+TEST(Cuda, TracedFunctionsDifferentiateOnTheDevice) {
+  KILN_REQUIRE_GPU();
+  const Tensor x = testing::random_tensor({4, 6}).to(kCUDA);
+  const Tensor w = testing::random_tensor({6, 8}).to(kCUDA).requires_grad_(true);
+  auto fn = [](const std::vector<Tensor>& in) {
+    std::vector<Tensor> g = in[0].matmul(in[1]).chunk(2, 1);
+    return std::vector<Tensor>{sigmoid(g[0]) * tanh(g[1]), tanh(g[1])};
+  };
+  jit::Function f = jit::trace(fn, {x, w});
+  for (bool both : {true, false}) {
+    auto loss = [&](const std::vector<Tensor>& out) {
+      return both ? out[0].sum() + out[1].sum() : out[0].sum();
+    };
+    const Tensor expected = autograd::grad({loss(fn({x, w}))}, {w})[0].to(kCPU);
+    const Tensor got = autograd::grad({loss(f({x, w}))}, {w})[0];
+    EXPECT_EQ(got.device(), kCUDA);
+    testing::expect_close(got.to(kCPU), testing::values(expected), expected.sizes(), kFloat32, 1e-5,
+                          1e-6);
+  }
+}
+
 // A model moved to the device trains as on the host: eager, with KILN_LAZY=0, and as a traced step
 // whose parameter updates are written back on the device.
 TEST(Cuda, TrainingOnTheDeviceFollowsTheHost) {
@@ -895,7 +918,7 @@ TEST(Cuda, ATracedTrainingStepMovesNothingBetweenHostAndDevice) {
 // The workload of ASecondProcessLoadsEveryKernelFromDisk (in its child processes only): fused
 // elementwise, rows and reduction kernels and a traced training step; prints the compile counts.
 TEST(Cuda, KernelCacheChildWorkload) {
-  if (!std::getenv("KILN_CUDA_CACHE_CHILD"))
+  if (!std::getenv("CUDA_CACHE_TEST_CHILD"))
     GTEST_SKIP() << "run by ASecondProcessLoadsEveryKernelFromDisk";
   auto attempt = [](const char* what, const std::function<void()>& f) {
     try {
@@ -938,10 +961,12 @@ TEST(Cuda, ASecondProcessLoadsEveryKernelFromDisk) {
   fs::create_directories(dir);
   auto run_child = [&] {
     const std::string log = dir + "/child.log";
-    const std::string command = "KILN_CACHE_DIR=" + dir +
-                                "/cache KILN_FUSE=1 KILN_CUDA_CACHE_CHILD=1 " +
-                                fs::read_symlink("/proc/self/exe").string() +
-                                " --gtest_filter=Cuda.KernelCacheChildWorkload > " + log + " 2>&1";
+    // Not sharded (GTEST_* of a sharded parent would pick no test in the child).
+    const std::string command =
+        "env -u GTEST_TOTAL_SHARDS -u GTEST_SHARD_INDEX KILN_CACHE_DIR=" + dir +
+        "/cache KILN_FUSE=1 CUDA_CACHE_TEST_CHILD=1 " +
+        fs::read_symlink("/proc/self/exe").string() +
+        " --gtest_filter=Cuda.KernelCacheChildWorkload > " + log + " 2>&1";
     EXPECT_EQ(std::system(command.c_str()), 0) << command;
     std::ifstream in(log);
     return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());

@@ -335,6 +335,9 @@ class Source {
       KILN_CHECK(layout_.single_element.empty() || layout_.single_element.size() == num_inputs,
                  "fuser: CUDA codegen: single_element has ", layout_.single_element.size(),
                  " entries for ", num_inputs, " inputs");
+      for (size_t p = 0; p < layout_.by_value.size(); ++p)
+        KILN_CHECK(!layout_.by_value[p] || (p < num_inputs && single(p)),
+                   "fuser: CUDA codegen: input ", p, " passed by value is not a single element");
     } else {
       KILN_CHECK(layout_.rank >= 1 && layout_.inner.size() == num_inputs + num_outputs,
                  "fuser: CUDA codegen: a strided layout of rank ", layout_.rank, " with ",
@@ -388,14 +391,18 @@ class Source {
   bool single(size_t p) const {
     return layout_.flat && p < layout_.single_element.size() && layout_.single_element[p];
   }
+  bool by_value(size_t p) const {
+    return layout_.flat && p < layout_.by_value.size() && layout_.by_value[p];
+  }
   // "const float* in0, ..., float* out0, ..." (with a leading comma), and the names alone.
   std::string ptr_params() const {
     std::string s;
-    const size_t n = k_.input_types.size();
-    for (size_t p = 0; p < num_ptrs(); ++p)
-      s += std::string(", ") + (p < n ? "const " : "") + storage_type(ptr_type(p)) + "* " +
-           ptr_name(p);
+    for (size_t p = 0; p < num_ptrs(); ++p) s += ptr_params_of(p);
     return s;
+  }
+  std::string ptr_params_of(size_t p) const {
+    return std::string(", ") + (p < k_.input_types.size() ? "const " : "") +
+           storage_type(ptr_type(p)) + "* " + ptr_name(p);
   }
   std::string ptr_name(size_t p) const {
     const size_t n = k_.input_types.size();
@@ -410,6 +417,22 @@ class Source {
   std::string ptr_args() const {
     std::string s;
     for (size_t p = 0; p < num_ptrs(); ++p) s += ", " + ptr_name(p);
+    return s;
+  }
+  // A flat kernel's entry: inputs passed by value arrive as values and are read through their
+  // address, so that the body reads every single element as ptr[0].
+  std::string entry_params() const {
+    std::string s;
+    for (size_t p = 0; p < num_ptrs(); ++p)
+      s += by_value(p)
+               ? ", const " + std::string(storage_type(ptr_type(p))) + " " + ptr_name(p) + "_value"
+               : ptr_params_of(p);
+    return s;
+  }
+  std::string entry_args() const {
+    std::string s;
+    for (size_t p = 0; p < num_ptrs(); ++p)
+      s += ", " + (by_value(p) ? "&" + ptr_name(p) + "_value" : ptr_name(p));
     return s;
   }
   std::string scalar_args() const {
@@ -654,9 +677,9 @@ class Source {
     std::vector<std::string> offsets;
     for (size_t p = 0; p < num_ptrs(); ++p) offsets.push_back(single(p) ? "0" : "i");
     out_ += "  for (U i = first; i < n; i += step) " + body_call(offsets) + "\n}\n";
-    out_ += "\nextern \"C\" __global__ void " + symbol_ + "(long long n" + ptr_params() +
+    out_ += "\nextern \"C\" __global__ void " + symbol_ + "(long long n" + entry_params() +
             scalar_params() + ") {\n";
-    const std::string args = ptr_args() + scalar_args();
+    const std::string args = entry_args() + scalar_args();
     out_ += "  kiln_flat<" + index_type() + ">((" + index_type() + ")n" + args + ");\n}\n";
   }
 
