@@ -908,9 +908,8 @@ TEST(Cuda, ATracedTrainingStepMovesNothingBetweenHostAndDevice) {
   profiler::set_enabled(false);
   EXPECT_EQ(after.host_to_device - before.host_to_device, 0) << report;
   EXPECT_EQ(after.device_to_host - before.device_to_host, 0) << report;
-  EXPECT_NE(report.find("0.000 MB to the device in 0 copies, 0.000 MB to the host in 0 copies"),
-            std::string::npos)
-      << report;
+  // KILN_PROFILE prints its host<->device line only when something moved.
+  EXPECT_EQ(report.find("host<->device:"), std::string::npos) << report;
   EXPECT_LT(loss.item<float>(), first) << "the steps trained";
 }
 
