@@ -1508,6 +1508,9 @@ TEST(CudaCodegen, GeneratedKernelsComputeWhatTheLlvmEmitterComputes) {
 constexpr const char* kFiberShims = R"(#include <stdlib.h>
 #include <ucontext.h>
 #define __shared__ static
+// The row cache: the block's (static) shared memory, room for every row these tests make.
+#define KILN_ROW_CACHE(T, name) static T name[1 << 16]
+static unsigned kiln_dynamic_shared_bytes() { return 1u << 16; }
 struct KilnFiber {
   ucontext_t context;
   int state;  // 0 runnable, 1 at a barrier, 2 returned

@@ -359,7 +359,8 @@ void launch_rows(const CudaKernel& fn, const Kernel& kernel, const Layout& layou
   if (kernel.num_globals > 0) functions[next++] = fn.finish;
   if (kernel.num_columns() > 0) functions[next++] = fn.columns;
   for (size_t i = 0; i < calls.size(); ++i)
-    detail::cuda::launch(device, functions[i], {calls[i].grid, calls[i].block, 0},
+    detail::cuda::launch(device, functions[i],
+                         {calls[i].grid, calls[i].block, i == 0 ? geometry.shared_bytes : 0u},
                          calls[i].args.data(), fn.name);
 }
 
