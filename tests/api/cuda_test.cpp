@@ -873,6 +873,20 @@ TEST(Cuda, TheAllocatorCachesAndReleases) {
   EXPECT_LT(cuda::memory_stats().reserved_bytes, freed.reserved_bytes);
 }
 
+// A classifier's training step (cross entropy, backward, the optimizer's update) traced on (x, y).
+jit::Function traced_training_step(nn::Module& model, optim::Optimizer& opt, const Tensor& x,
+                                   const Tensor& y) {
+  return jit::trace(
+      [&model, &opt](const std::vector<Tensor>& in) {
+        opt.zero_grad();
+        Tensor loss = cross_entropy(model.forward(in[0]), in[1]);
+        loss.backward();
+        opt.step();
+        return std::vector<Tensor>{loss.detach()};
+      },
+      {x, y});
+}
+
 // A traced training step whose parameters and batch live on the device moves nothing between host
 // and device once it runs steadily: no upload (hyperparameters and step counts are kernel
 // arguments), no download (the loss stays on the device until read).
@@ -886,15 +900,7 @@ TEST(Cuda, ATracedTrainingStepMovesNothingBetweenHostAndDevice) {
   model.to(kCUDA);
   optim::Adam adam(model.parameters(), optim::AdamOptions{1e-2});
   const Tensor x = testing::random_tensor({16, 12}).to(kCUDA), y = randint(5, {16}).to(kCUDA);
-  jit::Function step = jit::trace(
-      [&](const std::vector<Tensor>& in) {
-        adam.zero_grad();
-        Tensor loss = cross_entropy(model.forward(in[0]), in[1]);
-        loss.backward();
-        adam.step();
-        return std::vector<Tensor>{loss.detach()};
-      },
-      {x, y});
+  jit::Function step = traced_training_step(model, adam, x, y);
   const float first = step({x, y})[0].item<float>();
   for (int i = 0; i < 2; ++i) eval(step({x, y}));
   profiler::set_enabled(true);
@@ -936,16 +942,7 @@ TEST(Cuda, KernelCacheChildWorkload) {
     layer.to(kCUDA);
     optim::SGD sgd(layer.parameters(), optim::SGDOptions{0.1});
     const Tensor y = randint(4, {64}).to(kCUDA);
-    jit::Function step = jit::trace(
-        [&](const std::vector<Tensor>& in) {
-          sgd.zero_grad();
-          Tensor loss = cross_entropy(layer.forward(in[0]), in[1]);
-          loss.backward();
-          sgd.step();
-          return std::vector<Tensor>{loss.detach()};
-        },
-        {a, y});
-    eval(step({a, y}));
+    eval(traced_training_step(layer, sgd, a, y)({a, y}));
   });
   const fuser::cuda::CudaCompileStats stats = fuser::cuda::cuda_compile_stats();
   std::cerr << "nvrtc compiles " << stats.compiles << " disk hits " << stats.disk_hits << "\n";
