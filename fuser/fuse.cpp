@@ -291,6 +291,8 @@ std::string kernel_key(const Kernel& k, const Layout& layout) {
   put_i(layout.rank);
   put_i(static_cast<int64_t>(layout.single_element.size()));
   for (bool s : layout.single_element) put_i(s);
+  put_i(static_cast<int64_t>(layout.by_value.size()));
+  for (bool v : layout.by_value) put_i(v);
   put_i(static_cast<int64_t>(layout.inner.size()));
   for (Layout::Inner i : layout.inner) put_i(i);
   return key;

@@ -153,11 +153,15 @@ struct Layout {
   bool rows = false;
   int32_t rank = 0;                  // strided and rows
   std::vector<bool> single_element;  // flat only: per tensor input
-  std::vector<Inner> inner;          // strided and rows: per pointer (inputs, then outputs)
+  // Flat CUDA kernels only, per tensor input: a one-element host tensor (a number such as an
+  // optimizer's step size) passed by value among the kernel's parameters rather than copied to the
+  // device. Its entry in `ptrs` is the host address of the value.
+  std::vector<bool> by_value;
+  std::vector<Inner> inner;  // strided and rows: per pointer (inputs, then outputs)
 
   bool operator==(const Layout& o) const {
     return flat == o.flat && rows == o.rows && rank == o.rank &&
-           single_element == o.single_element && inner == o.inner;
+           single_element == o.single_element && by_value == o.by_value && inner == o.inner;
   }
 };
 

@@ -545,20 +545,53 @@ const char* Plan::launch_cuda_group(const Step& step, const fuser::Layout& layou
 #endif
 }
 
+namespace {
+// The flat layout of a call (single_element, by_value) and whether it is flat: every input whole
+// and contiguous or a single element, every destination contiguous. On a device, CPU inputs (0-dim
+// numbers) are passed by value.
+void set_flat_layout(fuser::Layout& layout, const std::vector<Tensor>& args,
+                     const std::vector<Tensor>& dests, int64_t numel, bool on_device) {
+  const size_t num_inputs = args.size();
+  layout.flat = true;
+  layout.rows = false;
+  layout.rank = 0;
+  layout.single_element.assign(num_inputs, false);
+  layout.by_value.clear();
+  layout.inner.clear();
+  for (size_t k = 0; k < num_inputs; ++k) {
+    const Tensor& t = args[k];
+    const int64_t n = t.numel();
+    if (on_device && t.device().is_cpu()) {
+      layout.by_value.resize(num_inputs, false);
+      layout.single_element[k] = layout.by_value[k] = true;
+      continue;
+    }
+    if (n == numel && detail::is_contiguous_layout(t.sizes(), t.strides())) continue;
+    if (n == 1) {
+      layout.single_element[k] = true;
+      continue;
+    }
+    layout.flat = false;
+  }
+  for (const Tensor& t : dests)
+    if (!detail::is_contiguous_layout(t.sizes(), t.strides())) layout.flat = false;
+}
+}  // namespace
+
 const char* Plan::run_group(const Step& step, const std::vector<Tensor>& host_args,
                             std::vector<Tensor>& outs) const {
   const fuser::FusionGroup& g = *step.group;
-  // A CUDA kernel reads device memory only: a CPU input (a 0-dim number) is copied over first.
+  // A CUDA kernel reads device memory, or numbers among its parameters: a CPU input (a 0-dim
+  // number) of a flat kernel is passed by value (Layout::by_value), of another copied over first.
   std::vector<Tensor> moved;
-  const std::vector<Tensor>* args_ptr = &host_args;
-  if (step.cuda_device >= 0) {
+  auto uploaded = [&] {
     moved = host_args;
     for (Tensor& t : moved)
       if (t.defined() && t.device().is_cpu())
         t = detail::copy_to_device(t, Device(DeviceType::CUDA, step.cuda_device));
-    args_ptr = &moved;
-  }
-  const std::vector<Tensor>& args = *args_ptr;
+    return &moved;
+  };
+  const std::vector<Tensor>* args_ptr = &host_args;
   // Where the kernel's outputs go: the outputs, then each join's pieces in their slices of its
   // value (the joins' values are the last outputs).
   std::vector<Tensor> joined;
@@ -576,31 +609,20 @@ const char* Plan::run_group(const Step& step, const std::vector<Tensor>& host_ar
     }
     dests = &joined;
   }
-  if (g.rows) return run_rows_group(step, args, *dests);
+  if (g.rows) return run_rows_group(step, step.cuda_device >= 0 ? *uploaded() : host_args, *dests);
   const Shape& shape = g.shape;
   const int64_t numel = detail::shape_numel(shape);
-  const size_t num_inputs = args.size();
   // This thread's layout, reset: its vectors keep their capacity, so finding the step's kernel
   // allocates nothing (a copy is kept only when a new kernel is looked up).
   static thread_local fuser::Layout t_layout;
   fuser::Layout& layout = t_layout;
-  layout.flat = true;
-  layout.rows = false;
-  layout.rank = 0;
-  layout.single_element.assign(num_inputs, false);
-  layout.inner.clear();
-  for (size_t k = 0; k < num_inputs; ++k) {
-    const Tensor& t = args[k];
-    const int64_t n = t.numel();
-    if (n == numel && detail::is_contiguous_layout(t.sizes(), t.strides())) continue;
-    if (n == 1) {
-      layout.single_element[k] = true;
-      continue;
-    }
-    layout.flat = false;
+  set_flat_layout(layout, host_args, *dests, numel, step.cuda_device >= 0);
+  if (!layout.flat && !layout.by_value.empty()) {  // strided on a device: numbers go over
+    args_ptr = uploaded();
+    set_flat_layout(layout, *args_ptr, *dests, numel, true);
   }
-  for (const Tensor& t : *dests)
-    if (!detail::is_contiguous_layout(t.sizes(), t.strides())) layout.flat = false;
+  const std::vector<Tensor>& args = *args_ptr;
+  const size_t num_inputs = args.size();
   if (numel == 0) return nullptr;
   absl::InlinedVector<char*, 16> ptrs(num_inputs + dests->size());
   for (size_t k = 0; k < num_inputs; ++k) ptrs[k] = args[k].impl()->data();

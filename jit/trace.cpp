@@ -572,7 +572,8 @@ std::unique_ptr<Specialization> FunctionImpl::specialize(const std::vector<Tenso
       for (size_t j = 0; j < backward->outputs.size(); ++j) {
         const Tensor& out = outputs[backward->outputs[j]];
         diff_outputs.push_back(out);
-        scope.state.examples.push_back(zeros(out.sizes(), out.dtype()));
+        scope.state.examples.push_back(
+            zeros(out.sizes(), TensorOptions(out.dtype()).device(out.device())));
         output_grads.push_back(detail::trace_placeholder(
             input_op(), static_cast<int64_t>(num_arguments + j), scope.state.examples.back()));
       }
@@ -700,7 +701,7 @@ namespace {
 // `retained`: the call's retained outputs (Backward::retained), whose .grad gets their gradient.
 std::vector<Tensor> run_backward(const Backward& b, const std::vector<Tensor>& arguments,
                                  const std::vector<Tensor>& saved,
-                                 const std::vector<std::pair<Shape, DType>>& returned,
+                                 const std::vector<std::pair<Shape, TensorOptions>>& returned,
                                  const std::vector<std::weak_ptr<detail::TensorImpl>>& retained,
                                  const detail::BackwardContext& c) {
   if (b.error) b.check_reached(c);
@@ -711,8 +712,8 @@ std::vector<Tensor> run_backward(const Backward& b, const std::vector<Tensor>& a
     switch (src.kind) {
       case BackwardSource::kOutputGrad: {
         const Tensor& g = src.index < c.num_grads() ? c.grad(src.index) : Tensor();
-        const auto& [sizes, dtype] = returned[src.index];
-        args.push_back(g.defined() ? g : zeros(sizes, dtype));
+        const auto& [sizes, options] = returned[src.index];
+        args.push_back(g.defined() ? g : zeros(sizes, options));
         break;
       }
       case BackwardSource::kArgument:
@@ -855,10 +856,11 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
             break;
           }
       std::vector<Tensor> outs;
-      std::vector<std::pair<Shape, DType>> types;
+      std::vector<std::pair<Shape, TensorOptions>> types;  // on the output's device
       for (size_t i : b->outputs) {
         outs.push_back(returned[i]);
-        types.emplace_back(returned[i].sizes(), returned[i].dtype());
+        types.emplace_back(returned[i].sizes(),
+                           TensorOptions(returned[i].dtype()).device(returned[i].device()));
       }
       // Held weakly, as the engine holds a retained tensor: the tensor holds this node.
       std::vector<std::weak_ptr<detail::TensorImpl>> retained;

@@ -486,8 +486,8 @@ TEST(CudaConv, ResNetExampleTrainsOnTheDevice) {
 std::string run_child(const std::string& cache_dir) {
   const std::string log = cache_dir + "/../child.log";
   const std::string command =
-      "KILN_CACHE=1 KILN_CACHE_DIR=" + cache_dir +
-      " KILN_CONV_ALGO=auto KILN_LOG=conv KILN_LAZY=0 KILN_CUDA_CONV_CHILD=1 " +
+      "env -u GTEST_TOTAL_SHARDS -u GTEST_SHARD_INDEX KILN_CACHE=1 KILN_CACHE_DIR=" + cache_dir +
+      " KILN_CONV_ALGO=auto KILN_LOG=conv KILN_LAZY=0 CUDA_CONV_TEST_CHILD=1 " +
       fs::read_symlink("/proc/self/exe").string() + " --gtest_filter=CudaConv.ChildWorkload > " +
       log + " 2>&1";
   EXPECT_EQ(std::system(command.c_str()), 0) << command;
@@ -497,7 +497,7 @@ std::string run_child(const std::string& cache_dir) {
 
 // The workload of ChoicesPersistAcrossProcesses (only in its child processes).
 TEST(CudaConv, ChildWorkload) {
-  if (!std::getenv("KILN_CUDA_CONV_CHILD")) GTEST_SKIP() << "run by ChoicesPersistAcrossProcesses";
+  if (!std::getenv("CUDA_CONV_TEST_CHILD")) GTEST_SKIP() << "run by ChoicesPersistAcrossProcesses";
   const Tensor x = testing::random_tensor({2, 3, 9, 9}), w = testing::random_tensor({4, 3, 3, 3});
   conv2d(x, w, {}, {1}, {1});
   std::cerr << "picked " << detail::conv_algo_name(detail::last_conv_algo()) << "\n";

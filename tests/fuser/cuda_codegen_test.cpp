@@ -377,6 +377,44 @@ TEST(CudaCodegen, ScalarsAndSizesAreKernelArgumentsNotSource) {
   EXPECT_NE(signature.find("double s0"), std::string::npos) << signature;
 }
 
+// A number from the host (a 0-dim CPU tensor such as an optimizer's step size) read by a flat
+// device kernel is one of its parameters, not a copy to the device: the entry takes the value and
+// reads it through its address, the launch carries its bytes, and the binary compiles for sm_90.
+TEST(CudaCodegen, NumbersFromTheHostArePassedByValue) {
+  Fn fn = [](const Inputs& in) { return Inputs{tanh(in[0] * in[1]) + in[1]}; };
+  const std::vector<FusionGroup> groups =
+      groups_of(fn, {testing::input({64}), testing::input({})}).groups;
+  ASSERT_EQ(groups.size(), 1u);
+  const Kernel& k = groups[0].kernel;
+  ASSERT_EQ(k.input_types.size(), 2u);
+  fuser::Layout layout;
+  layout.single_element = {false, true};
+  layout.by_value = {false, true};
+  const CudaCallFlags v{true, true};
+  const std::string src = fuser::cuda::cuda_source(k, layout, "kiln_k", v);
+  const size_t entry = src.find("extern \"C\" __global__");
+  ASSERT_NE(entry, std::string::npos) << src;
+  const std::string signature = src.substr(entry, src.find('\n', entry) - entry);
+  EXPECT_NE(signature.find("const float in1_value"), std::string::npos) << signature;
+  EXPECT_NE(src.find("&in1_value"), std::string::npos) << src;
+  EXPECT_GT(fuser::cuda::cuda_binary(k, layout, v, 90).image.size(), 100u);
+  // Another binary than the one reading the number from device memory.
+  fuser::Layout on_device = layout;
+  on_device.by_value.clear();
+  EXPECT_NE(fuser::cuda::cuda_binary_key(k, layout, v, 90),
+            fuser::cuda::cuda_binary_key(k, on_device, v, 90));
+  const float number = 2.5f;
+  std::vector<char*> pointers{reinterpret_cast<char*>(uintptr_t{4096}),
+                              reinterpret_cast<char*>(const_cast<float*>(&number)),
+                              reinterpret_cast<char*>(uintptr_t{8192})};
+  const fuser::cuda::KernelCall call = fuser::cuda::elementwise_call(
+      k, layout, 64, nullptr, nullptr, pointers.data(), groups[0].scalars.data(), 132);
+  ASSERT_GE(call.args.size(), 3u);  // n, in0, in1 (the value), out0, ...
+  EXPECT_EQ(call.bytes[2], sizeof(float));
+  EXPECT_EQ(*static_cast<const float*>(call.args[2]), 2.5f);
+  EXPECT_EQ(call.bytes[1], sizeof(char*));
+}
+
 // Both cubin (machine code for sm_90) and PTX come out of a compile; NVRTC's version is known.
 TEST(CudaCodegen, CompilesToCubinAndReportsTheNvrtcVersion) {
   Fn fn = [](const Inputs& in) { return Inputs{tanh(in[0]) * in[1] + 0.5}; };
@@ -1470,6 +1508,9 @@ TEST(CudaCodegen, GeneratedKernelsComputeWhatTheLlvmEmitterComputes) {
 constexpr const char* kFiberShims = R"(#include <stdlib.h>
 #include <ucontext.h>
 #define __shared__ static
+// The row cache: the block's (static) shared memory, room for every row these tests make.
+#define KILN_ROW_CACHE(T, name) static T name[1 << 16]
+static unsigned kiln_dynamic_shared_bytes() { return 1u << 16; }
 struct KilnFiber {
   ucontext_t context;
   int state;  // 0 runnable, 1 at a barrier, 2 returned

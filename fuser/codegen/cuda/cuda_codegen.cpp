@@ -193,6 +193,15 @@ KILN_D T kiln_block_reduce(T v, T identity, Op op, unsigned long long* scratch) 
   __syncthreads();
   return v;
 }
+// A rows kernel's row cache: the launch's dynamic shared memory (its size says which rows fit).
+#ifndef KILN_ROW_CACHE
+#define KILN_ROW_CACHE(T, name) extern __shared__ T name[]
+KILN_D unsigned kiln_dynamic_shared_bytes() {
+  unsigned r;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+  return r;
+}
+#endif
 )";
 
 // The C++ type of a value of dtype t in registers, and in memory (bool as a byte).
@@ -335,6 +344,9 @@ class Source {
       KILN_CHECK(layout_.single_element.empty() || layout_.single_element.size() == num_inputs,
                  "fuser: CUDA codegen: single_element has ", layout_.single_element.size(),
                  " entries for ", num_inputs, " inputs");
+      for (size_t p = 0; p < layout_.by_value.size(); ++p)
+        KILN_CHECK(!layout_.by_value[p] || (p < num_inputs && single(p)),
+                   "fuser: CUDA codegen: input ", p, " passed by value is not a single element");
     } else {
       KILN_CHECK(layout_.rank >= 1 && layout_.inner.size() == num_inputs + num_outputs,
                  "fuser: CUDA codegen: a strided layout of rank ", layout_.rank, " with ",
@@ -388,14 +400,18 @@ class Source {
   bool single(size_t p) const {
     return layout_.flat && p < layout_.single_element.size() && layout_.single_element[p];
   }
+  bool by_value(size_t p) const {
+    return layout_.flat && p < layout_.by_value.size() && layout_.by_value[p];
+  }
   // "const float* in0, ..., float* out0, ..." (with a leading comma), and the names alone.
   std::string ptr_params() const {
     std::string s;
-    const size_t n = k_.input_types.size();
-    for (size_t p = 0; p < num_ptrs(); ++p)
-      s += std::string(", ") + (p < n ? "const " : "") + storage_type(ptr_type(p)) + "* " +
-           ptr_name(p);
+    for (size_t p = 0; p < num_ptrs(); ++p) s += ptr_params_of(p);
     return s;
+  }
+  std::string ptr_params_of(size_t p) const {
+    return std::string(", ") + (p < k_.input_types.size() ? "const " : "") +
+           storage_type(ptr_type(p)) + "* " + ptr_name(p);
   }
   std::string ptr_name(size_t p) const {
     const size_t n = k_.input_types.size();
@@ -410,6 +426,22 @@ class Source {
   std::string ptr_args() const {
     std::string s;
     for (size_t p = 0; p < num_ptrs(); ++p) s += ", " + ptr_name(p);
+    return s;
+  }
+  // A flat kernel's entry: inputs passed by value arrive as values and are read through their
+  // address, so that the body reads every single element as ptr[0].
+  std::string entry_params() const {
+    std::string s;
+    for (size_t p = 0; p < num_ptrs(); ++p)
+      s += by_value(p)
+               ? ", const " + std::string(storage_type(ptr_type(p))) + " " + ptr_name(p) + "_value"
+               : ptr_params_of(p);
+    return s;
+  }
+  std::string entry_args() const {
+    std::string s;
+    for (size_t p = 0; p < num_ptrs(); ++p)
+      s += ", " + (by_value(p) ? "&" + ptr_name(p) + "_value" : ptr_name(p));
     return s;
   }
   std::string scalar_args() const {
@@ -654,9 +686,9 @@ class Source {
     std::vector<std::string> offsets;
     for (size_t p = 0; p < num_ptrs(); ++p) offsets.push_back(single(p) ? "0" : "i");
     out_ += "  for (U i = first; i < n; i += step) " + body_call(offsets) + "\n}\n";
-    out_ += "\nextern \"C\" __global__ void " + symbol_ + "(long long n" + ptr_params() +
+    out_ += "\nextern \"C\" __global__ void " + symbol_ + "(long long n" + entry_params() +
             scalar_params() + ") {\n";
-    const std::string args = ptr_args() + scalar_args();
+    const std::string args = entry_args() + scalar_args();
     out_ += "  kiln_flat<" + index_type() + ">((" + index_type() + ")n" + args + ");\n}\n";
   }
 
@@ -868,6 +900,30 @@ class Source {
   // is correct. Within a row, thread t takes elements t, t + blockDim.x, ...: a pass folds each
   // row reduction per thread and then over the block, and every thread gets the row's value for
   // the next pass.
+  // The first load of the row that several passes read is kept in shared memory by the first of
+  // them (each thread keeps the positions it reads, so no barrier is needed) and read back by the
+  // later ones instead of global memory, when the row fits in the launch's dynamic shared memory
+  // (cuda_rows_launch: 4 bytes per position up to 32 KiB). The values are the same either way.
+  struct RowCache {
+    std::vector<bool> cached;  // per instruction: at most one
+  };
+  RowCache plan_row_cache(const std::vector<std::vector<bool>>& needed_of,
+                          const std::vector<Level>& level) const {
+    RowCache c;
+    c.cached.assign(k_.body.size(), false);
+    for (size_t n = 0; n < k_.body.size(); ++n) {
+      if (k_.body[n].prim != Prim::Load || level[n] != Level::kElement || k_.body[n].type == kBool)
+        continue;
+      int64_t passes = 0;
+      for (const std::vector<bool>& needed : needed_of) passes += !needed.empty() && needed[n];
+      if (passes < 2) continue;
+      c.cached[n] = true;
+      break;
+    }
+    return c;
+  }
+  static std::string cache_name(size_t n) { return "kiln_row" + std::to_string(n); }
+
   void rows_kernel(const RowsPlan& p) {
     const int rank = layout_.rank;
     const size_t np = num_ptrs(), ni = k_.input_types.size(), n_body = k_.body.size();
@@ -922,6 +978,24 @@ class Source {
       any_column |= live_column(p, n);
     }
 
+    // What each pass's loop computes: the element-level instructions its roots (and, in the last
+    // pass, the element-level outputs) need.
+    std::vector<std::vector<bool>> needed_of(static_cast<size_t>(final_pass + 1));
+    for (int32_t pass = 0; pass <= final_pass; ++pass) {
+      const std::vector<size_t>& roots = roots_of[static_cast<size_t>(pass)];
+      const bool last = pass == final_pass;
+      if (roots.empty() && !(last && any_per_element)) continue;
+      std::vector<size_t> work;
+      for (size_t r : roots) work.push_back(static_cast<size_t>(k_.body[r].a));
+      if (last)
+        for (size_t o = 0; o < k_.outputs.size(); ++o)
+          if (per_element(o)) work.push_back(static_cast<size_t>(k_.outputs[o]));
+      needed_of[static_cast<size_t>(pass)] =
+          reach(work, [&](size_t n) { return level[n] != Level::kElement; });
+    }
+    const RowCache cache = plan_row_cache(needed_of, level);
+    std::vector<bool> cache_written(n_body, false);
+
     // The loop over a band's rows, written first to learn which pointers' row starts it reads.
     std::vector<bool> emitted(n_body, false), row_ptr(np, false);
     std::string row;
@@ -946,14 +1020,7 @@ class Source {
       const bool last = pass == final_pass;
       if (roots.empty() && !(last && any_per_element)) continue;
       loops = true;
-      // Element-level instructions this pass needs.
-      std::vector<size_t> work;
-      for (size_t r : roots) work.push_back(static_cast<size_t>(k_.body[r].a));
-      if (last)
-        for (size_t o = 0; o < k_.outputs.size(); ++o)
-          if (per_element(o)) work.push_back(static_cast<size_t>(k_.outputs[o]));
-      const std::vector<bool> needed =
-          reach(work, [&](size_t n) { return level[n] != Level::kElement; });
+      const std::vector<bool>& needed = needed_of[static_cast<size_t>(pass)];
       for (size_t r : roots)
         if (is_row_reduction(k_.body[r]))
           row += "    " + std::string(value_type(k_.body[r].type)) + " a" + std::to_string(r) +
@@ -962,9 +1029,19 @@ class Source {
       load_at_.assign(ni, "");
       for (size_t q = 0; q < ni; ++q) load_at_[q] = "o" + std::to_string(q);
       load_used_.assign(np, false);
-      for (size_t n = 0; n < n_body; ++n)
-        if (needed[n] && level[n] == Level::kElement)
+      for (size_t n = 0; n < n_body; ++n) {
+        if (!needed[n] || level[n] != Level::kElement) continue;
+        if (!cache.cached[n]) {
           loop += "      " + decl(n) + " = " + expr(k_.body[n]) + ";\n";
+        } else if (!cache_written[n]) {  // its first pass loads it and keeps it
+          loop += "      " + decl(n) + " = " + expr(k_.body[n]) + ";\n      if (kiln_cached) " +
+                  cache_name(n) + "[j] = " + v(static_cast<int32_t>(n)) + ";\n";
+          cache_written[n] = true;
+        } else {  // later passes read it back
+          loop += "      " + decl(n) + " = kiln_cached ? " + cache_name(n) +
+                  "[j] : " + expr(k_.body[n]) + ";\n";
+        }
+      }
       std::vector<bool> used = load_used_;
       for (size_t r : roots) {
         const Instr& in = k_.body[r];
@@ -1064,6 +1141,13 @@ class Source {
         ", unsigned long long* partials, unsigned long long* scratch) {\n";
     if (loops || any_global || any_column)
       out_ += "  const U R = (U)d.size[" + std::to_string(rank) + "];\n";
+    for (size_t n = 0; n < n_body; ++n) {
+      if (!cache.cached[n]) continue;
+      const std::string type = value_type(k_.body[n].type);
+      out_ += "  KILN_ROW_CACHE(" + type + ", " + cache_name(n) + ");\n";
+      out_ += "  const bool kiln_cached = (unsigned long long)R * sizeof(" + type +
+              ") <= kiln_dynamic_shared_bytes();\n";
+    }
     int64_t total_parts = 0;
     for (int32_t parts : k_.column_parts) total_parts += parts;
     if (any_global || any_column)
@@ -1334,7 +1418,12 @@ CudaRowsLaunch cuda_rows_launch(const Kernel& kernel, const Layout& layout, cons
   CudaRowsLaunch g;
   // About 4 elements per thread, in whole warps; 512 threads at most leave room for registers.
   while (g.threads < 512 && int64_t{g.threads} * 4 < R) g.threads *= 2;
-  const int64_t cap = kernel.num_columns() > 0 ? 128 : kernel.num_globals > 0 ? 1024 : 65536;
+  // Column partials are one block of R positions per block of threads: 512 blocks (about four per
+  // multiprocessor of a large GPU) keep every multiprocessor busy for a partial buffer of a few
+  // times the columns' size.
+  const int64_t cap = kernel.num_columns() > 0 ? 512 : kernel.num_globals > 0 ? 1024 : 65536;
+  // The row cache (see the rows kernel): 4 bytes per position, for rows up to 8192 positions.
+  if (R <= kRowCacheBytes / 4) g.shared_bytes = static_cast<unsigned>(R * 4);
   g.blocks = std::max<int64_t>(1, std::min(rows, cap));
   g.index32 = cuda_call_flags(kernel, layout, rows, sizes, strides, nullptr, g.blocks).index32;
   if (kernel.num_globals > 0 || kernel.num_columns() > 0) {

@@ -157,7 +157,10 @@ struct CudaRowsLaunch {
   int64_t column_positions = 0;  // positions the columns kernel covers (max parts * R)
   int64_t columns_blocks = 0;    // the columns kernel's grid (0: no columns kernel) ...
   int columns_threads = 0;       // ... and block size; the finish kernel runs <<<1, 1>>>
+  unsigned shared_bytes = 0;     // the rows kernel's dynamic shared memory: its row cache
 };
+// The rows kernel's row cache at most (dynamic shared memory under the default 48 KiB limit).
+constexpr int64_t kRowCacheBytes = 32 * 1024;
 CudaRowsLaunch cuda_rows_launch(const Kernel& kernel, const Layout& layout, const int64_t* sizes,
                                 const int64_t* strides);
 

@@ -222,10 +222,15 @@ size_t scalar_bytes(DType t) {
   return t == kBool ? 1 : element_size(t);
 }
 
-void add_pointers_and_scalars(KernelCall& call, const Kernel& kernel, char* const* ptrs,
-                              const uint64_t* scalars) {
+void add_pointers_and_scalars(KernelCall& call, const Kernel& kernel, const Layout& layout,
+                              char* const* ptrs, const uint64_t* scalars) {
   const size_t num_ptrs = kernel.input_types.size() + kernel.outputs.size();
-  for (size_t p = 0; p < num_ptrs; ++p) call.add(&ptrs[p], sizeof(char*));
+  for (size_t p = 0; p < num_ptrs; ++p) {
+    if (p < layout.by_value.size() && layout.by_value[p])  // the value itself, copied now
+      call.add(ptrs[p], scalar_bytes(kernel.input_types[p]));
+    else
+      call.add(&ptrs[p], sizeof(char*));
+  }
   for (size_t k = 0; k < kernel.scalar_types.size(); ++k) {
     const uint64_t slot = scalars ? scalars[k] : 0;
     call.add(&slot, scalar_bytes(kernel.scalar_types[k]));
@@ -267,7 +272,7 @@ KernelCall elementwise_call(const Kernel& kernel, const Layout& layout, int64_t 
     dims.insert(dims.end(), strides, strides + rank * num_ptrs);
     call.add(dims.data(), dims.size() * sizeof(long long));
   }
-  add_pointers_and_scalars(call, kernel, ptrs, scalars);
+  add_pointers_and_scalars(call, kernel, layout, ptrs, scalars);
   return call;
 }
 
@@ -288,7 +293,7 @@ std::vector<KernelCall> rows_calls(const Kernel& kernel, const Layout& layout,
   dims.insert(dims.end(), strides, strides + (rank + 1) * num_ptrs);
   main.add(&rows, sizeof rows);
   main.add(dims.data(), dims.size() * sizeof(long long));
-  add_pointers_and_scalars(main, kernel, ptrs, scalars);
+  add_pointers_and_scalars(main, kernel, layout, ptrs, scalars);
   if (geometry.partials_bytes > 0) main.add(&partials, sizeof partials);
   const long long blocks = geometry.blocks, stride = geometry.stride, R = sizes[rank];
   if (kernel.num_globals > 0) {
@@ -297,7 +302,7 @@ std::vector<KernelCall> rows_calls(const Kernel& kernel, const Layout& layout,
     finish.add(&blocks, sizeof blocks);
     finish.add(&stride, sizeof stride);
     finish.add(&partials, sizeof partials);
-    add_pointers_and_scalars(finish, kernel, ptrs, scalars);
+    add_pointers_and_scalars(finish, kernel, layout, ptrs, scalars);
     calls.push_back(std::move(finish));
   }
   if (kernel.num_columns() > 0) {
@@ -309,7 +314,7 @@ std::vector<KernelCall> rows_calls(const Kernel& kernel, const Layout& layout,
     columns.add(&stride, sizeof stride);
     columns.add(&R, sizeof R);
     columns.add(&partials, sizeof partials);
-    add_pointers_and_scalars(columns, kernel, ptrs, scalars);
+    add_pointers_and_scalars(columns, kernel, layout, ptrs, scalars);
     calls.push_back(std::move(columns));
   }
   return calls;
@@ -354,7 +359,8 @@ void launch_rows(const CudaKernel& fn, const Kernel& kernel, const Layout& layou
   if (kernel.num_globals > 0) functions[next++] = fn.finish;
   if (kernel.num_columns() > 0) functions[next++] = fn.columns;
   for (size_t i = 0; i < calls.size(); ++i)
-    detail::cuda::launch(device, functions[i], {calls[i].grid, calls[i].block, 0},
+    detail::cuda::launch(device, functions[i],
+                         {calls[i].grid, calls[i].block, i == 0 ? geometry.shared_bytes : 0u},
                          calls[i].args.data(), fn.name);
 }
 
