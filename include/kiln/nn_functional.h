@@ -25,7 +25,9 @@ Tensor softsign(const Tensor& x);
 
 // ---------------------------------------------------------------- losses
 // torch's reduction="batchmean" (kl_div only): the sum divided by input.size(0).
-struct BatchMean {};
+struct BatchMean {
+  bool batchmean = true;  // not empty: GCC warns of copying an empty struct into a variant
+};
 inline constexpr BatchMean kBatchMean{};
 using KLDivReduction = std::variant<Reduction, BatchMean>;
 

@@ -60,6 +60,10 @@ bool one_value(Gen& g, Step& s, bool (*pred)(const torch::Tensor&)) {
 bool unary(Gen& g, Step& s) {
   return one_value(g, s, any);
 }
+// Activations of floating inputs (libtorch's raise for integers, as kiln's do).
+bool float_unary(Gen& g, Step& s) {
+  return one_value(g, s, is_float);
+}
 // A second operand for a: itself, another value that broadcasts with it (rarely one that does
 // not), or a new input of a broadcastable shape.
 ValueId partner(Gen& g, int a) {
@@ -931,6 +935,13 @@ const std::vector<Op>& op_table() {
       DIFF_OP("gelu_tanh", kInexact, unary, gelu(a[0], "tanh")),
       DIFF_OP("silu", kInexact, unary, silu(a[0])),
       DIFF_OP("softplus", kInexact, unary, softplus(a[0])),
+      DIFF_OP("leaky_relu", 0, float_unary, leaky_relu(a[0], 0.25)),
+      DIFF_OP("elu", kInexact, float_unary, elu(a[0], 0.5)),
+      DIFF_OP("selu", kInexact, float_unary, selu(a[0])),
+      DIFF_OP("hardswish", 0, float_unary, hardswish(a[0])),
+      DIFF_OP("mish", kInexact, float_unary, mish(a[0])),
+      DIFF_OP("log_sigmoid", kInexact, float_unary, log_sigmoid(a[0])),
+      DIFF_OP2("softsign", 0, float_unary, softsign(a[0]), a[0] / (a[0].abs() + 1)),
       DIFF_OP("erf", kInexact, erf_pick, erf(a[0])),
       DIFF_OP("floor", 0, floor_ceil_pick, floor(a[0])),
       DIFF_OP("ceil", 0, floor_ceil_pick, ceil(a[0])),

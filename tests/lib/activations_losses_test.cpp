@@ -141,9 +141,42 @@ TEST(Activations, GradientsAtKinksAreTorchs) {
   EXPECT_DOUBLE_EQ(grad_at([](const Tensor& x) { return hardsigmoid(x); }, 3), 0.0);
   EXPECT_DOUBLE_EQ(grad_at([](const Tensor& x) { return log_sigmoid(x); }, 0), 0.5);
   EXPECT_DOUBLE_EQ(grad_at([](const Tensor& x) { return softsign(x); }, 0), 1.0);
+  // At NaN, the branch torch's backward takes.
+  EXPECT_DOUBLE_EQ(grad_at([](const Tensor& x) { return leaky_relu(x, 0.2); }, kNaN), 0.2);
+  EXPECT_DOUBLE_EQ(grad_at([](const Tensor& x) { return elu(x, 0.5); }, kNaN), 1.0);
+  EXPECT_DOUBLE_EQ(grad_at([](const Tensor& x) { return hardswish(x); }, kNaN), 1.0);
   // Far out, the branch not taken does not overflow into the gradient.
   EXPECT_DOUBLE_EQ(grad_at([](const Tensor& x) { return elu(x); }, 800), 1.0);
   EXPECT_DOUBLE_EQ(grad_at([](const Tensor& x) { return log_sigmoid(x); }, -800), 1.0);
+}
+
+// Found by the libtorch differential tester: torch's backward selects (or combines before
+// multiplying) where the gradient through the forward's ops multiplies an infinite or NaN output
+// gradient by zero, or adds two infinite terms.
+TEST(Activations, GradientsWithNonFiniteOutputGradientsAreTorchs) {
+  auto grad_of = [](const Tensor& x, const std::function<Tensor(const Tensor&)>& loss) {
+    Tensor leaf = x.clone().requires_grad_();
+    loss(leaf).backward();
+    return values(leaf.grad());
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  // hardswish below -3: 0, though erf's gradient at the NaN output is NaN.
+  EXPECT_EQ(grad_of(from_vector(std::vector<double>{-inf}),
+                    [](const Tensor& x) { return erf(relu(hardswish(x))).sum(); }),
+            std::vector<double>{0.0});
+  // mish far out: g (t + x sigmoid(x) (1 - t^2)) with 1 - t^2 = 0, not x g overflowing first.
+  EXPECT_EQ(grad_of(from_vector(std::vector<float>{3.4e38f}),
+                    [](const Tensor& x) { return (mish(x) * -1.75).sum(); }),
+            std::vector<double>{-1.75});
+  // log_sigmoid under an infinite gradient: -inf, not inf - inf.
+  const std::vector<double> g =
+      grad_of(from_vector(std::vector<float>{-1.52786911f}),
+              [](const Tensor& x) { return pow(1e-30, log_sigmoid(x)).sum(); });
+  EXPECT_EQ(g, std::vector<double>{-inf});
+  // hardsigmoid at NaN: 0, as torch's (-3 < x < 3 fails).
+  EXPECT_EQ(grad_of(from_vector(std::vector<double>{kNaN}),
+                    [](const Tensor& x) { return hardsigmoid(x).sum(); }),
+            std::vector<double>{0.0});
 }
 
 TEST(Activations, LazyMatchesEager) {
