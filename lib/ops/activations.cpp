@@ -26,11 +26,11 @@ void check_floating(const Tensor& x, const char* op) {
              detail::describe(x));
 }
 
-// torch's elu with its scale arguments: expm1(x) * alpha * scale for x <= 0, x * scale otherwise
-// (NaN included, so that its gradient is torch's too).
+// torch's elu with its scale arguments: x * scale for x > 0, expm1(x) * alpha * scale otherwise
+// (NaN too, whose gradient is then NaN, as in torch's vectorized loop).
 Tensor elu_scaled(const Tensor& x, double alpha, double scale, const char* op) {
   check_floating(x, op);
-  const Tensor positive = logical_not(le(x, 0));
+  const Tensor positive = gt(x, 0);
   const Tensor negative_part = expm1(where(logical_not(positive), x, 0.0)) * (alpha * scale);
   return where(positive, scale == 1.0 ? x : x * scale, negative_part);
 }
@@ -81,8 +81,9 @@ Tensor hardswish(const Tensor& x) {
   return with_backward(
       "hardswish", x, [](const Tensor& v) { return v * relu6_of_x_plus_3(v) / 6; },
       [](const Tensor& g, const Tensor& v) {
-        // torch's: 0 below -3, g (x / 3 + 1/2) up to 3, g above (and at NaN).
-        return where(logical_not(lt(v, -3)), where(le(v, 3), g * (v / 3 + 0.5), g), 0.0);
+        // torch's vectorized loop's: 0 below -3, g from 3 on, g (x / 3 + 1/2) between (NaN
+        // too, which stays NaN).
+        return where(logical_not(lt(v, -3)), where(ge(v, 3), g, g * (v / 3 + 0.5)), 0.0);
       });
 }
 

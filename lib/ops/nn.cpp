@@ -917,15 +917,44 @@ Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
   return reduce_loss(abs(input - target), reduction);
 }
 
+namespace {
+using DifferenceFn = Tensor (*)(const Tensor& d, double param);
+
+// The elementwise terms f(input - target) of smooth_l1_loss and huber_loss, with torch's backward
+// df(d) (in kiln ops, so it differentiates again): through f's ops, an infinite difference would
+// reach the quadratic branch that where() does not take as 0 * inf.
+Tensor difference_terms(const char* op, const Tensor& input, const Tensor& target, DifferenceFn f,
+                        DifferenceFn df, double param) {
+  Tensor terms;
+  {
+    AutoGradMode kernel_only(false);
+    terms = f(input - target, param);
+  }
+  if (detail::needs_grad(input, target))
+    detail::record(op, {input, target}, {terms}, {input, target},
+                   [df, param](const detail::BackwardContext& c) {
+                     const Tensor g = c.grad() * df(c.saved(0) - c.saved(1), param);
+                     return std::vector<Tensor>{c.needs_grad(0) ? g : Tensor(),
+                                                c.needs_grad(1) ? -g : Tensor()};
+                   });
+  return terms;
+}
+}  // namespace
+
 Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduction, double beta) {
   const char* op = "smooth_l1_loss";
   check_loss_pair(op, input, target, false);
   KILN_CHECK(beta >= 0, op, ": beta must be non-negative, got ", beta, " (input ", describe(input),
              ")");
   if (beta == 0.0) return l1_loss(input, target, reduction);
-  // |d| < beta ? 0.5 d^2 / beta : |d| - 0.5 beta, as torch's kernel.
-  const Tensor d = input - target, z = abs(d);
-  return reduce_loss(where(lt(z, beta), d * d * 0.5 / beta, z - 0.5 * beta), reduction);
+  // |d| < beta ? 0.5 d^2 / beta : |d| - 0.5 beta, as torch's kernel; its gradient
+  // clamp(d / beta, -1, 1).
+  DifferenceFn f = [](const Tensor& d, double b) {
+    const Tensor z = abs(d);
+    return where(lt(z, b), d * d * 0.5 / b, z - 0.5 * b);
+  };
+  DifferenceFn df = [](const Tensor& d, double b) { return clamp(d / b, -1, 1); };
+  return reduce_loss(difference_terms(op, input, target, f, df, beta), reduction);
 }
 
 Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction, double delta) {
@@ -933,9 +962,14 @@ Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction
   check_loss_pair(op, input, target, false);
   KILN_CHECK(delta > 0, op, ": delta must be positive, got ", delta, " (input ", describe(input),
              ")");
-  // |d| < delta ? 0.5 d^2 : delta (|d| - 0.5 delta), as torch's kernel.
-  const Tensor d = input - target, z = abs(d);
-  return reduce_loss(where(lt(z, delta), d * d * 0.5, (z - 0.5 * delta) * delta), reduction);
+  // |d| < delta ? 0.5 d^2 : delta (|d| - 0.5 delta), as torch's kernel; its gradient
+  // clamp(d, -delta, delta).
+  DifferenceFn f = [](const Tensor& d, double dl) {
+    const Tensor z = abs(d);
+    return where(lt(z, dl), d * d * 0.5, (z - 0.5 * dl) * dl);
+  };
+  DifferenceFn df = [](const Tensor& d, double dl) { return clamp(d, -dl, dl); };
+  return reduce_loss(difference_terms(op, input, target, f, df, delta), reduction);
 }
 
 namespace {
