@@ -26,6 +26,7 @@ using testing::random_tensor;
 using testing::values;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
 
 double rtol_for(DType dt) {
   return dt == kFloat64 ? 1e-12 : 2e-5;
@@ -159,7 +160,7 @@ TEST(Activations, GradientsWithNonFiniteOutputGradientsAreTorchs) {
     loss(leaf).backward();
     return values(leaf.grad());
   };
-  const double inf = std::numeric_limits<double>::infinity();
+  const double inf = kInf;
   // hardswish below -3: 0, though erf's gradient at the NaN output is NaN.
   EXPECT_EQ(grad_of(from_vector(std::vector<double>{-inf}),
                     [](const Tensor& x) { return erf(relu(hardswish(x))).sum(); }),
@@ -359,6 +360,17 @@ TEST(Losses, SpecialValues) {
   EXPECT_NEAR(kl_div(lp, q, kBatchMean).item<double>(), total / 3, 1e-14);
   EXPECT_NEAR(kl_div(lp.select(0, 0), q.select(0, 0), kBatchMean).item<double>(),
               kl_div(lp.select(0, 0), q.select(0, 0), Reduction::Sum).item<double>() / 5, 1e-14);
+  // An infinite difference: torch's gradients (the clamp of d), not 0 * inf from the quadratic
+  // branch (found by the differential tester).
+  for (bool huber : {false, true}) {
+    Tensor in = from_vector(std::vector<double>{2.5, 1.0}).requires_grad_();
+    const Tensor inf_target = from_vector(std::vector<double>{kInf, -kInf});
+    (huber ? huber_loss(in, inf_target, Reduction::Sum, 0.5)
+           : smooth_l1_loss(in, inf_target, Reduction::Sum, 2.0))
+        .backward();
+    expect_close(in.grad(), huber ? std::vector<double>{-0.5, 0.5} : std::vector<double>{-1, 1},
+                 {2}, kFloat64, 0, 0);
+  }
   // Mean over nothing is NaN, as torch's.
   EXPECT_TRUE(std::isnan(l1_loss(zeros({0, 3}), zeros({0, 3})).item<double>()));
 }
