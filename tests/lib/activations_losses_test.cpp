@@ -3,8 +3,11 @@
 // gradients by finite differences (first and second order), gradients at the kinks as torch's
 // backward gives them, lazy and traced results against eager mode, fusion into one kernel, and
 // errors that name the op and the shapes.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -718,6 +721,35 @@ TEST(ClassLosses, LazyAndTracedMatchEager) {
   testing::expect_lazy_equal(got[0], want[0], "traced loss");
   testing::expect_lazy_equal(traced_param.grad(), eager_param.grad(), "traced gradient");
   EXPECT_THROW(traced({x2, from_vector(std::vector<int64_t>{0, 1, 2, 3, 4, 5}), p}), Error);
+}
+
+// The nll_loss node (two outputs, an optional weight) survives a save and load of a traced
+// function.
+TEST(ClassLosses, SavedTraceReplays) {
+  const Tensor x = testing::input({6, 5});
+  const Tensor w = testing::input({5}, kFloat32, 0.5, 2);
+  const Tensor t = from_vector(std::vector<int64_t>{0, 4, 2, 3, 2, 1});
+  auto fn = [w](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{cross_entropy(in[0], in[1], w, Reduction::Mean, 2, 0.1),
+                               nll_loss(in[0], in[1], Tensor(), Reduction::None)};
+  };
+  jit::Function traced = jit::trace(fn, {x, t});
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("kiln_activations_losses_" + std::to_string(::getpid()) + ".kiln"))
+                               .string();
+  traced.save(path);
+  jit::Function loaded = jit::load(path);
+  std::filesystem::remove(path);
+  const Tensor t2 = from_vector(std::vector<int64_t>{2, 1, 0, 4, 3, 2});
+  std::vector<Tensor> want;
+  {
+    LazyGuard eager(false);
+    want = fn({x, t2});
+  }
+  const std::vector<Tensor> got = loaded({x, t2});
+  ASSERT_EQ(got.size(), 2u);
+  for (size_t i = 0; i < got.size(); ++i)
+    testing::expect_lazy_equal(got[i], want[i], "loaded output " + std::to_string(i));
 }
 
 TEST(ClassLosses, BadInputsRaiseNamingTheOpAndShapes) {
