@@ -36,7 +36,8 @@ using KLDivReduction = std::variant<Reduction, BatchMean>;
 // targets; targets equal to ignore_index contribute nothing, to the sum or to that divisor.
 // cross_entropy's target holds class indices, or class probabilities when it has the logits'
 // shape (ignore_index must then be negative); label_smoothing mixes each target with the uniform
-// distribution over the C classes.
+// distribution over the C classes. Pass Tensor() for no weight: a braced {} as the third
+// argument would select the short form's Reduction::None.
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
                 Reduction reduction = Reduction::Mean, int64_t ignore_index = -100);
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight,

@@ -70,6 +70,13 @@ bool float_unary(Gen& g, Step& s) {
 bool float_unary_no_nan(Gen& g, Step& s) {
   return float_unary(g, s) && !torch::isnan(arg(g, s, 0)).any().item<bool>();
 }
+// Nor, for elu and selu, -0 (deliberate difference): kiln's is expm1(-0) = -0, as libtorch's
+// vectorized loop gives; its scalar loop computes exp(x) - 1 = +0, whose sign rsqrt reads.
+bool elu_pick(Gen& g, Step& s) {
+  if (!float_unary_no_nan(g, s)) return false;
+  const auto& x = arg(g, s, 0);
+  return !torch::logical_and(x == 0, torch::signbit(x)).any().item<bool>();
+}
 // A second operand for a: itself, another value that broadcasts with it (rarely one that does
 // not), or a new input of a broadcastable shape.
 ValueId partner(Gen& g, int a) {
@@ -955,8 +962,8 @@ const std::vector<Op>& op_table() {
       DIFF_OP("silu", kInexact, unary, silu(a[0])),
       DIFF_OP("softplus", kInexact, unary, softplus(a[0])),
       DIFF_OP("leaky_relu", 0, float_unary, leaky_relu(a[0], 0.25)),
-      DIFF_OP("elu", kInexact, float_unary_no_nan, elu(a[0], 0.5)),
-      DIFF_OP("selu", kInexact, float_unary_no_nan, selu(a[0])),
+      DIFF_OP("elu", kInexact, elu_pick, elu(a[0], 0.5)),
+      DIFF_OP("selu", kInexact, elu_pick, selu(a[0])),
       DIFF_OP("hardswish", 0, float_unary_no_nan, hardswish(a[0])),
       DIFF_OP("mish", kInexact, float_unary, mish(a[0])),
       DIFF_OP("log_sigmoid", kInexact, float_unary, log_sigmoid(a[0])),
