@@ -20,6 +20,9 @@
 //
 // layer_norm normalizes each row of M = prod(normalized_shape) elements: mean, then the biased
 // variance around it (both accumulated in double), then one pass writing (x - mean) * rstd * w + b.
+//
+// The losses of kiln/nn_functional.h other than nll_loss (binary cross entropies, l1, smooth l1,
+// huber, kl_div) are compositions of elementwise ops and reductions, recorded and fused as such.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
