@@ -546,7 +546,7 @@ NllResult nll_with_grad(const Tensor& log_probs, const NllGeometry& geo, const T
           if (reduction == Reduction::None && rank > 1) scale = g.unsqueeze(1);
           if (reduction == Reduction::Mean) scale = g / c.saved(2);
           Tensor grad = -scale;
-          if (weight.defined()) grad = grad * weight.view(class_view(rank, C));
+          if (weight.defined()) grad = grad * weight.to(grad.dtype()).view(class_view(rank, C));
           return std::vector<Tensor>{where(target_hits(target, rank, C, ignore_index), grad, 0.0)};
         });
   }
@@ -741,11 +741,12 @@ Tensor cross_entropy_probs(const Tensor& logits, const Tensor& target, const Ten
   const int64_t class_dim = logits.dim() == 1 ? 0 : 1, C = logits.size(class_dim);
   check_class_weight(op, weight, logits, C);
   const Tensor lp = log_softmax(logits, class_dim);
+  const Tensor w = weight.defined() ? weight.to(lp.dtype()) : weight;
   Tensor t = target;
   if (label_smoothing > 0)
     t = target * (1 - label_smoothing) + label_smoothing / static_cast<double>(C);
   Tensor terms = lp * t;
-  if (weight.defined()) terms = terms * weight.view(class_view(logits.dim(), C));
+  if (w.defined()) terms = terms * w.view(class_view(logits.dim(), C));
   if (reduction == Reduction::None) return -terms.sum({class_dim});
   if (reduction == Reduction::Sum) return -terms.sum();
   const int64_t rows = C == 0 ? 0 : logits.numel() / C;
@@ -772,7 +773,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
   if (label_smoothing == 0.0) return nll.loss;
   // As torch's cross_entropy_loss_label_smoothing: the (weighted) sum of -lp over the classes,
   // zero at ignored targets; its mean divides by the same total weight as the nll term's.
-  Tensor all = weight.defined() ? lp * weight.view(class_view(rank, g.C)) : lp;
+  Tensor all = weight.defined() ? lp * weight.to(lp.dtype()).view(class_view(rank, g.C)) : lp;
   Tensor smooth = where(ne(g.target, ignore_index), -all.sum({class_dim}), 0.0);
   if (reduction == Reduction::Sum) smooth = smooth.sum();
   if (reduction == Reduction::Mean) smooth = smooth.sum() / nll.total_weight;

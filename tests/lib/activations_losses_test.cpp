@@ -723,6 +723,21 @@ TEST(ClassLosses, LazyAndTracedMatchEager) {
   EXPECT_THROW(traced({x2, from_vector(std::vector<int64_t>{0, 1, 2, 3, 4, 5}), p}), Error);
 }
 
+// A float64 class weight for float32 logits: the loss and the gradient stay float32.
+TEST(ClassLosses, WeightOfAnotherDtype) {
+  const Tensor x = random_tensor({4, 3});
+  const Tensor w = random_tensor({3}, kFloat64, 0.5, 2);
+  const Tensor t = from_vector(std::vector<int64_t>{0, 1, 2, 1});
+  Tensor leaf = x.clone().requires_grad_();
+  Tensor loss = cross_entropy(leaf, t, w, Reduction::Mean, -100, 0.1);
+  EXPECT_EQ(loss.dtype(), kFloat32);
+  loss.backward();
+  EXPECT_EQ(leaf.grad().dtype(), kFloat32);
+  const Tensor same = cross_entropy(x, t, w.to(kFloat32), Reduction::Mean, -100, 0.1);
+  EXPECT_NEAR(loss.item<double>(), same.item<double>(), 1e-6);
+  EXPECT_EQ(nll_loss(x, t, w).dtype(), kFloat32);
+}
+
 // The nll_loss node (two outputs, an optional weight) survives a save and load of a traced
 // function.
 TEST(ClassLosses, SavedTraceReplays) {
