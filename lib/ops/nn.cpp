@@ -880,7 +880,7 @@ Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const Ten
     AutoGradMode kernel_only(false);
     // torch's kernel: (t - 1) * max(log1p(-x), -100) - t * max(log(x), -100).
     Tensor terms = (target - 1) * maximum(log1p(-input), -100) - target * maximum(log(input), -100);
-    if (weight.defined()) terms = terms * weight;
+    if (weight.defined()) terms = terms * weight.to(terms.dtype());
     out = reduce_loss(terms, reduction);
   }
   if (detail::needs_grad(input, target)) {
@@ -889,7 +889,7 @@ Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const Ten
                    [reduction, count](const detail::BackwardContext& c) {
                      const Tensor &x = c.saved(0), &t = c.saved(1), &w = c.saved(2);
                      Tensor g = reduction == Reduction::Mean ? c.grad() / count : c.grad();
-                     if (w.defined()) g = g * w;
+                     if (w.defined()) g = g * w.to(g.dtype());
                      std::vector<Tensor> grads(2);
                      // As torch's binary_cross_entropy_backward: (x - t) / max(x (1 - x), 1e-12).
                      if (c.needs_grad(0)) grads[0] = g * (x - t) / maximum((1 - x) * x, 1e-12);
@@ -909,10 +909,12 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
   check_broadcasts_to(op, "weight", weight, shape);
   check_broadcasts_to(op, "pos_weight", pos_weight, shape);
   // As torch: (1 - t) x - lw log_sigmoid(x), lw = 1 + (pos_weight - 1) t.
+  // The weights in the input's dtype, as the logits' (their gradients flow back through to()).
   const Tensor log_sig = log_sigmoid(input);
   Tensor terms = (1 - target) * input -
-                 (pos_weight.defined() ? ((pos_weight - 1) * target + 1) * log_sig : log_sig);
-  if (weight.defined()) terms = terms * weight;
+                 (pos_weight.defined() ? ((pos_weight.to(input.dtype()) - 1) * target + 1) * log_sig
+                                       : log_sig);
+  if (weight.defined()) terms = terms * weight.to(input.dtype());
   return reduce_loss(terms, reduction);
 }
 

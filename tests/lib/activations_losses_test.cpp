@@ -736,6 +736,12 @@ TEST(ClassLosses, WeightOfAnotherDtype) {
   const Tensor same = cross_entropy(x, t, w.to(kFloat32), Reduction::Mean, -100, 0.1);
   EXPECT_NEAR(loss.item<double>(), same.item<double>(), 1e-6);
   EXPECT_EQ(nll_loss(x, t, w).dtype(), kFloat32);
+  const Tensor p = random_tensor({4, 3}, kFloat32, 0.1, 0.9);
+  EXPECT_EQ(binary_cross_entropy(p, p, w).dtype(), kFloat32);
+  EXPECT_EQ(binary_cross_entropy_with_logits(x, p, w, Reduction::Mean, w).dtype(), kFloat32);
+  Tensor q = p.clone().requires_grad_();
+  binary_cross_entropy(q, p, w).backward();
+  EXPECT_EQ(q.grad().dtype(), kFloat32);
 }
 
 // The nll_loss node (two outputs, an optional weight) survives a save and load of a traced
