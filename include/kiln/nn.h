@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/nn_functional.h"
 #include "kiln/ops.h"
 #include "kiln/state_dict.h"
 #include "kiln/tensor.h"
@@ -211,6 +212,221 @@ class GELU : public Module {
 
   std::string approximate;
 };
+
+// ---------------------------------------------------------------- more activations
+// torch.nn's activation modules with their arguments (no inplace variants).
+class LeakyReLU : public Module {
+ public:
+  explicit LeakyReLU(double negative_slope = 0.01) : negative_slope(negative_slope) {}
+  std::string name() const override { return "LeakyReLU"; }
+  Tensor forward(const Tensor& input) override { return leaky_relu(input, negative_slope); }
+
+  double negative_slope;
+};
+class ELU : public Module {
+ public:
+  explicit ELU(double alpha = 1.0) : alpha(alpha) {}
+  std::string name() const override { return "ELU"; }
+  Tensor forward(const Tensor& input) override { return elu(input, alpha); }
+
+  double alpha;
+};
+class SELU : public Module {
+ public:
+  std::string name() const override { return "SELU"; }
+  Tensor forward(const Tensor& input) override { return selu(input); }
+};
+class Hardswish : public Module {
+ public:
+  std::string name() const override { return "Hardswish"; }
+  Tensor forward(const Tensor& input) override { return hardswish(input); }
+};
+class Hardsigmoid : public Module {
+ public:
+  std::string name() const override { return "Hardsigmoid"; }
+  Tensor forward(const Tensor& input) override { return hardsigmoid(input); }
+};
+class Mish : public Module {
+ public:
+  std::string name() const override { return "Mish"; }
+  Tensor forward(const Tensor& input) override { return mish(input); }
+};
+class LogSigmoid : public Module {
+ public:
+  std::string name() const override { return "LogSigmoid"; }
+  Tensor forward(const Tensor& input) override { return log_sigmoid(input); }
+};
+class Softsign : public Module {
+ public:
+  std::string name() const override { return "Softsign"; }
+  Tensor forward(const Tensor& input) override { return softsign(input); }
+};
+class Softmax : public Module {
+ public:
+  explicit Softmax(int64_t dim) : dim(dim) {}
+  std::string name() const override { return "Softmax"; }
+  Tensor forward(const Tensor& input) override { return softmax(input, dim); }
+
+  int64_t dim;
+};
+class LogSoftmax : public Module {
+ public:
+  explicit LogSoftmax(int64_t dim) : dim(dim) {}
+  std::string name() const override { return "LogSoftmax"; }
+  Tensor forward(const Tensor& input) override { return log_softmax(input, dim); }
+
+  int64_t dim;
+};
+
+// ---------------------------------------------------------------- losses
+// Loss modules with libtorch's options structs: each option is set by a chained call and read by
+// the same name, CrossEntropyLossOptions().ignore_index(0).label_smoothing(0.1). forward takes
+// (input, target); the modules have no parameters (a class weight is an option, not trained).
+#define KILN_LOSS_ARG(TYPE, NAME) \
+  auto& NAME(const TYPE& value) { \
+    NAME##_ = value;              \
+    return *this;                 \
+  }                               \
+  const TYPE& NAME() const {      \
+    return NAME##_;               \
+  }                               \
+  TYPE NAME##_
+
+class Loss : public Module {
+ public:
+  virtual Tensor forward(const Tensor& input, const Tensor& target) = 0;
+  Tensor operator()(const Tensor& input, const Tensor& target) { return forward(input, target); }
+  using Module::forward;
+};
+
+struct ReductionOptions {
+  ReductionOptions(Reduction r = Reduction::Mean) : reduction_(r) {}  // NOLINT: implicit, as torch
+  KILN_LOSS_ARG(Reduction, reduction);
+};
+class MSELoss : public Loss {
+ public:
+  explicit MSELoss(ReductionOptions options = {}) : options(options) {}
+  std::string name() const override { return "MSELoss"; }
+  Tensor forward(const Tensor& input, const Tensor& target) override {
+    return mse_loss(input, target, options.reduction());
+  }
+  ReductionOptions options;
+};
+class L1Loss : public Loss {
+ public:
+  explicit L1Loss(ReductionOptions options = {}) : options(options) {}
+  std::string name() const override { return "L1Loss"; }
+  Tensor forward(const Tensor& input, const Tensor& target) override {
+    return l1_loss(input, target, options.reduction());
+  }
+  ReductionOptions options;
+};
+
+struct NLLLossOptions {
+  KILN_LOSS_ARG(Tensor, weight);
+  KILN_LOSS_ARG(int64_t, ignore_index) = -100;
+  KILN_LOSS_ARG(Reduction, reduction) = Reduction::Mean;
+};
+class NLLLoss : public Loss {
+ public:
+  explicit NLLLoss(NLLLossOptions options = {}) : options(std::move(options)) {}
+  std::string name() const override { return "NLLLoss"; }
+  Tensor forward(const Tensor& input, const Tensor& target) override {
+    return nll_loss(input, target, options.weight(), options.reduction(), options.ignore_index());
+  }
+  NLLLossOptions options;
+};
+
+struct CrossEntropyLossOptions {
+  KILN_LOSS_ARG(Tensor, weight);
+  KILN_LOSS_ARG(int64_t, ignore_index) = -100;
+  KILN_LOSS_ARG(Reduction, reduction) = Reduction::Mean;
+  KILN_LOSS_ARG(double, label_smoothing) = 0.0;
+};
+class CrossEntropyLoss : public Loss {
+ public:
+  explicit CrossEntropyLoss(CrossEntropyLossOptions options = {}) : options(std::move(options)) {}
+  std::string name() const override { return "CrossEntropyLoss"; }
+  Tensor forward(const Tensor& input, const Tensor& target) override {
+    return cross_entropy(input, target, options.weight(), options.reduction(),
+                         options.ignore_index(), options.label_smoothing());
+  }
+  CrossEntropyLossOptions options;
+};
+
+struct BCELossOptions {
+  KILN_LOSS_ARG(Tensor, weight);
+  KILN_LOSS_ARG(Reduction, reduction) = Reduction::Mean;
+};
+class BCELoss : public Loss {
+ public:
+  explicit BCELoss(BCELossOptions options = {}) : options(std::move(options)) {}
+  std::string name() const override { return "BCELoss"; }
+  Tensor forward(const Tensor& input, const Tensor& target) override {
+    return binary_cross_entropy(input, target, options.weight(), options.reduction());
+  }
+  BCELossOptions options;
+};
+
+struct BCEWithLogitsLossOptions {
+  KILN_LOSS_ARG(Tensor, weight);
+  KILN_LOSS_ARG(Reduction, reduction) = Reduction::Mean;
+  KILN_LOSS_ARG(Tensor, pos_weight);
+};
+class BCEWithLogitsLoss : public Loss {
+ public:
+  explicit BCEWithLogitsLoss(BCEWithLogitsLossOptions options = {}) : options(std::move(options)) {}
+  std::string name() const override { return "BCEWithLogitsLoss"; }
+  Tensor forward(const Tensor& input, const Tensor& target) override {
+    return binary_cross_entropy_with_logits(input, target, options.weight(), options.reduction(),
+                                            options.pos_weight());
+  }
+  BCEWithLogitsLossOptions options;
+};
+
+struct SmoothL1LossOptions {
+  KILN_LOSS_ARG(Reduction, reduction) = Reduction::Mean;
+  KILN_LOSS_ARG(double, beta) = 1.0;
+};
+class SmoothL1Loss : public Loss {
+ public:
+  explicit SmoothL1Loss(SmoothL1LossOptions options = {}) : options(options) {}
+  std::string name() const override { return "SmoothL1Loss"; }
+  Tensor forward(const Tensor& input, const Tensor& target) override {
+    return smooth_l1_loss(input, target, options.reduction(), options.beta());
+  }
+  SmoothL1LossOptions options;
+};
+
+struct HuberLossOptions {
+  KILN_LOSS_ARG(Reduction, reduction) = Reduction::Mean;
+  KILN_LOSS_ARG(double, delta) = 1.0;
+};
+class HuberLoss : public Loss {
+ public:
+  explicit HuberLoss(HuberLossOptions options = {}) : options(options) {}
+  std::string name() const override { return "HuberLoss"; }
+  Tensor forward(const Tensor& input, const Tensor& target) override {
+    return huber_loss(input, target, options.reduction(), options.delta());
+  }
+  HuberLossOptions options;
+};
+
+// reduction is a Reduction or kiln::kBatchMean.
+struct KLDivLossOptions {
+  KILN_LOSS_ARG(KLDivReduction, reduction) = Reduction::Mean;
+  KILN_LOSS_ARG(bool, log_target) = false;
+};
+class KLDivLoss : public Loss {
+ public:
+  explicit KLDivLoss(KLDivLossOptions options = {}) : options(options) {}
+  std::string name() const override { return "KLDivLoss"; }
+  Tensor forward(const Tensor& input, const Tensor& target) override {
+    return kl_div(input, target, options.reduction(), options.log_target());
+  }
+  KLDivLossOptions options;
+};
+#undef KILN_LOSS_ARG
 
 // Convolutions with torch.nn's arguments. The weight [out, in / groups, k...] and the bias [out]
 // are drawn uniformly from [-1/sqrt(fan_in), 1/sqrt(fan_in)], fan_in = in / groups * prod(k), as

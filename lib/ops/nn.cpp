@@ -20,6 +20,9 @@
 //
 // layer_norm normalizes each row of M = prod(normalized_shape) elements: mean, then the biased
 // variance around it (both accumulated in double), then one pass writing (x - mean) * rstd * w + b.
+//
+// The losses of kiln/nn_functional.h other than nll_loss (binary cross entropies, l1, smooth l1,
+// huber, kl_div) are compositions of elementwise ops and reductions, recorded and fused as such.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -30,6 +33,7 @@
 #include <omp.h>
 
 #include "kiln/autograd.h"
+#include "kiln/nn_functional.h"
 #include "kiln/ops.h"
 #include "lib/autograd.h"
 #include "lib/dispatch.h"
@@ -93,21 +97,29 @@ const detail::OpDef& layer_norm_def =
                                       detail::attr_double(a.at(1)))};
            },
            {"normalized_shape", "eps"});
-// Inputs (log_probs, target).
+Tensor nll_kernel(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
+                  Reduction reduction, int64_t ignore_index, Tensor* total_weight);
+// Inputs (log_probs, target, weight); weight may be absent. Outputs (loss, total_weight): as
+// torch's nll_loss_forward, the sum of the weights of the targets not ignored, which divides the
+// mean and which the backward reads.
 const detail::OpDef& nll_loss_def = def_nn(
-    "nll_loss", 2, DTypeRule::Custom,
+    "nll_loss", 3, DTypeRule::Custom,
     [](const Inputs& in, const Attrs& a) {
-      return Inputs{nll_loss(in[0], in[1], attr_reduction(a.at(0)))};
+      Tensor total_weight;
+      Tensor loss = nll_kernel(in[0], in[1], in[2], attr_reduction(a.at(0)),
+                               detail::attr_int(a.at(1)), &total_weight);
+      return Inputs{loss, total_weight};
     },
-    {"reduction"}, nullptr, /*checks_integer_values=*/true);
-// Inputs (logits, target). A composition (log_softmax, then nll_loss): its pieces record
-// themselves in lazy mode.
+    {"reduction", "ignore_index"}, nullptr, /*checks_integer_values=*/true);
+// Inputs (logits, target, weight). A composition (log_softmax, then nll_loss, plus the label
+// smoothing term): its pieces record themselves in lazy mode.
 const detail::OpDef& cross_entropy_def = def_nn(
-    "cross_entropy", 2, DTypeRule::Custom,
+    "cross_entropy", 3, DTypeRule::Custom,
     [](const Inputs& in, const Attrs& a) {
-      return Inputs{cross_entropy(in[0], in[1], attr_reduction(a.at(0)))};
+      return Inputs{cross_entropy(in[0], in[1], in[2], attr_reduction(a.at(0)),
+                                  detail::attr_int(a.at(1)), detail::attr_double(a.at(2)))};
     },
-    {"reduction"}, nullptr, /*checks_integer_values=*/true);
+    {"reduction", "ignore_index", "label_smoothing"}, nullptr, /*checks_integer_values=*/true);
 const detail::OpDef& mse_loss_def =
     def_nn("mse_loss", 2, DTypeRule::Float,
            [](const Inputs& in, const Attrs& a) {
@@ -412,7 +424,9 @@ struct NllGeometry {
   Tensor target;    // int64, contiguous
 };
 
-NllGeometry check_nll(const char* op, const Tensor& input, const Tensor& target) {
+// Each target must be a class in [0, C) or ignore_index.
+NllGeometry check_nll(const char* op, const Tensor& input, const Tensor& target,
+                      int64_t ignore_index) {
   check_input(input, op, "input");
   check_input(target, op, "target");
   KILN_CHECK(input.dim() >= 1, op, ": expected input of shape [C], [N, C] or [N, C, d1, ...], got ",
@@ -444,13 +458,22 @@ NllGeometry check_nll(const char* op, const Tensor& input, const Tensor& target)
   const int64_t* t = std::as_const(host_target).data_ptr<int64_t>();
   const int64_t count = host_target.numel();
   for (int64_t i = 0; i < count; ++i) {
-    KILN_CHECK(t[i] >= 0 && t[i] < g.C, op, ": target ", t[i], " is out of bounds for ", g.C,
-               " classes (input ", describe(input), ", target ", describe(target), ")");
+    KILN_CHECK((t[i] >= 0 && t[i] < g.C) || t[i] == ignore_index, op, ": target ", t[i],
+               " is out of bounds for ", g.C, " classes (input ", describe(input), ", target ",
+               describe(target), ", ignore_index ", ignore_index, ")");
   }
   return g;
 }
 
-Tensor nll_from(const Tensor& lp, const NllGeometry& g, Reduction reduction);
+// weight, when given, holds one floating-point number per class.
+void check_class_weight(const char* op, const Tensor& weight, const Tensor& input, int64_t C) {
+  if (!weight.defined()) return;
+  KILN_CHECK(weight.dim() == 1 && weight.size(0) == C && weight.is_floating_point(), op,
+             ": expected a floating-point weight of shape [", C, "] (one per class) for input ",
+             describe(input), ", got ", describe(weight));
+  KILN_CHECK(weight.device() == input.device(), op, ": expected weight on the input's device ",
+             input.device().str(), ", got ", describe(weight), " on ", weight.device().str());
+}
 
 // A loss's elementwise terms reduced as `reduction` says: the sum and the mean accumulate in
 // double (mean and sum's formulas), as the CPU kernels do; mean over no terms is NaN.
@@ -459,69 +482,113 @@ Tensor reduce_loss(const Tensor& terms, Reduction reduction) {
   return reduction == Reduction::Mean ? mean(terms) : sum(terms);
 }
 
-// nll_loss with its gradient: minus the (scaled) output gradient at each target's class.
-Tensor nll_with_grad(const Tensor& log_probs, const NllGeometry& geo, Reduction reduction) {
-  Tensor out;
+// The shape that puts a [C] tensor along the class dim of an input of `rank` dims.
+Shape class_view(int64_t rank, int64_t C) {
+  Shape shape(static_cast<size_t>(rank), 1);
+  shape[rank == 1 ? 0 : 1] = C;
+  return shape;
+}
+
+// Where each position [N, C, K...] holds its target's class (and the target is not ignored).
+Tensor target_hits(const Tensor& target, int64_t rank, int64_t C, int64_t ignore_index) {
+  const Tensor classes = arange(C, target.device()).view(class_view(rank, C));
+  const Tensor t = rank == 1 ? target : target.unsqueeze(1);
+  Tensor hit = eq(classes, t);
+  // An ignore_index outside [0, C) never equals a class: only one inside needs the mask.
+  if (ignore_index >= 0 && ignore_index < C) hit = logical_and(hit, ne(t, ignore_index));
+  return hit;
+}
+
+struct NllResult {
+  Tensor loss, total_weight;  // total_weight: the sum of the weights of the targets not ignored
+};
+
+// nll_loss with its gradient: minus the (weighted, scaled) output gradient at each target's class.
+NllResult nll_with_grad(const Tensor& log_probs, const NllGeometry& geo, const Tensor& weight,
+                        Reduction reduction, int64_t ignore_index) {
+  NllResult r;
   const DType compute = to_floating(log_probs.dtype());
+  const int64_t rank = log_probs.dim(), C = geo.C;
   if (log_probs.device().is_cuda()) {
     // Composed for the device's fuser: each target's log-probability as the sum over the classes
     // of where(class == target, lp, 0) (exact: one value and zeros), so that the pick joins the
     // rows kernel that made lp (log_softmax's, for cross_entropy) and reads no index on the host.
     AutoGradMode kernel_only(false);
-    const int64_t rank = log_probs.dim(), class_dim = rank == 1 ? 0 : 1;
-    Shape class_shape(static_cast<size_t>(rank), 1);
-    class_shape[static_cast<size_t>(class_dim)] = geo.C;
-    const Tensor classes = arange(geo.C, geo.target.device()).view(class_shape);
-    const Tensor hit = eq(classes, rank == 1 ? geo.target : geo.target.unsqueeze(1));
-    const Tensor picked = where(hit, log_probs.to(compute), 0.0).sum({class_dim});
-    out = reduce_loss(-picked, reduction);
-  } else if (detail::should_record(log_probs, geo.target)) {
+    const int64_t class_dim = rank == 1 ? 0 : 1;
+    const Tensor hit = target_hits(geo.target, rank, C, ignore_index);
+    Tensor lp = log_probs.to(compute), weights = hit.to(compute);
+    if (weight.defined()) {
+      const Tensor w = weight.to(compute).view(class_view(rank, C));
+      lp = lp * w;
+      weights = where(hit, w, 0.0);
+    }
+    const Tensor picked = where(hit, lp, 0.0).sum({class_dim});
+    r.total_weight = sum(weights);
+    r.loss = reduction == Reduction::Mean ? sum(-picked) / r.total_weight
+                                          : reduce_loss(-picked, reduction);
+  } else if (detail::should_record({log_probs, geo.target, weight})) {
     // The target was read (bounds-checked) already; it is recorded as the checked int64 copy.
-    out = detail::lazy_record1(nll_loss_def, {log_probs, geo.target}, {reduction_attr(reduction)},
-                               {reduction == Reduction::None ? geo.out_shape : Shape{}, compute});
+    std::vector<Tensor> out = detail::lazy_record(
+        nll_loss_def, {log_probs, geo.target, weight}, {reduction_attr(reduction), ignore_index},
+        {{reduction == Reduction::None ? geo.out_shape : Shape{}, compute}, {Shape{}, compute}});
+    r.loss = out[0];
+    r.total_weight = out[1];
   } else {
     AutoGradMode kernel_only(false);
-    out = nll_from(log_probs.to(compute).contiguous(), geo, reduction);
+    r.loss = nll_kernel(log_probs, geo.target, weight, reduction, ignore_index, &r.total_weight);
   }
   if (detail::needs_grad(log_probs)) {
-    const int64_t rank = log_probs.dim(), C = geo.C, count = geo.N * geo.K;
-    detail::record("nll_loss", {log_probs}, {out}, {geo.target},
-                   [rank, C, count, reduction](const detail::BackwardContext& c) {
-                     const Tensor &g = c.grad(), &target = c.saved(0);
-                     Shape class_shape(static_cast<size_t>(rank), 1);
-                     class_shape[rank == 1 ? 0 : 1] = C;
-                     Tensor classes = arange(C, target.device()).view(class_shape);
-                     Tensor onehot = eq(classes, rank == 1 ? target : target.unsqueeze(1));
-                     Tensor scale = g;
-                     if (reduction == Reduction::None && rank > 1) scale = g.unsqueeze(1);
-                     if (reduction == Reduction::Mean) scale = g / static_cast<double>(count);
-                     return std::vector<Tensor>{where(onehot, -scale, 0.0)};
-                   });
+    detail::record(
+        "nll_loss", {log_probs}, {r.loss}, {geo.target, weight, r.total_weight},
+        [rank, C, reduction, ignore_index](const detail::BackwardContext& c) {
+          const Tensor &g = c.grad(), &target = c.saved(0), &weight = c.saved(1);
+          Tensor scale = g;
+          if (reduction == Reduction::None && rank > 1) scale = g.unsqueeze(1);
+          if (reduction == Reduction::Mean) scale = g / c.saved(2);
+          Tensor grad = -scale;
+          if (weight.defined()) grad = grad * weight.to(grad.dtype()).view(class_view(rank, C));
+          return std::vector<Tensor>{where(target_hits(target, rank, C, ignore_index), grad, 0.0)};
+        });
   }
-  return out;
+  return r;
 }
 
-// The loss from contiguous log-probabilities lp of type T laid out [N, C, K].
-Tensor nll_from(const Tensor& lp, const NllGeometry& g, Reduction reduction) {
-  const int64_t count = g.N * g.K;
-  const int64_t* t = g.target.data_ptr<int64_t>();
-  Tensor out = detail::make_empty(reduction == Reduction::None ? g.out_shape : Shape{}, lp.dtype());
-  detail::dispatch_floating(lp.dtype(), "nll_loss", [&](auto tag) {
+// The reference kernel: the loss of log-probabilities [N, C, K...] (or [C]) at checked int64
+// targets, and the total weight into *total_weight. Ignored targets give 0 and weigh nothing.
+Tensor nll_kernel(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
+                  Reduction reduction, int64_t ignore_index, Tensor* total_weight) {
+  const char* op = nll_loss_def.name.c_str();
+  check_input(log_probs, op, "input");
+  const DType compute = to_floating(log_probs.dtype());
+  const Tensor lp = log_probs.to(compute).contiguous();
+  const Tensor tg = target.to(kInt64).contiguous();
+  const Tensor w = weight.defined() ? weight.to(compute).contiguous() : Tensor();
+  const int64_t C = lp.dim() == 1 ? lp.size(0) : lp.size(1);
+  const int64_t count = tg.numel();
+  int64_t K = 1;  // [N, C, K]: the positions per row
+  for (int64_t d = 2; d < lp.dim(); ++d) K *= lp.size(d);
+  Tensor out = detail::make_empty(reduction == Reduction::None ? tg.sizes() : Shape{}, compute);
+  *total_weight = detail::make_empty({}, compute);
+  detail::dispatch_floating(compute, op, [&](auto tag) {
     using T = KILN_TYPE(tag);
     const T* p = lp.data_ptr<T>();
+    const T* wp = w.defined() ? w.data_ptr<T>() : nullptr;
+    const int64_t* t = tg.data_ptr<int64_t>();
     T* o = out.data_ptr<T>();
-    auto at = [&](int64_t i) {
-      const int64_t n = i / g.K, k = i % g.K;
-      return p[(n * g.C + t[i]) * g.K + k];
-    };
-    if (reduction == Reduction::None) {
-      for (int64_t i = 0; i < count; ++i) o[i] = -at(i);
-      return;
+    double total = 0, weights = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t n = i / K, k = i % K;
+      const bool ignored = t[i] == ignore_index;
+      const T wi = ignored ? T(0) : wp ? wp[t[i]] : T(1);
+      const T v = ignored ? T(0) : -wi * p[(n * C + t[i]) * K + k];
+      if (reduction == Reduction::None) o[i] = v;
+      total += static_cast<double>(v);
+      weights += static_cast<double>(wi);
     }
-    double total = 0;
-    for (int64_t i = 0; i < count; ++i) total -= static_cast<double>(at(i));
-    // Mean over no elements is 0/0 = NaN, as torch.
-    *o = static_cast<T>(reduction == Reduction::Mean ? total / static_cast<double>(count) : total);
+    *total_weight->data_ptr<T>() = static_cast<T>(weights);
+    // Mean over no weight is 0/0 = NaN, as torch.
+    if (reduction != Reduction::None)
+      *o = static_cast<T>(reduction == Reduction::Mean ? total / weights : total);
   });
   return out;
 }
@@ -641,15 +708,76 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 }
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction) {
+  return nll_loss(log_probs, target, Tensor(), reduction);
+}
+
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
+                Reduction reduction, int64_t ignore_index) {
   const char* op = nll_loss_def.name.c_str();
-  NllGeometry g = check_nll(op, log_probs, target);
-  return nll_with_grad(log_probs, g, reduction);
+  NllGeometry g = check_nll(op, log_probs, target, ignore_index);
+  check_class_weight(op, weight, log_probs, g.C);
+  return nll_with_grad(log_probs, g, weight, reduction, ignore_index).loss;
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction) {
+  return cross_entropy(logits, target, Tensor(), reduction);
+}
+
+namespace {
+// cross_entropy with class probabilities (target shaped like the logits), as torch's
+// cross_entropy_loss_prob_target: the mean divides by the number of rows (N * d1 * ...), whatever
+// the weights.
+Tensor cross_entropy_probs(const Tensor& logits, const Tensor& target, const Tensor& weight,
+                           Reduction reduction, int64_t ignore_index, double label_smoothing) {
   const char* op = cross_entropy_def.name.c_str();
-  NllGeometry g = check_nll(op, logits, target);
-  return nll_with_grad(log_softmax(logits, logits.dim() == 1 ? 0 : 1), g, reduction);
+  KILN_CHECK(target.is_floating_point(), op,
+             ": expected a floating-point target of class probabilities (the target has the "
+             "input's shape), got ",
+             describe(target), " for input ", describe(logits));
+  KILN_CHECK(ignore_index < 0, op, ": ignore_index (", ignore_index,
+             ") is not supported with class probabilities (target ", describe(target), ")");
+  KILN_CHECK(logits.dim() >= 1, op,
+             ": expected input of shape [C], [N, C] or [N, C, d1, ...], got ", describe(logits));
+  const int64_t class_dim = logits.dim() == 1 ? 0 : 1, C = logits.size(class_dim);
+  check_class_weight(op, weight, logits, C);
+  const Tensor lp = log_softmax(logits, class_dim);
+  const Tensor w = weight.defined() ? weight.to(lp.dtype()) : weight;
+  Tensor t = target;
+  if (label_smoothing > 0)
+    t = target * (1 - label_smoothing) + label_smoothing / static_cast<double>(C);
+  Tensor terms = lp * t;
+  if (w.defined()) terms = terms * w.view(class_view(logits.dim(), C));
+  if (reduction == Reduction::None) return -terms.sum({class_dim});
+  if (reduction == Reduction::Sum) return -terms.sum();
+  const int64_t rows = C == 0 ? 0 : logits.numel() / C;
+  return -terms.sum() / static_cast<double>(rows);  // no rows: 0/0 = NaN, as torch
+}
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight,
+                     Reduction reduction, int64_t ignore_index, double label_smoothing) {
+  const char* op = cross_entropy_def.name.c_str();
+  check_input(logits, op, "input");
+  check_input(target, op, "target");
+  KILN_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
+             ": label_smoothing must be between 0.0 and 1.0, got ", label_smoothing, " (input ",
+             describe(logits), ")");
+  // As torch: a target of the input's shape holds class probabilities.
+  if (target.sizes() == logits.sizes())
+    return cross_entropy_probs(logits, target, weight, reduction, ignore_index, label_smoothing);
+  NllGeometry g = check_nll(op, logits, target, ignore_index);
+  check_class_weight(op, weight, logits, g.C);
+  const int64_t rank = logits.dim(), class_dim = rank == 1 ? 0 : 1;
+  const Tensor lp = log_softmax(logits, class_dim);
+  NllResult nll = nll_with_grad(lp, g, weight, reduction, ignore_index);
+  if (label_smoothing == 0.0) return nll.loss;
+  // As torch's cross_entropy_loss_label_smoothing: the (weighted) sum of -lp over the classes,
+  // zero at ignored targets; its mean divides by the same total weight as the nll term's.
+  Tensor all = weight.defined() ? lp * weight.to(lp.dtype()).view(class_view(rank, g.C)) : lp;
+  Tensor smooth = where(ne(g.target, ignore_index), -all.sum({class_dim}), 0.0);
+  if (reduction == Reduction::Sum) smooth = smooth.sum();
+  if (reduction == Reduction::Mean) smooth = smooth.sum() / nll.total_weight;
+  return nll.loss * (1 - label_smoothing) + smooth * (label_smoothing / static_cast<double>(g.C));
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
@@ -699,6 +827,171 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
                    });
   }
   return out;
+}
+
+// ------------------------------------------------------------------- losses composed of ops
+// binary_cross_entropy has a backward of its own (torch's formula, finite at inputs of 0 and 1,
+// where the clamped logs have none); the others differentiate through their ops.
+namespace {
+
+// A loss's input and target: defined, the input floating-point (the target too for the binary
+// cross entropies, which also need the input's shape); others broadcast together, as torch's
+// (which warns where kiln accepts silently). Returns the shape of the elementwise terms.
+Shape check_loss_pair(const char* op, const Tensor& input, const Tensor& target, bool binary) {
+  detail::check_defined(input, op, "input");
+  detail::check_defined(target, op, "target");
+  KILN_CHECK(input.is_floating_point() && (!binary || target.is_floating_point()), op,
+             ": expected floating-point input", binary ? " and target" : "", ", got ",
+             describe(input), " and ", describe(target));
+  KILN_CHECK(!binary || input.sizes() == target.sizes(), op,
+             ": expected target of the input's shape ", shape_str(input.sizes()), ", got ",
+             describe(target));
+  return detail::broadcast_shapes(input.sizes(), target.sizes(), op);
+}
+
+// An optional weight must broadcast to the loss's elementwise shape (numpy's rule).
+void check_broadcasts_to(const char* op, const char* arg, const Tensor& t, const Shape& shape) {
+  if (!t.defined()) return;
+  const size_t rank = t.sizes().size();
+  bool ok = t.is_floating_point() && rank <= shape.size();
+  for (size_t i = 0; ok && i < rank; ++i) {
+    const int64_t have = t.sizes()[rank - 1 - i], want = shape[shape.size() - 1 - i];
+    ok = have == want || have == 1;
+  }
+  KILN_CHECK(ok, op, ": expected a floating-point ", arg, " that broadcasts to ", shape_str(shape),
+             ", got ", describe(t));
+}
+
+// x log(x), 0 at x = 0 (torch's xlogy(x, x)); the log reads 1 there, so no gradient is 0 * inf.
+Tensor x_log_x(const Tensor& x) {
+  const Tensor nonzero = ne(x, 0);
+  return where(nonzero, x * log(where(nonzero, x, 1.0)), 0.0);
+}
+
+}  // namespace
+
+Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight,
+                            Reduction reduction) {
+  const char* op = "binary_cross_entropy";
+  const Shape shape = check_loss_pair(op, input, target, true);
+  check_broadcasts_to(op, "weight", weight, shape);
+  Tensor out;
+  {
+    AutoGradMode kernel_only(false);
+    // torch's kernel: (t - 1) * max(log1p(-x), -100) - t * max(log(x), -100).
+    Tensor terms = (target - 1) * maximum(log1p(-input), -100) - target * maximum(log(input), -100);
+    if (weight.defined()) terms = terms * weight.to(terms.dtype());
+    out = reduce_loss(terms, reduction);
+  }
+  if (detail::needs_grad(input, target)) {
+    const double count = static_cast<double>(input.numel());
+    detail::record(op, {input, target}, {out}, {input, target, weight},
+                   [reduction, count](const detail::BackwardContext& c) {
+                     const Tensor &x = c.saved(0), &t = c.saved(1), &w = c.saved(2);
+                     Tensor g = reduction == Reduction::Mean ? c.grad() / count : c.grad();
+                     if (w.defined()) g = g * w.to(g.dtype());
+                     std::vector<Tensor> grads(2);
+                     // As torch's binary_cross_entropy_backward: (x - t) / max(x (1 - x), 1e-12).
+                     if (c.needs_grad(0)) grads[0] = g * (x - t) / maximum((1 - x) * x, 1e-12);
+                     if (c.needs_grad(1))
+                       grads[1] = g * (maximum(log1p(-x), -100) - maximum(log(x), -100));
+                     return grads;
+                   });
+  }
+  return out;
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
+                                        const Tensor& weight, Reduction reduction,
+                                        const Tensor& pos_weight) {
+  const char* op = "binary_cross_entropy_with_logits";
+  const Shape shape = check_loss_pair(op, input, target, true);
+  check_broadcasts_to(op, "weight", weight, shape);
+  check_broadcasts_to(op, "pos_weight", pos_weight, shape);
+  // As torch: (1 - t) x - lw log_sigmoid(x), lw = 1 + (pos_weight - 1) t.
+  // The weights in the input's dtype, as the logits' (their gradients flow back through to()).
+  const Tensor log_sig = log_sigmoid(input);
+  Tensor terms = (1 - target) * input -
+                 (pos_weight.defined() ? ((pos_weight.to(input.dtype()) - 1) * target + 1) * log_sig
+                                       : log_sig);
+  if (weight.defined()) terms = terms * weight.to(input.dtype());
+  return reduce_loss(terms, reduction);
+}
+
+Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  check_loss_pair("l1_loss", input, target, false);
+  return reduce_loss(abs(input - target), reduction);
+}
+
+namespace {
+using DifferenceFn = Tensor (*)(const Tensor& d, double param);
+
+// The elementwise terms f(input - target) of smooth_l1_loss and huber_loss, with torch's backward
+// df(d) (in kiln ops, so it differentiates again): through f's ops, an infinite difference would
+// reach the quadratic branch that where() does not take as 0 * inf.
+Tensor difference_terms(const char* op, const Tensor& input, const Tensor& target, DifferenceFn f,
+                        DifferenceFn df, double param) {
+  Tensor terms;
+  {
+    AutoGradMode kernel_only(false);
+    terms = f(input - target, param);
+  }
+  if (detail::needs_grad(input, target))
+    detail::record(op, {input, target}, {terms}, {input, target},
+                   [df, param](const detail::BackwardContext& c) {
+                     const Tensor g = c.grad() * df(c.saved(0) - c.saved(1), param);
+                     return std::vector<Tensor>{c.needs_grad(0) ? g : Tensor(),
+                                                c.needs_grad(1) ? -g : Tensor()};
+                   });
+  return terms;
+}
+}  // namespace
+
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduction, double beta) {
+  const char* op = "smooth_l1_loss";
+  check_loss_pair(op, input, target, false);
+  KILN_CHECK(beta >= 0, op, ": beta must be non-negative, got ", beta, " (input ", describe(input),
+             ")");
+  if (beta == 0.0) return l1_loss(input, target, reduction);
+  // |d| < beta ? 0.5 d^2 / beta : |d| - 0.5 beta, as torch's kernel; its gradient
+  // clamp(d / beta, -1, 1).
+  DifferenceFn f = [](const Tensor& d, double b) {
+    const Tensor z = abs(d);
+    return where(lt(z, b), d * d * 0.5 / b, z - 0.5 * b);
+  };
+  DifferenceFn df = [](const Tensor& d, double b) { return clamp(d / b, -1, 1); };
+  return reduce_loss(difference_terms(op, input, target, f, df, beta), reduction);
+}
+
+Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction, double delta) {
+  const char* op = "huber_loss";
+  check_loss_pair(op, input, target, false);
+  KILN_CHECK(delta > 0, op, ": delta must be positive, got ", delta, " (input ", describe(input),
+             ")");
+  // |d| < delta ? 0.5 d^2 : delta (|d| - 0.5 delta), as torch's kernel; its gradient
+  // clamp(d, -delta, delta).
+  DifferenceFn f = [](const Tensor& d, double dl) {
+    const Tensor z = abs(d);
+    return where(lt(z, dl), d * d * 0.5, (z - 0.5 * dl) * dl);
+  };
+  DifferenceFn df = [](const Tensor& d, double dl) { return clamp(d, -dl, dl); };
+  return reduce_loss(difference_terms(op, input, target, f, df, delta), reduction);
+}
+
+namespace {
+// kl_div's elementwise terms, as torch's: exp(t) (t - x) for log targets, else t log(t) - t x.
+Tensor kl_div_terms(const Tensor& input, const Tensor& target, bool log_target) {
+  check_loss_pair("kl_div", input, target, false);
+  return log_target ? exp(target) * (target - input) : x_log_x(target) - target * input;
+}
+}  // namespace
+
+Tensor kl_div(const Tensor& input, const Tensor& target, const KLDivReduction& reduction,
+              bool log_target) {
+  const Tensor terms = kl_div_terms(input, target, log_target);
+  if (const auto* r = std::get_if<Reduction>(&reduction)) return reduce_loss(terms, *r);
+  const Tensor total = terms.sum();
+  return input.dim() == 0 ? total : total / static_cast<double>(input.size(0));
 }
 
 Tensor dropout(const Tensor& x, double p, bool train) {

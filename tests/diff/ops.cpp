@@ -60,6 +60,23 @@ bool one_value(Gen& g, Step& s, bool (*pred)(const torch::Tensor&)) {
 bool unary(Gen& g, Step& s) {
   return one_value(g, s, any);
 }
+// Activations of floating inputs (libtorch's raise for integers, as kiln's do).
+bool float_unary(Gen& g, Step& s) {
+  return one_value(g, s, is_float);
+}
+// Nor, for elu, selu and hardswish, an operand holding NaN (deliberate difference): libtorch's
+// gradient there is NaN in its vectorized loop and finite in its scalar one (the tail of a row),
+// kiln's always NaN.
+bool float_unary_no_nan(Gen& g, Step& s) {
+  return float_unary(g, s) && !torch::isnan(arg(g, s, 0)).any().item<bool>();
+}
+// Nor, for elu and selu, -0 (deliberate difference): kiln's is expm1(-0) = -0, as libtorch's
+// vectorized loop gives; its scalar loop computes exp(x) - 1 = +0, whose sign rsqrt reads.
+bool elu_pick(Gen& g, Step& s) {
+  if (!float_unary_no_nan(g, s)) return false;
+  const auto& x = arg(g, s, 0);
+  return !torch::logical_and(x == 0, torch::signbit(x)).any().item<bool>();
+}
 // A second operand for a: itself, another value that broadcasts with it (rarely one that does
 // not), or a new input of a broadcastable shape.
 ValueId partner(Gen& g, int a) {
@@ -801,6 +818,19 @@ bool cross_entropy_pick(Gen& g, Step& s) {
   s.p.i = {g.uniform(0, 2)};
   return true;
 }
+// l1_loss, huber_loss and smooth_l1_loss of operands of different shapes broadcast them first in
+// libtorch (as torch.nn.functional does): at::smooth_l1_loss's backward normalizes a mean by the
+// input's own size.
+// cross_entropy with a class weight (detached: libtorch's nll_loss has no weight gradient), an
+// ignore_index (-100, or a class: p.i[1]) and label smoothing (p.i[2] tenths).
+bool cross_entropy_options_pick(Gen& g, Step& s) {
+  if (g.program->inputs.size() + 3 > g.max_inputs) return false;
+  if (!cross_entropy_pick(g, s)) return false;
+  const int64_t c = arg(g, s, 0).size(1);
+  s.args.push_back(g.new_input({c}, to_kiln(arg(g, s, 0).scalar_type()), 0.5, 2));
+  s.p.i = {g.uniform(0, 2), g.coin(0.3) ? -100 : g.uniform(0, c - 1), g.uniform(0, 3)};
+  return true;
+}
 // Operands whose difference doubled overflows are not picked (deliberate difference): kiln's
 // gradient scales g first (2 g / N times the difference), libtorch's doubles the difference.
 bool mse_pick(Gen& g, Step& s) {
@@ -931,6 +961,13 @@ const std::vector<Op>& op_table() {
       DIFF_OP("gelu_tanh", kInexact, unary, gelu(a[0], "tanh")),
       DIFF_OP("silu", kInexact, unary, silu(a[0])),
       DIFF_OP("softplus", kInexact, unary, softplus(a[0])),
+      DIFF_OP("leaky_relu", 0, float_unary, leaky_relu(a[0], 0.25)),
+      DIFF_OP("elu", kInexact, elu_pick, elu(a[0], 0.5)),
+      DIFF_OP("selu", kInexact, elu_pick, selu(a[0])),
+      DIFF_OP("hardswish", 0, float_unary_no_nan, hardswish(a[0])),
+      DIFF_OP("mish", kInexact, float_unary, mish(a[0])),
+      DIFF_OP("log_sigmoid", kInexact, float_unary, log_sigmoid(a[0])),
+      DIFF_OP2("softsign", 0, float_unary, softsign(a[0]), a[0] / (a[0].abs() + 1)),
       DIFF_OP("erf", kInexact, erf_pick, erf(a[0])),
       DIFF_OP("floor", 0, floor_ceil_pick, floor(a[0])),
       DIFF_OP("ceil", 0, floor_ceil_pick, ceil(a[0])),
@@ -1045,6 +1082,25 @@ const std::vector<Op>& op_table() {
       DIFF_OP2("cross_entropy", kInexact, cross_entropy_pick,
                cross_entropy(a[0], a[1], kiln_diff::kiln_reduction(p.i[0])),
                at::cross_entropy_loss(a[0], a[1], {}, kiln_diff::torch_reduction(p.i[0]))),
+      DIFF_OP2("cross_entropy_options", kInexact, cross_entropy_options_pick,
+               cross_entropy(a[0], a[1], a[2].detach(), kiln_diff::kiln_reduction(p.i[0]), p.i[1],
+                             p.i[2] * 0.1),
+               at::cross_entropy_loss(a[0], a[1], a[2].detach(), kiln_diff::torch_reduction(p.i[0]),
+                                      p.i[1], p.i[2] * 0.1)),
+      DIFF_OP2("l1_loss", kInexact, mse_pick,
+               l1_loss(a[0], a[1], kiln_diff::kiln_reduction(p.i[0])),
+               at::l1_loss(broadcast_tensors({a[0], a[1]})[0], broadcast_tensors({a[0], a[1]})[1],
+                           kiln_diff::torch_reduction(p.i[0]))),
+      DIFF_OP2(
+          "huber_loss", kInexact, mse_pick,
+          huber_loss(a[0], a[1], kiln_diff::kiln_reduction(p.i[0]), 0.5),
+          at::huber_loss(broadcast_tensors({a[0], a[1]})[0], broadcast_tensors({a[0], a[1]})[1],
+                         kiln_diff::torch_reduction(p.i[0]), 0.5)),
+      DIFF_OP2(
+          "smooth_l1_loss", kInexact, mse_pick,
+          smooth_l1_loss(a[0], a[1], kiln_diff::kiln_reduction(p.i[0]), 2.0),
+          at::smooth_l1_loss(broadcast_tensors({a[0], a[1]})[0], broadcast_tensors({a[0], a[1]})[1],
+                             kiln_diff::torch_reduction(p.i[0]), 2.0)),
       DIFF_OP2("mse_loss", kInexact, mse_pick,
                mse_loss(a[0], a[1], kiln_diff::kiln_reduction(p.i[0])),
                at::mse_loss(a[0], a[1], kiln_diff::torch_reduction(p.i[0]))),

@@ -1,0 +1,66 @@
+// Activations and losses with torch.nn.functional's names, arguments and defaults (libtorch's
+// torch::nn::functional), in namespace kiln. Each is composed of kiln's elementwise ops and
+// reductions, so it records lazily, fuses with its neighbours and differentiates (twice) through
+// them; differences from torch are listed in docs/torch-differences.md.
+#pragma once
+
+#include <cstdint>
+#include <variant>
+
+#include "kiln/ops.h"
+#include "kiln/tensor.h"
+
+namespace kiln {
+
+// ---------------------------------------------------------------- activations (floating inputs)
+Tensor leaky_relu(const Tensor& x, double negative_slope = 0.01);
+Tensor elu(const Tensor& x, double alpha = 1.0);
+Tensor selu(const Tensor& x);
+Tensor hardswish(const Tensor& x);
+Tensor hardsigmoid(const Tensor& x);
+Tensor mish(const Tensor& x);
+// min(x, 0) - log1p(exp(-|x|)): finite for every finite x.
+Tensor log_sigmoid(const Tensor& x);
+Tensor softsign(const Tensor& x);
+
+// ---------------------------------------------------------------- losses
+// torch's reduction="batchmean" (kl_div only): the sum divided by input.size(0).
+struct BatchMean {
+  bool batchmean = true;  // not empty: GCC warns of copying an empty struct into a variant
+};
+inline constexpr BatchMean kBatchMean{};
+using KLDivReduction = std::variant<Reduction, BatchMean>;
+
+// torch's full nll_loss and cross_entropy (the short forms are in kiln/ops.h). weight (optional,
+// [C]) scales each class's terms, and a weighted mean divides by the sum of the weights of the
+// targets; targets equal to ignore_index contribute nothing, to the sum or to that divisor.
+// cross_entropy's target holds class indices, or class probabilities when it has the logits'
+// shape (ignore_index must then be negative); label_smoothing mixes each target with the uniform
+// distribution over the C classes. Pass Tensor() for no weight: a braced {} as the third
+// argument would select the short form's Reduction::None.
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
+                Reduction reduction = Reduction::Mean, int64_t ignore_index = -100);
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight,
+                     Reduction reduction = Reduction::Mean, int64_t ignore_index = -100,
+                     double label_smoothing = 0.0);
+
+// input holds probabilities in [0, 1] (not checked: values outside give NaN); each log is clamped
+// to >= -100 as torch's. weight (optional) broadcasts to the input.
+Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight = {},
+                            Reduction reduction = Reduction::Mean);
+// The stable form on logits; pos_weight (optional) scales the positive term, broadcasting along
+// the last (class) dim as torch's.
+Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
+                                        const Tensor& weight = {},
+                                        Reduction reduction = Reduction::Mean,
+                                        const Tensor& pos_weight = {});
+Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target,
+                      Reduction reduction = Reduction::Mean, double beta = 1.0);
+Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean,
+                  double delta = 1.0);
+// input holds log-probabilities; target probabilities (log-probabilities with log_target).
+Tensor kl_div(const Tensor& input, const Tensor& target,
+              const KLDivReduction& reduction = Reduction::Mean, bool log_target = false);
+
+}  // namespace kiln
