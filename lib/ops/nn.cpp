@@ -523,9 +523,17 @@ NllResult nll_with_grad(const Tensor& log_probs, const NllGeometry& geo, const T
       weights = where(hit, w, 0.0);
     }
     const Tensor picked = where(hit, lp, 0.0).sum({class_dim});
-    r.total_weight = sum(weights);
-    r.loss = reduction == Reduction::Mean ? sum(-picked) / r.total_weight
-                                          : reduce_loss(-picked, reduction);
+    if (!weight.defined() && (ignore_index < 0 || ignore_index >= C)) {
+      // Every target counts once: the total weight is their number, and the loss the rows
+      // kernel's own reduction of the picks.
+      r.total_weight = full({}, static_cast<double>(geo.N * geo.K), compute);
+      r.loss = reduce_loss(-picked, reduction);
+    } else {
+      // Per row first, so that both sums are reductions of the rows kernel's row values.
+      r.total_weight = sum(weights.sum({class_dim}));
+      r.loss = reduction == Reduction::Mean ? sum(-picked) / r.total_weight
+                                            : reduce_loss(-picked, reduction);
+    }
   } else if (detail::should_record({log_probs, geo.target, weight})) {
     // The target was read (bounds-checked) already; it is recorded as the checked int64 copy.
     std::vector<Tensor> out = detail::lazy_record(

@@ -457,6 +457,19 @@ TEST(Cuda, ComposedOpsMatchTheCpu) {
       expect_same_on_cuda(
           [r](const std::vector<Tensor>& in) { return nll_loss(in[0][0][1], in[1], r); },
           {x.to(dt), scalar_tensor(4, kInt64)}, tol, tol);
+      // Class weights, an ignored class and label smoothing: the weighted mean's divisor on the
+      // device.
+      const Tensor class_weight = testing::random_tensor({5}, dt, 0.5, 2.0);
+      expect_same_on_cuda(
+          [r](const std::vector<Tensor>& in) {
+            return cross_entropy(in[0], in[1], in[2], r, 2, 0.1) + nll_loss(in[0], in[1], in[2], r);
+          },
+          {x.to(dt), target, class_weight}, tol, tol);
+      expect_same_on_cuda(
+          [r](const std::vector<Tensor>& in) {
+            return cross_entropy(in[0], in[1], Tensor(), r, 3);
+          },
+          {x.to(dt), target}, tol, tol);
     }
   }
   // Ties (integers from a small range) and NaN: the first extremum, NaN counting as one.

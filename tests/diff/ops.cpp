@@ -571,6 +571,20 @@ bool var_pick(Gen& g, Step& s) {
   return !(rank(x) == 0 && s.p.i[1] == 1) && sum_fits(x) &&
          (!is_float(x) || max_finite_abs(x) <= std::sqrt(largest(x.scalar_type())) / 16);
 }
+// Nor std of values equal, or nearly, along its dims (an expanded tensor): its gradient
+// (x - mean) / (n std) is then rounding noise over rounding noise, different in every
+// implementation.
+bool std_pick(Gen& g, Step& s) {
+  if (!var_pick(g, s)) return false;
+  const auto& x = arg(g, s, 0);
+  if (!is_float(x) || x.numel() == 0) return true;
+  const torch::Tensor d = x.detach().to(torch::kFloat64);
+  const torch::Tensor spread =
+      at::std(d, at::OptionalIntArrayRef(s.p.list), c10::optional<int64_t>(0), true);
+  if (spread.numel() == 0 || d.numel() / spread.numel() <= 1) return true;
+  const torch::Tensor scale = torch::where(torch::isfinite(d), d.abs(), torch::zeros_like(d)).max();
+  return !(spread <= scale * 1e-6).any().item<bool>();
+}
 // Nor zeros of both signs under amax/amin/max/min (deliberate difference): kiln's +0 is the
 // greater, whichever comes first; libtorch keeps the first of equal values (per lane where it
 // vectorizes), and a later op (div, reciprocal) reads the sign.
@@ -1056,7 +1070,7 @@ const std::vector<Op>& op_table() {
       DIFF_OP2("var", kInexact, var_pick, a[0].var(p.list, p.i[1], p.i[0] != 0),
                at::var(a[0], at::OptionalIntArrayRef(p.list), c10::optional<int64_t>(p.i[1]),
                        p.i[0] != 0)),
-      DIFF_OP2("std", kInexact, var_pick, a[0].std(p.list, p.i[1], p.i[0] != 0),
+      DIFF_OP2("std", kInexact, std_pick, a[0].std(p.list, p.i[1], p.i[0] != 0),
                at::std(a[0], at::OptionalIntArrayRef(p.list), c10::optional<int64_t>(p.i[1]),
                        p.i[0] != 0)),
       DIFF_OP("logsumexp", kInexact, reduce_list, a[0].logsumexp(p.list, p.i[0] != 0)),
