@@ -285,6 +285,7 @@ std::vector<KernelCall> rows_calls(const Kernel& kernel, const Layout& layout,
   long long rows = 1;
   for (size_t d = 0; d < rank; ++d) rows *= sizes[d];
   std::vector<KernelCall> calls(1);
+  calls.reserve(3);  // the finish and columns calls: `main` must stay where it is
   KernelCall& main = calls[0];
   main.grid = static_cast<unsigned>(geometry.blocks);
   main.block = static_cast<unsigned>(geometry.threads);
