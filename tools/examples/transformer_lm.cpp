@@ -147,13 +147,11 @@ TransformerLmResult train_transformer_lm(const TransformerLmConfig& c) {
   jit::Function traced_step;
   const auto start = std::chrono::steady_clock::now();
   for (int64_t epoch = 1; epoch <= c.epochs; ++epoch) {
-    const auto epoch_start = std::chrono::steady_clock::now();
+    EpochLog epoch_log(result, epoch, c.log, c.log_every, c.after_step);
     model.train();
-    double epoch_loss = 0;
-    int64_t epoch_steps = 0;
     // Whole segments only: every step has the traced shapes.
     for (int64_t i = 0; i + c.bptt < train_data.size(0); i += c.bptt) {
-      if (c.max_steps_per_epoch > 0 && epoch_steps >= c.max_steps_per_epoch) break;
+      if (c.max_steps_per_epoch > 0 && epoch_log.steps() >= c.max_steps_per_epoch) break;
       const std::vector<Tensor> in = {
           train_data.narrow(0, i, c.bptt),
           train_data.narrow(0, i + 1, c.bptt).reshape({c.bptt * c.batch_size})};
@@ -165,27 +163,9 @@ TransformerLmResult train_transformer_lm(const TransformerLmConfig& c) {
       } else {
         loss = train_step(in)[0];
       }
-      const double l = loss.item<double>();
-      result.step_seconds.push_back(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
-      if (c.after_step) c.after_step();
-      result.step_losses.push_back(l);
-      epoch_loss += l;
-      ++epoch_steps;
-      ++result.steps;
-      if (c.log && c.log_every > 0 && epoch_steps % c.log_every == 0)
-        *c.log << "  epoch " << epoch << " step " << epoch_steps << "  loss " << l << "  ppl "
-               << std::exp(l) << "\n";
+      epoch_log.step(loss.item<double>(), step_start);
     }
-    const double ppl = evaluate(model, valid_data, c.bptt);
-    result.valid_perplexity.push_back(ppl);
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
-    const double mean_loss = epoch_loss / static_cast<double>(std::max<int64_t>(epoch_steps, 1));
-    if (c.log)
-      *c.log << "epoch " << epoch << ": train loss " << mean_loss << " (ppl " << std::exp(mean_loss)
-             << "), valid ppl " << ppl << ", " << secs << " s, "
-             << static_cast<double>(epoch_steps * c.bptt * c.batch_size) / secs << " tokens/s\n";
+    epoch_log.finish(evaluate(model, valid_data, c.bptt), c.bptt * c.batch_size);
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;

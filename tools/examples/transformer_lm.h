@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "word_lm.h"
+
 namespace kiln::examples {
 
 struct TransformerLmConfig {
@@ -34,14 +36,7 @@ struct TransformerLmConfig {
   std::ostream* log = nullptr;
 };
 
-struct TransformerLmResult {
-  int64_t vocab_size = 0;
-  std::vector<double> step_losses;       // training loss of every step, in order
-  std::vector<double> step_seconds;      // wall time of every step (its loss read included)
-  std::vector<double> valid_perplexity;  // after each epoch
-  int64_t steps = 0;
-  double seconds = 0;  // wall time of training and validation
-};
+using TransformerLmResult = LmTrainingResult;
 
 TransformerLmResult train_transformer_lm(const TransformerLmConfig& config);
 

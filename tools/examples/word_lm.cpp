@@ -377,6 +377,34 @@ std::vector<std::string> generate_corpus(int64_t tokens, uint64_t seed) {
   return out;
 }
 
+EpochLog::EpochLog(LmTrainingResult& result, int64_t epoch, std::ostream* log, int64_t log_every,
+                   const std::function<void()>& after_step)
+    : result_(result), epoch_(epoch), log_every_(log_every), log_(log), after_step_(after_step) {}
+
+void EpochLog::step(double loss, std::chrono::steady_clock::time_point started) {
+  result_.step_seconds.push_back(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  if (after_step_) after_step_();
+  result_.step_losses.push_back(loss);
+  loss_sum_ += loss;
+  ++steps_;
+  ++result_.steps;
+  if (log_ && log_every_ > 0 && steps_ % log_every_ == 0)
+    *log_ << "  epoch " << epoch_ << " step " << steps_ << "  loss " << loss << "  ppl "
+          << std::exp(loss) << "\n";
+}
+
+void EpochLog::finish(double valid_perplexity, int64_t tokens_per_step) {
+  result_.valid_perplexity.push_back(valid_perplexity);
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const double mean_loss = loss_sum_ / static_cast<double>(std::max<int64_t>(steps_, 1));
+  if (log_)
+    *log_ << "epoch " << epoch_ << ": train loss " << mean_loss << " (ppl " << std::exp(mean_loss)
+          << "), valid ppl " << valid_perplexity << ", " << secs << " s, "
+          << static_cast<double>(steps_ * tokens_per_step) / secs << " tokens/s\n";
+}
+
 WordLmResult train_word_lm(const WordLmConfig& config) {
   WordLmConfig c = config;
   int rank = 0, world = 1;
@@ -458,13 +486,11 @@ WordLmResult train_word_lm(const WordLmConfig& config) {
   double lr = c.lr, best_ppl = INFINITY;
   const int64_t B = c.batch_size;
   for (int64_t epoch = 1; epoch <= c.epochs; ++epoch) {
-    auto epoch_start = std::chrono::steady_clock::now();
+    EpochLog epoch_log(result, epoch, c.log, c.log_every, c.after_step);
     model.train();
     std::optional<nn::LSTMState> state;
-    double epoch_loss = 0;
-    int64_t epoch_steps = 0;
     for (int64_t i = 0; i + 1 < train_data.size(0); i += c.bptt) {
-      if (c.max_steps_per_epoch > 0 && epoch_steps >= c.max_steps_per_epoch) break;
+      if (c.max_steps_per_epoch > 0 && epoch_log.steps() >= c.max_steps_per_epoch) break;
       const int64_t len = std::min(c.bptt, train_data.size(0) - 1 - i);
       Tensor input = train_data.narrow(0, i, len);
       Tensor target = train_data.narrow(0, i + 1, len).reshape({len * local_batch});
@@ -494,27 +520,10 @@ WordLmResult train_word_lm(const WordLmConfig& config) {
         loss = loss.clone();
         distributed::all_reduce(loss, distributed::ReduceOp::AVG);  // the whole batch's loss
       }
-      const double l = loss.item<double>();
-      result.step_seconds.push_back(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
-      if (c.after_step) c.after_step();
-      result.step_losses.push_back(l);
-      epoch_loss += l;
-      ++epoch_steps;
-      ++result.steps;
-      if (c.log && c.log_every > 0 && epoch_steps % c.log_every == 0)
-        *c.log << "  epoch " << epoch << " step " << epoch_steps << "  loss " << l << "  ppl "
-               << std::exp(l) << "\n";
+      epoch_log.step(loss.item<double>(), step_start);
     }
     const double ppl = evaluate(model, valid_data, c.bptt);
-    result.valid_perplexity.push_back(ppl);
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
-    const double mean_loss = epoch_loss / static_cast<double>(std::max<int64_t>(epoch_steps, 1));
-    if (c.log)
-      *c.log << "epoch " << epoch << ": train loss " << mean_loss << " (ppl " << std::exp(mean_loss)
-             << "), valid ppl " << ppl << ", " << secs << " s, "
-             << static_cast<double>(epoch_steps * c.bptt * B) / secs << " tokens/s\n";
+    epoch_log.finish(ppl, c.bptt * B);
     // As torch's example: anneal the learning rate when validation stops improving.
     if (ppl < best_ppl) {
       best_ppl = ppl;

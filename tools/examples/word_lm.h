@@ -1,6 +1,7 @@
 // The word language model example as functions: the generated corpus and the LSTM training loop.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <ostream>
@@ -59,13 +60,37 @@ struct WordLmConfig {
   std::ostream* log = nullptr;
 };
 
-struct WordLmResult {
+// What training a language model example (word_lm, transformer_lm) gives.
+struct LmTrainingResult {
   int64_t vocab_size = 0;
   std::vector<double> step_losses;       // training loss of every step, in order
   std::vector<double> step_seconds;      // wall time of every step (its loss read included)
   std::vector<double> valid_perplexity;  // after each epoch
   int64_t steps = 0;
   double seconds = 0;  // wall time of training and validation
+};
+using WordLmResult = LmTrainingResult;
+
+// One epoch's bookkeeping, as both language model examples keep it: each step's loss and time
+// into the result, the after_step hook, a progress line every log_every steps, and the epoch's
+// summary line.
+class EpochLog {
+ public:
+  EpochLog(LmTrainingResult& result, int64_t epoch, std::ostream* log, int64_t log_every,
+           const std::function<void()>& after_step);
+  int64_t steps() const { return steps_; }
+  // A step that began at `started` ended with `loss` (read on the host).
+  void step(double loss, std::chrono::steady_clock::time_point started);
+  // After validation: records the perplexity and prints the summary (tokens trained per step).
+  void finish(double valid_perplexity, int64_t tokens_per_step);
+
+ private:
+  LmTrainingResult& result_;
+  int64_t epoch_, log_every_, steps_ = 0;
+  std::ostream* log_;
+  const std::function<void()>& after_step_;
+  double loss_sum_ = 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
 WordLmResult train_word_lm(const WordLmConfig& config);
