@@ -646,65 +646,55 @@ std::vector<std::string> adam_required_state(bool amsgrad) {
 
 }  // namespace
 
+template <typename Options>
+AdamFamily<Options>::AdamFamily(const char* name, bool decoupled,
+                                std::vector<ParamGroup<Options>> groups, Options defaults)
+    : GroupedOptimizer<Options>(name, defaults), decoupled_(decoupled) {
+  this->add_groups(std::move(groups));
+}
+
+template <typename Options>
+void AdamFamily<Options>::step() {
+  this->check_groups();
+  adam_step<Options>(
+      this->name_, decoupled_, this->parameters_, state_,
+      [this](size_t i) -> const Options& { return this->options_of(i); },
+      TracedOptions(this->name_, this->alive_));
+}
+
+template <typename Options>
+void AdamFamily<Options>::put_state(StateDict& out, size_t i) const {
+  put_adam_state(out, i, state_[i]);
+}
+template <typename Options>
+std::vector<std::string> AdamFamily<Options>::tensor_state() const {
+  return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+}
+template <typename Options>
+std::vector<std::string> AdamFamily<Options>::required_state(const Options& o) const {
+  return adam_required_state(o.amsgrad);
+}
+template <typename Options>
+void AdamFamily<Options>::load_state(const StateDict& d, size_t i) {
+  load_adam_state(d, i, state_[i], this->parameters_[i]);
+}
+
+template class AdamFamily<AdamOptions>;
+template class AdamFamily<AdamWOptions>;
+
 Adam::Adam(std::vector<Tensor> parameters, AdamOptions options)
     : Adam(std::vector<ParamGroup<AdamOptions>>{ParamGroup<AdamOptions>(std::move(parameters))},
            options) {}
 
 Adam::Adam(std::vector<ParamGroup<AdamOptions>> groups, AdamOptions defaults)
-    : GroupedOptimizer("Adam", defaults) {
-  add_groups(std::move(groups));
-}
-
-void Adam::step() {
-  check_groups();
-  adam_step<AdamOptions>(
-      name_, false, parameters_, state_,
-      [this](size_t i) -> const AdamOptions& { return options_of(i); },
-      TracedOptions(name_, alive_));
-}
-
-void Adam::put_state(StateDict& out, size_t i) const {
-  put_adam_state(out, i, state_[i]);
-}
-std::vector<std::string> Adam::tensor_state() const {
-  return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
-}
-std::vector<std::string> Adam::required_state(const AdamOptions& o) const {
-  return adam_required_state(o.amsgrad);
-}
-void Adam::load_state(const StateDict& d, size_t i) {
-  load_adam_state(d, i, state_[i], parameters_[i]);
-}
+    : AdamFamily("Adam", false, std::move(groups), defaults) {}
 
 AdamW::AdamW(std::vector<Tensor> parameters, AdamWOptions options)
     : AdamW(std::vector<ParamGroup<AdamWOptions>>{ParamGroup<AdamWOptions>(std::move(parameters))},
             options) {}
 
 AdamW::AdamW(std::vector<ParamGroup<AdamWOptions>> groups, AdamWOptions defaults)
-    : GroupedOptimizer("AdamW", defaults) {
-  add_groups(std::move(groups));
-}
-
-void AdamW::step() {
-  check_groups();
-  adam_step<AdamWOptions>(
-      name_, true, parameters_, state_,
-      [this](size_t i) -> const AdamWOptions& { return options_of(i); },
-      TracedOptions(name_, alive_));
-}
-
-void AdamW::put_state(StateDict& out, size_t i) const {
-  put_adam_state(out, i, state_[i]);
-}
-std::vector<std::string> AdamW::tensor_state() const {
-  return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
-}
-std::vector<std::string> AdamW::required_state(const AdamWOptions& o) const {
-  return adam_required_state(o.amsgrad);
-}
-void AdamW::load_state(const StateDict& d, size_t i) {
-  load_adam_state(d, i, state_[i], parameters_[i]);
-}
+    : AdamFamily("AdamW", true, std::move(groups), defaults) {}
 
 // ---------------------------------------------------------------------------- RMSprop
 

@@ -190,29 +190,6 @@ struct AdamOptions {
   bool amsgrad = false;
 };
 
-// torch.optim.Adam: g = grad + weight_decay * p, m = beta1 m + (1 - beta1) g,
-// v = beta2 v + (1 - beta2) g^2, with amsgrad v_max = max(v_max, v) used in v's place, and with t
-// the parameter's step count, p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps).
-class Adam : public GroupedOptimizer<AdamOptions> {
- public:
-  Adam(std::vector<Tensor> parameters, AdamOptions options = {});
-  Adam(std::vector<ParamGroup<AdamOptions>> groups, AdamOptions defaults = {});
-  void step() override;
-  double* group_momentum(size_t group) override { return &param_groups().at(group).options.beta1; }
-  int64_t step_count(size_t i) const { return state_.at(i).step.value(); }
-  const Tensor& exp_avg(size_t i) const { return state_.at(i).exp_avg; }
-  const Tensor& exp_avg_sq(size_t i) const { return state_.at(i).exp_avg_sq; }
-  const Tensor& max_exp_avg_sq(size_t i) const { return state_.at(i).max_exp_avg_sq; }
-
- private:
-  void add_state(size_t) override { state_.emplace_back(); }
-  void put_state(StateDict& out, size_t i) const override;
-  std::vector<std::string> tensor_state() const override;
-  std::vector<std::string> required_state(const AdamOptions& o) const override;
-  void load_state(const StateDict& d, size_t i) override;
-  std::vector<AdamState> state_;
-};
-
 struct AdamWOptions {
   double lr = 1e-3;
   double beta1 = 0.9;
@@ -222,25 +199,48 @@ struct AdamWOptions {
   bool amsgrad = false;
 };
 
-// torch.optim.AdamW: p *= 1 - lr * weight_decay, then Adam's update without weight decay.
-class AdamW : public GroupedOptimizer<AdamWOptions> {
+// What Adam and AdamW share: their state, its state_dict entries, and the update, which applies
+// weight decay to the gradient (Adam) or to the parameter (AdamW, `decoupled`).
+template <typename Options>
+class AdamFamily : public GroupedOptimizer<Options> {
  public:
-  AdamW(std::vector<Tensor> parameters, AdamWOptions options = {});
-  AdamW(std::vector<ParamGroup<AdamWOptions>> groups, AdamWOptions defaults = {});
   void step() override;
-  double* group_momentum(size_t group) override { return &param_groups().at(group).options.beta1; }
+  double* group_momentum(size_t group) override {
+    return &this->param_groups().at(group).options.beta1;
+  }
   int64_t step_count(size_t i) const { return state_.at(i).step.value(); }
   const Tensor& exp_avg(size_t i) const { return state_.at(i).exp_avg; }
   const Tensor& exp_avg_sq(size_t i) const { return state_.at(i).exp_avg_sq; }
   const Tensor& max_exp_avg_sq(size_t i) const { return state_.at(i).max_exp_avg_sq; }
 
+ protected:
+  AdamFamily(const char* name, bool decoupled, std::vector<ParamGroup<Options>> groups,
+             Options defaults);
+
  private:
   void add_state(size_t) override { state_.emplace_back(); }
   void put_state(StateDict& out, size_t i) const override;
   std::vector<std::string> tensor_state() const override;
-  std::vector<std::string> required_state(const AdamWOptions& o) const override;
+  std::vector<std::string> required_state(const Options& o) const override;
   void load_state(const StateDict& d, size_t i) override;
+  bool decoupled_;
   std::vector<AdamState> state_;
+};
+
+// torch.optim.Adam: g = grad + weight_decay * p, m = beta1 m + (1 - beta1) g,
+// v = beta2 v + (1 - beta2) g^2, with amsgrad v_max = max(v_max, v) used in v's place, and with t
+// the parameter's step count, p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps).
+class Adam : public AdamFamily<AdamOptions> {
+ public:
+  Adam(std::vector<Tensor> parameters, AdamOptions options = {});
+  Adam(std::vector<ParamGroup<AdamOptions>> groups, AdamOptions defaults = {});
+};
+
+// torch.optim.AdamW: p *= 1 - lr * weight_decay, then Adam's update without weight decay.
+class AdamW : public AdamFamily<AdamWOptions> {
+ public:
+  AdamW(std::vector<Tensor> parameters, AdamWOptions options = {});
+  AdamW(std::vector<ParamGroup<AdamWOptions>> groups, AdamWOptions defaults = {});
 };
 
 struct RMSpropOptions {
