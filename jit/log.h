@@ -7,9 +7,9 @@
 
 namespace kiln::jit {
 
-// True when KILN_LOG names `topic` (a comma-separated list: fuser,codegen,ir,ir-raw,cache,guard,
-// passes,lazy) or "all". Read once per process; set_log_topics overrides it (tests). With no topic
-// on it is one relaxed atomic load: code that builds a costly line asks it once, then logs.
+// True when KILN_LOG names `topic` (a comma-separated list: fuser,codegen,ir,ir-raw,cuda,cache,
+// guard,passes,lazy) or "all". Read once per process; set_log_topics overrides it (tests). With no
+// topic on it is one relaxed atomic load: code that builds a costly line asks it once, then logs.
 bool log_enabled(const char* topic);
 void set_log_topics(const std::string& topics);
 

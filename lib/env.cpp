@@ -32,7 +32,7 @@ std::vector<EnvFlag> make_table() {
   return {
       {"KILN_PROFILE", K::BoolOrJson, "0", nullptr, 0,
        "1: a profile on stderr at exit; a path ending in .json: a Chrome trace written there"},
-      {"KILN_LOG", K::List, "", "fuser,codegen,ir,ir-raw,cache,guard,passes,lazy,conv,all", 0,
+      {"KILN_LOG", K::List, "", "fuser,codegen,ir,ir-raw,cuda,cache,guard,passes,lazy,conv,all", 0,
        "topics whose JIT decisions are logged on stderr"},
       {"KILN_DUMP", K::Path, "", nullptr, 0, "a directory receiving graphs and generated code"},
       {"KILN_LAZY", K::Bool, "1", nullptr, 0, "0: eager mode, every op runs at once"},
@@ -49,6 +49,8 @@ std::vector<EnvFlag> make_table() {
       {"KILN_CPU_CACHE_MB", K::Count, "1024", nullptr, 0,
        "MiB of freed large host blocks kept for reuse"},
       {"KILN_ALLOW_TF32", K::Bool, "0", nullptr, 0, "float32 GEMMs on CUDA may use TF32"},
+      {"KILN_CUDA_FAST_COMPILE", K::List, "0", "0,min,mid,max", 0,
+       "NVRTC's --Ofast-compile level for generated CUDA kernels (0: fully optimized)"},
       {"KILN_CONV_ALGO", K::List, "auto", "auto,im2col,onednn", 0,
        "the convolution algorithm: auto (measured once per problem), im2col or onednn"},
       // Read by the tests and the tools' scripts: known here so that they draw no typo warning.

@@ -54,10 +54,11 @@ def bench_rows():
             data = json.load(open(path))
         except (OSError, ValueError):
             continue
+        prefix = "fast: " if os.path.basename(path) == "bench_fast.json" else ""
         for b in data.get("benchmarks", []):
             if b.get("aggregate_name") not in (None, "median"):
                 continue
-            name = b.get("run_name", b["name"])
+            name = prefix + b.get("run_name", b["name"])
             rows[name] = b
     return rows
 

@@ -1713,7 +1713,8 @@ struct RowsRun {
   std::vector<int64_t> sizes, strides, base, length;
   Layout layout;
   unsigned blocks = 1, threads = 32;
-  bool index32 = true;  // the variant
+  bool index32 = true;  // the variant ...
+  int per_thread = 0;   // ... and its positions per thread (0: the generic loop)
 };
 RowsRun make_rows_run(const RowsCase& c, std::mt19937_64& rng) {
   const Kernel& k = c.kernel;
@@ -1782,6 +1783,12 @@ RowsRun make_rows_run(const RowsCase& c, std::mt19937_64& rng) {
   r.threads = threads[rng() % 3];
   r.blocks = blocks[rng() % 4];
   r.index32 = rng() % 2 == 0;
+  // Half of the runs where a row fits K positions per thread take the per_thread variant: K = 4
+  // or 16, either where both fit.
+  std::vector<int> fits;
+  for (int per_thread : {4, 16})
+    if (R <= per_thread * int64_t{r.threads}) fits.push_back(per_thread);
+  if (!fits.empty() && rng() % 2 == 0) r.per_thread = fits[rng() % fits.size()];
   return r;
 }
 
@@ -1823,7 +1830,8 @@ TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
     const std::string id = std::to_string(i);
     const Kernel& k = cases[runs[i].first].kernel;
     const std::string source =
-        fuser::cuda::cuda_source(k, runs[i].second.layout, "kr" + id, {runs[i].second.index32});
+        fuser::cuda::cuda_source(k, runs[i].second.layout, "kr" + id,
+                                 {runs[i].second.index32, false, runs[i].second.per_thread});
     if (i == 0) unit += source.substr(0, source.find("\nstruct KilnRowsDims"));
     unit += math_functions_of(source);
     unit += host_rows_kernel(k, source, "kr" + id, "rows" + id);
@@ -1842,7 +1850,7 @@ TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
   ASSERT_NE(lib, nullptr) << dlerror();
   using HostFn = int (*)(int, unsigned, unsigned, long long, const long long*, void* const*,
                          const unsigned long long*, unsigned long long*, long long, long long);
-  size_t exact = 0, close = 0, index32_runs = 0;
+  size_t exact = 0, close = 0, index32_runs = 0, per_thread_runs = 0;
   for (size_t i = 0; i < runs.size() && !HasFailure(); ++i) {
     const size_t c = runs[i].first;
     const RowsRun& r = runs[i].second;
@@ -1851,10 +1859,11 @@ TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
     ASSERT_NE(fn, nullptr);
     const size_t inputs = k.input_types.size(), np = inputs + k.outputs.size();
     {
-      const std::string what = cases[c].what + ", sizes " + ::testing::PrintToString(r.sizes) +
-                               ", strides " + ::testing::PrintToString(r.strides) + ", " +
-                               std::to_string(r.blocks) + " blocks of " +
-                               std::to_string(r.threads) + ", index32 " + std::to_string(r.index32);
+      const std::string what =
+          cases[c].what + ", sizes " + ::testing::PrintToString(r.sizes) + ", strides " +
+          ::testing::PrintToString(r.strides) + ", " + std::to_string(r.blocks) + " blocks of " +
+          std::to_string(r.threads) + ", index32 " + std::to_string(r.index32) + ", per_thread " +
+          std::to_string(r.per_thread);
       const auto rank = static_cast<size_t>(cases[c].rank);
       int64_t rows = 1;
       for (size_t d = 0; d < rank; ++d) rows *= r.sizes[d];
@@ -1910,6 +1919,7 @@ TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
       auto* gpu_partials = reinterpret_cast<unsigned long long*>(partials.data());
       auto* gpu_ptrs = reinterpret_cast<void* const*>(ptrs.data());
       index32_runs += r.index32;
+      per_thread_runs += r.per_thread > 0;
       ASSERT_EQ(
           fn(0, r.blocks, r.threads, rows, dims.data(), gpu_ptrs, scalars, gpu_partials, stride, R),
           0)
@@ -1964,10 +1974,13 @@ TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
   // Both variants ran, each on many kernels.
   EXPECT_GE(index32_runs, runs.size() / 4);
   EXPECT_GE(runs.size() - index32_runs, runs.size() / 4);
+  EXPECT_GE(per_thread_runs, runs.size() / 5);
+  EXPECT_GE(runs.size() - per_thread_runs, runs.size() / 4);
   std::printf(
-      "%zu rows kernels, %zu runs (%zu with 32-bit indices): %zu output elements bit-equal to the "
-      "LLVM emitter's, %zu within the tolerance of floating sums\n",
-      cases.size(), runs.size(), index32_runs, exact, close);
+      "%zu rows kernels, %zu runs (%zu with 32-bit indices, %zu with K positions per thread): %zu "
+      "output elements bit-equal to the LLVM emitter's, %zu within the tolerance of floating "
+      "sums\n",
+      cases.size(), runs.size(), index32_runs, per_thread_runs, exact, close);
 }
 
 // The disk cache files a CUDA binary under the source it is compiled from, with the target and

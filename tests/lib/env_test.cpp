@@ -115,7 +115,7 @@ TEST(Env, ListsRejectUnknownNamesListingTheKnownOnes) {
     ScopedEnv e("KILN_LOG", "fuser,cahce");
     testing::expect_error(
         [] { env_list("KILN_LOG"); },
-        {"KILN_LOG", "'cahce'", "fuser,codegen,ir,ir-raw,cache,guard,passes,lazy,conv,all"});
+        {"KILN_LOG", "'cahce'", "fuser,codegen,ir,ir-raw,cuda,cache,guard,passes,lazy,conv,all"});
   }
   // A list whose names the caller supplies (passes live above lib/).
   ScopedEnv e("KILN_DISABLE_PASSES", "cse,nope");

@@ -25,6 +25,7 @@
 
 #include "fuser/codegen/cuda/source_value.h"
 #include "kiln/error.h"
+#include "lib/env.h"
 
 namespace kiln::fuser::cuda {
 
@@ -904,25 +905,76 @@ class Source {
   // them (each thread keeps the positions it reads, so no barrier is needed) and read back by the
   // later ones instead of global memory, when the row fits in the launch's dynamic shared memory
   // (cuda_rows_launch: 4 bytes per position up to 32 KiB). The values are the same either way.
+  // The per_thread variant keeps loads in registers instead (kiln_r<n>[k], position
+  // threadIdx.x + k * blockDim.x): every element-level load of the passes, those that several
+  // passes read first, up to 64 values per thread, each loaded by an unrolled loop of its own
+  // before the first pass that reads it computes.
   struct RowCache {
-    std::vector<bool> cached;  // per instruction: at most one
+    std::vector<bool> cached;  // per instruction: shared memory, at most one; or registers
   };
   RowCache plan_row_cache(const std::vector<std::vector<bool>>& needed_of,
                           const std::vector<Level>& level) const {
     RowCache c;
     c.cached.assign(k_.body.size(), false);
-    for (size_t n = 0; n < k_.body.size(); ++n) {
-      if (k_.body[n].prim != Prim::Load || level[n] != Level::kElement || k_.body[n].type == kBool)
-        continue;
-      int64_t passes = 0;
-      for (const std::vector<bool>& needed : needed_of) passes += !needed.empty() && needed[n];
-      if (passes < 2) continue;
-      c.cached[n] = true;
-      break;
+    const int per_thread = variant_.per_thread;
+    int64_t budget = per_thread > 0 ? 64 / per_thread : 1;
+    for (int64_t least_passes : {int64_t{2}, int64_t{1}}) {
+      for (size_t n = 0; n < k_.body.size() && budget > 0; ++n) {
+        if (c.cached[n] || k_.body[n].prim != Prim::Load || level[n] != Level::kElement ||
+            (per_thread == 0 && k_.body[n].type == kBool))
+          continue;
+        int64_t passes = 0;
+        for (const std::vector<bool>& needed : needed_of) passes += !needed.empty() && needed[n];
+        if (passes < least_passes) continue;
+        c.cached[n] = true;
+        --budget;
+      }
+      if (per_thread == 0) break;
     }
     return c;
   }
   static std::string cache_name(size_t n) { return "kiln_row" + std::to_string(n); }
+  static std::string register_name(size_t n) { return "kiln_r" + std::to_string(n); }
+  static std::string column_registers(int32_t slot) { return "kiln_c" + std::to_string(slot); }
+
+  // A loop over the thread's positions j of a row, around `body`: a strided loop, or for the
+  // per_thread variant an unrolled one over k < K.
+  std::string row_loop(const std::string& body, const std::string& indent) const {
+    const int per_thread = variant_.per_thread;
+    if (per_thread == 0)
+      return indent + "for (U j = (U)threadIdx.x; j < R; j += (U)blockDim.x) {\n" + body + indent +
+             "}\n";
+    return indent + "#pragma unroll\n" + indent + "for (int k = 0; k < " +
+           std::to_string(per_thread) + "; ++k) {\n" + indent +
+           "  const U j = (U)threadIdx.x + (U)k * (U)blockDim.x;\n" + indent + "  if (j < R) {\n" +
+           body + indent + "  }\n" + indent + "}\n";
+  }
+
+  // The offsets at position j of a row of the pointers `used` (noting them in row_ptr: the row's
+  // start is computed for them).
+  std::string position_offsets(const std::vector<bool>& used, std::vector<bool>& row_ptr,
+                               const std::string& indent) const {
+    std::string offsets;
+    for (size_t q = 0; q < num_ptrs(); ++q) {
+      if (!used[q]) continue;
+      row_ptr[q] = true;
+      const std::string st = "st" + std::to_string(q);
+      std::string off;
+      switch (layout_.inner[q]) {
+        case Layout::kZero:
+          off = st;
+          break;
+        case Layout::kUnit:
+          off = st + " + (S)j";
+          break;
+        case Layout::kAny:
+          off = st + " + (S)j * " + stride_of(q, layout_.rank);
+          break;
+      }
+      offsets += indent + "const S o" + std::to_string(q) + " = " + off + ";\n";
+    }
+    return offsets;
+  }
 
   void rows_kernel(const RowsPlan& p) {
     const int rank = layout_.rank;
@@ -1013,6 +1065,12 @@ class Source {
         emitted[n] = true;
       }
     };
+    const int per_thread = variant_.per_thread;
+    if (per_thread > 0)
+      for (size_t n = 0; n < n_body; ++n)
+        if (cache.cached[n])
+          row += "    " + std::string(value_type(k_.body[n].type)) + " " + register_name(n) + "[" +
+                 std::to_string(per_thread) + "];\n";
     bool loops = false;
     row_values(0);
     for (int32_t pass = 0; pass <= final_pass; ++pass) {
@@ -1025,13 +1083,26 @@ class Source {
         if (is_row_reduction(k_.body[r]))
           row += "    " + std::string(value_type(k_.body[r].type)) + " a" + std::to_string(r) +
                  " = " + identity(k_.body[r]) + ";\n";
-      std::string loop;
       load_at_.assign(ni, "");
       for (size_t q = 0; q < ni; ++q) load_at_[q] = "o" + std::to_string(q);
+      if (per_thread > 0) {  // the pass's loads not in registers yet, all issued before it computes
+        load_used_.assign(np, false);
+        std::string loads;
+        for (size_t n = 0; n < n_body; ++n) {
+          if (!needed[n] || !cache.cached[n] || cache_written[n]) continue;
+          loads += "        " + register_name(n) + "[k] = " + expr(k_.body[n]) + ";\n";
+          cache_written[n] = true;
+        }
+        if (!loads.empty())
+          row += row_loop(position_offsets(load_used_, row_ptr, "        ") + loads, "    ");
+      }
+      std::string loop;
       load_used_.assign(np, false);
       for (size_t n = 0; n < n_body; ++n) {
         if (!needed[n] || level[n] != Level::kElement) continue;
-        if (!cache.cached[n]) {
+        if (per_thread > 0 && cache.cached[n]) {
+          loop += "      " + decl(n) + " = " + register_name(n) + "[k];\n";
+        } else if (!cache.cached[n]) {
           loop += "      " + decl(n) + " = " + expr(k_.body[n]) + ";\n";
         } else if (!cache_written[n]) {  // its first pass loads it and keeps it
           loop += "      " + decl(n) + " = " + expr(k_.body[n]) + ";\n      if (kiln_cached) " +
@@ -1054,6 +1125,12 @@ class Source {
           loop += "      " + g + " = " + f + "(" + g + ", " + x + ");\n";
         } else {
           // Position j of the slot's part: this thread's, in every row of the band.
+          if (per_thread > 0) {
+            const std::string at =
+                column_registers(in.index) + "[" + std::to_string(in.part * per_thread) + " + k]";
+            loop += "      " + at + " = " + f + "(" + at + ", " + x + ");\n";
+            continue;
+          }
           const std::string at = "col" + std::to_string(in.index) + "[" +
                                  (in.part > 0 ? "(U)" + std::to_string(in.part) + " * R + " : "") +
                                  "j]";
@@ -1070,27 +1147,7 @@ class Source {
           loop += "      " + ptr_name(q) + "[o" + std::to_string(q) +
                   "] = " + stored(k_.output_types[o], v(k_.outputs[o])) + ";\n";
         }
-      std::string offsets;
-      for (size_t q = 0; q < np; ++q) {
-        if (!used[q]) continue;
-        row_ptr[q] = true;
-        const std::string st = "st" + std::to_string(q);
-        std::string off;
-        switch (layout_.inner[q]) {
-          case Layout::kZero:
-            off = st;
-            break;
-          case Layout::kUnit:
-            off = st + " + (S)j";
-            break;
-          case Layout::kAny:
-            off = st + " + (S)j * " + stride_of(q, rank);
-            break;
-        }
-        offsets += "      const S o" + std::to_string(q) + " = " + off + ";\n";
-      }
-      row += "    for (U j = (U)threadIdx.x; j < R; j += (U)blockDim.x) {\n" + offsets + loop +
-             "    }\n";
+      row += row_loop(position_offsets(used, row_ptr, "      ") + loop, "    ");
       for (size_t r : roots) {
         const Instr& in = k_.body[r];
         if (!is_row_reduction(in)) continue;
@@ -1141,7 +1198,7 @@ class Source {
         ", unsigned long long* partials, unsigned long long* scratch) {\n";
     if (loops || any_global || any_column)
       out_ += "  const U R = (U)d.size[" + std::to_string(rank) + "];\n";
-    for (size_t n = 0; n < n_body; ++n) {
+    for (size_t n = 0; n < n_body && per_thread == 0; ++n) {
       if (!cache.cached[n]) continue;
       const std::string type = value_type(k_.body[n].type);
       out_ += "  KILN_ROW_CACHE(" + type + ", " + cache_name(n) + ");\n";
@@ -1154,6 +1211,7 @@ class Source {
       out_ += "  unsigned long long* const part = partials + (unsigned long long)blockIdx.x * (" +
               std::to_string(k_.num_globals) + "ull + " + std::to_string(total_parts) +
               "ull * (unsigned long long)R);\n";
+    std::string column_stores;  // per_thread: the registers' column partials, after the band
     int64_t parts_before = 0;
     for (int32_t s = 0; s < k_.num_columns(); ++s) {
       const int32_t parts = k_.column_parts[static_cast<size_t>(s)];
@@ -1165,12 +1223,26 @@ class Source {
       out_ += "  " + std::string(storage_type(r.type)) + "* const " + col + " = reinterpret_cast<" +
               storage_type(r.type) + "*>(part + " + std::to_string(k_.num_globals) + "ull + " +
               std::to_string(offset) + "ull * (unsigned long long)R);\n";
+      auto at = [&](int32_t q) {
+        return col + "[" + (q > 0 ? "(U)" + std::to_string(q) + " * R + " : "") + "j]";
+      };
+      if (per_thread > 0) {
+        const std::string regs = column_registers(s), count = std::to_string(parts * per_thread);
+        out_ += "  " + std::string(value_type(r.type)) + " " + regs + "[" + count + "];\n";
+        out_ += "#pragma unroll\n  for (int i = 0; i < " + count + "; ++i) " + regs +
+                "[i] = " + identity(r) + ";\n";
+        std::string stores;
+        for (int32_t q = 0; q < parts; ++q)
+          stores += "      " + at(q) + " = " +
+                    stored(r.type, regs + "[" + std::to_string(q * per_thread) + " + k]") + ";\n";
+        column_stores += row_loop(stores, "  ");
+        continue;
+      }
       // Each position starts at the identity, set by the thread that folds into it.
-      out_ += "  for (U j = (U)threadIdx.x; j < R; j += (U)blockDim.x) {\n";
+      std::string starts;
       for (int32_t q = 0; q < parts; ++q)
-        out_ += "    " + col + "[" + (q > 0 ? "(U)" + std::to_string(q) + " * R + " : "") +
-                "j] = " + stored(r.type, identity(r)) + ";\n";
-      out_ += "  }\n";
+        starts += "    " + at(q) + " = " + stored(r.type, identity(r)) + ";\n";
+      out_ += row_loop(starts, "  ");
     }
     for (size_t n = 0; n < n_body; ++n)
       if (live_global(p, n))
@@ -1207,7 +1279,7 @@ class Source {
                " * " + stride_of(q, dim);
       out_ += "    const S st" + std::to_string(q) + " = " + (off.empty() ? "0" : off) + ";\n";
     }
-    out_ += row + "  }\n";
+    out_ += row + "  }\n" + column_stores;
     // The block's global partials: each reduction over the block, written by its first thread.
     for (size_t n = 0; n < n_body; ++n) {
       if (!live_global(p, n)) continue;
@@ -1365,6 +1437,7 @@ std::string cuda_source(const Kernel& kernel, const Layout& layout, const std::s
 
 CudaCallFlags cuda_variant(const Kernel& kernel, const Layout& layout, CudaCallFlags flags) {
   flags.vec = flags.vec && Source(kernel, layout, "", flags).vectorizable();
+  if (!layout.rows) flags.per_thread = 0;
   return flags;
 }
 
@@ -1422,8 +1495,9 @@ CudaRowsLaunch cuda_rows_launch(const Kernel& kernel, const Layout& layout, cons
   // multiprocessor of a large GPU) keep every multiprocessor busy for a partial buffer of a few
   // times the columns' size.
   const int64_t cap = kernel.num_columns() > 0 ? 512 : kernel.num_globals > 0 ? 1024 : 65536;
-  // The row cache (see the rows kernel): 4 bytes per position, for rows up to 8192 positions.
-  if (R <= kRowCacheBytes / 4) g.shared_bytes = static_cast<unsigned>(R * 4);
+  g.per_thread = R <= 4 * int64_t{g.threads} ? 4 : R <= 16 * int64_t{g.threads} ? 16 : 0;
+  // The generic variant's row cache (see the rows kernel): 4 bytes per position.
+  if (g.per_thread == 0 && R <= kRowCacheBytes / 4) g.shared_bytes = static_cast<unsigned>(R * 4);
   g.blocks = std::max<int64_t>(1, std::min(rows, cap));
   g.index32 = cuda_call_flags(kernel, layout, rows, sizes, strides, nullptr, g.blocks).index32;
   if (kernel.num_globals > 0 || kernel.num_columns() > 0) {
@@ -1444,7 +1518,15 @@ CudaRowsLaunch cuda_rows_launch(const Kernel& kernel, const Layout& layout, cons
 std::vector<std::string> cuda_compile_options() {
   // IEEE division and square root, and denormals kept: NVRTC's defaults, stated so that a change
   // of defaults cannot change results. No contraction into FMA: the LLVM emitter never contracts.
-  return {"--fmad=false", "--prec-div=true", "--prec-sqrt=true", "--ftz=false"};
+  std::vector<std::string> options = {"--fmad=false", "--prec-div=true", "--prec-sqrt=true",
+                                      "--ftz=false"};
+  // Less optimization for a faster compile, when asked: the same results, slower code.
+  static const std::string fast = [] {
+    const std::vector<std::string> level = detail::env_list("KILN_CUDA_FAST_COMPILE");
+    return level.empty() ? std::string("0") : level.back();
+  }();
+  if (fast != "0") options.push_back("--Ofast-compile=" + fast);
+  return options;
 }
 
 }  // namespace kiln::fuser::cuda

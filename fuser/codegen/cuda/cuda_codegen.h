@@ -25,6 +25,13 @@
 //   bool types then move 4 elements per access (float4/int4/uchar4) and finish the tail one by
 //   one. Other kernels have no vec variant (cuda_variant drops the flag). The scalar variant is
 //   right for every alignment.
+// - per_thread (rows only): 0, or K (4 or 16) when R <= K * blockDim.x, so that thread t holds at
+//   most K positions of a row (t, t + blockDim.x, ...). The K variant keeps them in registers: a
+//   row's loads are issued together before a pass computes (the memory system sees K loads per
+//   thread in flight instead of one), an input that several passes read is loaded once, and the
+//   block's column partials stay in registers across its band of rows, written once at its end.
+//   The folds run in the same order as the generic loop's, so both variants give the same bits.
+//   A K variant launched on a longer row would skip positions: the launcher checks it.
 // - dims (strided only): a struct by value, `long long size[rank]; long long stride[P * rank]`:
 //   exactly the CPU kernel's `sizes` then `strides` arrays (KernelFn), pointer-major.
 // - ptrs: the tensor inputs' then the outputs' first elements, typed (bool as unsigned char).
@@ -57,7 +64,8 @@
 //   type at the start of each 8-byte global slot, column positions packed in the reduction's
 //   type). Block b writes block b only (whatever it held before is overwritten; no clearing).
 // - Geometry: blockDim.x a multiple of 32, from 32 to 1024 (blockDim.y = blockDim.z = 1); any
-//   gridDim.x >= 1. Shared memory: 256 bytes, static (no dynamic shared memory to pass).
+//   gridDim.x >= 1. Shared memory: 256 bytes, static, and for the generic variant (per_thread 0)
+//   the row cache's dynamic shared memory (CudaRowsLaunch::shared_bytes; 0 leaves it off).
 //   Block b walks the band of rows [b * chunk, min(rows, (b + 1) * chunk)), chunk =
 //   ceil(rows / gridDim.x), as one CPU call walks its range; thread t of a block takes elements t,
 //   t + blockDim.x, ... of each row. A row reduction folds per thread, then over the block through
@@ -112,7 +120,10 @@ namespace kiln::fuser::cuda {
 struct CudaCallFlags {
   bool index32 = false;
   bool vec = false;
-  bool operator==(const CudaCallFlags& o) const { return index32 == o.index32 && vec == o.vec; }
+  int per_thread = 0;  // rows kernels: 0, or K when every row has at most K * blockDim.x positions
+  bool operator==(const CudaCallFlags& o) const {
+    return index32 == o.index32 && vec == o.vec && per_thread == o.per_thread;
+  }
   bool operator!=(const CudaCallFlags& o) const { return !(*this == o); }
 };
 
@@ -145,19 +156,21 @@ CudaCallFlags cuda_call_flags(const Kernel& kernel, const Layout& layout, int64_
 // CPU kernel's `sizes` (rank + 1 entries) and `strides` ((rank + 1) per pointer). Depends on the
 // sizes only, never on the device, so that sums come out the same on every GPU.
 //   threads: a power of two from 32 to 512, about R / 4 (every thread folds about 4 elements)
+//   per_thread: 4 when R <= 4 * threads, else 16 when R <= 16 * threads, else 0 (the variant)
 //   blocks:  min(rows, cap), at least 1; cap 65536, 1024 with global reductions (the finish
 //            kernel combines the blocks' partials on one thread), 128 with column reductions
 //            (blocks * R column partials)
 struct CudaRowsLaunch {
   int64_t blocks = 1;            // the rows kernel's gridDim.x
   int threads = 32;              // its blockDim.x
-  bool index32 = false;          // its variant's index32
+  bool index32 = false;          // its variant's index32 ...
+  int per_thread = 0;            // ... and per_thread
   int64_t stride = 0;            // 8-byte values per block in partials: partials_per_call(R)
   int64_t partials_bytes = 0;    // the partials buffer: blocks * stride * 8 (0: none)
   int64_t column_positions = 0;  // positions the columns kernel covers (max parts * R)
   int64_t columns_blocks = 0;    // the columns kernel's grid (0: no columns kernel) ...
   int columns_threads = 0;       // ... and block size; the finish kernel runs <<<1, 1>>>
-  unsigned shared_bytes = 0;     // the rows kernel's dynamic shared memory: its row cache
+  unsigned shared_bytes = 0;     // the rows kernel's dynamic shared memory: its row cache (K = 0)
 };
 // The rows kernel's row cache at most (dynamic shared memory under the default 48 KiB limit).
 constexpr int64_t kRowCacheBytes = 32 * 1024;

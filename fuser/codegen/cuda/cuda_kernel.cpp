@@ -72,8 +72,9 @@ std::string cuda_binary_key(const Kernel& kernel, const Layout& layout, CudaCall
   const int arch = target_arch(sm, &ptx);
   variant = cuda_variant(kernel, layout, variant);
   return kernel_key(kernel, layout) + (variant.index32 ? "|index32" : "|index64") +
-         (variant.vec ? "|vec4" : "") + (ptx ? "|compute_" : "|sm_") + std::to_string(arch) + "|" +
-         compiler_version();
+         (variant.vec ? "|vec4" : "") +
+         (variant.per_thread > 0 ? "|k" + std::to_string(variant.per_thread) : "") +
+         (ptx ? "|compute_" : "|sm_") + std::to_string(arch) + "|" + compiler_version();
 }
 
 std::string cuda_disk_key(const std::string& source, int arch, bool ptx) {
@@ -119,6 +120,7 @@ CudaBinary compile_cached(const std::string& key, const std::string& symbol, int
     std::lock_guard<std::mutex> lock(s.mu);
     ++s.stats.disk_hits;
   } else {
+    jit::log("cuda", "source of ", binary->symbol, ":\n", code);
     const auto start = std::chrono::steady_clock::now();
     CudaCompiled out =
         nvrtc_compile(code, binary->symbol, arch, ptx ? CudaOutput::kPtx : CudaOutput::kCubin,
@@ -248,7 +250,10 @@ int64_t elementwise_blocks(const Layout& layout, int64_t n, int64_t multiprocess
 
 CudaCallFlags launch_variant(const Kernel& kernel, const Layout& layout, int device, int64_t n,
                              const int64_t* sizes, const int64_t* strides, char* const* ptrs) {
-  if (layout.rows) return {cuda_rows_launch(kernel, layout, sizes, strides).index32, false};
+  if (layout.rows) {
+    const CudaRowsLaunch geometry = cuda_rows_launch(kernel, layout, sizes, strides);
+    return {geometry.index32, false, geometry.per_thread};
+  }
   const int64_t blocks =
       elementwise_blocks(layout, n, detail::cuda::device_info(device).multiprocessors);
   return cuda_call_flags(kernel, layout, n, sizes, strides, ptrs, blocks * kThreads);
@@ -290,6 +295,7 @@ std::vector<KernelCall> rows_calls(const Kernel& kernel, const Layout& layout,
   main.grid = static_cast<unsigned>(geometry.blocks);
   main.block = static_cast<unsigned>(geometry.threads);
   main.variant.index32 = geometry.index32;
+  main.variant.per_thread = geometry.per_thread;
   std::vector<long long> dims(sizes, sizes + rank + 1);
   dims.insert(dims.end(), strides, strides + (rank + 1) * num_ptrs);
   main.add(&rows, sizeof rows);
@@ -339,9 +345,11 @@ void launch_rows(const CudaKernel& fn, const Kernel& kernel, const Layout& layou
                  const int64_t* sizes, const int64_t* strides, char* const* ptrs,
                  const uint64_t* scalars) {
   const CudaRowsLaunch geometry = cuda_rows_launch(kernel, layout, sizes, strides);
-  KILN_CHECK(geometry.index32 == fn.variant.index32 && !fn.variant.vec, "CUDA: ", fn.name,
-             " launched as variant index32 ", fn.variant.index32, " for rows that need index32 ",
-             geometry.index32);
+  KILN_CHECK(geometry.index32 == fn.variant.index32 && !fn.variant.vec &&
+                 geometry.per_thread == fn.variant.per_thread,
+             "CUDA: ", fn.name, " launched as variant index32 ", fn.variant.index32, " per_thread ",
+             fn.variant.per_thread, " for rows that need index32 ", geometry.index32,
+             " per_thread ", geometry.per_thread);
   // The partials go back to the allocator right after the launches: a later allocation on the same
   // stream runs after them, so the block is not reused early.
   struct Partials {
