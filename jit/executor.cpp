@@ -508,8 +508,8 @@ const char* Plan::launch_cuda_group(const Step& step, const fuser::Layout& layou
   // The variant before the lookup: each is a binary of its own, compiled on first use.
   const fuser::cuda::CudaCallFlags variant = fuser::cuda::launch_variant(
       step.group->kernel, layout, step.cuda_device, n, sizes, strides, ptrs);
-  const int variant_bits =
-      (variant.index32 ? 1 : 0) | (variant.vec ? 2 : 0) | (variant.per_thread << 2);
+  const int variant_bits = (variant.index32 ? 1 : 0) | (variant.vec ? 2 : 0) |
+                           (variant.per_thread << 2) | (variant.block << 10);
   std::shared_ptr<const void> held;
   {
     std::lock_guard<std::mutex> lock(kernels_mutex_);

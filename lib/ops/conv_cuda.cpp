@@ -50,6 +50,7 @@ struct KilnGeom {
   long long N, C, H, W, oH, oW, kH, kW, sH, sW, pH, pW, dH, dW, G, flags;
   long long xs[4];
   long long wide;
+  long long rows;  // im2col: the rows of cols one thread writes
 };
 #ifdef KILN_HOST_LAUNCH
 #define __global__
@@ -63,12 +64,13 @@ template <typename V> static V atomicAdd(V* p, V v) { V old = *p; *p = old + v; 
 template <typename I> struct KilnGeomT {
   I N, C, H, W, oH, oW, kH, kW, sH, sW, pH, pW, dH, dW, G, flags;
   I xs[4];
+  I rows;
 };
 template <typename I> static KILN_DEVICE KilnGeomT<I> kiln_geom(const KilnGeom& g) {
   const KilnGeomT<I> r = {(I)g.N,  (I)g.C,  (I)g.H,  (I)g.W,  (I)g.oH, (I)g.oW,
                           (I)g.kH, (I)g.kW, (I)g.sH, (I)g.sW, (I)g.pH, (I)g.pW,
                           (I)g.dH, (I)g.dW, (I)g.G,  (I)g.flags,
-                          {(I)g.xs[0], (I)g.xs[1], (I)g.xs[2], (I)g.xs[3]}};
+                          {(I)g.xs[0], (I)g.xs[1], (I)g.xs[2], (I)g.xs[3]}, (I)g.rows};
   return r;
 }
 #define KILN_FOR_EACH(e, n) \
@@ -82,17 +84,32 @@ struct KernelText {
   const char* body;
 };
 
-// im2col: cols[r, q] for row r = (c * kH + i) * kW + j and column q = n * L + oh * oW + ow.
+// im2col: cols[r, q] for row r = (c * kH + i) * kW + j and column q = n * L + oh * oW + ow. Item e
+// is column q = e % NL of the band of g.rows rows e / NL: the thread divides once for its column
+// and its first row, then steps (c, i, j) row by row (integer division is what costs a GPU here),
+// while neighbouring threads write neighbouring columns.
 const KernelText kIm2col{"im2col",
                          {"long long n", "KilnGeom g", "const T* x", "T* cols"},
-                         R"(  const I L = g.oH * g.oW, NL = g.N * L;
+                         R"(  const I L = g.oH * g.oW, NL = g.N * L, RT = g.C * g.kH * g.kW;
   KILN_FOR_EACH(e, n) {
-    const I r = e / NL, q = e % NL, img = q / L, l = q % L;
-    const I c = r / (g.kH * g.kW), i = r / g.kW % g.kH, j = r % g.kW;
-    const I ih = l / g.oW * g.sH - g.pH + i * g.dH, iw = l % g.oW * g.sW - g.pW + j * g.dW;
-    cols[e] = ih >= 0 && ih < g.H && iw >= 0 && iw < g.W
-                  ? x[img * g.xs[0] + c * g.xs[1] + ih * g.xs[2] + iw * g.xs[3]]
-                  : (T)0;
+    const I band = e / NL, q = e % NL, img = q / L, l = q % L;
+    const I h0 = l / g.oW * g.sH - g.pH, w0 = l % g.oW * g.sW - g.pW;
+    const I r0 = band * g.rows, r1 = RT - r0 < g.rows ? RT : r0 + g.rows;
+    I c = r0 / (g.kH * g.kW), i = r0 / g.kW % g.kH, j = r0 % g.kW;
+    const T* const xn = x + img * g.xs[0];
+    for (I r = r0; r < r1; ++r) {
+      const I ih = h0 + i * g.dH, iw = w0 + j * g.dW;
+      cols[r * NL + q] = ih >= 0 && ih < g.H && iw >= 0 && iw < g.W
+                             ? xn[c * g.xs[1] + ih * g.xs[2] + iw * g.xs[3]]
+                             : (T)0;
+      if (++j == g.kW) {
+        j = 0;
+        if (++i == g.kH) {
+          i = 0;
+          ++c;
+        }
+      }
+    }
   }
 )"};
 
@@ -105,13 +122,19 @@ const KernelText kCol2im{"col2im",
     const I w = e % g.W, h = e / g.W % g.H, c = e / (g.W * g.H) % g.C;
     const I img = e / (g.W * g.H * g.C);
     T s = (T)0;
+    // Unit strides (most convolutions) take no division; the test is the same for every thread.
+    const bool unit = g.sH == 1 && g.sW == 1;
     for (I i = 0; i < g.kH; ++i) {
       const I hs = h + g.pH - i * g.dH;
-      if (hs < 0 || hs % g.sH != 0 || hs / g.sH >= g.oH) continue;
+      if (hs < 0 || (!unit && hs % g.sH != 0)) continue;
+      const I oh = unit ? hs : hs / g.sH;
+      if (oh >= g.oH) continue;
       for (I j = 0; j < g.kW; ++j) {
         const I ws = w + g.pW - j * g.dW;
-        if (ws < 0 || ws % g.sW != 0 || ws / g.sW >= g.oW) continue;
-        s += cols[((c * g.kH + i) * g.kW + j) * NL + img * L + hs / g.sH * g.oW + ws / g.sW];
+        if (ws < 0 || (!unit && ws % g.sW != 0)) continue;
+        const I ow = unit ? ws : ws / g.sW;
+        if (ow >= g.oW) continue;
+        s += cols[((c * g.kH + i) * g.kW + j) * NL + img * L + oh * g.oW + ow];
       }
     }
     x[e] = s;
@@ -330,6 +353,7 @@ struct KilnGeom {
   long long N, C, H, W, oH, oW, kH, kW, sH, sW, pH, pW, dH, dW, G, flags;
   long long xs[4];
   long long wide;  // set by launch
+  long long rows;  // im2col: the rows of cols one thread writes
 };
 
 std::atomic<bool> g_force_wide{false};  // set_wide_indices
@@ -393,7 +417,15 @@ Tensor empty_like_on(const Tensor& like, const Shape& shape) {
 // im2col of x into cols [G, K, N * L].
 Tensor columns(const Tensor& x, const ConvGeom& g) {
   Tensor cols = empty_like_on(x, {g.groups, g.K(), g.N * g.L()});
-  launch(kIm2col, cols.numel(), with_strides(conv_geom(g), x), {x, cols});
+  if (cols.numel() == 0) return cols;
+  // Bands of rows so that the columns times the bands about fill the device (2048 threads a
+  // multiprocessor), each thread writing its column of a band.
+  const int64_t rows = g.groups * g.K(), NL = g.N * g.L();
+  const int64_t threads = cuda::device_info(x.device().index).multiprocessors * 2048;
+  const int64_t bands = std::clamp<int64_t>((threads + NL - 1) / NL, 1, rows);
+  KilnGeom k = with_strides(conv_geom(g), x);
+  k.rows = (rows + bands - 1) / bands;
+  launch(kIm2col, (rows + k.rows - 1) / k.rows * NL, k, {x, cols});
   return cols;
 }
 

@@ -1160,6 +1160,7 @@ constexpr const char* kHostShims = R"(#include <math.h>
 #include <string.h>
 #define __device__
 #define __global__
+#define __launch_bounds__(threads)
 #define __forceinline__ inline
 struct kiln_dim3 {
   unsigned x, y, z;
@@ -1783,10 +1784,10 @@ RowsRun make_rows_run(const RowsCase& c, std::mt19937_64& rng) {
   r.threads = threads[rng() % 3];
   r.blocks = blocks[rng() % 4];
   r.index32 = rng() % 2 == 0;
-  // Half of the runs where a row fits K positions per thread take the per_thread variant: K = 4
-  // or 16, either where both fit.
+  // Half of the runs where a row fits K positions per thread take the per_thread variant, with
+  // one of the K that fit.
   std::vector<int> fits;
-  for (int per_thread : {4, 16})
+  for (int per_thread : {4, 8, 16, 32, 64})
     if (R <= per_thread * int64_t{r.threads}) fits.push_back(per_thread);
   if (!fits.empty() && rng() % 2 == 0) r.per_thread = fits[rng() % fits.size()];
   return r;
@@ -1831,7 +1832,8 @@ TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
     const Kernel& k = cases[runs[i].first].kernel;
     const std::string source =
         fuser::cuda::cuda_source(k, runs[i].second.layout, "kr" + id,
-                                 {runs[i].second.index32, false, runs[i].second.per_thread});
+                                 {runs[i].second.index32, false, runs[i].second.per_thread,
+                                  static_cast<int>(runs[i].second.threads)});
     if (i == 0) unit += source.substr(0, source.find("\nstruct KilnRowsDims"));
     unit += math_functions_of(source);
     unit += host_rows_kernel(k, source, "kr" + id, "rows" + id);

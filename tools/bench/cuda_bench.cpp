@@ -14,6 +14,8 @@
 //   BM_CudaSoftmaxBackward8192, BM_CudaLayerNormBackward8192: their gradients (of x; layer_norm's
 //     of w and b too) by autograd from an upstream gradient, the forward evaluated once; bytes =
 //     read x and the upstream gradient, write x's gradient. Target: of_copy >= 0.70.
+//   BM_CudaRowsPolicy/workload:W/threads:T/K:K: the four row workloads above (W 0-3) under
+//     another launch shape: blocks of T threads, per_thread variant K (0: the strided loop).
 //   BM_CudaLstmCell/{gemms,eager,traced}: an LSTM cell step (batch 64, input and hidden 1500)
 //     forward and backward (gradients of the weights and bias by autograd::grad), eager kiln and
 //     as a jit::trace; gemms: the step's six GEMMs alone (two forward, four backward).
@@ -174,6 +176,38 @@ void BM_CudaLayerNormBackward8192(benchmark::State& state) {
                 device_randn({kRows, kRows}, 1));
 }
 BENCHMARK(BM_CudaLayerNormBackward8192)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+#ifdef KILN_HAS_CUDA
+// The four row workloads above under other launch shapes (fuser::cuda::CudaRowsPolicy): a block
+// of max_threads threads, with the per_thread variant's least K that covers a row (8192 /
+// max_threads positions in registers; arg K 64), or the generic strided loop (K 0). Picks the
+// default; figures in tools/bench/RESULTS.md.
+void BM_CudaRowsPolicy(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  const int64_t workload = state.range(0);
+  fuser::cuda::CudaRowsPolicy policy;
+  policy.max_threads = static_cast<int>(state.range(1));
+  policy.max_per_thread = static_cast<int>(state.range(2));
+  const fuser::cuda::CudaRowsPolicy before = fuser::cuda::cuda_rows_policy();
+  fuser::cuda::set_cuda_rows_policy(policy);
+  Tensor x = device_randn({kRows, kRows}).requires_grad_(workload >= 2);
+  Tensor w = device_randn({kRows}, 1).requires_grad_(workload == 3);
+  Tensor b = device_randn({kRows}, 2).requires_grad_(workload == 3);
+  if (workload == 0) queued(state, kRowBytes, [&] { eval(softmax_from_primitives(x)); });
+  if (workload == 1) queued(state, kRowBytes, [&] { eval(layer_norm_from_primitives(x, w, b)); });
+  if (workload == 2)
+    backward_rows(state, softmax_from_primitives(x), {x}, device_randn({kRows, kRows}, 1));
+  if (workload == 3)
+    backward_rows(state, layer_norm_from_primitives(x, w, b), {x, w, b},
+                  device_randn({kRows, kRows}, 1));
+  fuser::cuda::set_cuda_rows_policy(before);
+}
+BENCHMARK(BM_CudaRowsPolicy)
+    ->ArgNames({"workload", "threads", "K"})
+    ->ArgsProduct({{0, 1, 2, 3}, {128, 256, 512, 1024}, {0, 64}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+#endif
 
 std::vector<Tensor> lstm_step(const std::vector<Tensor>& in) {
   const Tensor &x = in[0], &h = in[1], &c = in[2], &wx = in[3], &wh = in[4], &b = in[5];

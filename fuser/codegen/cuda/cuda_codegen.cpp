@@ -19,6 +19,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -905,31 +906,56 @@ class Source {
   // them (each thread keeps the positions it reads, so no barrier is needed) and read back by the
   // later ones instead of global memory, when the row fits in the launch's dynamic shared memory
   // (cuda_rows_launch: 4 bytes per position up to 32 KiB). The values are the same either way.
-  // The per_thread variant keeps loads in registers instead (kiln_r<n>[k], position
-  // threadIdx.x + k * blockDim.x): every element-level load of the passes, those that several
-  // passes read first, up to 64 values per thread, each loaded by an unrolled loop of its own
-  // before the first pass that reads it computes.
+  // The per_thread variant keeps values in registers instead (kiln_r<n>[k], position
+  // threadIdx.x + k * blockDim.x), up to 64 per thread: what a later pass reads of an earlier
+  // pass's element-level values (the frontier: exp(x - max) for softmax's last pass, not x and
+  // the subtraction again), then the loads of each pass, each loaded by an unrolled loop of its own
+  // before its pass computes, so that a thread has all its loads in flight at once.
   struct RowCache {
-    std::vector<bool> cached;  // per instruction: shared memory, at most one; or registers
+    std::vector<std::vector<bool>> needed_of;  // per pass: the element-level values it computes
+    std::vector<bool> cached;    // per instruction: in shared memory (at most one), or registers
+    std::vector<int32_t> first;  // registers: the pass that computes (or loads) it
   };
-  RowCache plan_row_cache(const std::vector<std::vector<bool>>& needed_of,
+  RowCache plan_row_cache(const std::vector<std::vector<size_t>>& work_of,
                           const std::vector<Level>& level) const {
-    RowCache c;
-    c.cached.assign(k_.body.size(), false);
+    const size_t n_body = k_.body.size();
     const int per_thread = variant_.per_thread;
-    int64_t budget = per_thread > 0 ? 64 / per_thread : 1;
-    for (int64_t least_passes : {int64_t{2}, int64_t{1}}) {
-      for (size_t n = 0; n < k_.body.size() && budget > 0; ++n) {
-        if (c.cached[n] || k_.body[n].prim != Prim::Load || level[n] != Level::kElement ||
-            (per_thread == 0 && k_.body[n].type == kBool))
-          continue;
-        int64_t passes = 0;
-        for (const std::vector<bool>& needed : needed_of) passes += !needed.empty() && needed[n];
-        if (passes < least_passes) continue;
+    RowCache c;
+    c.cached.assign(n_body, false);
+    c.first.assign(n_body, -1);
+    int64_t budget = per_thread > 0 ? 64 / per_thread : 0;
+    for (size_t pass = 0; pass < work_of.size(); ++pass) {
+      if (work_of[pass].empty()) {
+        c.needed_of.emplace_back();
+        continue;
+      }
+      c.needed_of.push_back(reach(work_of[pass], [&](size_t n) {
+        if (level[n] != Level::kElement) return true;
+        if (c.first[n] < 0 || c.cached[n]) return static_cast<bool>(c.cached[n]);
+        if (budget == 0) return false;  // computed again
+        c.cached[n] = true;
+        --budget;
+        return true;
+      }));
+      for (size_t n = 0; n < n_body; ++n)
+        if (c.needed_of[pass][n] && level[n] == Level::kElement && c.first[n] < 0)
+          c.first[n] = static_cast<int32_t>(pass);
+    }
+    for (size_t n = 0; n < n_body && per_thread > 0; ++n)
+      if (!c.cached[n] && budget > 0 && c.first[n] >= 0 && k_.body[n].prim == Prim::Load) {
         c.cached[n] = true;
         --budget;
       }
-      if (per_thread == 0) break;
+    if (per_thread > 0) return c;
+    std::fill(c.cached.begin(), c.cached.end(), false);
+    for (size_t n = 0; n < n_body; ++n) {
+      if (k_.body[n].prim != Prim::Load || level[n] != Level::kElement || k_.body[n].type == kBool)
+        continue;
+      int64_t passes = 0;
+      for (const std::vector<bool>& needed : c.needed_of) passes += !needed.empty() && needed[n];
+      if (passes < 2) continue;
+      c.cached[n] = true;
+      break;
     }
     return c;
   }
@@ -1032,20 +1058,18 @@ class Source {
 
     // What each pass's loop computes: the element-level instructions its roots (and, in the last
     // pass, the element-level outputs) need.
-    std::vector<std::vector<bool>> needed_of(static_cast<size_t>(final_pass + 1));
+    std::vector<std::vector<size_t>> work_of(static_cast<size_t>(final_pass + 1));
     for (int32_t pass = 0; pass <= final_pass; ++pass) {
       const std::vector<size_t>& roots = roots_of[static_cast<size_t>(pass)];
       const bool last = pass == final_pass;
-      if (roots.empty() && !(last && any_per_element)) continue;
-      std::vector<size_t> work;
+      std::vector<size_t>& work = work_of[static_cast<size_t>(pass)];
       for (size_t r : roots) work.push_back(static_cast<size_t>(k_.body[r].a));
       if (last)
         for (size_t o = 0; o < k_.outputs.size(); ++o)
           if (per_element(o)) work.push_back(static_cast<size_t>(k_.outputs[o]));
-      needed_of[static_cast<size_t>(pass)] =
-          reach(work, [&](size_t n) { return level[n] != Level::kElement; });
     }
-    const RowCache cache = plan_row_cache(needed_of, level);
+    const RowCache cache = plan_row_cache(work_of, level);
+    const std::vector<std::vector<bool>>& needed_of = cache.needed_of;
     std::vector<bool> cache_written(n_body, false);
 
     // The loop over a band's rows, written first to learn which pointers' row starts it reads.
@@ -1085,13 +1109,12 @@ class Source {
                  " = " + identity(k_.body[r]) + ";\n";
       load_at_.assign(ni, "");
       for (size_t q = 0; q < ni; ++q) load_at_[q] = "o" + std::to_string(q);
-      if (per_thread > 0) {  // the pass's loads not in registers yet, all issued before it computes
+      if (per_thread > 0) {  // the pass's loads kept in registers, all issued before it computes
         load_used_.assign(np, false);
         std::string loads;
         for (size_t n = 0; n < n_body; ++n) {
-          if (!needed[n] || !cache.cached[n] || cache_written[n]) continue;
+          if (!cache.cached[n] || cache.first[n] != pass || k_.body[n].prim != Prim::Load) continue;
           loads += "        " + register_name(n) + "[k] = " + expr(k_.body[n]) + ";\n";
-          cache_written[n] = true;
         }
         if (!loads.empty())
           row += row_loop(position_offsets(load_used_, row_ptr, "        ") + loads, "    ");
@@ -1100,8 +1123,12 @@ class Source {
       load_used_.assign(np, false);
       for (size_t n = 0; n < n_body; ++n) {
         if (!needed[n] || level[n] != Level::kElement) continue;
-        if (per_thread > 0 && cache.cached[n]) {
+        if (per_thread > 0 && cache.cached[n] &&
+            (cache.first[n] < pass || k_.body[n].prim == Prim::Load)) {
           loop += "      " + decl(n) + " = " + register_name(n) + "[k];\n";
+        } else if (per_thread > 0 && cache.cached[n]) {  // computed here, kept for later passes
+          loop += "      " + decl(n) + " = " + expr(k_.body[n]) + ";\n      " + register_name(n) +
+                  "[k] = " + v(static_cast<int32_t>(n)) + ";\n";
         } else if (!cache.cached[n]) {
           loop += "      " + decl(n) + " = " + expr(k_.body[n]) + ";\n";
         } else if (!cache_written[n]) {  // its first pass loads it and keeps it
@@ -1291,8 +1318,12 @@ class Source {
     }
     out_ += "}\n";
     const std::string partials = has_partials ? ", unsigned long long* partials" : "";
-    out_ += "\nextern \"C\" __global__ void " + symbol_ + "(long long rows, KilnRowsDims dims" +
-            ptr_params() + scalar_params() + partials + ") {\n";
+    const std::string bounds = variant_.per_thread > 0 && variant_.block > 0
+                                   ? "__launch_bounds__(" + std::to_string(variant_.block) + ") "
+                                   : "";
+    out_ += "\nextern \"C\" __global__ void " + bounds + symbol_ +
+            "(long long rows, KilnRowsDims dims" + ptr_params() + scalar_params() + partials +
+            ") {\n";
     out_ += "  __shared__ unsigned long long kiln_scratch[32];\n";
     const std::string args = "dims" + ptr_args() + scalar_args() +
                              (has_partials ? ", partials" : ", nullptr") + ", kiln_scratch";
@@ -1437,7 +1468,7 @@ std::string cuda_source(const Kernel& kernel, const Layout& layout, const std::s
 
 CudaCallFlags cuda_variant(const Kernel& kernel, const Layout& layout, CudaCallFlags flags) {
   flags.vec = flags.vec && Source(kernel, layout, "", flags).vectorizable();
-  if (!layout.rows) flags.per_thread = 0;
+  if (!layout.rows || flags.per_thread == 0) flags.per_thread = flags.block = 0;
   return flags;
 }
 
@@ -1482,6 +1513,26 @@ CudaCallFlags cuda_call_flags(const Kernel& kernel, const Layout& layout, int64_
   return flags;
 }
 
+namespace {
+std::mutex g_policy_mutex;
+CudaRowsPolicy g_policy;
+}  // namespace
+
+CudaRowsPolicy cuda_rows_policy() {
+  std::lock_guard<std::mutex> lock(g_policy_mutex);
+  return g_policy;
+}
+
+void set_cuda_rows_policy(const CudaRowsPolicy& policy) {
+  KILN_CHECK(policy.max_threads >= 32 && policy.max_threads <= 1024 &&
+                 (policy.max_threads & (policy.max_threads - 1)) == 0 &&
+                 policy.min_per_thread >= 1 && policy.max_per_thread >= 0,
+             "set_cuda_rows_policy: max_threads ", policy.max_threads, ", min_per_thread ",
+             policy.min_per_thread, ", max_per_thread ", policy.max_per_thread);
+  std::lock_guard<std::mutex> lock(g_policy_mutex);
+  g_policy = policy;
+}
+
 CudaRowsLaunch cuda_rows_launch(const Kernel& kernel, const Layout& layout, const int64_t* sizes,
                                 const int64_t* strides) {
   KILN_CHECK(layout.rows, "fuser: cuda_rows_launch of a layout without rows");
@@ -1489,13 +1540,18 @@ CudaRowsLaunch cuda_rows_launch(const Kernel& kernel, const Layout& layout, cons
   for (int d = 0; d < layout.rank; ++d) rows *= sizes[d];
   const int64_t R = sizes[layout.rank];
   CudaRowsLaunch g;
-  // About 4 elements per thread, in whole warps; 512 threads at most leave room for registers.
-  while (g.threads < 512 && int64_t{g.threads} * 4 < R) g.threads *= 2;
+  // At least min_per_thread positions per thread, in whole warps, up to the policy's block size;
+  // then the least K that covers the row.
+  const CudaRowsPolicy policy = cuda_rows_policy();
+  while (g.threads < policy.max_threads && int64_t{g.threads} * policy.min_per_thread < R)
+    g.threads *= 2;
   // Column partials are one block of R positions per block of threads: 512 blocks (about four per
   // multiprocessor of a large GPU) keep every multiprocessor busy for a partial buffer of a few
   // times the columns' size.
   const int64_t cap = kernel.num_columns() > 0 ? 512 : kernel.num_globals > 0 ? 1024 : 65536;
-  g.per_thread = R <= 4 * int64_t{g.threads} ? 4 : R <= 16 * int64_t{g.threads} ? 16 : 0;
+  g.per_thread = 0;
+  for (int k = 64; k >= 4; k /= 2)
+    if (k <= policy.max_per_thread && R <= k * int64_t{g.threads}) g.per_thread = k;
   // The generic variant's row cache (see the rows kernel): 4 bytes per position.
   if (g.per_thread == 0 && R <= kRowCacheBytes / 4) g.shared_bytes = static_cast<unsigned>(R * 4);
   g.blocks = std::max<int64_t>(1, std::min(rows, cap));

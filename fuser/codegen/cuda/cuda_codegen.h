@@ -31,7 +31,9 @@
 //   thread in flight instead of one), an input that several passes read is loaded once, and the
 //   block's column partials stay in registers across its band of rows, written once at its end.
 //   The folds run in the same order as the generic loop's, so both variants give the same bits.
-//   A K variant launched on a longer row would skip positions: the launcher checks it.
+//   A K variant launched on a longer row would skip positions: the launcher checks it. Its block
+//   size is part of the variant (block; __launch_bounds__), so that registers never exceed what
+//   a launch of that size has (ptxas spills instead).
 // - dims (strided only): a struct by value, `long long size[rank]; long long stride[P * rank]`:
 //   exactly the CPU kernel's `sizes` then `strides` arrays (KernelFn), pointer-major.
 // - ptrs: the tensor inputs' then the outputs' first elements, typed (bool as unsigned char).
@@ -121,8 +123,9 @@ struct CudaCallFlags {
   bool index32 = false;
   bool vec = false;
   int per_thread = 0;  // rows kernels: 0, or K when every row has at most K * blockDim.x positions
+  int block = 0;       // rows kernels with per_thread: blockDim.x (__launch_bounds__)
   bool operator==(const CudaCallFlags& o) const {
-    return index32 == o.index32 && vec == o.vec && per_thread == o.per_thread;
+    return index32 == o.index32 && vec == o.vec && per_thread == o.per_thread && block == o.block;
   }
   bool operator!=(const CudaCallFlags& o) const { return !(*this == o); }
 };
@@ -155,8 +158,10 @@ CudaCallFlags cuda_call_flags(const Kernel& kernel, const Layout& layout, int64_
 // For a rows kernel (Layout::rows): the launch geometry of a call, by the rules above, from the
 // CPU kernel's `sizes` (rank + 1 entries) and `strides` ((rank + 1) per pointer). Depends on the
 // sizes only, never on the device, so that sums come out the same on every GPU.
-//   threads: a power of two from 32 to 512, about R / 4 (every thread folds about 4 elements)
-//   per_thread: 4 when R <= 4 * threads, else 16 when R <= 16 * threads, else 0 (the variant)
+//   threads: a power of two from 32 to CudaRowsPolicy::max_threads, at least R / per_thread
+//            where a per_thread K fits, else the most
+//   per_thread: the least K of 4, 8, 16, 32, 64 (at most CudaRowsPolicy::max_per_thread) with
+//            R <= K * threads, else 0 (the variant)
 //   blocks:  min(rows, cap), at least 1; cap 65536, 1024 with global reductions (the finish
 //            kernel combines the blocks' partials on one thread), 128 with column reductions
 //            (blocks * R column partials)
@@ -172,6 +177,15 @@ struct CudaRowsLaunch {
   int columns_threads = 0;       // ... and block size; the finish kernel runs <<<1, 1>>>
   unsigned shared_bytes = 0;     // the rows kernel's dynamic shared memory: its row cache (K = 0)
 };
+// How rows launches are shaped (benchmarks compare policies; results never depend on it beyond
+// the sums' order, which follows the geometry as documented above).
+struct CudaRowsPolicy {
+  int max_threads = 512;    // a block's threads at most, a power of two from 32 to 1024
+  int min_per_thread = 4;   // positions per thread at least, where the row has them
+  int max_per_thread = 16;  // the per_thread variant's K at most (0: the generic loop only)
+};
+CudaRowsPolicy cuda_rows_policy();
+void set_cuda_rows_policy(const CudaRowsPolicy& policy);
 // The rows kernel's row cache at most (dynamic shared memory under the default 48 KiB limit).
 constexpr int64_t kRowCacheBytes = 32 * 1024;
 CudaRowsLaunch cuda_rows_launch(const Kernel& kernel, const Layout& layout, const int64_t* sizes,

@@ -73,7 +73,9 @@ std::string cuda_binary_key(const Kernel& kernel, const Layout& layout, CudaCall
   variant = cuda_variant(kernel, layout, variant);
   return kernel_key(kernel, layout) + (variant.index32 ? "|index32" : "|index64") +
          (variant.vec ? "|vec4" : "") +
-         (variant.per_thread > 0 ? "|k" + std::to_string(variant.per_thread) : "") +
+         (variant.per_thread > 0
+              ? "|k" + std::to_string(variant.per_thread) + "x" + std::to_string(variant.block)
+              : "") +
          (ptx ? "|compute_" : "|sm_") + std::to_string(arch) + "|" + compiler_version();
 }
 
@@ -252,7 +254,8 @@ CudaCallFlags launch_variant(const Kernel& kernel, const Layout& layout, int dev
                              const int64_t* sizes, const int64_t* strides, char* const* ptrs) {
   if (layout.rows) {
     const CudaRowsLaunch geometry = cuda_rows_launch(kernel, layout, sizes, strides);
-    return {geometry.index32, false, geometry.per_thread};
+    return {geometry.index32, false, geometry.per_thread,
+            geometry.per_thread > 0 ? geometry.threads : 0};
   }
   const int64_t blocks =
       elementwise_blocks(layout, n, detail::cuda::device_info(device).multiprocessors);
@@ -296,6 +299,7 @@ std::vector<KernelCall> rows_calls(const Kernel& kernel, const Layout& layout,
   main.block = static_cast<unsigned>(geometry.threads);
   main.variant.index32 = geometry.index32;
   main.variant.per_thread = geometry.per_thread;
+  main.variant.block = geometry.per_thread > 0 ? geometry.threads : 0;
   std::vector<long long> dims(sizes, sizes + rank + 1);
   dims.insert(dims.end(), strides, strides + (rank + 1) * num_ptrs);
   main.add(&rows, sizeof rows);
@@ -345,11 +349,12 @@ void launch_rows(const CudaKernel& fn, const Kernel& kernel, const Layout& layou
                  const int64_t* sizes, const int64_t* strides, char* const* ptrs,
                  const uint64_t* scalars) {
   const CudaRowsLaunch geometry = cuda_rows_launch(kernel, layout, sizes, strides);
+  const int block = geometry.per_thread > 0 ? geometry.threads : 0;
   KILN_CHECK(geometry.index32 == fn.variant.index32 && !fn.variant.vec &&
-                 geometry.per_thread == fn.variant.per_thread,
+                 geometry.per_thread == fn.variant.per_thread && block == fn.variant.block,
              "CUDA: ", fn.name, " launched as variant index32 ", fn.variant.index32, " per_thread ",
-             fn.variant.per_thread, " for rows that need index32 ", geometry.index32,
-             " per_thread ", geometry.per_thread);
+             fn.variant.per_thread, " block ", fn.variant.block, " for rows that need index32 ",
+             geometry.index32, " per_thread ", geometry.per_thread, " block ", block);
   // The partials go back to the allocator right after the launches: a later allocation on the same
   // stream runs after them, so the block is not reused early.
   struct Partials {
