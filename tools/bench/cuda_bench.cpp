@@ -188,6 +188,7 @@ void BM_CudaRowsPolicy(benchmark::State& state) {
   fuser::cuda::CudaRowsPolicy policy;
   policy.max_threads = static_cast<int>(state.range(1));
   policy.max_per_thread = static_cast<int>(state.range(2));
+  policy.registers_without_columns = true;
   const fuser::cuda::CudaRowsPolicy before = fuser::cuda::cuda_rows_policy();
   fuser::cuda::set_cuda_rows_policy(policy);
   Tensor x = device_randn({kRows, kRows}).requires_grad_(workload >= 2);

@@ -1551,7 +1551,9 @@ CudaRowsLaunch cuda_rows_launch(const Kernel& kernel, const Layout& layout, cons
   const int64_t cap = kernel.num_columns() > 0 ? 512 : kernel.num_globals > 0 ? 1024 : 65536;
   g.per_thread = 0;
   for (int k = 64; k >= 4; k /= 2)
-    if (k <= policy.max_per_thread && R <= k * int64_t{g.threads}) g.per_thread = k;
+    if (k <= policy.max_per_thread && R <= k * int64_t{g.threads} &&
+        (kernel.num_columns() > 0 || policy.registers_without_columns))
+      g.per_thread = k;
   // The generic variant's row cache (see the rows kernel): 4 bytes per position.
   if (g.per_thread == 0 && R <= kRowCacheBytes / 4) g.shared_bytes = static_cast<unsigned>(R * 4);
   g.blocks = std::max<int64_t>(1, std::min(rows, cap));

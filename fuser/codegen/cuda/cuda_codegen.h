@@ -25,7 +25,7 @@
 //   bool types then move 4 elements per access (float4/int4/uchar4) and finish the tail one by
 //   one. Other kernels have no vec variant (cuda_variant drops the flag). The scalar variant is
 //   right for every alignment.
-// - per_thread (rows only): 0, or K (4 or 16) when R <= K * blockDim.x, so that thread t holds at
+// - per_thread (rows only): 0, or K (4 to 64) when R <= K * blockDim.x, so that thread t holds at
 //   most K positions of a row (t, t + blockDim.x, ...). The K variant keeps them in registers: a
 //   row's loads are issued together before a pass computes (the memory system sees K loads per
 //   thread in flight instead of one), an input that several passes read is loaded once, and the
@@ -158,10 +158,10 @@ CudaCallFlags cuda_call_flags(const Kernel& kernel, const Layout& layout, int64_
 // For a rows kernel (Layout::rows): the launch geometry of a call, by the rules above, from the
 // CPU kernel's `sizes` (rank + 1 entries) and `strides` ((rank + 1) per pointer). Depends on the
 // sizes only, never on the device, so that sums come out the same on every GPU.
-//   threads: a power of two from 32 to CudaRowsPolicy::max_threads, at least R / per_thread
-//            where a per_thread K fits, else the most
-//   per_thread: the least K of 4, 8, 16, 32, 64 (at most CudaRowsPolicy::max_per_thread) with
-//            R <= K * threads, else 0 (the variant)
+//   threads: a power of two from 32 to CudaRowsPolicy::max_threads (512), about
+//            R / min_per_thread (4) where that fits
+//   per_thread: for kernels with column reductions (CudaRowsPolicy), the least K of 4, 8, 16,
+//            32, 64 (at most CudaRowsPolicy::max_per_thread) with R <= K * threads, else 0
 //   blocks:  min(rows, cap), at least 1; cap 65536, 1024 with global reductions (the finish
 //            kernel combines the blocks' partials on one thread), 128 with column reductions
 //            (blocks * R column partials)
@@ -183,6 +183,10 @@ struct CudaRowsPolicy {
   int max_threads = 512;    // a block's threads at most, a power of two from 32 to 1024
   int min_per_thread = 4;   // positions per thread at least, where the row has them
   int max_per_thread = 16;  // the per_thread variant's K at most (0: the generic loop only)
+  // The per_thread variant for kernels without column reductions too. Off: on an H100 it was
+  // slower than the strided loop for softmax's backward (1.8x) and layer_norm (1.3x), and gained
+  // 4% on softmax; with column reductions it is 1.3x faster (tools/bench/RESULTS.md).
+  bool registers_without_columns = false;
 };
 CudaRowsPolicy cuda_rows_policy();
 void set_cuda_rows_policy(const CudaRowsPolicy& policy);
