@@ -64,6 +64,13 @@ ReduceFn bool_reduce(ReduceOp op) {
   };
 }
 
+std::mutex g_times_mu;  // guards g_times
+CommTimes g_times;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
 // A collective's completion: what wait() does once the group's thread is done with it (copy the
 // results into the caller's tensors, on the caller's thread).
 class GlooWork : public Work {
@@ -76,9 +83,14 @@ class GlooWork : public Work {
   }
 
   void wait() override {
+    const Clock::time_point start = Clock::now();
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return done_; });
+    }
+    {
+      std::lock_guard<std::mutex> lock(g_times_mu);
+      g_times.waited_seconds += seconds_since(start);
     }
     if (error_) std::rethrow_exception(error_);
     if (finish_) {
@@ -89,6 +101,11 @@ class GlooWork : public Work {
   }
 
   void complete(std::exception_ptr error) {
+    {
+      std::lock_guard<std::mutex> lock(g_times_mu);
+      ++g_times.collectives;
+      g_times.in_flight_seconds += seconds_since(issued_);
+    }
     std::lock_guard<std::mutex> lock(mu_);
     error_ = error;
     done_ = true;
@@ -97,7 +114,8 @@ class GlooWork : public Work {
 
  private:
   std::function<void()> finish_;  // used by the waiting thread only
-  std::mutex mu_;                 // guards done_ and error_
+  const Clock::time_point issued_ = Clock::now();
+  std::mutex mu_;  // guards done_ and error_
   std::condition_variable cv_;
   bool done_ = false;
   std::exception_ptr error_;
@@ -442,6 +460,16 @@ std::shared_ptr<Work> allreduce_buffer(ProcessGroup& group, const Tensor& buffer
   if (auto* gloo = dynamic_cast<GlooGroup*>(&group)) return gloo->allreduce_buffer(buffer, op);
   Tensor t = buffer;
   return group.allreduce(t, op);
+}
+
+CommTimes comm_times() {
+  std::lock_guard<std::mutex> lock(g_times_mu);
+  return g_times;
+}
+
+void reset_comm_times() {
+  std::lock_guard<std::mutex> lock(g_times_mu);
+  g_times = CommTimes();
 }
 
 }  // namespace kiln::distributed
