@@ -167,13 +167,16 @@ Tensor reduce_scatter_tensor(const Tensor& tensor, ReduceOp op = ReduceOp::SUM,
                              std::shared_ptr<ProcessGroup> group = nullptr);
 }  // namespace functional
 
-// How long this process's Gloo collectives were in flight (from the call that issued each to its
-// completion on the group's thread) and how much of that their callers spent blocked in
-// Work::wait, since the last reset: 1 - waited / in_flight is the share of the communication that
-// overlapped other work (tools/bench/ddp_bench.cpp).
+// How this process's Gloo collectives overlapped its other work, since the last reset:
+// in_flight_seconds, from the call that issued each to its completion on the group's thread;
+// computed_seconds, the CPU time the issuing thread spent meanwhile before it waited (at most the
+// collective's time in flight: the work communication overlapped); waited_seconds, the time
+// callers were blocked in Work::wait until completion. computed / in_flight is the share of the
+// communication that overlapped computation (tools/bench/ddp_bench.cpp).
 struct CommTimes {
   int64_t collectives = 0;
   double in_flight_seconds = 0;
+  double computed_seconds = 0;
   double waited_seconds = 0;
 };
 CommTimes comm_times();
