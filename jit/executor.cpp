@@ -174,8 +174,8 @@ namespace {
 // last layers' bucket, as in eager DDP), each right after the steps it needs that are not placed
 // yet; every other step follows in the graph's order. A deterministic function of the graph, so
 // every rank that traced the same function runs its collectives in the same order.
-template <typename Step>
-void start_collectives_early(std::vector<Step>& steps) {
+template <typename Proto>
+void start_collectives_early(std::vector<Proto>& steps) {
   std::vector<size_t> collectives;
   for (size_t i = 0; i < steps.size(); ++i)
     if (!steps[i].group && detail::collective_start(steps[i].node->op())) collectives.push_back(i);
@@ -185,7 +185,7 @@ void start_collectives_early(std::vector<Step>& steps) {
     for (const Value* v : steps[i].outputs) producer[v] = i;
   std::vector<bool> placed(steps.size(), false);
   std::vector<size_t> seen_by(steps.size(), steps.size());
-  std::vector<Step> ordered;
+  std::vector<Proto> ordered;
   ordered.reserve(steps.size());
   // The graph's inputs stay first: their slots are bound before any step runs.
   for (size_t i = 0; i < steps.size(); ++i) {
