@@ -587,15 +587,12 @@ std::vector<Tensor> collectives_of(const Tensor& x, int world) {
   Tensor rs = zeros({2, 3}), rs_max = zeros({2, 3});
   dist::reduce_scatter_tensor(rs, kiln::cat(pieces, 0));
   dist::reduce_scatter(rs_max, pieces, dist::ReduceOp::MAX);
-  return {b,
-          fn::broadcast(y, 0),
-          kiln::cat(parts, 0),
-          g,
-          fn::all_gather_into_tensor(y),
-          rs,
-          rs_max,
+  return {b, fn::broadcast(y, 0), kiln::cat(parts, 0), g, fn::all_gather_into_tensor(y), rs, rs_max,
           fn::reduce_scatter_tensor(kiln::cat(pieces, 0), dist::ReduceOp::AVG),
-          fn::all_reduce(y, dist::ReduceOp::MIN)};
+          fn::all_reduce(y, dist::ReduceOp::MIN),
+          // A collective of a collective's result: the replay waits for the first before
+          // starting the second.
+          fn::all_reduce(fn::broadcast(y, world - 1) * 0.5, dist::ReduceOp::SUM)};
 }
 
 int traced_collectives_worker(int rank, int world) {
@@ -632,6 +629,9 @@ int traced_collectives_worker(int rank, int world) {
     expect_values(got[2], gathered, kFloat32, "traced all_gather");
     expect_values(got[3], gathered, kFloat32, "traced all_gather_into_tensor");
     expect_values(got[5], summed, kFloat32, "traced reduce_scatter_tensor");
+    std::vector<double> chained;
+    for (double v : y[world - 1]) chained.push_back(double(float(v * 0.5)) * world);
+    expect_values(got[9], chained, kFloat32, "traced all_reduce of a traced broadcast");
   }
   WORKER_CHECK(jit::stats().replays - replays == 2, "the traced collectives were not replayed");
   dist::destroy_process_group();
