@@ -4,7 +4,9 @@
 // world sizes 1-4, uneven and empty tensors; DistributedDataParallel against one process on the
 // whole batch; a rank exiting or hanging mid-step; mismatched world sizes; init from torchrun's
 // environment over a TCP store; NCCL's unavailability without a GPU. A traced DDP step (all_reduce
-// as an op of the traced graph) against the eager DDP step, bit for bit, with and without no_sync.
+// as an op of the traced graph) against the eager DDP step, bit for bit, with and without no_sync;
+// its replay overlapping each bucket's all-reduce with the rest of the backward (a recording
+// group counts the plan steps in between); every other collective traced against eager.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
