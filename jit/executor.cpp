@@ -2,6 +2,8 @@
 // value's slot after its last reader so the allocator can reuse the memory.
 #include "jit/executor.h"
 
+#include <algorithm>
+#include <functional>
 #include <memory>
 #include <optional>
 #include "absl/container/flat_hash_map.h"
@@ -163,6 +165,69 @@ size_t Plan::num_join_kernel_steps() const {
   return n;
 }
 
+namespace {
+// Steps (graph nodes or fusion groups, each with the values it reads and defines) reordered so
+// that collectives start as soon as their inputs are ready and their readers run as late as the
+// graph allows: the graph's order, a post-order walk from its outputs, puts each collective right
+// before its first reader, where waiting for it would leave nothing to overlap. The collectives
+// go in the order their inputs get ready (fewest steps needed first: in a trace's DDP step, the
+// last layers' bucket, as in eager DDP), each right after the steps it needs that are not placed
+// yet; every other step follows in the graph's order. A deterministic function of the graph, so
+// every rank that traced the same function runs its collectives in the same order.
+template <typename Proto>
+void start_collectives_early(std::vector<Proto>& steps) {
+  std::vector<size_t> collectives;
+  for (size_t i = 0; i < steps.size(); ++i)
+    if (!steps[i].group && detail::collective_start(steps[i].node->op())) collectives.push_back(i);
+  if (collectives.empty()) return;
+  absl::flat_hash_map<const Value*, size_t> producer;
+  for (size_t i = 0; i < steps.size(); ++i)
+    for (const Value* v : steps[i].outputs) producer[v] = i;
+  std::vector<bool> placed(steps.size(), false);
+  std::vector<size_t> seen_by(steps.size(), steps.size());
+  std::vector<Proto> ordered;
+  ordered.reserve(steps.size());
+  // The graph's inputs stay first: their slots are bound before any step runs.
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (!steps[i].node->is_input()) continue;
+    placed[i] = true;
+    ordered.push_back(std::move(steps[i]));
+  }
+  // The steps `root` needs (itself included) that are not placed yet, in the graph's order.
+  auto needs = [&](size_t root) {
+    std::vector<size_t> found{root}, stack{root};
+    seen_by[root] = root;
+    while (!stack.empty()) {
+      const size_t i = stack.back();
+      stack.pop_back();
+      for (const Value* in : steps[i].inputs) {
+        auto p = in ? producer.find(in) : producer.end();
+        if (p == producer.end() || placed[p->second] || seen_by[p->second] == root) continue;
+        seen_by[p->second] = root;
+        found.push_back(p->second);
+        stack.push_back(p->second);
+      }
+    }
+    std::sort(found.begin(), found.end());
+    return found;
+  };
+  std::vector<std::pair<size_t, size_t>> by_readiness;  // (steps needed, collective)
+  for (size_t c : collectives) by_readiness.push_back({needs(c).size(), c});
+  std::sort(by_readiness.begin(), by_readiness.end());
+  std::fill(seen_by.begin(), seen_by.end(), steps.size());
+  for (const auto& [count, c] : by_readiness) {
+    if (placed[c]) continue;  // needed by an earlier one
+    for (size_t i : needs(c)) {
+      placed[i] = true;
+      ordered.push_back(std::move(steps[i]));
+    }
+  }
+  for (size_t i = 0; i < steps.size(); ++i)
+    if (!placed[i]) ordered.push_back(std::move(steps[i]));
+  steps = std::move(ordered);
+}
+}  // namespace
+
 Plan::Plan(const Graph& graph, const std::vector<int64_t>& in_place_inputs)
     : graph_(graph_number(graph)) {
   detail::ProfileSpan span("plan.build");
@@ -201,6 +266,7 @@ Plan::Plan(const Graph& graph, const std::vector<int64_t>& in_place_inputs)
       protos.push_back({n, g->second, g->second->inputs, g->second->outputs});
     }
   }
+  start_collectives_early(protos);
   // Slot assignment by liveness: a value takes a free slot when defined and frees it after its
   // last reader; graph outputs are never freed.
   std::vector<int64_t> free_slots;
@@ -341,7 +407,35 @@ Plan::Plan(const Graph& graph, const std::vector<int64_t>& in_place_inputs)
   // Input slots in graph-input order.
   for (const Value* in : graph.inputs()) input_slots_.push_back(slot_of.at(in));
   for (Step& step : steps_) step.in_place.assign(step.outputs.size(), -1);
+  plan_collectives();
   if (!in_place_inputs.empty()) plan_in_place(graph, in_place_inputs);
+}
+
+void Plan::plan_collectives() {
+  for (size_t i = 0; i + 1 < steps_.size(); ++i) {
+    Step& st = steps_[i];
+    if (st.group || !(st.start = detail::collective_start(st.node->op()))) continue;
+    // A slot holds the result from here to its last reader, so the first later step reading the
+    // slot reads the result (unless nothing does: the step released it, and the slot may be
+    // taken again). A result no step reads is waited for before the last step, so that a failed
+    // collective still raises before the run's last write.
+    size_t waiter = steps_.size() - 1;
+    for (size_t j = i + 1; j < waiter; ++j) {
+      bool reads = false;
+      for (int64_t in : steps_[j].inputs)
+        for (int64_t out : st.outputs)
+          reads |=
+              in == out && std::find(st.release.begin(), st.release.end(), out) == st.release.end();
+      if (reads) {
+        waiter = j;
+        break;
+      }
+    }
+    steps_[waiter].wait_for.push_back(i);
+  }
+  // The last step's collective, if any, is waited for at the end of the run.
+  if (!steps_.empty() && !steps_.back().group)
+    steps_.back().start = detail::collective_start(steps_.back().node->op());
 }
 
 size_t Plan::num_in_place_outputs() const {
@@ -375,9 +469,11 @@ void Plan::plan_in_place(const Graph& graph, const std::vector<int64_t>& in_plac
   for (size_t i = 0; i < steps_.size(); ++i) step_of[steps_[i].node] = i;
   for (size_t i = steps_.size(); i-- > 0;) {
     const Step& st = steps_[i];
-    // On the values it reads, or a collective (a peer gone, the timeout); otherwise only when
+    // On the values it reads, or a collective or a wait for one (a peer gone, the timeout);
+    // otherwise only when
     // memory runs out.
     bool may_fail = !st.group && passes::has_side_effects(st.node->op());
+    may_fail |= !st.wait_for.empty();
     if (!st.group && !st.map_into && st.node->op().checks_integer_values)
       for (const Value* in : st.node->inputs())
         may_fail |= in && !is_floating_point(in->type().dtype);
@@ -892,6 +988,21 @@ bool writable_in_place(const Tensor& target, const ValueType& type, const std::v
 }
 }  // namespace
 
+namespace {
+// A run's collectives in flight: (the step that started one, its wait), in start order.
+using InFlight = std::vector<std::pair<size_t, std::function<void()>>>;
+
+void finish_collective(InFlight& in_flight, size_t step) {
+  for (auto& [started_by, wait] : in_flight) {
+    if (started_by != step || !wait) continue;
+    std::function<void()> w = std::move(wait);
+    wait = nullptr;
+    w();
+    return;
+  }
+}
+}  // namespace
+
 std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
   KILN_CHECK(inputs.size() == input_slots_.size(), "jit: the graph takes ", input_slots_.size(),
              " inputs, got ", inputs.size());
@@ -951,7 +1062,9 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
     if (step.group) r.group = static_cast<int64_t>(step.group - groups_.data());
     return r;
   };
+  InFlight in_flight;
   for (const Step& step : steps_) {
+    for (size_t started_by : step.wait_for) finish_collective(in_flight, started_by);
     if (profiling) {
       span = detail::profile_begin();
       if (step.cuda_device >= 0)
@@ -960,7 +1073,12 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
     }
     args.clear();
     for (int64_t s : step.inputs) args.push_back(s < 0 ? Tensor() : slots[static_cast<size_t>(s)]);
-    if (step.map_into || step.group) {
+    if (step.start) {
+      detail::StartedCollective started = step.start(args, step.node->attrs());
+      outs = std::move(started.outputs);
+      in_flight.emplace_back(static_cast<size_t>(&step - steps_.data()), std::move(started.wait));
+      g_unfused_steps_run.fetch_add(1, std::memory_order_relaxed);
+    } else if (step.map_into || step.group) {
       outs.clear();
       for (size_t k = 0; k < step.outputs.size(); ++k) {
         if (step.arena[k] >= 0) {
@@ -1027,6 +1145,7 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) const {
       if (!released) slots[static_cast<size_t>(step.outputs[k])] = std::move(outs[k]);
     }
   }
+  for (const auto& entry : in_flight) finish_collective(in_flight, entry.first);
   if (profiling) device_spans.store();
   warm_.store(true, std::memory_order_release);
   std::vector<Tensor> result;

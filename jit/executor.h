@@ -13,6 +13,7 @@
 #include "fuser/fuse.h"
 #include "jit/ir.h"
 #include "kiln/tensor.h"
+#include "lib/distributed/collective_op.h"
 #include "lib/op_table.h"
 
 namespace kiln::jit {
@@ -36,6 +37,12 @@ class FusedGraphDump;
 // gone), so a failed run leaves the input as it was; and from its second run on (the first compiles
 // the kernels). Each run checks the layouts again: the step must read every alias of the input at
 // the element it writes. The output is then a view of the input.
+//
+// Collectives (lib/distributed/collective_op.h) run asynchronously: a collective's step starts it,
+// and the first step that reads its result waits for it first (the end of the run waits for any
+// whose result no step reads), so communication overlaps the steps in between, as eager DDP's
+// bucket reductions overlap the rest of the backward. A collective fails where it is waited for,
+// so such a wait counts as a step that may fail for the in-place outputs above.
 class Plan {
  public:
   explicit Plan(const Graph& graph, const std::vector<int64_t>& in_place_inputs = {});
@@ -71,6 +78,8 @@ class Plan {
     std::vector<fuser::Level> output_levels;  // rows groups: where each output varies
     std::vector<int64_t> in_place;            // per output: graph input to write into, or -1
     int cuda_device = -1;                     // the CUDA device it computes on, or -1 (CPU)
+    detail::StartCollective start = nullptr;  // set: a collective, started by this step
+    std::vector<size_t> wait_for;             // collectives (their steps) to finish before it
     bool through_host = false;                // an unfused device step no device kernel computes
     // CUDA groups: the group's loaded kernel per layout and variant (fuser/codegen/cuda: index32
     // and vec, as bits 0 and 1) met so far (under kernels_mutex_).
@@ -101,6 +110,8 @@ class Plan {
   // outs: where the kernel's outputs go (a join's pieces in their slices).
   const char* run_rows_group(const Step& step, const std::vector<Tensor>& args,
                              const std::vector<Tensor>& outs) const;
+  // Sets each collective step's start and the step that waits for it.
+  void plan_collectives();
   // Picks in-place outputs among the steps (see the class comment); logs why not under fuser.
   void plan_in_place(const Graph& graph, const std::vector<int64_t>& in_place_inputs);
 

@@ -146,14 +146,41 @@ std::shared_ptr<Work> reduce_scatter_tensor(Tensor& output, const Tensor& input,
 
 // Collectives that return their result as a new tensor and write nothing (torch's functional
 // collectives). Inside jit::trace each call records an op of the graph, which every replay runs
-// with the replay's buffer (in the graph's order, the same on every rank that traced the same
-// function); outside it runs at once. all_reduce (the in-place function above, on the default
-// group) inside jit::trace is this op followed by a recorded write into `tensor`. The result does
-// not require grad: the op has no gradient formula. Other collectives inside jit::trace raise.
+// with the replay's buffers (in the graph's order, the same on every rank that traced the same
+// function): the replay starts it and waits for it only where its result is first read, so that
+// communication overlaps the steps in between. Outside jit::trace they run at once. The in-place
+// functions above (on the default group) inside jit::trace are these ops followed by recorded
+// writes (all_gather then only with outputs of the input's size). The results do not require
+// grad: the ops have no gradient formula. A ProcessGroup's own methods and barrier inside
+// jit::trace raise.
 namespace functional {
 Tensor all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::SUM,
                   std::shared_ptr<ProcessGroup> group = nullptr);
+// Rank src's tensor, on every rank (each passes a tensor of the same shape and dtype).
+Tensor broadcast(const Tensor& tensor, int src, std::shared_ptr<ProcessGroup> group = nullptr);
+// Every rank's tensor (at least one dim, the same shape on every rank), concatenated along dim 0
+// in rank order: world_size * size(0) rows.
+Tensor all_gather_into_tensor(const Tensor& tensor, std::shared_ptr<ProcessGroup> group = nullptr);
+// The reduction over the ranks of slice rank() of tensor's dim 0, which splits evenly over the
+// ranks: size(0) / world_size rows.
+Tensor reduce_scatter_tensor(const Tensor& tensor, ReduceOp op = ReduceOp::SUM,
+                             std::shared_ptr<ProcessGroup> group = nullptr);
 }  // namespace functional
+
+// How this process's Gloo collectives overlapped its other work, since the last reset:
+// in_flight_seconds, from the call that issued each to its completion on the group's thread;
+// computed_seconds, the CPU time the issuing thread spent meanwhile before it waited (at most the
+// collective's time in flight: the work communication overlapped); waited_seconds, the time
+// callers were blocked in Work::wait until completion. computed / in_flight is the share of the
+// communication that overlapped computation (tools/bench/ddp_bench.cpp).
+struct CommTimes {
+  int64_t collectives = 0;
+  double in_flight_seconds = 0;
+  double computed_seconds = 0;
+  double waited_seconds = 0;
+};
+CommTimes comm_times();
+void reset_comm_times();
 
 }  // namespace kiln::distributed
 

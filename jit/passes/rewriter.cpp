@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "lib/distributed/collective_op.h"
 
 namespace kiln::jit::passes {
 
@@ -75,8 +76,7 @@ std::vector<const OpDef*> find_ops(std::initializer_list<const char*> names) {
 }  // namespace
 
 bool has_side_effects(const OpDef& op) {
-  static const std::vector<const OpDef*> ops = find_ops({"all_reduce"});
-  return std::find(ops.begin(), ops.end(), &op) != ops.end();
+  return detail::collective_start(op) != nullptr;
 }
 
 bool is_nondeterministic(const OpDef& op) {

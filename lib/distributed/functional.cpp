@@ -1,25 +1,30 @@
-// all_reduce as an op of the op table, so that jit::trace records a collective as a node of its
-// graph and each replay runs it (torch's functional collectives, which torch.compile traces).
+// The collectives as ops of the op table (all_reduce, broadcast, all_gather_into_tensor,
+// reduce_scatter_tensor), so that jit::trace records each as a node of its graph and each replay
+// runs it (torch's functional collectives, which torch.compile traces).
 //
-// The op is functional: all_reduce(x) is a new tensor, x is not written. Outside a trace the public
-// entry runs the collective at once, so collectives keep the program's order on every rank; inside
-// one it records an "all_reduce" node whose attributes name the reduction and the process group (by
-// a number of this process's registry, below). The executor runs the node through the op's invoke
-// with the replay's buffer, which calls the group as DistributedDataParallel's buckets do. The
-// passes treat the op as having side effects (jit/passes/rewriter.cpp): never merged, folded,
-// recomputed or removed; the fuser, for which it is a library call, never fuses it.
+// The ops are functional: each returns a new tensor and writes none. Outside a trace the public
+// entries run the collective at once, so collectives keep the program's order on every rank;
+// inside one they record a node whose attributes name the collective's arguments and the process
+// group (by a number of this process's registry, below). The executor starts the node through its
+// start function (collective_op.h) with the replay's buffers and waits for it where its result is
+// first read. The passes treat the ops as having side effects (jit/passes/rewriter.cpp): never
+// merged, folded, recomputed or removed; the fuser, for which they are library calls, never fuses
+// them.
 #include <mutex>
 
 #include "kiln/autograd.h"
 #include "kiln/distributed.h"
 #include "kiln/error.h"
 #include "kiln/ops.h"
+#include "lib/distributed/collective_op.h"
 #include "lib/distributed/internal.h"
 #include "lib/lazy.h"
-#include "lib/op_table.h"
+#include "lib/tensor_impl.h"
 
 namespace kiln::distributed {
 namespace {
+
+using detail::StartedCollective;
 
 // Groups that a recorded node names, by number. Held weakly: a graph does not keep a group alive,
 // and a replay after its group was destroyed raises.
@@ -34,63 +39,169 @@ int64_t group_number(const std::shared_ptr<ProcessGroup>& group) {
   return static_cast<int64_t>(g_registry.size()) - 1;
 }
 
-std::shared_ptr<ProcessGroup> group_of_number(int64_t number) {
+std::shared_ptr<ProcessGroup> group_of_number(const char* op, int64_t number) {
   std::lock_guard<std::mutex> lock(g_registry_mu);
-  KILN_CHECK(number >= 0 && static_cast<size_t>(number) < g_registry.size(),
-             "all_reduce: no process group #", number, " in this process");
+  KILN_CHECK(number >= 0 && static_cast<size_t>(number) < g_registry.size(), op,
+             ": no process group #", number, " in this process");
   std::shared_ptr<ProcessGroup> group = g_registry[static_cast<size_t>(number)].lock();
-  KILN_CHECK(group, "all_reduce: process group #", number,
-             " was destroyed; a traced function that reduces over it cannot run");
+  KILN_CHECK(group, op, ": process group #", number,
+             " was destroyed; a traced function that runs collectives over it cannot run");
   return group;
 }
 
-// Runs the collective on a buffer of its own holding x's values: the result.
-Tensor reduce_now(const Tensor& x, ReduceOp op, ProcessGroup& group) {
+// x's values in a contiguous buffer of the collective's own, computed now.
+Tensor own_copy(const Tensor& x) {
   NoGradGuard no_grad;
   Tensor out = x.detach().contiguous().clone();
-  if (out.device().is_cuda()) {
-    group.allreduce(out, op)->wait();
-  } else {
-    out.raw_data_ptr();  // computed here, before the group's thread reads it
-    allreduce_buffer(group, out, op)->wait();
-  }
+  if (!out.device().is_cuda()) out.raw_data_ptr();  // computed before the group's thread reads it
   return out;
 }
 
-const detail::OpDef& all_reduce_def =
-    detail::register_op({"all_reduce",
-                         detail::OpKind::NN,
-                         1,
-                         detail::DTypeRule::Same,
-                         true,
-                         [](const std::vector<Tensor>& in, const detail::Attrs& a) {
-                           return std::vector<Tensor>{reduce_now(
-                               in.at(0), static_cast<ReduceOp>(detail::attr_int(a.at(0))),
-                               *group_of_number(detail::attr_int(a.at(1))))};
-                         },
-                         {"op", "group"}});
+StartedCollective started(Tensor out, std::shared_ptr<Work> work) {
+  return {{std::move(out)}, [work = std::move(work)] { work->wait(); }};
+}
+
+// The op's attributes: all_reduce (op, group), broadcast (src, group), all_gather_into_tensor
+// (group), reduce_scatter_tensor (op, group).
+StartedCollective start_all_reduce(const std::vector<Tensor>& in, const detail::Attrs& a) {
+  auto group = group_of_number("all_reduce", detail::attr_int(a.at(1)));
+  const auto op = static_cast<ReduceOp>(detail::attr_int(a.at(0)));
+  Tensor out = own_copy(in.at(0));
+  // A CPU buffer is reduced in place on the group's thread (as DDP's buckets are); NCCL stages.
+  return started(
+      out, out.device().is_cuda() ? group->allreduce(out, op) : allreduce_buffer(*group, out, op));
+}
+
+StartedCollective start_broadcast(const std::vector<Tensor>& in, const detail::Attrs& a) {
+  auto group = group_of_number("broadcast", detail::attr_int(a.at(1)));
+  Tensor out = own_copy(in.at(0));
+  return started(out, group->broadcast(out, static_cast<int>(detail::attr_int(a.at(0)))));
+}
+
+StartedCollective start_all_gather(const std::vector<Tensor>& in, const detail::Attrs& a) {
+  auto group = group_of_number("all_gather_into_tensor", detail::attr_int(a.at(0)));
+  const Tensor& x = in.at(0);
+  Shape sizes = x.sizes();
+  sizes[0] *= group->size();
+  Tensor out = empty(sizes, TensorOptions(x.dtype()).device(x.device()));
+  const int64_t n = x.numel();
+  std::vector<Tensor> pieces;
+  for (int r = 0; r < group->size(); ++r)
+    pieces.push_back(out.view({out.numel()}).narrow(0, r * n, n));
+  return started(out, group->allgather(pieces, x));
+}
+
+StartedCollective start_reduce_scatter(const std::vector<Tensor>& in, const detail::Attrs& a) {
+  auto group = group_of_number("reduce_scatter_tensor", detail::attr_int(a.at(1)));
+  const auto op = static_cast<ReduceOp>(detail::attr_int(a.at(0)));
+  const Tensor& x = in.at(0);
+  Shape sizes = x.sizes();
+  sizes[0] /= group->size();
+  Tensor out = empty(sizes, TensorOptions(x.dtype()).device(x.device()));
+  const int64_t n = out.numel();
+  Tensor flat = x.detach().reshape({x.numel()});
+  std::vector<Tensor> pieces;
+  for (int r = 0; r < group->size(); ++r) pieces.push_back(flat.narrow(0, r * n, n));
+  return started(out, group->reduce_scatter(out, pieces, op));
+}
+
+// The op's eager form: start, then wait.
+template <detail::StartCollective start>
+std::vector<Tensor> run_now(const std::vector<Tensor>& in, const detail::Attrs& a) {
+  NoGradGuard no_grad;
+  StartedCollective s = start(in, a);
+  s.wait();
+  return std::move(s.outputs);
+}
+
+template <detail::StartCollective start>
+const detail::OpDef& define(const char* name, std::vector<std::string> attrs) {
+  return detail::register_op({name, detail::OpKind::NN, 1, detail::DTypeRule::Same, true,
+                              &run_now<start>, std::move(attrs)});
+}
+
+const detail::OpDef& all_reduce_def = define<start_all_reduce>("all_reduce", {"op", "group"});
+const detail::OpDef& broadcast_def = define<start_broadcast>("broadcast", {"src", "group"});
+const detail::OpDef& all_gather_def = define<start_all_gather>("all_gather_into_tensor", {"group"});
+const detail::OpDef& reduce_scatter_def =
+    define<start_reduce_scatter>("reduce_scatter_tensor", {"op", "group"});
+
+// Runs `def` on x at once, or records it inside jit::trace with the given result's sizes.
+Tensor run_or_record(const detail::OpDef& def, const Tensor& x, detail::Attrs attrs,
+                     const Shape& sizes) {
+  if (!detail::trace_mode()) return def.invoke({x.detach()}, attrs)[0];
+  return detail::lazy_record1(def, {x.detach()}, std::move(attrs), {sizes, x.dtype(), x.device()});
+}
+
+void check_defined(const Tensor& t, const char* op) {
+  KILN_CHECK(t.defined(), op, ": undefined tensor");
+}
+
+void check_reduction(const Tensor& t, ReduceOp op, const char* name) {
+  KILN_CHECK(op != ReduceOp::AVG || t.is_floating_point(), name,
+             ": ReduceOp::AVG needs a floating-point tensor, got ", dtype_name(t.dtype()));
+}
 
 }  // namespace
 
 namespace functional {
 
 Tensor all_reduce(const Tensor& tensor, ReduceOp op, std::shared_ptr<ProcessGroup> group) {
-  KILN_CHECK(tensor.defined(), "all_reduce: undefined tensor");
-  KILN_CHECK(op != ReduceOp::AVG || tensor.is_floating_point(),
-             "all_reduce: ReduceOp::AVG needs a floating-point tensor, got ",
-             dtype_name(tensor.dtype()));
+  check_defined(tensor, "all_reduce");
+  check_reduction(tensor, op, "all_reduce");
   if (!group) group = default_group();
-  if (!detail::trace_mode()) return reduce_now(tensor, op, *group);
-  return detail::lazy_record1(all_reduce_def, {tensor.detach()}, {int64_t(op), group_number(group)},
-                              {tensor.sizes(), tensor.dtype(), tensor.device()});
+  return run_or_record(all_reduce_def, tensor, {int64_t(op), group_number(group)}, tensor.sizes());
+}
+
+Tensor broadcast(const Tensor& tensor, int src, std::shared_ptr<ProcessGroup> group) {
+  check_defined(tensor, "broadcast");
+  if (!group) group = default_group();
+  KILN_CHECK(src >= 0 && src < group->size(), "broadcast: src ", src,
+             " is not a rank of a group of ", group->size());
+  return run_or_record(broadcast_def, tensor, {int64_t(src), group_number(group)}, tensor.sizes());
+}
+
+Tensor all_gather_into_tensor(const Tensor& tensor, std::shared_ptr<ProcessGroup> group) {
+  check_defined(tensor, "all_gather_into_tensor");
+  KILN_CHECK(tensor.dim() >= 1, "all_gather_into_tensor: needs a tensor of at least one dim, got ",
+             "shape ", detail::shape_str(tensor.sizes()));
+  if (!group) group = default_group();
+  Shape sizes = tensor.sizes();
+  sizes[0] *= group->size();
+  return run_or_record(all_gather_def, tensor, {group_number(group)}, sizes);
+}
+
+Tensor reduce_scatter_tensor(const Tensor& tensor, ReduceOp op,
+                             std::shared_ptr<ProcessGroup> group) {
+  check_defined(tensor, "reduce_scatter_tensor");
+  check_reduction(tensor, op, "reduce_scatter_tensor");
+  if (!group) group = default_group();
+  KILN_CHECK(tensor.dim() >= 1 && tensor.size(0) % group->size() == 0,
+             "reduce_scatter_tensor: dim 0 of shape ", detail::shape_str(tensor.sizes()),
+             " must split evenly over the group's ", group->size(), " ranks");
+  Shape sizes = tensor.sizes();
+  sizes[0] /= group->size();
+  return run_or_record(reduce_scatter_def, tensor, {int64_t(op), group_number(group)}, sizes);
 }
 
 }  // namespace functional
 
-void traced_all_reduce(Tensor& tensor, ReduceOp op, const std::shared_ptr<ProcessGroup>& group) {
-  Tensor reduced = functional::all_reduce(tensor, op, group);
+void traced_write(Tensor& tensor, const Tensor& value) {
   NoGradGuard no_grad;
-  tensor.copy_(reduced);
+  tensor.copy_(value.reshape(tensor.sizes()));
 }
 
 }  // namespace kiln::distributed
+
+namespace kiln::detail {
+
+StartCollective collective_start(const OpDef& op) {
+  using namespace kiln::distributed;
+  if (&op == &all_reduce_def) return start_all_reduce;
+  if (&op == &broadcast_def) return start_broadcast;
+  if (&op == &all_gather_def) return start_all_gather;
+  if (&op == &reduce_scatter_def) return start_reduce_scatter;
+  return nullptr;
+}
+
+}  // namespace kiln::detail

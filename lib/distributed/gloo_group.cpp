@@ -10,8 +10,10 @@
 // store ("arrived/<rank>"). When Gloo fails (a peer closed its connections, or the timeout
 // passed), the rank reads the others' numbers and names those behind its own.
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -64,6 +66,17 @@ ReduceFn bool_reduce(ReduceOp op) {
   };
 }
 
+std::mutex g_times_mu;  // guards g_times
+CommTimes g_times;
+
+// This thread's CPU time: the work a caller did between issuing a collective and waiting for it
+// (its wall time would count the time the scheduler gave other threads, on a loaded machine).
+double thread_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 // A collective's completion: what wait() does once the group's thread is done with it (copy the
 // results into the caller's tensors, on the caller's thread).
 class GlooWork : public Work {
@@ -76,9 +89,26 @@ class GlooWork : public Work {
   }
 
   void wait() override {
+    const Clock::time_point start = Clock::now();
+    const double cpu = thread_cpu_seconds();
+    Clock::time_point completed;
+    bool first = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return done_; });
+      completed = completed_;
+      first = !waited_;
+      waited_ = true;
+    }
+    if (first) {
+      // Blocked until the collective completed (the wake-up after it is the scheduler's); the
+      // issuing thread's work meanwhile, at most the collective's time in flight.
+      const double in_flight = std::chrono::duration<double>(completed - issued_).count();
+      std::lock_guard<std::mutex> lock(g_times_mu);
+      g_times.waited_seconds +=
+          std::max(0.0, std::chrono::duration<double>(completed - start).count());
+      if (std::this_thread::get_id() == issuer_)
+        g_times.computed_seconds += std::clamp(cpu - issued_cpu_, 0.0, in_flight);
     }
     if (error_) std::rethrow_exception(error_);
     if (finish_) {
@@ -89,7 +119,14 @@ class GlooWork : public Work {
   }
 
   void complete(std::exception_ptr error) {
+    const Clock::time_point now = Clock::now();
+    {
+      std::lock_guard<std::mutex> lock(g_times_mu);
+      ++g_times.collectives;
+      g_times.in_flight_seconds += std::chrono::duration<double>(now - issued_).count();
+    }
     std::lock_guard<std::mutex> lock(mu_);
+    completed_ = now;
     error_ = error;
     done_ = true;
     cv_.notify_all();
@@ -97,10 +134,15 @@ class GlooWork : public Work {
 
  private:
   std::function<void()> finish_;  // used by the waiting thread only
-  std::mutex mu_;                 // guards done_ and error_
+  const Clock::time_point issued_ = Clock::now();
+  const double issued_cpu_ = thread_cpu_seconds();
+  const std::thread::id issuer_ = std::this_thread::get_id();
+  std::mutex mu_;  // guards done_, error_, completed_ and waited_
   std::condition_variable cv_;
   bool done_ = false;
   std::exception_ptr error_;
+  Clock::time_point completed_;
+  bool waited_ = false;
 };
 
 // The collective number a rank reached, as its arrival record in the store holds it.
@@ -442,6 +484,16 @@ std::shared_ptr<Work> allreduce_buffer(ProcessGroup& group, const Tensor& buffer
   if (auto* gloo = dynamic_cast<GlooGroup*>(&group)) return gloo->allreduce_buffer(buffer, op);
   Tensor t = buffer;
   return group.allreduce(t, op);
+}
+
+CommTimes comm_times() {
+  std::lock_guard<std::mutex> lock(g_times_mu);
+  return g_times;
+}
+
+void reset_comm_times() {
+  std::lock_guard<std::mutex> lock(g_times_mu);
+  g_times = CommTimes();
 }
 
 }  // namespace kiln::distributed

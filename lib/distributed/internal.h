@@ -26,13 +26,14 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
   kiln::distributed::Store& store_;
 };
 
-// Raises when called inside jit::trace: of the collectives only all_reduce is a graph op (see
-// functional.cpp); a replay would skip any other (and its result would be a constant of the trace).
+// Raises when called inside jit::trace: a ProcessGroup's own methods and barrier are no graph
+// ops (only the functions of kiln/distributed.h are, see functional.cpp); a replay would skip them
+// (and their results would be constants of the trace).
 void check_not_tracing(const char* op);
 
-// all_reduce in place inside jit::trace: tensor is written the reduction that the graph's
-// all_reduce node computes (functional::all_reduce), a write the trace records functionally.
-void traced_all_reduce(Tensor& tensor, ReduceOp op, const std::shared_ptr<ProcessGroup>& group);
+// A collective in place inside jit::trace: tensor is written `value` (the result of a recorded
+// functional collective, reshaped to tensor's sizes), a write the trace records functionally.
+void traced_write(Tensor& tensor, const Tensor& value);
 
 // A collective's receive buffer: `numel` elements of `like`'s dtype on its device, allocated now
 // and never read before the collective writes it (so, unlike a staged input, not copied).

@@ -80,6 +80,12 @@ class RecordedWork : public Work {
   void wait() override {}
 };
 
+// Inside jit::trace: `tensor` is written a recorded collective's result; the graph runs it.
+std::shared_ptr<Work> recorded(Tensor& tensor, const Tensor& value) {
+  traced_write(tensor, value);
+  return std::make_shared<RecordedWork>();
+}
+
 std::shared_ptr<Work> finish(std::shared_ptr<Work> work, bool async_op) {
   if (!async_op) work->wait();
   return work;
@@ -112,10 +118,11 @@ std::vector<Tensor> reduce_scatter_inputs(const Tensor& output, const std::vecto
 }
 
 void check_not_tracing(const char* op) {
-  KILN_CHECK(
-      !detail::trace_state(), op,
-      ": only all_reduce (kiln::distributed::all_reduce or functional::all_reduce) can run "
-      "inside jit::trace; other collectives are not graph ops yet (a replay would skip them)");
+  KILN_CHECK(!detail::trace_state(), op,
+             ": inside jit::trace only the collective functions of kiln::distributed "
+             "(all_reduce, broadcast, all_gather, all_gather_into_tensor, reduce_scatter, "
+             "reduce_scatter_tensor, and their functional:: forms) are graph ops; a "
+             "ProcessGroup's methods and barrier are not (a replay would skip them)");
 }
 
 bool is_available(const std::string& backend, std::string* reason) {
@@ -213,19 +220,30 @@ std::shared_ptr<Work> barrier(bool async_op) {
 }
 
 std::shared_ptr<Work> all_reduce(Tensor& tensor, ReduceOp op, bool async_op) {
-  if (detail::trace_mode()) {
-    traced_all_reduce(tensor, op, group_or_default());
-    return std::make_shared<RecordedWork>();
-  }
+  if (detail::trace_mode()) return recorded(tensor, functional::all_reduce(tensor, op));
   return finish(group_or_default()->allreduce(tensor, op), async_op);
 }
 
 std::shared_ptr<Work> broadcast(Tensor& tensor, int src, bool async_op) {
+  if (detail::trace_mode()) return recorded(tensor, functional::broadcast(tensor, src));
   return finish(group_or_default()->broadcast(tensor, src), async_op);
 }
 
 std::shared_ptr<Work> all_gather(std::vector<Tensor>& outputs, const Tensor& input, bool async_op) {
-  return finish(group_or_default()->allgather(outputs, input), async_op);
+  if (!detail::trace_mode()) return finish(group_or_default()->allgather(outputs, input), async_op);
+  // Traced: one gather of equal pieces (the graph op's), each written into its output.
+  const int64_t n = input.numel();
+  KILN_CHECK(static_cast<int>(outputs.size()) == get_world_size(), "all_gather: ", outputs.size(),
+             " output tensors for a group of ", get_world_size(), " ranks");
+  for (const Tensor& o : outputs)
+    KILN_CHECK(o.defined() && o.numel() == n && o.dtype() == input.dtype(),
+               "all_gather inside jit::trace: every output must have the input's ", n,
+               " elements and dtype ", dtype_name(input.dtype()),
+               " (uneven gathers are not graph ops), got ", o.defined() ? o.numel() : 0);
+  Tensor gathered = functional::all_gather_into_tensor(input.reshape({n}));
+  for (size_t r = 0; r < outputs.size(); ++r)
+    traced_write(outputs[r], gathered.narrow(0, static_cast<int64_t>(r) * n, n));
+  return std::make_shared<RecordedWork>();
 }
 
 std::shared_ptr<Work> all_gather_into_tensor(Tensor& output, const Tensor& input, bool async_op) {
@@ -233,6 +251,8 @@ std::shared_ptr<Work> all_gather_into_tensor(Tensor& output, const Tensor& input
   int64_t n = input.numel();
   KILN_CHECK(output.numel() == n * group->size(), "all_gather_into_tensor: output has ",
              output.numel(), " elements, expected ", group->size(), " x ", n);
+  if (detail::trace_mode())
+    return recorded(output, functional::all_gather_into_tensor(input.reshape({n})));
   KILN_CHECK(output.is_contiguous(), "all_gather_into_tensor: the output must be contiguous");
   std::vector<Tensor> pieces = output.view({output.numel()}).split(std::max<int64_t>(n, 1));
   pieces.resize(group->size(), output.view({output.numel()}).narrow(0, 0, 0));
@@ -241,7 +261,10 @@ std::shared_ptr<Work> all_gather_into_tensor(Tensor& output, const Tensor& input
 
 std::shared_ptr<Work> reduce_scatter(Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op,
                                      bool async_op) {
-  return finish(group_or_default()->reduce_scatter(output, inputs, op), async_op);
+  if (!detail::trace_mode())
+    return finish(group_or_default()->reduce_scatter(output, inputs, op), async_op);
+  const std::vector<Tensor> flat = reduce_scatter_inputs(output, inputs, op, get_world_size());
+  return recorded(output, functional::reduce_scatter_tensor(kiln::cat(flat, 0), op));
 }
 
 std::shared_ptr<Work> reduce_scatter_tensor(Tensor& output, const Tensor& input, ReduceOp op,
@@ -250,6 +273,8 @@ std::shared_ptr<Work> reduce_scatter_tensor(Tensor& output, const Tensor& input,
   int64_t n = output.numel();
   KILN_CHECK(input.numel() == n * group->size(), "reduce_scatter_tensor: input has ", input.numel(),
              " elements, expected ", group->size(), " x ", n);
+  if (detail::trace_mode())
+    return recorded(output, functional::reduce_scatter_tensor(input.reshape({input.numel()}), op));
   std::vector<Tensor> pieces;
   Tensor flat = input.reshape({input.numel()});
   for (int r = 0; r < group->size(); ++r) pieces.push_back(flat.narrow(0, r * n, n));

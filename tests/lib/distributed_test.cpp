@@ -4,7 +4,9 @@
 // world sizes 1-4, uneven and empty tensors; DistributedDataParallel against one process on the
 // whole batch; a rank exiting or hanging mid-step; mismatched world sizes; init from torchrun's
 // environment over a TCP store; NCCL's unavailability without a GPU. A traced DDP step (all_reduce
-// as an op of the traced graph) against the eager DDP step, bit for bit, with and without no_sync.
+// as an op of the traced graph) against the eager DDP step, bit for bit, with and without no_sync;
+// its replay overlapping each bucket's all-reduce with the rest of the backward (a recording
+// group counts the plan steps in between); every other collective traced against eager.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -570,6 +572,74 @@ int ddp_trace_fault_worker(int rank, int world) {
   std::_Exit(g_failures ? 1 : 0);  // the group's peers are gone: skip its orderly teardown
 }
 
+// Every collective inside jit::trace is an op of the graph: a replay on new inputs equals the
+// eager collectives on them bit for bit (and the float64 reference), so none became a constant.
+std::vector<Tensor> collectives_of(const Tensor& x, int world) {
+  namespace fn = dist::functional;
+  Tensor y = x * 2.0 + 1.0;  // pending: each collective computes its input first
+  Tensor b = y.clone();
+  dist::broadcast(b, world - 1);
+  std::vector<Tensor> parts;
+  for (int r = 0; r < world; ++r) parts.push_back(zeros({4, 3}));
+  dist::all_gather(parts, y);
+  Tensor g = zeros({4 * world, 3});
+  dist::all_gather_into_tensor(g, y);
+  std::vector<Tensor> pieces;
+  for (int r = 0; r < world; ++r) pieces.push_back(y.narrow(0, 0, 2) * double(r + 1));
+  Tensor rs = zeros({2, 3}), rs_max = zeros({2, 3});
+  dist::reduce_scatter_tensor(rs, kiln::cat(pieces, 0));
+  dist::reduce_scatter(rs_max, pieces, dist::ReduceOp::MAX);
+  return {b, fn::broadcast(y, 0), kiln::cat(parts, 0), g, fn::all_gather_into_tensor(y), rs, rs_max,
+          fn::reduce_scatter_tensor(kiln::cat(pieces, 0), dist::ReduceOp::AVG),
+          fn::all_reduce(y, dist::ReduceOp::MIN),
+          // A collective of a collective's result: the replay waits for the first before
+          // starting the second.
+          fn::all_reduce(fn::broadcast(y, world - 1) * 0.5, dist::ReduceOp::SUM)};
+}
+
+int traced_collectives_worker(int rank, int world) {
+  dist::init_process_group("gloo", rank, world, worker_store(env_timeout()), env_timeout());
+  auto input = [](int r, int step) {
+    return make(input_values(r, 7000 + step, 12, kFloat32), kFloat32, {4, 3});
+  };
+  jit::Function traced =
+      jit::trace([world](const std::vector<Tensor>& in) { return collectives_of(in[0], world); },
+                 {input(rank, 0)});
+  const std::string graph = traced.graph_str();
+  for (const char* op :
+       {"broadcast(", "all_gather_into_tensor(", "reduce_scatter_tensor(", "all_reduce("})
+    WORKER_CHECK(graph.find(op) != std::string::npos, "no ", op, " in the graph:\n", graph);
+  const int64_t replays = jit::stats().replays;
+  for (int step = 1; step <= 2; ++step) {
+    const std::vector<Tensor> want = collectives_of(input(rank, step), world);
+    const std::vector<Tensor> got = traced({input(rank, step)});
+    WORKER_CHECK(got.size() == want.size(), got.size(), " outputs");
+    for (size_t i = 0; i < std::min(got.size(), want.size()); ++i)
+      WORKER_CHECK(testing::bytes(got[i]) == testing::bytes(want[i]), "output ", i, " at step ",
+                   step, " differs from the eager collectives'");
+    // References: y_r = 2 x_r + 1 for each rank r.
+    std::vector<std::vector<double>> y(world);
+    for (int r = 0; r < world; ++r)
+      for (double v : input_values(r, 7000 + step, 12, kFloat32))
+        y[r].push_back(double(float(v)) * 2 + 1);
+    std::vector<double> gathered, summed(6, 0.0);
+    for (int r = 0; r < world; ++r) gathered.insert(gathered.end(), y[r].begin(), y[r].end());
+    for (int r = 0; r < world; ++r)
+      for (int i = 0; i < 6; ++i) summed[i] += y[r][i] * (rank + 1);
+    expect_values(got[0], y[world - 1], kFloat32, "traced broadcast");
+    expect_values(got[1], y[0], kFloat32, "traced functional broadcast");
+    expect_values(got[2], gathered, kFloat32, "traced all_gather");
+    expect_values(got[3], gathered, kFloat32, "traced all_gather_into_tensor");
+    expect_values(got[5], summed, kFloat32, "traced reduce_scatter_tensor");
+    std::vector<double> chained;
+    for (double v : y[world - 1]) chained.push_back(double(float(v * 0.5)) * world);
+    expect_values(got[9], chained, kFloat32, "traced all_reduce of a traced broadcast");
+  }
+  WORKER_CHECK(jit::stats().replays - replays == 2, "the traced collectives were not replayed");
+  dist::destroy_process_group();
+  return g_failures ? 1 : 0;
+}
+
 int ddp_trace_worker(int rank, int world) {
   dist::init_process_group("gloo", rank, world, worker_store(env_timeout()), env_timeout());
   for (double cap_mb : {25.0, 0.0005}) check_traced_step_matches_eager(rank, world, cap_mb);
@@ -608,6 +678,7 @@ int run_worker(const std::string& scenario) {
     if (scenario == "ddp_mismatch") return ddp_mismatch_worker(rank, world);
     if (scenario == "ddp_trace") return ddp_trace_worker(rank, world);
     if (scenario == "ddp_trace_fault") return ddp_trace_fault_worker(rank, world);
+    if (scenario == "traced_collectives") return traced_collectives_worker(rank, world);
     std::cerr << "unknown scenario " << scenario << std::endl;
   } catch (const std::exception& e) {
     std::cerr << "rank " << rank << ": " << e.what() << std::endl;
@@ -750,6 +821,12 @@ TEST(Distributed, TracedDdpStepMatchesEagerDdpBitForBit) {
   for (int world : {2, 3})
     expect_all_pass(run_ranks("ddp_trace", world, std::chrono::seconds(300)),
                     "traced DDP step, world size " + std::to_string(world));
+}
+
+TEST(Distributed, TracedCollectivesMatchEagerOnTwoAndThreeRanks) {
+  for (int world : {2, 3})
+    expect_all_pass(run_ranks("traced_collectives", world, std::chrono::seconds(180)),
+                    "traced collectives, world size " + std::to_string(world));
 }
 
 TEST(Distributed, TracedDdpStepWithoutARankRaisesAndChangesNothing) {
@@ -945,13 +1022,23 @@ TEST(Distributed, BadArgumentsRaise) {
   Tensor out = zeros({2});
   testing::expect_error([&] { dist::reduce_scatter_tensor(out, ones({3})); },
                         {"reduce_scatter_tensor", "3 elements"});
-  auto gather = [](const std::vector<Tensor>& in) {
-    std::vector<Tensor> outs = {zeros({2})};
+  auto uneven_gather = [](const std::vector<Tensor>& in) {
+    std::vector<Tensor> outs = {zeros({3})};
     dist::all_gather(outs, in[0]);
     return outs;
   };
-  testing::expect_error([&] { jit::trace(gather, {ones({2})}); },
-                        {"all_gather", "only all_reduce", "inside jit::trace"});
+  testing::expect_error([&] { jit::trace(uneven_gather, {ones({2})}); },
+                        {"all_gather inside jit::trace", "input's 2 elements", "got 3"});
+  auto barrier = [](const std::vector<Tensor>& in) {
+    dist::barrier();
+    return in;
+  };
+  testing::expect_error([&] { jit::trace(barrier, {ones({2})}); },
+                        {"barrier", "inside jit::trace", "are not"});
+  testing::expect_error([&] { dist::functional::reduce_scatter_tensor(scalar_tensor(1.0)); },
+                        {"reduce_scatter_tensor", "shape []", "1 ranks"});
+  testing::expect_error([&] { dist::functional::broadcast(ones({2}), 1); },
+                        {"broadcast", "src 1", "group of 1"});
   dist::destroy_process_group();
 }
 
@@ -995,6 +1082,86 @@ TEST(Distributed, TracedAllReduceIsAnUnfusedGraphOp) {
                         {"jit::save", "collective (all_reduce)"});
   dist::destroy_process_group();
   testing::expect_error([&] { traced({x}); }, {"all_reduce", "destroyed"});
+}
+
+// A group of one whose collectives record how many plan steps had run when each was issued and
+// when its result was first waited for.
+class RecordingGroup : public dist::ProcessGroup {
+ public:
+  struct Times {
+    int64_t issued = -1, waited = -1;
+  };
+  std::vector<std::shared_ptr<Times>> log;
+
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string backend() const override { return "recording"; }
+  // One rank: a reduction (AVG too) and a broadcast leave the tensor as it is.
+  std::shared_ptr<dist::Work> barrier() override { return issue(); }
+  std::shared_ptr<dist::Work> allreduce(Tensor&, dist::ReduceOp) override { return issue(); }
+  std::shared_ptr<dist::Work> broadcast(Tensor&, int) override { return issue(); }
+  std::shared_ptr<dist::Work> allgather(std::vector<Tensor>& outputs,
+                                        const Tensor& input) override {
+    outputs.at(0).copy_(input);
+    return issue();
+  }
+  std::shared_ptr<dist::Work> reduce_scatter(Tensor& output, const std::vector<Tensor>& inputs,
+                                             dist::ReduceOp) override {
+    output.copy_(inputs.at(0).view(output.sizes()));
+    return issue();
+  }
+
+ private:
+  static int64_t steps_run() {
+    const jit::Stats s = jit::stats();
+    return s.fused_kernels_run + s.unfused_steps_run;
+  }
+  struct RecordingWork : dist::Work {
+    std::shared_ptr<Times> times;
+    bool is_completed() override { return true; }
+    void wait() override {
+      if (times->waited < 0) times->waited = steps_run();
+    }
+  };
+  std::shared_ptr<dist::Work> issue() {
+    auto work = std::make_shared<RecordingWork>();
+    work->times = std::make_shared<Times>();
+    work->times->issued = steps_run();
+    log.push_back(work->times);
+    return work;
+  }
+};
+
+// A replayed DDP step starts each bucket's all-reduce and goes on with the backward: the plan
+// waits for a bucket only where its averages are read (written into the .grads, after the
+// backward), as eager DDP's hooks overlap the reductions with the rest of the backward.
+TEST(Distributed, TracedDdpReplayOverlapsAllReducesWithTheRestOfTheBackward) {
+  auto group = std::make_shared<RecordingGroup>();
+  DDP ddp(make_mlp(7), group, /*bucket_cap_mb=*/0.0005);
+  const size_t buckets = ddp.bucket_indices().size();
+  ASSERT_GE(buckets, 3u);
+  optim::SGDOptions options;
+  options.lr = 0.1;
+  optim::SGD sgd(ddp.parameters(), options);
+  jit::Function step = jit::trace(
+      [&](const std::vector<Tensor>& in) {
+        sgd.zero_grad();
+        Tensor loss = mse_loss(ddp(in[0]), in[1]);
+        loss.backward();
+        sgd.step();
+        return std::vector<Tensor>{loss};
+      },
+      {batch_inputs(), batch_targets()});
+  step({batch_inputs(), batch_targets()});  // compiles the kernels
+  group->log.clear();
+  step({batch_inputs(), batch_targets()});
+  ASSERT_EQ(group->log.size(), buckets) << step.graph_str();
+  // The first bucket holds the last layer's gradients: the steps computing the other layers'
+  // gradients (GEMMs and kernels, at least one per remaining bucket) run while it is in flight.
+  // A collective that blocked in its own step would count its step alone.
+  const RecordingGroup::Times& first = *group->log.front();
+  EXPECT_GE(first.waited - first.issued, static_cast<int64_t>(buckets)) << step.graph_str();
+  for (const auto& t : group->log) EXPECT_GT(t->waited, t->issued);
 }
 
 // The passes keep every collective: CSE does not merge two of one value, DCE does not remove one

@@ -1,13 +1,19 @@
 // Data-parallel benchmarks: train_bench.cpp's MLP step (784-1024-1024-10, global batch 256, Adam)
 // under DistributedDataParallel, the global batch split over the ranks, run eagerly and as a
 // jit::trace'd step (whose graph holds the gradient buckets' all-reduces), and the averaging
-// all-reduce of its 1.86M float32 gradients alone (the communication every step adds).
-// World size 1: run kiln_bench as usual. World size N: every rank must run the same benchmarks the
-// same number of times, so these have fixed iteration counts:
-//   tools/kiln-run -n 2 build/tools/bench/kiln_bench --benchmark_filter=DDP
+// all-reduce of its 1.86M float32 gradients alone (the communication every step adds); and the
+// word_lm example's training step (tools/examples/word_lm.cpp, --ddp), eager and traced.
+// Each step benchmark reports how its collectives overlapped the rest of the step
+// (distributed::comm_times over the timed steps): comm_ms, the time per step collectives were in
+// flight (issued to completed on the group's thread); overlap_ms, the CPU time the issuing thread
+// computed meanwhile (the backward that ran while communication was in flight); waited_ms, the
+// time it was blocked waiting for them; overlap = overlap_ms / comm_ms. CPU time, not wall time:
+// on a loaded machine a thread that was descheduled did not compute (with one rank a collective
+// has no peer and completes at once).
 #include <benchmark/benchmark.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -18,6 +24,7 @@
 #include "kiln/nn.h"
 #include "kiln/optim.h"
 #include "tools/bench/counters.h"
+#include "tools/examples/word_lm.h"
 
 namespace {
 
@@ -91,11 +98,24 @@ struct MLPStep {
   }
 };
 
+// The collectives' times over `steps` timed steps (see the top of the file).
+void report_overlap(benchmark::State& state, int64_t steps) {
+  const dist::CommTimes t = dist::comm_times();
+  const double n = static_cast<double>(std::max<int64_t>(steps, 1));
+  state.counters["comm_ms"] = t.in_flight_seconds / n * 1e3;
+  state.counters["overlap_ms"] = t.computed_seconds / n * 1e3;
+  state.counters["waited_ms"] = t.waited_seconds / n * 1e3;
+  state.counters["overlap"] =
+      t.in_flight_seconds > 0 ? t.computed_seconds / t.in_flight_seconds : 0;
+}
+
 // Both variants run one step before timing, so that neither times its kernels' compilation.
 void BM_DDPMLPTrainStep(benchmark::State& state) {
   MLPStep s;
   s.step(s.x, s.y).item<float>();
+  dist::reset_comm_times();
   for (auto _ : state) benchmark::DoNotOptimize(s.step(s.x, s.y).item<float>());
+  report_overlap(state, state.iterations());
   s.report(state);
 }
 BENCHMARK(BM_DDPMLPTrainStep)
@@ -110,13 +130,56 @@ void BM_DDPMLPTracedTrainStep(benchmark::State& state) {
       [&s](const std::vector<Tensor>& in) { return std::vector<Tensor>{s.step(in[0], in[1])}; },
       {s.x, s.y});
   step({s.x, s.y})[0].item<float>();
+  dist::reset_comm_times();
   for (auto _ : state) benchmark::DoNotOptimize(step({s.x, s.y})[0].item<float>());
+  report_overlap(state, state.iterations());
   s.report(state);
 }
 BENCHMARK(BM_DDPMLPTracedTrainStep)
     ->Iterations(kIterations)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+// word_lm's training step (embedding 64, 2-layer LSTM 128, batch 20 split over the ranks, 20
+// time steps, Adam, clipping) under DDP: one training run of kWordLmSteps steps per iteration,
+// the median of the steps after the first two (tracing and compilation excluded). The example
+// also all-reduces each step's loss for its log (a small collective waited for at once), which
+// the overlap figures include.
+constexpr int64_t kWordLmSteps = 12;
+
+void BM_DDPWordLmTrainStep(benchmark::State& state, bool traced) {
+  group();  // the default group the example's DDP uses
+  kiln::examples::WordLmConfig c;
+  c.epochs = 1;
+  c.dropout = 0;
+  c.max_steps_per_epoch = kWordLmSteps;
+  c.train_tokens = c.batch_size * (c.bptt * kWordLmSteps + 1) + 1000;
+  c.valid_tokens = 20;
+  c.log_every = 0;
+  c.trace = traced;
+  c.ddp = true;
+  int64_t step = 0;
+  c.after_step = [&] {
+    if (++step == 2) dist::reset_comm_times();  // from here on: steady state
+  };
+  for (auto _ : state) {
+    step = 0;
+    kiln::examples::WordLmResult r = kiln::examples::train_word_lm(c);
+    std::vector<double> t(r.step_seconds.begin() + 2, r.step_seconds.end());
+    std::sort(t.begin(), t.end());
+    state.SetIterationTime(t[t.size() / 2]);
+    report_overlap(state, static_cast<int64_t>(t.size()));
+  }
+  state.counters["world"] = group()->size();
+}
+BENCHMARK_CAPTURE(BM_DDPWordLmTrainStep, eager, false)
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_DDPWordLmTrainStep, traced, true)
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime();
 
 void BM_DDPAllReduceGradients(benchmark::State& state) {
   auto g = group();
