@@ -631,12 +631,57 @@ DType reduction_compute_type(const Node& n) {
                                                        : n.input(0)->type().dtype;
 }
 
-bool folds_once(const std::string& formula) {
-  int folds = 0;
-  for (const char* r : {"(rsum ", "(rmax ", "(rmin "})
-    for (size_t at = formula.find(r); at != std::string::npos; at = formula.find(r, at + 1))
-      ++folds;
-  return folds == 1;
+// A reduction node's attribute i as a kernel scalar of its own kind (a float64 or an int64, as
+// var's correction), made by `scalar`; -1 when there is no attribute i.
+int32_t reduction_attr(const Node& n, int i,
+                       const std::function<int32_t(DType, uint64_t)>& scalar) {
+  if (i < 0 || static_cast<size_t>(i) >= n.attrs().size()) return -1;
+  const Scalar a = detail::attr_scalar(n.attr(static_cast<size_t>(i)));
+  uint64_t bits;
+  if (a.is_floating_point()) {
+    const double d = a.to_double();
+    std::memcpy(&bits, &d, sizeof d);
+    return scalar(kFloat64, bits);
+  }
+  const int64_t v = a.to_int();
+  std::memcpy(&bits, &v, sizeof v);
+  return scalar(kInt64, bits);
+}
+
+// The text of a node's attribute i as formulas' if-attr reads it.
+std::optional<std::string> attr_text_of(const Node& n, int i) {
+  if (i < 0 || static_cast<size_t>(i) >= n.attrs().size()) return std::nullopt;
+  const detail::AttrValue& a = n.attr(static_cast<size_t>(i));
+  if (const auto* text = std::get_if<std::string>(&a)) return *text;
+  return detail::attr_str(a);
+}
+
+// Whether a reduction node's formula folds exactly once, counted on the parsed kernel (operands
+// as loads, attributes and the element count as kernel scalars), so that every reduction
+// primitive counts and an if-attr branch not taken does not.
+bool folds_once(const Node& n) {
+  Kernel k;
+  const DType compute = reduction_compute_type(n);
+  std::vector<int32_t> operands;
+  for (size_t i = 0; i < n.num_inputs(); ++i) {
+    Instr load{Prim::Load, compute};
+    load.index = static_cast<int32_t>(i);
+    k.input_types.push_back(compute);
+    operands.push_back(k.add(load));
+  }
+  auto scalar = [&k](DType type, uint64_t) {
+    Instr s{Prim::Scalar, type};
+    s.index = static_cast<int32_t>(k.scalar_types.size());
+    k.scalar_types.push_back(type);
+    return k.add(s);
+  };
+  FormulaParser(
+      k, n.op().formula, compute, n.output()->type().dtype, operands.data(), operands.size(),
+      [&](int i) { return reduction_attr(n, i, scalar); },
+      [&n](int i) { return attr_text_of(n, i); }, [&] { return scalar(kFloat64, 0); })
+      .parse();
+  return std::count_if(k.body.begin(), k.body.end(),
+                       [](const Instr& in) { return is_reduction(in.prim); }) == 1;
 }
 
 // Ops that compute each element from its whole row along a dim (softmax): with the dim the last,
@@ -761,20 +806,7 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
     std::function<int32_t()> count;
     if (folds) {
       // Attributes as they are (var's correction), and the number of elements folded.
-      attr = [&k, &scalar, n](int i) -> int32_t {
-        if (i < 0 || static_cast<size_t>(i) >= n->attrs().size()) return -1;
-        const Scalar a = detail::attr_scalar(n->attr(static_cast<size_t>(i)));
-        if (a.is_floating_point()) {
-          double d = a.to_double();
-          uint64_t bits;
-          std::memcpy(&bits, &d, sizeof d);
-          return scalar(kFloat64, bits);
-        }
-        int64_t v = a.to_int();
-        uint64_t bits;
-        std::memcpy(&bits, &v, sizeof v);
-        return scalar(kInt64, bits);
-      };
+      attr = [&scalar, n](int i) { return reduction_attr(*n, i, scalar); };
       count = [&, n, role] {
         const Shape& in_shape = n->input(0)->type().sizes;
         const int64_t folded =
@@ -799,12 +831,7 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
         return m;
       };
     }
-    FormulaParser::AttrText attr_text = [n](int i) -> std::optional<std::string> {
-      if (i < 0 || static_cast<size_t>(i) >= n->attrs().size()) return std::nullopt;
-      const detail::AttrValue& a = n->attr(static_cast<size_t>(i));
-      if (const auto* text = std::get_if<std::string>(&a)) return *text;
-      return detail::attr_str(a);
-    };
+    FormulaParser::AttrText attr_text = [n](int i) { return attr_text_of(*n, i); };
     const int32_t slot = role == Role::kColumn ? k.num_columns() : -1;
     if (role == Role::kColumn) k.column_parts.push_back(static_cast<int32_t>(parts));
     int32_t result = -1;
@@ -882,8 +909,8 @@ std::optional<int> fused_reduction_dims(const Node& n) {
 
 std::optional<int> fused_column_dims(const Node& n) {
   const detail::OpDef& op = n.op();
-  if (op.kind != detail::OpKind::Reduction || !op.formula || !folds_once(op.formula) ||
-      n.num_outputs() != 1 || n.num_inputs() != 1)
+  if (op.kind != detail::OpKind::Reduction || !op.formula || n.num_outputs() != 1 ||
+      n.num_inputs() != 1)
     return std::nullopt;
   const Value* in = n.input(0);
   if (!in || in->type().device != n.output()->type().device) return std::nullopt;
@@ -898,6 +925,7 @@ std::optional<int> fused_column_dims(const Node& n) {
   if (lead == 0 || lead >= rank) return std::nullopt;
   for (int i = 0; i < lead; ++i)
     if (dims[static_cast<size_t>(i)] != i) return std::nullopt;
+  if (!folds_once(n)) return std::nullopt;
   return lead;
 }
 
@@ -1193,7 +1221,7 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
     } else if (std::optional<int> k = fused_reduction_dims(*consumer)) {
       st.shape = consumer->input(0)->type().sizes;
       st.reduces = true;
-      if (*k == static_cast<int>(st.shape.size()) && folds_once(consumer->op().formula)) {
+      if (*k == static_cast<int>(st.shape.size()) && folds_once(*consumer)) {
         // Over every dim: each call folds its rows into partials, combined at the end. A formula
         // that folds twice (logsumexp, var) needs the first fold's final value: one row then.
         root_role = Role::kGlobal;
