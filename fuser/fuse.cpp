@@ -220,15 +220,6 @@ bool set_fusion_enabled(bool on) {
   return was;
 }
 
-const char* prim_name(Prim p) {
-  static const char* const names[] = {
-      "load", "scalar", "literal", "cast", "neg", "add", "sub",   "mul",   "div",    "lt",
-      "le",   "gt",     "ge",      "eq",   "ne",  "and", "or",    "not",   "select", "exp",
-      "log",  "log1p",  "expm1",   "sqrt", "sin", "cos", "tanh",  "floor", "ceil",   "round",
-      "rsum", "rmax",   "rmin",    "erf",  "rem", "pow", "rprod", "band",  "bor",    "bxor"};
-  return names[static_cast<int>(p)];
-}
-
 std::string Kernel::str() const {
   std::ostringstream os;
   for (size_t i = 0; i < body.size(); ++i) {
@@ -494,90 +485,45 @@ class FormulaParser {
     if (weak(a) && !weak(b)) return at(b).type;
     return at(a).type;
   }
+  // The primitive `name` (kPrims' names; "widen" is a cast to the accumulation type of sums).
   int32_t apply(const std::string& name, std::vector<int32_t> args) {
-    struct Entry {
-      const char* name;
-      Prim prim;
-      int arity;
-      bool to_bool;  // the result is bool (comparisons and logic)
-    };
-    static const Entry entries[] = {
-        {"neg", Prim::Neg, 1, false},
-        {"add", Prim::Add, 2, false},
-        {"sub", Prim::Sub, 2, false},
-        {"mul", Prim::Mul, 2, false},
-        {"div", Prim::Div, 2, false},
-        {"lt", Prim::Lt, 2, true},
-        {"le", Prim::Le, 2, true},
-        {"gt", Prim::Gt, 2, true},
-        {"ge", Prim::Ge, 2, true},
-        {"eq", Prim::Eq, 2, true},
-        {"ne", Prim::Ne, 2, true},
-        {"and", Prim::And, 2, true},
-        {"or", Prim::Or, 2, true},
-        {"not", Prim::Not, 1, true},
-        {"select", Prim::Select, 3, false},
-        {"exp", Prim::Exp, 1, false},
-        {"log", Prim::Log, 1, false},
-        {"log1p", Prim::Log1p, 1, false},
-        {"expm1", Prim::Expm1, 1, false},
-        {"sqrt", Prim::Sqrt, 1, false},
-        {"sin", Prim::Sin, 1, false},
-        {"cos", Prim::Cos, 1, false},
-        {"tanh", Prim::Tanh, 1, false},
-        {"floor", Prim::Floor, 1, false},
-        {"ceil", Prim::Ceil, 1, false},
-        {"round", Prim::Round, 1, false},
-        {"cast", Prim::Cast, 1, false},
-        {"widen", Prim::Cast, 1, false},
-        {"rsum", Prim::ReduceSum, 1, false},
-        {"rmax", Prim::ReduceMax, 1, false},
-        {"rmin", Prim::ReduceMin, 1, false},
-        {"erf", Prim::Erf, 1, false},
-        {"rem", Prim::Rem, 2, false},
-        {"pow", Prim::Pow, 2, false},
-        {"rprod", Prim::ReduceProd, 1, false},
-        {"band", Prim::BitAnd, 2, false},
-        {"bor", Prim::BitOr, 2, false},
-        {"bxor", Prim::BitXor, 2, false},
-    };
-    for (const Entry& e : entries) {
-      if (name != e.name) continue;
-      check(static_cast<int>(args.size()) == e.arity, "wrong number of operands");
-      // Operands of arithmetic, comparisons and select's choices meet in one type.
-      if (e.arity == 2 && e.prim != Prim::And && e.prim != Prim::Or) {
-        const DType t = meet(args[0], args[1]);
-        args[0] = coerce(args[0], t);
-        args[1] = coerce(args[1], t);
-      }
-      if (e.prim == Prim::Select) {
-        const DType t = meet(args[1], args[2]);
-        args[1] = coerce(args[1], t);
-        args[2] = coerce(args[2], t);
-      }
-      Instr in{e.prim, e.to_bool ? kBool : at(args[e.prim == Prim::Select ? 1 : 0]).type};
-      if (name == std::string("cast")) in.type = out_type_;
-      if (name == std::string("widen")) {
-        // The accumulation type of sums: double for floating types, int64 otherwise.
-        in.type = is_floating_point(at(args[0]).type) ? kFloat64 : kInt64;
-        if (in.type == at(args[0]).type) return args[0];
-      }
-      if (is_reduction(e.prim)) {
-        if (column_slot_ >= 0) {
-          in.index = column_slot_;
-          in.column = true;
-          in.part = part_;
-        } else {
-          in.index = global_ ? k_.num_globals++ : -1;
-        }
-      }
-      in.a = args[0];
-      if (e.arity > 1) in.b = args[1];
-      if (e.arity > 2) in.c = args[2];
-      return k_.add(in);
+    const bool widen = name == "widen";
+    const PrimInfo* e = prim_named(widen ? "cast" : name);
+    check(e != nullptr, "unknown primitive");
+    check(static_cast<int>(args.size()) == e->arity, "wrong number of operands");
+    // Operands of arithmetic, comparisons and select's choices meet in one type.
+    if (e->arity == 2 && e->prim != Prim::And && e->prim != Prim::Or) {
+      const DType t = meet(args[0], args[1]);
+      args[0] = coerce(args[0], t);
+      args[1] = coerce(args[1], t);
     }
-    check(false, "unknown primitive");
-    return -1;
+    if (e->prim == Prim::Select) {
+      const DType t = meet(args[1], args[2]);
+      args[1] = coerce(args[1], t);
+      args[2] = coerce(args[2], t);
+    }
+    Instr in{e->prim, e->result == PrimResult::kBool
+                          ? kBool
+                          : at(args[e->prim == Prim::Select ? 1 : 0]).type};
+    if (e->prim == Prim::Cast) in.type = out_type_;
+    if (widen) {
+      // The accumulation type of sums: double for floating types, int64 otherwise.
+      in.type = is_floating_point(at(args[0]).type) ? kFloat64 : kInt64;
+      if (in.type == at(args[0]).type) return args[0];
+    }
+    if (is_reduction(e->prim)) {
+      if (column_slot_ >= 0) {
+        in.index = column_slot_;
+        in.column = true;
+        in.part = part_;
+      } else {
+        in.index = global_ ? k_.num_globals++ : -1;
+      }
+    }
+    in.a = args[0];
+    if (e->arity > 1) in.b = args[1];
+    if (e->arity > 2) in.c = args[2];
+    return k_.add(in);
   }
 
   Kernel& k_;

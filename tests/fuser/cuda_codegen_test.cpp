@@ -1218,7 +1218,12 @@ std::string host_kernel(const Kernel& k, const Layout& layout, const std::string
                         const std::string& symbol, const std::string& ns) {
   const size_t body = source.find("KILN_D void kiln_body(");
   EXPECT_NE(body, std::string::npos);
-  std::string s = "namespace " + ns + " {\n" + source.substr(body) + "}\n";
+  // The math device functions the kernel calls (pow: no fmadd inside), each guarded, before it.
+  std::string s;
+  const std::string start = "#ifndef KILN_MATH_", end = "#endif  // KILN_MATH_";
+  for (size_t at = source.find(start); at < body; at = source.find(start, at + 1))
+    s += source.substr(at, source.find('\n', source.find(end, at)) + 1 - at);
+  s += "namespace " + ns + " {\n" + source.substr(body) + "}\n";
   s += "extern \"C\" void " + ns +
        "_run(long long n, const long long* dims, void* const* ptrs, "
        "const unsigned long long* scalars) {\n";

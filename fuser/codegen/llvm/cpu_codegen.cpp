@@ -38,6 +38,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "fuser/cache.h"
 #include "fuser/codegen/llvm/ir_value.h"
+#include "fuser/prim_math.h"
 #include "jit/dump.h"
 #include "jit/log.h"
 #include "kiln/error.h"
@@ -61,6 +62,10 @@
 #include "llvm/Support/raw_ostream.h"
 #include "llvm/Target/TargetMachine.h"
 #include "llvm/Transforms/Utils/Cloning.h"
+
+// Every primitive (fuser/primitives.h) is rendered: a switch over Prim that misses one does not
+// compile.
+#pragma GCC diagnostic error "-Wswitch"
 
 namespace kiln::fuser {
 
@@ -748,84 +753,30 @@ class Emitter {
                                    b_.CreateICmpEQ(b, llvm::ConstantInt::getSigned(ty, -1)));
     return b_.CreateSRem(a, b_.CreateSelect(bad, llvm::ConstantInt::get(ty, 1), b));
   }
-  // elementwise.cpp's float_pow, case by case: multiplication by squaring for an integral exponent
-  // (not 0, at most 64 in magnitude), square roots for +-0.5, libm's pow otherwise (NaN goes
-  // there). Branches, so that pow is called only where the reference kernel calls it (the loop
-  // does not vectorize around a call anyway; an exponent that is a kernel scalar lets LLVM hoist
-  // the branch out of the loop).
-  llvm::Value* float_pow(llvm::Value* x, llvm::Value* y, DType t) {
-    llvm::Type* ty = value_type(t);
-    auto c = [ty](double v) { return llvm::ConstantFP::get(ty, v); };
-    llvm::Value* ay = intrinsic(llvm::Intrinsic::fabs, y);
-    llvm::Value* by_squaring =
-        b_.CreateAnd(b_.CreateFCmpOEQ(y, intrinsic(llvm::Intrinsic::trunc, y)),
-                     b_.CreateAnd(b_.CreateFCmpONE(y, c(0)), b_.CreateFCmpOLE(ay, c(64))));
-    auto* squaring = llvm::BasicBlock::Create(ctx_, "pow_squaring", fn_);
-    auto* other = llvm::BasicBlock::Create(ctx_, "pow_other", fn_);
-    auto* root = llvm::BasicBlock::Create(ctx_, "pow_root", fn_);
-    auto* general = llvm::BasicBlock::Create(ctx_, "pow_general", fn_);
-    auto* done = llvm::BasicBlock::Create(ctx_, "pow_done", fn_);
-    b_.CreateCondBr(by_squaring, squaring, other);
-
-    b_.SetInsertPoint(squaring);
-    llvm::Value* m = b_.CreateFPToSI(ay, b_.getInt32Ty());
-    llvm::Value* result = x;
-    llvm::Value* have = b_.getFalse();
-    llvm::Value* base = x;
-    for (int bit = 0; bit < 7; ++bit) {  // m <= 64
-      llvm::Value* set =
-          b_.CreateICmpNE(b_.CreateAnd(b_.CreateLShr(m, bit), b_.getInt32(1)), b_.getInt32(0));
-      llvm::Value* next = b_.CreateSelect(have, b_.CreateFMul(result, base), base);
-      result = b_.CreateSelect(set, next, result);
-      have = b_.CreateOr(have, set);
-      base = b_.CreateFMul(base, base);  // unused once no higher bit is set
-    }
-    result = b_.CreateSelect(b_.CreateFCmpOLT(y, c(0)), b_.CreateFDiv(c(1), result), result);
-    llvm::BasicBlock* squaring_end = b_.GetInsertBlock();
-    b_.CreateBr(done);
-
-    b_.SetInsertPoint(other);
-    llvm::Value* half = b_.CreateFCmpOEQ(y, c(0.5));
-    b_.CreateCondBr(b_.CreateOr(half, b_.CreateFCmpOEQ(y, c(-0.5))), root, general);
-
-    b_.SetInsertPoint(root);
-    llvm::Value* r = intrinsic(llvm::Intrinsic::sqrt, x);
-    r = b_.CreateSelect(half, r, b_.CreateFDiv(c(1), r));
-    b_.CreateBr(done);
-
-    b_.SetInsertPoint(general);
-    llvm::Value* p = libm2("pow", x, y, t);
-    b_.CreateBr(done);
-
-    b_.SetInsertPoint(done);
-    llvm::PHINode* phi = b_.CreatePHI(ty, 3);
-    phi->addIncoming(result, squaring_end);
-    phi->addIncoming(r, root);
-    phi->addIncoming(p, general);
-    return phi;
-  }
-  // elementwise.cpp's int_pow: by squaring over the exponent's bits; 1 for negative exponents.
-  llvm::Value* int_pow(llvm::Value* x, llvm::Value* y) {
-    llvm::Type* ty = x->getType();
-    const unsigned bits = ty->getIntegerBitWidth();
-    llvm::Value* zero = llvm::ConstantInt::get(ty, 0);
-    llvm::Value* e = b_.CreateSelect(b_.CreateICmpSLT(y, zero), zero, y);
-    llvm::Value* result = llvm::ConstantInt::get(ty, 1);
-    llvm::Value* base = x;
-    for (unsigned bit = 0; bit + 1 < bits; ++bit) {
-      llvm::Value* set =
-          b_.CreateICmpNE(b_.CreateAnd(b_.CreateLShr(e, bit), llvm::ConstantInt::get(ty, 1)), zero);
-      result = b_.CreateSelect(set, b_.CreateMul(result, base), result);
-      base = b_.CreateMul(base, base);
-    }
-    return result;
-  }
-  // A transcendental primitive: lib/math/primitives.h's definition instantiated for IR values
-  // (fuser/codegen/llvm/ir_value.h), f32 for float32 and f64 for float64.
-  template <typename F32, typename F64>
-  llvm::Value* math(llvm::Value* x, DType t, const F32& f32, const F64& f64) {
+  // A primitive defined in lib/math/primitives.h (fuser/prim_math.h), instantiated for IR values
+  // (fuser/codegen/llvm/ir_value.h) of t: float32 and float64, and for pow int32 and int64 (as
+  // unsigned values of their width).
+  llvm::Value* math(Prim p, DType t, llvm::Value* a, llvm::Value* b) {
     ir::Scope scope(b_, m_);
-    return t == kFloat32 ? f32(ir::Ir<float>(x)).v : f64(ir::Ir<double>(x)).v;
+    llvm::Value* r = nullptr;
+    visit_math(p, [&](auto m) {
+      using M = decltype(m);
+      auto run = [&](auto zero) {
+        using V = ir::Ir<decltype(zero)>;
+        if constexpr (M::kArity == 1)
+          r = M::apply(V(a)).v;
+        else
+          r = M::apply(V(a), V(b)).v;
+      };
+      if (t == kFloat32) run(float{});
+      if (t == kFloat64) run(double{});
+      if constexpr (M::kIntegers) {
+        if (t == kInt32) run(uint32_t{});
+        if (t == kInt64) run(uint64_t{});
+      }
+    });
+    KILN_CHECK(r, "fuser: LLVM codegen: ", prim_name(p), " of ", dtype_name(t));
+    return r;
   }
   llvm::Value* intrinsic(llvm::Intrinsic::ID id, llvm::Value* x) {
     return b_.CreateUnaryIntrinsic(id, x);
@@ -910,35 +861,14 @@ class Emitter {
         r = b_.CreateSelect(a, b, c);
         break;
       case Prim::Exp:
-        r = math(
-            a, t, [](auto x) { return math::exp_f32(x); }, [](auto x) { return math::exp_f64(x); });
-        break;
       case Prim::Log:
-        r = math(
-            a, t, [](auto x) { return math::log_f32(x); }, [](auto x) { return math::log_f64(x); });
-        break;
       case Prim::Log1p:
-        r = math(
-            a, t, [](auto x) { return math::log1p_f32(x); },
-            [](auto x) { return math::log1p_f64(x); });
-        break;
       case Prim::Expm1:
-        r = math(
-            a, t, [](auto x) { return math::expm1_f32(x); },
-            [](auto x) { return math::expm1_f64(x); });
-        break;
       case Prim::Sin:
-        r = math(
-            a, t, [](auto x) { return math::sin_f32(x); }, [](auto x) { return math::sin_f64(x); });
-        break;
       case Prim::Cos:
-        r = math(
-            a, t, [](auto x) { return math::cos_f32(x); }, [](auto x) { return math::cos_f64(x); });
-        break;
       case Prim::Tanh:
-        r = math(
-            a, t, [](auto x) { return math::tanh_f32(x); },
-            [](auto x) { return math::tanh_f64(x); });
+      case Prim::Erf:
+        r = math(in.prim, t, a, b);
         break;
       case Prim::Sqrt:
         r = intrinsic(llvm::Intrinsic::sqrt, a);
@@ -959,15 +889,11 @@ class Emitter {
       case Prim::Round:
         r = fp ? intrinsic(llvm::Intrinsic::nearbyint, a) : a;
         break;
-      case Prim::Erf:
-        r = math(
-            a, t, [](auto x) { return math::erf_f32(x); }, [](auto x) { return math::erf_f64(x); });
-        break;
       case Prim::Rem:
         r = fp ? libm2("fmod", a, b, t) : int_rem(a, b);
         break;
-      case Prim::Pow:
-        r = fp ? float_pow(a, b, t) : int_pow(a, b);
+      case Prim::Pow:  // pow takes no bools; a squaring loop over an i1 exponent gives 1
+        r = boolean ? b_.getInt1(true) : math(in.prim, at, a, b);
         break;
       // On i1, i32 and i64 alike; the formulas reject floats before fusing.
       case Prim::BitAnd:
@@ -996,19 +922,29 @@ class Emitter {
     }
   }
 
-  // The value a reduction starts from.
+  // The value a reduction starts from (its table entry's FoldIdentity).
   llvm::Value* identity(const Instr& r) {
     llvm::Type* ty = value_type(r.type);
-    const bool is_max = r.prim == Prim::ReduceMax;
-    if (r.prim == Prim::ReduceSum) return llvm::Constant::getNullValue(ty);
-    if (r.prim == Prim::ReduceProd)
-      return is_floating_point(r.type) ? llvm::ConstantFP::get(ty, 1.0)
-                                       : llvm::ConstantInt::get(ty, 1);
-    if (r.type == kBool) return b_.getInt1(!is_max);
-    if (is_floating_point(r.type)) return llvm::ConstantFP::getInfinity(ty, /*Negative=*/is_max);
-    const unsigned bits = ty->getIntegerBitWidth();
-    return llvm::ConstantInt::get(
-        ty, is_max ? llvm::APInt::getSignedMinValue(bits) : llvm::APInt::getSignedMaxValue(bits));
+    const bool fp = is_floating_point(r.type);
+    const unsigned bits = fp ? 0 : ty->getIntegerBitWidth();
+    switch (prim_info(r.prim).identity) {
+      case FoldIdentity::kZero:
+        return llvm::Constant::getNullValue(ty);
+      case FoldIdentity::kOne:
+        return fp ? llvm::ConstantFP::get(ty, 1.0) : llvm::ConstantInt::get(ty, 1);
+      case FoldIdentity::kLowest:
+        if (r.type == kBool) return b_.getInt1(false);
+        return fp ? llvm::ConstantFP::getInfinity(ty, /*Negative=*/true)
+                  : llvm::ConstantInt::get(ty, llvm::APInt::getSignedMinValue(bits));
+      case FoldIdentity::kHighest:
+        if (r.type == kBool) return b_.getInt1(true);
+        return fp ? llvm::ConstantFP::getInfinity(ty, /*Negative=*/false)
+                  : llvm::ConstantInt::get(ty, llvm::APInt::getSignedMaxValue(bits));
+      case FoldIdentity::kNone:
+        break;
+    }
+    KILN_CHECK(false, "fuser: ", prim_name(r.prim), " is not a reduction");
+    return nullptr;
   }
   // acc folded with x. Sums and products of floats may reassociate (so that loops vectorize);
   // maximum and minimum propagate NaN, as the reference kernels do.
@@ -1051,21 +987,6 @@ class Emitter {
         return b_.CreateAdd(start, j);
       default:
         return b_.CreateAdd(start, b_.CreateMul(j, stride));
-    }
-  }
-  // Primitives that cost more to recompute than to read back from a row buffer in cache.
-  static bool is_expensive(Prim p) {
-    switch (p) {
-      case Prim::Exp:
-      case Prim::Log:
-      case Prim::Log1p:
-      case Prim::Expm1:
-      case Prim::Sin:
-      case Prim::Cos:
-      case Prim::Tanh:
-        return true;
-      default:
-        return false;
     }
   }
   llvm::AllocaInst* entry_alloca(llvm::Type* ty) {
@@ -1229,7 +1150,7 @@ class Emitter {
       }
       for (size_t n = 0; n < body_size; ++n)
         buffered[n] =
-            passes_needing[n] > 1 && k_.body[n].type != kBool && is_expensive(k_.body[n].prim);
+            passes_needing[n] > 1 && k_.body[n].type != kBool && is_costly(k_.body[n].prim);
     }
     std::vector<llvm::Value*> row_buffer(body_size, nullptr);
     llvm::FunctionCallee malloc_fn =
