@@ -25,6 +25,7 @@
 
 #include "fuser/codegen/cuda/source_value.h"
 #include "fuser/prim_math.h"
+#include "fuser/rows_plan.h"
 #include "kiln/error.h"
 
 // Every primitive (fuser/primitives.h) is rendered: a switch over Prim that misses one does not
@@ -890,49 +891,16 @@ class Source {
     const size_t np = num_ptrs(), ni = k_.input_types.size(), n_body = k_.body.size();
     const std::vector<Level>& level = p.level;
     const std::vector<int32_t>& stage = p.stage;
-    // The passes, as the LLVM emitter plans them: a row reduction folds in the pass where its
-    // operand is available; the last pass stores element-level outputs and folds global and
-    // column reductions of element-level values.
-    int32_t last_pass = -1;
-    std::vector<std::vector<size_t>> pass_roots;
-    auto add_root = [&](int32_t pass, size_t n) {
-      if (pass_roots.size() <= static_cast<size_t>(pass))
-        pass_roots.resize(static_cast<size_t>(pass) + 1);
-      pass_roots[static_cast<size_t>(pass)].push_back(n);
-      last_pass = std::max(last_pass, pass);
-    };
-    for (size_t n = 0; n < n_body; ++n)
-      if (is_row_reduction(k_.body[n]) && p.rows_needed[n])
-        add_root(stage[static_cast<size_t>(k_.body[n].a)], n);
-    auto per_element = [&](size_t o) {
-      const Level l = level[static_cast<size_t>(k_.outputs[o])];
-      return l == Level::kElement ||
-             (o < k_.output_per_element.size() && k_.output_per_element[o] &&
-              (l == Level::kRow || l == Level::kConst));
-    };
-    auto folds_last = [&](size_t n) {
-      return (live_global(p, n) && level[static_cast<size_t>(k_.body[n].a)] == Level::kElement) ||
-             live_column(p, n);
-    };
-    int32_t final_pass = last_pass;
-    bool any_per_element = false;
-    for (size_t o = 0; o < k_.outputs.size(); ++o)
-      if (per_element(o)) {
-        any_per_element = true;
-        final_pass = std::max(final_pass, stage[static_cast<size_t>(k_.outputs[o])]);
-      }
-    for (size_t n = 0; n < n_body; ++n)
-      if (folds_last(n))
-        final_pass = std::max(final_pass, stage[static_cast<size_t>(k_.body[n].a)]);
-    std::vector<std::vector<size_t>> roots_of(static_cast<size_t>(final_pass + 1));
-    for (int32_t pass = 0; pass <= final_pass; ++pass) {
-      auto& roots = roots_of[static_cast<size_t>(pass)];
-      if (static_cast<size_t>(pass) < pass_roots.size())
-        roots = pass_roots[static_cast<size_t>(pass)];
-      if (pass != final_pass) continue;
-      for (size_t n = 0; n < n_body; ++n)
-        if (folds_last(n)) roots.push_back(n);
-    }
+    // The passes, as the LLVM emitter plans them (fuser/rows_plan.h), folding the reductions
+    // some output needs.
+    const RowsPasses passes = plan_rows(k_, [&](size_t n) {
+      return is_row_reduction(k_.body[n]) ? bool(p.rows_needed[n])
+                                          : live_global(p, n) || live_column(p, n);
+    });
+    const int32_t final_pass = passes.final_pass;
+    const std::vector<std::vector<size_t>>& roots_of = passes.roots_of;
+    const bool any_per_element = final_pass >= 0 && passes.stores_in[final_pass];
+    auto per_element = [&](size_t o) { return stored_per_element(k_, level, o); };
     bool any_global = false, any_column = false;
     for (size_t n = 0; n < n_body; ++n) {
       any_global |= live_global(p, n);

@@ -39,6 +39,7 @@
 #include "fuser/cache.h"
 #include "fuser/codegen/llvm/ir_value.h"
 #include "fuser/prim_math.h"
+#include "fuser/rows_plan.h"
 #include "jit/dump.h"
 #include "jit/log.h"
 #include "kiln/error.h"
@@ -1029,8 +1030,14 @@ class Emitter {
     const size_t num_ptrs = num_inputs + k_.outputs.size();
     const int rank = layout.rank;
     const size_t body_size = k_.body.size();
-    const std::vector<Level> level = instr_levels(k_);
-    const std::vector<int32_t> stage = instr_stages(k_);
+    // The passes (fuser/rows_plan.h), folding every reduction.
+    const RowsPasses plan = plan_rows(k_, [](size_t) { return true; });
+    const std::vector<Level>& level = plan.level;
+    const std::vector<int32_t>& stage = plan.stage;
+    const int32_t final_pass = plan.final_pass;
+    const std::vector<std::vector<size_t>>& roots_of = plan.roots_of;
+    const std::vector<bool>& stores_in = plan.stores_in;
+    auto per_element = [&](size_t o) { return stored_per_element(k_, level, o); };
     single_.assign(num_inputs, false);
     for (size_t p = 0; p < num_ptrs; ++p)
       bases_.push_back(b_.CreateLoad(ptr, b_.CreateConstGEP1_64(ptr, ptrs, p), "base"));
@@ -1062,53 +1069,6 @@ class Emitter {
         store_value(r.type, identity(r), b_.CreateGEP(storage_type(r.type), column_base[s], j));
       });
       b_.SetInsertPoint(done);
-    }
-    // Which element-level instructions each pass computes: those its roots need.
-    int32_t last_pass = -1;
-    std::vector<std::vector<size_t>> pass_roots;
-    auto add_root = [&](int32_t pass, size_t n) {
-      if (pass_roots.size() <= static_cast<size_t>(pass)) pass_roots.resize(pass + 1);
-      pass_roots[pass].push_back(n);
-      last_pass = std::max(last_pass, pass);
-    };
-    for (size_t n = 0; n < body_size; ++n) {
-      const Instr& in = k_.body[n];
-      // A row reduction folds its operand once per element of the row, also when the operand is
-      // the same for the whole row (a row-level value when rows are one element long).
-      if (is_row_reduction(in)) add_root(stage[static_cast<size_t>(in.a)], n);
-    }
-    // Outputs stored in the last pass, element by element: element-level values, and row-level
-    // ones whose tensor has the iteration shape.
-    auto per_element = [&](size_t o) {
-      const Level l = level[static_cast<size_t>(k_.outputs[o])];
-      return l == Level::kElement ||
-             (o < k_.output_per_element.size() && k_.output_per_element[o] &&
-              (l == Level::kRow || l == Level::kConst));
-    };
-    int32_t final_pass = last_pass;
-    for (size_t o = 0; o < k_.outputs.size(); ++o)
-      if (per_element(o))
-        final_pass = std::max(final_pass, stage[static_cast<size_t>(k_.outputs[o])]);
-    for (size_t n = 0; n < body_size; ++n) {
-      const Instr& in = k_.body[n];
-      if ((is_global_reduction(in) && level[static_cast<size_t>(in.a)] == Level::kElement) ||
-          is_column_reduction(in))
-        final_pass = std::max(final_pass, stage[static_cast<size_t>(in.a)]);
-    }
-    // What each pass computes, and the element-level values it stores or folds (its roots).
-    std::vector<std::vector<size_t>> roots_of(final_pass + 1);
-    std::vector<bool> stores_in(final_pass + 1, false);
-    for (int32_t pass = 0; pass <= final_pass; ++pass) {
-      if (static_cast<size_t>(pass) < pass_roots.size()) roots_of[pass] = pass_roots[pass];
-      if (pass != final_pass) continue;
-      for (size_t n = 0; n < body_size; ++n) {
-        const Instr& in = k_.body[n];
-        if ((is_global_reduction(in) && level[static_cast<size_t>(in.a)] == Level::kElement) ||
-            is_column_reduction(in))
-          roots_of[pass].push_back(n);
-      }
-      for (size_t o = 0; o < k_.outputs.size(); ++o)
-        if (per_element(o)) stores_in[pass] = true;
     }
     // Element-level instructions pass `pass` needs, not looking past values it reads from a row
     // buffer (`from_buffer`).
