@@ -220,15 +220,6 @@ bool set_fusion_enabled(bool on) {
   return was;
 }
 
-const char* prim_name(Prim p) {
-  static const char* const names[] = {
-      "load", "scalar", "literal", "cast", "neg", "add", "sub",   "mul",   "div",    "lt",
-      "le",   "gt",     "ge",      "eq",   "ne",  "and", "or",    "not",   "select", "exp",
-      "log",  "log1p",  "expm1",   "sqrt", "sin", "cos", "tanh",  "floor", "ceil",   "round",
-      "rsum", "rmax",   "rmin",    "erf",  "rem", "pow", "rprod", "band",  "bor",    "bxor"};
-  return names[static_cast<int>(p)];
-}
-
 std::string Kernel::str() const {
   std::ostringstream os;
   for (size_t i = 0; i < body.size(); ++i) {
@@ -494,90 +485,45 @@ class FormulaParser {
     if (weak(a) && !weak(b)) return at(b).type;
     return at(a).type;
   }
+  // The primitive `name` (kPrims' names; "widen" is a cast to the accumulation type of sums).
   int32_t apply(const std::string& name, std::vector<int32_t> args) {
-    struct Entry {
-      const char* name;
-      Prim prim;
-      int arity;
-      bool to_bool;  // the result is bool (comparisons and logic)
-    };
-    static const Entry entries[] = {
-        {"neg", Prim::Neg, 1, false},
-        {"add", Prim::Add, 2, false},
-        {"sub", Prim::Sub, 2, false},
-        {"mul", Prim::Mul, 2, false},
-        {"div", Prim::Div, 2, false},
-        {"lt", Prim::Lt, 2, true},
-        {"le", Prim::Le, 2, true},
-        {"gt", Prim::Gt, 2, true},
-        {"ge", Prim::Ge, 2, true},
-        {"eq", Prim::Eq, 2, true},
-        {"ne", Prim::Ne, 2, true},
-        {"and", Prim::And, 2, true},
-        {"or", Prim::Or, 2, true},
-        {"not", Prim::Not, 1, true},
-        {"select", Prim::Select, 3, false},
-        {"exp", Prim::Exp, 1, false},
-        {"log", Prim::Log, 1, false},
-        {"log1p", Prim::Log1p, 1, false},
-        {"expm1", Prim::Expm1, 1, false},
-        {"sqrt", Prim::Sqrt, 1, false},
-        {"sin", Prim::Sin, 1, false},
-        {"cos", Prim::Cos, 1, false},
-        {"tanh", Prim::Tanh, 1, false},
-        {"floor", Prim::Floor, 1, false},
-        {"ceil", Prim::Ceil, 1, false},
-        {"round", Prim::Round, 1, false},
-        {"cast", Prim::Cast, 1, false},
-        {"widen", Prim::Cast, 1, false},
-        {"rsum", Prim::ReduceSum, 1, false},
-        {"rmax", Prim::ReduceMax, 1, false},
-        {"rmin", Prim::ReduceMin, 1, false},
-        {"erf", Prim::Erf, 1, false},
-        {"rem", Prim::Rem, 2, false},
-        {"pow", Prim::Pow, 2, false},
-        {"rprod", Prim::ReduceProd, 1, false},
-        {"band", Prim::BitAnd, 2, false},
-        {"bor", Prim::BitOr, 2, false},
-        {"bxor", Prim::BitXor, 2, false},
-    };
-    for (const Entry& e : entries) {
-      if (name != e.name) continue;
-      check(static_cast<int>(args.size()) == e.arity, "wrong number of operands");
-      // Operands of arithmetic, comparisons and select's choices meet in one type.
-      if (e.arity == 2 && e.prim != Prim::And && e.prim != Prim::Or) {
-        const DType t = meet(args[0], args[1]);
-        args[0] = coerce(args[0], t);
-        args[1] = coerce(args[1], t);
-      }
-      if (e.prim == Prim::Select) {
-        const DType t = meet(args[1], args[2]);
-        args[1] = coerce(args[1], t);
-        args[2] = coerce(args[2], t);
-      }
-      Instr in{e.prim, e.to_bool ? kBool : at(args[e.prim == Prim::Select ? 1 : 0]).type};
-      if (name == std::string("cast")) in.type = out_type_;
-      if (name == std::string("widen")) {
-        // The accumulation type of sums: double for floating types, int64 otherwise.
-        in.type = is_floating_point(at(args[0]).type) ? kFloat64 : kInt64;
-        if (in.type == at(args[0]).type) return args[0];
-      }
-      if (is_reduction(e.prim)) {
-        if (column_slot_ >= 0) {
-          in.index = column_slot_;
-          in.column = true;
-          in.part = part_;
-        } else {
-          in.index = global_ ? k_.num_globals++ : -1;
-        }
-      }
-      in.a = args[0];
-      if (e.arity > 1) in.b = args[1];
-      if (e.arity > 2) in.c = args[2];
-      return k_.add(in);
+    const bool widen = name == "widen";
+    const PrimInfo* e = prim_named(widen ? "cast" : name);
+    check(e != nullptr, "unknown primitive");
+    check(static_cast<int>(args.size()) == e->arity, "wrong number of operands");
+    // Operands of arithmetic, comparisons and select's choices meet in one type.
+    if (e->arity == 2 && e->prim != Prim::And && e->prim != Prim::Or) {
+      const DType t = meet(args[0], args[1]);
+      args[0] = coerce(args[0], t);
+      args[1] = coerce(args[1], t);
     }
-    check(false, "unknown primitive");
-    return -1;
+    if (e->prim == Prim::Select) {
+      const DType t = meet(args[1], args[2]);
+      args[1] = coerce(args[1], t);
+      args[2] = coerce(args[2], t);
+    }
+    Instr in{e->prim, e->result == PrimResult::kBool
+                          ? kBool
+                          : at(args[e->prim == Prim::Select ? 1 : 0]).type};
+    if (e->prim == Prim::Cast) in.type = out_type_;
+    if (widen) {
+      // The accumulation type of sums: double for floating types, int64 otherwise.
+      in.type = is_floating_point(at(args[0]).type) ? kFloat64 : kInt64;
+      if (in.type == at(args[0]).type) return args[0];
+    }
+    if (is_reduction(e->prim)) {
+      if (column_slot_ >= 0) {
+        in.index = column_slot_;
+        in.column = true;
+        in.part = part_;
+      } else {
+        in.index = global_ ? k_.num_globals++ : -1;
+      }
+    }
+    in.a = args[0];
+    if (e->arity > 1) in.b = args[1];
+    if (e->arity > 2) in.c = args[2];
+    return k_.add(in);
   }
 
   Kernel& k_;
@@ -631,12 +577,57 @@ DType reduction_compute_type(const Node& n) {
                                                        : n.input(0)->type().dtype;
 }
 
-bool folds_once(const std::string& formula) {
-  int folds = 0;
-  for (const char* r : {"(rsum ", "(rmax ", "(rmin "})
-    for (size_t at = formula.find(r); at != std::string::npos; at = formula.find(r, at + 1))
-      ++folds;
-  return folds == 1;
+// A reduction node's attribute i as a kernel scalar of its own kind (a float64 or an int64, as
+// var's correction), made by `scalar`; -1 when there is no attribute i.
+int32_t reduction_attr(const Node& n, int i,
+                       const std::function<int32_t(DType, uint64_t)>& scalar) {
+  if (i < 0 || static_cast<size_t>(i) >= n.attrs().size()) return -1;
+  const Scalar a = detail::attr_scalar(n.attr(static_cast<size_t>(i)));
+  uint64_t bits;
+  if (a.is_floating_point()) {
+    const double d = a.to_double();
+    std::memcpy(&bits, &d, sizeof d);
+    return scalar(kFloat64, bits);
+  }
+  const int64_t v = a.to_int();
+  std::memcpy(&bits, &v, sizeof v);
+  return scalar(kInt64, bits);
+}
+
+// The text of a node's attribute i as formulas' if-attr reads it.
+std::optional<std::string> attr_text_of(const Node& n, int i) {
+  if (i < 0 || static_cast<size_t>(i) >= n.attrs().size()) return std::nullopt;
+  const detail::AttrValue& a = n.attr(static_cast<size_t>(i));
+  if (const auto* text = std::get_if<std::string>(&a)) return *text;
+  return detail::attr_str(a);
+}
+
+// Whether a reduction node's formula folds exactly once, counted on the parsed kernel (operands
+// as loads, attributes and the element count as kernel scalars), so that every reduction
+// primitive counts and an if-attr branch not taken does not.
+bool folds_once(const Node& n) {
+  Kernel k;
+  const DType compute = reduction_compute_type(n);
+  std::vector<int32_t> operands;
+  for (size_t i = 0; i < n.num_inputs(); ++i) {
+    Instr load{Prim::Load, compute};
+    load.index = static_cast<int32_t>(i);
+    k.input_types.push_back(compute);
+    operands.push_back(k.add(load));
+  }
+  auto scalar = [&k](DType type, uint64_t) {
+    Instr s{Prim::Scalar, type};
+    s.index = static_cast<int32_t>(k.scalar_types.size());
+    k.scalar_types.push_back(type);
+    return k.add(s);
+  };
+  FormulaParser(
+      k, n.op().formula, compute, n.output()->type().dtype, operands.data(), operands.size(),
+      [&](int i) { return reduction_attr(n, i, scalar); },
+      [&n](int i) { return attr_text_of(n, i); }, [&] { return scalar(kFloat64, 0); })
+      .parse();
+  return std::count_if(k.body.begin(), k.body.end(),
+                       [](const Instr& in) { return is_reduction(in.prim); }) == 1;
 }
 
 // Ops that compute each element from its whole row along a dim (softmax): with the dim the last,
@@ -761,20 +752,7 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
     std::function<int32_t()> count;
     if (folds) {
       // Attributes as they are (var's correction), and the number of elements folded.
-      attr = [&k, &scalar, n](int i) -> int32_t {
-        if (i < 0 || static_cast<size_t>(i) >= n->attrs().size()) return -1;
-        const Scalar a = detail::attr_scalar(n->attr(static_cast<size_t>(i)));
-        if (a.is_floating_point()) {
-          double d = a.to_double();
-          uint64_t bits;
-          std::memcpy(&bits, &d, sizeof d);
-          return scalar(kFloat64, bits);
-        }
-        int64_t v = a.to_int();
-        uint64_t bits;
-        std::memcpy(&bits, &v, sizeof v);
-        return scalar(kInt64, bits);
-      };
+      attr = [&scalar, n](int i) { return reduction_attr(*n, i, scalar); };
       count = [&, n, role] {
         const Shape& in_shape = n->input(0)->type().sizes;
         const int64_t folded =
@@ -799,12 +777,7 @@ void build_kernel(FusionGroup& g, const absl::flat_hash_map<const Node*, Role>& 
         return m;
       };
     }
-    FormulaParser::AttrText attr_text = [n](int i) -> std::optional<std::string> {
-      if (i < 0 || static_cast<size_t>(i) >= n->attrs().size()) return std::nullopt;
-      const detail::AttrValue& a = n->attr(static_cast<size_t>(i));
-      if (const auto* text = std::get_if<std::string>(&a)) return *text;
-      return detail::attr_str(a);
-    };
+    FormulaParser::AttrText attr_text = [n](int i) { return attr_text_of(*n, i); };
     const int32_t slot = role == Role::kColumn ? k.num_columns() : -1;
     if (role == Role::kColumn) k.column_parts.push_back(static_cast<int32_t>(parts));
     int32_t result = -1;
@@ -882,8 +855,8 @@ std::optional<int> fused_reduction_dims(const Node& n) {
 
 std::optional<int> fused_column_dims(const Node& n) {
   const detail::OpDef& op = n.op();
-  if (op.kind != detail::OpKind::Reduction || !op.formula || !folds_once(op.formula) ||
-      n.num_outputs() != 1 || n.num_inputs() != 1)
+  if (op.kind != detail::OpKind::Reduction || !op.formula || n.num_outputs() != 1 ||
+      n.num_inputs() != 1)
     return std::nullopt;
   const Value* in = n.input(0);
   if (!in || in->type().device != n.output()->type().device) return std::nullopt;
@@ -898,6 +871,7 @@ std::optional<int> fused_column_dims(const Node& n) {
   if (lead == 0 || lead >= rank) return std::nullopt;
   for (int i = 0; i < lead; ++i)
     if (dims[static_cast<size_t>(i)] != i) return std::nullopt;
+  if (!folds_once(n)) return std::nullopt;
   return lead;
 }
 
@@ -1193,7 +1167,7 @@ std::vector<FusionGroup> find_groups(const jit::Graph& graph) {
     } else if (std::optional<int> k = fused_reduction_dims(*consumer)) {
       st.shape = consumer->input(0)->type().sizes;
       st.reduces = true;
-      if (*k == static_cast<int>(st.shape.size()) && folds_once(consumer->op().formula)) {
+      if (*k == static_cast<int>(st.shape.size()) && folds_once(*consumer)) {
         // Over every dim: each call folds its rows into partials, combined at the end. A formula
         // that folds twice (logsumexp, var) needs the first fold's final value: one row then.
         root_role = Role::kGlobal;

@@ -26,66 +26,12 @@
 #include <string>
 #include <vector>
 
+#include "fuser/primitives.h"
 #include "kiln/dtype.h"
 
 namespace kiln::fuser {
 
-enum class Prim : uint8_t {
-  Load,     // element of tensor input `index`
-  Scalar,   // kernel scalar `index`, of its own dtype (see Kernel::scalar_types)
-  Literal,  // `literal`, of the instruction's type
-  Cast,     // a converted to the instruction's type, as static_cast (to bool: != 0)
-  Neg,
-  Add,
-  Sub,
-  Mul,
-  Div,
-  Lt,
-  Le,
-  Gt,
-  Ge,
-  Eq,
-  Ne,
-  And,
-  Or,
-  Not,
-  Select,  // a ? b : c
-  Exp,
-  Log,
-  Log1p,
-  Expm1,
-  Sqrt,
-  Sin,
-  Cos,
-  Tanh,
-  Floor,
-  Ceil,
-  Round,  // to nearest, ties to even (nearbyint in the default rounding mode)
-  // Reductions of a, in a's type: floating sums may reassociate; max and min propagate NaN.
-  ReduceSum,
-  ReduceMax,
-  ReduceMin,
-  // After the reductions, so that earlier kernels keep their keys.
-  Erf,  // lib/fastmath.h's erf_f32 and erf_f64
-  Rem,  // a % b: libm's fmod for floats; truncated for integers (0 for a divisor of 0 or -1)
-  // a^b as the reference kernel of pow: for floats its float_pow (square roots for +-0.5,
-  // multiplication by squaring for integral exponents up to 64, libm's pow otherwise), for
-  // integers by squaring (1 for negative exponents).
-  Pow,
-  // The product of a's values, in a's type: floating products may reassociate, integer ones wrap.
-  ReduceProd,
-  // Bitwise and, or and xor of bools and integers (a two's complement not is xor with -1), in the
-  // operands' meeting type; And and Or above are logical: their result is bool.
-  BitAnd,
-  BitOr,
-  BitXor,
-};
-inline bool is_reduction(Prim p) {
-  return p == Prim::ReduceSum || p == Prim::ReduceMax || p == Prim::ReduceMin ||
-         p == Prim::ReduceProd;
-}
-const char* prim_name(Prim p);
-
+// An instruction: a primitive (fuser/primitives.h) of earlier instructions.
 struct Instr {
   Prim prim;
   DType type;                      // of the result

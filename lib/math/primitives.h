@@ -1,5 +1,6 @@
 // kiln's float32 and float64 transcendental primitives, each defined once: exp, log, log1p,
-// expm1, sin, cos, tanh and erf (and whatever is built on them: sigmoid, silu, gelu, softplus).
+// expm1, sin, cos, tanh and erf (and whatever is built on them: sigmoid, silu, gelu, softplus),
+// and pow (of floats and of integers).
 //
 // Every function is a template over a value type F (the float or double of a value family), as
 // Dr.Jit's math library serves scalars and JIT values alike. One definition has three
@@ -15,8 +16,9 @@
 // bitcast<S>(x), convert<S>(x)
 // (integer sources are signed; integer to integer zero-extends or truncates), sar(u, n)
 // (arithmetic shift of an unsigned value read as signed), lt_signed(a, b), integer & | << >>
-// (logical), and gather<Table>(index) (an element of a constant table). Like<F, S> is the
-// family's type for the scalar type S.
+// (logical), gather<Table>(index) (an element of a constant table), sqrt_of(x) and trunc_of(x)
+// (IEEE's, correctly rounded) and libm_pow(where, x, y) (the math library's pow where `where`
+// holds, called only there; x elsewhere). Like<F, S> is the family's type for the scalar type S.
 //
 // Separate operations are never contracted (plain * and + round twice on every target); fmadd
 // always rounds once. So every instantiation computes the same bits on every machine: eager,
@@ -111,6 +113,19 @@ inline bool lt_signed(T a, T b) {
 template <typename Table, typename U, IfScalar<U> = 0>
 inline uint32_t gather(U index) {
   return Table::kData[index];
+}
+
+template <typename T, IfScalar<T> = 0>
+inline T sqrt_of(T x) {
+  return std::sqrt(x);
+}
+template <typename T, IfScalar<T> = 0>
+inline T trunc_of(T x) {
+  return std::trunc(x);
+}
+template <typename T, IfScalar<T> = 0>
+inline T libm_pow(bool where, T x, T y) {
+  return where ? std::pow(x, y) : x;
 }
 
 // ---- Accuracy ----
@@ -885,6 +900,80 @@ KILN_MATH_INLINE F sin_f64(F x) {
 template <typename F>
 KILN_MATH_INLINE F cos_f64(F x) {
   return sincos_f64<true>(x);
+}
+
+// ---- pow ----
+
+// x^e of integers by squaring over e's bits, the products wrapping (modulo 2^bits, so a narrower
+// type's result is this one's truncated); a negative e (read as signed) gives 1.
+template <typename U>
+KILN_MATH_INLINE U pow_int(U x, U e) {
+  using M = Like<U, bool>;
+  constexpr int kBits = std::is_same_v<Like<U, uint32_t>, U> ? 32 : 64;
+  e = select(lt_signed(e, U(0)), U(0), e);
+  U result = U(1), base = x;
+  for (int bit = 0; bit + 1 < kBits; ++bit) {
+    if constexpr (is_scalar<U>)
+      if ((e >> bit) == U(0)) break;
+    const M set = ((e >> bit) & U(1)) != U(0);
+    result = select(set, result * base, result);
+    base = base * base;
+  }
+  return result;
+}
+
+// x^m for an integer m in [1, 64] (of the family's unsigned type), by squaring in the order the
+// canonicalize pass's rewrite of pow(x, c) multiplies (jit/passes/canonicalize.cpp): the base at
+// m's lowest set bit, times the base squared at each higher one.
+template <typename F, typename U>
+KILN_MATH_INLINE F pow_by_squaring(F x, U m) {
+  using M = Like<F, bool>;
+  F result = x, base = x;
+  M have = M(false);
+  for (int bit = 0; bit < 7; ++bit) {
+    if constexpr (is_scalar<F>)
+      if ((m >> bit) == U(0)) break;
+    const M set = ((m >> bit) & U(1)) != U(0);
+    result = select(set, select(have, result * base, base), result);
+    have = have | set;
+    base = base * base;
+  }
+  return result;
+}
+
+// pow(x, y) of floats, as torch's CPU kernel special-cases it: square roots for y = +-0.5,
+// multiplication by squaring for an integral y (not 0) of magnitude at most 64 (exact where the
+// rewritten graph is), the math library's pow otherwise (NaN exponents included), called only
+// there. |y|'s integer comes from the bits of |y| plus exp's rounding constant (1.5 2^23 or
+// 1.5 2^52), taken of 0 where y is not such an exponent.
+template <typename F>
+KILN_MATH_INLINE F pow_float(F x, F y) {
+  using M = Like<F, bool>;
+  constexpr bool kF32 = std::is_same_v<Like<F, float>, F>;
+  using S = std::conditional_t<kF32, float, double>;
+  using B = std::conditional_t<kF32, uint32_t, uint64_t>;
+  using U = Like<F, B>;
+  const S magic = kF32 ? S(ExpF32::kMagic) : S(ExpF64::kMagic);
+  const B magic_bits = kF32 ? B(ExpF32::kMagicBits) : B(ExpF64::kMagicBits);
+  const F ay = abs_of(y);
+  const M squaring = (y == trunc_of(y)) & (y != F(S(0))) & (ay <= F(S(64)));
+  const M half = y == F(S(0.5)), minus_half = y == F(S(-0.5));
+  const M general = !(squaring | half | minus_half);
+  if constexpr (is_scalar<F>) {  // only the case taken
+    if (half) return sqrt_of(x);
+    if (minus_half) return S(1) / sqrt_of(x);
+    if (general) return libm_pow(true, x, y);
+  }
+  const U m = bitcast<B>(select(squaring, ay, F(S(0))) + F(magic)) - U(magic_bits);
+  F by_squaring = pow_by_squaring(x, m);
+  by_squaring = select(y < F(S(0)), F(S(1)) / by_squaring, by_squaring);
+  if constexpr (is_scalar<F>) {
+    return by_squaring;
+  } else {
+    const F root = sqrt_of(x);
+    const F other = select(half, root, select(minus_half, F(S(1)) / root, libm_pow(general, x, y)));
+    return select(squaring, by_squaring, other);
+  }
 }
 
 }  // namespace kiln::math

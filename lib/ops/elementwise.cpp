@@ -109,44 +109,19 @@ KILN_MATH_INLINE T tanh_value(T x) {
     return std::tanh(x);
 }
 
-// Integer power by squaring, wrapping as the fused kernels do; the caller rejects negative
-// exponents.
+// pow's primitive, lib/math/primitives.h's single definition (the fused kernels instantiate the
+// same): pow_float for floats; pow_int for integers, wrapping, computed over the unsigned type of
+// their width (the caller rejects negative exponents).
 template <typename T>
-T int_pow(T base, T exp) {
-  if constexpr (std::is_same_v<T, bool>) {
-    return base || !exp;
+T pow_value(T x, T y) {
+  if constexpr (kIsFloat<T>) {
+    return math::pow_float(x, y);
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return x || !y;
   } else {
-    T result = 1;
-    while (exp > 0) {
-      if (exp & 1) result = wrap_mul(result, base);
-      base = wrap_mul(base, base);
-      exp >>= 1;
-    }
-    return result;
+    using U = std::conditional_t<sizeof(T) <= 4, uint32_t, uint64_t>;
+    return static_cast<T>(math::pow_int(static_cast<U>(x), static_cast<U>(y)));
   }
-}
-
-// Floating pow. Small integer exponents multiply by squaring and +-0.5 take square roots, in
-// exactly the sequence the canonicalize pass rewrites pow(x, c) into (jit/passes/canonicalize.cpp),
-// so rewritten and unrewritten graphs agree bit for bit (torch's CPU kernel special-cases the
-// same).
-template <typename T>
-T float_pow(T x, T y) {
-  if (y == T(0.5)) return std::sqrt(x);
-  if (y == T(-0.5)) return T(1) / std::sqrt(x);
-  if (y != std::trunc(y) || y == T(0) || std::abs(y) > T(64)) return std::pow(x, y);
-  auto m = static_cast<int64_t>(std::abs(y));
-  T result = x, base = x;
-  bool have = false;
-  while (m) {
-    if (m & 1) {
-      result = have ? T(result * base) : base;
-      have = true;
-    }
-    m >>= 1;
-    if (m) base = T(base * base);
-  }
-  return y < T(0) ? T(T(1) / result) : result;
 }
 
 // floor, ceil and round apply to floats and are the identity on integers (a detour through double
@@ -570,7 +545,7 @@ Tensor remainder(const Tensor& a, const Scalar& b) {
 static const detail::OpDef& pow_def = def_op(
     "pow", OpKind::Binary, 2, DTypeRule::Same, false,
     [](const Inputs& in, const Attrs&) { return Inputs{pow(in[0], in[1])}; }, {}, nullptr,
-    "(pow x y)",  // the primitive is float_pow and int_pow below
+    "(pow x y)",  // the primitive is pow_value above
     /*checks_integer_values=*/true);
 Tensor pow(const Tensor& base, const Tensor& exponent) {
   detail::check_defined(base, "pow");
@@ -581,13 +556,8 @@ Tensor pow(const Tensor& base, const Tensor& exponent) {
                "pow: integers to negative integer powers are not allowed (base ",
                detail::describe(base), ", exponent ", detail::describe(exponent), ")");
   }
-  Tensor out = detail::binary_op<DTypeRule::Same>(pow_def, base, exponent, [](auto x, auto y) {
-    using T = decltype(x);
-    if constexpr (kIsFloat<T>)
-      return float_pow(x, y);
-    else
-      return T(int_pow(x, y));
-  });
+  Tensor out = detail::binary_op<DTypeRule::Same>(pow_def, base, exponent,
+                                                  [](auto x, auto y) { return pow_value(x, y); });
   // d/da = b a^(b-1) (0 where b = 0); d/db = a^b log(a) (0 where a = 0 and b >= 0: a NaN b is
   // not, so its gradient is NaN), as torch,
   // whose exponent gradient multiplies g by the masked derivative (an infinite g gives NaN where

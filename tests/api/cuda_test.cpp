@@ -430,6 +430,31 @@ TEST(Cuda, ReductionsAndNormalizationsMatchTheCpu) {
   expect_same_on_cuda([](const std::vector<Tensor>& in) { return in[0].amax({1}); }, {x}, 0, 0);
 }
 
+// prod folds on the device as a row, column and global reduction, and pow (lib/math's single
+// definition rendered as CUDA C) gives the CPU's values: exact for integral exponents up to 64
+// and square roots, libdevice's pow otherwise.
+TEST(Cuda, ProductsAndPowersMatchTheCpu) {
+  KILN_REQUIRE_GPU();
+  const Tensor x = testing::input({64, 33}, kFloat64, 0.9, 1.1);
+  expect_same_on_cuda([](const std::vector<Tensor>& in) { return prod(in[0] * in[0], {1}); }, {x},
+                      1e-12, 0);
+  expect_same_on_cuda([](const std::vector<Tensor>& in) { return prod(in[0] * in[0], {0}); }, {x},
+                      1e-12, 0);
+  expect_same_on_cuda([](const std::vector<Tensor>& in) { return prod(in[0] * in[0]); }, {x}, 1e-12,
+                      0);
+  // Exponents by squaring (integral, |e| <= 64) and square roots: exact.
+  const Tensor e = floor(testing::input({64, 33}, kFloat64, -64.0, 64.99));
+  e.narrow(0, 0, 1).fill_(0.5);
+  e.narrow(0, 1, 1).fill_(-0.5);
+  // Other exponents: the math library's pow on each side (libdevice's within 2 ulp in float64).
+  const Tensor other = testing::input({64, 33}, kFloat64, -70.0, 70.0);
+  auto power = [](const std::vector<Tensor>& in) { return pow(in[0] + 0.5, in[1]) * 1.0; };
+  for (DType t : {kFloat32, kFloat64}) {
+    expect_same_on_cuda(power, {x.to(t), e.to(t)}, 0, 0);
+    expect_same_on_cuda(power, {x.to(t), other.to(t)}, t == kFloat32 ? 2e-6 : 1e-14, 0);
+  }
+}
+
 // The ops that a device computes as compositions of fusible ops (lib/ops/nn.cpp, reduce.cpp):
 // values and gradients as the CPU's reference kernels give them, ties and NaN included.
 TEST(Cuda, ComposedOpsMatchTheCpu) {

@@ -1123,20 +1123,10 @@ TEST(CudaCodegen, CallFlagsFollowTheLaunchRules) {
 // host cannot show: CUDA's own float-to-integer conversion (x86's is what the prelude's guard
 // gives).
 
+// A lib/math primitive with fmadd inside: every one but pow (fuser/primitives.h's table).
 bool has_transcendental(const Kernel& k) {
-  for (const fuser::Instr& in : k.body) switch (in.prim) {
-      case fuser::Prim::Exp:
-      case fuser::Prim::Log:
-      case fuser::Prim::Log1p:
-      case fuser::Prim::Expm1:
-      case fuser::Prim::Sin:
-      case fuser::Prim::Cos:
-      case fuser::Prim::Tanh:
-      case fuser::Prim::Erf:
-        return true;
-      default:
-        break;
-    }
+  for (const fuser::Instr& in : k.body)
+    if (fuser::prim_info(in.prim).math && in.prim != fuser::Prim::Pow) return true;
   return false;
 }
 
@@ -1219,7 +1209,12 @@ std::string host_kernel(const Kernel& k, const Layout& layout, const std::string
                         const std::string& symbol, const std::string& ns) {
   const size_t body = source.find("KILN_D void kiln_body(");
   EXPECT_NE(body, std::string::npos);
-  std::string s = "namespace " + ns + " {\n" + source.substr(body) + "}\n";
+  // The math device functions the kernel calls (pow: no fmadd inside), each guarded, before it.
+  std::string s;
+  const std::string start = "#ifndef KILN_MATH_", end = "#endif  // KILN_MATH_";
+  for (size_t at = source.find(start); at < body; at = source.find(start, at + 1))
+    s += source.substr(at, source.find('\n', source.find(end, at)) + 1 - at);
+  s += "namespace " + ns + " {\n" + source.substr(body) + "}\n";
   s += "extern \"C\" void " + ns +
        "_run(long long n, const long long* dims, void* const* ptrs, "
        "const unsigned long long* scalars) {\n";

@@ -581,6 +581,37 @@ TEST(ReduceFusionEdges, ProductsMatchEager) {
   }
 }
 
+// prod's folds count as folds (counted on the parsed kernel, not in the formula's text): a prod
+// over the leading dims is a column exit of the kernel computing its operand, and a prod over
+// every dim folds each call's rows into a global slot (not one row folded serially).
+TEST(ReduceFusionEdges, ProductsFuseAsColumnAndGlobalFolds) {
+  for (DType dtype : {kFloat32, kInt64}) {
+    Tensor x = testing::input({64, 9}, kFloat64, 0.9, 1.1).to(dtype);
+    const std::string what = std::string("prod, ") + dtype_name(dtype);
+    const Planned column =
+        plan_of([](const Inputs& in) { return Inputs{prod(in[0] * in[0], {0})}; }, {x});
+    EXPECT_EQ(column.plan->num_kernel_steps(), 1u) << what;
+    EXPECT_EQ(column.plan->num_steps(), 1u) << "the column fold ran unfused: " << what;
+    EXPECT_EQ(column_exits_in(*column.graph), 1) << what << "\n" << column.graph->str();
+    const Planned global =
+        plan_of([](const Inputs& in) { return Inputs{prod(in[0] * in[0])}; }, {x});
+    EXPECT_EQ(global.plan->num_kernel_steps(), 1u) << what;
+    int globals = 0;
+    for (const fuser::FusionGroup& g : fuser::find_groups(*global.graph))
+      globals += g.kernel.num_globals;
+    EXPECT_EQ(globals, 1) << "prod over every dim is not a global fold: " << what << "\n"
+                          << global.graph->str();
+    Fn fn = [](const Inputs& in) {
+      Tensor y = in[0] * in[0];
+      return Inputs{prod(y, {0}), prod(y)};
+    };
+    if (dtype == kFloat32)
+      expect_fused_close_to_eager(fn, {x}, what);
+    else
+      expect_fused_equals_eager(fn, {x}, what);
+  }
+}
+
 TEST(ReduceFusionEdges, NoRows) {
   for (DType dtype : kFloatTypes) {
     Tensor x = testing::input({0, 5}, dtype);

@@ -25,8 +25,14 @@
 #include <vector>
 
 #include "fuser/codegen/cuda/source_value.h"
+#include "fuser/prim_math.h"
+#include "fuser/rows_plan.h"
 #include "kiln/error.h"
 #include "lib/env.h"
+
+// Every primitive (fuser/primitives.h) is rendered: a switch over Prim that misses one does not
+// compile.
+#pragma GCC diagnostic error "-Wswitch"
 
 namespace kiln::fuser::cuda {
 
@@ -58,25 +64,6 @@ KILN_D int kiln_rem(int a, int b) { return a % ((b == 0 || b == -1) ? 1 : b); }
 KILN_D long long kiln_rem(long long a, long long b) {
   return a % ((b == 0 || b == -1) ? 1ll : b);
 }
-// By squaring over the exponent's bits, wrapping; 1 for negative exponents.
-KILN_D int kiln_pow(int x, int y) {
-  unsigned r = 1u, b = (unsigned)x, e = y < 0 ? 0u : (unsigned)y;
-  while (e) {
-    if (e & 1u) r *= b;
-    b *= b;
-    e >>= 1;
-  }
-  return (int)r;
-}
-KILN_D long long kiln_pow(long long x, long long y) {
-  unsigned long long r = 1ull, b = (unsigned long long)x, e = y < 0 ? 0ull : (unsigned long long)y;
-  while (e) {
-    if (e & 1ull) r *= b;
-    b *= b;
-    e >>= 1;
-  }
-  return (long long)r;
-}
 KILN_D int kiln_f2i(float x) { return fabsf(x) < 2147483648.0f ? (int)x : (-2147483647 - 1); }
 KILN_D int kiln_f2i(double x) { return fabs(x) < 2147483648.0 ? (int)x : (-2147483647 - 1); }
 KILN_D long long kiln_f2l(float x) {
@@ -84,35 +71,6 @@ KILN_D long long kiln_f2l(float x) {
 }
 KILN_D long long kiln_f2l(double x) {
   return fabs(x) < 9223372036854775808.0 ? (long long)x : (-9223372036854775807ll - 1);
-}
-KILN_D float kiln_sqrt(float x) { return sqrtf(x); }
-KILN_D double kiln_sqrt(double x) { return sqrt(x); }
-KILN_D float kiln_trunc(float x) { return truncf(x); }
-KILN_D double kiln_trunc(double x) { return trunc(x); }
-KILN_D float kiln_fabs(float x) { return fabsf(x); }
-KILN_D double kiln_fabs(double x) { return fabs(x); }
-KILN_D float kiln_libpow(float x, float y) { return powf(x, y); }
-KILN_D double kiln_libpow(double x, double y) { return pow(x, y); }
-// The reference kernel's float_pow: square roots for +-0.5, multiplication by squaring for an
-// integral exponent (not 0) of magnitude at most 64, in the reference's order of products (so
-// these cases are exact as on the CPU), the math library's pow otherwise (NaN goes there).
-template <typename T>
-KILN_D T kiln_fpow(T x, T y) {
-  if (y == T(0.5)) return kiln_sqrt(x);
-  if (y == T(-0.5)) return T(1) / kiln_sqrt(x);
-  if (y != kiln_trunc(y) || y == T(0) || kiln_fabs(y) > T(64)) return kiln_libpow(x, y);
-  int m = (int)kiln_fabs(y);
-  T result = x, base = x;
-  bool have = false;
-  while (m) {
-    if (m & 1) {
-      result = have ? T(result * base) : base;
-      have = true;
-    }
-    m >>= 1;
-    if (m) base = T(base * base);
-  }
-  return y < T(0) ? T(T(1) / result) : result;
 }
 )";
 
@@ -291,34 +249,36 @@ std::string libm(const char* name, DType t) {
   return std::string(name) + (t == kFloat32 ? "f" : "");
 }
 
-// The transcendental primitives as device functions (kiln_exp_f32, ...): lib/math/primitives.h's
-// definitions rendered once as CUDA C (fuser/codegen/cuda/source_value.h), so that a CUDA kernel
-// computes what the CPU's kernels compute. By name; a kernel includes those it calls.
+// The suffix of a math device function's name for operands of type t.
+const char* math_suffix(DType t) {
+  return t == kFloat32 ? "_f32" : t == kFloat64 ? "_f64" : t == kInt32 ? "_i32" : "_i64";
+}
+
+// The primitives defined in lib/math/primitives.h (fuser/prim_math.h) as device functions
+// (kiln_exp_f32, kiln_pow_i64, ...): each definition rendered once as CUDA C
+// (fuser/codegen/cuda/source_value.h), for float32 and float64 and, for pow, int32 and int64 (as
+// unsigned values of their width), so that a CUDA kernel computes what the CPU's kernels compute.
+// By name; a kernel includes those it calls.
 const std::map<std::string, std::string>& math_functions() {
   static const std::map<std::string, std::string> functions = [] {
     std::map<std::string, std::string> f;
-    auto add = [&f](const std::string& name, const auto& f32, const auto& f64) {
-      f["kiln_" + name + "_f32"] = src::render<float>("kiln_" + name + "_f32", f32);
-      f["kiln_" + name + "_f64"] = src::render<double>("kiln_" + name + "_f64", f64);
-    };
-    add(
-        "exp", [](auto x) { return math::exp_f32(x); }, [](auto x) { return math::exp_f64(x); });
-    add(
-        "log", [](auto x) { return math::log_f32(x); }, [](auto x) { return math::log_f64(x); });
-    add(
-        "log1p", [](auto x) { return math::log1p_f32(x); },
-        [](auto x) { return math::log1p_f64(x); });
-    add(
-        "expm1", [](auto x) { return math::expm1_f32(x); },
-        [](auto x) { return math::expm1_f64(x); });
-    add(
-        "sin", [](auto x) { return math::sin_f32(x); }, [](auto x) { return math::sin_f64(x); });
-    add(
-        "cos", [](auto x) { return math::cos_f32(x); }, [](auto x) { return math::cos_f64(x); });
-    add(
-        "tanh", [](auto x) { return math::tanh_f32(x); }, [](auto x) { return math::tanh_f64(x); });
-    add(
-        "erf", [](auto x) { return math::erf_f32(x); }, [](auto x) { return math::erf_f64(x); });
+    for_each_math([&f](Prim p, auto m) {
+      using M = decltype(m);
+      auto add = [&](DType t, auto zero) {
+        const std::string name = std::string("kiln_") + prim_info(p).math + math_suffix(t);
+        using T = decltype(zero);
+        if constexpr (M::kArity == 1)
+          f[name] = src::render<T>(name, [](auto x) { return M::apply(x); });
+        else
+          f[name] = src::render<T>(name, [](auto x, auto y) { return M::apply(x, y); });
+      };
+      add(kFloat32, float{});
+      add(kFloat64, double{});
+      if constexpr (M::kIntegers) {
+        add(kInt32, uint32_t{});
+        add(kInt64, uint64_t{});
+      }
+    });
     return f;
   }();
   return functions;
@@ -385,13 +345,17 @@ class Source {
   }
 
  private:
-  // The device function of a transcendental primitive for a float32 or float64 operand, noted
-  // for emit() to include.
-  std::string math_function(const char* name, DType t) {
-    KILN_CHECK(is_floating_point(t), "fuser: CUDA codegen: ", name, " of ", dtype_name(t));
-    const std::string f = std::string("kiln_") + name + (t == kFloat32 ? "_f32" : "_f64");
+  // The call of primitive in's math device function (math_functions) on its operands, the
+  // function noted for emit() to include. Integer operands go as unsigned values of their width.
+  std::string math_call(const Instr& in, DType t, const std::string& a, const std::string& b) {
+    const std::string f = std::string("kiln_") + prim_info(in.prim).math + math_suffix(t);
+    KILN_CHECK(math_functions().count(f), "fuser: CUDA codegen: ", prim_name(in.prim), " of ",
+               dtype_name(t));
     math_.insert(f);
-    return f;
+    if (is_floating_point(t)) return f + "(" + a + (b.empty() ? "" : ", " + b) + ")";
+    const std::string u = t == kInt32 ? "(unsigned)" : "(unsigned long long)";
+    return "(" + std::string(value_type(t)) + ")" + f + "(" + u + a +
+           (b.empty() ? "" : ", " + u + b) + ")";
   }
 
   size_t num_ptrs() const { return k_.input_types.size() + k_.outputs.size(); }
@@ -559,23 +523,16 @@ class Source {
       case Prim::Select:
         return a + " ? " + b + " : " + c;
       case Prim::Exp:
-        return call(math_function("exp", t));
       case Prim::Log:
-        return call(math_function("log", t));
       case Prim::Log1p:
-        return call(math_function("log1p", t));
       case Prim::Expm1:
-        return call(math_function("expm1", t));
+      case Prim::Sin:
+      case Prim::Cos:
+      case Prim::Tanh:
+      case Prim::Erf:
+        return math_call(in, t, a, b);
       case Prim::Sqrt:  // correctly rounded (NVRTC's default -prec-sqrt=true)
         return call(libm("sqrt", t));
-      case Prim::Sin:
-        return call(math_function("sin", t));
-      case Prim::Cos:
-        return call(math_function("cos", t));
-      case Prim::Tanh:
-        return call(math_function("tanh", t));
-      case Prim::Erf:
-        return call(math_function("erf", t));
       // On integers and bools the identity, as the reference kernels' on_floats.
       case Prim::Floor:
         return fp ? call(libm("floor", t)) : a;
@@ -586,7 +543,7 @@ class Source {
       case Prim::Rem:  // fmod is exact; on bools LLVM's i1 remainder is always 0
         return fp ? call(libm("fmod", t)) : boolean ? "false" : call("kiln_rem");
       case Prim::Pow:  // pow takes no bools; LLVM's i1 squaring loop gives 1
-        return fp ? call("kiln_fpow") : boolean ? "true" : call("kiln_pow");
+        return boolean ? "true" : math_call(in, at, a, b);
       // Bools promote to int and convert back to bool (0 or 1) in the declared value's type.
       case Prim::BitAnd:
         KILN_CHECK(!fp, "fuser: CUDA codegen: bitwise and of ", dtype_name(at));
@@ -852,32 +809,37 @@ class Source {
     return is_column_reduction(k_.body[n]) && p.live_slot[static_cast<size_t>(k_.body[n].index)];
   }
 
-  // The fold of reduction r (kiln_sum, kiln_max, kiln_min, kiln_prod), its functor, and its
-  // identity.
-  static const char* fold_name(const Instr& r) {
-    return r.prim == Prim::ReduceSum    ? "kiln_sum"
-           : r.prim == Prim::ReduceMax  ? "kiln_max"
-           : r.prim == Prim::ReduceProd ? "kiln_prod"
-                                        : "kiln_min";
+  // The fold of reduction r, named after its primitive (rsum: kiln_sum), its functor (KilnSum),
+  // and its identity (its table entry's FoldIdentity).
+  static std::string fold_name(const Instr& r) {
+    return std::string("kiln_") + (prim_name(r.prim) + 1);
   }
-  static const char* fold_functor(const Instr& r) {
-    return r.prim == Prim::ReduceSum    ? "KilnSum()"
-           : r.prim == Prim::ReduceMax  ? "KilnMax()"
-           : r.prim == Prim::ReduceProd ? "KilnProd()"
-                                        : "KilnMin()";
+  static std::string fold_functor(const Instr& r) {
+    std::string f = std::string("Kiln") + (prim_name(r.prim) + 1) + "()";
+    f[4] = static_cast<char>(std::toupper(static_cast<unsigned char>(f[4])));
+    return f;
   }
   static std::string identity(const Instr& r) {
     const DType t = r.type;
-    const bool is_max = r.prim == Prim::ReduceMax;
-    if (r.prim == Prim::ReduceSum) return literal(0.0, t);
-    if (r.prim == Prim::ReduceProd) return literal(1.0, t);
-    if (t == kBool) return is_max ? "false" : "true";
-    if (is_floating_point(t))
-      return literal(is_max ? -std::numeric_limits<double>::infinity()
-                            : std::numeric_limits<double>::infinity(),
-                     t);
-    if (t == kInt32) return is_max ? "(-2147483647 - 1)" : "2147483647";
-    return is_max ? "(-9223372036854775807ll - 1)" : "9223372036854775807ll";
+    constexpr double kInf = std::numeric_limits<double>::infinity();
+    switch (prim_info(r.prim).identity) {
+      case FoldIdentity::kZero:
+        return literal(0.0, t);
+      case FoldIdentity::kOne:
+        return literal(1.0, t);
+      case FoldIdentity::kLowest:
+        if (t == kBool) return "false";
+        if (is_floating_point(t)) return literal(-kInf, t);
+        return t == kInt32 ? "(-2147483647 - 1)" : "(-9223372036854775807ll - 1)";
+      case FoldIdentity::kHighest:
+        if (t == kBool) return "true";
+        if (is_floating_point(t)) return literal(kInf, t);
+        return t == kInt32 ? "2147483647" : "9223372036854775807ll";
+      case FoldIdentity::kNone:
+        break;
+    }
+    KILN_CHECK(false, "fuser: CUDA codegen: ", prim_name(r.prim), " is not a reduction");
+    return "";
   }
   // A value of type t read from (bool: as a byte) and stored to memory.
   static std::string read(DType t, const std::string& at) {
@@ -1007,49 +969,16 @@ class Source {
     const size_t np = num_ptrs(), ni = k_.input_types.size(), n_body = k_.body.size();
     const std::vector<Level>& level = p.level;
     const std::vector<int32_t>& stage = p.stage;
-    // The passes, as the LLVM emitter plans them: a row reduction folds in the pass where its
-    // operand is available; the last pass stores element-level outputs and folds global and
-    // column reductions of element-level values.
-    int32_t last_pass = -1;
-    std::vector<std::vector<size_t>> pass_roots;
-    auto add_root = [&](int32_t pass, size_t n) {
-      if (pass_roots.size() <= static_cast<size_t>(pass))
-        pass_roots.resize(static_cast<size_t>(pass) + 1);
-      pass_roots[static_cast<size_t>(pass)].push_back(n);
-      last_pass = std::max(last_pass, pass);
-    };
-    for (size_t n = 0; n < n_body; ++n)
-      if (is_row_reduction(k_.body[n]) && p.rows_needed[n])
-        add_root(stage[static_cast<size_t>(k_.body[n].a)], n);
-    auto per_element = [&](size_t o) {
-      const Level l = level[static_cast<size_t>(k_.outputs[o])];
-      return l == Level::kElement ||
-             (o < k_.output_per_element.size() && k_.output_per_element[o] &&
-              (l == Level::kRow || l == Level::kConst));
-    };
-    auto folds_last = [&](size_t n) {
-      return (live_global(p, n) && level[static_cast<size_t>(k_.body[n].a)] == Level::kElement) ||
-             live_column(p, n);
-    };
-    int32_t final_pass = last_pass;
-    bool any_per_element = false;
-    for (size_t o = 0; o < k_.outputs.size(); ++o)
-      if (per_element(o)) {
-        any_per_element = true;
-        final_pass = std::max(final_pass, stage[static_cast<size_t>(k_.outputs[o])]);
-      }
-    for (size_t n = 0; n < n_body; ++n)
-      if (folds_last(n))
-        final_pass = std::max(final_pass, stage[static_cast<size_t>(k_.body[n].a)]);
-    std::vector<std::vector<size_t>> roots_of(static_cast<size_t>(final_pass + 1));
-    for (int32_t pass = 0; pass <= final_pass; ++pass) {
-      auto& roots = roots_of[static_cast<size_t>(pass)];
-      if (static_cast<size_t>(pass) < pass_roots.size())
-        roots = pass_roots[static_cast<size_t>(pass)];
-      if (pass != final_pass) continue;
-      for (size_t n = 0; n < n_body; ++n)
-        if (folds_last(n)) roots.push_back(n);
-    }
+    // The passes, as the LLVM emitter plans them (fuser/rows_plan.h), folding the reductions
+    // some output needs.
+    const RowsPasses passes = plan_rows(k_, [&](size_t n) {
+      return is_row_reduction(k_.body[n]) ? bool(p.rows_needed[n])
+                                          : live_global(p, n) || live_column(p, n);
+    });
+    const int32_t final_pass = passes.final_pass;
+    const std::vector<std::vector<size_t>>& roots_of = passes.roots_of;
+    const bool any_per_element = final_pass >= 0 && passes.stores_in[final_pass];
+    auto per_element = [&](size_t o) { return stored_per_element(k_, level, o); };
     bool any_global = false, any_column = false;
     for (size_t n = 0; n < n_body; ++n) {
       any_global |= live_global(p, n);

@@ -139,6 +139,23 @@ Src<S> convert(const Src<T>& x) {
   return Src<S>::of(to + x.e);
 }
 
+// IEEE's square root and truncation (correctly rounded: NVRTC's default -prec-sqrt=true).
+template <typename T>
+Src<T> sqrt_of(const Src<T>& x) {
+  return Src<T>::of(std::string(sizeof(T) == 4 ? "sqrtf(" : "sqrt(") + x.e + ")");
+}
+template <typename T>
+Src<T> trunc_of(const Src<T>& x) {
+  return Src<T>::of(std::string(sizeof(T) == 4 ? "truncf(" : "trunc(") + x.e + ")");
+}
+// The math library's pow where `where` holds (called only there: ?: evaluates one side), x
+// elsewhere.
+template <typename T>
+Src<T> libm_pow(const Src<bool>& where, const Src<T>& x, const Src<T>& y) {
+  return Src<T>::of(where.e + " ? " + (sizeof(T) == 4 ? "powf(" : "pow(") + x.e + ", " + y.e +
+                    ") : " + x.e);
+}
+
 // Table's entry `index`, the table declared (once per translation unit) before the function.
 template <typename Table, typename U>
 Src<uint32_t> gather(const Src<U>& index) {
@@ -182,21 +199,29 @@ inline std::string live_statements(const Context& c, const std::string& result) 
   return body;
 }
 
-// `fn` (a primitive over F = float or double) as the device function `name`.
+// `fn` (a primitive of one or two operands over T: float, double, or an unsigned integer type)
+// as the device function `name`.
 template <typename T, typename Fn>
 std::string render(const std::string& name, const Fn& fn) {
   Context context;
   Context* outer = current;
   current = &context;
-  Src<T> x;
+  Src<T> x, y, r;
   x.e = "x";
-  const Src<T> y = fn(x);
-  current = outer;
+  y.e = "y";
   const std::string t = type_name<T>();
+  std::string params = t + " x";
+  if constexpr (std::is_invocable_v<const Fn&, Src<T>>) {
+    r = fn(x);
+  } else {
+    r = fn(x, y);
+    params += ", " + t + " y";
+  }
+  current = outer;
   // Guarded, so that sources that each carry it may share a translation unit.
   return "#ifndef KILN_MATH_" + name + "\n#define KILN_MATH_" + name + "\n" + context.tables +
-         "KILN_D " + t + " " + name + "(" + t + " x) {\n" + live_statements(context, y.e) +
-         "  return " + y.e + ";\n}\n#endif  // KILN_MATH_" + name + "\n";
+         "KILN_D " + t + " " + name + "(" + params + ") {\n" + live_statements(context, r.e) +
+         "  return " + r.e + ";\n}\n#endif  // KILN_MATH_" + name + "\n";
 }
 
 }  // namespace kiln::fuser::src

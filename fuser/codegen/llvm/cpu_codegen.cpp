@@ -38,6 +38,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "fuser/cache.h"
 #include "fuser/codegen/llvm/ir_value.h"
+#include "fuser/prim_math.h"
+#include "fuser/rows_plan.h"
 #include "jit/dump.h"
 #include "jit/log.h"
 #include "kiln/error.h"
@@ -61,6 +63,10 @@
 #include "llvm/Support/raw_ostream.h"
 #include "llvm/Target/TargetMachine.h"
 #include "llvm/Transforms/Utils/Cloning.h"
+
+// Every primitive (fuser/primitives.h) is rendered: a switch over Prim that misses one does not
+// compile.
+#pragma GCC diagnostic error "-Wswitch"
 
 namespace kiln::fuser {
 
@@ -748,84 +754,30 @@ class Emitter {
                                    b_.CreateICmpEQ(b, llvm::ConstantInt::getSigned(ty, -1)));
     return b_.CreateSRem(a, b_.CreateSelect(bad, llvm::ConstantInt::get(ty, 1), b));
   }
-  // elementwise.cpp's float_pow, case by case: multiplication by squaring for an integral exponent
-  // (not 0, at most 64 in magnitude), square roots for +-0.5, libm's pow otherwise (NaN goes
-  // there). Branches, so that pow is called only where the reference kernel calls it (the loop
-  // does not vectorize around a call anyway; an exponent that is a kernel scalar lets LLVM hoist
-  // the branch out of the loop).
-  llvm::Value* float_pow(llvm::Value* x, llvm::Value* y, DType t) {
-    llvm::Type* ty = value_type(t);
-    auto c = [ty](double v) { return llvm::ConstantFP::get(ty, v); };
-    llvm::Value* ay = intrinsic(llvm::Intrinsic::fabs, y);
-    llvm::Value* by_squaring =
-        b_.CreateAnd(b_.CreateFCmpOEQ(y, intrinsic(llvm::Intrinsic::trunc, y)),
-                     b_.CreateAnd(b_.CreateFCmpONE(y, c(0)), b_.CreateFCmpOLE(ay, c(64))));
-    auto* squaring = llvm::BasicBlock::Create(ctx_, "pow_squaring", fn_);
-    auto* other = llvm::BasicBlock::Create(ctx_, "pow_other", fn_);
-    auto* root = llvm::BasicBlock::Create(ctx_, "pow_root", fn_);
-    auto* general = llvm::BasicBlock::Create(ctx_, "pow_general", fn_);
-    auto* done = llvm::BasicBlock::Create(ctx_, "pow_done", fn_);
-    b_.CreateCondBr(by_squaring, squaring, other);
-
-    b_.SetInsertPoint(squaring);
-    llvm::Value* m = b_.CreateFPToSI(ay, b_.getInt32Ty());
-    llvm::Value* result = x;
-    llvm::Value* have = b_.getFalse();
-    llvm::Value* base = x;
-    for (int bit = 0; bit < 7; ++bit) {  // m <= 64
-      llvm::Value* set =
-          b_.CreateICmpNE(b_.CreateAnd(b_.CreateLShr(m, bit), b_.getInt32(1)), b_.getInt32(0));
-      llvm::Value* next = b_.CreateSelect(have, b_.CreateFMul(result, base), base);
-      result = b_.CreateSelect(set, next, result);
-      have = b_.CreateOr(have, set);
-      base = b_.CreateFMul(base, base);  // unused once no higher bit is set
-    }
-    result = b_.CreateSelect(b_.CreateFCmpOLT(y, c(0)), b_.CreateFDiv(c(1), result), result);
-    llvm::BasicBlock* squaring_end = b_.GetInsertBlock();
-    b_.CreateBr(done);
-
-    b_.SetInsertPoint(other);
-    llvm::Value* half = b_.CreateFCmpOEQ(y, c(0.5));
-    b_.CreateCondBr(b_.CreateOr(half, b_.CreateFCmpOEQ(y, c(-0.5))), root, general);
-
-    b_.SetInsertPoint(root);
-    llvm::Value* r = intrinsic(llvm::Intrinsic::sqrt, x);
-    r = b_.CreateSelect(half, r, b_.CreateFDiv(c(1), r));
-    b_.CreateBr(done);
-
-    b_.SetInsertPoint(general);
-    llvm::Value* p = libm2("pow", x, y, t);
-    b_.CreateBr(done);
-
-    b_.SetInsertPoint(done);
-    llvm::PHINode* phi = b_.CreatePHI(ty, 3);
-    phi->addIncoming(result, squaring_end);
-    phi->addIncoming(r, root);
-    phi->addIncoming(p, general);
-    return phi;
-  }
-  // elementwise.cpp's int_pow: by squaring over the exponent's bits; 1 for negative exponents.
-  llvm::Value* int_pow(llvm::Value* x, llvm::Value* y) {
-    llvm::Type* ty = x->getType();
-    const unsigned bits = ty->getIntegerBitWidth();
-    llvm::Value* zero = llvm::ConstantInt::get(ty, 0);
-    llvm::Value* e = b_.CreateSelect(b_.CreateICmpSLT(y, zero), zero, y);
-    llvm::Value* result = llvm::ConstantInt::get(ty, 1);
-    llvm::Value* base = x;
-    for (unsigned bit = 0; bit + 1 < bits; ++bit) {
-      llvm::Value* set =
-          b_.CreateICmpNE(b_.CreateAnd(b_.CreateLShr(e, bit), llvm::ConstantInt::get(ty, 1)), zero);
-      result = b_.CreateSelect(set, b_.CreateMul(result, base), result);
-      base = b_.CreateMul(base, base);
-    }
-    return result;
-  }
-  // A transcendental primitive: lib/math/primitives.h's definition instantiated for IR values
-  // (fuser/codegen/llvm/ir_value.h), f32 for float32 and f64 for float64.
-  template <typename F32, typename F64>
-  llvm::Value* math(llvm::Value* x, DType t, const F32& f32, const F64& f64) {
+  // A primitive defined in lib/math/primitives.h (fuser/prim_math.h), instantiated for IR values
+  // (fuser/codegen/llvm/ir_value.h) of t: float32 and float64, and for pow int32 and int64 (as
+  // unsigned values of their width).
+  llvm::Value* math(Prim p, DType t, llvm::Value* a, llvm::Value* b) {
     ir::Scope scope(b_, m_);
-    return t == kFloat32 ? f32(ir::Ir<float>(x)).v : f64(ir::Ir<double>(x)).v;
+    llvm::Value* r = nullptr;
+    visit_math(p, [&](auto m) {
+      using M = decltype(m);
+      auto run = [&](auto zero) {
+        using V = ir::Ir<decltype(zero)>;
+        if constexpr (M::kArity == 1)
+          r = M::apply(V(a)).v;
+        else
+          r = M::apply(V(a), V(b)).v;
+      };
+      if (t == kFloat32) run(float{});
+      if (t == kFloat64) run(double{});
+      if constexpr (M::kIntegers) {
+        if (t == kInt32) run(uint32_t{});
+        if (t == kInt64) run(uint64_t{});
+      }
+    });
+    KILN_CHECK(r, "fuser: LLVM codegen: ", prim_name(p), " of ", dtype_name(t));
+    return r;
   }
   llvm::Value* intrinsic(llvm::Intrinsic::ID id, llvm::Value* x) {
     return b_.CreateUnaryIntrinsic(id, x);
@@ -910,35 +862,14 @@ class Emitter {
         r = b_.CreateSelect(a, b, c);
         break;
       case Prim::Exp:
-        r = math(
-            a, t, [](auto x) { return math::exp_f32(x); }, [](auto x) { return math::exp_f64(x); });
-        break;
       case Prim::Log:
-        r = math(
-            a, t, [](auto x) { return math::log_f32(x); }, [](auto x) { return math::log_f64(x); });
-        break;
       case Prim::Log1p:
-        r = math(
-            a, t, [](auto x) { return math::log1p_f32(x); },
-            [](auto x) { return math::log1p_f64(x); });
-        break;
       case Prim::Expm1:
-        r = math(
-            a, t, [](auto x) { return math::expm1_f32(x); },
-            [](auto x) { return math::expm1_f64(x); });
-        break;
       case Prim::Sin:
-        r = math(
-            a, t, [](auto x) { return math::sin_f32(x); }, [](auto x) { return math::sin_f64(x); });
-        break;
       case Prim::Cos:
-        r = math(
-            a, t, [](auto x) { return math::cos_f32(x); }, [](auto x) { return math::cos_f64(x); });
-        break;
       case Prim::Tanh:
-        r = math(
-            a, t, [](auto x) { return math::tanh_f32(x); },
-            [](auto x) { return math::tanh_f64(x); });
+      case Prim::Erf:
+        r = math(in.prim, t, a, b);
         break;
       case Prim::Sqrt:
         r = intrinsic(llvm::Intrinsic::sqrt, a);
@@ -959,15 +890,11 @@ class Emitter {
       case Prim::Round:
         r = fp ? intrinsic(llvm::Intrinsic::nearbyint, a) : a;
         break;
-      case Prim::Erf:
-        r = math(
-            a, t, [](auto x) { return math::erf_f32(x); }, [](auto x) { return math::erf_f64(x); });
-        break;
       case Prim::Rem:
         r = fp ? libm2("fmod", a, b, t) : int_rem(a, b);
         break;
-      case Prim::Pow:
-        r = fp ? float_pow(a, b, t) : int_pow(a, b);
+      case Prim::Pow:  // pow takes no bools; a squaring loop over an i1 exponent gives 1
+        r = boolean ? b_.getInt1(true) : math(in.prim, at, a, b);
         break;
       // On i1, i32 and i64 alike; the formulas reject floats before fusing.
       case Prim::BitAnd:
@@ -996,19 +923,29 @@ class Emitter {
     }
   }
 
-  // The value a reduction starts from.
+  // The value a reduction starts from (its table entry's FoldIdentity).
   llvm::Value* identity(const Instr& r) {
     llvm::Type* ty = value_type(r.type);
-    const bool is_max = r.prim == Prim::ReduceMax;
-    if (r.prim == Prim::ReduceSum) return llvm::Constant::getNullValue(ty);
-    if (r.prim == Prim::ReduceProd)
-      return is_floating_point(r.type) ? llvm::ConstantFP::get(ty, 1.0)
-                                       : llvm::ConstantInt::get(ty, 1);
-    if (r.type == kBool) return b_.getInt1(!is_max);
-    if (is_floating_point(r.type)) return llvm::ConstantFP::getInfinity(ty, /*Negative=*/is_max);
-    const unsigned bits = ty->getIntegerBitWidth();
-    return llvm::ConstantInt::get(
-        ty, is_max ? llvm::APInt::getSignedMinValue(bits) : llvm::APInt::getSignedMaxValue(bits));
+    const bool fp = is_floating_point(r.type);
+    const unsigned bits = fp ? 0 : ty->getIntegerBitWidth();
+    switch (prim_info(r.prim).identity) {
+      case FoldIdentity::kZero:
+        return llvm::Constant::getNullValue(ty);
+      case FoldIdentity::kOne:
+        return fp ? llvm::ConstantFP::get(ty, 1.0) : llvm::ConstantInt::get(ty, 1);
+      case FoldIdentity::kLowest:
+        if (r.type == kBool) return b_.getInt1(false);
+        return fp ? llvm::ConstantFP::getInfinity(ty, /*Negative=*/true)
+                  : llvm::ConstantInt::get(ty, llvm::APInt::getSignedMinValue(bits));
+      case FoldIdentity::kHighest:
+        if (r.type == kBool) return b_.getInt1(true);
+        return fp ? llvm::ConstantFP::getInfinity(ty, /*Negative=*/false)
+                  : llvm::ConstantInt::get(ty, llvm::APInt::getSignedMaxValue(bits));
+      case FoldIdentity::kNone:
+        break;
+    }
+    KILN_CHECK(false, "fuser: ", prim_name(r.prim), " is not a reduction");
+    return nullptr;
   }
   // acc folded with x. Sums and products of floats may reassociate (so that loops vectorize);
   // maximum and minimum propagate NaN, as the reference kernels do.
@@ -1053,21 +990,6 @@ class Emitter {
         return b_.CreateAdd(start, b_.CreateMul(j, stride));
     }
   }
-  // Primitives that cost more to recompute than to read back from a row buffer in cache.
-  static bool is_expensive(Prim p) {
-    switch (p) {
-      case Prim::Exp:
-      case Prim::Log:
-      case Prim::Log1p:
-      case Prim::Expm1:
-      case Prim::Sin:
-      case Prim::Cos:
-      case Prim::Tanh:
-        return true;
-      default:
-        return false;
-    }
-  }
   llvm::AllocaInst* entry_alloca(llvm::Type* ty) {
     llvm::IRBuilder<> at(&fn_->getEntryBlock(), fn_->getEntryBlock().begin());
     return at.CreateAlloca(ty);
@@ -1108,8 +1030,14 @@ class Emitter {
     const size_t num_ptrs = num_inputs + k_.outputs.size();
     const int rank = layout.rank;
     const size_t body_size = k_.body.size();
-    const std::vector<Level> level = instr_levels(k_);
-    const std::vector<int32_t> stage = instr_stages(k_);
+    // The passes (fuser/rows_plan.h), folding every reduction.
+    const RowsPasses plan = plan_rows(k_, [](size_t) { return true; });
+    const std::vector<Level>& level = plan.level;
+    const std::vector<int32_t>& stage = plan.stage;
+    const int32_t final_pass = plan.final_pass;
+    const std::vector<std::vector<size_t>>& roots_of = plan.roots_of;
+    const std::vector<bool>& stores_in = plan.stores_in;
+    auto per_element = [&](size_t o) { return stored_per_element(k_, level, o); };
     single_.assign(num_inputs, false);
     for (size_t p = 0; p < num_ptrs; ++p)
       bases_.push_back(b_.CreateLoad(ptr, b_.CreateConstGEP1_64(ptr, ptrs, p), "base"));
@@ -1141,53 +1069,6 @@ class Emitter {
         store_value(r.type, identity(r), b_.CreateGEP(storage_type(r.type), column_base[s], j));
       });
       b_.SetInsertPoint(done);
-    }
-    // Which element-level instructions each pass computes: those its roots need.
-    int32_t last_pass = -1;
-    std::vector<std::vector<size_t>> pass_roots;
-    auto add_root = [&](int32_t pass, size_t n) {
-      if (pass_roots.size() <= static_cast<size_t>(pass)) pass_roots.resize(pass + 1);
-      pass_roots[pass].push_back(n);
-      last_pass = std::max(last_pass, pass);
-    };
-    for (size_t n = 0; n < body_size; ++n) {
-      const Instr& in = k_.body[n];
-      // A row reduction folds its operand once per element of the row, also when the operand is
-      // the same for the whole row (a row-level value when rows are one element long).
-      if (is_row_reduction(in)) add_root(stage[static_cast<size_t>(in.a)], n);
-    }
-    // Outputs stored in the last pass, element by element: element-level values, and row-level
-    // ones whose tensor has the iteration shape.
-    auto per_element = [&](size_t o) {
-      const Level l = level[static_cast<size_t>(k_.outputs[o])];
-      return l == Level::kElement ||
-             (o < k_.output_per_element.size() && k_.output_per_element[o] &&
-              (l == Level::kRow || l == Level::kConst));
-    };
-    int32_t final_pass = last_pass;
-    for (size_t o = 0; o < k_.outputs.size(); ++o)
-      if (per_element(o))
-        final_pass = std::max(final_pass, stage[static_cast<size_t>(k_.outputs[o])]);
-    for (size_t n = 0; n < body_size; ++n) {
-      const Instr& in = k_.body[n];
-      if ((is_global_reduction(in) && level[static_cast<size_t>(in.a)] == Level::kElement) ||
-          is_column_reduction(in))
-        final_pass = std::max(final_pass, stage[static_cast<size_t>(in.a)]);
-    }
-    // What each pass computes, and the element-level values it stores or folds (its roots).
-    std::vector<std::vector<size_t>> roots_of(final_pass + 1);
-    std::vector<bool> stores_in(final_pass + 1, false);
-    for (int32_t pass = 0; pass <= final_pass; ++pass) {
-      if (static_cast<size_t>(pass) < pass_roots.size()) roots_of[pass] = pass_roots[pass];
-      if (pass != final_pass) continue;
-      for (size_t n = 0; n < body_size; ++n) {
-        const Instr& in = k_.body[n];
-        if ((is_global_reduction(in) && level[static_cast<size_t>(in.a)] == Level::kElement) ||
-            is_column_reduction(in))
-          roots_of[pass].push_back(n);
-      }
-      for (size_t o = 0; o < k_.outputs.size(); ++o)
-        if (per_element(o)) stores_in[pass] = true;
     }
     // Element-level instructions pass `pass` needs, not looking past values it reads from a row
     // buffer (`from_buffer`).
@@ -1229,7 +1110,7 @@ class Emitter {
       }
       for (size_t n = 0; n < body_size; ++n)
         buffered[n] =
-            passes_needing[n] > 1 && k_.body[n].type != kBool && is_expensive(k_.body[n].prim);
+            passes_needing[n] > 1 && k_.body[n].type != kBool && is_costly(k_.body[n].prim);
     }
     std::vector<llvm::Value*> row_buffer(body_size, nullptr);
     llvm::FunctionCallee malloc_fn =

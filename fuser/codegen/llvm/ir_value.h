@@ -153,6 +153,42 @@ Ir<S> convert(Ir<T> x) {
     return Ir<S>(b.CreateZExtOrTrunc(x.v, to));
 }
 
+// IEEE's square root and truncation (correctly rounded): LLVM's intrinsics.
+template <typename T>
+Ir<T> sqrt_of(Ir<T> x) {
+  return Ir<T>(builder().CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, x.v));
+}
+template <typename T>
+Ir<T> trunc_of(Ir<T> x) {
+  return Ir<T>(builder().CreateUnaryIntrinsic(llvm::Intrinsic::trunc, x.v));
+}
+
+// The math library's pow (powf for float) where `where` holds, x elsewhere: a branch around the
+// call, so that it runs only where the reference kernel calls it (an exponent that is a kernel
+// scalar lets LLVM hoist the branch out of the loop), and a call LLVM must not reinterpret
+// (nobuiltin).
+template <typename T>
+Ir<T> libm_pow(Ir<bool> where, Ir<T> x, Ir<T> y) {
+  llvm::IRBuilder<>& b = builder();
+  llvm::BasicBlock* from = b.GetInsertBlock();
+  llvm::Function* fn = from->getParent();
+  auto* call_block = llvm::BasicBlock::Create(b.getContext(), "pow_general", fn);
+  auto* done = llvm::BasicBlock::Create(b.getContext(), "pow_done", fn);
+  b.CreateCondBr(where.v, call_block, done);
+  b.SetInsertPoint(call_block);
+  llvm::Type* ty = type_of<T>();
+  llvm::FunctionCallee f = current->m->getOrInsertFunction(
+      std::is_same_v<T, float> ? "powf" : "pow", llvm::FunctionType::get(ty, {ty, ty}, false));
+  llvm::CallInst* call = b.CreateCall(f, {x.v, y.v});
+  call->addFnAttr(llvm::Attribute::NoBuiltin);
+  b.CreateBr(done);
+  b.SetInsertPoint(done);
+  llvm::PHINode* phi = b.CreatePHI(ty, 2);
+  phi->addIncoming(call, call_block);
+  phi->addIncoming(x.v, from);
+  return Ir<T>(phi);
+}
+
 // Table's entry `index`: the table is a private constant of the module, emitted once.
 template <typename Table, typename U>
 Ir<uint32_t> gather(Ir<U> index) {
