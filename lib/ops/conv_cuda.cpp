@@ -8,12 +8,13 @@
 // (the group kernel) and the forward GEMM's result leaves as [N, O, oH, oW] (the ungroup kernel);
 // with one image both layouts are the same bytes and neither kernel runs.
 //
-// Every kernel is a grid-stride loop over its outputs, one thread an element, with no shared memory
-// or block synchronization: col2im and the average pools' backward gather (each input pixel sums
-// the columns or windows that read it, in the CPU kernels' order, so without atomics and bit for
-// bit as the CPU computes them); only max_pool2d's backward scatters with atomic adds, since its
-// op carries the positions but not the windows. The same source compiles as host C++
-// (KILN_HOST_LAUNCH), which is how the tests run the kernels without a GPU.
+// Every kernel is a grid-stride loop over its outputs, one thread an element (im2col: a column of a
+// band of rows), with no shared memory or block synchronization: col2im and the average pools'
+// backward gather (each input pixel sums the columns or windows that read it, in the CPU kernels'
+// order, so without atomics and bit for bit as the CPU computes them); only max_pool2d's backward
+// scatters with atomic adds, since its op carries the positions but not the windows. The same
+// source compiles as host C++ (KILN_HOST_LAUNCH), which is how the tests run the kernels without a
+// GPU.
 #include "lib/ops/conv_cuda.h"
 
 #include <algorithm>
