@@ -566,6 +566,13 @@ class Emitter {
         llvm::FunctionType::get(b_.getVoidTy(), {i64, i64, ptr, ptr, ptr, ptr, ptr}, false);
     fn_ = llvm::Function::Create(type, llvm::Function::ExternalLinkage, name, m_);
     fn_->addFnAttr(llvm::Attribute::NoUnwind);
+    // The sizes, strides and scalars are the caller's small arrays, read only and never a
+    // tensor's memory: saying so lets LICM hoist the scalars' loads (and their conversions) out of
+    // the loops, where the kernel's stores would otherwise have to be assumed to overwrite them.
+    for (unsigned p : {3u, 4u, 5u}) {
+      fn_->addParamAttr(p, llvm::Attribute::NoAlias);
+      fn_->addParamAttr(p, llvm::Attribute::ReadOnly);
+    }
     auto arg = fn_->arg_begin();
     llvm::Value* begin = &*arg++;
     llvm::Value* end = &*arg++;
