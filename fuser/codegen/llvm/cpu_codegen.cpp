@@ -827,12 +827,67 @@ class Emitter {
     }
     return result;
   }
-  // A transcendental primitive: lib/math/primitives.h's definition instantiated for IR values
-  // (fuser/codegen/llvm/ir_value.h), f32 for float32 and f64 for float64.
+  // A transcendental primitive (the instruction being computed, prim_): lib/math/primitives.h's
+  // definition instantiated for IR values (fuser/codegen/llvm/ir_value.h), f32 for float32 and
+  // f64 for float64; inline, or a call of its out-of-line function.
   template <typename F32, typename F64>
   llvm::Value* math(llvm::Value* x, DType t, const F32& f32, const F64& f64) {
+    if (uses_of(prim_, t) > 1) {
+      llvm::Function* f = math_function(t, f32, f64);
+      llvm::CallInst* call = b_.CreateCall(f, {x});
+      if (vector_width_ > 0) {
+        const std::string name = f->getName().str(), lanes = std::to_string(vector_width_);
+        call->addFnAttr(llvm::Attribute::get(
+            ctx_, "vector-function-abi-variant",
+            "_ZGV_LLVM_N" + lanes + "v_" + name + "(" + name + "_v" + lanes + ")"));
+      }
+      return call;
+    }
     ir::Scope scope(b_, m_);
     return t == kFloat32 ? f32(ir::Ir<float>(x)).v : f64(ir::Ir<double>(x)).v;
+  }
+  int uses_of(Prim p, DType t) const {
+    int uses = 0;
+    for (const Instr& in : k_.body) uses += in.prim == p && in.type == t;
+    return uses;
+  }
+  // A primitive that the kernel uses more than once is emitted once per module, as a function
+  // (kiln_<prim>_<f32|f64>) with a vector variant of vector_width_ lanes, which the loop
+  // vectorizer calls in its place (the call's "vector-function-abi-variant"). Inlined, every use
+  // is instruction-selected again in each interleaved copy of the vector body and in the scalar
+  // remainder loop (about 2 ms of a cold compile per float32 tanh); out of line, twice per module.
+  // A primitive used once stays inline (GELU's tanh): the call costs the loop spills around it.
+  template <typename F32, typename F64>
+  llvm::Function* math_function(DType t, const F32& f32, const F64& f64) {
+    const std::string name =
+        std::string("kiln_") + prim_name(prim_) + (t == kFloat32 ? "_f32" : "_f64");
+    if (llvm::Function* f = m_.getFunction(name)) return f;
+    auto define = [&](const std::string& fname, unsigned lanes) {
+      llvm::Type* ty = value_type(t);
+      if (lanes) ty = llvm::FixedVectorType::get(ty, lanes);
+      auto* f = llvm::Function::Create(llvm::FunctionType::get(ty, {ty}, false),
+                                       llvm::Function::InternalLinkage, fname, m_);
+      llvm::IRBuilder<> b(llvm::BasicBlock::Create(ctx_, "entry", f));
+      {
+        ir::Scope scope(b, m_, lanes);
+        llvm::Value* x = f->getArg(0);
+        b.CreateRet(t == kFloat32 ? f32(ir::Ir<float>(x)).v : f64(ir::Ir<double>(x)).v);
+      }
+      f->addFnAttr(llvm::Attribute::NoInline);
+      f->addFnAttr(llvm::Attribute::NoUnwind);
+      f->addFnAttr(llvm::Attribute::WillReturn);
+      // sin and cos read a constant table; the others touch no memory.
+      bool reads = false;
+      for (llvm::Instruction& in : f->getEntryBlock()) reads |= in.mayReadFromMemory();
+      if (reads)
+        f->setOnlyReadsMemory();
+      else
+        f->setDoesNotAccessMemory();
+      return f;
+    };
+    if (vector_width_ > 0)
+      define(name + "_v" + std::to_string(vector_width_), static_cast<unsigned>(vector_width_));
+    return define(name, 0);
   }
   llvm::Value* intrinsic(llvm::Intrinsic::ID id, llvm::Value* x) {
     return b_.CreateUnaryIntrinsic(id, x);
@@ -842,6 +897,7 @@ class Emitter {
   llvm::Value* compute(size_t n, const std::vector<llvm::Value*>& v,
                        const std::vector<llvm::Value*>& offsets) {
     const Instr& in = k_.body[n];
+    prim_ = in.prim;
     const DType t = in.type;
     llvm::Value* a = in.a >= 0 ? v[static_cast<size_t>(in.a)] : nullptr;
     llvm::Value* b = in.b >= 0 ? v[static_cast<size_t>(in.b)] : nullptr;
@@ -1541,6 +1597,7 @@ class Emitter {
   std::vector<llvm::Value*> bases_;
   std::vector<bool> single_;
   int vector_width_;
+  Prim prim_ = Prim::Load;  // the instruction compute() is emitting
 };
 
 void CpuJit::emit(llvm::Module& m, const std::string& name, const Kernel& k, const Layout& layout,
