@@ -855,24 +855,21 @@ class Emitter {
   // (kiln_<prim>_<f32|f64>) with a vector variant of vector_width_ lanes, which the loop
   // vectorizer calls in its place (the call's "vector-function-abi-variant"). Inlined, every use
   // is instruction-selected again in each interleaved copy of the vector body and in the scalar
-  // remainder loop (about 2 ms of a cold compile per float32 tanh); out of line, twice per module.
+  // remainder loop (about 2 ms of a cold compile per float32 tanh); out of line, once per module.
   // A primitive used once stays inline (GELU's tanh): the call costs the loop spills around it.
   template <typename F32, typename F64>
   llvm::Function* math_function(DType t, const F32& f32, const F64& f64) {
     const std::string name =
         std::string("kiln_") + prim_name(prim_) + (t == kFloat32 ? "_f32" : "_f64");
     if (llvm::Function* f = m_.getFunction(name)) return f;
-    auto define = [&](const std::string& fname, unsigned lanes) {
+    // The function of `lanes` lanes (0: scalar), its body from `body`.
+    auto define = [&](const std::string& fname, unsigned lanes, const auto& body) {
       llvm::Type* ty = value_type(t);
       if (lanes) ty = llvm::FixedVectorType::get(ty, lanes);
       auto* f = llvm::Function::Create(llvm::FunctionType::get(ty, {ty}, false),
                                        llvm::Function::InternalLinkage, fname, m_);
       llvm::IRBuilder<> b(llvm::BasicBlock::Create(ctx_, "entry", f));
-      {
-        ir::Scope scope(b, m_, lanes);
-        llvm::Value* x = f->getArg(0);
-        b.CreateRet(t == kFloat32 ? f32(ir::Ir<float>(x)).v : f64(ir::Ir<double>(x)).v);
-      }
+      b.CreateRet(body(b, f->getArg(0)));
       f->addFnAttr(llvm::Attribute::NoInline);
       f->addFnAttr(llvm::Attribute::NoUnwind);
       f->addFnAttr(llvm::Attribute::WillReturn);
@@ -885,9 +882,21 @@ class Emitter {
         f->setDoesNotAccessMemory();
       return f;
     };
-    if (vector_width_ > 0)
-      define(name + "_v" + std::to_string(vector_width_), static_cast<unsigned>(vector_width_));
-    return define(name, 0);
+    auto primitive = [&](unsigned lanes) {
+      return [&, lanes](llvm::IRBuilder<>& b, llvm::Value* x) {
+        ir::Scope scope(b, m_, lanes);
+        return t == kFloat32 ? f32(ir::Ir<float>(x)).v : f64(ir::Ir<double>(x)).v;
+      };
+    };
+    if (vector_width_ == 0) return define(name, 0, primitive(0));
+    // The scalar function (the remainder loop's, and unvectorized loops') is the vector one on a
+    // splat, lane 0: one copy of the primitive to compile, at the cost of a scalar's work.
+    const auto lanes = static_cast<unsigned>(vector_width_);
+    llvm::Function* vector = define(name + "_v" + std::to_string(lanes), lanes, primitive(lanes));
+    return define(name, 0, [&](llvm::IRBuilder<>& b, llvm::Value* x) {
+      return b.CreateExtractElement(b.CreateCall(vector, {b.CreateVectorSplat(lanes, x)}),
+                                    uint64_t{0});
+    });
   }
   llvm::Value* intrinsic(llvm::Intrinsic::ID id, llvm::Value* x) {
     return b_.CreateUnaryIntrinsic(id, x);
