@@ -594,10 +594,14 @@ class Emitter {
     auto* exit = llvm::BasicBlock::Create(ctx_, "exit", fn_);
     if (layout.flat) {
       single_ = layout.single_element;
-      loop(begin, end, exit, [&](llvm::Value* i) {
+      auto element = [&](llvm::Value* i) {
         std::vector<llvm::Value*> offsets(num_ptrs, i);
         body(offsets);
-      });
+      };
+      if (computes_transcendentals())
+        prefetching_loop(begin, end, exit, element);
+      else
+        loop(begin, end, exit, element);
     } else {
       const int rank = layout.rank;
       std::vector<llvm::Value*> size(rank);
@@ -685,6 +689,51 @@ class Emitter {
     llvm::MDNode* loop_id = llvm::MDNode::getDistinct(ctx_, ops);
     loop_id->replaceOperandWith(0, loop_id);
     back->setMetadata(llvm::LLVMContext::MD_loop, loop_id);
+  }
+
+  bool computes_transcendentals() const {
+    for (const Instr& in : k_.body)
+      if (is_expensive(in.prim)) return true;
+    return false;
+  }
+  // The flat loop of a kernel that computes transcendentals, in chunks of kChunk elements, each
+  // first prefetching its tensors' elements kPrefetchAhead further on (for writing, the outputs).
+  // Such a loop spends so long on each element that the out-of-order window covers too few
+  // cache lines to keep memory busy, and the hardware's prefetchers do not run far enough ahead:
+  // GELU's memory time and arithmetic added up instead of overlapping. (A prefetch in the element
+  // loop itself would keep it from vectorizing; one per cache line of each chunk suffices.)
+  static constexpr int64_t kChunk = 64;
+  static constexpr int64_t kPrefetchAhead = 512;
+  template <typename F>
+  void prefetching_loop(llvm::Value* begin, llvm::Value* end, llvm::BasicBlock* done,
+                        const F& element) {
+    llvm::Value* chunks = b_.CreateUDiv(
+        b_.CreateAdd(b_.CreateSub(end, begin), b_.getInt64(kChunk - 1)), b_.getInt64(kChunk));
+    loop(
+        b_.getInt64(0), chunks, done,
+        [&](llvm::Value* c) {
+          llvm::Value* from = b_.CreateAdd(begin, b_.CreateMul(c, b_.getInt64(kChunk)));
+          const size_t num_inputs = k_.input_types.size();
+          for (size_t p = 0; p < bases_.size(); ++p) {
+            const bool input = p < num_inputs;
+            if (input && single_[p]) continue;
+            llvm::Type* t =
+                storage_type(input ? k_.input_types[p] : k_.output_types[p - num_inputs]);
+            const auto bytes = static_cast<int64_t>(m_.getDataLayout().getTypeAllocSize(t));
+            for (int64_t at = 0; at < kChunk * bytes; at += 64) {
+              llvm::Value* i = b_.CreateAdd(from, b_.getInt64(kPrefetchAhead + at / bytes));
+              b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {b_.getPtrTy()},
+                                 {b_.CreateGEP(t, bases_[p], i), b_.getInt32(input ? 0 : 1),
+                                  b_.getInt32(3), b_.getInt32(1)});
+            }
+          }
+          llvm::Value* to = b_.CreateBinaryIntrinsic(llvm::Intrinsic::umin,
+                                                     b_.CreateAdd(from, b_.getInt64(kChunk)), end);
+          auto* chunk_done = llvm::BasicBlock::Create(ctx_, "chunk_done", fn_);
+          loop(from, to, chunk_done, element);
+          b_.SetInsertPoint(chunk_done);
+        },
+        /*vectorize=*/false);
   }
 
   llvm::MDNode* property(const char* name, llvm::Constant* value) {
