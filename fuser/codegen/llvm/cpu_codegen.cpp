@@ -92,7 +92,8 @@ constexpr const char* kPipeline =
     "function(sroa,early-cse,instcombine<no-verify-fixpoint>,simplifycfg,loop-simplify,lcssa,"
     "loop-mssa(licm),loop-vectorize,kiln-prefetch,instcombine<no-verify-fixpoint>,simplifycfg)";
 
-// Marks a kernel function whose vector loop PrefetchPass prefetches.
+// Marks a kernel function whose vector loops PrefetchPass prefetches: flat kernels computing a
+// transcendental, and rows kernels.
 constexpr const char* kPrefetchAttribute = "kiln-prefetch";
 // How far ahead, in elements of the access.
 constexpr int64_t kPrefetchAhead = 1024;
@@ -634,6 +635,9 @@ class Emitter {
     auto* entry = llvm::BasicBlock::Create(ctx_, "entry", fn_);
     b_.SetInsertPoint(entry);
     if (layout.rows) {
+      // Its first pass streams the rows from memory while it computes (cross entropy's exp and
+      // log): see PrefetchPass.
+      fn_->addFnAttr(kPrefetchAttribute);
       emit_rows(layout, begin, end, ptrs, sizes, strides, partials);
       return;
     }
