@@ -648,11 +648,10 @@ class Emitter {
     auto* exit = llvm::BasicBlock::Create(ctx_, "exit", fn_);
     if (layout.flat) {
       single_ = layout.single_element;
-      auto element = [&](llvm::Value* i) {
+      loop(begin, end, exit, [&](llvm::Value* i) {
         std::vector<llvm::Value*> offsets(num_ptrs, i);
         body(offsets);
-      };
-      loop(begin, end, exit, element);
+      });
       // See PrefetchPass.
       if (computes_transcendentals()) fn_->addFnAttr(kPrefetchAttribute);
     } else {
