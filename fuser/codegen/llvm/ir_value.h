@@ -1,6 +1,7 @@
 // LLVM IR values as a value family of lib/math/primitives.h: Ir<T> wraps the llvm::Value of
-// scalar type T (float, double, uint32_t, uint64_t; bool for masks) and its operators emit the
-// instruction through the IRBuilder of the enclosing IrScope. Instantiating a primitive with
+// scalar type T (float, double, uint32_t, uint64_t; bool for masks), or of a vector of them in a
+// Scope with lanes (a primitive's out-of-line vector function), and its operators emit the
+// instruction through the IRBuilder of the enclosing Scope. Instantiating a primitive with
 // Ir<float> or Ir<double> emits exactly the operations that the scalar instantiation runs:
 // IEEE operations without fast-math flags (never contracted), fmadd as llvm.fma (rounded once,
 // as the scalar fmadd: one instruction on a host with FMA), select for every choice.
@@ -8,6 +9,8 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "lib/math/primitives.h"
 #include "llvm/IR/Constants.h"
@@ -21,13 +24,19 @@ namespace kiln::fuser::ir {
 struct Context {
   llvm::IRBuilder<>* b;
   llvm::Module* m;
+  unsigned lanes;  // 0: scalar values; else vectors of this many lanes
+  // (Vectors only.) Each scalar constant's splat, made once by instructions: the module's text
+  // (the disk cache's key) then spells a constant once, not lane by lane at every use.
+  std::vector<std::pair<llvm::Constant*, llvm::Value*>> splats;
 };
 inline thread_local Context* current = nullptr;
 
-// Makes `b` (emitting into `m`) the builder of Ir values while it lives.
+// Makes `b` (emitting into `m`) the builder of Ir values while it lives; with `lanes`, values
+// are vectors of that many lanes (a primitive's out-of-line vector function).
 class Scope {
  public:
-  Scope(llvm::IRBuilder<>& b, llvm::Module& m) : context_{&b, &m}, outer_(current) {
+  Scope(llvm::IRBuilder<>& b, llvm::Module& m, unsigned lanes = 0)
+      : context_{&b, &m, lanes, {}}, outer_(current) {
     current = &context_;
   }
   ~Scope() { current = outer_; }
@@ -44,13 +53,37 @@ inline llvm::IRBuilder<>& builder() {
 }
 
 template <typename T>
-llvm::Type* type_of() {
+llvm::Type* scalar_type_of() {
   llvm::IRBuilder<>& b = builder();
   if constexpr (std::is_same_v<T, float>) return b.getFloatTy();
   if constexpr (std::is_same_v<T, double>) return b.getDoubleTy();
   if constexpr (std::is_same_v<T, bool>) return b.getInt1Ty();
   if constexpr (std::is_same_v<T, uint32_t>) return b.getInt32Ty();
   if constexpr (std::is_same_v<T, uint64_t>) return b.getInt64Ty();
+}
+// The type of a value of T in the current scope: T's, or a vector of them.
+inline llvm::Type* lanes_of(llvm::Type* scalar) {
+  return current->lanes ? llvm::FixedVectorType::get(scalar, current->lanes) : scalar;
+}
+template <typename T>
+llvm::Type* type_of() {
+  return lanes_of(scalar_type_of<T>());
+}
+// A scalar constant as a value of the current scope (a vector's splat made once: straight-line
+// code, so the first use's place dominates the later ones). instcombine folds it back into a
+// vector constant.
+inline llvm::Value* in_scope(llvm::Constant* c) {
+  if (!current->lanes) return c;
+  for (const auto& [constant, value] : current->splats)
+    if (constant == c) return value;
+  llvm::IRBuilder<>& b = builder();
+  auto* type = llvm::FixedVectorType::get(c->getType(), current->lanes);
+  llvm::Instruction* one =
+      b.Insert(llvm::InsertElementInst::Create(llvm::PoisonValue::get(type), c, b.getInt64(0)));
+  llvm::Instruction* all =
+      b.Insert(new llvm::ShuffleVectorInst(one, llvm::SmallVector<int, 16>(current->lanes, 0)));
+  current->splats.emplace_back(c, all);
+  return all;
 }
 
 template <typename T>
@@ -72,9 +105,9 @@ struct Ir {
 
   static llvm::Value* constant(T c) {
     if constexpr (kFloat)
-      return llvm::ConstantFP::get(type_of<T>(), c);
+      return in_scope(llvm::ConstantFP::get(scalar_type_of<T>(), c));
     else
-      return llvm::ConstantInt::get(type_of<T>(), static_cast<uint64_t>(c));
+      return in_scope(llvm::ConstantInt::get(scalar_type_of<T>(), static_cast<uint64_t>(c)));
   }
 
   friend Ir operator+(Ir a, Ir b) {
@@ -94,8 +127,8 @@ struct Ir {
   friend Ir operator&(Ir a, Ir b) { return Ir(builder().CreateAnd(a.v, b.v)); }
   friend Ir operator|(Ir a, Ir b) { return Ir(builder().CreateOr(a.v, b.v)); }
   friend Ir operator!(Ir a) { return Ir(builder().CreateNot(a.v)); }
-  friend Ir operator<<(Ir a, int n) { return Ir(builder().CreateShl(a.v, n)); }
-  friend Ir operator>>(Ir a, int n) { return Ir(builder().CreateLShr(a.v, n)); }
+  friend Ir operator<<(Ir a, int n) { return Ir(builder().CreateShl(a.v, constant(T(n)))); }
+  friend Ir operator>>(Ir a, int n) { return Ir(builder().CreateLShr(a.v, constant(T(n)))); }
   friend Ir operator<<(Ir a, Ir n) { return Ir(builder().CreateShl(a.v, n.v)); }
   friend Ir operator>>(Ir a, Ir n) { return Ir(builder().CreateLShr(a.v, n.v)); }
 
@@ -130,7 +163,7 @@ struct Ir {
   friend Ir fmadd(Ir a, Ir b, Ir c) {
     return Ir(builder().CreateIntrinsic(llvm::Intrinsic::fma, {a.v->getType()}, {a.v, b.v, c.v}));
   }
-  friend Ir sar(Ir a, int n) { return Ir(builder().CreateAShr(a.v, n)); }
+  friend Ir sar(Ir a, int n) { return Ir(builder().CreateAShr(a.v, constant(T(n)))); }
   friend Mask lt_signed(Ir a, Ir b) { return Mask(builder().CreateICmpSLT(a.v, b.v)); }
 };
 
@@ -202,9 +235,11 @@ Ir<uint32_t> gather(Ir<U> index) {
                                  Table::kName);
     g->setUnnamedAddr(llvm::GlobalValue::UnnamedAddr::Global);
   }
-  llvm::Value* i = b.CreateZExtOrTrunc(index.v, b.getInt64Ty());
-  return Ir<uint32_t>(
-      b.CreateLoad(b.getInt32Ty(), b.CreateInBoundsGEP(g->getValueType(), g, {b.getInt64(0), i})));
+  llvm::Value* i = b.CreateZExtOrTrunc(index.v, lanes_of(b.getInt64Ty()));
+  llvm::Value* at = b.CreateInBoundsGEP(g->getValueType(), g, {b.getInt64(0), i});
+  if (current->lanes)
+    return Ir<uint32_t>(b.CreateMaskedGather(type_of<uint32_t>(), at, llvm::Align(4)));
+  return Ir<uint32_t>(b.CreateLoad(b.getInt32Ty(), at));
 }
 
 }  // namespace kiln::fuser::ir
