@@ -69,7 +69,7 @@ template <typename T>
 inline constexpr bool is_scalar = std::is_arithmetic_v<T>;
 
 template <typename T, IfScalar<T> = 0>
-inline T select(bool m, T a, T b) {
+KILN_MATH_INLINE T select(bool m, T a, T b) {
   return m ? a : b;
 }
 
@@ -77,15 +77,15 @@ inline T select(bool m, T a, T b) {
 // CUDA's fma), so that eager and fused results agree. Where this is compiled for a CPU with FMA
 // (the eager kernels' multiversioned loops, lib/loops.h) it is one instruction; elsewhere a call
 // of libm's fma.
-inline float fmadd(float a, float b, float c) {
+KILN_MATH_INLINE float fmadd(float a, float b, float c) {
   return __builtin_fmaf(a, b, c);
 }
-inline double fmadd(double a, double b, double c) {
+KILN_MATH_INLINE double fmadd(double a, double b, double c) {
   return __builtin_fma(a, b, c);
 }
 
 template <typename S, typename T, IfScalar<T> = 0>
-inline S bitcast(T x) {
+KILN_MATH_INLINE S bitcast(T x) {
   static_assert(sizeof(S) == sizeof(T));
   S s;
   std::memcpy(&s, &x, sizeof(S));
@@ -93,7 +93,7 @@ inline S bitcast(T x) {
 }
 
 template <typename S, typename T, IfScalar<T> = 0>
-inline S convert(T x) {
+KILN_MATH_INLINE S convert(T x) {
   if constexpr (std::is_integral_v<T> && std::is_floating_point_v<S>)
     return static_cast<S>(static_cast<std::make_signed_t<T>>(x));
   else
@@ -101,30 +101,30 @@ inline S convert(T x) {
 }
 
 template <typename T, IfScalar<T> = 0>
-inline T sar(T x, int n) {
+KILN_MATH_INLINE T sar(T x, int n) {
   return static_cast<T>(static_cast<std::make_signed_t<T>>(x) >> n);
 }
 
 template <typename T, IfScalar<T> = 0>
-inline bool lt_signed(T a, T b) {
+KILN_MATH_INLINE bool lt_signed(T a, T b) {
   return static_cast<std::make_signed_t<T>>(a) < static_cast<std::make_signed_t<T>>(b);
 }
 
 template <typename Table, typename U, IfScalar<U> = 0>
-inline uint32_t gather(U index) {
+KILN_MATH_INLINE uint32_t gather(U index) {
   return Table::kData[index];
 }
 
 template <typename T, IfScalar<T> = 0>
-inline T sqrt_of(T x) {
+KILN_MATH_INLINE T sqrt_of(T x) {
   return std::sqrt(x);
 }
 template <typename T, IfScalar<T> = 0>
-inline T trunc_of(T x) {
+KILN_MATH_INLINE T trunc_of(T x) {
   return std::trunc(x);
 }
 template <typename T, IfScalar<T> = 0>
-inline T libm_pow(bool where, T x, T y) {
+KILN_MATH_INLINE T libm_pow(bool where, T x, T y) {
   return where ? std::pow(x, y) : x;
 }
 

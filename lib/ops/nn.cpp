@@ -8,10 +8,11 @@
 // passes down the D rows, each inner loop over a contiguous row segment, with the running maxima
 // and sums in per-task arrays. Wide segments matter: narrow ones touch a new page on every row.
 //
-// exp is computed by exp_nonpos below rather than std::exp: it is written in plain arithmetic
-// (Cody-Waite range reduction, a polynomial and an exponent built from integer bits) so that the
-// compiler vectorizes the loops that call it, which a call into libm prevents. The kernels are also
-// compiled for AVX2 + FMA (target_clones), chosen at load time on CPUs that have them.
+// exp is lib/math/primitives.h's (lib/fastmath.h: the one definition every backend uses) rather
+// than std::exp: plain arithmetic (Cody-Waite range reduction, a polynomial and an exponent built
+// from integer bits), always inlined, so that the loops that call it vectorize, which a call into
+// libm prevents. The kernels are also compiled for AVX2 + FMA (target_clones), chosen at load time
+// on CPUs that have them; there fmadd is one instruction.
 //
 // In lazy mode each op validates its arguments at the call and records a node whose kernel is its
 // public function. nll_loss and cross_entropy read the target to check its classes first (the
@@ -37,6 +38,7 @@
 #include "kiln/ops.h"
 #include "lib/autograd.h"
 #include "lib/dispatch.h"
+#include "lib/fastmath.h"
 #include "lib/lazy.h"
 #include "lib/loops.h"
 #include "lib/op_table.h"
@@ -157,63 +159,12 @@ void check_input(const Tensor& t, const char* op, const char* arg) {
 #define KILN_NN_CLONES
 #endif
 
-// exp(x) for x <= 0 (NaN propagates), rounded into the subnormal range like std::exp: 2^n is
-// applied as 2^(n + 64) (always a normal number) times 2^-64, so that only the last product rounds.
-// float: Cephes' expf polynomial on [-ln2/2, ln2/2], about 1 ulp.
-inline float exp_nonpos(float x) {
-  const float lo = -103.972084f;  // ln(2^-150): below it the result rounds to 0
-  const float magic =
-      12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer kept in the low bits
-  float xc = x < lo ? lo : x;
-  float t = xc * 1.44269504088896341f + magic;
-  float n = t - magic;
-  float r = xc - n * 0.693359375f;  // ln2 split in two so that n * hi is exact
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  uint32_t bits;
-  std::memcpy(&bits, &t, sizeof bits);
-  uint32_t e = (bits << 23) + ((127u + 64u) << 23);  // the low bits of t hold n: 2^(n + 64)
-  float scale;
-  std::memcpy(&scale, &e, sizeof scale);
-  float y = (p * scale) * 0x1p-64f;
-  return x < lo ? 0.0f : y;
+// The primitives' exp for the dtype of the row kernels.
+KILN_MATH_INLINE float row_exp(float x) {
+  return detail::exp_f32(x);
 }
-
-// double: Taylor series to degree 13 on [-ln2/2, ln2/2] (truncation below 1e-17), about 1 ulp.
-inline double exp_nonpos(double x) {
-  const double lo = -745.1332191019412;     // ln(2^-1075)
-  const double magic = 6755399441055744.0;  // 1.5 * 2^52
-  double xc = x < lo ? lo : x;
-  double t = xc * 1.4426950408889634 + magic;
-  double n = t - magic;
-  double r = xc - n * 6.93145751953125e-1;
-  r = r - n * 1.42860682030941723212e-6;
-  double p = 1.0 / 6227020800.0;  // 1/13!
-  p = p * r + 1.0 / 479001600.0;
-  p = p * r + 1.0 / 39916800.0;
-  p = p * r + 1.0 / 3628800.0;
-  p = p * r + 1.0 / 362880.0;
-  p = p * r + 1.0 / 40320.0;
-  p = p * r + 1.0 / 5040.0;
-  p = p * r + 1.0 / 720.0;
-  p = p * r + 1.0 / 120.0;
-  p = p * r + 1.0 / 24.0;
-  p = p * r + 1.0 / 6.0;
-  p = p * r + 0.5;
-  p = p * (r * r) + r + 1.0;
-  uint64_t bits;
-  std::memcpy(&bits, &t, sizeof bits);
-  uint64_t e = (bits << 52) + (uint64_t{1023 + 64} << 52);
-  double scale;
-  std::memcpy(&scale, &e, sizeof scale);
-  double y = (p * scale) * 0x1p-64;
-  return x < lo ? 0.0 : y;
+KILN_MATH_INLINE double row_exp(double x) {
+  return detail::exp_f64(x);
 }
 
 // ---------------------------------------------------------------------------- softmax kernels
@@ -233,11 +184,11 @@ KILN_NN_CLONES void softmax_row(const T* __restrict x, T* __restrict y, int64_t 
     T s = 0;
     if constexpr (Log) {
 #pragma omp simd reduction(+ : s)
-      for (int64_t i = b; i < e; ++i) s += exp_nonpos(x[i] - m);
+      for (int64_t i = b; i < e; ++i) s += row_exp(x[i] - m);
     } else {
 #pragma omp simd reduction(+ : s)
       for (int64_t i = b; i < e; ++i) {
-        T v = exp_nonpos(x[i] - m);
+        T v = row_exp(x[i] - m);
         y[i] = v;
         s += v;
       }
@@ -269,7 +220,7 @@ KILN_NN_CLONES void softmax_cols(const T* __restrict x, T* __restrict y, int64_t
     T* yr = y + d * stride;
 #pragma omp simd
     for (int64_t j = 0; j < w; ++j) {
-      T v = exp_nonpos(xr[j] - m[j]);
+      T v = row_exp(xr[j] - m[j]);
       if constexpr (!Log) yr[j] = v;
       s[j] += static_cast<double>(v);
     }
