@@ -26,6 +26,7 @@
 #include "kiln/ops.h"
 #include "lib/autograd.h"
 #include "lib/dispatch.h"
+#include "lib/fastmath.h"
 #include "lib/lazy.h"
 #include "lib/op_table.h"
 #include "lib/parallel.h"
@@ -1112,6 +1113,13 @@ Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim
     }
     const T* data = static_cast<const T*>(p.data.raw_data_ptr());
     ExtremumOps<T, true> mx;
+    // exp and log are lib/math/primitives.h's, as the exp and log ops' and the fused kernels'.
+    const auto exp_of = [](T v) {
+      if constexpr (std::is_same_v<T, float>)
+        return detail::exp_f32(v);
+      else
+        return detail::exp_f64(v);
+    };
     std::vector<T> maxes(static_cast<size_t>(p.rows));
     reduce_rows<T>(
         p.rows, R, [&](int64_t i, int64_t b, int64_t e) { return mx.run(data + i * R + b, e - b); },
@@ -1121,11 +1129,12 @@ Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim
         p.rows, R,
         [&](int64_t i, int64_t b, int64_t e) {
           const T m = maxes[i];
-          return sum_run<double>(data + i * R + b, e - b,
-                                 [m](T v) { return static_cast<double>(std::exp(T(v - m))); });
+          return sum_run<double>(data + i * R + b, e - b, [m, exp_of](T v) {
+            return static_cast<double>(exp_of(T(v - m)));
+          });
         },
         [](double a, double b) { return a + b; },
-        [&](int64_t i, double s) { o[i] = static_cast<T>(std::log(s) + double(maxes[i])); });
+        [&](int64_t i, double s) { o[i] = static_cast<T>(detail::log_f64(s) + double(maxes[i])); });
   });
   return logsumexp_with_grad(x, dims, keepdim, out);
 }
