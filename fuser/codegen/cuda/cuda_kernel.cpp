@@ -250,13 +250,16 @@ int64_t elementwise_blocks(const Layout& layout, int64_t n, int64_t multiprocess
 }
 }  // namespace
 
+namespace {
+// The variant a rows launch of this geometry needs (rows kernels have no vec variant).
+CudaCallFlags rows_variant(const CudaRowsLaunch& g) {
+  return {g.index32, false, g.per_thread, g.per_thread > 0 ? g.threads : 0};
+}
+}  // namespace
+
 CudaCallFlags launch_variant(const Kernel& kernel, const Layout& layout, int device, int64_t n,
                              const int64_t* sizes, const int64_t* strides, char* const* ptrs) {
-  if (layout.rows) {
-    const CudaRowsLaunch geometry = cuda_rows_launch(kernel, layout, sizes, strides);
-    return {geometry.index32, false, geometry.per_thread,
-            geometry.per_thread > 0 ? geometry.threads : 0};
-  }
+  if (layout.rows) return rows_variant(cuda_rows_launch(kernel, layout, sizes, strides));
   const int64_t blocks =
       elementwise_blocks(layout, n, detail::cuda::device_info(device).multiprocessors);
   return cuda_call_flags(kernel, layout, n, sizes, strides, ptrs, blocks * kThreads);
@@ -297,9 +300,7 @@ std::vector<KernelCall> rows_calls(const Kernel& kernel, const Layout& layout,
   KernelCall& main = calls[0];
   main.grid = static_cast<unsigned>(geometry.blocks);
   main.block = static_cast<unsigned>(geometry.threads);
-  main.variant.index32 = geometry.index32;
-  main.variant.per_thread = geometry.per_thread;
-  main.variant.block = geometry.per_thread > 0 ? geometry.threads : 0;
+  main.variant = rows_variant(geometry);
   std::vector<long long> dims(sizes, sizes + rank + 1);
   dims.insert(dims.end(), strides, strides + (rank + 1) * num_ptrs);
   main.add(&rows, sizeof rows);
@@ -349,12 +350,11 @@ void launch_rows(const CudaKernel& fn, const Kernel& kernel, const Layout& layou
                  const int64_t* sizes, const int64_t* strides, char* const* ptrs,
                  const uint64_t* scalars) {
   const CudaRowsLaunch geometry = cuda_rows_launch(kernel, layout, sizes, strides);
-  const int block = geometry.per_thread > 0 ? geometry.threads : 0;
-  KILN_CHECK(geometry.index32 == fn.variant.index32 && !fn.variant.vec &&
-                 geometry.per_thread == fn.variant.per_thread && block == fn.variant.block,
-             "CUDA: ", fn.name, " launched as variant index32 ", fn.variant.index32, " per_thread ",
-             fn.variant.per_thread, " block ", fn.variant.block, " for rows that need index32 ",
-             geometry.index32, " per_thread ", geometry.per_thread, " block ", block);
+  const CudaCallFlags need = rows_variant(geometry);
+  KILN_CHECK(need == fn.variant, "CUDA: ", fn.name, " launched as variant index32 ",
+             fn.variant.index32, " vec ", fn.variant.vec, " per_thread ", fn.variant.per_thread,
+             " block ", fn.variant.block, " for rows that need index32 ", need.index32,
+             " per_thread ", need.per_thread, " block ", need.block);
   // The partials go back to the allocator right after the launches: a later allocation on the same
   // stream runs after them, so the block is not reused early.
   struct Partials {
