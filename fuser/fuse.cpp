@@ -19,7 +19,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "jit/executor.h"
+#include "exec/executor.h"
 #include "jit/log.h"
 #include "jit/passes/rewriter.h"
 #include "kiln/error.h"

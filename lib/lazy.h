@@ -8,11 +8,11 @@
 // lives while a pending tensor, a view or a later node needs it, and nodes nobody can reach are
 // freed at once, so a training loop's pending trace never grows from one iteration to the next.
 //
-// Materializing (jit/lazy_eval.cpp) takes the sub-graph the requested values need, optimizes and
+// Materializing (exec/lazy_eval.cpp) takes the sub-graph the requested values need, optimizes and
 // runs it, fills the waiting storages, and turns every executed node that is still referenced into
 // a computed node holding its result, so nothing is computed twice. In-place writes to a storage
 // that pending nodes read (or that is itself pending) first flush the pending trace; in trace mode
-// (kiln::jit::trace) they are instead recorded functionally (see jit/trace.cpp).
+// (kiln::jit::trace) they are instead recorded functionally (see exec/trace.cpp).
 //
 // Threads. Each thread records into its own live list, so a flush on one thread evaluates only
 // that thread's pending work. Node structure (inputs, results, claims, the live links) and every
@@ -75,7 +75,7 @@ struct LazyNode {
   // After execution: the result of each output; inputs are then released.
   std::vector<Tensor> results;
   bool computed = false;
-  // Claimed by an evaluation running on some thread (see jit/lazy_eval.cpp).
+  // Claimed by an evaluation running on some thread (see exec/lazy_eval.cpp).
   bool in_flight = false;
   uint64_t serial = 0;  // creation order, for stable graph building
   // Uncomputed nodes that read this one. While a computed node has such readers, the storages its
@@ -141,7 +141,7 @@ struct TraceRead {
   int64_t argument = -1;  // traced_scalar: the placeholder's index among TraceState::examples
 };
 
-// What a trace records besides the values its function returns (see jit/trace.cpp).
+// What a trace records besides the values its function returns (see exec/trace.cpp).
 struct TraceState {
   // Concrete storages the function wrote in place: their `lazy` holds the written value (a flat
   // [numel] value of the whole storage) until the trace ends and restores them, and their version

@@ -90,7 +90,7 @@ struct OpDef {
   // The entry point checks integer operands' values before computing (a zero divisor, a negative
   // exponent, an index or a class out of range): integer instances run through it (invoke), never
   // fused or run directly, so a replayed trace raises as eager mode does; and a plan computes
-  // nothing in place before such a step (jit/executor.h).
+  // nothing in place before such a step (exec/executor.h).
   bool checks_integer_values = false;
 };
 

@@ -1,6 +1,6 @@
 // The profiler's records: the switch, the clock, the store, KILN_PROFILE at start and exit, and
 // the Chrome trace writer. The report, which reads the JIT's counters, is in
-// jit/profile_report.cpp.
+// exec/profile_report.cpp.
 #include "lib/profiler.h"
 
 #include <chrono>

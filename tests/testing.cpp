@@ -5,7 +5,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "jit/lazy_eval.h"
+#include "exec/lazy_eval.h"
 #include "kiln/jit.h"
 #include "lib/tensor_impl.h"
 

@@ -4,7 +4,7 @@
 //
 // A plan's step for a collective starts it (on the group's thread, or NCCL's stream) and goes on;
 // the step that first reads its result waits for it, so a replayed DDP step reduces a bucket while
-// the rest of the backward runs, as eager DDP's hooks do (jit/executor.h).
+// the rest of the backward runs, as eager DDP's hooks do (exec/executor.h).
 #pragma once
 
 #include <functional>

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "exec/executor.h"
+#include "exec/lazy_eval.h"
 #include "fuser/fuse.h"
-#include "jit/executor.h"
-#include "jit/lazy_eval.h"
 #include "jit/passes/passes.h"
 #include "kiln/jit.h"
 #include "kiln/kiln.h"

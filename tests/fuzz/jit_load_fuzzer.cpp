@@ -1,5 +1,5 @@
 // libFuzzer target for kiln::jit::load (jit/serialize.cpp and the function description in
-// jit/trace.cpp): any file either loads or raises kiln::Error. A crash, a sanitizer report, a hang
+// exec/trace.cpp): any file either loads or raises kiln::Error. A crash, a sanitizer report, a hang
 // or any other exception is a bug.
 //
 // Input: one flags byte, then the file. Flag bit 0 rewrites the header's payload length and

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "exec/executor.h"
+#include "exec/lazy_eval.h"
 #include "jit/differentiate.h"
-#include "jit/executor.h"
-#include "jit/lazy_eval.h"
 #include "kiln/autograd.h"
 #include "kiln/jit.h"
 #include "kiln/kiln.h"

@@ -9,10 +9,10 @@
 #include <thread>
 #include <vector>
 
+#include "exec/executor.h"
+#include "exec/lazy_eval.h"
 #include "fuser/fuse.h"
-#include "jit/executor.h"
 #include "jit/ir.h"
-#include "jit/lazy_eval.h"
 #include "kiln/jit.h"
 #include "kiln/kiln.h"
 #include "lib/lazy.h"

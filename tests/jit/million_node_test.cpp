@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "exec/lazy_eval.h"
 #include "jit/hash.h"
 #include "jit/ir.h"
-#include "jit/lazy_eval.h"
 #include "jit/passes/passes.h"
 #include "jit/serialize.h"
 #include "kiln/jit.h"

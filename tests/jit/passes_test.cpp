@@ -14,7 +14,7 @@
 #include <unordered_set>
 #include <utility>
 
-#include "jit/executor.h"
+#include "exec/executor.h"
 #include "jit/ir.h"
 #include "kiln/kiln.h"
 #include "tests/scale.h"

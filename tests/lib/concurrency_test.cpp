@@ -12,7 +12,7 @@
 #include <mutex>
 #include <thread>
 
-#include "jit/lazy_eval.h"
+#include "exec/lazy_eval.h"
 #include "kiln/jit.h"
 #include "kiln/nn.h"
 #include "kiln/optim.h"

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "jit/lazy_eval.h"
+#include "exec/lazy_eval.h"
 #include "kiln/autograd.h"
 #include "kiln/jit.h"
 #include "lib/lazy.h"

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "exec/executor.h"
+#include "exec/lazy_eval.h"
 #include "jit/dump.h"
-#include "jit/executor.h"
-#include "jit/lazy_eval.h"
 #include "jit/passes/passes.h"
 #include "kiln/autograd.h"
 #include "kiln/jit.h"

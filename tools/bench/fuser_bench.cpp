@@ -64,7 +64,7 @@
 #include <string>
 #include <vector>
 
-#include "jit/lazy_eval.h"
+#include "exec/lazy_eval.h"
 #include "kiln/jit.h"
 #include "kiln/kiln.h"
 #include "lib/tensor_impl.h"

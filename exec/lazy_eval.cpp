@@ -1,6 +1,6 @@
 // The evaluator behind lazy mode: builds a Graph from the pending nodes a request needs, optimizes
 // and runs it, and hands the results back to the waiting storages.
-#include "jit/lazy_eval.h"
+#include "exec/lazy_eval.h"
 
 #include <xxhash.h>
 
@@ -11,8 +11,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "exec/executor.h"
 #include "jit/dump.h"
-#include "jit/executor.h"
 #include "jit/hash.h"
 #include "jit/infer.h"
 #include "jit/ir.h"

@@ -20,12 +20,12 @@
 #include <shared_mutex>
 #include <sstream>
 
+#include "exec/executor.h"
+#include "exec/lazy_eval.h"
 #include "fuser/codegen/llvm/cpu_codegen.h"
 #include "jit/differentiate.h"
 #include "jit/dump.h"
-#include "jit/executor.h"
 #include "jit/infer.h"
-#include "jit/lazy_eval.h"
 #include "jit/log.h"
 #include "jit/passes/passes.h"
 #include "jit/serialize.h"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "jit/lazy_eval.h"
+#include "exec/lazy_eval.h"
 #include "jit/passes/passes.h"
 #include "kiln/jit.h"
 #include "lib/cuda_driver.h"

@@ -1,6 +1,6 @@
 // The unfused executor: runs a graph node by node through the reference kernels, releasing each
 // value's slot after its last reader so the allocator can reuse the memory.
-#include "jit/executor.h"
+#include "exec/executor.h"
 
 #include <algorithm>
 #include <functional>
