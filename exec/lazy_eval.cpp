@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "exec/executor.h"
+#include "exec/layer_hooks.h"
 #include "jit/dump.h"
 #include "jit/hash.h"
 #include "jit/infer.h"
@@ -532,9 +533,11 @@ LazyStats lazy_stats() {
 }
 
 namespace {
-// Registered at load time: lib/ reaches the evaluator only through this pointer.
+// Registered at load time: lib/ reaches the evaluator only through this pointer, and the lower
+// layers reach the upper ones' hooks through register_layer_hooks.
 const bool kRegistered = [] {
   detail::set_evaluator(&evaluate);
+  register_layer_hooks();
   return true;
 }();
 }  // namespace

@@ -22,7 +22,6 @@
 
 #include "exec/executor.h"
 #include "exec/lazy_eval.h"
-#include "fuser/codegen/llvm/cpu_codegen.h"
 #include "jit/differentiate.h"
 #include "jit/dump.h"
 #include "jit/infer.h"
@@ -34,6 +33,7 @@
 #include "kiln/ops.h"
 #include "lib/autograd.h"
 #include "lib/profiler.h"
+#include "lib/stats_registry.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln {
@@ -1233,7 +1233,9 @@ Function trace(TracedFn fn, const std::vector<Tensor>& example_inputs, int max_s
 
 Stats stats() {
   LazyStats l = lazy_stats();
-  const fuser::CompileStats c = fuser::cpu_compile_stats();
+  // The CPU code generator's counters (fuser/codegen/llvm/cpu_codegen.cpp publishes them).
+  const detail::StatValues c = detail::read_stats("cpu_codegen");
+  auto count = [&c](const char* name) { return static_cast<int64_t>(detail::stat(c, name)); };
   Stats st;
   st.evaluations = l.evaluations;
   st.plan_cache_hits = l.plan_cache_hits;
@@ -1243,11 +1245,11 @@ Stats stats() {
   st.replays = g_replays.load();
   st.guard_failures = g_guard_failures.load();
   st.arena_bytes = plan_arena_bytes();
-  st.kernels_compiled = c.compiled;
-  st.kernel_memory_hits = c.memory_hits;
-  st.kernel_disk_hits = c.disk_hits;
-  st.kernels_evicted = c.evicted;
-  st.compile_seconds = c.compile_seconds;
+  st.kernels_compiled = count("compiled");
+  st.kernel_memory_hits = count("memory_hits");
+  st.kernel_disk_hits = count("disk_hits");
+  st.kernels_evicted = count("evicted");
+  st.compile_seconds = detail::stat(c, "compile_seconds");
   const PlanRunCounts runs = plan_run_counts();
   st.fused_kernels_run = runs.fused_kernels;
   st.unfused_steps_run = runs.unfused_steps;

@@ -24,7 +24,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "fuser/fuse.h"
+#include "jit/fusibility.h"
 #include "jit/passes/passes.h"
 #include "jit/passes/rewriter.h"
 
@@ -178,7 +178,7 @@ class ViewPusher {
 }  // namespace
 
 bool push_views(Graph& g, PassContext& ctx) {
-  if (!fuser::fusion_enabled()) return false;
+  if (!fusion_queries().enabled()) return false;
   const int64_t pushed = ViewPusher(g).run();
   if (pushed) ctx.count("view pushed through an elementwise op", pushed);
   return pushed > 0;

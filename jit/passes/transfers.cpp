@@ -2,7 +2,7 @@
 // copies above the work that feeds them (elementwise ops, GEMMs, joins, views and gathers), so that
 // the work runs on the device its result is copied to (to a GPU, or back to the host when that
 // copies fewer bytes).
-#include "fuser/fuse.h"
+#include "jit/fusibility.h"
 #include "jit/passes/passes.h"
 
 namespace kiln::jit {
@@ -68,7 +68,8 @@ bool eliminate_transfers(Graph& g, PassContext& ctx) {
       changed = true;
       continue;
     }
-    if (!(fuser::is_fusible(*producer) || fuser::has_device_kernel(*producer)) ||
+    const FusionQueries& fusion = fusion_queries();
+    if (!(fusion.is_fusible(*producer) || fusion.has_device_kernel(*producer)) ||
         producer->num_outputs() != 1 || in->uses().size() != 1 || g.is_output(in))
       continue;
     auto is_number = [](const Value* x) {

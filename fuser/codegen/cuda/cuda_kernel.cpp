@@ -15,12 +15,14 @@
 #include "fuser/codegen/cuda/cuda_codegen.h"
 #include "fuser/codegen/cuda/nvrtc.h"
 #include "fuser/fuse.h"
+#include "fuser/registration.h"
 #include "jit/log.h"
 #include "kiln/error.h"
 #include "lib/cuda_driver.h"
 #include "lib/cuda_memory.h"
 #include "lib/cuda_tensor.h"
 #include "lib/profiler.h"
+#include "lib/stats_registry.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln::fuser::cuda {
@@ -433,3 +435,17 @@ const bool g_copy_registered = (detail::device_kernels().copy = &copy_within_dev
 }  // namespace
 
 }  // namespace kiln::fuser::cuda
+
+namespace kiln::fuser {
+
+void register_cuda_codegen_stats() {
+  detail::register_stats("cuda_codegen", [] {
+    const cuda::CudaCompileStats s = cuda::cuda_compile_stats();
+    return detail::StatValues{{"compiles", s.compiles},
+                              {"disk_hits", s.disk_hits},
+                              {"memory_hits", s.memory_hits},
+                              {"compile_seconds", s.compile_seconds}};
+  });
+}
+
+}  // namespace kiln::fuser

@@ -39,12 +39,14 @@
 #include "fuser/cache.h"
 #include "fuser/codegen/llvm/ir_value.h"
 #include "fuser/prim_math.h"
+#include "fuser/registration.h"
 #include "fuser/rows_plan.h"
 #include "jit/dump.h"
 #include "jit/log.h"
 #include "kiln/error.h"
 #include "lib/env.h"
 #include "lib/profiler.h"
+#include "lib/stats_registry.h"
 #include "llvm/Config/llvm-config.h"
 #include "llvm/ExecutionEngine/Orc/CompileUtils.h"
 #include "llvm/ExecutionEngine/Orc/ExecutionUtils.h"
@@ -1576,6 +1578,19 @@ size_t set_cpu_kernel_cache_capacity(size_t kernels) {
 CompileStats cpu_compile_stats() {
   std::lock_guard<std::mutex> lock(g_stats_mutex);
   return g_stats;
+}
+
+void register_cpu_codegen_stats() {
+  detail::register_stats("cpu_codegen", [] {
+    const CompileStats s = cpu_compile_stats();
+    return detail::StatValues{{"compiled", s.compiled},
+                              {"memory_hits", s.memory_hits},
+                              {"disk_hits", s.disk_hits},
+                              {"evicted", s.evicted},
+                              {"revived", s.revived},
+                              {"unloaded", s.unloaded},
+                              {"compile_seconds", s.compile_seconds}};
+  });
 }
 
 }  // namespace kiln::fuser
