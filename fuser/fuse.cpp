@@ -19,7 +19,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "exec/executor.h"
+#include "jit/constant_value.h"
 #include "jit/log.h"
 #include "jit/passes/rewriter.h"
 #include "kiln/error.h"
