@@ -14,6 +14,7 @@
 #include "fuser/codegen/cuda/cuda_kernel.h"
 #endif
 #include "fuser/fuse.h"
+#include "jit/constant_value.h"
 #include "jit/dump.h"
 #include "jit/log.h"
 #include "jit/passes/rewriter.h"
@@ -41,15 +42,6 @@ struct EagerScope {
   ~EagerScope() { detail::set_lazy_mode(lazy); }
 };
 }  // namespace
-
-Tensor constant_value(const Node& n) {
-  const ValueType& t = n.output()->type();
-  Scalar value = detail::attr_scalar(n.attr(0));
-  Tensor out = t.wrapped_number && t.dtype == value.kind() ? detail::wrap_scalar(value)
-                                                           : scalar_tensor(value, t.dtype);
-  out.impl()->wrapped_number = t.wrapped_number;
-  return out;
-}
 
 namespace {
 // invoke_node without setting up the eager scope (the caller holds one).

@@ -147,9 +147,6 @@ PlanRunCounts plan_run_counts();
 // Plan(graph).run(inputs).
 std::vector<Tensor> run_graph(const Graph& graph, const std::vector<Tensor>& inputs);
 
-// The value of a constant node, as the plan binds it.
-Tensor constant_value(const Node& n);
-
 // Runs one node's reference kernel on concrete inputs, with recording and autograd off.
 std::vector<Tensor> invoke_node(const Node& node, const std::vector<Tensor>& inputs);
 

@@ -154,14 +154,14 @@ void check_input(const Tensor& t, const char* op, const char* arg) {
 // The hot row kernels are also compiled for AVX2 + FMA and picked at load time where the CPU has
 // them.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define KILN_NN_CLONES __attribute__((target_clones("default", "arch=x86-64-v3")))
+#define KILN_NN_CLONES __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
 #else
 #define KILN_NN_CLONES
 #endif
 
-// The primitives' exp for the dtype of the row kernels.
+// The primitives' exp for the dtype of the row kernels, whose arguments are x - max <= 0.
 KILN_MATH_INLINE float row_exp(float x) {
-  return detail::exp_f32(x);
+  return math::exp_nonpos_f32(x);
 }
 KILN_MATH_INLINE double row_exp(double x) {
   return detail::exp_f64(x);

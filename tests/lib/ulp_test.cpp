@@ -184,6 +184,31 @@ TEST(UlpF32, Exp) {
       {around({-103.972084f, -87.33655f, 88.72284f, 0.0f, 0.34657359f}, 3000)});
 }
 
+// The softmax kernels' exp of x - max: bit for bit exp_f32 at every float in [-104, -87] (the
+// subnormal results, where the scalings differ), every 97th float <= 0 elsewhere, and at -0, -inf
+// and NaN.
+TEST(UlpF32, ExpOfNonPositiveIsExp) {
+  uint64_t mismatches = 0;
+  float first = 0;
+  auto compare = [&](float x) {
+    const float got = exp_nonpos_f32(x), want = exp_f32(x);
+    if (std::memcmp(&got, &want, 4) != 0 && mismatches++ == 0) first = x;
+  };
+  auto from_bits = [](uint64_t b) {
+    const auto b32 = static_cast<uint32_t>(b);
+    float x;
+    std::memcpy(&x, &b32, 4);
+    return x;
+  };
+  for (float x = -87.0f; x >= -104.0f; x = std::nextafter(x, -105.0f)) compare(x);
+  const auto stride = static_cast<uint64_t>(97 / testing::test_scale());
+  for (uint64_t b = 0x80000000u; b <= 0xff800000u; b += stride) compare(from_bits(b));
+  for (float x : {-0.0f, 0.0f, -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN()})
+    compare(x);
+  EXPECT_EQ(mismatches, 0u) << "first at " << first;
+}
+
 TEST(UlpF32, Log) {
   sweep_f32(
       "log", [](float x) { return log_f32(x); }, [](double x) { return std::log(x); },
