@@ -1,3 +1,5 @@
+// plan_rows: the passes of a rows kernel, derived once from the kernel for both code generators.
+
 #include "fuser/rows_plan.h"
 
 #include <algorithm>
