@@ -146,10 +146,6 @@ std::string Source::scalar_args() const {
   return s;
 }
 
-std::string Source::decl(size_t n) const {
-  return "const " + std::string(value_type(k_.body[n].type)) + " " + v(static_cast<int32_t>(n));
-}
-
 }  // namespace codegen
 
 const char* cuda_storage_type(DType t) {

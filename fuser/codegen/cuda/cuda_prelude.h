@@ -8,6 +8,10 @@
 
 #include "fuser/kernel.h"
 
+// Internal to libkiln: hidden, so that the writer's calls between its steps and helpers are
+// direct and may be inlined (-fPIC makes exported functions interposable, and so never inlined).
+#pragma GCC visibility push(hidden)
+
 namespace kiln::fuser::cuda::codegen {
 
 // Every source's helpers (first in the source), and those of rows kernels (after it).
@@ -22,3 +26,5 @@ const char* math_suffix(DType t);
 const std::map<std::string, std::string>& math_functions();
 
 }  // namespace kiln::fuser::cuda::codegen
+
+#pragma GCC visibility pop

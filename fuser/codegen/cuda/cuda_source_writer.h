@@ -11,8 +11,13 @@
 #include <vector>
 
 #include "fuser/codegen/cuda/cuda_codegen.h"
+#include "fuser/codegen/cuda/cuda_values.h"
 #include "fuser/kernel.h"
 #include "fuser/rows_plan.h"
+
+// Internal to libkiln: hidden, so that the writer's calls between its steps and helpers are
+// direct and may be inlined (-fPIC makes exported functions interposable, and so never inlined).
+#pragma GCC visibility push(hidden)
 
 namespace kiln::fuser::cuda::codegen {
 
@@ -55,7 +60,9 @@ class Source {
   }
   std::string index_type() const { return variant_.index32 ? "unsigned" : "unsigned long long"; }
   // "const T vN" for instruction n.
-  std::string decl(size_t n) const;
+  std::string decl(size_t n) const {
+    return "const " + std::string(value_type(k_.body[n].type)) + " " + v(static_cast<int32_t>(n));
+  }
 
   // -------------------------------------------------------------------- one instruction (expr)
   struct Operands;
@@ -173,3 +180,5 @@ class Source {
 };
 
 }  // namespace kiln::fuser::cuda::codegen
+
+#pragma GCC visibility pop

@@ -14,29 +14,6 @@
 
 namespace kiln::fuser::cuda::codegen {
 
-const char* value_type(DType t) {
-  switch (t) {
-    case kBool:
-      return "bool";
-    case kInt32:
-      return "int";
-    case kInt64:
-      return "long long";
-    case kFloat32:
-      return "float";
-    case kFloat64:
-      return "double";
-  }
-  return "?";
-}
-const char* storage_type(DType t) {
-  return t == kBool ? "unsigned char" : value_type(t);
-}
-
-std::string v(int32_t n) {
-  return "v" + std::to_string(n);
-}
-
 // A number of type t exactly: hexadecimal floats (no decimal rounding), bit patterns for
 // infinities and NaN, integers converted from the double as the LLVM emitter converts them.
 std::string literal(double value, DType t) {
@@ -96,14 +73,6 @@ std::string cast(const std::string& a, DType from, DType to) {
 std::string libm(const char* name, DType t) {
   KILN_CHECK(is_floating_point(t), "fuser: CUDA codegen: ", name, " of ", dtype_name(t));
   return std::string(name) + (t == kFloat32 ? "f" : "");
-}
-
-std::string read(DType t, const std::string& at) {
-  return t == kBool ? "(" + at + " != 0)" : at;
-}
-
-std::string stored(DType t, const std::string& value) {
-  return t == kBool ? "(unsigned char)" + value : value;
 }
 
 std::string fold_name(const Instr& r) {

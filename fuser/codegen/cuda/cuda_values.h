@@ -7,14 +7,36 @@
 
 #include "fuser/kernel.h"
 
+// Internal to libkiln: hidden, so that the writer's calls between its steps and helpers are
+// direct and may be inlined (-fPIC makes exported functions interposable, and so never inlined).
+#pragma GCC visibility push(hidden)
+
 namespace kiln::fuser::cuda::codegen {
 
 // The C++ type of a value of dtype t in registers, and in memory (bool as a byte).
-const char* value_type(DType t);
-const char* storage_type(DType t);
+inline const char* value_type(DType t) {
+  switch (t) {
+    case kBool:
+      return "bool";
+    case kInt32:
+      return "int";
+    case kInt64:
+      return "long long";
+    case kFloat32:
+      return "float";
+    case kFloat64:
+      return "double";
+  }
+  return "?";
+}
+inline const char* storage_type(DType t) {
+  return t == kBool ? "unsigned char" : value_type(t);
+}
 
 // The name of instruction n's value (v<n>).
-std::string v(int32_t n);
+inline std::string v(int32_t n) {
+  return "v" + std::to_string(n);
+}
 
 // A number of type t exactly: hexadecimal floats (no decimal rounding), bit patterns for
 // infinities and NaN, integers converted from the double as the LLVM emitter converts them.
@@ -27,8 +49,12 @@ std::string cast(const std::string& a, DType from, DType to);
 std::string libm(const char* name, DType t);
 
 // A value of type t read from (bool: as a byte) and stored to memory.
-std::string read(DType t, const std::string& at);
-std::string stored(DType t, const std::string& value);
+inline std::string read(DType t, const std::string& at) {
+  return t == kBool ? "(" + at + " != 0)" : at;
+}
+inline std::string stored(DType t, const std::string& value) {
+  return t == kBool ? "(unsigned char)" + value : value;
+}
 
 // The fold of reduction r, named after its primitive (rsum: kiln_sum), its functor (KilnSum),
 // and its identity (its table entry's FoldIdentity).
@@ -37,3 +63,5 @@ std::string fold_functor(const Instr& r);
 std::string identity(const Instr& r);
 
 }  // namespace kiln::fuser::cuda::codegen
+
+#pragma GCC visibility pop
