@@ -1111,6 +1111,104 @@ TEST(CudaCodegen, CallFlagsFollowTheLaunchRules) {
   EXPECT_TRUE(fuser::cuda::cuda_variant(k, strided, {true, true}).index32);
 }
 
+// Launch geometry, pinned for a few shapes: the grids and blocks of elementwise calls (256 threads,
+// 4 elements per thread when flat, at most 32 blocks per multiprocessor) and of rows launches by
+// the default policy (cuda_codegen.h), and the per_thread variant a policy change asks for.
+TEST(CudaCodegen, LaunchGeometriesFollowTheRules) {
+  Kernel k;
+  k.input_types = {kFloat32};
+  k.outputs = {k.add({fuser::Prim::Load, kFloat32, -1, -1, -1, 0})};
+  k.output_types = {kFloat32};
+  alignas(16) static char buffer[64];
+  char* ptrs[] = {buffer, buffer + 32};
+  Layout flat;
+  flat.single_element = {false};
+  Layout strided;
+  strided.flat = false;
+  strided.rank = 1;
+  strided.inner = {Layout::kAny, Layout::kUnit};
+  const int64_t sizes[] = {1000000}, strides[] = {2, 1};
+  struct Elementwise {
+    const Layout& layout;
+    int64_t n;
+    unsigned grid;
+  };
+  for (const Elementwise& e :
+       {Elementwise{flat, 1000000, 977}, Elementwise{flat, 1, 1},
+        Elementwise{flat, int64_t{1} << 40, 4224}, Elementwise{strided, 1000000, 3907}}) {
+    const fuser::cuda::KernelCall call =
+        fuser::cuda::elementwise_call(k, e.layout, e.n, sizes, strides, ptrs, nullptr, 132);
+    EXPECT_EQ(call.grid, e.grid) << e.n << (e.layout.flat ? " flat" : " strided");
+    EXPECT_EQ(call.block, 256u);
+  }
+
+  // Rows: a kernel of each kind from the models (row reductions only, global, column ones), of
+  // rank 1 or more (rank 0 has one row).
+  const RowsCase *row = nullptr, *global = nullptr, *column = nullptr;
+  const std::vector<RowsCase> cases = model_cases();
+  for (const RowsCase& c : cases) {
+    const bool g = c.kernel.num_globals > 0, col = c.kernel.num_columns() > 0;
+    if (c.layout.rank < 1) continue;
+    if (!g && !col && !row) row = &c;
+    if (g && !col && !global) global = &c;
+    if (col && !column) column = &c;
+  }
+  ASSERT_TRUE(row && global && column);
+  struct Rows {
+    const RowsCase* c;
+    int64_t rows, R;
+    int threads, per_thread;
+    int64_t blocks;
+    unsigned shared_bytes;
+  };
+  const Rows expected[] = {
+      {row, 1000, 1000, 256, 0, 1000, 4000}, {row, 3, 100000, 512, 0, 3, 0},
+      {row, 100000, 8, 32, 0, 65536, 32},    {global, 5000, 64, 32, 0, 1024, 256},
+      {column, 4096, 300, 128, 4, 512, 0},   {column, 10, 5000, 512, 16, 10, 0},
+      {column, 10, 10000, 512, 0, 10, 0},
+  };
+  auto launch = [](const Rows& e, int64_t stride) {
+    const size_t ptrs = e.c->kernel.input_types.size() + e.c->kernel.outputs.size();
+    const size_t dims = static_cast<size_t>(e.c->layout.rank) + 1;
+    std::vector<int64_t> sizes{e.rows};  // the outer dims (rank 1 or more), then the row
+    sizes.resize(dims - 1, 1);
+    sizes.push_back(e.R);
+    const std::vector<int64_t> strides(dims * ptrs, stride);
+    return fuser::cuda::cuda_rows_launch(e.c->kernel, e.c->layout, sizes.data(), strides.data());
+  };
+  for (const Rows& e : expected) {
+    const std::string what =
+        e.c->what + ", " + std::to_string(e.rows) + " rows of " + std::to_string(e.R);
+    const fuser::cuda::CudaRowsLaunch g = launch(e, 1);
+    EXPECT_EQ(g.threads, e.threads) << what;
+    EXPECT_EQ(g.per_thread, e.per_thread) << what;
+    EXPECT_EQ(g.blocks, e.blocks) << what;
+    EXPECT_EQ(g.shared_bytes, e.shared_bytes) << what;
+    EXPECT_TRUE(g.index32) << what;
+    const Kernel& kk = e.c->kernel;
+    const int64_t stride =
+        kk.num_globals > 0 || kk.num_columns() > 0 ? kk.partials_per_call(e.R) : 0;
+    EXPECT_EQ(g.stride, stride) << what;
+    EXPECT_EQ(g.partials_bytes, g.blocks * stride * 8) << what;
+    int32_t widest = 0;
+    for (int32_t parts : kk.column_parts) widest = std::max(widest, parts);
+    EXPECT_EQ(g.column_positions, widest * e.R) << what;
+    EXPECT_EQ(g.columns_threads, kk.num_columns() > 0 ? 128 : 0) << what;
+    EXPECT_EQ(g.columns_blocks, kk.num_columns() > 0 ? (widest * e.R + 127) / 128 : 0) << what;
+    EXPECT_FALSE(launch(e, int64_t{1} << 31).index32) << what;
+  }
+  // The register variant for kernels without column reductions, when the policy asks for it.
+  const fuser::cuda::CudaRowsPolicy before = fuser::cuda::cuda_rows_policy();
+  fuser::cuda::CudaRowsPolicy registers = before;
+  registers.registers_without_columns = true;
+  fuser::cuda::set_cuda_rows_policy(registers);
+  const fuser::cuda::CudaRowsLaunch g = launch({row, 1000, 1000, 0, 0, 0, 0}, 1);
+  fuser::cuda::set_cuda_rows_policy(before);
+  EXPECT_EQ(g.threads, 256);
+  EXPECT_EQ(g.per_thread, 4);
+  EXPECT_EQ(g.shared_bytes, 0u);
+}
+
 // ---------------------------------------------------------- semantics, checked on the host
 // Without a GPU the generated kernels still run: their source is plain C++ but for CUDA's
 // qualifiers, thread indices, vector types and bit casts, so the host compiler builds it (with

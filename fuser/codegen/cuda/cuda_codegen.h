@@ -1,8 +1,7 @@
 // CUDA code generation: a fused kernel (fuser/kernel.h) as CUDA C++ source for NVRTC.
 //
-// What exists: flat and strided elementwise kernels and rows kernels (reductions) as source text,
-// compiled by NVRTC (nvrtc.h) to PTX or cubin. What does not yet: loading and launching them
-// (driver API), device tensors.
+// Flat and strided elementwise kernels and rows kernels (reductions) as source text, compiled by
+// NVRTC (nvrtc.h) to PTX or cubin, loaded and launched by cuda_kernel.h.
 //
 // The launch ABI (what a launcher passes to cuLaunchKernel, one pointer per parameter):
 //   flat:    (long long n, <ptrs>, <scalars>)
@@ -163,7 +162,7 @@ CudaCallFlags cuda_call_flags(const Kernel& kernel, const Layout& layout, int64_
 //   per_thread: for kernels with column reductions (CudaRowsPolicy), the least K of 4, 8, 16,
 //            32, 64 (at most CudaRowsPolicy::max_per_thread) with R <= K * threads, else 0
 //   blocks:  min(rows, cap), at least 1; cap 65536, 1024 with global reductions (the finish
-//            kernel combines the blocks' partials on one thread), 128 with column reductions
+//            kernel combines the blocks' partials on one thread), 512 with column reductions
 //            (blocks * R column partials)
 struct CudaRowsLaunch {
   int64_t blocks = 1;            // the rows kernel's gridDim.x
