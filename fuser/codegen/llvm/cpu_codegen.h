@@ -1,5 +1,4 @@
-// CPU code generation: a fused kernel as LLVM IR, optimized for this CPU and compiled by LLVM's
-// ORC LLJIT, with the compiled kernels kept in a per-process cache of limited size.
+// CPU code generation: fused kernels compiled through LLVM's ORC LLJIT, cached per process.
 //
 // One LLJIT serves the process; each kernel is its own module under its own ResourceTracker, whose
 // handle the kernel's CompiledKernels share: the in-memory cache keeps at most

@@ -1,5 +1,7 @@
-// What the CPU code generator's files share: LLVM error text, the names of a kernel's functions,
-// the prefetch marker, and the entry points of the emitter and of the optimization pipeline.
+// What the CPU code generator's files share (private to fuser/codegen/llvm/).
+//
+// LLVM error text, the names of a kernel's functions, the prefetch marker, and the entry points
+// of the emitter and of the optimization pipeline.
 #pragma once
 
 #include <string>

@@ -1,5 +1,7 @@
-// The IR of a rows kernel's helpers that combine the calls' partials: the finish function (global
-// reductions, see FinishFn) and the columns function (column reductions, see ColumnsFn).
+// The IR of a rows kernel's finish and columns helpers, which combine the calls' partials.
+//
+// The finish function folds the global reductions (see FinishFn), the columns function the column
+// reductions (see ColumnsFn).
 #include <cstdint>
 #include <vector>
 

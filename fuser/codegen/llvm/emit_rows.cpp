@@ -1,5 +1,7 @@
-// The IR of rows kernels: for each row, the passes of the rows plan (fuser/rows_plan.h) over its
-// elements, folding the row, global and column reductions, then the row-level outputs.
+// The IR of rows kernels: the passes of the rows plan (fuser/rows_plan.h) over each row.
+//
+// Each pass runs over the row's elements, folding the row, global and column reductions, then the
+// row-level outputs.
 #include <cstdint>
 #include <vector>
 

@@ -1,5 +1,7 @@
-// The IR of flat and strided kernels: the kernel function's entry, its loops over elements, and
-// each instruction's value (a dispatch over the primitive table), loads, stores, casts and folds.
+// The IR of flat and strided kernels, and of each instruction (a dispatch by primitive).
+//
+// Also what every kind of kernel function is built from: the function's entry, loops over
+// elements, each instruction's value, loads, stores, casts and folds.
 #include "fuser/codegen/llvm/emitter.h"
 
 #include <cmath>

@@ -1,5 +1,7 @@
-// The IR emitter of one kernel function: its builder, its state, and the pieces that the flat,
-// strided and rows kernels and the finish and columns helpers are built from.
+// The IR emitter of one kernel function (private to fuser/codegen/llvm/).
+//
+// Its builder, its state, and the pieces that the flat, strided and rows kernels and the finish
+// and columns helpers are built from.
 #pragma once
 
 #include <cstddef>

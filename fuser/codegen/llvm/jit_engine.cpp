@@ -1,5 +1,7 @@
-// The LLVM side of the CPU JIT: starting LLVM for the host CPU (target machine, features, the
-// LLJIT), and a kernel's IR emitted and verified, optimized, compiled (or dumped) and linked.
+// The LLVM side of the CPU JIT: LLVM started for the host; a kernel compiled and linked.
+//
+// Starting LLVM for the host CPU (target machine, features, the LLJIT); a kernel's IR emitted and
+// verified, optimized, compiled (and dumped under KILN_DUMP) and linked.
 #include "fuser/codegen/llvm/jit_engine.h"
 
 #include <chrono>

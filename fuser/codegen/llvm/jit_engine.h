@@ -1,5 +1,7 @@
-// The LLVM side of the CPU JIT: the host's target machine and the process's one LLJIT, and the
-// steps of a kernel's way from Kernel to linked code (emit, key, optimize and compile, link).
+// The LLVM side of the CPU JIT: LLVM started for the host; a kernel compiled and linked.
+//
+// The host's target machine and the process's one LLJIT, and the steps of a kernel's way from
+// Kernel to linked code (emit, key, optimize and compile, link).
 #pragma once
 
 #include <memory>

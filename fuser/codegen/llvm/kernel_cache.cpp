@@ -1,6 +1,8 @@
-// The CPU JIT's kernels in memory (the public entry points of cpu_codegen.h): the cache of loaded
-// kernels with its least-recently-used eviction, evicted kernels that plans still hold, a
-// kernel's load from the disk cache or its compile, and the statistics.
+// The CPU JIT's kernels in memory: the cache and its eviction, loads and compiles, statistics.
+//
+// The public entry points of cpu_codegen.h: the cache of loaded kernels with its
+// least-recently-used eviction, evicted kernels that plans still hold, a kernel's load from the
+// disk cache or its compile, and the statistics.
 #include <chrono>
 #include <condition_variable>
 #include <list>

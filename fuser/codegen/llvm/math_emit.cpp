@@ -1,4 +1,6 @@
-// The primitives defined in lib/math (transcendentals, pow) as IR, inline or as out-of-line
+// The lib/math primitives (transcendentals, pow) and rem as IR.
+//
+// The primitives defined in lib/math (transcendentals, pow), inline or as out-of-line
 // functions with a vector variant, and the libm calls and integer remainder of rem.
 #include <cstdint>
 #include <string>
