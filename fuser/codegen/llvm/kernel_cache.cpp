@@ -237,7 +237,7 @@ CompiledKernel hold(const std::string& key, KernelLoad& load) {
 // (Under compile_mutex.) Loads the kernel from the disk cache, or compiles it. On disk, the
 // object is filed under the IR it is compiled from (and the target): a change of the emitter's
 // output can never load an object built from other code.
-CompiledKernel load(const std::string& key, const Kernel& k, const Layout& layout) {
+CompiledKernel load_or_compile(const std::string& key, const Kernel& k, const Layout& layout) {
   kiln::detail::ProfileSpan span("compile");
   const auto start = std::chrono::steady_clock::now();
   JitEngine& jit = engine();
@@ -265,7 +265,7 @@ CompiledKernel load(const std::string& key, const Kernel& k, const Layout& layou
 // from the disk cache, else a new compile. Lookups run beside a compile; compiles (and loads)
 // take turns.
 CompiledKernel get(const Kernel& k, const Layout& layout) {
-  engine();  // LLVM starts at the first request
+  engine();  // LLVM starts at the first request (its start-up logged before the first look-up)
   std::string key;
   {
     // The look-up (key and map) as a span of its own: the profile shows what a plan's first run
@@ -295,7 +295,7 @@ CompiledKernel get(const Kernel& k, const Layout& layout) {
     return std::move(*alive);
   }
   if (jit::log_enabled("cache")) jit::log("cache", "memory miss ", kernel_symbol(key, k));
-  CompiledKernel code = load(key, k, layout);
+  CompiledKernel code = load_or_compile(key, k, layout);
   insert(key, code);
   return code;
 }
