@@ -1,5 +1,26 @@
-// CPU code generation: a fused kernel as LLVM IR, optimized for this CPU and compiled by LLVM's
-// ORC LLJIT, with the compiled kernels kept in a per-process cache of limited size.
+// CPU code generation: fused kernels compiled through LLVM's ORC LLJIT, cached per process.
+//
+// One LLJIT serves the process; each kernel is its own module under its own ResourceTracker, whose
+// handle the kernel's CompiledKernels share: the in-memory cache keeps at most
+// KILN_KERNEL_CACHE_MAX kernels (least recently used evicted), and a kernel's code is removed
+// when the cache and every plan holding it have let go. The IR is a loop over elements (flat
+// layout) or over rows with an inner loop over the last dimension (strided layout, strides passed
+// per call: LLVM's loop vectorizer versions the inner loop on a unit stride), or the passes of a
+// rows kernel. Every primitive computes what the op's reference kernel computes: IEEE operations
+// without fast-math flags or contraction (a fused result of ops without a transcendental is
+// bit-equal to the eager one); the transcendental functions (float32 and float64) are
+// lib/math/primitives.h's single definitions instantiated for IR values (ir_value.h: branch-free,
+// so loops vectorize; FMA inside a primitive where the host has it), within the bounds of
+// docs/numerics.md of the exact result; fmod and pow call the same libm functions the reference
+// kernels call (marked nobuiltin, so LLVM does not rewrite them).
+//
+// The files of fuser/codegen/llvm/, by job: kernel_cache.cpp (these entry points: the in-memory
+// cache, eviction, disk-cache hookup, statistics), jit_engine.cpp (LLVM for the host: target
+// machine, LLJIT, emit/optimize/compile/link one kernel), passes.cpp (the optimization pipeline
+// and PrefetchPass), emitter.cpp (flat and strided kernels, each instruction's IR), emit_rows.cpp
+// (rows kernels), emit_partials.cpp (the finish and columns helpers), math_emit.cpp (the lib/math
+// primitives as IR), ir_value.h (IR values for lib/math's templates); emitter.h, jit_engine.h and
+// cpu_internal.h are private to the directory.
 #pragma once
 
 #include <cstddef>

@@ -1,3 +1,5 @@
+// LLVM IR values for lib/math's templates, so that the emitter instantiates each primitive once.
+//
 // LLVM IR values as a value family of lib/math/primitives.h: Ir<T> wraps the llvm::Value of
 // scalar type T (float, double, uint32_t, uint64_t; bool for masks), or of a vector of them in a
 // Scope with lanes (a primitive's out-of-line vector function), and its operators emit the
