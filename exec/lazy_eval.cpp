@@ -173,65 +173,55 @@ void evaluate_speculatively(const std::vector<LazyRef>& requests, detail::TraceS
 }
 }  // namespace
 
-void evaluate(const std::vector<LazyRef>& requests) {
-  if (detail::TraceState* trace = detail::trace_state())
-    return evaluate_speculatively(requests, *trace);
-  detail::ProfileSpan span("lazy.evaluate");
-  detail::LazyLock lock;
-  LazyGraphBinding binding;
-  Recipe recipe;
+namespace {
+// The recipe of what `requests` need, collected again after waiting whenever another thread's
+// evaluation has claimed a node it needs. Under `lock`.
+Recipe collect_unclaimed(const std::vector<LazyRef>& requests, LazyGraphBinding& binding,
+                         detail::LazyLock& lock) {
   for (;;) {
+    Recipe recipe;
     {
       detail::ProfileSpan collecting("lazy.collect");
       recipe = collect(requests, &binding, true, nullptr);
     }
-    if (!recipe.busy) break;
+    if (!recipe.busy) return recipe;
     binding = LazyGraphBinding{};
     lock.wait_for_evaluations();
   }
-  if (recipe.outputs.empty()) return;
-  for (int64_t arg : binding.arguments)
-    KILN_CHECK(arg < 0, "jit: a value computed inside jit::trace from its argument ", arg,
-               " was used outside the trace; return it from the traced function instead");
-  const Claim claim(recipe.order);
-  lock.unlock();
-  exec_state().evaluations.fetch_add(1, std::memory_order_relaxed);
-  const size_t graph_nodes = recipe.input_types.size() + recipe.order.size() + recipe.num_constants;
-  if (log_enabled("lazy"))
-    log("lazy", "materializing ", requests.size(), " value(s), ", graph_nodes,
-        " nodes, because of ", detail::evaluation_reason());
-  exec_state().nodes_recorded_in_graphs.fetch_add(static_cast<int64_t>(graph_nodes),
-                                                  std::memory_order_relaxed);
+}
+
+// The optimized plan of the recipe's graph: found in the plan cache, or built (passes, fusion,
+// plan) and cached.
+std::shared_ptr<PlanCacheEntry> optimized_plan(const Recipe& recipe, size_t graph_nodes) {
   const GraphHash key = recipe_key(recipe);
   std::shared_ptr<PlanCacheEntry> entry = find_plan(key);
   log("cache", "plan cache ", entry ? "hit" : "miss", " for a graph of ", graph_nodes, " nodes");
   if (entry) {
     exec_state().plan_cache_hits.fetch_add(1, std::memory_order_relaxed);
-  } else {
-    std::unique_ptr<Graph> graph;
-    {
-      detail::ProfileSpan building("lazy.graph");
-      graph = make_graph(recipe);
-    }
-    name_graph(*graph, [] {
-      return "lazy flush #" + std::to_string(exec_state().evaluations.load()) + ": " +
-             detail::evaluation_reason();
-    });
-    run_passes(*graph);
-    if (verify_passes()) verify_types(*graph);
-    entry = std::make_shared<PlanCacheEntry>();
-    entry->plan = std::make_unique<Plan>(*graph);
-    entry->graph = std::move(graph);
-    add_plan(key, entry);
+    return entry;
   }
-  const Plan& plan = *entry->plan;
-  exec_state().nodes_executed.fetch_add(static_cast<int64_t>(plan.num_nodes()),
-                                        std::memory_order_relaxed);
-  std::vector<Tensor> results = plan.run(binding.inputs);
-  const ResultHolders holders(binding.inputs, results);
+  std::unique_ptr<Graph> graph;
+  {
+    detail::ProfileSpan building("lazy.graph");
+    graph = make_graph(recipe);
+  }
+  name_graph(*graph, [] {
+    return "lazy flush #" + std::to_string(exec_state().evaluations.load()) + ": " +
+           detail::evaluation_reason();
+  });
+  run_passes(*graph);
+  if (verify_passes()) verify_types(*graph);
+  entry = std::make_shared<PlanCacheEntry>();
+  entry->plan = std::make_unique<Plan>(*graph);
+  entry->graph = std::move(graph);
+  add_plan(key, entry);
+  return entry;
+}
 
-  // Hand results over: fill waiting storages, then turn each node into a computed one.
-  lock.lock();
+// Hands the results over (under the lazy lock): fills the storages waiting for them, then turns
+// each node into a computed one.
+void hand_over(LazyGraphBinding& binding, std::vector<Tensor>& results,
+               const ResultHolders& holders) {
   absl::flat_hash_map<LazyNode*, std::vector<Tensor>> computed;
   for (size_t k = 0; k < results.size(); ++k) {
     const LazyRef& ref = binding.outputs[k];
@@ -259,6 +249,37 @@ void evaluate(const std::vector<LazyRef>& requests) {
     ref.node->mark_computed(std::move(it->second));
     computed.erase(it);
   }
+}
+}  // namespace
+
+void evaluate(const std::vector<LazyRef>& requests) {
+  if (detail::TraceState* trace = detail::trace_state())
+    return evaluate_speculatively(requests, *trace);
+  detail::ProfileSpan span("lazy.evaluate");
+  detail::LazyLock lock;
+  LazyGraphBinding binding;
+  const Recipe recipe = collect_unclaimed(requests, binding, lock);
+  if (recipe.outputs.empty()) return;
+  for (int64_t arg : binding.arguments)
+    KILN_CHECK(arg < 0, "jit: a value computed inside jit::trace from its argument ", arg,
+               " was used outside the trace; return it from the traced function instead");
+  const Claim claim(recipe.order);
+  lock.unlock();
+  exec_state().evaluations.fetch_add(1, std::memory_order_relaxed);
+  const size_t graph_nodes = recipe.input_types.size() + recipe.order.size() + recipe.num_constants;
+  if (log_enabled("lazy"))
+    log("lazy", "materializing ", requests.size(), " value(s), ", graph_nodes,
+        " nodes, because of ", detail::evaluation_reason());
+  exec_state().nodes_recorded_in_graphs.fetch_add(static_cast<int64_t>(graph_nodes),
+                                                  std::memory_order_relaxed);
+  const std::shared_ptr<PlanCacheEntry> entry = optimized_plan(recipe, graph_nodes);
+  const Plan& plan = *entry->plan;
+  exec_state().nodes_executed.fetch_add(static_cast<int64_t>(plan.num_nodes()),
+                                        std::memory_order_relaxed);
+  std::vector<Tensor> results = plan.run(binding.inputs);
+  const ResultHolders holders(binding.inputs, results);
+  lock.lock();
+  hand_over(binding, results, holders);
 }
 
 bool plan_cached(const std::vector<LazyRef>& requests) {
