@@ -208,7 +208,8 @@ const char* launch_elementwise(const PlanStep& step, const KernelStep& k,
   const bool on_device = step.cuda_device >= 0;
   // This thread's layout, reset: its vectors keep their capacity, so finding the step's kernel
   // allocates nothing (a copy is kept only when a new kernel is looked up).
-  static thread_local fuser::Layout t_layout;
+  // Initial-exec: the general model would add a call to every launch.
+  static thread_local fuser::Layout t_layout __attribute__((tls_model("initial-exec")));
   fuser::Layout& layout = t_layout;
   set_flat_layout(layout, host_args, dests, numel, on_device);
   std::vector<Tensor> moved;

@@ -9,6 +9,7 @@
 #include "exec/invoke.h"
 #include "exec/kernel_step.h"
 #include "exec/plan_step.h"
+#include "exec/scratch.h"
 #include "exec/step_profile.h"
 #include "kiln/error.h"
 #include "lib/cuda_tensor.h"
@@ -18,34 +19,26 @@
 namespace kiln::jit {
 
 namespace {
-// A run's working vectors (its slots, a step's arguments and outputs), taken from this thread's
-// spares and given back empty with their capacity: a replay of a small plan allocates none of
-// them. A run inside a step's op takes spares of its own.
+// This thread's spare vectors (ScratchTensors).
 __attribute__((tls_model("initial-exec"))) thread_local std::vector<std::vector<Tensor>> t_spares;
-class ScratchTensors {
- public:
-  ScratchTensors() {
-    std::vector<std::vector<Tensor>>& spares = t_spares;
-    if (spares.empty()) return;
-    v_ = std::move(spares.back());
-    spares.pop_back();
-  }
-  ~ScratchTensors() {
-    v_.clear();
-    // A large plan's slots are not kept: a thread would hold their capacity for good.
-    if (t_spares.size() < kMaxSpares && v_.capacity() <= kMaxKept)
-      t_spares.push_back(std::move(v_));
-  }
-  ScratchTensors(const ScratchTensors&) = delete;
-  ScratchTensors& operator=(const ScratchTensors&) = delete;
-  std::vector<Tensor>& operator*() { return v_; }
+constexpr size_t kMaxSpares = 16;
+constexpr size_t kMaxKept = 1024;  // tensors (16 KiB of handles)
+}  // namespace
 
- private:
-  static constexpr size_t kMaxSpares = 16;
-  static constexpr size_t kMaxKept = 1024;  // tensors (16 KiB of handles)
-  std::vector<Tensor> v_;
-};
+ScratchTensors::ScratchTensors() {
+  std::vector<std::vector<Tensor>>& spares = t_spares;
+  if (spares.empty()) return;
+  v_ = std::move(spares.back());
+  spares.pop_back();
+}
 
+ScratchTensors::~ScratchTensors() {
+  v_.clear();
+  // A large plan's slots are not kept: a thread would hold their capacity for good.
+  if (t_spares.size() < kMaxSpares && v_.capacity() <= kMaxKept) t_spares.push_back(std::move(v_));
+}
+
+namespace {
 // A run's collectives in flight: (the step that started one, its wait), in start order.
 using InFlight = std::vector<std::pair<size_t, std::function<void()>>>;
 

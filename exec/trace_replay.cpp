@@ -9,6 +9,7 @@
 #include "exec/exec_state.h"
 #include "exec/executor.h"
 #include "exec/lazy_eval.h"
+#include "exec/scratch.h"
 #include "exec/specialization.h"
 #include "jit/log.h"
 #include "kiln/autograd.h"
@@ -71,11 +72,11 @@ std::vector<Tensor> run_backward(const Backward& b, const std::vector<Tensor>& a
 
 // The plan's inputs for a call: per graph input, its call argument (`arguments`: the call's and
 // the values read at each call) or its captured tensor.
-std::vector<Tensor> plan_inputs(const Specialization& s, const std::vector<Tensor>& arguments) {
-  std::vector<Tensor> args(s.arguments.size());
+void bind_plan_inputs(const Specialization& s, const std::vector<Tensor>& arguments,
+                      std::vector<Tensor>& args) {
+  args.resize(s.arguments.size());
   for (size_t k = 0; k < s.arguments.size(); ++k)
     args[k] = s.arguments[k] >= 0 ? arguments[static_cast<size_t>(s.arguments[k])] : s.captures[k];
-  return args;
 }
 
 // A .grad the function replaces without reading it (zero_grad, then backward) is dropped before
@@ -217,7 +218,9 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
   std::vector<Tensor> extended;
   if (!s.scalars.empty() || s.grad_inputs() > 0) extended = s.arguments_of(inputs);
   const std::vector<Tensor>& arguments = extended.empty() ? inputs : extended;
-  std::vector<Tensor> args = plan_inputs(s, arguments);
+  ScratchTensors args_scratch;  // the thread's spare: a replay allocates no argument vector
+  std::vector<Tensor>& args = *args_scratch;
+  bind_plan_inputs(s, arguments, args);
   eval(args);
   drop_replaced_grads(s, inputs, args);
   std::vector<Tensor> results = s.plan->run(args);
