@@ -73,72 +73,107 @@ void Function::save(const std::string& path) const {
   save_graph(path, *s->graph, constants, meta.str());
 }
 
-Function load(const std::string& path) {
-  LoadedGraph loaded = load_graph(path);
-  std::istringstream meta(loaded.metadata);
-  auto fail = [&](const std::string& what) {
-    KILN_FAIL("kiln::jit::load: ", path, ": bad function description (", what, ")");
-  };
-  auto read_int = [&](const char* what) {
+namespace {
+// Reads a function description, raising kiln::Error naming the file and what is wrong.
+class DescriptionReader {
+ public:
+  DescriptionReader(const std::string& path, const std::string& text) : path_(path), meta_(text) {}
+
+  [[noreturn]] void fail(const std::string& what) const {
+    KILN_FAIL("kiln::jit::load: ", path_, ": bad function description (", what, ")");
+  }
+  int64_t read_int(const char* what) {
     int64_t v;
-    if (!(meta >> v)) fail(std::string("reading ") + what);
+    if (!(meta_ >> v)) fail(std::string("reading ") + what);
     return v;
-  };
-  auto expect_word = [&](const char* word) {
+  }
+  void expect_word(const char* word) {
     std::string w;
-    if (!(meta >> w) || w != word) fail(std::string("expected '") + word + "'");
-  };
-  expect_word("kiln-function");
-  if (read_int("version") != 1) fail("unknown version");
-  auto spec = std::make_unique<Specialization>();
-  expect_word("inputs");
-  int64_t n = read_int("input count");
-  if (n < 0 || n > 1 << 20) fail("input count");
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t dtype = read_int("dtype"), rg = read_int("requires_grad"), rank = read_int("rank");
-    if (dtype < 0 || dtype > static_cast<int64_t>(DType::Float64) || rank < 0 || rank > 64)
-      fail("input type");
-    InputKey k{static_cast<DType>(dtype), {}, kCPU, rg != 0};
-    for (int64_t d = 0; d < rank; ++d) k.sizes.push_back(read_int("size"));
-    spec->key.push_back(k);
+    if (!(meta_ >> w) || w != word) fail(std::string("expected '") + word + "'");
   }
-  expect_word("bindings");
-  const Graph& g = *loaded.graph;
-  if (read_int("binding count") != static_cast<int64_t>(g.inputs().size()) ||
-      loaded.constants.size() != g.inputs().size())
-    fail("bindings do not match the graph's inputs");
-  for (size_t i = 0; i < g.inputs().size(); ++i) {
-    int64_t a = read_int("binding");
-    if (a < -1 || a >= n) fail("binding out of range");
-    if (a < 0 && !loaded.constants[i].defined()) fail("a captured tensor is missing");
-    spec->arguments.push_back(a);
-    spec->captures.push_back(loaded.constants[i]);
-  }
-  expect_word("outputs");
-  if (read_int("output count") != static_cast<int64_t>(g.outputs().size()))
-    fail("outputs do not match the graph's");
-  for (size_t k = 0; k < g.outputs().size(); ++k) {
-    int64_t kind = read_int("output kind"), target = read_int("output target");
-    if (kind < 0 || kind > 3) fail("output kind");
-    spec->kinds.push_back(static_cast<OutputKind>(kind));
-    spec->write_targets.emplace_back();
-    spec->grad_slot_of.emplace_back();
-    if (kind == 0 || kind == 3) continue;
-    if (target < 0 || target >= static_cast<int64_t>(spec->captures.size()) ||
-        spec->arguments[static_cast<size_t>(target)] >= 0)
-      fail("output target");
-    Tensor& cap = spec->captures[static_cast<size_t>(target)];
-    if (kind == 1) {
-      spec->write_targets.back() = detail::flat_storage_tensor(cap.impl()->storage, cap.dtype());
-    } else {
-      if (!cap.requires_grad()) cap.requires_grad_(true);
-      GradSlot slot;
-      slot.leaf = cap.impl_ptr();
-      slot.write = GradSlot::Write::kAssign;
-      spec->grad_slot_of.back() = spec->grad_slots.size();
-      spec->grad_slots.push_back(std::move(slot));
+
+  // The header and the guard: per call argument, its dtype, requires_grad and sizes.
+  void read_inputs(Specialization& spec) {
+    expect_word("kiln-function");
+    if (read_int("version") != 1) fail("unknown version");
+    expect_word("inputs");
+    const int64_t n = read_int("input count");
+    if (n < 0 || n > 1 << 20) fail("input count");
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t dtype = read_int("dtype");
+      const int64_t rg = read_int("requires_grad");
+      const int64_t rank = read_int("rank");
+      if (dtype < 0 || dtype > static_cast<int64_t>(DType::Float64) || rank < 0 || rank > 64)
+        fail("input type");
+      InputKey k{static_cast<DType>(dtype), {}, kCPU, rg != 0};
+      for (int64_t d = 0; d < rank; ++d) k.sizes.push_back(read_int("size"));
+      spec.key.push_back(k);
     }
   }
+
+  // Per graph input: the call argument, or -1 for its captured tensor.
+  void read_bindings(const LoadedGraph& loaded, Specialization& spec) {
+    expect_word("bindings");
+    const Graph& g = *loaded.graph;
+    if (read_int("binding count") != static_cast<int64_t>(g.inputs().size()) ||
+        loaded.constants.size() != g.inputs().size())
+      fail("bindings do not match the graph's inputs");
+    const auto n = static_cast<int64_t>(spec.key.size());
+    for (size_t i = 0; i < g.inputs().size(); ++i) {
+      const int64_t a = read_int("binding");
+      if (a < -1 || a >= n) fail("binding out of range");
+      if (a < 0 && !loaded.constants[i].defined()) fail("a captured tensor is missing");
+      spec.arguments.push_back(a);
+      spec.captures.push_back(loaded.constants[i]);
+    }
+  }
+
+  // Per graph output: its kind and the captured tensor it writes back or whose .grad it assigns.
+  void read_outputs(const Graph& g, Specialization& spec) {
+    expect_word("outputs");
+    if (read_int("output count") != static_cast<int64_t>(g.outputs().size()))
+      fail("outputs do not match the graph's");
+    for (size_t k = 0; k < g.outputs().size(); ++k) {
+      const int64_t kind = read_int("output kind");
+      const int64_t target = read_int("output target");
+      if (kind < 0 || kind > 3) fail("output kind");
+      spec.kinds.push_back(static_cast<OutputKind>(kind));
+      spec.write_targets.emplace_back();
+      spec.grad_slot_of.emplace_back();
+      if (kind == 0 || kind == 3) continue;
+      if (target < 0 || target >= static_cast<int64_t>(spec.captures.size()) ||
+          spec.arguments[static_cast<size_t>(target)] >= 0)
+        fail("output target");
+      bind_output(spec, kind, spec.captures[static_cast<size_t>(target)]);
+    }
+  }
+
+ private:
+  static void bind_output(Specialization& spec, int64_t kind, Tensor& cap) {
+    if (kind == 1) {
+      spec.write_targets.back() = detail::flat_storage_tensor(cap.impl()->storage, cap.dtype());
+      return;
+    }
+    if (!cap.requires_grad()) cap.requires_grad_(true);
+    GradSlot slot;
+    slot.leaf = cap.impl_ptr();
+    slot.write = GradSlot::Write::kAssign;
+    spec.grad_slot_of.back() = spec.grad_slots.size();
+    spec.grad_slots.push_back(std::move(slot));
+  }
+
+  const std::string& path_;
+  std::istringstream meta_;
+};
+}  // namespace
+
+Function load(const std::string& path) {
+  LoadedGraph loaded = load_graph(path);
+  DescriptionReader reader(path, loaded.metadata);
+  auto spec = std::make_unique<Specialization>();
+  reader.read_inputs(*spec);
+  reader.read_bindings(loaded, *spec);
+  reader.read_outputs(*loaded.graph, *spec);
   spec->graph = std::move(loaded.graph);
   spec->plan = std::make_unique<Plan>(*spec->graph, in_place_inputs(*spec));
   spec->grad_mode = true;  // no backward: serves calls with autograd on or off
