@@ -1,5 +1,5 @@
-// Runs a Graph: each node through its op's reference kernel (the fused kernels of #5 replace
-// groups of them), over buffer slots released at their last use.
+// The execution plan of a graph: its steps (exec/plan_step.h) over buffer slots released at
+// their last use, built once (plan_build.cpp, plan_in_place.cpp) and run many times (plan_run.cpp).
 #pragma once
 
 #include <atomic>
@@ -19,6 +19,9 @@
 namespace kiln::jit {
 
 class FusedGraphDump;
+struct PlanStep;
+struct PlanArena;
+struct ArenaValue;
 
 // A compiled schedule for one graph: the order of steps and, for each value, the step after which
 // nothing reads it any more (its slot is then released for reuse by the allocator).
@@ -50,7 +53,7 @@ class Plan {
   // Binds graph inputs to `inputs` (in order) and runs every step; returns the graph outputs.
   // Safe to call from several threads at once (a run that finds the arena in use makes its own).
   std::vector<Tensor> run(const std::vector<Tensor>& inputs) const;
-  size_t num_steps() const { return steps_.size(); }
+  size_t num_steps() const;
   // Graph nodes the steps run (a fused group's step runs all of its nodes).
   size_t num_nodes() const;
   size_t num_slots() const { return num_slots_; }
@@ -65,59 +68,17 @@ class Plan {
   size_t num_in_place_outputs() const;
 
  private:
-  struct Step {
-    const Node* node;
-    std::vector<int64_t> inputs;                // slot per input, -1 for an absent optional input
-    std::vector<int64_t> outputs;               // slot per output
-    std::vector<int64_t> release;               // slots whose last reader is this step
-    detail::MapInto map_into = nullptr;         // set: run the formula straight into the output
-    const fuser::FusionGroup* group = nullptr;  // set: run the group's compiled kernel
-    std::vector<int64_t> arena;                 // per output: its arena tensor, or -1
-    // The group's kernel per layout met so far (under kernels_mutex_).
-    mutable std::vector<std::pair<fuser::Layout, fuser::CompiledKernel>> kernels;
-    std::vector<fuser::Level> output_levels;  // rows groups: where each output varies
-    std::vector<int64_t> in_place;            // per output: graph input to write into, or -1
-    int cuda_device = -1;                     // the CUDA device it computes on, or -1 (CPU)
-    detail::StartCollective start = nullptr;  // set: a collective, started by this step
-    std::vector<size_t> wait_for;             // collectives (their steps) to finish before it
-    bool through_host = false;                // an unfused device step no device kernel computes
-    // CUDA groups: the group's loaded kernel per layout and variant (fuser/codegen/cuda: index32
-    // and vec, as bits 0 and 1) met so far (under kernels_mutex_).
-    struct CudaLoaded {
-      fuser::Layout layout;
-      int variant;
-      std::shared_ptr<const void> kernel;
-    };
-    mutable std::vector<CudaLoaded> cuda_kernels;
-  };
-  struct ArenaValue {
-    int64_t slot;
-    size_t byte_offset;
-    const ValueType* type;
-  };
-  struct Arena;
-  std::unique_ptr<Arena> make_arena() const;
-  fuser::CompiledKernel kernel_for(const Step& step, const fuser::Layout& layout) const;
-  // Run a group's kernel; return its symbol (for the profiler), or null when nothing ran.
-  const char* run_group(const Step& step, const std::vector<Tensor>& args,
-                        std::vector<Tensor>& outs) const;
-  // A group's CUDA kernel over n elements (loaded on first use per layout and variant); rows
-  // groups pass the
-  // rows kernel's sizes and strides.
-  const char* launch_cuda_group(const Step& step, const fuser::Layout& layout, int64_t n,
-                                const int64_t* sizes, const int64_t* strides,
-                                char* const* ptrs) const;
-  // outs: where the kernel's outputs go (a join's pieces in their slices).
-  const char* run_rows_group(const Step& step, const std::vector<Tensor>& args,
-                             const std::vector<Tensor>& outs) const;
-  // Sets each collective step's start and the step that waits for it.
+  friend class PlanBuilder;
+  // The graph outputs from a finished run's slots.
+  std::vector<Tensor> results(const std::vector<Tensor>& slots) const;
+  // Sets the step that waits for each collective step's result.
   void plan_collectives();
   // Picks in-place outputs among the steps (see the class comment); logs why not under fuser.
   void plan_in_place(const Graph& graph, const std::vector<int64_t>& in_place_inputs);
 
   std::vector<fuser::FusionGroup> groups_;
   int64_t graph_ = -1;  // the graph's number (jit/dump.h), which its steps' profile records carry
-  std::vector<Step> steps_;
+  std::vector<PlanStep> steps_;  // exec/plan_step.h
   std::vector<int64_t> input_slots_;
   std::vector<int64_t> output_slots_;
   std::vector<std::pair<int64_t, Tensor>> constants_;  // (slot, value), bound before the steps
@@ -125,9 +86,8 @@ class Plan {
   size_t num_slots_ = 0;
   std::vector<ArenaValue> arena_values_;
   size_t arena_bytes_ = 0;
-  mutable std::unique_ptr<Arena> arena_;  // made by the first run
+  mutable std::unique_ptr<PlanArena> arena_;  // made by the first run
   mutable std::atomic<bool> arena_busy_{false};
-  mutable std::mutex kernels_mutex_;
   // Set after the first run that finished: its kernels are compiled, so in-place writes may start.
   mutable std::atomic<bool> warm_{false};
   // KILN_DUMP: the graph with its groups, rewritten as their kernels compile; null when off.

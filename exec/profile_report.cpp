@@ -24,10 +24,10 @@ namespace {
 // The counters as reset() found them: the report shows what happened since.
 struct Baseline {
   std::mutex mutex;
-  jit::Stats stats;
-  jit::LazyStats lazy;
-  std::vector<jit::PassProfileEntry> passes;
-  detail::cuda::TransferCounts transfers;
+  jit::Stats stats;                           // under mutex
+  jit::LazyStats lazy;                        // under mutex
+  std::vector<jit::PassProfileEntry> passes;  // under mutex
+  detail::cuda::TransferCounts transfers;     // under mutex
 };
 Baseline& baseline() {
   static Baseline* b = new Baseline();  // never destroyed: the exit handler reads it
@@ -109,111 +109,131 @@ void reset() {
   b.transfers = detail::cuda::transfer_counts();
 }
 
-std::string report() {
-  const std::vector<Record> rs = records();
-  jit::Stats st0;
-  jit::LazyStats lz0;
+namespace {
+// What the report reads: the counters now and as reset() found them.
+struct Counters {
+  jit::Stats st, st0;
+  jit::LazyStats lz, lz0;
   std::vector<jit::PassProfileEntry> passes0;
+  detail::cuda::TransferCounts tr;  // since reset()
+  int64_t replays = 0;              // since reset()
+};
+
+Counters read_counters() {
+  Counters c;
   detail::cuda::TransferCounts tr0;
   {
     Baseline& b = baseline();
     std::lock_guard<std::mutex> lock(b.mutex);
-    st0 = b.stats;
-    lz0 = b.lazy;
-    passes0 = b.passes;
+    c.st0 = b.stats;
+    c.lz0 = b.lazy;
+    c.passes0 = b.passes;
     tr0 = b.transfers;
   }
-  detail::cuda::TransferCounts tr = detail::cuda::transfer_counts();
-  tr.host_to_device -= tr0.host_to_device;
-  tr.device_to_host -= tr0.device_to_host;
-  tr.copies_to_device -= tr0.copies_to_device;
-  tr.copies_to_host -= tr0.copies_to_host;
-  const jit::Stats st = jit::stats();
-  const jit::LazyStats lz = jit::lazy_stats();
-  const int64_t replays = st.replays - st0.replays;
+  c.tr = detail::cuda::transfer_counts();
+  c.tr.host_to_device -= tr0.host_to_device;
+  c.tr.device_to_host -= tr0.device_to_host;
+  c.tr.copies_to_device -= tr0.copies_to_device;
+  c.tr.copies_to_host -= tr0.copies_to_host;
+  c.st = jit::stats();
+  c.lz = jit::lazy_stats();
+  c.replays = c.st.replays - c.st0.replays;
+  return c;
+}
 
-  // The steps' rows: per kernel (name and shape) and per op type (name).
+// The records summed: the steps' rows per kernel (name and shape), per op type (name) and per
+// graph; the JIT's phases; the guard failures by what differed.
+struct Tables {
   std::map<std::string, Row> per_kernel, per_type;
   std::map<int64_t, Row> per_graph;  // by graph number
   std::map<std::string, Row> phases;
   std::map<std::string, std::pair<int64_t, std::string>> guard_reasons;  // count, latest
   int64_t step_ns = 0, step_calls = 0;
+};
+
+void add_to(Row& row, const Record& r) {
+  ++row.calls;
+  row.ns += r.duration_ns;
+  row.bytes += r.bytes;
+  row.flops += r.flops;
+}
+
+void add_other(Tables& t, const Record& r) {
+  if (r.name == "guard failure") {
+    // Counted per input that differed ("input 0 is float32[5], traced as float32[4]" counts as
+    // "input 0"), with the latest reason as the example.
+    const size_t is = r.shape.find(" is ");
+    auto& g = t.guard_reasons[is == std::string::npos ? r.shape : r.shape.substr(0, is)];
+    ++g.first;
+    g.second = r.shape;
+    return;
+  }
+  Row& p = t.phases[r.name];
+  p.name = r.name;
+  ++p.calls;
+  p.ns += r.duration_ns;
+}
+
+Tables tabulate(const std::vector<Record>& rs) {
+  Tables t;
   for (const Record& r : rs) {
     if (!is_step(r)) {
-      if (r.name == "guard failure") {
-        // Counted per input that differed ("input 0 is float32[5], traced as float32[4]"
-        // counts as "input 0"), with the latest reason as the example.
-        const size_t is = r.shape.find(" is ");
-        auto& g = guard_reasons[is == std::string::npos ? r.shape : r.shape.substr(0, is)];
-        ++g.first;
-        g.second = r.shape;
-        continue;
-      }
-      Row& p = phases[r.name];
-      p.name = r.name;
-      ++p.calls;
-      p.ns += r.duration_ns;
+      add_other(t, r);
       continue;
     }
-    step_ns += r.duration_ns;
-    ++step_calls;
-    if (r.graph >= 0) {
-      Row& row = per_graph[r.graph];
-      ++row.calls;
-      row.ns += r.duration_ns;
-      row.bytes += r.bytes;
-      row.flops += r.flops;
-    }
-    for (auto* m : {&per_kernel, &per_type}) {
+    t.step_ns += r.duration_ns;
+    ++t.step_calls;
+    if (r.graph >= 0) add_to(t.per_graph[r.graph], r);
+    for (auto* m : {&t.per_kernel, &t.per_type}) {
       const std::string key =
-          m == &per_kernel && !r.shape.empty() ? r.name + " [" + r.shape + "]" : r.name;
+          m == &t.per_kernel && !r.shape.empty() ? r.name + " [" + r.shape + "]" : r.name;
       Row& row = (*m)[key];
       row.name = key;
       row.gemm |= r.flops > 0;
-      ++row.calls;
-      row.ns += r.duration_ns;
-      row.bytes += r.bytes;
-      row.flops += r.flops;
+      add_to(row, r);
     }
   }
-  auto values = [](const std::map<std::string, Row>& m) {
-    std::vector<Row> v;
-    for (const auto& [k, row] : m) v.push_back(row);
-    return v;
-  };
+  return t;
+}
 
-  std::ostringstream os;
-  os << "=== kiln profile: " << step_calls << " plan steps, "
-     << fmt("%.3f", static_cast<double>(step_ns) / 1e6) << " ms ===\n";
+std::vector<Row> values(const std::map<std::string, Row>& m) {
+  std::vector<Row> v;
+  for (const auto& [k, row] : m) v.push_back(row);
+  return v;
+}
+
+void write_step_tables(std::ostringstream& os, Tables& t) {
+  os << "=== kiln profile: " << t.step_calls << " plan steps, "
+     << fmt("%.3f", static_cast<double>(t.step_ns) / 1e6) << " ms ===\n";
   os << "\nKernels and library calls (bytes: the step's inputs and outputs; GFLOP/s for GEMMs):\n";
-  table(os, values(per_kernel), step_ns);
+  table(os, values(t.per_kernel), t.step_ns);
   os << "\nPer op type (fused kernels by the ops inside):\n";
-  table(os, values(per_type), step_ns);
-  if (!per_graph.empty()) {
-    // Each graph by what it is: which traced function or lazy flush, as KILN_DUMP names it.
-    std::map<int64_t, std::string> names;
-    for (GraphName& g : graph_names()) names[g.graph] = std::move(g.name);
-    std::vector<Row> rows;
-    for (auto& [graph, row] : per_graph) {
-      auto name = names.find(graph);
-      row.name = "graph " + std::to_string(graph) +
-                 (name == names.end() ? std::string() : ": " + name->second);
-      rows.push_back(row);
-    }
-    os << "\nPer graph (calls: the steps its plans ran):\n";
-    table(os, rows, step_ns);
+  table(os, values(t.per_type), t.step_ns);
+  if (t.per_graph.empty()) return;
+  // Each graph by what it is: which traced function or lazy flush, as KILN_DUMP names it.
+  std::map<int64_t, std::string> names;
+  for (GraphName& g : graph_names()) names[g.graph] = std::move(g.name);
+  std::vector<Row> rows;
+  for (auto& [graph, row] : t.per_graph) {
+    auto name = names.find(graph);
+    row.name = "graph " + std::to_string(graph) +
+               (name == names.end() ? std::string() : ": " + name->second);
+    rows.push_back(row);
   }
+  os << "\nPer graph (calls: the steps its plans ran):\n";
+  table(os, rows, t.step_ns);
+}
 
-  // The JIT's own costs.
+void write_counts(std::ostringstream& os, const Counters& c) {
   char line[512];
-  os << "\nJIT:\n";
+  const jit::Stats &st = c.st, &st0 = c.st0;
   std::snprintf(line, sizeof line,
                 "  lazy evaluations %lld (plan cache hits %lld), nodes in their graphs %lld, "
                 "nodes run %lld\n",
-                static_cast<long long>(lz.evaluations - lz0.evaluations),
-                static_cast<long long>(lz.plan_cache_hits - lz0.plan_cache_hits),
-                static_cast<long long>(lz.nodes_in_graphs - lz0.nodes_in_graphs),
-                static_cast<long long>(lz.nodes_executed - lz0.nodes_executed));
+                static_cast<long long>(c.lz.evaluations - c.lz0.evaluations),
+                static_cast<long long>(c.lz.plan_cache_hits - c.lz0.plan_cache_hits),
+                static_cast<long long>(c.lz.nodes_in_graphs - c.lz0.nodes_in_graphs),
+                static_cast<long long>(c.lz.nodes_executed - c.lz0.nodes_executed));
   os << line;
   std::snprintf(line, sizeof line,
                 "  traces %lld, replays %lld, guard failures %lld (re-specializations and first "
@@ -231,56 +251,73 @@ std::string report() {
                 static_cast<long long>(st.kernel_disk_hits - st0.kernel_disk_hits),
                 static_cast<long long>(st.kernels_evicted - st0.kernels_evicted));
   os << line;
-  if (tr.copies_to_device + tr.copies_to_host > 0) {
-    std::snprintf(
-        line, sizeof line,
-        "  host<->device: %.3f MB to the device in %lld copies, %.3f MB to the host in "
-        "%lld copies",
-        static_cast<double>(tr.host_to_device) / 1e6, static_cast<long long>(tr.copies_to_device),
-        static_cast<double>(tr.device_to_host) / 1e6, static_cast<long long>(tr.copies_to_host));
+}
+
+void write_transfers(std::ostringstream& os, const Counters& c) {
+  const detail::cuda::TransferCounts& tr = c.tr;
+  if (tr.copies_to_device + tr.copies_to_host == 0) return;
+  char line[512];
+  std::snprintf(
+      line, sizeof line,
+      "  host<->device: %.3f MB to the device in %lld copies, %.3f MB to the host in "
+      "%lld copies",
+      static_cast<double>(tr.host_to_device) / 1e6, static_cast<long long>(tr.copies_to_device),
+      static_cast<double>(tr.device_to_host) / 1e6, static_cast<long long>(tr.copies_to_host));
+  os << line;
+  if (c.replays > 0) {
+    std::snprintf(line, sizeof line, " (%.3f MB up, %.3f MB down per traced call)",
+                  static_cast<double>(tr.host_to_device) / 1e6 / static_cast<double>(c.replays),
+                  static_cast<double>(tr.device_to_host) / 1e6 / static_cast<double>(c.replays));
     os << line;
-    if (replays > 0) {
-      std::snprintf(line, sizeof line, " (%.3f MB up, %.3f MB down per traced call)",
-                    static_cast<double>(tr.host_to_device) / 1e6 / static_cast<double>(replays),
-                    static_cast<double>(tr.device_to_host) / 1e6 / static_cast<double>(replays));
-      os << line;
-    }
-    os << "\n";
   }
-  for (const auto& [key, g] : guard_reasons) {
+  os << "\n";
+}
+
+void write_guards_and_phases(std::ostringstream& os, const Tables& t) {
+  char line[512];
+  for (const auto& [key, g] : t.guard_reasons) {
     std::snprintf(line, sizeof line, "  guard failed %lldx on %s (latest: %s)\n",
                   static_cast<long long>(g.first), key.c_str(), g.second.c_str());
     os << line;
   }
-  if (!phases.empty()) {
-    std::snprintf(line, sizeof line, "  %-24s %8s %11s %12s\n", "phase (nested ones included)",
-                  "calls", "total ms", "per call us");
+  if (t.phases.empty()) return;
+  std::snprintf(line, sizeof line, "  %-24s %8s %11s %12s\n", "phase (nested ones included)",
+                "calls", "total ms", "per call us");
+  os << line;
+  for (const auto& [name, p] : t.phases) {
+    std::snprintf(line, sizeof line, "  %-24s %8lld %11.3f %12.2f\n", name.c_str(),
+                  static_cast<long long>(p.calls), static_cast<double>(p.ns) / 1e6,
+                  p.per_call_us());
     os << line;
-    for (const auto& [name, p] : phases) {
-      std::snprintf(line, sizeof line, "  %-24s %8lld %11.3f %12.2f\n", name.c_str(),
-                    static_cast<long long>(p.calls), static_cast<double>(p.ns) / 1e6,
-                    p.per_call_us());
-      os << line;
-    }
   }
-  const std::vector<jit::PassProfileEntry> passes = jit::pass_profile();
-  bool pass_header = false;
-  for (const jit::PassProfileEntry& e : passes) {
-    jit::PassProfileEntry d = e;
-    for (const jit::PassProfileEntry& b : passes0) {
-      if (b.pass != e.pass) continue;
-      d.runs -= b.runs;
-      d.seconds -= b.seconds;
-      d.nodes_before -= b.nodes_before;
-      d.nodes_after -= b.nodes_after;
-      for (const auto& [rule, n] : b.rewrites) d.rewrites[rule] -= n;
-    }
+}
+
+// A pass's profile since reset().
+jit::PassProfileEntry since(const jit::PassProfileEntry& e,
+                            const std::vector<jit::PassProfileEntry>& passes0) {
+  jit::PassProfileEntry d = e;
+  for (const jit::PassProfileEntry& b : passes0) {
+    if (b.pass != e.pass) continue;
+    d.runs -= b.runs;
+    d.seconds -= b.seconds;
+    d.nodes_before -= b.nodes_before;
+    d.nodes_after -= b.nodes_after;
+    for (const auto& [rule, n] : b.rewrites) d.rewrites[rule] -= n;
+  }
+  return d;
+}
+
+void write_passes(std::ostringstream& os, const std::vector<jit::PassProfileEntry>& passes0) {
+  char line[512];
+  bool header = false;
+  for (const jit::PassProfileEntry& e : jit::pass_profile()) {
+    const jit::PassProfileEntry d = since(e, passes0);
     if (d.runs <= 0) continue;
-    if (!pass_header) {
+    if (!header) {
       std::snprintf(line, sizeof line, "  %-14s %6s %10s %14s  %s\n", "pass", "runs", "ms",
                     "nodes in->out", "rewrites");
       os << line;
-      pass_header = true;
+      header = true;
     }
     std::string rules;
     for (const auto& [rule, n] : d.rewrites)
@@ -291,69 +328,95 @@ std::string report() {
                   rules.empty() ? "-" : rules.c_str());
     os << line;
   }
+}
 
-  // Tips.
-  std::vector<std::string> tips;
-  {
-    // A streaming kernel far below the best bandwidth seen (the steps' best, or a copy's).
-    double best = 0;
-    for (const auto& [k, r] : per_kernel)
-      if (!r.gemm && r.bytes / std::max<int64_t>(r.calls, 1) >= (int64_t{1} << 20))
-        best = std::max(best, r.gbps());
-    bool measured = false;
-    for (const auto& [k, r] : per_kernel) {
-      if (r.gemm || r.bytes / std::max<int64_t>(r.calls, 1) < (int64_t{1} << 20) ||
-          r.ns * 20 < step_ns)
-        continue;
-      if (!measured) {
-        best = std::max(best, measured_copy_gbps());
-        measured = true;
-      }
-      if (r.gbps() < 0.25 * best)
-        tips.push_back(r.name + " moves " + fmt("%.1f", r.gbps()) + " GB/s, under a quarter of " +
-                       fmt("%.1f", best) +
-                       " GB/s (the best step or a measured copy) while taking " +
-                       fmt("%.0f", 100.0 * static_cast<double>(r.ns) / step_ns) +
-                       "% of the time: a strided or broadcast layout, or a costly formula?");
+// A streaming kernel far below the best bandwidth seen (the steps' best, or a copy's).
+void slow_kernel_tips(const Tables& t, std::vector<std::string>& tips) {
+  double best = 0;
+  for (const auto& [k, r] : t.per_kernel)
+    if (!r.gemm && r.bytes / std::max<int64_t>(r.calls, 1) >= (int64_t{1} << 20))
+      best = std::max(best, r.gbps());
+  bool measured = false;
+  for (const auto& [k, r] : t.per_kernel) {
+    if (r.gemm || r.bytes / std::max<int64_t>(r.calls, 1) < (int64_t{1} << 20) ||
+        r.ns * 20 < t.step_ns)
+      continue;
+    if (!measured) {
+      best = std::max(best, measured_copy_gbps());
+      measured = true;
     }
+    if (r.gbps() < 0.25 * best)
+      tips.push_back(r.name + " moves " + fmt("%.1f", r.gbps()) + " GB/s, under a quarter of " +
+                     fmt("%.1f", best) + " GB/s (the best step or a measured copy) while taking " +
+                     fmt("%.0f", 100.0 * static_cast<double>(r.ns) / t.step_ns) +
+                     "% of the time: a strided or broadcast layout, or a costly formula?");
   }
-  for (const auto& [key, g] : guard_reasons)
+}
+
+void guard_tips(const Tables& t, std::vector<std::string>& tips) {
+  for (const auto& [key, g] : t.guard_reasons)
     if (g.first >= 2 && key != "no specialization yet")
       tips.push_back("a traced function's guard failed " + std::to_string(g.first) + " times on " +
                      key + " (latest: " + g.second + ")" +
                      ": each new size traces and compiles again; keep the sizes fixed (pad) or "
                      "give the function the sizes it will see");
-  {
-    int64_t tiny_calls = 0, tiny_ns = 0;
-    for (const auto& [k, r] : per_kernel)
-      if (r.per_call_us() < 5) {
-        tiny_calls += r.calls;
-        tiny_ns += r.ns;
-      }
-    if (tiny_calls >= 100 && tiny_ns * 2 >= step_ns)
-      tips.push_back(std::to_string(tiny_calls) + " step runs took under 5 us each (" +
-                     fmt("%.0f", 100.0 * static_cast<double>(tiny_ns) / step_ns) +
-                     "% of the steps' time): launch and dispatch overhead dominates; batch the "
-                     "work into larger tensors, or jit::trace the loop body");
-  }
-  {
-    const double compile_ms = (st.compile_seconds - st0.compile_seconds) * 1e3;
-    if (compile_ms > 0 && compile_ms * 1e6 > static_cast<double>(step_ns))
-      tips.push_back("compiling kernels took " + fmt("%.1f", compile_ms) +
-                     " ms, more than running the steps: the disk cache ($KILN_CACHE_DIR) keeps "
-                     "them for the next run");
-  }
-  // Uploads on every call of a traced function: inputs kept on the host, or ops that have no
-  // device kernel and run through the host.
-  if (replays >= 2 && tr.host_to_device / replays >= (int64_t{1} << 20))
-    tips.push_back(
-        "each traced call copies " +
-        fmt("%.1f", static_cast<double>(tr.host_to_device) / 1e6 / static_cast<double>(replays)) +
-        " MB from the host to the device: keep inputs on the device (t.to(kCUDA) once, "
-        "outside the loop); KILN_LOG=fuser names steps that run through the host");
+}
+
+void tiny_step_tips(const Tables& t, std::vector<std::string>& tips) {
+  int64_t tiny_calls = 0, tiny_ns = 0;
+  for (const auto& [k, r] : t.per_kernel)
+    if (r.per_call_us() < 5) {
+      tiny_calls += r.calls;
+      tiny_ns += r.ns;
+    }
+  if (tiny_calls >= 100 && tiny_ns * 2 >= t.step_ns)
+    tips.push_back(std::to_string(tiny_calls) + " step runs took under 5 us each (" +
+                   fmt("%.0f", 100.0 * static_cast<double>(tiny_ns) / t.step_ns) +
+                   "% of the steps' time): launch and dispatch overhead dominates; batch the "
+                   "work into larger tensors, or jit::trace the loop body");
+}
+
+// Compiling that costs more than running; uploads on every call of a traced function (inputs
+// kept on the host, or ops that have no device kernel and run through the host).
+void jit_cost_tips(const Tables& t, const Counters& c, std::vector<std::string>& tips) {
+  const double compile_ms = (c.st.compile_seconds - c.st0.compile_seconds) * 1e3;
+  if (compile_ms > 0 && compile_ms * 1e6 > static_cast<double>(t.step_ns))
+    tips.push_back("compiling kernels took " + fmt("%.1f", compile_ms) +
+                   " ms, more than running the steps: the disk cache ($KILN_CACHE_DIR) keeps "
+                   "them for the next run");
+  if (c.replays >= 2 && c.tr.host_to_device / c.replays >= (int64_t{1} << 20))
+    tips.push_back("each traced call copies " +
+                   fmt("%.1f", static_cast<double>(c.tr.host_to_device) / 1e6 /
+                                   static_cast<double>(c.replays)) +
+                   " MB from the host to the device: keep inputs on the device (t.to(kCUDA) "
+                   "once, outside the loop); KILN_LOG=fuser names steps that run through the host");
+}
+
+void write_tips(std::ostringstream& os, const Tables& t, const Counters& c) {
+  std::vector<std::string> tips;
+  slow_kernel_tips(t, tips);
+  guard_tips(t, tips);
+  tiny_step_tips(t, tips);
+  jit_cost_tips(t, c, tips);
   os << "\nTips:\n";
   if (tips.empty()) os << "  none\n";
-  for (const std::string& t : tips) os << "  - " << t << "\n";
+  for (const std::string& tip : tips) os << "  - " << tip << "\n";
+}
+}  // namespace
+
+std::string report() {
+  const std::vector<Record> rs = records();
+  const Counters c = read_counters();
+  Tables t = tabulate(rs);
+  std::ostringstream os;
+  write_step_tables(os, t);
+  // The JIT's own costs.
+  os << "\nJIT:\n";
+  write_counts(os, c);
+  write_transfers(os, c);
+  write_guards_and_phases(os, t);
+  write_passes(os, c.passes0);
+  write_tips(os, t, c);
   return os.str();
 }
 

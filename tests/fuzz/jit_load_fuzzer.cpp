@@ -1,6 +1,6 @@
 // libFuzzer target for kiln::jit::load (jit/serialize.cpp and the function description in
-// exec/trace.cpp): any file either loads or raises kiln::Error. A crash, a sanitizer report, a hang
-// or any other exception is a bug.
+// exec/trace_io.cpp): any file either loads or raises kiln::Error. A crash, a sanitizer report, a
+// hang or any other exception is a bug.
 //
 // Input: one flags byte, then the file. Flag bit 0 rewrites the header's payload length and
 // checksum to match (jit::reseal_for_testing), so that mutated payloads reach the parser instead

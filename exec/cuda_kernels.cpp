@@ -1,0 +1,88 @@
+// A fused group's kernels on a CUDA device: compiled by NVRTC and loaded per layout and launch
+// variant on first use, and launched on the device's stream.
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "exec/plan_step.h"
+#include "exec/step_profile.h"
+#include "kiln/error.h"
+#ifdef KILN_HAS_CUDA
+#include "fuser/codegen/cuda/cuda_kernel.h"
+#endif
+
+namespace kiln::jit {
+
+namespace {
+#ifdef KILN_HAS_CUDA
+class CudaKernels final : public KernelDevice {
+ public:
+  CudaKernels(const fuser::FusionGroup& group, int device) : group_(group), device_(device) {}
+
+  const char* launch(const KernelCall& c) const override {
+    // The variant before the lookup: each is a binary of its own, compiled on first use.
+    const fuser::cuda::CudaCallFlags variant = fuser::cuda::launch_variant(
+        group_.kernel, c.layout, device_, c.n, c.sizes, c.strides, c.ptrs);
+    const std::shared_ptr<const fuser::cuda::CudaKernel> kernel = find(c.layout, variant);
+    if (c.layout.rows)
+      fuser::cuda::launch_rows(*kernel, group_.kernel, c.layout, device_, c.sizes, c.strides,
+                               c.ptrs, group_.scalars.data());
+    else
+      fuser::cuda::launch_elementwise(*kernel, group_.kernel, c.layout, device_, c.n, c.sizes,
+                                      c.strides, c.ptrs, group_.scalars.data());
+    return kernel->name;
+  }
+
+ private:
+  struct Loaded {
+    fuser::Layout layout;
+    int variant;
+    std::shared_ptr<const fuser::cuda::CudaKernel> kernel;
+  };
+
+  // The loaded kernel for (layout, variant), compiled or found in the cache on its first use.
+  std::shared_ptr<const fuser::cuda::CudaKernel> find(
+      const fuser::Layout& layout, const fuser::cuda::CudaCallFlags& variant) const {
+    const int bits = (variant.index32 ? 1 : 0) | (variant.vec ? 2 : 0) | (variant.per_thread << 2) |
+                     (variant.block << 10);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const Loaded& l : loaded_)
+        if (l.variant == bits && l.layout == layout) return l.kernel;
+    }
+    pause_step_profile();
+    auto kernel = std::make_shared<const fuser::cuda::CudaKernel>(
+        fuser::cuda::cuda_kernel(group_.kernel, layout, variant, device_));
+    resume_step_profile(device_);
+    std::lock_guard<std::mutex> lock(mutex_);
+    loaded_.push_back({layout, bits, kernel});
+    return kernel;
+  }
+
+  const fuser::FusionGroup& group_;
+  int device_;
+  mutable std::mutex mutex_;
+  mutable std::vector<Loaded> loaded_;  // per layout and variant met so far (under mutex_)
+};
+#else
+// Built without the toolkit: a plan with a CUDA group is made, and raises when it runs.
+class CudaKernels final : public KernelDevice {
+ public:
+  CudaKernels(const fuser::FusionGroup& group, int device) : group_(group), device_(device) {}
+  const char* launch(const KernelCall&) const override {
+    KILN_FAIL("jit: ", group_.kernel.ops, " is on cuda:", device_,
+              " but kiln was built without the CUDA toolkit");
+  }
+
+ private:
+  const fuser::FusionGroup& group_;
+  int device_;
+};
+#endif
+}  // namespace
+
+std::unique_ptr<KernelDevice> cuda_kernels(const fuser::FusionGroup& group, int device) {
+  return std::make_unique<CudaKernels>(group, device);
+}
+
+}  // namespace kiln::jit
