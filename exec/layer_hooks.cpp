@@ -8,7 +8,7 @@ namespace kiln::jit {
 
 namespace {
 
-// jit::stats() (exec/trace.cpp) reads the code generators' counters through the registry.
+// jit::stats() (exec/exec_state.cpp) reads the code generators' counters through the registry.
 void register_statistics() {
   fuser::register_cpu_codegen_stats();
 #ifdef KILN_HAS_CUDA

@@ -9,7 +9,7 @@ namespace kiln::fuser {
 void register_fusion_queries();
 
 // Publishes cpu_compile_stats() as the statistics provider "cpu_codegen" (lib/stats_registry.h).
-// Defined in fuser/codegen/llvm/cpu_codegen.cpp.
+// Defined in fuser/codegen/llvm/kernel_cache.cpp.
 void register_cpu_codegen_stats();
 
 // Publishes cuda::cuda_compile_stats() as the provider "cuda_codegen"; CUDA builds only.

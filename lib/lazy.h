@@ -12,7 +12,7 @@
 // runs it, fills the waiting storages, and turns every executed node that is still referenced into
 // a computed node holding its result, so nothing is computed twice. In-place writes to a storage
 // that pending nodes read (or that is itself pending) first flush the pending trace; in trace mode
-// (kiln::jit::trace) they are instead recorded functionally (see exec/trace.cpp).
+// (kiln::jit::trace) they are instead recorded functionally (see exec/trace_record.cpp).
 //
 // Threads. Each thread records into its own live list, so a flush on one thread evaluates only
 // that thread's pending work. Node structure (inputs, results, claims, the live links) and every
@@ -141,7 +141,7 @@ struct TraceRead {
   int64_t argument = -1;  // traced_scalar: the placeholder's index among TraceState::examples
 };
 
-// What a trace records besides the values its function returns (see exec/trace.cpp).
+// What a trace records besides the values its function returns (see exec/trace_record.cpp).
 struct TraceState {
   // Concrete storages the function wrote in place: their `lazy` holds the written value (a flat
   // [numel] value of the whole storage) until the trace ends and restores them, and their version

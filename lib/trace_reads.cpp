@@ -1,6 +1,6 @@
 // Values a traced function reads from outside its tensors: hyperparameters (traced_scalar), which
 // become graph inputs read at each call, and mode flags (traced_flag), which each call checks
-// (exec/trace.cpp replays and guards them).
+// (exec/trace_replay.cpp replays and guards them).
 #include "kiln/error.h"
 #include "kiln/ops.h"
 #include "lib/lazy.h"
