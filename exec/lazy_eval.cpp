@@ -531,12 +531,4 @@ LazyStats lazy_stats() {
           detail::pending_count(), g_plan_cache_hits.load()};
 }
 
-namespace {
-// Registered at load time: lib/ reaches the evaluator only through this pointer.
-const bool kRegistered = [] {
-  detail::set_evaluator(&evaluate);
-  return true;
-}();
-}  // namespace
-
 }  // namespace kiln::jit

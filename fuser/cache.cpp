@@ -295,15 +295,15 @@ namespace {
 // The convolution chooser's measured choices (lib/ops/conv.h) live in this cache too, read with
 // the same checks as kernels; a payload kind beside cache.h's.
 constexpr uint32_t kConvChoice = 3;
-const bool g_conv_choices_registered = [] {
+}  // namespace
+
+void register_conv_choices() {
   detail::conv_choice_store() = {[](const std::string& key) {
                                    return DiskCache::instance().load(key, kConvChoice).value_or("");
                                  },
                                  [](const std::string& key, const std::string& choice) {
                                    DiskCache::instance().store(key, kConvChoice, choice);
                                  }};
-  return true;
-}();
-}  // namespace
+}
 
 }  // namespace kiln::fuser

@@ -19,6 +19,7 @@
 #include "lib/distributed/collective_op.h"
 #include "lib/distributed/internal.h"
 #include "lib/lazy.h"
+#include "lib/op_registry.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln::distributed {
@@ -120,11 +121,17 @@ const detail::OpDef& define(const char* name, std::vector<std::string> attrs) {
                               &run_now<start>, std::move(attrs)});
 }
 
-const detail::OpDef& all_reduce_def = define<start_all_reduce>("all_reduce", {"op", "group"});
-const detail::OpDef& broadcast_def = define<start_broadcast>("broadcast", {"src", "group"});
-const detail::OpDef& all_gather_def = define<start_all_gather>("all_gather_into_tensor", {"group"});
-const detail::OpDef& reduce_scatter_def =
-    define<start_reduce_scatter>("reduce_scatter_tensor", {"op", "group"});
+detail::OpHandle all_reduce_def;
+detail::OpHandle broadcast_def;
+detail::OpHandle all_gather_def;
+detail::OpHandle reduce_scatter_def;
+
+void register_collectives() {
+  all_reduce_def.bind(define<start_all_reduce>("all_reduce", {"op", "group"}));
+  broadcast_def.bind(define<start_broadcast>("broadcast", {"src", "group"}));
+  all_gather_def.bind(define<start_all_gather>("all_gather_into_tensor", {"group"}));
+  reduce_scatter_def.bind(define<start_reduce_scatter>("reduce_scatter_tensor", {"op", "group"}));
+}
 
 // Runs `def` on x at once, or records it inside jit::trace with the given result's sizes.
 Tensor run_or_record(const detail::OpDef& def, const Tensor& x, detail::Attrs attrs,
@@ -193,14 +200,20 @@ void traced_write(Tensor& tensor, const Tensor& value) {
 
 }  // namespace kiln::distributed
 
+namespace kiln::registration {
+void register_collective_ops() {
+  distributed::register_collectives();
+}
+}  // namespace kiln::registration
+
 namespace kiln::detail {
 
 StartCollective collective_start(const OpDef& op) {
   using namespace kiln::distributed;
-  if (&op == &all_reduce_def) return start_all_reduce;
-  if (&op == &broadcast_def) return start_broadcast;
-  if (&op == &all_gather_def) return start_all_gather;
-  if (&op == &reduce_scatter_def) return start_reduce_scatter;
+  if (&op == &all_reduce_def.get()) return start_all_reduce;
+  if (&op == &broadcast_def.get()) return start_broadcast;
+  if (&op == &all_gather_def.get()) return start_all_gather;
+  if (&op == &reduce_scatter_def.get()) return start_reduce_scatter;
   return nullptr;
 }
 
