@@ -18,6 +18,7 @@
 #include "kiln/ops.h"
 #include "lib/distributed/collective_op.h"
 #include "lib/distributed/internal.h"
+#include "lib/distributed/state.h"
 #include "lib/lazy.h"
 #include "lib/op_registry.h"
 #include "lib/tensor_impl.h"
@@ -27,24 +28,22 @@ namespace {
 
 using detail::StartedCollective;
 
-// Groups that a recorded node names, by number. Held weakly: a graph does not keep a group alive,
-// and a replay after its group was destroyed raises.
-std::mutex g_registry_mu;                             // guards g_registry
-std::vector<std::weak_ptr<ProcessGroup>> g_registry;  // indexed by group number
-
+// A group's number in distributed_state().registry, given on first use.
 int64_t group_number(const std::shared_ptr<ProcessGroup>& group) {
-  std::lock_guard<std::mutex> lock(g_registry_mu);
-  for (size_t i = 0; i < g_registry.size(); ++i)
-    if (g_registry[i].lock() == group) return static_cast<int64_t>(i);
-  g_registry.push_back(group);
-  return static_cast<int64_t>(g_registry.size()) - 1;
+  DistributedState& st = distributed_state();
+  std::lock_guard<std::mutex> lock(st.registry_mu);
+  for (size_t i = 0; i < st.registry.size(); ++i)
+    if (st.registry[i].lock() == group) return static_cast<int64_t>(i);
+  st.registry.push_back(group);
+  return static_cast<int64_t>(st.registry.size()) - 1;
 }
 
 std::shared_ptr<ProcessGroup> group_of_number(const char* op, int64_t number) {
-  std::lock_guard<std::mutex> lock(g_registry_mu);
-  KILN_CHECK(number >= 0 && static_cast<size_t>(number) < g_registry.size(), op,
+  DistributedState& st = distributed_state();
+  std::lock_guard<std::mutex> lock(st.registry_mu);
+  KILN_CHECK(number >= 0 && static_cast<size_t>(number) < st.registry.size(), op,
              ": no process group #", number, " in this process");
-  std::shared_ptr<ProcessGroup> group = g_registry[static_cast<size_t>(number)].lock();
+  std::shared_ptr<ProcessGroup> group = st.registry[static_cast<size_t>(number)].lock();
   KILN_CHECK(group, op, ": process group #", number,
              " was destroyed; a traced function that runs collectives over it cannot run");
   return group;

@@ -926,7 +926,7 @@ void set_conv_choices_on_disk(bool on) {
   chooser().on_disk.store(on);
 }
 ConvChoiceStore& conv_choice_store() {
-  static ConvChoiceStore store;  // set once at load time, before any op runs
+  static ConvChoiceStore store;  // set once by exec/init.cpp at load, before any op runs
   return store;
 }
 }  // namespace detail
