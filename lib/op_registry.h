@@ -40,7 +40,7 @@ namespace kiln::detail {
 // A defining file's reference to one of its ops' entries. A namespace-scope handle is constant-
 // initialized (no static initializer); its family's register function binds it, and every read
 // first makes sure registration has run, so an op called before any look-up still finds its entry.
-// A read costs one call_once check, never a look-up by name.
+// A read costs a call and one acquire load, never a look-up by name.
 class OpHandle {
  public:
   constexpr OpHandle() = default;
@@ -51,14 +51,14 @@ class OpHandle {
   void bind(const OpDef& def) { def_ = &def; }
 
   const OpDef& get() const {
-    ensure_ops_registered();
+    ensure_ops_registered();  // after the first time, one acquire load (lib/op_table.cpp)
     return *def_;
   }
   operator const OpDef&() const { return get(); }  // NOLINT: a handle stands for its entry
   const OpDef* operator->() const { return &get(); }
 
  private:
-  const OpDef* def_ = nullptr;  // set once under ensure_ops_registered's call_once, then read-only
+  const OpDef* def_ = nullptr;  // set once inside ensure_ops_registered, then read-only
 };
 
 }  // namespace kiln::detail

@@ -1,6 +1,7 @@
 // Storage and look-up for the op table, and the one place that registers lib's op families.
 #include "lib/op_table.h"
 
+#include <atomic>
 #include <iomanip>
 #include <memory>
 #include <mutex>
@@ -46,10 +47,14 @@ void register_lib_ops() {
 }  // namespace
 
 void ensure_ops_registered() {
-  // A function-local once_flag is constant-initialized, so this works from any static initializer
-  // too; std::call_once orders every caller after the registration (no data race on the table).
+  // Function-local and constant-initialized, so this works from any static initializer too.
+  // std::call_once orders every caller after the registration (no data race on the table); the
+  // flag spares later callers its cost (it sets thread-locals and calls into libc each time).
   static std::once_flag once;
+  static std::atomic<bool> done{false};  // atomic: set after the registration completed
+  if (done.load(std::memory_order_acquire)) return;
   std::call_once(once, register_lib_ops);
+  done.store(true, std::memory_order_release);
 }
 
 // Writes the table without completing registration first: the families call it from inside
