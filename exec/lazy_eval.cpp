@@ -13,7 +13,6 @@
 #include "absl/container/flat_hash_set.h"
 #include "exec/exec_state.h"
 #include "exec/executor.h"
-#include "exec/layer_hooks.h"
 #include "exec/lazy_recipe.h"
 #include "jit/dump.h"
 #include "jit/hash.h"
@@ -295,16 +294,6 @@ LazyStats lazy_stats() {
   return {st.evaluations.load(), st.nodes_executed.load(), st.nodes_recorded_in_graphs.load(),
           detail::pending_count(), st.plan_cache_hits.load()};
 }
-
-namespace {
-// Registered at load time: lib/ reaches the evaluator only through this pointer, and the lower
-// layers reach the upper ones' hooks through register_layer_hooks.
-const bool kRegistered = [] {
-  detail::set_evaluator(&evaluate);
-  register_layer_hooks();
-  return true;
-}();
-}  // namespace
 
 }  // namespace jit
 }  // namespace kiln

@@ -31,8 +31,18 @@ constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'K', 'E', 'R', 'N'};
 constexpr uint32_t kFormatVersion = 1;
 constexpr size_t kHeaderSize = 8 + 4 + 4 + 16 + 8 + 8;
 
-std::mutex g_mutex;  // serializes writes and eviction within the process
-std::atomic<int64_t> g_hits{0}, g_writes{0}, g_rejected{0};
+// The process's disk-cache state outside the DiskCache object: its counters are read without
+// setting the cache up (disk_cache_stats).
+struct DiskCacheState {
+  std::mutex write_mutex;            // serializes writes and eviction within the process
+  std::atomic<int64_t> hits{0};      // atomic: entries read back and accepted
+  std::atomic<int64_t> writes{0};    // atomic: entries written
+  std::atomic<int64_t> rejected{0};  // atomic: entries found bad and deleted
+};
+DiskCacheState& cache_state() {
+  static DiskCacheState s;  // constant-initialized: no guard, usable at exit
+  return s;
+}
 
 XXH128_hash_t key_hash(const std::string& key) {
   return XXH3_128bits(key.data(), key.size());
@@ -127,7 +137,7 @@ std::optional<std::string> DiskCache::load(const std::string& key, uint32_t kind
     std::string why;
     std::optional<std::string> payload = read_entry(path, key, kind, why);
     if (payload) {
-      g_hits.fetch_add(1);
+      cache_state().hits.fetch_add(1);
       jit::log("cache", "disk hit ", path);
       return payload;
     }
@@ -187,7 +197,7 @@ void DiskCache::reject(const std::string& path, const std::string& why) {
   const bool ours = ::lstat(path.c_str(), &st) == 0 && (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode));
   jit::log("cache", ours ? "deleting" : "skipping", " bad cache entry ", path, ": ", why);
   if (ours) ::unlink(path.c_str());
-  g_rejected.fetch_add(1);
+  cache_state().rejected.fetch_add(1);
 }
 
 void DiskCache::store(const std::string& key, uint32_t kind, const std::string& payload) {
@@ -202,14 +212,14 @@ void DiskCache::store(const std::string& key, uint32_t kind, const std::string& 
   put<uint64_t>(data, XXH3_64bits(payload.data(), payload.size()));
   data += payload;
   const std::string path = path_of(key);
-  std::lock_guard<std::mutex> lock(g_mutex);
+  std::lock_guard<std::mutex> lock(cache_state().write_mutex);
   try {
     if (!write_entry(path, data)) return;
   } catch (const std::exception& e) {
     jit::log("cache", "not storing ", path, ": ", e.what());
     return;
   }
-  g_writes.fetch_add(1);
+  cache_state().writes.fetch_add(1);
   jit::log("cache", "wrote ", path, " (", data.size(), " bytes)");
   bytes_estimate_ += data.size();
   constexpr int64_t kRescanWrites = 256;
@@ -288,22 +298,22 @@ void DiskCache::evict_to_cap() {
 }
 
 DiskCacheStats disk_cache_stats() {
-  return {g_hits.load(), g_writes.load(), g_rejected.load()};
+  return {cache_state().hits.load(), cache_state().writes.load(), cache_state().rejected.load()};
 }
 
 namespace {
 // The convolution chooser's measured choices (lib/ops/conv.h) live in this cache too, read with
 // the same checks as kernels; a payload kind beside cache.h's.
 constexpr uint32_t kConvChoice = 3;
-const bool g_conv_choices_registered = [] {
+}  // namespace
+
+void register_conv_choices() {
   detail::conv_choice_store() = {[](const std::string& key) {
                                    return DiskCache::instance().load(key, kConvChoice).value_or("");
                                  },
                                  [](const std::string& key, const std::string& choice) {
                                    DiskCache::instance().store(key, kConvChoice, choice);
                                  }};
-  return true;
-}();
-}  // namespace
+}
 
 }  // namespace kiln::fuser

@@ -65,6 +65,9 @@ class DiskCache {
 // What the process's disk cache did so far (reading this does not set the cache up).
 DiskCacheStats disk_cache_stats();
 
+// Keeps lib/ops/conv.h's measured convolution choices in this cache (exec/init.cpp calls it once).
+void register_conv_choices();
+
 // Payload kinds.
 constexpr uint32_t kCpuObject = 1;
 constexpr uint32_t kCudaBinary = 2;  // a cubin, or PTX (fuser/codegen/cuda/cuda_kernel.h)

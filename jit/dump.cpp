@@ -27,14 +27,15 @@ namespace kiln::jit {
 
 namespace {
 
+// KILN_DUMP's state.
 struct DumpState {
   std::mutex mu;
-  std::string dir;
-  std::atomic<bool> on{false};
-  std::atomic<int64_t> next_file{0};
-  std::atomic<int64_t> next_graph{0};
-  std::atomic<bool> warned{false};
-  bool made_dirs = false;                           // under mu: dir and dir/kernels exist
+  std::string dir;                     // under mu: the dump directory, "" when off
+  std::atomic<bool> on{false};         // atomic: whether dir is set (read without the lock)
+  std::atomic<int64_t> next_file{0};   // atomic: numbers the files written
+  std::atomic<int64_t> next_graph{0};  // atomic: numbers the graphs dumped
+  std::atomic<bool> warned{false};     // atomic: a failure to write was reported once
+  bool made_dirs = false;              // under mu: dir and dir/kernels exist
   absl::flat_hash_map<int64_t, std::string> names;  // under mu: graph number -> what it is
 
   DumpState() {

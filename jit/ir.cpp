@@ -44,9 +44,6 @@ const OpDef& constant_op() {
   static const OpDef& def = graph_op("constant", {"value", "dtype"});
   return def;
 }
-// Registered at load time so that op look-ups by name find them before first use.
-static const OpDef& kInputOp = input_op();
-static const OpDef& kConstantOp = constant_op();
 
 std::string ValueType::str() const {
   std::string s = short_name(dtype);

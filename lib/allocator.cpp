@@ -40,25 +40,26 @@ size_t cache_limit() {
   return limit;
 }
 
-struct BlockCache {
+// The CPU allocator's state: freed blocks kept for reuse, and the byte counts.
+struct AllocatorState {
   std::mutex mu;
-  std::map<size_t, std::vector<void*>> free_blocks;  // rounded size -> blocks
-  size_t cached = 0;
+  std::map<size_t, std::vector<void*>> free_blocks;  // under mu: rounded size -> blocks
+  size_t cached = 0;                                 // under mu: bytes held in free_blocks
+  std::atomic<size_t> in_use{0};  // atomic: bytes handed out and not yet returned
+  std::atomic<size_t> peak{0};    // atomic: the most in_use since the last reset
 };
-// Bytes handed out and not yet returned, and the most at any time since the last reset.
-std::atomic<size_t> g_in_use{0};
-std::atomic<size_t> g_peak{0};
 
-void note_alloc(size_t n) {
-  size_t now = g_in_use.fetch_add(n, std::memory_order_relaxed) + n;
-  size_t peak = g_peak.load(std::memory_order_relaxed);
-  while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
-  }
+AllocatorState& allocator_state() {
+  static auto* s = new AllocatorState();  // never destroyed: tensors may be freed during exit
+  return *s;
 }
 
-BlockCache& cache() {
-  static auto* c = new BlockCache();  // never destroyed: tensors may be freed during exit
-  return *c;
+void note_alloc(size_t n) {
+  AllocatorState& s = allocator_state();
+  size_t now = s.in_use.fetch_add(n, std::memory_order_relaxed) + n;
+  size_t peak = s.peak.load(std::memory_order_relaxed);
+  while (now > peak && !s.peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
 }
 
 void* system_alloc(size_t alignment, size_t size) {
@@ -83,7 +84,7 @@ void* alloc_uncounted(size_t nbytes) {
   }
   size_t size = round_large(nbytes);
   {
-    BlockCache& c = cache();
+    AllocatorState& c = allocator_state();
     std::lock_guard<std::mutex> lock(c.mu);
     auto it = c.free_blocks.find(size);
     if (it != c.free_blocks.end() && !it->second.empty()) {
@@ -109,10 +110,10 @@ void* cpu_alloc(size_t nbytes) {
 
 void cpu_free(void* p, size_t nbytes) {
   if (!p) return;
-  g_in_use.fetch_sub(nbytes, std::memory_order_relaxed);
+  allocator_state().in_use.fetch_sub(nbytes, std::memory_order_relaxed);
   if (nbytes >= kLargeBlock) {
     size_t size = round_large(nbytes);
-    BlockCache& c = cache();
+    AllocatorState& c = allocator_state();
     std::lock_guard<std::mutex> lock(c.mu);
     if (c.cached + size <= cache_limit()) {
       ASAN_POISON_MEMORY_REGION(p, size);
@@ -125,7 +126,7 @@ void cpu_free(void* p, size_t nbytes) {
 }
 
 void cpu_empty_cache() {
-  BlockCache& c = cache();
+  AllocatorState& c = allocator_state();
   std::lock_guard<std::mutex> lock(c.mu);
   for (auto& [size, blocks] : c.free_blocks)
     for (void* p : blocks) std::free(p);
@@ -134,19 +135,19 @@ void cpu_empty_cache() {
 }
 
 size_t cpu_cached_bytes() {
-  BlockCache& c = cache();
+  AllocatorState& c = allocator_state();
   std::lock_guard<std::mutex> lock(c.mu);
   return c.cached;
 }
 
 size_t cpu_allocated_bytes() {
-  return g_in_use.load();
+  return allocator_state().in_use.load();
 }
 size_t cpu_peak_allocated_bytes() {
-  return g_peak.load();
+  return allocator_state().peak.load();
 }
 void cpu_reset_peak() {
-  g_peak.store(g_in_use.load());
+  allocator_state().peak.store(allocator_state().in_use.load());
 }
 
 }  // namespace kiln::detail

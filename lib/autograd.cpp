@@ -21,8 +21,15 @@ namespace detail {
 
 namespace {
 __attribute__((tls_model("initial-exec"))) thread_local bool t_grad_mode = true;
-std::atomic<uint64_t> g_next_sequence_nr{0};
-std::atomic<int64_t> g_live_nodes{0};
+// The autograd graph's counters.
+struct AutogradState {
+  std::atomic<uint64_t> next_sequence_nr{0};  // atomic: numbers nodes in creation order
+  std::atomic<int64_t> live_nodes{0};         // atomic: nodes alive now
+};
+AutogradState& autograd_state() {
+  static AutogradState s;  // constant-initialized: no guard, usable from any initializer
+  return s;
+}
 
 // Nodes whose last owner went away, waiting to be destroyed by the outermost ~Node (see there).
 thread_local std::vector<std::shared_ptr<Node>> t_release_stack;
@@ -262,12 +269,12 @@ std::shared_ptr<Node> add_post_accumulate_grad_hook(const Tensor& leaf,
 
 // ------------------------------------------------------------------------------------ nodes
 
-Node::Node(std::string n) : name(std::move(n)), sequence_nr(g_next_sequence_nr++) {
-  g_live_nodes.fetch_add(1, std::memory_order_relaxed);
+Node::Node(std::string n) : name(std::move(n)), sequence_nr(autograd_state().next_sequence_nr++) {
+  autograd_state().live_nodes.fetch_add(1, std::memory_order_relaxed);
 }
 
 Node::~Node() {
-  g_live_nodes.fetch_sub(1, std::memory_order_relaxed);
+  autograd_state().live_nodes.fetch_sub(1, std::memory_order_relaxed);
   for (Edge& e : next_edges) defer_release(std::move(e.node));
   if (t_releasing) return;
   t_releasing = true;
@@ -342,7 +349,7 @@ void SavedTensor::release() {
 }
 
 int64_t live_autograd_nodes() {
-  return g_live_nodes.load(std::memory_order_relaxed);
+  return autograd_state().live_nodes.load(std::memory_order_relaxed);
 }
 
 // ------------------------------------------------------------------------------- per tensor
@@ -389,7 +396,7 @@ void begin_traced_grads(const std::vector<Tensor>& argument_placeholders) {
   t_traced_grads.clear();
   t_traced_frees.clear();
   t_traced_grad_arguments = argument_placeholders;
-  t_trace_first_node = g_next_sequence_nr.load();
+  t_trace_first_node = autograd_state().next_sequence_nr.load();
 }
 
 const std::vector<TracedGrad>& traced_grads() {

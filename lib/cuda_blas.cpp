@@ -21,15 +21,22 @@
 
 namespace kiln {
 namespace {
-std::atomic<bool> g_allow_tf32{
-    [] { return detail::env_bool("KILN_ALLOW_TF32", detail::OnBad::Warn); }()};
+// cuBLAS's settings.
+struct BlasSettings {
+  // atomic: KILN_ALLOW_TF32 (read on first use), then cuda::set_allow_tf32.
+  std::atomic<bool> allow_tf32{detail::env_bool("KILN_ALLOW_TF32", detail::OnBad::Warn)};
+};
+BlasSettings& blas_settings() {
+  static auto* s = new BlasSettings();  // never destroyed: GEMMs may run at exit
+  return *s;
+}
 }  // namespace
 
 void cuda::set_allow_tf32(bool allow) {
-  g_allow_tf32.store(allow);
+  blas_settings().allow_tf32.store(allow);
 }
 bool cuda::allow_tf32() {
-  return g_allow_tf32.load();
+  return blas_settings().allow_tf32.load();
 }
 }  // namespace kiln
 

@@ -22,8 +22,18 @@
 namespace kiln::detail::cuda {
 
 namespace {
-std::atomic<int64_t> g_h2d_bytes{0}, g_d2h_bytes{0}, g_h2d_copies{0}, g_d2h_copies{0};
-std::atomic<int64_t> g_launches{0};
+// The driver's traffic counters.
+struct DriverCounters {
+  std::atomic<int64_t> h2d_bytes{0};   // atomic: bytes copied host to device
+  std::atomic<int64_t> d2h_bytes{0};   // atomic: bytes copied device to host
+  std::atomic<int64_t> h2d_copies{0};  // atomic
+  std::atomic<int64_t> d2h_copies{0};  // atomic
+  std::atomic<int64_t> launches{0};    // atomic: kernels launched
+};
+DriverCounters& counters() {
+  static DriverCounters c;  // constant-initialized: no guard
+  return c;
+}
 
 #ifdef KILN_HAS_CUDA
 #define KILN_CU_NAME_(x) #x
@@ -286,8 +296,8 @@ void copy_to_device(int index, void* dst, const void* src, size_t nbytes) {
   KILN_CU_CHECK(api().cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(dst), src, nbytes,
                                         static_cast<CUstream>(stream(index))),
                 index);
-  g_h2d_bytes += static_cast<int64_t>(nbytes);
-  ++g_h2d_copies;
+  counters().h2d_bytes += static_cast<int64_t>(nbytes);
+  ++counters().h2d_copies;
 }
 
 void copy_to_host(int index, void* dst, const void* src, size_t nbytes) {
@@ -296,8 +306,8 @@ void copy_to_host(int index, void* dst, const void* src, size_t nbytes) {
   KILN_CU_CHECK(api().cuMemcpyDtoHAsync(dst, reinterpret_cast<CUdeviceptr>(src), nbytes,
                                         static_cast<CUstream>(stream(index))),
                 index);
-  g_d2h_bytes += static_cast<int64_t>(nbytes);
-  ++g_d2h_copies;
+  counters().d2h_bytes += static_cast<int64_t>(nbytes);
+  ++counters().d2h_copies;
 }
 
 void copy_on_device(int index, void* dst, const void* src, size_t nbytes) {
@@ -339,7 +349,7 @@ void* Module::function(const std::string& name) const {
 
 void launch(int index, void* function, const LaunchShape& shape, void** args, const char* name) {
   set_device(index);
-  g_launches.fetch_add(1, std::memory_order_relaxed);
+  counters().launches.fetch_add(1, std::memory_order_relaxed);
   CUresult r =
       api().cuLaunchKernel(static_cast<CUfunction>(function), shape.grid, 1, 1, shape.block, 1, 1,
                            shape.shared_bytes, static_cast<CUstream>(stream(index)), args, nullptr);
@@ -419,11 +429,12 @@ void launch(int index, void*, const LaunchShape&, void**, const char*) {
 #endif
 
 TransferCounts transfer_counts() {
-  return {g_h2d_bytes.load(), g_d2h_bytes.load(), g_h2d_copies.load(), g_d2h_copies.load()};
+  return {counters().h2d_bytes.load(), counters().d2h_bytes.load(), counters().h2d_copies.load(),
+          counters().d2h_copies.load()};
 }
 
 int64_t launch_count() {
-  return g_launches.load(std::memory_order_relaxed);
+  return counters().launches.load(std::memory_order_relaxed);
 }
 
 }  // namespace kiln::detail::cuda

@@ -42,13 +42,14 @@ class PinnedBackend : public MemoryBackend {
   void destroy_event(void* e) override { cuda::destroy_event(e); }
 };
 
+// The process's caching allocators, made on first use (each guards its own blocks).
 struct Allocators {
   std::mutex mu;
-  std::vector<std::unique_ptr<CachingAllocator>> devices;
-  std::unique_ptr<CachingAllocator> pinned;
+  std::vector<std::unique_ptr<CachingAllocator>> devices;  // under mu: by device index
+  std::unique_ptr<CachingAllocator> pinned;                // under mu: page-locked host memory
 };
 Allocators& allocators() {
-  static auto* a = new Allocators();
+  static auto* a = new Allocators();  // never destroyed: memory may be freed during exit
   return *a;
 }
 

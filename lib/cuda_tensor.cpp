@@ -147,7 +147,7 @@ void copy_into(const Tensor& dst, const Tensor& from) {
 }
 
 DeviceKernels& device_kernels() {
-  static DeviceKernels kernels;  // filled in during static initialization, read after
+  static DeviceKernels kernels;  // filled once by exec/init.cpp while kiln loads, then read-only
   return kernels;
 }
 

@@ -18,8 +18,8 @@ Tensor copy_to_device(const Tensor& src, Device device);
 // Writes host tensor `src` (dst's shape) into `dst`, a tensor or view on any device.
 void copy_into(const Tensor& dst, const Tensor& src);
 // Kernels of a device that lib/ calls but does not define (lib/ does not depend on fuser/): the
-// CUDA code generator fills them in at load time. Each returns false when it declines (then the
-// copy or op goes through the host); a null entry declines too.
+// CUDA code generator fills them in at load (exec/init.cpp). Each returns false when it declines
+// (then the copy or op goes through the host); a null entry declines too.
 struct DeviceKernels {
   // A copy within one device: dst = src converted to dst's dtype, src broadcast to dst's shape,
   // any layouts.

@@ -36,28 +36,8 @@ KILN_FAST_TLS const char* t_reason = "";
 KILN_FAST_TLS const char* t_cause = nullptr;         // the MaterializeCause in scope
 KILN_FAST_TLS const char* t_reason_cause = nullptr;  // t_cause when the evaluator was called
 
-std::atomic<int64_t> g_max_pending{env_int("KILN_MAX_PENDING", OnBad::Warn)};
-Evaluator g_evaluator = nullptr;
-
 KILN_FAST_TLS int t_inferring = 0;
-
-void call_evaluator(const std::vector<LazyRef>& requests, const char* reason) {
-  if (t_inferring > 0) throw NeedsData{};
-  t_reason = reason;
-  t_reason_cause = t_cause;
-  g_evaluator(requests);
-}
-
-// The lazy lock (see lib/lazy.h): a mutex taken once per recording and per hand-over, re-entrant
-// through a per-thread depth so that freeing nodes under it (which frees their producers) works.
-std::mutex g_lazy_mutex;
-// Waited on with g_lazy_mutex held once. Never destroyed (as above).
-std::condition_variable_any& evaluation_done() {
-  static auto* cv = new std::condition_variable_any();
-  return *cv;
-}
-KILN_FAST_TLS int t_lock_depth = 0;
-uint64_t g_serial = 0;  // under the lock
+KILN_FAST_TLS int t_lock_depth = 0;  // the lazy lock's re-entry depth on this thread
 
 }  // namespace
 
@@ -72,13 +52,35 @@ struct LiveList {
 };
 
 namespace {
-LiveList g_orphans;  // under the lock
-// Every thread's list and the orphans' (under the lock): what a write to a storage that another
-// thread's pending work reads must flush.
-// Never destroyed: threads may end after static destruction began.
+// Lazy recording's process-wide state. Never destroyed: threads may end (and hand their lists to
+// the orphans) after static destruction began.
+struct LazyState {
+  // The lazy lock (see lib/lazy.h): taken once per recording and per hand-over, re-entrant through
+  // the per-thread t_lock_depth so that freeing nodes under it (which frees their producers) works.
+  std::mutex mutex;
+  std::condition_variable_any evaluation_done;  // waited on with mutex held once
+  uint64_t serial = 0;                          // under mutex: the last recorded node's number
+  LiveList orphans;                             // under mutex: the lists of threads that ended
+  // Under mutex: every thread's list and the orphans', what a write to a storage that another
+  // thread's pending work reads must flush.
+  std::vector<LiveList*> lists{&orphans};
+  // atomic: the pending nodes a thread may hold before they are evaluated (KILN_MAX_PENDING).
+  std::atomic<int64_t> max_pending{env_int("KILN_MAX_PENDING", OnBad::Warn)};
+  Evaluator evaluator = nullptr;  // set once at start (exec/init.cpp), then read-only
+};
+LazyState& lazy_state() {
+  static auto* s = new LazyState();
+  return *s;
+}
 std::vector<LiveList*>& all_lists() {
-  static auto* lists = new std::vector<LiveList*>{&g_orphans};
-  return *lists;
+  return lazy_state().lists;
+}
+
+void call_evaluator(const std::vector<LazyRef>& requests, const char* reason) {
+  if (t_inferring > 0) throw NeedsData{};
+  t_reason = reason;
+  t_reason_cause = t_cause;
+  lazy_state().evaluator(requests);
 }
 
 void splice_into(LiveList& from, LiveList& to) {
@@ -104,7 +106,7 @@ struct LiveListOwner {
   LiveListOwner() { all_lists().push_back(&list); }
   ~LiveListOwner() {
     LazyLock lock;
-    splice_into(list, g_orphans);
+    splice_into(list, lazy_state().orphans);
     std::vector<LiveList*>& lists = all_lists();
     lists.erase(std::find(lists.begin(), lists.end(), &list));
     t_live = nullptr;
@@ -122,7 +124,7 @@ LiveList& this_thread_list() {
 // Under the lock.
 void live_insert(LazyNode* n) {
   LiveList& l = this_thread_list();
-  n->serial = ++g_serial;
+  n->serial = ++lazy_state().serial;
   n->live_list = &l;
   n->live_prev = l.tail;
   n->live_next = nullptr;
@@ -238,19 +240,19 @@ void LazyNode::mark_computed(std::vector<Tensor> values) {
 }
 
 void LazyLock::lock() {
-  if (t_lock_depth++ == 0) g_lazy_mutex.lock();
+  if (t_lock_depth++ == 0) lazy_state().mutex.lock();
   held_ = true;
 }
 void LazyLock::unlock() {
   held_ = false;
-  if (--t_lock_depth == 0) g_lazy_mutex.unlock();
+  if (--t_lock_depth == 0) lazy_state().mutex.unlock();
 }
 void LazyLock::wait_for_evaluations() {
   KILN_CHECK(held_ && t_lock_depth == 1, "lazy: waiting for an evaluation inside a nested lock");
-  evaluation_done().wait(g_lazy_mutex);
+  lazy_state().evaluation_done.wait(lazy_state().mutex);
 }
 void notify_evaluations() {
-  evaluation_done().notify_all();
+  lazy_state().evaluation_done.notify_all();
 }
 
 void set_storage_lazy(Storage& s, LazyRef ref, bool bump) {
@@ -310,7 +312,7 @@ void detach_placeholder_readers() {
 void set_trace_state(TraceState* state) {
   if (state) {
     LazyLock lock;
-    t_trace_first_serial = g_serial + 1;
+    t_trace_first_serial = lazy_state().serial + 1;
   }
   const bool ending = t_trace && !state;
   t_trace = state;
@@ -519,7 +521,8 @@ void set_output_devices(const OpDef& def, const Tensor* inputs, size_t count, La
 // view re-derived by lazy_input): the next recording outside it flushes instead.
 void after_record() {
   if (t_lock_depth == 0 && t_live &&
-      t_live->count.load(std::memory_order_relaxed) > g_max_pending.load(std::memory_order_relaxed))
+      t_live->count.load(std::memory_order_relaxed) >
+          lazy_state().max_pending.load(std::memory_order_relaxed))
     flush_pending("the pending trace passed KILN_MAX_PENDING");
 }
 }  // namespace
@@ -585,7 +588,7 @@ void lazy_record_view(const OpDef& def, const Tensor& input, Attrs attrs, const 
 }
 
 void set_evaluator(Evaluator e) {
-  g_evaluator = e;
+  lazy_state().evaluator = e;
 }
 
 void materialize(const std::vector<Tensor>& tensors, const char* reason) {
@@ -596,12 +599,12 @@ void materialize(const std::vector<Tensor>& tensors, const char* reason) {
       if (t.defined() && t.impl()->storage->lazy) requests.push_back(t.impl()->storage->lazy);
   }
   if (requests.empty()) return;
-  KILN_CHECK(g_evaluator, "lazy: no evaluator is registered (is the jit linked in?)");
+  KILN_CHECK(lazy_state().evaluator, "lazy: no evaluator is registered (is the jit linked in?)");
   call_evaluator(requests, reason);
 }
 
 void materialize_storage(TensorImpl& impl) {
-  KILN_CHECK(g_evaluator, "lazy: no evaluator is registered (is the jit linked in?)");
+  KILN_CHECK(lazy_state().evaluator, "lazy: no evaluator is registered (is the jit linked in?)");
   if (t_trace) {
     // Inside a trace the value is computed from the example inputs and the storage stays
     // symbolic; data the function wrote into a captured tensor cannot be read back.
@@ -668,7 +671,7 @@ void add_requests(const LiveList& l, std::vector<LazyRef>& requests) {
 
 bool flush_allowed() {
   // Inside a trace nothing runs: its nodes are the trace, whatever their number.
-  return g_evaluator && t_evaluating == 0 && !t_trace;
+  return lazy_state().evaluator && t_evaluating == 0 && !t_trace;
 }
 
 // Every thread's pending work: what a write to a storage that other threads' nodes read needs.
@@ -713,11 +716,11 @@ int64_t pending_count() {
   return t_live ? t_live->count.load(std::memory_order_relaxed) : 0;
 }
 int64_t max_pending() {
-  return g_max_pending.load();
+  return lazy_state().max_pending.load();
 }
 void set_max_pending(int64_t n) {
   KILN_CHECK(n > 0, "set_max_pending: expected a positive limit, got ", n);
-  g_max_pending = n;
+  lazy_state().max_pending = n;
 }
 
 }  // namespace kiln::detail

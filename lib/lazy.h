@@ -267,7 +267,7 @@ int64_t pending_count();
 int64_t max_pending();
 void set_max_pending(int64_t n);
 
-// The evaluator lives in jit/ (lib/ does not depend on it); it registers itself at load time.
+// The evaluator lives in exec/ (lib/ does not depend on it); exec/init.cpp sets it at load time.
 using Evaluator = void (*)(const std::vector<LazyRef>& requests);
 void set_evaluator(Evaluator e);
 

@@ -1,24 +1,66 @@
-// Storage and look-up for the op table.
+// Storage and look-up for the op table, and the one place that registers lib's op families.
 #include "lib/op_table.h"
 
+#include <atomic>
 #include <iomanip>
 #include <memory>
+#include <mutex>
 #include <sstream>
 
 #include "absl/container/flat_hash_map.h"
 #include "kiln/error.h"
+#include "lib/op_registry.h"
 
 namespace kiln::detail {
 
 namespace {
-absl::flat_hash_map<std::string, std::unique_ptr<OpDef>>& table() {
+// The entries, filled only by register_op; read through registered_table(), which completes
+// registration first. Never destroyed: ops may be looked up from other objects' destructors.
+absl::flat_hash_map<std::string, std::unique_ptr<OpDef>>& storage() {
   static auto* t = new absl::flat_hash_map<std::string, std::unique_ptr<OpDef>>();
   return *t;
 }
+
+const absl::flat_hash_map<std::string, std::unique_ptr<OpDef>>& registered_table() {
+  ensure_ops_registered();
+  return storage();
+}
+
+// The families in a fixed order: each file's ops register together, and nothing depends on the
+// order across families (ops refer to each other by handle or name only when they run).
+void register_lib_ops() {
+  using namespace kiln::registration;
+  register_factories();
+  register_tensor_ops();
+  register_views();
+  register_elementwise_ops();
+  register_bitwise_ops();
+  register_reductions();
+  register_scans();
+  register_index_ops();
+  register_linalg_ops();
+  register_nn_ops();
+  register_pool_ops();
+  register_conv_ops();
+  register_collective_ops();
+}
 }  // namespace
 
+void ensure_ops_registered() {
+  // Function-local and constant-initialized, so this works from any static initializer too.
+  // std::call_once orders every caller after the registration (no data race on the table); the
+  // flag spares later callers its cost (it sets thread-locals and calls into libc each time).
+  static std::once_flag once;
+  static std::atomic<bool> done{false};  // atomic: set after the registration completed
+  if (done.load(std::memory_order_acquire)) return;
+  std::call_once(once, register_lib_ops);
+  done.store(true, std::memory_order_release);
+}
+
+// Writes the table without completing registration first: the families call it from inside
+// ensure_ops_registered, and the upper layers (exec/init.cpp) during their one-time initialization.
 const OpDef& register_op(OpDef def) {
-  auto& t = table();
+  auto& t = storage();
   KILN_CHECK(!t.contains(def.name), "op '", def.name, "' is defined twice");
   auto entry = std::make_unique<OpDef>(std::move(def));
   const OpDef& ref = *entry;
@@ -27,13 +69,14 @@ const OpDef& register_op(OpDef def) {
 }
 
 const OpDef* find_op(std::string_view name) {
-  auto it = table().find(std::string(name));
-  return it == table().end() ? nullptr : it->second.get();
+  const auto& t = registered_table();
+  auto it = t.find(std::string(name));
+  return it == t.end() ? nullptr : it->second.get();
 }
 
 std::vector<const OpDef*> all_ops() {
   std::vector<const OpDef*> out;
-  for (const auto& [name, def] : table()) out.push_back(def.get());
+  for (const auto& [name, def] : registered_table()) out.push_back(def.get());
   return out;
 }
 

@@ -1,4 +1,4 @@
-// The op table: one entry per op, naming its kind and dtype rule; ops register here where defined.
+// The op table: one entry per op, naming its kind and dtype rule (lib/op_registry.h fills it).
 //
 // Each op is defined in exactly one place (its source file in lib/ops/) by one registration that
 // carries its name, kind, arity and dtype rule next to its reference kernel. Later layers (the
@@ -94,7 +94,7 @@ struct OpDef {
   bool checks_integer_values = false;
 };
 
-// Registers an op at static-initialization time and returns its stored entry.
+// Registers an op during initialization (lib/op_registry.h) and returns its stored entry.
 const OpDef& register_op(OpDef def);
 // nullptr when no op of that name exists.
 const OpDef* find_op(std::string_view name);

@@ -22,26 +22,29 @@ std::atomic<bool> g_profiling{false};
 
 namespace {
 
+// The start of the profiler's clock, read when the library loads.
 const std::chrono::steady_clock::time_point g_epoch = std::chrono::steady_clock::now();
 
-// Records from every thread, appended under the mutex as spans end. Never destroyed, so that the
-// exit handler and threads still running at exit can use it.
+// The profiler's state. Never destroyed, so that the exit handler and threads still running at
+// exit can use it.
 struct Store {
   std::mutex mutex;
-  std::vector<profiler::Record> records;
-  std::map<int64_t, std::string> graph_names;  // by graph number; outlives reset()
+  std::vector<profiler::Record> records;  // under mutex: appended as spans end, from every thread
+  std::map<int64_t, std::string> graph_names;  // under mutex: by graph number; outlives reset()
+  std::atomic<uint32_t> next_thread{1};        // atomic: numbers the threads that record
+  bool print_at_exit = false;                  // set once at start (KILN_PROFILE=1), then read-only
+  std::string exit_trace_path;  // set once at start (KILN_PROFILE=<file>), then read-only
 };
 Store& store() {
   static Store* s = new Store();
   return *s;
 }
 
-std::atomic<uint32_t> g_next_thread{1};
 thread_local uint32_t t_thread = 0;
 thread_local uint32_t t_depth = 0;
 
 uint32_t thread_number() {
-  if (t_thread == 0) t_thread = g_next_thread.fetch_add(1, std::memory_order_relaxed);
+  if (t_thread == 0) t_thread = store().next_thread.fetch_add(1, std::memory_order_relaxed);
   return t_thread;
 }
 
@@ -228,34 +231,29 @@ void write_chrome_trace(const std::string& path) {
 }
 
 namespace {
-// KILN_PROFILE: "1" prints the report at exit, any other value but "0" names the trace file.
-std::string& exit_trace_path() {
-  static std::string* p = new std::string();
-  return *p;
-}
-bool g_print_at_exit = false;
-
 void at_exit() {
   set_enabled(false);
   try {
-    if (g_print_at_exit) print();
-    if (!exit_trace_path().empty()) {
-      write_chrome_trace(exit_trace_path());
+    const detail::Store& st = detail::store();
+    if (st.print_at_exit) print();
+    if (!st.exit_trace_path.empty()) {
+      write_chrome_trace(st.exit_trace_path);
       std::cerr << "kiln: profile trace (" << records().size() << " spans) written to "
-                << exit_trace_path() << "\n";
+                << st.exit_trace_path << "\n";
     }
   } catch (const std::exception& e) {
     std::cerr << "kiln: KILN_PROFILE: " << e.what() << "\n";
   }
 }
 
+// KILN_PROFILE: "1" prints the report at exit, any other value but "0" names the trace file.
 const bool kFromEnvironment = [] {
   const std::string env = detail::env_string("KILN_PROFILE", detail::OnBad::Warn);
   if (env.empty()) return false;
   if (env == "1")
-    g_print_at_exit = true;
+    detail::store().print_at_exit = true;
   else
-    exit_trace_path() = env;
+    detail::store().exit_trace_path = env;
   set_enabled(true);
   std::atexit(&at_exit);
   return true;

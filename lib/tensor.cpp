@@ -8,6 +8,7 @@
 #include "lib/dispatch.h"
 #include "lib/elementwise.h"
 #include "lib/loops.h"
+#include "lib/op_registry.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln {
@@ -159,48 +160,55 @@ void copy_kernel(const Tensor& dst, const Tensor& src) {
 }  // namespace detail
 
 namespace {
-const detail::OpDef& to_def =
-    detail::register_op({"to",
-                         detail::OpKind::Unary,
-                         1,
-                         detail::DTypeRule::Custom,
-                         true,
-                         [](const std::vector<Tensor>& in, const detail::Attrs& a) {
-                           return std::vector<Tensor>{in[0].to(detail::attr_dtype(a.at(0)))};
-                         },
-                         {"dtype"},
-                         [](const Tensor& out, const Tensor* in, const detail::Attrs&) {
-                           detail::copy_kernel(out, in[0]);
-                         },
-                         // As static_cast: to bool is != 0; float to integer truncates, and
-                         // gives the lowest integer where it doesn't fit (x86's behaviour).
-                         "(cast x)"});
-// A copy to another device. Eager calls copy at once (lib/cuda_tensor.h); inside jit::trace the
-// copy is a node, so that a replay repeats it and the transfer passes can see it.
-const detail::OpDef& to_device_def =
-    detail::register_op({"to_device",
-                         detail::OpKind::Transfer,
-                         1,
-                         detail::DTypeRule::Same,
-                         true,
-                         [](const std::vector<Tensor>& in, const detail::Attrs& a) {
-                           return std::vector<Tensor>{detail::copy_to_device(
-                               in[0], Device::parse(detail::attr_string(a.at(0))))};
-                         },
-                         {"device"}});
-const detail::OpDef& clone_def =
-    detail::register_op({"clone",
-                         detail::OpKind::Unary,
-                         1,
-                         detail::DTypeRule::Same,
-                         true,
-                         [](const std::vector<Tensor>& in, const detail::Attrs&) {
-                           return std::vector<Tensor>{in[0].clone()};
-                         },
-                         {},
-                         nullptr,
-                         "x"});  // in a fused kernel, the value written to a new output
+detail::OpHandle to_def;
+detail::OpHandle to_device_def;
+detail::OpHandle clone_def;
 }  // namespace
+
+// The entries of the Tensor methods that are ops: to (a dtype), to_device, clone.
+void registration::register_tensor_ops() {
+  to_def.bind(
+      detail::register_op({"to",
+                           detail::OpKind::Unary,
+                           1,
+                           detail::DTypeRule::Custom,
+                           true,
+                           [](const std::vector<Tensor>& in, const detail::Attrs& a) {
+                             return std::vector<Tensor>{in[0].to(detail::attr_dtype(a.at(0)))};
+                           },
+                           {"dtype"},
+                           [](const Tensor& out, const Tensor* in, const detail::Attrs&) {
+                             detail::copy_kernel(out, in[0]);
+                           },
+                           // As static_cast: to bool is != 0; float to integer truncates, and
+                           // gives the lowest integer where it doesn't fit (x86's behaviour).
+                           "(cast x)"}));
+  // A copy to another device. Eager calls copy at once (lib/cuda_tensor.h); inside jit::trace the
+  // copy is a node, so that a replay repeats it and the transfer passes can see it.
+  to_device_def.bind(
+      detail::register_op({"to_device",
+                           detail::OpKind::Transfer,
+                           1,
+                           detail::DTypeRule::Same,
+                           true,
+                           [](const std::vector<Tensor>& in, const detail::Attrs& a) {
+                             return std::vector<Tensor>{detail::copy_to_device(
+                                 in[0], Device::parse(detail::attr_string(a.at(0))))};
+                           },
+                           {"device"}}));
+  clone_def.bind(
+      detail::register_op({"clone",
+                           detail::OpKind::Unary,
+                           1,
+                           detail::DTypeRule::Same,
+                           true,
+                           [](const std::vector<Tensor>& in, const detail::Attrs&) {
+                             return std::vector<Tensor>{in[0].clone()};
+                           },
+                           {},
+                           nullptr,
+                           "x"}));  // in a fused kernel, the value written to a new output
+}
 
 Tensor Tensor::to(DType dtype) const {
   detail::check_defined(*this, "to");

@@ -68,11 +68,12 @@ bool env_verify_default() {
   return detail::env_bool("KILN_VERIFY");  // the default follows the build (NDEBUG: off)
 }
 
+// The pass manager's settings and per-pass profile.
 struct ManagerState {
   std::mutex mu;
-  std::vector<std::string> disabled;  // "all" disables every pass
-  bool verify;
-  std::vector<PassProfileEntry> profile;  // one per pass name, in pass order
+  std::vector<std::string> disabled;      // under mu: "all" disables every pass
+  bool verify;                            // under mu: check the graph after each pass
+  std::vector<PassProfileEntry> profile;  // under mu: one per pass name, in pass order
 
   ManagerState() : verify(env_verify_default()) {
     disabled = detail::env_list("KILN_DISABLE_PASSES", detail::OnBad::Throw, names_and_all());

@@ -18,7 +18,9 @@
 #include "kiln/ops.h"
 #include "lib/distributed/collective_op.h"
 #include "lib/distributed/internal.h"
+#include "lib/distributed/state.h"
 #include "lib/lazy.h"
+#include "lib/op_registry.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln::distributed {
@@ -26,24 +28,22 @@ namespace {
 
 using detail::StartedCollective;
 
-// Groups that a recorded node names, by number. Held weakly: a graph does not keep a group alive,
-// and a replay after its group was destroyed raises.
-std::mutex g_registry_mu;                             // guards g_registry
-std::vector<std::weak_ptr<ProcessGroup>> g_registry;  // indexed by group number
-
+// A group's number in distributed_state().registry, given on first use.
 int64_t group_number(const std::shared_ptr<ProcessGroup>& group) {
-  std::lock_guard<std::mutex> lock(g_registry_mu);
-  for (size_t i = 0; i < g_registry.size(); ++i)
-    if (g_registry[i].lock() == group) return static_cast<int64_t>(i);
-  g_registry.push_back(group);
-  return static_cast<int64_t>(g_registry.size()) - 1;
+  DistributedState& st = distributed_state();
+  std::lock_guard<std::mutex> lock(st.registry_mu);
+  for (size_t i = 0; i < st.registry.size(); ++i)
+    if (st.registry[i].lock() == group) return static_cast<int64_t>(i);
+  st.registry.push_back(group);
+  return static_cast<int64_t>(st.registry.size()) - 1;
 }
 
 std::shared_ptr<ProcessGroup> group_of_number(const char* op, int64_t number) {
-  std::lock_guard<std::mutex> lock(g_registry_mu);
-  KILN_CHECK(number >= 0 && static_cast<size_t>(number) < g_registry.size(), op,
+  DistributedState& st = distributed_state();
+  std::lock_guard<std::mutex> lock(st.registry_mu);
+  KILN_CHECK(number >= 0 && static_cast<size_t>(number) < st.registry.size(), op,
              ": no process group #", number, " in this process");
-  std::shared_ptr<ProcessGroup> group = g_registry[static_cast<size_t>(number)].lock();
+  std::shared_ptr<ProcessGroup> group = st.registry[static_cast<size_t>(number)].lock();
   KILN_CHECK(group, op, ": process group #", number,
              " was destroyed; a traced function that runs collectives over it cannot run");
   return group;
@@ -120,11 +120,17 @@ const detail::OpDef& define(const char* name, std::vector<std::string> attrs) {
                               &run_now<start>, std::move(attrs)});
 }
 
-const detail::OpDef& all_reduce_def = define<start_all_reduce>("all_reduce", {"op", "group"});
-const detail::OpDef& broadcast_def = define<start_broadcast>("broadcast", {"src", "group"});
-const detail::OpDef& all_gather_def = define<start_all_gather>("all_gather_into_tensor", {"group"});
-const detail::OpDef& reduce_scatter_def =
-    define<start_reduce_scatter>("reduce_scatter_tensor", {"op", "group"});
+detail::OpHandle all_reduce_def;
+detail::OpHandle broadcast_def;
+detail::OpHandle all_gather_def;
+detail::OpHandle reduce_scatter_def;
+
+void register_collectives() {
+  all_reduce_def.bind(define<start_all_reduce>("all_reduce", {"op", "group"}));
+  broadcast_def.bind(define<start_broadcast>("broadcast", {"src", "group"}));
+  all_gather_def.bind(define<start_all_gather>("all_gather_into_tensor", {"group"}));
+  reduce_scatter_def.bind(define<start_reduce_scatter>("reduce_scatter_tensor", {"op", "group"}));
+}
 
 // Runs `def` on x at once, or records it inside jit::trace with the given result's sizes.
 Tensor run_or_record(const detail::OpDef& def, const Tensor& x, detail::Attrs attrs,
@@ -193,14 +199,20 @@ void traced_write(Tensor& tensor, const Tensor& value) {
 
 }  // namespace kiln::distributed
 
+namespace kiln::registration {
+void register_collective_ops() {
+  distributed::register_collectives();
+}
+}  // namespace kiln::registration
+
 namespace kiln::detail {
 
 StartCollective collective_start(const OpDef& op) {
   using namespace kiln::distributed;
-  if (&op == &all_reduce_def) return start_all_reduce;
-  if (&op == &broadcast_def) return start_broadcast;
-  if (&op == &all_gather_def) return start_all_gather;
-  if (&op == &reduce_scatter_def) return start_reduce_scatter;
+  if (&op == &all_reduce_def.get()) return start_all_reduce;
+  if (&op == &broadcast_def.get()) return start_broadcast;
+  if (&op == &all_gather_def.get()) return start_all_gather;
+  if (&op == &reduce_scatter_def.get()) return start_reduce_scatter;
   return nullptr;
 }
 

@@ -35,6 +35,7 @@
 #include "kiln/error.h"
 #include "kiln/ops.h"
 #include "lib/distributed/internal.h"
+#include "lib/distributed/state.h"
 
 namespace kiln::distributed {
 namespace {
@@ -65,9 +66,6 @@ ReduceFn bool_reduce(ReduceOp op) {
     for (size_t i = 0; i < n; ++i) out[i] = is_and ? (x[i] && y[i]) : (x[i] || y[i]);
   };
 }
-
-std::mutex g_times_mu;  // guards g_times
-CommTimes g_times;
 
 // This thread's CPU time: the work a caller did between issuing a collective and waiting for it
 // (its wall time would count the time the scheduler gave other threads, on a loaded machine).
@@ -104,11 +102,12 @@ class GlooWork : public Work {
       // Blocked until the collective completed (the wake-up after it is the scheduler's); the
       // issuing thread's work meanwhile, at most the collective's time in flight.
       const double in_flight = std::chrono::duration<double>(completed - issued_).count();
-      std::lock_guard<std::mutex> lock(g_times_mu);
-      g_times.waited_seconds +=
+      DistributedState& st = distributed_state();
+      std::lock_guard<std::mutex> lock(st.times_mu);
+      st.times.waited_seconds +=
           std::max(0.0, std::chrono::duration<double>(completed - start).count());
       if (std::this_thread::get_id() == issuer_)
-        g_times.computed_seconds += std::clamp(cpu - issued_cpu_, 0.0, in_flight);
+        st.times.computed_seconds += std::clamp(cpu - issued_cpu_, 0.0, in_flight);
     }
     if (error_) std::rethrow_exception(error_);
     if (finish_) {
@@ -121,9 +120,10 @@ class GlooWork : public Work {
   void complete(std::exception_ptr error) {
     const Clock::time_point now = Clock::now();
     {
-      std::lock_guard<std::mutex> lock(g_times_mu);
-      ++g_times.collectives;
-      g_times.in_flight_seconds += std::chrono::duration<double>(now - issued_).count();
+      DistributedState& st = distributed_state();
+      std::lock_guard<std::mutex> lock(st.times_mu);
+      ++st.times.collectives;
+      st.times.in_flight_seconds += std::chrono::duration<double>(now - issued_).count();
     }
     std::lock_guard<std::mutex> lock(mu_);
     completed_ = now;
@@ -487,13 +487,15 @@ std::shared_ptr<Work> allreduce_buffer(ProcessGroup& group, const Tensor& buffer
 }
 
 CommTimes comm_times() {
-  std::lock_guard<std::mutex> lock(g_times_mu);
-  return g_times;
+  DistributedState& st = distributed_state();
+  std::lock_guard<std::mutex> lock(st.times_mu);
+  return st.times;
 }
 
 void reset_comm_times() {
-  std::lock_guard<std::mutex> lock(g_times_mu);
-  g_times = CommTimes();
+  DistributedState& st = distributed_state();
+  std::lock_guard<std::mutex> lock(st.times_mu);
+  st.times = CommTimes();
 }
 
 }  // namespace kiln::distributed

@@ -8,16 +8,19 @@
 #include "kiln/error.h"
 #include "kiln/ops.h"
 #include "lib/distributed/internal.h"
+#include "lib/distributed/state.h"
 #include "lib/lazy.h"
 
 namespace kiln::distributed {
+
+DistributedState& distributed_state() {
+  static auto* state = new DistributedState();
+  return *state;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::mutex g_mu;                          // guards g_default and g_groups_made
-std::shared_ptr<ProcessGroup> g_default;  // the group init_process_group made
-int g_groups_made = 0;                    // names each group's keys in a shared store
 
 std::string join(const std::vector<int>& ranks) {
   std::string s;
@@ -67,10 +70,10 @@ int env_int(const char* name) {
 }
 
 std::shared_ptr<ProcessGroup> group_or_default() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  KILN_CHECK(g_default,
+  std::lock_guard<std::mutex> lock(distributed_state().groups_mu);
+  KILN_CHECK(distributed_state().default_group,
              "kiln::distributed: no default process group; call init_process_group first");
-  return g_default;
+  return distributed_state().default_group;
 }
 
 // What an all_reduce recorded inside jit::trace returns: the graph runs the collective.
@@ -151,8 +154,8 @@ std::shared_ptr<ProcessGroup> new_group(const std::string& backend, int rank, in
              "' is unavailable: ", why);
   std::string prefix;
   {
-    std::lock_guard<std::mutex> lock(g_mu);
-    prefix = "group" + std::to_string(g_groups_made++) + "/";
+    std::lock_guard<std::mutex> lock(distributed_state().groups_mu);
+    prefix = "group" + std::to_string(distributed_state().groups_made++) + "/";
   }
   rendezvous_check(*store, prefix, backend, rank, world_size, timeout);
   if (backend == "nccl")
@@ -163,14 +166,14 @@ std::shared_ptr<ProcessGroup> new_group(const std::string& backend, int rank, in
 void init_process_group(const std::string& backend, int rank, int world_size,
                         std::shared_ptr<Store> store, std::chrono::milliseconds timeout) {
   {
-    std::lock_guard<std::mutex> lock(g_mu);
-    KILN_CHECK(!g_default,
+    std::lock_guard<std::mutex> lock(distributed_state().groups_mu);
+    KILN_CHECK(!distributed_state().default_group,
                "init_process_group: the default process group is already initialized "
                "(destroy_process_group first)");
   }
   auto group = new_group(backend, rank, world_size, std::move(store), timeout);
-  std::lock_guard<std::mutex> lock(g_mu);
-  g_default = std::move(group);
+  std::lock_guard<std::mutex> lock(distributed_state().groups_mu);
+  distributed_state().default_group = std::move(group);
 }
 
 void init_process_group(const std::string& backend, std::chrono::milliseconds timeout) {
@@ -185,15 +188,15 @@ void init_process_group(const std::string& backend, std::chrono::milliseconds ti
 void destroy_process_group() {
   std::shared_ptr<ProcessGroup> group;
   {
-    std::lock_guard<std::mutex> lock(g_mu);
-    group.swap(g_default);
+    std::lock_guard<std::mutex> lock(distributed_state().groups_mu);
+    group.swap(distributed_state().default_group);
   }
   group.reset();  // joins the group's thread outside the lock
 }
 
 bool is_initialized() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  return g_default != nullptr;
+  std::lock_guard<std::mutex> lock(distributed_state().groups_mu);
+  return distributed_state().default_group != nullptr;
 }
 
 std::shared_ptr<ProcessGroup> default_group() {

@@ -41,6 +41,7 @@
 #include "lib/cuda_driver.h"
 #include "lib/cuda_tensor.h"
 #include "lib/env.h"
+#include "lib/op_registry.h"
 #include "lib/ops/conv_cuda.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
@@ -89,40 +90,51 @@ const detail::OpDef& def_conv(const char* name, int arity, detail::Invoke invoke
 }
 using detail::attr_int;
 using detail::attr_ints;
-// Inputs (input, weight, bias); the bias may be absent.
-const detail::OpDef& conv2d_def =
-    def_conv("conv2d", 3,
-             [](const Inputs& in, const Attrs& a) {
-               return Inputs{conv2d(in[0], in[1], in[2], attr_ints(a.at(0)), attr_ints(a.at(1)),
-                                    attr_ints(a.at(2)), attr_int(a.at(3)))};
-             },
-             {"stride", "padding", "dilation", "groups"});
-// Inputs (grad_output, weight).
-const detail::OpDef& grad_input_def = def_conv(
-    "conv2d_grad_input", 2,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{conv2d_grad_input(in[0], in[1], attr_ints(a.at(0)), attr_ints(a.at(1)),
-                                      attr_ints(a.at(2)), attr_ints(a.at(3)), attr_int(a.at(4)))};
-    },
-    {"input_size", "stride", "padding", "dilation", "groups"});
-// Inputs (grad_output, input).
-const detail::OpDef& grad_weight_def = def_conv(
-    "conv2d_grad_weight", 2,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{conv2d_grad_weight(in[0], in[1], attr_ints(a.at(0)), attr_ints(a.at(1)),
-                                       attr_ints(a.at(2)), attr_ints(a.at(3)), attr_int(a.at(4)))};
-    },
-    {"weight_size", "stride", "padding", "dilation", "groups"});
 // Inputs (input, weight, bias, residual), the last two optional: activation(conv2d(input,
 // weight) + bias + residual), the bias and residual add and the activation ("none", "relu",
 // "gelu", "gelu_tanh", "silu") computed as the convolution's epilogue (oneDNN post-ops). Only the
 // graph pass jit/passes/conv_fold.cpp makes it, from graphs already differentiated: it has no
 // gradient formula.
 Tensor conv2d_epilogue_kernel(const Inputs& in, const Attrs& a);
-const detail::OpDef& conv2d_epilogue_def =
-    def_conv("conv2d_epilogue", 4,
-             [](const Inputs& in, const Attrs& a) { return Inputs{conv2d_epilogue_kernel(in, a)}; },
-             {"stride", "padding", "dilation", "groups", "activation"});
+detail::OpHandle conv2d_def;
+detail::OpHandle grad_input_def;
+detail::OpHandle grad_weight_def;
+detail::OpHandle conv2d_epilogue_def;
+}  // namespace
+
+// The convolution passes' entries.
+void registration::register_conv_ops() {
+  // Inputs (input, weight, bias); the bias may be absent.
+  conv2d_def.bind(def_conv("conv2d", 3,
+                           [](const Inputs& in, const Attrs& a) {
+                             return Inputs{conv2d(in[0], in[1], in[2], attr_ints(a.at(0)),
+                                                  attr_ints(a.at(1)), attr_ints(a.at(2)),
+                                                  attr_int(a.at(3)))};
+                           },
+                           {"stride", "padding", "dilation", "groups"}));
+  // Inputs (grad_output, weight).
+  grad_input_def.bind(def_conv("conv2d_grad_input", 2,
+                               [](const Inputs& in, const Attrs& a) {
+                                 return Inputs{conv2d_grad_input(
+                                     in[0], in[1], attr_ints(a.at(0)), attr_ints(a.at(1)),
+                                     attr_ints(a.at(2)), attr_ints(a.at(3)), attr_int(a.at(4)))};
+                               },
+                               {"input_size", "stride", "padding", "dilation", "groups"}));
+  // Inputs (grad_output, input).
+  grad_weight_def.bind(def_conv("conv2d_grad_weight", 2,
+                                [](const Inputs& in, const Attrs& a) {
+                                  return Inputs{conv2d_grad_weight(
+                                      in[0], in[1], attr_ints(a.at(0)), attr_ints(a.at(1)),
+                                      attr_ints(a.at(2)), attr_ints(a.at(3)), attr_int(a.at(4)))};
+                                },
+                                {"weight_size", "stride", "padding", "dilation", "groups"}));
+  conv2d_epilogue_def.bind(def_conv(
+      "conv2d_epilogue", 4,
+      [](const Inputs& in, const Attrs& a) { return Inputs{conv2d_epilogue_kernel(in, a)}; },
+      {"stride", "padding", "dilation", "groups", "activation"}));
+}
+
+namespace {
 
 // ------------------------------------------------------------------------------------ geometry
 
@@ -914,7 +926,7 @@ void set_conv_choices_on_disk(bool on) {
   chooser().on_disk.store(on);
 }
 ConvChoiceStore& conv_choice_store() {
-  static ConvChoiceStore store;  // set once at load time, before any op runs
+  static ConvChoiceStore store;  // set once by exec/init.cpp at load, before any op runs
   return store;
 }
 }  // namespace detail

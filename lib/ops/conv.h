@@ -39,8 +39,8 @@ void set_conv_choices_on_disk(bool on);
 ConvAlgo last_conv_algo();
 
 // Where measured choices are kept between processes: the kernel cache's directory (fuser/cache.cpp
-// fills these in at load time; lib/ does not depend on fuser/). load returns "" when no valid entry
-// is stored under the key; null entries keep choices in memory only.
+// fills these in when exec/init.cpp runs at load; lib/ does not depend on fuser/). load returns ""
+// when no valid entry is stored under the key; null entries keep choices in memory only.
 struct ConvChoiceStore {
   std::string (*load)(const std::string& key) = nullptr;
   void (*store)(const std::string& key, const std::string& choice) = nullptr;

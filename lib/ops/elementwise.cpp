@@ -8,6 +8,7 @@
 #include "lib/elementwise.h"
 #include "lib/fastmath.h"
 #include "lib/int_math.h"
+#include "lib/op_registry.h"
 
 namespace kiln {
 
@@ -178,13 +179,7 @@ std::vector<Tensor> saved_for(Saves saves, const Tensor& x, const Tensor& y) {
     (void)sizeof(T);                                                                 \
     return EXPR;                                                                     \
   };                                                                                 \
-  static const detail::OpDef& NAME##_def = def_op(                                   \
-      #NAME, OpKind::Unary, 1, RULE, BOOL_OK,                                        \
-      [](const Inputs& in, const Attrs&) { return Inputs{NAME(in[0])}; }, {},        \
-      [](const Tensor& out, const Tensor* in, const Attrs&) {                        \
-        detail::unary_into<RULE>(NAME##_def, NAME##_fn, out, in[0]);                 \
-      },                                                                             \
-      FORMULA);                                                                      \
+  static detail::OpHandle NAME##_def;                                                \
   Tensor NAME(const Tensor& input) {                                                 \
     Tensor out = detail::unary_op<RULE>(NAME##_def, input, NAME##_fn);               \
     if (detail::needs_grad(input))                                                   \
@@ -197,60 +192,23 @@ std::vector<Tensor> saved_for(Saves saves, const Tensor& x, const Tensor& y) {
     return out;                                                                      \
   }
 
-// The negation (and so abs) of the lowest integer wraps to itself, as in torch.
-KILN_UNARY(neg, DTypeRule::Same, false, wrap_neg(x), "(neg x)", None, -g)
-// abs(-0.0) is +0, as torch's (reciprocal reads the sign): zeros select a literal 0.
-KILN_UNARY(abs, DTypeRule::Same, true, T(x < T(0) ? wrap_neg(x) : (x == T(0) ? T(0) : x)),
-           "(select (lt x 0) (neg x) (select (eq x 0) 0 x))", X, g* sign(x))
-KILN_UNARY(sign, DTypeRule::Same, true, T((T(0) < x) - (x < T(0))),
-           "(select (lt 0 x) 1 (select (lt x 0) -1 0))", None, zeros_like(g))
-KILN_UNARY(exp, DTypeRule::Float, true, exp_value(x), "(exp x)", Y, g* y)
-KILN_UNARY(log, DTypeRule::Float, true, log_value(x), "(log x)", X, g / x)
-KILN_UNARY(log1p, DTypeRule::Float, true, log1p_value(x), "(log1p x)", X, g / (x + 1))
-KILN_UNARY(expm1, DTypeRule::Float, true, expm1_value(x), "(expm1 x)", Y, g*(y + 1))
-KILN_UNARY(sqrt, DTypeRule::Float, true, std::sqrt(x), "(sqrt x)", Y, g / (y * 2))
-KILN_UNARY(rsqrt, DTypeRule::Float, true, T(1) / std::sqrt(x), "(div 1 (sqrt x))", Y,
-           g*(y* y* y) * -0.5)
-KILN_UNARY(reciprocal, DTypeRule::Float, true, T(1) / x, "(div 1 x)", Y, -g*(y* y))
-KILN_UNARY(sin, DTypeRule::Float, true, sin_value(x), "(sin x)", X, g* cos(x))
-KILN_UNARY(cos, DTypeRule::Float, true, cos_value(x), "(cos x)", X, -g* sin(x))
-KILN_UNARY(tanh, DTypeRule::Float, true, tanh_value(x), "(tanh x)", Y, g*(1 - y * y))
-KILN_UNARY(sigmoid, DTypeRule::Float, true, T(1) / (T(1) + exp_value(-x)),
-           "(div 1 (add 1 (exp (neg x))))", Y, g*(y*(1 - y)))
-// NaN passes through, as torch's relu (clamp_min(x, 0)) does.
-// Its gradient is g except where y <= 0 (torch's threshold_backward): a NaN passes g through.
-KILN_UNARY(relu, DTypeRule::Same, false, T(x > T(0) || x != x ? x : T(0)),
-           "(select (or (gt x 0) (ne x x)) x 0)", Y, where(logical_not(le(y, 0)), g, 0.0))
-KILN_UNARY(silu, DTypeRule::Float, true, x / (T(1) + exp_value(-x)),
-           "(div x (add 1 (exp (neg x))))", X, g*(sigmoid(x) * (1 + x * (1 - sigmoid(x)))))
-KILN_UNARY(erf, DTypeRule::Float, true, erf_value(x), "(erf x)", X,
-           g*(exp(-(x* x)) * 1.1283791670955126))  // 2 / sqrt(pi)
-// Piecewise constant: a zero gradient (as torch), not none, so optimizers still see the leaf.
-KILN_UNARY(floor, DTypeRule::Same, true, on_floats(x, [](auto v) { return std::floor(v); }),
-           "(floor x)", None, zeros_like(g))
-KILN_UNARY(ceil, DTypeRule::Same, true, on_floats(x, [](auto v) { return std::ceil(v); }),
-           "(ceil x)", None, zeros_like(g))
-KILN_UNARY(round, DTypeRule::Same, true, on_floats(x, [](auto v) { return std::nearbyint(v); }),
-           "(round x)", None, zeros_like(g))
-KILN_UNARY(logical_not, DTypeRule::Logical, true, !x, "(not x)", None, Tensor())
-KILN_UNARY(isnan, DTypeRule::Predicate, true, x != x, "(ne x x)", None, Tensor())
-KILN_UNARY(isfinite, DTypeRule::Predicate, true,
-           kIsFloat<T> ? (x == x && std::abs(double(x)) != std::numeric_limits<double>::infinity())
-                       : true,
-           "(eq (sub x x) 0)", None, Tensor())  // x - x is 0 unless x is inf or NaN
+#include "lib/ops/unary_ops.inc"
 #undef KILN_UNARY
 
-static const detail::OpDef& gelu_def = def_op(
-    "gelu", OpKind::Unary, 1, DTypeRule::Float, true,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{gelu(in[0], detail::attr_string(a.at(0)))};
-    },
-    {"approximate"}, nullptr,
-    // 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) or 0.5 x (1 + erf(x / sqrt(2))).
-    "(if-attr a0 tanh"
-    " (mul (mul 0.5 x) (add 1 (tanh (mul 0.7978845608028654"
-    "  (add x (mul (mul (mul 0.044715 x) x) x))))))"
-    " (mul (mul 0.5 x) (add 1 (erf (mul x 0.7071067811865476)))))");
+static detail::OpHandle gelu_def;
+static void register_gelu() {
+  gelu_def.bind(def_op(
+      "gelu", OpKind::Unary, 1, DTypeRule::Float, true,
+      [](const Inputs& in, const Attrs& a) {
+        return Inputs{gelu(in[0], detail::attr_string(a.at(0)))};
+      },
+      {"approximate"}, nullptr,
+      // 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) or 0.5 x (1 + erf(x / sqrt(2))).
+      "(if-attr a0 tanh"
+      " (mul (mul 0.5 x) (add 1 (tanh (mul 0.7978845608028654"
+      "  (add x (mul (mul (mul 0.044715 x) x) x))))))"
+      " (mul (mul 0.5 x) (add 1 (erf (mul x 0.7071067811865476)))))"));
+}
 Tensor gelu(const Tensor& input, const std::string& approximate) {
   KILN_CHECK(approximate == "none" || approximate == "tanh",
              "gelu: approximate must be 'none' or 'tanh', got '", approximate, "'");
@@ -288,13 +246,16 @@ Tensor gelu(const Tensor& input, const std::string& approximate) {
   return out;
 }
 
-static const detail::OpDef& softplus_def = def_op(
-    "softplus", OpKind::Unary, 1, DTypeRule::Float, true,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{softplus(in[0], detail::attr_double(a.at(0)), detail::attr_double(a.at(1)))};
-    },
-    {"beta", "threshold"}, nullptr,
-    "(let bx (mul a0 x) (select (gt bx a1) x (div (log1p (exp bx)) a0)))");
+static detail::OpHandle softplus_def;
+static void register_softplus() {
+  softplus_def.bind(def_op(
+      "softplus", OpKind::Unary, 1, DTypeRule::Float, true,
+      [](const Inputs& in, const Attrs& a) {
+        return Inputs{softplus(in[0], detail::attr_double(a.at(0)), detail::attr_double(a.at(1)))};
+      },
+      {"beta", "threshold"}, nullptr,
+      "(let bx (mul a0 x) (select (gt bx a1) x (div (log1p (exp bx)) a0)))"));
+}
 Tensor softplus(const Tensor& input, double beta, double threshold) {
   Tensor out = detail::unary_op<DTypeRule::Float>(
       softplus_def, input,
@@ -338,13 +299,7 @@ std::vector<Tensor> saved_for(Saves grad_a_reads, Saves grad_b_reads, const Tens
     (void)sizeof(T);                                                                            \
     return EXPR;                                                                                \
   };                                                                                            \
-  static const detail::OpDef& NAME##_def = def_op(                                              \
-      #NAME, OpKind::Binary, 2, RULE, BOOL_OK,                                                  \
-      [](const Inputs& in, const Attrs&) { return Inputs{NAME(in[0], in[1])}; }, {},            \
-      [](const Tensor& out, const Tensor* in, const Attrs&) {                                   \
-        detail::binary_into<RULE>(NAME##_def, NAME##_fn, out, in[0], in[1]);                    \
-      },                                                                                        \
-      FORMULA);                                                                                 \
+  static detail::OpHandle NAME##_def;                                                           \
   Tensor NAME(const Tensor& a, const Tensor& b) {                                               \
     Tensor out = detail::binary_op<RULE>(NAME##_def, a, b, NAME##_fn);                          \
     if (detail::needs_grad(a, b))                                                               \
@@ -370,37 +325,7 @@ Tensor share(const Tensor& g, const Tensor& loses, const Tensor& a, const Tensor
 }
 }  // namespace
 
-KILN_BINARY(mul, DTypeRule::Same, true, multiply(x, y), "(mul x y)", g* b, Y, g* a, X)
-// b's gradient divides twice, in torch's order: b * b underflows (b = 1e-30f) or overflows where
-// (a / b) / b does not.
-KILN_BINARY(div, DTypeRule::Float, true, x / y, "(div x y)", g / b, Y, -g*((a / b) / b), XY)
-// NaN propagates from either side, as in torch.minimum/maximum. Of zeros of both signs, +0 is
-// the greater whichever operand holds it (IEEE 754-2019 maximum/minimum, as amax/amin and relu):
-// x + y of zeros is -0 only when both are, -(-x + -y) is -0 when either is (the primitives have no
-// sign test); libtorch keeps the first or the second operand depending on its loop.
-KILN_BINARY(minimum, DTypeRule::Same, true,
-            T((x != x || x < y)          ? x
-              : (x == T(0) && y == T(0)) ? T(-(-x + -y))
-                                         : y),
-            "(select (or (ne x x) (lt x y)) x"
-            " (select (and (eq x 0) (eq y 0)) (neg (add (neg x) (neg y))) y))",
-            share(g, gt(a, b), a, b), XY, share(g, lt(a, b), a, b), XY)
-KILN_BINARY(maximum, DTypeRule::Same, true,
-            T((x != x || x > y)          ? x
-              : (x == T(0) && y == T(0)) ? T(x + y)
-                                         : y),
-            "(select (or (ne x x) (gt x y)) x (select (and (eq x 0) (eq y 0)) (add x y) y))",
-            share(g, lt(a, b), a, b), XY, share(g, gt(a, b), a, b), XY)
-KILN_BINARY(eq, DTypeRule::Predicate, true, x == y, "(eq x y)", Tensor(), None, Tensor(), None)
-KILN_BINARY(ne, DTypeRule::Predicate, true, x != y, "(ne x y)", Tensor(), None, Tensor(), None)
-KILN_BINARY(lt, DTypeRule::Predicate, true, x < y, "(lt x y)", Tensor(), None, Tensor(), None)
-KILN_BINARY(le, DTypeRule::Predicate, true, x <= y, "(le x y)", Tensor(), None, Tensor(), None)
-KILN_BINARY(gt, DTypeRule::Predicate, true, x > y, "(gt x y)", Tensor(), None, Tensor(), None)
-KILN_BINARY(ge, DTypeRule::Predicate, true, x >= y, "(ge x y)", Tensor(), None, Tensor(), None)
-KILN_BINARY(logical_and, DTypeRule::Logical, true, x&& y, "(and x y)", Tensor(), None, Tensor(),
-            None)
-KILN_BINARY(logical_or, DTypeRule::Logical, true, x || y, "(or x y)", Tensor(), None, Tensor(),
-            None)
+#include "lib/ops/binary_ops.inc"
 #undef KILN_BINARY
 
 namespace {
@@ -428,18 +353,24 @@ void add_into(const Tensor& out, const Tensor* in, const Attrs& attrs);
 }  // namespace
 
 // add and sub carry alpha: a + alpha * b.
-static const detail::OpDef& add_def = def_op(
-    "add", OpKind::Binary, 2, DTypeRule::Same, true,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{add(in[0], in[1], detail::attr_scalar(a.at(0)))};
-    },
-    {"alpha"}, add_into<false>, "(add x (mul a0 y))");
-static const detail::OpDef& sub_def = def_op(
-    "sub", OpKind::Binary, 2, DTypeRule::Same, false,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{sub(in[0], in[1], detail::attr_scalar(a.at(0)))};
-    },
-    {"alpha"}, add_into<true>, "(sub x (mul a0 y))");
+static detail::OpHandle add_def;
+static void register_add() {
+  add_def.bind(def_op(
+      "add", OpKind::Binary, 2, DTypeRule::Same, true,
+      [](const Inputs& in, const Attrs& a) {
+        return Inputs{add(in[0], in[1], detail::attr_scalar(a.at(0)))};
+      },
+      {"alpha"}, add_into<false>, "(add x (mul a0 y))"));
+}
+static detail::OpHandle sub_def;
+static void register_sub() {
+  sub_def.bind(def_op(
+      "sub", OpKind::Binary, 2, DTypeRule::Same, false,
+      [](const Inputs& in, const Attrs& a) {
+        return Inputs{sub(in[0], in[1], detail::attr_scalar(a.at(0)))};
+      },
+      {"alpha"}, add_into<true>, "(sub x (mul a0 y))"));
+}
 
 namespace {
 template <bool IsSub>
@@ -458,7 +389,7 @@ Tensor add_impl(const detail::OpDef& def, const Tensor& a, const Tensor& b, cons
              ": for integral inputs, alpha must not be a floating-point number (got ", alpha,
              " with ", detail::describe(a), " and ", detail::describe(b), ")");
   Attrs attrs{detail::scalar_attr(alpha)};
-  return with_add_formula(&def == &sub_def, alpha, [&](const auto& f) {
+  return with_add_formula(&def == &sub_def.get(), alpha, [&](const auto& f) {
     return detail::binary_op<DTypeRule::Same>(def, a, b, f, inplace, attrs);
   });
 }
@@ -469,7 +400,7 @@ Tensor add_with_grad(const detail::OpDef& def, const Tensor& a, const Tensor& b,
                      const Scalar& alpha) {
   Tensor out = add_impl(def, a, b, alpha, nullptr);
   if (detail::needs_grad(a, b)) {
-    double scale = (&def == &sub_def ? -1.0 : 1.0) * alpha.to_double();
+    double scale = (&def == &sub_def.get() ? -1.0 : 1.0) * alpha.to_double();
     detail::record(def.name.c_str(), {a, b}, {out}, {}, [scale](const detail::BackwardContext& c) {
       const Tensor& g = c.grad();
       return std::vector<Tensor>{g, c.needs_grad(1) ? (scale == 1.0 ? g : g * scale) : Tensor()};
@@ -506,13 +437,16 @@ Tensor floor_quotient(const Tensor& a, const Tensor& b) {
 }
 }  // namespace
 
-static const detail::OpDef& remainder_def = def_op(
-    "remainder", OpKind::Binary, 2, DTypeRule::Same, false,
-    [](const Inputs& in, const Attrs&) { return Inputs{remainder(in[0], in[1])}; }, {}, nullptr,
-    // rem: fmod for floats, % for integers (0 for a divisor of -1). Integer divisors are checked
-    // for zeros by the entry point, so only floating remainders fuse.
-    "(let r (rem x y) (select (and (ne r 0) (ne (lt r 0) (lt y 0))) (add r y) r))",
-    /*checks_integer_values=*/true);
+static detail::OpHandle remainder_def;
+static void register_remainder() {
+  remainder_def.bind(def_op(
+      "remainder", OpKind::Binary, 2, DTypeRule::Same, false,
+      [](const Inputs& in, const Attrs&) { return Inputs{remainder(in[0], in[1])}; }, {}, nullptr,
+      // rem: fmod for floats, % for integers (0 for a divisor of -1). Integer divisors are checked
+      // for zeros by the entry point, so only floating remainders fuse.
+      "(let r (rem x y) (select (and (ne r 0) (ne (lt r 0) (lt y 0))) (add r y) r))",
+      /*checks_integer_values=*/true));
+}
 Tensor remainder(const Tensor& a, const Tensor& b) {
   detail::check_defined(a, "remainder");
   detail::check_defined(b, "remainder", "other");
@@ -542,11 +476,14 @@ Tensor remainder(const Tensor& a, const Scalar& b) {
   return remainder(a, wrap_scalar(b));
 }
 
-static const detail::OpDef& pow_def = def_op(
-    "pow", OpKind::Binary, 2, DTypeRule::Same, false,
-    [](const Inputs& in, const Attrs&) { return Inputs{pow(in[0], in[1])}; }, {}, nullptr,
-    "(pow x y)",  // the primitive is pow_value above
-    /*checks_integer_values=*/true);
+static detail::OpHandle pow_def;
+static void register_pow() {
+  pow_def.bind(def_op(
+      "pow", OpKind::Binary, 2, DTypeRule::Same, false,
+      [](const Inputs& in, const Attrs&) { return Inputs{pow(in[0], in[1])}; }, {}, nullptr,
+      "(pow x y)",  // the primitive is pow_value above
+      /*checks_integer_values=*/true));
+}
 Tensor pow(const Tensor& base, const Tensor& exponent) {
   detail::check_defined(base, "pow");
   detail::check_defined(exponent, "pow", "exponent");
@@ -588,10 +525,13 @@ Tensor pow(const Scalar& base, const Tensor& exponent) {
 }
 
 // ----------------------------------------------------------------------------------- where, clamp
-static const detail::OpDef& where_def = def_op(
-    "where", OpKind::Ternary, 3, DTypeRule::Custom, true,
-    [](const Inputs& in, const Attrs&) { return Inputs{where(in[0], in[1], in[2])}; }, {}, nullptr,
-    "(select x y z)");
+static detail::OpHandle where_def;
+static void register_where() {
+  where_def.bind(def_op(
+      "where", OpKind::Ternary, 3, DTypeRule::Custom, true,
+      [](const Inputs& in, const Attrs&) { return Inputs{where(in[0], in[1], in[2])}; }, {},
+      nullptr, "(select x y z)"));
+}
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   for (const Tensor* t : {&condition, &a, &b})
     detail::check_elementwise_input(where_def, *t, "input");
@@ -635,15 +575,18 @@ detail::AttrValue optional_attr(const std::optional<Scalar>& s) {
 }
 }  // namespace
 
-static const detail::OpDef& clamp_def = def_op(
-    "clamp", OpKind::Unary, 1, DTypeRule::Same, false,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{clamp(in[0], optional_scalar(a.at(0)), optional_scalar(a.at(1)))};
-    },
-    {"min", "max"}, nullptr,
-    // An absent bound (none) leaves the value as it is; a NaN bound makes every result NaN.
-    "(let lo (if-attr a0 none x (select (or (lt x a0) (ne a0 a0)) a0 x))"
-    " (if-attr a1 none lo (select (or (gt lo a1) (ne a1 a1)) a1 lo)))");
+static detail::OpHandle clamp_def;
+static void register_clamp() {
+  clamp_def.bind(def_op(
+      "clamp", OpKind::Unary, 1, DTypeRule::Same, false,
+      [](const Inputs& in, const Attrs& a) {
+        return Inputs{clamp(in[0], optional_scalar(a.at(0)), optional_scalar(a.at(1)))};
+      },
+      {"min", "max"}, nullptr,
+      // An absent bound (none) leaves the value as it is; a NaN bound makes every result NaN.
+      "(let lo (if-attr a0 none x (select (or (lt x a0) (ne a0 a0)) a0 x))"
+      " (if-attr a1 none lo (select (or (gt lo a1) (ne a1 a1)) a1 lo)))"));
+}
 namespace detail {
 void check_value_fits(const char* op, const Scalar& value, DType dtype, const Tensor& t) {
   if (!is_integral(dtype)) return;
@@ -752,6 +695,39 @@ Tensor& Tensor::clamp_(std::optional<Scalar> min, std::optional<Scalar> max) {
       [&] { detail::finish_inplace(clamp_def, *this, kiln::clamp(*this, min, max)); },
       [&](const Tensor& self) { return kiln::clamp(self, min, max); });
   return *this;
+}
+
+// The table entries of every op above: the rows of unary_ops.inc and binary_ops.inc (whose public
+// functions KILN_UNARY and KILN_BINARY defined above), then the ops defined one by one.
+void registration::register_elementwise_ops() {
+#define KILN_UNARY(NAME, RULE, BOOL_OK, EXPR, FORMULA, SAVES, GRAD)           \
+  NAME##_def.bind(def_op(                                                     \
+      #NAME, OpKind::Unary, 1, RULE, BOOL_OK,                                 \
+      [](const Inputs& in, const Attrs&) { return Inputs{NAME(in[0])}; }, {}, \
+      [](const Tensor& out, const Tensor* in, const Attrs&) {                 \
+        detail::unary_into<RULE>(NAME##_def, NAME##_fn, out, in[0]);          \
+      },                                                                      \
+      FORMULA));
+#include "lib/ops/unary_ops.inc"
+#undef KILN_UNARY
+#define KILN_BINARY(NAME, RULE, BOOL_OK, EXPR, FORMULA, GRAD_A, A_READS, GRAD_B, B_READS) \
+  NAME##_def.bind(def_op(                                                                 \
+      #NAME, OpKind::Binary, 2, RULE, BOOL_OK,                                            \
+      [](const Inputs& in, const Attrs&) { return Inputs{NAME(in[0], in[1])}; }, {},      \
+      [](const Tensor& out, const Tensor* in, const Attrs&) {                             \
+        detail::binary_into<RULE>(NAME##_def, NAME##_fn, out, in[0], in[1]);              \
+      },                                                                                  \
+      FORMULA));
+#include "lib/ops/binary_ops.inc"
+#undef KILN_BINARY
+  register_gelu();
+  register_softplus();
+  register_add();
+  register_sub();
+  register_remainder();
+  register_pow();
+  register_where();
+  register_clamp();
 }
 
 }  // namespace kiln

@@ -13,6 +13,7 @@
 #include "lib/dispatch.h"
 #include "lib/int_math.h"
 #include "lib/lazy.h"
+#include "lib/op_registry.h"
 #include "lib/op_table.h"
 #include "lib/tensor_impl.h"
 
@@ -24,11 +25,6 @@ namespace {
 const detail::OpDef& def_factory(const char* name) {
   return detail::register_op({name, detail::OpKind::Factory, 0, detail::DTypeRule::Custom});
 }
-const detail::OpDef& empty_def = def_factory("empty");
-const detail::OpDef& full_def = def_factory("full");
-const detail::OpDef& arange_def = def_factory("arange");
-const detail::OpDef& linspace_def = def_factory("linspace");
-const detail::OpDef& eye_def = def_factory("eye");
 // Random draws are recorded inside a trace (lazy mode draws at once, in program order): a replay
 // must draw new numbers, where a trace's other factories are constants. Their reference kernels
 // draw from the process generator when the plan runs them.
@@ -37,28 +33,48 @@ const detail::OpDef& def_random(const char* name, detail::Invoke invoke,
   return detail::register_op({name, detail::OpKind::Factory, 0, detail::DTypeRule::Custom, true,
                               invoke, std::move(attr_names)});
 }
-const detail::OpDef& rand_def =
-    def_random("rand",
-               [](const std::vector<Tensor>&, const detail::Attrs& a) {
-                 return std::vector<Tensor>{rand(detail::attr_ints(a[0]),
-                                                 TensorOptions().dtype(detail::attr_dtype(a[1])))};
-               },
-               {"shape", "dtype"});
-const detail::OpDef& randn_def =
-    def_random("randn",
-               [](const std::vector<Tensor>&, const detail::Attrs& a) {
-                 return std::vector<Tensor>{randn(detail::attr_ints(a[0]),
-                                                  TensorOptions().dtype(detail::attr_dtype(a[1])))};
-               },
-               {"shape", "dtype"});
-const detail::OpDef& randint_def =
-    def_random("randint",
-               [](const std::vector<Tensor>&, const detail::Attrs& a) {
-                 return std::vector<Tensor>{randint(
-                     detail::attr_int(a[0]), detail::attr_int(a[1]), detail::attr_ints(a[2]),
-                     TensorOptions().dtype(detail::attr_dtype(a[3])))};
-               },
-               {"low", "high", "shape", "dtype"});
+detail::OpHandle empty_def;
+detail::OpHandle full_def;
+detail::OpHandle arange_def;
+detail::OpHandle linspace_def;
+detail::OpHandle eye_def;
+detail::OpHandle rand_def;
+detail::OpHandle randn_def;
+detail::OpHandle randint_def;
+}  // namespace
+
+// The factories' entries: a trace records only the random draws; the others are constants.
+void registration::register_factories() {
+  empty_def.bind(def_factory("empty"));
+  full_def.bind(def_factory("full"));
+  arange_def.bind(def_factory("arange"));
+  linspace_def.bind(def_factory("linspace"));
+  eye_def.bind(def_factory("eye"));
+  rand_def.bind(def_random("rand",
+                           [](const std::vector<Tensor>&, const detail::Attrs& a) {
+                             return std::vector<Tensor>{
+                                 rand(detail::attr_ints(a[0]),
+                                      TensorOptions().dtype(detail::attr_dtype(a[1])))};
+                           },
+                           {"shape", "dtype"}));
+  randn_def.bind(def_random("randn",
+                            [](const std::vector<Tensor>&, const detail::Attrs& a) {
+                              return std::vector<Tensor>{
+                                  randn(detail::attr_ints(a[0]),
+                                        TensorOptions().dtype(detail::attr_dtype(a[1])))};
+                            },
+                            {"shape", "dtype"}));
+  randint_def.bind(def_random("randint",
+                              [](const std::vector<Tensor>&, const detail::Attrs& a) {
+                                return std::vector<Tensor>{
+                                    randint(detail::attr_int(a[0]), detail::attr_int(a[1]),
+                                            detail::attr_ints(a[2]),
+                                            TensorOptions().dtype(detail::attr_dtype(a[3])))};
+                              },
+                              {"low", "high", "shape", "dtype"}));
+}
+
+namespace {
 
 // Inside a trace, except where the executor runs a plan's reference kernels (lazy mode off).
 bool recording_draws() {

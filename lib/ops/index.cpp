@@ -26,6 +26,7 @@
 #include "lib/dispatch.h"
 #include "lib/int_math.h"
 #include "lib/lazy.h"
+#include "lib/op_registry.h"
 #include "lib/op_table.h"
 #include "lib/parallel.h"
 #include "lib/tensor_impl.h"
@@ -49,39 +50,51 @@ const detail::OpDef& def_op(const char* name, OpKind kind, int arity, DTypeRule 
   def.checks_integer_values = kind == OpKind::Index;  // indices out of range raise
   return detail::register_op(std::move(def));
 }
+detail::OpHandle index_select_def;
+detail::OpHandle gather_def;
+detail::OpHandle embedding_def;
+detail::OpHandle cat_def;
+detail::OpHandle stack_def;
+detail::OpHandle index_add_def;
+detail::OpHandle scatter_add_def;
+}  // namespace
 
-const detail::OpDef& index_select_def =
-    def_op("index_select", OpKind::Index, 2, DTypeRule::Custom,
-           [](const Inputs& in, const Attrs& a) {
-             return Inputs{index_select(in[0], attr_int(a.at(0)), in[1])};
-           },
-           {"dim"});
-const detail::OpDef& gather_def = def_op("gather", OpKind::Index, 2, DTypeRule::Custom,
-                                         [](const Inputs& in, const Attrs& a) {
-                                           return Inputs{gather(in[0], attr_int(a.at(0)), in[1])};
-                                         },
-                                         {"dim"});
-const detail::OpDef& embedding_def =
-    def_op("embedding", OpKind::Index, 2, DTypeRule::Custom,
-           [](const Inputs& in, const Attrs&) { return Inputs{embedding(in[0], in[1])}; });
-const detail::OpDef& cat_def = def_op(
-    "cat", OpKind::Join, -1, DTypeRule::Same,
-    [](const Inputs& in, const Attrs& a) { return Inputs{cat(in, attr_int(a.at(0)))}; }, {"dim"});
-const detail::OpDef& stack_def = def_op(
-    "stack", OpKind::Join, -1, DTypeRule::Same,
-    [](const Inputs& in, const Attrs& a) { return Inputs{stack(in, attr_int(a.at(0)))}; }, {"dim"});
-const detail::OpDef& index_add_def =
-    def_op("index_add", OpKind::Index, 3, DTypeRule::Same,
-           [](const Inputs& in, const Attrs& a) {
-             return Inputs{index_add(in[0], attr_int(a.at(0)), in[1], in[2])};
-           },
-           {"dim"});
-const detail::OpDef& scatter_add_def =
-    def_op("scatter_add", OpKind::Index, 3, DTypeRule::Same,
-           [](const Inputs& in, const Attrs& a) {
-             return Inputs{scatter_add(in[0], attr_int(a.at(0)), in[1], in[2])};
-           },
-           {"dim"});
+// The index ops' entries.
+void registration::register_index_ops() {
+  index_select_def.bind(def_op("index_select", OpKind::Index, 2, DTypeRule::Custom,
+                               [](const Inputs& in, const Attrs& a) {
+                                 return Inputs{index_select(in[0], attr_int(a.at(0)), in[1])};
+                               },
+                               {"dim"}));
+  gather_def.bind(def_op("gather", OpKind::Index, 2, DTypeRule::Custom,
+                         [](const Inputs& in, const Attrs& a) {
+                           return Inputs{gather(in[0], attr_int(a.at(0)), in[1])};
+                         },
+                         {"dim"}));
+  embedding_def.bind(
+      def_op("embedding", OpKind::Index, 2, DTypeRule::Custom,
+             [](const Inputs& in, const Attrs&) { return Inputs{embedding(in[0], in[1])}; }));
+  cat_def.bind(
+      def_op("cat", OpKind::Join, -1, DTypeRule::Same,
+             [](const Inputs& in, const Attrs& a) { return Inputs{cat(in, attr_int(a.at(0)))}; },
+             {"dim"}));
+  stack_def.bind(
+      def_op("stack", OpKind::Join, -1, DTypeRule::Same,
+             [](const Inputs& in, const Attrs& a) { return Inputs{stack(in, attr_int(a.at(0)))}; },
+             {"dim"}));
+  index_add_def.bind(def_op("index_add", OpKind::Index, 3, DTypeRule::Same,
+                            [](const Inputs& in, const Attrs& a) {
+                              return Inputs{index_add(in[0], attr_int(a.at(0)), in[1], in[2])};
+                            },
+                            {"dim"}));
+  scatter_add_def.bind(def_op("scatter_add", OpKind::Index, 3, DTypeRule::Same,
+                              [](const Inputs& in, const Attrs& a) {
+                                return Inputs{scatter_add(in[0], attr_int(a.at(0)), in[1], in[2])};
+                              },
+                              {"dim"}));
+}
+
+namespace {
 
 // Every op here also runs on a device: the executor calls them with device tensors.
 void check_operand(const Tensor& t, const char* op, const char* arg) {
@@ -309,7 +322,7 @@ Tensor scatter_add_on(const Tensor& self, int64_t d, const std::vector<int64_t>&
 }  // namespace
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
-  const char* op = index_select_def.name.c_str();
+  const char* op = index_select_def->name.c_str();
   check_operand(x, op, "input");
   check_operand(index, op, "index");
   check_index_dtype(index, op, true);
@@ -349,7 +362,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
-  const char* op = embedding_def.name.c_str();
+  const char* op = embedding_def->name.c_str();
   check_operand(weight, op, "weight");
   check_operand(indices, op, "indices");
   check_index_dtype(indices, op, true);
@@ -383,7 +396,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 }
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
-  const char* op = gather_def.name.c_str();
+  const char* op = gather_def->name.c_str();
   check_operand(x, op, "input");
   check_operand(index, op, "index");
   check_index_dtype(index, op, false);
@@ -432,7 +445,7 @@ Tensor with_cat_grad(const std::vector<Tensor>& tensors, int64_t d, const Tensor
   std::vector<int64_t> widths;  // -1 for the skipped empty 1-D tensors
   for (const Tensor& t : tensors) widths.push_back(t.dim() == 1 && t.numel() == 0 ? -1 : t.size(d));
   detail::record(
-      cat_def.name.c_str(), tensors, {out}, {}, [d, widths](const detail::BackwardContext& c) {
+      cat_def->name.c_str(), tensors, {out}, {}, [d, widths](const detail::BackwardContext& c) {
         std::vector<Tensor> grads;
         int64_t start = 0;
         for (size_t i = 0; i < widths.size(); ++i) {
@@ -452,7 +465,7 @@ Tensor with_cat_grad(const std::vector<Tensor>& tensors, int64_t d, const Tensor
 }  // namespace
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
-  const char* op = cat_def.name.c_str();
+  const char* op = cat_def->name.c_str();
   KILN_CHECK(!tensors.empty(), op, ": expected a non-empty list of tensors");
   for (const Tensor& t : tensors) check_operand(t, op, "tensors");
   // Legacy behaviour kept by torch: 1-D tensors of size 0 are skipped whatever their shape.
@@ -498,7 +511,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
-  const char* op = stack_def.name.c_str();
+  const char* op = stack_def->name.c_str();
   KILN_CHECK(!tensors.empty(), op, ": expected a non-empty list of tensors");
   for (const Tensor& t : tensors) check_operand(t, op, "tensors");
   const Tensor& ref = tensors[0];
@@ -528,7 +541,7 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
 }
 
 Tensor index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
-  const char* op = index_add_def.name.c_str();
+  const char* op = index_add_def->name.c_str();
   check_operand(self, op, "self");
   check_operand(index, op, "index");
   check_operand(src, op, "source");
@@ -569,7 +582,7 @@ Tensor index_add(const Tensor& self, int64_t dim, const Tensor& index, const Ten
 }
 
 Tensor scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
-  const char* op = scatter_add_def.name.c_str();
+  const char* op = scatter_add_def->name.c_str();
   check_operand(self, op, "self");
   check_operand(index, op, "index");
   check_operand(src, op, "src");

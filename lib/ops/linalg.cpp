@@ -38,6 +38,7 @@
 #include "lib/dispatch.h"
 #include "lib/lazy.h"
 #include "lib/loops.h"
+#include "lib/op_registry.h"
 #include "lib/op_table.h"
 #include "lib/ops/gemm.h"
 #include "lib/parallel.h"
@@ -61,23 +62,34 @@ const detail::OpDef& def_linalg(const char* name, int arity, detail::Invoke invo
   return detail::register_op(
       {name, OpKind::Linalg, arity, DTypeRule::Same, false, invoke, std::move(attr_names)});
 }
-const detail::OpDef& mm_def =
-    def_linalg("mm", 2, [](const Inputs& in, const Attrs&) { return Inputs{mm(in[0], in[1])}; });
-const detail::OpDef& bmm_def =
-    def_linalg("bmm", 2, [](const Inputs& in, const Attrs&) { return Inputs{bmm(in[0], in[1])}; });
-const detail::OpDef& matmul_def = def_linalg(
-    "matmul", 2, [](const Inputs& in, const Attrs&) { return Inputs{matmul(in[0], in[1])}; });
-// The bias is an absent (undefined) input when there is none.
-const detail::OpDef& linear_def = def_linalg("linear", 3, [](const Inputs& in, const Attrs&) {
-  return Inputs{linear(in[0], in[1], in[2])};
-});
-const detail::OpDef& addmm_def =
-    def_linalg("addmm", 3,
-               [](const Inputs& in, const Attrs& a) {
-                 return Inputs{addmm(in[0], in[1], in[2], detail::attr_scalar(a.at(0)),
-                                     detail::attr_scalar(a.at(1)))};
-               },
-               {"beta", "alpha"});
+detail::OpHandle mm_def;
+detail::OpHandle bmm_def;
+detail::OpHandle matmul_def;
+detail::OpHandle linear_def;
+detail::OpHandle addmm_def;
+}  // namespace
+
+// The GEMM-backed ops' entries.
+void registration::register_linalg_ops() {
+  mm_def.bind(
+      def_linalg("mm", 2, [](const Inputs& in, const Attrs&) { return Inputs{mm(in[0], in[1])}; }));
+  bmm_def.bind(def_linalg(
+      "bmm", 2, [](const Inputs& in, const Attrs&) { return Inputs{bmm(in[0], in[1])}; }));
+  matmul_def.bind(def_linalg(
+      "matmul", 2, [](const Inputs& in, const Attrs&) { return Inputs{matmul(in[0], in[1])}; }));
+  // The bias is an absent (undefined) input when there is none.
+  linear_def.bind(def_linalg("linear", 3, [](const Inputs& in, const Attrs&) {
+    return Inputs{linear(in[0], in[1], in[2])};
+  }));
+  addmm_def.bind(def_linalg("addmm", 3,
+                            [](const Inputs& in, const Attrs& a) {
+                              return Inputs{addmm(in[0], in[1], in[2], detail::attr_scalar(a.at(0)),
+                                                  detail::attr_scalar(a.at(1)))};
+                            },
+                            {"beta", "alpha"}));
+}
+
+namespace {
 
 // "2x3": the dims of a shape joined by 'x', as torch prints matrix shapes in its errors.
 std::string dims_str(const Shape& s) {
@@ -415,7 +427,7 @@ Tensor mm_like(const Tensor& a, const Tensor& b, bool transposed) {
 }  // namespace
 
 Tensor mm(const Tensor& a, const Tensor& b) {
-  const std::string& op = mm_def.name;
+  const std::string& op = mm_def->name;
   check_input(a, op, "mat1");
   check_input(b, op, "mat2");
   KILN_CHECK(a.dim() == 2, "mm: expected mat1 to be a 2-D matrix, got ", describe(a));
@@ -443,7 +455,7 @@ Tensor mm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
-  const std::string& op = bmm_def.name;
+  const std::string& op = bmm_def->name;
   check_input(a, op, "batch1");
   check_input(b, op, "batch2");
   KILN_CHECK(a.dim() == 3, "bmm: expected batch1 to be a 3-D tensor, got ", describe(a));
@@ -474,7 +486,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
-  const std::string& op = matmul_def.name;
+  const std::string& op = matmul_def->name;
   check_input(a, op, "input");
   check_input(b, op, "other");
   KILN_CHECK(a.dim() >= 1 && b.dim() >= 1,
@@ -549,7 +561,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  const std::string& op = linear_def.name;
+  const std::string& op = linear_def->name;
   check_input(x, op, "input");
   check_input(weight, op, "weight");
   if (bias.defined()) check_input(bias, op, "bias");
@@ -598,7 +610,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 
 Tensor addmm(const Tensor& self, const Tensor& m1, const Tensor& m2, const Scalar& beta,
              const Scalar& alpha) {
-  const std::string& op = addmm_def.name;
+  const std::string& op = addmm_def->name;
   check_input(self, op, "self");
   check_input(m1, op, "mat1");
   check_input(m2, op, "mat2");

@@ -14,6 +14,7 @@
 #include "kiln/ops.h"
 #include "lib/autograd.h"
 #include "lib/elementwise.h"
+#include "lib/op_registry.h"
 #include "lib/op_table.h"
 #include "lib/tensor_impl.h"
 
@@ -37,40 +38,49 @@ void check_bitwise(const char* op, const Tensor& t) {
 
 // FORMULA is the same operation on the fuser's bitwise primitives (fuser/kernel.h), so chains of
 // these fuse with comparisons, where and arithmetic; floating operands raise before recording.
-#define KILN_BITWISE(NAME, EXPR, FORMULA)                                                 \
-  static const auto NAME##_fn = [](auto x, auto y) {                                      \
-    using T = decltype(x);                                                                \
-    if constexpr (std::is_integral_v<T>)                                                  \
-      return T(EXPR);                                                                     \
-    else                                                                                  \
-      return x; /* unreachable: floating operands raise first */                          \
-  };                                                                                      \
-  static const detail::OpDef& NAME##_def = detail::register_op(                           \
-      {#NAME,                                                                             \
-       OpKind::Binary,                                                                    \
-       2,                                                                                 \
-       DTypeRule::Same,                                                                   \
-       true,                                                                              \
-       [](const Inputs& in, const detail::Attrs&) { return Inputs{NAME(in[0], in[1])}; }, \
-       {},                                                                                \
-       [](const Tensor& out, const Tensor* in, const detail::Attrs&) {                    \
-         detail::binary_into<DTypeRule::Same>(NAME##_def, NAME##_fn, out, in[0], in[1]);  \
-       },                                                                                 \
-       FORMULA});                                                                         \
-  Tensor NAME(const Tensor& a, const Tensor& b) {                                         \
-    check_bitwise(#NAME, a);                                                              \
-    check_bitwise(#NAME, b);                                                              \
-    return detail::binary_op<DTypeRule::Same>(NAME##_def, a, b, NAME##_fn);               \
-  }                                                                                       \
-  Tensor NAME(const Tensor& a, const Scalar& b) {                                         \
-    KILN_CHECK(!b.is_floating_point(), #NAME, ": a floating-point operand ", b,           \
-               " is not supported (with ", describe(a), ")");                             \
-    return NAME(a, detail::wrap_scalar(b));                                               \
+#define KILN_BITWISE(NAME, EXPR, FORMULA)                                                   \
+  static const auto NAME##_fn = [](auto x, auto y) {                                        \
+    using T = decltype(x);                                                                  \
+    if constexpr (std::is_integral_v<T>)                                                    \
+      return T(EXPR);                                                                       \
+    else                                                                                    \
+      return x; /* unreachable: floating operands raise first */                            \
+  };                                                                                        \
+  static detail::OpHandle NAME##_def;                                                       \
+  static void register_##NAME() {                                                           \
+    NAME##_def.bind(detail::register_op(                                                    \
+        {#NAME,                                                                             \
+         OpKind::Binary,                                                                    \
+         2,                                                                                 \
+         DTypeRule::Same,                                                                   \
+         true,                                                                              \
+         [](const Inputs& in, const detail::Attrs&) { return Inputs{NAME(in[0], in[1])}; }, \
+         {},                                                                                \
+         [](const Tensor& out, const Tensor* in, const detail::Attrs&) {                    \
+           detail::binary_into<DTypeRule::Same>(NAME##_def, NAME##_fn, out, in[0], in[1]);  \
+         },                                                                                 \
+         FORMULA}));                                                                        \
+  }                                                                                         \
+  Tensor NAME(const Tensor& a, const Tensor& b) {                                           \
+    check_bitwise(#NAME, a);                                                                \
+    check_bitwise(#NAME, b);                                                                \
+    return detail::binary_op<DTypeRule::Same>(NAME##_def, a, b, NAME##_fn);                 \
+  }                                                                                         \
+  Tensor NAME(const Tensor& a, const Scalar& b) {                                           \
+    KILN_CHECK(!b.is_floating_point(), #NAME, ": a floating-point operand ", b,             \
+               " is not supported (with ", describe(a), ")");                               \
+    return NAME(a, detail::wrap_scalar(b));                                                 \
   }
 KILN_BITWISE(bitwise_and, x& y, "(band x y)")
 KILN_BITWISE(bitwise_or, x | y, "(bor x y)")
 KILN_BITWISE(bitwise_xor, x ^ y, "(bxor x y)")
 #undef KILN_BITWISE
+
+void registration::register_bitwise_ops() {
+  register_bitwise_and();
+  register_bitwise_or();
+  register_bitwise_xor();
+}
 
 // ~x: logical not on bool, two's complement not on integers.
 Tensor bitwise_not(const Tensor& x) {

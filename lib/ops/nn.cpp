@@ -41,6 +41,7 @@
 #include "lib/fastmath.h"
 #include "lib/lazy.h"
 #include "lib/loops.h"
+#include "lib/op_registry.h"
 #include "lib/op_table.h"
 #include "lib/parallel.h"
 #include "lib/tensor_impl.h"
@@ -77,66 +78,77 @@ Reduction attr_reduction(const detail::AttrValue& a) {
 
 Tensor dropout_apply(const Tensor& x, const Tensor& draws, double p);
 
-// softmax and log_softmax: attrs [dim], wrapped. Their formulas (for the fuser, over a row along
-// dim, see OpDef::formula) compute what softmax_row does, with the fuser's exp.
-const detail::OpDef& softmax_def = def_nn(
-    "softmax", 1, DTypeRule::Float,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{softmax(in[0], detail::attr_int(a.at(0)))};
-    },
-    {"dim"}, "(let e (exp (sub x (rmax x))) (mul e (cast (div 1 (rsum (widen e))))))");
-const detail::OpDef& log_softmax_def = def_nn(
-    "log_softmax", 1, DTypeRule::Float,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{log_softmax(in[0], detail::attr_int(a.at(0)))};
-    },
-    {"dim"}, "(let d (sub x (rmax x)) (sub d (cast (log (rsum (widen (exp d)))))))");
-// Inputs (x, weight, bias); weight and bias may be absent.
-const detail::OpDef& layer_norm_def =
-    def_nn("layer_norm", 3, DTypeRule::Float,
-           [](const Inputs& in, const Attrs& a) {
-             return Inputs{layer_norm(in[0], detail::attr_ints(a.at(0)), in[1], in[2],
-                                      detail::attr_double(a.at(1)))};
-           },
-           {"normalized_shape", "eps"});
 Tensor nll_kernel(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
                   Reduction reduction, int64_t ignore_index, Tensor* total_weight);
-// Inputs (log_probs, target, weight); weight may be absent. Outputs (loss, total_weight): as
-// torch's nll_loss_forward, the sum of the weights of the targets not ignored, which divides the
-// mean and which the backward reads.
-const detail::OpDef& nll_loss_def = def_nn(
-    "nll_loss", 3, DTypeRule::Custom,
-    [](const Inputs& in, const Attrs& a) {
-      Tensor total_weight;
-      Tensor loss = nll_kernel(in[0], in[1], in[2], attr_reduction(a.at(0)),
-                               detail::attr_int(a.at(1)), &total_weight);
-      return Inputs{loss, total_weight};
-    },
-    {"reduction", "ignore_index"}, nullptr, /*checks_integer_values=*/true);
-// Inputs (logits, target, weight). A composition (log_softmax, then nll_loss, plus the label
-// smoothing term): its pieces record themselves in lazy mode.
-const detail::OpDef& cross_entropy_def = def_nn(
-    "cross_entropy", 3, DTypeRule::Custom,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{cross_entropy(in[0], in[1], in[2], attr_reduction(a.at(0)),
-                                  detail::attr_int(a.at(1)), detail::attr_double(a.at(2)))};
-    },
-    {"reduction", "ignore_index", "label_smoothing"}, nullptr, /*checks_integer_values=*/true);
-const detail::OpDef& mse_loss_def =
-    def_nn("mse_loss", 2, DTypeRule::Float,
-           [](const Inputs& in, const Attrs& a) {
-             return Inputs{mse_loss(in[0], in[1], attr_reduction(a.at(0)))};
-           },
-           {"reduction"});
-// Inputs (x, draws): draws are the float64 uniform numbers dropout drew for x (one per element),
-// so that the node itself is deterministic; the draw happens when dropout is called.
-const detail::OpDef& dropout_def =
-    def_nn("dropout", 2, DTypeRule::Custom,
-           [](const Inputs& in, const Attrs& a) {
-             return Inputs{dropout_apply(in[0], in[1], detail::attr_double(a.at(0)))};
-           },
-           {"p"});
+detail::OpHandle softmax_def;
+detail::OpHandle log_softmax_def;
+detail::OpHandle layer_norm_def;
+detail::OpHandle nll_loss_def;
+detail::OpHandle cross_entropy_def;
+detail::OpHandle mse_loss_def;
+detail::OpHandle dropout_def;
+}  // namespace
 
+// The nn ops' entries.
+void registration::register_nn_ops() {
+  // softmax and log_softmax: attrs [dim], wrapped. Their formulas (for the fuser, over a row along
+  // dim, see OpDef::formula) compute what softmax_row does, with the fuser's exp.
+  softmax_def.bind(def_nn(
+      "softmax", 1, DTypeRule::Float,
+      [](const Inputs& in, const Attrs& a) {
+        return Inputs{softmax(in[0], detail::attr_int(a.at(0)))};
+      },
+      {"dim"}, "(let e (exp (sub x (rmax x))) (mul e (cast (div 1 (rsum (widen e))))))"));
+  log_softmax_def.bind(def_nn(
+      "log_softmax", 1, DTypeRule::Float,
+      [](const Inputs& in, const Attrs& a) {
+        return Inputs{log_softmax(in[0], detail::attr_int(a.at(0)))};
+      },
+      {"dim"}, "(let d (sub x (rmax x)) (sub d (cast (log (rsum (widen (exp d)))))))"));
+  // Inputs (x, weight, bias); weight and bias may be absent.
+  layer_norm_def.bind(def_nn("layer_norm", 3, DTypeRule::Float,
+                             [](const Inputs& in, const Attrs& a) {
+                               return Inputs{layer_norm(in[0], detail::attr_ints(a.at(0)), in[1],
+                                                        in[2], detail::attr_double(a.at(1)))};
+                             },
+                             {"normalized_shape", "eps"}));
+  // Inputs (log_probs, target, weight); weight may be absent. Outputs (loss, total_weight): as
+  // torch's nll_loss_forward, the sum of the weights of the targets not ignored, which divides the
+  // mean and which the backward reads.
+  nll_loss_def.bind(def_nn(
+      "nll_loss", 3, DTypeRule::Custom,
+      [](const Inputs& in, const Attrs& a) {
+        Tensor total_weight;
+        Tensor loss = nll_kernel(in[0], in[1], in[2], attr_reduction(a.at(0)),
+                                 detail::attr_int(a.at(1)), &total_weight);
+        return Inputs{loss, total_weight};
+      },
+      {"reduction", "ignore_index"}, nullptr, /*checks_integer_values=*/true));
+  // Inputs (logits, target, weight). A composition (log_softmax, then nll_loss, plus the label
+  // smoothing term): its pieces record themselves in lazy mode.
+  cross_entropy_def.bind(def_nn(
+      "cross_entropy", 3, DTypeRule::Custom,
+      [](const Inputs& in, const Attrs& a) {
+        return Inputs{cross_entropy(in[0], in[1], in[2], attr_reduction(a.at(0)),
+                                    detail::attr_int(a.at(1)), detail::attr_double(a.at(2)))};
+      },
+      {"reduction", "ignore_index", "label_smoothing"}, nullptr, /*checks_integer_values=*/true));
+  mse_loss_def.bind(def_nn("mse_loss", 2, DTypeRule::Float,
+                           [](const Inputs& in, const Attrs& a) {
+                             return Inputs{mse_loss(in[0], in[1], attr_reduction(a.at(0)))};
+                           },
+                           {"reduction"}));
+  // Inputs (x, draws): draws are the float64 uniform numbers dropout drew for x (one per element),
+  // so that the node itself is deterministic; the draw happens when dropout is called.
+  dropout_def.bind(def_nn("dropout", 2, DTypeRule::Custom,
+                          [](const Inputs& in, const Attrs& a) {
+                            return Inputs{
+                                dropout_apply(in[0], in[1], detail::attr_double(a.at(0)))};
+                          },
+                          {"p"}));
+}
+
+namespace {
 void check_input(const Tensor& t, const char* op, const char* arg) {
   detail::check_defined(t, op, arg);
   detail::check_cpu(t, op);
@@ -516,7 +528,7 @@ NllResult nll_with_grad(const Tensor& log_probs, const NllGeometry& geo, const T
 // targets, and the total weight into *total_weight. Ignored targets give 0 and weigh nothing.
 Tensor nll_kernel(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
                   Reduction reduction, int64_t ignore_index, Tensor* total_weight) {
-  const char* op = nll_loss_def.name.c_str();
+  const char* op = nll_loss_def->name.c_str();
   check_input(log_probs, op, "input");
   const DType compute = to_floating(log_probs.dtype());
   const Tensor lp = log_probs.to(compute).contiguous();
@@ -555,7 +567,7 @@ Tensor nll_kernel(const Tensor& log_probs, const Tensor& target, const Tensor& w
 // dropout's kernel from its draws (float64 uniform numbers shaped like x): x / (1 - p) where the
 // draw is below 1 - p, else 0.
 Tensor dropout_apply(const Tensor& x, const Tensor& draws, double p) {
-  const char* op = dropout_def.name.c_str();
+  const char* op = dropout_def->name.c_str();
   check_input(x, op, "input");
   check_input(draws, op, "draws");
   KILN_CHECK(draws.dtype() == kFloat64 && draws.sizes() == x.sizes(), op,
@@ -593,7 +605,7 @@ void layer_norm_into(Tensor& out, const Tensor& x, const Shape& normalized_shape
   Tensor in = x.to(compute).contiguous();
   Tensor w = weight.defined() ? weight.to(compute).contiguous() : Tensor();
   Tensor b = bias.defined() ? bias.to(compute).contiguous() : Tensor();
-  detail::dispatch_floating(compute, layer_norm_def.name.c_str(), [&](auto tag) {
+  detail::dispatch_floating(compute, layer_norm_def->name.c_str(), [&](auto tag) {
     using T = KILN_TYPE(tag);
     const T* xp = std::as_const(in).data_ptr<T>();
     T* yp = out.data_ptr<T>();
@@ -610,7 +622,7 @@ void layer_norm_into(Tensor& out, const Tensor& x, const Shape& normalized_shape
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps) {
-  const char* op = layer_norm_def.name.c_str();
+  const char* op = layer_norm_def->name.c_str();
   check_input(x, op, "input");
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   KILN_CHECK(k >= 1, op, ": normalized_shape must have at least one dimension, got [] for input ",
@@ -672,7 +684,7 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reducti
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
                 Reduction reduction, int64_t ignore_index) {
-  const char* op = nll_loss_def.name.c_str();
+  const char* op = nll_loss_def->name.c_str();
   NllGeometry g = check_nll(op, log_probs, target, ignore_index);
   check_class_weight(op, weight, log_probs, g.C);
   return nll_with_grad(log_probs, g, weight, reduction, ignore_index).loss;
@@ -688,7 +700,7 @@ namespace {
 // the weights.
 Tensor cross_entropy_probs(const Tensor& logits, const Tensor& target, const Tensor& weight,
                            Reduction reduction, int64_t ignore_index, double label_smoothing) {
-  const char* op = cross_entropy_def.name.c_str();
+  const char* op = cross_entropy_def->name.c_str();
   KILN_CHECK(target.is_floating_point(), op,
              ": expected a floating-point target of class probabilities (the target has the "
              "input's shape), got ",
@@ -715,7 +727,7 @@ Tensor cross_entropy_probs(const Tensor& logits, const Tensor& target, const Ten
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight,
                      Reduction reduction, int64_t ignore_index, double label_smoothing) {
-  const char* op = cross_entropy_def.name.c_str();
+  const char* op = cross_entropy_def->name.c_str();
   check_input(logits, op, "input");
   check_input(target, op, "target");
   KILN_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
@@ -740,7 +752,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
-  const char* op = mse_loss_def.name.c_str();
+  const char* op = mse_loss_def->name.c_str();
   check_input(input, op, "input");
   check_input(target, op, "target");
   const Shape shape = detail::broadcast_shapes(input.sizes(), target.sizes(), op);
@@ -954,7 +966,7 @@ Tensor kl_div(const Tensor& input, const Tensor& target, const KLDivReduction& r
 }
 
 Tensor dropout(const Tensor& x, double p, bool train) {
-  const char* op = dropout_def.name.c_str();
+  const char* op = dropout_def->name.c_str();
   check_input(x, op, "input");
   KILN_CHECK(p >= 0.0 && p <= 1.0, op, ": probability has to be between 0 and 1, but got ", p,
              " (input ", describe(x), ")");

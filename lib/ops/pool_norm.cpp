@@ -29,6 +29,7 @@
 #include "lib/autograd.h"
 #include "lib/dispatch.h"
 #include "lib/lazy.h"
+#include "lib/op_registry.h"
 #include "lib/op_table.h"
 #include "lib/ops/conv_cuda.h"
 #include "lib/parallel.h"
@@ -229,30 +230,36 @@ Tensor max_pool_backward_kernel(const Tensor& grad_output, const Tensor& indices
 Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices,
                            const Shape& input_size);
 
-const detail::OpDef& max_pool_def =
-    detail::register_op({"max_pool2d_with_indices",
-                         detail::OpKind::NN,
-                         1,
-                         detail::DTypeRule::Custom,
-                         false,
-                         [](const Inputs& in, const Attrs& a) {
-                           auto [values, indices] = max_pool2d_with_indices(
-                               in[0], attr_ints(a.at(0)), attr_ints(a.at(1)), attr_ints(a.at(2)),
-                               attr_ints(a.at(3)), attr_bool(a.at(4)));
-                           return Inputs{values, indices};
-                         },
-                         {"kernel_size", "stride", "padding", "dilation", "ceil_mode"}});
-// Inputs (grad_output, indices).
-const detail::OpDef& max_pool_backward_def =
-    detail::register_op({"max_pool2d_backward",
-                         detail::OpKind::NN,
-                         2,
-                         detail::DTypeRule::Custom,
-                         false,
-                         [](const Inputs& in, const Attrs& a) {
-                           return Inputs{max_pool2d_backward(in[0], in[1], attr_ints(a.at(0)))};
-                         },
-                         {"input_size"}});
+detail::OpHandle max_pool_def;
+detail::OpHandle max_pool_backward_def;
+
+// Inputs (x); outputs (values, indices).
+void register_max_pools() {
+  max_pool_def.bind(
+      detail::register_op({"max_pool2d_with_indices",
+                           detail::OpKind::NN,
+                           1,
+                           detail::DTypeRule::Custom,
+                           false,
+                           [](const Inputs& in, const Attrs& a) {
+                             auto [values, indices] = max_pool2d_with_indices(
+                                 in[0], attr_ints(a.at(0)), attr_ints(a.at(1)), attr_ints(a.at(2)),
+                                 attr_ints(a.at(3)), attr_bool(a.at(4)));
+                             return Inputs{values, indices};
+                           },
+                           {"kernel_size", "stride", "padding", "dilation", "ceil_mode"}}));
+  // Inputs (grad_output, indices).
+  max_pool_backward_def.bind(
+      detail::register_op({"max_pool2d_backward",
+                           detail::OpKind::NN,
+                           2,
+                           detail::DTypeRule::Custom,
+                           false,
+                           [](const Inputs& in, const Attrs& a) {
+                             return Inputs{max_pool2d_backward(in[0], in[1], attr_ints(a.at(0)))};
+                           },
+                           {"input_size"}}));
+}
 
 Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices,
                            const Shape& input_size) {
@@ -334,19 +341,28 @@ PoolGeom attrs_pool(const Attrs& a) {
 
 Tensor avg_pool(const Tensor& x, const PoolGeom& g, bool adjoint);
 
+detail::OpHandle avg_pool_def;
+detail::OpHandle avg_pool_backward_def;
+
 // Both directions of both average pools: the geometry (input and output sizes, the window rule)
 // is the attributes, so one op serves avg_pool2d, adaptive_avg_pool2d and their gradients.
-const std::vector<std::string> kPoolAttrNames{
-    "input_size", "output_size", "kernel_size",       "stride",
-    "padding",    "ceil_mode",   "count_include_pad", "adaptive"};
-const detail::OpDef& avg_pool_def = detail::register_op(
-    {"avg_pool2d", detail::OpKind::NN, 1, detail::DTypeRule::Same, false,
-     [](const Inputs& in, const Attrs& a) { return Inputs{avg_pool(in[0], attrs_pool(a), false)}; },
-     kPoolAttrNames});
-const detail::OpDef& avg_pool_backward_def = detail::register_op(
-    {"avg_pool2d_backward", detail::OpKind::NN, 1, detail::DTypeRule::Same, false,
-     [](const Inputs& in, const Attrs& a) { return Inputs{avg_pool(in[0], attrs_pool(a), true)}; },
-     kPoolAttrNames});
+void register_avg_pools() {
+  const std::vector<std::string> attr_names{
+      "input_size", "output_size", "kernel_size",       "stride",
+      "padding",    "ceil_mode",   "count_include_pad", "adaptive"};
+  avg_pool_def.bind(
+      detail::register_op({"avg_pool2d", detail::OpKind::NN, 1, detail::DTypeRule::Same, false,
+                           [](const Inputs& in, const Attrs& a) {
+                             return Inputs{avg_pool(in[0], attrs_pool(a), false)};
+                           },
+                           attr_names}));
+  avg_pool_backward_def.bind(detail::register_op(
+      {"avg_pool2d_backward", detail::OpKind::NN, 1, detail::DTypeRule::Same, false,
+       [](const Inputs& in, const Attrs& a) {
+         return Inputs{avg_pool(in[0], attrs_pool(a), true)};
+       },
+       attr_names}));
+}
 
 Tensor avg_pool(const Tensor& x, const PoolGeom& g, bool adjoint) {
   const Shape out_shape = adjoint ? Shape{g.N, g.C, g.H, g.W} : Shape{g.N, g.C, g.oH, g.oW};
@@ -532,6 +548,11 @@ Tensor normalize(const Tensor& input, const Tensor& mean, const Tensor& invstd,
 }
 
 }  // namespace
+
+void registration::register_pool_ops() {
+  register_max_pools();
+  register_avg_pools();
+}
 
 std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, const Shape& kernel_size,
                                                    const Shape& stride, const Shape& padding,

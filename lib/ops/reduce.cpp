@@ -28,6 +28,7 @@
 #include "lib/dispatch.h"
 #include "lib/fastmath.h"
 #include "lib/lazy.h"
+#include "lib/op_registry.h"
 #include "lib/op_table.h"
 #include "lib/parallel.h"
 #include "lib/tensor_impl.h"
@@ -59,108 +60,130 @@ const detail::OpDef& def_reduction(const char* name, DTypeRule rule, bool suppor
   "(let d (sub (widen x) (div (rsum (widen x)) n)) (let s (rsum d) (let den (sub n a1) " \
   "(let v (div (sub (rsum (mul d d)) (div (mul s s) n)) den) "                           \
   "(cast " OPEN "(select (gt den 0) (select (lt v 0) 0 v) nan)" CLOSE ")))))"
+detail::OpHandle sum_def;
+detail::OpHandle mean_def;
+detail::OpHandle prod_def;
+detail::OpHandle max_def;
+detail::OpHandle min_def;
+detail::OpHandle max_dim_def;
+detail::OpHandle min_dim_def;
+detail::OpHandle amax_def;
+detail::OpHandle amin_def;
+detail::OpHandle argmax_def;
+detail::OpHandle argmin_def;
+detail::OpHandle var_def;
+detail::OpHandle std_def;
+detail::OpHandle logsumexp_def;
+detail::OpHandle all_def;
+detail::OpHandle any_def;
+}  // namespace
 
-// Attributes: dims are wrapped and ascending, the empty list meaning every dim (as the caller's).
-const detail::OpDef& sum_def = def_reduction(
-    "sum", DTypeRule::Custom, true,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{sum(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)),
-                        detail::attr_optional_dtype(a.at(2)))};
-    },
-    {"dims", "keepdim", "dtype"}, "(cast (rsum (widen x)))");
-const detail::OpDef& mean_def = def_reduction(
-    "mean", DTypeRule::Custom, false,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{mean(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
-    },
-    {"dims", "keepdim"}, "(cast (div (rsum (widen x)) n))");
-const detail::OpDef& prod_def = def_reduction(
-    "prod", DTypeRule::Custom, true,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{prod(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
-    },
-    {"dims", "keepdim"}, "(cast (rprod (widen x)))");
-// max() and min() over every element; max_dim and min_dim are max(x, dim) and min(x, dim), which
-// return (values, int64 indices).
-const detail::OpDef& max_def = def_reduction(
-    "max", DTypeRule::Same, true, [](const Inputs& in, const Attrs&) { return Inputs{max(in[0])}; },
-    {}, "(rmax x)");
-const detail::OpDef& min_def = def_reduction(
-    "min", DTypeRule::Same, true, [](const Inputs& in, const Attrs&) { return Inputs{min(in[0])}; },
-    {}, "(rmin x)");
-const detail::OpDef& max_dim_def = def_reduction(
-    "max_dim", DTypeRule::Custom, true,
-    [](const Inputs& in, const Attrs& a) {
-      auto [values, indices] = max(in[0], detail::attr_int(a.at(0)), detail::attr_bool(a.at(1)));
-      return Inputs{values, indices};
-    },
-    {"dim", "keepdim"});
-const detail::OpDef& min_dim_def = def_reduction(
-    "min_dim", DTypeRule::Custom, true,
-    [](const Inputs& in, const Attrs& a) {
-      auto [values, indices] = min(in[0], detail::attr_int(a.at(0)), detail::attr_bool(a.at(1)));
-      return Inputs{values, indices};
-    },
-    {"dim", "keepdim"});
-const detail::OpDef& amax_def = def_reduction(
-    "amax", DTypeRule::Same, true,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{amax(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
-    },
-    {"dims", "keepdim"}, "(rmax x)");
-const detail::OpDef& amin_def = def_reduction(
-    "amin", DTypeRule::Same, true,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{amin(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
-    },
-    {"dims", "keepdim"}, "(rmin x)");
-// dim: an int, or none for the flat index over every element.
-const detail::OpDef& argmax_def = def_reduction(
-    "argmax", DTypeRule::Custom, true,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{argmax(in[0], detail::attr_optional_int(a.at(0)), detail::attr_bool(a.at(1)))};
-    },
-    {"dim", "keepdim"});
-const detail::OpDef& argmin_def = def_reduction(
-    "argmin", DTypeRule::Custom, true,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{argmin(in[0], detail::attr_optional_int(a.at(0)), detail::attr_bool(a.at(1)))};
-    },
-    {"dim", "keepdim"});
-const detail::OpDef& var_def = def_reduction(
-    "var", DTypeRule::Custom, false,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{var(in[0], detail::attr_ints(a.at(0)), detail::attr_int(a.at(1)),
-                        detail::attr_bool(a.at(2)))};
-    },
-    {"dims", "correction", "keepdim"}, KILN_VAR_FORMULA("", ""));
-const detail::OpDef& std_def = def_reduction(
-    "std", DTypeRule::Custom, false,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{kiln::std(in[0], detail::attr_ints(a.at(0)), detail::attr_int(a.at(1)),
-                              detail::attr_bool(a.at(2)))};
-    },
-    {"dims", "correction", "keepdim"}, KILN_VAR_FORMULA("(sqrt ", ")"));
-const detail::OpDef& logsumexp_def = def_reduction(
-    "logsumexp", DTypeRule::Float, true,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{logsumexp(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
-    },
-    {"dims", "keepdim"},
-    "(let m (rmax x) (let c (select (or (eq m inf) (eq m -inf)) 0 m) "
-    "(cast (add (log (rsum (widen (exp (sub x c))))) (widen c)))))");
-const detail::OpDef& all_def = def_reduction(
-    "all", DTypeRule::Logical, true,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{all(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
-    },
-    {"dims", "keepdim"}, "(rmin (ne x 0))");  // an empty fold is true
-const detail::OpDef& any_def = def_reduction(
-    "any", DTypeRule::Logical, true,
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{any(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
-    },
-    {"dims", "keepdim"}, "(rmax (ne x 0))");  // an empty fold is false
+// The reductions' entries, with the formulas the fuser computes them by.
+void registration::register_reductions() {
+  // Attributes: dims are wrapped and ascending, the empty list meaning every dim (as the caller's).
+  sum_def.bind(def_reduction(
+      "sum", DTypeRule::Custom, true,
+      [](const Inputs& in, const Attrs& a) {
+        return Inputs{sum(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)),
+                          detail::attr_optional_dtype(a.at(2)))};
+      },
+      {"dims", "keepdim", "dtype"}, "(cast (rsum (widen x)))"));
+  mean_def.bind(def_reduction(
+      "mean", DTypeRule::Custom, false,
+      [](const Inputs& in, const Attrs& a) {
+        return Inputs{mean(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
+      },
+      {"dims", "keepdim"}, "(cast (div (rsum (widen x)) n))"));
+  prod_def.bind(def_reduction(
+      "prod", DTypeRule::Custom, true,
+      [](const Inputs& in, const Attrs& a) {
+        return Inputs{prod(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
+      },
+      {"dims", "keepdim"}, "(cast (rprod (widen x)))"));
+  // max() and min() over every element; max_dim and min_dim are max(x, dim) and min(x, dim), which
+  // return (values, int64 indices).
+  max_def.bind(def_reduction(
+      "max", DTypeRule::Same, true,
+      [](const Inputs& in, const Attrs&) { return Inputs{max(in[0])}; }, {}, "(rmax x)"));
+  min_def.bind(def_reduction(
+      "min", DTypeRule::Same, true,
+      [](const Inputs& in, const Attrs&) { return Inputs{min(in[0])}; }, {}, "(rmin x)"));
+  max_dim_def.bind(def_reduction("max_dim", DTypeRule::Custom, true,
+                                 [](const Inputs& in, const Attrs& a) {
+                                   auto [values, indices] = max(in[0], detail::attr_int(a.at(0)),
+                                                                detail::attr_bool(a.at(1)));
+                                   return Inputs{values, indices};
+                                 },
+                                 {"dim", "keepdim"}));
+  min_dim_def.bind(def_reduction("min_dim", DTypeRule::Custom, true,
+                                 [](const Inputs& in, const Attrs& a) {
+                                   auto [values, indices] = min(in[0], detail::attr_int(a.at(0)),
+                                                                detail::attr_bool(a.at(1)));
+                                   return Inputs{values, indices};
+                                 },
+                                 {"dim", "keepdim"}));
+  amax_def.bind(def_reduction(
+      "amax", DTypeRule::Same, true,
+      [](const Inputs& in, const Attrs& a) {
+        return Inputs{amax(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
+      },
+      {"dims", "keepdim"}, "(rmax x)"));
+  amin_def.bind(def_reduction(
+      "amin", DTypeRule::Same, true,
+      [](const Inputs& in, const Attrs& a) {
+        return Inputs{amin(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
+      },
+      {"dims", "keepdim"}, "(rmin x)"));
+  // dim: an int, or none for the flat index over every element.
+  argmax_def.bind(def_reduction("argmax", DTypeRule::Custom, true,
+                                [](const Inputs& in, const Attrs& a) {
+                                  return Inputs{argmax(in[0], detail::attr_optional_int(a.at(0)),
+                                                       detail::attr_bool(a.at(1)))};
+                                },
+                                {"dim", "keepdim"}));
+  argmin_def.bind(def_reduction("argmin", DTypeRule::Custom, true,
+                                [](const Inputs& in, const Attrs& a) {
+                                  return Inputs{argmin(in[0], detail::attr_optional_int(a.at(0)),
+                                                       detail::attr_bool(a.at(1)))};
+                                },
+                                {"dim", "keepdim"}));
+  var_def.bind(def_reduction(
+      "var", DTypeRule::Custom, false,
+      [](const Inputs& in, const Attrs& a) {
+        return Inputs{var(in[0], detail::attr_ints(a.at(0)), detail::attr_int(a.at(1)),
+                          detail::attr_bool(a.at(2)))};
+      },
+      {"dims", "correction", "keepdim"}, KILN_VAR_FORMULA("", "")));
+  std_def.bind(def_reduction(
+      "std", DTypeRule::Custom, false,
+      [](const Inputs& in, const Attrs& a) {
+        return Inputs{kiln::std(in[0], detail::attr_ints(a.at(0)), detail::attr_int(a.at(1)),
+                                detail::attr_bool(a.at(2)))};
+      },
+      {"dims", "correction", "keepdim"}, KILN_VAR_FORMULA("(sqrt ", ")")));
+  logsumexp_def.bind(def_reduction(
+      "logsumexp", DTypeRule::Float, true,
+      [](const Inputs& in, const Attrs& a) {
+        return Inputs{logsumexp(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
+      },
+      {"dims", "keepdim"},
+      "(let m (rmax x) (let c (select (or (eq m inf) (eq m -inf)) 0 m) "
+      "(cast (add (log (rsum (widen (exp (sub x c))))) (widen c)))))"));
+  all_def.bind(def_reduction(
+      "all", DTypeRule::Logical, true,
+      [](const Inputs& in, const Attrs& a) {
+        return Inputs{all(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
+      },
+      {"dims", "keepdim"}, "(rmin (ne x 0))"));  // an empty fold is true
+  any_def.bind(def_reduction(
+      "any", DTypeRule::Logical, true,
+      [](const Inputs& in, const Attrs& a) {
+        return Inputs{any(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
+      },
+      {"dims", "keepdim"}, "(rmax (ne x 0))"));  // an empty fold is false
+}
+
+namespace {
 
 template <typename T>
 constexpr bool kIsFloat = std::is_floating_point_v<T>;
@@ -917,7 +940,7 @@ Tensor sum_to_size(const Tensor& x, const Shape& shape) {
 }
 
 Tensor prod(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  const char* op = prod_def.name.c_str();
+  const char* op = prod_def->name.c_str();
   check_input(x, op);
   DType out_type = is_floating_point(x.dtype()) ? x.dtype() : kInt64;
   Geometry g = geometry(x, op, dims, keepdim);
@@ -1092,7 +1115,7 @@ Tensor logsumexp_with_grad(const Tensor& x, const std::vector<int64_t>& dims, bo
 // log(sum(exp(x - m))) + m with m the row's max (0 when the max is infinite, so that all -inf gives
 // -inf and any +inf gives +inf); NaN propagates; an empty row gives -inf. Integers become float32.
 Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  const char* op = logsumexp_def.name.c_str();
+  const char* op = logsumexp_def->name.c_str();
   check_input(x, op);
   const DType out_type = is_floating_point(x.dtype()) ? x.dtype() : kFloat32;
   Geometry g = geometry(x, op, dims, keepdim);

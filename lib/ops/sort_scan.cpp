@@ -15,6 +15,7 @@
 #include "lib/autograd.h"
 #include "lib/dispatch.h"
 #include "lib/lazy.h"
+#include "lib/op_registry.h"
 #include "lib/op_table.h"
 #include "lib/tensor_impl.h"
 
@@ -137,26 +138,33 @@ Tensor scan_kernel(const Tensor& x, int64_t d) {
 
 Tensor scan(const detail::OpDef& def, const Tensor& x, int64_t dim, std::optional<DType> dtype);
 
-const detail::OpDef& cumsum_def =
-    detail::register_op({"cumsum",
-                         detail::OpKind::NN,
-                         1,
-                         detail::DTypeRule::Custom,
-                         true,
-                         [](const Inputs& in, const detail::Attrs& a) {
-                           return Inputs{cumsum(in[0], detail::attr_int(a.at(0)))};
-                         },
-                         {"dim"}});
-const detail::OpDef& cumprod_def =
-    detail::register_op({"cumprod",
-                         detail::OpKind::NN,
-                         1,
-                         detail::DTypeRule::Custom,
-                         true,
-                         [](const Inputs& in, const detail::Attrs& a) {
-                           return Inputs{cumprod(in[0], detail::attr_int(a.at(0)))};
-                         },
-                         {"dim"}});
+detail::OpHandle cumsum_def;
+detail::OpHandle cumprod_def;
+}  // namespace
+
+// cumsum's and cumprod's entries.
+void registration::register_scans() {
+  cumsum_def.bind(detail::register_op({"cumsum",
+                                       detail::OpKind::NN,
+                                       1,
+                                       detail::DTypeRule::Custom,
+                                       true,
+                                       [](const Inputs& in, const detail::Attrs& a) {
+                                         return Inputs{cumsum(in[0], detail::attr_int(a.at(0)))};
+                                       },
+                                       {"dim"}}));
+  cumprod_def.bind(detail::register_op({"cumprod",
+                                        detail::OpKind::NN,
+                                        1,
+                                        detail::DTypeRule::Custom,
+                                        true,
+                                        [](const Inputs& in, const detail::Attrs& a) {
+                                          return Inputs{cumprod(in[0], detail::attr_int(a.at(0)))};
+                                        },
+                                        {"dim"}}));
+}
+
+namespace {
 
 // The reversed cumulative sum along d: sum over k >= i.
 Tensor reverse_cumsum(const Tensor& g, int64_t d) {
@@ -184,7 +192,7 @@ Tensor scan(const detail::OpDef& def, const Tensor& x, int64_t dim, std::optiona
   // Integers and bool accumulate in int64 unless told otherwise, as torch.
   const DType target = dtype.value_or(is_floating_point(x.dtype()) ? x.dtype() : kInt64);
   const Tensor in = x.to(target);
-  const bool product = &def == &cumprod_def;
+  const bool product = &def == &cumprod_def.get();
   Tensor out = detail::should_record(in)
                    ? detail::lazy_record1(def, {in}, {d}, {in.sizes(), target})
                : product ? scan_kernel<true>(in, d)

@@ -6,6 +6,7 @@
 #include "lib/autograd.h"
 #include "lib/cuda_tensor.h"
 #include "lib/int_math.h"
+#include "lib/op_registry.h"
 #include "lib/op_table.h"
 #include "lib/tensor_impl.h"
 
@@ -28,93 +29,113 @@ const detail::OpDef& def_view(const char* name, detail::Invoke invoke = nullptr,
   return detail::register_op(
       {name, OpKind::View, 1, detail::DTypeRule::Same, true, invoke, std::move(attr_names)});
 }
-const detail::OpDef& view_def = def_view(
-    "view", [](const Inputs& in, const Attrs& a) { return Inputs{in[0].view(attr_ints(a[0]))}; },
-    {"shape"});
-const detail::OpDef& reshape_def = def_view(
-    "reshape",
-    [](const Inputs& in, const Attrs& a) { return Inputs{in[0].reshape(attr_ints(a[0]))}; },
-    {"shape"});
-const detail::OpDef& permute_def = def_view(
-    "permute",
-    [](const Inputs& in, const Attrs& a) { return Inputs{in[0].permute(attr_ints(a[0]))}; },
-    {"dims"});
-const detail::OpDef& transpose_def =
-    def_view("transpose",
-             [](const Inputs& in, const Attrs& a) {
-               return Inputs{in[0].transpose(attr_int(a[0]), attr_int(a[1]))};
-             },
-             {"dim0", "dim1"});
-const detail::OpDef& unsqueeze_def = def_view(
-    "unsqueeze",
-    [](const Inputs& in, const Attrs& a) { return Inputs{in[0].unsqueeze(attr_int(a[0]))}; },
-    {"dim"});
-const detail::OpDef& squeeze_def =
-    def_view("squeeze",
-             [](const Inputs& in, const Attrs& a) {
-               auto d = detail::attr_optional_int(a[0]);
-               return Inputs{d ? in[0].squeeze(*d) : in[0].squeeze()};
-             },
-             {"dim"});
-// expand's formula: each element is its input's element, broadcast; a fused kernel reads it so
-// (the fuser takes an expand to the same rank into a group it feeds, never as a group's result).
-const detail::OpDef& expand_def = detail::register_op(
-    {"expand",
-     OpKind::View,
-     1,
-     detail::DTypeRule::Same,
-     true,
-     [](const Inputs& in, const Attrs& a) { return Inputs{in[0].expand(attr_ints(a[0]))}; },
-     {"sizes"},
-     nullptr,
-     "x"});
-const detail::OpDef& slice_def = def_view(
-    "slice",
-    [](const Inputs& in, const Attrs& a) {
-      return Inputs{in[0].slice(attr_int(a[0]), attr_int(a[1]), attr_int(a[2]), attr_int(a[3]))};
-    },
-    {"dim", "start", "end", "step"});
-const detail::OpDef& select_def =
-    def_view("select",
-             [](const Inputs& in, const Attrs& a) {
-               return Inputs{in[0].select(attr_int(a[0]), attr_int(a[1]))};
-             },
-             {"dim", "index"});
-// In the IR, as_strided addresses its input's elements in contiguous order: the executor hands
-// it a contiguous input starting at offset 0 (lazy mode records it only over such values).
-const detail::OpDef& as_strided_def =
-    def_view("as_strided",
-             [](const Inputs& in, const Attrs& a) {
-               Tensor x = in[0];
-               if (!x.is_contiguous() || x.storage_offset() != 0) x = x.clone();
-               return Inputs{as_strided(x, attr_ints(a[0]), attr_ints(a[1]), attr_int(a[2]))};
-             },
-             {"sizes", "strides", "offset"});
-const detail::OpDef& split_def = def_view("split");
-const detail::OpDef& unbind_def = def_view("unbind");
 const detail::OpDef& def_scatter(const char* name, detail::Invoke invoke,
                                  std::vector<std::string> attr_names) {
   return detail::register_op(
       {name, OpKind::Index, 2, detail::DTypeRule::Same, true, invoke, std::move(attr_names)});
 }
-const detail::OpDef& slice_scatter_def =
-    def_scatter("slice_scatter",
-                [](const Inputs& in, const Attrs& a) {
-                  return Inputs{slice_scatter(in[0], in[1], attr_int(a[0]), attr_int(a[1]),
-                                              attr_int(a[2]), attr_int(a[3]))};
-                },
-                {"dim", "start", "end", "step"});
-// Like as_strided, the region addresses self's elements in contiguous order from its first one:
-// the executor hands it a contiguous self starting at offset 0 (lazy mode records it only over
-// contiguous values, with the offset relative to self's first element).
-const detail::OpDef& as_strided_scatter_def = def_scatter(
-    "as_strided_scatter",
-    [](const Inputs& in, const Attrs& a) {
-      Tensor x = in[0];
-      if (!x.is_contiguous() || x.storage_offset() != 0) x = x.clone();
-      return Inputs{as_strided_scatter(x, in[1], attr_ints(a[0]), attr_ints(a[1]), attr_int(a[2]))};
-    },
-    {"sizes", "strides", "offset"});
+detail::OpHandle view_def;
+detail::OpHandle reshape_def;
+detail::OpHandle permute_def;
+detail::OpHandle transpose_def;
+detail::OpHandle unsqueeze_def;
+detail::OpHandle squeeze_def;
+detail::OpHandle expand_def;
+detail::OpHandle slice_def;
+detail::OpHandle select_def;
+detail::OpHandle as_strided_def;
+detail::OpHandle split_def;
+detail::OpHandle unbind_def;
+detail::OpHandle slice_scatter_def;
+detail::OpHandle as_strided_scatter_def;
+}  // namespace
+
+// The view ops' entries (their reference kernels are the Tensor methods), then the scatters
+// that write a view's region.
+void registration::register_views() {
+  view_def.bind(def_view(
+      "view", [](const Inputs& in, const Attrs& a) { return Inputs{in[0].view(attr_ints(a[0]))}; },
+      {"shape"}));
+  reshape_def.bind(def_view(
+      "reshape",
+      [](const Inputs& in, const Attrs& a) { return Inputs{in[0].reshape(attr_ints(a[0]))}; },
+      {"shape"}));
+  permute_def.bind(def_view(
+      "permute",
+      [](const Inputs& in, const Attrs& a) { return Inputs{in[0].permute(attr_ints(a[0]))}; },
+      {"dims"}));
+  transpose_def.bind(def_view("transpose",
+                              [](const Inputs& in, const Attrs& a) {
+                                return Inputs{in[0].transpose(attr_int(a[0]), attr_int(a[1]))};
+                              },
+                              {"dim0", "dim1"}));
+  unsqueeze_def.bind(def_view(
+      "unsqueeze",
+      [](const Inputs& in, const Attrs& a) { return Inputs{in[0].unsqueeze(attr_int(a[0]))}; },
+      {"dim"}));
+  squeeze_def.bind(def_view("squeeze",
+                            [](const Inputs& in, const Attrs& a) {
+                              auto d = detail::attr_optional_int(a[0]);
+                              return Inputs{d ? in[0].squeeze(*d) : in[0].squeeze()};
+                            },
+                            {"dim"}));
+  // expand's formula: each element is its input's element, broadcast; a fused kernel reads it so
+  // (the fuser takes an expand to the same rank into a group it feeds, never as a group's result).
+  expand_def.bind(detail::register_op(
+      {"expand",
+       OpKind::View,
+       1,
+       detail::DTypeRule::Same,
+       true,
+       [](const Inputs& in, const Attrs& a) { return Inputs{in[0].expand(attr_ints(a[0]))}; },
+       {"sizes"},
+       nullptr,
+       "x"}));
+  slice_def.bind(def_view("slice",
+                          [](const Inputs& in, const Attrs& a) {
+                            return Inputs{in[0].slice(attr_int(a[0]), attr_int(a[1]),
+                                                      attr_int(a[2]), attr_int(a[3]))};
+                          },
+                          {"dim", "start", "end", "step"}));
+  select_def.bind(def_view("select",
+                           [](const Inputs& in, const Attrs& a) {
+                             return Inputs{in[0].select(attr_int(a[0]), attr_int(a[1]))};
+                           },
+                           {"dim", "index"}));
+  // In the IR, as_strided addresses its input's elements in contiguous order: the executor hands
+  // it a contiguous input starting at offset 0 (lazy mode records it only over such values).
+  as_strided_def.bind(
+      def_view("as_strided",
+               [](const Inputs& in, const Attrs& a) {
+                 Tensor x = in[0];
+                 if (!x.is_contiguous() || x.storage_offset() != 0) x = x.clone();
+                 return Inputs{as_strided(x, attr_ints(a[0]), attr_ints(a[1]), attr_int(a[2]))};
+               },
+               {"sizes", "strides", "offset"}));
+  split_def.bind(def_view("split"));
+  unbind_def.bind(def_view("unbind"));
+  slice_scatter_def.bind(def_scatter("slice_scatter",
+                                     [](const Inputs& in, const Attrs& a) {
+                                       return Inputs{slice_scatter(in[0], in[1], attr_int(a[0]),
+                                                                   attr_int(a[1]), attr_int(a[2]),
+                                                                   attr_int(a[3]))};
+                                     },
+                                     {"dim", "start", "end", "step"}));
+  // Like as_strided, the region addresses self's elements in contiguous order from its first one:
+  // the executor hands it a contiguous self starting at offset 0 (lazy mode records it only over
+  // contiguous values, with the offset relative to self's first element).
+  as_strided_scatter_def.bind(
+      def_scatter("as_strided_scatter",
+                  [](const Inputs& in, const Attrs& a) {
+                    Tensor x = in[0];
+                    if (!x.is_contiguous() || x.storage_offset() != 0) x = x.clone();
+                    return Inputs{as_strided_scatter(x, in[1], attr_ints(a[0]), attr_ints(a[1]),
+                                                     attr_int(a[2]))};
+                  },
+                  {"sizes", "strides", "offset"}));
+}
+
+namespace {
 
 // Records a view op whose input gradient is grad_of(output gradient). A view of a pending tensor
 // also gets its own node, def(input, attrs) (see lib/lazy.h); without attrs it is derived from its
@@ -598,7 +619,7 @@ Tensor as_strided(const Tensor& self, const Shape& sizes, const Shape& strides,
 
 Tensor as_strided_scatter(const Tensor& self, const Tensor& src, const Shape& sizes,
                           const Shape& strides, std::optional<int64_t> storage_offset) {
-  const char* op = as_strided_scatter_def.name.c_str();
+  const char* op = as_strided_scatter_def->name.c_str();
   detail::check_defined(self, op);
   detail::check_defined(src, op, "src");
   KILN_CHECK(src.sizes() == sizes, op, ": src ", describe(src), " does not have the shape ",
@@ -646,7 +667,7 @@ Tensor as_strided_scatter(const Tensor& self, const Tensor& src, const Shape& si
 
 Tensor slice_scatter(const Tensor& self, const Tensor& src, int64_t dim,
                      std::optional<int64_t> start, std::optional<int64_t> end, int64_t step) {
-  const char* op = slice_scatter_def.name.c_str();
+  const char* op = slice_scatter_def->name.c_str();
   detail::check_defined(self, op);
   detail::check_defined(src, op, "src");
   KILN_CHECK(src.dtype() == self.dtype(), op, ": src ", describe(src),

@@ -59,8 +59,15 @@ bool copy_within_device(const Tensor& dst, const Tensor& src) {
   return true;
 }
 
-// Registered when the library loads: set once at start, then read-only.
-const bool g_copy_registered = (detail::device_kernels().copy = &copy_within_device, true);
+// Hand-written kernels of lib/ (lib/cuda_tensor.h's DeviceKernels::source_kernel).
+void* source_kernel_function(const std::string& name, const std::string& source, int device) {
+  return source_kernel(name, source, device).fn;
+}
 }  // namespace
+
+void register_device_kernels() {
+  detail::device_kernels().copy = &copy_within_device;
+  detail::device_kernels().source_kernel = &source_kernel_function;
+}
 
 }  // namespace kiln::fuser::cuda

@@ -223,8 +223,6 @@ bool gather_on_device(const Tensor& out, const Tensor& x, int64_t dim, const Ten
   return true;
 }
 
-const bool g_gather_registered = (detail::device_kernels().gather = &gather_on_device, true);
-
 // index_add (select) and scatter_add on a device (lib/cuda_tensor.h's DeviceKernels::scatter_add):
 // declines as gather_on_device does. The lines go up in one copy; the kernel reads no other index
 // data.
@@ -252,15 +250,11 @@ bool scatter_add_on_device(const Tensor& out, const Tensor& self, int64_t dim,
   return true;
 }
 
-const bool g_scatter_add_registered =
-    (detail::device_kernels().scatter_add = &scatter_add_on_device, true);
-
-// Hand-written kernels of lib/ (lib/cuda_tensor.h's DeviceKernels::source_kernel).
-void* source_kernel_function(const std::string& name, const std::string& source, int device) {
-  return source_kernel(name, source, device).fn;
-}
-const bool g_source_kernel_registered =
-    (detail::device_kernels().source_kernel = &source_kernel_function, true);
 }  // namespace
+
+void register_index_kernels() {
+  detail::device_kernels().gather = &gather_on_device;
+  detail::device_kernels().scatter_add = &scatter_add_on_device;
+}
 
 }  // namespace kiln::fuser::cuda

@@ -39,6 +39,9 @@ namespace kiln::fuser::cuda {
 constexpr int kGatherMaxRank = 8;
 constexpr int kScatterMaxRank = 8;
 
+// Fills lib/cuda_tensor.h's DeviceKernels::gather and ::scatter_add (exec/init.cpp calls it once).
+void register_index_kernels();
+
 // The kernel's name and source for values of `dtype`.
 std::string gather_name(DType dtype);
 std::string gather_source(DType dtype);

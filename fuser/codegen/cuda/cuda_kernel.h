@@ -92,6 +92,9 @@ std::vector<KernelCall> rows_calls(const Kernel& kernel, const Layout& layout,
 CudaBinary source_binary(const std::string& name, const std::string& source, int sm);
 CudaKernel source_kernel(const std::string& name, const std::string& source, int device);
 
+// Fills lib/cuda_tensor.h's DeviceKernels::copy and ::source_kernel (exec/init.cpp calls it once).
+void register_device_kernels();
+
 // Launches a flat or strided elementwise kernel over `n` elements (sizes/strides as the CPU
 // kernels take them: strided only), `ptrs` being device pointers (inputs, then outputs) and
 // `scalars` 8 bytes per kernel scalar. `fn` must be the variant launch_variant gives (checked).
