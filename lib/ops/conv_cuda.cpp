@@ -331,23 +331,34 @@ std::string kernel_source(const KernelText& k, DType dtype) {
 
 // ------------------------------------------------------------------------------------ launches
 
+// The process-wide state of the CUDA convolution kernels.
+struct CudaConvState {
+  std::mutex mu;
+  std::map<std::pair<std::string, int>, void*> loaded;  // guarded by mu: (name, device) -> kernel
+  std::atomic<bool> force_wide{false};                  // atomic: set_wide_indices
+  std::atomic<int64_t> max_cols_bytes{int64_t{256} << 20};  // atomic: set_max_cols_bytes
+};
+CudaConvState& state() {
+  static auto* s = new CudaConvState();  // never destroyed: kernels may launch during exit
+  return *s;
+}
+
 // The loaded kernel of `k` for dtype on device, compiled once per process (and cached on disk by
 // the code generator).
 void* kernel_function(const KernelText& k, DType dtype, int device) {
-  static std::mutex mu;
-  static auto* loaded = new std::map<std::pair<std::string, int>, void*>;  // guarded by mu
+  CudaConvState& st = state();
   const std::string name = kernel_name(k, dtype);
   {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = loaded->find({name, device});
-    if (it != loaded->end()) return it->second;
+    std::lock_guard<std::mutex> lock(st.mu);
+    auto it = st.loaded.find({name, device});
+    if (it != st.loaded.end()) return it->second;
   }
   auto* compile = device_kernels().source_kernel;
   KILN_CHECK(compile, "CUDA: ", name,
              " needs the CUDA code generator (NVRTC), which this build lacks");
   void* fn = compile(name, kernel_source(k, dtype), device);
-  std::lock_guard<std::mutex> lock(mu);
-  return loaded->emplace(std::make_pair(name, device), fn).first->second;
+  std::lock_guard<std::mutex> lock(st.mu);
+  return st.loaded.emplace(std::make_pair(name, device), fn).first->second;
 }
 
 struct KilnGeom {
@@ -357,11 +368,9 @@ struct KilnGeom {
   long long rows;  // im2col: the rows of cols one thread writes
 };
 
-std::atomic<bool> g_force_wide{false};  // set_wide_indices
-
 KilnGeom conv_geom(const ConvGeom& g) {
-  return {g.N,  g.C,  g.H,  g.W,  g.oH, g.oW,     g.kH, g.kW,         g.sH,
-          g.sW, g.pH, g.pW, g.dH, g.dW, g.groups, 0,    {0, 0, 0, 0}, 0};
+  return {g.N,  g.C,  g.H,  g.W,  g.oH,     g.oW, g.kH,         g.kW, g.sH, g.sW,
+          g.pH, g.pW, g.dH, g.dW, g.groups, 0,    {0, 0, 0, 0}, 0,    0};
 }
 
 KilnGeom pool_geom(const PoolShape& p) {
@@ -369,7 +378,7 @@ KilnGeom pool_geom(const PoolShape& p) {
           p.oH,         p.oW, p.kH, p.kW,
           p.sH,         p.sW, p.pH, p.pW,
           p.dH,         p.dW, 1,    (p.count_include_pad ? 1 : 0) | (p.adaptive ? 2 : 0),
-          {0, 0, 0, 0}, 0};
+          {0, 0, 0, 0}, 0,    0};
 }
 
 // The geometry with the strides of 4-D tensor t.
@@ -400,7 +409,7 @@ void launch(const KernelText& k, int64_t n, KilnGeom g, const std::vector<Tensor
   const int64_t blocks = std::max<int64_t>(1, std::min((n + kThreads - 1) / kThreads, sms * 32));
   int64_t extent = n;
   for (const Tensor& t : operands) extent = std::max(extent, span(t));
-  g.wide = g_force_wide.load() || extent + blocks * kThreads > int64_t{INT32_MAX};
+  g.wide = state().force_wide.load() || extent + blocks * kThreads > int64_t{INT32_MAX};
   const long long count = n;
   std::vector<void*> pointers, args{const_cast<long long*>(&count), &g};
   for (const Tensor& t : operands) pointers.push_back(ptr(t));
@@ -464,8 +473,6 @@ void pass_gemm(ConvPass pass, const ConvGeom& g, DType dtype, int device, const 
 }
 
 namespace {
-std::atomic<int64_t> g_max_cols_bytes{int64_t{256} << 20};  // set_max_cols_bytes
-
 // Runs f(first image, geometry of the chunk) over the batch in chunks whose column matrix stays
 // within the limit (at least one image each), so a large batch never needs all its columns at
 // once.
@@ -473,7 +480,7 @@ template <typename F>
 void for_chunks(const ConvGeom& g, DType dtype, const F& f) {
   const int64_t per_image =
       std::max<int64_t>(1, g.groups * g.K() * g.L() * static_cast<int64_t>(element_size(dtype)));
-  const int64_t step = std::clamp<int64_t>(g_max_cols_bytes.load() / per_image, 1, g.N);
+  const int64_t step = std::clamp<int64_t>(state().max_cols_bytes.load() / per_image, 1, g.N);
   for (int64_t n0 = 0; n0 < g.N; n0 += step) {
     ConvGeom c = g;
     c.N = std::min(step, g.N - n0);
@@ -567,11 +574,11 @@ Tensor avg_pool(const Tensor& x, const PoolShape& p, bool adjoint) {
 }
 
 void set_max_cols_bytes(int64_t bytes) {
-  g_max_cols_bytes.store(bytes);
+  state().max_cols_bytes.store(bytes);
 }
 
 void set_wide_indices(bool on) {
-  g_force_wide.store(on);
+  state().force_wide.store(on);
 }
 
 std::vector<std::pair<std::string, std::string>> kernel_sources() {
