@@ -198,6 +198,13 @@ KILN_MATH_INLINE void reduce_exp_f32(F xc, F* r, Like<F, uint32_t>* ni) {
   *ni = bitcast<uint32_t>(t) - Like<F, uint32_t>(C::kMagicBits);
 }
 
+// e^r - 1 for the reduced argument r: r + r^2 P(r), the polynomial every exp-based float32
+// primitive evaluates (exp, its form for x <= 0, tanh, expm1).
+template <typename F>
+KILN_MATH_INLINE F expm1_reduced_f32(F r) {
+  return fmadd(horner(r, ExpF32::kPoly), r * r, r);
+}
+
 // exp(x): e^r by a degree-7 polynomial, times 2^n applied as 2^(n/2) 2^(n - n/2) (both normal)
 // so that subnormal results round once.
 template <typename F>
@@ -207,7 +214,7 @@ KILN_MATH_INLINE F exp_f32(F x) {
   F r;
   U ni;
   reduce_exp_f32(clamp(x, F(C::kLo), F(C::kHi)), &r, &ni);
-  const F p = fmadd(horner(r, C::kPoly), r * r, r) + F(1.0f);
+  const F p = expm1_reduced_f32(r) + F(1.0f);
   const U n1 = sar(ni, 1), n2 = ni - n1;
   const F s1 = bitcast<float>((n1 + U(127)) << 23), s2 = bitcast<float>((n2 + U(127)) << 23);
   return select(x < F(C::kLo), F(0.0f), (p * s1) * s2);
@@ -225,7 +232,7 @@ KILN_MATH_INLINE F exp_nonpos_f32(F x) {
   F r;
   U ni;
   reduce_exp_f32(select(x < F(C::kLo), F(C::kLo), x), &r, &ni);
-  const F p = fmadd(horner(r, C::kPoly), r * r, r) + F(1.0f);
+  const F p = expm1_reduced_f32(r) + F(1.0f);
   const F s = bitcast<float>((ni + U(127 + 64)) << 23);
   return select(x < F(C::kLo), F(0.0f), (p * s) * F(0x1p-64f));
 }
@@ -247,7 +254,6 @@ struct TanhF32 {
 template <typename F>
 KILN_MATH_INLINE F tanh_f32(F x) {
   using C = TanhF32;
-  using E = ExpF32;
   using U = Like<F, uint32_t>;
   const U bits = bitcast<uint32_t>(x);
   const U sign = bits & U(0x80000000u);
@@ -258,7 +264,7 @@ KILN_MATH_INLINE F tanh_f32(F x) {
   F r;
   U ni;
   reduce_exp_f32(select(x2 > F(C::kExpHi), F(C::kExpHi), x2), &r, &ni);  // NaN stays NaN
-  const F p = fmadd(horner(r, E::kPoly), r * r, r) + F(1.0f);
+  const F p = expm1_reduced_f32(r) + F(1.0f);
   const F e = p * bitcast<float>((ni + U(127)) << 23);
   const F big = F(1.0f) - F(2.0f) / (e + F(1.0f));
   const F magnitude = select(ax < F(C::kSmall), small, big);
@@ -336,7 +342,7 @@ KILN_MATH_INLINE F expm1_f32(F x) {
   F r;
   U ni;
   reduce_exp_f32(clamp(x, F(C::kLo), F(E::kHi)), &r, &ni);
-  const F em = fmadd(horner(r, E::kPoly), r * r, r);
+  const F em = expm1_reduced_f32(r);
   const auto big = lt_signed(U(127), ni);
   const F s = bitcast<float>((ni - select(big, U(1), U(0)) + U(127)) << 23);
   F y = fmadd(s, em, s - F(1.0f));
