@@ -16,10 +16,10 @@ class ScratchTensors {
   ~ScratchTensors();
   ScratchTensors(const ScratchTensors&) = delete;
   ScratchTensors& operator=(const ScratchTensors&) = delete;
-  std::vector<Tensor>& operator*() { return v_; }
+  std::vector<Tensor>& operator*() { return *v_; }
 
  private:
-  std::vector<Tensor> v_;
+  std::vector<Tensor>* v_;  // a spare, or a new one; given back (or deleted) by the destructor
 };
 
 }  // namespace kiln::jit

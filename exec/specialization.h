@@ -3,6 +3,7 @@
 // exec/trace_io.cpp saves and loads).
 #pragma once
 
+#include <atomic>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -218,8 +219,13 @@ struct FunctionImpl {
   std::shared_mutex replay_mutex;
   std::vector<std::unique_ptr<Specialization>> specs;  // under mutex (and replay_mutex to add)
   const Specialization* last = nullptr;                // under mutex
-  bool said_fallback = false;                          // under mutex
-  std::vector<std::string> warnings;                   // under mutex
+  // The specialization the last call under `mutex` chose, when it was the newest and reads no
+  // .grads (else null); set under mutex. A call it still serves takes it without the mutex
+  // (find_specialization would choose it too, as the last that matches). Specializations are
+  // never removed.
+  std::atomic<const Specialization*> hot{nullptr};
+  bool said_fallback = false;         // under mutex
+  std::vector<std::string> warnings;  // under mutex
 
   // Traces fn on inputs' placeholders; `plan`: also plan the graphs (jit::differentiate does not).
   std::unique_ptr<Specialization> specialize(const std::vector<Tensor>& inputs, bool plan = true);

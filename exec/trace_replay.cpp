@@ -95,6 +95,14 @@ void drop_replaced_grads(const Specialization& s, const std::vector<Tensor>& inp
   }
 }
 
+// Whether a tensor is still to be computed; read without the lazy lock (Storage::pending), so
+// that a replay on concrete inputs takes no lock to find so.
+bool any_pending(const std::vector<Tensor>& tensors) {
+  for (const Tensor& t : tensors)
+    if (t.defined() && t.impl()->storage->pending.load(std::memory_order_acquire)) return true;
+  return false;
+}
+
 bool is_argument(const Tensor& t, const std::vector<Tensor>& inputs) {
   for (const Tensor& in : inputs)
     if (t.is_same(in)) return true;
@@ -221,7 +229,7 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
   ScratchTensors args_scratch;  // the thread's spare: a replay allocates no argument vector
   std::vector<Tensor>& args = *args_scratch;
   bind_plan_inputs(s, arguments, args);
-  eval(args);
+  if (any_pending(args)) eval(args);
   drop_replaced_grads(s, inputs, args);
   std::vector<Tensor> results = s.plan->run(args);
   std::vector<Tensor> returned, saved;
@@ -233,20 +241,32 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
 namespace {
 // The specialization serving a call with `inputs`, or null; `mode_changed` says why one for these
 // inputs does not serve the call's modes (.grads, flags), if one does not. Under f.mutex.
+// Whether `s` serves a call with `inputs`; when its key matches but its modes do not, says why in
+// `mode_changed`.
+bool serves_call(const Specialization& s, const std::vector<Tensor>& inputs, bool grad_mode,
+                 std::string& mode_changed) {
+  if (!(key_matches(s.key, inputs) && s.serves(grad_mode))) return false;
+  std::string mismatch = s.flag_mismatch();
+  if (mismatch.empty()) mismatch = s.grad_mismatch(inputs);
+  if (mismatch.empty()) return true;
+  mode_changed = std::move(mismatch);
+  return false;
+}
+
 const Specialization* find_specialization(const FunctionImpl& f, const std::vector<Tensor>& inputs,
                                           std::string& mode_changed) {
   const bool grad_mode = detail::grad_mode();
   const Specialization* match = nullptr;
-  for (const auto& s : f.specs) {
-    if (!(key_matches(s->key, inputs) && s->serves(grad_mode))) continue;
-    std::string mismatch = s->flag_mismatch();
-    if (mismatch.empty()) mismatch = s->grad_mismatch(inputs);
-    if (mismatch.empty())
-      match = s.get();
-    else
-      mode_changed = std::move(mismatch);
-  }
+  for (const auto& s : f.specs)
+    if (serves_call(*s, inputs, grad_mode, mode_changed)) match = s.get();
   return match;
+}
+
+// The specialization of the last call, when it serves this one too (FunctionImpl::hot), or null.
+const Specialization* hot_specialization(const FunctionImpl& f, const std::vector<Tensor>& inputs) {
+  const Specialization* s = f.hot.load(std::memory_order_acquire);
+  std::string mode_changed;
+  return s && serves_call(*s, inputs, detail::grad_mode(), mode_changed) ? s : nullptr;
 }
 
 // Why no specialization served the call: its modes, or its inputs against the most recent one's.
@@ -305,8 +325,8 @@ std::vector<Tensor> Function::operator()(const std::vector<Tensor>& inputs) cons
   FunctionImpl& f = *impl_;
   for (const Tensor& t : inputs)
     KILN_CHECK(t.defined(), "jit::trace: an input is an undefined tensor");
-  const Specialization* match = nullptr;
-  {
+  const Specialization* match = hot_specialization(f, inputs);
+  if (!match) {
     std::lock_guard<std::mutex> lock(f.mutex);
     // Every specialization takes as many arguments as the first: the function was written for
     // that many (called with fewer, it would read past its input vector).
@@ -317,6 +337,10 @@ std::vector<Tensor> Function::operator()(const std::vector<Tensor>& inputs) cons
     match = find_specialization(f, inputs, mode_changed);
     if (!match) match = on_guard_failure(f, inputs, mode_changed);
     if (match) f.last = match;
+    // Not one that guards .grads: reading them may make a captured leaf's autograd metadata,
+    // which the mutex serializes.
+    const bool hot = match && match == f.specs.back().get() && match->grad_slots.empty();
+    f.hot.store(hot ? match : nullptr, std::memory_order_release);
   }
   if (!match) return f.fn(inputs);
   exec_state().replays.fetch_add(1);

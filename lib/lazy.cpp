@@ -692,7 +692,8 @@ bool written_storage_is_read(Storage& s) {
 }  // namespace
 
 void flush_pending(const char* reason) {
-  if (!flush_allowed() || !t_live) return;
+  // Only this thread adds to its list: a count of 0 read without the lock means nothing to flush.
+  if (!flush_allowed() || !t_live || t_live->count.load(std::memory_order_relaxed) == 0) return;
   std::vector<LazyRef> requests;
   {
     LazyLock lock;
