@@ -246,6 +246,7 @@ namespace {
 bool serves_call(const Specialization& s, const std::vector<Tensor>& inputs, bool grad_mode,
                  std::string& mode_changed) {
   if (!(key_matches(s.key, inputs) && s.serves(grad_mode))) return false;
+  if (s.flags.empty() && s.grad_slots.empty()) return true;  // no modes to check
   std::string mismatch = s.flag_mismatch();
   if (mismatch.empty()) mismatch = s.grad_mismatch(inputs);
   if (mismatch.empty()) return true;
