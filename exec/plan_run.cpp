@@ -253,7 +253,9 @@ std::vector<Tensor> Plan::results(const std::vector<Tensor>& slots) const {
   for (int64_t s : output_slots_) {
     Tensor t = slots[static_cast<size_t>(s)];
     // A plan's constants are reused by every run: callers get their own copy.
-    if (t.defined() && constant_storages_.contains(t.impl()->storage.get())) t = t.clone();
+    if (t.defined() && !constant_storages_.empty() &&
+        constant_storages_.contains(t.impl()->storage.get()))
+      t = t.clone();
     result.push_back(std::move(t));
   }
   return result;

@@ -221,7 +221,7 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
                                          const std::vector<Tensor>& inputs) const {
   const bool grad_mode = detail::grad_mode();
   detail::flush_pending();
-  detail::free_as_traced(s.frees);
+  if (!s.frees.empty()) detail::free_as_traced(s.frees);
   // The inputs themselves when the trace read nothing else (no copy of the vector).
   std::vector<Tensor> extended;
   if (!s.scalars.empty() || s.grad_inputs() > 0) extended = s.arguments_of(inputs);
@@ -230,7 +230,7 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
   std::vector<Tensor>& args = *args_scratch;
   bind_plan_inputs(s, arguments, args);
   if (any_pending(args)) eval(args);
-  drop_replaced_grads(s, inputs, args);
+  if (!s.grad_slots.empty()) drop_replaced_grads(s, inputs, args);
   std::vector<Tensor> results = s.plan->run(args);
   std::vector<Tensor> returned, saved;
   take_results(s, inputs, args, results, returned, saved);
