@@ -239,8 +239,6 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
 }
 
 namespace {
-// The specialization serving a call with `inputs`, or null; `mode_changed` says why one for these
-// inputs does not serve the call's modes (.grads, flags), if one does not. Under f.mutex.
 // Whether `s` serves a call with `inputs`; when its key matches but its modes do not, says why in
 // `mode_changed`.
 bool serves_call(const Specialization& s, const std::vector<Tensor>& inputs, bool grad_mode,
@@ -254,6 +252,8 @@ bool serves_call(const Specialization& s, const std::vector<Tensor>& inputs, boo
   return false;
 }
 
+// The specialization serving a call with `inputs`, or null; `mode_changed` says why one for these
+// inputs does not serve the call's modes (.grads, flags), if one does not. Under f.mutex.
 const Specialization* find_specialization(const FunctionImpl& f, const std::vector<Tensor>& inputs,
                                           std::string& mode_changed) {
   const bool grad_mode = detail::grad_mode();

@@ -180,6 +180,39 @@ TEST(Trace, GuardsRespecializeAndLogTheReason) {
   EXPECT_EQ(f.num_specializations(), 4u);
 }
 
+// A call takes the previous call's specialization without the Function's lock when that one still
+// serves it; alternating inputs and autograd modes must still find each call's own.
+TEST(Trace, AlternatingCallsEachFindTheirOwnSpecialization) {
+  jit::Function f =
+      jit::trace([](const Inputs& in) { return Inputs{exp(in[0]) * 2}; }, {ones({2, 3})});
+  const double e2 = 2 * std::exp(1.0);
+  int64_t failures = 0;
+  for (int i = 0; i < 4; ++i) {
+    // The first round traces the specializations: [2, 3], [4, 3], [2, 3] requiring grad with
+    // autograd on and with it off.
+    if (i == 1) {
+      ASSERT_EQ(f.num_specializations(), 4u);
+      failures = jit::stats().guard_failures;
+    }
+    for (int64_t rows : {2, 4, 4, 2, 2}) {
+      Tensor y = f({ones({rows, 3})})[0];
+      EXPECT_EQ(y.sizes(), Shape({rows, 3}));
+      EXPECT_TRUE(allclose(y, full({rows, 3}, e2)));
+      EXPECT_FALSE(y.requires_grad());
+    }
+    Tensor x = ones({2, 3}).requires_grad_();
+    Tensor y = f({x})[0];
+    EXPECT_TRUE(y.requires_grad());
+    y.sum().backward();
+    EXPECT_TRUE(allclose(x.grad(), full({2, 3}, e2)));
+    NoGradGuard no_grad;
+    EXPECT_FALSE(f({x})[0].requires_grad());
+    EXPECT_TRUE(allclose(f({x})[0], full({2, 3}, e2)));
+  }
+  EXPECT_EQ(f.num_specializations(), 4u);
+  EXPECT_EQ(jit::stats().guard_failures, failures);  // every later call found its own
+}
+
 TEST(Trace, PastTheLimitRunsInPlainLazyModeAndSaysSoOnce) {
   jit::Function f = jit::trace([](const Inputs& in) { return Inputs{in[0] + 1}; }, {ones({1})}, 2);
   f({ones({2})});
