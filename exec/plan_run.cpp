@@ -19,45 +19,53 @@
 namespace kiln::jit {
 
 namespace {
-// This thread's spare vectors (ScratchTensors), as pointers in a plain thread-local: no
-// constructor or destructor, so taking one costs no TLS guard or __tls_get_addr call (a vector of
-// vectors had cost a small replay a tenth of its time); SparesCloser deletes them at thread exit.
+// This thread's spare vectors (ScratchTensors), made at its first give-back. Reached through a
+// plain pointer thread-local: no constructor or destructor, so taking a spare costs no TLS guard
+// or __tls_get_addr call (a thread_local vector of vectors had cost a small replay a tenth of its
+// time), and the initial-exec TLS block stays small. SparesCloser deletes them at thread exit.
 constexpr size_t kMaxSpares = 16;
 constexpr size_t kMaxKept = 1024;  // tensors (16 KiB of handles)
 struct Spares {
-  std::vector<Tensor>* v[kMaxSpares];
-  size_t n;
-  bool registered;  // the closer is set up
-  bool closed;      // the thread is exiting: vectors given back are deleted
+  std::vector<Tensor>* v[kMaxSpares] = {};
+  size_t n = 0;
 };
-__attribute__((tls_model("initial-exec"))) thread_local Spares t_spares{};
+__attribute__((tls_model("initial-exec"))) thread_local Spares* t_spares = nullptr;
+// The thread is exiting: vectors given back are deleted.
+__attribute__((tls_model("initial-exec"))) thread_local bool t_spares_closed = false;
 
 struct SparesCloser {
   ~SparesCloser() {
-    t_spares.closed = true;
-    while (t_spares.n > 0) delete t_spares.v[--t_spares.n];
+    t_spares_closed = true;
+    while (t_spares->n > 0) delete t_spares->v[--t_spares->n];
+    delete t_spares;
+    t_spares = nullptr;
   }
 };
+
+// This thread's spares, made on first use; null once the thread is exiting.
+Spares* spares() {
+  if (Spares* s = t_spares) return s;
+  if (t_spares_closed) return nullptr;
+  static thread_local SparesCloser closer;
+  t_spares = new Spares();
+  return t_spares;
+}
 }  // namespace
 
 ScratchTensors::ScratchTensors() {
-  Spares& spares = t_spares;
-  v_ = spares.n > 0 ? spares.v[--spares.n] : new std::vector<Tensor>();
+  Spares* s = t_spares;
+  v_ = s && s->n > 0 ? s->v[--s->n] : new std::vector<Tensor>();
 }
 
 ScratchTensors::~ScratchTensors() {
   v_->clear();
-  Spares& spares = t_spares;
+  Spares* s = spares();
   // A large plan's slots are not kept: a thread would hold their capacity for good.
-  if (spares.closed || spares.n == kMaxSpares || v_->capacity() > kMaxKept) {
+  if (!s || s->n == kMaxSpares || v_->capacity() > kMaxKept) {
     delete v_;
     return;
   }
-  if (!spares.registered) {
-    static thread_local SparesCloser closer;
-    spares.registered = true;
-  }
-  spares.v[spares.n++] = v_;
+  s->v[s->n++] = v_;
 }
 
 namespace {

@@ -88,70 +88,81 @@ struct SmallFree {
   SmallFree* next;
 };
 
-// The calling thread's free small blocks. A plain thread-local (no constructor or destructor): no
-// guard on the hot path, and still usable while the thread's other thread-locals are destroyed (a
-// tensor freed by one of their destructors); SmallCacheCloser returns the blocks at thread exit.
+// The calling thread's free small blocks, made at its first free of one. Reached through a plain
+// pointer thread-local (no constructor or destructor: no guard on the hot path, and still usable
+// while the thread's other thread-locals are destroyed, when a tensor freed by one of their
+// destructors comes back); the initial-exec TLS block stays small, as a library loaded with
+// dlopen needs. SmallCacheCloser returns the blocks at thread exit.
 struct SmallCache {
-  SmallFree* head[kSmallClasses];
-  uint32_t count[kSmallClasses];
-  size_t bytes;     // in all classes
-  bool registered;  // the closer is set up
-  bool closed;      // the thread is exiting: frees go to the system
+  SmallFree* head[kSmallClasses] = {};
+  uint32_t count[kSmallClasses] = {};
+  size_t bytes = 0;  // in all classes
 };
-__attribute__((tls_model("initial-exec"))) thread_local SmallCache t_small{};
+__attribute__((tls_model("initial-exec"))) thread_local SmallCache* t_small = nullptr;
+// The thread is exiting: frees go to the system.
+__attribute__((tls_model("initial-exec"))) thread_local bool t_small_closed = false;
 
 void release_small_blocks() {
-  SmallCache& t = t_small;
+  SmallCache* t = t_small;
+  if (!t) return;
   for (size_t c = 0; c < kSmallClasses; ++c) {
-    while (SmallFree* b = t.head[c]) {
+    while (SmallFree* b = t->head[c]) {
       ASAN_UNPOISON_MEMORY_REGION(b, small_class_size(c));
-      t.head[c] = b->next;
+      t->head[c] = b->next;
       std::free(b);
     }
-    t.count[c] = 0;
+    t->count[c] = 0;
   }
-  t.bytes = 0;
+  t->bytes = 0;
 }
 
 struct SmallCacheCloser {
   ~SmallCacheCloser() {
-    t_small.closed = true;
+    t_small_closed = true;
     release_small_blocks();
+    delete t_small;
+    t_small = nullptr;
   }
 };
+
+// This thread's cache, made on first use; null once the thread is exiting.
+SmallCache* small_cache() {
+  if (SmallCache* t = t_small) return t;
+  if (t_small_closed) return nullptr;
+  static thread_local SmallCacheCloser closer;
+  t_small = new SmallCache();
+  return t_small;
+}
 
 // Keeps a freed small block for this thread's next request of its class; false when the thread's
 // cache is full or closing.
 bool keep_small(void* p, size_t nbytes) {
-  SmallCache& t = t_small;
+  SmallCache* t = small_cache();
+  if (!t) return false;
   const size_t c = small_class(nbytes);
   const size_t size = small_class_size(c);
-  if (t.closed || t.count[c] >= kSmallPerClass || t.bytes + size > kSmallBytesPerThread)
-    return false;
-  if (!t.registered) {
-    static thread_local SmallCacheCloser closer;
-    t.registered = true;
-  }
+  if (t->count[c] >= kSmallPerClass || t->bytes + size > kSmallBytesPerThread) return false;
   ASAN_UNPOISON_MEMORY_REGION(p, sizeof(SmallFree));
   auto* b = static_cast<SmallFree*>(p);
-  b->next = t.head[c];
-  t.head[c] = b;
-  ++t.count[c];
-  t.bytes += size;
+  b->next = t->head[c];
+  t->head[c] = b;
+  ++t->count[c];
+  t->bytes += size;
   ASAN_POISON_MEMORY_REGION(p, size);
   return true;
 }
 
 // A block of this thread's cache for `nbytes`, or null.
 void* reuse_small(size_t nbytes) {
-  SmallCache& t = t_small;
+  SmallCache* t = t_small;
+  if (!t) return nullptr;
   const size_t c = small_class(nbytes);
-  SmallFree* b = t.head[c];
+  SmallFree* b = t->head[c];
   if (!b) return nullptr;
   ASAN_UNPOISON_MEMORY_REGION(b, sizeof(SmallFree));
-  t.head[c] = b->next;
-  --t.count[c];
-  t.bytes -= small_class_size(c);
+  t->head[c] = b->next;
+  --t->count[c];
+  t->bytes -= small_class_size(c);
   ASAN_POISON_MEMORY_REGION(b, small_class_size(c));
   ASAN_UNPOISON_MEMORY_REGION(b, nbytes);  // the rest stays poisoned
   return b;
@@ -251,7 +262,7 @@ size_t cpu_cached_bytes() {
 }
 
 size_t cpu_thread_small_cached_bytes() {
-  return t_small.bytes;
+  return t_small ? t_small->bytes : 0;
 }
 
 uint64_t cpu_system_allocs() {
