@@ -51,6 +51,8 @@ std::vector<EnvFlag> make_table() {
       {"KILN_ALLOW_TF32", K::Bool, "0", nullptr, 0, "float32 GEMMs on CUDA may use TF32"},
       {"KILN_CUDA_FAST_COMPILE", K::List, "0", "0,min,mid,max", 0,
        "NVRTC's --Ofast-compile level for generated CUDA kernels (0: fully optimized)"},
+      {"KILN_CUDA_TIERED", K::Bool, "1", nullptr, 0,
+       "a new CUDA kernel first runs a quicker-to-compile stand-in while it compiles"},
       {"KILN_CONV_ALGO", K::List, "auto", "auto,im2col,onednn", 0,
        "the convolution algorithm: auto (measured once per problem), im2col or onednn"},
       // Read by the tests and the tools' scripts: known here so that they draw no typo warning.
