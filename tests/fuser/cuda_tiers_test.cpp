@@ -207,6 +207,34 @@ TEST(CudaTiers, AKernelWithoutAQuickerBuildCompilesAtOnce) {
   EXPECT_FALSE(stand_in);
 }
 
+// Threads asking for the same new kernel at once each get its stand-in or its compiled binary;
+// the binary compiles once in the background, and then everyone gets it.
+TEST(CudaTiers, ThreadsAskingForANewKernelAtOnce) {
+  Tiered tiered(true);
+  const FusionGroup group = chain_group(fresh_number());
+  const Layout layout = flat_layout(group);
+  const fuser::cuda::CudaCompileStats before = fuser::cuda::cuda_compile_stats();
+  std::vector<std::thread> threads;
+  std::atomic<int> stand_ins{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      bool stand_in = false;
+      fuser::cuda::cuda_binary_now(group.kernel, layout, {true, true}, kSm, &stand_in);
+      stand_ins += stand_in ? 1 : 0;
+    });
+  for (std::thread& t : threads) t.join();
+  fuser::cuda::wait_for_background_compiles();
+  const fuser::cuda::CudaCompileStats after = fuser::cuda::cuda_compile_stats();
+  EXPECT_GE(stand_ins, 1);
+  EXPECT_EQ(after.stand_ins - before.stand_ins, stand_ins);
+  EXPECT_EQ(after.background_compiles - before.background_compiles, 1);
+  bool stand_in = true;
+  const fuser::cuda::CudaBinary wanted =
+      fuser::cuda::cuda_binary_now(group.kernel, layout, {true, true}, kSm, &stand_in);
+  EXPECT_FALSE(stand_in);
+  EXPECT_EQ(wanted.image, fuser::cuda::cuda_binary(group.kernel, layout, {true, true}, kSm).image);
+}
+
 // Run by AProcessFilesItsBackgroundCompilesBeforeItExits in child processes: asks for the binary of
 // the kernel CUDA_TIERS_STRUCTURE names, prints whether a stand-in served, and exits at once.
 TEST(CudaTiers, ChildAsksForOneKernel) {
