@@ -3,14 +3,18 @@
 // The public entry points of cpu_codegen.h: the cache of loaded kernels with its
 // least-recently-used eviction, evicted kernels that plans still hold, a kernel's load from the
 // disk cache or its compile, and the statistics.
+#include <pthread.h>
+
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -57,8 +61,9 @@ using Lru = std::list<std::pair<std::string, CompiledKernel>>;
 // deleter takes it), nor while holding cache_mutex (evicted entries are dropped after it).
 struct CpuJitState {
   std::once_flag engine_started;
-  JitEngine* engine = nullptr;  // set once (engine_started) at the first request, then read-only;
-                                // never destroyed: kernels may run until the process exits
+  JitEngine* engine = nullptr;  // set once (engine_started) by the early start or the first
+                                // request, then read-only; never destroyed: kernels may run until
+                                // the process exits
   std::mutex compile_mutex;     // serializes loads and compiles (LLVM work), so that a kernel is
                                 // loaded once
   std::mutex cache_mutex;       // the in-memory cache: capacity, lru, index
@@ -94,6 +99,58 @@ void update_stats(const F& f) {
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// The thread of start_cpu_jit_early, apart from CpuJitState: starting it reads no environment
+// variable that could throw while kiln loads (the state reads KILN_KERNEL_CACHE_MAX).
+struct EarlyStart {
+  std::mutex mutex;  // started, thread
+  bool started = false;
+  std::thread thread;  // until joined
+};
+
+EarlyStart& early_start() {
+  static EarlyStart* e = new EarlyStart();  // never destroyed: joined by an exit handler
+  return *e;
+}
+
+// The early start's work (see start_cpu_jit_early): LLVM started, then one small kernel emitted
+// and keyed (not compiled), so that the emitter's, the verifier's and the IR printer's first use
+// (their code paged in, LLVM's lazily built tables) is paid here rather than by the first real
+// kernel.
+void start_early() {
+  try {
+    const auto start = std::chrono::steady_clock::now();
+    JitEngine& jit = engine();
+    Kernel k;
+    k.input_types = {kFloat32};
+    const int32_t x = k.add({Prim::Load, kFloat32, -1, -1, -1, 0});
+    k.outputs = {k.add({Prim::Tanh, kFloat32, x})};
+    k.output_types = {kFloat32};
+    k.ops = "warm_up";
+    Layout flat;
+    flat.single_element = {false};
+    jit.disk_key_of(*jit.emit_module("kiln_warm_up", k, flat).module);
+    jit::log("codegen",
+             "LLVM JIT started on a background thread as kiln loaded, emitter warmed in ",
+             seconds_since(start) * 1e3, " ms");
+  } catch (...) {
+    // Silently: the first request starts LLVM again and raises the error at the op that needs
+    // it (a bad KILN_LOG value, say, which logging here would throw again).
+  }
+}
+
+// Joins the early start: at exit, before the static destructors of LLVM and of kiln's earlier
+// state run under it, and before a fork, whose child would otherwise inherit whatever lock the
+// thread held at that instant (LLVM's, the log's) locked for good.
+void join_early_start() {
+  EarlyStart& e = early_start();
+  std::thread t;
+  {
+    std::lock_guard<std::mutex> lock(e.mutex);
+    t = std::move(e.thread);
+  }
+  if (t.joinable()) t.join();
 }
 
 // (Under cache_mutex.) Moves the entries past the capacity to `evicted`, for the caller to drop
@@ -305,6 +362,21 @@ CompiledKernel get(const Kernel& k, const Layout& layout) {
 }  // namespace
 
 }  // namespace cpu
+
+void start_cpu_jit_early() {
+  // KILN_LAZY=0 records nothing and fuses nothing on the CPU: no thread, no LLVM.
+  if (!detail::env_bool("KILN_LAZY", detail::OnBad::Warn) ||
+      !detail::env_bool("KILN_JIT_EARLY_START", detail::OnBad::Warn))
+    return;
+  cpu::EarlyStart& e = cpu::early_start();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  if (e.started) return;
+  e.started = true;
+  // Registered before the thread exists: exit and fork never find it unjoined.
+  std::atexit(cpu::join_early_start);
+  pthread_atfork(cpu::join_early_start, nullptr, nullptr);
+  e.thread = std::thread(cpu::start_early);
+}
 
 CompiledKernel cpu_kernel(const Kernel& kernel, const Layout& layout) {
   return cpu::get(kernel, layout);
