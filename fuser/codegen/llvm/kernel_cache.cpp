@@ -238,8 +238,7 @@ struct KernelLoad {
 
 // A disk entry passed its checks; it must also link and define this kernel's symbol, else it is
 // dropped and the kernel compiled (and the entry replaced). Whether it was loaded.
-bool load_from_disk(JitEngine& jit, KernelLoad& load) {
-  std::optional<std::string> object = DiskCache::instance().load(load.disk_key, kCpuObject);
+bool link_from_disk(JitEngine& jit, KernelLoad& load, const std::optional<std::string>& object) {
   if (!object) return false;
   llvm::Error e = jit.link(load.tracker, *object, load.name, load.k, load.code);
   if (!e) return true;
@@ -248,6 +247,23 @@ bool load_from_disk(JitEngine& jit, KernelLoad& load) {
   load.tracker = jit.new_tracker();
   load.code = CompiledKernel{};
   return false;
+}
+
+bool load_from_disk(JitEngine& jit, KernelLoad& load) {
+  return link_from_disk(jit, load, DiskCache::instance().load(load.disk_key, kCpuObject));
+}
+
+// The kernel's object found through the entry this build of kiln and LLVM filed under the
+// kernel's structure (JitEngine::build_key_of), which names the object's entry: a disk hit
+// without emitting the kernel and printing its IR for the key (two thirds of a warm process's
+// load). Any miss, or an object that does not link, leaves the way through the emitted code.
+bool load_by_build(JitEngine& jit, const std::string& build_key, KernelLoad& load) {
+  if (build_key.empty()) return false;
+  DiskCache& cache = DiskCache::instance();
+  const std::optional<std::string> entry = cache.load(build_key, kCpuEntryByBuild);
+  if (!entry || !link_from_disk(jit, load, cache.load_named(*entry, kCpuObject))) return false;
+  jit::log("cache", "found ", load.name, " on disk by its kernel and this build (not emitted)");
+  return true;
 }
 
 // Compiles the kernel, files its object in the disk cache, and links it.
@@ -295,27 +311,36 @@ CompiledKernel hold(const std::string& key, KernelLoad& load) {
 
 // (Under compile_mutex.) Loads the kernel from the disk cache, or compiles it. On disk, the
 // object is filed under the IR it is compiled from (and the target): a change of the emitter's
-// output can never load an object built from other code.
+// output can never load an object built from other code. A second, small entry filed under the
+// kernel's structure, the target and the build IDs of kiln and LLVM names that object's entry, so
+// that the same build finds it without emitting the kernel; a new build of either emits again.
 CompiledKernel load_or_compile(const std::string& key, const Kernel& k, const Layout& layout) {
   kiln::detail::ProfileSpan span("compile");
   const auto start = std::chrono::steady_clock::now();
   JitEngine& jit = engine();
   const std::string name = kernel_symbol(key, k);
   KernelLoad load{name, k, layout, {}, jit.new_tracker(), {}, {}};
-  auto t = std::chrono::steady_clock::now();
-  Emitted emitted = jit.emit_module(name, k, layout);
-  load.disk_key = jit.disk_key_of(*emitted.module);
-  load.phases.ir = seconds_since(t);
+  span.set_detail(name);
   // With KILN_DUMP on, kernels are compiled rather than read from the disk cache, so that every
   // kernel's IR and assembly are dumped; the object still goes to the disk cache.
-  const bool from_disk = !jit::dump_enabled() && load_from_disk(jit, load);
-  span.set_detail(name);
+  const bool dump = jit::dump_enabled();
+  const std::string build_key = jit.build_key_of(key);
+  bool from_disk = !dump && load_by_build(jit, build_key, load);
+  if (!from_disk) {
+    auto t = std::chrono::steady_clock::now();
+    Emitted emitted = jit.emit_module(name, k, layout);
+    load.disk_key = jit.disk_key_of(*emitted.module);
+    load.phases.ir = seconds_since(t);
+    from_disk = !dump && load_from_disk(jit, load);
+    if (!from_disk) compile(jit, load, std::move(emitted), start);
+    if (!build_key.empty())
+      DiskCache::instance().store(build_key, kCpuEntryByBuild,
+                                  DiskCache::entry_name(load.disk_key));
+  }
   if (from_disk) {
     update_stats([](CompileStats& st) { ++st.disk_hits; });
     span.set_name("kernel.disk_load");
     span.set_category(kiln::profiler::Category::kCache);
-  } else {
-    compile(jit, load, std::move(emitted), start);
   }
   return hold(key, load);
 }
