@@ -114,25 +114,14 @@ EarlyStart& early_start() {
   return *e;
 }
 
-// The early start's work (see start_cpu_jit_early): LLVM started, then one small kernel emitted
-// and keyed (not compiled), so that the emitter's, the verifier's and the IR printer's first use
-// (their code paged in, LLVM's lazily built tables) is paid here rather than by the first real
-// kernel.
+// The early start's work (see start_cpu_jit_early). Only LLVM's start: a warm process finds its
+// kernels on disk without emitting them (load_by_build), so warming the emitter here too would
+// cost every process CPU time that only a compile, milliseconds long, would win back a little of.
 void start_early() {
   try {
     const auto start = std::chrono::steady_clock::now();
-    JitEngine& jit = engine();
-    Kernel k;
-    k.input_types = {kFloat32};
-    const int32_t x = k.add({Prim::Load, kFloat32, -1, -1, -1, 0});
-    k.outputs = {k.add({Prim::Tanh, kFloat32, x})};
-    k.output_types = {kFloat32};
-    k.ops = "warm_up";
-    Layout flat;
-    flat.single_element = {false};
-    jit.disk_key_of(*jit.emit_module("kiln_warm_up", k, flat).module);
-    jit::log("codegen",
-             "LLVM JIT started on a background thread as kiln loaded, emitter warmed in ",
+    engine();
+    jit::log("codegen", "LLVM JIT started on a background thread as kiln loaded, ready after ",
              seconds_since(start) * 1e3, " ms");
   } catch (...) {
     // Silently: the first request starts LLVM again and raises the error at the op that needs
