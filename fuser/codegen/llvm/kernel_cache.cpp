@@ -118,6 +118,7 @@ EarlyStart& early_start() {
 // kernels on disk without emitting them (load_by_build), so warming the emitter here too would
 // cost every process CPU time that only a compile, milliseconds long, would win back a little of.
 void start_early() {
+  pthread_setname_np(pthread_self(), "kiln-jit-start");  // as profilers and debuggers show it
   try {
     const auto start = std::chrono::steady_clock::now();
     engine();
