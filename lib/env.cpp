@@ -41,6 +41,8 @@ std::vector<EnvFlag> make_table() {
       {"KILN_VERIFY", K::Bool, kVerifyDefault, nullptr, 0, "check the graph after every pass"},
       {"KILN_MAX_PENDING", K::Count, "10000", nullptr, 1,
        "pending nodes recorded before lazy mode flushes them"},
+      {"KILN_JIT_EARLY_START", K::Bool, "1", nullptr, 0,
+       "0: LLVM's JIT starts at the first CPU kernel, not on a background thread as kiln loads"},
       {"KILN_CACHE", K::Bool, "1", nullptr, 0, "0: no disk cache of compiled kernels"},
       {"KILN_CACHE_DIR", K::Path, "", nullptr, 0, "where the disk cache lives"},
       {"KILN_CACHE_MAXSIZE", K::Size, "1G", nullptr, 0, "the disk cache's cap"},
