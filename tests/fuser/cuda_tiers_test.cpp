@@ -235,20 +235,23 @@ TEST(CudaTiers, ThreadsAskingForANewKernelAtOnce) {
   EXPECT_EQ(wanted.image, fuser::cuda::cuda_binary(group.kernel, layout, {true, true}, kSm).image);
 }
 
-// Run by AProcessFilesItsBackgroundCompilesBeforeItExits in child processes: asks for the binary of
-// the kernel CUDA_TIERS_STRUCTURE names, prints whether a stand-in served, and exits at once.
-TEST(CudaTiers, ChildAsksForOneKernel) {
+// Run by AProcessFilesItsBackgroundCompilesBeforeItExits in child processes: asks for the binaries
+// of the flat and the rows kernel CUDA_TIERS_STRUCTURE names, prints how many stand-ins served, and
+// exits at once (while the rows kernel's background compile runs).
+TEST(CudaTiers, ChildAsksForTwoKernels) {
   const char* structure = std::getenv("CUDA_TIERS_STRUCTURE");
   if (!structure) GTEST_SKIP() << "run by AProcessFilesItsBackgroundCompilesBeforeItExits";
-  const FusionGroup group = chain_group(std::stoull(structure));
-  bool stand_in = false;
-  fuser::cuda::cuda_binary_now(group.kernel, flat_layout(group), {true, true}, kSm, &stand_in);
-  std::printf("stand-in %d disk hits %ld\n", stand_in ? 1 : 0,
+  const FusionGroup flat = chain_group(std::stoull(structure));
+  const FusionGroup rows = softmax_group(std::stoull(structure));
+  bool flat_stand_in = false, rows_stand_in = false;
+  fuser::cuda::cuda_binary_now(flat.kernel, flat_layout(flat), {true, true}, kSm, &flat_stand_in);
+  fuser::cuda::cuda_binary_now(rows.kernel, rows_layout(rows), {true, false}, kSm, &rows_stand_in);
+  std::printf("stand-ins %d disk hits %ld\n", (flat_stand_in ? 1 : 0) + (rows_stand_in ? 1 : 0),
               static_cast<long>(fuser::cuda::cuda_compile_stats().disk_hits));
 }
 
-// A process that exits right after a stand-in served waits for the wanted binary's compile: the
-// next process finds it on disk and runs it at once.
+// A process that exits right after its stand-ins served waits for the wanted binaries' compiles
+// (and does not crash doing so): the next process finds them on disk and runs them at once.
 TEST(CudaTiers, AProcessFilesItsBackgroundCompilesBeforeItExits) {
   namespace fs = std::filesystem;
   const std::string dir = ::testing::TempDir() + "/kiln_cuda_tiers_" + std::to_string(getpid());
@@ -262,15 +265,15 @@ TEST(CudaTiers, AProcessFilesItsBackgroundCompilesBeforeItExits) {
         "KILN_CACHE_DIR=" +
         dir + "/cache CUDA_TIERS_STRUCTURE=" + structure + " " +
         fs::read_symlink("/proc/self/exe").string() +
-        " --gtest_filter=CudaTiers.ChildAsksForOneKernel > " + log + " 2>&1";
+        " --gtest_filter=CudaTiers.ChildAsksForTwoKernels > " + log + " 2>&1";
     EXPECT_EQ(std::system(command.c_str()), 0) << command;
     std::ifstream in(log);
     return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   };
   const std::string first = run_child();
-  EXPECT_NE(first.find("stand-in 1 disk hits 0"), std::string::npos) << first;
+  EXPECT_NE(first.find("stand-ins 2 disk hits 0"), std::string::npos) << first;
   const std::string second = run_child();
-  EXPECT_NE(second.find("stand-in 0 disk hits 1"), std::string::npos) << second;
+  EXPECT_NE(second.find("stand-ins 0 disk hits 2"), std::string::npos) << second;
   fs::remove_all(dir);
 }
 

@@ -143,12 +143,16 @@ std::shared_ptr<const CudaBinary> disk_binary(const BinaryJob& job, detail::Prof
   return file_in_memory(job.key, std::move(binary));
 }
 
+// Whether an NVRTC compile has returned in this process (see runnable_binary).
+std::atomic<bool> g_compiled{false};
+
 // NVRTC's build of the job, filed in memory and (unless a stand-in) on disk.
 std::shared_ptr<const CudaBinary> compile_binary(const BinaryJob& job) {
   jit::log("cuda", "source of ", job.symbol, ":\n", job.source);
   const auto start = std::chrono::steady_clock::now();
   CudaCompiled out = nvrtc_compile(job.source, job.symbol, job.arch,
                                    job.ptx ? CudaOutput::kPtx : CudaOutput::kCubin, job.options);
+  g_compiled.store(true);
   if (!out.log.empty()) jit::log("codegen", "NVRTC log for ", job.symbol, ": ", out.log);
   auto binary = std::make_shared<CudaBinary>(CudaBinary{std::move(out.code), job.symbol, job.ptx});
   if (job.to_disk)
@@ -313,9 +317,14 @@ Runnable runnable_binary(const Kernel& kernel, const Layout& layout, CudaCallFla
   if (auto binary = disk_binary(job, span)) return {binary, key, variant};
   if (!tiered_compile() || !has_stand_in(layout, variant, job))
     return {compile_binary(job), key, variant};
-  // Queued first: where the host has cores to spare, it compiles beside the stand-in.
-  compile_in_background(job);
+  // Queued first where the host has cores to spare, so that it compiles beside the stand-in; but
+  // not before this process's first compile has returned: the queue's exit handler (which waits
+  // for running compiles) must be registered after the exit handlers of what NVRTC sets up on its
+  // first compile, or those would tear NVRTC down under a compile still running at exit.
+  const bool nvrtc_started = g_compiled.load();
+  if (nvrtc_started) compile_in_background(job);
   Runnable quick = stand_in(kernel, layout, variant, sm, job);
+  if (!nvrtc_started) compile_in_background(job);
   std::lock_guard<std::mutex> lock(state().mu);
   ++state().stats.stand_ins;
   return quick;
