@@ -9,7 +9,9 @@
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "jit/infer.h"
+#include "jit/passes/rewriter.h"
 #include "jit/wire.h"
 #include "kiln/error.h"
 #include "lib/tensor_impl.h"
@@ -30,6 +32,33 @@ struct KeyOut {
     used += n;
   }
 };
+
+// Rematerialization (docs/architecture.md): a value held outside an evaluation that is not
+// requested stays a recipe, uncomputed, when its producing sub-graph is at most this many cheap
+// nodes.
+constexpr size_t kMaxRecipeNodes = 16;
+
+// Ops a recipe may hold: elementwise ops the fuser has a formula for (arithmetic, compares,
+// casts) and views (expand, unsqueeze: index arithmetic in a fused kernel). Never random draws
+// (a recomputation would draw other numbers) nor ops that check integer operands' values (their
+// error belongs to the call that caused it).
+bool cheap_to_recompute(const detail::OpDef& op) {
+  if (passes::is_nondeterministic(op) || op.checks_integer_values) return false;
+  switch (op.kind) {
+    case detail::OpKind::Unary:
+    case detail::OpKind::Binary:
+    case detail::OpKind::Ternary:
+      return op.formula != nullptr;
+    case detail::OpKind::View:
+      return true;
+    default:
+      return false;
+  }
+}
+
+int64_t type_bytes(const detail::LazyType& t) {
+  return detail::shape_numel(t.sizes) * static_cast<int64_t>(element_size(t.dtype));
+}
 
 // Collects a recipe in three steps: the nodes in order, the graph inputs, the outputs.
 class Collector {
@@ -71,14 +100,23 @@ class Collector {
   }
 
   // 3. Outputs: what was requested, and every node someone outside this graph still holds (a
-  // pending tensor, a view, a later node): computing it now saves computing it again.
+  // pending tensor, a view, a later node): computing it now saves computing it again, unless it
+  // is cheaper to recompute where it is read (stays_recipe). In order, so that a producer's
+  // decision is made before its readers'.
   void add_outputs(const std::vector<LazyRef>& requests, bool keep_referenced) {
     is_output_.assign(r.order.size(), false);
     for (const LazyRef& req : requests)
       if (!req.node->computed) add_output_node(req.node);
     if (!keep_referenced) return;
-    for (const auto& n : r.order)
-      if (n.use_count() > info_.at(n.get()).internal_refs + 1) add_output_node(n);
+    for (const auto& n : r.order) {
+      const Info& info = info_.at(n.get());
+      if (is_output_[info.index] || n.use_count() <= info.internal_refs + 1) continue;
+      if (stays_recipe(n)) {
+        ++r.kept_as_recipes;
+        continue;
+      }
+      add_output_node(n);
+    }
   }
 
   Recipe r;
@@ -162,6 +200,45 @@ class Collector {
       }
     }
     return src;
+  }
+
+  // Whether n, a pending value held outside this evaluation but not requested, stays a recipe:
+  // its storage waits for it (it is a value, not a view), and its producers down to what is
+  // materialized (concrete tensors, computed nodes, this evaluation's outputs) are at most
+  // kMaxRecipeNodes cheap nodes that read fewer bytes than n would store, so the recipe keeps less
+  // memory alive than the value, even if nothing else held what it reads. Iterative DFS.
+  bool stays_recipe(const std::shared_ptr<LazyNode>& n) const {
+    if (n->outputs.size() != 1 || !cheap_to_recompute(*n->op)) return false;
+    const std::shared_ptr<detail::Storage> s = n->storages[0].lock();
+    if (!s || s->lazy.node != n || s->lazy.index != 0) return false;
+    const int64_t stored = type_bytes(n->outputs[0]);
+    int64_t read = 0;
+    size_t nodes = 0;
+    absl::flat_hash_set<const void*> seen{n.get()};
+    std::vector<const LazyNode*> stack{n.get()};
+    while (!stack.empty()) {
+      const LazyNode* m = stack.back();
+      stack.pop_back();
+      if (++nodes > kMaxRecipeNodes || !cheap_to_recompute(*m->op)) return false;
+      for (const detail::LazyInput& in : m->inputs) {
+        const LazyNode* p = in.ref.node.get();
+        if (p && !p->computed) {
+          if (!seen.insert(p).second) continue;
+          if (!is_output_[info_.at(p).index]) {
+            stack.push_back(p);
+            continue;
+          }
+          for (const detail::LazyType& t : p->outputs) read += type_bytes(t);
+          continue;
+        }
+        const Tensor& t = p ? p->results.at(in.ref.index) : in.tensor;
+        if (!t.defined() || t.impl()->wrapped_number) continue;
+        const detail::Storage* ts = t.impl()->storage.get();
+        if (seen.insert(ts).second) read += static_cast<int64_t>(ts->nbytes);
+      }
+      if (read >= stored) return false;
+    }
+    return true;
   }
 
   void add_output_node(const std::shared_ptr<LazyNode>& n) {
