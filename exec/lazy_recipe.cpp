@@ -10,8 +10,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "jit/differentiate.h"
 #include "jit/infer.h"
-#include "jit/passes/rewriter.h"
 #include "jit/wire.h"
 #include "kiln/error.h"
 #include "lib/tensor_impl.h"
@@ -37,24 +37,6 @@ struct KeyOut {
 // requested stays a recipe, uncomputed, when its producing sub-graph is at most this many cheap
 // nodes.
 constexpr size_t kMaxRecipeNodes = 16;
-
-// Ops a recipe may hold: elementwise ops the fuser has a formula for (arithmetic, compares,
-// casts) and views (expand, unsqueeze: index arithmetic in a fused kernel). Never random draws
-// (a recomputation would draw other numbers) nor ops that check integer operands' values (their
-// error belongs to the call that caused it).
-bool cheap_to_recompute(const detail::OpDef& op) {
-  if (passes::is_nondeterministic(op) || op.checks_integer_values) return false;
-  switch (op.kind) {
-    case detail::OpKind::Unary:
-    case detail::OpKind::Binary:
-    case detail::OpKind::Ternary:
-      return op.formula != nullptr;
-    case detail::OpKind::View:
-      return true;
-    default:
-      return false;
-  }
-}
 
 int64_t type_bytes(const detail::LazyType& t) {
   return detail::shape_numel(t.sizes) * static_cast<int64_t>(element_size(t.dtype));
