@@ -14,6 +14,7 @@
 #include "jit/infer.h"
 #include "jit/wire.h"
 #include "kiln/error.h"
+#include "lib/lazy_saved.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln::jit {
@@ -185,12 +186,14 @@ class Collector {
   }
 
   // Whether n, a pending value held outside this evaluation but not requested, stays a recipe:
-  // its storage waits for it (it is a value, not a view), and its producers down to what is
-  // materialized (concrete tensors, computed nodes, this evaluation's outputs) are at most
+  // autograd saved it (lib/lazy_saved.h; values only the program holds are computed now, as
+  // before), its storage waits for it (it is a value, not a view), and its producers down to what
+  // is materialized (concrete tensors, computed nodes, this evaluation's outputs) are at most
   // kMaxRecipeNodes cheap nodes that read fewer bytes than n would store, so the recipe keeps less
   // memory alive than the value, even if nothing else held what it reads. Iterative DFS.
   bool stays_recipe(const std::shared_ptr<LazyNode>& n) const {
-    if (n->outputs.size() != 1 || !cheap_to_recompute(*n->op)) return false;
+    if (!detail::saved_for_backward(*n) || n->outputs.size() != 1 || !cheap_to_recompute(*n->op))
+      return false;
     const std::shared_ptr<detail::Storage> s = n->storages[0].lock();
     if (!s || s->lazy.node != n || s->lazy.index != 0) return false;
     const int64_t stored = type_bytes(n->outputs[0]);

@@ -112,6 +112,16 @@ TEST(Remat, AValueTheUserHoldsIsComputedWhenAskedAndTheGradientAgrees) {
   testing::expect_close(g, reference_gradient(b.x, target), {16, 32}, kFloat32, 1e-5, 1e-8);
 }
 
+TEST(Remat, AValueOnlyTheProgramHoldsIsComputedWithTheEvaluationThatReachesIt) {
+  const Batch b = make_batch(16, 32, kFloat32);
+  LazyGuard lazy(true);
+  const Tensor onehot = one_hot(b, kFloat32);  // saved by nothing: x does not require grad here
+  const Tensor loss = (b.x.detach() * onehot).sum();
+  const std::string log = evaluate_logged(loss);
+  EXPECT_EQ(log.find("as recipes"), std::string::npos) << log;
+  EXPECT_FALSE(is_pending(onehot));
+}
+
 // The gradient after the targets are overwritten in place between forward and backward.
 Tensor gradient_after_overwriting_targets(const Batch& b, bool lazy_mode) {
   LazyGuard mode(lazy_mode);
