@@ -189,15 +189,15 @@ class Collector {
   // autograd saved it (lib/lazy_saved.h; values only the program holds are computed now, as
   // before), its storage waits for it (it is a value, not a view), and its producers down to what
   // is materialized (concrete tensors, computed nodes, this evaluation's outputs) are at most
-  // kMaxRecipeNodes cheap nodes that read fewer bytes than n would store, so the recipe keeps less
-  // memory alive than the value, even if nothing else held what it reads. Iterative DFS.
+  // kMaxRecipeNodes cheap nodes whose inputs add fewer bytes than n would store (added_bytes), so
+  // the recipe keeps less memory alive than the value would. Iterative DFS.
   bool stays_recipe(const std::shared_ptr<LazyNode>& n) const {
     if (!detail::saved_for_backward(*n) || n->outputs.size() != 1 || !cheap_to_recompute(*n->op))
       return false;
     const std::shared_ptr<detail::Storage> s = n->storages[0].lock();
     if (!s || s->lazy.node != n || s->lazy.index != 0) return false;
     const int64_t stored = type_bytes(n->outputs[0]);
-    int64_t read = 0;
+    int64_t added = 0;
     size_t nodes = 0;
     absl::flat_hash_set<const void*> seen{n.get()};
     std::vector<const LazyNode*> stack{n.get()};
@@ -207,23 +207,39 @@ class Collector {
       if (++nodes > kMaxRecipeNodes || !cheap_to_recompute(*m->op)) return false;
       for (const detail::LazyInput& in : m->inputs) {
         const LazyNode* p = in.ref.node.get();
-        if (p && !p->computed) {
-          if (!seen.insert(p).second) continue;
-          if (!is_output_[info_.at(p).index]) {
-            stack.push_back(p);
-            continue;
-          }
-          for (const detail::LazyType& t : p->outputs) read += type_bytes(t);
-          continue;
-        }
-        const Tensor& t = p ? p->results.at(in.ref.index) : in.tensor;
-        if (!t.defined() || t.impl()->wrapped_number) continue;
-        const detail::Storage* ts = t.impl()->storage.get();
-        if (seen.insert(ts).second) read += static_cast<int64_t>(ts->nbytes);
+        const bool pending = p && !p->computed;
+        if (!seen.insert(pending ? static_cast<const void*>(p) : storage_of(in)).second) continue;
+        if (pending && !is_output_[info_.at(p).index])
+          stack.push_back(p);
+        else
+          added += added_bytes(in);
       }
-      if (read >= stored) return false;
+      if (added >= stored) return false;
     }
     return true;
+  }
+
+  // The storage behind a materialized input (a concrete tensor or a computed node's result), or
+  // nullptr for an absent input or a wrapped number.
+  static const void* storage_of(const detail::LazyInput& in) {
+    const Tensor& t = in.ref.node ? in.ref.node->results.at(in.ref.index) : in.tensor;
+    return t.defined() && !t.impl()->wrapped_number ? t.impl()->storage.get() : nullptr;
+  }
+
+  // The bytes a recipe keeps alive by reading a materialized input: none for what stays alive as
+  // long anyway (a tensor that requires grad: a parameter or an input the backward
+  // differentiates to; a value autograd saved too, computed by this evaluation), else its size.
+  int64_t added_bytes(const detail::LazyInput& in) const {
+    const LazyNode* p = in.ref.node.get();
+    if (p && !p->computed) {
+      if (detail::saved_for_backward(*p)) return 0;
+      int64_t bytes = 0;
+      for (const detail::LazyType& t : p->outputs) bytes += type_bytes(t);
+      return bytes;
+    }
+    if (!storage_of(in) || (!p && in.tensor.requires_grad())) return 0;
+    const Tensor& t = p ? p->results.at(in.ref.index) : in.tensor;
+    return static_cast<int64_t>(t.impl()->storage->nbytes);
   }
 
   void add_output_node(const std::shared_ptr<LazyNode>& n) {

@@ -112,6 +112,24 @@ TEST(Remat, AValueTheUserHoldsIsComputedWhenAskedAndTheGradientAgrees) {
   testing::expect_close(g, reference_gradient(b.x, target), {16, 32}, kFloat32, 1e-5, 1e-8);
 }
 
+TEST(Remat, ARecipeOverATensorThatRequiresGradKeepsNothingAliveThatWasNotAlready) {
+  Tensor x;
+  {
+    LazyGuard eager(false);
+    x = testing::random_tensor({64, 128}, kFloat32).requires_grad_(true);
+  }
+  LazyGuard lazy(true);
+  const Tensor s = x * 2.0;  // saved twice by s * s; reads as many bytes as it stores
+  const Tensor loss = (s * s).sum();
+  const std::string log = evaluate_logged(loss);
+  EXPECT_NE(log.find(kKeptOne), std::string::npos) << log;
+  EXPECT_TRUE(is_pending(s));
+  const Tensor g = autograd::grad({loss}, {x})[0];
+  std::vector<double> want = testing::values(x);
+  for (double& v : want) v *= 8.0;
+  testing::expect_close(g, want, {64, 128}, kFloat32, 0.0, 0.0);
+}
+
 TEST(Remat, AValueOnlyTheProgramHoldsIsComputedWithTheEvaluationThatReachesIt) {
   const Batch b = make_batch(16, 32, kFloat32);
   LazyGuard lazy(true);
