@@ -227,8 +227,9 @@ class Collector {
   }
 
   // The bytes a recipe keeps alive by reading a materialized input: none for what stays alive as
-  // long anyway (a tensor that requires grad: a parameter or an input the backward
-  // differentiates to; a value autograd saved too, computed by this evaluation), else its size.
+  // long anyway (a leaf that requires grad: a parameter or an input the backward differentiates
+  // to, which the program holds; a value autograd saved too, computed by this evaluation), else
+  // its size.
   int64_t added_bytes(const detail::LazyInput& in) const {
     const LazyNode* p = in.ref.node.get();
     if (p && !p->computed) {
@@ -237,7 +238,7 @@ class Collector {
       for (const detail::LazyType& t : p->outputs) bytes += type_bytes(t);
       return bytes;
     }
-    if (!storage_of(in) || (!p && in.tensor.requires_grad())) return 0;
+    if (!storage_of(in) || (!p && in.tensor.requires_grad() && in.tensor.is_leaf())) return 0;
     const Tensor& t = p ? p->results.at(in.ref.index) : in.tensor;
     return static_cast<int64_t>(t.impl()->storage->nbytes);
   }
