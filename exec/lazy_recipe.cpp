@@ -91,6 +91,7 @@ class Collector {
     for (const LazyRef& req : requests)
       if (!req.node->computed) add_output_node(req.node);
     if (!keep_referenced) return;
+    find_gemm_operands();
     for (const auto& n : r.order) {
       const Info& info = info_.at(n.get());
       if (is_output_[info.index] || n.use_count() <= info.internal_refs + 1) continue;
@@ -185,14 +186,31 @@ class Collector {
     return src;
   }
 
+  // The values a GEMM of this evaluation reads, directly or through views: they are written out
+  // for it anyway, so they are saved rather than recomputed (as jit/differentiate.cpp decides for
+  // traced backwards, where a GEMM would read them again).
+  void find_gemm_operands() {
+    for (const auto& m : r.order) {
+      if (m->op->kind != detail::OpKind::Linalg) continue;
+      for (const detail::LazyInput& in : m->inputs) {
+        const LazyNode* p = in.ref.node.get();
+        while (p && !p->computed && p->op->kind == detail::OpKind::View && !p->inputs.empty())
+          p = p->inputs[0].ref.node.get();
+        if (p && !p->computed) gemm_operands_.insert(p);
+      }
+    }
+  }
+
   // Whether n, a pending value held outside this evaluation but not requested, stays a recipe:
   // autograd saved it (lib/lazy_saved.h; values only the program holds are computed now, as
-  // before), its storage waits for it (it is a value, not a view), and its producers down to what
+  // before), no GEMM here reads it, its storage waits for it (it is a value, not a view), and its
+  // producers down to what
   // is materialized (concrete tensors, computed nodes, this evaluation's outputs) are at most
   // kMaxRecipeNodes cheap nodes whose inputs add fewer bytes than n would store (added_bytes), so
   // the recipe keeps less memory alive than the value would. Iterative DFS.
   bool stays_recipe(const std::shared_ptr<LazyNode>& n) const {
-    if (!detail::saved_for_backward(*n) || n->outputs.size() != 1 || !cheap_to_recompute(*n->op))
+    if (!detail::saved_for_backward(*n) || n->outputs.size() != 1 || !cheap_to_recompute(*n->op) ||
+        gemm_operands_.contains(n.get()))
       return false;
     const std::shared_ptr<detail::Storage> s = n->storages[0].lock();
     if (!s || s->lazy.node != n || s->lazy.index != 0) return false;
@@ -257,6 +275,7 @@ class Collector {
   absl::flat_hash_map<const LazyNode*, Info> info_;
   absl::flat_hash_map<const void*, size_t> leaf_input_;  // graph input by TensorImpl
   std::vector<bool> is_output_;
+  absl::flat_hash_set<const LazyNode*> gemm_operands_;
 };
 }  // namespace
 

@@ -130,6 +130,21 @@ TEST(Remat, ARecipeOverATensorThatRequiresGradKeepsNothingAliveThatWasNotAlready
   testing::expect_close(g, want, {64, 128}, kFloat32, 0.0, 0.0);
 }
 
+TEST(Remat, AValueAGemmReadsIsSavedNotRecomputed) {
+  Tensor x, w;
+  {
+    LazyGuard eager(false);
+    x = testing::random_tensor({16, 32}, kFloat32).requires_grad_(true);
+    w = testing::random_tensor({32, 8}, kFloat32).requires_grad_(true);
+  }
+  LazyGuard lazy(true);
+  const Tensor s = x * 2.0;  // saved by matmul for w's gradient, written out for the GEMM anyway
+  const Tensor loss = s.matmul(w).sum();
+  const std::string log = evaluate_logged(loss);
+  EXPECT_EQ(log.find("as recipes"), std::string::npos) << log;
+  EXPECT_FALSE(is_pending(s));
+}
+
 TEST(Remat, AValueOnlyTheProgramHoldsIsComputedWithTheEvaluationThatReachesIt) {
   const Batch b = make_batch(16, 32, kFloat32);
   LazyGuard lazy(true);
