@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kiln/jit.h"
@@ -230,6 +231,31 @@ TEST(Remat, RandomMasksAreNotDrawnAgain) {
   const Tensor gy = autograd::grad({out}, {x})[0];
   const std::vector<double> kept = testing::values(y), gv = testing::values(gy);
   for (size_t i = 0; i < kept.size(); ++i) ASSERT_EQ(gv[i], kept[i] != 0 ? 2.0 : 0.0) << i;
+}
+
+TEST(Remat, ThreadsEachRecomputeTheirOwnRecipes) {
+  constexpr int kThreads = 4;
+  std::vector<Batch> batches;
+  std::vector<std::vector<double>> want;
+  for (int i = 0; i < kThreads; ++i) {
+    batches.push_back(make_batch(32, 64, kFloat32));
+    want.push_back(reference_gradient(batches.back().x, testing::values(batches.back().target)));
+  }
+  std::vector<Tensor> grads(kThreads);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i)
+    threads.emplace_back([&, i] {
+      LazyGuard lazy(true);
+      for (int step = 0; step < 5; ++step) {
+        const Tensor loss = cross_entropy(batches[i], batches[i].x);
+        kiln::eval(loss);
+        grads[i] = autograd::grad({loss}, {batches[i].x})[0];
+        kiln::eval(grads[i]);
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kThreads; ++i)
+    testing::expect_close(grads[i], want[i], {32, 64}, kFloat32, 1e-5, 1e-8);
 }
 
 TEST(Remat, GradcheckOnSmallShapesAndBroadcasts) {
