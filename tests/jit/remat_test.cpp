@@ -92,6 +92,21 @@ TEST(Remat, CrossEntropyLeavesTheOneHotAsARecipeAndMatchesTheReferenceGradient) 
   testing::expect_close(g, reference_gradient(b.x, target), {64, 128}, kFloat32, 1e-5, 1e-8);
 }
 
+TEST(Remat, ABackwardThatKeepsItsGraphLeavesTheRecipeForTheNextOne) {
+  const Batch b = make_batch(16, 32, kFloat32);
+  const std::vector<double> want = reference_gradient(b.x, testing::values(b.target));
+  LazyGuard lazy(true);
+  const Tensor loss = cross_entropy(b, b.x);
+  kiln::eval(loss);
+  for (int pass = 0; pass < 2; ++pass) {
+    SCOPED_TRACE(pass);
+    const Tensor g = autograd::grad({loss}, {b.x}, {}, /*retain_graph=*/pass == 0)[0];
+    const std::string log = evaluate_logged(g);
+    if (pass == 0) EXPECT_NE(log.find(kKeptOne), std::string::npos) << log;
+    testing::expect_close(g, want, {16, 32}, kFloat32, 1e-5, 1e-8);
+  }
+}
+
 TEST(Remat, AValueTheUserHoldsIsComputedWhenAskedAndTheGradientAgrees) {
   const Batch b = make_batch(16, 32, kFloat32);
   const std::vector<double> target = testing::values(b.target);
