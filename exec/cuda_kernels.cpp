@@ -2,6 +2,7 @@
 // variant on first use, and launched on the device's stream.
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "exec/plan_step.h"
@@ -40,22 +41,42 @@ class CudaKernels final : public KernelDevice {
     std::shared_ptr<const fuser::cuda::CudaKernel> kernel;
   };
 
-  // The loaded kernel for (layout, variant), compiled or found in the cache on its first use.
+  // The loaded kernel for (layout, variant), compiled or found in the cache on its first use; a
+  // stand-in (fuser/codegen/cuda/cuda_kernel.h) until the wanted binary is ready.
   std::shared_ptr<const fuser::cuda::CudaKernel> find(
       const fuser::Layout& layout, const fuser::cuda::CudaCallFlags& variant) const {
     const int bits = (variant.index32 ? 1 : 0) | (variant.vec ? 2 : 0) | (variant.per_thread << 2) |
                      (variant.block << 10);
+    std::shared_ptr<const fuser::cuda::CudaKernel> stand_in;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (const Loaded& l : loaded_)
-        if (l.variant == bits && l.layout == layout) return l.kernel;
+        if (l.variant == bits && l.layout == layout) {
+          if (!l.kernel->stand_in) return l.kernel;
+          stand_in = l.kernel;
+        }
     }
+    if (stand_in) return upgrade(layout, variant, bits, stand_in);
     pause_step_profile();
     auto kernel = std::make_shared<const fuser::cuda::CudaKernel>(
-        fuser::cuda::cuda_kernel(group_.kernel, layout, variant, device_));
+        fuser::cuda::cuda_kernel_tiered(group_.kernel, layout, variant, device_));
     resume_step_profile(device_);
     std::lock_guard<std::mutex> lock(mutex_);
     loaded_.push_back({layout, bits, kernel});
+    return kernel;
+  }
+
+  // The wanted kernel in place of `stand_in` once its binary is ready; `stand_in` until then.
+  std::shared_ptr<const fuser::cuda::CudaKernel> upgrade(
+      const fuser::Layout& layout, const fuser::cuda::CudaCallFlags& variant, int bits,
+      const std::shared_ptr<const fuser::cuda::CudaKernel>& stand_in) const {
+    std::optional<fuser::cuda::CudaKernel> ready =
+        fuser::cuda::cuda_kernel_if_ready(group_.kernel, layout, variant, device_, *stand_in);
+    if (!ready) return stand_in;
+    auto kernel = std::make_shared<const fuser::cuda::CudaKernel>(std::move(*ready));
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Loaded& l : loaded_)
+      if (l.variant == bits && l.layout == layout) l.kernel = kernel;
     return kernel;
   }
 

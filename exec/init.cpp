@@ -6,6 +6,7 @@
 #include "exec/layer_hooks.h"
 #include "exec/lazy_eval.h"
 #include "fuser/cache.h"
+#include "fuser/codegen/llvm/cpu_codegen.h"
 #include "jit/ir.h"
 #include "lib/lazy.h"
 #ifdef KILN_HAS_CUDA
@@ -28,6 +29,7 @@ void register_upper_layers() {
   fuser::cuda::register_device_kernels();  // copy, hand-written kernels
   fuser::cuda::register_index_kernels();   // gather, scatter_add
 #endif
+  fuser::start_cpu_jit_early();  // last: the rest is registered before its thread runs
 }
 }  // namespace
 

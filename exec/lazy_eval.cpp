@@ -270,6 +270,9 @@ void evaluate(const std::vector<LazyRef>& requests) {
   if (log_enabled("lazy"))
     log("lazy", "materializing ", requests.size(), " value(s), ", graph_nodes,
         " nodes, because of ", detail::evaluation_reason());
+  if (recipe.kept_as_recipes > 0)
+    log("lazy", "left ", recipe.kept_as_recipes,
+        " value(s) held elsewhere as recipes, recomputed where they are read");
   exec_state().nodes_recorded_in_graphs.fetch_add(static_cast<int64_t>(graph_nodes),
                                                   std::memory_order_relaxed);
   const std::shared_ptr<PlanCacheEntry> entry = optimized_plan(recipe, graph_nodes);

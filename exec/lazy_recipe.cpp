@@ -9,9 +9,12 @@
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "jit/differentiate.h"
 #include "jit/infer.h"
 #include "jit/wire.h"
 #include "kiln/error.h"
+#include "lib/lazy_saved.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln::jit {
@@ -30,6 +33,15 @@ struct KeyOut {
     used += n;
   }
 };
+
+// Rematerialization (docs/architecture.md): a value held outside an evaluation that is not
+// requested stays a recipe, uncomputed, when its producing sub-graph is at most this many cheap
+// nodes.
+constexpr size_t kMaxRecipeNodes = 16;
+
+int64_t type_bytes(const detail::LazyType& t) {
+  return detail::shape_numel(t.sizes) * static_cast<int64_t>(element_size(t.dtype));
+}
 
 // Collects a recipe in three steps: the nodes in order, the graph inputs, the outputs.
 class Collector {
@@ -71,14 +83,24 @@ class Collector {
   }
 
   // 3. Outputs: what was requested, and every node someone outside this graph still holds (a
-  // pending tensor, a view, a later node): computing it now saves computing it again.
+  // pending tensor, a view, a later node): computing it now saves computing it again, unless it
+  // is cheaper to recompute where it is read (stays_recipe). In order, so that a producer's
+  // decision is made before its readers'.
   void add_outputs(const std::vector<LazyRef>& requests, bool keep_referenced) {
     is_output_.assign(r.order.size(), false);
     for (const LazyRef& req : requests)
       if (!req.node->computed) add_output_node(req.node);
     if (!keep_referenced) return;
-    for (const auto& n : r.order)
-      if (n.use_count() > info_.at(n.get()).internal_refs + 1) add_output_node(n);
+    find_gemm_operands();
+    for (const auto& n : r.order) {
+      const Info& info = info_.at(n.get());
+      if (is_output_[info.index] || n.use_count() <= info.internal_refs + 1) continue;
+      if (stays_recipe(n)) {
+        ++r.kept_as_recipes;
+        continue;
+      }
+      add_output_node(n);
+    }
   }
 
   Recipe r;
@@ -164,6 +186,81 @@ class Collector {
     return src;
   }
 
+  // The values a GEMM of this evaluation reads, directly or through views: they are written out
+  // for it anyway, so they are saved rather than recomputed (as jit/differentiate.cpp decides for
+  // traced backwards, where a GEMM would read them again).
+  void find_gemm_operands() {
+    for (const auto& m : r.order) {
+      if (m->op->kind != detail::OpKind::Linalg) continue;
+      for (const detail::LazyInput& in : m->inputs) {
+        const LazyNode* p = in.ref.node.get();
+        while (p && !p->computed && p->op->kind == detail::OpKind::View && !p->inputs.empty())
+          p = p->inputs[0].ref.node.get();
+        if (p && !p->computed) gemm_operands_.insert(p);
+      }
+    }
+  }
+
+  // Whether n, a pending value held outside this evaluation but not requested, stays a recipe:
+  // autograd saved it (lib/lazy_saved.h; values only the program holds are computed now, as
+  // before), no GEMM here reads it, its storage waits for it (it is a value, not a view), and its
+  // producers down to what
+  // is materialized (concrete tensors, computed nodes, this evaluation's outputs) are at most
+  // kMaxRecipeNodes cheap nodes whose inputs add fewer bytes than n would store (added_bytes), so
+  // the recipe keeps less memory alive than the value would. Iterative DFS.
+  bool stays_recipe(const std::shared_ptr<LazyNode>& n) const {
+    if (!detail::saved_for_backward(*n) || n->outputs.size() != 1 || !cheap_to_recompute(*n->op) ||
+        gemm_operands_.contains(n.get()))
+      return false;
+    const std::shared_ptr<detail::Storage> s = n->storages[0].lock();
+    if (!s || s->lazy.node != n || s->lazy.index != 0) return false;
+    const int64_t stored = type_bytes(n->outputs[0]);
+    int64_t added = 0;
+    size_t nodes = 0;
+    absl::flat_hash_set<const void*> seen{n.get()};
+    std::vector<const LazyNode*> stack{n.get()};
+    while (!stack.empty()) {
+      const LazyNode* m = stack.back();
+      stack.pop_back();
+      if (++nodes > kMaxRecipeNodes || !cheap_to_recompute(*m->op)) return false;
+      for (const detail::LazyInput& in : m->inputs) {
+        const LazyNode* p = in.ref.node.get();
+        const bool pending = p && !p->computed;
+        if (!seen.insert(pending ? static_cast<const void*>(p) : storage_of(in)).second) continue;
+        if (pending && !is_output_[info_.at(p).index])
+          stack.push_back(p);
+        else
+          added += added_bytes(in);
+      }
+      if (added >= stored) return false;
+    }
+    return true;
+  }
+
+  // The storage behind a materialized input (a concrete tensor or a computed node's result), or
+  // nullptr for an absent input or a wrapped number.
+  static const void* storage_of(const detail::LazyInput& in) {
+    const Tensor& t = in.ref.node ? in.ref.node->results.at(in.ref.index) : in.tensor;
+    return t.defined() && !t.impl()->wrapped_number ? t.impl()->storage.get() : nullptr;
+  }
+
+  // The bytes a recipe keeps alive by reading a materialized input: none for what stays alive as
+  // long anyway (a leaf that requires grad: a parameter or an input the backward differentiates
+  // to, which the program holds; a value autograd saved too, computed by this evaluation), else
+  // its size.
+  int64_t added_bytes(const detail::LazyInput& in) const {
+    const LazyNode* p = in.ref.node.get();
+    if (p && !p->computed) {
+      if (detail::saved_for_backward(*p)) return 0;
+      int64_t bytes = 0;
+      for (const detail::LazyType& t : p->outputs) bytes += type_bytes(t);
+      return bytes;
+    }
+    if (!storage_of(in) || (!p && in.tensor.requires_grad() && in.tensor.is_leaf())) return 0;
+    const Tensor& t = p ? p->results.at(in.ref.index) : in.tensor;
+    return static_cast<int64_t>(t.impl()->storage->nbytes);
+  }
+
   void add_output_node(const std::shared_ptr<LazyNode>& n) {
     const size_t at = info_.at(n.get()).index;
     if (is_output_[at]) return;
@@ -178,6 +275,7 @@ class Collector {
   absl::flat_hash_map<const LazyNode*, Info> info_;
   absl::flat_hash_map<const void*, size_t> leaf_input_;  // graph input by TensorImpl
   std::vector<bool> is_output_;
+  absl::flat_hash_set<const LazyNode*> gemm_operands_;
 };
 }  // namespace
 

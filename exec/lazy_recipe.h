@@ -34,6 +34,9 @@ struct Recipe {
   std::vector<Source> sources;             // the nodes' inputs, one after the other
   std::vector<std::pair<size_t, uint32_t>> outputs;  // (node, output)
   size_t num_constants = 0;
+  // Values held outside the evaluation that it leaves uncomputed, to be recomputed where they are
+  // read (see Collector::stays_recipe in exec/lazy_recipe.cpp).
+  size_t kept_as_recipes = 0;
   // A node it needs is claimed by an evaluation on another thread: wait for it, then collect again.
   bool busy = false;
 };

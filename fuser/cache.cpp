@@ -126,16 +126,31 @@ void DiskCache::disable(const std::string& why) {
   enabled_ = false;
 }
 
-std::string DiskCache::path_of(const std::string& key) const {
-  return dir_ + "/" + hex(key_hash(key)) + ".kernel";
+std::string DiskCache::entry_name(const std::string& key) {
+  return hex(key_hash(key));
 }
 
 std::optional<std::string> DiskCache::load(const std::string& key, uint32_t kind) {
+  const XXH128_hash_t h = key_hash(key);
+  return load_hashed(hex(h), h.low64, h.high64, kind);
+}
+
+std::optional<std::string> DiskCache::load_named(const std::string& name, uint32_t kind) {
+  // Only a name entry_name makes: it becomes a path.
+  if (name.size() != 32 || name.find_first_not_of("0123456789abcdef") != std::string::npos)
+    return std::nullopt;
+  const uint64_t high = std::stoull(name.substr(0, 16), nullptr, 16);
+  const uint64_t low = std::stoull(name.substr(16), nullptr, 16);
+  return load_hashed(name, low, high, kind);
+}
+
+std::optional<std::string> DiskCache::load_hashed(const std::string& name, uint64_t low,
+                                                  uint64_t high, uint32_t kind) {
   if (!enabled_) return std::nullopt;
-  const std::string path = path_of(key);
+  const std::string path = dir_ + "/" + name + ".kernel";
   try {
     std::string why;
-    std::optional<std::string> payload = read_entry(path, key, kind, why);
+    std::optional<std::string> payload = read_entry(path, low, high, kind, why);
     if (payload) {
       cache_state().hits.fetch_add(1);
       jit::log("cache", "disk hit ", path);
@@ -151,8 +166,9 @@ std::optional<std::string> DiskCache::load(const std::string& key, uint32_t kind
 // Opens without following a link or waiting on a FIFO, checks the file's type and size against
 // its header before reading, and reads only the length the header gives. Returns the payload,
 // or nothing with `why` empty (no entry) or saying what is wrong with it.
-std::optional<std::string> DiskCache::read_entry(const std::string& path, const std::string& key,
-                                                 uint32_t kind, std::string& why) const {
+std::optional<std::string> DiskCache::read_entry(const std::string& path, uint64_t low,
+                                                 uint64_t high, uint32_t kind,
+                                                 std::string& why) const {
   const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     if (errno != ENOENT) why = std::string("cannot open: ") + std::strerror(errno);
@@ -170,12 +186,11 @@ std::optional<std::string> DiskCache::read_entry(const std::string& path, const 
     return why = "size " + std::to_string(size) + " out of range", std::nullopt;
   std::string header(kHeaderSize, '\0');
   if (!read_fully(fd, header.data(), kHeaderSize)) return why = "unreadable", std::nullopt;
-  const XXH128_hash_t h = key_hash(key);
   if (std::memcmp(header.data(), kMagic, 8) != 0) return why = "not a kernel file", std::nullopt;
   if (get<uint32_t>(header, 8) != kFormatVersion)
     return why = "format version " + std::to_string(get<uint32_t>(header, 8)), std::nullopt;
-  if (get<uint32_t>(header, 12) != kind || get<uint64_t>(header, 16) != h.low64 ||
-      get<uint64_t>(header, 24) != h.high64)
+  if (get<uint32_t>(header, 12) != kind || get<uint64_t>(header, 16) != low ||
+      get<uint64_t>(header, 24) != high)
     return why = "another kernel's key", std::nullopt;
   const uint64_t length = get<uint64_t>(header, 32);
   if (length != size - kHeaderSize)
@@ -211,7 +226,7 @@ void DiskCache::store(const std::string& key, uint32_t kind, const std::string& 
   put<uint64_t>(data, payload.size());
   put<uint64_t>(data, XXH3_64bits(payload.data(), payload.size()));
   data += payload;
-  const std::string path = path_of(key);
+  const std::string path = dir_ + "/" + hex(h) + ".kernel";
   std::lock_guard<std::mutex> lock(cache_state().write_mutex);
   try {
     if (!write_entry(path, data)) return;

@@ -13,7 +13,7 @@
 // runs unchecked, and no entry throws or hangs. The directory is capped at KILN_CACHE_MAXSIZE bytes
 // (default 1 GiB; a size such as 512M) by deleting the least recently used files; a hit refreshes a
 // file's time. A directory that is unwritable, a file or a link loop turns the disk cache off with
-// one warning.
+// one warning. Besides objects and cubins, small entries name other entries (kCpuEntryByBuild).
 #pragma once
 
 #include <atomic>
@@ -38,12 +38,18 @@ class DiskCache {
   const std::string& directory() const { return dir_; }
   // The payload stored under `key` (any bytes; hashed to name the file), if a valid one is there.
   std::optional<std::string> load(const std::string& key, uint32_t kind);
+  // The name of the entry filed under `key` (its hash, 32 hex digits), for an entry that refers
+  // to another (kCpuEntryByBuild), and the payload of the entry with that name. The referred
+  // entry's header must carry that hash and `kind`, as in load.
+  static std::string entry_name(const std::string& key);
+  std::optional<std::string> load_named(const std::string& name, uint32_t kind);
   void store(const std::string& key, uint32_t kind, const std::string& payload);
 
  private:
   DiskCache();
-  std::string path_of(const std::string& key) const;
-  std::optional<std::string> read_entry(const std::string& path, const std::string& key,
+  std::optional<std::string> load_hashed(const std::string& name, uint64_t low, uint64_t high,
+                                         uint32_t kind);
+  std::optional<std::string> read_entry(const std::string& path, uint64_t low, uint64_t high,
                                         uint32_t kind, std::string& why) const;
   void reject(const std::string& path, const std::string& why);
   bool write_entry(const std::string& path, const std::string& data);
@@ -71,5 +77,8 @@ void register_conv_choices();
 // Payload kinds.
 constexpr uint32_t kCpuObject = 1;
 constexpr uint32_t kCudaBinary = 2;  // a cubin, or PTX (fuser/codegen/cuda/cuda_kernel.h)
+// The entry_name of a CPU kernel's kCpuObject entry, filed under the kernel's structure, the
+// target and the build of kiln and LLVM (fuser/codegen/llvm/kernel_cache.cpp).
+constexpr uint32_t kCpuEntryByBuild = 4;
 
 }  // namespace kiln::fuser

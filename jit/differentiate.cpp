@@ -23,12 +23,15 @@
 
 namespace kiln::jit {
 
-bool recompute_in_backward(const Node& n) {
-  const OpDef& op = n.op();
+bool cheap_to_recompute(const OpDef& op) {
   if (passes::is_nondeterministic(op)) return false;
-  if (n.is_constant() || op.kind == detail::OpKind::View) return true;
+  if (op.kind == detail::OpKind::View) return true;
   return (op.kind == detail::OpKind::Unary || op.kind == detail::OpKind::Binary) &&
          op.formula != nullptr;
+}
+
+bool recompute_in_backward(const Node& n) {
+  return n.is_constant() || cheap_to_recompute(n.op());
 }
 
 std::unique_ptr<Graph> extract(const Graph& g, const std::vector<const Value*>& outputs,

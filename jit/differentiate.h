@@ -64,6 +64,10 @@ struct GraphGradient {
 };
 GraphGradient differentiate(const Graph& g, std::vector<bool> wrt = {});
 
+// Ops whose result is cheap to recompute where it is read rather than saved: elementwise ops the
+// fuser has a formula for, and views; never random draws. Traced backwards (below) and lazy
+// evaluation's recipes (exec/lazy_recipe.cpp) both use it.
+bool cheap_to_recompute(const OpDef& op);
 // Whether the backward recomputes a forward value made by `n` rather than saving it.
 bool recompute_in_backward(const Node& n);
 

@@ -2,6 +2,7 @@
 // rewriting, and the backward pass.
 #include "lib/autograd.h"
 #include "lib/autograd_hooks.h"
+#include "lib/lazy_saved.h"
 
 #include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
@@ -291,6 +292,7 @@ SavedTensor::SavedTensor(const Tensor& t, bool is_output) {
   defined_ = true;
   is_output_ = is_output;
   version_ = version_of(t);
+  mark_saved_for_backward(t);
   AutogradMeta* m = autograd_meta(t);
   if (!is_output && (!m || !m->grad_fn)) {
     is_leaf_ = true;  // a leaf or a constant: no history to cut

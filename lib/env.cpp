@@ -41,6 +41,8 @@ std::vector<EnvFlag> make_table() {
       {"KILN_VERIFY", K::Bool, kVerifyDefault, nullptr, 0, "check the graph after every pass"},
       {"KILN_MAX_PENDING", K::Count, "10000", nullptr, 1,
        "pending nodes recorded before lazy mode flushes them"},
+      {"KILN_JIT_EARLY_START", K::Bool, "1", nullptr, 0,
+       "0: LLVM's JIT starts at the first CPU kernel, not on a background thread as kiln loads"},
       {"KILN_CACHE", K::Bool, "1", nullptr, 0, "0: no disk cache of compiled kernels"},
       {"KILN_CACHE_DIR", K::Path, "", nullptr, 0, "where the disk cache lives"},
       {"KILN_CACHE_MAXSIZE", K::Size, "1G", nullptr, 0, "the disk cache's cap"},
@@ -51,6 +53,8 @@ std::vector<EnvFlag> make_table() {
       {"KILN_ALLOW_TF32", K::Bool, "0", nullptr, 0, "float32 GEMMs on CUDA may use TF32"},
       {"KILN_CUDA_FAST_COMPILE", K::List, "0", "0,min,mid,max", 0,
        "NVRTC's --Ofast-compile level for generated CUDA kernels (0: fully optimized)"},
+      {"KILN_CUDA_TIERED", K::Bool, "1", nullptr, 0,
+       "a new CUDA kernel first runs a quicker-to-compile stand-in while it compiles"},
       {"KILN_CONV_ALGO", K::List, "auto", "auto,im2col,onednn", 0,
        "the convolution algorithm: auto (measured once per problem), im2col or onednn"},
       // Read by the tests and the tools' scripts: known here so that they draw no typo warning.

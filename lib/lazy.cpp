@@ -12,6 +12,7 @@
 #include "kiln/error.h"
 #include "lib/env.h"
 #include "lib/int_math.h"
+#include "lib/lazy_saved.h"
 #include "lib/pool.h"
 #include "lib/tensor_impl.h"
 
@@ -67,6 +68,9 @@ struct LazyState {
   // atomic: the pending nodes a thread may hold before they are evaluated (KILN_MAX_PENDING).
   std::atomic<int64_t> max_pending{env_int("KILN_MAX_PENDING", OnBad::Warn)};
   Evaluator evaluator = nullptr;  // set once at start (exec/init.cpp), then read-only
+  // Under mutex: the serials (never reused, unlike addresses of pooled nodes) of the uncomputed
+  // nodes whose values autograd saved (lib/lazy_saved.h).
+  absl::flat_hash_set<uint64_t> saved_for_backward;
 };
 LazyState& lazy_state() {
   static auto* s = new LazyState();
@@ -227,6 +231,7 @@ bool covers_root(const TensorImpl& impl, const LazyNode& node, uint32_t index) {
 
 LazyNode::~LazyNode() {
   LazyLock lock;
+  forget_saved_for_backward(*this);
   live_remove(this);
   release_reader_storages(*this);
   release_inputs(inputs);
@@ -235,8 +240,23 @@ LazyNode::~LazyNode() {
 void LazyNode::mark_computed(std::vector<Tensor> values) {
   results = std::move(values);
   computed = true;
+  forget_saved_for_backward(*this);
   live_remove(this);
   release_inputs(inputs);
+}
+
+void mark_saved_for_backward(const Tensor& t) {
+  if (!is_pending(t)) return;
+  LazyLock lock;
+  const LazyRef& ref = t.impl()->storage->lazy;
+  if (ref && !ref.node->computed) lazy_state().saved_for_backward.insert(ref.node->serial);
+}
+bool saved_for_backward(const LazyNode& n) {
+  return lazy_state().saved_for_backward.contains(n.serial);
+}
+void forget_saved_for_backward(const LazyNode& n) {
+  auto& saved = lazy_state().saved_for_backward;
+  if (!saved.empty()) saved.erase(n.serial);
 }
 
 void LazyLock::lock() {

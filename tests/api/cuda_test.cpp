@@ -4,6 +4,7 @@
 // jit::trace work unchanged, and the allocator's statistics follow the tensors.
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <functional>
 #include <iterator>
 #include <set>
+#include <tuple>
 
 #include "fuser/fuse.h"
 #include "jit/passes/passes.h"
@@ -154,6 +156,35 @@ TEST(Cuda, EachVariantIsABinaryOfItsOwn) {
             fuser::cuda::cuda_binary_key(g.kernel, strided, {true, false}, 90));
   EXPECT_NE(fuser::cuda::cuda_binary_key(g.kernel, strided, {true, false}, 90),
             fuser::cuda::cuda_binary_key(g.kernel, strided, {false, false}, 90));
+}
+
+// A 4-wide kernel's stand-in is its scalar loop (tiered compiles, cuda_kernel.h): the launch takes
+// a scalar binary for a call that could run 4 wide, but never a binary of another index width.
+TEST(Cuda, AScalarLoopServesAFourWideCallButNotAnotherIndexWidth) {
+  KILN_REQUIRE_GPU();
+  const fuser::FusionGroup g = mul_tanh_group({1024});
+  fuser::Layout flat;
+  flat.single_element.assign(g.kernel.input_types.size(), false);
+  const Tensor a = zeros({1024}, kCUDA), b = zeros({1024}, kCUDA), out = empty({1024}, kCUDA);
+  char* ptrs[] = {static_cast<char*>(a.raw_data_ptr()), static_cast<char*>(b.raw_data_ptr()),
+                  static_cast<char*>(out.raw_data_ptr())};
+  ASSERT_TRUE((fuser::cuda::launch_variant(g.kernel, flat, 0, 1024, nullptr, nullptr, ptrs) ==
+               fuser::cuda::CudaCallFlags{true, true}));
+  auto launch_as = [&](fuser::cuda::CudaCallFlags variant) {
+    fuser::cuda::CudaKernel k;  // no function: past the variant check, the driver refuses it
+    k.name = "kiln_test_kernel";
+    k.variant = variant;
+    try {
+      fuser::cuda::launch_elementwise(k, g.kernel, flat, 0, 1024, nullptr, nullptr, ptrs,
+                                      g.scalars.data());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("launched");
+  };
+  EXPECT_EQ(launch_as({true, false}).find("launched as variant"), std::string::npos);
+  EXPECT_NE(launch_as({false, false}).find("launched as variant"), std::string::npos);
+  EXPECT_NE(launch_as({false, true}).find("launched as variant"), std::string::npos);
 }
 #endif
 
@@ -876,6 +907,43 @@ TEST(Cuda, FusedGroupsReachTheLaunchOnTheFakeDriver) {
   EXPECT_EQ(a.to(kCPU).numel(), 128);  // the input is intact
 }
 
+#ifdef KILN_HAS_CUDA
+// A new kernel first runs its stand-in (tiered compiles, cuda_kernel.h), then the kernel compiled
+// in the background: both give the same bits, for a 4-wide flat kernel (whose stand-in is its
+// scalar loop) and a rows kernel (built with --Ofast-compile=min first).
+TEST(Cuda, ANewKernelRunsAStandInThenItsCompiledBinaryWithTheSameBits) {
+  KILN_REQUIRE_GPU();
+  if (detail::cuda::device_info(0).name.find("kiln fake") != std::string::npos)
+    GTEST_SKIP() << "the fake driver runs no generated kernel";
+  fuser::FusionGuard fusion(true);
+  fuser::cuda::set_cuda_tiered_compile(true);
+  // A structure no earlier run compiled (the test kernel cache outlives a run).
+  const auto structure = static_cast<uint64_t>(
+      std::chrono::steady_clock::now().time_since_epoch().count() ^ (int64_t{getpid()} << 32));
+  auto chain = [&](Tensor x) {
+    for (int k = 0; k < 16; ++k) x = (structure >> k) & 1 ? -x : tanh(x);
+    return x;
+  };
+  const Tensor x = testing::random_tensor({64, 1024});
+  const Tensor dx = x.to(kCUDA);
+  for (const auto& f : std::vector<std::function<Tensor(const Tensor&)>>{
+           [&](const Tensor& t) { return chain(t) * 2; },
+           [&](const Tensor& t) { return softmax(chain(t), 1); }}) {
+    const fuser::cuda::CudaCompileStats before = fuser::cuda::cuda_compile_stats();
+    const Tensor first = f(dx).to(kCPU);
+    fuser::cuda::wait_for_background_compiles();
+    const Tensor second = f(dx).to(kCPU);
+    const fuser::cuda::CudaCompileStats after = fuser::cuda::cuda_compile_stats();
+    EXPECT_EQ(after.stand_ins - before.stand_ins, 1);
+    EXPECT_EQ(after.upgrades - before.upgrades, 1);
+    EXPECT_EQ(testing::values(first), testing::values(second));
+    const Tensor expected = f(x);
+    testing::expect_close(second, testing::values(expected), expected.sizes(), kFloat32, 1e-5,
+                          1e-6);
+  }
+}
+#endif
+
 TEST(Cuda, MixingDevicesRaisesNamingBoth) {
   KILN_REQUIRE_GPU();
   const Tensor a = ones({2, 2}), b = ones({2, 2}, kCUDA);
@@ -982,8 +1050,10 @@ TEST(Cuda, KernelCacheChildWorkload) {
     const Tensor y = randint(4, {64}).to(kCUDA);
     eval(traced_training_step(layer, sgd, a, y)({a, y}));
   });
+  fuser::cuda::wait_for_background_compiles();  // tiered compiles (cuda_kernel.h)
   const fuser::cuda::CudaCompileStats stats = fuser::cuda::cuda_compile_stats();
-  std::cerr << "nvrtc compiles " << stats.compiles << " disk hits " << stats.disk_hits << "\n";
+  std::cerr << "nvrtc compiles " << stats.compiles << " disk hits " << stats.disk_hits
+            << " stand-ins " << stats.stand_ins << "\n";
 }
 
 // A second process finds every kernel the first one compiled in the disk cache: no NVRTC call.
@@ -1008,19 +1078,22 @@ TEST(Cuda, ASecondProcessLoadsEveryKernelFromDisk) {
   auto counts = [](const std::string& log) {
     const size_t at = log.find("nvrtc compiles ");
     EXPECT_NE(at, std::string::npos) << log;
-    int64_t compiles = -1, hits = -1;
+    int64_t compiles = -1, hits = -1, stand_ins = -1;
     if (at != std::string::npos)
-      std::sscanf(log.c_str() + at, "nvrtc compiles %ld disk hits %ld", &compiles, &hits);
-    return std::pair{compiles, hits};
+      std::sscanf(log.c_str() + at, "nvrtc compiles %ld disk hits %ld stand-ins %ld", &compiles,
+                  &hits, &stand_ins);
+    return std::tuple{compiles, hits, stand_ins};
   };
   const std::string first_log = run_child();
-  const auto [compiled, first_hits] = counts(first_log);
+  const auto [compiled, first_hits, stand_ins] = counts(first_log);
   EXPECT_GE(compiled, 4) << first_log;
   EXPECT_EQ(first_hits, 0) << first_log;
   const std::string second_log = run_child();
-  const auto [recompiled, hits] = counts(second_log);
+  const auto [recompiled, hits, second_stand_ins] = counts(second_log);
   EXPECT_EQ(recompiled, 0) << second_log;
-  EXPECT_EQ(hits, compiled) << second_log;
+  EXPECT_EQ(second_stand_ins, 0) << second_log;
+  // The first process compiled each binary the second needs, and a stand-in before some of them.
+  EXPECT_EQ(hits, compiled - stand_ins) << first_log << second_log;
   if (detail::cuda::device_info(0).name.find("kiln fake") == std::string::npos) {
     EXPECT_EQ(second_log.find("error in "), std::string::npos) << second_log;
   }

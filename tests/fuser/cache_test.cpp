@@ -126,25 +126,71 @@ class KernelCache : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string env() const { return "KILN_CACHE_DIR='" + dir_.string() + "'"; }
-  std::vector<fs::path> entries() const {
+  // The kernels' objects (kCpuObject entries), or the entries naming them by kernel and build.
+  std::vector<fs::path> entries(uint32_t kind = fuser::kCpuObject) const {
     std::vector<fs::path> out;
     if (fs::exists(dir_))
       for (const auto& e : fs::directory_iterator(dir_))
-        if (e.path().extension() == ".kernel") out.push_back(e.path());
+        if (e.path().extension() == ".kernel" && kind_of(e.path()) == kind) out.push_back(e.path());
     return out;
+  }
+  static uint32_t kind_of(const fs::path& p) {
+    uint32_t kind = 0;  // the header's third field (fuser/cache.h)
+    std::ifstream in(p, std::ios::binary);
+    in.seekg(12);
+    in.read(reinterpret_cast<char*>(&kind), sizeof kind);
+    return in ? kind : 0;
   }
   fs::path dir_;
 };
 
+size_t count(const std::string& text, const std::string& s) {
+  size_t n = 0;
+  for (size_t p = text.find(s); p != std::string::npos; p = text.find(s, p + 1)) ++n;
+  return n;
+}
+constexpr const char* kFoundByBuild = "by its kernel and this build (not emitted)";
+
+// The second process finds each kernel by its structure and this build, without emitting it.
 TEST_F(KernelCache, ASecondProcessCompilesNothing) {
   ChildResult first = run_child(env());
   EXPECT_EQ(first.compiled, 3) << first.output;
   EXPECT_EQ(first.disk, 0) << first.output;
   EXPECT_EQ(entries().size(), 3u);
-  ChildResult second = run_child(env());
+  EXPECT_EQ(entries(fuser::kCpuEntryByBuild).size(), 3u);
+  ChildResult second = run_child("KILN_LOG=cache " + env());
   EXPECT_EQ(second.compiled, 0) << second.output;
   EXPECT_EQ(second.disk, 3) << second.output;
+  EXPECT_EQ(count(second.output, kFoundByBuild), 3u) << second.output;
   EXPECT_EQ(second.digest, first.digest) << "a kernel from disk computed something else";
+}
+
+// An entry by build that names another kernel's object (which links, without this kernel's
+// symbol), or an entry that is gone: the kernel is emitted and found under its code's key (or
+// compiled), and the entry by build is filed again.
+TEST_F(KernelCache, AnEntryByBuildNamingAnotherKernelOrNothingFallsBackToTheEmittedCode) {
+  const ChildResult reference = run_child(env());
+  const std::vector<fs::path> by_build = entries(fuser::kCpuEntryByBuild);
+  ASSERT_EQ(by_build.size(), 3u);
+  std::vector<std::string> contents;
+  for (const fs::path& p : by_build) {
+    std::ifstream in(p, std::ios::binary);
+    contents.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>{});
+  }
+  for (size_t i = 0; i < by_build.size(); ++i)
+    std::ofstream(by_build[i], std::ios::binary | std::ios::trunc)
+        << contents[(i + 1) % contents.size()];
+  ChildResult r = run_child("KILN_LOG=cache " + env());
+  EXPECT_EQ(r.compiled, 0) << r.output;
+  EXPECT_EQ(r.disk, 3) << r.output;
+  EXPECT_EQ(count(r.output, kFoundByBuild), 0u) << r.output;
+  EXPECT_EQ(r.digest, reference.digest);
+  ChildResult again = run_child("KILN_LOG=cache " + env());
+  EXPECT_EQ(count(again.output, kFoundByBuild), 3u) << "not filed again\n" << again.output;
+  for (const fs::path& p : entries()) fs::remove(p);
+  ChildResult gone = run_child(env());
+  EXPECT_EQ(gone.compiled, 3) << gone.output;
+  EXPECT_EQ(gone.digest, reference.digest);
 }
 
 TEST_F(KernelCache, BadEntriesAreDeletedAndRecompiledNeverRun) {

@@ -29,8 +29,10 @@
 //     whose parameters and batch live on the device; h2d_bytes and d2h_bytes per step (target 0).
 //   BM_CudaNvrtcCompile: NVRTC compiling a new 10-op elementwise kernel (its 32-bit, 4-wide
 //     variant) to a cubin for sm_90 (runs without a GPU; target <= 100 ms);
-//     BM_CudaNvrtcCompileSoftmax: the same for a new softmax rows kernel; BM_CudaDiskCacheLoad:
-//     finding the 10-op cubin in the disk cache.
+//     BM_CudaNvrtcCompileSoftmax: the same for a new softmax rows kernel;
+//     BM_CudaNvrtcFirstBinary{,Softmax}: the same kernels' time to a runnable binary with tiered
+//     compiles (the stand-in's compile; the wanted binary compiles in the background);
+//     BM_CudaDiskCacheLoad: reading the 10-op cubin from the disk cache.
 #include <benchmark/benchmark.h>
 
 #include <atomic>
@@ -68,11 +70,21 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// Waits for the kernels compiling in the background, so that what is timed is what runs once
+// they are ready (their stand-ins are the first calls' only).
+void settle_compiles() {
+#ifdef KILN_HAS_CUDA
+  fuser::cuda::wait_for_background_compiles();
+#endif
+}
+
 // Runs `call` kCalls times per iteration without waiting, then waits for the device; returns the
 // seconds of one call and prints per_call_ms, bytes/s and of_copy (bytes: one call's).
 template <typename F>
 double queued(benchmark::State& state, double bytes, F&& call) {
-  call();  // compiles, warms the allocator
+  call();  // compiles (stand-ins first: fuser/codegen/cuda/cuda_kernel.h), warms the allocator
+  settle_compiles();
+  call();  // the compiled kernels replace their stand-ins
   cuda::synchronize(0);
   double total = 0;
   for (auto _ : state) {
@@ -291,6 +303,8 @@ void BM_CudaReplay10Ops(benchmark::State& state, bool wait_each) {
   const Tensor x = randn({1}).to(kCUDA);
   jit::Function f = jit::trace(ten_ops, {x});
   eval(f({x}));
+  settle_compiles();
+  eval(f({x}));
   cuda::synchronize(0);
   const int64_t launches = detail::cuda::launch_count();
   const detail::cuda::TransferCounts moved = detail::cuda::transfer_counts();
@@ -405,29 +419,66 @@ fuser::FusionGroup softmax_group(int64_t variant) {
   KILN_FAIL("bench: the softmax has no rows group");
 }
 
+fuser::Layout rows_layout(const fuser::FusionGroup& group) {
+  fuser::Layout layout;
+  layout.flat = false;
+  layout.rows = true;
+  layout.rank = 1;
+  layout.inner.assign(group.kernel.input_types.size() + group.kernel.outputs.size(),
+                      fuser::Layout::kUnit);
+  return layout;
+}
+
 void BM_CudaNvrtcCompileSoftmax(benchmark::State& state) {
   for (auto _ : state) {
     state.PauseTiming();
     const fuser::FusionGroup group = softmax_group(g_variant++);
-    fuser::Layout layout;
-    layout.flat = false;
-    layout.rows = true;
-    layout.rank = 1;
-    layout.inner.assign(group.kernel.input_types.size() + group.kernel.outputs.size(),
-                        fuser::Layout::kUnit);
+    const fuser::Layout layout = rows_layout(group);
     state.ResumeTiming();
     benchmark::DoNotOptimize(fuser::cuda::cuda_binary(group.kernel, layout, {true, false}, 90));
   }
 }
 BENCHMARK(BM_CudaNvrtcCompileSoftmax)->Unit(benchmark::kMillisecond)->Iterations(10);
 
+// What a launch of a new kernel waits for with tiered compiles (on by default): the stand-in's
+// compile, while the wanted binary compiles on a background thread (waited for untimed, so that
+// iterations do not share the cores). stand_ins counts the stand-ins served (one per iteration).
+void first_binary(benchmark::State& state, bool rows) {
+  fuser::cuda::set_cuda_tiered_compile(true);
+  const int64_t before = fuser::cuda::cuda_compile_stats().stand_ins;
+  for (auto _ : state) {
+    state.PauseTiming();
+    fuser::cuda::wait_for_background_compiles();
+    const fuser::FusionGroup group = rows ? softmax_group(g_variant++) : ten_op_group(g_variant++);
+    fuser::Layout layout = rows ? rows_layout(group) : fuser::Layout{};
+    if (!rows) layout.single_element.assign(group.kernel.input_types.size(), false);
+    state.ResumeTiming();
+    benchmark::DoNotOptimize(fuser::cuda::cuda_binary_now(group.kernel, layout, {true, !rows}, 90));
+  }
+  fuser::cuda::wait_for_background_compiles();
+  state.counters["stand_ins"] =
+      static_cast<double>(fuser::cuda::cuda_compile_stats().stand_ins - before);
+}
+void BM_CudaNvrtcFirstBinary(benchmark::State& state) {
+  first_binary(state, false);
+}
+BENCHMARK(BM_CudaNvrtcFirstBinary)->Unit(benchmark::kMillisecond)->Iterations(20);
+void BM_CudaNvrtcFirstBinarySoftmax(benchmark::State& state) {
+  first_binary(state, true);
+}
+BENCHMARK(BM_CudaNvrtcFirstBinarySoftmax)->Unit(benchmark::kMillisecond)->Iterations(10);
+
 void BM_CudaDiskCacheLoad(benchmark::State& state) {
   const fuser::FusionGroup group = ten_op_group(g_variant++);
   fuser::Layout layout;
   layout.single_element.assign(group.kernel.input_types.size(), false);
   fuser::cuda::cuda_binary(group.kernel, layout, {true, true}, 90);  // compiles and stores it
-  const std::string key = fuser::cuda::cuda_binary_key(group.kernel, layout, {true, true}, 90);
-  if (!fuser::DiskCache::instance().enabled()) {
+  // The disk files a binary under its source (cuda_kernel.h).
+  const std::string symbol =
+      fuser::kernel_symbol(fuser::kernel_key(group.kernel, layout), group.kernel);
+  const std::string key = fuser::cuda::cuda_disk_key(
+      fuser::cuda::cuda_source(group.kernel, layout, symbol, {true, true}), 90, false);
+  if (!fuser::DiskCache::instance().load(key, fuser::kCudaBinary)) {
     state.SkipWithError("the disk cache is off (KILN_CACHE=0 or an unwritable directory)");
     return;
   }

@@ -3,6 +3,7 @@
 #include "fuser/codegen/cuda/cuda_kernel.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -10,7 +11,9 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "fuser/cache.h"
+#include "fuser/codegen/cuda/background_compiles.h"
 #include "fuser/codegen/cuda/cuda_codegen.h"
 #include "fuser/codegen/cuda/nvrtc.h"
 #include "fuser/fuse.h"
@@ -18,6 +21,7 @@
 #include "jit/log.h"
 #include "kiln/error.h"
 #include "lib/cuda_driver.h"
+#include "lib/env.h"
 #include "lib/profiler.h"
 #include "lib/stats_registry.h"
 
@@ -29,6 +33,8 @@ struct CudaKernelState {
   std::mutex mu;
   // Binaries by their key (cuda_binary_key, source_binary_key).
   absl::flat_hash_map<std::string, std::shared_ptr<const CudaBinary>> binaries;  // guarded by mu
+  // Keys whose background compile failed: their stand-ins serve for good.
+  absl::flat_hash_set<std::string> failed;  // guarded by mu
   // Loaded modules by (device, binary key).
   absl::flat_hash_map<std::string, std::shared_ptr<detail::cuda::Module>> modules;  // guarded by mu
   CudaCompileStats stats;                                                           // guarded by mu
@@ -81,58 +87,101 @@ std::string cuda_disk_key(const std::string& source, int arch, bool ptx) {
 }
 
 namespace {
+// One binary's compile: where it is filed and what NVRTC builds it from.
+struct BinaryJob {
+  std::string key;  // in memory (cuda_binary_key, source_binary_key)
+  std::string symbol;
+  int arch = 0;
+  bool ptx = false;
+  std::string source;
+  std::vector<std::string> options = cuda_compile_options();
+  bool to_disk = true;  // stand-ins compiled with other options stay in memory
+};
+
+BinaryJob binary_job(const std::string& key, const std::string& symbol, int sm,
+                     std::string source) {
+  BinaryJob job;
+  job.key = key;
+  job.symbol = symbol;
+  job.arch = target_arch(sm, &job.ptx);
+  job.source = std::move(source);
+  return job;
+}
+
+// The binary filed in memory under `key`, or nullptr; a lookup for a launch counts as a hit.
+std::shared_ptr<const CudaBinary> memory_binary(const std::string& key, bool count_hit = true) {
+  CudaKernelState& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.binaries.find(key);
+  if (it == s.binaries.end()) return nullptr;
+  if (count_hit) ++s.stats.memory_hits;
+  return it->second;
+}
+
+std::shared_ptr<const CudaBinary> file_in_memory(const std::string& key,
+                                                 std::shared_ptr<const CudaBinary> binary) {
+  CudaKernelState& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.binaries.emplace(key, std::move(binary)).first->second;
+}
+
+// The binary the disk cache holds for the job (then filed in memory), or nullptr. On disk, a
+// binary is filed under the source it was compiled from (with the target, the compiler and its
+// options): a change of the code generator's output can never load a binary built from other code.
+// `span` (the caller's "compile") is renamed for a hit.
+std::shared_ptr<const CudaBinary> disk_binary(const BinaryJob& job, detail::ProfileSpan& span) {
+  std::optional<std::string> image =
+      DiskCache::instance().load(cuda_disk_key(job.source, job.arch, job.ptx), kCudaBinary);
+  if (!image) return nullptr;
+  span.set_name("kernel.disk_load");
+  span.set_category(profiler::Category::kCache);
+  auto binary = std::make_shared<CudaBinary>(CudaBinary{std::move(*image), job.symbol, job.ptx});
+  {
+    std::lock_guard<std::mutex> lock(state().mu);
+    ++state().stats.disk_hits;
+  }
+  return file_in_memory(job.key, std::move(binary));
+}
+
+// Whether an NVRTC compile has returned in this process (see runnable_binary).
+std::atomic<bool> g_compiled{false};
+
+// NVRTC's build of the job, filed in memory and (unless a stand-in) on disk.
+std::shared_ptr<const CudaBinary> compile_binary(const BinaryJob& job) {
+  jit::log("cuda", "source of ", job.symbol, ":\n", job.source);
+  const auto start = std::chrono::steady_clock::now();
+  CudaCompiled out = nvrtc_compile(job.source, job.symbol, job.arch,
+                                   job.ptx ? CudaOutput::kPtx : CudaOutput::kCubin, job.options);
+  g_compiled.store(true);
+  if (!out.log.empty()) jit::log("codegen", "NVRTC log for ", job.symbol, ": ", out.log);
+  auto binary = std::make_shared<CudaBinary>(CudaBinary{std::move(out.code), job.symbol, job.ptx});
+  if (job.to_disk)
+    DiskCache::instance().store(cuda_disk_key(job.source, job.arch, job.ptx), kCudaBinary,
+                                binary->image);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  {
+    std::lock_guard<std::mutex> lock(state().mu);
+    ++state().stats.compiles;
+    state().stats.compile_seconds += seconds;
+  }
+  return file_in_memory(job.key, std::move(binary));
+}
+
 // The binary filed under `key` (which names the target and compiler), from memory, the disk cache,
 // or NVRTC compiling source() for sm.
 CudaBinary compile_cached(const std::string& key, const std::string& symbol, int sm,
                           const std::function<std::string()>& source, bool* from_disk) {
   if (from_disk) *from_disk = false;
-  CudaKernelState& s = state();
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
-    auto it = s.binaries.find(key);
-    if (it != s.binaries.end()) {
-      ++s.stats.memory_hits;
-      return *it->second;
-    }
-  }
-  auto binary = std::make_shared<CudaBinary>();
-  binary->symbol = symbol;
-  bool ptx = false;
-  const int arch = target_arch(sm, &ptx);
-  binary->ptx = ptx;
+  if (auto binary = memory_binary(key)) return *binary;
   detail::ProfileSpan span("compile");
-  span.set_detail(binary->symbol);
-  // On disk, the binary is filed under the source it was compiled from (with the target, the
-  // compiler and its options): a change of the code generator's output can never load a binary
-  // built from other code.
-  const std::string code = source();
-  const std::string disk_key = cuda_disk_key(code, arch, ptx);
-  std::optional<std::string> cached = DiskCache::instance().load(disk_key, kCudaBinary);
-  if (cached) {
-    binary->image = std::move(*cached);
-    span.set_name("kernel.disk_load");
-    span.set_category(profiler::Category::kCache);
+  span.set_detail(symbol);
+  const BinaryJob job = binary_job(key, symbol, sm, source());
+  if (auto binary = disk_binary(job, span)) {
     if (from_disk) *from_disk = true;
-    std::lock_guard<std::mutex> lock(s.mu);
-    ++s.stats.disk_hits;
-  } else {
-    jit::log("cuda", "source of ", binary->symbol, ":\n", code);
-    const auto start = std::chrono::steady_clock::now();
-    CudaCompiled out =
-        nvrtc_compile(code, binary->symbol, arch, ptx ? CudaOutput::kPtx : CudaOutput::kCubin,
-                      cuda_compile_options());
-    if (!out.log.empty()) jit::log("codegen", "NVRTC log for ", binary->symbol, ": ", out.log);
-    binary->image = std::move(out.code);
-    DiskCache::instance().store(disk_key, kCudaBinary, binary->image);
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::lock_guard<std::mutex> lock(s.mu);
-    ++s.stats.compiles;
-    s.stats.compile_seconds += seconds;
+    return *binary;
   }
-  std::lock_guard<std::mutex> lock(s.mu);
-  s.binaries.emplace(key, binary);
-  return *binary;
+  return *compile_binary(job);
 }
 
 // The binary loaded on `device` (one module per device and key) and its entry points.
@@ -188,6 +237,149 @@ CudaKernel cuda_kernel(const Kernel& kernel, const Layout& layout, CudaCallFlags
                      variant);
 }
 
+namespace {
+// -1 until KILN_CUDA_TIERED is read, then 0 or 1 (set_cuda_tiered_compile overrides).
+std::atomic<int> g_tiered{-1};
+
+bool tiered_compile() {
+  int on = g_tiered.load(std::memory_order_relaxed);
+  if (on < 0) {
+    on = detail::env_bool("KILN_CUDA_TIERED") ? 1 : 0;
+    int unread = -1;
+    if (!g_tiered.compare_exchange_strong(unread, on)) on = unread;
+  }
+  return on == 1;
+}
+
+// Whether a quicker-to-compile binary can stand in for (layout, variant)'s: a 4-wide flat
+// kernel's scalar loop (the body once, where the 4-wide loop and its tail inline it five times),
+// or a rows kernel compiled with NVRTC's --Ofast-compile=min (unless KILN_CUDA_FAST_COMPILE
+// already gives a level).
+bool has_stand_in(const Layout& layout, CudaCallFlags variant, const BinaryJob& job) {
+  if (!layout.rows) return variant.vec;
+  return std::none_of(job.options.begin(), job.options.end(),
+                      [](const std::string& o) { return o.rfind("--Ofast-compile", 0) == 0; });
+}
+
+// A binary to run and the key and variant it was filed under.
+struct Runnable {
+  std::shared_ptr<const CudaBinary> binary;
+  std::string key;
+  CudaCallFlags variant;
+  bool stand_in = false;
+};
+
+// The stand-in for `job`'s binary (has_stand_in), through the caches.
+Runnable stand_in(const Kernel& kernel, const Layout& layout, CudaCallFlags variant, int sm,
+                  const BinaryJob& job) {
+  if (!layout.rows) {
+    variant.vec = false;
+    return {std::make_shared<const CudaBinary>(cuda_binary(kernel, layout, variant, sm)),
+            cuda_binary_key(kernel, layout, variant, sm), variant, true};
+  }
+  BinaryJob quick = job;
+  quick.key += "|stand-in";
+  quick.options.push_back("--Ofast-compile=min");
+  quick.to_disk = false;
+  std::shared_ptr<const CudaBinary> binary = memory_binary(quick.key);
+  return {binary ? binary : compile_binary(quick), quick.key, variant, true};
+}
+
+// Compiles `job` on a background thread (once per key), filing it in memory and on disk; a key
+// whose compile fails is remembered, so that its stand-in serves for good.
+void compile_in_background(const BinaryJob& job) {
+  BackgroundCompiles::instance().submit(job.key, [job] {
+    if (memory_binary(job.key, false)) return;
+    try {
+      compile_binary(job);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(state().mu);
+      state().failed.insert(job.key);
+      throw;  // logged by the queue
+    }
+    std::lock_guard<std::mutex> lock(state().mu);
+    ++state().stats.background_compiles;
+  });
+}
+
+// The binary for (kernel, layout, variant) from the caches; else, where a stand-in exists and
+// tiered compiles are on, the stand-in while the binary compiles in the background; else NVRTC's
+// build now.
+Runnable runnable_binary(const Kernel& kernel, const Layout& layout, CudaCallFlags variant,
+                         int sm) {
+  variant = cuda_variant(kernel, layout, variant);
+  const std::string key = cuda_binary_key(kernel, layout, variant, sm);
+  if (auto binary = memory_binary(key)) return {binary, key, variant};
+  const std::string symbol = kernel_symbol(kernel_key(kernel, layout), kernel);
+  detail::ProfileSpan span("compile");
+  span.set_detail(symbol);
+  const BinaryJob job = binary_job(key, symbol, sm, cuda_source(kernel, layout, symbol, variant));
+  if (auto binary = disk_binary(job, span)) return {binary, key, variant};
+  if (!tiered_compile() || !has_stand_in(layout, variant, job))
+    return {compile_binary(job), key, variant};
+  // Queued first where the host has cores to spare, so that it compiles beside the stand-in; but
+  // not before this process's first compile has returned: the queue's exit handler (which waits
+  // for running compiles) must be registered after the exit handlers of what NVRTC sets up on its
+  // first compile, or those would tear NVRTC down under a compile still running at exit.
+  const bool nvrtc_started = g_compiled.load();
+  if (nvrtc_started) compile_in_background(job);
+  Runnable quick = stand_in(kernel, layout, variant, sm, job);
+  if (!nvrtc_started) compile_in_background(job);
+  std::lock_guard<std::mutex> lock(state().mu);
+  ++state().stats.stand_ins;
+  return quick;
+}
+
+CudaKernel load_runnable(const Runnable& r, const Kernel& kernel, const Layout& layout,
+                         int device) {
+  CudaKernel k = load_cached(r.key, *r.binary, device, layout.rows && kernel.num_globals > 0,
+                             layout.rows && kernel.num_columns() > 0, r.variant);
+  k.stand_in = r.stand_in;
+  return k;
+}
+}  // namespace
+
+void set_cuda_tiered_compile(bool on) {
+  g_tiered.store(on ? 1 : 0);
+}
+
+void wait_for_background_compiles() {
+  BackgroundCompiles::instance().wait_idle();
+}
+
+CudaBinary cuda_binary_now(const Kernel& kernel, const Layout& layout, CudaCallFlags variant,
+                           int sm, bool* stand_in) {
+  const Runnable r = runnable_binary(kernel, layout, variant, sm);
+  if (stand_in) *stand_in = r.stand_in;
+  return *r.binary;
+}
+
+CudaKernel cuda_kernel_tiered(const Kernel& kernel, const Layout& layout, CudaCallFlags variant,
+                              int device) {
+  const int sm = detail::cuda::device_info(device).sm;
+  return load_runnable(runnable_binary(kernel, layout, variant, sm), kernel, layout, device);
+}
+
+std::optional<CudaKernel> cuda_kernel_if_ready(const Kernel& kernel, const Layout& layout,
+                                               CudaCallFlags variant, int device,
+                                               const CudaKernel& stand_in) {
+  const int sm = detail::cuda::device_info(device).sm;
+  variant = cuda_variant(kernel, layout, variant);
+  const std::string key = cuda_binary_key(kernel, layout, variant, sm);
+  if (auto binary = memory_binary(key, false)) {
+    {
+      std::lock_guard<std::mutex> lock(state().mu);
+      ++state().stats.upgrades;
+    }
+    return load_runnable({binary, key, variant}, kernel, layout, device);
+  }
+  std::lock_guard<std::mutex> lock(state().mu);
+  if (!state().failed.contains(key)) return std::nullopt;
+  CudaKernel kept = stand_in;
+  kept.stand_in = false;
+  return kept;
+}
+
 std::string source_binary_key(const std::string& name, int sm) {
   bool ptx = false;
   const int arch = target_arch(sm, &ptx);
@@ -213,10 +405,10 @@ namespace kiln::fuser {
 void register_cuda_codegen_stats() {
   detail::register_stats("cuda_codegen", [] {
     const cuda::CudaCompileStats s = cuda::cuda_compile_stats();
-    return detail::StatValues{{"compiles", s.compiles},
-                              {"disk_hits", s.disk_hits},
-                              {"memory_hits", s.memory_hits},
-                              {"compile_seconds", s.compile_seconds}};
+    return detail::StatValues{
+        {"compiles", s.compiles},       {"disk_hits", s.disk_hits},
+        {"memory_hits", s.memory_hits}, {"compile_seconds", s.compile_seconds},
+        {"stand_ins", s.stand_ins},     {"background_compiles", s.background_compiles}};
   });
 }
 

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,9 @@ struct CudaCompileStats {
   int64_t disk_hits = 0;
   int64_t memory_hits = 0;
   double compile_seconds = 0;
+  int64_t stand_ins = 0;            // stand-in binaries served while the wanted one compiled
+  int64_t background_compiles = 0;  // binaries compiled in the background and filed
+  int64_t upgrades = 0;             // loaded kernels that replaced their stand-ins
 };
 CudaCompileStats cuda_compile_stats();
 
@@ -54,9 +58,30 @@ struct CudaKernel {
   std::shared_ptr<const void> owner;
   const char* name = nullptr;
   CudaCallFlags variant;  // the calls it is right for (launch_* check it)
+  bool stand_in = false;  // cuda_kernel_tiered: serves while the wanted binary compiles
 };
 CudaKernel cuda_kernel(const Kernel& kernel, const Layout& layout, CudaCallFlags variant,
                        int device);
+
+// Tiered compiles (KILN_CUDA_TIERED, on by default): a kernel whose binary is in neither cache
+// first runs a stand-in that NVRTC builds in about half the time and that computes the same bits
+// (a 4-wide flat kernel's scalar loop; a rows kernel compiled with --Ofast-compile=min), while the
+// wanted binary compiles on a background thread and is filed in memory and on disk. The process
+// waits for those compiles when it exits.
+//   cuda_binary_now: the binary to run now (`stand_in` tells which), needing no GPU.
+//   cuda_kernel_tiered: the same, loaded on `device` (CudaKernel::stand_in set for a stand-in).
+//   cuda_kernel_if_ready: for a stand-in, the wanted kernel once its binary is ready, or the
+//     stand-in marked final when its compile failed (logged under KILN_LOG=codegen); else nullopt.
+CudaBinary cuda_binary_now(const Kernel& kernel, const Layout& layout, CudaCallFlags variant,
+                           int sm, bool* stand_in = nullptr);
+CudaKernel cuda_kernel_tiered(const Kernel& kernel, const Layout& layout, CudaCallFlags variant,
+                              int device);
+std::optional<CudaKernel> cuda_kernel_if_ready(const Kernel& kernel, const Layout& layout,
+                                               CudaCallFlags variant, int device,
+                                               const CudaKernel& stand_in);
+// Tests and benchmarks: turn tiered compiles on or off, and wait for the background compiles.
+void set_cuda_tiered_compile(bool on);
+void wait_for_background_compiles();
 
 // The variant a launch of (kernel, layout) on `device` needs (what launch_elementwise and
 // launch_rows pass the same arguments to): the key, with the layout, of a launcher's loaded

@@ -149,9 +149,11 @@ void launch_elementwise(const CudaKernel& fn, const Kernel& kernel, const Layout
                                      detail::cuda::device_info(device).multiprocessors);
   // A 32-bit binary on a call that needs 64 bits, or a 4-wide one on misaligned pointers, would
   // compute wrong elements without a fault: a launcher that cached the wrong variant must fail.
-  KILN_CHECK(call.variant == fn.variant, "CUDA: ", fn.name, " launched as variant index32 ",
-             fn.variant.index32, " vec ", fn.variant.vec, " for a call that needs index32 ",
-             call.variant.index32, " vec ", call.variant.vec);
+  // The scalar loop serves any call of its index width (a 4-wide kernel's stand-in).
+  const bool scalar_serves = !fn.variant.vec && fn.variant.index32 == call.variant.index32;
+  KILN_CHECK(call.variant == fn.variant || scalar_serves, "CUDA: ", fn.name,
+             " launched as variant index32 ", fn.variant.index32, " vec ", fn.variant.vec,
+             " for a call that needs index32 ", call.variant.index32, " vec ", call.variant.vec);
   detail::cuda::launch(device, fn.fn, {call.grid, call.block, 0}, call.args.data(), fn.name);
 }
 

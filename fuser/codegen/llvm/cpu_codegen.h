@@ -44,6 +44,13 @@ struct CompileStats {
 // the least recently used. An evicted kernel's code stays loaded while a CompiledKernel of it
 // lives.
 
+// Starts LLVM's JIT (host detection, target machine, LLJIT) on a background thread, so that the
+// first kernel, compiled or found in the disk cache, finds it started or waits only for the rest.
+// Called once as kiln loads (exec/init.cpp); a second call does nothing. Nothing starts with
+// KILN_LAZY=0 (nothing is fused on the CPU) or KILN_JIT_EARLY_START=0 (then LLVM starts at the
+// first kernel). The thread is joined at exit and before a fork.
+void start_cpu_jit_early();
+
 // The machine code for (kernel, layout): found in the cache, or generated and compiled now.
 // Thread-safe; lookups run beside a compilation, compilations are serialized.
 CompiledKernel cpu_kernel(const Kernel& kernel, const Layout& layout);

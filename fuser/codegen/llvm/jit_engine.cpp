@@ -4,7 +4,12 @@
 // verified, optimized, compiled (and dumped under KILN_DUMP) and linked.
 #include "fuser/codegen/llvm/jit_engine.h"
 
+#include <elf.h>
+#include <link.h>
+
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <optional>
 #include <utility>
@@ -56,6 +61,56 @@ std::string layout_text(const Layout& layout) {
   if (layout.rows) return "rows layout, rank " + std::to_string(layout.rank);
   if (layout.flat) return "flat layout";
   return "strided layout, rank " + std::to_string(layout.rank);
+}
+
+// The GNU build ID (hex) of the loaded object holding `address`, or "" where it has none.
+std::string build_id_of(const void* address) {
+  struct Search {
+    uintptr_t address;
+    std::string id;
+  } search{reinterpret_cast<uintptr_t>(address), {}};
+  auto visit = [](dl_phdr_info* info, size_t, void* data) {
+    Search& s = *static_cast<Search*>(data);
+    bool holds = false;
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+      const ElfW(Phdr)& p = info->dlpi_phdr[i];
+      const uintptr_t start = info->dlpi_addr + p.p_vaddr;
+      holds |= p.p_type == PT_LOAD && s.address >= start && s.address < start + p.p_memsz;
+    }
+    if (!holds) return 0;
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+      const ElfW(Phdr)& p = info->dlpi_phdr[i];
+      if (p.p_type != PT_NOTE) continue;
+      const char* at = reinterpret_cast<const char*>(info->dlpi_addr + p.p_vaddr);
+      const char* end = at + p.p_memsz;
+      while (at + sizeof(ElfW(Nhdr)) <= end) {
+        const auto* note = reinterpret_cast<const ElfW(Nhdr)*>(at);
+        const char* name = at + sizeof(ElfW(Nhdr));
+        const char* desc = name + ((note->n_namesz + 3) & ~3u);
+        if (desc + note->n_descsz > end) break;
+        if (note->n_type == NT_GNU_BUILD_ID && note->n_namesz == 4 &&
+            std::memcmp(name, "GNU", 4) == 0) {
+          for (uint32_t b = 0; b < note->n_descsz; ++b) {
+            char byte[3];
+            std::snprintf(byte, sizeof byte, "%02x", static_cast<unsigned char>(desc[b]));
+            s.id += byte;
+          }
+          return 1;
+        }
+        at = desc + ((note->n_descsz + 3) & ~3u);
+      }
+    }
+    return 1;
+  };
+  dl_iterate_phdr(visit, &search);
+  return search.id;
+}
+
+// kiln's build (the emitter's code) and LLVM's, or "" where either has no build ID.
+std::string build_ids() {
+  const std::string kiln = build_id_of(reinterpret_cast<const void*>(&emit_kernel));
+  const std::string llvm = build_id_of(reinterpret_cast<const void*>(&llvm::verifyModule));
+  return kiln.empty() || llvm.empty() ? "" : "kiln " + kiln + "|LLVM " + llvm;
 }
 
 }  // namespace
@@ -110,6 +165,7 @@ void JitEngine::read_host_features() {
   // Everything besides the kernel that decides the machine code: part of every cache key.
   target_key_ = target_->getTargetTriple().str() + "|" + target_->getTargetCPU().str() + "|" +
                 target_->getTargetFeatureString().str() + "|LLVM " LLVM_VERSION_STRING;
+  build_ids_ = build_ids();
 }
 
 Emitted JitEngine::emit_module(const std::string& name, const Kernel& k,
@@ -137,6 +193,11 @@ Emitted JitEngine::emit_module(const std::string& name, const Kernel& k,
 
 std::string JitEngine::disk_key_of(const llvm::Module& module) const {
   return module_text(module) + "|" + target_key_;
+}
+
+std::string JitEngine::build_key_of(const std::string& kernel_key) const {
+  if (build_ids_.empty()) return "";
+  return "kernel by build|" + kernel_key + "|" + target_key_ + "|" + build_ids_;
 }
 
 std::string JitEngine::compile_object(const std::string& name, const Kernel& k,

@@ -38,6 +38,10 @@ class JitEngine {
   // features, LLVM's version). No version is bumped by hand: whatever changes the emitted code
   // (the emitter, lib/math/primitives.h) changes the key.
   std::string disk_key_of(const llvm::Module& module) const;
+  // Another key of the kernel, known without emitting it: its structure (kernel_key), the target
+  // and the builds of kiln and LLVM (their GNU build IDs), which fix what the emitter makes of
+  // that structure. Empty where a build ID is missing (the kernel is then always emitted).
+  std::string build_key_of(const std::string& kernel_key) const;
   // The emitted module optimized and compiled to an object file (ELF) in memory.
   std::string compile_object(const std::string& name, const Kernel& k, const Layout& layout,
                              Emitted emitted, Phases& phases) const;
@@ -56,6 +60,7 @@ class JitEngine {
   std::string emit_code(llvm::Module& m, llvm::CodeGenFileType type) const;
 
   std::string target_key_;     // everything besides the kernel that decides the machine code
+  std::string build_ids_;      // kiln's and LLVM's build IDs, or empty
   bool wide_vectors_ = false;  // AVX-512
   int vector_lanes_ = 0;       // float lanes of a vector register (AVX-512 16, AVX2 8), or 0
   std::unique_ptr<llvm::TargetMachine> target_;

@@ -3,14 +3,18 @@
 // The public entry points of cpu_codegen.h: the cache of loaded kernels with its
 // least-recently-used eviction, evicted kernels that plans still hold, a kernel's load from the
 // disk cache or its compile, and the statistics.
+#include <pthread.h>
+
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -57,8 +61,9 @@ using Lru = std::list<std::pair<std::string, CompiledKernel>>;
 // deleter takes it), nor while holding cache_mutex (evicted entries are dropped after it).
 struct CpuJitState {
   std::once_flag engine_started;
-  JitEngine* engine = nullptr;  // set once (engine_started) at the first request, then read-only;
-                                // never destroyed: kernels may run until the process exits
+  JitEngine* engine = nullptr;  // set once (engine_started) by the early start or the first
+                                // request, then read-only; never destroyed: kernels may run until
+                                // the process exits
   std::mutex compile_mutex;     // serializes loads and compiles (LLVM work), so that a kernel is
                                 // loaded once
   std::mutex cache_mutex;       // the in-memory cache: capacity, lru, index
@@ -94,6 +99,48 @@ void update_stats(const F& f) {
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// The thread of start_cpu_jit_early, apart from CpuJitState: starting it reads no environment
+// variable that could throw while kiln loads (the state reads KILN_KERNEL_CACHE_MAX).
+struct EarlyStart {
+  std::mutex mutex;  // started, thread
+  bool started = false;
+  std::thread thread;  // until joined
+};
+
+EarlyStart& early_start() {
+  static EarlyStart* e = new EarlyStart();  // never destroyed: joined by an exit handler
+  return *e;
+}
+
+// The early start's work (see start_cpu_jit_early). Only LLVM's start: a warm process finds its
+// kernels on disk without emitting them (load_by_build), so warming the emitter here too would
+// cost every process CPU time that only a compile, milliseconds long, would win back a little of.
+void start_early() {
+  pthread_setname_np(pthread_self(), "kiln-jit-start");  // as profilers and debuggers show it
+  try {
+    const auto start = std::chrono::steady_clock::now();
+    engine();
+    jit::log("codegen", "LLVM JIT started on a background thread as kiln loaded, ready after ",
+             seconds_since(start) * 1e3, " ms");
+  } catch (...) {
+    // Silently: the first request starts LLVM again and raises the error at the op that needs
+    // it (a bad KILN_LOG value, say, which logging here would throw again).
+  }
+}
+
+// Joins the early start: at exit, before the static destructors of LLVM and of kiln's earlier
+// state run under it, and before a fork, whose child would otherwise inherit whatever lock the
+// thread held at that instant (LLVM's, the log's) locked for good.
+void join_early_start() {
+  EarlyStart& e = early_start();
+  std::thread t;
+  {
+    std::lock_guard<std::mutex> lock(e.mutex);
+    t = std::move(e.thread);
+  }
+  if (t.joinable()) t.join();
 }
 
 // (Under cache_mutex.) Moves the entries past the capacity to `evicted`, for the caller to drop
@@ -181,8 +228,7 @@ struct KernelLoad {
 
 // A disk entry passed its checks; it must also link and define this kernel's symbol, else it is
 // dropped and the kernel compiled (and the entry replaced). Whether it was loaded.
-bool load_from_disk(JitEngine& jit, KernelLoad& load) {
-  std::optional<std::string> object = DiskCache::instance().load(load.disk_key, kCpuObject);
+bool link_from_disk(JitEngine& jit, KernelLoad& load, const std::optional<std::string>& object) {
   if (!object) return false;
   llvm::Error e = jit.link(load.tracker, *object, load.name, load.k, load.code);
   if (!e) return true;
@@ -191,6 +237,23 @@ bool load_from_disk(JitEngine& jit, KernelLoad& load) {
   load.tracker = jit.new_tracker();
   load.code = CompiledKernel{};
   return false;
+}
+
+bool load_from_disk(JitEngine& jit, KernelLoad& load) {
+  return link_from_disk(jit, load, DiskCache::instance().load(load.disk_key, kCpuObject));
+}
+
+// The kernel's object found through the entry this build of kiln and LLVM filed under the
+// kernel's structure (JitEngine::build_key_of), which names the object's entry: a disk hit
+// without emitting the kernel and printing its IR for the key (two thirds of a warm process's
+// load). Any miss, or an object that does not link, leaves the way through the emitted code.
+bool load_by_build(JitEngine& jit, const std::string& build_key, KernelLoad& load) {
+  if (build_key.empty()) return false;
+  DiskCache& cache = DiskCache::instance();
+  const std::optional<std::string> entry = cache.load(build_key, kCpuEntryByBuild);
+  if (!entry || !link_from_disk(jit, load, cache.load_named(*entry, kCpuObject))) return false;
+  jit::log("cache", "found ", load.name, " on disk by its kernel and this build (not emitted)");
+  return true;
 }
 
 // Compiles the kernel, files its object in the disk cache, and links it.
@@ -238,27 +301,36 @@ CompiledKernel hold(const std::string& key, KernelLoad& load) {
 
 // (Under compile_mutex.) Loads the kernel from the disk cache, or compiles it. On disk, the
 // object is filed under the IR it is compiled from (and the target): a change of the emitter's
-// output can never load an object built from other code.
+// output can never load an object built from other code. A second, small entry filed under the
+// kernel's structure, the target and the build IDs of kiln and LLVM names that object's entry, so
+// that the same build finds it without emitting the kernel; a new build of either emits again.
 CompiledKernel load_or_compile(const std::string& key, const Kernel& k, const Layout& layout) {
   kiln::detail::ProfileSpan span("compile");
   const auto start = std::chrono::steady_clock::now();
   JitEngine& jit = engine();
   const std::string name = kernel_symbol(key, k);
   KernelLoad load{name, k, layout, {}, jit.new_tracker(), {}, {}};
-  auto t = std::chrono::steady_clock::now();
-  Emitted emitted = jit.emit_module(name, k, layout);
-  load.disk_key = jit.disk_key_of(*emitted.module);
-  load.phases.ir = seconds_since(t);
+  span.set_detail(name);
   // With KILN_DUMP on, kernels are compiled rather than read from the disk cache, so that every
   // kernel's IR and assembly are dumped; the object still goes to the disk cache.
-  const bool from_disk = !jit::dump_enabled() && load_from_disk(jit, load);
-  span.set_detail(name);
+  const bool dump = jit::dump_enabled();
+  const std::string build_key = jit.build_key_of(key);
+  bool from_disk = !dump && load_by_build(jit, build_key, load);
+  if (!from_disk) {
+    auto t = std::chrono::steady_clock::now();
+    Emitted emitted = jit.emit_module(name, k, layout);
+    load.disk_key = jit.disk_key_of(*emitted.module);
+    load.phases.ir = seconds_since(t);
+    from_disk = !dump && load_from_disk(jit, load);
+    if (!from_disk) compile(jit, load, std::move(emitted), start);
+    if (!build_key.empty())
+      DiskCache::instance().store(build_key, kCpuEntryByBuild,
+                                  DiskCache::entry_name(load.disk_key));
+  }
   if (from_disk) {
     update_stats([](CompileStats& st) { ++st.disk_hits; });
     span.set_name("kernel.disk_load");
     span.set_category(kiln::profiler::Category::kCache);
-  } else {
-    compile(jit, load, std::move(emitted), start);
   }
   return hold(key, load);
 }
@@ -305,6 +377,21 @@ CompiledKernel get(const Kernel& k, const Layout& layout) {
 }  // namespace
 
 }  // namespace cpu
+
+void start_cpu_jit_early() {
+  // KILN_LAZY=0 records nothing and fuses nothing on the CPU: no thread, no LLVM.
+  if (!detail::env_bool("KILN_LAZY", detail::OnBad::Warn) ||
+      !detail::env_bool("KILN_JIT_EARLY_START", detail::OnBad::Warn))
+    return;
+  cpu::EarlyStart& e = cpu::early_start();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  if (e.started) return;
+  e.started = true;
+  // Registered before the thread exists: exit and fork never find it unjoined.
+  std::atexit(cpu::join_early_start);
+  pthread_atfork(cpu::join_early_start, nullptr, nullptr);
+  e.thread = std::thread(cpu::start_early);
+}
 
 CompiledKernel cpu_kernel(const Kernel& kernel, const Layout& layout) {
   return cpu::get(kernel, layout);
