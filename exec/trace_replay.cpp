@@ -79,6 +79,14 @@ void bind_plan_inputs(const Specialization& s, const std::vector<Tensor>& argume
     args[k] = s.arguments[k] >= 0 ? arguments[static_cast<size_t>(s.arguments[k])] : s.captures[k];
 }
 
+// Whether the plan's inputs are the call's `num_arguments` arguments, in order (no captures).
+bool takes_arguments_in_order(const Specialization& s, size_t num_arguments) {
+  if (s.arguments.size() != num_arguments) return false;
+  for (size_t k = 0; k < num_arguments; ++k)
+    if (s.arguments[k] != static_cast<int64_t>(k)) return false;
+  return true;
+}
+
 // A .grad the function replaces without reading it (zero_grad, then backward) is dropped before
 // the run, as eager mode drops it at zero_grad: the old and the new gradients are never held
 // together.
@@ -226,9 +234,13 @@ std::vector<Tensor> FunctionImpl::replay(const Specialization& s,
   std::vector<Tensor> extended;
   if (!s.scalars.empty() || s.grad_inputs() > 0) extended = s.arguments_of(inputs);
   const std::vector<Tensor>& arguments = extended.empty() ? inputs : extended;
-  ScratchTensors args_scratch;  // the thread's spare: a replay allocates no argument vector
-  std::vector<Tensor>& args = *args_scratch;
-  bind_plan_inputs(s, arguments, args);
+  // The plan's inputs: the arguments themselves when it takes them in order (no handle copied,
+  // each copy being two atomic count updates once the process has a second thread), else the
+  // thread's spare vector (no allocation).
+  ScratchTensors args_scratch;
+  const bool in_order = takes_arguments_in_order(s, arguments.size());
+  if (!in_order) bind_plan_inputs(s, arguments, *args_scratch);
+  const std::vector<Tensor>& args = in_order ? arguments : *args_scratch;
   if (any_pending(args)) eval(args);
   if (!s.grad_slots.empty()) drop_replaced_grads(s, inputs, args);
   std::vector<Tensor> results = s.plan->run(args);
