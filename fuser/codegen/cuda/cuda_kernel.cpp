@@ -269,13 +269,21 @@ struct Runnable {
   bool stand_in = false;
 };
 
-// The stand-in for `job`'s binary (has_stand_in), through the caches.
+// The stand-in for `job`'s binary (has_stand_in), through the caches (`span`: the caller's
+// "compile").
 Runnable stand_in(const Kernel& kernel, const Layout& layout, CudaCallFlags variant, int sm,
-                  const BinaryJob& job) {
+                  const BinaryJob& job, detail::ProfileSpan& span) {
   if (!layout.rows) {
     variant.vec = false;
-    return {std::make_shared<const CudaBinary>(cuda_binary(kernel, layout, variant, sm)),
-            cuda_binary_key(kernel, layout, variant, sm), variant, true};
+    const std::string key = cuda_binary_key(kernel, layout, variant, sm);
+    std::shared_ptr<const CudaBinary> binary = memory_binary(key);
+    if (!binary) {
+      const BinaryJob scalar =
+          binary_job(key, job.symbol, sm, cuda_source(kernel, layout, job.symbol, variant));
+      binary = disk_binary(scalar, span);
+      if (!binary) binary = compile_binary(scalar);
+    }
+    return {binary, key, variant, true};
   }
   BinaryJob quick = job;
   quick.key += "|stand-in";
@@ -323,7 +331,7 @@ Runnable runnable_binary(const Kernel& kernel, const Layout& layout, CudaCallFla
   // first compile, or those would tear NVRTC down under a compile still running at exit.
   const bool nvrtc_started = g_compiled.load();
   if (nvrtc_started) compile_in_background(job);
-  Runnable quick = stand_in(kernel, layout, variant, sm, job);
+  Runnable quick = stand_in(kernel, layout, variant, sm, job, span);
   if (!nvrtc_started) compile_in_background(job);
   std::lock_guard<std::mutex> lock(state().mu);
   ++state().stats.stand_ins;
