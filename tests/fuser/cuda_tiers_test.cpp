@@ -19,6 +19,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <variant>
 
@@ -243,11 +244,32 @@ TEST(CudaTiers, ChildAsksForTwoKernels) {
   if (!structure) GTEST_SKIP() << "run by AProcessFilesItsBackgroundCompilesBeforeItExits";
   const FusionGroup flat = chain_group(std::stoull(structure));
   const FusionGroup rows = softmax_group(std::stoull(structure));
+  if (std::getenv("CUDA_TIERS_SCALAR_ONLY")) {  // files the flat kernel's scalar loop only
+    fuser::cuda::cuda_binary(flat.kernel, flat_layout(flat), {true, false}, kSm);
+    return;
+  }
   bool flat_stand_in = false, rows_stand_in = false;
   fuser::cuda::cuda_binary_now(flat.kernel, flat_layout(flat), {true, true}, kSm, &flat_stand_in);
   fuser::cuda::cuda_binary_now(rows.kernel, rows_layout(rows), {true, false}, kSm, &rows_stand_in);
   std::printf("stand-ins %d disk hits %ld\n", (flat_stand_in ? 1 : 0) + (rows_stand_in ? 1 : 0),
               static_cast<long>(fuser::cuda::cuda_compile_stats().disk_hits));
+}
+
+// Runs ChildAsksForTwoKernels in a child process (with `env`, "VAR=value ..." or "") over the
+// disk cache in `dir`; returns its output.
+std::function<std::string(const std::string&)> child_runner(const std::string& dir,
+                                                            const std::string& structure) {
+  return [dir, structure](const std::string& env) {
+    const std::string log = dir + "/child.log";
+    const std::string command =
+        "env -u GTEST_TOTAL_SHARDS -u GTEST_SHARD_INDEX -u KILN_CUDA_TIERED KILN_CACHE=1 " + env +
+        " KILN_CACHE_DIR=" + dir + "/cache CUDA_TIERS_STRUCTURE=" + structure + " " +
+        std::filesystem::read_symlink("/proc/self/exe").string() +
+        " --gtest_filter=CudaTiers.ChildAsksForTwoKernels > " + log + " 2>&1";
+    EXPECT_EQ(std::system(command.c_str()), 0) << command;
+    std::ifstream in(log);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
 }
 
 // A process that exits right after its stand-ins served waits for the wanted binaries' compiles
@@ -258,21 +280,28 @@ TEST(CudaTiers, AProcessFilesItsBackgroundCompilesBeforeItExits) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   const std::string structure = std::to_string(fresh_number());
-  auto run_child = [&] {
-    const std::string log = dir + "/child.log";
-    const std::string command =
-        "env -u GTEST_TOTAL_SHARDS -u GTEST_SHARD_INDEX -u KILN_CUDA_TIERED KILN_CACHE=1 "
-        "KILN_CACHE_DIR=" +
-        dir + "/cache CUDA_TIERS_STRUCTURE=" + structure + " " +
-        fs::read_symlink("/proc/self/exe").string() +
-        " --gtest_filter=CudaTiers.ChildAsksForTwoKernels > " + log + " 2>&1";
-    EXPECT_EQ(std::system(command.c_str()), 0) << command;
-    std::ifstream in(log);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  };
-  const std::string first = run_child();
+  auto run_child = child_runner(dir, structure);
+  const std::string first = run_child("");
   EXPECT_NE(first.find("stand-ins 2 disk hits 0"), std::string::npos) << first;
-  const std::string second = run_child();
+  const std::string second = run_child("");
+  EXPECT_NE(second.find("stand-ins 0 disk hits 2"), std::string::npos) << second;
+  fs::remove_all(dir);
+}
+
+// A process whose stand-in comes from the disk cache (no NVRTC compile before the queue starts)
+// files its background compiles before it exits as well.
+TEST(CudaTiers, AProcessWhoseStandInWasOnDiskFilesItsCompilesBeforeItExits) {
+  namespace fs = std::filesystem;
+  const std::string dir =
+      ::testing::TempDir() + "/kiln_cuda_tiers_disk_" + std::to_string(getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string structure = std::to_string(fresh_number());
+  auto run_child = child_runner(dir, structure);
+  run_child("CUDA_TIERS_SCALAR_ONLY=1");
+  const std::string first = run_child("");
+  EXPECT_NE(first.find("stand-ins 2 disk hits 1"), std::string::npos) << first;
+  const std::string second = run_child("");
   EXPECT_NE(second.find("stand-ins 0 disk hits 2"), std::string::npos) << second;
   fs::remove_all(dir);
 }

@@ -143,8 +143,10 @@ std::shared_ptr<const CudaBinary> disk_binary(const BinaryJob& job, detail::Prof
   return file_in_memory(job.key, std::move(binary));
 }
 
-// Whether an NVRTC compile has returned in this process (see runnable_binary).
+// Whether an NVRTC compile has returned in this process (see compile_in_background), and the
+// smallest program that makes it so.
 std::atomic<bool> g_compiled{false};
+constexpr const char* kNvrtcStart = "extern \"C\" __global__ void kiln_nvrtc_start() {}\n";
 
 // NVRTC's build of the job, filed in memory and (unless a stand-in) on disk.
 std::shared_ptr<const CudaBinary> compile_binary(const BinaryJob& job) {
@@ -296,6 +298,13 @@ Runnable stand_in(const Kernel& kernel, const Layout& layout, CudaCallFlags vari
 // Compiles `job` on a background thread (once per key), filing it in memory and on disk; a key
 // whose compile fails is remembered, so that its stand-in serves for good.
 void compile_in_background(const BinaryJob& job) {
+  // The queue's exit handler (which waits for running compiles) must be registered after the exit
+  // handlers of what NVRTC sets up on its first compile, or those would tear NVRTC down under a
+  // compile still running at exit: so NVRTC has compiled something before the queue starts.
+  if (!g_compiled.load()) {
+    nvrtc_compile(kNvrtcStart, "kiln_nvrtc_start", job.arch, CudaOutput::kPtx);
+    g_compiled.store(true);
+  }
   BackgroundCompiles::instance().submit(job.key, [job] {
     if (memory_binary(job.key, false)) return;
     try {
@@ -325,14 +334,9 @@ Runnable runnable_binary(const Kernel& kernel, const Layout& layout, CudaCallFla
   if (auto binary = disk_binary(job, span)) return {binary, key, variant};
   if (!tiered_compile() || !has_stand_in(layout, variant, job))
     return {compile_binary(job), key, variant};
-  // Queued first where the host has cores to spare, so that it compiles beside the stand-in; but
-  // not before this process's first compile has returned: the queue's exit handler (which waits
-  // for running compiles) must be registered after the exit handlers of what NVRTC sets up on its
-  // first compile, or those would tear NVRTC down under a compile still running at exit.
-  const bool nvrtc_started = g_compiled.load();
-  if (nvrtc_started) compile_in_background(job);
+  // Queued once the stand-in is built, so that the stand-in's compile has the host to itself.
   Runnable quick = stand_in(kernel, layout, variant, sm, job, span);
-  if (!nvrtc_started) compile_in_background(job);
+  compile_in_background(job);
   std::lock_guard<std::mutex> lock(state().mu);
   ++state().stats.stand_ins;
   return quick;
