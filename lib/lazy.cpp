@@ -127,8 +127,16 @@ LiveList& this_thread_list() {
 
 // Under the lock.
 void live_insert(LazyNode* n) {
-  LiveList& l = this_thread_list();
   n->serial = ++lazy_state().serial;
+  // Type inference (jit/infer.cpp; KILN_VERIFY runs it after each pass) records an op on
+  // placeholders whose producer never runs, on the thread that builds a plan, while other threads
+  // run. Those nodes stay off every live list: a write to a value recorded on another thread (also
+  // the mutable data_ptr()) flushes all the lists (flush_all_threads), and one that took them
+  // evaluated a placeholder, an undefined graph input: hand_over raised "sizes: called on an
+  // undefined tensor" in that thread, and the value it was reading was computed a second time.
+  // Nothing needs them listed: inference never reads data (NeedsData) nor flushes.
+  if (t_inferring > 0) return;
+  LiveList& l = this_thread_list();
   n->live_list = &l;
   n->live_prev = l.tail;
   n->live_next = nullptr;
