@@ -233,6 +233,56 @@ TEST(Concurrency, ReadsWhileAnotherThreadVerifiesGraphs) {
     ASSERT_EQ(values(read[k]), values((a * static_cast<float>(k)).exp())) << "read " << k;
 }
 
+// The same for a trace: a read on one thread that flushes every thread's pending work, while
+// another thread is inside jit::trace, used to evaluate the trace's nodes and raise ("a value
+// computed inside jit::trace from its argument 0 was used outside the trace").
+TEST(Concurrency, ReadWhileAnotherThreadTraces) {
+  Tensor x = from_vector(std::vector<float>{1, 2, 3});
+  Tensor y = (x * 2.f).exp();
+  ASSERT_TRUE(detail::is_pending(y));
+  std::mutex mu;
+  std::condition_variable cv;
+  int stage = 0;
+  std::thread tracing([&] {
+    auto fn = [&](const std::vector<Tensor>& in) {
+      Tensor traced = (in[0] + 1.f).tanh();
+      std::unique_lock<std::mutex> lock(mu);
+      stage = 1;
+      cv.notify_all();
+      cv.wait(lock, [&] { return stage >= 2; });
+      return std::vector<Tensor>{traced};
+    };
+    const Tensor example = from_vector(std::vector<float>{4, 5, 6});
+    jit::Function f = jit::trace(fn, {example});
+    LazyGuard eager(false);
+    EXPECT_EQ(values(f({example})[0]), values((example + 1.f).tanh()));
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return stage >= 1; });
+  }
+  const int64_t before = jit::lazy_stats().evaluations;
+  std::vector<double> seen;
+  std::thread reader([&] {
+    try {
+      const float* p = y.data_ptr<float>();
+      seen.assign(p, p + 3);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "the reader raised: " << e.what();
+    }
+  });
+  reader.join();
+  EXPECT_EQ(jit::lazy_stats().evaluations - before, 1);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    stage = 2;
+    cv.notify_all();
+  }
+  tracing.join();
+  LazyGuard eager(false);
+  EXPECT_EQ(seen, values((x * 2.f).exp()));
+}
+
 // Threads record their own ops on one shared pending tensor and read them, while others read it.
 TEST(Concurrency, ThreadsBuildOnASharedPendingTensor) {
   auto program = [](const Tensor& shared, int i) {
