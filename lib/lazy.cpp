@@ -50,6 +50,9 @@ struct LiveList {
   // Written under the lock; atomic because the owner thread reads it without the lock after each
   // recording (KILN_MAX_PENDING), while another thread may free one of its nodes.
   std::atomic<int64_t> count{0};
+  // While the owner thread runs jit::trace: the serial of the trace's first node. Nodes from it on
+  // are the trace being recorded, not pending work: other threads' flushes leave them alone.
+  uint64_t tracing_from = 0;
 };
 
 namespace {
@@ -127,8 +130,16 @@ LiveList& this_thread_list() {
 
 // Under the lock.
 void live_insert(LazyNode* n) {
-  LiveList& l = this_thread_list();
   n->serial = ++lazy_state().serial;
+  // Type inference (jit/infer.cpp; KILN_VERIFY runs it after each pass) records an op on
+  // placeholders whose producer never runs, on the thread that builds a plan, while other threads
+  // run. Those nodes stay off every live list: a write to a value recorded on another thread (also
+  // the mutable data_ptr()) flushes all the lists (flush_all_threads), and one that took them
+  // evaluated a placeholder, an undefined graph input: hand_over raised "sizes: called on an
+  // undefined tensor" in that thread, and the value it was reading was computed a second time.
+  // Nothing needs them listed: inference never reads data (NeedsData) nor flushes.
+  if (t_inferring > 0) return;
+  LiveList& l = this_thread_list();
   n->live_list = &l;
   n->live_prev = l.tail;
   n->live_next = nullptr;
@@ -326,6 +337,7 @@ void detach_placeholder_readers() {
     n = next;
   }
   t_trace_placeholders.clear();
+  if (t_live) t_live->tracing_from = 0;  // what is left of the trace is pending work now
 }
 }  // namespace
 
@@ -333,6 +345,7 @@ void set_trace_state(TraceState* state) {
   if (state) {
     LazyLock lock;
     t_trace_first_serial = lazy_state().serial + 1;
+    this_thread_list().tracing_from = t_trace_first_serial;
   }
   const bool ending = t_trace && !state;
   t_trace = state;
@@ -680,13 +693,17 @@ std::string evaluation_reason() {
 }
 
 namespace {
-// The storages the nodes of `l` fill, as requests (under the lock).
+// The storages the nodes of `l` fill, as requests (under the lock). A trace that another thread
+// is recording is left out: its nodes read placeholders of the traced function's arguments, so
+// evaluating them here raised in this thread.
 void add_requests(const LiveList& l, std::vector<LazyRef>& requests) {
-  for (LazyNode* n = l.head; n; n = n->live_next)
+  for (LazyNode* n = l.head; n; n = n->live_next) {
+    if (l.tracing_from != 0 && n->serial >= l.tracing_from) continue;
     for (uint32_t i = 0; i < n->outputs.size(); ++i) {
       std::shared_ptr<Storage> s = n->storages[i].lock();
       if (s && s->lazy.node.get() == n && s->lazy.index == i) requests.push_back(s->lazy);
     }
+  }
 }
 
 bool flush_allowed() {

@@ -13,6 +13,8 @@
 #include <thread>
 
 #include "exec/lazy_eval.h"
+#include "jit/infer.h"
+#include "jit/ir.h"
 #include "kiln/jit.h"
 #include "kiln/nn.h"
 #include "kiln/optim.h"
@@ -134,6 +136,151 @@ TEST(Concurrency, PendingTensorReadFromThreadsIsComputedOnce) {
     for (int i = 0; i < kThreads; ++i)
       EXPECT_EQ(seen[i], std::vector<double>(want.begin(), want.end())) << "thread " << i;
   }
+}
+
+// Type inference (jit/infer.cpp, run while a plan is built and by KILN_VERIFY) records an op on
+// pending placeholders whose producer never runs, on the thread building the plan. A read on
+// another thread of a tensor recorded elsewhere flushes every thread's pending work; it used to
+// take those nodes too, evaluating a placeholder (an undefined graph input): "sizes: called on an
+// undefined tensor" and a second evaluation for one read. Here one thread stops inside inference,
+// as infer_output_types records, while another reads.
+TEST(Concurrency, ReadWhileAnotherThreadInfersTypes) {
+  Tensor x = from_vector(std::vector<float>{1, 2, 3});
+  Tensor y = (x * 2.f).exp();
+  ASSERT_TRUE(detail::is_pending(y));
+  std::mutex mu;
+  std::condition_variable cv;
+  int stage = 0;
+  auto advance_and_wait = [&](int to, int until) {
+    std::unique_lock<std::mutex> lock(mu);
+    stage = to;
+    cv.notify_all();
+    cv.wait(lock, [&] { return stage >= until; });
+  };
+  std::thread inferring([&] {
+    LazyGuard lazy(true);
+    NoGradGuard no_grad;
+    detail::EvaluationScope no_flush;
+    detail::InferenceScope scope;
+    Tensor placeholder = detail::lazy_record1(jit::input_op(), {}, {int64_t{-1}}, {{3}, kFloat32});
+    Tensor inferred = placeholder.tanh();
+    advance_and_wait(1, 2);
+    EXPECT_TRUE(detail::is_pending(inferred));
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return stage >= 1; });
+  }
+  const int64_t before = jit::lazy_stats().evaluations;
+  std::vector<double> seen;
+  std::thread reader([&] {
+    try {
+      const float* p = y.data_ptr<float>();
+      seen.assign(p, p + 3);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "the reader raised: " << e.what();
+    }
+  });
+  reader.join();
+  EXPECT_EQ(jit::lazy_stats().evaluations - before, 1);
+  LazyGuard eager(false);
+  EXPECT_EQ(seen, values((x * 2.f).exp()));
+  advance_and_wait(2, 2);
+  inferring.join();
+}
+
+// The same with real inference: one thread checks a graph's types over and over (as KILN_VERIFY
+// does after each pass) while another reads pending tensors recorded on a third; each read is one
+// evaluation and raises nothing.
+TEST(Concurrency, ReadsWhileAnotherThreadVerifiesGraphs) {
+  manual_seed(3);
+  Tensor a = randn({8, 5});
+  std::unique_ptr<jit::Graph> graph;
+  {
+    Tensor g = (a * 2.f + 1.f).tanh().sum(std::vector<int64_t>{1});
+    jit::LazyGraphBinding binding;
+    graph = jit::build_graph({g.impl()->storage->lazy}, &binding, false);
+  }
+  a.data_ptr<float>();
+  std::atomic<bool> done{false};
+  std::thread verifier([&] {
+    while (!done.load()) jit::verify_types(*graph);
+  });
+  // Each value is recorded here and read on a thread of its own: the read flushes every thread's
+  // pending roots, which are this value's alone.
+  const int reads = scaled(200);
+  int64_t extra = 0;
+  std::vector<Tensor> read;
+  for (int k = 0; k < reads; ++k) {
+    Tensor y = (a * static_cast<float>(k)).exp();
+    const int64_t before = jit::lazy_stats().evaluations;
+    std::thread reader([&] {
+      try {
+        y.data_ptr<float>();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "read " << k << " raised: " << e.what();
+      }
+    });
+    reader.join();
+    extra += jit::lazy_stats().evaluations - before - 1;
+    read.push_back(y);
+  }
+  done = true;
+  verifier.join();
+  EXPECT_EQ(extra, 0) << "evaluations beyond one per read";
+  LazyGuard eager(false);
+  for (int k = 0; k < reads; ++k)
+    ASSERT_EQ(values(read[k]), values((a * static_cast<float>(k)).exp())) << "read " << k;
+}
+
+// The same for a trace: a read on one thread that flushes every thread's pending work, while
+// another thread is inside jit::trace, used to evaluate the trace's nodes and raise ("a value
+// computed inside jit::trace from its argument 0 was used outside the trace").
+TEST(Concurrency, ReadWhileAnotherThreadTraces) {
+  Tensor x = from_vector(std::vector<float>{1, 2, 3});
+  Tensor y = (x * 2.f).exp();
+  ASSERT_TRUE(detail::is_pending(y));
+  std::mutex mu;
+  std::condition_variable cv;
+  int stage = 0;
+  std::thread tracing([&] {
+    auto fn = [&](const std::vector<Tensor>& in) {
+      Tensor traced = (in[0] + 1.f).tanh();
+      std::unique_lock<std::mutex> lock(mu);
+      stage = 1;
+      cv.notify_all();
+      cv.wait(lock, [&] { return stage >= 2; });
+      return std::vector<Tensor>{traced};
+    };
+    const Tensor example = from_vector(std::vector<float>{4, 5, 6});
+    jit::Function f = jit::trace(fn, {example});
+    LazyGuard eager(false);
+    EXPECT_EQ(values(f({example})[0]), values((example + 1.f).tanh()));
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return stage >= 1; });
+  }
+  const int64_t before = jit::lazy_stats().evaluations;
+  std::vector<double> seen;
+  std::thread reader([&] {
+    try {
+      const float* p = y.data_ptr<float>();
+      seen.assign(p, p + 3);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "the reader raised: " << e.what();
+    }
+  });
+  reader.join();
+  EXPECT_EQ(jit::lazy_stats().evaluations - before, 1);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    stage = 2;
+    cv.notify_all();
+  }
+  tracing.join();
+  LazyGuard eager(false);
+  EXPECT_EQ(seen, values((x * 2.f).exp()));
 }
 
 // Threads record their own ops on one shared pending tensor and read them, while others read it.
