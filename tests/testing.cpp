@@ -1,7 +1,10 @@
 // Implementation of the shared test helpers in tests/testing.h.
 #include "tests/testing.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 
@@ -276,6 +279,23 @@ void NoFlushEnvironment::SetUp() {
 }
 void NoFlushEnvironment::TearDown() {
   detail::set_max_pending(saved_);
+}
+
+ChildRun run_this_binary(const std::string& env, const std::string& args) {
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  EXPECT_GT(n, 0);
+  exe[n > 0 ? n : 0] = '\0';
+  const std::string command = "env -u GTEST_TOTAL_SHARDS -u GTEST_SHARD_INDEX " + env +
+                              " timeout -s KILL 60 '" + exe + "' " + args + " 2>&1";
+  ChildRun run;
+  FILE* pipe = popen(command.c_str(), "r");
+  EXPECT_NE(pipe, nullptr) << command;
+  if (!pipe) return run;
+  char buf[1024];
+  while (std::fgets(buf, sizeof buf, pipe)) run.output += buf;
+  run.status = pclose(pipe);
+  return run;
 }
 
 }  // namespace kiln::testing

@@ -89,4 +89,14 @@ class NoFlushEnvironment : public ::testing::Environment {
   int64_t saved_ = 0;
 };
 
+// This test binary run again as a child process with `env` ("NAME=value ..." or "") before it and
+// `args` (gtest's) after it: its exit status (as pclose gives it) and its output, stdout and
+// stderr together. A child that hangs is killed after 60 s (a failed status), and gtest's sharding
+// variables are unset, so that a sharded parent's child still runs the test it names.
+struct ChildRun {
+  int status = -1;
+  std::string output;
+};
+ChildRun run_this_binary(const std::string& env, const std::string& args);
+
 }  // namespace kiln::testing

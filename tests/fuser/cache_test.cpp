@@ -91,23 +91,14 @@ struct ChildResult {
 };
 
 ChildResult run_child(const std::string& env) {
-  char exe[4096];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  EXPECT_GT(n, 0);
-  exe[n > 0 ? n : 0] = '\0';
   // The child fuses whatever mode the suite runs in (KILN_LAZY=0 and small KILN_MAX_PENDING
   // runs included): its three programs must each be one kernel.
-  const std::string cmd =
-      "KILN_CACHE_TEST_CHILD=1 KILN_LAZY=1 KILN_FUSE=1 KILN_MAX_PENDING=10000 " + env +
-      // A watchdog: a child that hangs (on a FIFO, say) fails its test rather than hanging it.
-      " timeout -s KILL 60 '" + exe + "' --gtest_filter=KernelCacheChild.RunsThreeKernels 2>&1";
+  const testing::ChildRun run = testing::run_this_binary(
+      "KILN_CACHE_TEST_CHILD=1 KILN_LAZY=1 KILN_FUSE=1 KILN_MAX_PENDING=10000 " + env,
+      "--gtest_filter=KernelCacheChild.RunsThreeKernels");
   ChildResult r;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  EXPECT_NE(pipe, nullptr);
-  if (!pipe) return r;
-  char buf[1024];
-  while (std::fgets(buf, sizeof buf, pipe)) r.output += buf;
-  EXPECT_EQ(pclose(pipe), 0) << r.output;
+  r.output = run.output;
+  EXPECT_EQ(run.status, 0) << r.output;
   auto pos = r.output.find("KILN_CHILD ");
   EXPECT_NE(pos, std::string::npos) << r.output;
   if (pos == std::string::npos) return r;

@@ -28,6 +28,7 @@
 #include "fuser/codegen/cuda/cuda_kernel.h"
 #include "fuser/fuse.h"
 #include "jit/ir.h"
+#include "tests/testing.h"
 #endif
 
 namespace kiln {
@@ -260,15 +261,12 @@ TEST(CudaTiers, ChildAsksForTwoKernels) {
 std::function<std::string(const std::string&)> child_runner(const std::string& dir,
                                                             const std::string& structure) {
   return [dir, structure](const std::string& env) {
-    const std::string log = dir + "/child.log";
-    const std::string command =
-        "env -u GTEST_TOTAL_SHARDS -u GTEST_SHARD_INDEX -u KILN_CUDA_TIERED KILN_CACHE=1 " + env +
-        " KILN_CACHE_DIR=" + dir + "/cache CUDA_TIERS_STRUCTURE=" + structure + " " +
-        std::filesystem::read_symlink("/proc/self/exe").string() +
-        " --gtest_filter=CudaTiers.ChildAsksForTwoKernels > " + log + " 2>&1";
-    EXPECT_EQ(std::system(command.c_str()), 0) << command;
-    std::ifstream in(log);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    const testing::ChildRun run = testing::run_this_binary(
+        "-u KILN_CUDA_TIERED KILN_CACHE=1 " + env + " KILN_CACHE_DIR=" + dir +
+            "/cache CUDA_TIERS_STRUCTURE=" + structure,
+        "--gtest_filter=CudaTiers.ChildAsksForTwoKernels");
+    EXPECT_EQ(run.status, 0) << run.output;
+    return run.output;
   };
 }
 

@@ -17,6 +17,7 @@
 
 #include "kiln/jit.h"
 #include "kiln/kiln.h"
+#include "tests/testing.h"
 
 namespace kiln {
 namespace {
@@ -119,21 +120,10 @@ struct Child {
 // Runs this binary as a child in `mode` with KILN_LOG=codegen and the extra environment (and
 // gtest's arguments, for a child that runs as a test).
 Child run_child(const std::string& mode, const std::string& env, const std::string& args = "") {
-  char exe[4096];
-  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  EXPECT_GT(n, 0);
-  exe[n > 0 ? n : 0] = '\0';
-  // A watchdog: a child that hangs (a fork that inherited a half-started JIT) fails, not hangs.
-  const std::string cmd = "KILN_JIT_START_CHILD=" + mode + " KILN_LOG=codegen KILN_FUSE=1 " + env +
-                          " timeout -s KILL 60 '" + exe + "' " + args + " 2>&1";
-  Child c;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  EXPECT_NE(pipe, nullptr);
-  if (!pipe) return c;
-  char buf[1024];
-  while (std::fgets(buf, sizeof buf, pipe)) c.output += buf;
-  c.status = pclose(pipe);
-  return c;
+  // The watchdog kills a child that hangs (a fork that inherited a half-started JIT): it fails.
+  const testing::ChildRun run = testing::run_this_binary(
+      "KILN_JIT_START_CHILD=" + mode + " KILN_LOG=codegen KILN_FUSE=1 " + env, args);
+  return {run.status, run.output};
 }
 
 constexpr const char* kEarly = "LLVM JIT started on a background thread";
