@@ -138,6 +138,24 @@ TEST(Concurrency, PendingTensorReadFromThreadsIsComputedOnce) {
   }
 }
 
+// Reads y's first three values through data_ptr() on a new thread: the read must raise nothing and
+// evaluate exactly once. Returns what it read.
+std::vector<double> read_once_on_another_thread(const Tensor& y) {
+  const int64_t before = jit::lazy_stats().evaluations;
+  std::vector<double> seen;
+  std::thread reader([&] {
+    try {
+      const float* p = y.data_ptr<float>();
+      seen.assign(p, p + 3);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "the reader raised: " << e.what();
+    }
+  });
+  reader.join();
+  EXPECT_EQ(jit::lazy_stats().evaluations - before, 1);
+  return seen;
+}
+
 // Type inference (jit/infer.cpp, run while a plan is built and by KILN_VERIFY) records an op on
 // pending placeholders whose producer never runs, on the thread building the plan. A read on
 // another thread of a tensor recorded elsewhere flushes every thread's pending work; it used to
@@ -171,18 +189,7 @@ TEST(Concurrency, ReadWhileAnotherThreadInfersTypes) {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return stage >= 1; });
   }
-  const int64_t before = jit::lazy_stats().evaluations;
-  std::vector<double> seen;
-  std::thread reader([&] {
-    try {
-      const float* p = y.data_ptr<float>();
-      seen.assign(p, p + 3);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "the reader raised: " << e.what();
-    }
-  });
-  reader.join();
-  EXPECT_EQ(jit::lazy_stats().evaluations - before, 1);
+  const std::vector<double> seen = read_once_on_another_thread(y);
   LazyGuard eager(false);
   EXPECT_EQ(seen, values((x * 2.f).exp()));
   advance_and_wait(2, 2);
@@ -261,18 +268,7 @@ TEST(Concurrency, ReadWhileAnotherThreadTraces) {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return stage >= 1; });
   }
-  const int64_t before = jit::lazy_stats().evaluations;
-  std::vector<double> seen;
-  std::thread reader([&] {
-    try {
-      const float* p = y.data_ptr<float>();
-      seen.assign(p, p + 3);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "the reader raised: " << e.what();
-    }
-  });
-  reader.join();
-  EXPECT_EQ(jit::lazy_stats().evaluations - before, 1);
+  const std::vector<double> seen = read_once_on_another_thread(y);
   {
     std::unique_lock<std::mutex> lock(mu);
     stage = 2;
