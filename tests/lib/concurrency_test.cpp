@@ -138,9 +138,31 @@ TEST(Concurrency, PendingTensorReadFromThreadsIsComputedOnce) {
   }
 }
 
-// Reads y's first three values through data_ptr() on a new thread: the read must raise nothing and
-// evaluate exactly once. Returns what it read.
-std::vector<double> read_once_on_another_thread(const Tensor& y) {
+// A handshake between a test's threads: stages numbered from 0, advanced and awaited.
+class Stages {
+ public:
+  // Sets the stage to `to`, then waits until it is at least `until`.
+  void advance(int to, int until = 0) {
+    std::unique_lock<std::mutex> lock(mu_);
+    stage_ = to;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return stage_ >= until; });
+  }
+  void wait_for(int at_least) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return stage_ >= at_least; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int stage_ = 0;
+};
+
+// Reads y's first three values through the mutable data_ptr() (which prepares a write, and so
+// flushes every thread's pending work: what the tests below need) on a new thread: the read must
+// raise nothing and evaluate exactly once. Returns what it read.
+std::vector<double> read_once_on_another_thread(Tensor y) {
   const int64_t before = jit::lazy_stats().evaluations;
   std::vector<double> seen;
   std::thread reader([&] {
@@ -166,15 +188,7 @@ TEST(Concurrency, ReadWhileAnotherThreadInfersTypes) {
   Tensor x = from_vector(std::vector<float>{1, 2, 3});
   Tensor y = (x * 2.f).exp();
   ASSERT_TRUE(detail::is_pending(y));
-  std::mutex mu;
-  std::condition_variable cv;
-  int stage = 0;
-  auto advance_and_wait = [&](int to, int until) {
-    std::unique_lock<std::mutex> lock(mu);
-    stage = to;
-    cv.notify_all();
-    cv.wait(lock, [&] { return stage >= until; });
-  };
+  Stages stages;
   std::thread inferring([&] {
     LazyGuard lazy(true);
     NoGradGuard no_grad;
@@ -182,17 +196,14 @@ TEST(Concurrency, ReadWhileAnotherThreadInfersTypes) {
     detail::InferenceScope scope;
     Tensor placeholder = detail::lazy_record1(jit::input_op(), {}, {int64_t{-1}}, {{3}, kFloat32});
     Tensor inferred = placeholder.tanh();
-    advance_and_wait(1, 2);
+    stages.advance(1, 2);
     EXPECT_TRUE(detail::is_pending(inferred));
   });
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return stage >= 1; });
-  }
+  stages.wait_for(1);
   const std::vector<double> seen = read_once_on_another_thread(y);
   LazyGuard eager(false);
   EXPECT_EQ(seen, values((x * 2.f).exp()));
-  advance_and_wait(2, 2);
+  stages.advance(2);
   inferring.join();
 }
 
@@ -247,16 +258,11 @@ TEST(Concurrency, ReadWhileAnotherThreadTraces) {
   Tensor x = from_vector(std::vector<float>{1, 2, 3});
   Tensor y = (x * 2.f).exp();
   ASSERT_TRUE(detail::is_pending(y));
-  std::mutex mu;
-  std::condition_variable cv;
-  int stage = 0;
+  Stages stages;
   std::thread tracing([&] {
     auto fn = [&](const std::vector<Tensor>& in) {
       Tensor traced = (in[0] + 1.f).tanh();
-      std::unique_lock<std::mutex> lock(mu);
-      stage = 1;
-      cv.notify_all();
-      cv.wait(lock, [&] { return stage >= 2; });
+      stages.advance(1, 2);
       return std::vector<Tensor>{traced};
     };
     const Tensor example = from_vector(std::vector<float>{4, 5, 6});
@@ -264,16 +270,9 @@ TEST(Concurrency, ReadWhileAnotherThreadTraces) {
     LazyGuard eager(false);
     EXPECT_EQ(values(f({example})[0]), values((example + 1.f).tanh()));
   });
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return stage >= 1; });
-  }
+  stages.wait_for(1);
   const std::vector<double> seen = read_once_on_another_thread(y);
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    stage = 2;
-    cv.notify_all();
-  }
+  stages.advance(2);
   tracing.join();
   LazyGuard eager(false);
   EXPECT_EQ(seen, values((x * 2.f).exp()));
