@@ -7,6 +7,7 @@
 
 #include "exec/plan_step.h"
 #include "exec/step_profile.h"
+#include "jit/dump.h"
 #include "kiln/error.h"
 #ifdef KILN_HAS_CUDA
 #include "fuser/codegen/cuda/cuda_kernel.h"
@@ -18,7 +19,8 @@ namespace {
 #ifdef KILN_HAS_CUDA
 class CudaKernels final : public KernelDevice {
  public:
-  CudaKernels(const fuser::FusionGroup& group, int device) : group_(group), device_(device) {}
+  CudaKernels(const fuser::FusionGroup& group, int device, size_t index, FusedGraphDump* dump)
+      : group_(group), device_(device), index_(index), dump_(dump) {}
 
   const char* launch(const KernelCall& c) const override {
     // The variant before the lookup: each is a binary of its own, compiled on first use.
@@ -61,6 +63,7 @@ class CudaKernels final : public KernelDevice {
     auto kernel = std::make_shared<const fuser::cuda::CudaKernel>(
         fuser::cuda::cuda_kernel_tiered(group_.kernel, layout, variant, device_));
     resume_step_profile(device_);
+    if (dump_) dump_->add_kernel(index_, kernel->name);
     std::lock_guard<std::mutex> lock(mutex_);
     loaded_.push_back({layout, bits, kernel});
     return kernel;
@@ -82,6 +85,8 @@ class CudaKernels final : public KernelDevice {
 
   const fuser::FusionGroup& group_;
   int device_;
+  size_t index_;          // the group's number in the plan, for the KILN_DUMP graph
+  FusedGraphDump* dump_;  // the plan's KILN_DUMP graph, or null
   mutable std::mutex mutex_;
   mutable std::vector<Loaded> loaded_;  // per layout and variant met so far (under mutex_)
 };
@@ -89,7 +94,8 @@ class CudaKernels final : public KernelDevice {
 // Built without the toolkit: a plan with a CUDA group is made, and raises when it runs.
 class CudaKernels final : public KernelDevice {
  public:
-  CudaKernels(const fuser::FusionGroup& group, int device) : group_(group), device_(device) {}
+  CudaKernels(const fuser::FusionGroup& group, int device, size_t, FusedGraphDump*)
+      : group_(group), device_(device) {}
   const char* launch(const KernelCall&) const override {
     KILN_FAIL("jit: ", group_.kernel.ops, " is on cuda:", device_,
               " but kiln was built without the CUDA toolkit");
@@ -102,8 +108,9 @@ class CudaKernels final : public KernelDevice {
 #endif
 }  // namespace
 
-std::unique_ptr<KernelDevice> cuda_kernels(const fuser::FusionGroup& group, int device) {
-  return std::make_unique<CudaKernels>(group, device);
+std::unique_ptr<KernelDevice> cuda_kernels(const fuser::FusionGroup& group, int device,
+                                           size_t index, FusedGraphDump* dump) {
+  return std::make_unique<CudaKernels>(group, device, index, dump);
 }
 
 }  // namespace kiln::jit

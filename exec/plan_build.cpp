@@ -231,7 +231,7 @@ class PlanBuilder {
       const fuser::FusionGroup& g = *proto.group;
       const size_t index = static_cast<size_t>(&g - plan_.groups_.data());
       return KernelStep{&g, index, rows_output_levels(g),
-                        cuda_device >= 0 ? cuda_kernels(g, cuda_device)
+                        cuda_device >= 0 ? cuda_kernels(g, cuda_device, index, plan_.dump_.get())
                                          : cpu_kernels(g, index, plan_.dump_.get()),
                         own};
     }

@@ -44,8 +44,10 @@ class KernelDevice {
 // The CPU's kernels of `group` (group number `index` of the plan, for the KILN_DUMP graph).
 std::unique_ptr<KernelDevice> cpu_kernels(const fuser::FusionGroup& group, size_t index,
                                           FusedGraphDump* dump);
-// The kernels of `group` on CUDA device `device` (without the toolkit, launching one raises).
-std::unique_ptr<KernelDevice> cuda_kernels(const fuser::FusionGroup& group, int device);
+// The kernels of `group` on CUDA device `device` (without the toolkit, launching one raises);
+// index and dump as for the CPU's.
+std::unique_ptr<KernelDevice> cuda_kernels(const fuser::FusionGroup& group, int device,
+                                           size_t index, FusedGraphDump* dump);
 
 // Outputs a step allocates itself (direct and kernel steps), per output: its value in the plan's
 // arena, or -1; and the graph input whose buffer it may be computed in, or -1

@@ -28,6 +28,10 @@
 #include "lib/tensor_impl.h"
 #include "tests/jit/graph_names.h"
 #include "tests/testing.h"
+#if KILN_HAS_CUDA
+#include "fuser/codegen/cuda/cuda_kernel.h"
+#include "fuser/fuse.h"
+#endif
 
 namespace kiln {
 namespace {
@@ -245,7 +249,9 @@ void expect_consistent(const Json& doc, const std::string& what) {
                       op == "select" || op == "slice" || op == "expand" || op == "unsqueeze" ||
                       op == "squeeze" || op == "as_strided";
     EXPECT_EQ(nodes[i].has("view"), view) << what << ": " << op;
-    if (view) EXPECT_TRUE(nodes[i]["view"].b) << what;
+    if (view) {
+      EXPECT_TRUE(nodes[i]["view"].b) << what;
+    }
     for (const Json& out : nodes[i]["outputs"].items) {
       EXPECT_TRUE(values.insert(out["id"].integer()).second) << what << ": value defined twice";
       EXPECT_EQ(out["dtype"].kind, Json::kString) << what;
@@ -583,6 +589,71 @@ TEST(Dump, EnvironmentVariableDumpsEveryKernelEvenFromTheDiskCache) {
   fs::remove_all(first);
   fs::remove_all(second);
 }
+
+#if KILN_HAS_CUDA
+std::string read_text(const fs::path& file) {
+  std::ifstream in(file);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// `negations` neg then tanh over [1024] float32: one flat CUDA kernel with a 4-wide variant.
+struct NegationsKernel {
+  explicit NegationsKernel(int negations) {
+    jit::Graph g;
+    const jit::ValueType type{kFloat32, {1024}};
+    jit::Value* v = g.add_input(type);
+    for (int k = 0; k < negations; ++k) v = g.create("neg", {v}, {}, {type})->output();
+    g.add_output(g.create("tanh", {v}, {}, {type})->output());
+    group = fuser::find_groups(g).at(0);
+    layout.single_element.assign(group.kernel.input_types.size(), false);
+    symbol = fuser::kernel_symbol(fuser::kernel_key(group.kernel, layout), group.kernel);
+  }
+  // Whether the disk cache had its 4-wide 32-bit binary for sm_90.
+  bool compile_was_from_disk() const {
+    bool from_disk = true;
+    fuser::cuda::cuda_binary(group.kernel, layout, vec, 90, &from_disk);
+    return from_disk;
+  }
+  fuser::FusionGroup group;
+  fuser::Layout layout;
+  std::string symbol;
+  const fuser::cuda::CudaCallFlags vec{true, true};
+};
+
+// A CUDA kernel (no GPU needed: NVRTC runs on the host) is dumped as its source, its PTX and
+// NVRTC's log with ptxas's report of registers, named by its symbol and variant; while dumping, a
+// kernel the disk cache holds is compiled again, so that a second process's dump is complete.
+TEST(Dump, CudaKernelsAsSourcePtxAndRegisterReport) {
+  // A structure no earlier run compiled (the disk cache outlives runs).
+  const int negations = 1 + static_cast<int>(getpid() % 97);
+  const NegationsKernel k(negations);
+  EXPECT_FALSE(k.compile_was_from_disk());  // and now it is on disk
+  const fs::path dir = fresh_dir("kiln_dump_cuda");
+  const testing::ChildRun child = testing::run_this_binary(
+      "KILN_DUMP='" + dir.string() + "' KILN_DUMP_CUDA_NEGATIONS=" + std::to_string(negations),
+      "--gtest_also_run_disabled_tests --gtest_filter=DumpChild.DISABLED_CudaKernel");
+  EXPECT_EQ(child.status, 0) << child.output;
+  const std::string base = (dir / "kernels" / (k.symbol + ".i32.vec4")).string();
+  EXPECT_EQ(read_text(base + ".cu"),
+            fuser::cuda::cuda_source(k.group.kernel, k.layout, k.symbol, k.vec));
+  const std::string ptx = read_text(base + ".ptx");
+  EXPECT_NE(ptx.find(".entry " + k.symbol), std::string::npos) << ptx;
+  EXPECT_NE(ptx.find(".target sm_90"), std::string::npos) << ptx;
+  const std::string log = read_text(base + ".nvrtc.log");
+  EXPECT_NE(log.find("Used "), std::string::npos) << log;
+  EXPECT_NE(log.find(" registers"), std::string::npos) << log;
+  fs::remove_all(dir);
+}
+
+// The child of CudaKernelsAsSourcePtxAndRegisterReport (disabled: only that test runs it): the
+// same kernel, on disk, compiled again.
+TEST(DumpChild, DISABLED_CudaKernel) {
+  const char* negations = std::getenv("KILN_DUMP_CUDA_NEGATIONS");
+  ASSERT_NE(negations, nullptr);
+  EXPECT_FALSE(NegationsKernel(std::atoi(negations)).compile_was_from_disk())
+      << "a kernel on disk is compiled again while dumping";
+}
+#endif
 
 }  // namespace
 }  // namespace kiln

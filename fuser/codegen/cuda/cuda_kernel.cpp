@@ -18,6 +18,7 @@
 #include "fuser/codegen/cuda/nvrtc.h"
 #include "fuser/fuse.h"
 #include "fuser/registration.h"
+#include "jit/dump.h"
 #include "jit/log.h"
 #include "kiln/error.h"
 #include "lib/cuda_driver.h"
@@ -95,13 +96,22 @@ struct BinaryJob {
   bool ptx = false;
   std::string source;
   std::vector<std::string> options = cuda_compile_options();
-  bool to_disk = true;  // stand-ins compiled with other options stay in memory
+  bool to_disk = true;   // stand-ins compiled with other options stay in memory
+  std::string dump_tag;  // KILN_DUMP's file names: the variant (".i32.vec4"), "" for hand-written
 };
 
-BinaryJob binary_job(const std::string& key, const std::string& symbol, int sm,
-                     std::string source) {
+// The variant in KILN_DUMP's file names: index width, 4-wide, registers per thread x block.
+std::string variant_tag(CudaCallFlags v) {
+  return std::string(v.index32 ? ".i32" : ".i64") + (v.vec ? ".vec4" : "") +
+         (v.per_thread > 0 ? ".k" + std::to_string(v.per_thread) + "x" + std::to_string(v.block)
+                           : "");
+}
+
+BinaryJob binary_job(const std::string& key, const std::string& symbol, int sm, std::string source,
+                     std::string dump_tag = "") {
   BinaryJob job;
   job.key = key;
+  job.dump_tag = std::move(dump_tag);
   job.symbol = symbol;
   job.arch = target_arch(sm, &job.ptx);
   job.source = std::move(source);
@@ -128,8 +138,10 @@ std::shared_ptr<const CudaBinary> file_in_memory(const std::string& key,
 // The binary the disk cache holds for the job (then filed in memory), or nullptr. On disk, a
 // binary is filed under the source it was compiled from (with the target, the compiler and its
 // options): a change of the code generator's output can never load a binary built from other code.
-// `span` (the caller's "compile") is renamed for a hit.
+// `span` (the caller's "compile") is renamed for a hit. While KILN_DUMP is on, nothing is read
+// from disk, so that every kernel the process uses is compiled and dumped (as on the CPU).
 std::shared_ptr<const CudaBinary> disk_binary(const BinaryJob& job, detail::ProfileSpan& span) {
+  if (jit::dump_enabled()) return nullptr;
   std::optional<std::string> image =
       DiskCache::instance().load(cuda_disk_key(job.source, job.arch, job.ptx), kCudaBinary);
   if (!image) return nullptr;
@@ -148,15 +160,37 @@ std::shared_ptr<const CudaBinary> disk_binary(const BinaryJob& job, detail::Prof
 std::atomic<bool> g_compiled{false};
 constexpr const char* kNvrtcStart = "extern \"C\" __global__ void kiln_nvrtc_start() {}\n";
 
+// KILN_DUMP: the job's source, NVRTC's log (for a cubin, ptxas's report of each function's
+// registers, spills and shared memory: what occupancy follows from, readable without a GPU) and
+// its PTX (compiled again for that, only while dumping), as kernels/<symbol><tag>.cu, .nvrtc.log
+// and .ptx. A failure here is logged, never raised: the kernel itself compiled.
+void dump_compile(const BinaryJob& job, const CudaCompiled& out) {
+  const std::string name = job.symbol + job.dump_tag;
+  jit::dump_kernel_file(name, ".cu", job.source);
+  jit::dump_kernel_file(name, ".nvrtc.log", out.log);
+  try {
+    jit::dump_kernel_file(
+        name, ".ptx",
+        job.ptx
+            ? out.code
+            : nvrtc_compile(job.source, job.symbol, job.arch, CudaOutput::kPtx, job.options).code);
+  } catch (const Error& e) {
+    jit::log("codegen", "KILN_DUMP: no PTX for ", name, ": ", e.what());
+  }
+}
+
 // NVRTC's build of the job, filed in memory and (unless a stand-in) on disk.
 std::shared_ptr<const CudaBinary> compile_binary(const BinaryJob& job) {
   jit::log("cuda", "source of ", job.symbol, ":\n", job.source);
+  const bool dump = jit::dump_enabled();
+  std::vector<std::string> options = job.options;
+  if (dump && !job.ptx) options.push_back("--ptxas-options=--verbose");
   const auto start = std::chrono::steady_clock::now();
   CudaCompiled out = nvrtc_compile(job.source, job.symbol, job.arch,
-                                   job.ptx ? CudaOutput::kPtx : CudaOutput::kCubin, job.options);
+                                   job.ptx ? CudaOutput::kPtx : CudaOutput::kCubin, options);
   g_compiled.store(true);
   if (!out.log.empty()) jit::log("codegen", "NVRTC log for ", job.symbol, ": ", out.log);
-  auto binary = std::make_shared<CudaBinary>(CudaBinary{std::move(out.code), job.symbol, job.ptx});
+  auto binary = std::make_shared<CudaBinary>(CudaBinary{out.code, job.symbol, job.ptx});
   if (job.to_disk)
     DiskCache::instance().store(cuda_disk_key(job.source, job.arch, job.ptx), kCudaBinary,
                                 binary->image);
@@ -167,18 +201,20 @@ std::shared_ptr<const CudaBinary> compile_binary(const BinaryJob& job) {
     ++state().stats.compiles;
     state().stats.compile_seconds += seconds;
   }
+  if (dump) dump_compile(job, out);
   return file_in_memory(job.key, std::move(binary));
 }
 
 // The binary filed under `key` (which names the target and compiler), from memory, the disk cache,
 // or NVRTC compiling source() for sm.
 CudaBinary compile_cached(const std::string& key, const std::string& symbol, int sm,
-                          const std::function<std::string()>& source, bool* from_disk) {
+                          const std::function<std::string()>& source, bool* from_disk,
+                          const std::string& dump_tag = "") {
   if (from_disk) *from_disk = false;
   if (auto binary = memory_binary(key)) return *binary;
   detail::ProfileSpan span("compile");
   span.set_detail(symbol);
-  const BinaryJob job = binary_job(key, symbol, sm, source());
+  const BinaryJob job = binary_job(key, symbol, sm, source(), dump_tag);
   if (auto binary = disk_binary(job, span)) {
     if (from_disk) *from_disk = true;
     return *binary;
@@ -221,7 +257,8 @@ CudaBinary cuda_binary(const Kernel& kernel, const Layout& layout, CudaCallFlags
   const std::string symbol = kernel_symbol(kernel_key(kernel, layout), kernel);
   return compile_cached(
       cuda_binary_key(kernel, layout, variant, sm), symbol, sm,
-      [&] { return cuda_source(kernel, layout, symbol, variant); }, from_disk);
+      [&] { return cuda_source(kernel, layout, symbol, variant); }, from_disk,
+      variant_tag(cuda_variant(kernel, layout, variant)));
 }
 
 CudaCompileStats cuda_compile_stats() {
@@ -281,7 +318,8 @@ Runnable stand_in(const Kernel& kernel, const Layout& layout, CudaCallFlags vari
     std::shared_ptr<const CudaBinary> binary = memory_binary(key);
     if (!binary) {
       const BinaryJob scalar =
-          binary_job(key, job.symbol, sm, cuda_source(kernel, layout, job.symbol, variant));
+          binary_job(key, job.symbol, sm, cuda_source(kernel, layout, job.symbol, variant),
+                     variant_tag(variant));
       binary = disk_binary(scalar, span);
       if (!binary) binary = compile_binary(scalar);
     }
@@ -291,6 +329,7 @@ Runnable stand_in(const Kernel& kernel, const Layout& layout, CudaCallFlags vari
   quick.key += "|stand-in";
   quick.options.push_back("--Ofast-compile=min");
   quick.to_disk = false;
+  quick.dump_tag += ".stand-in";
   std::shared_ptr<const CudaBinary> binary = memory_binary(quick.key);
   return {binary ? binary : compile_binary(quick), quick.key, variant, true};
 }
@@ -330,7 +369,8 @@ Runnable runnable_binary(const Kernel& kernel, const Layout& layout, CudaCallFla
   const std::string symbol = kernel_symbol(kernel_key(kernel, layout), kernel);
   detail::ProfileSpan span("compile");
   span.set_detail(symbol);
-  const BinaryJob job = binary_job(key, symbol, sm, cuda_source(kernel, layout, symbol, variant));
+  const BinaryJob job = binary_job(key, symbol, sm, cuda_source(kernel, layout, symbol, variant),
+                                   variant_tag(variant));
   if (auto binary = disk_binary(job, span)) return {binary, key, variant};
   if (!tiered_compile() || !has_stand_in(layout, variant, job))
     return {compile_binary(job), key, variant};
