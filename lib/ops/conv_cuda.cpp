@@ -6,7 +6,9 @@
 // column (n, oh, ow)), so each pass is one GEMM strided-batched over the groups with the whole
 // batch in its N dimension; the output gradient enters the GEMMs regrouped as [G, O / G, N * L]
 // (the group kernel) and the forward GEMM's result leaves as [N, O, oH, oW] (the ungroup kernel);
-// with one image both layouts are the same bytes and neither kernel runs.
+// with one image both layouts are the same bytes and neither kernel runs. Layout::PerImage reads
+// the same cols per image instead (leading dimension N * L, batch stride L), so that its GEMMs
+// write y and read gy in NCHW and neither kernel runs (see conv_cuda.h).
 //
 // Every kernel is a grid-stride loop over its outputs, one thread an element (im2col: a column of a
 // band of rows), with no shared memory or block synchronization: col2im and the average pools'
@@ -460,10 +462,14 @@ Planes column_planes(const Tensor& cols, const ConvGeom& g) {
   return {cols, g.L(), g.N * g.L()};
 }
 
-// y or gy [N, O, oH, oW] in place when each image's channels are rows of L contiguous elements at
-// one stride that cuBLAS takes (at least L, within int), as y always is; else gy regrouped (a
-// copy, which the GEMM reads).
-Planes image_planes(const Tensor& t, const ConvGeom& g) {
+// A contiguous y [N, O, oH, oW].
+Planes output_planes(const Tensor& y, const ConvGeom& g) {
+  return {y, g.O * g.L(), g.L()};
+}
+
+// gy [N, O, oH, oW] in place when each image's channels are rows of L contiguous elements at one
+// stride that cuBLAS takes (at least L, within int), any image stride; else regrouped (a copy).
+Planes grad_output_planes(const Tensor& t, const ConvGeom& g) {
   const int64_t L = g.L();
   const bool rows = (t.size(3) == 1 || t.stride(3) == 1) && (t.size(2) == 1 || t.stride(2) == g.oW);
   const int64_t ld = t.size(1) == 1 ? L : t.stride(1);
@@ -561,7 +567,7 @@ Tensor forward(const Tensor& x, const Tensor& w, const ConvGeom& g, Layout layou
     im2col_into(x.narrow(0, n0, c.N), c, cols);
     const Tensor yc = y.narrow(0, n0, c.N);
     if (layout == Layout::PerImage)
-      per_image_gemm(ConvPass::Forward, c, w, column_planes(cols, c), image_planes(yc, c));
+      per_image_gemm(ConvPass::Forward, c, w, column_planes(cols, c), output_planes(yc, c));
     else
       grouped_forward_gemm(cols, w, c, yc);
   });
@@ -582,7 +588,7 @@ Tensor grad_input(const Tensor& gy, const Tensor& w, const ConvGeom& g, Layout l
   for_chunks(gy, g, layout, [&](int64_t n0, const ConvGeom& c, const Tensor& cols) {
     const Tensor gyc = gy.narrow(0, n0, c.N);
     if (layout == Layout::PerImage)
-      per_image_gemm(ConvPass::GradInput, c, w, image_planes(gyc, c), column_planes(cols, c));
+      per_image_gemm(ConvPass::GradInput, c, w, grad_output_planes(gyc, c), column_planes(cols, c));
     else
       pass_gemm(ConvPass::GradInput, c, gy.dtype(), gy.device().index, ptr(w), ptr(grouped(gyc, c)),
                 ptr(cols));
