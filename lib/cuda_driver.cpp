@@ -176,6 +176,7 @@ PerDevice& per_device(int index) {
     p.info.multiprocessors = attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
     p.info.max_threads_per_block = attribute(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
     p.info.max_shared_per_block = attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK);
+    p.info.l2_cache_bytes = attribute(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE);
     size_t total = 0;
     KILN_CU_CHECK(a.cuDeviceTotalMem(&total, dev), index);
     p.info.total_memory = total;

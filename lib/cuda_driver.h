@@ -29,6 +29,7 @@ struct DeviceInfo {
   int max_threads_per_block = 0;
   int max_shared_per_block = 0;
   size_t total_memory = 0;
+  int64_t l2_cache_bytes = 0;  // 50 MiB on an H100; sizes the convolutions' chunks
 };
 const DeviceInfo& device_info(int index);
 

@@ -55,8 +55,8 @@ std::vector<EnvFlag> make_table() {
        "NVRTC's --Ofast-compile level for generated CUDA kernels (0: fully optimized)"},
       {"KILN_CUDA_TIERED", K::Bool, "1", nullptr, 0,
        "a new CUDA kernel first runs a quicker-to-compile stand-in while it compiles"},
-      {"KILN_CONV_ALGO", K::List, "auto", "auto,im2col,onednn", 0,
-       "the convolution algorithm: auto (measured once per problem), im2col or onednn"},
+      {"KILN_CONV_ALGO", K::List, "auto", "auto,im2col,im2col_l2,onednn", 0,
+       "the convolution algorithm: auto (measured once per problem), im2col, im2col_l2 or onednn"},
       // Read by the tests and the tools' scripts: known here so that they draw no typo warning.
       {"KILN_FUZZ_SECONDS", K::External, "", nullptr, 0, "tests: how long the fuzz tests run"},
       {"KILN_FUZZ_SEED", K::External, "", nullptr, 0, "tests: the fuzz tests' seed"},

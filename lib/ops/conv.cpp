@@ -25,12 +25,16 @@
 // dilation, groups, dtype, device), keeps the fastest's result and remembers the choice in memory
 // and in the kernel cache's directory (ConvChoiceStore, keyed by the problem, the device's name and
 // the candidate set), where a later process reads it back instead of measuring (a damaged or stale
-// entry is ignored). KILN_CONV_ALGO=im2col|onednn forces one (im2col: the GEMM formulation
-// Theano's rule picks); KILN_LOG=conv (or all) prints each choice with the times measured, or
-// "from cache".
+// entry is ignored). KILN_CONV_ALGO=im2col|im2col_l2|onednn forces one (im2col: the GEMM
+// formulation Theano's rule picks); KILN_LOG=conv (or all) prints each choice with the times
+// measured, or "from cache".
 //
 // On a CUDA device the im2col formulation runs lib/ops/conv_cuda.cpp's kernels and cuBLAS (the
-// weight-gradient one is built of it); oneDNN is CPU only.
+// weight-gradient one is built of it); oneDNN is CPU only. A device has one more candidate,
+// im2col_l2 (conv_cuda.h's Layout::PerImage): the same kernels in chunks of images sized to half
+// the device's L2, with per-image GEMMs that read and write NCHW images in place instead of
+// regrouping them; listed last, it replaces the others only where it measures faster (both
+// remove traffic, the L2-sized chunks make smaller GEMMs).
 //
 // conv2d_epilogue is conv2d with a bias, a residual add and an activation computed by the
 // convolution (oneDNN post-ops); only the graph pass jit/passes/conv_fold.cpp makes it.
@@ -295,10 +299,17 @@ Tensor grouped_grad_output(const Tensor& gy, const ConvGeom& g) {
   return out;
 }
 
+// The device layout of an im2col algorithm (Im2colL2 runs only on a device).
+detail::cuda_conv::Layout device_layout(ConvAlgo a) {
+  return a == ConvAlgo::Im2colL2 ? detail::cuda_conv::Layout::PerImage
+                                 : detail::cuda_conv::Layout::Grouped;
+}
+
 // Inputs of these are contiguous (on a device only the weight need be) and of one dtype; autograd
-// is off.
-Tensor forward_im2col(const Tensor& x, const Tensor& w, const ConvGeom& g) {
-  if (x.device().is_cuda()) return detail::cuda_conv::forward(x, w, g);
+// is off. `a`: Im2col, or Im2colL2 on a device.
+Tensor forward_im2col(const Tensor& x, const Tensor& w, const ConvGeom& g,
+                      ConvAlgo a = ConvAlgo::Im2col) {
+  if (x.device().is_cuda()) return detail::cuda_conv::forward(x, w, g, device_layout(a));
   const DType dt = x.dtype();
   Tensor cols = make_cols(x, g);
   Tensor yg = detail::make_empty({g.groups, g.Og(), g.N * g.L()}, dt);
@@ -309,8 +320,9 @@ Tensor forward_im2col(const Tensor& x, const Tensor& w, const ConvGeom& g) {
   return y;
 }
 
-Tensor grad_input_im2col(const Tensor& gy, const Tensor& w, const ConvGeom& g) {
-  if (gy.device().is_cuda()) return detail::cuda_conv::grad_input(gy, w, g);
+Tensor grad_input_im2col(const Tensor& gy, const Tensor& w, const ConvGeom& g,
+                         ConvAlgo a = ConvAlgo::Im2col) {
+  if (gy.device().is_cuda()) return detail::cuda_conv::grad_input(gy, w, g, device_layout(a));
   const DType dt = gy.dtype();
   Tensor cols = detail::make_empty({g.groups, g.K(), g.N * g.L()}, dt);
   detail::gemm_into("conv2d_grad_input", cols, w.view({g.groups, g.Og(), g.K()}).transpose(1, 2),
@@ -323,8 +335,9 @@ Tensor grad_input_im2col(const Tensor& gy, const Tensor& w, const ConvGeom& g) {
   return gx;
 }
 
-Tensor grad_weight_im2col(const Tensor& gy, const Tensor& x, const ConvGeom& g) {
-  if (gy.device().is_cuda()) return detail::cuda_conv::grad_weight(gy, x, g);
+Tensor grad_weight_im2col(const Tensor& gy, const Tensor& x, const ConvGeom& g,
+                          ConvAlgo a = ConvAlgo::Im2col) {
+  if (gy.device().is_cuda()) return detail::cuda_conv::grad_weight(gy, x, g, device_layout(a));
   const DType dt = gy.dtype();
   Tensor gw = detail::make_empty({g.groups, g.Og(), g.K()}, dt);
   detail::gemm_into("conv2d_grad_weight", gw, grouped_grad_output(gy, g),
@@ -543,7 +556,8 @@ bool theano_prefers_forward(const ConvGeom& g) {
 
 // The algorithms that can compute a pass, the GEMM formulations in the order Theano's rule
 // prefers. oneDNN: float32 on the CPU with a non-negative bottom/right padding (a stride that
-// skips the last rows would need a negative one).
+// skips the last rows would need a negative one). Im2colL2: on a device, last (ties keep the
+// established ones).
 std::vector<ConvAlgo> candidates(Pass p, const ConvGeom& g, DType dt, Device device) {
   std::vector<ConvAlgo> out{ConvAlgo::Im2col};
   if (p == Pass::Forward && g.groups == 1) {
@@ -553,6 +567,7 @@ std::vector<ConvAlgo> candidates(Pass p, const ConvGeom& g, DType dt, Device dev
   if (dt == kFloat32 && !device.is_cuda() && DnnlConv::bottom_pad(g) >= 0 &&
       DnnlConv::right_pad(g) >= 0)
     out.push_back(ConvAlgo::OneDNN);
+  if (device.is_cuda()) out.push_back(ConvAlgo::Im2colL2);
   return out;
 }
 
@@ -573,8 +588,10 @@ ConvAlgo forced_algo() {
   const int f = chooser().forced.load(std::memory_order_relaxed);
   if (f >= 0) return static_cast<ConvAlgo>(f);
   const std::vector<std::string> v = detail::env_list("KILN_CONV_ALGO");
-  KILN_CHECK(v.size() <= 1, "KILN_CONV_ALGO: expected one algorithm (auto, im2col, onednn)");
+  KILN_CHECK(v.size() <= 1,
+             "KILN_CONV_ALGO: expected one algorithm (auto, im2col, im2col_l2, onednn)");
   if (v.empty() || v[0] == "auto") return ConvAlgo::Auto;
+  if (v[0] == "im2col_l2") return ConvAlgo::Im2colL2;
   return v[0] == "im2col" ? ConvAlgo::Gemm : ConvAlgo::OneDNN;
 }
 
@@ -714,7 +731,7 @@ Tensor forward_kernel(const Tensor& input, const Tensor& weight, const Tensor& b
                                   if (a == ConvAlgo::OneDNN) return forward_onednn(x, w, g);
                                   if (a == ConvAlgo::WeightGrad)
                                     return forward_weight_grad(x, w, g);
-                                  return forward_im2col(x, w, g);
+                                  return forward_im2col(x, w, g, a);
                                 });
   if (bias.defined() && y.device().is_cuda()) {
     detail::cuda_conv::add_bias(y, bias);  // the evaluator runs no composite op on a device
@@ -756,7 +773,8 @@ Tensor conv2d_epilogue_kernel(const Inputs& in, const Attrs& a) {
   return run_pass(Pass::Forward, g, x.dtype(), x.device(), [&](ConvAlgo algo) {
     if (algo == ConvAlgo::OneDNN) return forward_onednn(x, w, g, e);
     return apply_epilogue(
-        algo == ConvAlgo::WeightGrad ? forward_weight_grad(x, w, g) : forward_im2col(x, w, g), e);
+        algo == ConvAlgo::WeightGrad ? forward_weight_grad(x, w, g) : forward_im2col(x, w, g, algo),
+        e);
   });
 }
 
@@ -765,7 +783,7 @@ Tensor grad_input_kernel(const Tensor& grad_output, const Tensor& weight, const 
   const Tensor gy = data_layout(grad_output), w = weight.contiguous();
   if (empty_problem(g)) return zeros({g.N, g.C, g.H, g.W}, options_of(gy));
   return run_pass(Pass::GradInput, g, gy.dtype(), gy.device(), [&](ConvAlgo a) {
-    return a == ConvAlgo::OneDNN ? grad_input_onednn(gy, w, g) : grad_input_im2col(gy, w, g);
+    return a == ConvAlgo::OneDNN ? grad_input_onednn(gy, w, g) : grad_input_im2col(gy, w, g, a);
   });
 }
 
@@ -774,7 +792,7 @@ Tensor grad_weight_kernel(const Tensor& grad_output, const Tensor& input, const 
   const Tensor gy = data_layout(grad_output), x = data_layout(input);
   if (empty_problem(g)) return zeros({g.O, g.Cg(), g.kH, g.kW}, options_of(gy));
   return run_pass(Pass::GradWeight, g, gy.dtype(), gy.device(), [&](ConvAlgo a) {
-    return a == ConvAlgo::OneDNN ? grad_weight_onednn(gy, x, g) : grad_weight_im2col(gy, x, g);
+    return a == ConvAlgo::OneDNN ? grad_weight_onednn(gy, x, g) : grad_weight_im2col(gy, x, g, a);
   });
 }
 
@@ -909,6 +927,8 @@ const char* conv_algo_name(ConvAlgo a) {
       return "weight-grad";
     case ConvAlgo::OneDNN:
       return "onednn";
+    case ConvAlgo::Im2colL2:
+      return "im2col_l2";
   }
   return "?";
 }

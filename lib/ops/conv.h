@@ -23,9 +23,12 @@ struct ConvGeom {
 //     are the input's channels (Theano's GpuCorrMM choice for kernels large next to the output);
 //     forward only, groups == 1.
 //   OneDNN: oneDNN's convolution primitive (float32).
+//   Im2colL2: CUDA only; im2col in chunks of images whose columns fit in half the device's L2,
+//     with one GEMM a group strided-batched over the chunk's images, reading and writing the
+//     images in their NCHW layout (lib/ops/conv_cuda.h, Layout::PerImage).
 // Auto measures the available ones once per problem and remembers the fastest; Gemm takes the
-// GEMM formulation that Theano's rule picks (KILN_CONV_ALGO=im2col).
-enum class ConvAlgo { Auto, Gemm, Im2col, WeightGrad, OneDNN };
+// GEMM formulation that Theano's rule picks (KILN_CONV_ALGO=im2col; im2col_l2 forces Im2colL2).
+enum class ConvAlgo { Auto, Gemm, Im2col, WeightGrad, OneDNN, Im2colL2 };
 const char* conv_algo_name(ConvAlgo a);
 
 // Overrides KILN_CONV_ALGO for the process; Auto returns to the environment's setting.

@@ -6,7 +6,9 @@
 // column (n, oh, ow)), so each pass is one GEMM strided-batched over the groups with the whole
 // batch in its N dimension; the output gradient enters the GEMMs regrouped as [G, O / G, N * L]
 // (the group kernel) and the forward GEMM's result leaves as [N, O, oH, oW] (the ungroup kernel);
-// with one image both layouts are the same bytes and neither kernel runs.
+// with one image both layouts are the same bytes and neither kernel runs. Layout::PerImage reads
+// the same cols per image instead (leading dimension N * L, batch stride L), so that its GEMMs
+// write y and read gy in NCHW and neither kernel runs (see conv_cuda.h).
 //
 // Every kernel is a grid-stride loop over its outputs, one thread an element (im2col: a column of a
 // band of rows), with no shared memory or block synchronization: col2im and the average pools'
@@ -337,6 +339,7 @@ struct CudaConvState {
   std::map<std::pair<std::string, int>, void*> loaded;  // guarded by mu: (name, device) -> kernel
   std::atomic<bool> force_wide{false};                  // atomic: set_wide_indices
   std::atomic<int64_t> max_cols_bytes{int64_t{256} << 20};  // atomic: set_max_cols_bytes
+  std::atomic<int64_t> l2_chunk_bytes{0};                   // atomic: set_l2_chunk_bytes
 };
 CudaConvState& state() {
   static auto* s = new CudaConvState();  // never destroyed: kernels may launch during exit
@@ -425,9 +428,8 @@ Tensor empty_like_on(const Tensor& like, const Shape& shape) {
 }
 
 // im2col of x into cols [G, K, N * L].
-Tensor columns(const Tensor& x, const ConvGeom& g) {
-  Tensor cols = empty_like_on(x, {g.groups, g.K(), g.N * g.L()});
-  if (cols.numel() == 0) return cols;
+void im2col_into(const Tensor& x, const ConvGeom& g, const Tensor& cols) {
+  if (cols.numel() == 0) return;
   // Bands of rows so that the columns times the bands about fill the device (2048 threads a
   // multiprocessor), each thread writing its column of a band.
   const int64_t rows = g.groups * g.K(), NL = g.N * g.L();
@@ -436,7 +438,6 @@ Tensor columns(const Tensor& x, const ConvGeom& g) {
   KilnGeom k = with_strides(conv_geom(g), x);
   k.rows = (rows + bands - 1) / bands;
   launch(kIm2col, (rows + k.rows - 1) / k.rows * NL, k, {x, cols});
-  return cols;
 }
 
 // gy [N, O, oH, oW] as the GEMMs read it, [G, O / G, N * L]: gy itself for one contiguous image.
@@ -447,6 +448,50 @@ Tensor grouped(const Tensor& gy, const ConvGeom& g) {
   k.C = g.O;
   launch(kGroup, out.numel(), k, {gy, out});
   return out;
+}
+
+// One [rows, L] matrix per image, as Layout::PerImage's GEMMs read and write them: element
+// (r, l) of image n at element n * image + r * ld + l of t's data (the groups' rows one after
+// another).
+struct Planes {
+  Tensor t;
+  int64_t image, ld;
+};
+
+Planes column_planes(const Tensor& cols, const ConvGeom& g) {
+  return {cols, g.L(), g.N * g.L()};
+}
+
+// A contiguous y [N, O, oH, oW].
+Planes output_planes(const Tensor& y, const ConvGeom& g) {
+  return {y, g.O * g.L(), g.L()};
+}
+
+// gy [N, O, oH, oW] in place when each image's channels are rows of L contiguous elements at one
+// stride that cuBLAS takes (at least L, within int), any image stride; else regrouped (a copy).
+Planes grad_output_planes(const Tensor& t, const ConvGeom& g) {
+  const int64_t L = g.L();
+  const bool rows = (t.size(3) == 1 || t.stride(3) == 1) && (t.size(2) == 1 || t.stride(2) == g.oW);
+  const int64_t ld = t.size(1) == 1 ? L : t.stride(1);
+  if (rows && ld >= L && ld <= INT32_MAX) return {t, t.stride(0), ld};
+  return {grouped(t, g), L, g.N * L};
+}
+
+const void* at(const Tensor& t, int64_t elements) {
+  return static_cast<const char*>(ptr(t)) +
+         elements * static_cast<int64_t>(element_size(t.dtype()));
+}
+
+// Layout::PerImage's forward (out y, in cols: y[n] = w[group] @ cols[n]) and input-gradient (out
+// cols, in gy: cols[n] = w[group]^T @ gy[n]) GEMMs, one a group strided-batched over the images.
+void per_image_gemm(ConvPass pass, const ConvGeom& g, const Tensor& w, const Planes& in,
+                    const Planes& out) {
+  const bool forward = pass == ConvPass::Forward;
+  const int64_t Og = g.Og(), K = g.K(), in_rows = forward ? K : Og, out_rows = forward ? Og : K;
+  for (int64_t group = 0; group < g.groups; ++group)
+    cuda::gemm(w.device().index, w.dtype(), forward ? 'N' : 'T', 'N', out_rows, g.L(), in_rows, 1,
+               at(w, group * Og * K), K, 0, at(in.t, group * in_rows * in.ld), in.ld, in.image, 0,
+               const_cast<void*>(at(out.t, group * out_rows * out.ld)), out.ld, out.image, g.N);
 }
 
 }  // namespace
@@ -472,49 +517,59 @@ void pass_gemm(ConvPass pass, const ConvGeom& g, DType dtype, int device, const 
   }
 }
 
-namespace {
-// Runs f(first image, geometry of the chunk) over the batch in chunks whose column matrix stays
-// within the limit (at least one image each), so a large batch never needs all its columns at
-// once.
-template <typename F>
-void for_chunks(const ConvGeom& g, DType dtype, const F& f) {
+int64_t chunk_images(const ConvGeom& g, DType dtype, int device, Layout layout) {
+  int64_t budget = state().max_cols_bytes.load();
+  if (layout == Layout::PerImage) {
+    // Half the L2: the rest holds the GEMM's other operands' tiles.
+    const int64_t set = state().l2_chunk_bytes.load(),
+                  l2 = cuda::device_info(device).l2_cache_bytes;
+    budget = set > 0 ? set : l2 > 0 ? l2 / 2 : budget;
+  }
   const int64_t per_image =
       std::max<int64_t>(1, g.groups * g.K() * g.L() * static_cast<int64_t>(element_size(dtype)));
-  const int64_t step = std::clamp<int64_t>(state().max_cols_bytes.load() / per_image, 1, g.N);
+  return std::clamp<int64_t>(budget / per_image, 1, std::max<int64_t>(1, g.N));
+}
+
+namespace {
+// Runs f(first image, geometry of the chunk, its columns [G, K, chunk's N * L]) over the batch in
+// chunks of chunk_images images, so a large batch never needs all its columns at once. The column
+// buffer is allocated once and every chunk reuses it (on a GPU, lines that are in L2 already).
+template <typename F>
+void for_chunks(const Tensor& like, const ConvGeom& g, Layout layout, const F& f) {
+  const int64_t step = chunk_images(g, like.dtype(), like.device().index, layout);
+  const int64_t per_image = g.groups * g.K() * g.L();
+  const Tensor buffer = empty_like_on(like, {step * per_image});
   for (int64_t n0 = 0; n0 < g.N; n0 += step) {
     ConvGeom c = g;
     c.N = std::min(step, g.N - n0);
-    f(n0, c);
+    f(n0, c, buffer.narrow(0, 0, c.N * per_image).view({g.groups, g.K(), c.N * g.L()}));
   }
 }
 
-// The forward pass of a chunk into y (its images of the output, contiguous).
-void forward_into(const Tensor& x, const Tensor& w, const ConvGeom& g, const Tensor& y) {
-  const int device = x.device().index;
-  const Tensor cols = columns(x, g);
+// The forward GEMM of a chunk, grouped, into y (its images of the output, contiguous).
+void grouped_forward_gemm(const Tensor& cols, const Tensor& w, const ConvGeom& g, const Tensor& y) {
+  const int device = y.device().index;
   if (g.N == 1) {  // [G, O / G, L] is y's layout already
-    pass_gemm(ConvPass::Forward, g, x.dtype(), device, ptr(w), ptr(cols), ptr(y));
+    pass_gemm(ConvPass::Forward, g, y.dtype(), device, ptr(w), ptr(cols), ptr(y));
     return;
   }
-  Tensor yg = empty_like_on(x, {g.groups, g.Og(), g.N * g.L()});
-  pass_gemm(ConvPass::Forward, g, x.dtype(), device, ptr(w), ptr(cols), ptr(yg));
+  Tensor yg = empty_like_on(y, {g.groups, g.Og(), g.N * g.L()});
+  pass_gemm(ConvPass::Forward, g, y.dtype(), device, ptr(w), ptr(cols), ptr(yg));
   KilnGeom k = conv_geom(g);
   k.C = g.O;
   launch(kUngroup, y.numel(), k, {yg, y});
 }
-
-void grad_input_into(const Tensor& gy, const Tensor& w, const ConvGeom& g, const Tensor& gx) {
-  const Tensor gyg = grouped(gy, g);
-  Tensor cols = empty_like_on(gy, {g.groups, g.K(), g.N * g.L()});
-  pass_gemm(ConvPass::GradInput, g, gy.dtype(), gy.device().index, ptr(w), ptr(gyg), ptr(cols));
-  launch(kCol2im, gx.numel(), conv_geom(g), {cols, gx});
-}
 }  // namespace
 
-Tensor forward(const Tensor& x, const Tensor& w, const ConvGeom& g) {
+Tensor forward(const Tensor& x, const Tensor& w, const ConvGeom& g, Layout layout) {
   Tensor y = empty_like_on(x, {g.N, g.O, g.oH, g.oW});
-  for_chunks(g, x.dtype(), [&](int64_t n0, const ConvGeom& c) {
-    forward_into(x.narrow(0, n0, c.N), w, c, y.narrow(0, n0, c.N));
+  for_chunks(x, g, layout, [&](int64_t n0, const ConvGeom& c, const Tensor& cols) {
+    im2col_into(x.narrow(0, n0, c.N), c, cols);
+    const Tensor yc = y.narrow(0, n0, c.N);
+    if (layout == Layout::PerImage)
+      per_image_gemm(ConvPass::Forward, c, w, column_planes(cols, c), output_planes(yc, c));
+    else
+      grouped_forward_gemm(cols, w, c, yc);
   });
   return y;
 }
@@ -528,21 +583,28 @@ void add_bias(const Tensor& y, const Tensor& bias) {
   launch(kBias, y.numel(), k, {bias, y});
 }
 
-Tensor grad_input(const Tensor& gy, const Tensor& w, const ConvGeom& g) {
+Tensor grad_input(const Tensor& gy, const Tensor& w, const ConvGeom& g, Layout layout) {
   Tensor gx = empty_like_on(gy, {g.N, g.C, g.H, g.W});
-  for_chunks(g, gy.dtype(), [&](int64_t n0, const ConvGeom& c) {
-    grad_input_into(gy.narrow(0, n0, c.N), w, c, gx.narrow(0, n0, c.N));
+  for_chunks(gy, g, layout, [&](int64_t n0, const ConvGeom& c, const Tensor& cols) {
+    const Tensor gyc = gy.narrow(0, n0, c.N);
+    if (layout == Layout::PerImage)
+      per_image_gemm(ConvPass::GradInput, c, w, grad_output_planes(gyc, c), column_planes(cols, c));
+    else
+      pass_gemm(ConvPass::GradInput, c, gy.dtype(), gy.device().index, ptr(w), ptr(grouped(gyc, c)),
+                ptr(cols));
+    launch(kCol2im, c.N * g.C * g.H * g.W, conv_geom(c), {cols, gx.narrow(0, n0, c.N)});
   });
   return gx;
 }
 
-// The chunks' weight gradients add up in gw (the GEMM's beta).
-Tensor grad_weight(const Tensor& gy, const Tensor& x, const ConvGeom& g) {
+// The chunks' weight gradients add up in gw (the GEMM's beta). Both layouts run the grouped GEMM
+// (see Layout::PerImage); theirs differ in the chunks' size.
+Tensor grad_weight(const Tensor& gy, const Tensor& x, const ConvGeom& g, Layout layout) {
   Tensor gw = empty_like_on(gy, {g.O, g.Cg(), g.kH, g.kW});
-  for_chunks(g, gy.dtype(), [&](int64_t n0, const ConvGeom& c) {
-    const Tensor gyg = grouped(gy.narrow(0, n0, c.N), c), cols = columns(x.narrow(0, n0, c.N), c);
-    pass_gemm(ConvPass::GradWeight, c, gy.dtype(), gy.device().index, ptr(gyg), ptr(cols), ptr(gw),
-              n0 == 0 ? 0 : 1);
+  for_chunks(gy, g, layout, [&](int64_t n0, const ConvGeom& c, const Tensor& cols) {
+    im2col_into(x.narrow(0, n0, c.N), c, cols);
+    pass_gemm(ConvPass::GradWeight, c, gy.dtype(), gy.device().index,
+              ptr(grouped(gy.narrow(0, n0, c.N), c)), ptr(cols), ptr(gw), n0 == 0 ? 0 : 1);
   });
   return gw;
 }
@@ -575,6 +637,10 @@ Tensor avg_pool(const Tensor& x, const PoolShape& p, bool adjoint) {
 
 void set_max_cols_bytes(int64_t bytes) {
   state().max_cols_bytes.store(bytes);
+}
+
+void set_l2_chunk_bytes(int64_t bytes) {
+  state().l2_chunk_bytes.store(bytes);
 }
 
 void set_wide_indices(bool on) {

@@ -13,13 +13,30 @@
 
 namespace kiln::detail::cuda_conv {
 
+// How the im2col passes lay out their GEMMs, per chunk of images (one column buffer, allocated
+// once, serves every chunk):
+//   Grouped (ConvAlgo::Im2col): one GEMM strided-batched over the groups with the chunk's images
+//     in its N dimension; gy enters it regrouped as [G, O / G, N * L] (a copy) and the forward's
+//     result leaves through a copy into [N, O, oH, oW]. Chunks of up to 256 MiB of columns
+//     (set_max_cols_bytes).
+//   PerImage (ConvAlgo::Im2colL2): per group, one GEMM strided-batched over the chunk's images
+//     (the weight's batch stride 0) that writes y and reads gy in their NCHW layout (gy copied
+//     only when its channel planes are not rows of oH * oW contiguous elements), in chunks whose
+//     columns fill about half the device's L2 (set_l2_chunk_bytes), so that the GEMM reads
+//     im2col's writes (and col2im the GEMM's) from L2 rather than DRAM. The weight gradient keeps
+//     the grouped GEMM: per image it would reduce over only oH * oW, with too few output tiles to
+//     fill the device, while regrouping gy moves O / K of the columns' bytes.
+enum class Layout { Grouped, PerImage };
+
 // The three im2col passes (conv.cpp's forward_im2col, grad_input_im2col, grad_weight_im2col):
-// im2col or col2im kernels around one cuBLAS GEMM strided-batched over the groups, per chunk of
-// images whose column matrix fits in 256 MiB (set_max_cols_bytes). Operands are of one dtype; the
-// weight is contiguous, x and gy may have any strides.
-Tensor forward(const Tensor& x, const Tensor& w, const ConvGeom& g);
-Tensor grad_input(const Tensor& gy, const Tensor& w, const ConvGeom& g);
-Tensor grad_weight(const Tensor& gy, const Tensor& x, const ConvGeom& g);
+// im2col or col2im kernels around cuBLAS GEMMs. Operands are of one dtype; the weight is
+// contiguous, x and gy may have any strides.
+Tensor forward(const Tensor& x, const Tensor& w, const ConvGeom& g,
+               Layout layout = Layout::Grouped);
+Tensor grad_input(const Tensor& gy, const Tensor& w, const ConvGeom& g,
+                  Layout layout = Layout::Grouped);
+Tensor grad_weight(const Tensor& gy, const Tensor& x, const ConvGeom& g,
+                   Layout layout = Layout::Grouped);
 // y [N, O, oH, oW] (contiguous) += bias [O], in place.
 void add_bias(const Tensor& y, const Tensor& bias);
 
@@ -47,8 +64,12 @@ Tensor max_pool_backward(const Tensor& gy, const Tensor& indices, const PoolShap
 // windows that hold it, in the CPU kernel's order).
 Tensor avg_pool(const Tensor& x, const PoolShape& p, bool adjoint);
 
-// For tests: the column matrix's budget per chunk of images (at least one image runs at once).
+// For tests: the column matrix's budget per chunk of images (at least one image runs at once),
+// of Layout::Grouped; and of Layout::PerImage (0, the default: half the device's L2).
 void set_max_cols_bytes(int64_t bytes);
+void set_l2_chunk_bytes(int64_t bytes);
+// The images a chunk of g's passes holds in `layout` on `device`.
+int64_t chunk_images(const ConvGeom& g, DType dtype, int device, Layout layout);
 // For tests: 64-bit index arithmetic in every kernel, also where 32 bits suffice.
 void set_wide_indices(bool on);
 

@@ -10,10 +10,12 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -165,6 +167,51 @@ TEST(CudaConv, NeedsTheCudaToolkit) {
 
 // ------------------------------------------------------------------- the ops on the device
 
+// conv2d (with a bias) and its two gradient passes on geometry g match the CPU's, each run by
+// `algo`. `layouts` picks the device operands' layouts: bit 0, x and gy as transposed views
+// (channel planes that are not rows); bit 1, w as a transposed view; bit 2, gy as a view into a
+// larger tensor whose channel planes are rows, channels and images further apart than the plane
+// and the batch entry.
+void expect_passes_match(const Geometry& g, DType dt, int layouts, ConvAlgo algo) {
+  const std::string what = g.str() + " " + dtype_name(dt) + " layouts " + std::to_string(layouts);
+  SCOPED_TRACE(what);
+  const Tensor x = testing::random_tensor({g.N, g.C, g.H, g.W}, dt);
+  const Tensor w = testing::random_tensor({g.O, g.C / g.groups, g.kH, g.kW}, dt);
+  const Tensor b = testing::random_tensor({g.O}, dt);
+  Tensor xd = x.to(kDev);
+  if (layouts & 1) {  // the same values through a transposed view on the device
+    xd = x.transpose(2, 3).contiguous().to(kDev).transpose(2, 3);
+    EXPECT_FALSE(xd.is_contiguous());
+  }
+  const Tensor y = conv2d(x, w, b, g.stride, g.padding, g.dilation, g.groups);
+  Tensor wd = w.to(kDev);
+  if (layouts & 2) wd = w.transpose(0, 1).contiguous().to(kDev).transpose(0, 1);
+  expect_matches(conv2d(xd, wd, b.to(kDev), g.stride, g.padding, g.dilation, g.groups), y,
+                 "conv2d " + what);
+  EXPECT_EQ(detail::last_conv_algo(), algo);
+  Tensor gy = testing::random_tensor(y.sizes(), dt);
+  Tensor gyd = gy.to(kDev);
+  if (layouts & 1) {
+    gyd = gy.transpose(1, 3).contiguous().to(kDev).transpose(1, 3);
+  } else if (layouts & 4) {  // planes of L at a channel stride of L + 3 and an image stride beyond
+    const int64_t N = y.size(0), O = y.size(1), L = y.size(2) * y.size(3), ld = L + 3;
+    const Tensor big = testing::random_tensor({N + 1, O + 1, ld}, dt);
+    const Shape sizes = y.sizes(), strides{(O + 1) * ld, ld, y.size(3), 1};
+    gy = as_strided(big, sizes, strides, ld).contiguous();
+    gyd = as_strided(big.to(kDev), sizes, strides, ld);
+    EXPECT_EQ(gyd.strides(), strides);
+  }
+  const Shape xs{g.N, g.C, g.H, g.W}, ws = w.sizes();
+  expect_matches(conv2d_grad_input(gyd, wd, xs, g.stride, g.padding, g.dilation, g.groups),
+                 conv2d_grad_input(gy, w, xs, g.stride, g.padding, g.dilation, g.groups),
+                 "conv2d_grad_input " + what);
+  EXPECT_EQ(detail::last_conv_algo(), algo);
+  expect_matches(conv2d_grad_weight(gyd, xd, ws, g.stride, g.padding, g.dilation, g.groups),
+                 conv2d_grad_weight(gy, x, ws, g.stride, g.padding, g.dilation, g.groups),
+                 "conv2d_grad_weight " + what);
+  EXPECT_EQ(detail::last_conv_algo(), algo);
+}
+
 // conv2d and its two gradient passes on random geometries match the CPU's, in both dtypes, with
 // the input and output gradient given as non-contiguous views every other time.
 TEST(CudaConv, PassesMatchTheCpuOnRandomGeometries) {
@@ -173,32 +220,50 @@ TEST(CudaConv, PassesMatchTheCpuOnRandomGeometries) {
   ForcedAlgo im2col(ConvAlgo::Im2col);
   for (int i = 0; i < 16; ++i) {
     const Geometry g = random_geometry(i);
-    for (DType dt : {kFloat32, kFloat64}) {
-      const std::string what = g.str() + " " + dtype_name(dt);
-      SCOPED_TRACE(what);
-      Tensor x = testing::random_tensor({g.N, g.C, g.H, g.W}, dt);
-      const Tensor w = testing::random_tensor({g.O, g.C / g.groups, g.kH, g.kW}, dt);
-      const Tensor b = testing::random_tensor({g.O}, dt);
-      Tensor xd = x.to(kDev);
-      if (i % 2 == 1) {  // the same values through a transposed view on the device
-        xd = x.transpose(2, 3).contiguous().to(kDev).transpose(2, 3);
-        ASSERT_FALSE(xd.is_contiguous());
+    for (DType dt : {kFloat32, kFloat64}) expect_passes_match(g, dt, i % 8, ConvAlgo::Im2col);
+  }
+}
+
+// Restores the default chunk budgets of both layouts when it goes.
+struct ChunkBudgets {
+  ChunkBudgets(int64_t grouped, int64_t per_image) {
+    detail::cuda_conv::set_max_cols_bytes(grouped);
+    detail::cuda_conv::set_l2_chunk_bytes(per_image);
+  }
+  ~ChunkBudgets() {
+    detail::cuda_conv::set_max_cols_bytes(int64_t{256} << 20);
+    detail::cuda_conv::set_l2_chunk_bytes(0);
+  }
+};
+
+// The bytes of one image's columns.
+int64_t column_bytes(const Geometry& g, DType dt) {
+  auto out = [](int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
+    return (in + 2 * p - d * (k - 1) - 1) / s + 1;
+  };
+  return g.C * g.kH * g.kW * out(g.H, g.kH, g.stride[0], g.padding[0], g.dilation[0]) *
+         out(g.W, g.kW, g.stride[1], g.padding[1], g.dilation[1]) *
+         static_cast<int64_t>(element_size(dt));
+}
+
+// im2col_l2 (per-image GEMMs on NCHW images, in chunks sized to the L2) computes the CPU's passes
+// on random geometries (groups, strides, padding, dilation, one image, 1x1 kernels, every operand
+// layout) in both dtypes: with the fake device's L2 (chunks of one to a few images), and with
+// budgets of one image and of two and a half (5 images in chunks of 2, 2 and 1).
+TEST(CudaConv, Im2colL2MatchesTheCpuOnRandomGeometries) {
+  KILN_REQUIRE_DEVICE();
+  LazyGuard eager(false);
+  ForcedAlgo l2(ConvAlgo::Im2colL2);
+  for (int budget = 0; budget < 3; ++budget) {
+    for (int i = 0; i < 12; ++i) {
+      Geometry g = random_geometry(i);
+      if (i % 4 != 0) g.N = 5;
+      for (DType dt : {kFloat32, kFloat64}) {
+        const int64_t bytes = budget == 0 ? 0 : budget == 1 ? 1 : column_bytes(g, dt) * 5 / 2;
+        ChunkBudgets chunks(int64_t{256} << 20, bytes);
+        SCOPED_TRACE("budget " + std::to_string(bytes));
+        expect_passes_match(g, dt, i % 8, ConvAlgo::Im2colL2);
       }
-      const Tensor y = conv2d(x, w, b, g.stride, g.padding, g.dilation, g.groups);
-      Tensor wd = w.to(kDev);
-      if (i % 4 == 3) wd = w.transpose(0, 1).contiguous().to(kDev).transpose(0, 1);
-      const Tensor yd = conv2d(xd, wd, b.to(kDev), g.stride, g.padding, g.dilation, g.groups);
-      expect_matches(yd, y, "conv2d " + what);
-      const Tensor gy = testing::random_tensor(y.sizes(), dt);
-      Tensor gyd = gy.to(kDev);
-      if (i % 2 == 1) gyd = gy.transpose(1, 3).contiguous().to(kDev).transpose(1, 3);
-      const Shape xs{g.N, g.C, g.H, g.W}, ws = w.sizes();
-      expect_matches(conv2d_grad_input(gyd, wd, xs, g.stride, g.padding, g.dilation, g.groups),
-                     conv2d_grad_input(gy, w, xs, g.stride, g.padding, g.dilation, g.groups),
-                     "conv2d_grad_input " + what);
-      expect_matches(conv2d_grad_weight(gyd, xd, ws, g.stride, g.padding, g.dilation, g.groups),
-                     conv2d_grad_weight(gy, x, ws, g.stride, g.padding, g.dilation, g.groups),
-                     "conv2d_grad_weight " + what);
     }
   }
 }
@@ -209,12 +274,8 @@ TEST(CudaConv, LargeBatchesRunInChunks) {
   KILN_REQUIRE_DEVICE();
   LazyGuard eager(false);
   ForcedAlgo im2col(ConvAlgo::Im2col);
-  struct Budget {
-    explicit Budget(int64_t bytes) { detail::cuda_conv::set_max_cols_bytes(bytes); }
-    ~Budget() { detail::cuda_conv::set_max_cols_bytes(int64_t{256} << 20); }
-  };
   for (int64_t budget : {int64_t{1}, int64_t{3000}}) {  // one image a chunk; a few
-    Budget chunks(budget);
+    ChunkBudgets chunks(budget, 0);
     for (int i = 1; i < 4; ++i) {
       Geometry g = random_geometry(i);
       g.N = 5;
@@ -237,6 +298,110 @@ TEST(CudaConv, LargeBatchesRunInChunks) {
                      "conv2d_grad_weight " + what);
     }
   }
+}
+
+// Kernels kiln launches while `f` runs and its results are computed (device ops record; eval runs
+// them).
+int64_t launches(const std::function<Tensor()>& f) {
+  const int64_t before = detail::cuda::launch_count();
+  eval({f()});
+  return detail::cuda::launch_count() - before;
+}
+
+// The fake device reports an L2 and im2col_l2's chunks hold the images whose columns fit in half
+// of it (or in the budget set for tests), one im2col each; im2col's chunks follow their own
+// budget (256 MiB).
+TEST(CudaConv, Im2colL2ChunksFollowTheDeviceL2) {
+  KILN_REQUIRE_DEVICE();
+  LazyGuard eager(false);
+  using detail::cuda_conv::chunk_images;
+  using detail::cuda_conv::Layout;
+  const int64_t l2 = detail::cuda::device_info(0).l2_cache_bytes;
+  EXPECT_GT(l2, 0);
+  if (on_fake_driver()) EXPECT_EQ(l2, 64 << 10);
+  // x [7, 4, 6, 6], w [3, 4, 3, 3], padding 1: 36 rows of 36 columns an image.
+  const detail::ConvGeom g{7, 4, 6, 6, 3, 3, 3, 6, 6, 1, 1, 1, 1, 1, 1, 1};
+  const int64_t per_image = 36 * 36 * 8, step = std::clamp<int64_t>(l2 / 2 / per_image, 1, 7);
+  EXPECT_EQ(chunk_images(g, kFloat64, 0, Layout::PerImage), step);
+  EXPECT_EQ(chunk_images(g, kFloat32, 0, Layout::PerImage),
+            std::clamp<int64_t>(l2 / 2 / (per_image / 2), 1, 7));
+  EXPECT_EQ(chunk_images(g, kFloat64, 0, Layout::Grouped), 7);
+  {
+    ChunkBudgets budgets(per_image, 2 * per_image);
+    EXPECT_EQ(chunk_images(g, kFloat64, 0, Layout::PerImage), 2);
+    EXPECT_EQ(chunk_images(g, kFloat64, 0, Layout::Grouped), 1);
+  }
+  const Tensor x = testing::random_tensor({7, 4, 6, 6}, kFloat64).to(kDev),
+               w = testing::random_tensor({3, 4, 3, 3}, kFloat64).to(kDev);
+  eval({x, w});
+  ForcedAlgo l2_algo(ConvAlgo::Im2colL2);
+  EXPECT_EQ(launches([&] { return conv2d(x, w, {}, {1}, {1}); }), (7 + step - 1) / step);
+}
+
+// im2col_l2 writes the forward's output and reads a contiguous output gradient in place: of the
+// kernels, only im2col and col2im run (im2col also regroups: its GEMM's result, and the gradient
+// it reads). A gradient whose channel planes are not rows is regrouped first.
+TEST(CudaConv, Im2colL2RunsNoRegroupingCopies) {
+  KILN_REQUIRE_DEVICE();
+  LazyGuard eager(false);
+  const Tensor x = testing::random_tensor({3, 4, 6, 6}).to(kDev),
+               w = testing::random_tensor({6, 2, 3, 3}).to(kDev),
+               gy = testing::random_tensor({3, 6, 4, 4}).to(kDev),
+               gyt = testing::random_tensor({3, 4, 4, 6}).to(kDev).transpose(1, 3);
+  eval({x, w, gy, gyt});
+  const Shape xs = x.sizes();
+  auto count = [&](ConvAlgo a, const Tensor& g) {
+    ForcedAlgo forced(a);
+    return std::make_pair(launches([&] { return conv2d(x, w, {}, {1}, {0}, {1}, 2); }),
+                          launches([&] { return conv2d_grad_input(g, w, xs, {1}, {0}, {1}, 2); }));
+  };
+  EXPECT_EQ(count(ConvAlgo::Im2colL2, gy), std::make_pair(int64_t{1}, int64_t{1}));
+  EXPECT_EQ(count(ConvAlgo::Im2col, gy), std::make_pair(int64_t{2}, int64_t{2}));
+  EXPECT_EQ(count(ConvAlgo::Im2colL2, gyt).second, 2);
+}
+
+// What the chooser stored last (ChooserListsIm2colL2OnTheDeviceOnly's store).
+std::string& last_stored_key() {
+  static std::string key;
+  return key;
+}
+
+// The chooser measures im2col_l2 on a device (KILN_LOG=conv names it), never on the CPU, stores
+// the choice under a key that names it (so choices stored before it existed are not read back),
+// and KILN_CONV_ALGO=im2col_l2 forces it on a device.
+TEST(CudaConv, ChooserListsIm2colL2OnTheDeviceOnly) {
+  KILN_REQUIRE_DEVICE();
+  LazyGuard eager(false);
+  const Tensor x = testing::random_tensor({2, 3, 7, 7}), w = testing::random_tensor({4, 3, 3, 3});
+  const Tensor y = conv2d(x, w, {}, {1}, {1});
+  const detail::ConvChoiceStore saved = detail::conv_choice_store();
+  detail::conv_choice_store() = {
+      [](const std::string&) { return std::string(); },
+      [](const std::string& key, const std::string&) { last_stored_key() = key; }};
+  detail::clear_conv_choices();
+  setenv("KILN_LOG", "conv", 1);
+  ::testing::internal::CaptureStderr();
+  conv2d(x, w, {}, {1}, {1});
+  const std::string cpu_key = last_stored_key();
+  expect_matches(conv2d(x.to(kDev), w.to(kDev), {}, {1}, {1}), y, "chosen");
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  unsetenv("KILN_LOG");
+  detail::conv_choice_store() = saved;
+  const std::string device_key = last_stored_key();
+  const size_t at = log.find("conv2d cuda:0");
+  ASSERT_NE(at, std::string::npos) << log;
+  EXPECT_NE(log.find("im2col_l2 ", at), std::string::npos) << log;
+  EXPECT_EQ(log.substr(0, at).find("im2col_l2"), std::string::npos) << log;
+  EXPECT_NE(device_key.find("im2col_l2"), std::string::npos) << device_key;
+  EXPECT_EQ(cpu_key.find("im2col_l2"), std::string::npos) << cpu_key;
+  struct Env {
+    Env() { setenv("KILN_CONV_ALGO", "im2col_l2", 1); }
+    ~Env() { unsetenv("KILN_CONV_ALGO"); }
+  } forced;
+  expect_matches(conv2d(x.to(kDev), w.to(kDev), {}, {1}, {1}), y, "forced by the environment");
+  EXPECT_EQ(detail::last_conv_algo(), ConvAlgo::Im2colL2);
+  conv2d(x, w, {}, {1}, {1});
+  EXPECT_NE(detail::last_conv_algo(), ConvAlgo::Im2colL2);  // not on the CPU: the preferred runs
 }
 
 // The forward pass by the weight-gradient formulation, and the chooser measuring both on the

@@ -7,9 +7,11 @@
 //     prints each row's time over the fastest forced time of the pass in this run
 //     (chosen_vs_fastest: the pick's own time; target <= 1.1).
 //   BM_CudaConv/<problem>/<pass>: the same passes on cuda:0 (the chooser's pick, its measuring
-//     call excluded), synchronized; gemm_ms: its cuBLAS GEMM alone on buffers of the same shapes
-//     (lib/ops/conv_cuda.h's pass_gemm), vs_gemms: the pass's time over it (target <= 1.2).
-//     BM_CudaConv also runs ResNet-18's 3x3 stride-1 convolutions (resnet18_*).
+//     call excluded; the label names it), synchronized; gemm_ms: its cuBLAS GEMM alone on buffers
+//     of the same shapes (lib/ops/conv_cuda.h's pass_gemm), vs_gemms: the pass's time over it
+//     (target <= 1.2). BM_CudaConv/<problem>/<pass>/<algorithm>, registered before it: the pass
+//     computed by each CUDA algorithm, forced (im2col, weight-grad, im2col_l2), for comparing
+//     them directly. BM_CudaConv also runs ResNet-18's 3x3 stride-1 convolutions (resnet18_*).
 //   BM_ResNet18TrainStep/<mode>: one training step (forward, cross entropy, backward, Adam) of
 //     ResNet-18 (tools/examples/resnet.h) on a batch of 32 3x64x64 images, eager (the reference,
 //     registered first), lazy, and as a jit::trace replay; vs_eager = eager's step time / this
@@ -169,7 +171,14 @@ double device_seconds(int reps, const F& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps;
 }
 
-void BM_CudaConv(benchmark::State& state, const ConvProblem& p, Pass pass) {
+// The algorithms lib/ops/conv.cpp can run each pass with on a CUDA device.
+std::vector<ConvAlgo> cuda_algorithms(Pass p) {
+  if (p == Pass::Forward) return {ConvAlgo::Im2col, ConvAlgo::WeightGrad, ConvAlgo::Im2colL2};
+  return {ConvAlgo::Im2col, ConvAlgo::Im2colL2};
+}
+
+// `algo` Auto: the chooser's pick, after a first call that measures and remembers it.
+void BM_CudaConv(benchmark::State& state, const ConvProblem& p, Pass pass, ConvAlgo algo) {
   if (!kiln::cuda::is_available()) {
     state.SkipWithError("no usable CUDA device");
     return;
@@ -180,11 +189,16 @@ void BM_CudaConv(benchmark::State& state, const ConvProblem& p, Pass pass) {
   in.x = in.x.to(kiln::kCUDA);
   in.w = in.w.to(kiln::kCUDA);
   in.gy = in.gy.to(kiln::kCUDA);
-  kiln::detail::clear_conv_choices();
+  ForcedAlgo forced(algo);
+  if (algo == ConvAlgo::Auto) kiln::detail::clear_conv_choices();
   // Device ops record (even eagerly); eval runs them. First: the chooser's measurements, kernel
   // loading.
   kiln::eval({run_pass(pass, p, in)});
   const ConvAlgo ran = kiln::detail::last_conv_algo();
+  if (algo != ConvAlgo::Auto && ran != algo) {
+    state.SkipWithError("the forced algorithm cannot run this problem");
+    return;
+  }
   kiln::cuda::synchronize();
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) kiln::eval({run_pass(pass, p, in)});  // launches; no per-call sync
@@ -216,17 +230,23 @@ void BM_CudaConv(benchmark::State& state, const ConvProblem& p, Pass pass) {
   kiln::bench::set_flops(state, p.flops());
   state.counters["gemm_ms"] = gemm * 1e3;
   state.counters["vs_gemms"] = per_call / gemm;
-  state.SetLabel(std::string("chose ") + kiln::detail::conv_algo_name(ran));
+  state.SetLabel(std::string(algo == ConvAlgo::Auto ? "chose " : "forced ") +
+                 kiln::detail::conv_algo_name(ran));
 }
 
 const bool kCudaConvRegistered = [] {
   auto add = [](const ConvProblem& p) {
-    for (Pass pass : {Pass::Forward, Pass::GradInput, Pass::GradWeight})
-      benchmark::RegisterBenchmark(
-          (std::string("BM_CudaConv/") + p.name + "/" + pass_name(pass)).c_str(), BM_CudaConv, p,
-          pass)
-          ->Unit(benchmark::kMillisecond)
-          ->UseRealTime();
+    for (Pass pass : {Pass::Forward, Pass::GradInput, Pass::GradWeight}) {
+      std::vector<ConvAlgo> algos = cuda_algorithms(pass);
+      algos.push_back(ConvAlgo::Auto);
+      for (ConvAlgo a : algos) {
+        std::string name = std::string("BM_CudaConv/") + p.name + "/" + pass_name(pass);
+        if (a != ConvAlgo::Auto) name += std::string("/") + kiln::detail::conv_algo_name(a);
+        benchmark::RegisterBenchmark(name.c_str(), BM_CudaConv, p, pass, a)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+      }
+    }
   };
   for (const ConvProblem& p : kProblems) add(p);
   for (const ConvProblem& p : kResNetProblems) add(p);
