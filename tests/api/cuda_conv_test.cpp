@@ -318,7 +318,9 @@ TEST(CudaConv, Im2colL2ChunksFollowTheDeviceL2) {
   using detail::cuda_conv::Layout;
   const int64_t l2 = detail::cuda::device_info(0).l2_cache_bytes;
   EXPECT_GT(l2, 0);
-  if (on_fake_driver()) EXPECT_EQ(l2, 64 << 10);
+  if (on_fake_driver()) {
+    EXPECT_EQ(l2, 64 << 10);
+  }
   // x [7, 4, 6, 6], w [3, 4, 3, 3], padding 1: 36 rows of 36 columns an image.
   const detail::ConvGeom g{7, 4, 6, 6, 3, 3, 3, 6, 6, 1, 1, 1, 1, 1, 1, 1};
   const int64_t per_image = 36 * 36 * 8, step = std::clamp<int64_t>(l2 / 2 / per_image, 1, 7);

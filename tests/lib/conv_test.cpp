@@ -165,17 +165,21 @@ TEST(Conv2d, EveryAlgorithmMatchesDirectLoops) {
         ForceAlgo force(a);
         const Tensor y = conv2d(x, w, b, c.stride(), c.padding(), c.dilation(), c.groups);
         const ConvAlgo want = expected_algo(a, c, dt, true);
-        if (want != ConvAlgo::Auto) EXPECT_EQ(detail::last_conv_algo(), want);
+        if (want != ConvAlgo::Auto) {
+          EXPECT_EQ(detail::last_conv_algo(), want);
+        }
         expect_close(y, ref_forward(c, xv, wv, values(b)), c.out(), dt, rtol(dt), atol(dt));
         const Tensor gx =
             conv2d_grad_input(gy, w, c.in(), c.stride(), c.padding(), c.dilation(), c.groups);
-        if (expected_algo(a, c, dt, false) != ConvAlgo::Auto)
+        if (expected_algo(a, c, dt, false) != ConvAlgo::Auto) {
           EXPECT_EQ(detail::last_conv_algo(), a);
+        }
         expect_close(gx, ref_grad_input(c, gv, wv), c.in(), dt, rtol(dt), atol(dt));
         const Tensor gw =
             conv2d_grad_weight(gy, x, c.weight(), c.stride(), c.padding(), c.dilation(), c.groups);
-        if (expected_algo(a, c, dt, false) != ConvAlgo::Auto)
+        if (expected_algo(a, c, dt, false) != ConvAlgo::Auto) {
           EXPECT_EQ(detail::last_conv_algo(), a);
+        }
         expect_close(gw, ref_grad_weight(c, gv, xv), c.weight(), dt, rtol(dt), atol(dt));
       }
     }
