@@ -73,6 +73,8 @@ def bench_table(rows):
         ms = b["real_time"] * to_ms[b.get("time_unit", "ns")]
         gbs = b.get("bytes/s", 0) / 1e9
         extra = ", ".join(f"{k}={b[k]:.4g}" for k in COUNTERS if k in b)
+        if b.get("label"):  # e.g. the convolution chooser's pick
+            extra = f"{b['label']}; {extra}" if extra else b["label"]
         lines.append(f"| {name} | {ms:.4g} | {gbs:.0f} | {extra} |")
     return lines
 
