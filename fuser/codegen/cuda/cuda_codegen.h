@@ -169,6 +169,7 @@ struct CudaRowsLaunch {
   int threads = 32;              // its blockDim.x
   bool index32 = false;          // its variant's index32 ...
   int per_thread = 0;            // ... and per_thread
+  bool vec = false;              // the policy takes the vec variant where the pointers allow it
   int64_t stride = 0;            // 8-byte values per block in partials: partials_per_call(R)
   int64_t partials_bytes = 0;    // the partials buffer: blocks * stride * 8 (0: none)
   int64_t column_positions = 0;  // positions the columns kernel covers (max parts * R)
@@ -186,6 +187,9 @@ struct CudaRowsPolicy {
   // slower than the strided loop for softmax's backward (1.8x) and layer_norm (1.3x), and gained
   // 4% on softmax; with column reductions it is 1.3x faster (tools/bench/RESULTS.md).
   bool registers_without_columns = false;
+  // The vec variant (16-byte quad accesses) where a call's pointers allow it. On: expected to
+  // raise the rows kernels' bandwidth (more bytes in flight per thread); not yet measured on a GPU.
+  bool vec = true;
 };
 CudaRowsPolicy cuda_rows_policy();
 void set_cuda_rows_policy(const CudaRowsPolicy& policy);
