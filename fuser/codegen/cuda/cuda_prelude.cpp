@@ -128,20 +128,19 @@ KILN_D T kiln_block_reduce(T v, T identity, Op op, unsigned long long* scratch) 
 // A quad of a row: 4 consecutive positions, which the vec variant moves with one 16-byte access
 // (4 bytes for bool) when the quad is whole, and element by element when it is the row's partial
 // last one (n < 4 positions left). The launch rule (cuda_codegen.h) makes every quad of a row
-// aligned; KILN_QUAD_ALIGNED lets a host build check it.
+// aligned; a host build checks it (KILN_QUAD_AT: the address of a whole quad's access).
 template <typename T>
 struct alignas(4 * sizeof(T)) KilnQuad {
   T v[4];
 };
-#ifndef KILN_QUAD_ALIGNED
-#define KILN_QUAD_ALIGNED(p)
+#ifndef KILN_QUAD_AT
+#define KILN_QUAD_AT(p) (p)
 #endif
 template <typename T, typename U>
 KILN_D KilnQuad<T> kiln_load_quad(const T* p, U n) {
   KilnQuad<T> q;
   if (n >= 4) {
-    KILN_QUAD_ALIGNED(p);
-    q = *reinterpret_cast<const KilnQuad<T>*>(p);
+    q = *reinterpret_cast<const KilnQuad<T>*>(KILN_QUAD_AT(p));
   } else {
     for (U i = 0; i < n; ++i) q.v[i] = p[i];
   }
@@ -150,8 +149,7 @@ KILN_D KilnQuad<T> kiln_load_quad(const T* p, U n) {
 template <typename T, typename U>
 KILN_D void kiln_store_quad(T* p, const KilnQuad<T>& q, U n) {
   if (n >= 4) {
-    KILN_QUAD_ALIGNED(p);
-    *reinterpret_cast<KilnQuad<T>*>(p) = q;
+    *reinterpret_cast<KilnQuad<T>*>(KILN_QUAD_AT(p)) = q;
   } else {
     for (U i = 0; i < n; ++i) p[i] = q.v[i];
   }
