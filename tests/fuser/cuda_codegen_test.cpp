@@ -1181,6 +1181,47 @@ TEST(CudaCodegen, CallFlagsFollowTheLaunchRules) {
       fuser::cuda::cuda_call_flags(k, strided, 1000000, sizes, small, aligned, threads).vec);
   EXPECT_FALSE(fuser::cuda::cuda_variant(k, strided, {true, true}).vec);
   EXPECT_TRUE(fuser::cuda::cuda_variant(k, strided, {true, true}).index32);
+
+  // Rows (rank 1: 10 rows of 64): vec where every kUnit pointer's rows start at a multiple of 4
+  // elements (4 bytes for bool), kZero pointers as they come; never with a kAny pointer or a
+  // tensor of another width.
+  Layout rows;
+  rows.flat = false;
+  rows.rows = true;
+  rows.rank = 1;
+  rows.inner = {Layout::kUnit, Layout::kZero, Layout::kUnit};
+  const int64_t row_sizes[] = {10, 64};
+  auto rows_vec = [&](const Kernel& kernel, const Layout& layout, const int64_t* strides,
+                      char* const* ptrs) {
+    return fuser::cuda::cuda_call_flags(kernel, layout, 10, row_sizes, strides, ptrs, 10).vec;
+  };
+  const int64_t row_strides[] = {64, 1, 1, 0, 64, 1};
+  char* bool_row_shifted[] = {buffer, buffer + 65, buffer + 128};  // kZero: read as it is
+  char* bool_unit_shifted[] = {buffer, buffer + 65, buffer + 128};
+  EXPECT_TRUE(rows_vec(k, rows, row_strides, aligned));
+  EXPECT_TRUE(rows_vec(k, rows, row_strides, bool_row_shifted));
+  EXPECT_FALSE(rows_vec(k, rows, row_strides, shifted));
+  EXPECT_FALSE(rows_vec(k, rows, row_strides, nullptr));  // a geometry without pointers
+  const int64_t odd_pitch[] = {65, 1, 1, 0, 64, 1};  // rows of 65 floats: every other misaligned
+  EXPECT_FALSE(rows_vec(k, rows, odd_pitch, aligned));
+  const int64_t one_row_sizes[] = {1, 64};  // one row: its outer stride never moves a pointer
+  EXPECT_TRUE(fuser::cuda::cuda_call_flags(k, rows, 1, one_row_sizes, odd_pitch, aligned, 1).vec);
+  Layout bool_unit = rows;
+  bool_unit.inner[1] = Layout::kUnit;
+  const int64_t bool_strides[] = {64, 1, 4, 1, 64, 1};
+  const int64_t bool_odd[] = {64, 1, 2, 1, 64, 1};
+  char* bool_at_4[] = {buffer, buffer + 68, buffer + 128};
+  EXPECT_TRUE(rows_vec(k, bool_unit, bool_strides, bool_at_4));  // bools: 4-byte quads
+  EXPECT_FALSE(rows_vec(k, bool_unit, bool_strides, bool_unit_shifted));
+  EXPECT_FALSE(rows_vec(k, bool_unit, bool_odd, aligned));
+  Layout any = rows;
+  any.inner[0] = Layout::kAny;
+  EXPECT_FALSE(rows_vec(k, any, row_strides, aligned));
+  EXPECT_FALSE(rows_vec(wide, rows, row_strides, aligned));
+  EXPECT_FALSE(fuser::cuda::cuda_variant(wide, rows, {true, true}).vec);
+  EXPECT_FALSE(fuser::cuda::cuda_variant(k, any, {true, true}).vec);
+  EXPECT_TRUE(fuser::cuda::cuda_variant(k, rows, {true, true, 16, 256}) ==
+              CudaCallFlags({true, true, 16, 256}));
 }
 
 // Launch geometry, pinned for a few shapes: the grids and blocks of elementwise calls (256 threads,
@@ -1279,6 +1320,14 @@ TEST(CudaCodegen, LaunchGeometriesFollowTheRules) {
   EXPECT_EQ(g.threads, 256);
   EXPECT_EQ(g.per_thread, 4);
   EXPECT_EQ(g.shared_bytes, 0u);
+  // The vec variant where the pointers allow it, unless the policy turns it off.
+  EXPECT_TRUE(launch({row, 1000, 1000, 0, 0, 0, 0}, 1).vec);
+  fuser::cuda::CudaRowsPolicy scalar = before;
+  scalar.vec = false;
+  fuser::cuda::set_cuda_rows_policy(scalar);
+  const bool vec_off = launch({row, 1000, 1000, 0, 0, 0, 0}, 1).vec;
+  fuser::cuda::set_cuda_rows_policy(before);
+  EXPECT_FALSE(vec_off);
 }
 
 // ---------------------------------------------------------- semantics, checked on the host
