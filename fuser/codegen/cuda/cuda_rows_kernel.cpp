@@ -13,14 +13,18 @@
 // band of consecutive rows, as one CPU call walks its range, so that a global reduction of
 // row-level values and the column partials fold the band's rows in row order, and combining the
 // blocks in block order is combining the CPU's calls in call order. Any grid size is correct.
-// Within a row, thread t takes elements t, t + blockDim.x, ...: a pass folds each row reduction
-// per thread and then over the block, and every thread gets the row's value for the next pass.
+// Within a row, thread t takes quads q = t, t + blockDim.x, ... and in each positions 4q to
+// 4q + 3 (those < R), in that order, in every variant: a pass folds each row reduction per
+// thread and then over the block, and every thread gets the row's value for the next pass. The
+// vec variant moves a whole quad of each pointer that moves along the row with one 16-byte
+// access (KilnQuad: loaded before the quad's positions are computed, stored after), so it reads
+// and writes what the scalar loop does and folds in its order: the same bits.
 // The first load of the row that several passes read is kept in shared memory by the first of
 // them (each thread keeps the positions it reads, so no barrier is needed) and read back by the
 // later ones instead of global memory, when the row fits in the launch's dynamic shared memory
 // (cuda_rows_launch: 4 bytes per position up to 32 KiB). The values are the same either way.
-// The per_thread variant keeps values in registers instead (kiln_r<n>[k], position
-// threadIdx.x + k * blockDim.x), up to 64 per thread: what a later pass reads of an earlier
+// The per_thread variant keeps values in registers instead (kiln_r<n>[4 * m + l], position l of
+// the thread's m-th quad), up to 64 per thread: what a later pass reads of an earlier
 // pass's element-level values (the frontier: exp(x - max) for softmax's last pass, not x and
 // the subtraction again), then the loads of each pass, each loaded by an unrolled loop of its own
 // before its pass computes, so that a thread has all its loads in flight at once.
