@@ -140,10 +140,11 @@ std::string Source::row_loop(const std::string& body, const std::string& indent,
   // `after` for the quads' depth there; the per_thread loop is one level deeper.
   const int per_thread = variant_.per_thread;
   const size_t deeper = per_thread == 0 ? 0 : 2;
-  const std::string positions = indented(before, deeper) + indent + "  #pragma unroll\n" + indent +
-                                "  for (int l = 0; l < 4; ++l) {\n" + indent +
-                                "    const U j = q + (U)l;\n" + indent + "    if (j < R) {\n" +
-                                indented(body, 4 + deeper) + indent + "    }\n" + indent + "  }\n" +
+  const std::string in = indent + std::string(deeper, ' ');
+  const std::string positions = indented(before, deeper) + in + "  #pragma unroll\n" + in +
+                                "  for (int l = 0; l < 4; ++l) {\n" + in +
+                                "    const U j = q + (U)l;\n" + in + "    if (j < R) {\n" +
+                                indented(body, 4 + deeper) + in + "    }\n" + in + "  }\n" +
                                 indented(after, deeper);
   if (per_thread == 0)
     return indent + "for (U q = 4 * (U)threadIdx.x; q < R; q += 4 * (U)blockDim.x) {\n" +
