@@ -186,6 +186,72 @@ TEST(Cuda, AScalarLoopServesAFourWideCallButNotAnotherIndexWidth) {
   EXPECT_NE(launch_as({false, false}).find("launched as variant"), std::string::npos);
   EXPECT_NE(launch_as({false, true}).find("launched as variant"), std::string::npos);
 }
+
+// The rows kernel of a softmax along dim 1 of float32 [rows, R].
+fuser::FusionGroup softmax_group(int64_t rows, int64_t R) {
+  jit::Graph g;
+  const jit::ValueType type{kFloat32, {rows, R}}, row{kFloat32, {rows, 1}};
+  jit::Value* x = g.add_input(type);
+  jit::Value* m = g.create("amax", {x}, {std::vector<int64_t>{1}, true}, {row})->output();
+  jit::Value* e =
+      g.create("exp", {g.create("sub", {x, m}, {int64_t{1}}, {type})->output()}, {}, {type})
+          ->output();
+  jit::Value* s =
+      g.create("sum", {e}, {std::vector<int64_t>{1}, true, std::monostate{}}, {row})->output();
+  g.add_output(g.create("div", {e, s}, {}, {type})->output());
+  for (fuser::FusionGroup& group : fuser::find_groups(g))
+    if (group.rows) return group;
+  ADD_FAILURE() << "the softmax has no rows group";
+  return {};
+}
+
+// A rows call takes the vec variant (16-byte quad accesses) only where every row of its
+// contiguous pointers starts 16-byte aligned: x[:, 1:] of a [64, 1025] tensor takes the scalar
+// loop, and the launcher refuses a vec binary for it; a scalar binary serves an aligned call.
+TEST(Cuda, RowsOfAMisalignedViewNeverRunAVecBinary) {
+  KILN_REQUIRE_GPU();
+  const fuser::FusionGroup g = softmax_group(64, 1024);
+  fuser::Layout rows;
+  rows.flat = false;
+  rows.rows = true;
+  rows.rank = 1;
+  rows.inner.assign(2, fuser::Layout::kUnit);
+  const Tensor x = zeros({64, 1025}, kCUDA), out = empty({64, 1024}, kCUDA);
+  const Tensor view = x.slice(1, 1);
+  const int64_t sizes[] = {64, 1024};
+  const int64_t view_strides[] = {1025, 1, 1024, 1}, aligned_strides[] = {1024, 1, 1024, 1};
+  char* view_ptrs[] = {static_cast<char*>(view.raw_data_ptr()),
+                       static_cast<char*>(out.raw_data_ptr())};
+  char* aligned_ptrs[] = {static_cast<char*>(x.raw_data_ptr()),
+                          static_cast<char*>(out.raw_data_ptr())};
+  const fuser::cuda::CudaCallFlags misaligned =
+      fuser::cuda::launch_variant(g.kernel, rows, 0, 64, sizes, view_strides, view_ptrs);
+  const fuser::cuda::CudaCallFlags aligned =
+      fuser::cuda::launch_variant(g.kernel, rows, 0, 64, sizes, aligned_strides, aligned_ptrs);
+  EXPECT_FALSE(misaligned.vec);
+  EXPECT_TRUE(aligned.vec);
+  auto launch_as = [&](fuser::cuda::CudaCallFlags variant, const int64_t* strides,
+                       char* const* ptrs) {
+    fuser::cuda::CudaKernel k;  // no function: past the variant check, the driver refuses it
+    k.name = "kiln_test_kernel";
+    k.variant = variant;
+    try {
+      fuser::cuda::launch_rows(k, g.kernel, rows, 0, sizes, strides, ptrs, g.scalars.data());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("launched");
+  };
+  fuser::cuda::CudaCallFlags vec = misaligned;
+  vec.vec = true;
+  EXPECT_NE(launch_as(vec, view_strides, view_ptrs).find("launched as variant"), std::string::npos);
+  EXPECT_EQ(launch_as(misaligned, view_strides, view_ptrs).find("launched as variant"),
+            std::string::npos);
+  fuser::cuda::CudaCallFlags scalar = aligned;
+  scalar.vec = false;
+  EXPECT_EQ(launch_as(scalar, aligned_strides, aligned_ptrs).find("launched as variant"),
+            std::string::npos);
+}
 #endif
 
 // ---- With a GPU: CUDA against the CPU reference ----
@@ -459,6 +525,23 @@ TEST(Cuda, ReductionsAndNormalizationsMatchTheCpu) {
                       1e-5);
   expect_same_on_cuda([](const std::vector<Tensor>& in) { return in[0].sum(); }, {x}, 1e-5, 1e-4);
   expect_same_on_cuda([](const std::vector<Tensor>& in) { return in[0].amax({1}); }, {x}, 0, 0);
+}
+
+// Rows kernels on views whose rows start anywhere (the scalar loop) and on aligned ones (16-byte
+// quad accesses) give the CPU's softmax, layer_norm and column sums.
+TEST(Cuda, RowsOfMisalignedAndAlignedViewsMatchTheCpu) {
+  KILN_REQUIRE_GPU();
+  const Tensor x = testing::random_tensor({64, 1025});
+  for (int64_t start : {0, 1}) {
+    auto view = [start](const Tensor& t) { return t.slice(1, start, start + 1024); };
+    expect_same_on_cuda([&](const std::vector<Tensor>& in) { return softmax(view(in[0]), 1); }, {x},
+                        1e-5, 1e-6);
+    expect_same_on_cuda(
+        [&](const std::vector<Tensor>& in) { return layer_norm(view(in[0]), {1024}); }, {x}, 1e-4,
+        1e-5);
+    expect_same_on_cuda([&](const std::vector<Tensor>& in) { return view(in[0]).sum({0}); }, {x},
+                        1e-5, 1e-5);
+  }
 }
 
 // prod folds on the device as a row, column and global reduction, and pow (lib/math's single

@@ -106,7 +106,8 @@ std::vector<CudaCallFlags> variants_of(const Kernel& k, const Layout& layout) {
   return out;
 }
 std::string variant_name(CudaCallFlags v) {
-  return std::string(v.index32 ? "index32" : "index64") + (v.vec ? ", vec" : "");
+  return std::string(v.index32 ? "index32" : "index64") + (v.vec ? ", vec" : "") +
+         (v.per_thread > 0 ? ", K " + std::to_string(v.per_thread) : "");
 }
 
 // Variants in turn, for tests that compile many kernels: NVRTC takes 0.1-0.2 s per source, and
@@ -530,24 +531,53 @@ std::vector<RowsCase> rows_cases_of(const Fn& fn, const Inputs& inputs, const st
   return out;
 }
 
+// The case's layout with every pointer that moves along the row contiguous along it: the layout of
+// the vec variant where the kernel's types have one.
+Layout unit_rows_layout(const RowsCase& c) {
+  Layout unit = c.layout;
+  for (Layout::Inner& inner : unit.inner)
+    if (inner == Layout::kAny) inner = Layout::kUnit;
+  return unit;
+}
+
 // Compiles the cases to PTX for sm_90 (no error, no warning, the entry points defined), on two
 // threads (NVRTC is thread-safe; a rows kernel takes it about 0.15 s). Failures are reported from
 // this thread.
 void compile_rows_cases(const std::vector<RowsCase>& cases) {
-  std::vector<std::string> failures(cases.size());
-  // Both variants (32-bit and 64-bit indices) in turn.
+  // Both variants (32-bit and 64-bit indices) in turn, and where the kernel has one the vec
+  // variant (16-byte quad accesses) on the unit layout, with the generic loop and with K = 16.
   VariantTurns turns;
-  std::vector<CudaCallFlags> variants;
-  for (const RowsCase& c : cases) variants.push_back(turns.next(c.kernel, c.layout));
+  struct Job {
+    const RowsCase* c;
+    Layout layout;
+    CudaCallFlags variant;
+  };
+  std::vector<Job> jobs;
+  size_t vec_jobs = 0;
+  for (const RowsCase& c : cases) {
+    jobs.push_back({&c, c.layout, turns.next(c.kernel, c.layout)});
+    const Layout unit = unit_rows_layout(c);
+    const int per_thread = vec_jobs % 4 < 2 ? 0 : 16;
+    const CudaCallFlags vec = {vec_jobs % 2 == 0, true, per_thread, per_thread > 0 ? 256 : 0};
+    if (fuser::cuda::cuda_variant(c.kernel, unit, vec).vec) {
+      jobs.push_back({&c, unit, vec});
+      turns.seen.insert("rows, " + variant_name(vec));
+      ++vec_jobs;
+    }
+  }
   turns.expect_all(false, false, false, true);
+  for (const char* v : {"rows, index32, vec", "rows, index64, vec", "rows, index32, vec, K 16",
+                        "rows, index64, vec, K 16"})
+    EXPECT_EQ(turns.seen.count(v), 1u) << v << " was never compiled";
+  std::vector<std::string> failures(jobs.size());
   std::atomic<size_t> next{0};
   auto work = [&] {
-    for (size_t i = next++; i < cases.size(); i = next++) {
-      const RowsCase& c = cases[i];
+    for (size_t i = next++; i < jobs.size(); i = next++) {
+      const RowsCase& c = *jobs[i].c;
       const std::string symbol = symbol_of(c.kernel);
       std::string source;
       try {
-        source = fuser::cuda::cuda_source(c.kernel, c.layout, symbol, variants[i]);
+        source = fuser::cuda::cuda_source(c.kernel, jobs[i].layout, symbol, jobs[i].variant);
         const fuser::cuda::CudaCompiled ptx = fuser::cuda::nvrtc_compile(
             source, symbol, kSm, CudaOutput::kPtx, fuser::cuda::cuda_compile_options());
         std::string missing;
@@ -562,13 +592,13 @@ void compile_rows_cases(const std::vector<RowsCase>& cases) {
         failures[i] = e.what();
       }
       if (!failures[i].empty())
-        failures[i] += "\n" + variant_name(variants[i]) + "\n" + c.kernel.str() + "\n" + source;
+        failures[i] += "\n" + variant_name(jobs[i].variant) + "\n" + c.kernel.str() + "\n" + source;
     }
   };
   std::thread helper(work);
   work();
   helper.join();
-  for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(failures[i], "") << cases[i].what;
+  for (size_t i = 0; i < jobs.size(); ++i) EXPECT_EQ(failures[i], "") << jobs[i].c->what;
 }
 
 // The fused rows kernels of the models: softmax, log_softmax, layer_norm, cross entropy (mean
@@ -741,25 +771,29 @@ TEST(CudaCodegen, LaunchArgumentsMatchTheKernelSignatures) {
                         "flat, index64, vec", "strided, index32", "strided, index64"})
     EXPECT_EQ(seen.count(v), 1u) << v << " was never launched";
   // Rows: the models' kernels (row, global and column reductions), with 32-bit and 64-bit indices
-  // in turn.
+  // in turn, and the vec variant where a contiguous layout's rows start aligned (rows of 4).
   int rows_kernels = 0;
   seen.clear();
   for (const RowsCase& c : model_cases()) {
-    const bool wide = rows_kernels++ % 2 == 1;
+    const bool wide = rows_kernels % 2 == 1;
+    const Layout layout = rows_kernels++ % 4 == 0 ? unit_rows_layout(c) : c.layout;
     const size_t ptrs = c.kernel.input_types.size() + c.kernel.outputs.size();
-    std::vector<int64_t> sizes(static_cast<size_t>(c.layout.rank) + 1, 4);
-    std::vector<int64_t> strides(sizes.size() * ptrs, wide ? int64_t{1} << 31 : 1);
+    const size_t dims = static_cast<size_t>(layout.rank) + 1;
+    std::vector<int64_t> sizes(dims, 4), strides(dims * ptrs, wide ? int64_t{1} << 31 : 1);
+    for (size_t p = 0; p < ptrs && !wide; ++p)
+      for (size_t d = 0; d + 1 < dims; ++d) strides[p * dims + d] = 4;
     std::vector<char*> pointers(ptrs, reinterpret_cast<char*>(uintptr_t{4096}));
     const fuser::cuda::CudaRowsLaunch geometry =
-        fuser::cuda::cuda_rows_launch(c.kernel, c.layout, sizes.data(), strides.data());
+        fuser::cuda::cuda_rows_launch(c.kernel, layout, sizes.data(), strides.data());
     const std::vector<fuser::cuda::KernelCall> calls = fuser::cuda::rows_calls(
-        c.kernel, c.layout, geometry, sizes.data(), strides.data(), pointers.data(),
-        c.scalars.data(), reinterpret_cast<void*>(uintptr_t{8192}));
+        c.kernel, layout, geometry, sizes.data(), strides.data(), pointers.data(), c.scalars.data(),
+        reinterpret_cast<void*>(uintptr_t{8192}));
     EXPECT_EQ(calls.at(0).variant.index32, !wide) << c.what;
     seen.insert(variant_name(calls[0].variant));
-    expect_calls_match(c.kernel, c.layout, calls, c.what + ", " + variant_name(calls[0].variant));
+    expect_calls_match(c.kernel, layout, calls, c.what + ", " + variant_name(calls[0].variant));
   }
-  EXPECT_EQ(seen.size(), 2u);
+  for (const char* v : {"index32", "index64", "index32, vec"})
+    EXPECT_EQ(seen.count(v), 1u) << v << " was never launched";
 }
 
 // The gather kernel of index_select, gather and embedding, in every dtype: a clean compile, and the
@@ -944,6 +978,44 @@ TEST(CudaCodegen, ModelRowsKernelsCompileForSm90) {
   compile_rows_cases(model_cases());
 }
 
+// The vec variant of float32 softmax (the generic loop and K = 16) loads and stores a row's quads
+// with 16-byte accesses (v4 in PTX), and keeps them in the row cache the same way; the scalar
+// variant moves one element per access. float64 kernels have no vec variant.
+TEST(CudaCodegen, VecRowsKernelsMoveSixteenBytesPerAccess) {
+  const std::vector<RowsCase> cases = model_cases();
+  const RowsCase* softmax = nullptr;
+  for (const RowsCase& c : cases)
+    if (!softmax && c.what == "softmax of float32") softmax = &c;
+  ASSERT_NE(softmax, nullptr);
+  const Layout unit = unit_rows_layout(*softmax);
+  const std::string symbol = symbol_of(softmax->kernel);
+  auto ptx = [&](CudaCallFlags variant) {
+    const std::string source = fuser::cuda::cuda_source(softmax->kernel, unit, symbol, variant);
+    return fuser::cuda::nvrtc_compile(source, symbol, kSm, CudaOutput::kPtx,
+                                      fuser::cuda::cuda_compile_options())
+        .code;
+  };
+  auto has = [](const std::string& code, const std::string& what) {
+    return code.find(what) != std::string::npos;
+  };
+  for (int per_thread : {0, 16}) {
+    const std::string vec = ptx({true, true, per_thread, per_thread > 0 ? 256 : 0});
+    EXPECT_TRUE(has(vec, "ld.global.nc.v4.f32") || has(vec, "ld.global.v4.f32")) << per_thread;
+    EXPECT_TRUE(has(vec, "st.global.v4.f32")) << per_thread;
+    if (per_thread == 0) EXPECT_TRUE(has(vec, "st.shared.v4.f32") && has(vec, "ld.shared.v4.f32"));
+    const std::string scalar = ptx({true, false, per_thread, per_thread > 0 ? 256 : 0});
+    EXPECT_FALSE(has(scalar, ".v4.f32")) << per_thread;
+  }
+  // The rule of cuda_variant: 4-byte (or bool) tensors, none strided along the row.
+  Kernel wide = softmax->kernel;
+  for (DType& t : wide.input_types) t = kFloat64;
+  EXPECT_FALSE(fuser::cuda::cuda_variant(wide, unit, {true, true}).vec);
+  EXPECT_TRUE(fuser::cuda::cuda_variant(softmax->kernel, unit, {true, true}).vec);
+  Layout strided = unit;
+  strided.inner[0] = Layout::kAny;
+  EXPECT_FALSE(fuser::cuda::cuda_variant(softmax->kernel, strided, {true, true}).vec);
+}
+
 // Every reduction op of the op table with a formula, in every dtype it takes, over the last dim
 // (row reductions), every dim (global) and the leading dim (a column exit where the op can be
 // one), after an elementwise op so that they fuse.
@@ -1109,6 +1181,47 @@ TEST(CudaCodegen, CallFlagsFollowTheLaunchRules) {
       fuser::cuda::cuda_call_flags(k, strided, 1000000, sizes, small, aligned, threads).vec);
   EXPECT_FALSE(fuser::cuda::cuda_variant(k, strided, {true, true}).vec);
   EXPECT_TRUE(fuser::cuda::cuda_variant(k, strided, {true, true}).index32);
+
+  // Rows (rank 1: 10 rows of 64): vec where every kUnit pointer's rows start at a multiple of 4
+  // elements (4 bytes for bool), kZero pointers as they come; never with a kAny pointer or a
+  // tensor of another width.
+  Layout rows;
+  rows.flat = false;
+  rows.rows = true;
+  rows.rank = 1;
+  rows.inner = {Layout::kUnit, Layout::kZero, Layout::kUnit};
+  const int64_t row_sizes[] = {10, 64};
+  auto rows_vec = [&](const Kernel& kernel, const Layout& layout, const int64_t* strides,
+                      char* const* ptrs) {
+    return fuser::cuda::cuda_call_flags(kernel, layout, 10, row_sizes, strides, ptrs, 10).vec;
+  };
+  const int64_t row_strides[] = {64, 1, 1, 0, 64, 1};
+  char* bool_row_shifted[] = {buffer, buffer + 65, buffer + 128};  // kZero: read as it is
+  char* bool_unit_shifted[] = {buffer, buffer + 65, buffer + 128};
+  EXPECT_TRUE(rows_vec(k, rows, row_strides, aligned));
+  EXPECT_TRUE(rows_vec(k, rows, row_strides, bool_row_shifted));
+  EXPECT_FALSE(rows_vec(k, rows, row_strides, shifted));
+  EXPECT_FALSE(rows_vec(k, rows, row_strides, nullptr));  // a geometry without pointers
+  const int64_t odd_pitch[] = {65, 1, 1, 0, 64, 1};  // rows of 65 floats: every other misaligned
+  EXPECT_FALSE(rows_vec(k, rows, odd_pitch, aligned));
+  const int64_t one_row_sizes[] = {1, 64};  // one row: its outer stride never moves a pointer
+  EXPECT_TRUE(fuser::cuda::cuda_call_flags(k, rows, 1, one_row_sizes, odd_pitch, aligned, 1).vec);
+  Layout bool_unit = rows;
+  bool_unit.inner[1] = Layout::kUnit;
+  const int64_t bool_strides[] = {64, 1, 4, 1, 64, 1};
+  const int64_t bool_odd[] = {64, 1, 2, 1, 64, 1};
+  char* bool_at_4[] = {buffer, buffer + 68, buffer + 128};
+  EXPECT_TRUE(rows_vec(k, bool_unit, bool_strides, bool_at_4));  // bools: 4-byte quads
+  EXPECT_FALSE(rows_vec(k, bool_unit, bool_strides, bool_unit_shifted));
+  EXPECT_FALSE(rows_vec(k, bool_unit, bool_odd, aligned));
+  Layout any = rows;
+  any.inner[0] = Layout::kAny;
+  EXPECT_FALSE(rows_vec(k, any, row_strides, aligned));
+  EXPECT_FALSE(rows_vec(wide, rows, row_strides, aligned));
+  EXPECT_FALSE(fuser::cuda::cuda_variant(wide, rows, {true, true}).vec);
+  EXPECT_FALSE(fuser::cuda::cuda_variant(k, any, {true, true}).vec);
+  EXPECT_TRUE(fuser::cuda::cuda_variant(k, rows, {true, true, 16, 256}) ==
+              CudaCallFlags({true, true, 16, 256}));
 }
 
 // Launch geometry, pinned for a few shapes: the grids and blocks of elementwise calls (256 threads,
@@ -1207,6 +1320,14 @@ TEST(CudaCodegen, LaunchGeometriesFollowTheRules) {
   EXPECT_EQ(g.threads, 256);
   EXPECT_EQ(g.per_thread, 4);
   EXPECT_EQ(g.shared_bytes, 0u);
+  // The vec variant where the pointers allow it, unless the policy turns it off.
+  EXPECT_TRUE(launch({row, 1000, 1000, 0, 0, 0, 0}, 1).vec);
+  fuser::cuda::CudaRowsPolicy scalar = before;
+  scalar.vec = false;
+  fuser::cuda::set_cuda_rows_policy(scalar);
+  const bool vec_off = launch({row, 1000, 1000, 0, 0, 0, 0}, 1).vec;
+  fuser::cuda::set_cuda_rows_policy(before);
+  EXPECT_FALSE(vec_off);
 }
 
 // ---------------------------------------------------------- semantics, checked on the host
@@ -1603,8 +1724,19 @@ constexpr const char* kFiberShims = R"(#include <stdlib.h>
 #include <ucontext.h>
 #define __shared__ static
 // The row cache: the block's (static) shared memory, room for every row these tests make.
-#define KILN_ROW_CACHE(T, name) static T name[1 << 16]
+#define KILN_ROW_CACHE(T, name) alignas(16) static T name[1 << 16]
 static unsigned kiln_dynamic_shared_bytes() { return 1u << 16; }
+// A quad access (16 bytes; 4 for bool) at an address it would fault at on a GPU: counted (the
+// grid reports it), and sent to a scratch quad instead (the host's aligned moves would fault).
+static unsigned kiln_misaligned;
+template <typename T>
+static T* kiln_quad_at(T* p) {
+  alignas(16) static unsigned char scratch[16];
+  if ((unsigned long long)p % (4 * sizeof(T)) == 0) return p;
+  ++kiln_misaligned;
+  return (T*)scratch;
+}
+#define KILN_QUAD_AT(p) kiln_quad_at(p)
 struct KilnFiber {
   ucontext_t context;
   int state;  // 0 runnable, 1 at a barrier, 2 returned
@@ -1634,8 +1766,9 @@ static void kiln_fiber_main() {
   kiln_entry(kiln_entry_arg);
   kiln_fibers[kiln_current].state = 2;
 }
-// Runs `run` as a grid of blocks of `threads` fibers, one block after another. Returns 0, or -1
-// when some threads of a block returned while others waited at a barrier.
+// Runs `run` as a grid of blocks of `threads` fibers, one block after another. Returns 0, -1
+// when some threads of a block returned while others waited at a barrier, or -3 when a quad
+// access was misaligned.
 template <typename F>
 static int kiln_fiber_grid(unsigned blocks, unsigned threads, F run) {
   const size_t stack = 1 << 16;
@@ -1645,6 +1778,7 @@ static int kiln_fiber_grid(unsigned blocks, unsigned threads, F run) {
   blockDim.x = threads;
   gridDim.x = blocks;
   int status = 0;
+  kiln_misaligned = 0;
   for (blockIdx.x = 0; blockIdx.x < blocks && status == 0; ++blockIdx.x) {
     for (unsigned t = 0; t < threads; ++t) {
       KilnFiber& f = kiln_fibers[t];
@@ -1676,7 +1810,7 @@ static int kiln_fiber_grid(unsigned blocks, unsigned threads, F run) {
     }
   }
   free(stacks);
-  return status;
+  return status == 0 && kiln_misaligned > 0 ? -3 : status;
 }
 )";
 
@@ -1703,7 +1837,7 @@ std::string host_rows_kernel(const Kernel& k, const std::string& source, const s
   const size_t start = source.find("\nstruct KilnRowsDims");
   EXPECT_NE(start, std::string::npos);
   std::string s = "namespace " + ns + " {\n" + source.substr(start) + "}\n";
-  s += "extern \"C\" int " + ns +
+  s += "extern \"C\" __attribute__((visibility(\"default\"))) int " + ns +
        "_run(int which, unsigned blocks, unsigned threads, long long rows, "
        "const long long* dims, void* const* ptrs, const unsigned long long* scalars, "
        "unsigned long long* partials, long long stride, long long R) {\n";
@@ -1808,8 +1942,52 @@ struct RowsRun {
   Layout layout;
   unsigned blocks = 1, threads = 32;
   bool index32 = true;  // the variant ...
-  int per_thread = 0;   // ... and its positions per thread (0: the generic loop)
+  bool vec = false;
+  int per_thread = 0;  // ... and its positions per thread (0: the generic loop)
+  CudaCallFlags variant() const { return {index32, vec, per_thread, static_cast<int>(threads)}; }
 };
+
+// How a case's pointer p moves: along the row (an element per position), once per row (a per-row
+// input, a row-level output), or not at all (global and column outputs, written at element 0).
+enum class Moves { kElement, kRow, kNone };
+Moves pointer_moves(const RowsCase& c, const std::vector<fuser::Level>& level, size_t p) {
+  const Kernel& k = c.kernel;
+  const size_t inputs = k.input_types.size();
+  if (p < inputs)
+    return p < c.input_outer.size() && c.input_outer[p] ? Moves::kRow : Moves::kElement;
+  const size_t o = p - inputs;
+  const fuser::Level l = level[static_cast<size_t>(k.outputs[o])];
+  const bool row_level = l == fuser::Level::kRow || l == fuser::Level::kConst;
+  if (l == fuser::Level::kElement ||
+      (o < k.output_per_element.size() && k.output_per_element[o] && row_level))
+    return Moves::kElement;
+  return row_level ? Moves::kRow : Moves::kNone;
+}
+
+// A pointer of strides `st` added to the run: its base (past the elements a negative stride
+// reaches), its buffer's length (at least `min_length`) and its layout's inner kind.
+void add_pointer(RowsRun& r, const std::vector<int64_t>& st, int64_t min_length) {
+  const size_t rank = st.size() - 1;
+  int64_t reach = 0, back = 0;
+  for (size_t d = 0; d <= rank; ++d) {
+    const int64_t extent = std::max<int64_t>(0, r.sizes[d] - 1) * std::abs(st[d]);
+    reach += extent;
+    if (st[d] < 0) back += extent;
+  }
+  r.base.push_back(back);
+  r.length.push_back(std::max<int64_t>(reach + 1, min_length));
+  r.strides.insert(r.strides.end(), st.begin(), st.end());
+  r.layout.inner.push_back(st[rank] == 0   ? Layout::kZero
+                           : st[rank] == 1 ? Layout::kUnit
+                                           : Layout::kAny);
+}
+
+int64_t widest_column(const Kernel& k) {
+  int64_t widest = 0;
+  for (int32_t parts : k.column_parts) widest = std::max<int64_t>(widest, parts);
+  return widest;
+}
+
 RowsRun make_rows_run(const RowsCase& c, std::mt19937_64& rng) {
   const Kernel& k = c.kernel;
   const size_t inputs = k.input_types.size(), np = inputs + k.outputs.size();
@@ -1825,24 +2003,12 @@ RowsRun make_rows_run(const RowsCase& c, std::mt19937_64& rng) {
   r.layout.flat = false;
   r.layout.rows = true;
   r.layout.rank = c.rank;
-  int64_t widest = 0;
-  for (int32_t parts : k.column_parts) widest = std::max<int64_t>(widest, parts);
   for (size_t p = 0; p < np; ++p) {
     // Which dims the pointer steps through, in which order (innermost first), how far apart.
     std::vector<int64_t> st(rank + 1, 0);
-    bool per_row = false, none = false;
-    if (p < inputs) {
-      per_row = p < c.input_outer.size() && c.input_outer[p];
-    } else {
-      const size_t o = p - inputs;
-      const fuser::Level l = level[static_cast<size_t>(k.outputs[o])];
-      const bool element = l == fuser::Level::kElement ||
-                           (o < k.output_per_element.size() && k.output_per_element[o] &&
-                            (l == fuser::Level::kRow || l == fuser::Level::kConst));
-      per_row = !element && (l == fuser::Level::kRow || l == fuser::Level::kConst);
-      none = l == fuser::Level::kGlobal || l == fuser::Level::kColumn;
-    }
-    if (!none) {
+    const Moves moves = pointer_moves(c, level, p);
+    const bool per_row = moves == Moves::kRow;
+    if (moves != Moves::kNone) {
       std::vector<size_t> order;
       for (size_t d = 0; d <= rank; ++d)
         if (!(per_row && d == rank)) order.push_back(d);
@@ -1859,18 +2025,7 @@ RowsRun make_rows_run(const RowsCase& c, std::mt19937_64& rng) {
           if (rng() % 6 == 0) st[d] = 0;
       if (form == 3 && !per_row) st[rank] = -st[rank];
     }
-    int64_t reach = 0, back = 0;
-    for (size_t d = 0; d <= rank; ++d) {
-      const int64_t extent = std::max<int64_t>(0, r.sizes[d] - 1) * std::abs(st[d]);
-      reach += extent;
-      if (st[d] < 0) back += extent;
-    }
-    r.base.push_back(back);
-    r.length.push_back(std::max<int64_t>(reach + 1, none ? std::max<int64_t>(1, widest * R) : 1));
-    r.strides.insert(r.strides.end(), st.begin(), st.end());
-    r.layout.inner.push_back(st[rank] == 0   ? Layout::kZero
-                             : st[rank] == 1 ? Layout::kUnit
-                                             : Layout::kAny);
+    add_pointer(r, st, moves == Moves::kNone ? std::max<int64_t>(1, widest_column(k) * R) : 1);
   }
   static const unsigned threads[] = {32, 64, 96};
   static const unsigned blocks[] = {1, 2, 3, 5};
@@ -1886,12 +2041,168 @@ RowsRun make_rows_run(const RowsCase& c, std::mt19937_64& rng) {
   return r;
 }
 
-TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
-  if (std::system("c++ --version > /dev/null 2>&1") != 0)
-    GTEST_SKIP() << "no host C++ compiler (c++) to run the generated kernels with";
-  // The repository's root (for lib/fastmath.h), from this file's path as the compiler saw it:
-  // absolute, or relative to the build directory (this binary's parent's parent) or to the
-  // working directory.
+// A run that the vec variant may take: 3 rows (rank 1; 3 x 2 x ... for more outer dims) of R in
+// 2 blocks of `threads`, every pointer that moves along the row contiguous along it, its rows
+// padded to start at multiples of 4 elements, and now and then an input that every row shares.
+RowsRun aligned_rows_run(const RowsCase& c, int64_t R, unsigned threads) {
+  const Kernel& k = c.kernel;
+  const size_t inputs = k.input_types.size(), np = inputs + k.outputs.size();
+  const auto rank = static_cast<size_t>(c.rank);
+  RowsRun r;
+  for (size_t d = 0; d < rank; ++d) r.sizes.push_back(d == 0 ? 3 : 2);
+  r.sizes.push_back(R);
+  r.layout.flat = false;
+  r.layout.rows = true;
+  r.layout.rank = c.rank;
+  const int64_t pitch = (R + 3) / 4 * 4 + 4;
+  const std::vector<fuser::Level> level = fuser::instr_levels(k);
+  for (size_t p = 0; p < np; ++p) {
+    std::vector<int64_t> st(rank + 1, 0);
+    const Moves moves = pointer_moves(c, level, p);
+    if (moves != Moves::kNone) {
+      int64_t step = moves == Moves::kElement ? pitch : 1;
+      if (moves == Moves::kElement) st[rank] = 1;
+      for (size_t d = rank; d-- > 0;) {
+        st[d] = step;
+        step *= r.sizes[d];
+      }
+      if (p < inputs && moves == Moves::kElement && p % 3 == 2)
+        std::fill(st.begin(), st.begin() + static_cast<std::ptrdiff_t>(rank), 0);
+    }
+    add_pointer(r, st, moves == Moves::kNone ? std::max<int64_t>(1, widest_column(k) * R) : 1);
+  }
+  r.threads = threads;
+  r.blocks = 2;
+  return r;
+}
+
+DType pointer_type(const Kernel& k, size_t p) {
+  const size_t inputs = k.input_types.size();
+  return p < inputs ? k.input_types[p] : k.output_types[p - inputs];
+}
+
+using Buffers = std::vector<std::vector<char> >;
+
+// The run's outputs as the kernels find them (0x5a everywhere), and the pointers at each tensor's
+// first element (its base element into its buffer).
+Buffers rows_outputs(const Kernel& k, const RowsRun& r) {
+  Buffers out;
+  const size_t inputs = k.input_types.size();
+  for (size_t p = inputs; p < inputs + k.outputs.size(); ++p)
+    out.emplace_back(static_cast<size_t>(r.length[p]) * element_size(pointer_type(k, p)),
+                     static_cast<char>(0x5a));
+  return out;
+}
+std::vector<char*> rows_pointers(const Kernel& k, const RowsRun& r, Buffers& in, Buffers& out) {
+  std::vector<char*> ptrs;
+  const size_t inputs = k.input_types.size();
+  for (size_t p = 0; p < inputs + k.outputs.size(); ++p) {
+    char* data = p < inputs ? in[p].data() : out[p - inputs].data();
+    ptrs.push_back(data + r.base[p] * static_cast<int64_t>(element_size(pointer_type(k, p))));
+  }
+  return ptrs;
+}
+
+int64_t rows_of(const RowsRun& r) {
+  int64_t rows = 1;
+  for (size_t d = 0; d + 1 < r.sizes.size(); ++d) rows *= r.sizes[d];
+  return rows;
+}
+
+// The LLVM emitter's rows kernel, finish and columns functions over the run's bands of rows
+// (calls = blocks): their outputs.
+Buffers llvm_rows_outputs(const RowsCase& c, const RowsRun& r, Buffers& in) {
+  const Kernel& k = c.kernel;
+  const int64_t rows = rows_of(r), R = r.sizes.back(), stride = k.partials_per_call(R);
+  const fuser::CompiledKernel cpu = fuser::cpu_kernel(k, r.layout);
+  Buffers want = rows_outputs(k, r);
+  std::vector<char*> ptrs = rows_pointers(k, r, in, want);
+  std::vector<uint64_t> partials(static_cast<size_t>(std::max<int64_t>(1, r.blocks * stride)));
+  const int64_t chunk = (rows + r.blocks - 1) / r.blocks;
+  for (int64_t b = 0; b < r.blocks; ++b)
+    cpu.fn(std::min(rows, b * chunk), std::min(rows, (b + 1) * chunk), ptrs.data(), r.sizes.data(),
+           r.strides.data(), c.scalars.data(), partials.data() + b * stride);
+  if (k.num_globals > 0)
+    cpu.finish(r.blocks, stride, partials.data(), ptrs.data(), c.scalars.data());
+  if (k.num_columns() > 0)
+    cpu.columns(0, widest_column(k) * R, r.blocks, stride, R, partials.data(), ptrs.data(),
+                c.scalars.data());
+  return want;
+}
+
+using RowsHostFn = int (*)(int, unsigned, unsigned, long long, const long long*, void* const*,
+                           const unsigned long long*, unsigned long long*, long long, long long);
+
+// The generated kernels' outputs on the host (`fn`: the run's rows<i>_run) in `got`: 0, or the
+// status of the first kernel that failed (-1: a barrier some threads never reached; -3: a
+// misaligned quad access).
+int host_rows_outputs(RowsHostFn fn, const RowsCase& c, const RowsRun& r, Buffers& in,
+                      Buffers& got) {
+  const Kernel& k = c.kernel;
+  const int64_t rows = rows_of(r), R = r.sizes.back(), stride = k.partials_per_call(R);
+  got = rows_outputs(k, r);
+  std::vector<char*> ptrs = rows_pointers(k, r, in, got);
+  std::vector<uint64_t> partials(static_cast<size_t>(std::max<int64_t>(1, r.blocks * stride)),
+                                 0x5a5a5a5a5a5a5a5aull);
+  std::vector<long long> dims(r.sizes.begin(), r.sizes.end());
+  dims.insert(dims.end(), r.strides.begin(), r.strides.end());
+  const auto* scalars = reinterpret_cast<const unsigned long long*>(c.scalars.data());
+  auto* gpu_partials = reinterpret_cast<unsigned long long*>(partials.data());
+  auto* gpu_ptrs = reinterpret_cast<void* const*>(ptrs.data());
+  for (int which = 0; which <= 2; ++which) {
+    if (which == 1 ? k.num_globals == 0 : which == 2 && k.num_columns() == 0) continue;
+    const int status = fn(which, r.blocks, r.threads, rows, dims.data(), gpu_ptrs, scalars,
+                          gpu_partials, stride, R);
+    if (status != 0) return status;
+  }
+  return 0;
+}
+
+// The first output element where `got` differs from `want` ("" when none): bit for bit (any NaN
+// for a NaN), or, when `tolerant` and the kernel has floating sums, within their tolerance.
+// Counts the elements equal and close.
+std::string rows_difference(const Kernel& k, const Buffers& want, const Buffers& got, bool tolerant,
+                            size_t& exact, size_t& close) {
+  const bool sums = tolerant && has_float_sum_or_product(k);
+  for (size_t o = 0; o < want.size(); ++o) {
+    const DType t = k.output_types[o];
+    const size_t size = element_size(t);
+    for (size_t e = 0; e < want[o].size() / size; ++e) {
+      const char* w = want[o].data() + e * size;
+      const char* g = got[o].data() + e * size;
+      if (same_value(t, w, g)) {
+        ++exact;
+        continue;
+      }
+      if (sums && is_floating_point(t)) {
+        double x, y;
+        if (t == kFloat32) {
+          float fx, fy;
+          std::memcpy(&fx, w, sizeof fx);
+          std::memcpy(&fy, g, sizeof fy);
+          x = fx;
+          y = fy;
+        } else {
+          std::memcpy(&x, w, sizeof x);
+          std::memcpy(&y, g, sizeof y);
+        }
+        const double tol = t == kFloat32 ? 1e-5 : 1e-12;
+        if (std::isfinite(x) && std::isfinite(y) && std::abs(x - y) <= tol * std::abs(x) + tol) {
+          ++close;
+          continue;
+        }
+      }
+      return "output " + std::to_string(o) + ", element " + std::to_string(e) +
+             " differs: " + value_text(t, w) + " vs " + value_text(t, g);
+    }
+  }
+  return "";
+}
+
+// The repository's root (for lib/fastmath.h), from this file's path as the compiler saw it:
+// absolute, or relative to the build directory (this binary's parent's parent) or to the working
+// directory. "" when not found.
+std::string repository_root() {
   std::string file = __FILE__, root;
   file = file.substr(0, file.rfind("tests/fuser/"));
   char exe[4096] = {0};
@@ -1900,6 +2211,61 @@ TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
   for (int up = 0; up < 2; ++up) build = build.substr(0, build.rfind('/'));
   for (const std::string& candidate : {file, build + "/" + file, "./" + file})
     if (root.empty() && std::ifstream(candidate + "/lib/fastmath.h")) root = candidate;
+  return root;
+}
+
+// Rows kernels built on the host into one library, `sources[i]` (a kernel and its source, whose
+// entry is kr<i>) as namespace <name><i>, run by <name><i>_run (host_rows_kernel). Null, with a
+// failure reported, when the build fails. Only the entries are exported.
+void* build_rows_library(const std::string& root,
+                         const std::vector<std::pair<const Kernel*, std::string> >& sources,
+                         const std::string& name) {
+  const std::string dir =
+      ::testing::TempDir() + "/kiln_cuda_" + name + "_" + std::to_string(getpid());
+  EXPECT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  std::string unit = std::string(kHostShims) + kFiberShims;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const std::string& source = sources[i].second;
+    if (i == 0) unit += source.substr(0, source.find("\nstruct KilnRowsDims"));
+    unit += math_functions_of(source);
+    unit += host_rows_kernel(*sources[i].first, source, "kr" + std::to_string(i),
+                             name + std::to_string(i));
+  }
+  std::FILE* f = std::fopen((dir + "/rows.cpp").c_str(), "w");
+  if (!f) {
+    ADD_FAILURE() << "cannot write " << dir << "/rows.cpp";
+    return nullptr;
+  }
+  std::fwrite(unit.data(), 1, unit.size(), f);
+  std::fclose(f);
+  const std::string command =
+      "c++ -std=c++17 -O1 -ffp-contract=off -fno-fast-math -fno-strict-aliasing -shared -fPIC "
+      "-fvisibility=hidden -I" +
+      root + " -o " + dir + "/rows.so " + dir + "/rows.cpp > " + dir + "/log.txt 2>&1";
+  if (std::system(command.c_str()) != 0) {
+    ADD_FAILURE() << "the host compile failed: see " << dir;
+    return nullptr;
+  }
+  void* lib = dlopen((dir + "/rows.so").c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!lib) ADD_FAILURE() << dlerror();
+  return lib;
+}
+
+RowsHostFn rows_entry(void* lib, const std::string& name, size_t i) {
+  return reinterpret_cast<RowsHostFn>(dlsym(lib, (name + std::to_string(i) + "_run").c_str()));
+}
+
+std::string run_text(const RowsCase& c, const RowsRun& r) {
+  return c.what + ", sizes " + ::testing::PrintToString(r.sizes) + ", strides " +
+         ::testing::PrintToString(r.strides) + ", " + std::to_string(r.blocks) + " blocks of " +
+         std::to_string(r.threads) + ", index32 " + std::to_string(r.index32) + ", vec " +
+         std::to_string(r.vec) + ", per_thread " + std::to_string(r.per_thread);
+}
+
+TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
+  if (std::system("c++ --version > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "no host C++ compiler (c++) to run the generated kernels with";
+  const std::string root = repository_root();
   if (root.empty()) GTEST_SKIP() << "lib/fastmath.h not found from " << __FILE__;
   std::vector<RowsCase> cases = model_cases();
   const size_t num_models = cases.size();
@@ -1910,8 +2276,6 @@ TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
     const std::vector<RowsCase> random = random_reduction_cases(20261130, 25);
     cases.insert(cases.end(), random.begin(), random.end());
   }
-  const std::string dir = ::testing::TempDir() + "/kiln_cuda_rows_" + std::to_string(getpid());
-  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
   // The runs first: a kernel is generated for each run's layout and variant. The models' kernels
   // run twice.
   std::mt19937_64 rng(12);
@@ -1919,151 +2283,34 @@ TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
   for (size_t c = 0; c < cases.size(); ++c)
     for (size_t repeat = 0; repeat < (c < num_models ? 2u : 1u); ++repeat)
       runs.emplace_back(c, make_rows_run(cases[c], rng));
-  std::string unit = std::string(kHostShims) + kFiberShims;
+  std::vector<std::pair<const Kernel*, std::string> > sources;
   for (size_t i = 0; i < runs.size(); ++i) {
-    const std::string id = std::to_string(i);
     const Kernel& k = cases[runs[i].first].kernel;
-    const std::string source =
-        fuser::cuda::cuda_source(k, runs[i].second.layout, "kr" + id,
-                                 {runs[i].second.index32, false, runs[i].second.per_thread,
-                                  static_cast<int>(runs[i].second.threads)});
-    if (i == 0) unit += source.substr(0, source.find("\nstruct KilnRowsDims"));
-    unit += math_functions_of(source);
-    unit += host_rows_kernel(k, source, "kr" + id, "rows" + id);
+    sources.emplace_back(
+        &k, fuser::cuda::cuda_source(k, runs[i].second.layout, "kr" + std::to_string(i),
+                                     runs[i].second.variant()));
   }
-  {
-    std::FILE* f = std::fopen((dir + "/rows.cpp").c_str(), "w");
-    ASSERT_NE(f, nullptr);
-    std::fwrite(unit.data(), 1, unit.size(), f);
-    std::fclose(f);
-  }
-  const std::string command =
-      "c++ -std=c++17 -O1 -ffp-contract=off -fno-fast-math -fno-strict-aliasing -shared -fPIC -I" +
-      root + " -o " + dir + "/rows.so " + dir + "/rows.cpp > " + dir + "/log.txt 2>&1";
-  ASSERT_EQ(std::system(command.c_str()), 0) << "the host compile failed: see " << dir;
-  void* lib = dlopen((dir + "/rows.so").c_str(), RTLD_NOW | RTLD_LOCAL);
-  ASSERT_NE(lib, nullptr) << dlerror();
-  using HostFn = int (*)(int, unsigned, unsigned, long long, const long long*, void* const*,
-                         const unsigned long long*, unsigned long long*, long long, long long);
+  void* lib = build_rows_library(root, sources, "rows");
+  ASSERT_NE(lib, nullptr);
   size_t exact = 0, close = 0, index32_runs = 0, per_thread_runs = 0;
   for (size_t i = 0; i < runs.size() && !HasFailure(); ++i) {
-    const size_t c = runs[i].first;
+    const RowsCase& c = cases[runs[i].first];
     const RowsRun& r = runs[i].second;
-    const Kernel& k = cases[c].kernel;
-    auto fn = reinterpret_cast<HostFn>(dlsym(lib, ("rows" + std::to_string(i) + "_run").c_str()));
+    const Kernel& k = c.kernel;
+    const RowsHostFn fn = rows_entry(lib, "rows", i);
     ASSERT_NE(fn, nullptr);
-    const size_t inputs = k.input_types.size(), np = inputs + k.outputs.size();
-    {
-      const std::string what =
-          cases[c].what + ", sizes " + ::testing::PrintToString(r.sizes) + ", strides " +
-          ::testing::PrintToString(r.strides) + ", " + std::to_string(r.blocks) + " blocks of " +
-          std::to_string(r.threads) + ", index32 " + std::to_string(r.index32) + ", per_thread " +
-          std::to_string(r.per_thread);
-      const auto rank = static_cast<size_t>(cases[c].rank);
-      int64_t rows = 1;
-      for (size_t d = 0; d < rank; ++d) rows *= r.sizes[d];
-      const int64_t R = r.sizes[rank];
-      auto type_of = [&](size_t p) {
-        return p < inputs ? k.input_types[p] : k.output_types[p - inputs];
-      };
-      std::vector<std::vector<char> > in;
-      for (size_t p = 0; p < inputs; ++p)
-        in.push_back(rows_test_values(type_of(p), static_cast<size_t>(r.length[p]), rng));
-      auto outputs = [&] {
-        std::vector<std::vector<char> > out;
-        for (size_t p = inputs; p < np; ++p)
-          out.emplace_back(static_cast<size_t>(r.length[p]) * element_size(type_of(p)),
-                           static_cast<char>(0x5a));
-        return out;
-      };
-      auto pointers = [&](std::vector<std::vector<char> >& out) {
-        std::vector<char*> ptrs;
-        for (size_t p = 0; p < np; ++p) {
-          char* data = p < inputs ? in[p].data() : out[p - inputs].data();
-          ptrs.push_back(data + r.base[p] * static_cast<int64_t>(element_size(type_of(p))));
-        }
-        return ptrs;
-      };
-      const int64_t stride = k.partials_per_call(R);
-      const size_t partial_values = static_cast<size_t>(std::max<int64_t>(1, r.blocks * stride));
-      // The LLVM emitter's kernel over the blocks' bands of rows.
-      const fuser::CompiledKernel cpu = fuser::cpu_kernel(k, r.layout);
-      std::vector<std::vector<char> > want = outputs();
-      std::vector<char*> cpu_ptrs = pointers(want);
-      std::vector<uint64_t> cpu_partials(partial_values);
-      const int64_t chunk = (rows + r.blocks - 1) / r.blocks;
-      for (int64_t b = 0; b < r.blocks; ++b)
-        cpu.fn(std::min(rows, b * chunk), std::min(rows, (b + 1) * chunk), cpu_ptrs.data(),
-               r.sizes.data(), r.strides.data(), cases[c].scalars.data(),
-               cpu_partials.data() + b * stride);
-      if (k.num_globals > 0)
-        cpu.finish(r.blocks, stride, cpu_partials.data(), cpu_ptrs.data(), cases[c].scalars.data());
-      if (k.num_columns() > 0) {
-        int64_t widest = 0;
-        for (int32_t parts : k.column_parts) widest = std::max<int64_t>(widest, parts);
-        cpu.columns(0, widest * R, r.blocks, stride, R, cpu_partials.data(), cpu_ptrs.data(),
-                    cases[c].scalars.data());
-      }
-      // The generated CUDA kernels on the host.
-      std::vector<std::vector<char> > got = outputs();
-      std::vector<char*> ptrs = pointers(got);
-      std::vector<uint64_t> partials(partial_values, 0x5a5a5a5a5a5a5a5aull);
-      std::vector<long long> dims(r.sizes.begin(), r.sizes.end());
-      dims.insert(dims.end(), r.strides.begin(), r.strides.end());
-      const auto* scalars = reinterpret_cast<const unsigned long long*>(cases[c].scalars.data());
-      auto* gpu_partials = reinterpret_cast<unsigned long long*>(partials.data());
-      auto* gpu_ptrs = reinterpret_cast<void* const*>(ptrs.data());
-      index32_runs += r.index32;
-      per_thread_runs += r.per_thread > 0;
-      ASSERT_EQ(
-          fn(0, r.blocks, r.threads, rows, dims.data(), gpu_ptrs, scalars, gpu_partials, stride, R),
-          0)
-          << "a barrier not reached by every thread: " << what << "\n"
-          << k.str();
-      for (int which = 1; which <= 2; ++which) {
-        if (which == 1 ? k.num_globals == 0 : k.num_columns() == 0) continue;
-        ASSERT_EQ(fn(which, r.blocks, r.threads, rows, dims.data(), gpu_ptrs, scalars, gpu_partials,
-                     stride, R),
-                  0);
-      }
-      const bool sums = has_float_sum_or_product(k);
-      for (size_t o = 0; o < want.size(); ++o) {
-        const DType t = k.output_types[o];
-        const size_t size = element_size(t);
-        for (size_t e = 0; e < want[o].size() / size; ++e) {
-          const char* w = want[o].data() + e * size;
-          const char* g = got[o].data() + e * size;
-          if (same_value(t, w, g)) {
-            ++exact;
-            continue;
-          }
-          if (sums && is_floating_point(t)) {
-            double x, y;
-            if (t == kFloat32) {
-              float fx, fy;
-              std::memcpy(&fx, w, sizeof fx);
-              std::memcpy(&fy, g, sizeof fy);
-              x = fx;
-              y = fy;
-            } else {
-              std::memcpy(&x, w, sizeof x);
-              std::memcpy(&y, g, sizeof y);
-            }
-            const double tol = t == kFloat32 ? 1e-5 : 1e-12;
-            if (std::isfinite(x) && std::isfinite(y) &&
-                std::abs(x - y) <= tol * std::abs(x) + tol) {
-              ++close;
-              continue;
-            }
-          }
-          ADD_FAILURE() << what << ": output " << o << ", element " << e
-                        << " differs: " << value_text(t, w) << " (LLVM) vs " << value_text(t, g)
-                        << " (CUDA)\n"
-                        << k.str();
-          break;
-        }
-      }
-    }
+    Buffers in;
+    for (size_t p = 0; p < k.input_types.size(); ++p)
+      in.push_back(rows_test_values(k.input_types[p], static_cast<size_t>(r.length[p]), rng));
+    const Buffers want = llvm_rows_outputs(c, r, in);
+    index32_runs += r.index32;
+    per_thread_runs += r.per_thread > 0;
+    Buffers got;
+    ASSERT_EQ(host_rows_outputs(fn, c, r, in, got), 0)
+        << "a barrier not reached by every thread: " << run_text(c, r) << "\n"
+        << k.str();
+    const std::string difference = rows_difference(k, want, got, true, exact, close);
+    EXPECT_EQ(difference, "") << run_text(c, r) << " (LLVM vs CUDA)\n" << k.str();
   }
   dlclose(lib);
   // Both variants ran, each on many kernels.
@@ -2076,6 +2323,126 @@ TEST(CudaCodegen, GeneratedRowsKernelsComputeWhatTheLlvmEmitterComputes) {
       "output elements bit-equal to the LLVM emitter's, %zu within the tolerance of floating "
       "sums\n",
       cases.size(), runs.size(), index32_runs, per_thread_runs, exact, close);
+}
+
+// Every variant of a rows kernel takes the same positions of a row per thread (quads) and folds
+// them in the same order, so on the same geometry the vec variant (16-byte quad accesses), the
+// scalar loop and the per_thread variants (registers) give the same bits, for rows of every
+// length modulo 4 and every block size, with row, global and column reductions; the scalar loop's
+// equal the LLVM emitter's (within the tolerance of floating sums, as above). The host's quad
+// accesses check their alignment (a GPU's would fault): a vec kernel run on a misaligned row
+// reports it, and the launch rule gives such a call the scalar variant.
+TEST(CudaCodegen, RowsVariantsGiveTheSameBits) {
+  if (std::system("c++ --version > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "no host C++ compiler (c++) to run the generated kernels with";
+  const std::string root = repository_root();
+  if (root.empty()) GTEST_SKIP() << "lib/fastmath.h not found from " << __FILE__;
+  // The kernels with a vec variant: the models' in float32, and random programs'.
+  std::vector<RowsCase> cases;
+  std::vector<RowsCase> candidates = model_cases();
+  const std::vector<RowsCase> random = random_reduction_cases(20261201, 40);
+  candidates.insert(candidates.end(), random.begin(), random.end());
+  int globals = 0, columns = 0;
+  for (const RowsCase& c : candidates) {
+    const RowsRun r = aligned_rows_run(c, 8, 32);
+    if (!fuser::cuda::cuda_variant(c.kernel, r.layout, {true, true}).vec || cases.size() >= 24)
+      continue;
+    globals += c.kernel.num_globals > 0;
+    columns += c.kernel.num_columns() > 0;
+    cases.push_back(c);
+  }
+  EXPECT_GE(cases.size(), 12u);
+  EXPECT_GE(globals, 2);
+  EXPECT_GE(columns, 2);
+  // Per case its variants: the generic loop and K = 4, 16, 64 positions per thread, each scalar
+  // and vec (source 8 * case + 2 * turn + vec).
+  static const int kPerThread[] = {0, 4, 16, 64};
+  std::vector<std::pair<const Kernel*, std::string> > sources;
+  for (size_t c = 0; c < cases.size(); ++c)
+    for (int turn = 0; turn < 4; ++turn)
+      for (bool vec : {false, true}) {
+        RowsRun r = aligned_rows_run(cases[c], 8, 32);
+        r.vec = vec;
+        r.per_thread = kPerThread[turn];
+        sources.emplace_back(
+            &cases[c].kernel,
+            fuser::cuda::cuda_source(cases[c].kernel, r.layout,
+                                     "kr" + std::to_string(sources.size()), r.variant()));
+      }
+  void* lib = build_rows_library(root, sources, "variants");
+  ASSERT_NE(lib, nullptr);
+  std::mt19937_64 rng(13);
+  static const unsigned kThreads[] = {32, 64, 128, 256, 512, 1024};
+  size_t exact = 0, close = 0, variant_runs = 0;
+  for (size_t c = 0; c < cases.size() && !HasFailure(); ++c) {
+    const Kernel& k = cases[c].kernel;
+    int64_t lengths = 0;
+    for (int64_t R : {1, 3, 4, 5, 7, 8, 1000, 1027}) {
+      RowsRun r = aligned_rows_run(cases[c], R, kThreads[(c + lengths++) % 6]);
+      Buffers in;
+      for (size_t p = 0; p < k.input_types.size(); ++p)
+        in.push_back(rows_test_values(k.input_types[p], static_cast<size_t>(r.length[p]), rng));
+      Buffers scalar_out;
+      ASSERT_EQ(host_rows_outputs(rows_entry(lib, "variants", 8 * c), cases[c], r, in, scalar_out),
+                0);
+      const std::string llvm =
+          rows_difference(k, llvm_rows_outputs(cases[c], r, in), scalar_out, true, exact, close);
+      EXPECT_EQ(llvm, "") << run_text(cases[c], r) << " (LLVM vs CUDA)\n" << k.str();
+      {  // the launch rule allows the vec variant here
+        Buffers out = rows_outputs(k, r);
+        const std::vector<char*> ptrs = rows_pointers(k, r, in, out);
+        EXPECT_TRUE(fuser::cuda::cuda_call_flags(k, r.layout, rows_of(r), r.sizes.data(),
+                                                 r.strides.data(), ptrs.data(), r.blocks)
+                        .vec)
+            << run_text(cases[c], r);
+      }
+      for (int turn = 0; turn < 4; ++turn) {
+        r.per_thread = kPerThread[turn];
+        if (R > r.per_thread * int64_t{r.threads} && r.per_thread > 0) continue;
+        for (bool vec : {false, true}) {
+          if (turn == 0 && !vec) continue;  // the scalar loop itself
+          r.vec = vec;
+          Buffers got;
+          ASSERT_EQ(host_rows_outputs(rows_entry(lib, "variants", 8 * c + 2 * turn + vec), cases[c],
+                                      r, in, got),
+                    0)
+              << run_text(cases[c], r);
+          size_t same = 0, near = 0;
+          EXPECT_EQ(rows_difference(k, scalar_out, got, false, same, near), "")
+              << run_text(cases[c], r) << " (the scalar loop vs this variant)\n"
+              << k.str();
+          ++variant_runs;
+        }
+      }
+    }
+    {  // a row start off by one element: the rule takes the scalar loop, a vec kernel faults
+      RowsRun r = aligned_rows_run(cases[c], 8, 32);
+      size_t p = r.layout.inner.size();
+      while (p-- > 0 && r.layout.inner[p] != Layout::kUnit) {
+      }
+      ++r.base[p];
+      ++r.length[p];
+      Buffers in;
+      for (size_t q = 0; q < k.input_types.size(); ++q)
+        in.push_back(rows_test_values(k.input_types[q], static_cast<size_t>(r.length[q]), rng));
+      Buffers got = rows_outputs(k, r);
+      const std::vector<char*> ptrs = rows_pointers(k, r, in, got);
+      EXPECT_FALSE(fuser::cuda::cuda_call_flags(k, r.layout, rows_of(r), r.sizes.data(),
+                                                r.strides.data(), ptrs.data(), r.blocks)
+                       .vec)
+          << run_text(cases[c], r);
+      EXPECT_EQ(host_rows_outputs(rows_entry(lib, "variants", 8 * c), cases[c], r, in, got), 0);
+      r.vec = true;
+      EXPECT_EQ(host_rows_outputs(rows_entry(lib, "variants", 8 * c + 1), cases[c], r, in, got), -3)
+          << run_text(cases[c], r) << ": a misaligned quad went unnoticed";
+    }
+  }
+  std::printf(
+      "%zu kernels with a vec variant, %zu variant runs bit-equal to the scalar loop's; "
+      "%zu output elements bit-equal to the LLVM emitter's, %zu within the tolerance of "
+      "floating sums\n",
+      cases.size(), variant_runs, exact, close);
+  dlclose(lib);
 }
 
 // The disk cache files a CUDA binary under the source it is compiled from, with the target and

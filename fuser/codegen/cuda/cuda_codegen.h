@@ -19,13 +19,25 @@
 //   pointer p, sum_d (size[d] - 1) * |stride[p][d]| <= INT32_MAX, and the grid has at most 2^31
 //   threads. Integer division by the sizes is the strided kernel's main cost, and 32-bit division
 //   is several times cheaper than 64-bit on the GPU. The 64-bit variant is right for every call.
-// - vec (flat only): when every pointer that is not a single element is aligned to 4 of its
+// - vec (flat): when every pointer that is not a single element is aligned to 4 of its
 //   elements (16 bytes for float32 and int32, 4 for bool); kernels whose tensors are all 4-byte or
 //   bool types then move 4 elements per access (float4/int4/uchar4) and finish the tail one by
 //   one. Other kernels have no vec variant (cuda_variant drops the flag). The scalar variant is
 //   right for every alignment.
+// - vec (rows): when every pointer that moves along the row (Layout::kUnit) starts every row at
+//   a multiple of 4 of its elements: its first element aligned to 4 elements (16 bytes; 4 for
+//   bool) and each of its outer strides (of dims of more than one index) a multiple of 4. Kernels
+//   whose tensors are all 4-byte or bool types, none strided along the row (Layout::kAny) and
+//   some kUnit, then move each whole quad of a row (below) with one access (KilnQuad: 16 bytes,
+//   4 for bool): the loads of kUnit inputs, the stores of element-level kUnit outputs and the row
+//   cache's writes and reads; a row's partial last quad (R % 4 positions) goes element by
+//   element. kZero pointers are read per position as in the scalar variant. The positions and
+//   their order are the scalar variant's, so both give the same bits; the scalar variant is right
+//   for every alignment (it serves a vec call; a vec binary never serves a misaligned one: the
+//   launcher checks). CudaRowsPolicy::vec turns the variant off.
 // - per_thread (rows only): 0, or K (4 to 64) when R <= K * blockDim.x, so that thread t holds at
-//   most K positions of a row (t, t + blockDim.x, ...). The K variant keeps them in registers: a
+//   most K positions of a row (K / 4 quads: t, t + blockDim.x, ...). The K variant keeps them in
+//   registers: a
 //   row's loads are issued together before a pass computes (the memory system sees K loads per
 //   thread in flight instead of one), an input that several passes read is loaded once, and the
 //   block's column partials stay in registers across its band of rows, written once at its end.
@@ -55,7 +67,7 @@
 // - dims: `long long size[rank + 1]; long long stride[P * (rank + 1)]`: exactly the CPU rows
 //   kernel's `sizes` (outer sizes, then the row length R) then `strides` (per pointer: its outer
 //   strides, then its stride along a row), pointer-major.
-// - index32 (the variant; rows kernels have no vec variant): as above, for the rows kernel:
+// - index32 (the variant): as above, for the rows kernel:
 //   rows <= INT32_MAX, R <= INT32_MAX, the grid at most 2^31 blocks, and for every pointer
 //   sum_d (size[d] - 1) * |stride[p][d]| over the rank + 1 dims <= INT32_MAX. The finish and
 //   columns kernels index in 64 bits in either variant.
@@ -66,10 +78,13 @@
 //   type). Block b writes block b only (whatever it held before is overwritten; no clearing).
 // - Geometry: blockDim.x a multiple of 32, from 32 to 1024 (blockDim.y = blockDim.z = 1); any
 //   gridDim.x >= 1. Shared memory: 256 bytes, static, and for the generic variant (per_thread 0)
-//   the row cache's dynamic shared memory (CudaRowsLaunch::shared_bytes; 0 leaves it off).
-//   Block b walks the band of rows [b * chunk, min(rows, (b + 1) * chunk)), chunk =
-//   ceil(rows / gridDim.x), as one CPU call walks its range; thread t of a block takes elements t,
-//   t + blockDim.x, ... of each row. A row reduction folds per thread, then over the block through
+//   the row cache's dynamic shared memory (CudaRowsLaunch::shared_bytes; 0 leaves it off; 16-byte
+//   aligned for the vec variant's quads). Block b walks the band of rows [b * chunk, min(rows,
+//   (b + 1) * chunk)), chunk = ceil(rows / gridDim.x), as one CPU call walks its range; in every
+//   variant thread t of a block takes the quads q = t, t + blockDim.x, ... of each row and, in
+//   each, positions 4q, 4q + 1, 4q + 2, 4q + 3 (those < R), folding them in that order (a 16-byte
+//   access per quad where the row starts aligned). A row reduction folds per thread, then over
+//   the block through
 //   warp shuffles (__shfl_xor_sync) and shared memory across warps: a fixed tree for a given block
 //   size, no atomics, so results are the same on every run with the same geometry; every thread
 //   gets the row's value for the next pass (softmax: max, then sum of exp, then the scaled store).
@@ -99,7 +114,7 @@
 // Reductions: max and min (NaN-propagating, -0 below +0), integer and bool folds are exact, so
 // equal to the CPU's in any order. Sums of floats accumulate in double as on the CPU (the
 // formulas widen them), but in another order (the CPU's vectorized, reassociated loop; here each
-// thread's strided elements, then the block's tree): a double sum of n terms differs from the
+// thread's quads of positions, then the block's tree): a double sum of n terms differs from the
 // CPU's by at most 2 (n - 1) 2^-53 sum |x| (each order's bound), which a float32 result sees as at
 // most 1 ulp (and then rarely: only where the double sum lies near a float32 rounding boundary);
 // where every partial sum is exact in double (terms of bounded exponent range: the tests' values),
@@ -140,9 +155,9 @@ const char* cuda_storage_type(DType t);
 std::string cuda_source(const Kernel& kernel, const Layout& layout, const std::string& symbol,
                         CudaCallFlags variant);
 
-// The variant whose source `flags` gives: vec dropped where the kernel has no 4-wide loop
-// (strided and rows layouts, a tensor of a type without a vector type), so that equal sources
-// have equal cache keys.
+// The variant whose source `flags` gives: vec dropped where the kernel has no 4-wide loop or
+// quad accesses (strided layouts, a tensor of a type without a vector type, a rows layout with a
+// kAny pointer or no kUnit one), so that equal sources have equal cache keys.
 CudaCallFlags cuda_variant(const Kernel& kernel, const Layout& layout, CudaCallFlags flags);
 
 // The flags of one call, by the rules above: `sizes` and `strides` as the CPU kernel takes them
@@ -169,6 +184,7 @@ struct CudaRowsLaunch {
   int threads = 32;              // its blockDim.x
   bool index32 = false;          // its variant's index32 ...
   int per_thread = 0;            // ... and per_thread
+  bool vec = false;              // the policy takes the vec variant where the pointers allow it
   int64_t stride = 0;            // 8-byte values per block in partials: partials_per_call(R)
   int64_t partials_bytes = 0;    // the partials buffer: blocks * stride * 8 (0: none)
   int64_t column_positions = 0;  // positions the columns kernel covers (max parts * R)
@@ -186,6 +202,9 @@ struct CudaRowsPolicy {
   // slower than the strided loop for softmax's backward (1.8x) and layer_norm (1.3x), and gained
   // 4% on softmax; with column reductions it is 1.3x faster (tools/bench/RESULTS.md).
   bool registers_without_columns = false;
+  // The vec variant (16-byte quad accesses) where a call's pointers allow it. On: expected to
+  // raise the rows kernels' bandwidth (more bytes in flight per thread); not yet measured on a GPU.
+  bool vec = true;
 };
 CudaRowsPolicy cuda_rows_policy();
 void set_cuda_rows_policy(const CudaRowsPolicy& policy);

@@ -30,7 +30,18 @@ void add_term(std::string& s, const std::string& term) {
 }  // namespace
 
 bool Source::vectorizable() const {
-  if (!layout_.flat || layout_.rows) return false;
+  if (layout_.rows) {
+    // Rows: every tensor of a type with a vector type, none strided along the row (kAny), and some
+    // moving along it (kUnit: those the quads move).
+    bool any_unit = false;
+    for (size_t p = 0; p < num_ptrs(); ++p) {
+      const Layout::Inner inner = p < layout_.inner.size() ? layout_.inner[p] : Layout::kAny;
+      if (!vector_type(ptr_type(p)) || inner == Layout::kAny) return false;
+      any_unit |= inner == Layout::kUnit;
+    }
+    return any_unit;
+  }
+  if (!layout_.flat) return false;
   for (size_t p = 0; p < num_ptrs(); ++p)
     if (!single(p) && !vector_type(ptr_type(p))) return false;
   return true;

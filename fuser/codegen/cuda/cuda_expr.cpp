@@ -144,12 +144,13 @@ std::string Source::scalar_expr(const Instr& in) const {
   return in.type == kBool ? "(" + s + " != 0)" : s;
 }
 
-// Input p's element where expr reads it: kiln_body's parameter, or (rows kernels) the pointer at
-// the offset load_at_ names, noting the pointer in load_used_.
+// Input p's element where expr reads it: kiln_body's parameter, or (rows kernels) the access
+// load_at_ names (an element of the pointer, or a lane of its quad), noting the pointer in
+// load_used_.
 std::string Source::load(size_t p) {
   if (load_at_.empty()) return "x" + std::to_string(p);
   load_used_.at(p) = true;
-  return ptr_name(p) + "[" + load_at_.at(p) + "]";
+  return load_at_.at(p);
 }
 
 // The call of primitive in's math device function (math_functions) on its operands, the function

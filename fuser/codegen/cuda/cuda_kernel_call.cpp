@@ -60,15 +60,23 @@ int64_t elementwise_blocks(const Layout& layout, int64_t n, int64_t multiprocess
 }  // namespace
 
 namespace {
-// The variant a rows launch of this geometry needs (rows kernels have no vec variant).
-CudaCallFlags rows_variant(const CudaRowsLaunch& g) {
-  return {g.index32, false, g.per_thread, g.per_thread > 0 ? g.threads : 0};
+// The variant a rows launch of this geometry needs on these pointers: vec where the policy takes
+// it (CudaRowsLaunch::vec) and the pointers allow it (cuda_call_flags).
+CudaCallFlags rows_variant(const Kernel& kernel, const Layout& layout, const CudaRowsLaunch& g,
+                           const int64_t* sizes, const int64_t* strides, char* const* ptrs) {
+  int64_t rows = 1;
+  for (int d = 0; d < layout.rank; ++d) rows *= sizes[d];
+  const bool vec =
+      g.vec && cuda_call_flags(kernel, layout, rows, sizes, strides, ptrs, g.blocks).vec;
+  return {g.index32, vec, g.per_thread, g.per_thread > 0 ? g.threads : 0};
 }
 }  // namespace
 
 CudaCallFlags launch_variant(const Kernel& kernel, const Layout& layout, int device, int64_t n,
                              const int64_t* sizes, const int64_t* strides, char* const* ptrs) {
-  if (layout.rows) return rows_variant(cuda_rows_launch(kernel, layout, sizes, strides));
+  if (layout.rows)
+    return rows_variant(kernel, layout, cuda_rows_launch(kernel, layout, sizes, strides), sizes,
+                        strides, ptrs);
   const int64_t blocks =
       elementwise_blocks(layout, n, detail::cuda::device_info(device).multiprocessors);
   return cuda_call_flags(kernel, layout, n, sizes, strides, ptrs, blocks * kThreads);
@@ -109,7 +117,7 @@ std::vector<KernelCall> rows_calls(const Kernel& kernel, const Layout& layout,
   KernelCall& main = calls[0];
   main.grid = static_cast<unsigned>(geometry.blocks);
   main.block = static_cast<unsigned>(geometry.threads);
-  main.variant = rows_variant(geometry);
+  main.variant = rows_variant(kernel, layout, geometry, sizes, strides, ptrs);
   std::vector<long long> dims(sizes, sizes + rank + 1);
   dims.insert(dims.end(), strides, strides + (rank + 1) * num_ptrs);
   main.add(&rows, sizeof rows);
@@ -161,11 +169,16 @@ void launch_rows(const CudaKernel& fn, const Kernel& kernel, const Layout& layou
                  const int64_t* sizes, const int64_t* strides, char* const* ptrs,
                  const uint64_t* scalars) {
   const CudaRowsLaunch geometry = cuda_rows_launch(kernel, layout, sizes, strides);
-  const CudaCallFlags need = rows_variant(geometry);
-  KILN_CHECK(need == fn.variant, "CUDA: ", fn.name, " launched as variant index32 ",
-             fn.variant.index32, " vec ", fn.variant.vec, " per_thread ", fn.variant.per_thread,
-             " block ", fn.variant.block, " for rows that need index32 ", need.index32,
-             " per_thread ", need.per_thread, " block ", need.block);
+  const CudaCallFlags need = rows_variant(kernel, layout, geometry, sizes, strides, ptrs);
+  // A vec binary on rows whose quads are not aligned would fault: never. The scalar loop serves
+  // a vec call (the same positions, folded in the same order).
+  CudaCallFlags scalar = need;
+  scalar.vec = false;
+  KILN_CHECK(need == fn.variant || scalar == fn.variant, "CUDA: ", fn.name,
+             " launched as variant index32 ", fn.variant.index32, " vec ", fn.variant.vec,
+             " per_thread ", fn.variant.per_thread, " block ", fn.variant.block,
+             " for rows that need index32 ", need.index32, " vec ", need.vec, " per_thread ",
+             need.per_thread, " block ", need.block);
   // The partials go back to the allocator right after the launches: a later allocation on the same
   // stream runs after them, so the block is not reused early.
   struct Partials {

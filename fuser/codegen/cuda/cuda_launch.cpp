@@ -55,6 +55,24 @@ bool aligned_for_vec(const Kernel& kernel, const Layout& layout, char* const* pt
   return true;
 }
 
+// Whether a rows call's quads are aligned (the vec rule of cuda_codegen.h): every pointer that
+// moves along the row (kUnit) has its first element, and the start of every row, at a multiple of
+// 4 elements. Dims of one index never move a pointer: their strides do not count.
+bool rows_aligned_for_vec(const Kernel& kernel, const Layout& layout, const int64_t* sizes,
+                          const int64_t* strides, char* const* ptrs) {
+  const size_t num_inputs = kernel.input_types.size(),
+               num_ptrs = num_inputs + kernel.outputs.size();
+  const auto dims = static_cast<size_t>(layout.rank) + 1;
+  for (size_t p = 0; p < num_ptrs; ++p) {
+    if (layout.inner[p] != Layout::kUnit) continue;
+    const DType t = p < num_inputs ? kernel.input_types[p] : kernel.output_types[p - num_inputs];
+    if (reinterpret_cast<uintptr_t>(ptrs[p]) % (4 * element_size(t)) != 0) return false;
+    for (size_t d = 0; d + 1 < dims; ++d)
+      if (sizes[d] > 1 && strides[p * dims + d] % 4 != 0) return false;
+  }
+  return true;
+}
+
 // A rows block's threads: at least min_per_thread positions per thread, in whole warps, up to the
 // policy's block size.
 int rows_threads(const CudaRowsPolicy& policy, int64_t R) {
@@ -104,8 +122,12 @@ CudaCallFlags cuda_call_flags(const Kernel& kernel, const Layout& layout, int64_
     const auto rank = static_cast<size_t>(layout.rank) + (layout.rows ? 1 : 0);
     flags.index32 = offsets_fit_index32(num_ptrs, rank, sizes, strides);
   }
-  // 4-wide: a kernel with a 4-wide loop, and every pointer read or written through it aligned.
+  // 4-wide: a kernel with a 4-wide loop (rows: with quad accesses), and every pointer read or
+  // written through it aligned.
   if (layout.flat && !layout.rows) flags.vec = aligned_for_vec(kernel, layout, ptrs);
+  if (layout.rows)
+    flags.vec = ptrs && cuda_variant(kernel, layout, {false, true}).vec &&
+                rows_aligned_for_vec(kernel, layout, sizes, strides, ptrs);
   return flags;
 }
 
@@ -136,6 +158,7 @@ CudaRowsLaunch cuda_rows_launch(const Kernel& kernel, const Layout& layout, cons
   CudaRowsLaunch g;
   g.threads = rows_threads(policy, R);
   g.per_thread = rows_per_thread(kernel, policy, g.threads, R);
+  g.vec = policy.vec;
   // The generic variant's row cache (see the rows kernel): 4 bytes per position.
   if (g.per_thread == 0 && R <= kRowCacheBytes / 4) g.shared_bytes = static_cast<unsigned>(R * 4);
   // Column partials are one block of R positions per block of threads: 512 blocks (about four per

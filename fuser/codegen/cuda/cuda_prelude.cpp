@@ -125,9 +125,38 @@ KILN_D T kiln_block_reduce(T v, T identity, Op op, unsigned long long* scratch) 
   __syncthreads();
   return v;
 }
+// A quad of a row: 4 consecutive positions, which the vec variant moves with one 16-byte access
+// (4 bytes for bool) when the quad is whole, and element by element when it is the row's partial
+// last one (n < 4 positions left). The launch rule (cuda_codegen.h) makes every quad of a row
+// aligned; a host build checks it (KILN_QUAD_AT: the address of a whole quad's access).
+template <typename T>
+struct alignas(4 * sizeof(T)) KilnQuad {
+  T v[4];
+};
+#ifndef KILN_QUAD_AT
+#define KILN_QUAD_AT(p) (p)
+#endif
+template <typename T, typename U>
+KILN_D KilnQuad<T> kiln_load_quad(const T* p, U n) {
+  KilnQuad<T> q;
+  if (n >= 4) {
+    q = *reinterpret_cast<const KilnQuad<T>*>(KILN_QUAD_AT(p));
+  } else {
+    for (U i = 0; i < n; ++i) q.v[i] = p[i];
+  }
+  return q;
+}
+template <typename T, typename U>
+KILN_D void kiln_store_quad(T* p, const KilnQuad<T>& q, U n) {
+  if (n >= 4) {
+    *reinterpret_cast<KilnQuad<T>*>(KILN_QUAD_AT(p)) = q;
+  } else {
+    for (U i = 0; i < n; ++i) p[i] = q.v[i];
+  }
+}
 // A rows kernel's row cache: the launch's dynamic shared memory (its size says which rows fit).
 #ifndef KILN_ROW_CACHE
-#define KILN_ROW_CACHE(T, name) extern __shared__ T name[]
+#define KILN_ROW_CACHE(T, name) extern __shared__ __align__(16) T name[]
 KILN_D unsigned kiln_dynamic_shared_bytes() {
   unsigned r;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));

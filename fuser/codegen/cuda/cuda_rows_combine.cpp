@@ -24,7 +24,8 @@ size_t Source::column_reduction_of(int32_t s) const {
 std::string Source::helper_values(const std::vector<bool>& needed, const RowsPlan& p,
                                   const std::string& indent) {
   std::string s;
-  load_at_.assign(k_.input_types.size(), "0");
+  load_at_.clear();
+  for (size_t q = 0; q < k_.input_types.size(); ++q) load_at_.push_back(ptr_name(q) + "[0]");
   load_used_.assign(k_.input_types.size(), false);
   for (size_t n = 0; n < k_.body.size(); ++n) {
     if (!needed[n] || is_reduction(k_.body[n].prim)) continue;

@@ -13,14 +13,18 @@
 // band of consecutive rows, as one CPU call walks its range, so that a global reduction of
 // row-level values and the column partials fold the band's rows in row order, and combining the
 // blocks in block order is combining the CPU's calls in call order. Any grid size is correct.
-// Within a row, thread t takes elements t, t + blockDim.x, ...: a pass folds each row reduction
-// per thread and then over the block, and every thread gets the row's value for the next pass.
+// Within a row, thread t takes quads q = t, t + blockDim.x, ... and in each positions 4q to
+// 4q + 3 (those < R), in that order, in every variant: a pass folds each row reduction per
+// thread and then over the block, and every thread gets the row's value for the next pass. The
+// vec variant moves a whole quad of each pointer that moves along the row with one 16-byte
+// access (KilnQuad: loaded before the quad's positions are computed, stored after), so it reads
+// and writes what the scalar loop does and folds in its order: the same bits.
 // The first load of the row that several passes read is kept in shared memory by the first of
 // them (each thread keeps the positions it reads, so no barrier is needed) and read back by the
 // later ones instead of global memory, when the row fits in the launch's dynamic shared memory
 // (cuda_rows_launch: 4 bytes per position up to 32 KiB). The values are the same either way.
-// The per_thread variant keeps values in registers instead (kiln_r<n>[k], position
-// threadIdx.x + k * blockDim.x), up to 64 per thread: what a later pass reads of an earlier
+// The per_thread variant keeps values in registers instead (kiln_r<n>[4 * m + l], position l of
+// the thread's m-th quad), up to 64 per thread: what a later pass reads of an earlier
 // pass's element-level values (the frontier: exp(x - max) for softmax's last pass, not x and
 // the subtraction again), then the loads of each pass, each loaded by an unrolled loop of its own
 // before its pass computes, so that a thread has all its loads in flight at once.
@@ -28,6 +32,7 @@
 // The loop over a band's rows is written first (row_values, rows_pass, first_thread), to learn
 // which pointers' row starts it reads; then the kernel around it (rows_prologue, the column
 // partials, band_loop, global_partials) and its entry point.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -51,7 +56,11 @@ struct Source::RowsKernel {
   std::vector<bool> emitted;        // row-level values (row reductions included) computed
   std::vector<bool> row_ptr;        // pointers whose row start the loop reads
   std::vector<bool> cache_written;  // shared-memory cached loads written by their first pass
-  std::string row;                  // the body of the loop over a band's rows
+  // vec: per input, the row cache the current pass reads its quads back from ("": global memory),
+  // and the pass's quads kept in the row cache after its positions are computed.
+  std::vector<std::string> quad_cache;
+  std::string quad_cache_stores;
+  std::string row;  // the body of the loop over a band's rows
 };
 
 namespace {
@@ -63,6 +72,23 @@ std::string register_name(size_t n) {
 }
 std::string column_registers(int32_t slot) {
   return "kiln_c" + std::to_string(slot);
+}
+// The per_thread variant's register of position j: the l-th of the thread's m-th quad.
+std::string register_at(const std::string& registers) {
+  return registers + "[4 * m + l]";
+}
+std::string quad_name(size_t p) {
+  return "kiln_q" + std::to_string(p);
+}
+// `text` with `spaces` more spaces before each line.
+std::string indented(const std::string& text, size_t spaces) {
+  std::string out;
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = std::min(text.find('\n', at), text.size() - 1) + 1;
+    out += std::string(spaces, ' ') + text.substr(at, end - at);
+    at = end;
+  }
+  return out;
 }
 }  // namespace
 
@@ -104,27 +130,45 @@ std::string Source::stride_of(size_t p, int dim) const {
          std::to_string(p * static_cast<size_t>(layout_.rank + 1) + static_cast<size_t>(dim)) + "]";
 }
 
-// A loop over the thread's positions j of a row, around `body`: a strided loop, or for the
-// per_thread variant an unrolled one over k < K.
-std::string Source::row_loop(const std::string& body, const std::string& indent) const {
+// A loop over the thread's quads of a row (q = 4 * (threadIdx.x + m * blockDim.x), m = 0, 1,
+// ...) and over each quad's positions j = q + l (l < 4, j < R) around `body`, each quad's `before`
+// and `after` (the vec variant's quad loads and stores) around its positions: a strided loop, or
+// for the per_thread variant an unrolled one over m < K / 4.
+std::string Source::row_loop(const std::string& body, const std::string& indent,
+                             const std::string& before, const std::string& after) const {
+  // The callers write `body` for the positions' depth in the generic loop, and `before` and
+  // `after` for the quads' depth there; the per_thread loop is one level deeper.
   const int per_thread = variant_.per_thread;
+  const size_t deeper = per_thread == 0 ? 0 : 2;
+  const std::string in = indent + std::string(deeper, ' ');
+  const std::string positions = indented(before, deeper) + in + "  #pragma unroll\n" + in +
+                                "  for (int l = 0; l < 4; ++l) {\n" + in +
+                                "    const U j = q + (U)l;\n" + in + "    if (j < R) {\n" +
+                                indented(body, 4 + deeper) + in + "    }\n" + in + "  }\n" +
+                                indented(after, deeper);
   if (per_thread == 0)
-    return indent + "for (U j = (U)threadIdx.x; j < R; j += (U)blockDim.x) {\n" + body + indent +
-           "}\n";
-  return indent + "#pragma unroll\n" + indent + "for (int k = 0; k < " +
-         std::to_string(per_thread) + "; ++k) {\n" + indent +
-         "  const U j = (U)threadIdx.x + (U)k * (U)blockDim.x;\n" + indent + "  if (j < R) {\n" +
-         body + indent + "  }\n" + indent + "}\n";
+    return indent + "for (U q = 4 * (U)threadIdx.x; q < R; q += 4 * (U)blockDim.x) {\n" +
+           positions + indent + "}\n";
+  return indent + "#pragma unroll\n" + indent + "for (int m = 0; m < " +
+         std::to_string(per_thread / 4) + "; ++m) {\n" + indent +
+         "  const U q = 4 * ((U)threadIdx.x + (U)m * (U)blockDim.x);\n" + indent +
+         "  if (q < R) {\n" + positions + indent + "  }\n" + indent + "}\n";
+}
+
+// Whether pointer p moves by quads: in the vec variant, every pointer that moves along the row.
+bool Source::quad_ptr(size_t p) const {
+  return variant_.vec && layout_.inner[p] == Layout::kUnit;
 }
 
 // The offsets at position j of a row of the pointers `used` (noting them in row_ptr: the row's
-// start is computed for them).
+// start is computed for them), but for those that move by quads.
 std::string Source::position_offsets(const std::vector<bool>& used, std::vector<bool>& row_ptr,
                                      const std::string& indent) const {
   std::string offsets;
   for (size_t q = 0; q < num_ptrs(); ++q) {
     if (!used[q]) continue;
     row_ptr[q] = true;
+    if (quad_ptr(q)) continue;
     const std::string st = "st" + std::to_string(q);
     std::string off;
     switch (layout_.inner[q]) {
@@ -153,7 +197,7 @@ void Source::row_values(RowsKernel& r, int32_t s) {
         (l != Level::kRow && l != Level::kConst))
       continue;
     load_at_.assign(ni, "");
-    for (size_t q = 0; q < ni; ++q) load_at_[q] = "st" + std::to_string(q);
+    for (size_t q = 0; q < ni; ++q) load_at_[q] = ptr_name(q) + "[st" + std::to_string(q) + "]";
     load_used_.assign(ni, false);
     r.row += "    " + decl(n) + " = " + expr(k_.body[n]) + ";\n";
     for (size_t q = 0; q < ni; ++q) r.row_ptr[q] = r.row_ptr[q] || load_used_[q];
@@ -185,13 +229,18 @@ void Source::rows_pass(RowsKernel& r, int32_t pass) {
                " = " + identity(k_.body[n]) + ";\n";
   const size_t ni = k_.input_types.size();
   load_at_.assign(ni, "");
-  for (size_t q = 0; q < ni; ++q) load_at_[q] = "o" + std::to_string(q);
+  for (size_t q = 0; q < ni; ++q)
+    load_at_[q] =
+        quad_ptr(q) ? quad_name(q) + ".v[l]" : ptr_name(q) + "[o" + std::to_string(q) + "]";
+  r.quad_cache.assign(ni, "");
+  r.quad_cache_stores.clear();
   if (variant_.per_thread > 0) r.row += pass_register_loads(r, pass);
   std::string loop = pass_element_values(r, pass);
   std::vector<bool> used = load_used_;
   loop += pass_folds(roots);
   if (last) loop += pass_stores(r, used);
-  r.row += row_loop(position_offsets(used, r.row_ptr, "      ") + loop, "    ");
+  r.row += row_loop(position_offsets(used, r.row_ptr, "      ") + loop, "    ", quad_loads(r, used),
+                    quad_stores(used) + r.quad_cache_stores);
   block_reductions(r, roots);
   row_values(r, pass + 1);
 }
@@ -203,10 +252,45 @@ std::string Source::pass_register_loads(RowsKernel& r, int32_t pass) {
   std::string loads;
   for (size_t n = 0; n < k_.body.size(); ++n) {
     if (!r.cache.cached[n] || r.cache.first[n] != pass || k_.body[n].prim != Prim::Load) continue;
-    loads += "        " + register_name(n) + "[k] = " + expr(k_.body[n]) + ";\n";
+    loads += "      " + register_at(register_name(n)) + " = " + expr(k_.body[n]) + ";\n";
   }
   if (loads.empty()) return "";
-  return row_loop(position_offsets(load_used_, r.row_ptr, "        ") + loads, "    ");
+  return row_loop(position_offsets(load_used_, r.row_ptr, "      ") + loads, "    ",
+                  quad_loads(r, load_used_));
+}
+
+// The vec variant's quads of the pointers `used` at quad q: each input's loaded (from the row
+// cache where the pass reads a kept load back and the row fits), each output's to be filled.
+std::string Source::quad_loads(const RowsKernel& r, const std::vector<bool>& used) const {
+  const size_t ni = k_.input_types.size();
+  std::string quads;
+  for (size_t p = 0; p < num_ptrs(); ++p) {
+    if (!used[p] || !quad_ptr(p)) continue;
+    const std::string type = "KilnQuad<" + std::string(storage_type(ptr_type(p))) + "> ";
+    if (p >= ni) {
+      quads += "      " + type + quad_name(p) + ";\n";
+      continue;
+    }
+    const std::string global =
+        "kiln_load_quad(" + ptr_name(p) + " + st" + std::to_string(p) + " + (S)q, R - q)";
+    const std::string& cache = r.quad_cache[p];
+    quads +=
+        "      const " + type + quad_name(p) + " = " +
+        (cache.empty() ? global
+                       : "kiln_cached ? kiln_load_quad(" + cache + " + q, R - q) : " + global) +
+        ";\n";
+  }
+  return quads;
+}
+
+// The vec variant's stores of the output quads `used` at quad q.
+std::string Source::quad_stores(const std::vector<bool>& used) const {
+  std::string stores;
+  for (size_t p = k_.input_types.size(); p < num_ptrs(); ++p)
+    if (used[p] && quad_ptr(p))
+      stores += "      kiln_store_quad(" + ptr_name(p) + " + st" + std::to_string(p) + " + (S)q, " +
+                quad_name(p) + ", R - q);\n";
+  return stores;
 }
 
 // The element-level values the pass computes at position j, noting the inputs they read in
@@ -226,11 +310,12 @@ std::string Source::element_value(RowsKernel& r, size_t n, int32_t pass) {
   const bool cached = r.cache.cached[n], registers = variant_.per_thread > 0;
   const std::string value = v(static_cast<int32_t>(n));
   if (registers && cached && (r.cache.first[n] < pass || k_.body[n].prim == Prim::Load))
-    return "      " + decl(n) + " = " + register_name(n) + "[k];\n";
+    return "      " + decl(n) + " = " + register_at(register_name(n)) + ";\n";
   if (registers && cached)  // computed here, kept for later passes
-    return "      " + decl(n) + " = " + expr(k_.body[n]) + ";\n      " + register_name(n) +
-           "[k] = " + value + ";\n";
+    return "      " + decl(n) + " = " + expr(k_.body[n]) + ";\n      " +
+           register_at(register_name(n)) + " = " + value + ";\n";
   if (!cached) return "      " + decl(n) + " = " + expr(k_.body[n]) + ";\n";
+  if (quad_ptr(static_cast<size_t>(k_.body[n].index))) return cached_quad(r, n);
   if (!r.cache_written[n]) {  // its first pass loads it and keeps it
     r.cache_written[n] = true;
     return "      " + decl(n) + " = " + expr(k_.body[n]) + ";\n      if (kiln_cached) " +
@@ -239,6 +324,20 @@ std::string Source::element_value(RowsKernel& r, size_t n, int32_t pass) {
   // later passes read it back
   return "      " + decl(n) + " = kiln_cached ? " + cache_name(n) + "[j] : " + expr(k_.body[n]) +
          ";\n";
+}
+
+// The vec variant's row cache of load n, of an input read by quads: its first pass keeps the
+// input's quads after computing their positions, later passes read them back (quad_loads).
+std::string Source::cached_quad(RowsKernel& r, size_t n) {
+  const auto p = static_cast<size_t>(k_.body[n].index);
+  if (!r.cache_written[n]) {
+    r.cache_written[n] = true;
+    r.quad_cache_stores += "      if (kiln_cached) kiln_store_quad(" + cache_name(n) + " + q, " +
+                           quad_name(p) + ", R - q);\n";
+  } else {
+    r.quad_cache[p] = cache_name(n);
+  }
+  return "      " + decl(n) + " = " + expr(k_.body[n]) + ";\n";
 }
 
 // The folds of the pass's reductions at position j: row reductions into the thread's accumulator,
@@ -264,7 +363,7 @@ std::string Source::column_fold(const Instr& in) const {
   const std::string x = v(in.a), f = fold_name(in);
   if (per_thread > 0) {
     const std::string at =
-        column_registers(in.index) + "[" + std::to_string(in.part * per_thread) + " + k]";
+        column_registers(in.index) + "[" + std::to_string(in.part * per_thread) + " + 4 * m + l]";
     return "      " + at + " = " + f + "(" + at + ", " + x + ");\n";
   }
   const std::string at = "col" + std::to_string(in.index) + "[" +
@@ -281,8 +380,9 @@ std::string Source::pass_stores(const RowsKernel& r, std::vector<bool>& used) co
     if (!stored_per_element(k_, r.p.level, o)) continue;
     const size_t q = ni + o;
     used[q] = true;
-    loop += "      " + ptr_name(q) + "[o" + std::to_string(q) +
-            "] = " + stored(k_.output_types[o], v(k_.outputs[o])) + ";\n";
+    const std::string at =
+        quad_ptr(q) ? quad_name(q) + ".v[l]" : ptr_name(q) + "[o" + std::to_string(q) + "]";
+    loop += "      " + at + " = " + stored(k_.output_types[o], v(k_.outputs[o])) + ";\n";
   }
   return loop;
 }
@@ -401,7 +501,8 @@ std::string Source::column_partial_slot(int32_t s, int64_t offset) {
     std::string stores;
     for (int32_t q = 0; q < parts; ++q)
       stores += "      " + at(q) + " = " +
-                stored(r.type, regs + "[" + std::to_string(q * per_thread) + " + k]") + ";\n";
+                stored(r.type, regs + "[" + std::to_string(q * per_thread) + " + 4 * m + l]") +
+                ";\n";
     return row_loop(stores, "  ");
   }
   std::string starts;

@@ -28,7 +28,8 @@ class Source {
 
   // The whole source (cuda_source).
   std::string emit();
-  // Whether the layout and the tensors' types allow a 4-wide loop (cuda_variant asks too).
+  // Whether the layout and the tensors' types allow a 4-wide loop (flat) or quad accesses (rows);
+  // cuda_variant asks too.
   bool vectorizable() const;
 
  private:
@@ -136,9 +137,13 @@ class Source {
 
   // ----------------------------------------------------------------------- the rows kernel
   std::string stride_of(size_t p, int dim) const;
-  std::string row_loop(const std::string& body, const std::string& indent) const;
+  std::string row_loop(const std::string& body, const std::string& indent,
+                       const std::string& before = "", const std::string& after = "") const;
+  bool quad_ptr(size_t p) const;
   std::string position_offsets(const std::vector<bool>& used, std::vector<bool>& row_ptr,
                                const std::string& indent) const;
+  std::string quad_loads(const RowsKernel& r, const std::vector<bool>& used) const;
+  std::string quad_stores(const std::vector<bool>& used) const;
   void rows_kernel(const RowsPlan& p);
   void row_values(RowsKernel& r, int32_t stage);
   void register_declarations(RowsKernel& r) const;
@@ -146,6 +151,7 @@ class Source {
   std::string pass_register_loads(RowsKernel& r, int32_t pass);
   std::string pass_element_values(RowsKernel& r, int32_t pass);
   std::string element_value(RowsKernel& r, size_t n, int32_t pass);
+  std::string cached_quad(RowsKernel& r, size_t n);
   std::string pass_folds(const std::vector<size_t>& roots) const;
   std::string column_fold(const Instr& in) const;
   std::string pass_stores(const RowsKernel& r, std::vector<bool>& used) const;
@@ -174,7 +180,8 @@ class Source {
   const CudaCallFlags variant_;
   std::string out_;
   std::set<std::string> math_;  // the transcendental device functions the kernel calls
-  // Rows kernels: where expr reads each input (an offset variable), and the inputs it read.
+  // Rows kernels: how expr reads each input (an element of the pointer, or a lane of its quad),
+  // and the inputs it read.
   std::vector<std::string> load_at_;
   std::vector<bool> load_used_;
 };
