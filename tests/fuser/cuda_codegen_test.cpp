@@ -255,7 +255,9 @@ TEST(CudaCodegen, EveryFormulaOpInFloat32CompilesForSm90) {
   std::set<std::string> ops;
   const std::set<std::string> fused = compile_every_formula_op(kFloat32, ops);
   for (const std::string& op : ops)
-    if (!is_bitwise(op)) EXPECT_EQ(fused.count(op), 1u) << op << " was not fused";
+    if (!is_bitwise(op)) {
+      EXPECT_EQ(fused.count(op), 1u) << op << " was not fused";
+    }
   EXPECT_GE(ops.size(), 40u);
 }
 TEST(CudaCodegen, EveryFormulaOpInFloat64CompilesForSm90) {
@@ -1002,7 +1004,9 @@ TEST(CudaCodegen, VecRowsKernelsMoveSixteenBytesPerAccess) {
     const std::string vec = ptx({true, true, per_thread, per_thread > 0 ? 256 : 0});
     EXPECT_TRUE(has(vec, "ld.global.nc.v4.f32") || has(vec, "ld.global.v4.f32")) << per_thread;
     EXPECT_TRUE(has(vec, "st.global.v4.f32")) << per_thread;
-    if (per_thread == 0) EXPECT_TRUE(has(vec, "st.shared.v4.f32") && has(vec, "ld.shared.v4.f32"));
+    if (per_thread == 0) {
+      EXPECT_TRUE(has(vec, "st.shared.v4.f32") && has(vec, "ld.shared.v4.f32"));
+    }
     const std::string scalar = ptx({true, false, per_thread, per_thread > 0 ? 256 : 0});
     EXPECT_FALSE(has(scalar, ".v4.f32")) << per_thread;
   }
