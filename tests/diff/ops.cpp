@@ -614,6 +614,26 @@ bool reduce_one(Gen& g, Step& s) {
   s.p.i = {g.dim(rank(arg(g, s, 0))), g.uniform(0, 1)};
   return true;
 }
+// argmax or argmin along a dim whose two extreme values are within 1e-5 of each other (relative
+// to the tensor's largest magnitude, at least 1) after inexact steps (deliberate difference): an
+// ulp of either side picks the index, and libtorch's vector and scalar loops may round equal
+// inputs apart (seed 803950422483397999: argmin of rsqrt of a clamp's ties, equal in kiln).
+bool arg_extremum_pick(Gen& g, Step& s, bool largest_first) {
+  reduce_one(g, s);
+  const auto& x = arg(g, s, 0);
+  if (!is_float(x) || !inexact_so_far(g) || x.dim() == 0) return true;
+  const int64_t dim = s.p.i[0];
+  if (x.size(dim) < 2) return true;
+  torch::Tensor top = std::get<0>(x.detach().to(torch::kFloat64).topk(2, dim, largest_first));
+  torch::Tensor gap = (top.select(dim, 0) - top.select(dim, 1)).abs();
+  return !(gap <= 1e-5 * std::max(1.0, max_finite_abs(x))).any().item<bool>();
+}
+bool argmax_pick(Gen& g, Step& s) {
+  return arg_extremum_pick(g, s, true);
+}
+bool argmin_pick(Gen& g, Step& s) {
+  return arg_extremum_pick(g, s, false);
+}
 // Nor a prod whose partial products may overflow (the product of the finite magnitudes above 1
 // passes half the largest float; deliberate difference): the result then depends on the order of
 // the steps, which differs between libtorch, kiln's eager kernel (4 lanes) and its fused ones:
@@ -1074,8 +1094,8 @@ const std::vector<Op>& op_table() {
       DIFF_OP("max_all", 0, extremum_pick, a[0].max()),
       DIFF_OP("min_all", 0, extremum_pick, a[0].min()),
       DIFF_OP("max_dim", 0, reduce_one, std::get<0>(a[0].max(p.i[0], p.i[1] != 0))),
-      DIFF_OP("argmax", 0, reduce_one, a[0].argmax(p.i[0], p.i[1] != 0)),
-      DIFF_OP("argmin", 0, reduce_one, a[0].argmin(p.i[0], p.i[1] != 0)),
+      DIFF_OP("argmax", 0, argmax_pick, a[0].argmax(p.i[0], p.i[1] != 0)),
+      DIFF_OP("argmin", 0, argmin_pick, a[0].argmin(p.i[0], p.i[1] != 0)),
       DIFF_OP2("var", kInexact, var_pick, a[0].var(p.list, p.i[1], p.i[0] != 0),
                at::var(a[0], at::OptionalIntArrayRef(p.list), c10::optional<int64_t>(p.i[1]),
                        p.i[0] != 0)),
