@@ -69,6 +69,7 @@ DriverCounters& counters() {
   X(cuModuleLoadData)         \
   X(cuModuleUnload)           \
   X(cuModuleGetFunction)      \
+  X(cuFuncSetAttribute)       \
   X(cuLaunchKernel)           \
   X(cuGetErrorName)           \
   X(cuGetErrorString)
@@ -176,6 +177,8 @@ PerDevice& per_device(int index) {
     p.info.multiprocessors = attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
     p.info.max_threads_per_block = attribute(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
     p.info.max_shared_per_block = attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK);
+    p.info.max_shared_per_block_optin =
+        attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
     p.info.l2_cache_bytes = attribute(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE);
     size_t total = 0;
     KILN_CU_CHECK(a.cuDeviceTotalMem(&total, dev), index);
@@ -348,6 +351,13 @@ void* Module::function(const std::string& name) const {
   return f;
 }
 
+void Module::allow_dynamic_shared(void* function, int bytes) const {
+  set_device(device_);
+  KILN_CU_CHECK(api().cuFuncSetAttribute(static_cast<CUfunction>(function),
+                                         CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes),
+                device_);
+}
+
 void launch(int index, void* function, const LaunchShape& shape, void** args, const char* name) {
   set_device(index);
   counters().launches.fetch_add(1, std::memory_order_relaxed);
@@ -424,6 +434,7 @@ Module::~Module() = default;
 void* Module::function(const std::string&) const {
   return nullptr;
 }
+void Module::allow_dynamic_shared(void*, int) const {}
 void launch(int index, void*, const LaunchShape&, void**, const char*) {
   require_device(index, "cuda");
 }

@@ -28,6 +28,7 @@ struct DeviceInfo {
   int multiprocessors = 0;
   int max_threads_per_block = 0;
   int max_shared_per_block = 0;
+  int max_shared_per_block_optin = 0;  // with a kernel's opt-in (227 KiB on an H100)
   size_t total_memory = 0;
   int64_t l2_cache_bytes = 0;  // 50 MiB on an H100; sizes the convolutions' chunks
 };
@@ -69,6 +70,10 @@ class Module {
   Module& operator=(const Module&) = delete;
   // The __global__ function `name` (raises when the image has none).
   void* function(const std::string& name) const;
+  // Lets `function` of this module launch with up to `bytes` of dynamic shared memory (above the
+  // default 48 KiB a launch needs this opt-in; at most the device's opt-in limit less the
+  // function's static shared memory). Raises with the driver's error otherwise.
+  void allow_dynamic_shared(void* function, int bytes) const;
   int device() const { return device_; }
 
  private:

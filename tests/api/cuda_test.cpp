@@ -252,6 +252,27 @@ TEST(Cuda, RowsOfAMisalignedViewNeverRunAVecBinary) {
   EXPECT_EQ(launch_as(scalar, aligned_strides, aligned_ptrs).find("launched as variant"),
             std::string::npos);
 }
+
+// A loaded rows kernel knows its row caches (softmax keeps x, which its three passes read) and may
+// launch with the device's opt-in shared memory (above the default 48 KiB), which the loader
+// allowed; the register variant keeps no row in shared memory.
+TEST(Cuda, RowsKernelsMayUseTheDevicesOptInSharedMemory) {
+  KILN_REQUIRE_GPU();
+  const fuser::FusionGroup g = softmax_group(64, 1024);
+  fuser::Layout rows;
+  rows.flat = false;
+  rows.rows = true;
+  rows.rank = 1;
+  rows.inner.assign(2, fuser::Layout::kUnit);
+  const fuser::cuda::CudaKernel generic = fuser::cuda::cuda_kernel(g.kernel, rows, {true}, 0);
+  EXPECT_EQ(generic.row_caches, std::vector<int>{4});
+  const int optin = detail::cuda::device_info(0).max_shared_per_block_optin;
+  EXPECT_GT(optin, 48 << 10);
+  EXPECT_EQ(generic.max_dynamic_shared, optin - 1024);
+  const fuser::cuda::CudaKernel registers =
+      fuser::cuda::cuda_kernel(g.kernel, rows, {true, false, 16, 256}, 0);
+  EXPECT_TRUE(registers.row_caches.empty());
+}
 #endif
 
 // ---- With a GPU: CUDA against the CPU reference ----

@@ -115,6 +115,9 @@ CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice) {
     case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK:
       *v = 49152;
       break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN:  // an H100's
+      *v = 232448;
+      break;
     case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE:  // small, so that tests' convolutions run in chunks
       *v = 64 << 10;
       break;
@@ -245,6 +248,11 @@ CUresult cuModuleGetFunction(CUfunction* f, CUmodule, const char* name) {
   std::lock_guard<std::mutex> lock(g_mu);
   *f = reinterpret_cast<CUfunction>(function_named(name));
   return CUDA_SUCCESS;
+}
+CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int value) {
+  if (!f) return CUDA_ERROR_INVALID_HANDLE;
+  const bool shared = a == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+  return shared && value >= 0 && value <= 232448 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 CUresult cuLaunchKernel(CUfunction f, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         unsigned, CUstream, void** args, void**) {

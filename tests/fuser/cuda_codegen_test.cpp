@@ -1276,13 +1276,12 @@ TEST(CudaCodegen, LaunchGeometriesFollowTheRules) {
     int64_t rows, R;
     int threads, per_thread;
     int64_t blocks;
-    unsigned shared_bytes;
   };
   const Rows expected[] = {
-      {row, 1000, 1000, 256, 0, 1000, 4000}, {row, 3, 100000, 512, 0, 3, 0},
-      {row, 100000, 8, 32, 0, 65536, 32},    {global, 5000, 64, 32, 0, 1024, 256},
-      {column, 4096, 300, 128, 4, 512, 0},   {column, 10, 5000, 512, 16, 10, 0},
-      {column, 10, 10000, 512, 0, 10, 0},
+      {row, 1000, 1000, 256, 0, 1000},  {row, 3, 100000, 512, 0, 3},
+      {row, 100000, 8, 32, 0, 65536},   {global, 5000, 64, 32, 0, 1024},
+      {column, 4096, 300, 128, 4, 512}, {column, 10, 5000, 512, 16, 10},
+      {column, 10, 10000, 512, 0, 10},
   };
   auto launch = [](const Rows& e, int64_t stride) {
     const size_t ptrs = e.c->kernel.input_types.size() + e.c->kernel.outputs.size();
@@ -1300,7 +1299,6 @@ TEST(CudaCodegen, LaunchGeometriesFollowTheRules) {
     EXPECT_EQ(g.threads, e.threads) << what;
     EXPECT_EQ(g.per_thread, e.per_thread) << what;
     EXPECT_EQ(g.blocks, e.blocks) << what;
-    EXPECT_EQ(g.shared_bytes, e.shared_bytes) << what;
     EXPECT_TRUE(g.index32) << what;
     const Kernel& kk = e.c->kernel;
     const int64_t stride =
@@ -1319,19 +1317,60 @@ TEST(CudaCodegen, LaunchGeometriesFollowTheRules) {
   fuser::cuda::CudaRowsPolicy registers = before;
   registers.registers_without_columns = true;
   fuser::cuda::set_cuda_rows_policy(registers);
-  const fuser::cuda::CudaRowsLaunch g = launch({row, 1000, 1000, 0, 0, 0, 0}, 1);
+  const fuser::cuda::CudaRowsLaunch g = launch({row, 1000, 1000, 0, 0, 0}, 1);
   fuser::cuda::set_cuda_rows_policy(before);
   EXPECT_EQ(g.threads, 256);
   EXPECT_EQ(g.per_thread, 4);
-  EXPECT_EQ(g.shared_bytes, 0u);
   // The vec variant where the pointers allow it, unless the policy turns it off.
-  EXPECT_TRUE(launch({row, 1000, 1000, 0, 0, 0, 0}, 1).vec);
+  EXPECT_TRUE(launch({row, 1000, 1000, 0, 0, 0}, 1).vec);
   fuser::cuda::CudaRowsPolicy scalar = before;
   scalar.vec = false;
   fuser::cuda::set_cuda_rows_policy(scalar);
-  const bool vec_off = launch({row, 1000, 1000, 0, 0, 0, 0}, 1).vec;
+  const bool vec_off = launch({row, 1000, 1000, 0, 0, 0}, 1).vec;
   fuser::cuda::set_cuda_rows_policy(before);
   EXPECT_FALSE(vec_off);
+}
+
+size_t count_of(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+// The generic variant keeps every load that several passes read in a row cache of its own (the
+// backward of softmax, s = sum(x * g) then x * (g - s): both x and g), one after another in the
+// dynamic shared memory; a launch gives room to the first ones that fit its budget, each row
+// rounded up to 16 bytes; a load read by one pass is not kept.
+TEST(CudaCodegen, RowCachesHoldEveryLoadSeveralPassesRead) {
+  for (DType dtype : {kFloat32, kFloat64}) {
+    const Inputs in = {testing::input({6, 40}, dtype), testing::input({6, 40}, dtype),
+                       testing::input({6, 40}, dtype)};
+    const std::vector<RowsCase> two = rows_cases_of(
+        [](const Inputs& x) {
+          return Inputs{x[0] * (x[1] - (x[0] * x[1]).sum({-1}, true)) + x[2]};
+        },
+        in, "softmax's backward");
+    ASSERT_EQ(two.size(), 1u);
+    const int size = static_cast<int>(element_size(dtype));
+    EXPECT_EQ(fuser::cuda::cuda_row_caches(two[0].kernel, two[0].layout),
+              (std::vector<int>{size, size}))
+        << two[0].kernel.str();
+    const std::string source =
+        fuser::cuda::cuda_source(two[0].kernel, two[0].layout, "k", {true, false});
+    EXPECT_EQ(count_of(source, "_fits = kiln_smem_end <= kiln_dynamic_shared_bytes()"), 2u)
+        << source;
+    const std::vector<RowsCase> one = rows_cases_of(
+        [](const Inputs& x) { return Inputs{x[0] / x[0].sum({-1}, true)}; }, in, "a row's shares");
+    ASSERT_EQ(one.size(), 1u);
+    EXPECT_EQ(fuser::cuda::cuda_row_caches(one[0].kernel, one[0].layout), (std::vector<int>{size}));
+  }
+  using fuser::cuda::rows_shared_bytes;
+  EXPECT_EQ(rows_shared_bytes({4, 4}, 8192, 96 << 10), 65536u);
+  EXPECT_EQ(rows_shared_bytes({4, 4}, 8192, 48 << 10), 32768u);  // the first only
+  EXPECT_EQ(rows_shared_bytes({4, 4}, 8193, 96 << 10), 2u * 32784);
+  EXPECT_EQ(rows_shared_bytes({4, 4}, 30000, 96 << 10), 0u);  // none: the first does not fit
+  EXPECT_EQ(rows_shared_bytes({8, 4}, 3, 1 << 20), 48u);
+  EXPECT_EQ(rows_shared_bytes({}, 8192, 96 << 10), 0u);
 }
 
 // ---------------------------------------------------------- semantics, checked on the host
@@ -1727,9 +1766,9 @@ TEST(CudaCodegen, GeneratedKernelsComputeWhatTheLlvmEmitterComputes) {
 constexpr const char* kFiberShims = R"(#include <stdlib.h>
 #include <ucontext.h>
 #define __shared__ static
-// The row cache: the block's (static) shared memory, room for every row these tests make.
-#define KILN_ROW_CACHE(T, name) alignas(16) static T name[1 << 16]
-static unsigned kiln_dynamic_shared_bytes() { return 1u << 16; }
+// The row caches: the block's (static) shared memory, room for every row these tests make.
+#define KILN_ROW_CACHE(name) alignas(16) static unsigned char name[1 << 18]
+static unsigned kiln_dynamic_shared_bytes() { return 1u << 18; }
 // A quad access (16 bytes; 4 for bool) at an address it would fault at on a GPU: counted (the
 // grid reports it), and sent to a scratch quad instead (the host's aligned moves would fault).
 static unsigned kiln_misaligned;

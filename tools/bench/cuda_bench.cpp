@@ -14,9 +14,11 @@
 //   BM_CudaSoftmaxBackward8192, BM_CudaLayerNormBackward8192: their gradients (of x; layer_norm's
 //     of w and b too) by autograd from an upstream gradient, the forward evaluated once; bytes =
 //     read x and the upstream gradient, write x's gradient. Target: of_copy >= 0.70.
-//   BM_CudaRowsPolicy/workload:W/threads:T/K:K/vec:V: the four row workloads above (W 0-3) under
-//     another launch shape: blocks of T threads (256, 512), per_thread variant K (0: the strided
-//     loop), and 16-byte quad accesses (V 1, the vec variant) or one element per access (V 0).
+//   BM_CudaRowsPolicy/workload:W/threads:T/K:K/vec:V/cache_kib:C: the four row workloads above
+//     (W 0-3) under another launch shape: blocks of T threads (256, 512), per_thread variant K (0:
+//     the strided loop), 16-byte quad accesses (V 1, the vec variant) or one element per access
+//     (V 0), and the strided loop's row caches within C KiB of shared memory a block (96: every
+//     row several passes read; 32: one row of 8192 float32, as before).
 //   BM_CudaLstmCell/{gemms,eager,traced}: an LSTM cell step (batch 64, input and hidden 1500)
 //     forward and backward (gradients of the weights and bias by autograd::grad), eager kiln and
 //     as a jit::trace; gemms: the step's six GEMMs alone (two forward, four backward).
@@ -194,7 +196,8 @@ BENCHMARK(BM_CudaLayerNormBackward8192)->Unit(benchmark::kMillisecond)->UseRealT
 // The four row workloads above under other launch shapes (fuser::cuda::CudaRowsPolicy): a block
 // of max_threads threads, with the per_thread variant's least K that covers a row (8192 /
 // max_threads positions in registers; arg K 64), or the generic strided loop (K 0); each with the
-// vec variant (16-byte loads and stores of a row's quads) or the scalar one. Picks the default;
+// vec variant (16-byte loads and stores of a row's quads) or the scalar one, and the strided
+// loop's row caches within cache_kib KiB (32 KiB: x's row only). Picks the default;
 // figures in tools/bench/RESULTS.md. 128 and 1024 threads lost on every workload there (second
 // session on the H100), so the sweep leaves them out to stay near a minute with the vec axis.
 void BM_CudaRowsPolicy(benchmark::State& state) {
@@ -205,6 +208,7 @@ void BM_CudaRowsPolicy(benchmark::State& state) {
   policy.max_per_thread = static_cast<int>(state.range(2));
   policy.registers_without_columns = true;
   policy.vec = state.range(3) != 0;
+  policy.row_cache_bytes = state.range(4) * 1024;
   const fuser::cuda::CudaRowsPolicy before = fuser::cuda::cuda_rows_policy();
   fuser::cuda::set_cuda_rows_policy(policy);
   Tensor x = device_randn({kRows, kRows}).requires_grad_(workload >= 2);
@@ -220,8 +224,9 @@ void BM_CudaRowsPolicy(benchmark::State& state) {
   fuser::cuda::set_cuda_rows_policy(before);
 }
 BENCHMARK(BM_CudaRowsPolicy)
-    ->ArgNames({"workload", "threads", "K", "vec"})
-    ->ArgsProduct({{0, 1, 2, 3}, {256, 512}, {0, 64}, {0, 1}})
+    ->ArgNames({"workload", "threads", "K", "vec", "cache_kib"})
+    ->ArgsProduct({{0, 1, 2, 3}, {256, 512}, {0, 64}, {0, 1}, {96}})
+    ->ArgsProduct({{0, 1, 2, 3}, {256, 512}, {0}, {0, 1}, {32}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 #endif

@@ -78,7 +78,7 @@
 //   type). Block b writes block b only (whatever it held before is overwritten; no clearing).
 // - Geometry: blockDim.x a multiple of 32, from 32 to 1024 (blockDim.y = blockDim.z = 1); any
 //   gridDim.x >= 1. Shared memory: 256 bytes, static, and for the generic variant (per_thread 0)
-//   the row cache's dynamic shared memory (CudaRowsLaunch::shared_bytes; 0 leaves it off; 16-byte
+//   the row caches' dynamic shared memory (rows_shared_bytes; 0 leaves them off; 16-byte
 //   aligned for the vec variant's quads). Block b walks the band of rows [b * chunk, min(rows,
 //   (b + 1) * chunk)), chunk = ceil(rows / gridDim.x), as one CPU call walks its range; in every
 //   variant thread t of a block takes the quads q = t, t + blockDim.x, ... of each row and, in
@@ -190,7 +190,6 @@ struct CudaRowsLaunch {
   int64_t column_positions = 0;  // positions the columns kernel covers (max parts * R)
   int64_t columns_blocks = 0;    // the columns kernel's grid (0: no columns kernel) ...
   int columns_threads = 0;       // ... and block size; the finish kernel runs <<<1, 1>>>
-  unsigned shared_bytes = 0;     // the rows kernel's dynamic shared memory: its row cache (K = 0)
 };
 // How rows launches are shaped (benchmarks compare policies; results never depend on it beyond
 // the sums' order, which follows the geometry as documented above).
@@ -205,11 +204,22 @@ struct CudaRowsPolicy {
   // The vec variant (16-byte quad accesses) where a call's pointers allow it. On: expected to
   // raise the rows kernels' bandwidth (more bytes in flight per thread); not yet measured on a GPU.
   bool vec = true;
+  // The generic variant's row caches at most, in bytes of dynamic shared memory a block (capped
+  // by the device's opt-in limit). 96 KiB: softmax's backward keeps both its inputs' rows of 8192
+  // float32 (64 KiB) instead of reading them again from memory in each of its three passes; two
+  // such blocks fit a multiprocessor of an H100 (228 KiB). Not yet measured on a GPU (32 KiB, one
+  // row, before).
+  int64_t row_cache_bytes = 96 * 1024;
 };
 CudaRowsPolicy cuda_rows_policy();
 void set_cuda_rows_policy(const CudaRowsPolicy& policy);
-// The rows kernel's row cache at most (dynamic shared memory under the default 48 KiB limit).
-constexpr int64_t kRowCacheBytes = 32 * 1024;
+// A rows kernel's row caches (the generic variant's: the loads that several passes read, kept in
+// shared memory by the first): one value's bytes for each, in the order they follow each other.
+std::vector<int> cuda_row_caches(const Kernel& kernel, const Layout& layout);
+// The dynamic shared memory a generic-variant launch over rows of R positions gives its row
+// caches: the first ones whose rows, each rounded up to 16 bytes, fit in `limit` bytes together
+// (each kernel uses a cache only where it fits; the values are the same either way).
+unsigned rows_shared_bytes(const std::vector<int>& caches, int64_t R, int64_t limit);
 CudaRowsLaunch cuda_rows_launch(const Kernel& kernel, const Layout& layout, const int64_t* sizes,
                                 const int64_t* strides);
 

@@ -222,9 +222,27 @@ CudaBinary compile_cached(const std::string& key, const std::string& symbol, int
   return *compile_binary(job);
 }
 
-// The binary loaded on `device` (one module per device and key) and its entry points.
+// A rows kernel's generic variant keeps rows in dynamic shared memory: its caches, and the opt-in
+// to more than the default 48 KiB (up to the device's limit less the static shared memory).
+void allow_row_caches(CudaKernel& k, const Kernel& kernel, const Layout& layout,
+                      const detail::cuda::Module& module) {
+  if (!layout.rows || k.variant.per_thread > 0) return;
+  k.row_caches = cuda_row_caches(kernel, layout);
+  if (k.row_caches.empty()) return;
+  constexpr int kStaticShared = 1024;  // the block reduction's scratch (256 bytes), and room
+  const int optin = detail::cuda::device_info(module.device()).max_shared_per_block_optin;
+  k.max_dynamic_shared = std::max(0, optin - kStaticShared);
+  if (k.max_dynamic_shared > 48 * 1024)
+    module.allow_dynamic_shared(k.fn, static_cast<int>(k.max_dynamic_shared));
+}
+
+// The binary loaded on `device` (one module per device and key) and its entry points: a fused
+// kernel's (`kernel` in `layout`: with a rows kernel's finish and columns functions and row
+// caches), or a hand-written one's (null).
 CudaKernel load_cached(const std::string& key, const CudaBinary& binary, int device,
-                       bool with_finish, bool with_columns, CudaCallFlags variant) {
+                       CudaCallFlags variant, const Kernel* kernel = nullptr,
+                       const Layout* layout = nullptr) {
+  const bool rows = kernel && layout->rows;
   const std::string module_key = std::to_string(device) + "|" + key;
   CudaKernelState& s = state();
   std::shared_ptr<detail::cuda::Module> module;
@@ -240,14 +258,15 @@ CudaKernel load_cached(const std::string& key, const CudaBinary& binary, int dev
   }
   CudaKernel k;
   k.fn = module->function(binary.symbol);
-  if (with_finish) k.finish = module->function(binary.symbol + "_finish");
-  if (with_columns) k.columns = module->function(binary.symbol + "_columns");
+  if (rows && kernel->num_globals > 0) k.finish = module->function(binary.symbol + "_finish");
+  if (rows && kernel->num_columns() > 0) k.columns = module->function(binary.symbol + "_columns");
   // The name must outlive the call: keep it beside the module.
   auto owner = std::make_shared<std::pair<std::shared_ptr<detail::cuda::Module>, std::string>>(
       module, binary.symbol);
   k.name = owner->second.c_str();
   k.owner = owner;
   k.variant = variant;
+  if (rows) allow_row_caches(k, *kernel, *layout, *module);
   return k;
 }
 }  // namespace
@@ -271,9 +290,8 @@ CudaKernel cuda_kernel(const Kernel& kernel, const Layout& layout, CudaCallFlags
   const int sm = detail::cuda::device_info(device).sm;
   variant = cuda_variant(kernel, layout, variant);
   const std::string key = cuda_binary_key(kernel, layout, variant, sm);
-  return load_cached(key, cuda_binary(kernel, layout, variant, sm), device,
-                     layout.rows && kernel.num_globals > 0, layout.rows && kernel.num_columns() > 0,
-                     variant);
+  return load_cached(key, cuda_binary(kernel, layout, variant, sm), device, variant, &kernel,
+                     &layout);
 }
 
 namespace {
@@ -384,8 +402,7 @@ Runnable runnable_binary(const Kernel& kernel, const Layout& layout, CudaCallFla
 
 CudaKernel load_runnable(const Runnable& r, const Kernel& kernel, const Layout& layout,
                          int device) {
-  CudaKernel k = load_cached(r.key, *r.binary, device, layout.rows && kernel.num_globals > 0,
-                             layout.rows && kernel.num_columns() > 0, r.variant);
+  CudaKernel k = load_cached(r.key, *r.binary, device, r.variant, &kernel, &layout);
   k.stand_in = r.stand_in;
   return k;
 }
@@ -446,8 +463,8 @@ CudaBinary source_binary(const std::string& name, const std::string& source, int
 
 CudaKernel source_kernel(const std::string& name, const std::string& source, int device) {
   const int sm = detail::cuda::device_info(device).sm;
-  return load_cached(source_binary_key(name, sm), source_binary(name, source, sm), device, false,
-                     false, CudaCallFlags{});
+  return load_cached(source_binary_key(name, sm), source_binary(name, source, sm), device,
+                     CudaCallFlags{});
 }
 
 }  // namespace kiln::fuser::cuda

@@ -59,6 +59,10 @@ struct CudaKernel {
   const char* name = nullptr;
   CudaCallFlags variant;  // the calls it is right for (launch_* check it)
   bool stand_in = false;  // cuda_kernel_tiered: serves while the wanted binary compiles
+  // A rows kernel's generic variant: its row caches (cuda_row_caches) and the dynamic shared
+  // memory its launches may have (the device's opt-in limit, allowed when it was loaded).
+  std::vector<int> row_caches;
+  int64_t max_dynamic_shared = 0;
 };
 CudaKernel cuda_kernel(const Kernel& kernel, const Layout& layout, CudaCallFlags variant,
                        int device);

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "fuser/codegen/cuda/cuda_codegen.h"
+#include "fuser/codegen/cuda/cuda_source_writer.h"
 #include "kiln/error.h"
 
 namespace kiln::fuser::cuda {
@@ -159,8 +160,6 @@ CudaRowsLaunch cuda_rows_launch(const Kernel& kernel, const Layout& layout, cons
   g.threads = rows_threads(policy, R);
   g.per_thread = rows_per_thread(kernel, policy, g.threads, R);
   g.vec = policy.vec;
-  // The generic variant's row cache (see the rows kernel): 4 bytes per position.
-  if (g.per_thread == 0 && R <= kRowCacheBytes / 4) g.shared_bytes = static_cast<unsigned>(R * 4);
   // Column partials are one block of R positions per block of threads: 512 blocks (about four per
   // multiprocessor of a large GPU) keep every multiprocessor busy for a partial buffer of a few
   // times the columns' size.
@@ -169,6 +168,21 @@ CudaRowsLaunch cuda_rows_launch(const Kernel& kernel, const Layout& layout, cons
   g.index32 = cuda_call_flags(kernel, layout, rows, sizes, strides, nullptr, g.blocks).index32;
   partials_geometry(kernel, R, g);
   return g;
+}
+
+std::vector<int> cuda_row_caches(const Kernel& kernel, const Layout& layout) {
+  KILN_CHECK(layout.rows, "fuser: cuda_row_caches of a layout without rows");
+  return codegen::Source(kernel, layout, "", CudaCallFlags{}).row_cache_sizes();
+}
+
+unsigned rows_shared_bytes(const std::vector<int>& caches, int64_t R, int64_t limit) {
+  int64_t end = 0;
+  for (int bytes : caches) {
+    const int64_t next = end + (R * bytes + 15) / 16 * 16;
+    if (next > limit) break;
+    end = next;
+  }
+  return static_cast<unsigned>(end);
 }
 
 }  // namespace kiln::fuser::cuda

@@ -154,9 +154,10 @@ KILN_D void kiln_store_quad(T* p, const KilnQuad<T>& q, U n) {
     for (U i = 0; i < n; ++i) p[i] = q.v[i];
   }
 }
-// A rows kernel's row cache: the launch's dynamic shared memory (its size says which rows fit).
+// A rows kernel's row caches, one after another: the launch's dynamic shared memory (its size
+// says which rows fit).
 #ifndef KILN_ROW_CACHE
-#define KILN_ROW_CACHE(T, name) extern __shared__ __align__(16) T name[]
+#define KILN_ROW_CACHE(name) extern __shared__ __align__(16) unsigned char name[]
 KILN_D unsigned kiln_dynamic_shared_bytes() {
   unsigned r;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));

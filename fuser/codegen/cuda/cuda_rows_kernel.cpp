@@ -19,10 +19,12 @@
 // vec variant moves a whole quad of each pointer that moves along the row with one 16-byte
 // access (KilnQuad: loaded before the quad's positions are computed, stored after), so it reads
 // and writes what the scalar loop does and folds in its order: the same bits.
-// The first load of the row that several passes read is kept in shared memory by the first of
-// them (each thread keeps the positions it reads, so no barrier is needed) and read back by the
-// later ones instead of global memory, when the row fits in the launch's dynamic shared memory
-// (cuda_rows_launch: 4 bytes per position up to 32 KiB). The values are the same either way.
+// Each load of the row that several passes read is kept in shared memory by the first of them
+// (each thread keeps the positions it reads, so no barrier is needed) and read back by the later
+// ones instead of global memory: a row cache per load, one after another in the launch's dynamic
+// shared memory, each used where it fits (the launcher gives room to the first ones within
+// CudaRowsPolicy::row_cache_bytes, past 48 KiB by the device's opt-in: rows_shared_bytes). The
+// values are the same either way.
 // The per_thread variant keeps values in registers instead (kiln_r<n>[4 * m + l], position l of
 // the thread's m-th quad), up to 64 per thread: what a later pass reads of an earlier
 // pass's element-level values (the frontier: exp(x - max) for softmax's last pass, not x and
@@ -67,6 +69,10 @@ namespace {
 std::string cache_name(size_t n) {
   return "kiln_row" + std::to_string(n);
 }
+// Whether the row cache named `cache` (cache_name) has room in this launch.
+std::string cache_fits(const std::string& cache) {
+  return cache + "_fits";
+}
 std::string register_name(size_t n) {
   return "kiln_r" + std::to_string(n);
 }
@@ -94,11 +100,7 @@ std::string indented(const std::string& text, size_t spaces) {
 
 void Source::rows_kernel(const RowsPlan& p) {
   RowsKernel r(p);
-  // The passes, as the LLVM emitter plans them, folding the reductions some output needs.
-  r.passes = plan_rows(k_, [&](size_t n) {
-    return is_row_reduction(k_.body[n]) ? bool(p.rows_needed[n])
-                                        : live_global(p, n) || live_column(p, n);
-  });
+  r.passes = rows_passes(p);
   const int32_t final_pass = r.passes.final_pass;
   r.any_per_element = final_pass >= 0 && r.passes.stores_in[final_pass];
   for (size_t n = 0; n < k_.body.size(); ++n) {
@@ -274,11 +276,11 @@ std::string Source::quad_loads(const RowsKernel& r, const std::vector<bool>& use
     const std::string global =
         "kiln_load_quad(" + ptr_name(p) + " + st" + std::to_string(p) + " + (S)q, R - q)";
     const std::string& cache = r.quad_cache[p];
-    quads +=
-        "      const " + type + quad_name(p) + " = " +
-        (cache.empty() ? global
-                       : "kiln_cached ? kiln_load_quad(" + cache + " + q, R - q) : " + global) +
-        ";\n";
+    quads += "      const " + type + quad_name(p) + " = " +
+             (cache.empty()
+                  ? global
+                  : cache_fits(cache) + " ? kiln_load_quad(" + cache + " + q, R - q) : " + global) +
+             ";\n";
   }
   return quads;
 }
@@ -318,12 +320,12 @@ std::string Source::element_value(RowsKernel& r, size_t n, int32_t pass) {
   if (quad_ptr(static_cast<size_t>(k_.body[n].index))) return cached_quad(r, n);
   if (!r.cache_written[n]) {  // its first pass loads it and keeps it
     r.cache_written[n] = true;
-    return "      " + decl(n) + " = " + expr(k_.body[n]) + ";\n      if (kiln_cached) " +
-           cache_name(n) + "[j] = " + value + ";\n";
+    return "      " + decl(n) + " = " + expr(k_.body[n]) + ";\n      if (" +
+           cache_fits(cache_name(n)) + ") " + cache_name(n) + "[j] = " + value + ";\n";
   }
   // later passes read it back
-  return "      " + decl(n) + " = kiln_cached ? " + cache_name(n) + "[j] : " + expr(k_.body[n]) +
-         ";\n";
+  return "      " + decl(n) + " = " + cache_fits(cache_name(n)) + " ? " + cache_name(n) +
+         "[j] : " + expr(k_.body[n]) + ";\n";
 }
 
 // The vec variant's row cache of load n, of an input read by quads: its first pass keeps the
@@ -332,8 +334,8 @@ std::string Source::cached_quad(RowsKernel& r, size_t n) {
   const auto p = static_cast<size_t>(k_.body[n].index);
   if (!r.cache_written[n]) {
     r.cache_written[n] = true;
-    r.quad_cache_stores += "      if (kiln_cached) kiln_store_quad(" + cache_name(n) + " + q, " +
-                           quad_name(p) + ", R - q);\n";
+    r.quad_cache_stores += "      if (" + cache_fits(cache_name(n)) + ") kiln_store_quad(" +
+                           cache_name(n) + " + q, " + quad_name(p) + ", R - q);\n";
   } else {
     r.quad_cache[p] = cache_name(n);
   }
@@ -450,19 +452,30 @@ void Source::rows_prologue(const RowsKernel& r) {
       ", unsigned long long* partials, unsigned long long* scratch) {\n";
   if (r.loops || r.any_global || r.any_column)
     out_ += "  const U R = (U)d.size[" + std::to_string(rank) + "];\n";
-  for (size_t n = 0; n < k_.body.size() && variant_.per_thread == 0; ++n) {
-    if (!r.cache.cached[n]) continue;
-    const std::string type = value_type(k_.body[n].type);
-    out_ += "  KILN_ROW_CACHE(" + type + ", " + cache_name(n) + ");\n";
-    out_ += "  const bool kiln_cached = (unsigned long long)R * sizeof(" + type +
-            ") <= kiln_dynamic_shared_bytes();\n";
-  }
+  if (variant_.per_thread == 0) row_caches(r);
   int64_t total_parts = 0;
   for (int32_t parts : k_.column_parts) total_parts += parts;
   if (r.any_global || r.any_column)
     out_ += "  unsigned long long* const part = partials + (unsigned long long)blockIdx.x * (" +
             std::to_string(k_.num_globals) + "ull + " + std::to_string(total_parts) +
             "ull * (unsigned long long)R);\n";
+}
+
+// The generic variant's row caches: one after another in the dynamic shared memory, each R values
+// rounded up to 16 bytes (rows_shared_bytes), each used where it ends within the launch's.
+void Source::row_caches(const RowsKernel& r) {
+  bool first = true;
+  for (size_t n = 0; n < k_.body.size(); ++n) {
+    if (!r.cache.cached[n]) continue;
+    if (first) out_ += "  KILN_ROW_CACHE(kiln_smem);\n  unsigned long long kiln_smem_end = 0;\n";
+    first = false;
+    const std::string type = value_type(k_.body[n].type), name = cache_name(n);
+    out_ += "  " + type + "* const " + name + " = reinterpret_cast<" + type +
+            "*>(kiln_smem + kiln_smem_end);\n";
+    out_ += "  kiln_smem_end += ((unsigned long long)R * sizeof(" + type + ") + 15) & ~15ull;\n";
+    out_ +=
+        "  const bool " + cache_fits(name) + " = kiln_smem_end <= kiln_dynamic_shared_bytes();\n";
+  }
 }
 
 // The live column slots' partials in the block's part; returns, for the per_thread variant, the

@@ -37,6 +37,22 @@ Source::RowsPlan Source::rows_plan() const {
   return p;
 }
 
+RowsPasses Source::rows_passes(const RowsPlan& p) const {
+  return plan_rows(k_, [&](size_t n) {
+    return is_row_reduction(k_.body[n]) ? bool(p.rows_needed[n])
+                                        : live_global(p, n) || live_column(p, n);
+  });
+}
+
+std::vector<int> Source::row_cache_sizes() const {
+  const RowsPlan p = rows_plan();
+  const RowCache cache = plan_row_cache(pass_work(rows_passes(p), p.level), p.level);
+  std::vector<int> sizes;
+  for (size_t n = 0; n < k_.body.size(); ++n)
+    if (cache.cached[n]) sizes.push_back(static_cast<int>(element_size(k_.body[n].type)));
+  return sizes;
+}
+
 // The slot each column-level instruction derives from (one: nothing combines two slots), and the
 // slots some output reads.
 void Source::plan_column_slots(RowsPlan& p) const {
@@ -139,7 +155,9 @@ void Source::plan_registers(RowCache& c, int64_t budget) const {
     }
 }
 
-// The generic variant: the first load (not of bools) that at least two passes read.
+// The generic variant: every load (not of bools) that at least two passes read, each in a row
+// cache of its own (the caches follow each other in the dynamic shared memory, in instruction
+// order, and a launch gives room to as many of the first ones as fit: rows_shared_bytes).
 void Source::plan_shared_cache(RowCache& c, const std::vector<Level>& level) const {
   for (size_t n = 0; n < k_.body.size(); ++n) {
     if (k_.body[n].prim != Prim::Load || level[n] != Level::kElement || k_.body[n].type == kBool)
@@ -148,7 +166,6 @@ void Source::plan_shared_cache(RowCache& c, const std::vector<Level>& level) con
     for (const std::vector<bool>& needed : c.needed_of) passes += !needed.empty() && needed[n];
     if (passes < 2) continue;
     c.cached[n] = true;
-    break;
   }
 }
 

@@ -31,6 +31,9 @@ class Source {
   // Whether the layout and the tensors' types allow a 4-wide loop (flat) or quad accesses (rows);
   // cuda_variant asks too.
   bool vectorizable() const;
+  // A rows kernel's row caches in shared memory (the generic variant's), in order: the bytes of
+  // one value of each (cuda_row_caches asks).
+  std::vector<int> row_cache_sizes() const;
 
  private:
   // ------------------------------------------------------------ the source and its parameters
@@ -100,8 +103,8 @@ class Source {
   // (see rows_kernel in cuda_rows_kernel.cpp).
   struct RowCache {
     std::vector<std::vector<bool>> needed_of;  // per pass: the element-level values it computes
-    std::vector<bool> cached;    // per instruction: in shared memory (at most one), or registers
-    std::vector<int32_t> first;  // registers: the pass that computes (or loads) it
+    std::vector<bool> cached;                  // per instruction: in shared memory, or registers
+    std::vector<int32_t> first;                // registers: the pass that computes (or loads) it
   };
   struct RowsKernel;  // the state of one rows kernel's emission (cuda_rows_kernel.cpp)
 
@@ -123,6 +126,9 @@ class Source {
     return seen;
   }
   RowsPlan rows_plan() const;
+  // The passes over a row, as the LLVM emitter plans them, folding the reductions some output
+  // needs.
+  RowsPasses rows_passes(const RowsPlan& p) const;
   void plan_column_slots(RowsPlan& p) const;
   bool live_global(const RowsPlan& p, size_t n) const;
   bool live_column(const RowsPlan& p, size_t n) const;
@@ -159,6 +165,7 @@ class Source {
   void first_thread(RowsKernel& r) const;
   void check_row_values(const RowsKernel& r) const;
   void rows_prologue(const RowsKernel& r);
+  void row_caches(const RowsKernel& r);
   std::string column_partials(const RowsKernel& r);
   std::string column_partial_slot(int32_t s, int64_t offset);
   void band_loop(const RowsKernel& r, const std::string& column_stores);
