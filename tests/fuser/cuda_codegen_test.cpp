@@ -1359,6 +1359,10 @@ TEST(CudaCodegen, RowCachesHoldEveryLoadSeveralPassesRead) {
         fuser::cuda::cuda_source(two[0].kernel, two[0].layout, "k", {true, false});
     EXPECT_EQ(count_of(source, "_fits = kiln_smem_end <= kiln_dynamic_shared_bytes()"), 2u)
         << source;
+    // A tensor with one value a row (a saved row statistic) is read there, not kept.
+    Layout row_constant = two[0].layout;
+    row_constant.inner[1] = Layout::kZero;
+    EXPECT_EQ(fuser::cuda::cuda_row_caches(two[0].kernel, row_constant), (std::vector<int>{size}));
     const std::vector<RowsCase> one = rows_cases_of(
         [](const Inputs& x) { return Inputs{x[0] / x[0].sum({-1}, true)}; }, in, "a row's shares");
     ASSERT_EQ(one.size(), 1u);

@@ -155,13 +155,16 @@ void Source::plan_registers(RowCache& c, int64_t budget) const {
     }
 }
 
-// The generic variant: every load (not of bools) that at least two passes read, each in a row
-// cache of its own (the caches follow each other in the dynamic shared memory, in instruction
-// order, and a launch gives room to as many of the first ones as fit: rows_shared_bytes).
+// The generic variant: every load (not of bools) of a tensor that moves along the row (not one
+// value a row: Layout::kZero) that at least two passes read, each in a row cache of its own (the
+// caches follow each other in the dynamic shared memory, in instruction order, and a launch gives
+// room to as many of the first ones as fit: rows_shared_bytes).
 void Source::plan_shared_cache(RowCache& c, const std::vector<Level>& level) const {
   for (size_t n = 0; n < k_.body.size(); ++n) {
-    if (k_.body[n].prim != Prim::Load || level[n] != Level::kElement || k_.body[n].type == kBool)
-      continue;
+    const Instr& in = k_.body[n];
+    if (in.prim != Prim::Load || level[n] != Level::kElement || in.type == kBool) continue;
+    const auto p = static_cast<size_t>(in.index);
+    if (p < layout_.inner.size() && layout_.inner[p] == Layout::kZero) continue;
     int64_t passes = 0;
     for (const std::vector<bool>& needed : c.needed_of) passes += !needed.empty() && needed[n];
     if (passes < 2) continue;
