@@ -205,17 +205,23 @@ fuser::FusionGroup softmax_group(int64_t rows, int64_t R) {
   return {};
 }
 
+// The layout of a rows kernel over rank-2 tensors contiguous along their rows (softmax_group's).
+fuser::Layout contiguous_rows_layout() {
+  fuser::Layout rows;
+  rows.flat = false;
+  rows.rows = true;
+  rows.rank = 1;
+  rows.inner.assign(2, fuser::Layout::kUnit);
+  return rows;
+}
+
 // A rows call takes the vec variant (16-byte quad accesses) only where every row of its
 // contiguous pointers starts 16-byte aligned: x[:, 1:] of a [64, 1025] tensor takes the scalar
 // loop, and the launcher refuses a vec binary for it; a scalar binary serves an aligned call.
 TEST(Cuda, RowsOfAMisalignedViewNeverRunAVecBinary) {
   KILN_REQUIRE_GPU();
   const fuser::FusionGroup g = softmax_group(64, 1024);
-  fuser::Layout rows;
-  rows.flat = false;
-  rows.rows = true;
-  rows.rank = 1;
-  rows.inner.assign(2, fuser::Layout::kUnit);
+  const fuser::Layout rows = contiguous_rows_layout();
   const Tensor x = zeros({64, 1025}, kCUDA), out = empty({64, 1024}, kCUDA);
   const Tensor view = x.slice(1, 1);
   const int64_t sizes[] = {64, 1024};
@@ -259,11 +265,7 @@ TEST(Cuda, RowsOfAMisalignedViewNeverRunAVecBinary) {
 TEST(Cuda, RowsKernelsMayUseTheDevicesOptInSharedMemory) {
   KILN_REQUIRE_GPU();
   const fuser::FusionGroup g = softmax_group(64, 1024);
-  fuser::Layout rows;
-  rows.flat = false;
-  rows.rows = true;
-  rows.rank = 1;
-  rows.inner.assign(2, fuser::Layout::kUnit);
+  const fuser::Layout rows = contiguous_rows_layout();
   const fuser::cuda::CudaKernel generic = fuser::cuda::cuda_kernel(g.kernel, rows, {true}, 0);
   EXPECT_EQ(generic.row_caches, std::vector<int>{4});
   const int optin = detail::cuda::device_info(0).max_shared_per_block_optin;
