@@ -190,6 +190,7 @@ struct CudaRowsLaunch {
   int64_t column_positions = 0;  // positions the columns kernel covers (max parts * R)
   int64_t columns_blocks = 0;    // the columns kernel's grid (0: no columns kernel) ...
   int columns_threads = 0;       // ... and block size; the finish kernel runs <<<1, 1>>>
+  int64_t row_cache_bytes = 0;   // the policy's budget for the row caches (rows_shared_bytes)
 };
 // How rows launches are shaped (benchmarks compare policies; results never depend on it beyond
 // the sums' order, which follows the geometry as documented above).

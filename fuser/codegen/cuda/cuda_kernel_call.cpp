@@ -199,7 +199,7 @@ void launch_rows(const CudaKernel& fn, const Kernel& kernel, const Layout& layou
   // The row caches that fit the policy's budget and what the device allowed the kernel.
   const unsigned shared = rows_shared_bytes(
       fn.row_caches, sizes[layout.rank],
-      std::min(cuda_rows_policy().row_cache_bytes, std::max<int64_t>(fn.max_dynamic_shared, 0)));
+      std::min(geometry.row_cache_bytes, std::max<int64_t>(fn.max_dynamic_shared, 0)));
   for (size_t i = 0; i < calls.size(); ++i)
     detail::cuda::launch(device, functions[i],
                          {calls[i].grid, calls[i].block, i == 0 ? shared : 0u},

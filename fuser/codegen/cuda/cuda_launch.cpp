@@ -160,6 +160,7 @@ CudaRowsLaunch cuda_rows_launch(const Kernel& kernel, const Layout& layout, cons
   g.threads = rows_threads(policy, R);
   g.per_thread = rows_per_thread(kernel, policy, g.threads, R);
   g.vec = policy.vec;
+  g.row_cache_bytes = policy.row_cache_bytes;
   // Column partials are one block of R positions per block of threads: 512 blocks (about four per
   // multiprocessor of a large GPU) keep every multiprocessor busy for a partial buffer of a few
   // times the columns' size.
