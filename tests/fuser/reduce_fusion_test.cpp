@@ -493,6 +493,54 @@ TEST(ColumnExits, ResultsDoNotDependOnTheThreadCount) {
     testing::expect_bit_equal(many[k], one[k], "output " + std::to_string(k));
 }
 
+// A call's rows go through its column sums in bands of several rows (fuser/codegen/llvm/
+// emit_rows.cpp), each position still folding the rows in order. Values of magnitudes 2^60 and 1
+// make every column's float64 sum depend on that order; one call (a narrow row) folds every row
+// from 0 in row order, so the sum must equal that fold bit for bit, for row counts that fill
+// whole bands and leave every remainder.
+TEST(ColumnExits, ColumnSumsFoldTheRowsInOrder) {
+  std::mt19937_64 rng(11);
+  const double big = std::ldexp(1.0, 60);
+  const double terms[] = {big, -big, 1.0, 3.0, -1.0, 0.5};
+  for (int64_t rows : {1, 3, 4, 5, 8, 13, 16, 23, 64}) {
+    const int64_t width = 1 + static_cast<int64_t>(rng() % 7);
+    std::vector<double> x(static_cast<size_t>(rows * width));
+    for (double& v : x) v = terms[rng() % 6];
+    Tensor xt = from_vector(x, Shape{rows, width});
+    Fn fn = [](const Inputs& in) {
+      Tensor v = in[0] * 2.0;
+      return Inputs{v, v.sum({0})};
+    };
+    const std::string what = "column sums of " + std::to_string(rows) + " rows";
+    expect_one_kernel_with_columns(plan_of(fn, {xt}, true), 1, what);
+    LazyGuard lazy(true);
+    const std::vector<double> got = fn({xt})[1].to_vector<double>();
+    for (int64_t c = 0; c < width; ++c) {
+      double sum = 0;
+      for (int64_t r = 0; r < rows; ++r) sum += x[static_cast<size_t>(r * width + c)] * 2.0;
+      EXPECT_EQ(got[static_cast<size_t>(c)], sum) << what << ", column " << c;
+    }
+  }
+}
+
+// A transcendental computed while summing a row and read back from a row buffer in the last pass
+// (as softmax's exp) has a buffer per row of a band: every row reads back its own.
+TEST(ColumnExits, RowBuffersOfABandHoldEachRowsOwnValues) {
+  for (DType dtype : kFloatTypes) {
+    for (const Shape& shape : {Shape{11, 9}, Shape{4, 130}, Shape{3, 5}, Shape{2, 6, 7}}) {
+      const std::string what = case_name("normalized tanh then sum(0)", shape, dtype);
+      Tensor x = testing::input(shape, dtype, -3, 3);
+      Fn fn = [](const Inputs& in) {
+        Tensor e = in[0].tanh() + 1.5;
+        Tensor s = e / e.sum({-1}, true);
+        return Inputs{s, s.dim() == 3 ? s.sum({0, 1}) : s.sum({0})};
+      };
+      expect_one_kernel_with_columns(plan_of(fn, {x}, true), 1, what);
+      expect_fused_close_to_eager(fn, {x}, what);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------- edge cases
 TEST(ReduceFusionEdges, RowsOfLengthZero) {
   for (DType dtype : kFloatTypes) {

@@ -59,6 +59,7 @@ class Emitter {
   };
   struct Rows;     // emit_rows.cpp
   struct Pass;     // emit_rows.cpp
+  struct Band;     // emit_rows.cpp
   struct Columns;  // emit_partials.cpp
 
   // LLVM's cost model picks 4 lanes for these loops, and unrolls them 4 times more; measured on
@@ -136,14 +137,28 @@ class Emitter {
   void start_column_partials(Rows& rows);
   void plan_row_buffers(Rows& rows);
   llvm::FunctionCallee allocate_row_buffers(Rows& rows);
+  void select_row_buffers(Rows& rows, llvm::Value* r);
   std::vector<bool> needed_in(const Rows& rows, int32_t pass,
                               const std::vector<bool>& from_buffer) const;
   void emit_row(Rows& rows, llvm::Value* row);
+  void begin_row(Rows& rows, llvm::Value* row);
+  void emit_passes(Rows& rows, int32_t last);
+  void finish_row(Rows& rows);
+  llvm::Value* emit_bands(Rows& rows, llvm::Value* begin, llvm::Value* end);
+  void emit_band(Rows& rows, llvm::Value* first_row);
+  Band keep_for_band(const Rows& rows, llvm::Value* r);
+  void restore_band_row(Rows& rows, const Band& band, int64_t r,
+                        const std::vector<llvm::Value*>& constants);
+  void emit_band_last_pass(Rows& rows, const Band& band);
   std::vector<llvm::Value*> row_start(const Rows& rows, llvm::Value* row);
   void row_values(Rows& rows, int32_t s);
   void emit_pass(Rows& rows, int32_t pass);
+  Pass pass_of(const Rows& rows, int32_t pass) const;
   void pass_element(Rows& rows, const Pass& pass, llvm::Value* j);
+  std::vector<llvm::Value*> element_values(const Rows& rows, const Pass& pass, llvm::Value* j,
+                                           std::vector<llvm::Value*>& offsets);
   void fold_roots(Rows& rows, const Pass& pass, const std::vector<llvm::Value*>& e, llvm::Value* j);
+  llvm::Value* column_position(const Rows& rows, const Instr& in, llvm::Value* j);
   void store_element_outputs(const std::vector<llvm::Value*>& e,
                              const std::vector<llvm::Value*>& offsets, const Rows& rows);
   void store_row_outputs(const Rows& rows);
