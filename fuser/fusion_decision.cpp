@@ -153,6 +153,14 @@ std::optional<Reason> why_not_placement(const Grouping& g, size_t id, const Node
   return std::nullopt;
 }
 
+// Whether ps is a value per row of `shape` (its leading dims, trailing ones kept as 1) folding
+// fewer than all its dims.
+bool holds_a_value_per_row(const Shape& ps, const Shape& shape) {
+  for (int k = 1; k < static_cast<int>(shape.size()); ++k)
+    if (ps == kept_shape(shape, k)) return true;
+  return false;
+}
+
 // A shape refusal: the producer's shape against the group's.
 Reason shape_reason(Kind kind, const Shape& shape, const Building& group) {
   Reason r = because(kind);
@@ -179,8 +187,10 @@ std::optional<Reason> why_not_elementwise(const Grouping& g, const Building& gro
   if (k >= 0 || !broadcasts_to(ps, group.shape)) return shape_reason(Kind::kShape, ps, group);
   // A one-element value (an optimizer's bias correction from its step count) is computed once,
   // by a step of its own, rather than once per element: recomputed, a pow of it stays a libm call
-  // per element and keeps the loop from vectorizing.
-  if (detail::shape_numel(ps) == 1 && detail::shape_numel(group.shape) > 1)
+  // per element and keeps the loop from vectorizing. A single row's statistic (a keepdim mean of
+  // [1, n]) is not one: it joins as it would for several rows, so the group can fold the row.
+  if (detail::shape_numel(ps) == 1 && detail::shape_numel(group.shape) > 1 &&
+      !holds_a_value_per_row(ps, group.shape))
     return shape_reason(Kind::kOneElement, ps, group);
   if (!readers.only_inside || g.graph.is_output(p.output())) {
     Reason r = shape_reason(Kind::kBroadcastReadOutside, ps, group);

@@ -269,6 +269,43 @@ TEST(DifferentiableTrace, LayerNormOpBackwardInLazyModeIsOneKernel) {
   }
 }
 
+// kiln::layer_norm traced: its forward is one kernel, which also writes the row statistics its
+// backward reads (the backward's copy of the statistics is the forward's own expression, so the
+// two are one), and its backward is one kernel.
+TEST(DifferentiableTrace, LayerNormOpTracedIsOneKernelEachWay) {
+  for (DType dtype : {kFloat32, kFloat64}) {
+    for (int64_t rows : {16, 3, 1}) {
+      const std::string what = std::string(dtype_name(dtype)) + " rows " + std::to_string(rows);
+      Tensor x = testing::input({rows, 40}, dtype).requires_grad_(true);
+      Tensor w = testing::input({40}, dtype).requires_grad_(true),
+             b = testing::input({40}, dtype).requires_grad_(true);
+      Fn fn = [&](const Inputs& in) { return Inputs{layer_norm(in[0], {40}, w, b, 1e-5)}; };
+      jit::Function f = jit::trace(fn, {x});
+      Inputs wts = {testing::input({rows, 40}, dtype)};
+      traced_grads(f, {x}, wts, {x, w, b});  // compiles
+      const jit::Stats before = jit::stats();
+      eval(f({x}));
+      const jit::Stats after = jit::stats();
+      EXPECT_EQ(after.fused_kernels_run - before.fused_kernels_run, 1) << what << "\n"
+                                                                       << f.graph_str();
+      EXPECT_EQ(after.unfused_steps_run - before.unfused_steps_run, 0) << what << "\n"
+                                                                       << f.graph_str();
+      const StepCounts n = backward_steps(f, {x}, {x, w, b});
+      EXPECT_EQ(n.kernels, 1) << what << "\n" << f.backward_graph_str();
+      EXPECT_EQ(n.others, 0) << what << "\n" << f.backward_graph_str();
+      Tensor xe = x.detach().requires_grad_(true);
+      Inputs got = traced_grads(f, {x}, wts, {x, w, b});
+      Inputs want = eager_grads(fn, {xe}, wts, {xe, w, b});
+      expect_close(got[0], want[0], what + " x");
+      expect_close(got[1], want[1], what + " w");
+      expect_close(got[2], want[2], what + " b");
+      LazyGuard eager_mode(false);
+      expect_close(f({x})[0], layer_norm(x.detach(), {40}, w.detach(), b.detach(), 1e-5),
+                   what + " forward");
+    }
+  }
+}
+
 // A 3-layer MLP with biases and GELU, traced: the forward is 3 GEMMs and 3 kernels (bias and
 // GELU: the GEMMs' results are saved for the backward, so the bias does not fold into them); the
 // backward its GEMMs and 3 kernels, each layer's GELU gradient with its bias gradient (a column

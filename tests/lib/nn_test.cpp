@@ -269,6 +269,38 @@ TEST(LayerNorm, MatchesReferenceWithAndWithoutAffine) {
   }
 }
 
+// An eager backward that builds no graph computes the statistics by the row kernel's code; one
+// that does (create_graph) composes them of ops, so that they differentiate again. Both give the
+// same gradients, in every layout, for rows of one element and of none.
+TEST(LayerNorm, EagerBackwardMatchesTheDifferentiableBackward) {
+  LazyGuard eager(false);
+  for (DType dt : {kFloat32, kFloat64}) {
+    const double rtol = dt == kFloat32 ? 1e-5 : 1e-12, atol = dt == kFloat32 ? 1e-5 : 1e-12;
+    std::vector<Shape> shapes = {{3, 1}, {0, 4}, {3, 0}, {1, 5}};
+    for (int iter = 0; iter < 12; ++iter) shapes.push_back(random_shape(2, 3, 6));
+    for (const Shape& shape : shapes) {
+      Tensor t = random_tensor(shape, dt, -3, 3);
+      for (int64_t k = 1; k <= std::min<int64_t>(2, t.dim()); ++k) {
+        Shape ns(t.sizes().end() - k, t.sizes().end());
+        Tensor w = random_tensor(ns, dt, 0.5, 2).requires_grad_(true);
+        Tensor b = random_tensor(ns, dt).requires_grad_(true);
+        Tensor g = random_tensor(shape, dt);
+        for (const auto& [name, layout] : layouts(t)) {
+          SCOPED_TRACE(::testing::Message() << name << " " << ::testing::PrintToString(shape)
+                                            << " k " << k << " " << dtype_name(dt));
+          Tensor x = layout.detach().requires_grad_(true);
+          Tensor y = layer_norm(x, ns, w, b, 1e-5);
+          std::vector<Tensor> kernel = autograd::grad({y}, {x, w, b}, {g}, true, false);
+          std::vector<Tensor> composed = autograd::grad({y}, {x, w, b}, {g}, true, true);
+          for (size_t i = 0; i < 3; ++i)
+            expect_close(kernel[i], values(composed[i].detach()), composed[i].sizes(), dt, rtol,
+                         atol);
+        }
+      }
+    }
+  }
+}
+
 TEST(LayerNorm, LargeRowsAcrossThreads) {
   for (Shape shape : {Shape{64, 1000}, Shape{3, 40000}, Shape{5000, 7}}) {
     Tensor t = random_tensor(shape, kFloat32, -2, 6);

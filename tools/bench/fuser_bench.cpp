@@ -614,9 +614,10 @@ BENCHMARK_CAPTURE(BM_FuseCrossEntropy4096, lazy, true)
 // while the timer is paused (eagerly, evaluated in lazy mode, or the traced forward's replay), so
 // that only the backward is timed.
 //   BM_FuseLayerNormBackward4096/{eager,lazy,traced}: kiln::layer_norm(x, {4096}, w, b) and the
-//     gradients of x, w and b from g. Lazy and traced run one kernel: the input gradient and the
-//     weight's and bias's sums over the batch (column exits). Bytes: read x and g, write the
-//     input gradient (3 x 64 MiB); floor = 1.5 x the copy floor.
+//     gradients of x, w and b from g (forward_ms: the forward, timed apart). Lazy and traced run
+//     one kernel: the input gradient and the weight's and bias's sums over the batch (column
+//     exits). Bytes: read x and g, write the input gradient (3 x 64 MiB); floor = 1.5 x the copy
+//     floor.
 //   BM_FuseSoftmaxXentBackward4096/{eager,lazy}: cross entropy from primitives (logsumexp minus
 //     the target's logit, the one-hot made in the expression, mean over the batch) and the
 //     gradient of its logits, softmax(x) - onehot over B: one rows kernel in lazy mode. Bytes:
@@ -639,11 +640,13 @@ void layer_norm_backward(benchmark::State& state, BackwardMode mode) {
   };
   kiln::jit::Function traced;
   if (mode == BackwardMode::Traced) traced = kiln::jit::trace(forward, {x});
-  double seconds = 0;
+  double seconds = 0, forward_seconds = 0;
   auto run = [&](bool timed) {
     if (timed) state.PauseTiming();
+    const auto forward_start = Clock::now();
     Tensor y = mode == BackwardMode::Traced ? traced({x})[0] : forward({x})[0];
     kiln::eval(y);
+    forward_seconds += std::chrono::duration<double>(Clock::now() - forward_start).count();
     if (timed) state.ResumeTiming();
     const auto start = Clock::now();
     std::vector<Tensor> grads = kiln::autograd::grad({y}, {x, w, b}, {g});
@@ -652,7 +655,7 @@ void layer_norm_backward(benchmark::State& state, BackwardMode mode) {
     seconds += std::chrono::duration<double>(Clock::now() - start).count();
   };
   run(false);  // compiles, warms the allocator
-  seconds = 0;
+  seconds = forward_seconds = 0;
   for (auto _ : state) run(true);
   const double t = seconds / static_cast<double>(state.iterations());
   set_bytes(state, 1.5 * kFloorCopyBytes);
@@ -663,6 +666,8 @@ void layer_norm_backward(benchmark::State& state, BackwardMode mode) {
   else
     set_ratio(state, "vs_eager", t, "layer_norm_backward/eager");
   state.counters["backward_ms"] = t * 1e3;
+  // The forward, untimed by the benchmark: kiln::layer_norm with what its backward saves.
+  state.counters["forward_ms"] = forward_seconds / static_cast<double>(state.iterations()) * 1e3;
 }
 void BM_FuseLayerNormBackward4096(benchmark::State& state, BackwardMode mode) {
   layer_norm_backward(state, mode);
