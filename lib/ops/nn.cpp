@@ -334,17 +334,15 @@ Tensor softmax_with_grad(const detail::OpDef& def, const Tensor& x, int64_t dim,
 }
 
 // ---------------------------------------------------------------------------- layer_norm kernel
-// A row's statistics: the mean and the biased variance accumulated in double, then the mean
-// and 1 / sqrt(variance + eps) in the row's type.
-template <typename T>
+// A row's statistics: the mean and the biased variance, accumulated in double.
 struct RowStats {
-  T mean;
-  T rstd;
+  double mean;
+  double var;
 };
 
 // The statistics of one row of n > 0 elements.
 template <typename T>
-KILN_NN_CLONES RowStats<T> layer_norm_row_stats(const T* __restrict x, int64_t n, double eps) {
+KILN_NN_CLONES RowStats layer_norm_row_stats(const T* __restrict x, int64_t n) {
   double sum = 0;
 #pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]);
@@ -355,14 +353,19 @@ KILN_NN_CLONES RowStats<T> layer_norm_row_stats(const T* __restrict x, int64_t n
     double c = static_cast<double>(x[i]) - mean;
     sq += c * c;
   }
-  return {static_cast<T>(mean), static_cast<T>(1.0 / std::sqrt(sq / static_cast<double>(n) + eps))};
+  return {mean, sq / static_cast<double>(n)};
 }
 
-// One row of n > 0 elements; w and b may be null.
+// One row of n > 0 elements; w and b may be null; the row's statistics go to *stats when given
+// (for the backward). The mean and 1 / sqrt(var + eps) are rounded to T, then (x - mean) * rstd.
 template <typename T>
 KILN_NN_CLONES void layer_norm_row(const T* __restrict x, T* __restrict y, int64_t n,
-                                   const T* __restrict w, const T* __restrict b, double eps) {
-  const auto [mu, rstd] = layer_norm_row_stats(x, n, eps);
+                                   const T* __restrict w, const T* __restrict b, double eps,
+                                   RowStats* stats) {
+  const RowStats s = layer_norm_row_stats(x, n);
+  if (stats) *stats = s;
+  const T mu = static_cast<T>(s.mean);
+  const T rstd = static_cast<T>(1.0 / std::sqrt(s.var + eps));
   if (w && b) {
     for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - mu) * rstd * w[i] + b[i];
   } else if (w) {
@@ -378,63 +381,38 @@ KILN_NN_CLONES void layer_norm_row(const T* __restrict x, T* __restrict y, int64
 #pragma GCC pop_options
 #endif
 
-// x (floating) normalized over its last dims as layer_norm_row does: xhat = (x - mean) * rstd in
-// x's type, from layer_norm_row_stats's statistics.
-struct LayerNormed {
-  Tensor xhat;
-  Tensor rstd;  // in x's type, kept dims
+// The statistics of x's rows as layer_norm_row_stats computes them (float64, kept dims): what the
+// forward saves for its backward. Reductions, so a fused forward writes them as row values.
+struct LayerNormStats {
+  Tensor mean;
+  Tensor var;
 };
 
-// The statistics composed of ops: the forward in lazy mode and on devices, and the backward
-// formula wherever it is recorded (lazy mode, devices) or differentiated again. The forward and
-// the backward building them by this one expression see the same xhat, and a trace's forward
-// computes them once (the backward's copy, which the dual fuser saves from the forward, is the
-// forward's own).
-LayerNormed layer_norm_normalized(const Tensor& x, const std::vector<int64_t>& dims, double eps) {
+// The statistics composed of ops: the forward in lazy mode and on devices, and a backward that is
+// differentiated again (create_graph), which needs them as functions of x.
+LayerNormStats layer_norm_stats(const Tensor& x, const std::vector<int64_t>& dims) {
   const Tensor wide = x.to(kFloat64);
   const Tensor mu = mean(wide, dims, true);
   const Tensor centered = wide - mu;
-  const Tensor rstd = (1.0 / sqrt(mean(centered * centered, dims, true) + eps)).to(x.dtype());
-  return {(x - mu.to(x.dtype())) * rstd, rstd};
+  return {mu, mean(centered * centered, dims, true)};
 }
 
-// The same statistics by the row kernel's code, for an eager backward that builds no graph: the
-// composition above would materialize x in double three times over (a 4096 x 4096 float32
-// layer_norm's eager backward took 1.3x longer through it).
-LayerNormed layer_norm_normalized_eagerly(const Tensor& x, int64_t k, double eps) {
-  Shape kept = x.sizes();
-  for (int64_t i = x.dim() - k; i < x.dim(); ++i) kept[static_cast<size_t>(i)] = 1;
-  const Tensor in = x.contiguous();
-  Tensor mu = detail::make_empty(kept, x.dtype()), rstd = detail::make_empty(kept, x.dtype());
-  const int64_t rows = mu.numel(), n = rows > 0 ? x.numel() / rows : 0;
-  if (n == 0) {  // as the composition's mean of no elements
-    mu.fill_(std::numeric_limits<double>::quiet_NaN());
-    rstd.fill_(std::numeric_limits<double>::quiet_NaN());
-  } else {
-    detail::dispatch_floating(x.dtype(), layer_norm_def->name.c_str(), [&](auto tag) {
-      using T = KILN_TYPE(tag);
-      const T* xp = std::as_const(in).data_ptr<T>();
-      T* mp = mu.data_ptr<T>();
-      T* rp = rstd.data_ptr<T>();
-      detail::parallel_for(rows, std::max<int64_t>(1, detail::kParallelGrain / n),
-                           [&](int64_t begin, int64_t end) {
-                             for (int64_t r = begin; r < end; ++r) {
-                               const RowStats<T> s = layer_norm_row_stats(xp + r * n, n, eps);
-                               mp[r] = s.mean;
-                               rp[r] = s.rstd;
-                             }
-                           });
-    });
-  }
-  return {(x - mu) * rstd, rstd};
+// x (floating) normalized by its rows' statistics as layer_norm_row does: xhat = (x - mean) * rstd
+// with the mean and rstd = 1 / sqrt(var + eps) rounded to x's type.
+struct LayerNormed {
+  Tensor xhat;
+  Tensor rstd;
+};
+LayerNormed layer_norm_normalize(const Tensor& x, const LayerNormStats& s, double eps) {
+  const Tensor rstd = (1.0 / sqrt(s.var + eps)).to(x.dtype());
+  return {(x - s.mean.to(x.dtype())) * rstd, rstd};
 }
 
-// layer_norm_row composed of ops, for lazy mode and devices (the fuser makes it one rows kernel).
-Tensor layer_norm_composed(const Tensor& x, const std::vector<int64_t>& dims, const Tensor& weight,
-                           const Tensor& bias, double eps) {
-  Tensor y = layer_norm_normalized(x, dims, eps).xhat;
-  if (weight.defined()) y = y * weight.to(x.dtype());
-  if (bias.defined()) y = y + bias.to(x.dtype());
+// xhat * weight + bias (either may be absent), in xhat's type.
+Tensor layer_norm_affine(const Tensor& xhat, const Tensor& weight, const Tensor& bias) {
+  Tensor y = xhat;
+  if (weight.defined()) y = y * weight.to(xhat.dtype());
+  if (bias.defined()) y = y + bias.to(xhat.dtype());
   return y;
 }
 
@@ -655,26 +633,40 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
 }
 
 namespace {
-// The reference kernel: layer_norm of x into out (of the compute dtype, not empty), row by row.
+// The reference kernel: layer_norm of x into out (of the compute dtype, not empty), row by row;
+// with `stats`, also the rows' statistics.
 void layer_norm_into(Tensor& out, const Tensor& x, const Shape& normalized_shape,
-                     const Tensor& weight, const Tensor& bias, double eps) {
+                     const Tensor& weight, const Tensor& bias, double eps, LayerNormStats* stats) {
   const DType compute = out.dtype();
   const int64_t n = detail::shape_numel(normalized_shape);
   const int64_t rows = out.numel() / n;
   Tensor in = x.to(compute).contiguous();
   Tensor w = weight.defined() ? weight.to(compute).contiguous() : Tensor();
   Tensor b = bias.defined() ? bias.to(compute).contiguous() : Tensor();
+  if (stats) {
+    Shape kept = x.sizes();
+    std::fill(kept.end() - static_cast<int64_t>(normalized_shape.size()), kept.end(), 1);
+    stats->mean = detail::make_empty(kept, kFloat64);
+    stats->var = detail::make_empty(kept, kFloat64);
+  }
   detail::dispatch_floating(compute, layer_norm_def->name.c_str(), [&](auto tag) {
     using T = KILN_TYPE(tag);
     const T* xp = std::as_const(in).data_ptr<T>();
     T* yp = out.data_ptr<T>();
     const T* wp = w.defined() ? std::as_const(w).data_ptr<T>() : nullptr;
     const T* bp = b.defined() ? std::as_const(b).data_ptr<T>() : nullptr;
-    detail::parallel_for(rows, std::max<int64_t>(1, detail::kParallelGrain / n),
-                         [&](int64_t begin, int64_t end) {
-                           for (int64_t r = begin; r < end; ++r)
-                             layer_norm_row<T>(xp + r * n, yp + r * n, n, wp, bp, eps);
-                         });
+    double* mp = stats ? stats->mean.data_ptr<double>() : nullptr;
+    double* vp = stats ? stats->var.data_ptr<double>() : nullptr;
+    detail::parallel_for(
+        rows, std::max<int64_t>(1, detail::kParallelGrain / n), [&](int64_t begin, int64_t end) {
+          RowStats s{};
+          for (int64_t r = begin; r < end; ++r) {
+            layer_norm_row<T>(xp + r * n, yp + r * n, n, wp, bp, eps, stats ? &s : nullptr);
+            if (!stats) continue;
+            mp[r] = s.mean;
+            vp[r] = s.var;
+          }
+        });
   });
 }
 }  // namespace
@@ -703,26 +695,36 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   const DType compute = to_floating(x.dtype());
   std::vector<int64_t> dims;
   for (int64_t i = x.dim() - k; i < x.dim(); ++i) dims.push_back(i);
+  const bool grads_needed = detail::needs_grad(x, weight, bias);
   Tensor out;
+  LayerNormStats stats;  // what the backward reads
   if (x.device().is_cuda() || detail::should_record({x, weight, bias})) {
+    // Composed of ops (the fuser makes them one rows kernel, which also writes the statistics
+    // when the backward keeps them).
     AutoGradMode kernel_only(false);
-    out = layer_norm_composed(x.to(compute), dims, weight, bias, eps);
+    const Tensor xc = x.to(compute);
+    stats = layer_norm_stats(xc, dims);
+    out = layer_norm_affine(layer_norm_normalize(xc, stats, eps).xhat, weight, bias);
   } else {
     out = detail::make_empty(x.sizes(), compute);
-    if (out.numel() > 0) layer_norm_into(out, x, normalized_shape, weight, bias, eps);
+    if (out.numel() > 0)
+      layer_norm_into(out, x, normalized_shape, weight, bias, eps, grads_needed ? &stats : nullptr);
   }
   // An empty result requires grad too (as torch's): its inputs' gradients are empty or zero.
-  // The statistics are recomputed from x with kiln ops, so the formula differentiates again.
-  // The weight's and bias's gradients are summed over the batch dims by the engine.
-  if (detail::needs_grad(x, weight, bias)) {
+  // The backward reads the forward's statistics; differentiated again (create_graph), it
+  // recomputes them from x with kiln ops, so that the formula differentiates too. The weight's and
+  // bias's gradients are summed over the batch dims by the engine.
+  if (grads_needed) {
     detail::record(
-        op, {x, weight, bias}, {out}, {x, weight}, [dims, eps](const detail::BackwardContext& c) {
+        op, {x, weight, bias}, {out}, {x, weight, stats.mean, stats.var},
+        [dims, eps](const detail::BackwardContext& c) {
           const Tensor &g = c.grad(), &x = c.saved(0), &w = c.saved(1);
           const Tensor xf = x.to(g.dtype());
-          const auto [xhat, rstd] =
-              xf.device().is_cuda() || detail::should_record(xf) || is_grad_enabled()
-                  ? layer_norm_normalized(xf, dims, eps)
-                  : layer_norm_normalized_eagerly(xf, static_cast<int64_t>(dims.size()), eps);
+          const LayerNormStats saved{c.saved(2), c.saved(3)};
+          const LayerNormed n = layer_norm_normalize(
+              xf, is_grad_enabled() || !saved.mean.defined() ? layer_norm_stats(xf, dims) : saved,
+              eps);
+          const Tensor &xhat = n.xhat, &rstd = n.rstd;
           std::vector<Tensor> grads(3);
           if (c.needs_grad(0)) {
             Tensor gx = w.defined() ? g * w : g;

@@ -237,8 +237,8 @@ TEST(DifferentiableTrace, LayerNormBackwardFromPrimitives) {
   expect_close(got[2], want[2], "b");
 }
 
-// kiln::layer_norm's own gradient formula, run by eager autograd in lazy mode: the input, weight
-// and bias gradients come from one kernel.
+// kiln::layer_norm in lazy mode: the forward is one kernel, and its gradient formula, run by
+// eager autograd, makes the input, weight and bias gradients one kernel.
 TEST(DifferentiableTrace, LayerNormOpBackwardInLazyModeIsOneKernel) {
   for (DType dtype : {kFloat32, kFloat64}) {
     for (int64_t rows : {16, 1}) {
@@ -248,7 +248,15 @@ TEST(DifferentiableTrace, LayerNormOpBackwardInLazyModeIsOneKernel) {
       Tensor wts = testing::input({rows, 96}, dtype);
       Fn fn = [&](const Inputs& in) { return Inputs{layer_norm(in[0], {96}, w, b, 1e-5)}; };
       for (int run = 0; run < 2; ++run) {  // the first compiles
-        Tensor loss = (fn({x})[0] * wts).sum();
+        // The forward, which also writes the rows' statistics that the backward keeps, is one
+        // kernel.
+        const jit::Stats start = jit::stats();
+        Tensor y = fn({x})[0];
+        eval(y);
+        const jit::Stats forward_done = jit::stats();
+        EXPECT_EQ(forward_done.fused_kernels_run - start.fused_kernels_run, 1);
+        EXPECT_EQ(forward_done.unfused_steps_run - start.unfused_steps_run, 0);
+        Tensor loss = (y * wts).sum();
         eval(loss);
         const jit::Stats before = jit::stats();
         Inputs got = autograd::grad({loss}, {x, w, b});
