@@ -22,6 +22,15 @@ namespace {
 // a time, 7.3 in bands of 4, 6.6-6.9 of 8, 7.4 of 16; each band row is one more copy of the last
 // pass's body to compile (47, 63, 76 ms for that kernel in bands of 4, 8, 16).
 constexpr int64_t kBandRows = 8;
+
+// Whether the kernel's rows go in bands (see kBandRows): its last pass folds column reductions
+// and nothing else.
+bool in_bands(const Kernel& k, const RowsPasses& plan) {
+  if (k.num_columns() == 0 || plan.final_pass < 0) return false;
+  for (size_t r : plan.roots_of[static_cast<size_t>(plan.final_pass)])
+    if (!is_column_reduction(k.body[r])) return false;
+  return true;
+}
 }  // namespace
 
 // What the steps of a rows kernel share.
@@ -55,15 +64,6 @@ struct Emitter::Pass {
   std::vector<bool> from_buffer;  // per instruction: read back from its row buffer
   std::vector<bool> needed;       // per instruction: computed (or read back) in this pass
 };
-
-// Whether the kernel's rows go in bands (see kBandRows): its last pass folds column reductions
-// and nothing else.
-static bool in_bands(const Kernel& k, const RowsPasses& plan) {
-  if (k.num_columns() == 0 || plan.final_pass < 0) return false;
-  for (size_t r : plan.roots_of[static_cast<size_t>(plan.final_pass)])
-    if (!is_column_reduction(k.body[r])) return false;
-  return true;
-}
 
 // A rows kernel (see Layout): for each row, passes over its elements that fold the row
 // reductions available so far, the last one also storing element-level outputs; then the
