@@ -41,6 +41,9 @@ std::string row_text(const Reason& r) {
              " of " + detail::shape_str(r.group_shape);
     case Kind::kReductionRecomputes:
       return "the group recomputes broadcast members per element";
+    case Kind::kReductionOfAll:
+      return "it folds every element of " + detail::shape_str(r.input_shape) +
+             " for a one-element group: as the root of its own group the threads share the fold";
     default:  // kReductionShape
       return "its input " + detail::shape_str(r.input_shape) + " and result " +
              detail::shape_str(r.shape) + " do not fit the group's " +
@@ -84,6 +87,7 @@ std::string Reason::to_string() const {
     case Kind::kReductionFolds:
     case Kind::kReductionRecomputes:
     case Kind::kReductionShape:
+    case Kind::kReductionOfAll:
       return "a reduction cannot be an exit here: " + row_text(*this);
     case Kind::kNotFusible:
       return "not fusible: " + unfusible_reason(*node);
@@ -227,6 +231,13 @@ std::optional<Reason> why_not_reduction(const Building& group, const Node& p, in
     return r;
   };
   if (!group.joins.empty()) return because(Kind::kReductionAfterJoin);
+  // A fold of a whole tensor read by a one-element group (a loss's sum over its total weight, a
+  // norm's sqrt) would make the tensor the group's single row, which one thread folds. As the root
+  // of its own group it folds in parallel partials, and may lift its rows (a loss's terms from the
+  // rows of the logits).
+  if (k == static_cast<int>(in_shape.size()) && detail::shape_numel(in_shape) > 1 &&
+      detail::shape_numel(group.shape) == 1 && folds_once(p))
+    return refuse(Kind::kReductionOfAll);
   if (group.k >= 0) {
     if (in_shape != group.shape || k != group.k) return refuse(Kind::kReductionFolds);
   } else if (in_shape == group.shape) {

@@ -34,6 +34,7 @@ struct Reason {
     kReductionFolds,        // count: dims it folds of input_shape; group_k of group_shape
     kReductionRecomputes,   // the group recomputes broadcast members per element
     kReductionShape,        // input_shape, shape, group_shape
+    kReductionOfAll,        // input_shape: a fold of every element, the root of its own group
     kNotFusible,            // node: the producer (unfusible_reason says why)
     kRoleMismatch,          // a member reads it per element where it is per row, or the reverse
   };

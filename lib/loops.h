@@ -144,6 +144,16 @@ KILN_LOOP_AVX2 void map_row_avx2(const F& f, const std::array<char*, N>& p, int6
                                  std::index_sequence<I...> i) {
   map_row<Out, Ins...>(f, p, n, s, contiguous, i);
 }
+// f() compiled as map_kernel's rows are: for the kernels that are not maps, such as a row
+// reduction that calls a transcendental (whose fmadd would otherwise be a call of libm's fma).
+template <typename F>
+KILN_LOOP_AVX512 auto call_avx512(const F& f) {
+  return f();
+}
+template <typename F>
+KILN_LOOP_AVX2 auto call_avx2(const F& f) {
+  return f();
+}
 // 2: AVX-512 (F, VL, BW, DQ) with FMA; 1: AVX2 with FMA; 0: neither.
 inline int cpu_vector_level() {
   static const int level = [] {
@@ -158,6 +168,17 @@ inline int cpu_vector_level() {
   return level;
 }
 #endif
+
+// f(), in the version for the CPU kiln runs on (see call_avx512).
+template <typename F>
+auto call_vectorized(const F& f) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  const int level = cpu_vector_level();
+  if (level == 2) return call_avx512(f);
+  if (level == 1) return call_avx2(f);
+#endif
+  return f();
+}
 
 // out[i] = f(in_0[i], ..., in_k[i]) over out's shape. `out` must be a CPU tensor of type Out;
 // each input must be of type Ins... and broadcastable to out's shape. `out` may be one of the

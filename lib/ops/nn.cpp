@@ -184,36 +184,56 @@ constexpr int64_t kSumBlock = 512;   // a row's exp sum: float partial sums per 
 constexpr int64_t kColWidth = 4096;  // columns processed together when the reduced dim is strided
 constexpr int64_t kMinColWidth = 64;
 
-// One contiguous row of n > 0 elements.
-template <typename T, bool Log>
-KILN_NN_CLONES void softmax_row(const T* __restrict x, T* __restrict y, int64_t n) {
+// The max of a row of n > 0 elements.
+template <typename T>
+KILN_MATH_INLINE T row_max(const T* __restrict x, int64_t n) {
   T m = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : m)
   for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+// log_softmax's normalizer of a row of n > 0 elements: its max *m and *log_sum = log(sum(exp(x -
+// m))), so that log_softmax(x) = (x - m) - log_sum (cross_entropy reads them without the row).
+template <typename T>
+KILN_NN_CLONES void log_normalizer_row(const T* __restrict x, int64_t n, T* m, T* log_sum) {
+  const T top = row_max(x, n);
   double total = 0;
   for (int64_t b = 0; b < n; b += kSumBlock) {
     const int64_t e = std::min(n, b + kSumBlock);
     T s = 0;
-    if constexpr (Log) {
 #pragma omp simd reduction(+ : s)
-      for (int64_t i = b; i < e; ++i) s += row_exp(x[i] - m);
-    } else {
+    for (int64_t i = b; i < e; ++i) s += row_exp(x[i] - top);
+    total += static_cast<double>(s);
+  }
+  *m = top;
+  *log_sum = static_cast<T>(std::log(total));
+}
+
+// One contiguous row of n > 0 elements.
+template <typename T, bool Log>
+KILN_NN_CLONES void softmax_row(const T* __restrict x, T* __restrict y, int64_t n) {
+  if constexpr (Log) {
+    T m, ls;
+    log_normalizer_row(x, n, &m, &ls);
+    for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - m) - ls;
+    return;
+  }
+  const T m = row_max(x, n);
+  double total = 0;
+  for (int64_t b = 0; b < n; b += kSumBlock) {
+    const int64_t e = std::min(n, b + kSumBlock);
+    T s = 0;
 #pragma omp simd reduction(+ : s)
-      for (int64_t i = b; i < e; ++i) {
-        T v = row_exp(x[i] - m);
-        y[i] = v;
-        s += v;
-      }
+    for (int64_t i = b; i < e; ++i) {
+      T v = row_exp(x[i] - m);
+      y[i] = v;
+      s += v;
     }
     total += static_cast<double>(s);
   }
-  if constexpr (Log) {
-    const T ls = static_cast<T>(std::log(total));
-    for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - m) - ls;
-  } else {
-    const T inv = static_cast<T>(1.0 / total);
-    for (int64_t i = 0; i < n; ++i) y[i] *= inv;
-  }
+  const T inv = static_cast<T>(1.0 / total);
+  for (int64_t i = 0; i < n; ++i) y[i] *= inv;
 }
 
 // Columns [0, w) of a [D, stride] block: softmax down each column. m and s are scratch of w
@@ -523,17 +543,11 @@ NllResult nll_with_grad(const Tensor& log_probs, const NllGeometry& geo, const T
       weights = where(hit, w, 0.0);
     }
     const Tensor picked = where(hit, lp, 0.0).sum({class_dim});
-    if (!weight.defined() && (ignore_index < 0 || ignore_index >= C)) {
-      // Every target counts once: the total weight is their number, and the loss the rows
-      // kernel's own reduction of the picks.
-      r.total_weight = full({}, static_cast<double>(geo.N * geo.K), compute);
-      r.loss = reduce_loss(-picked, reduction);
-    } else {
-      // Per row first, so that both sums are reductions of the rows kernel's row values.
-      r.total_weight = sum(weights.sum({class_dim}));
-      r.loss = reduction == Reduction::Mean ? sum(-picked) / r.total_weight
-                                            : reduce_loss(-picked, reduction);
-    }
+    // Per row first, so that both sums are reductions of the rows kernel's row values. A target
+    // equal to ignore_index weighs nothing even where that index is no class (-100).
+    r.total_weight = sum(weights.sum({class_dim}));
+    r.loss = reduction == Reduction::Mean ? sum(-picked) / r.total_weight
+                                          : reduce_loss(-picked, reduction);
   } else if (detail::should_record({log_probs, geo.target, weight})) {
     // The target was read (bounds-checked) already; it is recorded as the checked int64 copy.
     std::vector<Tensor> out = detail::lazy_record(
@@ -785,6 +799,218 @@ Tensor cross_entropy_probs(const Tensor& logits, const Tensor& target, const Ten
 }
 }  // namespace
 
+namespace {
+// log_softmax's row normalizer along the class dim (kept): the max m and log(sum(exp(x - m))), so
+// that log_softmax(x) = (x - m) - log_sum. Eager on the CPU, rows of contiguous classes, it is the
+// softmax kernels' own (log_normalizer_row); otherwise, and under create_graph (where it is
+// differentiated), the ops of log_softmax's formula, which the fuser makes row values of a rows
+// kernel.
+struct LogNormalizer {
+  Tensor max, log_sum;
+};
+LogNormalizer log_normalizer(const Tensor& x, int64_t class_dim) {
+  const int64_t C = x.dim() == 0 ? 1 : x.size(class_dim);
+  Shape kept = x.sizes();
+  if (!kept.empty()) kept[class_dim] = 1;
+  if (C == 0) return {zeros(kept, x.dtype()), zeros(kept, x.dtype())};  // no class to normalize
+  if (class_dim == x.dim() - 1 && !is_grad_enabled() && !x.device().is_cuda() &&
+      !detail::should_record(x)) {
+    LogNormalizer n{detail::make_empty(kept, x.dtype()), detail::make_empty(kept, x.dtype())};
+    if (x.numel() == 0) return n;
+    const Tensor in = x.contiguous();
+    detail::dispatch_floating(x.dtype(), log_softmax_def->name.c_str(), [&](auto tag) {
+      using T = KILN_TYPE(tag);
+      const T* xp = std::as_const(in).data_ptr<T>();
+      T *mp = n.max.data_ptr<T>(), *lp = n.log_sum.data_ptr<T>();
+      detail::parallel_for(x.numel() / C, std::max<int64_t>(1, detail::kParallelGrain / C),
+                           [&](int64_t b, int64_t e) {
+                             for (int64_t r = b; r < e; ++r)
+                               log_normalizer_row<T>(xp + r * C, C, mp + r, lp + r);
+                           });
+    });
+    return n;
+  }
+  const Tensor m = amax(x, {class_dim}, true);
+  return {m, log(exp(x - m).to(kFloat64).sum({class_dim}, true)).to(x.dtype())};
+}
+
+// What cross_entropy reads at each target position, as [N, 1, K...] (the class dim kept; [1] for
+// an input of shape [C]).
+struct TargetPicks {
+  Tensor valid;   // the target is not ignore_index
+  Tensor logit;   // the logit of the target's class (any value where the target is ignored)
+  Tensor weight;  // the target class's weight (1 without a weight), 0 where ignored
+};
+
+// Eager on the CPU the picks read one element per position (gather); in lazy mode and on devices
+// they are sums over the classes of one value and zeros (exact), so that they join the rows
+// kernel that reads the logits for their normalizer, and no index is read on the host.
+TargetPicks pick_targets(const Tensor& x, const NllGeometry& geo, const Tensor& weight,
+                         int64_t ignore_index) {
+  const int64_t rank = x.dim(), class_dim = rank == 1 ? 0 : 1;
+  const Tensor target = geo.target.unsqueeze(class_dim);
+  TargetPicks p;
+  p.valid = ne(target, ignore_index);
+  const Tensor w = weight.defined() ? weight.to(x.dtype()) : Tensor();
+  // (No classes: only ignored targets, which gather could not read.)
+  if (x.device().is_cuda() || geo.C == 0 || detail::should_record({x, geo.target, weight})) {
+    const Tensor hit = target_hits(geo.target, rank, geo.C, ignore_index);
+    p.logit = where(hit, x, 0.0).sum({class_dim}, true);
+    p.weight = w.defined() ? where(hit, w.view(class_view(rank, geo.C)), 0.0).sum({class_dim}, true)
+                           : p.valid.to(x.dtype());
+    return p;
+  }
+  const Tensor t = where(p.valid, target, 0);  // an ignored target reads class 0
+  p.logit = x.gather(class_dim, t);
+  p.weight = w.defined() ? where(p.valid, w.index_select(0, t.flatten()).view(t.sizes()), 0.0)
+                         : p.valid.to(x.dtype());
+  return p;
+}
+
+// The saved pieces of a cross entropy over class indices, and its loss.
+struct CrossEntropyParts {
+  Tensor x;  // the logits in the compute dtype
+  LogNormalizer norm;
+  TargetPicks picks;
+  Tensor total;          // the sum of the picked weights: what the mean divides by
+  Tensor class_weights;  // the weight viewed along the class dim, or undefined
+  Tensor loss;
+};
+
+// torch's nll_loss(log_softmax(x)) with label smoothing, each log-probability formed where it is
+// used from the rows' normalizer (lp = (x - m) - log_sum, the same bits as log_softmax's), so
+// that nothing of the logits' size is written: -lp at the target, and for the smoothing term
+// -sum_j w_j lp_j = sum_j w_j (log_sum + m) - sum_j w_j x_j (in double).
+CrossEntropyParts cross_entropy_forward(const Tensor& logits, const NllGeometry& geo,
+                                        const Tensor& weight, Reduction reduction,
+                                        int64_t ignore_index, double label_smoothing) {
+  AutoGradMode kernel_only(false);
+  const int64_t rank = logits.dim(), class_dim = rank == 1 ? 0 : 1;
+  CrossEntropyParts c;
+  c.x = logits.to(to_floating(logits.dtype()));
+  c.norm = log_normalizer(c.x, class_dim);
+  c.picks = pick_targets(c.x, geo, weight, ignore_index);
+  if (weight.defined()) c.class_weights = weight.to(c.x.dtype()).view(class_view(rank, geo.C));
+  Tensor terms = c.norm.log_sum - (c.picks.logit - c.norm.max);
+  if (weight.defined()) terms = terms * c.picks.weight;
+  if (label_smoothing > 0.0) {
+    const Tensor wx = weight.defined() ? c.x * c.class_weights : c.x;
+    const Tensor shift = c.norm.log_sum.to(kFloat64) + c.norm.max.to(kFloat64);
+    const Tensor smooth =
+        (weight.defined() ? shift * sum(weight.to(kFloat64)) : shift * static_cast<double>(geo.C)) -
+        wx.to(kFloat64).sum({class_dim}, true);
+    terms = terms * (1 - label_smoothing) +
+            smooth.to(c.x.dtype()) * (label_smoothing / static_cast<double>(geo.C));
+  }
+  terms = where(c.picks.valid, terms, 0.0);
+  c.total = sum(c.picks.weight);
+  // The mean over no terms is 0/0 = NaN, as torch's.
+  c.loss = reduction == Reduction::Mean ? sum(terms) / c.total
+                                        : reduce_loss(terms.squeeze(class_dim), reduction);
+  return c;
+}
+
+// The eager kernel of cross_entropy's backward for rows of C contiguous classes: each element as
+// the composition in record_cross_entropy_grad computes it (the same exp: its argument is at most
+// 0), in one pass. m, log_sum, target, a and s hold a value per row; s (the smoothing term's
+// scale) and w (the class weights) may be null.
+template <typename T>
+KILN_NN_CLONES void cross_entropy_grad_row(const T* __restrict x, T* __restrict out, int64_t C, T m,
+                                           T log_sum, int64_t target, T a, const T* s,
+                                           const T* __restrict w, T class_total) {
+  if (!s) {
+    for (int64_t j = 0; j < C; ++j) out[j] = (row_exp((x[j] - m) - log_sum) - T(j == target)) * a;
+    return;
+  }
+  const T spread_scale = a + *s * class_total;
+  for (int64_t j = 0; j < C; ++j)
+    out[j] =
+        row_exp((x[j] - m) - log_sum) * spread_scale - T(j == target) * a - (w ? *s * w[j] : *s);
+}
+
+// Per-row operands of cross_entropy_grad_row, contiguous, in x's dtype (s and w may be undefined).
+struct GradRows {
+  Tensor m, log_sum, target, a, s, w;
+};
+
+Tensor cross_entropy_grad_kernel(const Tensor& x, const GradRows& rows, double class_total) {
+  const int64_t C = x.size(-1);
+  Tensor out = detail::make_empty(x.sizes(), x.dtype());
+  if (out.numel() == 0) return out;
+  const Tensor xc = x.contiguous();
+  detail::dispatch_floating(x.dtype(), cross_entropy_def->name.c_str(), [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    const auto at = [](const Tensor& t) {
+      return t.defined() ? std::as_const(t).data_ptr<T>() : nullptr;
+    };
+    const T *xp = at(xc), *mp = at(rows.m), *lp = at(rows.log_sum), *ap = at(rows.a);
+    const T *sp = at(rows.s), *wp = at(rows.w);
+    const int64_t* tp = std::as_const(rows.target).data_ptr<int64_t>();
+    T* op = out.data_ptr<T>();
+    const T total = static_cast<T>(class_total);
+    detail::parallel_for(x.numel() / C, std::max<int64_t>(1, detail::kParallelGrain / C),
+                         [&](int64_t begin, int64_t end) {
+                           for (int64_t r = begin; r < end; ++r)
+                             cross_entropy_grad_row<T>(xp + r * C, op + r * C, C, mp[r], lp[r],
+                                                       tp[r], ap[r], sp ? sp + r : nullptr, wp,
+                                                       total);
+                         });
+  });
+  return out;
+}
+
+// d loss / d x = softmax(x) (a + s sum_j w_j) - a onehot(target) - s w, with a the nll term's
+// scale per position (its weight, (1 - smoothing) and the output gradient, over the total weight
+// for the mean) and s the smoothing term's (smoothing / C in place of the weight and 1 -
+// smoothing); softmax(x) = exp(lp) from the forward's normalizer. Differentiated again
+// (create_graph), the normalizer is recomputed from x, as a function of x.
+void record_cross_entropy_grad(const Tensor& logits, const CrossEntropyParts& c,
+                               const NllGeometry& geo, Reduction reduction, int64_t ignore_index,
+                               double label_smoothing) {
+  const int64_t rank = logits.dim(), C = geo.C;
+  detail::record(
+      cross_entropy_def->name.c_str(), {logits}, {c.loss},
+      {c.x, c.norm.max, c.norm.log_sum, geo.target, c.picks.weight, c.picks.valid, c.total,
+       c.class_weights},
+      [rank, C, reduction, ignore_index, label_smoothing](const detail::BackwardContext& b) {
+        const Tensor &g = b.grad(), &x = b.saved(0), &target = b.saved(3), &w = b.saved(7);
+        const int64_t class_dim = rank == 1 ? 0 : 1;
+        const LogNormalizer n = is_grad_enabled() ? log_normalizer(x, class_dim)
+                                                  : LogNormalizer{b.saved(1), b.saved(2)};
+        Tensor scale = reduction == Reduction::Mean ? g / b.saved(6) : g;
+        if (reduction == Reduction::None) scale = scale.unsqueeze(class_dim);
+        // Zero where the target is ignored, whatever the scale (a mean over no weight divides by
+        // 0): torch's gradient is 0 there.
+        const Tensor& valid = b.saved(5);
+        const Tensor a = where(valid, scale * b.saved(4) * (1 - label_smoothing), 0.0);
+        const Tensor s =
+            label_smoothing == 0.0
+                ? Tensor()
+                : where(valid, scale * (label_smoothing / static_cast<double>(C)), 0.0);
+        const Tensor class_total =
+            w.defined() ? sum(w) : full({}, static_cast<double>(C), x.dtype());
+        // Eager on the CPU, rows of contiguous classes: one pass instead of six.
+        if (class_dim == x.dim() - 1 && !is_grad_enabled() && !x.device().is_cuda() &&
+            !detail::should_record({x, a, g})) {
+          const auto rows = [&](const Tensor& t) {
+            return t.defined() ? t.to(x.dtype()).expand(n.max.sizes()).contiguous() : t;
+          };
+          const GradRows r{rows(n.max), rows(n.log_sum), target.contiguous(),
+                           rows(a),     rows(s),         w.defined() ? w.contiguous() : w};
+          return std::vector<Tensor>{cross_entropy_grad_kernel(x, r, class_total.item<double>())};
+        }
+        const Tensor hit = target_hits(target, rank, C, ignore_index).to(x.dtype());
+        // x + (-m) is x - m bit for bit; written so, a trace that holds the forward too does not
+        // share the forward's x - m (its kernel would write it out, 64 MiB for 4096 rows of 4096
+        // classes, for this kernel to read back) but recomputes it here.
+        const Tensor softmax = exp((x + -n.max) - n.log_sum);
+        if (!s.defined()) return std::vector<Tensor>{(softmax - hit) * a};
+        const Tensor spread = w.defined() ? s * w : s;
+        return std::vector<Tensor>{softmax * (a + s * class_total) - hit * a - spread};
+      });
+}
+}  // namespace
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight,
                      Reduction reduction, int64_t ignore_index, double label_smoothing) {
   const char* op = cross_entropy_def->name.c_str();
@@ -798,17 +1024,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
     return cross_entropy_probs(logits, target, weight, reduction, ignore_index, label_smoothing);
   NllGeometry g = check_nll(op, logits, target, ignore_index);
   check_class_weight(op, weight, logits, g.C);
-  const int64_t rank = logits.dim(), class_dim = rank == 1 ? 0 : 1;
-  const Tensor lp = log_softmax(logits, class_dim);
-  NllResult nll = nll_with_grad(lp, g, weight, reduction, ignore_index);
-  if (label_smoothing == 0.0) return nll.loss;
-  // As torch's cross_entropy_loss_label_smoothing: the (weighted) sum of -lp over the classes,
-  // zero at ignored targets; its mean divides by the same total weight as the nll term's.
-  Tensor all = weight.defined() ? lp * weight.to(lp.dtype()).view(class_view(rank, g.C)) : lp;
-  Tensor smooth = where(ne(g.target, ignore_index), -all.sum({class_dim}), 0.0);
-  if (reduction == Reduction::Sum) smooth = smooth.sum();
-  if (reduction == Reduction::Mean) smooth = smooth.sum() / nll.total_weight;
-  return nll.loss * (1 - label_smoothing) + smooth * (label_smoothing / static_cast<double>(g.C));
+  CrossEntropyParts c =
+      cross_entropy_forward(logits, g, weight, reduction, ignore_index, label_smoothing);
+  if (detail::needs_grad(logits))
+    record_cross_entropy_grad(logits, c, g, reduction, ignore_index, label_smoothing);
+  return c.loss;
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {

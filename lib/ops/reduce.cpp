@@ -28,6 +28,7 @@
 #include "lib/dispatch.h"
 #include "lib/fastmath.h"
 #include "lib/lazy.h"
+#include "lib/loops.h"
 #include "lib/op_registry.h"
 #include "lib/op_table.h"
 #include "lib/parallel.h"
@@ -456,6 +457,35 @@ A sum_run(const T* __restrict p, int64_t n, const F& f) {
     for (; i < e; ++i) tail += f(p[i]);
     A s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
     total += s + tail;
+  }
+  return total;
+}
+
+// exp(x) for x <= 0 (or NaN): lib/math/primitives.h's, as the exp op's and the fused kernels'
+// (for float32 its form for such arguments, which has no branch).
+KILN_MATH_INLINE float exp_nonpos(float x) {
+  return math::exp_nonpos_f32(x);
+}
+KILN_MATH_INLINE double exp_nonpos(double x) {
+  return detail::exp_f64(x);
+}
+
+// The sum of exp(p[i] - m) in double for a finite m at least every p[i], logsumexp's row. A block's
+// exps go to a small buffer and are then summed: written so, both loops vectorize (one loop adding
+// float exps into a double does not).
+template <typename T>
+double exp_sum_run(const T* __restrict p, int64_t n, T m) {
+  constexpr int64_t kBlock = 256;
+  alignas(64) T exps[kBlock];
+  double total = 0;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t len = std::min(kBlock, n - b);
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) exps[i] = exp_nonpos(p[b + i] - m);
+    double s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < len; ++i) s += static_cast<double>(exps[i]);
+    total += s;
   }
   return total;
 }
@@ -1137,27 +1167,24 @@ Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim
     const T* data = static_cast<const T*>(p.data.raw_data_ptr());
     ExtremumOps<T, true> mx;
     // exp and log are lib/math/primitives.h's, as the exp and log ops' and the fused kernels'.
-    const auto exp_of = [](T v) {
-      if constexpr (std::is_same_v<T, float>)
-        return detail::exp_f32(v);
-      else
-        return detail::exp_f64(v);
-    };
     std::vector<T> maxes(static_cast<size_t>(p.rows));
     reduce_rows<T>(
         p.rows, R, [&](int64_t i, int64_t b, int64_t e) { return mx.run(data + i * R + b, e - b); },
-        [&](T a, T b) { return mx.combine(a, b); },
-        [&](int64_t i, T m) { maxes[i] = std::isinf(m) ? T(0) : m; });
+        [&](T a, T b) { return mx.combine(a, b); }, [&](int64_t i, T m) { maxes[i] = m; });
+    // A row whose max is infinite sums to it (+inf, or -inf when every element is -inf); a NaN
+    // max (the row holds a NaN) makes the sum NaN.
     reduce_rows<double>(
         p.rows, R,
         [&](int64_t i, int64_t b, int64_t e) {
           const T m = maxes[i];
-          return sum_run<double>(data + i * R + b, e - b, [m, exp_of](T v) {
-            return static_cast<double>(exp_of(T(v - m)));
-          });
+          if (std::isinf(m)) return 0.0;
+          return detail::call_vectorized([&] { return exp_sum_run(data + i * R + b, e - b, m); });
         },
         [](double a, double b) { return a + b; },
-        [&](int64_t i, double s) { o[i] = static_cast<T>(detail::log_f64(s) + double(maxes[i])); });
+        [&](int64_t i, double s) {
+          const T m = maxes[i];
+          o[i] = std::isinf(m) ? m : static_cast<T>(detail::log_f64(s) + double(m));
+        });
   });
   return logsumexp_with_grad(x, dims, keepdim, out);
 }

@@ -957,7 +957,9 @@ TEST(Cuda, DeviceGraphsFuseAsHostGraphsDo) {
 }
 
 // The composed nn ops and argmax plan as fused kernels on the device, with nothing through the
-// host: layer_norm and a loss are one rows kernel each, dropout one elementwise kernel.
+// host: layer_norm and mse_loss are one rows kernel each, dropout one elementwise kernel, and
+// cross_entropy's mean three: the rows kernel of its terms' sum, the sum of the targets' weights
+// (ignored targets weigh nothing) and the division of the two.
 TEST(Cuda, ComposedOpsPlanAsFusedKernels) {
   KILN_REQUIRE_GPU();
   const Tensor x = testing::random_tensor({8, 16}).to(kCUDA),
@@ -978,7 +980,7 @@ TEST(Cuda, ComposedOpsPlanAsFusedKernels) {
        [](const testing::Inputs& in) {
          return cross_entropy(in[0], argmax(in[0], 1).detach(), Reduction::Mean);
        },
-       1},
+       3},
   };
   for (const Case& c : cases) {
     const testing::Planned planned = testing::plan_of(

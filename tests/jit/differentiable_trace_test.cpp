@@ -277,6 +277,51 @@ TEST(DifferentiableTrace, LayerNormOpBackwardInLazyModeIsOneKernel) {
   }
 }
 
+// kiln::cross_entropy in lazy mode: the forward reads the logits in one rows kernel (logsumexp
+// and the target's logit) and writes nothing of their size; the backward recomputes the softmax
+// from them and writes the gradient alone. Both match eager mode.
+TEST(DifferentiableTrace, CrossEntropyInLazyModeWritesOnlyTheGradient) {
+  const int64_t rows = 64, classes = 1000;
+  std::vector<int64_t> targets;
+  for (int64_t i = 0; i < rows; ++i) targets.push_back(i % 7 == 3 ? -100 : (i * 37) % classes);
+  const Tensor target = from_vector(targets);
+  for (DType dtype : {kFloat32, kFloat64}) {
+    const size_t logits_bytes = static_cast<size_t>(rows * classes) * element_size(dtype);
+    const Tensor w = testing::input({classes}, dtype, 0.5, 2);
+    for (double smoothing : {0.0, 0.1}) {
+      for (bool weighted : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + " smoothing " + std::to_string(smoothing) +
+                     (weighted ? " weighted" : ""));
+        Tensor x = testing::input({rows, classes}, dtype, -4, 4).requires_grad_(true);
+        Fn fn = [&](const Inputs& in) {
+          return Inputs{cross_entropy(in[0], target, weighted ? w : Tensor(), Reduction::Mean, -100,
+                                      smoothing)};
+        };
+        for (int run = 0; run < 2; ++run) {  // the first compiles
+          const jit::Stats start = jit::stats();
+          detail::cpu_reset_peak();
+          const size_t before = detail::cpu_allocated_bytes();
+          Tensor loss = fn({x})[0];
+          eval(loss);
+          EXPECT_LT(detail::cpu_peak_allocated_bytes() - before, logits_bytes / 4);
+          EXPECT_LE(jit::stats().fused_kernels_run - start.fused_kernels_run, 2);
+          detail::cpu_reset_peak();
+          const size_t held = detail::cpu_allocated_bytes();
+          Inputs got = autograd::grad({loss}, {x});
+          eval(got);
+          EXPECT_LT(detail::cpu_peak_allocated_bytes() - held, logits_bytes + logits_bytes / 4);
+          if (run == 0) continue;
+          Tensor xe = x.detach().requires_grad_(true);
+          Inputs want = eager_grads(fn, {xe}, {ones({}, dtype)}, {xe});
+          expect_close(got[0], want[0], "x");
+          LazyGuard eager(false);
+          testing::expect_lazy_equal(loss, fn({xe})[0], "loss");
+        }
+      }
+    }
+  }
+}
+
 // kiln::layer_norm traced: its forward is one kernel, which also writes the row statistics its
 // backward reads (the backward's copy of the statistics is the forward's own expression, so the
 // two are one), and its backward is one kernel.

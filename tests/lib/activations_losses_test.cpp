@@ -618,6 +618,114 @@ TEST(ClassLosses, CrossEntropyWithOptionsMatchesReference) {
               1e-15);
 }
 
+// d cross_entropy / d logits in float64 (torch's): with a_i the nll term's scale at position i
+// (output gradient g, the target's weight, 1 - smoothing, over the total weight for the mean) and
+// s_i the smoothing term's (smoothing / C in place of the weight and 1 - smoothing), the gradient
+// is softmax (a_i + s_i sum_j w_j) - a_i onehot - s_i w_j; 0 where the target is ignored.
+std::vector<double> cross_entropy_grad_ref(const std::vector<double>& logits, const ClassCase& c,
+                                           const std::vector<double>& weight,
+                                           const std::vector<double>& g, Reduction r,
+                                           int64_t ignore_index, double smoothing) {
+  const int64_t C = c.shape.size() == 1 ? c.shape[0] : c.shape[1];
+  const int64_t K = positions(c.shape);
+  const std::vector<double> lp = log_softmax_ref(logits, c.shape);
+  const auto w_of = [&](int64_t j) { return weight.empty() ? 1.0 : weight[j]; };
+  double total = 0, class_total = 0;
+  for (int64_t t : c.targets) total += t == ignore_index ? 0 : w_of(t);
+  for (int64_t j = 0; j < C; ++j) class_total += w_of(j);
+  std::vector<double> grad(logits.size(), 0.0);
+  for (size_t i = 0; i < c.targets.size(); ++i) {
+    const int64_t t = c.targets[i], n = static_cast<int64_t>(i) / K,
+                  k = static_cast<int64_t>(i) % K;
+    if (t == ignore_index) continue;
+    double scale = r == Reduction::None ? g[i] : g[0];
+    if (r == Reduction::Mean) scale /= total;
+    const double a = scale * w_of(t) * (1 - smoothing);
+    const double s = scale * smoothing / static_cast<double>(C);
+    for (int64_t j = 0; j < C; ++j) {
+      const size_t at = static_cast<size_t>((n * C + j) * K + k);
+      grad[at] = std::exp(lp[at]) * (a + s * class_total) - (j == t ? a : 0.0) - s * w_of(j);
+    }
+  }
+  return grad;
+}
+
+// The gradient of cross_entropy with class indices, eager (its one-pass kernel for rows of
+// contiguous classes, whatever the logits' layout) and lazy (the composition the fuser makes
+// one kernel of), against the float64 reference.
+TEST(ClassLosses, CrossEntropyGradientMatchesReferenceEagerAndLazy) {
+  for (const Shape& shape : {Shape{5}, Shape{4, 3}, Shape{1, 1}, Shape{0, 3}, Shape{6, 1},
+                             Shape{2, 7}, Shape{3, 4, 2}}) {
+    for (int64_t ignore : {int64_t{-100}, int64_t{1}}) {
+      const ClassCase c = class_case(shape, ignore);
+      const Tensor target = from_vector(c.targets, target_shape(shape));
+      const int64_t C = shape.size() == 1 ? shape[0] : shape[1];
+      for (DType dt : {kFloat32, kFloat64}) {
+        const Tensor x = random_tensor(shape, dt, -4, 4);
+        const Tensor w = random_tensor({C}, dt, 0.5, 2);
+        for (double smoothing : {0.0, 0.3}) {
+          for (bool weighted : {false, true}) {
+            for (Reduction r : kReductions) {
+              const Tensor g = random_tensor(reduced_shape(target.sizes(), r), dt, 0.5, 2);
+              SCOPED_TRACE(detail::describe(x) + " ignore " + std::to_string(ignore) +
+                           " smoothing " + std::to_string(smoothing) +
+                           (weighted ? " weighted" : "") + " reduction " +
+                           std::to_string(static_cast<int>(r)));
+              const std::vector<double> want =
+                  cross_entropy_grad_ref(values(x), c, weighted ? values(w) : std::vector<double>{},
+                                         values(g), r, ignore, smoothing);
+              auto grad_of = [&](const Tensor& l) {
+                Tensor leaf = l.detach().requires_grad_();
+                Tensor loss =
+                    cross_entropy(leaf, target, weighted ? w : Tensor(), r, ignore, smoothing);
+                return autograd::grad({loss}, {leaf}, {g})[0];
+              };
+              for (const auto& [layout, l] : layouts(x)) {
+                SCOPED_TRACE(layout);
+                Tensor eager_grad, lazy_grad;
+                {
+                  LazyGuard eager(false);
+                  eager_grad = grad_of(l);
+                }
+                {
+                  LazyGuard lazy(true);
+                  lazy_grad = grad_of(l);
+                }
+                expect_close(eager_grad, want, shape, dt, rtol_for(dt) * 10, atol_for(dt) * 10);
+                testing::expect_lazy_equal(lazy_grad, eager_grad, "lazy gradient");
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Infinite and NaN logits give torch's values (those of log_softmax's (x - max) - log(sum)): NaN
+// for a row holding +inf, whatever the target (inf - inf), for a row of -inf and for a row with a
+// NaN; logits 2e30 apart give 2e30.
+TEST(ClassLosses, CrossEntropyOfSpecialValues) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (bool lazy : {false, true}) {
+    for (DType dt : {kFloat32, kFloat64}) {
+      LazyGuard mode(lazy);
+      const Tensor x = from_vector(std::vector<double>{inf, 1, 0, inf, 1, 0, -inf, -inf, -inf, nan,
+                                                       1, 0, 1e30, -1e30, 0},
+                                   {5, 3})
+                           .to(dt);
+      const Tensor t = from_vector(std::vector<int64_t>{1, 0, 2, 1, 1});
+      const std::vector<double> got = values(cross_entropy(x, t, Tensor(), Reduction::None));
+      EXPECT_TRUE(std::isnan(got[0])) << lazy;
+      EXPECT_TRUE(std::isnan(got[1])) << lazy;
+      EXPECT_TRUE(std::isnan(got[2])) << lazy;
+      EXPECT_TRUE(std::isnan(got[3])) << lazy;
+      EXPECT_EQ(got[4], 2 * values(x)[12]) << lazy;  // lse is the max, 1e30 in dt
+    }
+  }
+}
+
 TEST(ClassLosses, CrossEntropyWithProbabilityTargets) {
   for (const Shape& shape : {Shape{5}, Shape{4, 3}, Shape{3, 4, 2}, Shape{0, 3}}) {
     const int64_t C = shape.size() == 1 ? shape[0] : shape[1];

@@ -622,6 +622,10 @@ BENCHMARK_CAPTURE(BM_FuseCrossEntropy4096, lazy, true)
 //     the target's logit, the one-hot made in the expression, mean over the batch) and the
 //     gradient of its logits, softmax(x) - onehot over B: one rows kernel in lazy mode. Bytes:
 //     read x, write the gradient; floor = copy.
+//   BM_FuseCrossEntropyOp4096/{eager,lazy,traced}: kiln::cross_entropy(x, target) (mean) and the
+//     gradient of its logits, forward and backward timed together (forward_ms, backward_ms: each
+//     apart). The forward reads x (logsumexp and the target's logit), the backward reads x and
+//     writes the gradient: floor = the read floor + the copy floor.
 enum class BackwardMode { Eager, Lazy, Traced };
 
 void layer_norm_backward(benchmark::State& state, BackwardMode mode) {
@@ -679,6 +683,67 @@ BENCHMARK_CAPTURE(BM_FuseLayerNormBackward4096, lazy, BackwardMode::Lazy)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_FuseLayerNormBackward4096, traced, BackwardMode::Traced)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+void BM_FuseCrossEntropyOp4096(benchmark::State& state, BackwardMode mode) {
+  const RowInputs& in = row_inputs();
+  Tensor x, target;
+  {
+    kiln::LazyGuard eager(false);
+    x = in.x.clone().requires_grad_(true);
+    target = in.target.view({kRows});
+  }
+  kiln::LazyGuard lazy(mode != BackwardMode::Eager);
+  auto step = [&](const std::vector<Tensor>& a) {
+    Tensor loss = kiln::cross_entropy(a[0], target);
+    return std::vector<Tensor>{loss, kiln::autograd::grad({loss}, {a[0]})[0]};
+  };
+  kiln::jit::Function traced;
+  if (mode == BackwardMode::Traced) traced = kiln::jit::trace(step, {x});
+  double forward_seconds = 0, backward_seconds = 0;
+  auto run = [&] {
+    if (mode == BackwardMode::Traced) {
+      std::vector<Tensor> out = traced({x});
+      kiln::eval(out);
+      benchmark::DoNotOptimize(out[1].raw_data_ptr());
+      return;
+    }
+    const auto start = Clock::now();
+    Tensor loss = kiln::cross_entropy(x, target);
+    kiln::eval(loss);
+    const auto forward_done = Clock::now();
+    std::vector<Tensor> grads = kiln::autograd::grad({loss}, {x});
+    kiln::eval(grads);
+    benchmark::DoNotOptimize(grads[0].raw_data_ptr());
+    forward_seconds += std::chrono::duration<double>(forward_done - start).count();
+    backward_seconds += std::chrono::duration<double>(Clock::now() - forward_done).count();
+  };
+  run();  // compiles, warms the allocator
+  forward_seconds = backward_seconds = 0;
+  const auto start = Clock::now();
+  for (auto _ : state) run();
+  const double t = seconds_per_iteration(start, state);
+  set_bytes(state, kFloorReadBytes + kFloorCopyBytes);
+  auto read = references().find("floor/read"), copy = references().find("floor/copy");
+  if (read != references().end() && copy != references().end())
+    state.counters["x_floor"] = t / (read->second + copy->second);
+  if (mode == BackwardMode::Eager)
+    references()["cross_entropy_op/eager"] = t;
+  else
+    set_ratio(state, "vs_eager", t, "cross_entropy_op/eager");
+  if (mode == BackwardMode::Traced) return;
+  const double n = static_cast<double>(state.iterations());
+  state.counters["forward_ms"] = forward_seconds / n * 1e3;
+  state.counters["backward_ms"] = backward_seconds / n * 1e3;
+}
+BENCHMARK_CAPTURE(BM_FuseCrossEntropyOp4096, eager, BackwardMode::Eager)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_FuseCrossEntropyOp4096, lazy, BackwardMode::Lazy)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_FuseCrossEntropyOp4096, traced, BackwardMode::Traced)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
