@@ -11,6 +11,18 @@
 
 namespace kiln::fuser {
 
+int32_t Kernel::add(Instr i) {
+  if (i.prim == Prim::Exp && i.a >= 0) {
+    const Instr& arg = body[static_cast<size_t>(i.a)];
+    if (arg.prim == Prim::Sub && arg.b >= 0) {
+      const Instr& max = body[static_cast<size_t>(arg.b)];
+      if (max.prim == Prim::ReduceMax && max.a == arg.a) i.prim = Prim::ExpNonPos;
+    }
+  }
+  body.push_back(i);
+  return static_cast<int32_t>(body.size()) - 1;
+}
+
 std::string Kernel::str() const {
   std::ostringstream os;
   for (size_t i = 0; i < body.size(); ++i) {

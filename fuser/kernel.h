@@ -69,10 +69,9 @@ struct Kernel {
   std::vector<int32_t> column_parts;
   std::string ops;  // the fused ops' names joined by '_', for the kernel's symbol
 
-  int32_t add(Instr i) {
-    body.push_back(i);
-    return static_cast<int32_t>(body.size()) - 1;
-  }
+  // Appends i; an exp of x minus a max that folds x becomes ExpNonPos (its argument is at most 0
+  // or NaN: softmax's, log_softmax's and a cross entropy's exp).
+  int32_t add(Instr i);
   std::string str() const;  // one line per instruction, for logs and test failures
   int32_t num_columns() const { return static_cast<int32_t>(column_parts.size()); }
   // Column slot s's first value in a call's partials, in units of 8 bytes, for rows of length R.

@@ -59,7 +59,8 @@ namespace kiln::fuser {
   X(ReduceProd, "rprod",   1, kFold,        kSame, kOne,     nullptr)  /* floating products may reassociate, integer ones wrap */ \
   X(BitAnd,     "band",    2, kElementwise, kSame, kNone,    nullptr)  /* bitwise, in the operands' type */       \
   X(BitOr,      "bor",     2, kElementwise, kSame, kNone,    nullptr)                                            \
-  X(BitXor,     "bxor",    2, kElementwise, kSame, kNone,    nullptr)
+  X(BitXor,     "bxor",    2, kElementwise, kSame, kNone,    nullptr)                                            \
+  X(ExpNonPos,  "exp_nonpos", 1, kElementwise, kSame, kNone, "exp_nonpos") /* exp of x <= 0 or NaN: exp's bits */
 // clang-format on
 
 enum class Prim : uint8_t {

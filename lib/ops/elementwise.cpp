@@ -369,7 +369,10 @@ static void register_sub() {
       [](const Inputs& in, const Attrs& a) {
         return Inputs{sub(in[0], in[1], detail::attr_scalar(a.at(0)))};
       },
-      {"alpha"}, add_into<true>, "(sub x (mul a0 y))"));
+      // With the default alpha (1) the kernel subtracts y itself (1 * y is y, bit for bit), so
+      // that x minus its row's max is seen as such (its exp is the primitive for arguments at
+      // most 0: fuser/kernel.cpp).
+      {"alpha"}, add_into<true>, "(if-attr a0 1 (sub x y) (sub x (mul a0 y)))"));
 }
 
 namespace {

@@ -904,9 +904,13 @@ CrossEntropyParts cross_entropy_forward(const Tensor& logits, const NllGeometry&
   }
   terms = where(c.picks.valid, terms, 0.0);
   c.total = sum(c.picks.weight);
-  // The mean over no terms is 0/0 = NaN, as torch's.
-  c.loss = reduction == Reduction::Mean ? sum(terms) / c.total
-                                        : reduce_loss(terms.squeeze(class_dim), reduction);
+  // The mean over no terms is 0/0 = NaN, as torch's. Unreduced, the loss is a tensor of its own
+  // (not a view of the terms, whose base has no gradient: an in-place write to the loss must
+  // rebase the loss's own gradient).
+  if (reduction == Reduction::None)
+    c.loss = terms.squeeze(class_dim).clone();
+  else
+    c.loss = reduction == Reduction::Mean ? sum(terms) / c.total : sum(terms);
   return c;
 }
 

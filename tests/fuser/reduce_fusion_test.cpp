@@ -211,6 +211,48 @@ TEST(ReduceFusion, SoftmaxFromPrimitivesIsOneKernel) {
   }
 }
 
+// The primitives of the graph's fused kernels, one Kernel::str per group.
+std::string kernels_of(const Fn& fn, const Inputs& inputs) {
+  const Planned p = plan_of(fn, inputs);
+  std::string all;
+  for (const fuser::FusionGroup& g : fuser::find_groups(*p.graph)) all += g.kernel.str() + "\n";
+  return all;
+}
+
+// exp of x minus a max that folds x (softmax's, log_softmax's, a cross entropy's) is the
+// primitive for arguments at most 0, whose bits are exp's: the kernels give eager mode's exp bits,
+// at infinities and NaN too. An exp of anything else stays exp.
+TEST(ReduceFusion, ExpOfXMinusItsMaxIsExpNonPos) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (DType dtype : kFloatTypes) {
+    Tensor x = from_vector(std::vector<double>{-inf, -inf, -inf, inf, 1, -2, std::nan(""), 3, 1e30,
+                                               -1e30, 0, -88, -104, -120},
+                           {2, 7})
+                   .to(dtype);
+    Tensor y = testing::input({2, 7}, dtype);
+    Fn shifted = [](const Inputs& in) {
+      return Inputs{exp(in[0] - in[0].amax({-1}, true)), exp(in[0] - in[0].amax())};
+    };
+    const std::string kernels = kernels_of(shifted, {x});
+    EXPECT_NE(kernels.find("exp_nonpos"), std::string::npos) << kernels;
+    EXPECT_EQ(kernels.find(" exp "), std::string::npos) << kernels;
+    Inputs eager;
+    {
+      LazyGuard mode(false);
+      eager = shifted({x});
+    }
+    const Inputs lazy = shifted({x});
+    for (size_t k = 0; k < lazy.size(); ++k)
+      testing::expect_bit_equal(lazy[k], eager[k], "exp(x - max) " + std::to_string(k));
+    Fn others = [](const Inputs& in) {
+      return Inputs{exp(in[0] - in[1].amax({-1}, true)), exp(in[0] - in[0].amin({-1}, true))};
+    };
+    const std::string plain = kernels_of(others, {x, y});
+    EXPECT_EQ(plain.find("exp_nonpos"), std::string::npos) << plain;
+    EXPECT_NE(plain.find(" exp "), std::string::npos) << plain;
+  }
+}
+
 TEST(ReduceFusion, LogSoftmaxFromPrimitivesIsOneKernel) {
   for (const Shape& shape : kRowShapes) {
     for (DType dtype : kFloatTypes) {

@@ -96,6 +96,7 @@ std::string Source::expr(const Instr& in) {
     case Prim::Cos:
     case Prim::Tanh:
     case Prim::Erf:
+    case Prim::ExpNonPos:
       return math_call(in, t, x.a, x.b);
     case Prim::Sqrt:  // correctly rounded (NVRTC's default -prec-sqrt=true)
       return x.call(libm("sqrt", t));

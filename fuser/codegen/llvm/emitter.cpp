@@ -313,6 +313,7 @@ llvm::Value* Emitter::compute(size_t n, const std::vector<llvm::Value*>& v,
     case Prim::Cos:
     case Prim::Tanh:
     case Prim::Erf:
+    case Prim::ExpNonPos:
       return math(in.prim, t, o.a, o.b);
     case Prim::Pow:  // pow takes no bools; a squaring loop over an i1 exponent gives 1
       return o.boolean ? b_.getInt1(true) : math(in.prim, at, o.a, o.b);
