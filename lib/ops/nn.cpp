@@ -891,14 +891,15 @@ CrossEntropyParts cross_entropy_forward(const Tensor& logits, const NllGeometry&
   c.norm = log_normalizer(c.x, class_dim);
   c.picks = pick_targets(c.x, geo, weight, ignore_index);
   if (weight.defined()) c.class_weights = weight.to(c.x.dtype()).view(class_view(rank, geo.C));
-  Tensor terms = c.norm.log_sum - (c.picks.logit - c.norm.max);
+  // Negated as torch's -lp (so a zero is -0, as torch's for a single class).
+  Tensor terms = -((c.picks.logit - c.norm.max) - c.norm.log_sum);
   if (weight.defined()) terms = terms * c.picks.weight;
   if (label_smoothing > 0.0) {
     const Tensor wx = weight.defined() ? c.x * c.class_weights : c.x;
     const Tensor shift = c.norm.log_sum.to(kFloat64) + c.norm.max.to(kFloat64);
-    const Tensor smooth =
-        (weight.defined() ? shift * sum(weight.to(kFloat64)) : shift * static_cast<double>(geo.C)) -
-        wx.to(kFloat64).sum({class_dim}, true);
+    const Tensor smooth = -(
+        wx.to(kFloat64).sum({class_dim}, true) -
+        (weight.defined() ? shift * sum(weight.to(kFloat64)) : shift * static_cast<double>(geo.C)));
     terms = terms * (1 - label_smoothing) +
             smooth.to(c.x.dtype()) * (label_smoothing / static_cast<double>(geo.C));
   }
