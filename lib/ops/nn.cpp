@@ -895,11 +895,14 @@ CrossEntropyParts cross_entropy_forward(const Tensor& logits, const NllGeometry&
   Tensor terms = -((c.picks.logit - c.norm.max) - c.norm.log_sum);
   if (weight.defined()) terms = terms * c.picks.weight;
   if (label_smoothing > 0.0) {
-    const Tensor wx = weight.defined() ? c.x * c.class_weights : c.x;
+    // The products in double too: w_j x_j overflows float32 where the sum of the terms need not.
+    const Tensor x64 = c.x.to(kFloat64);
+    const Tensor wx =
+        weight.defined() ? x64 * weight.to(kFloat64).view(c.class_weights.sizes()) : x64;
     const Tensor shift = c.norm.log_sum.to(kFloat64) + c.norm.max.to(kFloat64);
-    const Tensor smooth = -(
-        wx.to(kFloat64).sum({class_dim}, true) -
-        (weight.defined() ? shift * sum(weight.to(kFloat64)) : shift * static_cast<double>(geo.C)));
+    const Tensor smooth =
+        -(wx.sum({class_dim}, true) - (weight.defined() ? shift * sum(weight.to(kFloat64))
+                                                        : shift * static_cast<double>(geo.C)));
     terms = terms * (1 - label_smoothing) +
             smooth.to(c.x.dtype()) * (label_smoothing / static_cast<double>(geo.C));
   }
