@@ -722,6 +722,24 @@ TEST(ClassLosses, CrossEntropyOfSpecialValues) {
       EXPECT_TRUE(std::isnan(got[2])) << lazy;
       EXPECT_TRUE(std::isnan(got[3])) << lazy;
       EXPECT_EQ(got[4], 2 * values(x)[12]) << lazy;  // lse is the max, 1e30 in dt
+      // One class, unreduced: -lp is -0, as torch's.
+      const double one =
+          values(cross_entropy(from_vector(std::vector<double>{-2.5}, {1, 1}).to(dt),
+                               from_vector(std::vector<int64_t>{0}), Tensor(), Reduction::None))[0];
+      EXPECT_TRUE(one == 0 && std::signbit(one)) << lazy << " " << one;
+      // Weighted smoothing with a logit at the float32 maximum: the terms overflow to +inf, not
+      // inf - inf.
+      const Tensor big =
+          from_vector(std::vector<double>{1.7, 0.46, -2.6, 3.40282347e38, -2.7}, {1, 5});
+      const Tensor w = from_vector(std::vector<double>{1.5, 1.8, 1.8, 1.75, 0.65}).to(dt);
+      const double smoothed = values(cross_entropy(big.to(dt), from_vector(std::vector<int64_t>{1}),
+                                                   w, Reduction::None, 0, 0.3))[0];
+      const double want = cross_entropy_ref(values(big.to(dt)), ClassCase{{1, 5}, {1}}, values(w),
+                                            Reduction::None, 0, 0.3)[0];  // 5.5e38
+      if (dt == kFloat32)
+        EXPECT_EQ(smoothed, inf) << lazy;
+      else
+        EXPECT_NEAR(smoothed, want, 1e-12 * want) << lazy;
     }
   }
 }
