@@ -879,8 +879,8 @@ struct CrossEntropyParts {
 
 // torch's nll_loss(log_softmax(x)) with label smoothing, each log-probability formed where it is
 // used from the rows' normalizer (lp = (x - m) - log_sum, the same bits as log_softmax's), so
-// that nothing of the logits' size is written: -lp at the target, and for the smoothing term
-// -sum_j w_j lp_j = sum_j w_j (log_sum + m) - sum_j w_j x_j (in double).
+// that nothing of the logits' size is written: -lp at the target, and -sum_j w_j lp_j for the
+// smoothing term.
 CrossEntropyParts cross_entropy_forward(const Tensor& logits, const NllGeometry& geo,
                                         const Tensor& weight, Reduction reduction,
                                         int64_t ignore_index, double label_smoothing) {
@@ -895,16 +895,12 @@ CrossEntropyParts cross_entropy_forward(const Tensor& logits, const NllGeometry&
   Tensor terms = -((c.picks.logit - c.norm.max) - c.norm.log_sum);
   if (weight.defined()) terms = terms * c.picks.weight;
   if (label_smoothing > 0.0) {
-    // The products in double too: w_j x_j overflows float32 where the sum of the terms need not.
-    const Tensor x64 = c.x.to(kFloat64);
-    const Tensor wx =
-        weight.defined() ? x64 * weight.to(kFloat64).view(c.class_weights.sizes()) : x64;
-    const Tensor shift = c.norm.log_sum.to(kFloat64) + c.norm.max.to(kFloat64);
-    const Tensor smooth =
-        -(wx.sum({class_dim}, true) - (weight.defined() ? shift * sum(weight.to(kFloat64))
-                                                        : shift * static_cast<double>(geo.C)));
-    terms = terms * (1 - label_smoothing) +
-            smooth.to(c.x.dtype()) * (label_smoothing / static_cast<double>(geo.C));
+    // torch's -sum_j w_j lp_j, each lp_j formed from the normalizer (a fused kernel folds it
+    // with the rows it reads; the shorter (m + log_sum) sum_j w_j - sum_j w_j x_j overflows to
+    // inf - inf where torch's sum is inf).
+    const Tensor lp = (c.x - c.norm.max) - c.norm.log_sum;
+    const Tensor smooth = -(weight.defined() ? lp * c.class_weights : lp).sum({class_dim}, true);
+    terms = terms * (1 - label_smoothing) + smooth * (label_smoothing / static_cast<double>(geo.C));
   }
   terms = where(c.picks.valid, terms, 0.0);
   c.total = sum(c.picks.weight);

@@ -740,6 +740,14 @@ TEST(ClassLosses, CrossEntropyOfSpecialValues) {
         EXPECT_EQ(smoothed, inf) << lazy;
       else
         EXPECT_NEAR(smoothed, want, 1e-12 * want) << lazy;
+      // The same at float64's maximum (in float32 it is inf, and the row's loss NaN, as torch's).
+      const Tensor huge = from_vector(
+          std::vector<double>{1.7, 0.46, -2.6, std::numeric_limits<double>::max(), -2.7}, {1, 5});
+      if (dt == kFloat64)
+        EXPECT_EQ(values(cross_entropy(huge.to(dt), from_vector(std::vector<int64_t>{1}), w,
+                                       Reduction::None, 0, 0.3))[0],
+                  inf)
+            << lazy;
     }
   }
 }
