@@ -168,8 +168,10 @@ void registration::register_reductions() {
         return Inputs{logsumexp(in[0], detail::attr_ints(a.at(0)), detail::attr_bool(a.at(1)))};
       },
       {"dims", "keepdim"},
-      "(let m (rmax x) (let c (select (or (eq m inf) (eq m -inf)) 0 m) "
-      "(cast (add (log (rsum (widen (exp (sub x c))))) (widen c)))))"));
+      // An infinite max is the result (+inf, or -inf when every element is -inf); otherwise the
+      // exp of x minus the max (an exp_nonpos in the kernel) summed in double.
+      "(let m (rmax x) (let l (cast (add (log (rsum (widen (exp (sub x m))))) (widen m))) "
+      "(select (or (eq m inf) (eq m -inf)) m l)))"));
   all_def.bind(def_reduction(
       "all", DTypeRule::Logical, true,
       [](const Inputs& in, const Attrs& a) {

@@ -497,6 +497,9 @@ const KnownError kKnownErrors[] = {
     {"Boolean alpha only supported", nullptr, "deliberate: kiln accepts a bool alpha"},
     {"modified by an inplace operation", nullptr,
      "deliberate: kiln's backward saves fewer tensors, so fewer in-place writes invalidate it"},
+    {nullptr, "saved by cross_entropy",
+     "deliberate: kiln's cross_entropy saves its logits (it never writes libtorch's saved "
+     "log_softmax output), so an in-place write to the logits before backward raises"},
     {"more than one element of the written-to tensor refers to a single memory location", nullptr,
      "open: kiln writes in place through an expanded view (its elements share memory), which "
      "libtorch refuses"},

@@ -244,6 +244,17 @@ TEST(ReduceFusion, ExpOfXMinusItsMaxIsExpNonPos) {
     const Inputs lazy = shifted({x});
     for (size_t k = 0; k < lazy.size(); ++k)
       testing::expect_bit_equal(lazy[k], eager[k], "exp(x - max) " + std::to_string(k));
+    // logsumexp's formula subtracts the max itself (an infinite max is the result).
+    Fn lse = [](const Inputs& in) {
+      // Rows with NaN, of -inf, with +inf, and finite ones (each in a kernel of two nodes: a lone
+      // node runs its reference kernel).
+      return Inputs{in[0].logsumexp({-1}) * 2.0, in[0].slice(-1, 0, 3, 1).logsumexp({-1}) * 2.0,
+                    in[0].slice(-1, 3, 6, 1).logsumexp({-1}) * 2.0};
+    };
+    const std::string lse_kernels = kernels_of(lse, {x});
+    EXPECT_NE(lse_kernels.find("exp_nonpos"), std::string::npos) << lse_kernels;
+    EXPECT_EQ(lse_kernels.find(" exp "), std::string::npos) << lse_kernels;
+    testing::check_lazy("logsumexp of special values", [&] { return lse({x}); });
     Fn others = [](const Inputs& in) {
       return Inputs{exp(in[0] - in[1].amax({-1}, true)), exp(in[0] - in[0].amin({-1}, true))};
     };

@@ -624,10 +624,11 @@ struct NegationsKernel {
 // NVRTC's log with ptxas's report of registers, named by its symbol and variant; while dumping, a
 // kernel the disk cache holds is compiled again, so that a second process's dump is complete.
 TEST(Dump, CudaKernelsAsSourcePtxAndRegisterReport) {
-  // A structure no earlier run compiled (the disk cache outlives runs).
+  // Compiled here, or by an earlier run (the disk cache outlives runs, and a machine that ran
+  // the suite often holds all 97 structures): on disk either way, which is what the child needs.
   const int negations = 1 + static_cast<int>(getpid() % 97);
   const NegationsKernel k(negations);
-  EXPECT_FALSE(k.compile_was_from_disk());  // and now it is on disk
+  k.compile_was_from_disk();
   const fs::path dir = fresh_dir("kiln_dump_cuda");
   const testing::ChildRun child = testing::run_this_binary(
       "KILN_DUMP='" + dir.string() + "' KILN_DUMP_CUDA_NEGATIONS=" + std::to_string(negations),

@@ -752,6 +752,20 @@ TEST(ClassLosses, CrossEntropyOfSpecialValues) {
   }
 }
 
+// cross_entropy saves its logits, not log_softmax's output (docs/torch-differences.md): an
+// in-place write to them before the backward raises, naming the op.
+TEST(ClassLosses, AnInPlaceWriteToTheLogitsBeforeBackwardRaises) {
+  for (bool lazy : {false, true}) {
+    LazyGuard mode(lazy);
+    const Tensor x = random_tensor({4, 3}).requires_grad_();
+    const Tensor t = from_vector(std::vector<int64_t>{0, 2, 1, 1});
+    Tensor h = x * 2.0;
+    Tensor loss = cross_entropy(h, t);
+    h.add_(1.0);
+    expect_error([&] { loss.backward(); }, {"modified by an in-place operation", "cross_entropy"});
+  }
+}
+
 TEST(ClassLosses, CrossEntropyWithProbabilityTargets) {
   for (const Shape& shape : {Shape{5}, Shape{4, 3}, Shape{3, 4, 2}, Shape{0, 3}}) {
     const int64_t C = shape.size() == 1 ? shape[0] : shape[1];
