@@ -58,4 +58,13 @@ KILN_MATH_INLINE double erf_f64(double x) {
   return math::erf_f64(x);
 }
 
+// exp(x) for x at most 0 or NaN (x minus a max over it, as softmax, logsumexp and cross entropy
+// take it): exp's bits, cheaper in float32; float64 has no cheaper form.
+KILN_MATH_INLINE float exp_nonpos(float x) {
+  return math::exp_nonpos_f32(x);
+}
+KILN_MATH_INLINE double exp_nonpos(double x) {
+  return math::exp_f64(x);
+}
+
 }  // namespace kiln::detail

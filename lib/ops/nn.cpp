@@ -171,14 +171,6 @@ void check_input(const Tensor& t, const char* op, const char* arg) {
 #define KILN_NN_CLONES
 #endif
 
-// The primitives' exp for the dtype of the row kernels, whose arguments are x - max <= 0.
-KILN_MATH_INLINE float row_exp(float x) {
-  return math::exp_nonpos_f32(x);
-}
-KILN_MATH_INLINE double row_exp(double x) {
-  return detail::exp_f64(x);
-}
-
 // ---------------------------------------------------------------------------- softmax kernels
 constexpr int64_t kSumBlock = 512;   // a row's exp sum: float partial sums per block, then double
 constexpr int64_t kColWidth = 4096;  // columns processed together when the reduced dim is strided
@@ -203,7 +195,7 @@ KILN_NN_CLONES void log_normalizer_row(const T* __restrict x, int64_t n, T* m, T
     const int64_t e = std::min(n, b + kSumBlock);
     T s = 0;
 #pragma omp simd reduction(+ : s)
-    for (int64_t i = b; i < e; ++i) s += row_exp(x[i] - top);
+    for (int64_t i = b; i < e; ++i) s += detail::exp_nonpos(x[i] - top);
     total += static_cast<double>(s);
   }
   *m = top;
@@ -226,7 +218,7 @@ KILN_NN_CLONES void softmax_row(const T* __restrict x, T* __restrict y, int64_t 
     T s = 0;
 #pragma omp simd reduction(+ : s)
     for (int64_t i = b; i < e; ++i) {
-      T v = row_exp(x[i] - m);
+      T v = detail::exp_nonpos(x[i] - m);
       y[i] = v;
       s += v;
     }
@@ -252,7 +244,7 @@ KILN_NN_CLONES void softmax_cols(const T* __restrict x, T* __restrict y, int64_t
     T* yr = y + d * stride;
 #pragma omp simd
     for (int64_t j = 0; j < w; ++j) {
-      T v = row_exp(xr[j] - m[j]);
+      T v = detail::exp_nonpos(xr[j] - m[j]);
       if constexpr (!Log) yr[j] = v;
       s[j] += static_cast<double>(v);
     }
@@ -923,13 +915,14 @@ KILN_NN_CLONES void cross_entropy_grad_row(const T* __restrict x, T* __restrict 
                                            T log_sum, int64_t target, T a, const T* s,
                                            const T* __restrict w, T class_total) {
   if (!s) {
-    for (int64_t j = 0; j < C; ++j) out[j] = (row_exp((x[j] - m) - log_sum) - T(j == target)) * a;
+    for (int64_t j = 0; j < C; ++j)
+      out[j] = (detail::exp_nonpos((x[j] - m) - log_sum) - T(j == target)) * a;
     return;
   }
   const T spread_scale = a + *s * class_total;
   for (int64_t j = 0; j < C; ++j)
-    out[j] =
-        row_exp((x[j] - m) - log_sum) * spread_scale - T(j == target) * a - (w ? *s * w[j] : *s);
+    out[j] = detail::exp_nonpos((x[j] - m) - log_sum) * spread_scale - T(j == target) * a -
+             (w ? *s * w[j] : *s);
 }
 
 // Per-row operands of cross_entropy_grad_row, contiguous, in x's dtype (s and w may be undefined).
@@ -991,8 +984,10 @@ void record_cross_entropy_grad(const Tensor& logits, const CrossEntropyParts& c,
             label_smoothing == 0.0
                 ? Tensor()
                 : where(valid, scale * (label_smoothing / static_cast<double>(C)), 0.0);
-        const Tensor class_total =
-            w.defined() ? sum(w) : full({}, static_cast<double>(C), x.dtype());
+        // sum_j w_j, which only the smoothing term reads.
+        const Tensor class_total = !s.defined()  ? Tensor()
+                                   : w.defined() ? sum(w)
+                                                 : full({}, static_cast<double>(C), x.dtype());
         // Eager on the CPU, rows of contiguous classes: one pass instead of six.
         if (class_dim == x.dim() - 1 && !is_grad_enabled() && !x.device().is_cuda() &&
             !detail::should_record({x, a, g})) {
@@ -1001,7 +996,8 @@ void record_cross_entropy_grad(const Tensor& logits, const CrossEntropyParts& c,
           };
           const GradRows r{rows(n.max), rows(n.log_sum), target.contiguous(),
                            rows(a),     rows(s),         w.defined() ? w.contiguous() : w};
-          return std::vector<Tensor>{cross_entropy_grad_kernel(x, r, class_total.item<double>())};
+          return std::vector<Tensor>{cross_entropy_grad_kernel(
+              x, r, class_total.defined() ? class_total.item<double>() : 0.0)};
         }
         const Tensor hit = target_hits(target, rank, C, ignore_index).to(x.dtype());
         // x + (-m) is x - m bit for bit; written so, a trace that holds the forward too does not

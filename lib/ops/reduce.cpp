@@ -463,15 +463,6 @@ A sum_run(const T* __restrict p, int64_t n, const F& f) {
   return total;
 }
 
-// exp(x) for x <= 0 (or NaN): lib/math/primitives.h's, as the exp op's and the fused kernels'
-// (for float32 its form for such arguments, which has no branch).
-KILN_MATH_INLINE float exp_nonpos(float x) {
-  return math::exp_nonpos_f32(x);
-}
-KILN_MATH_INLINE double exp_nonpos(double x) {
-  return detail::exp_f64(x);
-}
-
 // The sum of exp(p[i] - m) in double for a finite m at least every p[i], logsumexp's row. A block's
 // exps go to a small buffer and are then summed: written so, both loops vectorize (one loop adding
 // float exps into a double does not).
@@ -483,7 +474,7 @@ double exp_sum_run(const T* __restrict p, int64_t n, T m) {
   for (int64_t b = 0; b < n; b += kBlock) {
     const int64_t len = std::min(kBlock, n - b);
 #pragma omp simd
-    for (int64_t i = 0; i < len; ++i) exps[i] = exp_nonpos(p[b + i] - m);
+    for (int64_t i = 0; i < len; ++i) exps[i] = detail::exp_nonpos(p[b + i] - m);
     double s = 0;
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < len; ++i) s += static_cast<double>(exps[i]);
