@@ -45,7 +45,29 @@ KILN_UNARY_MATH(Sin, sin)
 KILN_UNARY_MATH(Cos, cos)
 KILN_UNARY_MATH(Tanh, tanh)
 KILN_UNARY_MATH(Erf, erf)
+KILN_UNARY_MATH(Tan, tan)
+KILN_UNARY_MATH(Atan, atan)
+KILN_UNARY_MATH(Asin, asin)
+KILN_UNARY_MATH(Acos, acos)
+KILN_UNARY_MATH(Sinh, sinh)
+KILN_UNARY_MATH(Cosh, cosh)
+KILN_UNARY_MATH(Asinh, asinh)
+KILN_UNARY_MATH(Acosh, acosh)
+KILN_UNARY_MATH(Atanh, atanh)
 #undef KILN_UNARY_MATH
+
+template <>
+struct MathOf<Prim::Atan2> {
+  static constexpr int kArity = 2;
+  static constexpr bool kIntegers = false;
+  template <typename F>
+  static F apply(F y, F x) {
+    if constexpr (kIsF32<F>)
+      return math::atan2_f32(y, x);
+    else
+      return math::atan2_f64(y, x);
+  }
+};
 
 // exp of an argument at most 0 (or NaN), x minus its row's max: the same bits as exp, cheaper in
 // float32 (math::exp_nonpos_f32); float64 has no cheaper form.

@@ -60,7 +60,17 @@ namespace kiln::fuser {
   X(BitAnd,     "band",    2, kElementwise, kSame, kNone,    nullptr)  /* bitwise, in the operands' type */       \
   X(BitOr,      "bor",     2, kElementwise, kSame, kNone,    nullptr)                                            \
   X(BitXor,     "bxor",    2, kElementwise, kSame, kNone,    nullptr)                                            \
-  X(ExpNonPos,  "exp_nonpos", 1, kElementwise, kSame, kNone, "exp_nonpos") /* exp of x <= 0 or NaN: exp's bits */
+  X(ExpNonPos,  "exp_nonpos", 1, kElementwise, kSame, kNone, "exp_nonpos") /* exp of x <= 0 or NaN: exp's bits */ \
+  X(Tan,        "tan",     1, kElementwise, kSame, kNone,    "tan")                                                  \
+  X(Atan,       "atan",    1, kElementwise, kSame, kNone,    "atan")                                                 \
+  X(Asin,       "asin",    1, kElementwise, kSame, kNone,    "asin")                                                 \
+  X(Acos,       "acos",    1, kElementwise, kSame, kNone,    "acos")                                                 \
+  X(Sinh,       "sinh",    1, kElementwise, kSame, kNone,    "sinh")                                                 \
+  X(Cosh,       "cosh",    1, kElementwise, kSame, kNone,    "cosh")                                                 \
+  X(Asinh,      "asinh",   1, kElementwise, kSame, kNone,    "asinh")                                                \
+  X(Acosh,      "acosh",   1, kElementwise, kSame, kNone,    "acosh")                                                \
+  X(Atanh,      "atanh",   1, kElementwise, kSame, kNone,    "atanh")                                                \
+  X(Atan2,      "atan2",   2, kElementwise, kSame, kNone,    "atan2")    /* atan2(y, x) */
 // clang-format on
 
 enum class Prim : uint8_t {

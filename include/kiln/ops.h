@@ -104,6 +104,15 @@ Tensor reciprocal(const Tensor& x);
 Tensor sin(const Tensor& x);
 Tensor cos(const Tensor& x);
 Tensor tanh(const Tensor& x);
+Tensor tan(const Tensor& x);
+Tensor atan(const Tensor& x);
+Tensor asin(const Tensor& x);
+Tensor acos(const Tensor& x);
+Tensor sinh(const Tensor& x);
+Tensor cosh(const Tensor& x);
+Tensor asinh(const Tensor& x);
+Tensor acosh(const Tensor& x);
+Tensor atanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
 // approximate: "none" (the erf form) or "tanh".
@@ -139,6 +148,9 @@ Tensor minimum(const Tensor& a, const Tensor& b);
 Tensor minimum(const Tensor& a, const Scalar& b);
 Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor maximum(const Tensor& a, const Scalar& b);
+// atan2(a, b): the angle of the point (b, a), in (-pi, pi]; integer inputs give float32.
+Tensor atan2(const Tensor& a, const Tensor& b);
+Tensor atan2(const Tensor& a, const Scalar& b);
 Tensor eq(const Tensor& a, const Tensor& b);
 Tensor ne(const Tensor& a, const Tensor& b);
 Tensor lt(const Tensor& a, const Tensor& b);

@@ -265,6 +265,15 @@ class Tensor {
   Tensor reciprocal() const;
   Tensor sin() const;
   Tensor cos() const;
+  Tensor tan() const;
+  Tensor atan() const;
+  Tensor asin() const;
+  Tensor acos() const;
+  Tensor sinh() const;
+  Tensor cosh() const;
+  Tensor asinh() const;
+  Tensor acosh() const;
+  Tensor atanh() const;
   Tensor erf() const;
   Tensor floor() const;
   Tensor ceil() const;
@@ -276,6 +285,7 @@ class Tensor {
   Tensor remainder(const Scalar& other) const;
   Tensor minimum(const Tensor& other) const;
   Tensor maximum(const Tensor& other) const;
+  Tensor atan2(const Tensor& other) const;
   Tensor eq(const Scalar& other) const;
   Tensor ne(const Scalar& other) const;
   Tensor lt(const Scalar& other) const;

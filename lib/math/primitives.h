@@ -1,6 +1,7 @@
 // kiln's float32 and float64 transcendental primitives, each defined once: exp, log, log1p,
 // expm1, sin, cos, tanh and erf (and whatever is built on them: sigmoid, silu, gelu, softplus),
-// and pow (of floats and of integers).
+// pow (of floats and of integers), and, in lib/math/trig_hyperbolic.h (included at the end), tan,
+// atan, atan2, asin, acos and the hyperbolic functions.
 //
 // Every function is a template over a value type F (the float or double of a value family), as
 // Dr.Jit's math library serves scalars and JIT values alike. One definition has three
@@ -140,9 +141,11 @@ struct UlpBound {
   int f32;
   int f64;
 };
-inline constexpr UlpBound kUlpBounds[] = {{"exp", 1, 1},   {"log", 1, 1}, {"log1p", 1, 1},
-                                          {"expm1", 1, 1}, {"sin", 1, 1}, {"cos", 1, 1},
-                                          {"tanh", 1, 2},  {"erf", 1, 1}};
+inline constexpr UlpBound kUlpBounds[] = {
+    {"exp", 1, 1},   {"log", 1, 1},   {"log1p", 1, 1}, {"expm1", 1, 1}, {"sin", 1, 1},
+    {"cos", 1, 1},   {"tanh", 1, 2},  {"erf", 1, 1},   {"tan", 1, 2},   {"atan", 1, 1},
+    {"atan2", 1, 2}, {"asin", 1, 2},  {"acos", 1, 2},  {"sinh", 1, 2},  {"cosh", 1, 2},
+    {"asinh", 1, 2}, {"acosh", 1, 2}, {"atanh", 1, 2}};
 
 // ---- Helpers over any family ----
 
@@ -900,17 +903,15 @@ KILN_MATH_INLINE F kernel_cos_f64(F x, F y) {
   return h + (((F(1.0) - h) - hz) + (z * r - x * y));
 }
 
-// sin(x) (cosine false) or cos(x): x = n pi/2 + r (reduce_medium_f64 below 2^20, else
-// reduce_large_f64 on |x| and the signs flipped), then +-sin r or +-cos r by n mod 4 (cos x =
-// sin(x + pi/2): one more quadrant). Both reductions are computed (plain scalars: the large one
-// only where it is taken); the right one is selected.
-template <bool kCosine, typename F>
-KILN_MATH_INLINE F sincos_f64(F x) {
+// x = n pi/2 + (hi + lo), n mod 4 returned: reduce_medium_f64 below 2^20, else reduce_large_f64
+// on |x| and the signs flipped. Both reductions are computed (plain scalars: the large one only
+// where it is taken); the right one is selected.
+template <typename F>
+KILN_MATH_INLINE Like<F, uint32_t> reduce_pio2_f64(F x, F* hi, F* lo) {
   using C = SinCosF64;
   using U = Like<F, uint32_t>;
-  using U64 = Like<F, uint64_t>;
-  const F ax = abs_of(x);
   const auto negative = x < F(0.0);
+  const F ax = abs_of(x);
   const auto fast = ax < F(C::kFast);
   F hf, lf, hl = F(0.0), ll = F(0.0);
   const U qf = reduce_medium_f64(x, &hf, &lf);
@@ -920,16 +921,26 @@ KILN_MATH_INLINE F sincos_f64(F x) {
   } else {
     ql = reduce_large_f64(bitcast<uint64_t>(ax), &hl, &ll);
   }
-  U q = select(fast, qf, select(negative, U(0) - ql, ql));
-  const F hi = select(fast, hf, select(negative, -hl, hl));
-  const F lo = select(fast, lf, select(negative, -ll, ll));
+  *hi = select(fast, hf, select(negative, -hl, hl));
+  *lo = select(fast, lf, select(negative, -ll, ll));
+  return select(fast, qf, select(negative, U(0) - ql, ql));
+}
+
+// sin(x) (cosine false) or cos(x): x = n pi/2 + r, then +-sin r or +-cos r by n mod 4 (cos x =
+// sin(x + pi/2): one more quadrant).
+template <bool kCosine, typename F>
+KILN_MATH_INLINE F sincos_f64(F x) {
+  using U = Like<F, uint32_t>;
+  using U64 = Like<F, uint64_t>;
+  F hi, lo;
+  U q = reduce_pio2_f64(x, &hi, &lo);
   if (kCosine) q = q + U(1);
   const F s = kernel_sin_f64(hi, lo);
   const F c = kernel_cos_f64(hi, lo);
   F v = select((q & U(1)) != U(0), c, s);
   v = select((q & U(2)) != U(0), -v, v);
-  if (!kCosine) v = select(x == F(0.0), x, v);                              // sin(-0) = -0
-  return select(ax < bitcast<double>(U64(0x7ff0000000000000u)), v, x - x);  // inf, NaN: NaN
+  if (!kCosine) v = select(x == F(0.0), x, v);                                     // sin(-0) = -0
+  return select(abs_of(x) < bitcast<double>(U64(0x7ff0000000000000u)), v, x - x);  // inf, NaN
 }
 template <typename F>
 KILN_MATH_INLINE F sin_f64(F x) {
@@ -1015,3 +1026,5 @@ KILN_MATH_INLINE F pow_float(F x, F y) {
 }
 
 }  // namespace kiln::math
+
+#include "lib/math/trig_hyperbolic.h"  // tan, atan, atan2, asin, acos and the hyperbolic functions

@@ -100,6 +100,37 @@ KILN_MATH_INLINE T cos_value(T x) {
   else
     return std::cos(x);
 }
+// tan, the inverse trigonometric and the hyperbolic functions: lib/math/trig_hyperbolic.h's
+// float32 and float64 definitions, libm's for other types.
+#define KILN_MATH_VALUE(f)                        \
+  template <typename T>                           \
+  KILN_MATH_INLINE T f##_value(T x) {             \
+    if constexpr (std::is_same_v<T, float>)       \
+      return math::f##_f32(x);                    \
+    else if constexpr (std::is_same_v<T, double>) \
+      return math::f##_f64(x);                    \
+    else                                          \
+      return std::f(x);                           \
+  }
+KILN_MATH_VALUE(tan)
+KILN_MATH_VALUE(atan)
+KILN_MATH_VALUE(asin)
+KILN_MATH_VALUE(acos)
+KILN_MATH_VALUE(sinh)
+KILN_MATH_VALUE(cosh)
+KILN_MATH_VALUE(asinh)
+KILN_MATH_VALUE(acosh)
+KILN_MATH_VALUE(atanh)
+#undef KILN_MATH_VALUE
+template <typename T>
+KILN_MATH_INLINE T atan2_value(T y, T x) {
+  if constexpr (std::is_same_v<T, float>)
+    return math::atan2_f32(y, x);
+  else if constexpr (std::is_same_v<T, double>)
+    return math::atan2_f64(y, x);
+  else
+    return std::atan2(y, x);
+}
 template <typename T>
 KILN_MATH_INLINE T tanh_value(T x) {
   if constexpr (std::is_same_v<T, float>)

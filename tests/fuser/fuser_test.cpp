@@ -351,8 +351,11 @@ TEST(Fuser, ATranscendentalUsedTwiceIsOneFunctionAndMatchesEager) {
 
   using Unary = Tensor (*)(const Tensor&);
   const std::pair<const char*, Unary> prims[] = {
-      {"exp", kiln::exp}, {"log", kiln::log}, {"log1p", kiln::log1p}, {"expm1", kiln::expm1},
-      {"sin", kiln::sin}, {"cos", kiln::cos}, {"tanh", kiln::tanh},   {"erf", kiln::erf}};
+      {"exp", kiln::exp},    {"log", kiln::log},   {"log1p", kiln::log1p}, {"expm1", kiln::expm1},
+      {"sin", kiln::sin},    {"cos", kiln::cos},   {"tanh", kiln::tanh},   {"erf", kiln::erf},
+      {"tan", kiln::tan},    {"atan", kiln::atan}, {"asin", kiln::asin},   {"acos", kiln::acos},
+      {"sinh", kiln::sinh},  {"cosh", kiln::cosh}, {"asinh", kiln::asinh}, {"acosh", kiln::acosh},
+      {"atanh", kiln::atanh}};
   for (DType dtype : {kFloat32, kFloat64}) {
     // 1000 elements: vectors of 16 (8 for float64 on AVX2) and a scalar remainder.
     Tensor x = testing::input({1000}, dtype, -40.0, 40.0);
@@ -455,7 +458,8 @@ TEST(Fuser, Float64TranscendentalsAreWithinTheirBoundsOverTheWholeRange) {
   ASSERT_EQ(x.dtype(), kFloat64);
   Fn fn = [](const Inputs& in) {
     const Tensor& a = in[0];
-    return Inputs{tanh(a), erf(a), log1p(a), expm1(a), sin(a), cos(a)};
+    return Inputs{tanh(a), erf(a),  log1p(a), expm1(a), sin(a),   cos(a),   tan(a),  atan(a),
+                  asin(a), acos(a), sinh(a),  cosh(a),  asinh(a), acosh(a), atanh(a)};
   };
   using Exact = long double (*)(long double);
   const std::pair<const char*, Exact> exact[] = {
@@ -464,7 +468,16 @@ TEST(Fuser, Float64TranscendentalsAreWithinTheirBoundsOverTheWholeRange) {
       {"log1p", [](long double v) { return std::log1p(v); }},
       {"expm1", [](long double v) { return std::expm1(v); }},
       {"sin", [](long double v) { return std::sin(v); }},
-      {"cos", [](long double v) { return std::cos(v); }}};
+      {"cos", [](long double v) { return std::cos(v); }},
+      {"tan", [](long double v) { return std::tan(v); }},
+      {"atan", [](long double v) { return std::atan(v); }},
+      {"asin", [](long double v) { return std::asin(v); }},
+      {"acos", [](long double v) { return std::acos(v); }},
+      {"sinh", [](long double v) { return std::sinh(v); }},
+      {"cosh", [](long double v) { return std::cosh(v); }},
+      {"asinh", [](long double v) { return std::asinh(v); }},
+      {"acosh", [](long double v) { return std::acosh(v); }},
+      {"atanh", [](long double v) { return std::atanh(v); }}};
   auto bound = [](const std::string& name) {
     for (const math::UlpBound& b : math::kUlpBounds)
       if (name == b.name) return b.f64;
@@ -496,6 +509,23 @@ TEST(Fuser, Float64TranscendentalsAreWithinTheirBoundsOverTheWholeRange) {
                         << ", exact " << want << " (" << layout << ")";
       }
     }
+  }
+}
+
+// atan2 fused against eager mode, bit for bit: every pair of signed zeros, infinities, NaN and
+// finite values of both signs, in float32 and float64, broadcast against each other.
+TEST(Fuser, Atan2MatchesEagerOnEveryPairOfSpecialValues) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> v = {0.0, -0.0, inf, -inf, std::nan(""), 1.0, -1.0, 0.3, -7.5, 1e-300};
+  for (DType dtype : {kFloat32, kFloat64}) {
+    Tensor y, x;
+    {
+      LazyGuard eager_mode(false);
+      y = from_vector(v, Shape{static_cast<int64_t>(v.size()), 1}).to(dtype);
+      x = from_vector(v, Shape{1, static_cast<int64_t>(v.size())}).to(dtype);
+    }
+    Fn fn = [](const Inputs& in) { return Inputs{atan2(in[0] * 1.0, in[1]) + 0.0}; };
+    expect_fused_equals_eager(fn, {y, x}, std::string("atan2 ") + dtype_name(dtype));
   }
 }
 

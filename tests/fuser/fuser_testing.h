@@ -77,7 +77,7 @@ inline void expect_fused_equals_eager(const Fn& fn, const Inputs& inputs, const 
 // to integers included, and operands of different dtypes converted inside the kernel); it throws
 // kiln::Error, in either mode alike, when the op does not take these dtypes or values (sub of
 // bools, an integer remainder by 0, an integer to a negative power).
-constexpr int kElementwiseOps = 52;
+constexpr int kElementwiseOps = 57;
 // Ops that read b's values before recording (integer divisors and exponents are checked for 0 and
 // negative ones): a pending b is materialized then, so the random programs give them inputs.
 inline bool reads_values_of_b(int op) {
@@ -198,6 +198,17 @@ inline Tensor elementwise_op(int op, const Tensor& a, const Tensor& b, int numbe
     // Mixed dtypes inside a group: an int32 operand, a float64 comparison, logic over floats.
     case 50:
       return a.to(kInt32) * b + (a * v).clone();
+    // tan, the inverse trigonometric and the hyperbolic functions (NaN outside their domains).
+    case 51:
+      return tan(a * v) + atan(b);
+    case 52:
+      return asin(a * v) + acos(b);
+    case 53:
+      return sinh(a) * cosh(b * v);
+    case 54:
+      return asinh(a) + acosh(b * v) + atanh(a * v);
+    case 55:
+      return atan2(a, b);
     default:
       return logical_and(lt(a.to(kFloat64), b), a);
   }

@@ -353,6 +353,15 @@ TEST(AutogradOps, UnaryElementwise) {
       {"sin", [](const Tensor& x) { return sin(x); }, uniform(-3, 3)},
       {"cos", [](const Tensor& x) { return cos(x); }, uniform(-3, 3)},
       {"tanh", [](const Tensor& x) { return tanh(x); }, uniform(-2, 2)},
+      {"tan", [](const Tensor& x) { return tan(x); }, uniform(-1.2, 1.2)},
+      {"atan", [](const Tensor& x) { return atan(x); }, uniform(-3, 3)},
+      {"asin", [](const Tensor& x) { return asin(x); }, uniform(-0.9, 0.9)},
+      {"acos", [](const Tensor& x) { return acos(x); }, uniform(-0.9, 0.9)},
+      {"sinh", [](const Tensor& x) { return sinh(x); }, uniform(-3, 3)},
+      {"cosh", [](const Tensor& x) { return cosh(x); }, uniform(-3, 3)},
+      {"asinh", [](const Tensor& x) { return asinh(x); }, uniform(-3, 3)},
+      {"acosh", [](const Tensor& x) { return acosh(x); }, uniform(1.2, 4)},
+      {"atanh", [](const Tensor& x) { return atanh(x); }, uniform(-0.9, 0.9)},
       {"sigmoid", [](const Tensor& x) { return sigmoid(x); }, uniform(-3, 3)},
       {"relu", [](const Tensor& x) { return relu(x); }, signed_mag(0.1, 2)},
       {"gelu", [](const Tensor& x) { return gelu(x); }, uniform(-3, 3)},
@@ -433,6 +442,9 @@ TEST(AutogradOps, BinaryArithmetic) {
       "mul", [](const Tensor& a, const Tensor& b) { return mul(a, b); }, u, u, c);
   check_binary(
       "div", [](const Tensor& a, const Tensor& b) { return div(a, b); }, u, signed_mag(0.5, 2), c);
+  check_binary(
+      "atan2", [](const Tensor& a, const Tensor& b) { return atan2(a, b); }, u, signed_mag(0.5, 2),
+      c);
   check_binary(
       "operators", [](const Tensor& a, const Tensor& b) { return (a + b) * a - b / 3.0; }, u, u, c);
   check_binary(

@@ -129,6 +129,16 @@ TEST(TensorApi, MethodsForwardToTheFreeFunctions) {
   same(x.rsqrt(), rsqrt(x));
   same(x.reciprocal(), reciprocal(x));
   same(x.erf(), erf(x));
+  same(x.tan(), tan(x));
+  same(x.atan(), atan(x));
+  same(x.sinh(), sinh(x));
+  same(x.cosh(), cosh(x));
+  same(x.asinh(), asinh(x));
+  same((x * 0.4).asin(), asin(x * 0.4));
+  same((x * 0.4).acos(), acos(x * 0.4));
+  same((x * 0.4).atanh(), atanh(x * 0.4));
+  same((x + 1).acosh(), acosh(x + 1));
+  same(x.atan2(y), atan2(x, y));
   same(x.floor(), floor(x));
   same(x.ceil(), ceil(x));
   same(x.round(), round(x));

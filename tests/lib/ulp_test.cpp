@@ -261,6 +261,36 @@ TEST(UlpF32, ErfAndItsMagnitudeIsAtMostOne) {
   for (const std::vector<float>& x : sets) at_most_one(x);
 }
 
+TEST(UlpF32, TrigonometricAndHyperbolic) {
+  const std::vector<std::vector<float>> poles{near_half_pi()};
+  sweep_f32(
+      "tan", [](float x) { return tan_f32(x); }, [](double x) { return std::tan(x); }, poles);
+  const std::vector<std::vector<float>> cases{
+      around({0.4375f, 0.6875f, 1.1875f, 2.4375f, 1.0f, -1.0f, 0.0f, 0.5f}, 20000)};
+  sweep_f32(
+      "atan", [](float x) { return atan_f32(x); }, [](double x) { return std::atan(x); }, cases);
+  sweep_f32(
+      "asin", [](float x) { return asin_f32(x); }, [](double x) { return std::asin(x); }, cases);
+  sweep_f32(
+      "acos", [](float x) { return acos_f32(x); }, [](double x) { return std::acos(x); }, cases);
+  const std::vector<std::vector<float>> hyperbolic{
+      around({0.0f, 0.34657359f, 1.0f, 2.0f, 22.0f, 88.7f, 89.4f, -89.4f}, 20000)};
+  sweep_f32(
+      "sinh", [](float x) { return sinh_f32(x); }, [](double x) { return std::sinh(x); },
+      hyperbolic);
+  sweep_f32(
+      "cosh", [](float x) { return cosh_f32(x); }, [](double x) { return std::cosh(x); },
+      hyperbolic);
+  sweep_f32(
+      "asinh", [](float x) { return asinh_f32(x); }, [](double x) { return std::asinh(x); },
+      hyperbolic);
+  sweep_f32(
+      "acosh", [](float x) { return acosh_f32(x); }, [](double x) { return std::acosh(x); },
+      hyperbolic);
+  sweep_f32(
+      "atanh", [](float x) { return atanh_f32(x); }, [](double x) { return std::atanh(x); }, cases);
+}
+
 // ---- float64 ----
 
 using Ref64 = long double (*)(long double);
@@ -343,6 +373,83 @@ TEST(UlpF64, Erf) {
   sweep_f64(
       "erf", [](double x) { return erf_f64(x); }, [](long double x) { return std::erf(x); },
       double_sample({{-7.0, 7.0}, {-1.3, 1.3}}));
+}
+
+TEST(UlpF64, TrigonometricAndHyperbolic) {
+  sweep_f64(
+      "tan", [](double x) { return tan_f64(x); }, [](long double x) { return std::tan(x); },
+      double_sample({{-10.0, 10.0}, {1e6, 1.1e6}, {-1e22, 1e22}}));
+  const std::vector<double> x = double_sample({{-3.0, 3.0}, {0.4, 2.5}, {-1.0, 1.0}});
+  sweep_f64(
+      "atan", [](double v) { return atan_f64(v); }, [](long double v) { return std::atan(v); }, x);
+  sweep_f64(
+      "asin", [](double v) { return asin_f64(v); }, [](long double v) { return std::asin(v); }, x);
+  sweep_f64(
+      "acos", [](double v) { return acos_f64(v); }, [](long double v) { return std::acos(v); }, x);
+  sweep_f64(
+      "atanh", [](double v) { return atanh_f64(v); }, [](long double v) { return std::atanh(v); },
+      x);
+  const std::vector<double> h = double_sample({{-30.0, 30.0}, {-1.0, 1.0}, {700.0, 711.0}});
+  sweep_f64(
+      "sinh", [](double v) { return sinh_f64(v); }, [](long double v) { return std::sinh(v); }, h);
+  sweep_f64(
+      "cosh", [](double v) { return cosh_f64(v); }, [](long double v) { return std::cosh(v); }, h);
+  sweep_f64(
+      "asinh", [](double v) { return asinh_f64(v); }, [](long double v) { return std::asinh(v); },
+      h);
+  sweep_f64(
+      "acosh", [](double v) { return acosh_f64(v); }, [](long double v) { return std::acosh(v); },
+      double_sample({{1.0, 3.0}, {1.0, 1.01}, {2.0, 1e9}}));
+}
+
+// atan2 over pairs: each y against x's of every sign and magnitude (random bit patterns and
+// values of either sign), and every pair of special values (signed zeros, infinities, NaN, the
+// extremes) exactly as libm gives them.
+TEST(UlpAtan2, PairsAndSpecialValues) {
+  const std::vector<double> y = double_sample({{-3.0, 3.0}});
+  std::vector<double> x(y.rbegin(), y.rend());
+  std::vector<double> got64(y.size()), want64(y.size());
+  std::vector<float> y32(y.size()), x32(y.size()), got32(y.size()), want32(y.size());
+  for (size_t i = 0; i < y.size(); ++i) {
+    got64[i] = atan2_f64(y[i], x[i]);
+    want64[i] = static_cast<double>(
+        std::atan2(static_cast<long double>(y[i]), static_cast<long double>(x[i])));
+    y32[i] = static_cast<float>(y[i]), x32[i] = static_cast<float>(x[i]);
+    got32[i] = atan2_f32(y32[i], x32[i]);
+    want32[i] = static_cast<float>(std::atan2(double(y32[i]), double(x32[i])));
+  }
+  Result<double> r64;
+  Result<float> r32;
+  check("atan2", y, got64, want64, bound("atan2").f64, r64);
+  check("atan2", y32, got32, want32, bound("atan2").f32, r32);
+  std::printf("atan2: at most %lld ulp (float64), %lld (float32)\n",
+              static_cast<long long>(r64.max), static_cast<long long>(r32.max));
+  const double inf = std::numeric_limits<double>::infinity();
+  const double specials[] = {0.0,
+                             -0.0,
+                             inf,
+                             -inf,
+                             std::nan(""),
+                             1.0,
+                             -1.0,
+                             0x1p-1074,
+                             1e300,
+                             -1e300,
+                             std::numeric_limits<double>::max()};
+  for (double b : specials)
+    for (double a : specials) {
+      const double got = atan2_f64(b, a), want = std::atan2(b, a);
+      const bool same = std::isnan(want) ? std::isnan(got)
+                                         : std::signbit(got) == std::signbit(want) &&
+                                               ulps(got, want) <= bound("atan2").f64;
+      EXPECT_TRUE(same) << "atan2(" << b << ", " << a << ") = " << std::hexfloat << got << ", want "
+                        << want;
+      const float got32s = atan2_f32(float(b), float(a));
+      const float want32s = static_cast<float>(std::atan2(double(float(b)), double(float(a))));
+      EXPECT_TRUE(std::isnan(want32s) ? std::isnan(got32s) : std::memcmp(&got32s, &want32s, 4) == 0)
+          << "atan2_f32(" << b << ", " << a << ") = " << std::hexfloat << got32s << ", want "
+          << want32s;
+    }
 }
 
 }  // namespace

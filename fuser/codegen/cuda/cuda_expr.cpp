@@ -97,6 +97,16 @@ std::string Source::expr(const Instr& in) {
     case Prim::Tanh:
     case Prim::Erf:
     case Prim::ExpNonPos:
+    case Prim::Tan:
+    case Prim::Atan:
+    case Prim::Asin:
+    case Prim::Acos:
+    case Prim::Sinh:
+    case Prim::Cosh:
+    case Prim::Asinh:
+    case Prim::Acosh:
+    case Prim::Atanh:
+    case Prim::Atan2:
       return math_call(in, t, x.a, x.b);
     case Prim::Sqrt:  // correctly rounded (NVRTC's default -prec-sqrt=true)
       return x.call(libm("sqrt", t));

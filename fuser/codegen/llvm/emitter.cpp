@@ -314,6 +314,16 @@ llvm::Value* Emitter::compute(size_t n, const std::vector<llvm::Value*>& v,
     case Prim::Tanh:
     case Prim::Erf:
     case Prim::ExpNonPos:
+    case Prim::Tan:
+    case Prim::Atan:
+    case Prim::Asin:
+    case Prim::Acos:
+    case Prim::Sinh:
+    case Prim::Cosh:
+    case Prim::Asinh:
+    case Prim::Acosh:
+    case Prim::Atanh:
+    case Prim::Atan2:
       return math(in.prim, t, o.a, o.b);
     case Prim::Pow:  // pow takes no bools; a squaring loop over an i1 exponent gives 1
       return o.boolean ? b_.getInt1(true) : math(in.prim, at, o.a, o.b);
