@@ -123,6 +123,9 @@ Tensor erf(const Tensor& x);
 Tensor floor(const Tensor& x);
 Tensor ceil(const Tensor& x);
 Tensor round(const Tensor& x);  // half to even, as torch
+Tensor trunc(const Tensor& x);
+Tensor frac(const Tensor& x);  // x - trunc(x), floats only
+Tensor square(const Tensor& x);
 Tensor logical_not(const Tensor& x);
 Tensor isnan(const Tensor& x);
 Tensor isfinite(const Tensor& x);
@@ -175,6 +178,10 @@ Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> m
 // ambiguous with the overload above.
 Tensor clamp(const Tensor& x, const Tensor& min, const Tensor& max = {});
 Tensor clamp(const Tensor& x, std::nullopt_t, const Tensor& max);
+Tensor clamp_min(const Tensor& x, const Scalar& min);
+Tensor clamp_min(const Tensor& x, const Tensor& min);
+Tensor clamp_max(const Tensor& x, const Scalar& max);
+Tensor clamp_max(const Tensor& x, const Tensor& max);
 // Bitwise ops on bool and integer tensors; floating-point operands raise, as torch.
 Tensor bitwise_and(const Tensor& a, const Tensor& b);
 Tensor bitwise_and(const Tensor& a, const Scalar& b);

@@ -278,6 +278,9 @@ class Tensor {
   Tensor floor() const;
   Tensor ceil() const;
   Tensor round() const;
+  Tensor trunc() const;
+  Tensor frac() const;
+  Tensor square() const;
   Tensor logical_not() const;
   Tensor isnan() const;
   Tensor isfinite() const;
@@ -303,6 +306,10 @@ class Tensor {
   // Tensor bounds; an undefined one (or std::nullopt for min) leaves that side open.
   Tensor clamp(const Tensor& min, const Tensor& max = {}) const;
   Tensor clamp(std::nullopt_t, const Tensor& max) const;
+  Tensor clamp_min(const Scalar& min) const;
+  Tensor clamp_min(const Tensor& min) const;
+  Tensor clamp_max(const Scalar& max) const;
+  Tensor clamp_max(const Tensor& max) const;
   Tensor lerp(const Tensor& end, const Scalar& weight) const;
   Tensor lerp(const Tensor& end, const Tensor& weight) const;
   Tensor addcmul(const Tensor& tensor1, const Tensor& tensor2, const Scalar& value = 1) const;

@@ -130,6 +130,31 @@ Tensor clamp(const Tensor& x, std::nullopt_t, const Tensor& max) {
   return clamp(x, Tensor(), max);
 }
 
+Tensor clamp_min(const Tensor& x, const Scalar& min) {
+  return clamp(x, min, std::nullopt);
+}
+Tensor clamp_min(const Tensor& x, const Tensor& min) {
+  return clamp(x, min, Tensor());
+}
+Tensor clamp_max(const Tensor& x, const Scalar& max) {
+  return clamp(x, std::nullopt, max);
+}
+Tensor clamp_max(const Tensor& x, const Tensor& max) {
+  return clamp(x, std::nullopt, max);
+}
+
+// x - trunc(x) (exact), floats only, as torch's.
+Tensor frac(const Tensor& x) {
+  detail::check_defined(x, "frac");
+  KILN_CHECK(x.is_floating_point(), "frac: expected a floating-point input, got ", describe(x));
+  return x - trunc(x);
+}
+// x * x, as torch's pow(x, 2) (bools square as int64).
+Tensor square(const Tensor& x) {
+  detail::check_defined(x, "square");
+  return pow(x.dtype() == kBool ? x.to(kInt64) : x, 2);
+}
+
 // ------------------------------------------------------------------------------------------ norm
 Tensor norm(const Tensor& x, const Scalar& p, const std::vector<int64_t>& dims, bool keepdim) {
   detail::check_defined(x, "norm");

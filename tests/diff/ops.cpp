@@ -1065,6 +1065,11 @@ const std::vector<Op>& op_table() {
       DIFF_OP("floor", 0, floor_ceil_pick, floor(a[0])),
       DIFF_OP("ceil", 0, floor_ceil_pick, ceil(a[0])),
       DIFF_OP("round", 0, round_pick, round(a[0])),
+      DIFF_OP("trunc", 0, floor_ceil_pick, trunc(a[0])),
+      DIFF_OP("frac", 0, floor_ceil_pick, frac(a[0])),  // near integers: as floor
+      DIFF_OP("square", 0, unary, square(a[0])),
+      DIFF_OP("clamp_min", 0, with_scalar, clamp_min(a[0], B::scalar(p, 0))),
+      DIFF_OP("clamp_max", 0, with_scalar, clamp_max(a[0], B::scalar(p, 0))),
       DIFF_OP("logical_not", 0, truth_pick, logical_not(a[0])),
       DIFF_OP("isnan", 0, unary, isnan(a[0])),
       DIFF_OP("isfinite", 0, unary, isfinite(a[0])),

@@ -375,6 +375,11 @@ TEST(AutogradOps, UnaryElementwise) {
       {"floor", [](const Tensor& x) { return floor(x); }, off_integers()},
       {"ceil", [](const Tensor& x) { return ceil(x); }, off_integers()},
       {"round", [](const Tensor& x) { return round(x); }, off_integers()},
+      {"trunc", [](const Tensor& x) { return trunc(x); }, off_integers()},
+      {"frac", [](const Tensor& x) { return frac(x); }, off_integers()},
+      {"square", [](const Tensor& x) { return square(x); }, uniform(-2, 2)},
+      {"clamp_min", [](const Tensor& x) { return clamp_min(x, 0.25); }, off_integers()},
+      {"clamp_max", [](const Tensor& x) { return x.clamp_max(0.25); }, off_integers()},
       {"sign", [](const Tensor& x) { return sign(x); }, signed_mag(0.1, 2)},
   };
   for (const auto& [name, f, gen] : ops) check_unary(name, f, gen, c);

@@ -226,6 +226,8 @@ const std::vector<UnaryCase>& unary_cases() {
       {"ceil", [](const Tensor& x) { return ceil(x); }, [](double x) { return std::ceil(x); },
        Rule::Same},
       {"round", [](const Tensor& x) { return round(x); }, round_half_even, Rule::Same},
+      {"trunc", [](const Tensor& x) { return trunc(x); }, [](double x) { return std::trunc(x); },
+       Rule::Same},
       {"round_ties",
        [](const Tensor& x) { return round(x); },
        round_half_even,

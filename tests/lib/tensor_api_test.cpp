@@ -1,6 +1,7 @@
 // libtorch's everyday spellings: comparison and bitwise operators, op methods, single-dim
 // reductions, kiln::tensor, from_vector with a braced shape and printing sizes().
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "kiln/jit.h"
@@ -117,6 +118,34 @@ TEST(TensorApi, BitwiseOpsRecordLazilyAndTrace) {
   testing::expect_lazy_equal(f({a2, b})[0], (a2 & b) ^ ~a2, "traced bitwise");
 }
 
+// trunc toward zero (-0 for (-1, 0)), frac = x - trunc(x) with x's sign, square = x * x; frac of
+// an integer tensor raises, naming the op and the dtype.
+TEST(TensorApi, TruncFracAndSquare) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const Tensor x =
+      from_vector(std::vector<double>{-2.5, -0.5, -0.0, 0.0, 0.75, 3.0, inf, -inf}, Shape{8});
+  const std::vector<double> t = trunc(x).to_vector<double>(), f = frac(x).to_vector<double>();
+  const std::vector<double> want_t = {-2.0, -0.0, -0.0, 0.0, 0.0, 3.0, inf, -inf};
+  const std::vector<double> want_f = {-0.5, -0.5, 0.0, 0.0, 0.75, 0.0};
+  for (size_t i = 0; i < want_t.size(); ++i) {
+    EXPECT_EQ(t[i], want_t[i]) << i;
+    EXPECT_EQ(std::signbit(t[i]), std::signbit(want_t[i])) << i;
+  }
+  for (size_t i = 0; i < want_f.size(); ++i) EXPECT_EQ(f[i], want_f[i]) << i;
+  EXPECT_TRUE(std::isnan(f[6]) && std::isnan(f[7]));  // inf - inf, as torch
+  EXPECT_TRUE(equal(trunc(arange(-3, 3, 1, kInt64)), arange(-3, 3, 1, kInt64)));
+  EXPECT_TRUE(equal(square(from_vector(std::vector<int64_t>{-3, 4}, Shape{2})),
+                    from_vector(std::vector<int64_t>{9, 16}, Shape{2})));
+  EXPECT_EQ(square(ones({2}, kBool)).dtype(), kInt64);
+  try {
+    frac(arange(0, 3, 1, kInt64));
+    ADD_FAILURE() << "frac of int64 did not raise";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("frac"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("int64"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TensorApi, MethodsForwardToTheFreeFunctions) {
   const Tensor x = testing::random_tensor({3, 4}, kFloat64, 0.5, 2);
   const Tensor y = testing::random_tensor({3, 4}, kFloat64, 0.5, 2);
@@ -142,6 +171,13 @@ TEST(TensorApi, MethodsForwardToTheFreeFunctions) {
   same(x.floor(), floor(x));
   same(x.ceil(), ceil(x));
   same(x.round(), round(x));
+  same(x.trunc(), trunc(x));
+  same(x.frac(), frac(x));
+  same(x.square(), square(x));
+  same(x.clamp_min(1.0), clamp(x, 1.0, std::nullopt));
+  same(x.clamp_max(y), clamp(x, std::nullopt, y));
+  same(x.clamp_min(y), clamp(x, y, Tensor()));
+  same(clamp_max(x, 1.5), clamp(x, std::nullopt, 1.5));
   same(x.sign(), sign(x));
   same(x.isnan(), isnan(x));
   same(x.isfinite(), isfinite(x));
