@@ -529,6 +529,24 @@ TEST(Fuser, Atan2MatchesEagerOnEveryPairOfSpecialValues) {
   }
 }
 
+// A lone elementwise node on the CPU runs its reference kernel, unless it computes a
+// transcendental over at least 2^16 elements: then it is a kernel of its own (the reference
+// loops of sin, atan, ... do not vectorize), with eager mode's bits.
+TEST(Fuser, ALoneTranscendentalOverALargeTensorIsItsOwnKernel) {
+  for (DType dtype : {kFloat32, kFloat64}) {
+    const Tensor large = testing::input({256, 257}, dtype, -3.0, 3.0);
+    const Tensor small = testing::input({255, 256}, dtype, -3.0, 3.0);
+    for (auto op : {kiln::sin, kiln::atan, kiln::asinh, kiln::exp}) {
+      Fn fn = [op](const Inputs& in) { return Inputs{op(in[0])}; };
+      EXPECT_EQ(plan_of(fn, {large}).plan->num_kernel_steps(), 1u);
+      expect_fused_equals_eager(fn, {large}, dtype_name(dtype));
+      EXPECT_EQ(plan_of(fn, {small}).plan->num_kernel_steps(), 0u) << "2^16 - 256 elements";
+    }
+    Fn add = [](const Inputs& in) { return Inputs{in[0] + 1.0}; };
+    EXPECT_EQ(plan_of(add, {large}).plan->num_kernel_steps(), 0u) << "no transcendental";
+  }
+}
+
 // An integer remainder by 0 is an error in both modes (the check reads the divisor before the node
 // is recorded); a kernel that meets a divisor of 0 or -1 anyway gives 0 and never traps.
 TEST(Fuser, IntegerRemainderByZeroIsAnErrorInEveryMode) {

@@ -50,6 +50,8 @@
 //     non_gemm = (step - GEMMs) / step. BM_LstmCellStepBackwardTraced: the same step as a
 //     differentiable jit::trace of the forward (issue 6), called and differentiated each iteration.
 //   BM_FuseLayerNormBackward4096, BM_FuseSoftmaxXentBackward4096: see "backward row models".
+//   BM_FuseTrig16M/<op>_{eager,lazy}: tan, atan, asin, sinh, cosh, acosh and atanh on 16M float32,
+//     against the copy floor (x_floor) and sin in the same mode (x_sin).
 #include <benchmark/benchmark.h>
 #include <omp.h>
 #include <unistd.h>
@@ -535,6 +537,54 @@ BENCHMARK_CAPTURE(BM_FuseMemoryFloor4096, copy, false)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_FuseMemoryFloor4096, read, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// tan, the inverse trigonometric and the hyperbolic functions on 16M float32 (float32 computed
+// through float64, as sin): x = randn / 2 (1 + |x| for acosh), eager and lazy. x_floor = time /
+// the copy floor; x_sin = time / sin's of the same mode in this run (registered first).
+void BM_FuseTrig16M(benchmark::State& state, const std::string& name, bool lazy) {
+  using Unary = Tensor (*)(const Tensor&);
+  static const std::map<std::string, Unary> ops = {
+      {"sin", kiln::sin},   {"tan", kiln::tan},   {"atan", kiln::atan},   {"asin", kiln::asin},
+      {"sinh", kiln::sinh}, {"cosh", kiln::cosh}, {"acosh", kiln::acosh}, {"atanh", kiln::atanh}};
+  Tensor x;
+  {
+    kiln::LazyGuard eager(false);
+    x = kiln::randn({k16M}) * 0.5;
+    if (name == "acosh") x = kiln::abs(x) + 1.0;
+  }
+  const Unary op = ops.at(name);
+  kiln::LazyGuard mode(lazy);
+  benchmark::DoNotOptimize(op(x).raw_data_ptr());  // compile, warm the allocator
+  const auto start = Clock::now();
+  for (auto _ : state) {
+    Tensor y = op(x);
+    benchmark::DoNotOptimize(y.raw_data_ptr());
+  }
+  const double t = seconds_per_iteration(start, state);
+  set_bytes(state, kFloorCopyBytes);
+  set_ratio(state, "x_floor", t, "floor/copy");
+  const std::string mode_name = lazy ? "lazy" : "eager";
+  if (name == "sin")
+    references()["trig/sin/" + mode_name] = t;
+  else
+    set_ratio(state, "x_sin", t, "trig/sin/" + mode_name);
+}
+#define KILN_TRIG_BENCH(op)                                 \
+  BENCHMARK_CAPTURE(BM_FuseTrig16M, op##_eager, #op, false) \
+      ->Unit(benchmark::kMillisecond)                       \
+      ->UseRealTime();                                      \
+  BENCHMARK_CAPTURE(BM_FuseTrig16M, op##_lazy, #op, true)   \
+      ->Unit(benchmark::kMillisecond)                       \
+      ->UseRealTime();
+KILN_TRIG_BENCH(sin)
+KILN_TRIG_BENCH(tan)
+KILN_TRIG_BENCH(atan)
+KILN_TRIG_BENCH(asin)
+KILN_TRIG_BENCH(sinh)
+KILN_TRIG_BENCH(cosh)
+KILN_TRIG_BENCH(acosh)
+KILN_TRIG_BENCH(atanh)
+#undef KILN_TRIG_BENCH
 
 Tensor softmax_from_primitives(const Tensor& x) {
   Tensor m = x.amax({-1}, true);
