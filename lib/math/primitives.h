@@ -401,11 +401,11 @@ KILN_MATH_INLINE Like<U, double> reduce_large_f32(U xi, U* quadrant) {
   return convert<double>(f) * Like<U, double>(C::kPi63);
 }
 
-// sin(x) (cosine false) or cos(x), in double: x = n pi/2 + r, then +-sin r or +-cos r by n mod 4
-// (cos x = sin(x + pi/2): one more quadrant). |x| < 2^20 reduces by Cody-Waite with pi/2 in two
-// parts (exact to 2^-66 there), larger |x| by reduce_large_f32. Then one rounding to float.
-template <bool kCosine, typename F>
-KILN_MATH_INLINE F sincos_f32(F x) {
+// x = n pi/2 + r in double (n mod 4 returned): |x| < 2^20 by Cody-Waite with pi/2 in two parts
+// (exact to 2^-66 there), larger |x| by reduce_large_f32 on |x| and the signs flipped (plain
+// scalars: only where it is taken).
+template <typename F>
+KILN_MATH_INLINE Like<F, uint32_t> reduce_pio2_f32(F x, Like<F, double>* r) {
   using C = SinCosF32;
   using D = Like<F, double>;
   using U = Like<F, uint32_t>;
@@ -424,17 +424,34 @@ KILN_MATH_INLINE F sincos_f32(F x) {
   } else {
     rl = reduce_large_f32(bitcast<uint32_t>(ax), &ql);
   }
-  U q = select(fast, q_fast, select(negative, U(0) - ql, ql));
-  const D r = select(fast, r_fast, select(negative, -rl, rl));
-  if (kCosine) q = q + U(1);
+  *r = select(fast, r_fast, select(negative, -rl, rl));
+  return select(fast, q_fast, select(negative, U(0) - ql, ql));
+}
+
+// sin r and cos r in double for |r| <= pi/4 (float32's polynomials).
+template <typename D>
+KILN_MATH_INLINE void sin_cos_reduced_f32(D r, D* s, D* c) {
+  using C = SinCosF32;
   const D z = r * r;
-  const D s = fmadd(r * z, horner_up(z, C::kSin), r);
-  const D c = fmadd(z * z, horner_up(z, C::kCos), fmadd(D(-0.5), z, D(1.0)));
+  *s = fmadd(r * z, horner_up(z, C::kSin), r);
+  *c = fmadd(z * z, horner_up(z, C::kCos), fmadd(D(-0.5), z, D(1.0)));
+}
+
+// sin(x) (cosine false) or cos(x), in double: x = n pi/2 + r, then +-sin r or +-cos r by n mod 4
+// (cos x = sin(x + pi/2): one more quadrant). Then one rounding to float.
+template <bool kCosine, typename F>
+KILN_MATH_INLINE F sincos_f32(F x) {
+  using D = Like<F, double>;
+  using U = Like<F, uint32_t>;
+  D r, s, c;
+  U q = reduce_pio2_f32(x, &r);
+  if (kCosine) q = q + U(1);
+  sin_cos_reduced_f32(r, &s, &c);
   D v = select((q & U(1)) != U(0), c, s);
   v = select((q & U(2)) != U(0), -v, v);
   F y = convert<float>(v);
   if (!kCosine) y = select(x == F(0.0f), x, y);  // sin(-0) = -0 (the polynomial gives +0)
-  return select(ax < bitcast<float>(U(0x7f800000u)), y, x - x);  // inf and NaN: NaN
+  return select(abs_of(x) < bitcast<float>(U(0x7f800000u)), y, x - x);  // inf and NaN: NaN
 }
 template <typename F>
 KILN_MATH_INLINE F sin_f32(F x) {

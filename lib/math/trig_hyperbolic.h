@@ -2,8 +2,8 @@
 // lib/math/primitives.h's value families (whose rules they follow: branch-free, no contraction
 // but fmadd, libm's special values): tan, atan, atan2, asin, acos, sinh, cosh, asinh, acosh and
 // atanh. float64 follows fdlibm's algorithms; float32 evaluates the float64 function of the
-// (exactly) widened argument and rounds once, as sin_f32 and cos_f32 compute in double. Bounds:
-// kUlpBounds, measured by tests/lib/ulp_test.cpp.
+// (exactly) widened argument and rounds once (tan: sin_f32's reduction and polynomials in
+// double, then one rounding). Bounds: kUlpBounds, measured by tests/lib/ulp_test.cpp.
 #pragma once
 
 #include <cstdint>
@@ -225,7 +225,6 @@ KILN_MATH_INLINE F atanh_f64(F x) {
   KILN_MATH_INLINE F f##_f32(F x) {                           \
     return through_f64(x, [](auto d) { return f##_f64(d); }); \
   }
-KILN_THROUGH_F64(tan)
 KILN_THROUGH_F64(atan)
 KILN_THROUGH_F64(asin)
 KILN_THROUGH_F64(acos)
@@ -235,6 +234,22 @@ KILN_THROUGH_F64(asinh)
 KILN_THROUGH_F64(acosh)
 KILN_THROUGH_F64(atanh)
 #undef KILN_THROUGH_F64
+
+// tan(x) in double as sin_f32 reduces and evaluates, sin r / cos r (or -cos r / sin r in an odd
+// quadrant), then one rounding: a third of tan_f64's cost (whose large reduction every vector
+// lane computes).
+template <typename F>
+KILN_MATH_INLINE F tan_f32(F x) {
+  using D = Like<F, double>;
+  using U = Like<F, uint32_t>;
+  D r, s, c;
+  const U q = reduce_pio2_f32(x, &r);
+  sin_cos_reduced_f32(r, &s, &c);
+  const auto odd = (q & U(1)) != U(0);
+  F y = convert<float>(select(odd, -c, s) / select(odd, s, c));
+  y = select(x == F(0.0f), x, y);                                       // tan(-0) = -0
+  return select(abs_of(x) < bitcast<float>(U(0x7f800000u)), y, x - x);  // inf and NaN: NaN
+}
 
 template <typename F>
 KILN_MATH_INLINE F atan2_f32(F y, F x) {
