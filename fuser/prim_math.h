@@ -54,6 +54,8 @@ KILN_UNARY_MATH(Cosh, cosh)
 KILN_UNARY_MATH(Asinh, asinh)
 KILN_UNARY_MATH(Acosh, acosh)
 KILN_UNARY_MATH(Atanh, atanh)
+KILN_UNARY_MATH(Exp2, exp2)
+KILN_UNARY_MATH(Log2, log2)
 #undef KILN_UNARY_MATH
 
 template <>

@@ -70,7 +70,9 @@ namespace kiln::fuser {
   X(Asinh,      "asinh",   1, kElementwise, kSame, kNone,    "asinh")                                                \
   X(Acosh,      "acosh",   1, kElementwise, kSame, kNone,    "acosh")                                                \
   X(Atanh,      "atanh",   1, kElementwise, kSame, kNone,    "atanh")                                                \
-  X(Atan2,      "atan2",   2, kElementwise, kSame, kNone,    "atan2")    /* atan2(y, x) */
+  X(Atan2,      "atan2",   2, kElementwise, kSame, kNone,    "atan2")    /* atan2(y, x) */                           \
+  X(Exp2,       "exp2",    1, kElementwise, kSame, kNone,    "exp2")                                                 \
+  X(Log2,       "log2",    1, kElementwise, kSame, kNone,    "log2")
 // clang-format on
 
 enum class Prim : uint8_t {

@@ -538,6 +538,8 @@ Tensor Tensor::any(const std::vector<int64_t>& dims, bool keepdim) const {
   }
 KILN_UNARY_METHOD(sign)
 KILN_UNARY_METHOD(log1p)
+KILN_UNARY_METHOD(log2)
+KILN_UNARY_METHOD(exp2)
 KILN_UNARY_METHOD(expm1)
 KILN_UNARY_METHOD(rsqrt)
 KILN_UNARY_METHOD(reciprocal)

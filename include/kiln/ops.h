@@ -97,6 +97,8 @@ Tensor sign(const Tensor& x);
 Tensor exp(const Tensor& x);
 Tensor log(const Tensor& x);
 Tensor log1p(const Tensor& x);
+Tensor log2(const Tensor& x);
+Tensor exp2(const Tensor& x);
 Tensor expm1(const Tensor& x);
 Tensor sqrt(const Tensor& x);
 Tensor rsqrt(const Tensor& x);

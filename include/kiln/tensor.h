@@ -260,6 +260,8 @@ class Tensor {
   // --- more elementwise methods (each forwards to the free function of the same name)
   Tensor sign() const;
   Tensor log1p() const;
+  Tensor log2() const;
+  Tensor exp2() const;
   Tensor expm1() const;
   Tensor rsqrt() const;
   Tensor reciprocal() const;

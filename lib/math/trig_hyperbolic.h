@@ -1,7 +1,7 @@
 // kiln's tan, inverse trigonometric and hyperbolic primitives, each defined once over
 // lib/math/primitives.h's value families (whose rules they follow: branch-free, no contraction
-// but fmadd, libm's special values): tan, atan, atan2, asin, acos, sinh, cosh, asinh, acosh and
-// atanh. float64 follows fdlibm's algorithms; float32 evaluates the float64 function of the
+// but fmadd, libm's special values): tan, atan, atan2, asin, acos, sinh, cosh, asinh, acosh,
+// atanh, exp2 and log2. float64 follows fdlibm's algorithms; float32 evaluates the float64 function of the
 // (exactly) widened argument and rounds once (tan: sin_f32's reduction and polynomials in
 // double, then one rounding). Bounds: kUlpBounds, measured by tests/lib/ulp_test.cpp.
 #pragma once
@@ -218,6 +218,64 @@ KILN_MATH_INLINE F atanh_f64(F x) {
   return select(ax < F(HyperbolicF64::kTiny), x, select(x < F(0.0), -r, r));  // +-0 kept
 }
 
+// ---- exp2, log2 ----
+
+struct Exp2Log2F64 {
+  static constexpr double kLn2 = 6.93147180559945286227e-01;  // ln 2 and 1/ln 2 as double-doubles
+  static constexpr double kLn2Lo = 2.31904681384629955842e-17;
+  static constexpr double kInvLn2 = 1.44269504088896338700e+00;
+  static constexpr double kInvLn2Lo = 2.03552737409310890474e-17;
+  static constexpr double kLo = -1076.0;  // below: 0
+  static constexpr double kHi = 1025.0;   // above: inf
+};
+
+// 2^x: x = k + r with k = round(x) and r = x - k exact (|r| <= 1/2), 2^r = e^(r ln 2) with
+// r ln 2 = hi + lo (Dekker's product), e^(hi + lo) = e^hi (1 + lo), then 2^k applied in two
+// exact halves as exp_f64 applies it (a subnormal result rounds once). Integers give exact powers.
+template <typename F>
+KILN_MATH_INLINE F exp2_f64(F x) {
+  using C = Exp2Log2F64;
+  using U = Like<F, uint64_t>;
+  const F xc = clamp(x, F(C::kLo), F(C::kHi));
+  const F t = xc + F(ExpF64::kMagic);
+  const F k = t - F(ExpF64::kMagic);
+  const U ki = bitcast<uint64_t>(t) - U(ExpF64::kMagicBits);
+  const F r = xc - k;
+  const F hi = r * F(C::kLn2);
+  const F lo = fmadd(r, F(C::kLn2), -hi) + r * F(C::kLn2Lo);
+  const F e = exp_f64(hi);
+  const F y = fmadd(e, lo, e);
+  const U k1 = sar(ki, 1), k2 = ki - k1;
+  const F s1 = bitcast<double>((k1 + U(1023)) << 52);
+  const F s2 = bitcast<double>((k2 + U(1023)) << 52);
+  return (y * s1) * s2;
+}
+
+// log2(x) = k + log(m) / ln 2 with x = 2^k m, m in [sqrt(1/2), sqrt(2)) from the bits (subnormals
+// scaled by 2^54 first) and the quotient a double-double: powers of two give k exactly. NaN below
+// 0, -inf at 0, inf at inf.
+template <typename F>
+KILN_MATH_INLINE F log2_f64(F x) {
+  using C = Exp2Log2F64;
+  using L = LogF64;
+  using U = Like<F, uint64_t>;
+  const auto subnormal = x < F(L::kSmallest);
+  const F xs = select(subnormal, x * F(L::kScale), x);
+  const U iu = log_offset_bits(bitcast<uint64_t>(xs));
+  const F k = convert<double>((iu >> 52) - U(1023)) - select(subnormal, F(54.0), F(0.0));
+  const F m = bitcast<double>((iu & U(0x000fffffffffffffu)) + U(L::kSqrtHalf));
+  const F l = log_f64(m);
+  const F hi = l * F(C::kInvLn2);
+  const F lo = fmadd(l, F(C::kInvLn2), -hi) + l * F(C::kInvLn2Lo);
+  F e;
+  const F s = two_sum(k, hi, &e);
+  F r = s + (e + lo);
+  const F inf = bitcast<double>(U(0x7ff0000000000000u));
+  r = select(x == F(0.0), -inf, r);
+  r = select(x < F(0.0), bitcast<double>(U(TrigF64::kNaN)), r);
+  return select((x == inf) | (x != x), x, r);
+}
+
 // ---- float32: the float64 definitions, rounded once ----
 
 #define KILN_THROUGH_F64(f)                                   \
@@ -233,6 +291,8 @@ KILN_THROUGH_F64(cosh)
 KILN_THROUGH_F64(asinh)
 KILN_THROUGH_F64(acosh)
 KILN_THROUGH_F64(atanh)
+KILN_THROUGH_F64(exp2)
+KILN_THROUGH_F64(log2)
 #undef KILN_THROUGH_F64
 
 // tan(x) in double as sin_f32 reduces and evaluates, sin r / cos r (or -cos r / sin r in an odd

@@ -121,6 +121,8 @@ KILN_MATH_VALUE(cosh)
 KILN_MATH_VALUE(asinh)
 KILN_MATH_VALUE(acosh)
 KILN_MATH_VALUE(atanh)
+KILN_MATH_VALUE(exp2)
+KILN_MATH_VALUE(log2)
 #undef KILN_MATH_VALUE
 template <typename T>
 KILN_MATH_INLINE T atan2_value(T y, T x) {

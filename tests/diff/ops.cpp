@@ -1047,6 +1047,8 @@ const std::vector<Op>& op_table() {
       DIFF_OP("asinh", kInexact, unary, asinh(a[0])),
       DIFF_OP("acosh", kInexact, near_one_pick, acosh(a[0])),
       DIFF_OP("atanh", kInexact, near_one_pick, atanh(a[0])),
+      DIFF_OP("exp2", kInexact, unary, exp2(a[0])),
+      DIFF_OP("log2", kInexact, log_pick, log2(a[0])),
 
       DIFF_OP("sigmoid", kInexact, unary, sigmoid(a[0])),
       DIFF_OP("relu", 0, relu_pick, relu(a[0])),

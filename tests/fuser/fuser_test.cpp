@@ -351,11 +351,11 @@ TEST(Fuser, ATranscendentalUsedTwiceIsOneFunctionAndMatchesEager) {
 
   using Unary = Tensor (*)(const Tensor&);
   const std::pair<const char*, Unary> prims[] = {
-      {"exp", kiln::exp},    {"log", kiln::log},   {"log1p", kiln::log1p}, {"expm1", kiln::expm1},
-      {"sin", kiln::sin},    {"cos", kiln::cos},   {"tanh", kiln::tanh},   {"erf", kiln::erf},
-      {"tan", kiln::tan},    {"atan", kiln::atan}, {"asin", kiln::asin},   {"acos", kiln::acos},
-      {"sinh", kiln::sinh},  {"cosh", kiln::cosh}, {"asinh", kiln::asinh}, {"acosh", kiln::acosh},
-      {"atanh", kiln::atanh}};
+      {"exp", kiln::exp},     {"log", kiln::log},   {"log1p", kiln::log1p}, {"expm1", kiln::expm1},
+      {"sin", kiln::sin},     {"cos", kiln::cos},   {"tanh", kiln::tanh},   {"erf", kiln::erf},
+      {"tan", kiln::tan},     {"atan", kiln::atan}, {"asin", kiln::asin},   {"acos", kiln::acos},
+      {"sinh", kiln::sinh},   {"cosh", kiln::cosh}, {"asinh", kiln::asinh}, {"acosh", kiln::acosh},
+      {"atanh", kiln::atanh}, {"exp2", kiln::exp2}, {"log2", kiln::log2}};
   for (DType dtype : {kFloat32, kFloat64}) {
     // 1000 elements: vectors of 16 (8 for float64 on AVX2) and a scalar remainder.
     Tensor x = testing::input({1000}, dtype, -40.0, 40.0);
@@ -458,8 +458,9 @@ TEST(Fuser, Float64TranscendentalsAreWithinTheirBoundsOverTheWholeRange) {
   ASSERT_EQ(x.dtype(), kFloat64);
   Fn fn = [](const Inputs& in) {
     const Tensor& a = in[0];
-    return Inputs{tanh(a), erf(a),  log1p(a), expm1(a), sin(a),   cos(a),   tan(a),  atan(a),
-                  asin(a), acos(a), sinh(a),  cosh(a),  asinh(a), acosh(a), atanh(a)};
+    return Inputs{tanh(a),  erf(a),   log1p(a), expm1(a), sin(a),  cos(a),
+                  tan(a),   atan(a),  asin(a),  acos(a),  sinh(a), cosh(a),
+                  asinh(a), acosh(a), atanh(a), exp2(a),  log2(a)};
   };
   using Exact = long double (*)(long double);
   const std::pair<const char*, Exact> exact[] = {
@@ -477,7 +478,9 @@ TEST(Fuser, Float64TranscendentalsAreWithinTheirBoundsOverTheWholeRange) {
       {"cosh", [](long double v) { return std::cosh(v); }},
       {"asinh", [](long double v) { return std::asinh(v); }},
       {"acosh", [](long double v) { return std::acosh(v); }},
-      {"atanh", [](long double v) { return std::atanh(v); }}};
+      {"atanh", [](long double v) { return std::atanh(v); }},
+      {"exp2", [](long double v) { return std::exp2(v); }},
+      {"log2", [](long double v) { return std::log2(v); }}};
   auto bound = [](const std::string& name) {
     for (const math::UlpBound& b : math::kUlpBounds)
       if (name == b.name) return b.f64;

@@ -208,7 +208,7 @@ inline Tensor elementwise_op(int op, const Tensor& a, const Tensor& b, int numbe
     case 54:
       return asinh(a) + acosh(b * v) + atanh(a * v);
     case 55:
-      return atan2(a, b);
+      return atan2(a, b) + exp2(a * v) + log2(b);
     default:
       return logical_and(lt(a.to(kFloat64), b), a);
   }

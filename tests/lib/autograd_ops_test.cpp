@@ -362,6 +362,8 @@ TEST(AutogradOps, UnaryElementwise) {
       {"asinh", [](const Tensor& x) { return asinh(x); }, uniform(-3, 3)},
       {"acosh", [](const Tensor& x) { return acosh(x); }, uniform(1.2, 4)},
       {"atanh", [](const Tensor& x) { return atanh(x); }, uniform(-0.9, 0.9)},
+      {"exp2", [](const Tensor& x) { return exp2(x); }, uniform(-2, 2)},
+      {"log2", [](const Tensor& x) { return log2(x); }, uniform(0.2, 3)},
       {"sigmoid", [](const Tensor& x) { return sigmoid(x); }, uniform(-3, 3)},
       {"relu", [](const Tensor& x) { return relu(x); }, signed_mag(0.1, 2)},
       {"gelu", [](const Tensor& x) { return gelu(x); }, uniform(-3, 3)},

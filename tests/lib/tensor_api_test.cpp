@@ -172,6 +172,8 @@ TEST(TensorApi, MethodsForwardToTheFreeFunctions) {
   same(x.ceil(), ceil(x));
   same(x.round(), round(x));
   same(x.trunc(), trunc(x));
+  same(x.exp2(), exp2(x));
+  same(x.log2(), log2(x));
   same(x.frac(), frac(x));
   same(x.square(), square(x));
   same(x.clamp_min(1.0), clamp(x, 1.0, std::nullopt));

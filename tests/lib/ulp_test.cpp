@@ -402,6 +402,34 @@ TEST(UlpF64, TrigonometricAndHyperbolic) {
       double_sample({{1.0, 3.0}, {1.0, 1.01}, {2.0, 1e9}}));
 }
 
+TEST(UlpF32, Exp2AndLog2) {
+  sweep_f32(
+      "exp2", [](float x) { return exp2_f32(x); }, [](double x) { return std::exp2(x); },
+      {around({-149.0f, -126.0f, 0.0f, 0.5f, 128.0f}, 20000)});
+  sweep_f32(
+      "log2", [](float x) { return log2_f32(x); }, [](double x) { return std::log2(x); },
+      {around({1.0f, 0.70710677f, 1.4142135f, std::numeric_limits<float>::min()}, 20000)});
+}
+
+// exp2 of integers and log2 of powers of two are exact, in both dtypes.
+TEST(UlpF64, Exp2AndLog2) {
+  sweep_f64(
+      "exp2", [](double v) { return exp2_f64(v); }, [](long double v) { return std::exp2(v); },
+      double_sample({{-1080.0, 1030.0}, {-1.0, 1.0}}));
+  sweep_f64(
+      "log2", [](double v) { return log2_f64(v); }, [](long double v) { return std::log2(v); },
+      double_sample({{0.0, 4.0}, {0.7, 1.5}}));
+  for (int k = -1074; k <= 1023; ++k) {
+    const double p = std::ldexp(1.0, k);
+    ASSERT_EQ(exp2_f64(double(k)), p) << k;
+    ASSERT_EQ(log2_f64(p), double(k)) << k;
+    if (k >= -149 && k <= 127) {
+      ASSERT_EQ(exp2_f32(float(k)), float(p)) << k;
+      ASSERT_EQ(log2_f32(float(p)), float(k)) << k;
+    }
+  }
+}
+
 // atan2 over pairs: each y against x's of every sign and magnitude (random bit patterns and
 // values of either sign), and every pair of special values (signed zeros, infinities, NaN, the
 // extremes) exactly as libm gives them.

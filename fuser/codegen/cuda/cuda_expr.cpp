@@ -107,6 +107,8 @@ std::string Source::expr(const Instr& in) {
     case Prim::Acosh:
     case Prim::Atanh:
     case Prim::Atan2:
+    case Prim::Exp2:
+    case Prim::Log2:
       return math_call(in, t, x.a, x.b);
     case Prim::Sqrt:  // correctly rounded (NVRTC's default -prec-sqrt=true)
       return x.call(libm("sqrt", t));
