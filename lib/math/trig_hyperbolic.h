@@ -1,8 +1,8 @@
 // kiln's tan, inverse trigonometric and hyperbolic primitives, each defined once over
 // lib/math/primitives.h's value families (whose rules they follow: branch-free, no contraction
 // but fmadd, libm's special values): tan, atan, atan2, asin, acos, sinh, cosh, asinh, acosh,
-// atanh, exp2 and log2. float64 follows fdlibm's algorithms; float32 evaluates the float64 function of the
-// (exactly) widened argument and rounds once (tan: sin_f32's reduction and polynomials in
+// atanh, exp2 and log2. float64 follows fdlibm's algorithms; float32 evaluates the float64 function
+// of the (exactly) widened argument and rounds once (tan: sin_f32's reduction and polynomials in
 // double, then one rounding). Bounds: kUlpBounds, measured by tests/lib/ulp_test.cpp.
 #pragma once
 
