@@ -7,12 +7,15 @@
 // odometer over the outer dims and calls the inner loop once per row segment.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "lib/math/lanes.h"
 #include "lib/parallel.h"
 #include "lib/tensor_impl.h"
 
@@ -96,12 +99,63 @@ void run_geometry(const LoopGeometry<N>& g, int64_t grain, const Row& row) {
   });
 }
 
+// A functor whose formula also runs on lib/math/lanes.h's blocks (a primitive of lib/math, or
+// arithmetic over them): map_kernel's rows call it on math::kLanes elements at a time, so that it
+// is computed with vector instructions even where the compiler leaves the scalar loop scalar.
+// Each lane gets the scalar formula's bits.
+template <typename F>
+struct Lanewise : F {};
+template <typename F>
+Lanewise<F> lanewise(F f) {
+  return {f};
+}
+template <typename F>
+inline constexpr bool is_lanewise = false;
+template <typename F>
+inline constexpr bool is_lanewise<Lanewise<F>> = true;
+
+// The `count` (at most kLanes) elements of type T at p, `stride` bytes apart, as a block (the
+// remaining lanes 0); and a block's first `count` lanes stored so.
+template <typename T, int B>
+inline __attribute__((always_inline)) math::Lanes<T, B> load_block(const char* p, int64_t stride,
+                                                                   int64_t count) {
+  math::Lanes<T, B> v;
+  if (stride == sizeof(T) && count == math::kLanes) {
+    std::memcpy(v.p, p, sizeof(v.p));
+    return v;
+  }
+  T lanes[math::kLanes] = {};
+  for (int64_t k = 0; k < count; ++k) std::memcpy(&lanes[k], p + k * stride, sizeof(T));
+  std::memcpy(v.p, lanes, sizeof(v.p));
+  return v;
+}
+template <typename T, int B>
+inline __attribute__((always_inline)) void store_block(const math::Lanes<T, B>& v, char* p,
+                                                       int64_t stride, int64_t count) {
+  if (stride == sizeof(T) && count == math::kLanes) {
+    std::memcpy(p, v.p, sizeof(v.p));
+    return;
+  }
+  T lanes[math::kLanes];
+  std::memcpy(lanes, v.p, sizeof(v.p));
+  for (int64_t k = 0; k < count; ++k) std::memcpy(p + k * stride, &lanes[k], sizeof(T));
+}
+
 // One row of map_kernel: o[j] = f(in[j]...) for j < n, operands at p, contiguous or at byte
-// strides s.
-template <typename Out, typename... Ins, typename F, size_t N, size_t... I>
+// strides s. A Lanewise f runs on blocks of Lanes<T, B> (B: the vector registers' bytes).
+template <int B, typename Out, typename... Ins, typename F, size_t N, size_t... I>
 inline __attribute__((always_inline)) void map_row(const F& f, const std::array<char*, N>& p,
                                                    int64_t n, const std::array<int64_t, N>& s,
                                                    bool contiguous, std::index_sequence<I...>) {
+  if constexpr (B > 0 && is_lanewise<F>) {
+    for (int64_t j = 0; j < n; j += math::kLanes) {
+      const int64_t count = std::min<int64_t>(math::kLanes, n - j);
+      const math::Lanes<Out, B> r =
+          f(load_block<Ins, B>(p[1 + I] + j * s[1 + I], s[1 + I], count)...);
+      store_block<Out, B>(r, p[0] + j * s[0], s[0], count);
+    }
+    return;
+  }
   Out* __restrict o = reinterpret_cast<Out*>(p[0]);
   if (contiguous) {
     std::tuple<const Ins* __restrict...> in{reinterpret_cast<const Ins*>(p[1 + I])...};
@@ -136,13 +190,13 @@ template <typename Out, typename... Ins, typename F, size_t N, size_t... I>
 KILN_LOOP_AVX512 void map_row_avx512(const F& f, const std::array<char*, N>& p, int64_t n,
                                      const std::array<int64_t, N>& s, bool contiguous,
                                      std::index_sequence<I...> i) {
-  map_row<Out, Ins...>(f, p, n, s, contiguous, i);
+  map_row<64, Out, Ins...>(f, p, n, s, contiguous, i);
 }
 template <typename Out, typename... Ins, typename F, size_t N, size_t... I>
 KILN_LOOP_AVX2 void map_row_avx2(const F& f, const std::array<char*, N>& p, int64_t n,
                                  const std::array<int64_t, N>& s, bool contiguous,
                                  std::index_sequence<I...> i) {
-  map_row<Out, Ins...>(f, p, n, s, contiguous, i);
+  map_row<32, Out, Ins...>(f, p, n, s, contiguous, i);
 }
 // f() compiled as map_kernel's rows are: for the kernels that are not maps, such as a row
 // reduction that calls a transcendental (whose fmadd would otherwise be a call of libm's fma).
@@ -199,7 +253,7 @@ void map_kernel(const F& f, const Tensor& out, const Ts&... ins) {
     if (level == 2) return map_row_avx512<Out, Ins...>(f, p, n, s, contiguous, i);
     if (level == 1) return map_row_avx2<Out, Ins...>(f, p, n, s, contiguous, i);
 #endif
-    map_row<Out, Ins...>(f, p, n, s, contiguous, i);
+    map_row<16, Out, Ins...>(f, p, n, s, contiguous, i);
   };
   // Every operand contiguous with out's element count (so none is actually expanded): one flat
   // row, with no geometry to build.

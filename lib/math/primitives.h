@@ -4,10 +4,12 @@
 // atan, atan2, asin, acos, the hyperbolic functions, exp2 and log2.
 //
 // Every function is a template over a value type F (the float or double of a value family), as
-// Dr.Jit's math library serves scalars and JIT values alike. One definition has three
+// Dr.Jit's math library serves scalars and JIT values alike. One definition has four
 // instantiations:
 //   - plain C++ scalars (float, double, uint32_t, uint64_t, bool): the eager kernels and the
 //     references (lib/fastmath.h names them);
+//   - blocks of 16 lanes (lib/math/lanes.h: GCC vectors): the eager elementwise kernels of math
+//     ops, vectors even where the compiler would leave the scalar loop scalar;
 //   - LLVM IR values (fuser/codegen/llvm/ir_value.h: operators that call an IRBuilder): the CPU
 //     code generator emits the very same sequence, vectorized by LLVM;
 //   - CUDA C source (fuser/codegen/cuda/source_value.h: operators that append statements): the
@@ -27,11 +29,11 @@
 // (docs/numerics.md) hold everywhere. Where an algorithm needs an exact product or sum (Dekker's
 // product, TwoSum, Veltkamp's split), it uses plain operations.
 //
-// Branch-free (but for one branch in plain scalar code, see is_scalar): every case is computed
-// and the right one selected, integers come from the bits of
+// Branch-free (but for a branch around a rare costly case in plain scalars and blocks, see
+// branches): every case is computed and the right one selected, integers come from the bits of
 // rounded values, table indices are in range for every input, so that no NaN, infinity or
-// out-of-range value meets a float-to-int conversion (undefined in C++, poison in LLVM IR),
-// a shift or an index, and so that the loops vectorize.
+// out-of-range value meets a float-to-int conversion (undefined in C++, poison in LLVM IR), a
+// shift or an index, and so that the loops vectorize.
 // Special values follow libm: NaN in, NaN out; log of a negative NaN, of 0 -inf; sin and cos of
 // +-inf NaN; +-0 kept where libm keeps it; |erf| <= 1.
 #pragma once
@@ -44,6 +46,7 @@
 // Every function is inlined into its caller, so that the eager kernels' loops vectorize it (with
 // the caller's instruction set: lib/loops.h's multiversioned loops).
 #define KILN_MATH_INLINE inline __attribute__((always_inline))
+#define KILN_MATH_LAMBDA_INLINE __attribute__((always_inline))
 
 namespace kiln::math {
 
@@ -59,6 +62,10 @@ template <template <typename> class W, typename T, typename S>
 struct Rebind<W<T>, S> {
   using type = W<S>;
 };
+template <template <typename, int> class W, typename T, int B, typename S>
+struct Rebind<W<T, B>, S> {
+  using type = W<S, B>;
+};
 template <typename V, typename S>
 using Like = typename Rebind<V, S>::type;
 
@@ -68,6 +75,14 @@ using IfScalar = std::enable_if_t<std::is_arithmetic_v<T>, int>;
 // other families compute every case and select.
 template <typename T>
 inline constexpr bool is_scalar = std::is_arithmetic_v<T>;
+// Families that may branch on a mask where a case is costly and rare, running it only when any_of
+// the mask's lanes needs it: plain scalars (one lane) and lib/math/lanes.h's blocks. The code
+// generators' families compute every case and select.
+template <typename T>
+inline constexpr bool branches = is_scalar<T>;
+KILN_MATH_INLINE bool any_of(bool m) {
+  return m;
+}
 
 template <typename T, IfScalar<T> = 0>
 KILN_MATH_INLINE T select(bool m, T a, T b) {
@@ -419,8 +434,8 @@ KILN_MATH_INLINE Like<F, uint32_t> reduce_pio2_f32(F x, Like<F, double>* r) {
   const auto fast = ax < F(C::kFast);
   U ql = U(0);
   D rl = D(0.0);
-  if constexpr (is_scalar<F>) {
-    if (!fast) rl = reduce_large_f32(bitcast<uint32_t>(ax), &ql);
+  if constexpr (branches<F>) {
+    if (any_of(!fast)) rl = reduce_large_f32(bitcast<uint32_t>(ax), &ql);
   } else {
     rl = reduce_large_f32(bitcast<uint32_t>(ax), &ql);
   }
@@ -921,8 +936,8 @@ KILN_MATH_INLINE F kernel_cos_f64(F x, F y) {
 }
 
 // x = n pi/2 + (hi + lo), n mod 4 returned: reduce_medium_f64 below 2^20, else reduce_large_f64
-// on |x| and the signs flipped. Both reductions are computed (plain scalars: the large one only
-// where it is taken); the right one is selected.
+// on |x| and the signs flipped. Both reductions are computed (families that branch: the large one
+// only where some lane takes it); the right one is selected.
 template <typename F>
 KILN_MATH_INLINE Like<F, uint32_t> reduce_pio2_f64(F x, F* hi, F* lo) {
   using C = SinCosF64;
@@ -933,8 +948,8 @@ KILN_MATH_INLINE Like<F, uint32_t> reduce_pio2_f64(F x, F* hi, F* lo) {
   F hf, lf, hl = F(0.0), ll = F(0.0);
   const U qf = reduce_medium_f64(x, &hf, &lf);
   U ql = U(0);
-  if constexpr (is_scalar<F>) {
-    if (!fast) ql = reduce_large_f64(bitcast<uint64_t>(ax), &hl, &ll);
+  if constexpr (branches<F>) {
+    if (any_of(!fast)) ql = reduce_large_f64(bitcast<uint64_t>(ax), &hl, &ll);
   } else {
     ql = reduce_large_f64(bitcast<uint64_t>(ax), &hl, &ll);
   }

@@ -82,7 +82,7 @@ KILN_MATH_INLINE F atan_nonneg_f64(F a) {
   using C = AtanF64;
   const auto i0 = a >= F(C::kEnds[0]), i1 = a >= F(C::kEnds[1]), i2 = a >= F(C::kEnds[2]),
              i3 = a >= F(C::kEnds[3]);
-  auto pick = [&](F below, F e0, F e1, F e2, F e3) {
+  auto pick = [&](F below, F e0, F e1, F e2, F e3) KILN_MATH_LAMBDA_INLINE {
     return select(i3, e3, select(i2, e2, select(i1, e1, select(i0, e0, below))));
   };
   const F one(1.0), two(2.0), three_halves(1.5);
@@ -278,10 +278,10 @@ KILN_MATH_INLINE F log2_f64(F x) {
 
 // ---- float32: the float64 definitions, rounded once ----
 
-#define KILN_THROUGH_F64(f)                                   \
-  template <typename F>                                       \
-  KILN_MATH_INLINE F f##_f32(F x) {                           \
-    return through_f64(x, [](auto d) { return f##_f64(d); }); \
+#define KILN_THROUGH_F64(f)                                                           \
+  template <typename F>                                                               \
+  KILN_MATH_INLINE F f##_f32(F x) {                                                   \
+    return through_f64(x, [](auto d) KILN_MATH_LAMBDA_INLINE { return f##_f64(d); }); \
   }
 KILN_THROUGH_F64(atan)
 KILN_THROUGH_F64(asin)
@@ -313,7 +313,7 @@ KILN_MATH_INLINE F tan_f32(F x) {
 
 template <typename F>
 KILN_MATH_INLINE F atan2_f32(F y, F x) {
-  return through_f64(y, x, [](auto b, auto a) { return atan2_f64(b, a); });
+  return through_f64(y, x, [](auto b, auto a) KILN_MATH_LAMBDA_INLINE { return atan2_f64(b, a); });
 }
 
 }  // namespace kiln::math

@@ -33,85 +33,27 @@ T multiply(T x, T y) {
     return wrap_mul(x, y);
 }
 
-// Transcendentals (lib/math/primitives.h through lib/fastmath.h; the code generators instantiate
-// the same definitions): exp, log, log1p, expm1, sin, cos, tanh and erf for float32 and float64.
-// Always inlined, so that the multiversioned loops of lib/loops.h compile them with FMA.
-template <typename T>
-KILN_MATH_INLINE T erf_value(T x) {
-  if constexpr (std::is_same_v<T, float>)
-    return detail::erf_f32(x);
-  else if constexpr (std::is_same_v<T, double>)
-    return detail::erf_f64(x);
-  else
-    return std::erf(x);
-}
-
-template <typename T>
-KILN_MATH_INLINE T exp_value(T x) {
-  if constexpr (std::is_same_v<T, float>)
-    return detail::exp_f32(x);
-  else if constexpr (std::is_same_v<T, double>)
-    return detail::exp_f64(x);
-  else
-    return std::exp(x);
-}
-template <typename T>
-KILN_MATH_INLINE T log_value(T x) {
-  if constexpr (std::is_same_v<T, float>)
-    return detail::log_f32(x);
-  else if constexpr (std::is_same_v<T, double>)
-    return detail::log_f64(x);
-  else
-    return std::log(x);
-}
-template <typename T>
-KILN_MATH_INLINE T log1p_value(T x) {
-  if constexpr (std::is_same_v<T, float>)
-    return detail::log1p_f32(x);
-  else if constexpr (std::is_same_v<T, double>)
-    return detail::log1p_f64(x);
-  else
-    return std::log1p(x);
-}
-template <typename T>
-KILN_MATH_INLINE T expm1_value(T x) {
-  if constexpr (std::is_same_v<T, float>)
-    return detail::expm1_f32(x);
-  else if constexpr (std::is_same_v<T, double>)
-    return detail::expm1_f64(x);
-  else
-    return std::expm1(x);
-}
-template <typename T>
-KILN_MATH_INLINE T sin_value(T x) {
-  if constexpr (std::is_same_v<T, float>)
-    return detail::sin_f32(x);
-  else if constexpr (std::is_same_v<T, double>)
-    return detail::sin_f64(x);
-  else
-    return std::sin(x);
-}
-template <typename T>
-KILN_MATH_INLINE T cos_value(T x) {
-  if constexpr (std::is_same_v<T, float>)
-    return detail::cos_f32(x);
-  else if constexpr (std::is_same_v<T, double>)
-    return detail::cos_f64(x);
-  else
-    return std::cos(x);
-}
-// tan, the inverse trigonometric and the hyperbolic functions: lib/math/trig_hyperbolic.h's
-// float32 and float64 definitions, libm's for other types.
-#define KILN_MATH_VALUE(f)                        \
-  template <typename T>                           \
-  KILN_MATH_INLINE T f##_value(T x) {             \
-    if constexpr (std::is_same_v<T, float>)       \
-      return math::f##_f32(x);                    \
-    else if constexpr (std::is_same_v<T, double>) \
-      return math::f##_f64(x);                    \
-    else                                          \
-      return std::f(x);                           \
+// Transcendentals: lib/math's single definitions (the code generators instantiate the same) for
+// float32 and float64, plain or in lib/math/lanes.h's blocks (Lanewise formulas); libm's for other
+// types. Always inlined, so that the multiversioned loops of lib/loops.h compile them with FMA.
+#define KILN_MATH_VALUE(f)                                        \
+  template <typename T>                                           \
+  KILN_MATH_INLINE T f##_value(T x) {                             \
+    if constexpr (std::is_same_v<math::ScalarOf<T>, float>)       \
+      return math::f##_f32(x);                                    \
+    else if constexpr (std::is_same_v<math::ScalarOf<T>, double>) \
+      return math::f##_f64(x);                                    \
+    else                                                          \
+      return std::f(x);                                           \
   }
+KILN_MATH_VALUE(exp)
+KILN_MATH_VALUE(log)
+KILN_MATH_VALUE(log1p)
+KILN_MATH_VALUE(expm1)
+KILN_MATH_VALUE(sin)
+KILN_MATH_VALUE(cos)
+KILN_MATH_VALUE(tanh)
+KILN_MATH_VALUE(erf)
 KILN_MATH_VALUE(tan)
 KILN_MATH_VALUE(atan)
 KILN_MATH_VALUE(asin)
@@ -126,21 +68,12 @@ KILN_MATH_VALUE(log2)
 #undef KILN_MATH_VALUE
 template <typename T>
 KILN_MATH_INLINE T atan2_value(T y, T x) {
-  if constexpr (std::is_same_v<T, float>)
+  if constexpr (std::is_same_v<math::ScalarOf<T>, float>)
     return math::atan2_f32(y, x);
-  else if constexpr (std::is_same_v<T, double>)
+  else if constexpr (std::is_same_v<math::ScalarOf<T>, double>)
     return math::atan2_f64(y, x);
   else
     return std::atan2(y, x);
-}
-template <typename T>
-KILN_MATH_INLINE T tanh_value(T x) {
-  if constexpr (std::is_same_v<T, float>)
-    return detail::tanh_f32(x);
-  else if constexpr (std::is_same_v<T, double>)
-    return detail::tanh_f64(x);
-  else
-    return std::tanh(x);
 }
 
 // pow's primitive, lib/math/primitives.h's single definition (the fused kernels instantiate the
@@ -205,13 +138,19 @@ std::vector<Tensor> saved_for(Saves saves, const Tensor& x, const Tensor& y) {
 }  // namespace
 
 // KILN_UNARY(name, rule, supports_bool, scalar expression of x of type T, saves, gradient
-// expression in the tensors g (output gradient), x (input) and y (output); Tensor() for none)
-#define KILN_UNARY(NAME, RULE, BOOL_OK, EXPR, FORMULA, SAVES, GRAD)                  \
-  static const auto NAME##_fn = [](auto x) {                                         \
+// expression in the tensors g (output gradient), x (input) and y (output); Tensor() for none).
+// KILN_UNARY_MATH: the same, for an expression that also computes lib/math/lanes.h's blocks (T a
+// Lanes of float or double lanes; see detail::Lanewise).
+#define KILN_UNARY(NAME, RULE, BOOL_OK, EXPR, FORMULA, SAVES, GRAD) \
+  KILN_UNARY_OP(NAME, RULE, BOOL_OK, EXPR, FORMULA, SAVES, GRAD, )
+#define KILN_UNARY_MATH(NAME, RULE, BOOL_OK, EXPR, FORMULA, SAVES, GRAD) \
+  KILN_UNARY_OP(NAME, RULE, BOOL_OK, EXPR, FORMULA, SAVES, GRAD, detail::lanewise)
+#define KILN_UNARY_OP(NAME, RULE, BOOL_OK, EXPR, FORMULA, SAVES, GRAD, WRAP)         \
+  static const auto NAME##_fn = WRAP([](auto x) {                                    \
     using T = decltype(x);                                                           \
     (void)sizeof(T);                                                                 \
     return EXPR;                                                                     \
-  };                                                                                 \
+  });                                                                                \
   static detail::OpHandle NAME##_def;                                                \
   Tensor NAME(const Tensor& input) {                                                 \
     Tensor out = detail::unary_op<RULE>(NAME##_def, input, NAME##_fn);               \
@@ -227,6 +166,8 @@ std::vector<Tensor> saved_for(Saves saves, const Tensor& x, const Tensor& y) {
 
 #include "lib/ops/unary_ops.inc"
 #undef KILN_UNARY
+#undef KILN_UNARY_MATH
+#undef KILN_UNARY_OP
 
 static detail::OpHandle gelu_def;
 static void register_gelu() {
@@ -248,19 +189,17 @@ Tensor gelu(const Tensor& input, const std::string& approximate) {
   const bool tanh_form = approximate == "tanh";
   Tensor out =
       tanh_form ? detail::unary_op<DTypeRule::Float>(
-                      gelu_def, input,
-                      [](auto x) {
+                      gelu_def, input, detail::lanewise([](auto x) {
                         using T = decltype(x);
                         const T k = T(0.7978845608028654);
                         return T(0.5) * x * (T(1) + tanh_value(k * (x + T(0.044715) * x * x * x)));
-                      },
+                      }),
                       {approximate})
                 : detail::unary_op<DTypeRule::Float>(
-                      gelu_def, input,
-                      [](auto x) {
+                      gelu_def, input, detail::lanewise([](auto x) {
                         using T = decltype(x);
                         return T(0.5) * x * (T(1) + erf_value(x * T(0.7071067811865476)));
-                      },
+                      }),
                       {approximate});
   if (detail::needs_grad(input))
     detail::record("gelu", {input}, {out}, {input}, [tanh_form](const detail::BackwardContext& c) {
@@ -744,8 +683,10 @@ void registration::register_elementwise_ops() {
         detail::unary_into<RULE>(NAME##_def, NAME##_fn, out, in[0]);          \
       },                                                                      \
       FORMULA));
+#define KILN_UNARY_MATH KILN_UNARY
 #include "lib/ops/unary_ops.inc"
 #undef KILN_UNARY
+#undef KILN_UNARY_MATH
 #define KILN_BINARY(NAME, RULE, BOOL_OK, EXPR, FORMULA, GRAD_A, A_READS, GRAD_B, B_READS) \
   NAME##_def.bind(def_op(                                                                 \
       #NAME, OpKind::Binary, 2, RULE, BOOL_OK,                                            \

@@ -50,8 +50,8 @@
 //     non_gemm = (step - GEMMs) / step. BM_LstmCellStepBackwardTraced: the same step as a
 //     differentiable jit::trace of the forward (issue 6), called and differentiated each iteration.
 //   BM_FuseLayerNormBackward4096, BM_FuseSoftmaxXentBackward4096: see "backward row models".
-//   BM_FuseTrig16M/<op>_{eager,lazy}: tan, atan, asin, sinh, cosh, acosh and atanh on 16M float32,
-//     against the copy floor (x_floor) and sin in the same mode (x_sin).
+//   BM_Math16M/<op>_<f32|f64>_{lazy,eager}: each math function on 16M values, against the copy
+//     floor (x_floor); eager rows also against the lazy row (x_lazy).
 #include <benchmark/benchmark.h>
 #include <omp.h>
 #include <unistd.h>
@@ -538,19 +538,27 @@ BENCHMARK_CAPTURE(BM_FuseMemoryFloor4096, copy, false)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_FuseMemoryFloor4096, read, true)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// tan, the inverse trigonometric and the hyperbolic functions on 16M float32 (float32 computed
-// through float64, as sin): x = randn / 2 (1 + |x| for acosh), eager and lazy. x_floor = time /
-// the copy floor; x_sin = time / sin's of the same mode in this run (registered first).
-void BM_FuseTrig16M(benchmark::State& state, const std::string& name, bool lazy) {
+// Each math function on 16M float32 (float32 computed through float64 for the inverse
+// trigonometric and the hyperbolic functions) or float64 values: x = randn / 2 (1 + |x| for
+// acosh, 20 randn for exp, 10 randn for sin), lazy (one kernel), then eager (lib/math/lanes.h's
+// blocks). x_floor = time / the copy floor of 16M float32 measured in this run (float64 moves
+// twice the bytes); eager rows: x_lazy = time / the lazy row's.
+void BM_Math16M(benchmark::State& state, const std::string& name, kiln::DType dtype, bool lazy) {
   using Unary = Tensor (*)(const Tensor&);
   static const std::map<std::string, Unary> ops = {
-      {"sin", kiln::sin},   {"tan", kiln::tan},   {"atan", kiln::atan},   {"asin", kiln::asin},
-      {"sinh", kiln::sinh}, {"cosh", kiln::cosh}, {"acosh", kiln::acosh}, {"atanh", kiln::atanh}};
+      {"exp", kiln::exp},        {"log", kiln::log},     {"tanh", kiln::tanh},
+      {"erf", kiln::erf},        {"sin", kiln::sin},     {"tan", kiln::tan},
+      {"atan", kiln::atan},      {"asin", kiln::asin},   {"sinh", kiln::sinh},
+      {"cosh", kiln::cosh},      {"asinh", kiln::asinh}, {"acosh", kiln::acosh},
+      {"atanh", kiln::atanh},    {"exp2", kiln::exp2},   {"log2", kiln::log2},
+      {"sigmoid", kiln::sigmoid}};
   Tensor x;
   {
     kiln::LazyGuard eager(false);
     x = kiln::randn({k16M}) * 0.5;
-    if (name == "acosh") x = kiln::abs(x) + 1.0;
+    if (name == "acosh" || name == "log" || name == "log2") x = kiln::abs(x) + 1.0;
+    if (name == "exp" || name == "sin") x = x * 20.0;
+    x = x.to(dtype);
   }
   const Unary op = ops.at(name);
   kiln::LazyGuard mode(lazy);
@@ -561,30 +569,43 @@ void BM_FuseTrig16M(benchmark::State& state, const std::string& name, bool lazy)
     benchmark::DoNotOptimize(y.raw_data_ptr());
   }
   const double t = seconds_per_iteration(start, state);
-  set_bytes(state, kFloorCopyBytes);
+  set_bytes(state, kFloorCopyBytes * (dtype == kiln::kFloat64 ? 2 : 1));
   set_ratio(state, "x_floor", t, "floor/copy");
-  const std::string mode_name = lazy ? "lazy" : "eager";
-  if (name == "sin")
-    references()["trig/sin/" + mode_name] = t;
+  const std::string key = "math/" + name + "/" + kiln::dtype_name(dtype);
+  if (lazy)
+    references()[key] = t;
   else
-    set_ratio(state, "x_sin", t, "trig/sin/" + mode_name);
+    set_ratio(state, "x_lazy", t, key);
 }
-#define KILN_TRIG_BENCH(op)                                 \
-  BENCHMARK_CAPTURE(BM_FuseTrig16M, op##_eager, #op, false) \
-      ->Unit(benchmark::kMillisecond)                       \
-      ->UseRealTime();                                      \
-  BENCHMARK_CAPTURE(BM_FuseTrig16M, op##_lazy, #op, true)   \
-      ->Unit(benchmark::kMillisecond)                       \
+#define KILN_MATH_BENCH(op, dtype, type)                                      \
+  BENCHMARK_CAPTURE(BM_Math16M, op##_##type##_lazy, #op, kiln::dtype, true)   \
+      ->Unit(benchmark::kMillisecond)                                         \
+      ->UseRealTime();                                                        \
+  BENCHMARK_CAPTURE(BM_Math16M, op##_##type##_eager, #op, kiln::dtype, false) \
+      ->Unit(benchmark::kMillisecond)                                         \
       ->UseRealTime();
-KILN_TRIG_BENCH(sin)
-KILN_TRIG_BENCH(tan)
-KILN_TRIG_BENCH(atan)
-KILN_TRIG_BENCH(asin)
-KILN_TRIG_BENCH(sinh)
-KILN_TRIG_BENCH(cosh)
-KILN_TRIG_BENCH(acosh)
-KILN_TRIG_BENCH(atanh)
-#undef KILN_TRIG_BENCH
+KILN_MATH_BENCH(exp, kFloat32, f32)
+KILN_MATH_BENCH(log, kFloat32, f32)
+KILN_MATH_BENCH(tanh, kFloat32, f32)
+KILN_MATH_BENCH(sigmoid, kFloat32, f32)
+KILN_MATH_BENCH(erf, kFloat32, f32)
+KILN_MATH_BENCH(sin, kFloat32, f32)
+KILN_MATH_BENCH(tan, kFloat32, f32)
+KILN_MATH_BENCH(atan, kFloat32, f32)
+KILN_MATH_BENCH(asin, kFloat32, f32)
+KILN_MATH_BENCH(sinh, kFloat32, f32)
+KILN_MATH_BENCH(cosh, kFloat32, f32)
+KILN_MATH_BENCH(acosh, kFloat32, f32)
+KILN_MATH_BENCH(atanh, kFloat32, f32)
+KILN_MATH_BENCH(exp2, kFloat32, f32)
+KILN_MATH_BENCH(log2, kFloat32, f32)
+KILN_MATH_BENCH(exp, kFloat64, f64)
+KILN_MATH_BENCH(log, kFloat64, f64)
+KILN_MATH_BENCH(sin, kFloat64, f64)
+KILN_MATH_BENCH(tanh, kFloat64, f64)
+KILN_MATH_BENCH(atan, kFloat64, f64)
+KILN_MATH_BENCH(asinh, kFloat64, f64)
+#undef KILN_MATH_BENCH
 
 Tensor softmax_from_primitives(const Tensor& x) {
   Tensor m = x.amax({-1}, true);
