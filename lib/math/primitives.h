@@ -41,6 +41,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 #include <type_traits>
 
 // Every function is inlined into its caller, so that the eager kernels' loops vectorize it (with
@@ -76,12 +77,22 @@ using IfScalar = std::enable_if_t<std::is_arithmetic_v<T>, int>;
 template <typename T>
 inline constexpr bool is_scalar = std::is_arithmetic_v<T>;
 // Families that may branch on a mask where a case is costly and rare, running it only when any_of
-// the mask's lanes needs it: plain scalars (one lane) and lib/math/lanes.h's blocks. The code
-// generators' families compute every case and select.
+// the mask's lanes needs it: plain scalars (one lane) and lib/math/lanes.h's blocks.
 template <typename T>
 inline constexpr bool branches = is_scalar<T>;
 KILN_MATH_INLINE bool any_of(bool m) {
   return m;
+}
+// f() (a tuple of family values) where some lane of `needed` is set, else `otherwise`: a costly,
+// rare case (sin's large reduction) whose result is selected only in the lanes that need it.
+// Plain scalars and blocks branch; the LLVM family branches in vector code (ir_value.h); the CUDA
+// family computes f() in every case.
+template <typename M, typename Fn, typename R>
+KILN_MATH_INLINE R only_where_needed(M needed, const Fn& f, R otherwise) {
+  if constexpr (branches<M>) {
+    if (!any_of(needed)) return otherwise;
+  }
+  return f();
 }
 
 template <typename T, IfScalar<T> = 0>
@@ -417,8 +428,8 @@ KILN_MATH_INLINE Like<U, double> reduce_large_f32(U xi, U* quadrant) {
 }
 
 // x = n pi/2 + r in double (n mod 4 returned): |x| < 2^20 by Cody-Waite with pi/2 in two parts
-// (exact to 2^-66 there), larger |x| by reduce_large_f32 on |x| and the signs flipped (plain
-// scalars: only where it is taken).
+// (exact to 2^-66 there), larger |x| by reduce_large_f32 on |x| and the signs flipped (computed
+// only where some lane needs it: only_where_needed).
 template <typename F>
 KILN_MATH_INLINE Like<F, uint32_t> reduce_pio2_f32(F x, Like<F, double>* r) {
   using C = SinCosF32;
@@ -432,13 +443,14 @@ KILN_MATH_INLINE Like<F, uint32_t> reduce_pio2_f32(F x, Like<F, double>* r) {
   const U q_fast = convert<uint32_t>(bitcast<uint64_t>(t));
   const D r_fast = fmadd(-n, D(C::kPio2Lo), fmadd(-n, D(C::kPio2Hi), xd));
   const auto fast = ax < F(C::kFast);
-  U ql = U(0);
-  D rl = D(0.0);
-  if constexpr (branches<F>) {
-    if (any_of(!fast)) rl = reduce_large_f32(bitcast<uint32_t>(ax), &ql);
-  } else {
-    rl = reduce_large_f32(bitcast<uint32_t>(ax), &ql);
-  }
+  const auto [rl, ql] = only_where_needed(
+      !fast,
+      [&]() KILN_MATH_LAMBDA_INLINE {
+        U q;
+        const D large = reduce_large_f32(bitcast<uint32_t>(ax), &q);
+        return std::tuple{large, q};
+      },
+      std::tuple{D(0.0), U(0)});
   *r = select(fast, r_fast, select(negative, -rl, rl));
   return select(fast, q_fast, select(negative, U(0) - ql, ql));
 }
@@ -936,8 +948,8 @@ KILN_MATH_INLINE F kernel_cos_f64(F x, F y) {
 }
 
 // x = n pi/2 + (hi + lo), n mod 4 returned: reduce_medium_f64 below 2^20, else reduce_large_f64
-// on |x| and the signs flipped. Both reductions are computed (families that branch: the large one
-// only where some lane takes it); the right one is selected.
+// on |x| and the signs flipped (the large one computed only where some lane needs it:
+// only_where_needed); the right one is selected.
 template <typename F>
 KILN_MATH_INLINE Like<F, uint32_t> reduce_pio2_f64(F x, F* hi, F* lo) {
   using C = SinCosF64;
@@ -945,14 +957,16 @@ KILN_MATH_INLINE Like<F, uint32_t> reduce_pio2_f64(F x, F* hi, F* lo) {
   const auto negative = x < F(0.0);
   const F ax = abs_of(x);
   const auto fast = ax < F(C::kFast);
-  F hf, lf, hl = F(0.0), ll = F(0.0);
+  F hf, lf;
   const U qf = reduce_medium_f64(x, &hf, &lf);
-  U ql = U(0);
-  if constexpr (branches<F>) {
-    if (any_of(!fast)) ql = reduce_large_f64(bitcast<uint64_t>(ax), &hl, &ll);
-  } else {
-    ql = reduce_large_f64(bitcast<uint64_t>(ax), &hl, &ll);
-  }
+  const auto [ql, hl, ll] = only_where_needed(
+      !fast,
+      [&]() KILN_MATH_LAMBDA_INLINE {
+        F h, l;
+        const U q = reduce_large_f64(bitcast<uint64_t>(ax), &h, &l);
+        return std::tuple{q, h, l};
+      },
+      std::tuple{U(0), F(0.0), F(0.0)});
   *hi = select(fast, hf, select(negative, -hl, hl));
   *lo = select(fast, lf, select(negative, -ll, ll));
   return select(fast, qf, select(negative, U(0) - ql, ql));

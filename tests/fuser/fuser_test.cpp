@@ -532,6 +532,55 @@ TEST(Fuser, Atan2MatchesEagerOnEveryPairOfSpecialValues) {
   }
 }
 
+// sin, cos and tan compute their large reduction (arguments from 2^20 up) only for a vector of
+// lanes that holds such an argument (a branch in their out-of-line vector functions): a large
+// argument at every position among small ones, vectors without any, and the remainder loop's
+// elements all give eager mode's bits.
+TEST(Fuser, TrigonometricLargeReductionRunsOnlyForVectorsThatNeedIt) {
+  std::vector<double> v;
+  for (int i = 0; i < 301; ++i) v.push_back(0.37 * i - 40.0);
+  for (int k = 0; k < 40; ++k) v[70 + k * 3] = (k % 2 ? -1.0 : 1.0) * std::ldexp(1.0 + k, 20 + k);
+  v.back() = 3e30;
+  for (DType dtype : {kFloat32, kFloat64}) {
+    Tensor x;
+    {
+      LazyGuard eager_mode(false);
+      x = from_vector(v, Shape{static_cast<int64_t>(v.size())}).to(dtype);
+    }
+    for (auto op : {kiln::sin, kiln::cos, kiln::tan}) {
+      Fn fn = [op](const Inputs& in) { return Inputs{op(in[0] * 1.0) + 0.0}; };
+      expect_fused_equals_eager(fn, {x}, dtype_name(dtype));
+    }
+  }
+}
+
+// Kernels of many outputs computing transcendentals once or twice each, on every layout (a
+// strided kernel inlines them all: see Emitter::math), give eager mode's bits.
+TEST(Fuser, StridedKernelsWithTranscendentalsMatchEager) {
+  const Tensor x = testing::input({16, 436}, kFloat64, -3.0, 3.0);
+  Fn once = [](const Inputs& in) {
+    const Tensor& a = in[0];
+    return Inputs{tanh(a),  erf(a),   log1p(a), expm1(a), sin(a),  cos(a),
+                  tan(a),   atan(a),  asin(a),  acos(a),  sinh(a), cosh(a),
+                  asinh(a), acosh(a), atanh(a), exp2(a),  log2(a)};
+  };
+  Fn twice = [](const Inputs& in) {
+    const Tensor &a = in[0], b = in[0] * 2.0;
+    return Inputs{tanh(a) + tanh(b),
+                  sin(a) + sin(b),
+                  cos(a) + cos(b),
+                  tan(a) + tan(b),
+                  erf(a),
+                  exp(a),
+                  log(a),
+                  atan(a)};
+  };
+  for (const auto& [layout, xl] : testing::input_layouts(x)) {
+    expect_fused_equals_eager(once, {xl}, layout);
+    expect_fused_equals_eager(twice, {xl}, layout);
+  }
+}
+
 // A lone elementwise node on the CPU runs its reference kernel, unless it computes a
 // transcendental over at least 2^16 elements: then it is a kernel of its own (the reference
 // loops of sin, atan, ... do not vectorize), with eager mode's bits.

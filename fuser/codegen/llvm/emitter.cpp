@@ -110,6 +110,7 @@ void Emitter::emit_strided(const Layout& layout, const KernelArgs& args, llvm::B
   const int rank = layout.rank;
   const Geometry g = load_geometry(args.sizes, args.strides, rank);
   single_.assign(k_.input_types.size(), false);
+  strided_ = true;
   loop(
       args.begin, args.end, exit,
       [&](llvm::Value* row) {

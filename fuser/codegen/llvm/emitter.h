@@ -184,6 +184,7 @@ class Emitter {
   std::vector<llvm::Value*> bases_;  // per pointer (inputs, then outputs): its first element
   std::vector<bool> single_;         // per input: read at its first element only
   int vector_width_;                 // float lanes of a vector register, or 0
+  bool strided_ = false;             // a strided kernel: every primitive inline (see math)
 };
 
 }  // namespace kiln::fuser::cpu

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -222,6 +223,41 @@ Ir<T> libm_pow(Ir<bool> where, Ir<T> x, Ir<T> y) {
   phi->addIncoming(call, call_block);
   phi->addIncoming(x.v, from);
   return Ir<T>(phi);
+}
+
+// f() where some lane of `needed` is set, else `otherwise` (lib/math/primitives.h): in vector code
+// (a primitive's out-of-line vector function) a branch on whether any lane is set around f's
+// instructions, and a phi per value; in scalar code, whose loop the loop vectorizer turns into
+// vector code (which a branch would keep it from doing), f() in every case.
+template <typename Fn, typename... T>
+std::tuple<Ir<T>...> only_where_needed(Ir<bool> needed, const Fn& f,
+                                       std::tuple<Ir<T>...> otherwise) {
+  if (!current->lanes) return f();
+  llvm::IRBuilder<>& b = builder();
+  llvm::BasicBlock* from = b.GetInsertBlock();
+  llvm::Function* fn = from->getParent();
+  auto* taken = llvm::BasicBlock::Create(b.getContext(), "needed", fn);
+  auto* done = llvm::BasicBlock::Create(b.getContext(), "needed_done", fn);
+  b.CreateCondBr(b.CreateOrReduce(needed.v), taken, done);
+  b.SetInsertPoint(taken);
+  // Splats made in the branch do not dominate the code after it: forgotten there.
+  const size_t splats = current->splats.size();
+  std::tuple<Ir<T>...> values = f();
+  current->splats.resize(splats);
+  llvm::BasicBlock* end = b.GetInsertBlock();
+  b.CreateBr(done);
+  b.SetInsertPoint(done);
+  auto merge = [&](auto value, auto other) {
+    llvm::PHINode* phi = b.CreatePHI(value.v->getType(), 2);
+    phi->addIncoming(value.v, end);
+    phi->addIncoming(other.v, from);
+    return decltype(value)(phi);
+  };
+  return std::apply(
+      [&](auto... v) {
+        return std::apply([&](auto... o) { return std::tuple{merge(v, o)...}; }, otherwise);
+      },
+      values);
 }
 
 // Table's entry `index`: the table is a private constant of the module, emitted once.

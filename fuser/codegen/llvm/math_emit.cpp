@@ -14,10 +14,17 @@ namespace kiln::fuser::cpu {
 
 // A primitive defined in lib/math/primitives.h (fuser/prim_math.h), instantiated for IR values
 // (fuser/codegen/llvm/ir_value.h) of t: float32 and float64, and for pow int32 and int64 (as
-// unsigned values of their width). Inline, or for a float transcendental that the kernel uses
-// more than once, a call of its out-of-line function (math_function).
+// unsigned values of their width). Inline, or for a float transcendental that a flat or rows
+// kernel uses more than once (sin, cos and tan: always, in vectorized kernels), a call of its
+// out-of-line function (math_function).
 llvm::Value* Emitter::math(Prim p, DType t, llvm::Value* a, llvm::Value* b) {
-  if (!b && is_floating_point(t) && uses_of(p, t) > 1) {
+  // sin, cos and tan branch around their large reduction in vector code only (see
+  // ir::only_where_needed): out of line even where the kernel uses them once. A strided kernel
+  // inlines every primitive: around calls in its loop, LLVM 19's vectorizer dropped the check
+  // that a strided operand's inner stride is 1 and loaded it as contiguous
+  // (Fuser.StridedKernelsWithTranscendentalsMatchEager).
+  const bool branches = vector_width_ > 0 && (p == Prim::Sin || p == Prim::Cos || p == Prim::Tan);
+  if (!b && !strided_ && is_floating_point(t) && (uses_of(p, t) > 1 || branches)) {
     llvm::Function* f = math_function(p, t);
     llvm::CallInst* call = b_.CreateCall(f, {a});
     if (vector_width_ > 0) {
@@ -83,7 +90,8 @@ llvm::Function* Emitter::math_function(Prim p, DType t) {
     f->addFnAttr(llvm::Attribute::WillReturn);
     // sin and cos read a constant table; the others touch no memory.
     bool reads = false;
-    for (llvm::Instruction& in : f->getEntryBlock()) reads |= in.mayReadFromMemory();
+    for (llvm::BasicBlock& block : *f)
+      for (llvm::Instruction& in : block) reads |= in.mayReadFromMemory();
     if (reads)
       f->setOnlyReadsMemory();
     else
