@@ -342,10 +342,17 @@ bool remainder_scalar_pick(Gen& g, Step& s) {
   return max_finite_abs(x) <= 64 * std::abs(s.p.scalars[0]);
 }
 // A negative base to a computed floating power (deliberate difference): the result is NaN
-// unless the power is an integer, which the power's ulps of difference decide.
+// unless the power is an integer, which the power's ulps of difference decide. Nor a base of -inf
+// or -0 with an exponent of +-0.5 (deliberate difference, as in pow_pick; seed
+// 8176622970164757372: pow(-inf, softsign(-1))).
 bool scalar_pow_pick(Gen& g, Step& s) {
   with_scalar(g, s);
-  return !(s.p.scalars[0] < 0 && is_float(arg(g, s, 0)) && inexact_so_far(g));
+  const double base = s.p.scalars[0];
+  const auto& y = arg(g, s, 0);
+  if (base < 0 && is_float(y) && inexact_so_far(g)) return false;
+  const bool negative_zero_or_inf = std::signbit(base) && (base == 0 || std::isinf(base));
+  return !negative_zero_or_inf || y.numel() == 0 ||
+         !(torch::abs(y.to(torch::kFloat64)) == 0.5).any().item<bool>();
 }
 // log1p near the largest float: libtorch's vectorized log1p overflows to inf there. Nor a float32
 // subnormal: kiln's log1p returns it (right), libtorch's 0, whose log a later op takes. Nor
