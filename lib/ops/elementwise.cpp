@@ -265,27 +265,34 @@ std::vector<Tensor> saved_for(Saves grad_a_reads, Saves grad_b_reads, const Tens
 // KILN_BINARY(name, rule, supports_bool, scalar expression of x and y of type T, gradient
 // expressions for a and b in the tensors g, a and b (Tensor() for none), each with the operands
 // it reads: X for a, Y for b)
-#define KILN_BINARY(NAME, RULE, BOOL_OK, EXPR, FORMULA, GRAD_A, A_READS, GRAD_B, B_READS)       \
-  static const auto NAME##_fn = [](auto x, auto y) {                                            \
-    using T = decltype(x);                                                                      \
-    (void)sizeof(T);                                                                            \
-    return EXPR;                                                                                \
-  };                                                                                            \
-  static detail::OpHandle NAME##_def;                                                           \
-  Tensor NAME(const Tensor& a, const Tensor& b) {                                               \
-    Tensor out = detail::binary_op<RULE>(NAME##_def, a, b, NAME##_fn);                          \
-    if (detail::needs_grad(a, b))                                                               \
-      detail::record(#NAME, {a, b}, {out}, saved_for(Saves::A_READS, Saves::B_READS, a, b),     \
-                     [](const detail::BackwardContext& c) {                                     \
-                       const Tensor &g = c.grad(), &a = c.saved(0), &b = c.saved(1);            \
-                       (void)g, (void)a, (void)b;                                               \
-                       return std::vector<Tensor>{c.needs_grad(0) ? Tensor(GRAD_A) : Tensor(),  \
-                                                  c.needs_grad(1) ? Tensor(GRAD_B) : Tensor()}; \
-                     });                                                                        \
-    return out;                                                                                 \
-  }                                                                                             \
-  Tensor NAME(const Tensor& a, const Scalar& b) {                                               \
-    return NAME(a, wrap_scalar(b));                                                             \
+// KILN_BINARY_MATH: the same, for an expression that also computes blocks of lanes (see
+// KILN_UNARY_MATH).
+#define KILN_BINARY(NAME, RULE, BOOL_OK, EXPR, FORMULA, GRAD_A, A_READS, GRAD_B, B_READS) \
+  KILN_BINARY_OP(NAME, RULE, BOOL_OK, EXPR, FORMULA, GRAD_A, A_READS, GRAD_B, B_READS, )
+#define KILN_BINARY_MATH(NAME, RULE, BOOL_OK, EXPR, FORMULA, GRAD_A, A_READS, GRAD_B, B_READS) \
+  KILN_BINARY_OP(NAME, RULE, BOOL_OK, EXPR, FORMULA, GRAD_A, A_READS, GRAD_B, B_READS,         \
+                 detail::lanewise)
+#define KILN_BINARY_OP(NAME, RULE, BOOL_OK, EXPR, FORMULA, GRAD_A, A_READS, GRAD_B, B_READS, WRAP) \
+  static const auto NAME##_fn = WRAP([](auto x, auto y) {                                          \
+    using T = decltype(x);                                                                         \
+    (void)sizeof(T);                                                                               \
+    return EXPR;                                                                                   \
+  });                                                                                              \
+  static detail::OpHandle NAME##_def;                                                              \
+  Tensor NAME(const Tensor& a, const Tensor& b) {                                                  \
+    Tensor out = detail::binary_op<RULE>(NAME##_def, a, b, NAME##_fn);                             \
+    if (detail::needs_grad(a, b))                                                                  \
+      detail::record(#NAME, {a, b}, {out}, saved_for(Saves::A_READS, Saves::B_READS, a, b),        \
+                     [](const detail::BackwardContext& c) {                                        \
+                       const Tensor &g = c.grad(), &a = c.saved(0), &b = c.saved(1);               \
+                       (void)g, (void)a, (void)b;                                                  \
+                       return std::vector<Tensor>{c.needs_grad(0) ? Tensor(GRAD_A) : Tensor(),     \
+                                                  c.needs_grad(1) ? Tensor(GRAD_B) : Tensor()};    \
+                     });                                                                           \
+    return out;                                                                                    \
+  }                                                                                                \
+  Tensor NAME(const Tensor& a, const Scalar& b) {                                                  \
+    return NAME(a, wrap_scalar(b));                                                                \
   }
 
 namespace {
@@ -299,6 +306,8 @@ Tensor share(const Tensor& g, const Tensor& loses, const Tensor& a, const Tensor
 
 #include "lib/ops/binary_ops.inc"
 #undef KILN_BINARY
+#undef KILN_BINARY_MATH
+#undef KILN_BINARY_OP
 
 namespace {
 // Calls use(f) with the scalar formula of a + alpha * b (of a - alpha * b for sub).
@@ -695,8 +704,10 @@ void registration::register_elementwise_ops() {
         detail::binary_into<RULE>(NAME##_def, NAME##_fn, out, in[0], in[1]);              \
       },                                                                                  \
       FORMULA));
+#define KILN_BINARY_MATH KILN_BINARY
 #include "lib/ops/binary_ops.inc"
 #undef KILN_BINARY
+#undef KILN_BINARY_MATH
   register_gelu();
   register_softplus();
   register_add();

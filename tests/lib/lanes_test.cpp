@@ -209,6 +209,13 @@ TEST(LanewiseKernels, EveryLengthAndStrideGivesTheScalarBits) {
     Tensor d = kiln::exp(x.to(kFloat64).unsqueeze(0).expand({3, n}));
     for (int64_t i = 0; i < n; ++i)
       EXPECT_EQ(at<double>(d.select(0, 2), i), math::exp_f64(at<double>(x, i))) << n;
+    // Two operands: a strided one and a broadcast scalar, then two contiguous ones.
+    Tensor e = kiln::atan2(x, kiln::full({}, -0.75)), f = kiln::atan2(x.contiguous(), x * 0.5);
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = at<float>(x, i);
+      EXPECT_EQ(at<float>(e, i), math::atan2_f32(v, -0.75f)) << n;
+      EXPECT_EQ(at<float>(f, i), math::atan2_f32(v, at<float>(x * 0.5, i))) << n;
+    }
   }
 }
 
