@@ -147,7 +147,7 @@ template <int B, typename Out, typename... Ins, typename F, size_t N, size_t... 
 inline __attribute__((always_inline)) void map_row(const F& f, const std::array<char*, N>& p,
                                                    int64_t n, const std::array<int64_t, N>& s,
                                                    bool contiguous, std::index_sequence<I...>) {
-  if constexpr (B > 0 && is_lanewise<F>) {
+  if constexpr (is_lanewise<F>) {
     for (int64_t j = 0; j < n; j += math::kLanes) {
       const int64_t count = std::min<int64_t>(math::kLanes, n - j);
       const math::Lanes<Out, B> r =
