@@ -321,6 +321,12 @@ Tensor Tensor::mul(const Tensor& o) const {
 Tensor Tensor::div(const Tensor& o) const {
   return kiln::div(*this, o);
 }
+Tensor Tensor::div(const Tensor& o, std::optional<std::string_view> rounding_mode) const {
+  return kiln::div(*this, o, rounding_mode);
+}
+Tensor Tensor::div(const Scalar& o, std::optional<std::string_view> rounding_mode) const {
+  return kiln::div(*this, o, rounding_mode);
+}
 Tensor Tensor::pow(const Tensor& e) const {
   return kiln::pow(*this, e);
 }
@@ -564,6 +570,10 @@ KILN_UNARY_METHOD(square)
 KILN_UNARY_METHOD(logical_not)
 KILN_UNARY_METHOD(isnan)
 KILN_UNARY_METHOD(isfinite)
+KILN_UNARY_METHOD(isinf)
+KILN_UNARY_METHOD(isposinf)
+KILN_UNARY_METHOD(isneginf)
+KILN_UNARY_METHOD(sgn)
 KILN_UNARY_METHOD(bitwise_not)
 KILN_UNARY_METHOD(nonzero)
 #undef KILN_UNARY_METHOD
@@ -574,6 +584,10 @@ KILN_UNARY_METHOD(nonzero)
   }
 KILN_BINARY_METHOD(remainder, Tensor)
 KILN_BINARY_METHOD(remainder, Scalar)
+KILN_BINARY_METHOD(fmod, Tensor)
+KILN_BINARY_METHOD(fmod, Scalar)
+KILN_BINARY_METHOD(floor_divide, Tensor)
+KILN_BINARY_METHOD(floor_divide, Scalar)
 KILN_BINARY_METHOD(minimum, Tensor)
 KILN_BINARY_METHOD(maximum, Tensor)
 KILN_BINARY_METHOD(atan2, Tensor)
@@ -589,6 +603,9 @@ KILN_BINARY_METHOD(gt, Scalar)
 KILN_BINARY_METHOD(ge, Scalar)
 KILN_BINARY_METHOD(logical_and, Tensor)
 KILN_BINARY_METHOD(logical_or, Tensor)
+KILN_BINARY_METHOD(logical_xor, Tensor)
+KILN_BINARY_METHOD(xlogy, Tensor)
+KILN_BINARY_METHOD(xlogy, Scalar)
 KILN_BINARY_METHOD(bitwise_and, Tensor)
 KILN_BINARY_METHOD(bitwise_or, Tensor)
 KILN_BINARY_METHOD(bitwise_xor, Tensor)
@@ -600,6 +617,16 @@ KILN_BINARY_METHOD(repeat, std::vector<int64_t>)
 
 Tensor Tensor::where(const Tensor& condition, const Tensor& other) const {
   return kiln::where(condition, *this, other);
+}
+Tensor Tensor::clip(std::optional<Scalar> min, std::optional<Scalar> max) const {
+  return kiln::clip(*this, min, max);
+}
+Tensor Tensor::clip(const Tensor& min, const Tensor& max) const {
+  return kiln::clip(*this, min, max);
+}
+Tensor Tensor::nan_to_num(std::optional<double> nan, std::optional<double> posinf,
+                          std::optional<double> neginf) const {
+  return kiln::nan_to_num(*this, nan, posinf, neginf);
 }
 Tensor Tensor::clamp(const Tensor& min, const Tensor& max) const {
   return kiln::clamp(*this, min, max);

@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -131,6 +132,16 @@ Tensor square(const Tensor& x);
 Tensor logical_not(const Tensor& x);
 Tensor isnan(const Tensor& x);
 Tensor isfinite(const Tensor& x);
+Tensor isinf(const Tensor& x);
+Tensor isposinf(const Tensor& x);
+Tensor isneginf(const Tensor& x);
+// NaN, inf and -inf replaced by `nan` (default 0), `posinf` and `neginf` (default the dtype's
+// largest and lowest finite values); integer and bool tensors are copied.
+Tensor nan_to_num(const Tensor& x, std::optional<double> nan = 0.0,
+                  std::optional<double> posinf = std::nullopt,
+                  std::optional<double> neginf = std::nullopt);
+// sign, for real tensors.
+Tensor sgn(const Tensor& x);
 
 // ---------------------------------------------------------------- elementwise, binary
 // (broadcasting)
@@ -146,9 +157,26 @@ Tensor div(const Tensor& a, const Scalar& b);
 Tensor pow(const Tensor& base, const Tensor& exponent);
 Tensor pow(const Tensor& base, const Scalar& exponent);
 Tensor pow(const Scalar& base, const Tensor& exponent);
+// Division rounded by `rounding_mode`: "trunc" toward zero, "floor" toward -inf (Python's //,
+// consistent with remainder); std::nullopt is true division. With a mode, integers stay integers
+// (an integer divisor of 0 raises) and the gradient is 0.
+Tensor div(const Tensor& a, const Tensor& b, std::optional<std::string_view> rounding_mode);
+Tensor div(const Tensor& a, const Scalar& b, std::optional<std::string_view> rounding_mode);
+// div(a, b, "floor").
+Tensor floor_divide(const Tensor& a, const Tensor& b);
+Tensor floor_divide(const Tensor& a, const Scalar& b);
 // Python's modulo: the result has the sign of the divisor.
 Tensor remainder(const Tensor& a, const Tensor& b);
 Tensor remainder(const Tensor& a, const Scalar& b);
+// b - alpha a.
+Tensor rsub(const Tensor& a, const Tensor& b, const Scalar& alpha = 1);
+Tensor rsub(const Tensor& a, const Scalar& b, const Scalar& alpha = 1);
+// a log(b), 0 where a is 0 and b is not NaN; integer inputs give float32.
+Tensor xlogy(const Tensor& a, const Tensor& b);
+Tensor xlogy(const Tensor& a, const Scalar& b);
+// C's fmod: the result has the sign of the dividend.
+Tensor fmod(const Tensor& a, const Tensor& b);
+Tensor fmod(const Tensor& a, const Scalar& b);
 Tensor minimum(const Tensor& a, const Tensor& b);
 Tensor minimum(const Tensor& a, const Scalar& b);
 Tensor maximum(const Tensor& a, const Tensor& b);
@@ -172,6 +200,8 @@ Tensor logical_and(const Tensor& a, const Tensor& b);
 Tensor logical_and(const Tensor& a, const Scalar& b);
 Tensor logical_or(const Tensor& a, const Tensor& b);
 Tensor logical_or(const Tensor& a, const Scalar& b);
+Tensor logical_xor(const Tensor& a, const Tensor& b);
+Tensor logical_xor(const Tensor& a, const Scalar& b);
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
 Tensor where(const Tensor& condition, const Tensor& a, const Scalar& b);
 Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt);
@@ -180,6 +210,9 @@ Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> m
 // ambiguous with the overload above.
 Tensor clamp(const Tensor& x, const Tensor& min, const Tensor& max = {});
 Tensor clamp(const Tensor& x, std::nullopt_t, const Tensor& max);
+// clamp's other name.
+Tensor clip(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt);
+Tensor clip(const Tensor& x, const Tensor& min, const Tensor& max = {});
 Tensor clamp_min(const Tensor& x, const Scalar& min);
 Tensor clamp_min(const Tensor& x, const Tensor& min);
 Tensor clamp_max(const Tensor& x, const Scalar& max);

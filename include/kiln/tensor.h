@@ -6,6 +6,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -170,6 +171,12 @@ class Tensor {
   Tensor mul(const Scalar& other) const;
   Tensor div(const Tensor& other) const;
   Tensor div(const Scalar& other) const;
+  Tensor div(const Tensor& other, std::optional<std::string_view> rounding_mode) const;
+  Tensor div(const Scalar& other, std::optional<std::string_view> rounding_mode) const;
+  Tensor floor_divide(const Tensor& other) const;
+  Tensor floor_divide(const Scalar& other) const;
+  Tensor fmod(const Tensor& other) const;
+  Tensor fmod(const Scalar& other) const;
   Tensor pow(const Tensor& exponent) const;
   Tensor pow(const Scalar& exponent) const;
   Tensor neg() const;
@@ -286,6 +293,15 @@ class Tensor {
   Tensor logical_not() const;
   Tensor isnan() const;
   Tensor isfinite() const;
+  Tensor isinf() const;
+  Tensor isposinf() const;
+  Tensor isneginf() const;
+  Tensor nan_to_num(std::optional<double> nan = 0.0, std::optional<double> posinf = std::nullopt,
+                    std::optional<double> neginf = std::nullopt) const;
+  Tensor sgn() const;
+  Tensor xlogy(const Tensor& other) const;
+  Tensor xlogy(const Scalar& other) const;
+  Tensor logical_xor(const Tensor& other) const;
   Tensor remainder(const Tensor& other) const;
   Tensor remainder(const Scalar& other) const;
   Tensor minimum(const Tensor& other) const;
@@ -308,6 +324,8 @@ class Tensor {
   // Tensor bounds; an undefined one (or std::nullopt for min) leaves that side open.
   Tensor clamp(const Tensor& min, const Tensor& max = {}) const;
   Tensor clamp(std::nullopt_t, const Tensor& max) const;
+  Tensor clip(std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt) const;
+  Tensor clip(const Tensor& min, const Tensor& max = {}) const;
   Tensor clamp_min(const Scalar& min) const;
   Tensor clamp_min(const Tensor& min) const;
   Tensor clamp_max(const Scalar& max) const;

@@ -406,21 +406,6 @@ Tensor sub(const Tensor& a, const Scalar& b) {
   return sub(a, wrap_scalar(b));
 }
 
-namespace {
-// a // b as torch's remainder gradient computes it (Python's floor division, from fmod): a / b
-// for a zero b, NaN for an infinite a (where fmod is NaN), and -1 for a finite nonzero a over a b
-// of the other sign whose quotient rounds to -0 (b infinite, or a / b below the smallest
-// subnormal: a subnormal a), where floor(a / b) would be floor(-0): the exact quotient is
-// negative, so its floor is -1.
-Tensor floor_quotient(const Tensor& a, const Tensor& b) {
-  const double inf = std::numeric_limits<double>::infinity();
-  Tensor q = where(ne(abs(a), inf), floor(a / b), std::nan(""));
-  Tensor opposite_signs = logical_and(ne(a, 0), ne(lt(a, 0), lt(b, 0)));
-  Tensor rounds_down = logical_and(logical_and(eq(q, 0), isfinite(a)), opposite_signs);
-  return where(logical_not(rounds_down), q, -1.0);
-}
-}  // namespace
-
 static detail::OpHandle remainder_def;
 static void register_remainder() {
   remainder_def.bind(def_op(
@@ -445,19 +430,143 @@ Tensor remainder(const Tensor& a, const Tensor& b) {
     if (r != T(0) && ((r < T(0)) != (y < T(0)))) r = T(r + y);
     return r;
   });
-  // a - floor_quotient(a, b) * b
+  // a - div(a, b, "floor") * b
   if (detail::needs_grad(a, b))
     detail::record("remainder", {a, b}, {out}, saved_for(Saves::None, Saves::XY, a, b),
                    [](const detail::BackwardContext& c) {
                      const Tensor& g = c.grad();
-                     return std::vector<Tensor>{g, c.needs_grad(1)
-                                                       ? -g * floor_quotient(c.saved(0), c.saved(1))
-                                                       : Tensor()};
+                     return std::vector<Tensor>{
+                         g, c.needs_grad(1) ? -g * div(c.saved(0), c.saved(1), "floor") : Tensor()};
                    });
   return out;
 }
 Tensor remainder(const Tensor& a, const Scalar& b) {
   return remainder(a, wrap_scalar(b));
+}
+
+// fmod: C's remainder, with the dividend's sign.
+static detail::OpHandle fmod_def;
+static void register_fmod() {
+  fmod_def.bind(def_op(
+      "fmod", OpKind::Binary, 2, DTypeRule::Same, false,
+      [](const Inputs& in, const Attrs&) { return Inputs{fmod(in[0], in[1])}; }, {}, nullptr,
+      "(rem x y)", /*checks_integer_values=*/true));
+}
+Tensor fmod(const Tensor& a, const Tensor& b) {
+  detail::check_defined(a, "fmod");
+  detail::check_defined(b, "fmod", "other");
+  check_no_zero_divisor("fmod", a, b, detail::result_type({a, b}));
+  Tensor out = detail::binary_op<DTypeRule::Same>(fmod_def, a, b, [](auto x, auto y) {
+    using T = decltype(x);
+    if constexpr (kIsFloat<T>)
+      return std::fmod(x, y);
+    else
+      return T(x % (y == T(-1) ? T(1) : y));  // the lowest integer % -1 would overflow (and trap)
+  });
+  // a - div(a, b, "trunc") * b
+  if (detail::needs_grad(a, b))
+    detail::record("fmod", {a, b}, {out}, saved_for(Saves::None, Saves::XY, a, b),
+                   [](const detail::BackwardContext& c) {
+                     const Tensor& g = c.grad();
+                     return std::vector<Tensor>{
+                         g, c.needs_grad(1) ? -g * div(c.saved(0), c.saved(1), "trunc") : Tensor()};
+                   });
+  return out;
+}
+Tensor fmod(const Tensor& a, const Scalar& b) {
+  return fmod(a, wrap_scalar(b));
+}
+
+// ------------------------------------------------------------------ division with a rounding mode
+namespace {
+// The quotient rounded toward zero. An integer divisor of -1 negates with wraparound (the lowest
+// integer / -1 would overflow, and trap).
+template <typename T>
+T truncated_quotient(T x, T y) {
+  if constexpr (kIsFloat<T>)
+    return std::trunc(x / y);
+  else
+    return y == T(-1) ? detail::wrap_neg(x) : T(x / y);
+}
+// The quotient rounded toward -inf: Python's //, consistent with remainder (a == (a // b) * b +
+// remainder(a, b) up to rounding). Floats divide a - fmod(a, b), a multiple of b, so the rounding
+// of a / b cannot move the result past an integer; a zero b gives a / b; a zero quotient takes the
+// sign of a / b (0 * (a / b): a / b is finite there).
+template <typename T>
+T floored_quotient(T x, T y) {
+  if constexpr (kIsFloat<T>) {
+    if (y == T(0)) return x / y;
+    const T m = std::fmod(x, y);
+    T d = (x - m) / y;
+    if (m != T(0) && ((m < T(0)) != (y < T(0)))) d = d - T(1);
+    if (d == T(0)) return T(0) * (x / y);
+    const T f = std::floor(d);
+    return d - f > T(0.5) ? T(f + T(1)) : f;
+  } else {
+    const T q = truncated_quotient(x, y);
+    const bool inexact = y != T(-1) && x % y != T(0);
+    return inexact && ((x < T(0)) != (y < T(0))) ? T(q - T(1)) : q;
+  }
+}
+}  // namespace
+
+static detail::OpHandle div_trunc_def, div_floor_def;
+static void register_rounded_div() {
+  div_trunc_def.bind(def_op(
+      "div_trunc", OpKind::Binary, 2, DTypeRule::Same, false,
+      [](const Inputs& in, const Attrs&) { return Inputs{div(in[0], in[1], "trunc")}; }, {},
+      nullptr, "(let q (div x y) (select (lt q 0) (ceil q) (floor q)))",
+      /*checks_integer_values=*/true));
+  div_floor_def.bind(def_op(
+      "div_floor", OpKind::Binary, 2, DTypeRule::Same, false,
+      [](const Inputs& in, const Attrs&) { return Inputs{div(in[0], in[1], "floor")}; }, {},
+      nullptr,
+      "(select (eq y 0) (div x y)"
+      " (let m (rem x y)"
+      "  (let e (div (sub x m) y)"
+      "   (let d (select (and (ne m 0) (ne (lt m 0) (lt y 0))) (sub e 1) e)"
+      "    (let f (floor d)"
+      "     (select (eq d 0) (mul 0 (div x y)) (select (gt (sub d f) 0.5) (add f 1) f)))))))",
+      /*checks_integer_values=*/true));
+}
+namespace {
+// The quotient of `name`'s operands rounded by `fn`; a piecewise constant, so its gradient is 0.
+template <typename F>
+Tensor rounded_div(const detail::OpHandle& def, const char* name, const Tensor& a, const Tensor& b,
+                   F fn) {
+  check_no_zero_divisor(name, a, b, detail::result_type({a, b}));
+  Tensor out = detail::binary_op<DTypeRule::Same>(def, a, b, fn);
+  if (detail::needs_grad(a, b))
+    detail::record(name, {a, b}, {out}, saved_for(Saves::None, Saves::None, a, b),
+                   [](const detail::BackwardContext& c) {
+                     Tensor zero = zeros_like(c.grad());
+                     return std::vector<Tensor>{c.needs_grad(0) ? zero : Tensor(),
+                                                c.needs_grad(1) ? zero : Tensor()};
+                   });
+  return out;
+}
+}  // namespace
+Tensor div(const Tensor& a, const Tensor& b, std::optional<std::string_view> rounding_mode) {
+  detail::check_defined(a, "div");
+  detail::check_defined(b, "div", "other");
+  if (!rounding_mode) return div(a, b);
+  if (*rounding_mode == "trunc")
+    return rounded_div(div_trunc_def, "div_trunc", a, b,
+                       [](auto x, auto y) { return truncated_quotient(x, y); });
+  KILN_CHECK(*rounding_mode == "floor",
+             "div: rounding_mode must be \"trunc\", \"floor\" or std::nullopt, got \"",
+             *rounding_mode, "\" (a ", detail::describe(a), ", b ", detail::describe(b), ")");
+  return rounded_div(div_floor_def, "div_floor", a, b,
+                     [](auto x, auto y) { return floored_quotient(x, y); });
+}
+Tensor div(const Tensor& a, const Scalar& b, std::optional<std::string_view> rounding_mode) {
+  return div(a, wrap_scalar(b), rounding_mode);
+}
+Tensor floor_divide(const Tensor& a, const Tensor& b) {
+  return div(a, b, "floor");
+}
+Tensor floor_divide(const Tensor& a, const Scalar& b) {
+  return floor_divide(a, wrap_scalar(b));
 }
 
 static detail::OpHandle pow_def;
@@ -713,6 +822,8 @@ void registration::register_elementwise_ops() {
   register_add();
   register_sub();
   register_remainder();
+  register_fmod();
+  register_rounded_div();
   register_pow();
   register_where();
   register_clamp();

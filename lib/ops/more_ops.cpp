@@ -143,6 +143,60 @@ Tensor clamp_max(const Tensor& x, const Tensor& max) {
   return clamp(x, std::nullopt, max);
 }
 
+Tensor clip(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max) {
+  return clamp(x, min, max);
+}
+Tensor clip(const Tensor& x, const Tensor& min, const Tensor& max) {
+  return clamp(x, min, max);
+}
+Tensor sgn(const Tensor& x) {
+  return sign(x);
+}
+// b - alpha a, with sub's dtype rules and checks.
+Tensor rsub(const Tensor& a, const Tensor& b, const Scalar& alpha) {
+  detail::check_defined(a, "rsub");
+  detail::check_defined(b, "rsub", "other");
+  return sub(b, a, alpha);
+}
+Tensor rsub(const Tensor& a, const Scalar& b, const Scalar& alpha) {
+  return rsub(a, detail::wrap_scalar(b), alpha);
+}
+
+// Infinity tests: false for integers and bools, which hold none.
+namespace {
+Tensor equals_infinity(const Tensor& x, const char* op, bool positive, bool negative) {
+  detail::check_defined(x, op);
+  if (!x.is_floating_point())
+    return zeros(x.sizes(), TensorOptions().dtype(kBool).device(x.device()));
+  const double inf = std::numeric_limits<double>::infinity();
+  if (positive && negative) return eq(abs(x), inf);
+  return eq(x, positive ? inf : -inf);
+}
+}  // namespace
+Tensor isinf(const Tensor& x) {
+  return equals_infinity(x, "isinf", true, true);
+}
+Tensor isposinf(const Tensor& x) {
+  return equals_infinity(x, "isposinf", true, false);
+}
+Tensor isneginf(const Tensor& x) {
+  return equals_infinity(x, "isneginf", false, true);
+}
+
+// NaN, inf and -inf replaced (by 0 and the dtype's largest and lowest finite values unless given);
+// integers and bools are copied. The gradient is g where x is finite, 0 elsewhere.
+Tensor nan_to_num(const Tensor& x, std::optional<double> nan, std::optional<double> posinf,
+                  std::optional<double> neginf) {
+  detail::check_defined(x, "nan_to_num");
+  if (!x.is_floating_point()) return x.clone();
+  const double largest = x.dtype() == kFloat32 ? std::numeric_limits<float>::max()
+                                               : std::numeric_limits<double>::max();
+  const double inf = std::numeric_limits<double>::infinity();
+  Tensor out = where(ne(x, -inf), x, neginf.value_or(-largest));
+  out = where(ne(x, inf), out, posinf.value_or(largest));
+  return where(eq(x, x), out, nan.value_or(0.0));
+}
+
 // x - trunc(x) (exact), floats only, as torch's.
 Tensor frac(const Tensor& x) {
   detail::check_defined(x, "frac");

@@ -199,6 +199,14 @@ bool log_pick(Gen& g, Step& s) {
     return true;
   return !(arg(g, s, 0) == 0).any().item<bool>();
 }
+// Whether x holds a nonzero subnormal value.
+bool has_subnormal(const torch::Tensor& x) {
+  if (!is_float(x)) return false;
+  const double smallest = x.scalar_type() == torch::kFloat32 ? std::numeric_limits<float>::min()
+                                                             : std::numeric_limits<double>::min();
+  torch::Tensor a = x.detach().abs().to(torch::kFloat64);
+  return torch::logical_and(a > 0, a < smallest).any().item<bool>();
+}
 // sin/cos of values beyond 64 in magnitude after inexact steps (deliberate difference): their
 // ulps, which the steps before may have moved (pow magnifies a GEMM's), are past the tolerance of
 // a result within [-1, 1] (cos(pow(v, v)) of an addmm result near 6: 46656 +- ulps of 0.004).
@@ -207,10 +215,13 @@ bool periodic_pick(Gen& g, Step& s) {
   return !inexact_so_far(g) || max_finite_abs(arg(g, s, 0)) <= 64;
 }
 // tan of values within 0.05 of a pole (|cos| < 0.05) or beyond 64 in magnitude after inexact
-// steps: as for sin and cos, the steps' ulps move the result past the tolerance near a pole.
+// steps: as for sin and cos, the steps' ulps move the result past the tolerance near a pole. Nor
+// a float64 subnormal: libtorch's tan of one is off by ulps, and of the smallest 0, whose sign a
+// later op reads (seed 10649857699325035168: clamp(tan(x), max=0)).
 bool tan_pick(Gen& g, Step& s) {
   unary(g, s);
   const auto& x = arg(g, s, 0);
+  if (x.scalar_type() == torch::kFloat64 && has_subnormal(x)) return false;
   if (!inexact_so_far(g) || !is_float(x) || x.numel() == 0) return true;
   return max_finite_abs(x) <= 64 &&
          !(torch::cos(x.detach().to(torch::kFloat64)).abs() < 0.05).any().item<bool>();
@@ -257,9 +268,7 @@ bool extremum_binary_pick(Gen& g, Step& s) {
 bool erf_pick(Gen& g, Step& s) {
   unary(g, s);
   const auto& x = arg(g, s, 0);
-  if (x.scalar_type() != torch::kFloat32) return true;
-  torch::Tensor a = x.detach().abs();
-  return !torch::logical_and(a > 0, a < std::numeric_limits<float>::min()).any().item<bool>();
+  return x.scalar_type() != torch::kFloat32 || !has_subnormal(x);
 }
 // Whether a step so far computes transcendentals, GEMMs or reductions: its float32 values are
 // within ulps of libtorch's, not equal.
@@ -293,11 +302,11 @@ double min_nonzero_abs(const torch::Tensor& t) {
       .min()
       .item<double>();
 }
-// No floating remainder whose quotient overflows (deliberate difference): kiln's is exact
-// (fmod), libtorch's vectorized kernel (8 elements or more) divides first and gives NaN
-// (remainder(3.4e38f, -0.75f) is 0). A zero or NaN divisor gives NaN in both.
-// Nor the lowest integer over -1: libtorch's integral remainder divides it and traps (SIGFPE),
-// which would end the run; kiln's is 0.
+// remainder, fmod and div with a rounding mode. No floating remainder whose quotient overflows
+// (deliberate difference): kiln's is exact (fmod), libtorch's vectorized kernel (8 elements or
+// more) divides first and gives NaN (remainder(3.4e38f, -0.75f) is 0). A zero or NaN divisor
+// gives NaN in both. Nor the lowest integer over -1: libtorch's integral kernels divide it and
+// trap (SIGFPE), which would end the run; kiln's remainder is 0, its quotient wraps.
 bool traps_in_torch(const torch::Tensor& x, bool divisor_minus_one, torch::ScalarType t) {
   if (!divisor_minus_one || c10::isFloatingType(t) || t == torch::kBool) return false;
   torch::Tensor wide = x.detach().to(torch::kInt64);
@@ -364,11 +373,8 @@ bool log1p_pick(Gen& g, Step& s) {
   const auto& x = arg(g, s, 0);
   if (max_finite_abs(x) > largest(x.scalar_type()) / 16) return false;
   if (!is_float(x)) return true;
-  torch::Tensor a = x.detach().abs().to(torch::kFloat64);
   // Nor a float64 subnormal (libtorch's float64 log1p of one is 0 too).
-  const double smallest = x.scalar_type() == torch::kFloat32 ? std::numeric_limits<float>::min()
-                                                             : std::numeric_limits<double>::min();
-  if (torch::logical_and(a > 0, a < smallest).any().item<bool>()) return false;
+  if (has_subnormal(x)) return false;
   return x.scalar_type() != torch::kFloat32 || !inexact_so_far(g) ||
          !(x.detach() + 1).abs().le(1e-2).any().item<bool>();
 }
@@ -1035,6 +1041,11 @@ const std::vector<Op>& op_table() {
       DIFF_OP("neg", 0, unary, neg(a[0])),
       DIFF_OP("abs", 0, unary, abs(a[0])),
       DIFF_OP("sign", 0, sign_pick, sign(a[0])),
+      DIFF_OP("isinf", 0, unary, isinf(a[0])),
+      DIFF_OP("isposinf", 0, unary, isposinf(a[0])),
+      DIFF_OP("isneginf", 0, unary, isneginf(a[0])),
+      DIFF_OP("nan_to_num", 0, unary, nan_to_num(a[0])),
+      DIFF_OP("nan_to_num_values", 0, unary, nan_to_num(a[0], 1.5, 1e4, -2.0)),
       DIFF_OP("exp", kInexact, unary, exp(a[0])),
       DIFF_OP("log", kInexact, log_pick, log(a[0])),
       DIFF_OP("log1p", kInexact, log1p_pick, log1p(a[0])),
@@ -1093,6 +1104,13 @@ const std::vector<Op>& op_table() {
       DIFF_OP("div", 0, div_pick, div(a[0], a[1])),
       DIFF_OP("pow", kInexact, pow_pick, pow(a[0], a[1])),
       DIFF_OP("remainder", 0, remainder_pick, remainder(a[0], a[1])),
+      DIFF_OP("fmod", 0, remainder_pick, fmod(a[0], a[1])),
+      DIFF_OP("xlogy", kInexact, binary, xlogy(a[0], a[1])),
+      DIFF_OP("rsub", 0, binary, rsub(a[0], a[1])),
+      DIFF_OP("logical_xor", 0, truth_binary_pick, logical_xor(a[0], a[1])),
+      DIFF_OP("div_trunc", 0, remainder_pick, div(a[0], a[1], "trunc")),
+      DIFF_OP("div_floor", 0, remainder_pick, div(a[0], a[1], "floor")),
+      DIFF_OP("floor_divide", 0, remainder_pick, floor_divide(a[0], a[1])),
       DIFF_OP("atan2", kInexact, atan2_pick, atan2(a[0], a[1])),
       DIFF_OP("minimum", 0, extremum_binary_pick, minimum(a[0], a[1])),
       DIFF_OP("maximum", 0, extremum_binary_pick, maximum(a[0], a[1])),
@@ -1111,6 +1129,8 @@ const std::vector<Op>& op_table() {
       DIFF_OP("pow_scalar", kInexact, with_scalar, pow(a[0], B::scalar(p, 0))),
       DIFF_OP("scalar_pow", kInexact, scalar_pow_pick, pow(B::scalar(p, 0), a[0])),
       DIFF_OP("remainder_scalar", 0, remainder_scalar_pick, remainder(a[0], B::scalar(p, 0))),
+      DIFF_OP("fmod_scalar", 0, remainder_scalar_pick, fmod(a[0], B::scalar(p, 0))),
+      DIFF_OP("div_floor_scalar", 0, remainder_scalar_pick, div(a[0], B::scalar(p, 0), "floor")),
       DIFF_OP("eq_scalar", 0, with_scalar, eq(a[0], B::scalar(p, 0))),
       DIFF_OP("lt_scalar", 0, with_scalar, lt(a[0], B::scalar(p, 0))),
       DIFF_OP("ge_scalar", 0, with_scalar, ge(a[0], B::scalar(p, 0))),
@@ -1120,6 +1140,7 @@ const std::vector<Op>& op_table() {
       DIFF_OP("clamp", 0, clamp_pick, clamp(a[0], B::scalar(p, 0), B::scalar(p, 1))),
       DIFF_OP("clamp_min", 0, clamp_min_pick, clamp(a[0], B::scalar(p, 0))),
       DIFF_OP("clamp_max", 0, clamp_max_pick, clamp(a[0], B::none(), B::scalar(p, 1))),
+      DIFF_OP("clip", 0, clamp_pick, clip(a[0], B::scalar(p, 0), B::scalar(p, 1))),
       // ------------------------------------------------ views
       DIFF_OP("view", 0, reshape_pick, a[0].view(p.list)),
       DIFF_OP("reshape", 0, reshape_pick, a[0].reshape(p.list)),

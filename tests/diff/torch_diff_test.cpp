@@ -495,6 +495,8 @@ const KnownError kKnownErrors[] = {
      "deliberate: kiln's elementwise results are contiguous; libtorch's follow a permuted "
      "input's layout, which view() may not be able to address"},
     {"Boolean alpha only supported", nullptr, "deliberate: kiln accepts a bool alpha"},
+    {"derivative for aten::floor_divide is not implemented", nullptr,
+     "deliberate: kiln's floor_divide has div(a, b, \"floor\")'s gradient, 0"},
     {"modified by an inplace operation", nullptr,
      "deliberate: kiln's backward saves fewer tensors, so fewer in-place writes invalidate it"},
     {nullptr, "saved by cross_entropy",
@@ -504,7 +506,8 @@ const KnownError kKnownErrors[] = {
      "open: kiln writes in place through an expanded view (its elements share memory), which "
      "libtorch refuses"},
     {nullptr, "not supported for bool tensors",
-     "open: kiln rejects bool operands of pow, clamp and remainder, which libtorch promotes"},
+     "open: kiln rejects bool operands of pow, clamp, remainder, fmod and div with a rounding "
+     "mode, which libtorch promotes"},
     {nullptr, "integers to negative integer powers are not allowed",
      "open: kiln rejects negative integral exponent tensors, which libtorch computes (to 0, 1 or "
      "-1)"},

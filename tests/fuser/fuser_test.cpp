@@ -230,6 +230,14 @@ TEST(Fuser, NewOpsMatchEagerOnSpecialValues) {
       [](const Inputs& in) {
         return Inputs{remainder(in[0], in[1]) + 0, remainder(in[1], -2.5) * 1};
       },
+      [](const Inputs& in) {
+        return Inputs{fmod(in[0], in[1]) + 0, div(in[0], in[1], "trunc") * 1,
+                      div(in[0], in[1], "floor") + 0, floor_divide(in[1], -2.5) * 1};
+      },
+      [](const Inputs& in) {
+        return Inputs{xlogy(in[0], in[1]) + 0, logical_not(logical_xor(in[0], in[1])),
+                      nan_to_num(in[0] * 1) + 0};
+      },
       [inf, nan](const Inputs& in) {
         return Inputs{clamp(in[0], -1.0, 2) + 0, clamp(in[1], std::nullopt, 0.5) * 1,
                       clamp(in[0] * 2, -inf, nan)};

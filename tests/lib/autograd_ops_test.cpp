@@ -526,6 +526,47 @@ TEST(AutogradOps, Remainder) {
       avoiding(uniform(-4, 4), {-4.5, -3, -1.5, 0, 1.5, 3, 4.5}, 0.05), c);
 }
 
+// xlogy's gradients are torch's: log(b) (0 where a is 0 and b <= 0), a / b.
+TEST(AutogradOps, Xlogy) {
+  Cfg c = with_gradgrad();
+  check_binary(
+      "xlogy", [](const Tensor& a, const Tensor& b) { return xlogy(a, b); }, uniform(-2, 2),
+      uniform(0.5, 3), c);
+  Tensor a = from_vector(std::vector<double>{0, 2, 0, 0}).requires_grad_();
+  Tensor b = from_vector(std::vector<double>{0.5, 4, 0, -1}).requires_grad_();
+  xlogy(a, b).sum().backward();
+  EXPECT_EQ(a.grad().to_vector<double>(),
+            (std::vector<double>{std::log(0.5), std::log(4.0), 0, 0}));
+  const std::vector<double> gb = b.grad().to_vector<double>();
+  EXPECT_EQ(gb[0], 0.0);
+  EXPECT_EQ(gb[1], 0.5);
+  EXPECT_TRUE(std::isnan(gb[2])) << gb[2];  // 0 / 0, as torch's
+  EXPECT_EQ(gb[3], 0.0);
+}
+
+// nan_to_num passes g where x is finite, 0 where it was replaced.
+TEST(AutogradOps, NanToNum) {
+  Tensor x = from_vector(std::vector<double>{1, NAN, INFINITY, -INFINITY, -3}).requires_grad_();
+  (nan_to_num(x) * 2).sum().backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{2, 0, 0, 0, 2}));
+}
+
+TEST(AutogradOps, Fmod) {
+  Cfg c = with_gradgrad();
+  // a / b kept away from integers, where fmod jumps.
+  auto accept = [](const Tensor& a, const Tensor& b) {
+    Tensor q = abs(a / b);
+    Tensor frac = q - floor(q);
+    return frac.min().item<double>() > 0.05 && frac.max().item<double>() < 0.95;
+  };
+  check_binary(
+      "fmod", [](const Tensor& a, const Tensor& b) { return fmod(a, b); }, uniform(-4, 4),
+      signed_mag(0.7, 2), c, accept);
+  check_unary(
+      "fmod scalar", [](const Tensor& x) { return fmod(x, -1.5); },
+      avoiding(uniform(-4, 4), {-4.5, -3, -1.5, 0, 1.5, 3, 4.5}, 0.05), c);
+}
+
 // The divisor's gradient is -g (a // b) with torch's floor division: -1 for a finite a over an
 // infinite b of the other sign (floor(a / b) is -0 there), 0 for the same sign, NaN for an
 // infinite a, and a / b (inf) for a zero b.

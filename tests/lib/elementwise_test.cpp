@@ -3,7 +3,9 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "tests/testing.h"
 
@@ -389,6 +391,34 @@ const std::vector<BinaryCase>& binary_cases() {
        nonzero,
        false,
        Scope::IntegralOnly},
+      {"fmod",
+       [](const Tensor& a, const Tensor& b) { return fmod(a, b); },
+       [](double a, double b) { return std::fmod(a, b); },
+       Rule::Same,
+       {-7, 7},
+       nonzero,
+       false},
+      {"div_trunc",
+       [](const Tensor& a, const Tensor& b) { return div(a, b, "trunc"); },
+       [](double a, double b) { return std::trunc(a / b); },
+       Rule::Same,
+       {-7, 7},
+       nonzero,
+       false},
+      {"div_floor",
+       [](const Tensor& a, const Tensor& b) { return div(a, b, "floor"); },
+       [](double a, double b) { return std::floor(a / b); },
+       Rule::Same,
+       {-7, 7},
+       nonzero,
+       false},
+      {"floor_divide",
+       [](const Tensor& a, const Tensor& b) { return floor_divide(a, b); },
+       [](double a, double b) { return std::floor(a / b); },
+       Rule::Same,
+       {-7, 7},
+       nonzero,
+       false},
       {"minimum", [](const Tensor& a, const Tensor& b) { return minimum(a, b); },
        [](double a, double b) { return std::min(a, b); }, Rule::Same, discrete, discrete},
       {"maximum", [](const Tensor& a, const Tensor& b) { return maximum(a, b); },
@@ -409,6 +439,19 @@ const std::vector<BinaryCase>& binary_cases() {
        [](double a, double b) { return double(a != 0 && b != 0); }, Rule::Bool, discrete, discrete},
       {"logical_or", [](const Tensor& a, const Tensor& b) { return logical_or(a, b); },
        [](double a, double b) { return double(a != 0 || b != 0); }, Rule::Bool, discrete, discrete},
+      {"logical_xor", [](const Tensor& a, const Tensor& b) { return logical_xor(a, b); },
+       [](double a, double b) { return double((a != 0) != (b != 0)); }, Rule::Bool, discrete,
+       discrete},
+      {"xlogy", [](const Tensor& a, const Tensor& b) { return xlogy(a, b); },
+       [](double a, double b) { return a == 0 ? 0.0 : a * std::log(b); }, Rule::Float, discrete,
+       Domain{0.25, 4}},
+      {"rsub",
+       [](const Tensor& a, const Tensor& b) { return rsub(a, b); },
+       [](double a, double b) { return b - a; },
+       Rule::Same,
+       {},
+       {},
+       false},
       {"operator_plus", [](const Tensor& a, const Tensor& b) { return a + b; },
        [](double a, double b) { return a + b; }, Rule::Same},
       {"operator_minus",
@@ -703,6 +746,48 @@ TEST(SpecialValues, PredicatesOnNonFinite) {
   testing::expect_close(isfinite(i), {1, 1, 1}, {3}, kBool, 0, 0);
 }
 
+// isinf, isposinf and isneginf: false for integers; nan_to_num's defaults are the dtype's largest
+// and lowest finite values; integers are copied.
+TEST(SpecialValues, InfinityTestsAndNanToNum) {
+  for (DType dtype : {kFloat32, kFloat64}) {
+    Tensor x = from_vector(std::vector<double>{kInf, -kInf, kNaN, 0, -2.5, 0x1p100}).to(dtype);
+    testing::expect_close(isinf(x), {1, 1, 0, 0, 0, 0}, {6}, kBool, 0, 0);
+    testing::expect_close(isposinf(x), {1, 0, 0, 0, 0, 0}, {6}, kBool, 0, 0);
+    testing::expect_close(x.isneginf(), {0, 1, 0, 0, 0, 0}, {6}, kBool, 0, 0);
+    const double big =
+        dtype == kFloat32 ? std::numeric_limits<float>::max() : std::numeric_limits<double>::max();
+    testing::expect_close(nan_to_num(x), {big, -big, 0, 0, -2.5, 0x1p100}, {6}, dtype, 0, 0);
+    testing::expect_close(x.nan_to_num(7, 8, std::nullopt), {8, -big, 7, 0, -2.5, 0x1p100}, {6},
+                          dtype, 0, 0);
+    testing::expect_close(nan_to_num(x, std::nullopt, std::nullopt, -1),
+                          {big, -1, 0, 0, -2.5, 0x1p100}, {6}, dtype, 0, 0);
+  }
+  Tensor i = from_vector(std::vector<int64_t>{0, -5, 7});
+  testing::expect_close(isinf(i), {0, 0, 0}, {3}, kBool, 0, 0);
+  testing::expect_close(isneginf(i > 0), {0, 0, 0}, {3}, kBool, 0, 0);
+  Tensor copy = nan_to_num(i, 1.0);
+  EXPECT_FALSE(copy.is_same(i));
+  testing::expect_close(copy, {0, -5, 7}, {3}, kInt64, 0, 0);
+}
+
+// xlogy is 0 where a is 0 unless b is NaN (0 log 0, 0 log -1 and 0 log inf are 0); elsewhere
+// a log(b), NaN for a negative b. rsub is b - alpha a; clip is clamp; sgn is sign.
+TEST(SpecialValues, XlogyRsubClipAndSgn) {
+  Tensor a = from_vector(std::vector<double>{0, 0, 0, 0, -0.0, 2, 2, 2, kNaN, kInf});
+  Tensor b = from_vector(std::vector<double>{0, -1, kInf, kNaN, 3, 0, -1, kInf, 1, 0});
+  testing::expect_close(xlogy(a, b), {0, 0, 0, kNaN, 0, -kInf, kNaN, kInf, kNaN, -kInf}, {10},
+                        kFloat64, 0, 0);
+  testing::expect_close(xlogy(from_vector(std::vector<int32_t>{0, 3}), 2.0), {0, 3 * std::log(2.0)},
+                        {2}, kFloat32, 1e-6, 0);
+  Tensor x = from_vector(std::vector<double>{1, -2, 3.5});
+  testing::expect_close(rsub(x, 10), {9, 12, 6.5}, {3}, kFloat64, 0, 0);
+  testing::expect_close(rsub(x, x * 4, 2), {2, -4, 7}, {3}, kFloat64, 0, 0);
+  testing::expect_close(clip(x, -1, 2), {1, -1, 2}, {3}, kFloat64, 0, 0);
+  testing::expect_close(x.clip(std::nullopt, 0), {0, -2, 0}, {3}, kFloat64, 0, 0);
+  testing::expect_close(clip(x, x * 0 + 2), {2, 2, 3.5}, {3}, kFloat64, 0, 0);
+  testing::expect_close(sgn(x), {1, -1, 1}, {3}, kFloat64, 0, 0);
+}
+
 // torch reads logical_and/logical_or's operands in their common dtype: a float64 denormal (or a
 // double scalar) beside a float32 tensor becomes 0 there, so false. Eager and recorded alike.
 TEST(SpecialValues, LogicalOpsReadTruthInTheCommonDType) {
@@ -771,6 +856,80 @@ TEST(SpecialValues, IntegerRemainderHasTheSignOfTheDivisor) {
   testing::expect_close(remainder(a, b), {1, -1, 2, -2, 0, 0}, {6}, kInt32, 0, 0);
   testing::expect_close(remainder(a.to(kInt64), 4), {1, 3, 1, 3, 2, 0}, {6}, kInt64, 0, 0);
   testing::expect_close(remainder(a, -4), {-3, -1, -3, -1, -2, 0}, {6}, kInt32, 0, 0);
+}
+
+// div with "trunc" rounds toward zero, with "floor" toward -inf (Python's //, -0 where the quotient
+// is a negative fraction of 1 only with "trunc"); fmod has the dividend's sign. A zero divisor
+// gives the IEEE quotient; an infinite one leaves a finite dividend of the other sign a floor of
+// -1.
+TEST(SpecialValues, RoundedDivisionAndFmod) {
+  Tensor a = from_vector(std::vector<double>{-7, 7, -7.5, 7.5, -0.5, 0.5, 1, -1, 0, 0.5, 0.5});
+  Tensor b = from_vector(std::vector<double>{2, -2, 2, 2, 2, 2, 0, 0, 0, -kInf, kInf});
+  for (DType dtype : {kFloat32, kFloat64}) {
+    Tensor x = a.to(dtype), y = b.to(dtype);
+    testing::expect_close(div(x, y, "trunc"), {-3, -3, -3, 3, -0.0, 0, kInf, -kInf, kNaN, -0.0, 0},
+                          {11}, dtype, 0, 0);
+    testing::expect_close(div(x, y, "floor"), {-4, -4, -4, 3, -1, 0, kInf, -kInf, kNaN, -1, 0},
+                          {11}, dtype, 0, 0);
+    testing::expect_close(fmod(x, y), {-1, 1, -1.5, 1.5, -0.5, 0.5, kNaN, kNaN, kNaN, 0.5, 0.5},
+                          {11}, dtype, 0, 0);
+    const std::vector<double> trunc = div(x, y, "trunc").to(kFloat64).to_vector<double>();
+    EXPECT_TRUE(std::signbit(trunc[4]) && std::signbit(trunc[9])) << dtype_name(dtype);
+    EXPECT_FALSE(std::signbit(trunc[5]) || std::signbit(trunc[10])) << dtype_name(dtype);
+  }
+}
+
+// a == floor_divide(a, b) * b + remainder(a, b) where the product is exact: floor division
+// divides a - fmod(a, b), so an a / b that rounds to an integer does not round the floor past
+// remainder's quotient (a = 3 b rounded, whose fmod is nearly b: floor 2, remainder nearly b).
+TEST(SpecialValues, FloorDivisionIsConsistentWithRemainder) {
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<float> u(-4, 4);
+  std::vector<float> av, bv;
+  for (int i = 0; i < 4000; ++i) {
+    const float b = u(rng);
+    av.push_back(i % 2 ? u(rng) : 3 * b);  // half of them at a rounded multiple
+    bv.push_back(b);
+  }
+  Tensor a = from_vector(av), b = from_vector(bv);
+  const std::vector<float> q = floor_divide(a, b).to_vector<float>();
+  const std::vector<float> r = remainder(a, b).to_vector<float>();
+  for (size_t i = 0; i < av.size(); ++i) {
+    if (bv[i] == 0) continue;
+    const double rebuilt = double(q[i]) * double(bv[i]) + double(r[i]);
+    EXPECT_NEAR(rebuilt, av[i], 1e-6 * std::abs(av[i])) << av[i] << " // " << bv[i];
+  }
+}
+
+// Integers stay integers: C's quotient and remainder, and the floored quotient; the lowest
+// integer over -1 wraps (to itself); a zero divisor raises, naming the op.
+TEST(SpecialValues, IntegerRoundedDivisionAndFmod) {
+  const int32_t lowest = std::numeric_limits<int32_t>::min();
+  Tensor a = from_vector(std::vector<int32_t>{-7, 7, -7, 7, lowest, 0, 6});
+  Tensor b = from_vector(std::vector<int32_t>{2, 2, -2, -2, -1, 5, -3});
+  testing::expect_close(div(a, b, "trunc"), {-3, 3, 3, -3, lowest, 0, -2}, {7}, kInt32, 0, 0);
+  testing::expect_close(div(a, b, "floor"), {-4, 3, 3, -4, lowest, 0, -2}, {7}, kInt32, 0, 0);
+  testing::expect_close(floor_divide(a.to(kInt64), 2), {-4, 3, -4, 3, lowest / 2, 0, 3}, {7},
+                        kInt64, 0, 0);
+  testing::expect_close(fmod(a, b), {-1, 1, -1, 1, 0, 0, 0}, {7}, kInt32, 0, 0);
+  testing::expect_error([&] { div(a, b - 2, "floor"); }, {"div_floor", "integer division by zero"});
+  testing::expect_error([&] { div(a, 0, "trunc"); }, {"div_trunc", "integer division by zero"});
+  testing::expect_error([&] { fmod(a, b * 0); }, {"fmod", "integer division by zero"});
+  testing::expect_error([&] { div(a, b, "round"); },
+                        {"div", "rounding_mode", "\"round\"", "int32", "[7]"});
+}
+
+// Rounded quotients are piecewise constant: their gradient is 0 for both operands, summed over
+// broadcast dims to each operand's shape; fmod's dividend gets all of g.
+TEST(SpecialValues, RoundedDivisionGradientIsZero) {
+  Tensor a = testing::random_tensor({2, 3}).requires_grad_();
+  Tensor b = (testing::random_tensor({3}).abs() + 0.5).requires_grad_();
+  (div(a, b, "floor") + div(a, b, "trunc") * 2 + floor_divide(a, 1.5)).sum().backward();
+  testing::expect_close(a.grad(), std::vector<double>(6, 0.0), {2, 3}, kFloat32, 0, 0);
+  testing::expect_close(b.grad(), std::vector<double>(3, 0.0), {3}, kFloat32, 0, 0);
+  Tensor x = testing::random_tensor({4}).requires_grad_();
+  fmod(x, 0.7).sum().backward();
+  testing::expect_close(x.grad(), std::vector<double>(4, 1.0), {4}, kFloat32, 0, 0);
 }
 
 TEST(SpecialValues, IntegerPowerAndDivision) {
