@@ -168,6 +168,9 @@ Tensor floor_divide(const Tensor& a, const Scalar& b);
 // Python's modulo: the result has the sign of the divisor.
 Tensor remainder(const Tensor& a, const Tensor& b);
 Tensor remainder(const Tensor& a, const Scalar& b);
+// log(e^a + e^b), without overflow; integer inputs give float32.
+Tensor logaddexp(const Tensor& a, const Tensor& b);
+Tensor logaddexp(const Tensor& a, const Scalar& b);
 // b - alpha a.
 Tensor rsub(const Tensor& a, const Tensor& b, const Scalar& alpha = 1);
 Tensor rsub(const Tensor& a, const Scalar& b, const Scalar& alpha = 1);
@@ -311,6 +314,14 @@ Tensor norm(const Tensor& x, const Scalar& p, I dim, bool keepdim = false) {
   return norm(x, p, Shape{static_cast<int64_t>(dim)}, keepdim);
 }
 
+// (var, mean) and (std, mean) over `dims`.
+std::tuple<Tensor, Tensor> var_mean(const Tensor& x, const std::vector<int64_t>& dims = {},
+                                    int64_t correction = 1, bool keepdim = false);
+std::tuple<Tensor, Tensor> std_mean(const Tensor& x, const std::vector<int64_t>& dims = {},
+                                    int64_t correction = 1, bool keepdim = false);
+// The number of nonzero elements over `dims` (all when empty), as int64.
+Tensor count_nonzero(const Tensor& x, const std::vector<int64_t>& dims = {});
+
 // ---------------------------------------------------------------- sorting and scans
 // The k largest (smallest when !largest) along dim, in order, and their int64 indices.
 std::tuple<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true,
@@ -322,6 +333,28 @@ Tensor argsort(const Tensor& x, int64_t dim = -1, bool descending = false);
 Tensor cumsum(const Tensor& x, int64_t dim, std::optional<DType> dtype = std::nullopt);
 Tensor cumprod(const Tensor& x, int64_t dim, std::optional<DType> dtype = std::nullopt);
 
+// ---------------------------------------------------------------- views (free-function forms)
+// libtorch's free functions of the Tensor view methods, plus swapaxes/swapdims (transpose) and
+// movedim (a permute that moves `source` dims to `destination`, the rest keeping their order).
+Tensor reshape(const Tensor& x, const Shape& shape);
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
+Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);
+Tensor swapaxes(const Tensor& x, int64_t axis0, int64_t axis1);
+Tensor swapdims(const Tensor& x, int64_t dim0, int64_t dim1);
+Tensor movedim(const Tensor& x, const std::vector<int64_t>& source,
+               const std::vector<int64_t>& destination);
+Tensor movedim(const Tensor& x, int64_t source, int64_t destination);
+Tensor unsqueeze(const Tensor& x, int64_t dim);
+Tensor squeeze(const Tensor& x);
+Tensor squeeze(const Tensor& x, int64_t dim);
+Tensor flatten(const Tensor& x, int64_t start_dim = 0, int64_t end_dim = -1);
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0);
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& split_sizes,
+                          int64_t dim = 0);
+std::vector<Tensor> unbind(const Tensor& x, int64_t dim = 0);
+
 // ---------------------------------------------------------------- linear algebra (oneDNN GEMM)
 Tensor mm(const Tensor& a, const Tensor& b);
 Tensor bmm(const Tensor& a, const Tensor& b);
@@ -332,6 +365,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 // beta * self + alpha * (m1 @ m2)
 Tensor addmm(const Tensor& self, const Tensor& m1, const Tensor& m2, const Scalar& beta = 1,
              const Scalar& alpha = 1);
+
+// a b^T of two 1-D tensors; the sum of products of two 1-D tensors of one dtype (a 0-dim result).
+Tensor outer(const Tensor& a, const Tensor& b);
+Tensor dot(const Tensor& a, const Tensor& b);
 
 // Einstein summation over one to three operands, lowered to permutes, sums and batched GEMMs:
 // "ij,jk->ik", "bij,bjk->bik", "i,i->", "ij->ji", "bhqd,bhkd->bhqk", implicit outputs ("ij,jk").
@@ -460,6 +497,10 @@ Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight 
 
 // ---------------------------------------------------------------- comparison helpers
 // Same shape and every |a - b| <= atol + rtol * |b| (NaNs equal when equal_nan).
+// Elementwise closeness (bool): a == b, or both NaN with equal_nan, or |a - b| <= atol + |rtol b|
+// where finite; a and b must have one dtype.
+Tensor isclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8,
+               bool equal_nan = false);
 bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8,
               bool equal_nan = false);
 // Same shape, dtype and values.

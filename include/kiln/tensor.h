@@ -143,6 +143,10 @@ class Tensor {
   Tensor select(int64_t dim, int64_t index) const;
   Tensor operator[](int64_t index) const { return select(0, index); }
   Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  Tensor swapaxes(int64_t axis0, int64_t axis1) const;
+  Tensor swapdims(int64_t dim0, int64_t dim1) const;
+  Tensor movedim(const std::vector<int64_t>& source, const std::vector<int64_t>& destination) const;
+  Tensor movedim(int64_t source, int64_t destination) const;
   std::vector<Tensor> chunk(int64_t chunks, int64_t dim = 0) const;
   std::vector<Tensor> split(int64_t split_size, int64_t dim = 0) const;
   std::vector<Tensor> split(const std::vector<int64_t>& split_sizes, int64_t dim = 0) const;

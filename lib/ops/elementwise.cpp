@@ -406,6 +406,37 @@ Tensor sub(const Tensor& a, const Scalar& b) {
   return sub(a, wrap_scalar(b));
 }
 
+namespace {
+// C's fmod for floats, % for integers (0 for a divisor of -1: the lowest integer % -1 would
+// overflow, and trap).
+template <typename T>
+T fmod_value(T x, T y) {
+  if constexpr (kIsFloat<T>)
+    return std::fmod(x, y);
+  else
+    return T(x % (y == T(-1) ? T(1) : y));
+}
+// remainder and fmod, a - div(a, b, rounding) * b: b's gradient is -g div(a, b, rounding).
+template <typename F>
+Tensor remainder_op(const detail::OpHandle& def, const char* name, const char* rounding,
+                    const Tensor& a, const Tensor& b, F fn) {
+  detail::check_defined(a, name);
+  detail::check_defined(b, name, "other");
+  check_no_zero_divisor(name, a, b, detail::result_type({a, b}));
+  Tensor out = detail::binary_op<DTypeRule::Same>(def, a, b, fn);
+  if (detail::needs_grad(a, b))
+    detail::record(name, {a, b}, {out}, saved_for(Saves::None, Saves::XY, a, b),
+                   [rounding](const detail::BackwardContext& c) {
+                     const Tensor& g = c.grad();
+                     return std::vector<Tensor>{g, c.needs_grad(1)
+                                                       ? -g * div(c.saved(0), c.saved(1), rounding)
+                                                       : Tensor()};
+                   });
+  return out;
+}
+}  // namespace
+
+// remainder: Python's modulo, with the divisor's sign.
 static detail::OpHandle remainder_def;
 static void register_remainder() {
   remainder_def.bind(def_op(
@@ -417,28 +448,11 @@ static void register_remainder() {
       /*checks_integer_values=*/true));
 }
 Tensor remainder(const Tensor& a, const Tensor& b) {
-  detail::check_defined(a, "remainder");
-  detail::check_defined(b, "remainder", "other");
-  check_no_zero_divisor("remainder", a, b, detail::result_type({a, b}));
-  Tensor out = detail::binary_op<DTypeRule::Same>(remainder_def, a, b, [](auto x, auto y) {
+  return remainder_op(remainder_def, "remainder", "floor", a, b, [](auto x, auto y) {
     using T = decltype(x);
-    T r;
-    if constexpr (kIsFloat<T>)
-      r = std::fmod(x, y);
-    else
-      r = T(x % (y == T(-1) ? T(1) : y));  // the lowest integer % -1 would overflow (and trap)
-    if (r != T(0) && ((r < T(0)) != (y < T(0)))) r = T(r + y);
-    return r;
+    const T r = fmod_value(x, y);
+    return r != T(0) && ((r < T(0)) != (y < T(0))) ? T(r + y) : r;
   });
-  // a - div(a, b, "floor") * b
-  if (detail::needs_grad(a, b))
-    detail::record("remainder", {a, b}, {out}, saved_for(Saves::None, Saves::XY, a, b),
-                   [](const detail::BackwardContext& c) {
-                     const Tensor& g = c.grad();
-                     return std::vector<Tensor>{
-                         g, c.needs_grad(1) ? -g * div(c.saved(0), c.saved(1), "floor") : Tensor()};
-                   });
-  return out;
 }
 Tensor remainder(const Tensor& a, const Scalar& b) {
   return remainder(a, wrap_scalar(b));
@@ -453,25 +467,8 @@ static void register_fmod() {
       "(rem x y)", /*checks_integer_values=*/true));
 }
 Tensor fmod(const Tensor& a, const Tensor& b) {
-  detail::check_defined(a, "fmod");
-  detail::check_defined(b, "fmod", "other");
-  check_no_zero_divisor("fmod", a, b, detail::result_type({a, b}));
-  Tensor out = detail::binary_op<DTypeRule::Same>(fmod_def, a, b, [](auto x, auto y) {
-    using T = decltype(x);
-    if constexpr (kIsFloat<T>)
-      return std::fmod(x, y);
-    else
-      return T(x % (y == T(-1) ? T(1) : y));  // the lowest integer % -1 would overflow (and trap)
-  });
-  // a - div(a, b, "trunc") * b
-  if (detail::needs_grad(a, b))
-    detail::record("fmod", {a, b}, {out}, saved_for(Saves::None, Saves::XY, a, b),
-                   [](const detail::BackwardContext& c) {
-                     const Tensor& g = c.grad();
-                     return std::vector<Tensor>{
-                         g, c.needs_grad(1) ? -g * div(c.saved(0), c.saved(1), "trunc") : Tensor()};
-                   });
-  return out;
+  return remainder_op(fmod_def, "fmod", "trunc", a, b,
+                      [](auto x, auto y) { return fmod_value(x, y); });
 }
 Tensor fmod(const Tensor& a, const Scalar& b) {
   return fmod(a, wrap_scalar(b));

@@ -197,6 +197,54 @@ Tensor nan_to_num(const Tensor& x, std::optional<double> nan, std::optional<doub
   return where(eq(x, x), out, nan.value_or(0.0));
 }
 
+// Where a and b are equal (or both NaN, with equal_nan), or their finite difference is within
+// atol + |rtol b|, computed in their dtype (integers in float32), as torch's.
+Tensor isclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool equal_nan) {
+  detail::check_defined(a, "isclose");
+  detail::check_defined(b, "isclose", "other");
+  KILN_CHECK(a.dtype() == b.dtype(), "isclose: expected both tensors to have the same dtype, got ",
+             describe(a), " and ", describe(b));
+  KILN_CHECK(rtol >= 0 && atol >= 0, "isclose: rtol (", rtol, ") and atol (", atol,
+             ") must not be negative (", describe(a), ", ", describe(b), ")");
+  Tensor close = eq(a, b);
+  if (equal_nan) close = logical_or(close, logical_and(isnan(a), isnan(b)));
+  if (rtol == 0 && atol == 0) return close;
+  const DType t = a.is_floating_point() ? a.dtype() : kFloat32;
+  Tensor x = a.to(t), y = b.to(t);
+  Tensor error = abs(x - y);
+  return logical_or(close, logical_and(isfinite(error), le(error, abs(y * rtol) + atol)));
+}
+
+// ------------------------------------------------------------------ small products and counts
+Tensor outer(const Tensor& a, const Tensor& b) {
+  detail::check_defined(a, "outer");
+  detail::check_defined(b, "outer", "vec2");
+  KILN_CHECK(a.dim() == 1 && b.dim() == 1, "outer: expected two 1-D tensors, got ", describe(a),
+             " and ", describe(b));
+  return a.unsqueeze(1) * b;
+}
+Tensor dot(const Tensor& a, const Tensor& b) {
+  detail::check_defined(a, "dot");
+  detail::check_defined(b, "dot", "other");
+  KILN_CHECK(a.dim() == 1 && b.dim() == 1 && a.size(0) == b.size(0) && a.dtype() == b.dtype() &&
+                 a.dtype() != kBool,
+             "dot: expected two 1-D tensors of the same size and (non-bool) dtype, got ",
+             describe(a), " and ", describe(b));
+  return (a * b).sum().to(a.dtype());
+}
+Tensor count_nonzero(const Tensor& x, const std::vector<int64_t>& dims) {
+  detail::check_defined(x, "count_nonzero");
+  return ne(x, 0).sum(dims);
+}
+std::tuple<Tensor, Tensor> var_mean(const Tensor& x, const std::vector<int64_t>& dims,
+                                    int64_t correction, bool keepdim) {
+  return {var(x, dims, correction, keepdim), mean(x, dims, keepdim)};
+}
+std::tuple<Tensor, Tensor> std_mean(const Tensor& x, const std::vector<int64_t>& dims,
+                                    int64_t correction, bool keepdim) {
+  return {std(x, dims, correction, keepdim), mean(x, dims, keepdim)};
+}
+
 // x - trunc(x) (exact), floats only, as torch's.
 Tensor frac(const Tensor& x) {
   detail::check_defined(x, "frac");

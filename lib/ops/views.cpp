@@ -711,4 +711,93 @@ Tensor slice_scatter(const Tensor& self, const Tensor& src, int64_t dim,
   return out;
 }
 
+// ------------------------------------------------------------------ free-function forms
+Tensor Tensor::swapaxes(int64_t axis0, int64_t axis1) const {
+  return transpose(axis0, axis1);
+}
+Tensor Tensor::swapdims(int64_t dim0, int64_t dim1) const {
+  return transpose(dim0, dim1);
+}
+// The permutation that puts dim source[i] at destination[i] and the other dims, in their order,
+// in the places left.
+Tensor Tensor::movedim(const std::vector<int64_t>& source,
+                       const std::vector<int64_t>& destination) const {
+  detail::check_defined(*this, "movedim");
+  KILN_CHECK(source.size() == destination.size(), "movedim: source (", shape_str(source),
+             ") and destination (", shape_str(destination), ") must have the same number of dims (",
+             describe(*this), ")");
+  const int64_t n = dim();
+  std::vector<int64_t> order(static_cast<size_t>(n), -1);
+  std::vector<bool> moved(static_cast<size_t>(n), false);
+  for (size_t i = 0; i < source.size(); ++i) {
+    const int64_t from = wrap_dim(source[i], n, "movedim", this);
+    const int64_t to = wrap_dim(destination[i], n, "movedim", this);
+    KILN_CHECK(!moved[static_cast<size_t>(from)] && order[static_cast<size_t>(to)] < 0,
+               "movedim: repeated dim in source (", shape_str(source), ") or destination (",
+               shape_str(destination), ") for ", describe(*this));
+    moved[static_cast<size_t>(from)] = true;
+    order[static_cast<size_t>(to)] = from;
+  }
+  int64_t next = 0;
+  for (int64_t& d : order) {
+    if (d >= 0) continue;
+    while (moved[static_cast<size_t>(next)]) ++next;
+    d = next++;
+  }
+  return permute(order);
+}
+Tensor Tensor::movedim(int64_t source, int64_t destination) const {
+  return movedim(std::vector<int64_t>{source}, std::vector<int64_t>{destination});
+}
+
+Tensor reshape(const Tensor& x, const Shape& shape) {
+  return x.reshape(shape);
+}
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
+  return x.permute(dims);
+}
+Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1) {
+  return x.transpose(dim0, dim1);
+}
+Tensor swapaxes(const Tensor& x, int64_t axis0, int64_t axis1) {
+  return x.transpose(axis0, axis1);
+}
+Tensor swapdims(const Tensor& x, int64_t dim0, int64_t dim1) {
+  return x.transpose(dim0, dim1);
+}
+Tensor movedim(const Tensor& x, const std::vector<int64_t>& source,
+               const std::vector<int64_t>& destination) {
+  return x.movedim(source, destination);
+}
+Tensor movedim(const Tensor& x, int64_t source, int64_t destination) {
+  return x.movedim(source, destination);
+}
+Tensor unsqueeze(const Tensor& x, int64_t dim) {
+  return x.unsqueeze(dim);
+}
+Tensor squeeze(const Tensor& x) {
+  return x.squeeze();
+}
+Tensor squeeze(const Tensor& x, int64_t dim) {
+  return x.squeeze(dim);
+}
+Tensor flatten(const Tensor& x, int64_t start_dim, int64_t end_dim) {
+  return x.flatten(start_dim, end_dim);
+}
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
+  return x.narrow(dim, start, length);
+}
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
+  return x.chunk(chunks, dim);
+}
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
+  return x.split(split_size, dim);
+}
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& split_sizes, int64_t dim) {
+  return x.split(split_sizes, dim);
+}
+std::vector<Tensor> unbind(const Tensor& x, int64_t dim) {
+  return x.unbind(dim);
+}
+
 }  // namespace kiln

@@ -236,7 +236,7 @@ TEST(Fuser, NewOpsMatchEagerOnSpecialValues) {
       },
       [](const Inputs& in) {
         return Inputs{xlogy(in[0], in[1]) + 0, logical_not(logical_xor(in[0], in[1])),
-                      nan_to_num(in[0] * 1) + 0};
+                      nan_to_num(in[0] * 1) + 0, logaddexp(in[0], in[1]) * 1};
       },
       [inf, nan](const Inputs& in) {
         return Inputs{clamp(in[0], -1.0, 2) + 0, clamp(in[1], std::nullopt, 0.5) * 1,

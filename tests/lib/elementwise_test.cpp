@@ -445,6 +445,8 @@ const std::vector<BinaryCase>& binary_cases() {
       {"xlogy", [](const Tensor& a, const Tensor& b) { return xlogy(a, b); },
        [](double a, double b) { return a == 0 ? 0.0 : a * std::log(b); }, Rule::Float, discrete,
        Domain{0.25, 4}},
+      {"logaddexp", [](const Tensor& a, const Tensor& b) { return logaddexp(a, b); },
+       [](double a, double b) { return std::log(std::exp(a) + std::exp(b)); }, Rule::Float},
       {"rsub",
        [](const Tensor& a, const Tensor& b) { return rsub(a, b); },
        [](double a, double b) { return b - a; },

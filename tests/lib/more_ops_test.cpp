@@ -550,5 +550,119 @@ TEST(MoreOps, BadInputRaisesAndLeavesInputs) {
   expect_close(i, {1, 2}, {2}, kInt64);
 }
 
+// The free-function forms of the view methods give the methods' views; movedim moves the named
+// dims and keeps the others in order; swapaxes and swapdims are transpose.
+TEST(MoreOps, FreeFunctionViewsAndMovedim) {
+  const Tensor x = testing::input({2, 3, 4, 5}, kFloat32);
+  auto same_view = [](const Tensor& a, const Tensor& b) {
+    EXPECT_EQ(a.sizes(), b.sizes());
+    EXPECT_EQ(a.strides(), b.strides());
+    EXPECT_EQ(a.storage_offset(), b.storage_offset());
+    EXPECT_TRUE(equal(a, b));
+  };
+  same_view(transpose(x, 0, 2), x.transpose(0, 2));
+  same_view(swapaxes(x, 1, -1), x.transpose(1, 3));
+  same_view(x.swapdims(0, 1), x.transpose(0, 1));
+  same_view(permute(x, {3, 1, 0, 2}), x.permute({3, 1, 0, 2}));
+  same_view(reshape(x, {6, 20}), x.reshape({6, 20}));
+  same_view(unsqueeze(x, -1), x.unsqueeze(4));
+  same_view(squeeze(unsqueeze(x, 1), 1), x);
+  same_view(squeeze(x.unsqueeze(0)), x);
+  same_view(flatten(x, 1), x.flatten(1, -1));
+  same_view(narrow(x, 2, 1, 2), x.narrow(2, 1, 2));
+  EXPECT_EQ(chunk(x, 2, 2).size(), 2u);
+  same_view(split(x, 2, 1)[1], x.split(2, 1)[1]);
+  same_view(split(x, {1, 2}, 1)[1], x.split(std::vector<int64_t>{1, 2}, 1)[1]);
+  same_view(unbind(x, 3)[4], x.select(3, 4));
+  // movedim, as numpy.moveaxis.
+  same_view(movedim(x, {0, 1}, {2, 3}), x.permute({2, 3, 0, 1}));
+  same_view(movedim(x, 1, -1), x.permute({0, 2, 3, 1}));
+  same_view(x.movedim({0, 3}, {3, 0}), x.permute({3, 1, 2, 0}));
+  same_view(movedim(x, -1, 0), x.permute({3, 0, 1, 2}));
+  same_view(movedim(x, {}, {}), x);
+  expect_error(
+      [&] {
+        (void)movedim(x, {0, 0}, {1, 2});
+      },
+      {"movedim", "repeated", "float32[2, 3, 4, 5]"});
+  expect_error([&] { (void)movedim(x, {0, 1}, {2}); }, {"movedim", "same number"});
+  expect_error([&] { (void)movedim(x, 4, 0); }, {"movedim", "float32[2, 3, 4, 5]"});
+}
+
+// logaddexp against float64 references, where exp overflows or underflows, at infinities, and
+// its gradient.
+TEST(MoreOps, Logaddexp) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  Tensor a = from_vector(std::vector<double>{inf, -inf, inf, 1000, -1000, 0.5, nan, 3, -inf});
+  Tensor b = from_vector(std::vector<double>{inf, -inf, -inf, 1000, 1, -2, 1, nan, 2});
+  expect_close(
+      logaddexp(a, b),
+      {inf, -inf, inf, 1000 + std::log(2.0), 1, 0.5 + std::log1p(std::exp(-2.5)), nan, nan, 2}, {9},
+      kFloat64, 1e-15, 0);
+  expect_close(logaddexp(a.to(kFloat32), 0.0).to(kFloat64),
+               {inf, 0, inf, 1000, std::log1p(std::exp(-1000.0)), std::log1p(std::exp(0.5)), nan,
+                std::log1p(std::exp(3.0)), 0},
+               {9}, kFloat64, 1e-6, 1e-7);
+  using In = std::vector<Tensor>;
+  const Tensor x = testing::random_tensor({3, 4}, kFloat64).requires_grad_();
+  const Tensor y = testing::random_tensor({4}, kFloat64).requires_grad_();
+  EXPECT_TRUE(testing::gradcheck([](const In& in) { return logaddexp(in[0], in[1]); }, {x, y}));
+  EXPECT_TRUE(testing::gradgradcheck([](const In& in) { return logaddexp(in[0], in[1]); }, {x, y}));
+}
+
+// isclose: equal values (infinities), NaN only with equal_nan, |a - b| <= atol + |rtol b| where
+// finite; integers compare in float32; a dtype mismatch or a negative tolerance raises.
+TEST(MoreOps, Isclose) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  Tensor a = from_vector(std::vector<double>{1, 1, inf, inf, nan, 100, 0, 1e-9});
+  Tensor b = from_vector(std::vector<double>{1, 1 + 1e-6, inf, -inf, nan, 100.0011, 0, 0});
+  expect_close(isclose(a, b), {1, 1, 1, 0, 0, 0, 1, 1}, {8}, kBool, 0, 0);
+  expect_close(isclose(a, b, 1e-5, 1e-8, true), {1, 1, 1, 0, 1, 0, 1, 1}, {8}, kBool, 0, 0);
+  expect_close(isclose(a, b, 0, 0), {1, 0, 1, 0, 0, 0, 1, 0}, {8}, kBool, 0, 0);
+  expect_close(isclose(a, b, 1e-4, 0), {1, 1, 1, 0, 0, 1, 1, 0}, {8}, kBool, 0, 0);
+  Tensor i = from_vector(std::vector<int64_t>{100, 7}),
+         j = from_vector(std::vector<int64_t>{101, 7});
+  expect_close(isclose(i, j, 0.02), {1, 1}, {2}, kBool, 0, 0);
+  expect_close(isclose(i, j), {0, 1}, {2}, kBool, 0, 0);
+  expect_error([&] { (void)isclose(a, b.to(kFloat32)); },
+               {"isclose", "same dtype", "float64[8]", "float32[8]"});
+  expect_error([&] { (void)isclose(a, b, -1); }, {"isclose", "rtol", "float64[8]"});
+}
+
+// outer, dot, count_nonzero, var_mean and std_mean against references, with gradients.
+TEST(MoreOps, OuterDotCountNonzeroAndStatistics) {
+  Tensor a = from_vector(std::vector<double>{1, -2, 3}), b = from_vector(std::vector<double>{4, 5});
+  expect_close(outer(a, b), {4, 5, -8, -10, 12, 15}, {3, 2}, kFloat64, 0, 0);
+  expect_close(outer(a.to(kInt32), b.to(kFloat32)), {4, 5, -8, -10, 12, 15}, {3, 2}, kFloat32, 0,
+               0);
+  expect_close(dot(a, a * 2), {28}, {}, kFloat64, 0, 0);
+  Tensor ia = a.to(kInt32);
+  Tensor d = dot(ia, ia);
+  EXPECT_EQ(d.dtype(), kInt32);
+  expect_close(d, {14}, {}, kInt32, 0, 0);
+  expect_close(dot(a.slice(0, 0, 0), a.slice(0, 0, 0)), {0}, {}, kFloat64, 0, 0);
+  expect_error([&] { (void)dot(a, b); }, {"dot", "float64[3]", "float64[2]"});
+  expect_error([&] { (void)dot(a, a.to(kFloat32)); }, {"dot", "float64[3]", "float32[3]"});
+  expect_error([&] { (void)outer(a.unsqueeze(0), b); }, {"outer", "1-D", "float64[1, 3]"});
+  Tensor m = from_vector(std::vector<double>{0, 1, -0.0, 2, std::nan(""), 0}, {2, 3});
+  Tensor c = count_nonzero(m);
+  EXPECT_EQ(c.dtype(), kInt64);
+  expect_close(c, {3}, {}, kInt64, 0, 0);
+  expect_close(count_nonzero(m, {0}), {1, 2, 0}, {3}, kInt64, 0, 0);
+  const auto [v, mu] = var_mean(testing::random_tensor({4, 5}, kFloat64), {1});
+  EXPECT_EQ(v.sizes(), (Shape{4}));
+  EXPECT_EQ(mu.sizes(), (Shape{4}));
+  const Tensor x = testing::random_tensor({4, 5}, kFloat64);
+  const auto [s1, m1] = std_mean(x, {0}, 0, true);
+  expect_close(s1, values(std(x, {0}, 0, true)), {1, 5}, kFloat64, 0, 0);
+  expect_close(m1, values(mean(x, {0}, true)), {1, 5}, kFloat64, 0, 0);
+  using In = std::vector<Tensor>;
+  const Tensor p = testing::random_tensor({3}, kFloat64).requires_grad_();
+  const Tensor q = testing::random_tensor({4}, kFloat64).requires_grad_();
+  const Tensor r = testing::random_tensor({3}, kFloat64).requires_grad_();
+  EXPECT_TRUE(testing::gradcheck([](const In& in) { return outer(in[0], in[1]); }, {p, q}));
+  EXPECT_TRUE(testing::gradcheck([](const In& in) { return dot(in[0], in[1]); }, {p, r}));
+}
+
 }  // namespace
 }  // namespace kiln
