@@ -321,6 +321,20 @@ std::tuple<Tensor, Tensor> std_mean(const Tensor& x, const std::vector<int64_t>&
                                     int64_t correction = 1, bool keepdim = false);
 // The number of nonzero elements over `dims` (all when empty), as int64.
 Tensor count_nonzero(const Tensor& x, const std::vector<int64_t>& dims = {});
+template <typename I, detail::if_dim<I> = 0>
+std::tuple<Tensor, Tensor> var_mean(const Tensor& x, I dim, int64_t correction = 1,
+                                    bool keepdim = false) {
+  return var_mean(x, Shape{static_cast<int64_t>(dim)}, correction, keepdim);
+}
+template <typename I, detail::if_dim<I> = 0>
+std::tuple<Tensor, Tensor> std_mean(const Tensor& x, I dim, int64_t correction = 1,
+                                    bool keepdim = false) {
+  return std_mean(x, Shape{static_cast<int64_t>(dim)}, correction, keepdim);
+}
+template <typename I, detail::if_dim<I> = 0>
+Tensor count_nonzero(const Tensor& x, I dim) {
+  return count_nonzero(x, Shape{static_cast<int64_t>(dim)});
+}
 
 // ---------------------------------------------------------------- sorting and scans
 // The k largest (smallest when !largest) along dim, in order, and their int64 indices.
