@@ -145,6 +145,11 @@ struct Specialization {
   // Per graph output: what it is for, and for write-backs the storage (as a flat tensor) and for
   // grads the index of the .grad in grad_slots.
   std::vector<OutputKind> kinds;
+  // Per graph output that is a returned value: whether the function computed it, rather than an
+  // argument, a captured tensor or a view of one. The optimized graph may return such a value as
+  // the very input it equals (x * 1 is x; a value folded to a captured constant): the call then
+  // returns a copy, a new tensor as in eager mode, which the caller may write into.
+  std::vector<bool> fresh_returns;
   std::vector<Tensor> write_targets;
   std::vector<size_t> grad_slot_of;
   std::vector<GradSlot> grad_slots;

@@ -13,17 +13,19 @@ namespace kiln::jit {
 
 // Function files: the graph and its captured tensors (serialize.h), and as metadata a line-based
 // description of how the graph is called:
-//   kiln-function 1
+//   kiln-function 2
 //   inputs <n> then per call argument: dtype code, requires_grad, rank, sizes (the guard)
 //   bindings <k> then per graph input: the call argument, or -1 for a captured tensor
 //   outputs <m> then per graph output: kind (0 return, 1 write-back, 2 grad, 3 saved for a
-//   backward: ignored by load) and the graph input whose captured tensor it writes (-1 for returns)
+//   backward: ignored by load), the graph input whose captured tensor it writes (-1 for returns)
+//   and, for returns, 1 when the function computed the value (Specialization::fresh_returns), else
+//   0. Version 1 files lack that last column: their returns load as not computed.
 void Function::save(const std::string& path) const {
   KILN_CHECK(impl_, "jit::Function::save: empty Function");
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const Specialization* s = impl_->last ? impl_->last : impl_->specs.at(0).get();
   std::ostringstream meta;
-  meta << "kiln-function 1\ninputs " << s->key.size() << '\n';
+  meta << "kiln-function 2\ninputs " << s->key.size() << '\n';
   for (const InputKey& k : s->key) {
     meta << static_cast<int>(k.dtype) << ' ' << k.requires_grad << ' ' << k.sizes.size();
     for (int64_t d : k.sizes) meta << ' ' << d;
@@ -59,7 +61,8 @@ void Function::save(const std::string& path) const {
     }
     KILN_CHECK(!targets || target >= 0, "jit::Function::save: output ", k,
                " writes a tensor the function never reads; such a function cannot be saved");
-    meta << static_cast<int64_t>(s->kinds[k]) << ' ' << target << '\n';
+    const bool fresh = s->fresh_returns.size() > k && s->fresh_returns[k];
+    meta << static_cast<int64_t>(s->kinds[k]) << ' ' << target << ' ' << fresh << '\n';
   }
   std::vector<Tensor> constants;
   for (size_t i = 0; i < s->captures.size(); ++i) {
@@ -95,7 +98,8 @@ class DescriptionReader {
   // The header and the guard: per call argument, its dtype, requires_grad and sizes.
   void read_inputs(Specialization& spec) {
     expect_word("kiln-function");
-    if (read_int("version") != 1) fail("unknown version");
+    version_ = read_int("version");
+    if (version_ != 1 && version_ != 2) fail("unknown version");
     expect_word("inputs");
     const int64_t n = read_int("input count");
     if (n < 0 || n > 1 << 20) fail("input count");
@@ -136,8 +140,11 @@ class DescriptionReader {
     for (size_t k = 0; k < g.outputs().size(); ++k) {
       const int64_t kind = read_int("output kind");
       const int64_t target = read_int("output target");
+      const int64_t fresh = version_ >= 2 ? read_int("output computed") : 0;
       if (kind < 0 || kind > 3) fail("output kind");
+      if (fresh != 0 && (fresh != 1 || kind != 0)) fail("output computed");
       spec.kinds.push_back(static_cast<OutputKind>(kind));
+      spec.fresh_returns.push_back(fresh != 0);  // indexed by output, as a trace's
       spec.write_targets.emplace_back();
       spec.grad_slot_of.emplace_back();
       if (kind == 0 || kind == 3) continue;
@@ -164,6 +171,7 @@ class DescriptionReader {
 
   const std::string& path_;
   std::istringstream meta_;
+  int64_t version_ = 0;
 };
 }  // namespace
 

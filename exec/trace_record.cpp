@@ -277,7 +277,22 @@ class Tracer {
     for (const std::string& w : scope.state.warnings) std::cerr << "kiln warning: " << w << '\n';
     // The graph, built while the trace's values are still in place.
     const LazyGraphBinding binding = build_traced_graph(scope.state);
+    mark_fresh_returns(outputs, placeholders, binding, scope.state);
     if (!gradient_request_of_.empty()) split_backward(binding, num_forward, num_arguments);
+  }
+
+  // Which returned values the function computed (Specialization::fresh_returns): those over a
+  // storage that is neither an argument's nor that of a tensor from before the trace.
+  void mark_fresh_returns(const std::vector<Tensor>& outputs,
+                          const std::vector<Tensor>& placeholders, const LazyGraphBinding& binding,
+                          const detail::TraceState& state) {
+    absl::flat_hash_set<const detail::Storage*> outside;
+    for (const Tensor& p : placeholders) outside.insert(p.impl()->storage.get());
+    for (const Tensor& c : binding.inputs)
+      if (c.defined() && !state.created.count(c.impl()->storage.get()))
+        outside.insert(c.impl()->storage.get());
+    for (const Tensor& t : outputs)
+      spec_->fresh_returns.push_back(!outside.contains(t.impl()->storage.get()));
   }
 
   // Optimizes the recorded graphs and, when `plan`, plans them.

@@ -117,6 +117,22 @@ bool is_argument(const Tensor& t, const std::vector<Tensor>& inputs) {
   return false;
 }
 
+// Returned value k as the call returns it. One the function computed but the plan gives back
+// over an input's storage (the input itself, or a view of it) is copied: eager mode would have
+// made a new tensor, and writing into it must change neither the input nor later calls.
+// A returned argument is an alias of its own: autograd would take the argument itself for the
+// identity and drop the call's node, and with it the other outputs' gradients.
+Tensor returned_value(const Specialization& s, size_t k, const std::vector<Tensor>& inputs,
+                      const std::vector<Tensor>& args, Tensor&& r) {
+  if (!r.defined()) return std::move(r);
+  if (s.fresh_returns.size() > k && s.fresh_returns[k]) {
+    for (const Tensor& a : args)
+      if (a.defined() && a.impl()->storage == r.impl()->storage) return r.clone();
+    return std::move(r);
+  }
+  return is_argument(r, inputs) ? r.detach() : std::move(r);
+}
+
 // The new value's buffer becomes the captured storage's when nothing else holds it (the Storage
 // object, and so every view of it, stays); otherwise it is copied in. `holders` is made at the
 // first write-back, which alone reads it.
@@ -157,8 +173,8 @@ void take_results(const Specialization& s, const std::vector<Tensor>& inputs,
   LazyGuard eager(false);
   if (s.returns_only()) {
     // A plain function: its results are what it returns (no second vector).
-    for (Tensor& r : results)
-      if (is_argument(r, inputs)) r = r.detach();
+    for (size_t k = 0; k < results.size(); ++k)
+      results[k] = returned_value(s, k, inputs, args, std::move(results[k]));
     returned = std::move(results);
     return;
   }
@@ -166,10 +182,7 @@ void take_results(const Specialization& s, const std::vector<Tensor>& inputs,
   for (size_t k = 0; k < s.kinds.size(); ++k) {
     switch (s.kinds[k]) {
       case OutputKind::Return:
-        // A returned argument (a view or a same-type to() of it, folded away) becomes an alias
-        // of its own: autograd would take the argument itself for the identity and drop the
-        // call's node, and with it the other outputs' gradients.
-        returned.push_back(is_argument(results[k], inputs) ? results[k].detach() : results[k]);
+        returned.push_back(returned_value(s, k, inputs, args, Tensor(results[k])));
         break;
       case OutputKind::Saved:
         // Without its history: a saved value may be a returned one too, whose history is the

@@ -994,5 +994,66 @@ TEST(TraceContract, ACallsAutogradNodeIsFreedWithItsOutputs) {
   EXPECT_EQ(detail::live_autograd_nodes(), live) << "a call's autograd node leaked";
 }
 
+// ------------------------------------------------------------ returned values are the caller's
+
+// The optimized graph returns x for x * 1 and a captured constant for a value the function built
+// from factories alone; eager mode returns a new tensor each time. Writing into what a call
+// returned must change neither its inputs nor what later calls return, traced or loaded.
+TEST(TraceContract, AValueTheFunctionComputedIsANewTensorEvenWhereTheGraphFoldsItAway) {
+  Tensor w = f64({5, 6});
+  const Fn fn = [&](const Inputs& in) {
+    return Inputs{in[0] * 1, ones({2}, kFloat64) * 1, w * 1, in[0].view({2}), w.view({2})};
+  };
+  const Inputs expected = eager(fn, {f64({1, 2})});
+  Tensor x = f64({1, 2});
+  jit::Function traced = jit::trace(fn, {x});
+  const std::string path = ::testing::TempDir() + "/kiln_fresh_returns.kiln";
+  traced.save(path);
+  jit::Function loaded = jit::load(path);
+  for (jit::Function* f : {&traced, &loaded}) {
+    for (int call = 0; call < 2; ++call) {
+      Tensor xi = f64({1, 2});
+      Inputs out = (*f)({xi});
+      ASSERT_EQ(out.size(), expected.size());
+      for (size_t k = 0; k < out.size(); ++k)
+        EXPECT_TRUE(equal(out[k], expected[k])) << "output " << k << ": " << out[k];
+      for (size_t k = 0; k < 3; ++k) out[k].add_(100);
+      EXPECT_TRUE(equal(xi, f64({1, 2}))) << "x * 1 returned the argument itself: " << xi;
+      EXPECT_TRUE(equal(w, f64({5, 6}))) << "w * 1 returned the captured tensor itself: " << w;
+      // A view is one, traced as in eager mode: writing into it writes the argument.
+      out[3].add_(1);
+      EXPECT_TRUE(equal(xi, f64({2, 3}))) << xi;
+    }
+  }
+  // Eager mode returns a view of the captured w; a trace returns a copy
+  // (docs/torch-differences.md).
+  Inputs out = traced({x});
+  out[4].add_(1);
+  EXPECT_TRUE(equal(w, f64({5, 6}))) << w;
+}
+
+// A size-0 value the trace captured as a constant, returned and saved for the backward (found by
+// the differential tester, program 281): the call's node saved the constant, and holding the
+// returned value, which held the node, it was never freed.
+TEST(TraceContract, AnEmptyValueFoldedToAConstantDoesNotHoldItsCallsNode) {
+  const Fn fn = [](const Inputs& in) {
+    Tensor v = gather(in[0], -2, in[1]);
+    v.slice(2, 0, 1, 2).zero_();
+    return Inputs{v, rsqrt(v)};
+  };
+  Tensor x = ones({2, 4, 3}, kFloat64).requires_grad_(true);
+  Tensor index = zeros({2, 0, 2}, kInt64);
+  jit::Function f = jit::trace(fn, {x, index});
+  const int64_t live = detail::live_autograd_nodes();
+  {
+    const Inputs out = f({x, index});
+    EXPECT_EQ(out[0].sizes(), (Shape{2, 0, 2}));
+    EXPECT_TRUE(out[0].requires_grad());
+    const Inputs g = autograd::grad({out[1].sum()}, {x});
+    EXPECT_TRUE(equal(g[0], zeros({2, 4, 3}, kFloat64))) << g[0];
+  }
+  EXPECT_EQ(detail::live_autograd_nodes(), live) << "a call's autograd node leaked";
+}
+
 }  // namespace
 }  // namespace kiln
