@@ -262,6 +262,11 @@ LayerNorm::LayerNorm(Shape shape, double eps_, bool elementwise_affine)
   }
 }
 
+PReLU::PReLU(int64_t num_parameters, double init) {
+  KILN_CHECK(num_parameters >= 1, "PReLU: num_parameters must be at least 1, got ", num_parameters);
+  weight = register_parameter("weight", full({num_parameters}, init));
+}
+
 Tensor LayerNorm::forward(const Tensor& input) {
   return layer_norm(input, normalized_shape, weight, bias, eps);
 }

@@ -703,6 +703,45 @@ Tensor Tensor::cumprod(int64_t dim, std::optional<DType> dtype) const {
 Tensor Tensor::roll(const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims) const {
   return kiln::roll(*this, shifts, dims);
 }
+Tensor Tensor::tile(const std::vector<int64_t>& dims) const {
+  return kiln::tile(*this, dims);
+}
+Tensor Tensor::repeat_interleave(int64_t repeats, std::optional<int64_t> dim) const {
+  return kiln::repeat_interleave(*this, repeats, dim);
+}
+Tensor Tensor::diagonal(int64_t offset, int64_t dim1, int64_t dim2) const {
+  return kiln::diagonal(*this, offset, dim1, dim2);
+}
+Tensor Tensor::diag(int64_t k) const {
+  return kiln::diag(*this, k);
+}
+Tensor Tensor::trace() const {
+  return kiln::trace(*this);
+}
+Tensor Tensor::nansum(const std::vector<int64_t>& dims, bool keepdim) const {
+  return kiln::nansum(*this, dims, keepdim);
+}
+Tensor Tensor::nanmean(const std::vector<int64_t>& dims, bool keepdim) const {
+  return kiln::nanmean(*this, dims, keepdim);
+}
+Tensor Tensor::median() const {
+  return kiln::median(*this);
+}
+std::tuple<Tensor, Tensor> Tensor::median(int64_t dim, bool keepdim) const {
+  return kiln::median(*this, dim, keepdim);
+}
+std::tuple<Tensor, Tensor> Tensor::kthvalue(int64_t k, int64_t dim, bool keepdim) const {
+  return kiln::kthvalue(*this, k, dim, keepdim);
+}
+Tensor Tensor::logit(std::optional<double> eps) const {
+  return kiln::logit(*this, eps);
+}
+Tensor Tensor::deg2rad() const {
+  return kiln::deg2rad(*this);
+}
+Tensor Tensor::rad2deg() const {
+  return kiln::rad2deg(*this);
+}
 Tensor Tensor::tril(int64_t diagonal) const {
   return kiln::tril(*this, diagonal);
 }

@@ -261,6 +261,66 @@ class Softsign : public Module {
   std::string name() const override { return "Softsign"; }
   Tensor forward(const Tensor& input) override { return softsign(input); }
 };
+class Hardtanh : public Module {
+ public:
+  explicit Hardtanh(double min_val = -1.0, double max_val = 1.0)
+      : min_val(min_val), max_val(max_val) {}
+  std::string name() const override { return "Hardtanh"; }
+  Tensor forward(const Tensor& input) override { return hardtanh(input, min_val, max_val); }
+
+  double min_val, max_val;
+};
+class ReLU6 : public Module {
+ public:
+  std::string name() const override { return "ReLU6"; }
+  Tensor forward(const Tensor& input) override { return relu6(input); }
+};
+class CELU : public Module {
+ public:
+  explicit CELU(double alpha = 1.0) : alpha(alpha) {}
+  std::string name() const override { return "CELU"; }
+  Tensor forward(const Tensor& input) override { return celu(input, alpha); }
+
+  double alpha;
+};
+class Softshrink : public Module {
+ public:
+  explicit Softshrink(double lambd = 0.5) : lambd(lambd) {}
+  std::string name() const override { return "Softshrink"; }
+  Tensor forward(const Tensor& input) override { return softshrink(input, lambd); }
+
+  double lambd;
+};
+class Hardshrink : public Module {
+ public:
+  explicit Hardshrink(double lambd = 0.5) : lambd(lambd) {}
+  std::string name() const override { return "Hardshrink"; }
+  Tensor forward(const Tensor& input) override { return hardshrink(input, lambd); }
+
+  double lambd;
+};
+class Tanhshrink : public Module {
+ public:
+  std::string name() const override { return "Tanhshrink"; }
+  Tensor forward(const Tensor& input) override { return tanhshrink(input); }
+};
+class GLU : public Module {
+ public:
+  explicit GLU(int64_t dim = -1) : dim(dim) {}
+  std::string name() const override { return "GLU"; }
+  Tensor forward(const Tensor& input) override { return glu(input, dim); }
+
+  int64_t dim;
+};
+// A learned slope for negative inputs: one, or one per channel (num_parameters), from `init`.
+class PReLU : public Module {
+ public:
+  explicit PReLU(int64_t num_parameters = 1, double init = 0.25);
+  std::string name() const override { return "PReLU"; }
+  Tensor forward(const Tensor& input) override { return prelu(input, weight); }
+
+  Tensor weight;
+};
 class Softmax : public Module {
  public:
   explicit Softmax(int64_t dim) : dim(dim) {}

@@ -19,9 +19,39 @@ Tensor selu(const Tensor& x);
 Tensor hardswish(const Tensor& x);
 Tensor hardsigmoid(const Tensor& x);
 Tensor mish(const Tensor& x);
-// min(x, 0) - log1p(exp(-|x|)): finite for every finite x.
+// min(x, 0) - log1p(exp(-|x|)): finite for every finite x. logsigmoid is libtorch's name.
 Tensor log_sigmoid(const Tensor& x);
+inline Tensor logsigmoid(const Tensor& x) {
+  return log_sigmoid(x);
+}
 Tensor softsign(const Tensor& x);
+// clamp(x, min_val, max_val) whose gradient is 0 on the bounds and beyond (torch's); relu6 is
+// hardtanh(x, 0, 6).
+Tensor hardtanh(const Tensor& x, double min_val = -1.0, double max_val = 1.0);
+Tensor relu6(const Tensor& x);
+// x for x > 0, alpha * expm1(x / alpha) otherwise (alpha != 0).
+Tensor celu(const Tensor& x, double alpha = 1.0);
+// x - lambd above lambd, x + lambd below -lambd, 0 between (softshrink; lambd >= 0); x outside
+// [-lambd, lambd], 0 inside (hardshrink); x - tanh(x) (tanhshrink).
+Tensor softshrink(const Tensor& x, double lambd = 0.5);
+Tensor hardshrink(const Tensor& x, double lambd = 0.5);
+Tensor tanhshrink(const Tensor& x);
+// a * sigmoid(b) for the halves a, b of x along dim (its size must be even).
+Tensor glu(const Tensor& x, int64_t dim = -1);
+// x for x > 0, weight * x otherwise; weight holds one slope or one per channel (dim 1 of x).
+Tensor prelu(const Tensor& x, const Tensor& weight);
+
+// ---------------------------------------------------------------- distances and encodings
+// x divided by its p-norm along dim, at least eps.
+Tensor normalize(const Tensor& x, double p = 2.0, int64_t dim = 1, double eps = 1e-12);
+// sum((x1 / |x1|) * (x2 / |x2|)) along dim of the broadcast operands, each norm at least eps.
+Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, int64_t dim = 1, double eps = 1e-8);
+// The p-norm of x1 - x2 + eps along the last dim.
+Tensor pairwise_distance(const Tensor& x1, const Tensor& x2, double p = 2.0, double eps = 1e-6,
+                         bool keepdim = false);
+// int64 [..., num_classes] with a 1 at each class index of the int64 x; num_classes = -1 takes
+// the largest index + 1 (reading x's values, as torch's).
+Tensor one_hot(const Tensor& x, int64_t num_classes = -1);
 
 // ---------------------------------------------------------------- losses
 // torch's reduction="batchmean" (kl_div only): the sum divided by input.size(0).

@@ -142,6 +142,12 @@ Tensor nan_to_num(const Tensor& x, std::optional<double> nan = 0.0,
                   std::optional<double> neginf = std::nullopt);
 // sign, for real tensors.
 Tensor sgn(const Tensor& x);
+// x * pi / 180 and x * 180 / pi; integer and bool tensors give float32, as torch's.
+Tensor deg2rad(const Tensor& x);
+Tensor rad2deg(const Tensor& x);
+// log(z / (1 - z)) with z = x clamped to [eps, 1 - eps] when eps is given; integer tensors give
+// float32. The gradient is torch's (0 outside the clamp's range).
+Tensor logit(const Tensor& x, std::optional<double> eps = std::nullopt);
 
 // ---------------------------------------------------------------- elementwise, binary
 // (broadcasting)
@@ -266,6 +272,22 @@ Tensor any(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim 
 Tensor norm(const Tensor& x, const Scalar& p = 2, const std::vector<int64_t>& dims = {},
             bool keepdim = false);
 
+// sum and mean skipping NaN (nanmean of only NaN is NaN; nanmean takes floating tensors).
+Tensor nansum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor nanmean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// The lower median (of the elements of x, or along dim with its int64 index), and the k-th
+// smallest value (k from 1) along dim with its index. NaN sorts as the largest value; a slice
+// holding one has median NaN at the first NaN's index. Among equal values the index is that of the
+// one at the position in a stable sort (libtorch leaves it unspecified). The median of an empty
+// floating tensor is NaN; the median of all elements shares its gradient evenly among the elements
+// equal to it, as torch's.
+Tensor median(const Tensor& x);
+std::tuple<Tensor, Tensor> median(const Tensor& x, int64_t dim, bool keepdim = false);
+std::tuple<Tensor, Tensor> kthvalue(const Tensor& x, int64_t k, int64_t dim = -1,
+                                    bool keepdim = false);
+// The sum of a matrix's main diagonal (integers sum in int64).
+Tensor trace(const Tensor& x);
+
 // Single-dim overloads: sum(x, 1), mean(x, -1, true). Templates so that a braced list, even an
 // empty one ({} means every dim), always picks the list overload above.
 template <typename I, detail::if_dim<I> = 0>
@@ -280,6 +302,14 @@ Tensor mean(const Tensor& x, I dim, bool keepdim = false) {
 template <typename I, detail::if_dim<I> = 0>
 Tensor prod(const Tensor& x, I dim, bool keepdim = false) {
   return prod(x, Shape{static_cast<int64_t>(dim)}, keepdim);
+}
+template <typename I, detail::if_dim<I> = 0>
+Tensor nansum(const Tensor& x, I dim, bool keepdim = false) {
+  return nansum(x, Shape{static_cast<int64_t>(dim)}, keepdim);
+}
+template <typename I, detail::if_dim<I> = 0>
+Tensor nanmean(const Tensor& x, I dim, bool keepdim = false) {
+  return nanmean(x, Shape{static_cast<int64_t>(dim)}, keepdim);
 }
 template <typename I, detail::if_dim<I> = 0>
 Tensor amax(const Tensor& x, I dim, bool keepdim = false) {
@@ -368,6 +398,12 @@ std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0);
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& split_sizes,
                           int64_t dim = 0);
 std::vector<Tensor> unbind(const Tensor& x, int64_t dim = 0);
+// x expanded to `shape`, and the tensors expanded to their broadcast shape (views).
+Tensor broadcast_to(const Tensor& x, const Shape& shape);
+std::vector<Tensor> broadcast_tensors(const std::vector<Tensor>& tensors);
+// The diagonal `offset` (above the main one when positive) of the plane of dims dim1 and dim2, as
+// a view whose last dim runs along it.
+Tensor diagonal(const Tensor& x, int64_t offset = 0, int64_t dim1 = 0, int64_t dim2 = 1);
 
 // ---------------------------------------------------------------- linear algebra (oneDNN GEMM)
 Tensor mm(const Tensor& a, const Tensor& b);
@@ -420,6 +456,16 @@ Tensor flip(const Tensor& x, const std::vector<int64_t>& dims);
 Tensor roll(const Tensor& x, const std::vector<int64_t>& shifts,
             const std::vector<int64_t>& dims = {});
 Tensor repeat(const Tensor& x, const std::vector<int64_t>& repeats);
+// diag of a 1-D x: the square matrix with x on diagonal k; of a 2-D x: a copy of its diagonal k.
+Tensor diag(const Tensor& x, int64_t k = 0);
+// repeat with dims padded with leading 1s to x's dims (torch.tile).
+Tensor tile(const Tensor& x, const std::vector<int64_t>& dims);
+// Each element `repeats` times in a row along dim (of the flattened x without a dim); a tensor of
+// repeats (int, one count or one per element of dim) gives each element's count.
+Tensor repeat_interleave(const Tensor& x, int64_t repeats,
+                         std::optional<int64_t> dim = std::nullopt);
+Tensor repeat_interleave(const Tensor& x, const Tensor& repeats,
+                         std::optional<int64_t> dim = std::nullopt);
 Tensor tril(const Tensor& x, int64_t diagonal = 0);
 Tensor triu(const Tensor& x, int64_t diagonal = 0);
 // A view of self's storage with the given geometry; storage_offset is absolute, as in torch.

@@ -374,6 +374,27 @@ class Tensor {
   Tensor flip(const std::vector<int64_t>& dims) const;
   Tensor roll(const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims = {}) const;
   Tensor repeat(const std::vector<int64_t>& repeats) const;
+  Tensor tile(const std::vector<int64_t>& dims) const;
+  Tensor repeat_interleave(int64_t repeats, std::optional<int64_t> dim = std::nullopt) const;
+  Tensor diagonal(int64_t offset = 0, int64_t dim1 = 0, int64_t dim2 = 1) const;
+  Tensor diag(int64_t k = 0) const;
+  Tensor trace() const;
+  Tensor nansum(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;
+  Tensor nanmean(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;
+  template <typename I, detail::if_dim<I> = 0>
+  Tensor nansum(I dim, bool keepdim = false) const {
+    return nansum(Shape{static_cast<int64_t>(dim)}, keepdim);
+  }
+  template <typename I, detail::if_dim<I> = 0>
+  Tensor nanmean(I dim, bool keepdim = false) const {
+    return nanmean(Shape{static_cast<int64_t>(dim)}, keepdim);
+  }
+  Tensor median() const;
+  std::tuple<Tensor, Tensor> median(int64_t dim, bool keepdim = false) const;
+  std::tuple<Tensor, Tensor> kthvalue(int64_t k, int64_t dim = -1, bool keepdim = false) const;
+  Tensor logit(std::optional<double> eps = std::nullopt) const;
+  Tensor deg2rad() const;
+  Tensor rad2deg() const;
   Tensor tril(int64_t diagonal = 0) const;
   Tensor triu(int64_t diagonal = 0) const;
 

@@ -2,12 +2,13 @@
 //
 // Each is a few elementwise ops, so the fuser makes it one kernel with its neighbours. Piecewise
 // ones pick their branch with where, on the conditions of torch's kernels; a branch that would
-// overflow where it is not taken (expm1 of a large x) reads a clamped operand. leaky_relu, elu
-// and softsign differentiate through their ops, which gives torch's gradients. hardswish,
-// hardsigmoid, mish and log_sigmoid record torch's backward formula instead (written in kiln ops,
-// so it differentiates again): through their ops a gradient would multiply an infinite or NaN
-// output gradient by a zero (hardswish below -3) or add two infinite terms (log_sigmoid), where
-// torch's formula selects or combines them first.
+// overflow where it is not taken (expm1 of a large x) reads a clamped operand. leaky_relu, elu,
+// celu, softsign, hardshrink, tanhshrink, glu and prelu differentiate through their ops, which
+// gives torch's gradients. hardswish, hardsigmoid, mish, log_sigmoid, hardtanh, softshrink and
+// logit record torch's backward formula instead (written in kiln ops, so it differentiates again):
+// through their ops a gradient would multiply an infinite or NaN output gradient by a zero
+// (hardswish below -3), add two infinite terms (log_sigmoid), pass the gradient at a bound
+// (hardtanh's clamp) or give NaN's a zero, where torch's formula selects or combines them first.
 #include <cmath>
 
 #include "kiln/autograd.h"
@@ -26,12 +27,15 @@ void check_floating(const Tensor& x, const char* op) {
              detail::describe(x));
 }
 
-// torch's elu with its scale arguments: x * scale for x > 0, expm1(x) * alpha * scale otherwise
-// (NaN too, whose gradient is then NaN, as in torch's vectorized loop).
-Tensor elu_scaled(const Tensor& x, double alpha, double scale, const char* op) {
+// torch's elu with its scale arguments: x * scale for x > 0, expm1(x * input_scale) * alpha *
+// scale otherwise (NaN too, whose gradient is then NaN, as in torch's vectorized loop).
+Tensor elu_scaled(const Tensor& x, double alpha, double scale, const char* op,
+                  double input_scale = 1.0) {
   check_floating(x, op);
   const Tensor positive = gt(x, 0);
-  const Tensor negative_part = expm1(where(logical_not(positive), x, 0.0)) * (alpha * scale);
+  Tensor negative = where(logical_not(positive), x, 0.0);
+  if (input_scale != 1.0) negative = negative * input_scale;
+  const Tensor negative_part = expm1(negative) * (alpha * scale);
   return where(positive, scale == 1.0 ? x : x * scale, negative_part);
 }
 
@@ -42,10 +46,8 @@ Tensor relu6_of_x_plus_3(const Tensor& x) {
   return where(logical_not(lt(t, 0)), where(logical_not(gt(t, 6)), t, 6.0), 0.0);
 }
 
-using Backward = Tensor (*)(const Tensor& grad, const Tensor& x);
-
-// `forward`, computed from x without autograd, with `backward` as its gradient.
-template <typename Forward>
+// `forward`, computed from x without autograd, with backward(grad, x) as its gradient.
+template <typename Forward, typename Backward>
 Tensor with_backward(const char* op, const Tensor& x, Forward forward, Backward backward) {
   Tensor out;
   {
@@ -126,6 +128,97 @@ Tensor log_sigmoid(const Tensor& x) {
 Tensor softsign(const Tensor& x) {
   check_floating(x, "softsign");
   return x / (abs(x) + 1);
+}
+
+Tensor hardtanh(const Tensor& x, double min_val, double max_val) {
+  check_floating(x, "hardtanh");
+  KILN_CHECK(min_val <= max_val, "hardtanh: min_val ", min_val, " must not exceed max_val ",
+             max_val);
+  return with_backward(
+      "hardtanh", x, [&](const Tensor& v) { return clamp(v, min_val, max_val); },
+      [min_val, max_val](const Tensor& g, const Tensor& v) {
+        // torch's: 0 on and beyond the bounds (NaN passes g).
+        return where(logical_not(logical_or(le(v, min_val), ge(v, max_val))), g, 0.0);
+      });
+}
+
+Tensor relu6(const Tensor& x) {
+  return hardtanh(x, 0.0, 6.0);
+}
+
+Tensor celu(const Tensor& x, double alpha) {
+  KILN_CHECK(alpha != 0, "celu: alpha must not be 0 (it divides x)");
+  return elu_scaled(x, alpha, 1.0, "celu", 1.0 / alpha);
+}
+
+Tensor softshrink(const Tensor& x, double lambd) {
+  check_floating(x, "softshrink");
+  KILN_CHECK(lambd >= 0, "softshrink: lambd must be non-negative, got ", lambd);
+  return with_backward(
+      "softshrink", x,
+      [lambd](const Tensor& v) {
+        // torch's: x * 0 between the bounds, so that NaN stays NaN.
+        return where(gt(v, lambd), v - lambd, where(lt(v, -lambd), v + lambd, v * 0));
+      },
+      [lambd](const Tensor& g, const Tensor& v) {
+        return where(logical_not(logical_and(ge(v, -lambd), le(v, lambd))), g, 0.0);
+      });
+}
+
+Tensor hardshrink(const Tensor& x, double lambd) {
+  check_floating(x, "hardshrink");
+  return where(logical_not(logical_and(ge(x, -lambd), le(x, lambd))), x, 0.0);
+}
+
+Tensor tanhshrink(const Tensor& x) {
+  check_floating(x, "tanhshrink");
+  return x - tanh(x);
+}
+
+Tensor glu(const Tensor& x, int64_t dim) {
+  check_floating(x, "glu");
+  KILN_CHECK(x.dim() > 0, "glu: expected a tensor of at least 1 dim, got ", detail::describe(x));
+  const int64_t d = detail::wrap_dim(dim, x.dim(), "glu", &x);
+  KILN_CHECK(x.size(d) % 2 == 0, "glu: dim ", d, " of ", detail::describe(x),
+             " must have an even size, to halve");
+  const int64_t half = x.size(d) / 2;
+  return x.narrow(d, 0, half) * sigmoid(x.narrow(d, half, half));
+}
+
+// weight holds one slope, or one per channel (dim 1 of x, as torch's).
+Tensor prelu(const Tensor& x, const Tensor& weight) {
+  check_floating(x, "prelu");
+  detail::check_defined(weight, "prelu", "weight");
+  const int64_t channels = x.dim() >= 2 ? x.size(1) : 1;
+  KILN_CHECK(weight.dim() <= 1 && (weight.numel() == 1 || weight.numel() == channels) &&
+                 weight.dtype() == x.dtype() && weight.device() == x.device(),
+             "prelu: weight ", detail::describe(weight), " must be one slope or one per channel (",
+             channels, ") of input ", detail::describe(x), ", of its dtype and device");
+  Tensor slope = weight;
+  if (weight.numel() > 1) {
+    Shape along_channels(static_cast<size_t>(x.dim()), 1);
+    along_channels[1] = channels;
+    slope = weight.reshape(along_channels);
+  } else {
+    slope = weight.reshape({});
+  }
+  return where(gt(x, 0), x, slope * x);
+}
+
+Tensor logit(const Tensor& x, std::optional<double> eps) {
+  detail::check_defined(x, "logit");
+  const Tensor in = x.is_floating_point() ? x : x.to(kFloat32);
+  return with_backward(
+      "logit", in,
+      [eps](const Tensor& v) {
+        const Tensor z = eps ? clamp(v, *eps, 1 - *eps) : v;
+        return log(z / (1 - z));
+      },
+      [eps](const Tensor& g, const Tensor& v) {
+        // torch's: g / (x (1 - x)), 0 outside [eps, 1 - eps] when eps is given.
+        const Tensor d = g / (v * (1 - v));
+        return eps ? where(logical_not(logical_or(lt(v, *eps), gt(v, 1 - *eps))), d, 0.0) : d;
+      });
 }
 
 }  // namespace kiln

@@ -351,6 +351,21 @@ Tensor repeat(const Tensor& x, const std::vector<int64_t>& repeats) {
 }
 
 namespace {
+// x, or x converted to float32 when it holds integers or bools (torch's promotion for math).
+Tensor as_floating(const Tensor& x, const char* op) {
+  detail::check_defined(x, op);
+  return x.is_floating_point() ? x : x.to(kFloat32);
+}
+}  // namespace
+
+Tensor deg2rad(const Tensor& x) {
+  return as_floating(x, "deg2rad") * 0.017453292519943295;  // pi / 180
+}
+Tensor rad2deg(const Tensor& x) {
+  return as_floating(x, "rad2deg") * 57.295779513082320876798154814105;  // 180 / pi
+}
+
+namespace {
 // True where column - row <= diagonal (lower) or >= diagonal (upper), over x's last two dims.
 Tensor triangle_mask(const Tensor& x, int64_t diagonal, bool lower, const char* op) {
   detail::check_defined(x, op);

@@ -796,6 +796,22 @@ std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& split_sizes, int64_t dim) {
   return x.split(split_sizes, dim);
 }
+Tensor broadcast_to(const Tensor& x, const Shape& shape) {
+  detail::check_defined(x, "broadcast_to");
+  return x.expand(shape);
+}
+
+std::vector<Tensor> broadcast_tensors(const std::vector<Tensor>& tensors) {
+  Shape shape;
+  for (const Tensor& t : tensors) {
+    detail::check_defined(t, "broadcast_tensors");
+    shape = detail::broadcast_shapes(shape, t.sizes(), "broadcast_tensors");
+  }
+  std::vector<Tensor> out;
+  for (const Tensor& t : tensors) out.push_back(t.expand(shape));
+  return out;
+}
+
 std::vector<Tensor> unbind(const Tensor& x, int64_t dim) {
   return x.unbind(dim);
 }

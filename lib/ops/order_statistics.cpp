@@ -1,0 +1,118 @@
+// Reductions that skip NaN (nansum, nanmean) and that select an element (median, kthvalue), with
+// libtorch's names and semantics, composed of where, sum, sort and gather: they record lazily,
+// trace and differentiate through their parts, except the whole-tensor median, whose gradient is
+// torch's (shared evenly among the elements equal to the median).
+#include <cmath>
+#include <limits>
+
+#include "kiln/autograd.h"
+#include "kiln/ops.h"
+#include "lib/autograd.h"
+#include "lib/tensor_impl.h"
+
+namespace kiln {
+
+using detail::describe;
+
+Tensor nansum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  detail::check_defined(x, "nansum");
+  return sum(x.is_floating_point() ? where(logical_not(isnan(x)), x, 0.0) : x, dims, keepdim);
+}
+
+Tensor nanmean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  detail::check_defined(x, "nanmean");
+  KILN_CHECK(x.is_floating_point(), "nanmean: expected a floating-point input, got ", describe(x));
+  return nansum(x, dims, keepdim) / sum(logical_not(isnan(x)), dims, keepdim);
+}
+
+namespace {
+void check_selectable(const Tensor& x, const char* op) {
+  detail::check_defined(x, op);
+  KILN_CHECK(x.dtype() != kBool, op, ": not supported for bool tensors, got ", describe(x));
+}
+
+// Where each value equals `value` (NaN: where x is NaN), sharing the gradient evenly among them.
+Tensor evenly_distributed(const Tensor& grad, const Tensor& x, const Tensor& value) {
+  const Tensor mask = logical_or(eq(x, value), logical_and(isnan(x), isnan(value)));
+  return where(mask, grad / sum(mask), 0.0);
+}
+
+// The element at `position` (int64, x's shape with dim d of size 1) of each sorted slice along
+// d, with its index; NaN sorts last. Values are gathered from x, through which they differentiate.
+std::tuple<Tensor, Tensor> select_sorted(const Tensor& x, int64_t d, const Tensor& position,
+                                         bool keepdim, bool zero_dim) {
+  Tensor order;
+  {
+    AutoGradMode no_grad(false);
+    order = std::get<1>(sort(x, d));
+  }
+  Tensor indices = gather(order, d, position);
+  Tensor values = gather(x, d, indices);
+  if (zero_dim) return {values.reshape({}), indices.reshape({})};
+  if (!keepdim) return {values.squeeze(d), indices.squeeze(d)};
+  return {values, indices};
+}
+
+// x with at least one dim, the reduced dim wrapped into d, its size checked non-zero.
+Tensor reduced_along(const Tensor& x, int64_t dim, int64_t& d, const char* op) {
+  check_selectable(x, op);
+  const Tensor in = x.dim() == 0 ? x.reshape({1}) : x;
+  d = detail::wrap_dim(dim, in.dim(), op, &x);
+  KILN_CHECK(in.size(d) > 0, op, ": expected reduction dim ", d, " to have non-zero size, got ",
+             describe(x));
+  return in;
+}
+
+Shape with_size_one(const Tensor& x, int64_t d) {
+  Shape s = x.sizes();
+  s[static_cast<size_t>(d)] = 1;
+  return s;
+}
+}  // namespace
+
+// The lower median of all elements (NaN when any is); an empty floating tensor gives NaN.
+Tensor median(const Tensor& x) {
+  check_selectable(x, "median");
+  if (x.numel() == 0) {
+    KILN_CHECK(x.is_floating_point(), "median: cannot take the median of an empty ", describe(x));
+    return full({}, std::numeric_limits<double>::quiet_NaN(),
+                TensorOptions(x.dtype()).device(x.device()));
+  }
+  const Tensor flat = x.reshape({-1});
+  const int64_t n = flat.numel();
+  Tensor value;
+  {
+    AutoGradMode no_grad(false);
+    const Tensor sorted = std::get<0>(sort(flat));
+    const Tensor last = sorted.select(0, n - 1);
+    value = where(isnan(last), last, sorted.select(0, (n - 1) / 2));
+  }
+  if (detail::needs_grad(x))
+    detail::record("median", {x}, {value}, {x, value}, [](const detail::BackwardContext& c) {
+      return std::vector<Tensor>{evenly_distributed(c.grad(), c.saved(0), c.saved(1))};
+    });
+  return value;
+}
+
+std::tuple<Tensor, Tensor> median(const Tensor& x, int64_t dim, bool keepdim) {
+  int64_t d = 0;
+  const Tensor in = reduced_along(x, dim, d, "median");
+  // The lower median, or the first NaN of a slice that holds one (sorted after the numbers).
+  const int64_t n = in.size(d);
+  const Tensor nans = sum(isnan(in), {d}, true);
+  const Tensor position =
+      where(gt(nans, 0), n - nans, full({}, (n - 1) / 2, TensorOptions(kInt64).device(x.device())));
+  return select_sorted(in, d, position, keepdim, x.dim() == 0);
+}
+
+std::tuple<Tensor, Tensor> kthvalue(const Tensor& x, int64_t k, int64_t dim, bool keepdim) {
+  int64_t d = 0;
+  const Tensor in = reduced_along(x, dim, d, "kthvalue");
+  KILN_CHECK(k >= 1 && k <= in.size(d), "kthvalue: k = ", k, " is out of range for dim ", d, " of ",
+             describe(x), " (1 to ", in.size(d), ")");
+  const Tensor position =
+      full(with_size_one(in, d), k - 1, TensorOptions(kInt64).device(x.device()));
+  return select_sorted(in, d, position, keepdim, x.dim() == 0);
+}
+
+}  // namespace kiln
