@@ -10,6 +10,7 @@
 // (hardswish below -3), add two infinite terms (log_sigmoid), pass the gradient at a bound
 // (hardtanh's clamp) or give NaN's a zero, where torch's formula selects or combines them first.
 #include <cmath>
+#include <limits>
 
 #include "kiln/autograd.h"
 #include "kiln/nn_functional.h"
@@ -215,9 +216,14 @@ Tensor logit(const Tensor& x, std::optional<double> eps) {
         return log(z / (1 - z));
       },
       [eps](const Tensor& g, const Tensor& v) {
-        // torch's: g / (x (1 - x)), 0 outside [eps, 1 - eps] when eps is given.
+        // torch's: g / (x (1 - x)); with eps, 0 outside [eps, 1 - eps]; without, NaN outside
+        // [0, 1] and g * inf at 0 and 1 (-0 too).
         const Tensor d = g / (v * (1 - v));
-        return eps ? where(logical_not(logical_or(lt(v, *eps), gt(v, 1 - *eps))), d, 0.0) : d;
+        if (eps) return where(logical_not(logical_or(lt(v, *eps), gt(v, 1 - *eps))), d, 0.0);
+        const Tensor at_bound =
+            where(logical_or(eq(v, 0), eq(v, 1)), g * std::numeric_limits<double>::infinity(), d);
+        return where(logical_not(logical_or(lt(v, 0), gt(v, 1))), at_bound,
+                     std::numeric_limits<double>::quiet_NaN());
       });
 }
 

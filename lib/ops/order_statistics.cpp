@@ -73,19 +73,20 @@ Shape with_size_one(const Tensor& x, int64_t d) {
 // The lower median of all elements (NaN when any is); an empty floating tensor gives NaN.
 Tensor median(const Tensor& x) {
   check_selectable(x, "median");
-  if (x.numel() == 0) {
-    KILN_CHECK(x.is_floating_point(), "median: cannot take the median of an empty ", describe(x));
-    return full({}, std::numeric_limits<double>::quiet_NaN(),
-                TensorOptions(x.dtype()).device(x.device()));
-  }
-  const Tensor flat = x.reshape({-1});
-  const int64_t n = flat.numel();
+  KILN_CHECK(x.numel() > 0 || x.is_floating_point(), "median: cannot take the median of an empty ",
+             describe(x));
+  const int64_t n = x.numel();
   Tensor value;
   {
     AutoGradMode no_grad(false);
-    const Tensor sorted = std::get<0>(sort(flat));
-    const Tensor last = sorted.select(0, n - 1);
-    value = where(isnan(last), last, sorted.select(0, (n - 1) / 2));
+    if (n == 0) {
+      value = full({}, std::numeric_limits<double>::quiet_NaN(),
+                   TensorOptions(x.dtype()).device(x.device()));
+    } else {
+      const Tensor sorted = std::get<0>(sort(x.reshape({-1})));
+      const Tensor last = sorted.select(0, n - 1);
+      value = where(isnan(last), last, sorted.select(0, (n - 1) / 2));
+    }
   }
   if (detail::needs_grad(x))
     detail::record("median", {x}, {value}, {x, value}, [](const detail::BackwardContext& c) {

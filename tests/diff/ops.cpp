@@ -997,6 +997,102 @@ bool round_pick(Gen& g, Step& s) {
   return !is_float(x) || !inexact_so_far(g) || x.numel() == 0 || !near_integers(x, 0.5);
 }
 
+// ---------------------------------------------------------------- order statistics, shapes,
+// activations and distances
+// Whether x's values along dim (every value when dim is -1 of the flattened x) are apart, NaN
+// aside: an index chosen among equal values is libtorch's nth_element's (unspecified), and after
+// inexact steps values within 1e-5 of the largest magnitude (at least 1) may be equal in one
+// library only. Exact ties are allowed where nothing depends on an index (the whole-tensor
+// median, whose gradient is shared among the equal values).
+bool separated(const Gen& g, const torch::Tensor& x, int64_t dim, bool exact_ties) {
+  if (x.dim() == 0 || x.numel() == 0 || x.size(dim) < 2) return true;
+  const torch::Tensor v = std::get<0>(x.detach().to(torch::kFloat64).sort(dim));
+  const int64_t n = v.size(dim);
+  const torch::Tensor lo = v.narrow(dim, 0, n - 1), hi = v.narrow(dim, 1, n - 1);
+  const double tol =
+      is_float(x) && inexact_so_far(g) ? 1e-5 * std::max(1.0, max_finite_abs(x)) : 0.0;
+  torch::Tensor ties =
+      torch::logical_not(torch::isnan(lo) | torch::isnan(hi)) & torch::logical_not((hi - lo) > tol);
+  if (exact_ties) ties = ties & torch::logical_not(hi == lo);
+  return !ties.any().item<bool>();
+}
+// Nor an empty integer tensor (deliberate difference): kiln raises, libtorch gives NaN cast to
+// the integer type.
+bool median_all_pick(Gen& g, Step& s) {
+  unary(g, s);
+  const auto& x = arg(g, s, 0);
+  return (x.numel() > 0 || is_float(x)) && separated(g, x.reshape({-1}), 0, true);
+}
+// kthvalue: at most one NaN per line (which of several NaN libtorch's selection returns is
+// unspecified).
+bool kth_pick(Gen& g, Step& s) {
+  reduce_one(g, s);
+  const auto& x = arg(g, s, 0);
+  const int64_t d = rank(x) == 0 ? 0 : wrap(s.p.i[0], x.dim());
+  s.p.i.push_back(g.uniform(0, (rank(x) == 0 ? 1 : x.size(d)) + 1));  // k, sometimes out of range
+  return separated(g, x, d, false) && (rank(x) == 0 || x.numel() == 0 || !is_float(x) ||
+                                       torch::isnan(x).sum(d).max().item<int64_t>() <= 1);
+}
+bool median_dim_pick(Gen& g, Step& s) {
+  reduce_one(g, s);
+  const auto& x = arg(g, s, 0);
+  return separated(g, x, rank(x) == 0 ? 0 : wrap(s.p.i[0], x.dim()), false);
+}
+bool diagonal_pick(Gen& g, Step& s) {
+  if (!one_value(g, s, [](const torch::Tensor& t) { return t.dim() >= 2 || t.dim() == 1; }))
+    return false;
+  const int64_t r = rank(arg(g, s, 0));
+  s.p.i = {g.uniform(-3, 3), g.dim(r), g.dim(r)};
+  return true;
+}
+bool diag_pick(Gen& g, Step& s) {
+  if (!matrix_pick(g, s)) return false;
+  s.p.i = {g.uniform(-2, 2)};
+  return true;
+}
+bool tile_pick(Gen& g, Step& s) {
+  unary(g, s);
+  s.p.list.resize(static_cast<size_t>(g.uniform(0, 3)));
+  for (auto& d : s.p.list) d = g.uniform(0, 2);
+  return true;
+}
+bool repeat_interleave_pick(Gen& g, Step& s) {
+  if (!one_value(g, s, [](const torch::Tensor& t) { return t.dim() >= 1; })) return false;
+  s.p.i = {g.uniform(0, 2), g.dim(rank(arg(g, s, 0)))};
+  return true;
+}
+bool glu_pick(Gen& g, Step& s) {
+  if (!one_value(g, s, [](const torch::Tensor& t) { return is_float(t) && t.dim() >= 1; }))
+    return false;
+  s.p.i = {g.dim(rank(arg(g, s, 0)))};
+  return true;
+}
+bool normalize_pick(Gen& g, Step& s) {
+  return glu_pick(g, s);
+}
+// One slope, or one per channel (dim 1), of the input's dtype: a new input.
+bool prelu_pick(Gen& g, Step& s) {
+  if (g.inputs_full() || !float_unary(g, s)) return false;
+  const auto& x = arg(g, s, 0);
+  const int64_t channels = x.dim() >= 2 ? x.size(1) : 1;
+  const Shape shape = {g.coin(0.5) ? channels : 1};
+  const kiln::DType dtype = to_kiln(x.scalar_type());
+  s.args.push_back(g.new_input(shape, dtype));
+  return true;
+}
+// Two floating operands of one dtype whose broadcast shape has a dim to reduce.
+bool distance_pick(Gen& g, Step& s) {
+  binary(g, s);
+  const auto& a = arg(g, s, 0);
+  const auto& b = arg(g, s, 1);
+  if (!is_float(a) || a.scalar_type() != b.scalar_type() || !broadcasts(sizes(a), sizes(b)))
+    return false;
+  const int64_t r = std::max(rank(a), rank(b));
+  if (r == 0) return false;
+  s.p.i = {g.dim(r), g.uniform(0, 1)};
+  return true;
+}
+
 kiln::Reduction kiln_reduction(int64_t r) {
   return static_cast<kiln::Reduction>(r);  // None, Mean, Sum
 }
@@ -1082,6 +1178,25 @@ const std::vector<Op>& op_table() {
       DIFF_OP("mish", kInexact, float_unary, mish(a[0])),
       DIFF_OP("log_sigmoid", kInexact, float_unary, log_sigmoid(a[0])),
       DIFF_OP2("softsign", 0, float_unary, softsign(a[0]), a[0] / (a[0].abs() + 1)),
+      DIFF_OP("hardtanh", 0, float_unary, hardtanh(a[0], -0.5, 2.0)),
+      DIFF_OP2("relu6", 0, float_unary, relu6(a[0]), hardtanh(a[0], 0, 6)),
+      DIFF_OP("celu", kInexact, elu_pick, celu(a[0], 0.5)),
+      DIFF_OP("softshrink", 0, float_unary, softshrink(a[0], 0.5)),
+      DIFF_OP("hardshrink", 0, float_unary, hardshrink(a[0], 0.5)),
+      DIFF_OP2("tanhshrink", kInexact, float_unary, tanhshrink(a[0]), a[0] - a[0].tanh()),
+      DIFF_OP("glu", kInexact, glu_pick, glu(a[0], p.i[0])),
+      DIFF_OP("prelu", 0, prelu_pick, prelu(a[0], a[1])),
+      DIFF_OP("logit", kInexact, unary, logit(a[0])),
+      DIFF_OP("logit_eps", kInexact, unary, logit(a[0], 0.25)),
+      DIFF_OP("deg2rad", 0, unary, deg2rad(a[0])),
+      DIFF_OP("rad2deg", 0, unary, rad2deg(a[0])),
+      DIFF_OP2("normalize", kInexact, normalize_pick, normalize(a[0], 2.0, p.i[0]),
+               nn::functional::normalize(
+                   a[0], nn::functional::NormalizeFuncOptions().p(2.0).dim(p.i[0]))),
+      DIFF_OP("cosine_similarity", kInexact, distance_pick,
+              cosine_similarity(a[0], a[1], p.i[0], 1e-8)),
+      DIFF_OP("pairwise_distance", kInexact, distance_pick,
+              pairwise_distance(a[0], a[1], 2.0, 1e-6, p.i[1] != 0)),
       DIFF_OP("erf", kInexact, erf_pick, erf(a[0])),
       DIFF_OP("floor", 0, floor_ceil_pick, floor(a[0])),
       DIFF_OP("ceil", 0, floor_ceil_pick, ceil(a[0])),
@@ -1158,6 +1273,12 @@ const std::vector<Op>& op_table() {
       DIFF_OP("unsqueeze", 0, unsqueeze_pick, a[0].unsqueeze(p.i[0])),
       DIFF_OP("flatten", 0, flatten_pick, a[0].flatten(p.i[0], p.i[1])),
       DIFF_OP("t", 0, matrix_pick, a[0].t()),
+      DIFF_OP("diagonal", 0, diagonal_pick, a[0].diagonal(p.i[0], p.i[1], p.i[2])),
+      DIFF_OP("diag", 0, diag_pick, diag(a[0], p.i[0])),
+      DIFF_OP("tile", 0, tile_pick, a[0].tile(p.list)),
+      DIFF_OP("repeat_interleave", 0, repeat_interleave_pick, repeat_interleave(a[0], p.i[0])),
+      DIFF_OP("repeat_interleave_dim", 0, repeat_interleave_pick,
+              repeat_interleave(a[0], p.i[0], p.i[1])),
       // ------------------------------------------------ in-place writes through a slice
       DIFF_OP("slice_add_", 0, inplace_scalar,
               (a[0].slice(p.i[0], p.i[1], p.i[2], p.i[3]).add_(B::scalar(p, 0)), a[0])),
@@ -1191,6 +1312,15 @@ const std::vector<Op>& op_table() {
                at::std(a[0], at::OptionalIntArrayRef(p.list), c10::optional<int64_t>(p.i[1]),
                        p.i[0] != 0)),
       DIFF_OP("logsumexp", kInexact, reduce_list, a[0].logsumexp(p.list, p.i[0] != 0)),
+      DIFF_OP("nansum", kInexact, sum_pick, a[0].nansum(p.list, p.i[0] != 0)),
+      DIFF_OP("nanmean", kInexact, mean_pick, a[0].nanmean(p.list, p.i[0] != 0)),
+      DIFF_OP("median_all", 0, median_all_pick, a[0].median()),
+      DIFF_OP("median_dim", 0, median_dim_pick, std::get<0>(a[0].median(p.i[0], p.i[1] != 0))),
+      DIFF_OP("median_index", 0, median_dim_pick, std::get<1>(a[0].median(p.i[0], p.i[1] != 0))),
+      DIFF_OP("kthvalue", 0, kth_pick, std::get<0>(a[0].kthvalue(p.i[2], p.i[0], p.i[1] != 0))),
+      DIFF_OP("kthvalue_index", 0, kth_pick,
+              std::get<1>(a[0].kthvalue(p.i[2], p.i[0], p.i[1] != 0))),
+      DIFF_OP("trace", kInexact, matrix_pick, trace(a[0])),
       DIFF_OP("all", 0, truth_pick, a[0].all()),
       DIFF_OP("any", 0, truth_pick, a[0].any()),
       // ------------------------------------------------ GEMMs

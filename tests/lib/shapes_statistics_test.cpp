@@ -309,6 +309,10 @@ TEST(OrderStatistics, MedianAndKthvalueAgainstReference) {
 
 TEST(OrderStatistics, EdgesGradientsAndBadInput) {
   expect_close(median(zeros({0})), {kNan}, {}, kFloat32, 0, 0);
+  // Empty, it still carries its input's history (differential program 141).
+  const Tensor empty = zeros({0, 2}, kFloat64).requires_grad_();
+  EXPECT_TRUE(median(empty).requires_grad());
+  EXPECT_EQ(grad_of(median(empty), empty, f64({1}).reshape({})).sizes(), (Shape{0, 2}));
   const auto [zv, zi] = median(f64({7}).reshape({}), 0);
   expect_close(zv, {7}, {}, kFloat64, 0, 0);
   expect_close(zi, {0}, {}, kInt64, 0, 0);
@@ -362,6 +366,10 @@ TEST(ElementwiseMath, LogitDeg2radRad2deg) {
   const Tensor p = f64({0.05, 0.1, 0.3, 0.9, 0.95}).requires_grad_();
   expect_close(grad_of(logit(p, 0.1), p, ones({5}, kFloat64)), {0, 1 / 0.09, 1 / 0.21, 1 / 0.09, 0},
                {5}, kFloat64, 1e-14, 0);
+  // Without eps: NaN outside [0, 1] and g * inf at its ends (-0 too), as torch's.
+  const Tensor e = f64({-0.5, -0.0, 0, 1, 1.5}).requires_grad_();
+  expect_close(grad_of(logit(e), e, f64({2, 2, -2, 2, 2})), {kNan, kInf, -kInf, kInf, kNan}, {5},
+               kFloat64, 0, 0);
   const Tensor q = testing::random_tensor({4}, kFloat64, 0.1, 0.9).requires_grad_();
   EXPECT_TRUE(testing::gradcheck([](const In& in) { return logit(in[0]); }, {q}));
   EXPECT_TRUE(testing::gradgradcheck([](const In& in) { return logit(in[0], 0.01); }, {q}));
