@@ -400,17 +400,30 @@ void trace_assign(const Tensor& self, const Tensor& value) {
                          : lazy_record1(*as_strided_scatter, {root, v},
                                         {impl->sizes, impl->strides, int64_t{impl->offset}},
                                         {root.sizes(), root.dtype()});
-  // `updated` may be a view or a leaf; the storage's value must be a node output of its own.
-  LazyInput in = lazy_input(updated);
-  if (!in.ref)
-    in =
-        lazy_input(lazy_record1(*reshape, {updated}, {root.sizes()}, {root.sizes(), root.dtype()}));
+  // The storage's value: a node output of its own (`updated` may be a view of another value, or a
+  // leaf), which fills this storage when a read inside the trace computes it (the identity
+  // reshape goes in the passes).
+  const Tensor written =
+      lazy_record1(*reshape, {updated}, {root.sizes()}, {root.sizes(), root.dtype()});
+  const LazyRef ref = lazy_input(written).ref;
   if (first_write) {
     t_trace->written.push_back(storage);
     t_trace->written_versions.push_back(storage->version.load());
   }
   LazyLock lock;
-  set_storage_lazy(*storage, in.ref, true);
+  ref.node->storages[ref.index] = storage;
+  // A read inside the trace may have filled the storage with its earlier value (a speculative
+  // one: a captured storage's data is the user's and stays): dropped, so that the next read
+  // computes the written value.
+  const bool captured = std::find(t_trace->written.begin(), t_trace->written.end(), storage) !=
+                        t_trace->written.end();
+  if (!captured && storage->data) {
+    if (storage->deleter) storage->deleter(storage->data);
+    storage->data = nullptr;
+    storage->deleter = nullptr;
+    storage->owns_allocation = false;
+  }
+  set_storage_lazy(*storage, ref, true);
 }
 
 namespace {

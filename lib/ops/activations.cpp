@@ -195,14 +195,13 @@ Tensor prelu(const Tensor& x, const Tensor& weight) {
                  weight.dtype() == x.dtype() && weight.device() == x.device(),
              "prelu: weight ", detail::describe(weight), " must be one slope or one per channel (",
              channels, ") of input ", detail::describe(x), ", of its dtype and device");
-  Tensor slope = weight;
-  if (weight.numel() > 1) {
-    Shape along_channels(static_cast<size_t>(x.dim()), 1);
-    along_channels[1] = channels;
-    slope = weight.reshape(along_channels);
-  } else {
-    slope = weight.reshape({});
+  // One slope is a 0-dim tensor; one per channel (even 0 of them) lies along dim 1.
+  Shape slope_shape;
+  if (weight.numel() != 1) {
+    slope_shape.assign(static_cast<size_t>(x.dim()), 1);
+    slope_shape[1] = channels;
   }
+  const Tensor slope = weight.reshape(slope_shape);
   return where(gt(x, 0), x, slope * x);
 }
 

@@ -70,6 +70,9 @@ bool float_unary(Gen& g, Step& s) {
 bool float_unary_no_nan(Gen& g, Step& s) {
   return float_unary(g, s) && !torch::isnan(arg(g, s, 0)).any().item<bool>();
 }
+// Also for hardtanh, relu6, softshrink and hardshrink (deliberate difference): at NaN libtorch's
+// gradient is g in its scalar loop and 0 in its vectorized one, kiln's g; libtorch 1.13's
+// softshrink of NaN is 0, kiln's NaN (as libtorch 2's).
 // Nor, for elu and selu, -0 (deliberate difference): kiln's is expm1(-0) = -0, as libtorch's
 // vectorized loop gives; its scalar loop computes exp(x) - 1 = +0, whose sign rsqrt reads.
 bool elu_pick(Gen& g, Step& s) {
@@ -1045,10 +1048,15 @@ bool diagonal_pick(Gen& g, Step& s) {
   s.p.i = {g.uniform(-3, 3), g.dim(r), g.dim(r)};
   return true;
 }
+// Nor a matrix whose diagonal k lies wholly outside it (deliberate difference): libtorch 1.13's
+// diag computes a negative length and raises ("numel: integer multiplication overflow"); kiln's
+// is empty, as diagonal's.
 bool diag_pick(Gen& g, Step& s) {
   if (!matrix_pick(g, s)) return false;
-  s.p.i = {g.uniform(-2, 2)};
-  return true;
+  const int64_t k = g.uniform(-2, 2);
+  s.p.i = {k};
+  const auto& x = arg(g, s, 0);
+  return x.dim() != 2 || (k >= 0 ? x.size(1) >= k : x.size(0) >= -k);
 }
 bool tile_pick(Gen& g, Step& s) {
   unary(g, s);
@@ -1178,11 +1186,11 @@ const std::vector<Op>& op_table() {
       DIFF_OP("mish", kInexact, float_unary, mish(a[0])),
       DIFF_OP("log_sigmoid", kInexact, float_unary, log_sigmoid(a[0])),
       DIFF_OP2("softsign", 0, float_unary, softsign(a[0]), a[0] / (a[0].abs() + 1)),
-      DIFF_OP("hardtanh", 0, float_unary, hardtanh(a[0], -0.5, 2.0)),
-      DIFF_OP2("relu6", 0, float_unary, relu6(a[0]), hardtanh(a[0], 0, 6)),
+      DIFF_OP("hardtanh", 0, float_unary_no_nan, hardtanh(a[0], -0.5, 2.0)),
+      DIFF_OP2("relu6", 0, float_unary_no_nan, relu6(a[0]), hardtanh(a[0], 0, 6)),
       DIFF_OP("celu", kInexact, elu_pick, celu(a[0], 0.5)),
-      DIFF_OP("softshrink", 0, float_unary, softshrink(a[0], 0.5)),
-      DIFF_OP("hardshrink", 0, float_unary, hardshrink(a[0], 0.5)),
+      DIFF_OP("softshrink", 0, float_unary_no_nan, softshrink(a[0], 0.5)),
+      DIFF_OP("hardshrink", 0, float_unary_no_nan, hardshrink(a[0], 0.5)),
       DIFF_OP2("tanhshrink", kInexact, float_unary, tanhshrink(a[0]), a[0] - a[0].tanh()),
       DIFF_OP("glu", kInexact, glu_pick, glu(a[0], p.i[0])),
       DIFF_OP("prelu", 0, prelu_pick, prelu(a[0], a[1])),

@@ -1032,6 +1032,34 @@ TEST(TraceContract, AValueTheFunctionComputedIsANewTensorEvenWhereTheGraphFoldsI
   EXPECT_TRUE(equal(w, f64({5, 6}))) << w;
 }
 
+// A value the function wrote in place and then read (sort reads its data; so does item()): the
+// read sees the write, also after an earlier read (differential program 18175266749348811613
+// crashed reading a null buffer: the written value's node filled another storage).
+TEST(TraceContract, ReadingAValueWrittenInPlaceInsideTheTraceSeesTheWrite) {
+  const Fn fn = [](const Inputs& in) {
+    Tensor v = in[0] * 2;
+    v.slice(1, 1, 1).fill_(-0.75);  // an empty write
+    Tensor first = std::get<0>(sort(v.reshape({-1})));
+    const double before = v[2][1].item<double>();  // a read of v's own storage
+    v.slice(1, 1, 2).fill_(-0.75);
+    Tensor second = std::get<0>(sort(v.reshape({-1})));
+    v.add_(1);
+    const double after = v[2][1].item<double>();
+    return Inputs{first, second, v, full({}, before, kFloat64), full({}, after, kFloat64)};
+  };
+  const Tensor x = f64({0.5, 2, -1, 3, 4, -2}).view({3, 2}).requires_grad_(true);
+  const Inputs expected = eager(fn, {x});
+  Inputs traced;
+  {
+    ::testing::internal::CaptureStderr();  // the trace warns of the values it read
+    traced = jit::trace(fn, {x})({x});
+    ::testing::internal::GetCapturedStderr();
+  }
+  ASSERT_EQ(traced.size(), expected.size());
+  for (size_t k = 0; k < traced.size(); ++k)
+    EXPECT_TRUE(equal(traced[k], expected[k])) << k << ": " << traced[k] << " vs " << expected[k];
+}
+
 // A size-0 value the trace captured as a constant, returned and saved for the backward (found by
 // the differential tester, program 281): the call's node saved the constant, and holding the
 // returned value, which held the node, it was never freed.

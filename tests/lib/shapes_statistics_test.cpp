@@ -101,6 +101,8 @@ TEST(Diagonals, DiagAndTrace) {
   expect_close(diag(f64({1, 2}), -1), {0, 0, 0, 1, 0, 0, 0, 2, 0}, {3, 3}, kFloat64, 0, 0);
   expect_close(diag(f64({})), {}, {0, 0}, kFloat64, 0, 0);
   expect_close(diag(f64({}), 2), {0, 0, 0, 0}, {2, 2}, kFloat64, 0, 0);
+  EXPECT_EQ(diag(zeros({0, 0}), -1).sizes(), (Shape{0}));
+  EXPECT_EQ(diag(zeros({2, 3}), 5).sizes(), (Shape{0}));
   const Tensor m = arange(6, kFloat64).view({2, 3});
   expect_close(diag(m), {0, 4}, {2}, kFloat64, 0, 0);
   expect_close(m.diag(1), {1, 5}, {2}, kFloat64, 0, 0);
@@ -408,6 +410,7 @@ TEST(MoreActivations, ValuesAgainstReference) {
   expect_close(prelu(p, f64({0.25})), {-0.5, 1, -1, 3}, {1, 2, 2}, kFloat64, 0, 0);
   expect_close(prelu(p, f64({0.5, 0.25})), {-1, 1, -1, 3}, {1, 2, 2}, kFloat64, 0, 0);
   expect_close(prelu(f64({-2}).reshape({}), f64({0.5})), {-1}, {}, kFloat64, 0, 0);
+  EXPECT_EQ(prelu(zeros({0, 0}, kFloat64), zeros({0}, kFloat64)).sizes(), (Shape{0, 0}));
   expect_error(
       [&] {
         (void)prelu(f64({-2, 1}), f64({0.5, 1}));
