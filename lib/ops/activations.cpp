@@ -202,7 +202,10 @@ Tensor prelu(const Tensor& x, const Tensor& weight) {
     slope_shape[1] = channels;
   }
   const Tensor slope = weight.reshape(slope_shape);
-  return where(gt(x, 0), x, slope * x);
+  // The slope multiplies x only where x <= 0 (or NaN): elsewhere its gradient is 0, not g * x
+  // masked (NaN where x is inf), as torch's.
+  const Tensor positive = gt(x, 0);
+  return where(positive, x, slope * where(logical_not(positive), x, 0.0));
 }
 
 Tensor logit(const Tensor& x, std::optional<double> eps) {

@@ -344,10 +344,9 @@ Tensor repeat(const Tensor& x, const std::vector<int64_t>& repeats) {
     result.push_back(repeats[i] * padded[i]);
   }
   Tensor out = x.reshape(interleaved).expand(expanded).reshape(result);
-  // Repeats of one are a view of x: a copy all the same, as torch's.
-  int64_t copies = 1;
-  for (int64_t r : repeats) copies *= r;
-  return copies == 1 ? out.clone() : out;
+  // Where the reshape could view x (repeats of one, or no elements): a copy all the same, as
+  // torch's.
+  return out.impl()->storage == x.impl()->storage ? out.clone() : out;
 }
 
 namespace {

@@ -101,7 +101,9 @@ Tensor repeat_interleave(const Tensor& x, int64_t repeats, std::optional<int64_t
   KILN_CHECK(!__builtin_mul_overflow(in.size(d), repeats, &merged[static_cast<size_t>(d)]), op,
              ": ", repeats, " repeats of ", describe(in), " along dim ", d, " overflow int64");
   detail::checked_numel(merged, op);
-  return in.unsqueeze(d + 1).expand(expanded).reshape(merged);
+  // A copy even where the reshape could view x (one repeat, or no elements), as torch's.
+  const Tensor out = in.unsqueeze(d + 1).expand(expanded).reshape(merged);
+  return out.impl()->storage == x.impl()->storage ? out.clone() : out;
 }
 
 Tensor repeat_interleave(const Tensor& x, const Tensor& repeats, std::optional<int64_t> dim) {

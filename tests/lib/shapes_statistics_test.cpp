@@ -13,6 +13,7 @@
 #include "kiln/jit.h"
 #include "kiln/nn.h"
 #include "kiln/testing.h"
+#include "lib/tensor_impl.h"
 #include "tests/testing.h"
 
 namespace kiln {
@@ -211,6 +212,15 @@ TEST(Repetitions, GradientsAndBadInput) {
   expect_error([&] { (void)repeat_interleave(v, 2, 1); }, {"repeat_interleave", "float64[3]"});
   expect_error([&] { (void)tile(v, {-1}); }, {"tile", "non-negative", "float64[3]"});
   expect_close(v, {1, 2, 3}, {3}, kFloat64, 0, 0);
+  // Always a copy, even of an empty leaf (differential program 6226307354857802: a write into
+  // the result raised as a write into a view of the leaf).
+  const Tensor leaf = zeros({0}, kFloat64).requires_grad_();
+  for (const Tensor& r : {repeat_interleave(leaf, 0, 0), repeat_interleave(leaf, 1),
+                          tile(leaf, {3}), leaf.repeat({2})}) {
+    EXPECT_NE(r.impl()->storage, leaf.impl()->storage);
+    Tensor w = r;
+    w.slice(0, 0, 0).fill_(1);
+  }
 }
 
 // ------------------------------------------------------------ NaN-skipping reductions
@@ -440,6 +450,10 @@ TEST(MoreActivations, GradientsAtBoundsAndNan) {
   EXPECT_TRUE(testing::gradcheck([](const In& in) { return glu(in[0]); }, {r}));
   EXPECT_TRUE(testing::gradgradcheck([](const In& in) { return glu(in[0], 1); }, {r}));
   EXPECT_TRUE(testing::gradgradcheck([](const In& in) { return hardtanh(in[0], -2, 2.5); }, {r}));
+  // The slope's gradient is 0 where x is inf (not g * inf masked), as torch's.
+  const Tensor inf_x = f64({kInf, -kInf, 1}), slope = f64({0.5}).requires_grad_();
+  expect_close(grad_of(prelu(inf_x, slope).sum(), slope, f64({1}).reshape({})), {-kInf}, {1},
+               kFloat64, 0, 0);
   const Tensor w = f64({0.25, 0.5}).requires_grad_();
   EXPECT_TRUE(testing::gradcheck(
       [](const In& in) {
