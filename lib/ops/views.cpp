@@ -584,7 +584,9 @@ bool overlaps(const Shape& sizes, const Shape& strides) {
 // same memory location, summed where view elements share one.
 Tensor as_strided_backward(const Tensor& g, const Shape& in_sizes, const Shape& in_strides,
                            const Shape& sizes, const Shape& strides, int64_t rel) {
-  if (rel >= 0 && !overlaps(sizes, strides)) {
+  // A scatter into zeros of the input's layout; for an input that is not contiguous, the sum of
+  // index_adds below, which records lazily (in a trace too) where such a scatter cannot.
+  if (rel >= 0 && !overlaps(sizes, strides) && detail::is_contiguous_layout(in_sizes, in_strides)) {
     Tensor z = detail::make_zeros_strided(in_sizes, in_strides, g.dtype(), g.device());
     return as_strided_scatter(z, g, sizes, strides, rel);
   }
@@ -641,6 +643,10 @@ Tensor as_strided_scatter(const Tensor& self, const Tensor& src, const Shape& si
     out = detail::lazy_record1(as_strided_scatter_def, {self, src}, {sizes, strides, rel},
                                {self.sizes(), self.dtype()});
   } else {
+    // Computed here, from self's values: inside a trace that would bake the example's values in.
+    KILN_CHECK(!detail::trace_mode() || !detail::should_record(self, src), op,
+               ": jit::trace cannot record a scatter into a self that is not contiguous (",
+               describe(self), "); make self contiguous first");
     out = self.is_contiguous() ? detail::make_empty_on(self.sizes(), self.dtype(), self.device())
                                : detail::make_empty_strided(self.sizes(), self.strides(),
                                                             self.dtype(), self.device());

@@ -1075,8 +1075,13 @@ bool glu_pick(Gen& g, Step& s) {
   s.p.i = {g.dim(rank(arg(g, s, 0)))};
   return true;
 }
+// Nor operands whose squares may overflow (deliberate difference): kiln's norms accumulate float32
+// in float64 and stay finite where libtorch's are inf.
+bool squares_fit(const torch::Tensor& x) {
+  return max_finite_abs(x) <= std::sqrt(largest(x.scalar_type())) / 16;
+}
 bool normalize_pick(Gen& g, Step& s) {
-  return glu_pick(g, s);
+  return glu_pick(g, s) && squares_fit(arg(g, s, 0));
 }
 // One slope, or one per channel (dim 1), of the input's dtype: a new input.
 bool prelu_pick(Gen& g, Step& s) {
@@ -1098,7 +1103,7 @@ bool distance_pick(Gen& g, Step& s) {
   const int64_t r = std::max(rank(a), rank(b));
   if (r == 0) return false;
   s.p.i = {g.dim(r), g.uniform(0, 1)};
-  return true;
+  return squares_fit(a) && squares_fit(b);
 }
 
 kiln::Reduction kiln_reduction(int64_t r) {

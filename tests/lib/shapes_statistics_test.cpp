@@ -528,6 +528,41 @@ TEST(Distances, OneHot) {
 
 // ------------------------------------------------------------ lazy and traced
 
+// The gradient of a diagonal of a transposed view, traced (differential program
+// 17595593752534584910: as_strided's backward scattered into zeros of the view's layout, which a
+// trace cannot record, and baked in the example's zero gradient).
+TEST(NewOpsModes, TracedDiagonalOfAViewDifferentiatesAsEager) {
+  const Tensor x = testing::random_tensor({3, 4}, kFloat64).requires_grad_();
+  const jit::Function f = jit::trace(
+      [](const In& in) {
+        return In{diagonal(in[0].t(), 1), diag(in[0].t().narrow(0, 1, 3), -1),
+                  trace(in[0].narrow(1, 1, 3).t())};
+      },
+      {x});
+  const In traced = f({x});
+  const Tensor w = testing::random_tensor({3}, kFloat64);
+  const Tensor g_traced = autograd::grad(
+      {(traced[0] * w.narrow(0, 0, traced[0].size(0))).sum() + traced[1].sum() + traced[2]},
+      {x})[0];
+  const Tensor t = x.t();
+  const Tensor d0 = diagonal(t, 1), d1 = diag(t.narrow(0, 1, 3), -1),
+               d2 = trace(x.narrow(1, 1, 3).t());
+  const Tensor g_eager =
+      autograd::grad({(d0 * w.narrow(0, 0, d0.size(0))).sum() + d1.sum() + d2}, {x})[0];
+  EXPECT_TRUE(equal(g_traced, g_eager)) << g_traced << g_eager;
+  // A scatter into a self that is not contiguous cannot be traced: a clear error, not values
+  // baked in.
+  expect_error(
+      [&] {
+        (void)jit::trace(
+            [](const In& in) {
+              return In{as_strided_scatter(in[0].t(), zeros({2}, kFloat64), {2}, {1}, 0)};
+            },
+            {x})({x});
+      },
+      {"as_strided_scatter", "not contiguous"});
+}
+
 TEST(NewOpsModes, LazyAndTracedMatchEager) {
   const Tensor x = testing::random_tensor({3, 4}, kFloat64);
   const Tensor w = f64({0.2, 0.3, 0.4});
