@@ -16,7 +16,25 @@ using detail::describe;
 
 Tensor nansum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   detail::check_defined(x, "nansum");
-  return sum(x.is_floating_point() ? where(logical_not(isnan(x)), x, 0.0) : x, dims, keepdim);
+  if (!x.is_floating_point()) return sum(x, dims, keepdim);
+  Tensor out;
+  {
+    AutoGradMode no_grad(false);
+    out = sum(where(logical_not(isnan(x)), x, 0.0), dims, keepdim);
+  }
+  if (detail::needs_grad(x)) {
+    // The reduced dims kept as size 1, to broadcast the gradient back over x.
+    Shape kept = x.sizes();
+    if (dims.empty()) kept.assign(kept.size(), 1);
+    for (int64_t d : dims)  // valid: sum checked them (a 0-dim x has none to keep)
+      if (x.dim() > 0) kept[static_cast<size_t>(detail::wrap_dim(d, x.dim(), "nansum", &x))] = 1;
+    detail::record("nansum", {x}, {out}, {x}, [kept](const detail::BackwardContext& c) {
+      // torch's: g * (x == x), so that an infinite or NaN g meets a NaN x as NaN.
+      const Tensor& v = c.saved(0);
+      return std::vector<Tensor>{c.grad().reshape(kept).expand(v.sizes()) * logical_not(isnan(v))};
+    });
+  }
+  return out;
 }
 
 Tensor nanmean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {

@@ -257,6 +257,15 @@ TEST(NanReductions, AgainstReference) {
   const Tensor x = f64({1, kNan, 3}).requires_grad_();
   expect_close(grad_of(nansum(x), x, f64({2}).reshape({})), {2, 0, 2}, {3}, kFloat64, 0, 0);
   expect_close(grad_of(nanmean(x), x, f64({2}).reshape({})), {1, 0, 1}, {3}, kFloat64, 0, 0);
+  // g * (x == x): an infinite g meets a NaN x as NaN (nanmean of only NaN divides by 0), as
+  // torch's (differential program 2329849795708638592).
+  const Tensor only_nan = f64({kNan}).reshape({}).requires_grad_();
+  expect_close(grad_of(nanmean(only_nan, {-1}, true), only_nan, f64({1}).reshape({})), {kNan}, {},
+               kFloat64, 0, 0);
+  const Tensor m = f64({1, kNan, 3, 4}).view({2, 2}).requires_grad_();
+  expect_close(grad_of(m.nansum(1), m, f64({1, 2})), {1, 0, 2, 2}, {2, 2}, kFloat64, 0, 0);
+  EXPECT_TRUE(testing::gradgradcheck([](const In& in) { return nansum(in[0] * in[0], {0}, true); },
+                                     {testing::random_tensor({2, 3}, kFloat64).requires_grad_()}));
 }
 
 // ------------------------------------------------------------ median and kthvalue
