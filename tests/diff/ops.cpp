@@ -1051,6 +1051,14 @@ bool diagonal_pick(Gen& g, Step& s) {
 // Nor a matrix whose diagonal k lies wholly outside it (deliberate difference): libtorch 1.13's
 // diag computes a negative length and raises ("numel: integer multiplication overflow"); kiln's
 // is empty, as diagonal's.
+// Nor trace of a matrix with more rows than columns (deliberate difference): libtorch 1.13's
+// gradient then also reaches elements off the diagonal (every (columns + 1)-th element: [1, 0, 1,
+// 0] for a [4, 1] matrix); kiln's is the diagonal's.
+bool trace_pick(Gen& g, Step& s) {
+  if (!matrix_pick(g, s)) return false;
+  const auto& x = arg(g, s, 0);
+  return x.dim() != 2 || x.size(0) <= x.size(1);
+}
 bool diag_pick(Gen& g, Step& s) {
   if (!matrix_pick(g, s)) return false;
   const int64_t k = g.uniform(-2, 2);
@@ -1333,7 +1341,7 @@ const std::vector<Op>& op_table() {
       DIFF_OP("kthvalue", 0, kth_pick, std::get<0>(a[0].kthvalue(p.i[2], p.i[0], p.i[1] != 0))),
       DIFF_OP("kthvalue_index", 0, kth_pick,
               std::get<1>(a[0].kthvalue(p.i[2], p.i[0], p.i[1] != 0))),
-      DIFF_OP("trace", kInexact, matrix_pick, trace(a[0])),
+      DIFF_OP("trace", kInexact, trace_pick, trace(a[0])),
       DIFF_OP("all", 0, truth_pick, a[0].all()),
       DIFF_OP("any", 0, truth_pick, a[0].any()),
       // ------------------------------------------------ GEMMs

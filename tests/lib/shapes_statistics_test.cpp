@@ -132,6 +132,10 @@ TEST(Diagonals, Gradients) {
     EXPECT_TRUE(testing::gradcheck([k](const In& in) { return diag(in[0], k); }, {m}));
   }
   EXPECT_TRUE(testing::gradcheck([](const In& in) { return trace(in[0]); }, {m}));
+  // More rows than columns: only the diagonal (libtorch 1.13's gradient also reaches element 2).
+  const Tensor tall = zeros({4, 1}, kFloat64).requires_grad_();
+  expect_close(autograd::grad({trace(tall)}, {tall})[0], {1, 0, 0, 0}, {4, 1}, kFloat64, 0, 0);
+  EXPECT_TRUE(testing::gradcheck([](const In& in) { return trace(in[0].t()); }, {m}));
   EXPECT_TRUE(testing::gradgradcheck([](const In& in) { return trace(in[0] * in[0]); }, {m}));
 }
 
