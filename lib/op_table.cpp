@@ -38,6 +38,7 @@ void register_lib_ops() {
   register_reductions();
   register_scans();
   register_index_ops();
+  register_scatter_ops();
   register_linalg_ops();
   register_nn_ops();
   register_pool_ops();

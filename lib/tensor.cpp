@@ -1,5 +1,6 @@
 // Tensor's metadata, data access, conversions and copies; its op methods forward to kiln/ops.h.
 #include <cmath>
+#include <functional>
 
 #include "kiln/ops.h"
 #include "lib/autograd.h"
@@ -658,6 +659,88 @@ Tensor Tensor::index_add(int64_t dim, const Tensor& index, const Tensor& source)
 Tensor Tensor::scatter_add(int64_t dim, const Tensor& index, const Tensor& src) const {
   return kiln::scatter_add(*this, dim, index, src);
 }
+Tensor Tensor::scatter(int64_t dim, const Tensor& index, const Tensor& src) const {
+  return kiln::scatter(*this, dim, index, src);
+}
+Tensor Tensor::scatter(int64_t dim, const Tensor& index, const Scalar& value) const {
+  return kiln::scatter(*this, dim, index, value);
+}
+Tensor Tensor::scatter_reduce(int64_t dim, const Tensor& index, const Tensor& src,
+                              const std::string& reduce, bool include_self) const {
+  return kiln::scatter_reduce(*this, dim, index, src, reduce, include_self);
+}
+Tensor Tensor::index_copy(int64_t dim, const Tensor& index, const Tensor& source) const {
+  return kiln::index_copy(*this, dim, index, source);
+}
+Tensor Tensor::index_fill(int64_t dim, const Tensor& index, const Scalar& value) const {
+  return kiln::index_fill(*this, dim, index, value);
+}
+Tensor Tensor::index_fill(int64_t dim, const Tensor& index, const Tensor& value) const {
+  return kiln::index_fill(*this, dim, index, value);
+}
+Tensor Tensor::masked_scatter(const Tensor& mask, const Tensor& source) const {
+  return kiln::masked_scatter(*this, mask, source);
+}
+Tensor Tensor::take(const Tensor& index) const {
+  return kiln::take(*this, index);
+}
+
+namespace {
+// self becomes f(self) (see detail::apply_inplace); `others` are the operands that may need a
+// gradient, and saves_self says whether f's gradient reads self's old value.
+Tensor& write_in_place(Tensor& self, const char* op, std::initializer_list<const Tensor*> others,
+                       bool saves_self, const std::function<Tensor(const Tensor&)>& f) {
+  detail::apply_inplace(
+      self, op, others, saves_self, [&] { self.copy_(f(self)); }, f);
+  return self;
+}
+}  // namespace
+
+Tensor& Tensor::index_add_(int64_t dim, const Tensor& index, const Tensor& source) {
+  return write_in_place(*this, "index_add_", {&source}, false, [&](const Tensor& self) {
+    return kiln::index_add(self, dim, index, source);
+  });
+}
+Tensor& Tensor::scatter_add_(int64_t dim, const Tensor& index, const Tensor& src) {
+  return write_in_place(*this, "scatter_add_", {&src}, false, [&](const Tensor& self) {
+    return kiln::scatter_add(self, dim, index, src);
+  });
+}
+Tensor& Tensor::scatter_(int64_t dim, const Tensor& index, const Tensor& src) {
+  return write_in_place(*this, "scatter_", {&src}, false,
+                        [&](const Tensor& self) { return kiln::scatter(self, dim, index, src); });
+}
+Tensor& Tensor::scatter_(int64_t dim, const Tensor& index, const Scalar& value) {
+  return write_in_place(*this, "scatter_", {}, false,
+                        [&](const Tensor& self) { return kiln::scatter(self, dim, index, value); });
+}
+Tensor& Tensor::scatter_reduce_(int64_t dim, const Tensor& index, const Tensor& src,
+                                const std::string& reduce, bool include_self) {
+  return write_in_place(*this, "scatter_reduce_", {&src}, true, [&](const Tensor& self) {
+    return kiln::scatter_reduce(self, dim, index, src, reduce, include_self);
+  });
+}
+Tensor& Tensor::index_copy_(int64_t dim, const Tensor& index, const Tensor& source) {
+  return write_in_place(*this, "index_copy_", {&source}, false, [&](const Tensor& self) {
+    return kiln::index_copy(self, dim, index, source);
+  });
+}
+Tensor& Tensor::index_fill_(int64_t dim, const Tensor& index, const Scalar& value) {
+  return write_in_place(*this, "index_fill_", {}, false, [&](const Tensor& self) {
+    return kiln::index_fill(self, dim, index, value);
+  });
+}
+Tensor& Tensor::index_fill_(int64_t dim, const Tensor& index, const Tensor& value) {
+  return write_in_place(*this, "index_fill_", {&value}, false, [&](const Tensor& self) {
+    return kiln::index_fill(self, dim, index, value);
+  });
+}
+Tensor& Tensor::masked_scatter_(const Tensor& mask, const Tensor& source) {
+  return write_in_place(*this, "masked_scatter_", {&source}, false, [&](const Tensor& self) {
+    return kiln::masked_scatter(self, mask, source);
+  });
+}
+
 Tensor Tensor::slice_scatter(const Tensor& src, int64_t dim, std::optional<int64_t> start,
                              std::optional<int64_t> end, int64_t step) const {
   return kiln::slice_scatter(*this, src, dim, start, end, step);

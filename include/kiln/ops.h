@@ -436,7 +436,30 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
 Tensor index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src);
 // A copy of self with out[index[i][j]][j] += src[i][j] along dim (for dim 0; the gradient of
 // gather).
+// gather). src may be larger than index in any dim: only its part of index's shape is scattered.
 Tensor scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src);
+// A copy of self with out[index[i][j]][j] = src[i][j] along dim (for dim 0), or = value. Where
+// index repeats a position, the last write in index's row-major order wins (torch leaves it
+// unspecified).
+Tensor scatter(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor scatter(const Tensor& self, int64_t dim, const Tensor& index, const Scalar& value);
+// A copy of self with src's values combined into each position along dim by reduce ("sum",
+// "prod", "mean", "amax" or "amin"), self's own value included or not. mean divides by how many
+// values a position took, rounding down for integers.
+Tensor scatter_reduce(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src,
+                      const std::string& reduce, bool include_self = true);
+// A copy of self with source's slices written at index (1-D) along dim: out.select(dim, index[i])
+// = source.select(dim, i).
+Tensor index_copy(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& source);
+// A copy of self with the slices at index along dim set to value (a number or a 0-dim tensor).
+Tensor index_fill(const Tensor& self, int64_t dim, const Tensor& index, const Scalar& value);
+Tensor index_fill(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& value);
+// self (broadcast with mask) with the elements where mask holds replaced, in row-major order, by
+// source's first elements (source needs at least as many elements as the mask selects).
+Tensor masked_scatter(const Tensor& self, const Tensor& mask, const Tensor& source);
+// The elements of self, viewed as 1-D, at index (any shape; negative positions count from the
+// end): the result has index's shape.
+Tensor take(const Tensor& self, const Tensor& index);
 // A copy of self with src written into self.slice(dim, start, end, step) (the gradient of slice).
 Tensor slice_scatter(const Tensor& self, const Tensor& src, int64_t dim = 0,
                      std::optional<int64_t> start = std::nullopt,

@@ -349,6 +349,26 @@ class Tensor {
   Tensor gather(int64_t dim, const Tensor& index) const;
   Tensor index_add(int64_t dim, const Tensor& index, const Tensor& source) const;
   Tensor scatter_add(int64_t dim, const Tensor& index, const Tensor& src) const;
+  Tensor scatter(int64_t dim, const Tensor& index, const Tensor& src) const;
+  Tensor scatter(int64_t dim, const Tensor& index, const Scalar& value) const;
+  Tensor scatter_reduce(int64_t dim, const Tensor& index, const Tensor& src,
+                        const std::string& reduce, bool include_self = true) const;
+  Tensor index_copy(int64_t dim, const Tensor& index, const Tensor& source) const;
+  Tensor index_fill(int64_t dim, const Tensor& index, const Scalar& value) const;
+  Tensor index_fill(int64_t dim, const Tensor& index, const Tensor& value) const;
+  Tensor masked_scatter(const Tensor& mask, const Tensor& source) const;
+  Tensor take(const Tensor& index) const;
+  // In place: self becomes the out-of-place op's result (checked before anything is written).
+  Tensor& index_add_(int64_t dim, const Tensor& index, const Tensor& source);
+  Tensor& scatter_add_(int64_t dim, const Tensor& index, const Tensor& src);
+  Tensor& scatter_(int64_t dim, const Tensor& index, const Tensor& src);
+  Tensor& scatter_(int64_t dim, const Tensor& index, const Scalar& value);
+  Tensor& scatter_reduce_(int64_t dim, const Tensor& index, const Tensor& src,
+                          const std::string& reduce, bool include_self = true);
+  Tensor& index_copy_(int64_t dim, const Tensor& index, const Tensor& source);
+  Tensor& index_fill_(int64_t dim, const Tensor& index, const Scalar& value);
+  Tensor& index_fill_(int64_t dim, const Tensor& index, const Tensor& value);
+  Tensor& masked_scatter_(const Tensor& mask, const Tensor& source);
   Tensor slice_scatter(const Tensor& src, int64_t dim = 0,
                        std::optional<int64_t> start = std::nullopt,
                        std::optional<int64_t> end = std::nullopt, int64_t step = 1) const;

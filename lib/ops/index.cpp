@@ -28,6 +28,7 @@
 #include "lib/lazy.h"
 #include "lib/op_registry.h"
 #include "lib/op_table.h"
+#include "lib/ops/index_common.h"
 #include "lib/parallel.h"
 #include "lib/tensor_impl.h"
 
@@ -99,55 +100,6 @@ namespace {
 // Every op here also runs on a device: the executor calls them with device tensors.
 void check_operand(const Tensor& t, const char* op, const char* arg) {
   detail::check_defined(t, op, arg);
-}
-
-// self, index and src of index_add and scatter_add on one device, checked before recording too
-// (a mixed call would otherwise raise only inside the executor). A 0-dim CPU index counts as a
-// number, as everywhere (lib/lazy.cpp): its value is read on the host anyway.
-void check_one_device(const char* op, const Tensor& self, const Tensor& index, const Tensor& src) {
-  const bool number = index.device().is_cpu() && index.dim() == 0;
-  for (const Tensor* t : {&index, &src}) {
-    if (t == &index && number) continue;
-    KILN_CHECK(t->device() == self.device(), op, ": expected all tensors on one device, got ",
-               describe(self), " on ", self.device(), " and ", describe(*t), " on ", t->device());
-  }
-}
-
-void check_index_dtype(const Tensor& index, const char* op, bool allow_int32) {
-  bool ok = index.dtype() == kInt64 || (allow_int32 && index.dtype() == kInt32);
-  KILN_CHECK(ok, op, ": expected ", allow_int32 ? "an int32 or int64" : "an int64",
-             " index tensor, got ", describe(index));
-}
-
-// Recording off for the scope: reading an index runs its conversions at once.
-struct EagerScope {
-  bool lazy = detail::lazy_mode();
-  EagerScope() { detail::set_lazy_mode(false); }
-  ~EagerScope() { detail::set_lazy_mode(lazy); }
-  EagerScope(const EagerScope&) = delete;
-  EagerScope& operator=(const EagerScope&) = delete;
-};
-
-// The index values in row-major order, each checked to lie in [0, size). A pending index is
-// computed first (only its own sub-graph). The values are read through the const accessor: a
-// read must not flush pending work that reads the index (as a write would).
-std::vector<int64_t> read_indices(const Tensor& index, int64_t size, const char* op,
-                                  const std::string& what) {
-  detail::ValueCheckScope checking;
-  detail::MaterializeCause cause(op);
-  detail::materialize({index}, "an op that checks its operand's values");
-  Tensor c;
-  {
-    EagerScope eager;
-    c = index.to(kCPU).to(kInt64).contiguous();  // a device index's values come to the host
-  }
-  const int64_t* p = std::as_const(c).data_ptr<int64_t>();
-  std::vector<int64_t> v(p, p + c.numel());
-  for (int64_t x : v) {
-    KILN_CHECK(x >= 0 && x < size, op, ": index ", x, " is out of range for ", what, " of size ",
-               size, " (valid range [0, ", size, "))");
-  }
-  return v;
 }
 
 // out viewed as [outer, n, inner] (contiguous) gets rows src[outer, idx[j], inner], src being a
@@ -276,39 +228,14 @@ Tensor index_add_rows(const Tensor& self, int64_t d, const std::vector<int64_t>&
   return out;
 }
 
-// self + src scattered along d at idx (index's values, index's shape `is`).
-Tensor scatter_add_values(const Tensor& self, int64_t d, const std::vector<int64_t>& idx,
-                          const Shape& is, const Tensor& src) {
-  Tensor out = detail::make_empty(self.sizes(), self.dtype());
-  detail::copy_kernel(out, self);
-  Tensor in = src.contiguous();
-  const Shape& os = out.strides();
-  detail::dispatch_all(self.dtype(), [&](auto tag) {
-    using T = KILN_TYPE(tag);
-    T* o = out.data_ptr<T>();
-    const T* sp = std::as_const(in).data_ptr<T>();
-    std::vector<int64_t> pos(is.size(), 0);
-    for (size_t p = 0; p < idx.size(); ++p) {
-      int64_t at = 0;
-      for (size_t k = 0; k < pos.size(); ++k)
-        at += (static_cast<int64_t>(k) == d ? idx[p] : pos[k]) * os[k];
-      o[at] = T(o[at] + sp[p]);
-      for (size_t k = pos.size(); k-- > 0;) {  // row-major odometer over index's shape
-        if (++pos[k] < is[k]) break;
-        pos[k] = 0;
-      }
-    }
-  });
-  return out;
-}
-
 // index_add (select) or scatter_add's value when not recording: on the CPU by index_add_rows or
 // scatter_add_values; on a device by its scatter-add kernel, through the host where there is none.
 Tensor scatter_add_on(const Tensor& self, int64_t d, const std::vector<int64_t>& idx,
                       const Tensor& index, const Tensor& src, bool select, const Shape& s3) {
   const auto on_host = [&](const Tensor& x, const Tensor& from) {
-    return select ? index_add_rows(x, d, idx, from, s3)
-                  : scatter_add_values(x, d, idx, index.sizes(), from);
+    return select
+               ? index_add_rows(x, d, idx, from, s3)
+               : detail::scatter_values(x, d, idx, index.sizes(), from, detail::ScatterMode::Add);
   };
   if (self.device().is_cpu()) return on_host(self, src);
   Tensor out = detail::make_empty_on(self.sizes(), self.dtype(), self.device());
@@ -325,7 +252,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   const char* op = index_select_def->name.c_str();
   check_operand(x, op, "input");
   check_operand(index, op, "index");
-  check_index_dtype(index, op, true);
+  detail::check_index_dtype(index, op, true);
   KILN_CHECK(index.dim() <= 1, op, ": index must be a 1-D vector, got ", describe(index));
   const int64_t d = detail::wrap_dim(dim, x.dim(), op, &x);
   std::vector<int64_t> idx;
@@ -333,10 +260,10 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   if (x.dim() == 0) {
     KILN_CHECK(index.numel() == 1, op, ": an index into a 0-dim tensor must have exactly one ",
                "value, got ", describe(index));
-    idx = read_indices(index, 1, op, "a 0-dim tensor");
+    idx = detail::read_indices(index, 1, op, "a 0-dim tensor");
   } else {
-    idx =
-        read_indices(index, x.size(d), op, "dimension " + std::to_string(d) + " of " + describe(x));
+    idx = detail::read_indices(index, x.size(d), op,
+                               "dimension " + std::to_string(d) + " of " + describe(x));
     out_shape[d] = static_cast<int64_t>(idx.size());
   }
   Tensor out = detail::should_record(x, index)
@@ -365,11 +292,11 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   const char* op = embedding_def->name.c_str();
   check_operand(weight, op, "weight");
   check_operand(indices, op, "indices");
-  check_index_dtype(indices, op, true);
+  detail::check_index_dtype(indices, op, true);
   KILN_CHECK(weight.dim() == 2, op, ": expected weight to be a 2-D [num_embeddings, ",
              "embedding_dim] matrix, got ", describe(weight));
-  std::vector<int64_t> idx =
-      read_indices(indices, weight.size(0), op, "weight " + describe(weight) + " with rows");
+  std::vector<int64_t> idx = detail::read_indices(indices, weight.size(0), op,
+                                                  "weight " + describe(weight) + " with rows");
   Shape out_shape = indices.sizes();
   out_shape.push_back(weight.size(1));
   Tensor out =
@@ -399,7 +326,7 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   const char* op = gather_def->name.c_str();
   check_operand(x, op, "input");
   check_operand(index, op, "index");
-  check_index_dtype(index, op, false);
+  detail::check_index_dtype(index, op, false);
   KILN_CHECK(index.dim() == x.dim(), op, ": index ", describe(index),
              " must have the same number of dimensions as input ", describe(x));
   const int64_t d = detail::wrap_dim(dim, x.dim(), op, &x);
@@ -409,8 +336,8 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
                " (apart from dimension ", d, ")");
   }
   const int64_t size = x.dim() == 0 ? 1 : x.size(d);
-  std::vector<int64_t> idx =
-      read_indices(index, size, op, "dimension " + std::to_string(d) + " of " + describe(x));
+  std::vector<int64_t> idx = detail::read_indices(
+      index, size, op, "dimension " + std::to_string(d) + " of " + describe(x));
   Tensor out;
   if (detail::should_record(x, index)) {
     out = detail::lazy_record1(gather_def, {x, index}, {d}, {index.sizes(), x.dtype()});
@@ -545,8 +472,8 @@ Tensor index_add(const Tensor& self, int64_t dim, const Tensor& index, const Ten
   check_operand(self, op, "self");
   check_operand(index, op, "index");
   check_operand(src, op, "source");
-  check_one_device(op, self, index, src);
-  check_index_dtype(index, op, true);
+  detail::check_index_device(op, self, index, src);
+  detail::check_index_dtype(index, op, true);
   KILN_CHECK(index.dim() <= 1, op, ": index must be a 1-D vector, got ", describe(index));
   KILN_CHECK(src.dtype() == self.dtype(), op, ": source ", describe(src),
              " must have the dtype of self ", describe(self));
@@ -561,8 +488,8 @@ Tensor index_add(const Tensor& self, int64_t dim, const Tensor& index, const Ten
   KILN_CHECK(shapes_ok, op, ": source ", describe(src), " must match self ", describe(self),
              " except in dimension ", d, ", where it must have the index's ", index.numel(),
              " entries");
-  std::vector<int64_t> idx =
-      read_indices(index, s3[d], op, "dimension " + std::to_string(d) + " of " + describe(self));
+  std::vector<int64_t> idx = detail::read_indices(
+      index, s3[d], op, "dimension " + std::to_string(d) + " of " + describe(self));
   Tensor out = detail::should_record({self, index, src})
                    ? detail::lazy_record1(index_add_def, {self, index, src}, {d},
                                           {self.sizes(), self.dtype()})
@@ -581,27 +508,12 @@ Tensor index_add(const Tensor& self, int64_t dim, const Tensor& index, const Ten
   return out;
 }
 
-Tensor scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
+Tensor scatter_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src_in) {
   const char* op = scatter_add_def->name.c_str();
-  check_operand(self, op, "self");
-  check_operand(index, op, "index");
-  check_operand(src, op, "src");
-  check_one_device(op, self, index, src);
-  check_index_dtype(index, op, false);
-  KILN_CHECK(src.dtype() == self.dtype(), op, ": src ", describe(src),
-             " must have the dtype of self ", describe(self));
-  KILN_CHECK(index.sizes() == src.sizes() && index.dim() == self.dim(), op, ": index ",
-             describe(index), " must have the shape of src ", describe(src),
-             " and the rank of self ", describe(self));
-  const int64_t d = detail::wrap_dim(dim, std::max<int64_t>(self.dim(), 1), op, &self);
-  for (int64_t k = 0; k < self.dim(); ++k) {
-    KILN_CHECK(k == d || index.size(k) <= self.size(k), op, ": index ", describe(index),
-               " must not be larger than self ", describe(self), " in dimension ", k,
-               " (apart from dimension ", d, ")");
-  }
+  const auto [d, src] = detail::check_scatter(op, self, dim, index, src_in);
   const int64_t size = self.dim() == 0 ? 1 : self.size(d);
-  std::vector<int64_t> idx =
-      read_indices(index, size, op, "dimension " + std::to_string(d) + " of " + describe(self));
+  std::vector<int64_t> idx = detail::read_indices(
+      index, size, op, "dimension " + std::to_string(d) + " of " + describe(self));
   Tensor out = detail::should_record({self, index, src})
                    ? detail::lazy_record1(scatter_add_def, {self, index, src}, {d},
                                           {self.sizes(), self.dtype()})

@@ -576,7 +576,7 @@ TEST(LazyIndexLinalg, ErrorsRaiseAtTheCall) {
       [&] {
         scatter_add(x, 0, index_input({2, 4}, 3), input({2, 3}));
       },
-      {"scatter_add", "shape of src"});
+      {"scatter_add", "must not be larger than src", "float32[2, 3]"});
   no_record(
       [&] {
         scatter_add(x, 0, index_input({2, 4}, 3), input({2, 4}, kFloat64));
