@@ -158,8 +158,10 @@ Tensor softshrink(const Tensor& x, double lambd) {
   return with_backward(
       "softshrink", x,
       [lambd](const Tensor& v) {
-        // torch's: x * 0 between the bounds, so that NaN stays NaN.
-        return where(gt(v, lambd), v - lambd, where(lt(v, -lambd), v + lambd, v * 0));
+        // +0 between the bounds (libtorch 1.13's; 2's x * 0 gives -0 for negative x), and NaN
+        // for NaN (libtorch 2's; 1.13's is 0).
+        return where(gt(v, lambd), v - lambd,
+                     where(lt(v, -lambd), v + lambd, where(isnan(v), v, 0.0)));
       },
       [lambd](const Tensor& g, const Tensor& v) {
         return where(logical_not(logical_and(ge(v, -lambd), le(v, lambd))), g, 0.0);

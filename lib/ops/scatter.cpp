@@ -247,11 +247,13 @@ Tensor masked_scatter(const Tensor& self, const Tensor& mask, const Tensor& sour
     KILN_CHECK(count <= source.numel(), op, ": mask ", describe(mask), " selects ", count,
                " elements, but source ", describe(source), " has only ", source.numel());
   }
-  const Tensor values = self.expand(shape);
-  if (source.numel() == 0) return values.clone();  // the mask selects nothing
-  // Each selected element's place in source: how many were selected up to it, less one.
+  // Each selected element's place in source: how many were selected up to it, less one. A zero
+  // after source's elements gives the unselected ones before the first selected one (and every
+  // one when source is empty) a place to read.
   const Tensor place = clamp_min(cumsum(flat_mask, 0) - 1, 0);
-  return where(mask.expand(shape), gather(source.reshape({-1}), 0, place).reshape(shape), values);
+  const Tensor padded = cat(
+      {source.reshape({-1}), zeros({1}, TensorOptions(source.dtype()).device(source.device()))});
+  return where(mask.expand(shape), gather(padded, 0, place).reshape(shape), self.expand(shape));
 }
 
 Tensor take(const Tensor& self, const Tensor& index) {

@@ -75,10 +75,17 @@ bool float_unary_no_nan(Gen& g, Step& s) {
 // softshrink of NaN is 0, kiln's NaN (as libtorch 2's).
 // Nor, for elu and selu, -0 (deliberate difference): kiln's is expm1(-0) = -0, as libtorch's
 // vectorized loop gives; its scalar loop computes exp(x) - 1 = +0, whose sign rsqrt reads.
+bool holds_negative_zero(const torch::Tensor& x) {
+  return is_float(x) && torch::logical_and(x == 0, torch::signbit(x)).any().item<bool>();
+}
 bool elu_pick(Gen& g, Step& s) {
-  if (!float_unary_no_nan(g, s)) return false;
-  const auto& x = arg(g, s, 0);
-  return !torch::logical_and(x == 0, torch::signbit(x)).any().item<bool>();
+  return float_unary_no_nan(g, s) && !holds_negative_zero(arg(g, s, 0));
+}
+// Nor logit of -0 (deliberate difference): libtorch 1.13's gradient there is g * inf in its
+// scalar loop (its formula's case for 0) and g / (x (1 - x)) = -g * inf in its vectorized one;
+// kiln's is g * inf.
+bool logit_pick(Gen& g, Step& s) {
+  return unary(g, s) && !holds_negative_zero(arg(g, s, 0));
 }
 // A second operand for a: itself, another value that broadcasts with it (rarely one that does
 // not), or a new input of a broadcastable shape.
@@ -864,6 +871,113 @@ bool stack_pick(Gen& g, Step& s) {
   return true;
 }
 
+// ---------------------------------------------------------------- scatters
+// x (rank >= 1) and an index into it along a random dim (p.i[0]): no larger than x outside that
+// dim, values in range. Sets index_shape.
+bool scatter_index(Gen& g, Step& s, Shape& index_shape) {
+  if (g.program->inputs.size() + 2 > g.max_inputs ||
+      !one_value(g, s, [](const torch::Tensor& t) { return t.dim() > 0; }))
+    return false;
+  const torch::Tensor x = arg(g, s, 0);  // a copy: new inputs move the values
+  const int64_t d = g.dim(rank(x));
+  const int64_t n = x.size(d);
+  index_shape = sizes(x);
+  for (int64_t k = 0; k < x.dim(); ++k)
+    index_shape[k] =
+        k == wrap(d, x.dim()) ? (n ? g.uniform(0, 3) : 0) : g.uniform(0, index_shape[k]);
+  s.p.i = {d};
+  s.args.push_back(g.new_input(index_shape, kiln::kInt64, 0, n));
+  return true;
+}
+// And a src of x's dtype and the index's shape. Not larger than the index (deliberate
+// difference): libtorch 1.13's backward then raises or gives the elements that are not scattered a
+// gradient; kiln's gives them 0 (tests/lib/scatter_test.cpp checks it by finite differences).
+bool scatter_pick(Gen& g, Step& s) {
+  Shape shape;
+  if (!scatter_index(g, s, shape)) return false;
+  const kiln::DType dtype = to_kiln(arg(g, s, 0).scalar_type());
+  s.args.push_back(g.new_input(shape, dtype));
+  return true;
+}
+// A scalar that x's dtype holds (the conversion of others is not what the op tests).
+void scalar_for(Gen& g, Step& s, const torch::Tensor& x) {
+  g.scalar(s.p);
+  if (is_float(x)) return;
+  const bool boolean = x.scalar_type() == torch::kBool;
+  s.p.scalar_kind = boolean ? Params::ScalarKind::Bool : Params::ScalarKind::Int;
+  s.p.scalars.back() = static_cast<double>(boolean ? g.uniform(0, 1) : g.uniform(-3, 3));
+}
+bool scatter_value_pick(Gen& g, Step& s) {
+  Shape shape;
+  if (!scatter_index(g, s, shape)) return false;
+  scalar_for(g, s, arg(g, s, 0));
+  return true;
+}
+// p.i[1]: the reduction (kScatterReduce), p.i[2]: include_self. Nor mean of bool (kiln raises).
+const char* const kScatterReduce[] = {"sum", "prod", "mean", "amax", "amin"};
+bool scatter_reduce_pick(Gen& g, Step& s) {
+  if (!scatter_pick(g, s)) return false;
+  s.p.i.push_back(g.uniform(0, 4));
+  s.p.i.push_back(g.coin(0.5));
+  return !(s.p.i[1] == 2 && arg(g, s, 0).scalar_type() == torch::kBool);
+}
+// A 1-D index along a random dim (p.i[0]) of x (rank >= 1); index_copy's positions are distinct
+// (libtorch leaves repeated ones unspecified) and its source has x's shape with the index's size
+// along the dim.
+bool index_along_pick(Gen& g, Step& s, bool copy) {
+  if (g.program->inputs.size() + 2 > g.max_inputs ||
+      !one_value(g, s, [](const torch::Tensor& t) { return t.dim() > 0; }))
+    return false;
+  const torch::Tensor x = arg(g, s, 0);  // a copy: new inputs move the values
+  const int64_t d = g.dim(rank(x));
+  const int64_t n = x.size(d);
+  const int64_t k = n ? g.uniform(0, std::min<int64_t>(n, 3)) : 0;
+  s.p.i = {d};
+  s.args.push_back(g.new_input({k}, kiln::kInt64, 0, n));
+  if (!copy) return true;
+  const torch::Tensor& index = arg(g, s, 1);
+  if (std::get<0>(torch::_unique(index)).numel() != index.numel()) return false;
+  Shape shape = sizes(x);
+  shape[wrap(d, x.dim())] = k;
+  const kiln::DType dtype = to_kiln(x.scalar_type());
+  s.args.push_back(g.new_input(shape, dtype));
+  return true;
+}
+bool index_copy_pick(Gen& g, Step& s) {
+  return index_along_pick(g, s, true);
+}
+bool index_fill_pick(Gen& g, Step& s) {
+  if (!index_along_pick(g, s, false)) return false;
+  scalar_for(g, s, arg(g, s, 0));
+  return true;
+}
+bool index_fill_tensor_pick(Gen& g, Step& s) {
+  if (!index_along_pick(g, s, false) || g.inputs_full()) return false;
+  const kiln::DType dtype = to_kiln(arg(g, s, 0).scalar_type());
+  s.args.push_back(g.new_input({}, dtype));
+  return true;
+}
+// A bool mask that broadcasts with x and a 1-D source of x's dtype with enough elements.
+bool masked_scatter_pick(Gen& g, Step& s) {
+  if (g.program->inputs.size() + 2 > g.max_inputs) return false;
+  unary(g, s);
+  const torch::Tensor x = arg(g, s, 0);  // a copy: new inputs move the values
+  const Shape mask_shape = g.broadcastable(sizes(x));
+  s.args.push_back(g.new_input(mask_shape, kiln::kBool));
+  const int64_t count = x.numel() + g.uniform(0, 2);
+  const kiln::DType dtype = to_kiln(x.scalar_type());
+  s.args.push_back(g.new_input({count}, dtype));
+  return true;
+}
+bool take_pick(Gen& g, Step& s) {
+  if (g.inputs_full() || !one_value(g, s, [](const torch::Tensor& t) { return t.numel() > 0; }))
+    return false;
+  const int64_t n = arg(g, s, 0).numel();
+  const Shape shape = g.random_shape(2);
+  s.args.push_back(g.new_input(shape, kiln::kInt64, 0, n));
+  return true;
+}
+
 // ---------------------------------------------------------------- neural-network ops
 // Not picked (deliberate differences): values whose square overflows (kiln's float32 statistics
 // are float64, libtorch's overflow to NaN), and rows of one element or of (nearly) equal values
@@ -1207,7 +1321,7 @@ const std::vector<Op>& op_table() {
       DIFF_OP2("tanhshrink", kInexact, float_unary, tanhshrink(a[0]), a[0] - a[0].tanh()),
       DIFF_OP("glu", kInexact, glu_pick, glu(a[0], p.i[0])),
       DIFF_OP("prelu", 0, prelu_pick, prelu(a[0], a[1])),
-      DIFF_OP("logit", kInexact, unary, logit(a[0])),
+      DIFF_OP("logit", kInexact, logit_pick, logit(a[0])),
       DIFF_OP("logit_eps", kInexact, unary, logit(a[0], 0.25)),
       DIFF_OP("deg2rad", 0, unary, deg2rad(a[0])),
       DIFF_OP("rad2deg", 0, unary, rad2deg(a[0])),
@@ -1356,6 +1470,16 @@ const std::vector<Op>& op_table() {
       DIFF_OP("embedding", 0, embedding_pick, embedding(a[0], a[1])),
       DIFF_OP("cat", 0, cat_pick, cat({a[0], a[1]}, p.i[0])),
       DIFF_OP("stack", 0, stack_pick, stack({a[0], a[1]}, p.i[0])),
+      DIFF_OP("scatter", 0, scatter_pick, scatter(a[0], p.i[0], a[1], a[2])),
+      DIFF_OP("scatter_value", 0, scatter_value_pick, scatter(a[0], p.i[0], a[1], B::scalar(p, 0))),
+      DIFF_OP("scatter_add", 0, scatter_pick, scatter_add(a[0], p.i[0], a[1], a[2])),
+      DIFF_OP("scatter_reduce", 0, scatter_reduce_pick,
+              scatter_reduce(a[0], p.i[0], a[1], a[2], kScatterReduce[p.i[1]], p.i[2] != 0)),
+      DIFF_OP("index_copy", 0, index_copy_pick, index_copy(a[0], p.i[0], a[1], a[2])),
+      DIFF_OP("index_fill", 0, index_fill_pick, index_fill(a[0], p.i[0], a[1], B::scalar(p, 0))),
+      DIFF_OP("index_fill_tensor", 0, index_fill_tensor_pick, index_fill(a[0], p.i[0], a[1], a[2])),
+      DIFF_OP("masked_scatter", 0, masked_scatter_pick, masked_scatter(a[0], a[1], a[2])),
+      DIFF_OP("take", 0, take_pick, take(a[0], a[1])),
       // ------------------------------------------------ neural-network ops
       DIFF_OP("softmax", kInexact, softmax_pick, softmax(a[0], p.i[0])),
       DIFF_OP("log_softmax", kInexact, softmax_pick, log_softmax(a[0], p.i[0])),

@@ -314,6 +314,9 @@ TEST(MaskedScatter, FillsSelectedPositionsInOrderWithBroadcasting) {
   // Nothing selected, with an empty source.
   expect_close(masked_scatter(self, zeros({3}, kBool), zeros({0}, kFloat64)), values(self), {2, 3},
                kFloat64, 0, 0);
+  // An empty source that requires grad: so does the result.
+  const Tensor empty = zeros({0}, kFloat64).requires_grad_();
+  EXPECT_TRUE(masked_scatter(self, zeros({3}, kBool), empty).requires_grad());
   // Gradients: self's where unselected, source's first elements from the selected positions.
   const Tensor s = self.detach().requires_grad_(), src = source.detach().requires_grad_();
   EXPECT_TRUE(testing::gradcheck([&](const In& in) { return masked_scatter(in[0], mask, in[1]); },
