@@ -247,12 +247,12 @@ Tensor masked_scatter(const Tensor& self, const Tensor& mask, const Tensor& sour
     KILN_CHECK(count <= source.numel(), op, ": mask ", describe(mask), " selects ", count,
                " elements, but source ", describe(source), " has only ", source.numel());
   }
-  // Each selected element's place in source: how many were selected up to it, less one. A zero
-  // after source's elements gives the unselected ones before the first selected one (and every
-  // one when source is empty) a place to read.
-  const Tensor place = clamp_min(cumsum(flat_mask, 0) - 1, 0);
+  // source after one zero, read at the running count of selected elements: the k-th selected one
+  // reads source's k-th, an unselected one before the first the zero (every one, when source is
+  // empty). A replay selecting more than source holds reads past the end, which gather raises.
+  const Tensor place = cumsum(flat_mask, 0);
   const Tensor padded = cat(
-      {source.reshape({-1}), zeros({1}, TensorOptions(source.dtype()).device(source.device()))});
+      {zeros({1}, TensorOptions(source.dtype()).device(source.device())), source.reshape({-1})});
   return where(mask.expand(shape), gather(padded, 0, place).reshape(shape), self.expand(shape));
 }
 

@@ -87,6 +87,11 @@ bool elu_pick(Gen& g, Step& s) {
 bool logit_pick(Gen& g, Step& s) {
   return unary(g, s) && !holds_negative_zero(arg(g, s, 0));
 }
+// Nor, with eps, NaN (deliberate difference): libtorch 1.13's gradient there is NaN in its scalar
+// loop and 0 in its vectorized one; kiln's NaN.
+bool logit_eps_pick(Gen& g, Step& s) {
+  return unary(g, s) && !(is_float(arg(g, s, 0)) && torch::isnan(arg(g, s, 0)).any().item<bool>());
+}
 // A second operand for a: itself, another value that broadcasts with it (rarely one that does
 // not), or a new input of a broadcastable shape.
 ValueId partner(Gen& g, int a) {
@@ -1322,7 +1327,7 @@ const std::vector<Op>& op_table() {
       DIFF_OP("glu", kInexact, glu_pick, glu(a[0], p.i[0])),
       DIFF_OP("prelu", 0, prelu_pick, prelu(a[0], a[1])),
       DIFF_OP("logit", kInexact, logit_pick, logit(a[0])),
-      DIFF_OP("logit_eps", kInexact, unary, logit(a[0], 0.25)),
+      DIFF_OP("logit_eps", kInexact, logit_eps_pick, logit(a[0], 0.25)),
       DIFF_OP("deg2rad", 0, unary, deg2rad(a[0])),
       DIFF_OP("rad2deg", 0, unary, rad2deg(a[0])),
       DIFF_OP2("normalize", kInexact, normalize_pick, normalize(a[0], 2.0, p.i[0]),

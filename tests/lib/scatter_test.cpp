@@ -474,14 +474,16 @@ In scatter_program(const In& in) {
             scatter_reduce(x, 0, index, y, "prod"),
             index_copy(x, 0, rows, y.narrow(0, 0, 2)),
             index_fill(y, 1, rows, 3.0),
-            masked_scatter(x, mask, y.flatten()),
+            masked_scatter(x, mask, y.flatten().narrow(0, 0, 10)),
             take(y, index)};
 }
 
 TEST(ScatterModes, LazyAndTracedMatchEagerAndATraceFollowsNewIndices) {
   const Tensor x = testing::random_tensor({3, 4}, kFloat64).requires_grad_();
   const Tensor index = random_index({2, 4}, 3);
-  const Tensor mask = gt(testing::random_tensor({3, 4}), 0);
+  // At most 10 selected: the program's source has 10 elements.
+  const Tensor few = lt(arange(12).view({3, 4}), 10);
+  const Tensor mask = logical_and(gt(testing::random_tensor({3, 4}), 0), few);
   const Tensor rows = i64({2, 0});
   const In eager = scatter_program({x, index, mask, rows});
   In lazy;
@@ -490,17 +492,24 @@ TEST(ScatterModes, LazyAndTracedMatchEagerAndATraceFollowsNewIndices) {
     lazy = scatter_program({x, index, mask, rows});
   }
   const jit::Function f = jit::trace(scatter_program, {x, index, mask, rows});
+  // Saved and loaded: the scatter op's attributes (a string among them) round-trip.
+  const std::string path = ::testing::TempDir() + "/kiln_scatter_program.kfn";
+  f.save(path);
+  const jit::Function loaded = jit::load(path);
   for (int call = 0; call < 3; ++call) {
     // New index, mask and row values on each call: the trace reads them, never bakes them in.
     const Tensor index2 = call == 0 ? index : random_index({2, 4}, 3);
-    const Tensor mask2 = call == 0 ? mask : gt(testing::random_tensor({3, 4}), 0);
+    const Tensor mask2 = call == 0 ? mask : logical_and(gt(testing::random_tensor({3, 4}), 0), few);
     const Tensor rows2 = call == 0 ? rows : i64({pick(0, 1), 2});
     const In expected = scatter_program({x, index2, mask2, rows2});
     const In traced = f({x, index2, mask2, rows2});
+    const In reloaded = loaded({x, index2, mask2, rows2});
     ASSERT_EQ(traced.size(), expected.size());
+    ASSERT_EQ(reloaded.size(), expected.size());
     Tensor loss_traced = zeros({}, kFloat64), loss_eager = zeros({}, kFloat64);
     for (size_t k = 0; k < expected.size(); ++k) {
       testing::expect_lazy_equal(traced[k], expected[k], "traced output " + std::to_string(k));
+      testing::expect_lazy_equal(reloaded[k], expected[k], "loaded output " + std::to_string(k));
       if (call == 0)
         testing::expect_lazy_equal(lazy[k], expected[k], "lazy output " + std::to_string(k));
       loss_traced = loss_traced + (traced[k] * (static_cast<double>(k) + 1)).sum();
@@ -509,6 +518,10 @@ TEST(ScatterModes, LazyAndTracedMatchEagerAndATraceFollowsNewIndices) {
     testing::expect_lazy_equal(autograd::grad({loss_traced}, {x})[0],
                                autograd::grad({loss_eager}, {x})[0], "traced gradient");
   }
+  // A replay whose mask selects more elements than the source holds raises.
+  const Tensor all = gt(ones({3, 4}), 0);
+  expect_error([&] { (void)f({x, index, all, rows}); }, {"out of range"});
+  expect_error([&] { (void)loaded({x, index, all, rows}); }, {"out of range"});
   // A replay with an index out of range raises, as eager mode does.
   expect_error(
       [&] {
