@@ -71,9 +71,9 @@ ScatterOperands check_scatter(const char* op, const Tensor& self, int64_t dim, c
   KILN_CHECK(src.dtype() == self.dtype(), op, ": src ", describe(src),
              " must have the dtype of self ", describe(self));
   const int64_t rank = std::max<int64_t>(self.dim(), 1);
-  KILN_CHECK(std::max<int64_t>(index.dim(), 1) == rank && std::max<int64_t>(src.dim(), 1) == rank,
-             op, ": index ", describe(index), " and src ", describe(src),
-             " must have the number of dimensions of self ", describe(self));
+  KILN_CHECK(index.dim() == self.dim() && src.dim() == self.dim(), op, ": index ", describe(index),
+             " and src ", describe(src), " must have the number of dimensions of self ",
+             describe(self));
   const int64_t d = wrap_dim(dim, rank, op, &self);
   // A 0-dim tensor counts as [1].
   const Shape is = index.dim() == 0 ? Shape{1} : index.sizes();

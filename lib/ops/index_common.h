@@ -21,9 +21,10 @@ void check_index_dtype(const Tensor& index, const char* op, bool allow_int32);
 std::vector<int64_t> read_indices(const Tensor& index, int64_t size, const char* op,
                                   const std::string& what);
 
-// The checks of a scatter of src into self at index along dim (torch's): one dtype, index of
-// self's rank, nowhere larger than src, nor than self outside dim. Returns dim wrapped and src
-// narrowed to index's shape (the part of src that is scattered).
+// The checks of a scatter of src into self at index along dim (torch's): one dtype, index and src
+// of self's rank (a 0-dim self takes only 0-dim ones; torch also takes [1]), nowhere larger than
+// src, nor than self outside dim. Returns dim wrapped and src narrowed to index's shape (the part
+// of src that is scattered).
 struct ScatterOperands {
   int64_t dim;
   Tensor src;

@@ -424,6 +424,8 @@ TEST(ScatterErrors, BadInputRaisesAndChangesNothing) {
         (void)scatter(x, 0, i64({0, 1, 2, 3}), src);
       },
       {"scatter", "number of dimensions"});
+  expect_error([&] { (void)scatter(full({}, 1.0, kFloat64), 0, i64({0}), f64({2})); },
+               {"scatter", "number of dimensions", "float64[]"});
   expect_error([&] { (void)scatter(x, 0, index.to(kInt32), src); }, {"scatter", "int64"});
   expect_error([&] { (void)scatter(x, 2, index, src); }, {"scatter", "dimension"});
   expect_error([&] { (void)scatter(x.to(kInt32), 0, index, 1e10); }, {"scatter", "int32"});
