@@ -877,20 +877,27 @@ bool stack_pick(Gen& g, Step& s) {
 }
 
 // ---------------------------------------------------------------- scatters
-// x (rank >= 1) and an index into it along a random dim (p.i[0]): no larger than x outside that
-// dim, values in range. Sets index_shape.
-bool scatter_index(Gen& g, Step& s, Shape& index_shape) {
+// A value x of rank >= 1 (a copy: new inputs move the values) and a random dim d of it (p.i[0]),
+// with room for two more inputs.
+bool value_and_dim(Gen& g, Step& s, torch::Tensor& x, int64_t& d) {
   if (g.program->inputs.size() + 2 > g.max_inputs ||
       !one_value(g, s, [](const torch::Tensor& t) { return t.dim() > 0; }))
     return false;
-  const torch::Tensor x = arg(g, s, 0);  // a copy: new inputs move the values
-  const int64_t d = g.dim(rank(x));
+  x = arg(g, s, 0);
+  d = g.dim(rank(x));
+  s.p.i = {d};
+  return true;
+}
+// x and an index into it along d: no larger than x outside d, values in range. Sets index_shape.
+bool scatter_index(Gen& g, Step& s, Shape& index_shape) {
+  torch::Tensor x;
+  int64_t d = 0;
+  if (!value_and_dim(g, s, x, d)) return false;
   const int64_t n = x.size(d);
   index_shape = sizes(x);
   for (int64_t k = 0; k < x.dim(); ++k)
     index_shape[k] =
         k == wrap(d, x.dim()) ? (n ? g.uniform(0, 3) : 0) : g.uniform(0, index_shape[k]);
-  s.p.i = {d};
   s.args.push_back(g.new_input(index_shape, kiln::kInt64, 0, n));
   return true;
 }
@@ -930,14 +937,11 @@ bool scatter_reduce_pick(Gen& g, Step& s) {
 // (libtorch leaves repeated ones unspecified) and its source has x's shape with the index's size
 // along the dim.
 bool index_along_pick(Gen& g, Step& s, bool copy) {
-  if (g.program->inputs.size() + 2 > g.max_inputs ||
-      !one_value(g, s, [](const torch::Tensor& t) { return t.dim() > 0; }))
-    return false;
-  const torch::Tensor x = arg(g, s, 0);  // a copy: new inputs move the values
-  const int64_t d = g.dim(rank(x));
+  torch::Tensor x;
+  int64_t d = 0;
+  if (!value_and_dim(g, s, x, d)) return false;
   const int64_t n = x.size(d);
   const int64_t k = n ? g.uniform(0, std::min<int64_t>(n, 3)) : 0;
-  s.p.i = {d};
   s.args.push_back(g.new_input({k}, kiln::kInt64, 0, n));
   if (!copy) return true;
   const torch::Tensor& index = arg(g, s, 1);
