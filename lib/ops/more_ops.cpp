@@ -184,7 +184,8 @@ Tensor isneginf(const Tensor& x) {
 }
 
 // NaN, inf and -inf replaced (by 0 and the dtype's largest and lowest finite values unless given);
-// integers and bools are copied. The gradient is g where x is finite, 0 elsewhere.
+// integers and bools are copied. The gradient is torch's g * isfinite(x): 0 where x was replaced,
+// unless g is infinite or NaN there.
 Tensor nan_to_num(const Tensor& x, std::optional<double> nan, std::optional<double> posinf,
                   std::optional<double> neginf) {
   detail::check_defined(x, "nan_to_num");
@@ -192,9 +193,18 @@ Tensor nan_to_num(const Tensor& x, std::optional<double> nan, std::optional<doub
   const double largest = x.dtype() == kFloat32 ? std::numeric_limits<float>::max()
                                                : std::numeric_limits<double>::max();
   const double inf = std::numeric_limits<double>::infinity();
-  Tensor out = where(ne(x, -inf), x, neginf.value_or(-largest));
-  out = where(ne(x, inf), out, posinf.value_or(largest));
-  return where(eq(x, x), out, nan.value_or(0.0));
+  Tensor out;
+  {
+    AutoGradMode no_grad(false);
+    out = where(ne(x, -inf), x, neginf.value_or(-largest));
+    out = where(ne(x, inf), out, posinf.value_or(largest));
+    out = where(eq(x, x), out, nan.value_or(0.0));
+  }
+  if (detail::needs_grad(x))
+    detail::record("nan_to_num", {x}, {out}, {x}, [](const detail::BackwardContext& c) {
+      return std::vector<Tensor>{c.grad() * isfinite(c.saved(0))};
+    });
+  return out;
 }
 
 // Where a and b are equal (or both NaN, with equal_nan), or their finite difference is within

@@ -549,6 +549,12 @@ TEST(AutogradOps, NanToNum) {
   Tensor x = from_vector(std::vector<double>{1, NAN, INFINITY, -INFINITY, -3}).requires_grad_();
   (nan_to_num(x) * 2).sum().backward();
   EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{2, 0, 0, 0, 2}));
+  // torch's g * isfinite(x): a NaN or infinite g where x was replaced gives NaN (0 * NaN).
+  const Tensor g = from_vector(std::vector<double>{NAN, NAN, INFINITY, 1, 1});
+  const std::vector<double> gx = autograd::grad({nan_to_num(x)}, {x}, {g})[0].to_vector<double>();
+  EXPECT_TRUE(std::isnan(gx[0]) && std::isnan(gx[1]) && std::isnan(gx[2])) << gx[1] << gx[2];
+  EXPECT_EQ(gx[3], 0.0);
+  EXPECT_EQ(gx[4], 1.0);
 }
 
 TEST(AutogradOps, Fmod) {
