@@ -294,7 +294,7 @@ Tensor norm(const Tensor& x, const Scalar& p, const std::vector<int64_t>& dims, 
     detail::record("norm", {x}, {out}, {x, out}, [q, kept](const detail::BackwardContext& c) {
       const Tensor &x = c.saved(0), y = c.saved(1).reshape(kept), g = c.grad().reshape(kept);
       const Tensor scale = q == 2 ? x / y : x * pow(abs(x), q - 2) / pow(y, q - 1);
-      const Tensor zero = logical_or(eq(y, 0), eq(x, 0));
+      const Tensor zero = q < 2 ? logical_or(eq(y, 0), eq(x, 0)) : eq(y, 0);
       return std::vector<Tensor>{where(zero, zeros({}, x.dtype()), g * scale)};
     });
   return out;

@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kiln/nn_functional.h"
 #include "kiln/testing.h"
 #include "tests/testing.h"
 
@@ -555,6 +556,18 @@ TEST(AutogradOps, NanToNum) {
   EXPECT_TRUE(std::isnan(gx[0]) && std::isnan(gx[1]) && std::isnan(gx[2])) << gx[1] << gx[2];
   EXPECT_EQ(gx[3], 0.0);
   EXPECT_EQ(gx[4], 1.0);
+}
+
+// The 2-norm's gradient at a zero element is x * g / norm (torch's): 0, but NaN when the norm's
+// gradient is NaN (an infinite element: normalize, differential seed 16195592963475514005).
+TEST(AutogradOps, NormGradientAtAZeroElementFollowsTheNormsGradient) {
+  Tensor x = from_vector(std::vector<double>{-1, -0.0, -INFINITY}).requires_grad_();
+  const std::vector<double> g =
+      autograd::grad({normalize(x, 2.0, 0).sum()}, {x})[0].to_vector<double>();
+  EXPECT_TRUE(std::isnan(g[1])) << g[1];
+  Tensor y = from_vector(std::vector<double>{3, 0, 4}).requires_grad_();
+  EXPECT_EQ(autograd::grad({norm(y)}, {y})[0].to_vector<double>(),
+            (std::vector<double>{0.6, 0, 0.8}));
 }
 
 TEST(AutogradOps, Fmod) {
