@@ -12,11 +12,9 @@ namespace kiln::jit {
 
 // Recording off and autograd off while reference kernels run; restored on exit.
 struct EagerScope {
-  bool lazy = detail::lazy_mode();
   NoGradGuard no_grad;
   detail::EvaluationScope evaluating;
-  EagerScope() { detail::set_lazy_mode(false); }
-  ~EagerScope() { detail::set_lazy_mode(lazy); }
+  detail::RecordingOff recording_off;
 };
 
 // invoke_node (exec/executor.h) without setting up the eager scope (the caller holds one).

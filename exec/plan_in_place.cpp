@@ -28,12 +28,12 @@ absl::flat_hash_map<const Value*, int64_t> alias_roots(const Graph& graph) {
 }
 
 // Whether a step may raise after it has started writing: on the values it reads (an index out of
-// range, an integer division by zero), or a collective or a wait for one (a peer gone, the
-// timeout); otherwise only when memory runs out.
+// range, an integer division by zero, a singular matrix), or a collective or a wait for one (a peer
+// gone, the timeout); otherwise only when memory runs out.
 bool may_fail(const PlanStep& st) {
   if (!st.wait_for.empty()) return true;
   if (st.group()) return false;
-  if (passes::has_side_effects(st.node->op())) return true;
+  if (passes::has_side_effects(st.node->op()) || st.node->op().raises_on_values) return true;
   if (st.direct() || !st.node->op().checks_integer_values) return false;
   for (const Value* in : st.node->inputs())
     if (in && !is_floating_point(in->type().dtype)) return true;

@@ -129,6 +129,18 @@ void note_computed_storage(LazyNode& n, const std::shared_ptr<Storage>& s);
 // not inside the executor.
 bool lazy_mode();
 void set_lazy_mode(bool on);
+// Recording off for a scope, restored at its end: a kernel that builds its result with ops runs
+// them at once.
+class RecordingOff {
+ public:
+  RecordingOff() : previous_(lazy_mode()) { set_lazy_mode(false); }
+  ~RecordingOff() { set_lazy_mode(previous_); }
+  RecordingOff(const RecordingOff&) = delete;
+  RecordingOff& operator=(const RecordingOff&) = delete;
+
+ private:
+  bool previous_;
+};
 // True while kiln::jit::trace records a function on this thread.
 bool trace_mode();
 

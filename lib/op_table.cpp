@@ -40,6 +40,7 @@ void register_lib_ops() {
   register_index_ops();
   register_scatter_ops();
   register_linalg_ops();
+  register_matrix_functions();
   register_nn_ops();
   register_pool_ops();
   register_conv_ops();

@@ -92,6 +92,9 @@ struct OpDef {
   // fused or run directly, so a replayed trace raises as eager mode does; and a plan computes
   // nothing in place before such a step (exec/executor.h).
   bool checks_integer_values = false;
+  // The kernel may raise on floating-point values too (a singular matrix): a plan computes
+  // nothing in place before such a step.
+  bool raises_on_values = false;
 };
 
 // Registers an op during initialization (lib/op_registry.h) and returns its stored entry.

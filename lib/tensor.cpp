@@ -801,6 +801,21 @@ Tensor Tensor::diag(int64_t k) const {
 Tensor Tensor::trace() const {
   return kiln::trace(*this);
 }
+Tensor Tensor::inverse() const {
+  return kiln::inverse(*this);
+}
+Tensor Tensor::det() const {
+  return kiln::det(*this);
+}
+Tensor Tensor::logdet() const {
+  return kiln::logdet(*this);
+}
+std::tuple<Tensor, Tensor> Tensor::slogdet() const {
+  return kiln::slogdet(*this);
+}
+Tensor Tensor::cholesky(bool upper) const {
+  return kiln::cholesky(*this, upper);
+}
 Tensor Tensor::nansum(const std::vector<int64_t>& dims, bool keepdim) const {
   return kiln::nansum(*this, dims, keepdim);
 }

@@ -578,6 +578,33 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
 Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight = {},
                   const Tensor& bias = {}, double eps = 1e-5);
 
+// ---------------------------------------------------------------- matrix functions
+// Over the last two dims (square matrices, float32 or float64), batched over the leading ones,
+// which broadcast between A and B. LAPACK runs them (a CUDA tensor's matrices go through the
+// host). A singular matrix (solve, inv) or one that is not positive-definite (cholesky) raises;
+// det of a singular matrix is 0 and its gradient the cofactor matrix, as for any other.
+namespace linalg {
+// X with A X = B (left) or X A = B. B is a vector when it has one dim, or A's shape without its
+// last dim.
+Tensor solve(const Tensor& A, const Tensor& B, bool left = true);
+// X with A X = B (left) or X A = B for a triangular A, of which only that triangle is read (and
+// not the diagonal when unitriangular: ones). A zero on the diagonal gives infinities or NaN.
+Tensor solve_triangular(const Tensor& A, const Tensor& B, bool upper, bool left = true,
+                        bool unitriangular = false);
+Tensor inv(const Tensor& A);
+Tensor det(const Tensor& A);
+// (sign, log|det|): sign 0 and log|det| -inf for a singular matrix; only log|det| has a gradient.
+std::tuple<Tensor, Tensor> slogdet(const Tensor& A);
+// L with A = L L^T, read from A's lower triangle; with upper, U with A = U^T U from the upper.
+Tensor cholesky(const Tensor& A, bool upper = false);
+}  // namespace linalg
+// torch's older names: inverse is linalg::inv; logdet is log(det), NaN for a negative det.
+Tensor inverse(const Tensor& A);
+Tensor det(const Tensor& A);
+Tensor logdet(const Tensor& A);
+std::tuple<Tensor, Tensor> slogdet(const Tensor& A);
+Tensor cholesky(const Tensor& A, bool upper = false);
+
 // ---------------------------------------------------------------- comparison helpers
 // Same shape and every |a - b| <= atol + rtol * |b| (NaNs equal when equal_nan).
 // Elementwise closeness (bool): a == b, or both NaN with equal_nan, or |a - b| <= atol + |rtol b|

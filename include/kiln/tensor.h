@@ -399,6 +399,12 @@ class Tensor {
   Tensor diagonal(int64_t offset = 0, int64_t dim1 = 0, int64_t dim2 = 1) const;
   Tensor diag(int64_t k = 0) const;
   Tensor trace() const;
+  // Matrix functions (kiln/ops.h).
+  Tensor inverse() const;
+  Tensor det() const;
+  Tensor logdet() const;
+  std::tuple<Tensor, Tensor> slogdet() const;
+  Tensor cholesky(bool upper = false) const;
   Tensor nansum(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;
   Tensor nanmean(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;
   template <typename I, detail::if_dim<I> = 0>

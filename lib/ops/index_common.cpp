@@ -29,17 +29,6 @@ void check_index_dtype(const Tensor& index, const char* op, bool allow_int32) {
              " index tensor, got ", describe(index));
 }
 
-namespace {
-// Recording off for the scope: reading an index runs its conversions at once.
-struct EagerScope {
-  bool lazy = lazy_mode();
-  EagerScope() { set_lazy_mode(false); }
-  ~EagerScope() { set_lazy_mode(lazy); }
-  EagerScope(const EagerScope&) = delete;
-  EagerScope& operator=(const EagerScope&) = delete;
-};
-}  // namespace
-
 // The values are read through the const accessor: a read must not flush pending work that reads
 // the index (as a write would).
 std::vector<int64_t> read_indices(const Tensor& index, int64_t size, const char* op,
@@ -49,7 +38,7 @@ std::vector<int64_t> read_indices(const Tensor& index, int64_t size, const char*
   materialize({index}, "an op that checks its operand's values");
   Tensor c;
   {
-    EagerScope eager;
+    RecordingOff eager;                          // reading an index runs its conversions at once
     c = index.to(kCPU).to(kInt64).contiguous();  // a device index's values come to the host
   }
   const int64_t* p = std::as_const(c).data_ptr<int64_t>();

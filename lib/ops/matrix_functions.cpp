@@ -1,0 +1,644 @@
+// Matrix functions with libtorch's names and semantics: linalg::solve, linalg::solve_triangular,
+// linalg::inv, linalg::det, linalg::slogdet, linalg::cholesky, and torch's inverse, det, logdet,
+// slogdet and cholesky. float32 and float64, over the last two dims, batched over the leading ones.
+//
+// Six ops of the table run Debian's LAPACK (through LAPACKE) and BLAS's triangular solve, one
+// matrix at a time: "linalg_solve" and "linalg_inv" (LU with partial pivoting: getrf, getrs),
+// "solve_triangular" (trsm), "det" and "slogdet" (getrf), "cholesky" (potrf), and "cofactor"
+// (gesvd), det's gradient. A CUDA tensor's matrices go through the host. A singular matrix (solve,
+// inv) or one that is not positive-definite (cholesky) raises when the kernel meets it, on every
+// replay too. The gradients are torch's formulas composed of these ops and matmul, so they record,
+// trace, replay and differentiate again.
+#include <cblas.h>
+#include <lapacke.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kiln/autograd.h"
+#include "kiln/ops.h"
+#include "lib/autograd.h"
+#include "lib/broadcast.h"
+#include "lib/cuda_tensor.h"
+#include "lib/lazy.h"
+#include "lib/op_registry.h"
+#include "lib/op_table.h"
+#include "lib/tensor_impl.h"
+
+namespace kiln {
+
+using detail::describe;
+
+namespace {
+
+// LAPACK and BLAS entry points by element type.
+template <typename T>
+struct Lapack;
+
+template <>
+struct Lapack<double> {
+  static lapack_int getrf(lapack_int n, double* a, lapack_int* pivots) {
+    return LAPACKE_dgetrf(LAPACK_ROW_MAJOR, n, n, a, n, pivots);
+  }
+  static lapack_int getrs(lapack_int n, lapack_int k, const double* lu, const lapack_int* pivots,
+                          double* b) {
+    return LAPACKE_dgetrs(LAPACK_ROW_MAJOR, 'N', n, k, lu, n, pivots, b, k);
+  }
+  static lapack_int potrf(char uplo, lapack_int n, double* a) {
+    return LAPACKE_dpotrf(LAPACK_ROW_MAJOR, uplo, n, a, n);
+  }
+  static lapack_int gesvd(lapack_int n, double* a, double* s, double* u, double* vt, double* work) {
+    return LAPACKE_dgesvd(LAPACK_ROW_MAJOR, 'A', 'A', n, n, a, n, s, u, n, vt, n, work);
+  }
+  static void trsm(CBLAS_SIDE side, CBLAS_UPLO uplo, CBLAS_DIAG diag, int rows, int cols,
+                   const double* a, int n, double* b) {
+    cblas_dtrsm(CblasRowMajor, side, uplo, CblasNoTrans, diag, rows, cols, 1.0, a, n, b, cols);
+  }
+};
+
+template <>
+struct Lapack<float> {
+  static lapack_int getrf(lapack_int n, float* a, lapack_int* pivots) {
+    return LAPACKE_sgetrf(LAPACK_ROW_MAJOR, n, n, a, n, pivots);
+  }
+  static lapack_int getrs(lapack_int n, lapack_int k, const float* lu, const lapack_int* pivots,
+                          float* b) {
+    return LAPACKE_sgetrs(LAPACK_ROW_MAJOR, 'N', n, k, lu, n, pivots, b, k);
+  }
+  static lapack_int potrf(char uplo, lapack_int n, float* a) {
+    return LAPACKE_spotrf(LAPACK_ROW_MAJOR, uplo, n, a, n);
+  }
+  static lapack_int gesvd(lapack_int n, float* a, float* s, float* u, float* vt, float* work) {
+    return LAPACKE_sgesvd(LAPACK_ROW_MAJOR, 'A', 'A', n, n, a, n, s, u, n, vt, n, work);
+  }
+  static void trsm(CBLAS_SIDE side, CBLAS_UPLO uplo, CBLAS_DIAG diag, int rows, int cols,
+                   const float* a, int n, float* b) {
+    cblas_strsm(CblasRowMajor, side, uplo, CblasNoTrans, diag, rows, cols, 1.0f, a, n, b, cols);
+  }
+};
+
+// LAPACKE checks its inputs for NaN by default and refuses them; kiln's matrix functions let NaN
+// propagate as torch's do. Called before every LAPACKE call (after the first, a static's check).
+void disable_nan_checks() {
+  static const bool done = (LAPACKE_set_nancheck(0), true);
+  (void)done;
+}
+
+// Raises for what LAPACKE reports as its own failure (an argument it rejected, memory it could not
+// get); a positive info is the caller's to interpret.
+void check_lapack(lapack_int info, const char* op, const char* routine) {
+  KILN_CHECK(info != LAPACK_WORK_MEMORY_ERROR && info != LAPACK_TRANSPOSE_MEMORY_ERROR, op,
+             ": out of memory in LAPACK's ", routine);
+  KILN_CHECK(info >= 0, op, ": LAPACK's ", routine, " rejected argument ", -info,
+             " (an internal error of kiln)");
+}
+
+// Square matrices (n x n) of a batch of `shape`; their count and size, checked to fit LAPACK's
+// 32-bit sizes.
+struct Batch {
+  int64_t count = 0;
+  lapack_int n = 0;
+};
+
+Batch batch_of(const Shape& shape, const char* op) {
+  const int64_t n = shape.back();
+  KILN_CHECK(n * n <= std::numeric_limits<lapack_int>::max(), op, ": matrices of ", n, "x", n,
+             " elements exceed LAPACK's 32-bit sizes");
+  const int64_t count = n == 0 ? 0 : detail::shape_numel(shape) / (n * n);
+  return {count, static_cast<lapack_int>(n)};
+}
+
+// `a` broadcast to `shape`, in a fresh contiguous host tensor for LAPACK to overwrite.
+Tensor host_copy(const Tensor& a, const Shape& shape) {
+  const Tensor host = a.device().is_cpu() ? a : detail::copy_to_device(a, kCPU);
+  return host.expand(shape).clone();
+}
+
+// A host result moved to the device of `like`.
+Tensor on_device_of(const Tensor& out, const Tensor& like) {
+  return like.device().is_cpu() ? out : detail::copy_to_device(out, like.device());
+}
+
+// Runs f with T the C++ type of a float32 or float64 dtype.
+template <typename F>
+void float_dispatch(DType dtype, F&& f) {
+  if (dtype == kFloat64)
+    f(double{});
+  else
+    f(float{});
+}
+
+// Shape without its last `k` dims.
+Shape leading(const Shape& s, size_t k) {
+  return Shape(s.begin(), s.end() - static_cast<long>(k));
+}
+
+Shape with_matrix(Shape batch, int64_t rows, int64_t cols) {
+  batch.push_back(rows);
+  batch.push_back(cols);
+  return batch;
+}
+
+Tensor mT(const Tensor& t) {
+  return t.transpose(-2, -1);
+}
+
+// x's trailing two size-1 dims added: a per-matrix scalar that broadcasts over its matrix.
+Tensor per_matrix(const Tensor& x) {
+  return x.unsqueeze(-1).unsqueeze(-1);
+}
+
+// ------------------------------------------------------------------------------------- kernels
+
+// Autograd and recording off while a kernel runs: the ops it builds its result with run at once.
+struct KernelScope {
+  AutoGradMode no_grad{false};
+  detail::RecordingOff recording_off;
+};
+
+// Solves A X = B in place of b (batch x n x k) with the LU of each of a's matrices (batch x n x n,
+// overwritten). A matrix whose LU has a zero pivot raises: it is singular.
+template <typename T>
+void lu_solve(Tensor& a, Tensor& b, const char* op, const Tensor& input) {
+  const Batch batch = batch_of(a.sizes(), op);
+  const auto k = static_cast<lapack_int>(b.size(-1));
+  std::vector<lapack_int> pivots(static_cast<size_t>(batch.n));
+  T* lu = a.data_ptr<T>();
+  T* x = b.data_ptr<T>();
+  for (int64_t m = 0; m < batch.count; ++m) {
+    T* matrix = lu + m * batch.n * batch.n;
+    const lapack_int info = Lapack<T>::getrf(batch.n, matrix, pivots.data());
+    check_lapack(info, op, "getrf");
+    KILN_CHECK(info == 0, op, ": matrix ", m, " of ", describe(input), " is singular (pivot ",
+               info - 1, " of its LU factorization is zero)");
+    if (k > 0)
+      check_lapack(Lapack<T>::getrs(batch.n, k, matrix, pivots.data(), x + m * batch.n * k), op,
+                   "getrs");
+  }
+}
+
+Tensor solve_kernel(const Tensor& a, const Tensor& b, const Shape& batch_shape) {
+  const int64_t n = a.size(-1);
+  Tensor lu = host_copy(a, with_matrix(batch_shape, n, n));
+  Tensor x = host_copy(b, with_matrix(batch_shape, n, b.size(-1)));
+  disable_nan_checks();
+  float_dispatch(a.dtype(), [&](auto t) { lu_solve<decltype(t)>(lu, x, "linalg.solve", a); });
+  return on_device_of(x, a);
+}
+
+Tensor inv_kernel(const Tensor& a) {
+  Tensor lu = host_copy(a, a.sizes());
+  const Tensor identity = eye(a.size(-1), TensorOptions(a.dtype()));
+  Tensor x = identity.expand(a.sizes()).clone();
+  disable_nan_checks();
+  float_dispatch(a.dtype(), [&](auto t) { lu_solve<decltype(t)>(lu, x, "linalg.inv", a); });
+  return on_device_of(x, a);
+}
+
+// X with A X = B (left) or X A = B, A triangular: BLAS's trsm reads only A's triangle (and not its
+// diagonal when unit), and divides by a zero diagonal element as IEEE arithmetic does (no error,
+// as torch's).
+Tensor solve_triangular_kernel(const Tensor& a, const Tensor& b, const Shape& batch_shape,
+                               bool upper, bool left, bool unitriangular) {
+  const int64_t n = a.size(-1);
+  const Tensor tri = host_copy(a, with_matrix(batch_shape, n, n));
+  Tensor x = host_copy(b, with_matrix(batch_shape, b.size(-2), b.size(-1)));
+  const Batch batch = batch_of(tri.sizes(), "linalg.solve_triangular");
+  const auto rows = static_cast<int>(x.size(-2)), cols = static_cast<int>(x.size(-1));
+  KILN_CHECK(x.size(-2) * x.size(-1) <= std::numeric_limits<int>::max(),
+             "linalg.solve_triangular: ", describe(b), " exceeds BLAS's 32-bit sizes");
+  if (rows > 0 && cols > 0)
+    float_dispatch(a.dtype(), [&](auto t) {
+      using T = decltype(t);
+      for (int64_t m = 0; m < batch.count; ++m)
+        Lapack<T>::trsm(left ? CblasLeft : CblasRight, upper ? CblasUpper : CblasLower,
+                        unitriangular ? CblasUnit : CblasNonUnit, rows, cols,
+                        tri.data_ptr<T>() + m * batch.n * batch.n, batch.n,
+                        x.data_ptr<T>() + m * rows * cols);
+    });
+  return on_device_of(x, a);
+}
+
+// The LU's determinant parts of one matrix (overwritten): the product of U's diagonal, the sign of
+// the row permutation, and (for slogdet) the sign and log of |det| accumulated factor by factor
+// so that they neither overflow nor underflow.
+template <typename T>
+struct LuDet {
+  T det = 1, sign = 1, logabs = 0;
+};
+
+template <typename T>
+LuDet<T> lu_det(T* matrix, lapack_int n, std::vector<lapack_int>& pivots, const char* op) {
+  check_lapack(Lapack<T>::getrf(n, matrix, pivots.data()), op, "getrf");  // a zero pivot: det 0
+  LuDet<T> r;
+  for (lapack_int i = 0; i < n; ++i) {
+    const T u = matrix[i * n + i];
+    const T flip = pivots[static_cast<size_t>(i)] != i + 1 ? T(-1) : T(1);
+    r.det *= u * flip;
+    r.sign *= (u > 0 ? T(1) : u < 0 ? T(-1) : u == 0 ? T(0) : u) * flip;  // NaN stays NaN
+    r.logabs += std::log(std::abs(u));
+  }
+  return r;
+}
+
+// det (slogdet false) or (sign, log|det|) of each matrix; an empty matrix has det 1.
+std::vector<Tensor> det_kernel(const Tensor& a, bool slogdet) {
+  const char* op = slogdet ? "linalg.slogdet" : "linalg.det";
+  Tensor lu = host_copy(a, a.sizes());
+  const Shape batch_shape = leading(a.sizes(), 2);
+  Tensor first = empty(batch_shape, TensorOptions(a.dtype()));
+  Tensor second = empty(batch_shape, TensorOptions(a.dtype()));
+  const Batch batch = batch_of(a.sizes(), op);
+  disable_nan_checks();
+  float_dispatch(a.dtype(), [&](auto t) {
+    using T = decltype(t);
+    std::vector<lapack_int> pivots(static_cast<size_t>(batch.n));
+    const int64_t count = detail::shape_numel(batch_shape);
+    for (int64_t m = 0; m < count; ++m) {
+      const LuDet<T> d =
+          batch.n == 0 ? LuDet<T>{}
+                       : lu_det(lu.data_ptr<T>() + m * batch.n * batch.n, batch.n, pivots, op);
+      first.data_ptr<T>()[m] = slogdet ? d.sign : d.det;
+      second.data_ptr<T>()[m] = d.logabs;
+    }
+  });
+  if (!slogdet) return {on_device_of(first, a)};
+  return {on_device_of(first, a), on_device_of(second, a)};
+}
+
+// The Cholesky factor of each matrix, read from its lower (upper) triangle; the other triangle of
+// the result is zero. A matrix that is not positive-definite (or holds NaN) raises.
+Tensor cholesky_kernel(const Tensor& a, bool upper) {
+  const char* op = "linalg.cholesky";
+  Tensor factor = host_copy(a, a.sizes());
+  const Batch batch = batch_of(a.sizes(), op);
+  disable_nan_checks();
+  float_dispatch(a.dtype(), [&](auto t) {
+    using T = decltype(t);
+    for (int64_t m = 0; m < batch.count; ++m) {
+      const lapack_int info = Lapack<T>::potrf(upper ? 'U' : 'L', batch.n,
+                                               factor.data_ptr<T>() + m * batch.n * batch.n);
+      check_lapack(info, op, "potrf");
+      KILN_CHECK(info == 0, op, ": matrix ", m, " of ", describe(a),
+                 " is not positive-definite (its leading minor of order ", info,
+                 " is not positive-definite)");
+    }
+  });
+  return on_device_of(upper ? triu(factor) : tril(factor), a);
+}
+
+// The sign of det(Q) for an orthogonal Q (overwritten): +1 or -1.
+template <typename T>
+T orthogonal_det_sign(T* q, lapack_int n, std::vector<lapack_int>& pivots, const char* op) {
+  return lu_det(q, n, pivots, op).det < 0 ? T(-1) : T(1);
+}
+
+// The cofactor matrix C = adj(A)^T of one matrix, d det(A) / dA, from its SVD A = U S V^T:
+// adj(A) = det(U) det(V) V diag(p) U^T with p_i the product of the singular values but the i-th,
+// exact for singular matrices too (where det(A) A^-T is not defined).
+template <typename T>
+void cofactor_of(const T* a, T* c, lapack_int n, const char* op) {
+  const auto nn = static_cast<size_t>(n) * static_cast<size_t>(n);
+  std::vector<T> work(a, a + nn), u(nn), vt(nn), s(static_cast<size_t>(n)),
+      scratch(static_cast<size_t>(n));
+  bool finite = true;
+  for (const T v : work) finite = finite && std::isfinite(v);
+  if (!finite) {  // no SVD of a matrix with infinities or NaN
+    std::fill(c, c + nn, std::numeric_limits<T>::quiet_NaN());
+    return;
+  }
+  const lapack_int info =
+      Lapack<T>::gesvd(n, work.data(), s.data(), u.data(), vt.data(), scratch.data());
+  check_lapack(info, op, "gesvd");
+  KILN_CHECK(info == 0, op, ": the singular value decomposition did not converge");
+  // p_i = prod_{j < i} s_j * prod_{j > i} s_j, without dividing by a zero singular value.
+  std::vector<T> p(static_cast<size_t>(n), T(1));
+  T before = 1, after = 1;
+  for (lapack_int i = 0; i < n; ++i)
+    p[static_cast<size_t>(i)] = before, before *= s[static_cast<size_t>(i)];
+  for (lapack_int i = n - 1; i >= 0; --i)
+    p[static_cast<size_t>(i)] *= after, after *= s[static_cast<size_t>(i)];
+  std::vector<lapack_int> pivots(static_cast<size_t>(n));
+  const std::vector<T> u_saved = u;
+  const T sign = orthogonal_det_sign(u.data(), n, pivots, op) *
+                 orthogonal_det_sign(std::vector<T>(vt).data(), n, pivots, op);
+  // C = adj(A)^T = sign * U diag(p) V^T.
+  for (lapack_int i = 0; i < n; ++i)
+    for (lapack_int j = 0; j < n; ++j) {
+      T sum = 0;
+      for (lapack_int k = 0; k < n; ++k)
+        sum += u_saved[static_cast<size_t>(i * n + k)] * p[static_cast<size_t>(k)] *
+               vt[static_cast<size_t>(k * n + j)];
+      c[i * n + j] = sign * sum;
+    }
+}
+
+Tensor cofactor_kernel(const Tensor& a) {
+  const char* op = "linalg.det (gradient)";
+  const Tensor host = host_copy(a, a.sizes());
+  Tensor out = empty(a.sizes(), TensorOptions(a.dtype()));
+  const Batch batch = batch_of(a.sizes(), op);
+  disable_nan_checks();
+  float_dispatch(a.dtype(), [&](auto t) {
+    using T = decltype(t);
+    const int64_t size = static_cast<int64_t>(batch.n) * batch.n;
+    for (int64_t m = 0; m < batch.count; ++m)
+      cofactor_of(host.data_ptr<T>() + m * size, out.data_ptr<T>() + m * size, batch.n, op);
+  });
+  return on_device_of(out, a);
+}
+
+// ------------------------------------------------------------------------------ checks, nodes
+
+void check_matrix(const char* op, const Tensor& a, const char* name) {
+  detail::check_defined(a, op, name);
+  KILN_CHECK(a.dim() >= 2, op, ": ", name, " must have at least 2 dimensions, got ", describe(a));
+  KILN_CHECK(a.dtype() == kFloat32 || a.dtype() == kFloat64, op,
+             ": expected a float32 or float64 tensor, got ", name, " ", describe(a));
+}
+
+void check_square(const char* op, const Tensor& a) {
+  check_matrix(op, a, "A");
+  KILN_CHECK(a.size(-1) == a.size(-2), op, ": A must be batches of square matrices, got ",
+             describe(a));
+}
+
+// A and B of one dtype on one device; returns their broadcast batch shape.
+Shape check_pair(const char* op, const Tensor& a, const Tensor& b) {
+  check_matrix(op, b, "B");
+  KILN_CHECK(a.dtype() == b.dtype(), op, ": expected A and B of one dtype, got A ", describe(a),
+             " and B ", describe(b));
+  KILN_CHECK(a.device() == b.device(), op, ": expected A and B on one device, got A on ",
+             a.device(), " and B on ", b.device());
+  const std::string batches =
+      std::string(op) + ": the batch dims of A " + describe(a) + " and B " + describe(b);
+  return detail::broadcast_shapes(leading(a.sizes(), 2), leading(b.sizes(), 2), batches.c_str());
+}
+
+detail::OpHandle solve_def, inv_def, solve_triangular_def, det_def, slogdet_def, cholesky_def,
+    cofactor_def;
+
+// Whether a call that may raise on its operands' values records: only while jit::trace records,
+// so that otherwise a singular or indefinite matrix raises at the call, as in eager mode (its
+// pending operands are computed first). A replay that meets one raises.
+bool records_checked(const std::vector<Tensor>& in) {
+  return detail::trace_mode() && detail::should_record(in);
+}
+
+// A gradient of a broadcast operand summed back to its shape.
+Tensor reduced_to(const Tensor& g, const Tensor& like) {
+  return sum_to_size(g, like.sizes());
+}
+
+Tensor cofactor(const Tensor& a);
+
+// X with A X = B, B a batch of matrices (checked).
+Tensor solve_node(const Tensor& a, const Tensor& b) {
+  const Shape batch_shape = check_pair("linalg.solve", a, b);
+  Tensor out;
+  if (records_checked({a, b})) {
+    out = detail::lazy_record1(solve_def, {a, b}, {},
+                               {with_matrix(batch_shape, a.size(-1), b.size(-1)), a.dtype()});
+  } else {
+    const KernelScope kernel;
+    out = solve_kernel(a, b, batch_shape);
+  }
+  if (detail::needs_grad(a, b))
+    detail::record(
+        "linalg.solve", {a, b}, {out}, {a, b, out}, [](const detail::BackwardContext& c) {
+          // torch's: gB = A^-T g, gA = -gB X^T.
+          const Tensor &a = c.saved(0), &b = c.saved(1), &x = c.saved(2);
+          const Tensor gb = solve_node(mT(a), c.grad());
+          return std::vector<Tensor>{c.needs_grad(0) ? reduced_to(-matmul(gb, mT(x)), a) : Tensor(),
+                                     reduced_to(gb, b)};
+        });
+  return out;
+}
+
+Tensor solve_triangular_node(const Tensor& a, const Tensor& b, bool upper, bool left,
+                             bool unitriangular) {
+  const Shape batch_shape = check_pair("linalg.solve_triangular", a, b);
+  Tensor out;
+  if (detail::should_record(a, b)) {
+    out = detail::lazy_record1(solve_triangular_def, {a, b}, {upper, left, unitriangular},
+                               {with_matrix(batch_shape, b.size(-2), b.size(-1)), a.dtype()});
+  } else {
+    const KernelScope kernel;
+    out = solve_triangular_kernel(a, b, batch_shape, upper, left, unitriangular);
+  }
+  if (detail::needs_grad(a, b))
+    detail::record(
+        "linalg.solve_triangular", {a, b}, {out}, {a, b, out},
+        [upper, left, unitriangular](const detail::BackwardContext& c) {
+          // torch's: gB solves A^T's system; gA = -gB X^T (left) or -X^T gB, on A's triangle.
+          const Tensor &a = c.saved(0), &b = c.saved(1), &x = c.saved(2);
+          const Tensor gb = solve_triangular_node(mT(a), c.grad(), !upper, left, unitriangular);
+          Tensor ga;
+          if (c.needs_grad(0)) {
+            ga = left ? -matmul(gb, mT(x)) : -matmul(mT(x), gb);
+            ga = upper ? triu(ga, unitriangular ? 1 : 0) : tril(ga, unitriangular ? -1 : 0);
+            ga = reduced_to(ga, a);
+          }
+          return std::vector<Tensor>{ga, reduced_to(gb, b)};
+        });
+  return out;
+}
+
+// The det of each matrix (slogdet false), or its sign and log|det|.
+std::vector<Tensor> det_node(const Tensor& a, bool slogdet) {
+  const Shape batch_shape = leading(a.sizes(), 2);
+  std::vector<Tensor> out;
+  if (detail::should_record(a)) {
+    std::vector<detail::LazyType> types(slogdet ? 2 : 1, {batch_shape, a.dtype()});
+    out = detail::lazy_record(slogdet ? slogdet_def : det_def, {a}, {}, std::move(types));
+  } else {
+    const KernelScope kernel;
+    out = det_kernel(a, slogdet);
+  }
+  if (!detail::needs_grad(a)) return out;
+  if (slogdet) {
+    // Only log|det| is differentiable: g A^-T (a singular A raises, as inv does).
+    detail::record("linalg.slogdet", {a}, {out[1]}, {a}, [](const detail::BackwardContext& c) {
+      return std::vector<Tensor>{per_matrix(c.grad()) * mT(linalg::inv(c.saved(0)))};
+    });
+  } else {
+    detail::record("linalg.det", {a}, {out[0]}, {a}, [](const detail::BackwardContext& c) {
+      return std::vector<Tensor>{per_matrix(c.grad()) * cofactor(c.saved(0))};
+    });
+  }
+  return out;
+}
+
+// det's gradient: the cofactor matrix det(A) A^-T, also of singular matrices. Its own gradient
+// (det's second derivative) is that of det(A) A^-T, defined where A is invertible: at a singular
+// matrix, inv raises.
+Tensor cofactor(const Tensor& a) {
+  Tensor out;
+  if (detail::should_record(a)) {
+    out = detail::lazy_record1(cofactor_def, {a}, {}, {a.sizes(), a.dtype()});
+  } else {
+    const KernelScope kernel;
+    out = cofactor_kernel(a);
+  }
+  if (detail::needs_grad(a))
+    detail::record("cofactor", {a}, {out}, {a}, [](const detail::BackwardContext& c) {
+      // C = det A^-T: dC = det (tr(A^-1 dA) A^-T - A^-T dA^T A^-T), so
+      // gA = det (<G, A^-T> A^-T - A^-T G^T A^-T).
+      const Tensor& a = c.saved(0);
+      const Tensor& g = c.grad();
+      const Tensor inv_t = mT(linalg::inv(a));
+      const Tensor inner = sum(g * inv_t, {-2, -1}, true);
+      return std::vector<Tensor>{per_matrix(linalg::det(a)) *
+                                 (inner * inv_t - matmul(matmul(inv_t, mT(g)), inv_t))};
+    });
+  return out;
+}
+}  // namespace
+
+void registration::register_matrix_functions() {
+  using detail::Attrs;
+  using Inputs = std::vector<Tensor>;
+  auto def = [](const char* name, int arity, detail::Invoke invoke,
+                std::vector<std::string> attr_names = {}) {
+    detail::OpDef d{name,   detail::OpKind::Linalg, arity, detail::DTypeRule::Same, false,
+                    invoke, std::move(attr_names)};
+    d.raises_on_values = true;  // a singular or indefinite matrix
+    return &detail::register_op(std::move(d));
+  };
+  solve_def.bind(*def("linalg_solve", 2, [](const Inputs& in, const Attrs&) {
+    return Inputs{solve_node(in[0], in[1])};
+  }));
+  inv_def.bind(*def("linalg_inv", 1,
+                    [](const Inputs& in, const Attrs&) { return Inputs{linalg::inv(in[0])}; }));
+  solve_triangular_def.bind(*def("solve_triangular", 2,
+                                 [](const Inputs& in, const Attrs& a) {
+                                   return Inputs{solve_triangular_node(
+                                       in[0], in[1], detail::attr_bool(a.at(0)),
+                                       detail::attr_bool(a.at(1)), detail::attr_bool(a.at(2)))};
+                                 },
+                                 {"upper", "left", "unitriangular"}));
+  det_def.bind(
+      *def("det", 1, [](const Inputs& in, const Attrs&) { return det_node(in[0], false); }));
+  slogdet_def.bind(
+      *def("slogdet", 1, [](const Inputs& in, const Attrs&) { return det_node(in[0], true); }));
+  cholesky_def.bind(*def("cholesky", 1,
+                         [](const Inputs& in, const Attrs& a) {
+                           return Inputs{linalg::cholesky(in[0], detail::attr_bool(a.at(0)))};
+                         },
+                         {"upper"}));
+  cofactor_def.bind(
+      *def("cofactor", 1, [](const Inputs& in, const Attrs&) { return Inputs{cofactor(in[0])}; }));
+}
+
+namespace linalg {
+
+Tensor solve(const Tensor& a, const Tensor& b, bool left) {
+  const char* op = "linalg.solve";
+  check_square(op, a);
+  detail::check_defined(b, op, "B");
+  // torch's vector case: B of one dim, or of A's shape without its last dim.
+  const bool vector =
+      b.dim() == 1 || (b.dim() == a.dim() - 1 && b.sizes() == leading(a.sizes(), 1));
+  const int64_t n = a.size(-1);
+  if (vector) {
+    KILN_CHECK(b.size(-1) == n, op, ": incompatible shapes of A and B for the equation ",
+               left ? "AX = B" : "XA = B", ": A ", describe(a), ", B ", describe(b));
+    return solve_node(left ? a : mT(a), b.unsqueeze(-1)).squeeze(-1);
+  }
+  KILN_CHECK(b.dim() >= 2 && (left ? b.size(-2) : b.size(-1)) == n, op,
+             ": incompatible shapes of A and B for the equation ", left ? "AX = B" : "XA = B",
+             ": A ", describe(a), ", B ", describe(b));
+  // X A = B is A^T X^T = B^T.
+  return left ? solve_node(a, b) : mT(solve_node(mT(a), mT(b)));
+}
+
+Tensor solve_triangular(const Tensor& a, const Tensor& b, bool upper, bool left,
+                        bool unitriangular) {
+  const char* op = "linalg.solve_triangular";
+  check_square(op, a);
+  check_matrix(op, b, "B");
+  KILN_CHECK((left ? b.size(-2) : b.size(-1)) == a.size(-1), op,
+             ": incompatible shapes of A and B for the equation ", left ? "AX = B" : "XA = B",
+             ": A ", describe(a), ", B ", describe(b));
+  return solve_triangular_node(a, b, upper, left, unitriangular);
+}
+
+Tensor inv(const Tensor& a) {
+  check_square("linalg.inv", a);
+  Tensor out;
+  if (records_checked({a})) {
+    out = detail::lazy_record1(inv_def, {a}, {}, {a.sizes(), a.dtype()});
+  } else {
+    const KernelScope kernel;
+    out = inv_kernel(a);
+  }
+  if (detail::needs_grad(a))
+    detail::record("linalg.inv", {a}, {out}, {out}, [](const detail::BackwardContext& c) {
+      // torch's: -X^T g X^T.
+      const Tensor x_t = mT(c.saved(0));
+      return std::vector<Tensor>{-matmul(matmul(x_t, c.grad()), x_t)};
+    });
+  return out;
+}
+
+Tensor det(const Tensor& a) {
+  check_square("linalg.det", a);
+  return det_node(a, false)[0];
+}
+
+std::tuple<Tensor, Tensor> slogdet(const Tensor& a) {
+  check_square("linalg.slogdet", a);
+  const std::vector<Tensor> out = det_node(a, true);
+  return {out[0], out[1]};
+}
+
+Tensor cholesky(const Tensor& a, bool upper) {
+  check_square("linalg.cholesky", a);
+  Tensor out;
+  if (records_checked({a})) {
+    out = detail::lazy_record1(cholesky_def, {a}, {upper}, {a.sizes(), a.dtype()});
+  } else {
+    const KernelScope kernel;
+    out = cholesky_kernel(a, upper);
+  }
+  if (detail::needs_grad(a))
+    detail::record("linalg.cholesky", {a}, {out}, {out}, [upper](const detail::BackwardContext& c) {
+      // torch's, for A = L L^T: gA = L^-T Phi L^-1 with Phi the symmetric part of tril(L^T gL)
+      // (its diagonal once). An upper factor U is L^T.
+      const Tensor l = upper ? mT(c.saved(0)) : c.saved(0);
+      const Tensor gl = upper ? mT(c.grad()) : c.grad();
+      Tensor phi = tril(matmul(mT(l), gl));
+      phi = 0.5 * (phi + mT(tril(phi, -1)));
+      const Tensor left_solved = solve_triangular_node(mT(l), phi, true, true, false);
+      return std::vector<Tensor>{solve_triangular_node(l, left_solved, false, false, false)};
+    });
+  return out;
+}
+
+}  // namespace linalg
+
+Tensor inverse(const Tensor& a) {
+  return linalg::inv(a);
+}
+Tensor det(const Tensor& a) {
+  return linalg::det(a);
+}
+std::tuple<Tensor, Tensor> slogdet(const Tensor& a) {
+  return linalg::slogdet(a);
+}
+
+Tensor logdet(const Tensor& a) {
+  check_square("logdet", a);
+  const auto [sign, logabsdet] = linalg::slogdet(a);
+  // log(det): NaN where det < 0, -inf where it is 0.
+  return where(ge(sign, 0), logabsdet, std::numeric_limits<double>::quiet_NaN());
+}
+
+Tensor cholesky(const Tensor& a, bool upper) {
+  return linalg::cholesky(a, upper);
+}
+
+}  // namespace kiln
