@@ -535,6 +535,40 @@ TEST(Cuda, ScatterOpsMatchTheCpu) {
                           0);
 }
 
+// Matrix functions on a device run on the host's LAPACK (copied there and back): the CPU's
+// values, a device result, and gradients that come back to the device.
+TEST(Cuda, MatrixFunctionsMatchTheCpu) {
+  KILN_REQUIRE_GPU();
+  using In = std::vector<Tensor>;
+  for (DType dt : {kFloat32, kFloat64}) {
+    const Tensor a = (testing::random_tensor({2, 4, 4}, dt, -1, 1) + eye(4, dt) * 4.0);
+    const Tensor b = testing::random_tensor({4, 3}, dt);
+    expect_same_on_cuda([](const In& in) { return linalg::solve(in[0], in[1]); }, {a, b});
+    expect_same_on_cuda([](const In& in) { return linalg::inv(in[0].transpose(1, 2)); }, {a});
+    expect_same_on_cuda([](const In& in) { return linalg::det(in[0]); }, {a});
+    expect_same_on_cuda([](const In& in) { return std::get<1>(linalg::slogdet(in[0])); }, {a});
+    expect_same_on_cuda(
+        [](const In& in) { return linalg::cholesky(matmul(in[0], in[0].transpose(1, 2))); }, {a});
+    expect_same_on_cuda(
+        [](const In& in) { return linalg::solve_triangular(in[0], in[1], true, true, false); },
+        {a, b});
+    const Tensor ad = a.to(kCUDA).requires_grad_();
+    linalg::det(ad).sum().backward();
+    ASSERT_EQ(ad.grad().device(), kCUDA);
+    const Tensor ac = a.clone().requires_grad_();
+    linalg::det(ac).sum().backward();
+    testing::expect_close(ad.grad().to(kCPU), testing::values(ac.grad()), a.sizes(), dt, 1e-4,
+                          1e-4);
+  }
+  // A singular matrix on a device raises as on the CPU.
+  try {
+    (void)linalg::inv(zeros({2, 2}, TensorOptions(kFloat64).device(kCUDA)));
+    ADD_FAILURE() << "inv of a singular matrix on a device did not raise";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("singular"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Cuda, ReductionsAndNormalizationsMatchTheCpu) {
   KILN_REQUIRE_GPU();
   const Tensor x = testing::random_tensor({37, 129});

@@ -1248,6 +1248,48 @@ bool distance_pick(Gen& g, Step& s) {
   return squares_fit(a) && squares_fit(b);
 }
 
+// ---------------------------------------------------------------- matrix functions
+// A new floating input of square matrices [batch..., n, n], values in [0, 1) (no special values):
+// the expressions make them well conditioned (conditioned, gram), as results of LAPACK's kind
+// differ between libraries by about the condition number times an ulp.
+bool square_pick(Gen& g, Step& s) {
+  if (g.inputs_full()) return false;
+  Shape shape = g.random_shape(2);
+  const int64_t n = g.coin(0.05) ? 0 : g.uniform(1, 4);
+  shape.push_back(n);
+  shape.push_back(n);
+  const kiln::DType dtype = g.random_float_dtype();
+  s.args = {g.new_input(shape, dtype, 0, 1)};
+  return true;
+}
+// And a right-hand side [batch'..., n, k], its batch broadcasting with A's; p.i: upper, left and
+// unitriangular for solve_triangular.
+bool square_system_pick(Gen& g, Step& s) {
+  if (!square_pick(g, s) || g.inputs_full()) return false;
+  const torch::Tensor a = arg(g, s, 0);
+  Shape b = g.broadcastable(Shape(a.sizes().begin(), a.sizes().end() - 2));
+  b.push_back(a.size(-1));
+  b.push_back(g.uniform(0, 3));
+  s.args.push_back(g.new_input(b, to_kiln(a.scalar_type())));
+  s.p.i = {g.uniform(0, 1), g.uniform(0, 1), g.uniform(0, 1)};
+  return true;
+}
+
+// x (values in [0, 1)) shifted to [-1, 1), plus n on the diagonal: diagonally dominant, with a
+// positive determinant.
+kiln::Tensor conditioned(const kiln::Tensor& x) {
+  return x * 2.0 - 1.0 + kiln::eye(x.size(-1), x.dtype()) * static_cast<double>(x.size(-1));
+}
+torch::Tensor conditioned(const torch::Tensor& x) {
+  return x * 2.0 - 1.0 + torch::eye(x.size(-1), x.options()) * static_cast<double>(x.size(-1));
+}
+// A well-conditioned symmetric positive-definite matrix made from x.
+template <typename Tensor>
+Tensor gram(const Tensor& x) {
+  const Tensor c = conditioned(x);
+  return c.matmul(c.transpose(-2, -1));
+}
+
 kiln::Reduction kiln_reduction(int64_t r) {
   return static_cast<kiln::Reduction>(r);  // None, Mean, Sum
 }
@@ -1484,6 +1526,19 @@ const std::vector<Op>& op_table() {
       DIFF_OP("matmul", kInexact, matmul_pick, matmul(a[0], a[1])),
       DIFF_OP("linear", kInexact, linear_pick, linear(a[0], a[1], a[2])),
       DIFF_OP("addmm", kInexact, addmm_pick, addmm(a[0], a[1], a[2])),
+      // ------------------------------------------------ matrix functions
+      DIFF_OP("linalg_solve", kInexact, square_system_pick,
+              linalg::solve(conditioned(a[0]), a[1], true)),
+      DIFF_OP(
+          "linalg_solve_triangular", kInexact, square_system_pick,
+          linalg::solve_triangular(conditioned(a[0]), p.i[1] != 0 ? a[1] : a[1].transpose(-2, -1),
+                                   p.i[0] != 0, p.i[1] != 0, p.i[2] != 0)),
+      DIFF_OP("linalg_inv", kInexact, square_pick, linalg::inv(conditioned(a[0]))),
+      DIFF_OP("linalg_det", kInexact, square_pick, linalg::det(conditioned(a[0]))),
+      DIFF_OP("linalg_slogdet", kInexact, square_pick,
+              std::get<1>(linalg::slogdet(conditioned(a[0])))),
+      DIFF_OP("logdet", kInexact, square_pick, logdet(gram(a[0]))),
+      DIFF_OP("linalg_cholesky", kInexact, square_pick, linalg::cholesky(gram(a[0]))),
       // ------------------------------------------------ indexing and joining
       DIFF_OP("index_select", 0, index_select_pick, index_select(a[0], p.i[0], a[1])),
       DIFF_OP("gather", 0, gather_pick, gather(a[0], p.i[0], a[1])),
