@@ -12,6 +12,7 @@
 #include <cblas.h>
 #include <lapacke.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -26,6 +27,7 @@
 #include "lib/lazy.h"
 #include "lib/op_registry.h"
 #include "lib/op_table.h"
+#include "lib/parallel.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln {
@@ -159,25 +161,55 @@ struct KernelScope {
   detail::RecordingOff recording_off;
 };
 
-// Solves A X = B in place of b (batch x n x k) with the LU of each of a's matrices (batch x n x n,
+// The first matrix (in batch order) for which LAPACK reported a nonzero info, or none.
+struct Failure {
+  int64_t matrix = -1;
+  lapack_int info = 0;
+};
+
+// Runs one(m), LAPACK's info for matrix m, over `count` matrices of n x n on the thread pool
+// (matrices are independent; small ones go several to a thread). one must not throw: everything it
+// needs is allocated before. Returns the first failure in batch order, so that an error names the
+// same matrix whatever the threads, after raising for LAPACKE's own errors.
+template <typename F>
+Failure for_each_matrix(int64_t count, lapack_int n, const char* op, const char* routine,
+                        const F& one) {
+  std::vector<lapack_int> infos(static_cast<size_t>(count), 0);
+  const int64_t work = std::max<int64_t>(int64_t{n} * n * n, 1);
+  detail::parallel_for(count, std::max<int64_t>(detail::kParallelGrain / work, 1),
+                       [&](int64_t begin, int64_t end) {
+                         for (int64_t m = begin; m < end; ++m)
+                           infos[static_cast<size_t>(m)] = one(m);
+                       });
+  for (int64_t m = 0; m < count; ++m) {
+    const lapack_int info = infos[static_cast<size_t>(m)];
+    if (info == 0) continue;
+    check_lapack(info, op, routine);
+    return {m, info};
+  }
+  return {};
+}
+
+// Solves A X = B in place of x (batch x n x k) with the LU of each of lu's matrices (batch x n x n,
 // overwritten). A matrix whose LU has a zero pivot raises: it is singular.
 template <typename T>
-void lu_solve(Tensor& a, Tensor& b, const char* op, const Tensor& input) {
-  const Batch batch = batch_of(a.sizes(), op);
-  const auto k = static_cast<lapack_int>(b.size(-1));
-  std::vector<lapack_int> pivots(static_cast<size_t>(batch.n));
-  T* lu = a.data_ptr<T>();
-  T* x = b.data_ptr<T>();
-  for (int64_t m = 0; m < batch.count; ++m) {
-    T* matrix = lu + m * batch.n * batch.n;
-    const lapack_int info = Lapack<T>::getrf(batch.n, matrix, pivots.data());
-    check_lapack(info, op, "getrf");
-    KILN_CHECK(info == 0, op, ": matrix ", m, " of ", describe(input), " is singular (pivot ",
-               info - 1, " of its LU factorization is zero)");
-    if (k > 0)
-      check_lapack(Lapack<T>::getrs(batch.n, k, matrix, pivots.data(), x + m * batch.n * k), op,
-                   "getrs");
-  }
+void lu_solve(Tensor& lu, Tensor& x, const char* op, const Tensor& input) {
+  const Batch batch = batch_of(lu.sizes(), op);
+  const auto k = static_cast<lapack_int>(x.size(-1));
+  const int64_t size = int64_t{batch.n} * batch.n;
+  std::vector<lapack_int> pivots(static_cast<size_t>(batch.count * batch.n));
+  T* factors = lu.data_ptr<T>();
+  T* solutions = x.data_ptr<T>();
+  const Failure f = for_each_matrix(batch.count, batch.n, op, "getrf", [&](int64_t m) {
+    T* matrix = factors + m * size;
+    lapack_int* p = pivots.data() + m * batch.n;
+    const lapack_int info = Lapack<T>::getrf(batch.n, matrix, p);
+    if (info != 0 || k == 0) return info;
+    const lapack_int solved = Lapack<T>::getrs(batch.n, k, matrix, p, solutions + m * batch.n * k);
+    return solved < 0 ? solved : 0;  // getrs fails only on arguments (as getrf did not)
+  });
+  KILN_CHECK(f.matrix < 0, op, ": matrix ", f.matrix, " of ", describe(input),
+             " is singular (pivot ", f.info - 1, " of its LU factorization is zero)");
 }
 
 Tensor solve_kernel(const Tensor& a, const Tensor& b, const Shape& batch_shape) {
@@ -203,45 +235,50 @@ Tensor inv_kernel(const Tensor& a) {
 // as torch's).
 Tensor solve_triangular_kernel(const Tensor& a, const Tensor& b, const Shape& batch_shape,
                                bool upper, bool left, bool unitriangular) {
+  const char* op = "linalg.solve_triangular";
   const int64_t n = a.size(-1);
   const Tensor tri = host_copy(a, with_matrix(batch_shape, n, n));
   Tensor x = host_copy(b, with_matrix(batch_shape, b.size(-2), b.size(-1)));
-  const Batch batch = batch_of(tri.sizes(), "linalg.solve_triangular");
+  const Batch batch = batch_of(tri.sizes(), op);
+  KILN_CHECK(x.size(-2) * x.size(-1) <= std::numeric_limits<int>::max(), op, ": ", describe(b),
+             " exceeds BLAS's 32-bit sizes");
   const auto rows = static_cast<int>(x.size(-2)), cols = static_cast<int>(x.size(-1));
-  KILN_CHECK(x.size(-2) * x.size(-1) <= std::numeric_limits<int>::max(),
-             "linalg.solve_triangular: ", describe(b), " exceeds BLAS's 32-bit sizes");
-  if (rows > 0 && cols > 0)
-    float_dispatch(a.dtype(), [&](auto t) {
-      using T = decltype(t);
-      for (int64_t m = 0; m < batch.count; ++m)
-        Lapack<T>::trsm(left ? CblasLeft : CblasRight, upper ? CblasUpper : CblasLower,
-                        unitriangular ? CblasUnit : CblasNonUnit, rows, cols,
-                        tri.data_ptr<T>() + m * batch.n * batch.n, batch.n,
-                        x.data_ptr<T>() + m * rows * cols);
+  if (rows == 0 || cols == 0) return on_device_of(x, a);
+  float_dispatch(a.dtype(), [&](auto t) {
+    using T = decltype(t);
+    const T* triangles = tri.data_ptr<T>();
+    T* solutions = x.data_ptr<T>();
+    for_each_matrix(batch.count, batch.n, op, "trsm", [&](int64_t m) {
+      Lapack<T>::trsm(left ? CblasLeft : CblasRight, upper ? CblasUpper : CblasLower,
+                      unitriangular ? CblasUnit : CblasNonUnit, rows, cols,
+                      triangles + m * batch.n * batch.n, batch.n, solutions + m * rows * cols);
+      return lapack_int{0};
     });
+  });
   return on_device_of(x, a);
 }
 
-// The LU's determinant parts of one matrix (overwritten): the product of U's diagonal, the sign of
-// the row permutation, and (for slogdet) the sign and log of |det| accumulated factor by factor
-// so that they neither overflow nor underflow.
+// The determinant of one matrix from its LU (getrf, the matrix overwritten): the product of U's
+// diagonal and the row permutation's sign, and, for slogdet, the sign and log of |det| accumulated
+// factor by factor so that they neither overflow nor underflow. A zero pivot gives det 0.
 template <typename T>
 struct LuDet {
   T det = 1, sign = 1, logabs = 0;
 };
 
 template <typename T>
-LuDet<T> lu_det(T* matrix, lapack_int n, std::vector<lapack_int>& pivots, const char* op) {
-  check_lapack(Lapack<T>::getrf(n, matrix, pivots.data()), op, "getrf");  // a zero pivot: det 0
-  LuDet<T> r;
+lapack_int lu_det(T* matrix, lapack_int n, lapack_int* pivots, LuDet<T>& r) {
+  r = {};
+  const lapack_int info = Lapack<T>::getrf(n, matrix, pivots);
+  if (info < 0) return info;
   for (lapack_int i = 0; i < n; ++i) {
     const T u = matrix[i * n + i];
-    const T flip = pivots[static_cast<size_t>(i)] != i + 1 ? T(-1) : T(1);
+    const T flip = pivots[i] != i + 1 ? T(-1) : T(1);
     r.det *= u * flip;
     r.sign *= (u > 0 ? T(1) : u < 0 ? T(-1) : u == 0 ? T(0) : u) * flip;  // NaN stays NaN
     r.logabs += std::log(std::abs(u));
   }
-  return r;
+  return 0;
 }
 
 // det (slogdet false) or (sign, log|det|) of each matrix; an empty matrix has det 1.
@@ -252,18 +289,25 @@ std::vector<Tensor> det_kernel(const Tensor& a, bool slogdet) {
   Tensor first = empty(batch_shape, TensorOptions(a.dtype()));
   Tensor second = empty(batch_shape, TensorOptions(a.dtype()));
   const Batch batch = batch_of(a.sizes(), op);
+  if (batch.n == 0) {
+    first.fill_(1.0);   // det 1, sign 1
+    second.fill_(0.0);  // log|det| 0
+  }
   disable_nan_checks();
   float_dispatch(a.dtype(), [&](auto t) {
     using T = decltype(t);
-    std::vector<lapack_int> pivots(static_cast<size_t>(batch.n));
-    const int64_t count = detail::shape_numel(batch_shape);
-    for (int64_t m = 0; m < count; ++m) {
-      const LuDet<T> d =
-          batch.n == 0 ? LuDet<T>{}
-                       : lu_det(lu.data_ptr<T>() + m * batch.n * batch.n, batch.n, pivots, op);
-      first.data_ptr<T>()[m] = slogdet ? d.sign : d.det;
-      second.data_ptr<T>()[m] = d.logabs;
-    }
+    std::vector<lapack_int> pivots(static_cast<size_t>(batch.count * batch.n));
+    T* matrices = lu.data_ptr<T>();
+    T* firsts = first.data_ptr<T>();
+    T* seconds = second.data_ptr<T>();
+    for_each_matrix(batch.count, batch.n, op, "getrf", [&](int64_t m) {
+      LuDet<T> d;
+      const lapack_int info =
+          lu_det(matrices + m * batch.n * batch.n, batch.n, pivots.data() + m * batch.n, d);
+      firsts[m] = slogdet ? d.sign : d.det;
+      seconds[m] = d.logabs;
+      return info;
+    });
   });
   if (!slogdet) return {on_device_of(first, a)};
   return {on_device_of(first, a), on_device_of(second, a)};
@@ -276,78 +320,98 @@ Tensor cholesky_kernel(const Tensor& a, bool upper) {
   Tensor factor = host_copy(a, a.sizes());
   const Batch batch = batch_of(a.sizes(), op);
   disable_nan_checks();
+  Failure f;
   float_dispatch(a.dtype(), [&](auto t) {
     using T = decltype(t);
-    for (int64_t m = 0; m < batch.count; ++m) {
-      const lapack_int info = Lapack<T>::potrf(upper ? 'U' : 'L', batch.n,
-                                               factor.data_ptr<T>() + m * batch.n * batch.n);
-      check_lapack(info, op, "potrf");
-      KILN_CHECK(info == 0, op, ": matrix ", m, " of ", describe(a),
-                 " is not positive-definite (its leading minor of order ", info,
-                 " is not positive-definite)");
-    }
+    T* matrices = factor.data_ptr<T>();
+    f = for_each_matrix(batch.count, batch.n, op, "potrf", [&](int64_t m) {
+      T* matrix = matrices + m * batch.n * batch.n;
+      lapack_int info = Lapack<T>::potrf(upper ? 'U' : 'L', batch.n, matrix);
+      // A NaN reaches the diagonal without failing some LAPACKs' test (ajj <= 0): the minor
+      // where it first does is not positive-definite either.
+      for (lapack_int i = 0; i < batch.n && info == 0; ++i)
+        if (!(matrix[i * batch.n + i] > 0)) info = i + 1;
+      return info;
+    });
   });
+  KILN_CHECK(f.matrix < 0, op, ": matrix ", f.matrix, " of ", describe(a),
+             " is not positive-definite (its leading minor of order ", f.info,
+             " is not positive-definite)");
   return on_device_of(upper ? triu(factor) : tril(factor), a);
 }
 
-// The sign of det(Q) for an orthogonal Q (overwritten): +1 or -1.
+// One matrix's scratch for cofactor_of: its SVD (u, s, vt, gesvd's work), the products p, and LU
+// pivots for det(U) and det(V^T).
 template <typename T>
-T orthogonal_det_sign(T* q, lapack_int n, std::vector<lapack_int>& pivots, const char* op) {
-  return lu_det(q, n, pivots, op).det < 0 ? T(-1) : T(1);
-}
+struct SvdScratch {
+  std::vector<T> u, vt, s, work, p;
+  std::vector<lapack_int> pivots;
+  explicit SvdScratch(lapack_int n)
+      : u(square(n)),
+        vt(square(n)),
+        s(size_t(n)),
+        work(size_t(n)),
+        p(size_t(n)),
+        pivots(size_t(n)) {}
+  static size_t square(lapack_int n) { return static_cast<size_t>(n) * static_cast<size_t>(n); }
+};
 
-// The cofactor matrix C = adj(A)^T of one matrix, d det(A) / dA, from its SVD A = U S V^T:
-// adj(A) = det(U) det(V) V diag(p) U^T with p_i the product of the singular values but the i-th,
-// exact for singular matrices too (where det(A) A^-T is not defined).
+// The cofactor matrix C = adj(A)^T of one matrix a (overwritten), d det(A) / dA, from its SVD
+// A = U S V^T: adj(A) = det(U) det(V) V diag(p) U^T with p_i the product of the singular values but
+// the i-th, exact for singular matrices too (where det(A) A^-T is not defined). A matrix with an
+// infinity or NaN gets NaN.
 template <typename T>
-void cofactor_of(const T* a, T* c, lapack_int n, const char* op) {
-  const auto nn = static_cast<size_t>(n) * static_cast<size_t>(n);
-  std::vector<T> work(a, a + nn), u(nn), vt(nn), s(static_cast<size_t>(n)),
-      scratch(static_cast<size_t>(n));
-  bool finite = true;
-  for (const T v : work) finite = finite && std::isfinite(v);
-  if (!finite) {  // no SVD of a matrix with infinities or NaN
+lapack_int cofactor_of(T* a, T* c, lapack_int n, SvdScratch<T>& w) {
+  const size_t nn = SvdScratch<T>::square(n);
+  if (!std::all_of(a, a + nn, [](T v) { return std::isfinite(v); })) {
     std::fill(c, c + nn, std::numeric_limits<T>::quiet_NaN());
-    return;
+    return 0;
   }
   const lapack_int info =
-      Lapack<T>::gesvd(n, work.data(), s.data(), u.data(), vt.data(), scratch.data());
-  check_lapack(info, op, "gesvd");
-  KILN_CHECK(info == 0, op, ": the singular value decomposition did not converge");
+      Lapack<T>::gesvd(n, a, w.s.data(), w.u.data(), w.vt.data(), w.work.data());
+  if (info != 0) return info;
   // p_i = prod_{j < i} s_j * prod_{j > i} s_j, without dividing by a zero singular value.
-  std::vector<T> p(static_cast<size_t>(n), T(1));
   T before = 1, after = 1;
-  for (lapack_int i = 0; i < n; ++i)
-    p[static_cast<size_t>(i)] = before, before *= s[static_cast<size_t>(i)];
-  for (lapack_int i = n - 1; i >= 0; --i)
-    p[static_cast<size_t>(i)] *= after, after *= s[static_cast<size_t>(i)];
-  std::vector<lapack_int> pivots(static_cast<size_t>(n));
-  const std::vector<T> u_saved = u;
-  const T sign = orthogonal_det_sign(u.data(), n, pivots, op) *
-                 orthogonal_det_sign(std::vector<T>(vt).data(), n, pivots, op);
-  // C = adj(A)^T = sign * U diag(p) V^T.
+  for (lapack_int i = 0; i < n; ++i) w.p[size_t(i)] = before, before *= w.s[size_t(i)];
+  for (lapack_int i = n - 1; i >= 0; --i) w.p[size_t(i)] *= after, after *= w.s[size_t(i)];
+  // C = adj(A)^T = det(U) det(V) U diag(p) V^T. The signs of det(U) and det(V^T) come from LUs of
+  // copies: in c (written with C afterwards) and in a (no longer needed).
+  std::copy(w.u.begin(), w.u.end(), c);
+  std::copy(w.vt.begin(), w.vt.end(), a);
+  LuDet<T> det_u, det_vt;
+  lu_det(c, n, w.pivots.data(), det_u);
+  lu_det(a, n, w.pivots.data(), det_vt);
+  const T sign = (det_u.det < 0) != (det_vt.det < 0) ? T(-1) : T(1);
   for (lapack_int i = 0; i < n; ++i)
     for (lapack_int j = 0; j < n; ++j) {
       T sum = 0;
       for (lapack_int k = 0; k < n; ++k)
-        sum += u_saved[static_cast<size_t>(i * n + k)] * p[static_cast<size_t>(k)] *
-               vt[static_cast<size_t>(k * n + j)];
+        sum += w.u[size_t(i * n + k)] * w.p[size_t(k)] * w.vt[size_t(k * n + j)];
       c[i * n + j] = sign * sum;
     }
+  return 0;
 }
 
 Tensor cofactor_kernel(const Tensor& a) {
   const char* op = "linalg.det (gradient)";
-  const Tensor host = host_copy(a, a.sizes());
+  Tensor work = host_copy(a, a.sizes());
   Tensor out = empty(a.sizes(), TensorOptions(a.dtype()));
   const Batch batch = batch_of(a.sizes(), op);
   disable_nan_checks();
+  Failure f;
   float_dispatch(a.dtype(), [&](auto t) {
     using T = decltype(t);
-    const int64_t size = static_cast<int64_t>(batch.n) * batch.n;
-    for (int64_t m = 0; m < batch.count; ++m)
-      cofactor_of(host.data_ptr<T>() + m * size, out.data_ptr<T>() + m * size, batch.n, op);
+    std::vector<SvdScratch<T>> scratch(static_cast<size_t>(batch.count), SvdScratch<T>(batch.n));
+    const int64_t size = int64_t{batch.n} * batch.n;
+    T* matrices = work.data_ptr<T>();
+    T* cofactors = out.data_ptr<T>();
+    f = for_each_matrix(batch.count, batch.n, op, "gesvd", [&](int64_t m) {
+      return cofactor_of(matrices + m * size, cofactors + m * size, batch.n,
+                         scratch[static_cast<size_t>(m)]);
+    });
   });
+  KILN_CHECK(f.matrix < 0, op, ": the singular value decomposition of matrix ", f.matrix, " of ",
+             describe(a), " did not converge");
   return on_device_of(out, a);
 }
 

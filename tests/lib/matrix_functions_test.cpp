@@ -298,6 +298,38 @@ TEST(LinalgSolveTriangular, MatchesTheReferenceOnEitherSideAndTriangle) {
   }
 }
 
+// Batches large enough to run on several threads (small matrices go many to a thread): the same
+// values as one matrix at a time, and an error that names the first bad matrix in batch order.
+TEST(LinalgBatches, ManySmallMatricesMatchOneAtATimeAndNameTheFirstFailure) {
+  const int64_t count = 6000;
+  const Tensor a = well_conditioned({count, 3, 3}, kFloat64);
+  const Tensor b = testing::random_tensor({count, 3, 2}, kFloat64);
+  const Tensor x = linalg::solve(a, b), inv = linalg::inv(a), d = linalg::det(a);
+  const Tensor l = linalg::cholesky(matmul(a, a.transpose(1, 2)));
+  const Tensor t = linalg::solve_triangular(a, b, true);
+  const Tensor leaf = a.clone().requires_grad_();
+  const Tensor cofactors = autograd::grad({det(leaf).sum()}, {leaf})[0];
+  for (int64_t m : {int64_t{0}, pick(1, count - 2), count - 1}) {
+    SCOPED_TRACE("matrix " + std::to_string(m));
+    const Tensor am = a.select(0, m), bm = b.select(0, m);
+    EXPECT_TRUE(equal(x.select(0, m), linalg::solve(am, bm)));
+    EXPECT_TRUE(equal(inv.select(0, m), linalg::inv(am)));
+    EXPECT_TRUE(equal(d.select(0, m), linalg::det(am)));
+    EXPECT_TRUE(equal(l.select(0, m), linalg::cholesky(matmul(am, am.t()))));
+    EXPECT_TRUE(equal(t.select(0, m), linalg::solve_triangular(am, bm, true)));
+    const Tensor one = am.clone().requires_grad_();
+    EXPECT_TRUE(equal(cofactors.select(0, m), autograd::grad({det(one)}, {one})[0]));
+  }
+  // Matrices 4000 and 5000 singular: the error names 4000, whichever thread met which first.
+  Tensor bad = a.clone();
+  bad.select(0, 4000).zero_();
+  bad.select(0, 5000).zero_();
+  for (int repeat = 0; repeat < 5; ++repeat) {
+    expect_error([&] { (void)linalg::inv(bad); }, {"linalg.inv", "matrix 4000 of"});
+    expect_error([&] { (void)linalg::cholesky(bad); }, {"linalg.cholesky", "matrix 4000 of"});
+  }
+}
+
 // ------------------------------------------------------------ gradients
 
 TEST(LinalgGrad, GradcheckAndGradgradcheckOfEveryFunction) {
