@@ -98,17 +98,15 @@ void check_lapack(lapack_int info, const char* op, const char* routine) {
              " (an internal error of kiln)");
 }
 
-// Square matrices (n x n) of a batch of `shape`; their count and size, checked to fit LAPACK's
-// 32-bit sizes.
+// Square matrices (n x n) of a batch of `shape`: their count and size (checked by check_matrix
+// to fit LAPACK's 32-bit sizes).
 struct Batch {
   int64_t count = 0;
   lapack_int n = 0;
 };
 
-Batch batch_of(const Shape& shape, const char* op) {
+Batch batch_of(const Shape& shape) {
   const int64_t n = shape.back();
-  KILN_CHECK(n * n <= std::numeric_limits<lapack_int>::max(), op, ": matrices of ", n, "x", n,
-             " elements exceed LAPACK's 32-bit sizes");
   const int64_t count = n == 0 ? 0 : detail::shape_numel(shape) / (n * n);
   return {count, static_cast<lapack_int>(n)};
 }
@@ -194,7 +192,7 @@ Failure for_each_matrix(int64_t count, lapack_int n, const char* op, const char*
 // overwritten). A matrix whose LU has a zero pivot raises: it is singular.
 template <typename T>
 void lu_solve(Tensor& lu, Tensor& x, const char* op, const Tensor& input) {
-  const Batch batch = batch_of(lu.sizes(), op);
+  const Batch batch = batch_of(lu.sizes());
   const auto k = static_cast<lapack_int>(x.size(-1));
   const int64_t size = int64_t{batch.n} * batch.n;
   std::vector<lapack_int> pivots(static_cast<size_t>(batch.count * batch.n));
@@ -239,9 +237,7 @@ Tensor solve_triangular_kernel(const Tensor& a, const Tensor& b, const Shape& ba
   const int64_t n = a.size(-1);
   const Tensor tri = host_copy(a, with_matrix(batch_shape, n, n));
   Tensor x = host_copy(b, with_matrix(batch_shape, b.size(-2), b.size(-1)));
-  const Batch batch = batch_of(tri.sizes(), op);
-  KILN_CHECK(x.size(-2) * x.size(-1) <= std::numeric_limits<int>::max(), op, ": ", describe(b),
-             " exceeds BLAS's 32-bit sizes");
+  const Batch batch = batch_of(tri.sizes());
   const auto rows = static_cast<int>(x.size(-2)), cols = static_cast<int>(x.size(-1));
   if (rows == 0 || cols == 0) return on_device_of(x, a);
   float_dispatch(a.dtype(), [&](auto t) {
@@ -288,7 +284,7 @@ std::vector<Tensor> det_kernel(const Tensor& a, bool slogdet) {
   const Shape batch_shape = leading(a.sizes(), 2);
   Tensor first = empty(batch_shape, TensorOptions(a.dtype()));
   Tensor second = empty(batch_shape, TensorOptions(a.dtype()));
-  const Batch batch = batch_of(a.sizes(), op);
+  const Batch batch = batch_of(a.sizes());
   if (batch.n == 0) {
     first.fill_(1.0);   // det 1, sign 1
     second.fill_(0.0);  // log|det| 0
@@ -318,7 +314,7 @@ std::vector<Tensor> det_kernel(const Tensor& a, bool slogdet) {
 Tensor cholesky_kernel(const Tensor& a, bool upper) {
   const char* op = "linalg.cholesky";
   Tensor factor = host_copy(a, a.sizes());
-  const Batch batch = batch_of(a.sizes(), op);
+  const Batch batch = batch_of(a.sizes());
   disable_nan_checks();
   Failure f;
   float_dispatch(a.dtype(), [&](auto t) {
@@ -396,7 +392,7 @@ Tensor cofactor_kernel(const Tensor& a) {
   const char* op = "linalg.det (gradient)";
   Tensor work = host_copy(a, a.sizes());
   Tensor out = empty(a.sizes(), TensorOptions(a.dtype()));
-  const Batch batch = batch_of(a.sizes(), op);
+  const Batch batch = batch_of(a.sizes());
   disable_nan_checks();
   Failure f;
   float_dispatch(a.dtype(), [&](auto t) {
@@ -422,6 +418,9 @@ void check_matrix(const char* op, const Tensor& a, const char* name) {
   KILN_CHECK(a.dim() >= 2, op, ": ", name, " must have at least 2 dimensions, got ", describe(a));
   KILN_CHECK(a.dtype() == kFloat32 || a.dtype() == kFloat64, op,
              ": expected a float32 or float64 tensor, got ", name, " ", describe(a));
+  // LAPACK and BLAS index a matrix with 32-bit ints; checked before anything is copied.
+  KILN_CHECK(a.size(-2) * a.size(-1) <= std::numeric_limits<lapack_int>::max(), op, ": ", name, " ",
+             describe(a), " has matrices of more elements than LAPACK's 32-bit sizes allow");
 }
 
 void check_square(const char* op, const Tensor& a) {

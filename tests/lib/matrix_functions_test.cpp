@@ -427,6 +427,15 @@ TEST(LinalgErrors, BadInputRaisesAndChangesNothing) {
       {"linalg.solve", "broadcast"});
   expect_error([&] { (void)linalg::solve_triangular(a, ones({3}, kFloat64), true); },
                {"linalg.solve_triangular", "B", "2 dimensions"});
+  // Matrices past LAPACK's 32-bit sizes raise before anything is copied (an expanded view: no
+  // memory behind it).
+  const Tensor huge = zeros({1, 1}, kFloat64).expand({50000, 50000});
+  expect_error([&] { (void)linalg::det(huge); }, {"linalg.det", "32-bit", "[50000, 50000]"});
+  expect_error(
+      [&] {
+        (void)linalg::solve(eye(2, kFloat64), zeros({2, 1}, kFloat64).expand({2, 1 << 30}));
+      },
+      {"linalg.solve", "32-bit"});
   // Singular and indefinite matrices name the matrix of the batch.
   const Tensor batch = stack({a, f64({1, 2, 3, 2, 4, 6, 1, 1, 1}, {3, 3})});
   expect_error([&] { (void)linalg::inv(batch); }, {"linalg.inv", "matrix 1", "singular"});
