@@ -287,7 +287,7 @@ Node::~Node() {
   t_releasing = false;
 }
 
-SavedTensor::SavedTensor(const Tensor& t, bool is_output) {
+SavedTensor::SavedTensor(const Tensor& t, bool is_output, uint32_t output_nr) {
   if (!t.defined()) return;
   defined_ = true;
   is_output_ = is_output;
@@ -308,7 +308,7 @@ SavedTensor::SavedTensor(const Tensor& t, bool is_output) {
   }
   data_ = alias(t);
   if (is_output) {
-    output_nr_ = m && m->grad_fn ? m->output_nr : 0;
+    output_nr_ = output_nr;
     output_differentiable_ = is_floating_point(t.dtype());
   } else {
     grad_fn_ = m->grad_fn;
@@ -490,9 +490,10 @@ void record(const char* op, const std::vector<Tensor>& inputs, const std::vector
   }
   node->saved.reserve(saved.size());
   for (const Tensor& s : saved) {
-    bool is_output = false;
-    for (const Tensor& out : outputs) is_output = is_output || (s.defined() && s.is_same(out));
-    node->saved.emplace_back(s, is_output);
+    // A saved output unpacks with this node as its grad_fn, at its own output number.
+    size_t j = 0;
+    while (j < outputs.size() && !(s.defined() && s.is_same(outputs[j]))) ++j;
+    node->saved.emplace_back(s, j < outputs.size(), static_cast<uint32_t>(j));
   }
   for (size_t j = 0; j < outputs.size(); ++j) {
     const Tensor& out = outputs[j];

@@ -42,7 +42,8 @@ struct AutogradMeta {
 class SavedTensor {
  public:
   SavedTensor() = default;
-  SavedTensor(const Tensor& t, bool is_output);
+  // output_nr: which output of the recording node t is (its grad_fn is not set yet when saved).
+  SavedTensor(const Tensor& t, bool is_output, uint32_t output_nr = 0);
   // The saved tensor, or an error naming `op` when it was modified in place since it was saved
   // or the graph was already freed by a backward pass.
   Tensor unpack(const std::shared_ptr<Node>& owner, const std::string& op) const;

@@ -28,27 +28,6 @@ double fan(const Tensor& tensor, FanMode mode) {
   return static_cast<double>(mode == FanMode::FanIn ? fan_in : fan_out);
 }
 
-// The unit-norm rows of a rows x cols (rows <= cols) standard normal draw made orthonormal by
-// modified Gram-Schmidt in float64: Q of the QR decomposition of its transpose with R's diagonal
-// positive, which is what torch's sign correction of Q makes of any QR.
-std::vector<double> orthonormal_rows(int64_t rows, int64_t cols) {
-  std::vector<double> q = randn({rows, cols}, kFloat64).to_vector<double>();
-  for (int64_t i = 0; i < rows; ++i) {
-    double* qi = q.data() + i * cols;
-    for (int64_t j = 0; j < i; ++j) {
-      const double* qj = q.data() + j * cols;
-      double dot = 0.0;
-      for (int64_t k = 0; k < cols; ++k) dot += qi[k] * qj[k];
-      for (int64_t k = 0; k < cols; ++k) qi[k] -= dot * qj[k];
-    }
-    double norm = 0.0;
-    for (int64_t k = 0; k < cols; ++k) norm += qi[k] * qi[k];
-    norm = std::sqrt(norm);
-    for (int64_t k = 0; k < cols; ++k) qi[k] /= norm;
-  }
-  return q;
-}
-
 }  // namespace
 
 double calculate_gain(Nonlinearity nonlinearity, double param) {
@@ -139,11 +118,13 @@ Tensor orthogonal_(Tensor tensor, double gain) {
              describe(tensor));
   if (tensor.numel() == 0) return tensor;
   const int64_t rows = tensor.size(0), cols = tensor.numel() / rows;
-  // Orthonormal rows when rows <= cols, orthonormal columns (the transpose's rows) otherwise.
-  const bool transpose = rows > cols;
-  std::vector<double> q = transpose ? orthonormal_rows(cols, rows) : orthonormal_rows(rows, cols);
-  Tensor m = from_vector(q, transpose ? Shape{cols, rows} : Shape{rows, cols});
-  if (transpose) m = m.t();
+  // torch's: Q of the QR of a standard normal draw (its transpose when wide), each column's sign
+  // that of R's diagonal so that the distribution is uniform over orthogonal matrices.
+  const Tensor draw = randn({rows, cols}, kFloat64);
+  const bool wide = rows < cols;
+  const auto [q, r] = linalg::qr(wide ? draw.t() : draw);
+  Tensor m = q * sign(r.diagonal(0, -2, -1));
+  if (wide) m = m.t();
   return overwrite(tensor, "orthogonal_", [&](TensorOptions) {
     return (m * gain).reshape(tensor.sizes()).to(tensor.dtype()).to(tensor.device());
   });

@@ -597,6 +597,14 @@ Tensor det(const Tensor& A);
 std::tuple<Tensor, Tensor> slogdet(const Tensor& A);
 // L with A = L L^T, read from A's lower triangle; with upper, U with A = U^T U from the upper.
 Tensor cholesky(const Tensor& A, bool upper = false);
+// (eigenvalues ascending, eigenvectors as columns) of symmetric matrices read from the lower
+// ("L") or upper ("U") triangle. A triangle holding an infinity or NaN gives NaN; the gradient
+// divides by eigenvalue gaps (infinite at a repeated eigenvalue, as torch's).
+std::tuple<Tensor, Tensor> eigh(const Tensor& A, const std::string& UPLO = "L");
+Tensor eigvalsh(const Tensor& A, const std::string& UPLO = "L");
+// (Q, R) with A = Q R: mode "reduced" (Q m x k, R k x n, k = min(m, n)), "complete" (Q m x m) or
+// "r" (R alone; Q empty). Householder's: R's diagonal may be negative, as torch's.
+std::tuple<Tensor, Tensor> qr(const Tensor& A, const std::string& mode = "reduced");
 }  // namespace linalg
 // torch's older names: inverse is linalg::inv; logdet is log(det), NaN for a negative det.
 Tensor inverse(const Tensor& A);

@@ -55,6 +55,15 @@ struct Lapack<double> {
   static lapack_int gesvd(lapack_int n, double* a, double* s, double* u, double* vt, double* work) {
     return LAPACKE_dgesvd(LAPACK_ROW_MAJOR, 'A', 'A', n, n, a, n, s, u, n, vt, n, work);
   }
+  static lapack_int geqrf(lapack_int m, lapack_int n, double* a, double* tau) {
+    return LAPACKE_dgeqrf(LAPACK_ROW_MAJOR, m, n, a, n, tau);
+  }
+  static lapack_int orgqr(lapack_int m, lapack_int n, lapack_int k, double* q, const double* tau) {
+    return LAPACKE_dorgqr(LAPACK_ROW_MAJOR, m, n, k, q, n, tau);
+  }
+  static lapack_int syevd(char uplo, lapack_int n, double* a, double* w) {
+    return LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', uplo, n, a, n, w);
+  }
   static void trsm(CBLAS_SIDE side, CBLAS_UPLO uplo, CBLAS_DIAG diag, int rows, int cols,
                    const double* a, int n, double* b) {
     cblas_dtrsm(CblasRowMajor, side, uplo, CblasNoTrans, diag, rows, cols, 1.0, a, n, b, cols);
@@ -75,6 +84,15 @@ struct Lapack<float> {
   }
   static lapack_int gesvd(lapack_int n, float* a, float* s, float* u, float* vt, float* work) {
     return LAPACKE_sgesvd(LAPACK_ROW_MAJOR, 'A', 'A', n, n, a, n, s, u, n, vt, n, work);
+  }
+  static lapack_int geqrf(lapack_int m, lapack_int n, float* a, float* tau) {
+    return LAPACKE_sgeqrf(LAPACK_ROW_MAJOR, m, n, a, n, tau);
+  }
+  static lapack_int orgqr(lapack_int m, lapack_int n, lapack_int k, float* q, const float* tau) {
+    return LAPACKE_sorgqr(LAPACK_ROW_MAJOR, m, n, k, q, n, tau);
+  }
+  static lapack_int syevd(char uplo, lapack_int n, float* a, float* w) {
+    return LAPACKE_ssyevd(LAPACK_ROW_MAJOR, 'V', uplo, n, a, n, w);
   }
   static void trsm(CBLAS_SIDE side, CBLAS_UPLO uplo, CBLAS_DIAG diag, int rows, int cols,
                    const float* a, int n, float* b) {
@@ -411,6 +429,83 @@ Tensor cofactor_kernel(const Tensor& a) {
   return on_device_of(out, a);
 }
 
+// The eigenvalues (ascending) and eigenvectors (columns) of each symmetric matrix, read from its
+// lower (upper) triangle by LAPACK's syevd. A matrix whose triangle holds an infinity or NaN gets
+// NaN (LAPACK's iterations are not meant for them); one for which syevd does not converge raises.
+std::vector<Tensor> eigh_kernel(const Tensor& a, bool upper) {
+  const char* op = "linalg.eigh";
+  Tensor vectors = host_copy(a, a.sizes());
+  Tensor values = empty(leading(a.sizes(), 1), TensorOptions(a.dtype()));
+  const Batch batch = batch_of(a.sizes());
+  disable_nan_checks();
+  Failure f;
+  float_dispatch(a.dtype(), [&](auto t) {
+    using T = decltype(t);
+    T* matrices = vectors.data_ptr<T>();
+    T* eigenvalues = values.data_ptr<T>();
+    const lapack_int n = batch.n;
+    f = for_each_matrix(batch.count, n, op, "syevd", [&](int64_t m) {
+      T* matrix = matrices + m * n * n;
+      bool finite = true;
+      for (lapack_int i = 0; i < n; ++i)
+        for (lapack_int j = upper ? i : 0; j <= (upper ? n - 1 : i); ++j)
+          finite = finite && std::isfinite(matrix[i * n + j]);
+      if (!finite) {
+        std::fill(matrix, matrix + n * n, std::numeric_limits<T>::quiet_NaN());
+        std::fill(eigenvalues + m * n, eigenvalues + (m + 1) * n,
+                  std::numeric_limits<T>::quiet_NaN());
+        return lapack_int{0};
+      }
+      return Lapack<T>::syevd(upper ? 'U' : 'L', n, matrix, eigenvalues + m * n);
+    });
+  });
+  KILN_CHECK(f.matrix < 0, op, ": the eigenvalue algorithm did not converge for matrix ", f.matrix,
+             " of ", describe(a), " (LAPACK's syevd: ", f.info, ")");
+  return {on_device_of(values, a), on_device_of(vectors, a)};
+}
+
+// Q and R of each m x n matrix by Householder reflections (geqrf, then orgqr forms Q): Q is
+// m x k and R k x n with k = min(m, n), or (complete) Q m x m and R m x n. Without Q (mode "r"),
+// Q is an empty tensor.
+std::vector<Tensor> qr_kernel(const Tensor& a, const std::string& mode) {
+  const char* op = "linalg.qr";
+  const int64_t m = a.size(-2), n = a.size(-1), k = std::min(m, n);
+  const bool complete = mode == "complete";
+  const int64_t q_cols = complete ? m : k, r_rows = complete ? m : k;
+  Tensor factors = host_copy(a, a.sizes());
+  const Shape batch_shape = leading(a.sizes(), 2);
+  const int64_t count = detail::shape_numel(batch_shape);
+  Tensor q = zeros(with_matrix(batch_shape, m, q_cols), TensorOptions(a.dtype()));
+  disable_nan_checks();
+  const bool without_q = mode == "r";
+  if (k > 0)
+    float_dispatch(a.dtype(), [&](auto t) {
+      using T = decltype(t);
+      std::vector<T> tau(static_cast<size_t>(count * k));
+      T* matrices = factors.data_ptr<T>();
+      T* qs = q.data_ptr<T>();
+      const auto lm = static_cast<lapack_int>(m), ln = static_cast<lapack_int>(n);
+      const auto lk = static_cast<lapack_int>(k), lq = static_cast<lapack_int>(q_cols);
+      // geqrf and orgqr fail only on their arguments: for_each_matrix raises for that.
+      for_each_matrix(count, static_cast<lapack_int>(std::max(m, n)), op, "geqrf", [&](int64_t b) {
+        T* matrix = matrices + b * m * n;
+        T* reflectors = tau.data() + b * k;
+        const lapack_int info = Lapack<T>::geqrf(lm, ln, matrix, reflectors);
+        if (info != 0 || without_q) return info;
+        // The reflectors (below R's diagonal) in Q's first columns, for orgqr to expand.
+        T* qb = qs + b * m * q_cols;
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < std::min(n, q_cols); ++j) qb[i * q_cols + j] = matrix[i * n + j];
+        return Lapack<T>::orgqr(lm, lq, lk, qb, reflectors);
+      });
+    });
+  else if (complete)
+    q = eye(m, TensorOptions(a.dtype())).expand(q.sizes()).clone();
+  const Tensor r = triu(factors.narrow(-2, 0, r_rows)).contiguous();
+  if (without_q) return {on_device_of(empty({0}, TensorOptions(a.dtype())), a), on_device_of(r, a)};
+  return {on_device_of(q, a), on_device_of(r, a)};
+}
+
 // ------------------------------------------------------------------------------ checks, nodes
 
 void check_matrix(const char* op, const Tensor& a, const char* name) {
@@ -442,7 +537,7 @@ Shape check_pair(const char* op, const Tensor& a, const Tensor& b) {
 }
 
 detail::OpHandle solve_def, inv_def, solve_triangular_def, det_def, slogdet_def, cholesky_def,
-    cofactor_def;
+    cofactor_def, eigh_def, qr_def;
 
 // Whether a call that may raise on its operands' values records: only while jit::trace records,
 // so that otherwise a singular or indefinite matrix raises at the call, as in eager mode (its
@@ -559,6 +654,85 @@ Tensor cofactor(const Tensor& a) {
     });
   return out;
 }
+// The eigenvalues and eigenvectors of symmetric matrices (A checked), with torch's gradient:
+// gA = V (diag(gL) + skew(V^T gV) / E) V^T with E_ij = L_j - L_i, symmetric (a repeated
+// eigenvalue divides by zero, as in torch).
+std::vector<Tensor> eigh_node(const Tensor& a, bool upper) {
+  std::vector<Tensor> out;
+  if (detail::should_record(a)) {
+    out = detail::lazy_record(eigh_def, {a}, {upper},
+                              {{leading(a.sizes(), 1), a.dtype()}, {a.sizes(), a.dtype()}});
+  } else {
+    const KernelScope kernel;
+    out = eigh_kernel(a, upper);
+  }
+  if (detail::needs_grad(a))
+    detail::record("linalg.eigh", {a}, out, out, [](const detail::BackwardContext& c) {
+      const Tensor &values = c.saved(0), &vectors = c.saved(1);
+      const Tensor &g_values = c.grad(0), &g_vectors = c.grad(1);
+      const Tensor identity =
+          eye(values.size(-1), TensorOptions(values.dtype()).device(values.device()));
+      Tensor inner = zeros_like(vectors);
+      if (g_vectors.defined()) {
+        const Tensor vtg = matmul(mT(vectors), g_vectors);
+        // E_ij = L_j - L_i, 1 on the diagonal (which diag(gL) fills).
+        const Tensor diagonal = ne(identity, 0);
+        const Tensor gaps = masked_fill(values.unsqueeze(-2) - values.unsqueeze(-1), diagonal, 1);
+        inner = masked_fill(0.5 * (vtg - mT(vtg)) / gaps, diagonal, 0);
+      }
+      if (g_values.defined()) inner = inner + g_values.unsqueeze(-1) * identity;
+      return std::vector<Tensor>{matmul(matmul(vectors, inner), mT(vectors))};
+    });
+  return out;
+}
+// The gradient of A = Q R for m >= n (Q m x n, R n x n): with M = R gR^T - gQ^T Q,
+// gA = (gQ + Q copyltu(M)) R^-T, copyltu(M) M's lower triangle mirrored onto its upper.
+Tensor qr_backward_tall(const Tensor& gq, const Tensor& gr, const Tensor& q, const Tensor& r) {
+  const Tensor m = matmul(r, mT(gr)) - matmul(mT(gq), q);
+  const Tensor b = gq + matmul(q, tril(m) + mT(tril(m, -1)));
+  return solve_triangular_node(mT(r), b, false, false, false);
+}
+
+// Q and R (mode "reduced", "complete" or "r"), with torch's gradient: of the reduced form, and of
+// the complete one when m <= n (where it is the same); a wide A = [X | Y] differentiates through
+// X's square QR.
+std::vector<Tensor> qr_node(const Tensor& a, const std::string& mode) {
+  const int64_t m = a.size(-2), n = a.size(-1), k = std::min(m, n);
+  const Shape batch = leading(a.sizes(), 2);
+  std::vector<Tensor> out;
+  if (detail::should_record(a)) {
+    const bool complete = mode == "complete";
+    const Shape q_shape = mode == "r" ? Shape{0} : with_matrix(batch, m, complete ? m : k);
+    out = detail::lazy_record(
+        qr_def, {a}, {mode},
+        {{q_shape, a.dtype()}, {with_matrix(batch, complete ? m : k, n), a.dtype()}});
+  } else {
+    const KernelScope kernel;
+    out = qr_kernel(a, mode);
+  }
+  if (detail::needs_grad(a))
+    detail::record(
+        "linalg.qr", {a}, out, {a, out[0], out[1]}, [mode](const detail::BackwardContext& c) {
+          const Tensor &a = c.saved(0), &q = c.saved(1), &r = c.saved(2);
+          const int64_t m = a.size(-2), n = a.size(-1);
+          KILN_CHECK(mode != "r",
+                     "linalg.qr: the gradient needs Q, which mode \"r\" does not compute; "
+                     "use mode \"reduced\" to differentiate");
+          KILN_CHECK(mode != "complete" || m <= n,
+                     "linalg.qr: the decomposition is not differentiable "
+                     "with mode \"complete\" when A has more rows than columns, got ",
+                     describe(a));
+          const Tensor gq = c.grad(0).defined() ? c.grad(0) : zeros_like(q);
+          const Tensor gr = c.grad(1).defined() ? c.grad(1) : zeros_like(r);
+          if (m >= n) return std::vector<Tensor>{qr_backward_tall(gq, gr, q, r)};
+          // A = [X | Y] with X = Q U square and Y = Q V.
+          const Tensor y = a.narrow(-1, m, n - m), gv = gr.narrow(-1, m, n - m);
+          const Tensor gx =
+              qr_backward_tall(gq + matmul(y, mT(gv)), gr.narrow(-1, 0, m), q, r.narrow(-1, 0, m));
+          return std::vector<Tensor>{cat({gx, matmul(q, gv)}, -1)};
+        });
+  return out;
+}
 }  // namespace
 
 void registration::register_matrix_functions() {
@@ -594,6 +768,14 @@ void registration::register_matrix_functions() {
                          {"upper"}));
   cofactor_def.bind(
       *def("cofactor", 1, [](const Inputs& in, const Attrs&) { return Inputs{cofactor(in[0])}; }));
+  qr_def.bind(*def(
+      "qr", 1,
+      [](const Inputs& in, const Attrs& a) { return qr_node(in[0], detail::attr_string(a.at(0))); },
+      {"mode"}));
+  eigh_def.bind(*def(
+      "eigh", 1,
+      [](const Inputs& in, const Attrs& a) { return eigh_node(in[0], detail::attr_bool(a.at(0))); },
+      {"upper"}));
 }
 
 namespace linalg {
@@ -679,6 +861,30 @@ Tensor cholesky(const Tensor& a, bool upper) {
       return std::vector<Tensor>{solve_triangular_node(l, left_solved, false, false, false)};
     });
   return out;
+}
+
+std::tuple<Tensor, Tensor> eigh(const Tensor& a, const std::string& uplo) {
+  check_square("linalg.eigh", a);
+  KILN_CHECK(uplo == "L" || uplo == "U", "linalg.eigh: UPLO must be \"L\" or \"U\", got \"", uplo,
+             "\"");
+  const std::vector<Tensor> out = eigh_node(a, uplo == "U");
+  return {out[0], out[1]};
+}
+
+std::tuple<Tensor, Tensor> qr(const Tensor& a, const std::string& mode) {
+  const char* op = "linalg.qr";
+  check_matrix(op, a, "A");
+  KILN_CHECK(mode == "reduced" || mode == "complete" || mode == "r", op,
+             ": mode must be \"reduced\", \"complete\" or \"r\", got \"", mode, "\"");
+  const int64_t m = a.size(-2);
+  KILN_CHECK(m * m <= std::numeric_limits<lapack_int>::max(), op, ": A ", describe(a),
+             " would have a Q of more elements than LAPACK's 32-bit sizes allow");
+  const std::vector<Tensor> out = qr_node(a, mode);
+  return {out[0], out[1]};
+}
+
+Tensor eigvalsh(const Tensor& a, const std::string& uplo) {
+  return std::get<0>(eigh(a, uplo));
 }
 
 }  // namespace linalg

@@ -99,6 +99,37 @@ Values cholesky_ref(const Values& a, int64_t n) {
   return l;
 }
 
+// The eigenvalues of symmetric a, ascending, by cyclic Jacobi rotations.
+Values eigenvalues_ref(Values a, int64_t n) {
+  for (int sweep = 0; sweep < 100; ++sweep) {
+    Real off = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = i + 1; j < n; ++j) off += a[i * n + j] * a[i * n + j];
+    if (off < 1e-36L) break;
+    for (int64_t p = 0; p < n; ++p)
+      for (int64_t q = p + 1; q < n; ++q) {
+        if (a[p * n + q] == 0) continue;
+        const Real theta = (a[q * n + q] - a[p * n + p]) / (2 * a[p * n + q]);
+        const Real t = (theta >= 0 ? 1 : -1) / (std::fabs(theta) + std::sqrt(theta * theta + 1));
+        const Real c = 1 / std::sqrt(t * t + 1), s = t * c;
+        for (int64_t k = 0; k < n; ++k) {  // columns p and q, then rows p and q
+          const Real kp = a[k * n + p], kq = a[k * n + q];
+          a[k * n + p] = c * kp - s * kq;
+          a[k * n + q] = s * kp + c * kq;
+        }
+        for (int64_t k = 0; k < n; ++k) {
+          const Real pk = a[p * n + k], qk = a[q * n + k];
+          a[p * n + k] = c * pk - s * qk;
+          a[q * n + k] = s * pk + c * qk;
+        }
+      }
+  }
+  Values values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) values[i] = a[i * n + i];
+  std::sort(values.begin(), values.end());
+  return values;
+}
+
 Values transposed(const Values& a, int64_t rows, int64_t cols) {
   Values t(a.size());
   for (int64_t i = 0; i < rows; ++i)
@@ -298,6 +329,86 @@ TEST(LinalgSolveTriangular, MatchesTheReferenceOnEitherSideAndTriangle) {
   }
 }
 
+TEST(LinalgEigh, MatchesTheReferenceAndReadsOnlyItsTriangle) {
+  for (int trial = 0; trial < 30; ++trial) {
+    const DType dtype = trial % 2 ? kFloat32 : kFloat64;
+    const int64_t n = trial % 10 == 0 ? 0 : pick(1, 5);
+    Shape batch;
+    for (int64_t d = pick(0, 2); d > 0; --d) batch.push_back(pick(trial % 9 == 0 ? 0 : 1, 3));
+    const Tensor x = testing::random_tensor(with_matrix(batch, n, n), kFloat64);
+    const Tensor a = (x + x.transpose(-2, -1)).to(dtype);
+    const int64_t count = detail::shape_numel(batch);
+    const std::vector<double> av = values(a);
+    std::vector<Values> expected;
+    for (int64_t m = 0; m < count; ++m) expected.push_back(eigenvalues_ref(slice(av, m, n * n), n));
+    Shape values_shape = batch;
+    values_shape.push_back(n);
+    const Tensor strictly_upper = triu(ones({n, n}, kBool), 1);
+    const double tol = dtype == kFloat32 ? 1e-4 : 1e-10;
+    for (const std::string uplo : {"L", "U"}) {
+      // NaN in the triangle that is not read changes nothing.
+      const Tensor unread = uplo == "L" ? strictly_upper : strictly_upper.transpose(0, 1);
+      for (const auto& [layout, a_laid] : testing::layouts(masked_fill(a, unread, kNan))) {
+        SCOPED_TRACE(layout + " " + uplo + " " + detail::describe(a));
+        const auto [l, v] = linalg::eigh(a_laid, uplo);
+        expect_close(l, to_double(expected), values_shape, dtype, tol, tol * 10);
+        expect_close(linalg::eigvalsh(a_laid, uplo), to_double(expected), values_shape, dtype, tol,
+                     tol * 10);
+        // Orthonormal eigenvectors, as columns: V^T V = I and A V = V diag(L).
+        const Tensor vd = v.to(kFloat64);
+        expect_close(matmul(vd.transpose(-2, -1), vd), values(eye(n, kFloat64).expand(a.sizes())),
+                     a.sizes(), kFloat64, 0, tol * 10);
+        expect_close(matmul(a.to(kFloat64), vd), values(vd * l.to(kFloat64).unsqueeze(-2)),
+                     a.sizes(), kFloat64, 0, tol * 100);
+      }
+    }
+  }
+  // An infinity or NaN in the triangle read gives NaN.
+  const auto [l, v] = linalg::eigh(f64({1, 0, INFINITY, 1}, {2, 2}));
+  EXPECT_TRUE(all(isnan(l)).item<bool>());
+  EXPECT_TRUE(all(isnan(v)).item<bool>());
+  expect_error([&] { (void)linalg::eigh(eye(2, kFloat64), "X"); }, {"linalg.eigh", "UPLO"});
+  expect_error([&] { (void)linalg::eigvalsh(ones({2, 3}, kFloat64)); }, {"linalg.eigh", "square"});
+}
+
+TEST(LinalgQr, ReconstructsAWithOrthonormalQAndTriangularRInEveryMode) {
+  for (int trial = 0; trial < 36; ++trial) {
+    const DType dtype = trial % 2 ? kFloat32 : kFloat64;
+    const int64_t m = trial % 11 == 0 ? 0 : pick(1, 5), n = trial % 7 == 0 ? 0 : pick(1, 5);
+    const int64_t k = std::min(m, n);
+    Shape batch;
+    for (int64_t d = pick(0, 2); d > 0; --d) batch.push_back(pick(1, 3));
+    const Tensor a = testing::random_tensor(with_matrix(batch, m, n), dtype);
+    const double tol = dtype == kFloat32 ? 1e-5 : 1e-12;
+    for (const auto& [layout, a_laid] : testing::layouts(a))
+      for (const std::string mode : {"reduced", "complete"}) {
+        SCOPED_TRACE(layout + " " + mode + " " + detail::describe(a));
+        const auto [q, r] = linalg::qr(a_laid, mode);
+        const int64_t cols = mode == "complete" ? m : k;
+        ASSERT_EQ(q.sizes(), with_matrix(batch, m, cols));
+        ASSERT_EQ(r.sizes(), with_matrix(batch, cols, n));
+        const Tensor qd = q.to(kFloat64), rd = r.to(kFloat64);
+        expect_close(matmul(qd.transpose(-2, -1), qd),
+                     values(eye(cols, kFloat64).expand(with_matrix(batch, cols, cols))),
+                     with_matrix(batch, cols, cols), kFloat64, 0, tol * 10);
+        expect_close(matmul(qd, rd), values(a), a.sizes(), kFloat64, 0, tol * 20);
+        EXPECT_TRUE(equal(r, triu(r)));
+        // Mode "r": the same R, and an empty Q.
+        const auto [none, r_only] = linalg::qr(a_laid, "r");
+        EXPECT_EQ(none.numel(), 0);
+        if (mode == "reduced") EXPECT_TRUE(equal(r_only, r));
+      }
+  }
+  expect_error([&] { (void)linalg::qr(eye(2, kFloat64), "full"); }, {"linalg.qr", "mode"});
+  expect_error([&] { (void)linalg::qr(ones({3}, kFloat64)); }, {"linalg.qr", "2 dimensions"});
+  // Gradients that do not exist raise, naming why.
+  const Tensor tall = testing::random_tensor({4, 2}, kFloat64).requires_grad_();
+  expect_error([&] { std::get<1>(linalg::qr(tall, "r")).sum().backward(); },
+               {"linalg.qr", "mode \"r\""});
+  expect_error([&] { std::get<0>(linalg::qr(tall, "complete")).sum().backward(); },
+               {"linalg.qr", "complete", "more rows"});
+}
+
 // Batches large enough to run on several threads (small matrices go many to a thread): the same
 // values as one matrix at a time, and an error that names the first bad matrix in batch order.
 TEST(LinalgBatches, ManySmallMatricesMatchOneAtATimeAndNameTheFirstFailure) {
@@ -359,6 +470,28 @@ TEST(LinalgGrad, GradcheckAndGradgradcheckOfEveryFunction) {
           [upper](const In& in) {
             const Tensor sym = matmul(in[0], in[0].transpose(-2, -1)) + eye(3, kFloat64) * 3.0;
             return In{linalg::cholesky(sym, upper)};
+          },
+          {s});
+  // qr of a tall, a square and a wide matrix (reduced), and of a wide one (complete: the same).
+  for (const Shape& shape : {Shape{4, 3}, Shape{2, 3, 3}, Shape{3, 5}})
+    for (const std::string mode : {"reduced", "complete"}) {
+      if (mode == "complete" && shape[shape.size() - 2] > shape.back()) continue;
+      const Tensor x = testing::random_tensor(shape, kFloat64).requires_grad_();
+      check("qr " + mode + " " + detail::shape_str(shape),
+            [mode](const In& in) {
+              const auto [q, r] = linalg::qr(in[0], mode);
+              return In{q, r};
+            },
+            {x});
+    }
+  // eigh of the symmetric part: its eigenvalues, the squares of its eigenvectors (sign-free) and
+  // V diag(w) V^T, which depend on no choice of eigenvector signs.
+  for (const std::string uplo : {"L", "U"})
+    check("eigh " + uplo,
+          [uplo](const In& in) {
+            const auto [l, v] = linalg::eigh(in[0] + in[0].transpose(-2, -1), uplo);
+            const Tensor w = arange(3, kFloat64) + 1.0;
+            return In{l, v * v, matmul(v * w, v.transpose(-2, -1))};
           },
           {s});
   for (bool upper : {false, true})
@@ -469,7 +602,11 @@ In matrix_program(const In& in) {
             std::get<1>(linalg::slogdet(spd)),
             l,
             linalg::solve_triangular(l, b, false),
-            logdet(spd)};
+            logdet(spd),
+            linalg::eigvalsh(spd),
+            std::get<1>(linalg::eigh(spd, "U")).square(),
+            std::get<0>(linalg::qr(a.narrow(-1, 0, 2))),
+            std::get<1>(linalg::qr(a))};
 }
 
 TEST(LinalgModes, LazyAndTracedMatchEagerAndReplaysRaiseOnSingularMatrices) {
