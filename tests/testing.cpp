@@ -235,6 +235,26 @@ void expect_lazy_equal(const Tensor& lazy, const Tensor& eager, const std::strin
   }
 }
 
+std::pair<Tensor, Tensor> expect_replay_matches(const std::vector<Tensor>& traced,
+                                                const std::vector<Tensor>& reloaded,
+                                                const std::vector<Tensor>& lazy,
+                                                const std::vector<Tensor>& eager) {
+  EXPECT_EQ(traced.size(), eager.size());
+  EXPECT_EQ(reloaded.size(), eager.size());
+  if (!lazy.empty()) {
+    EXPECT_EQ(lazy.size(), eager.size());
+  }
+  Tensor loss_traced = zeros({}, kFloat64), loss_eager = zeros({}, kFloat64);
+  for (size_t k = 0; k < eager.size() && k < traced.size() && k < reloaded.size(); ++k) {
+    expect_lazy_equal(traced[k], eager[k], "traced output " + std::to_string(k));
+    expect_lazy_equal(reloaded[k], eager[k], "loaded output " + std::to_string(k));
+    if (k < lazy.size()) expect_lazy_equal(lazy[k], eager[k], "lazy output " + std::to_string(k));
+    loss_traced = loss_traced + (traced[k] * (static_cast<double>(k) + 1)).sum();
+    loss_eager = loss_eager + (eager[k] * (static_cast<double>(k) + 1)).sum();
+  }
+  return {loss_traced, loss_eager};
+}
+
 void check_lazy(const std::string& what, const std::function<std::vector<Tensor>()>& f,
                 bool expect_pending) {
   SCOPED_TRACE(what);

@@ -69,6 +69,13 @@ void expect_bit_equal(const Tensor& lazy, const Tensor& eager, const std::string
 bool lazy_close(double lazy, double eager, DType dtype);
 // Same sizes and dtype and lazy_close values.
 void expect_lazy_equal(const Tensor& lazy, const Tensor& eager, const std::string& what);
+// A traced function's outputs against eager mode's: each traced and reloaded output (and each lazy
+// one, when `lazy` is not empty) lazy-equal to eager's. Returns sum_k (k + 1) * sum(output k) of
+// the traced and of the eager outputs, whose gradients the caller compares.
+std::pair<Tensor, Tensor> expect_replay_matches(const std::vector<Tensor>& traced,
+                                                const std::vector<Tensor>& reloaded,
+                                                const std::vector<Tensor>& lazy,
+                                                const std::vector<Tensor>& eager);
 // Runs f eagerly and lazily: in lazy mode every output must come back pending and be computed by
 // the executor (unless expect_pending is false: then either may happen), and the values must
 // match eager mode's (expect_lazy_equal).

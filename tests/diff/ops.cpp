@@ -1541,6 +1541,10 @@ const std::vector<Op>& op_table() {
               std::get<1>(linalg::slogdet(conditioned(a[0])))),
       DIFF_OP("logdet", kInexact, square_pick, logdet(gram(a[0]))),
       DIFF_OP("linalg_cholesky", kInexact, square_pick, linalg::cholesky(gram(a[0]))),
+      DIFF_OP("linalg_eigvalsh", kInexact, square_pick, linalg::eigvalsh(gram(a[0]), "L")),
+      // |R|: the signs of Householder's R are LAPACK's choice.
+      DIFF_OP("linalg_qr_r", kInexact, square_pick,
+              std::get<1>(linalg::qr(conditioned(a[0]), "reduced")).abs()),
       // ------------------------------------------------ indexing and joining
       DIFF_OP("index_select", 0, index_select_pick, index_select(a[0], p.i[0], a[1])),
       DIFF_OP("gather", 0, gather_pick, gather(a[0], p.i[0], a[1])),

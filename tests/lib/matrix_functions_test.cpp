@@ -160,6 +160,19 @@ Shape with_matrix(Shape s, int64_t rows, int64_t cols) {
   return s;
 }
 
+// Trial `trial`'s dtype (float32 or float64), matrix size (0 every tenth trial) and batch shape
+// (up to 2 dims, an empty one every ninth trial).
+struct SquareTrial {
+  DType dtype;
+  int64_t n;
+  Shape batch;
+};
+SquareTrial square_trial(int trial) {
+  SquareTrial t{trial % 2 ? kFloat32 : kFloat64, trial % 10 == 0 ? 0 : pick(1, 5), {}};
+  for (int64_t d = pick(0, 2); d > 0; --d) t.batch.push_back(pick(trial % 9 == 0 ? 0 : 1, 3));
+  return t;
+}
+
 double tolerance(DType dtype) {
   return dtype == kFloat32 ? 2e-4 : 1e-10;
 }
@@ -217,10 +230,7 @@ TEST(LinalgSolve, MatchesTheReferenceOverBroadcastBatchesLayoutsAndVectors) {
 
 TEST(LinalgInvDet, MatchTheReferenceIncludingSingularAndEmptyMatrices) {
   for (int trial = 0; trial < 30; ++trial) {
-    const DType dtype = trial % 2 ? kFloat32 : kFloat64;
-    const int64_t n = trial % 10 == 0 ? 0 : pick(1, 5);
-    Shape batch;
-    for (int64_t d = pick(0, 2); d > 0; --d) batch.push_back(pick(trial % 9 == 0 ? 0 : 1, 3));
+    const auto [dtype, n, batch] = square_trial(trial);
     // Rows negated at random: either sign of det, as well conditioned.
     const Tensor flips =
         1.0 - lt(testing::random_tensor(with_matrix(batch, n, 1), kFloat64), 0).to(kFloat64) * 2.0;
@@ -269,10 +279,7 @@ TEST(LinalgInvDet, MatchTheReferenceIncludingSingularAndEmptyMatrices) {
 
 TEST(LinalgCholesky, MatchesTheReferenceAndReadsOnlyItsTriangle) {
   for (int trial = 0; trial < 30; ++trial) {
-    const DType dtype = trial % 2 ? kFloat32 : kFloat64;
-    const int64_t n = trial % 10 == 0 ? 0 : pick(1, 5);
-    Shape batch;
-    for (int64_t d = pick(0, 2); d > 0; --d) batch.push_back(pick(trial % 9 == 0 ? 0 : 1, 3));
+    const auto [dtype, n, batch] = square_trial(trial);
     const Tensor a = positive_definite(with_matrix(batch, n, n), dtype);
     const int64_t count = detail::shape_numel(batch);
     const std::vector<double> av = values(a);
@@ -331,10 +338,7 @@ TEST(LinalgSolveTriangular, MatchesTheReferenceOnEitherSideAndTriangle) {
 
 TEST(LinalgEigh, MatchesTheReferenceAndReadsOnlyItsTriangle) {
   for (int trial = 0; trial < 30; ++trial) {
-    const DType dtype = trial % 2 ? kFloat32 : kFloat64;
-    const int64_t n = trial % 10 == 0 ? 0 : pick(1, 5);
-    Shape batch;
-    for (int64_t d = pick(0, 2); d > 0; --d) batch.push_back(pick(trial % 9 == 0 ? 0 : 1, 3));
+    const auto [dtype, n, batch] = square_trial(trial);
     const Tensor x = testing::random_tensor(with_matrix(batch, n, n), kFloat64);
     const Tensor a = (x + x.transpose(-2, -1)).to(dtype);
     const int64_t count = detail::shape_numel(batch);
@@ -628,17 +632,8 @@ TEST(LinalgModes, LazyAndTracedMatchEagerAndReplaysRaiseOnSingularMatrices) {
     const In expected = matrix_program({a2, b});
     const In traced = f({a2, b});
     const In reloaded = loaded({a2, b});
-    ASSERT_EQ(traced.size(), expected.size());
-    ASSERT_EQ(reloaded.size(), expected.size());
-    Tensor loss_traced = zeros({}, kFloat64), loss_eager = zeros({}, kFloat64);
-    for (size_t k = 0; k < expected.size(); ++k) {
-      testing::expect_lazy_equal(traced[k], expected[k], "traced output " + std::to_string(k));
-      testing::expect_lazy_equal(reloaded[k], expected[k], "loaded output " + std::to_string(k));
-      if (call == 0)
-        testing::expect_lazy_equal(lazy[k], expected[k], "lazy output " + std::to_string(k));
-      loss_traced = loss_traced + (traced[k] * (static_cast<double>(k) + 1)).sum();
-      loss_eager = loss_eager + (expected[k] * (static_cast<double>(k) + 1)).sum();
-    }
+    const auto [loss_traced, loss_eager] =
+        testing::expect_replay_matches(traced, reloaded, call == 0 ? lazy : In{}, expected);
     const In g_traced = autograd::grad({loss_traced}, {a2, b});
     const In g_eager = autograd::grad({loss_eager}, {a2, b});
     testing::expect_lazy_equal(g_traced[0], g_eager[0], "traced gradient of A");

@@ -506,17 +506,8 @@ TEST(ScatterModes, LazyAndTracedMatchEagerAndATraceFollowsNewIndices) {
     const In expected = scatter_program({x, index2, mask2, rows2});
     const In traced = f({x, index2, mask2, rows2});
     const In reloaded = loaded({x, index2, mask2, rows2});
-    ASSERT_EQ(traced.size(), expected.size());
-    ASSERT_EQ(reloaded.size(), expected.size());
-    Tensor loss_traced = zeros({}, kFloat64), loss_eager = zeros({}, kFloat64);
-    for (size_t k = 0; k < expected.size(); ++k) {
-      testing::expect_lazy_equal(traced[k], expected[k], "traced output " + std::to_string(k));
-      testing::expect_lazy_equal(reloaded[k], expected[k], "loaded output " + std::to_string(k));
-      if (call == 0)
-        testing::expect_lazy_equal(lazy[k], expected[k], "lazy output " + std::to_string(k));
-      loss_traced = loss_traced + (traced[k] * (static_cast<double>(k) + 1)).sum();
-      loss_eager = loss_eager + (expected[k] * (static_cast<double>(k) + 1)).sum();
-    }
+    const auto [loss_traced, loss_eager] =
+        testing::expect_replay_matches(traced, reloaded, call == 0 ? lazy : In{}, expected);
     testing::expect_lazy_equal(autograd::grad({loss_traced}, {x})[0],
                                autograd::grad({loss_eager}, {x})[0], "traced gradient");
   }
