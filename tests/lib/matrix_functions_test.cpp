@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <thread>
 
 #include "kiln/jit.h"
 #include "kiln/testing.h"
@@ -443,6 +444,31 @@ TEST(LinalgBatches, ManySmallMatricesMatchOneAtATimeAndNameTheFirstFailure) {
     expect_error([&] { (void)linalg::inv(bad); }, {"linalg.inv", "matrix 4000 of"});
     expect_error([&] { (void)linalg::cholesky(bad); }, {"linalg.cholesky", "matrix 4000 of"});
   }
+}
+
+// Several threads calling matrix functions at once (each call spreading its batch over the pool
+// too) get what one thread alone computes: LAPACK keeps no shared state between calls.
+TEST(LinalgThreads, ConcurrentCallsMatchSequentialOnes) {
+  const Tensor a = well_conditioned({64, 6, 6}, kFloat64);
+  const Tensor b = testing::random_tensor({64, 6, 2}, kFloat64);
+  const Tensor spd = matmul(a, a.transpose(1, 2));
+  auto run = [&] {
+    return In{linalg::solve(a, b), linalg::det(a), linalg::cholesky(spd),
+              std::get<0>(linalg::eigh(spd)), std::get<1>(linalg::qr(a))};
+  };
+  const In expected = run();
+  std::vector<In> got(4);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < got.size(); ++t)
+    threads.emplace_back([&, t] {
+      for (int repeat = 0; repeat < 5; ++repeat) {
+        got[t] = run();
+        eval(got[t]);  // computed on this thread
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (const In& g : got)
+    for (size_t k = 0; k < expected.size(); ++k) EXPECT_TRUE(equal(g[k], expected[k])) << k;
 }
 
 // ------------------------------------------------------------ gradients
