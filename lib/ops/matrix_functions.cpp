@@ -17,6 +17,7 @@
 #include <limits>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "kiln/autograd.h"
@@ -36,67 +37,45 @@ using detail::describe;
 
 namespace {
 
-// LAPACK and BLAS entry points by element type.
+// The double or the float one of a pair of LAPACK (or BLAS) routines.
+template <typename T, typename D, typename S>
+constexpr auto routine(D* for_double, S* for_float) {
+  if constexpr (std::is_same_v<T, double>)
+    return for_double;
+  else
+    return for_float;
+}
+
+// LAPACK and BLAS entry points for element type T (float or double), on row-major matrices.
 template <typename T>
-struct Lapack;
-
-template <>
-struct Lapack<double> {
-  static lapack_int getrf(lapack_int n, double* a, lapack_int* pivots) {
-    return LAPACKE_dgetrf(LAPACK_ROW_MAJOR, n, n, a, n, pivots);
+struct Lapack {
+  static lapack_int getrf(lapack_int n, T* a, lapack_int* pivots) {
+    return routine<T>(LAPACKE_dgetrf, LAPACKE_sgetrf)(LAPACK_ROW_MAJOR, n, n, a, n, pivots);
   }
-  static lapack_int getrs(lapack_int n, lapack_int k, const double* lu, const lapack_int* pivots,
-                          double* b) {
-    return LAPACKE_dgetrs(LAPACK_ROW_MAJOR, 'N', n, k, lu, n, pivots, b, k);
+  static lapack_int getrs(lapack_int n, lapack_int k, const T* lu, const lapack_int* pivots, T* b) {
+    return routine<T>(LAPACKE_dgetrs, LAPACKE_sgetrs)(LAPACK_ROW_MAJOR, 'N', n, k, lu, n, pivots, b,
+                                                      k);
   }
-  static lapack_int potrf(char uplo, lapack_int n, double* a) {
-    return LAPACKE_dpotrf(LAPACK_ROW_MAJOR, uplo, n, a, n);
+  static lapack_int potrf(char uplo, lapack_int n, T* a) {
+    return routine<T>(LAPACKE_dpotrf, LAPACKE_spotrf)(LAPACK_ROW_MAJOR, uplo, n, a, n);
   }
-  static lapack_int gesvd(lapack_int n, double* a, double* s, double* u, double* vt, double* work) {
-    return LAPACKE_dgesvd(LAPACK_ROW_MAJOR, 'A', 'A', n, n, a, n, s, u, n, vt, n, work);
+  static lapack_int gesvd(lapack_int n, T* a, T* s, T* u, T* vt, T* work) {
+    return routine<T>(LAPACKE_dgesvd, LAPACKE_sgesvd)(LAPACK_ROW_MAJOR, 'A', 'A', n, n, a, n, s, u,
+                                                      n, vt, n, work);
   }
-  static lapack_int geqrf(lapack_int m, lapack_int n, double* a, double* tau) {
-    return LAPACKE_dgeqrf(LAPACK_ROW_MAJOR, m, n, a, n, tau);
+  static lapack_int geqrf(lapack_int m, lapack_int n, T* a, T* tau) {
+    return routine<T>(LAPACKE_dgeqrf, LAPACKE_sgeqrf)(LAPACK_ROW_MAJOR, m, n, a, n, tau);
   }
-  static lapack_int orgqr(lapack_int m, lapack_int n, lapack_int k, double* q, const double* tau) {
-    return LAPACKE_dorgqr(LAPACK_ROW_MAJOR, m, n, k, q, n, tau);
+  static lapack_int orgqr(lapack_int m, lapack_int n, lapack_int k, T* q, const T* tau) {
+    return routine<T>(LAPACKE_dorgqr, LAPACKE_sorgqr)(LAPACK_ROW_MAJOR, m, n, k, q, n, tau);
   }
-  static lapack_int syevd(char uplo, lapack_int n, double* a, double* w) {
-    return LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', uplo, n, a, n, w);
+  static lapack_int syevd(char uplo, lapack_int n, T* a, T* w) {
+    return routine<T>(LAPACKE_dsyevd, LAPACKE_ssyevd)(LAPACK_ROW_MAJOR, 'V', uplo, n, a, n, w);
   }
   static void trsm(CBLAS_SIDE side, CBLAS_UPLO uplo, CBLAS_DIAG diag, int rows, int cols,
-                   const double* a, int n, double* b) {
-    cblas_dtrsm(CblasRowMajor, side, uplo, CblasNoTrans, diag, rows, cols, 1.0, a, n, b, cols);
-  }
-};
-
-template <>
-struct Lapack<float> {
-  static lapack_int getrf(lapack_int n, float* a, lapack_int* pivots) {
-    return LAPACKE_sgetrf(LAPACK_ROW_MAJOR, n, n, a, n, pivots);
-  }
-  static lapack_int getrs(lapack_int n, lapack_int k, const float* lu, const lapack_int* pivots,
-                          float* b) {
-    return LAPACKE_sgetrs(LAPACK_ROW_MAJOR, 'N', n, k, lu, n, pivots, b, k);
-  }
-  static lapack_int potrf(char uplo, lapack_int n, float* a) {
-    return LAPACKE_spotrf(LAPACK_ROW_MAJOR, uplo, n, a, n);
-  }
-  static lapack_int gesvd(lapack_int n, float* a, float* s, float* u, float* vt, float* work) {
-    return LAPACKE_sgesvd(LAPACK_ROW_MAJOR, 'A', 'A', n, n, a, n, s, u, n, vt, n, work);
-  }
-  static lapack_int geqrf(lapack_int m, lapack_int n, float* a, float* tau) {
-    return LAPACKE_sgeqrf(LAPACK_ROW_MAJOR, m, n, a, n, tau);
-  }
-  static lapack_int orgqr(lapack_int m, lapack_int n, lapack_int k, float* q, const float* tau) {
-    return LAPACKE_sorgqr(LAPACK_ROW_MAJOR, m, n, k, q, n, tau);
-  }
-  static lapack_int syevd(char uplo, lapack_int n, float* a, float* w) {
-    return LAPACKE_ssyevd(LAPACK_ROW_MAJOR, 'V', uplo, n, a, n, w);
-  }
-  static void trsm(CBLAS_SIDE side, CBLAS_UPLO uplo, CBLAS_DIAG diag, int rows, int cols,
-                   const float* a, int n, float* b) {
-    cblas_strsm(CblasRowMajor, side, uplo, CblasNoTrans, diag, rows, cols, 1.0f, a, n, b, cols);
+                   const T* a, int n, T* b) {
+    routine<T>(cblas_dtrsm, cblas_strsm)(CblasRowMajor, side, uplo, CblasNoTrans, diag, rows, cols,
+                                         T(1), a, n, b, cols);
   }
 };
 
