@@ -1,14 +1,15 @@
-// Matrix functions with libtorch's names and semantics: linalg::solve, linalg::solve_triangular,
-// linalg::inv, linalg::det, linalg::slogdet, linalg::cholesky, and torch's inverse, det, logdet,
-// slogdet and cholesky. float32 and float64, over the last two dims, batched over the leading ones.
+// Matrix functions with libtorch's names and semantics: linalg::solve, solve_triangular, inv,
+// det, slogdet, cholesky, eigh, eigvalsh, qr, and torch's inverse, det, logdet, slogdet and
+// cholesky. float32 and float64, over the last two dims, batched over the leading ones.
 //
-// Six ops of the table run Debian's LAPACK (through LAPACKE) and BLAS's triangular solve, one
-// matrix at a time: "linalg_solve" and "linalg_inv" (LU with partial pivoting: getrf, getrs),
-// "solve_triangular" (trsm), "det" and "slogdet" (getrf), "cholesky" (potrf), and "cofactor"
-// (gesvd), det's gradient. A CUDA tensor's matrices go through the host. A singular matrix (solve,
-// inv) or one that is not positive-definite (cholesky) raises when the kernel meets it, on every
-// replay too. The gradients are torch's formulas composed of these ops and matmul, so they record,
-// trace, replay and differentiate again.
+// Ops of the table run Debian's LAPACK (through LAPACKE) and BLAS's triangular solve, a batch's
+// matrices spread over the thread pool (for_each_matrix): "linalg_solve" and "linalg_inv" (LU with
+// partial pivoting: getrf, getrs), "solve_triangular" (trsm), "det" and "slogdet" (getrf),
+// "cholesky" (potrf), "eigh" (syevd), "qr" (geqrf, orgqr), and "cofactor" (gesvd), det's gradient.
+// A CUDA tensor's matrices go through the host. A singular matrix (solve, inv) or one that is not
+// positive-definite (cholesky) raises: at the call outside jit::trace, even in lazy mode, and on
+// every replay of a trace that meets one. The gradients are torch's formulas composed of these ops
+// and matmul, so they record, trace, replay and differentiate again.
 #include <cblas.h>
 #include <lapacke.h>
 
