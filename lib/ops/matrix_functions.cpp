@@ -511,9 +511,11 @@ Shape check_pair(const char* op, const Tensor& a, const Tensor& b) {
              " and B ", describe(b));
   KILN_CHECK(a.device() == b.device(), op, ": expected A and B on one device, got A on ",
              a.device(), " and B on ", b.device());
-  const std::string batches =
-      std::string(op) + ": the batch dims of A " + describe(a) + " and B " + describe(b);
-  return detail::broadcast_shapes(leading(a.sizes(), 2), leading(b.sizes(), 2), batches.c_str());
+  try {
+    return detail::broadcast_shapes(leading(a.sizes(), 2), leading(b.sizes(), 2), op);
+  } catch (const Error& e) {  // the batch dims' message, completed with the operands whole
+    KILN_FAIL(e.what(), " (the batch dims of A ", describe(a), " and B ", describe(b), ")");
+  }
 }
 
 detail::OpHandle solve_def, inv_def, solve_triangular_def, det_def, slogdet_def, cholesky_def,
