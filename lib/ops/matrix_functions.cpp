@@ -528,11 +528,6 @@ bool records_checked(const std::vector<Tensor>& in) {
   return detail::trace_mode() && detail::should_record(in);
 }
 
-// A gradient of a broadcast operand summed back to its shape.
-Tensor reduced_to(const Tensor& g, const Tensor& like) {
-  return sum_to_size(g, like.sizes());
-}
-
 Tensor cofactor(const Tensor& a);
 
 // X with A X = B, B a batch of matrices (checked).
@@ -547,14 +542,17 @@ Tensor solve_node(const Tensor& a, const Tensor& b) {
     out = solve_kernel(a, b, batch_shape);
   }
   if (detail::needs_grad(a, b))
-    detail::record(
-        "linalg.solve", {a, b}, {out}, {a, b, out}, [](const detail::BackwardContext& c) {
-          // torch's: gB = A^-T g, gA = -gB X^T.
-          const Tensor &a = c.saved(0), &b = c.saved(1), &x = c.saved(2);
-          const Tensor gb = solve_node(mT(a), c.grad());
-          return std::vector<Tensor>{c.needs_grad(0) ? reduced_to(-matmul(gb, mT(x)), a) : Tensor(),
-                                     reduced_to(gb, b)};
-        });
+    // B's values are not needed (only its shape): writing to B after the call is allowed.
+    detail::record("linalg.solve", {a, b}, {out}, {a, out},
+                   [b_shape = b.sizes()](const detail::BackwardContext& c) {
+                     // torch's: gB = A^-T g, gA = -gB X^T, each summed over the batch dims it
+                     // broadcast.
+                     const Tensor &a = c.saved(0), &x = c.saved(1);
+                     const Tensor gb = solve_node(mT(a), c.grad());
+                     return std::vector<Tensor>{
+                         c.needs_grad(0) ? sum_to_size(-matmul(gb, mT(x)), a.sizes()) : Tensor(),
+                         sum_to_size(gb, b_shape)};
+                   });
   return out;
 }
 
@@ -571,18 +569,18 @@ Tensor solve_triangular_node(const Tensor& a, const Tensor& b, bool upper, bool 
   }
   if (detail::needs_grad(a, b))
     detail::record(
-        "linalg.solve_triangular", {a, b}, {out}, {a, b, out},
-        [upper, left, unitriangular](const detail::BackwardContext& c) {
+        "linalg.solve_triangular", {a, b}, {out}, {a, out},
+        [upper, left, unitriangular, b_shape = b.sizes()](const detail::BackwardContext& c) {
           // torch's: gB solves A^T's system; gA = -gB X^T (left) or -X^T gB, on A's triangle.
-          const Tensor &a = c.saved(0), &b = c.saved(1), &x = c.saved(2);
+          const Tensor &a = c.saved(0), &x = c.saved(1);
           const Tensor gb = solve_triangular_node(mT(a), c.grad(), !upper, left, unitriangular);
           Tensor ga;
           if (c.needs_grad(0)) {
             ga = left ? -matmul(gb, mT(x)) : -matmul(mT(x), gb);
             ga = upper ? triu(ga, unitriangular ? 1 : 0) : tril(ga, unitriangular ? -1 : 0);
-            ga = reduced_to(ga, a);
+            ga = sum_to_size(ga, a.sizes());
           }
-          return std::vector<Tensor>{ga, reduced_to(gb, b)};
+          return std::vector<Tensor>{ga, sum_to_size(gb, b_shape)};
         });
   return out;
 }

@@ -401,7 +401,9 @@ TEST(LinalgQr, ReconstructsAWithOrthonormalQAndTriangularRInEveryMode) {
         // Mode "r": the same R, and an empty Q.
         const auto [none, r_only] = linalg::qr(a_laid, "r");
         EXPECT_EQ(none.numel(), 0);
-        if (mode == "reduced") EXPECT_TRUE(equal(r_only, r));
+        if (mode == "reduced") {
+          EXPECT_TRUE(equal(r_only, r));
+        }
       }
   }
   expect_error([&] { (void)linalg::qr(eye(2, kFloat64), "full"); }, {"linalg.qr", "mode"});
@@ -599,6 +601,14 @@ TEST(LinalgErrors, BadInputRaisesAndChangesNothing) {
         (void)linalg::solve(eye(2, kFloat64), zeros({2, 1}, kFloat64).expand({2, 1 << 30}));
       },
       {"linalg.solve", "32-bit"});
+  // B may be written after a solve and before its backward (only its shape is kept), as in torch.
+  {
+    const Tensor aa = a.clone().requires_grad_(), bb = b.clone().requires_grad_();
+    const Tensor x = linalg::solve(aa, bb) + linalg::solve_triangular(aa, bb, true);
+    bb.detach().add_(1.0);
+    x.sum().backward();
+    EXPECT_TRUE(aa.grad().defined() && bb.grad().defined());
+  }
   // Singular and indefinite matrices name the matrix of the batch.
   const Tensor batch = stack({a, f64({1, 2, 3, 2, 4, 6, 1, 1, 1}, {3, 3})});
   expect_error([&] { (void)linalg::inv(batch); }, {"linalg.inv", "matrix 1", "singular"});
