@@ -136,7 +136,11 @@ bool first_warning(const std::string& what) {
   return warned().names.insert(what).second;
 }
 
+// Under the lock throughout: a flag read on another thread (the JIT's early start) must not
+// return while this thread's first read is still printing.
 void warn_unknown_variables() {
+  static std::mutex printing;
+  std::lock_guard<std::mutex> lock(printing);
   if (!first_warning("unknown")) return;
   for (char** e = environ; e && *e; ++e) {
     const char* eq = std::strchr(*e, '=');

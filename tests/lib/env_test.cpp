@@ -128,8 +128,9 @@ TEST(Env, ListsRejectUnknownNamesListingTheKnownOnes) {
 
 TEST(Env, FlagsReadAtLoadTimeWarnOnceAndUseTheDefault) {
   ScopedEnv e("KILN_MAX_PENDING", "lots");
-  detail::reset_env_warnings_for_testing();
+  // Capture first: the JIT's early-start thread may read a flag right after the reset.
   ::testing::internal::CaptureStderr();
+  detail::reset_env_warnings_for_testing();
   EXPECT_EQ(env_int("KILN_MAX_PENDING", OnBad::Warn), 10000);
   EXPECT_EQ(env_int("KILN_MAX_PENDING", OnBad::Warn), 10000);
   const std::string err = ::testing::internal::GetCapturedStderr();
@@ -141,8 +142,9 @@ TEST(Env, FlagsReadAtLoadTimeWarnOnceAndUseTheDefault) {
 
 TEST(Env, AMisspelledVariableIsReportedWithTheLikelyFlag) {
   ScopedEnv e("KILN_LAZZY", "0");
-  detail::reset_env_warnings_for_testing();
+  // Capture first: the JIT's early-start thread may read a flag right after the reset.
   ::testing::internal::CaptureStderr();
+  detail::reset_env_warnings_for_testing();
   env_bool("KILN_FUSE");
   env_bool("KILN_FUSE");
   const std::string err = ::testing::internal::GetCapturedStderr();
