@@ -27,6 +27,7 @@ void register_elementwise_ops();   // lib/ops/elementwise.cpp
 void register_bitwise_ops();       // lib/ops/more_ops.cpp
 void register_reductions();        // lib/ops/reduce.cpp
 void register_scans();             // lib/ops/sort_scan.cpp
+void register_searchsorted();      // lib/ops/searchsorted.cpp
 void register_index_ops();         // lib/ops/index.cpp
 void register_scatter_ops();       // lib/ops/scatter.cpp
 void register_linalg_ops();        // lib/ops/linalg.cpp

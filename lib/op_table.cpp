@@ -37,6 +37,7 @@ void register_lib_ops() {
   register_bitwise_ops();
   register_reductions();
   register_scans();
+  register_searchsorted();
   register_index_ops();
   register_scatter_ops();
   register_linalg_ops();

@@ -783,6 +783,15 @@ Tensor Tensor::cumsum(int64_t dim, std::optional<DType> dtype) const {
 Tensor Tensor::cumprod(int64_t dim, std::optional<DType> dtype) const {
   return kiln::cumprod(*this, dim, dtype);
 }
+std::tuple<Tensor, Tensor> Tensor::cummax(int64_t dim) const {
+  return kiln::cummax(*this, dim);
+}
+std::tuple<Tensor, Tensor> Tensor::cummin(int64_t dim) const {
+  return kiln::cummin(*this, dim);
+}
+Tensor Tensor::logcumsumexp(int64_t dim) const {
+  return kiln::logcumsumexp(*this, dim);
+}
 Tensor Tensor::roll(const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims) const {
   return kiln::roll(*this, shifts, dims);
 }
@@ -815,6 +824,9 @@ std::tuple<Tensor, Tensor> Tensor::slogdet() const {
 }
 Tensor Tensor::cholesky(bool upper) const {
   return kiln::cholesky(*this, upper);
+}
+Tensor Tensor::matrix_power(int64_t n) const {
+  return kiln::linalg::matrix_power(*this, n);
 }
 Tensor Tensor::nansum(const std::vector<int64_t>& dims, bool keepdim) const {
   return kiln::nansum(*this, dims, keepdim);

@@ -376,6 +376,27 @@ Tensor argsort(const Tensor& x, int64_t dim = -1, bool descending = false);
 // Integer and bool inputs accumulate in int64 unless dtype says otherwise, as torch.
 Tensor cumsum(const Tensor& x, int64_t dim, std::optional<DType> dtype = std::nullopt);
 Tensor cumprod(const Tensor& x, int64_t dim, std::optional<DType> dtype = std::nullopt);
+// The running maximum (minimum) along dim and the int64 index where it was reached: of equal
+// values the last, as torch; from a NaN on, NaN at that NaN's index.
+std::tuple<Tensor, Tensor> cummax(const Tensor& x, int64_t dim);
+std::tuple<Tensor, Tensor> cummin(const Tensor& x, int64_t dim);
+// log(cumsum(exp(x))) along dim, without overflow (floating tensors).
+Tensor logcumsumexp(const Tensor& x, int64_t dim);
+// Where each value would be inserted into the innermost dim of a sorted sequence to keep it
+// sorted: the first such index, or the last with right (or side "right"); sorter, when defined,
+// holds the int64 indices that sort an unsorted sequence. A 1-D sequence serves every value;
+// otherwise its leading dims match the values'. NaN sorts as the largest value. int64 indices,
+// int32 with out_int32. bucketize is the same with a 1-D boundaries sequence.
+Tensor searchsorted(const Tensor& sorted_sequence, const Tensor& values, bool out_int32 = false,
+                    bool right = false, std::optional<std::string_view> side = std::nullopt,
+                    const Tensor& sorter = {});
+Tensor searchsorted(const Tensor& sorted_sequence, const Scalar& value, bool out_int32 = false,
+                    bool right = false, std::optional<std::string_view> side = std::nullopt,
+                    const Tensor& sorter = {});
+Tensor bucketize(const Tensor& values, const Tensor& boundaries, bool out_int32 = false,
+                 bool right = false);
+Tensor bucketize(const Scalar& value, const Tensor& boundaries, bool out_int32 = false,
+                 bool right = false);
 
 // ---------------------------------------------------------------- views (free-function forms)
 // libtorch's free functions of the Tensor view methods, plus swapaxes/swapdims (transpose) and
@@ -605,6 +626,40 @@ Tensor eigvalsh(const Tensor& A, const std::string& UPLO = "L");
 // (Q, R) with A = Q R: mode "reduced" (Q m x k, R k x n, k = min(m, n)), "complete" (Q m x m) or
 // "r" (R alone; Q empty). Householder's: R's diagonal may be negative, as torch's.
 std::tuple<Tensor, Tensor> qr(const Tensor& A, const std::string& mode = "reduced");
+// (U, S, Vh) with A = U diag(S) Vh, S descending; full_matrices gives square U and Vh (m x m and
+// n x n), otherwise k = min(m, n) columns of U and rows of Vh. A's matrices may be rectangular.
+// The gradient through U or Vh divides by singular-value gaps (infinite at a repeated one, as
+// torch's); through S alone it is always defined.
+std::tuple<Tensor, Tensor, Tensor> svd(const Tensor& A, bool full_matrices = true);
+Tensor svdvals(const Tensor& A);
+// The Moore-Penrose pseudo-inverse, from the SVD: singular values at most
+// max(atol, rtol * largest) are dropped. rtol defaults to max(m, n) * eps of A's dtype when atol
+// is not given, otherwise to 0, as torch. hermitian: A is symmetric, read from its lower triangle
+// (through eigh).
+Tensor pinv(const Tensor& A, std::optional<double> atol = std::nullopt,
+            std::optional<double> rtol = std::nullopt, bool hermitian = false);
+// (solution, residuals, rank, singular_values) of min |A X - B| for each matrix, from A's SVD
+// (singular values at most rcond * largest are dropped; rcond defaults to max(m, n) * eps). B is
+// a matrix (or a vector when it has one dim less than A). residuals: the squared residual norm of
+// each column of B when m > n and every A has full rank, otherwise empty; rank int64. driver is
+// checked ("gelsy", "gelsd", "gelss", "gels") but every one computes all four.
+std::tuple<Tensor, Tensor, Tensor, Tensor> lstsq(
+    const Tensor& A, const Tensor& B, std::optional<double> rcond = std::nullopt,
+    std::optional<std::string_view> driver = std::nullopt);
+// A^n by repeated squaring; a negative n inverts first; n = 0 gives the identity.
+Tensor matrix_power(const Tensor& A, int64_t n);
+// The vector ord-norm over dims (every dim when empty): any real ord, 0 counting the nonzeros,
+// +-infinity the largest (smallest) |x|. dtype converts x first.
+Tensor vector_norm(const Tensor& x, const Scalar& ord = 2, const std::vector<int64_t>& dims = {},
+                   bool keepdim = false, std::optional<DType> dtype = std::nullopt);
+// The matrix norm over two dims: "fro", "nuc" (sum of singular values), or ord 1, -1 (max, min
+// column sum of |A|), inf, -inf (row sums), 2, -2 (largest, smallest singular value).
+Tensor matrix_norm(const Tensor& A, const std::string& ord = "fro",
+                   const std::vector<int64_t>& dims = {-2, -1}, bool keepdim = false);
+Tensor matrix_norm(const Tensor& A, double ord, const std::vector<int64_t>& dims = {-2, -1},
+                   bool keepdim = false);
+// The cross product of 3-vectors along dim (of size 3), broadcasting a and b.
+Tensor cross(const Tensor& a, const Tensor& b, int64_t dim = -1);
 }  // namespace linalg
 // torch's older names: inverse is linalg::inv; logdet is log(det), NaN for a negative det.
 Tensor inverse(const Tensor& A);

@@ -391,6 +391,9 @@ class Tensor {
   Tensor argsort(int64_t dim = -1, bool descending = false) const;
   Tensor cumsum(int64_t dim, std::optional<DType> dtype = std::nullopt) const;
   Tensor cumprod(int64_t dim, std::optional<DType> dtype = std::nullopt) const;
+  std::tuple<Tensor, Tensor> cummax(int64_t dim) const;
+  std::tuple<Tensor, Tensor> cummin(int64_t dim) const;
+  Tensor logcumsumexp(int64_t dim) const;
   Tensor flip(const std::vector<int64_t>& dims) const;
   Tensor roll(const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims = {}) const;
   Tensor repeat(const std::vector<int64_t>& repeats) const;
@@ -405,6 +408,7 @@ class Tensor {
   Tensor logdet() const;
   std::tuple<Tensor, Tensor> slogdet() const;
   Tensor cholesky(bool upper = false) const;
+  Tensor matrix_power(int64_t n) const;
   Tensor nansum(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;
   Tensor nanmean(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;
   template <typename I, detail::if_dim<I> = 0>

@@ -1,11 +1,12 @@
 // Matrix functions with libtorch's names and semantics: linalg::solve, solve_triangular, inv,
-// det, slogdet, cholesky, eigh, eigvalsh, qr, and torch's inverse, det, logdet, slogdet and
-// cholesky. float32 and float64, over the last two dims, batched over the leading ones.
+// det, slogdet, cholesky, eigh, eigvalsh, qr, svd, svdvals, and torch's inverse, det, logdet,
+// slogdet and cholesky. float32 and float64, over the last two dims, batched over the leading ones.
 //
 // Ops of the table run Debian's LAPACK (through LAPACKE) and BLAS's triangular solve, a batch's
 // matrices spread over the thread pool (for_each_matrix): "linalg_solve" and "linalg_inv" (LU with
 // partial pivoting: getrf, getrs), "solve_triangular" (trsm), "det" and "slogdet" (getrf),
-// "cholesky" (potrf), "eigh" (syevd), "qr" (geqrf, orgqr), and "cofactor" (gesvd), det's gradient.
+// "cholesky" (potrf), "eigh" (syevd), "qr" (geqrf, orgqr), "svd" (gesdd), and "cofactor" (gesvd),
+// det's gradient.
 // A CUDA tensor's matrices go through the host. A singular matrix (solve, inv) or one that is not
 // positive-definite (cholesky) raises: at the call outside jit::trace, even in lazy mode, and on
 // every replay of a trace that meets one. The gradients are torch's formulas composed of these ops
@@ -63,6 +64,13 @@ struct Lapack {
   static lapack_int gesvd(lapack_int n, T* a, T* s, T* u, T* vt, T* work) {
     return routine<T>(LAPACKE_dgesvd, LAPACKE_sgesvd)(LAPACK_ROW_MAJOR, 'A', 'A', n, n, a, n, s, u,
                                                       n, vt, n, work);
+  }
+  // Row-major m x n a (overwritten); jobz 'A' (u m x m, vt n x n), 'S' (k columns and rows) or
+  // 'N' (s alone).
+  static lapack_int gesdd(char jobz, lapack_int m, lapack_int n, T* a, T* s, T* u, lapack_int ldu,
+                          T* vt, lapack_int ldvt) {
+    return routine<T>(LAPACKE_dgesdd, LAPACKE_sgesdd)(LAPACK_ROW_MAJOR, jobz, m, n, a, n, s, u, ldu,
+                                                      vt, ldvt);
   }
   static lapack_int geqrf(lapack_int m, lapack_int n, T* a, T* tau) {
     return routine<T>(LAPACKE_dgeqrf, LAPACKE_sgeqrf)(LAPACK_ROW_MAJOR, m, n, a, n, tau);
@@ -486,6 +494,58 @@ std::vector<Tensor> qr_kernel(const Tensor& a, const std::string& mode) {
   return {on_device_of(q, a), on_device_of(r, a)};
 }
 
+// U, S and V^T of each m x n matrix by LAPACK's divide and conquer (gesdd): U m x m and V^T n x n
+// with full_matrices, otherwise m x k and k x n (k = min(m, n)); S alone (U and V^T empty)
+// without compute_uv. A matrix holding an infinity or NaN raises: gesdd cannot converge on it.
+std::vector<Tensor> svd_kernel(const Tensor& a, bool full_matrices, bool compute_uv) {
+  constexpr lapack_int kNotFinite = std::numeric_limits<lapack_int>::max();  // not LAPACK's
+  const char* op = compute_uv ? "linalg.svd" : "linalg.svdvals";
+  const int64_t m = a.size(-2), n = a.size(-1), k = std::min(m, n);
+  const int64_t u_cols = full_matrices ? m : k, vt_rows = full_matrices ? n : k;
+  const Shape batch_shape = leading(a.sizes(), 2);
+  const int64_t count = detail::shape_numel(batch_shape);
+  const TensorOptions options(a.dtype());
+  Tensor work = host_copy(a, a.sizes());
+  Shape s_shape = batch_shape;
+  s_shape.push_back(k);
+  Tensor s = empty(s_shape, options);
+  Tensor u = compute_uv ? empty(with_matrix(batch_shape, m, u_cols), options) : empty({0}, options);
+  Tensor vt =
+      compute_uv ? empty(with_matrix(batch_shape, vt_rows, n), options) : empty({0}, options);
+  if (k == 0 && compute_uv) {  // nothing to decompose: the identity's columns, if any
+    u = eye(m, u_cols, options).expand(u.sizes()).clone();
+    vt = eye(vt_rows, n, options).expand(vt.sizes()).clone();
+  }
+  disable_nan_checks();
+  Failure f;
+  if (k > 0)
+    float_dispatch(a.dtype(), [&](auto t) {
+      using T = decltype(t);
+      T* matrices = work.data_ptr<T>();
+      T* values = s.data_ptr<T>();
+      T* us = compute_uv ? u.data_ptr<T>() : nullptr;
+      T* vts = compute_uv ? vt.data_ptr<T>() : nullptr;
+      const char jobz = !compute_uv ? 'N' : full_matrices ? 'A' : 'S';
+      const auto lm = static_cast<lapack_int>(m), ln = static_cast<lapack_int>(n);
+      // Leading dimensions LAPACKE accepts for every jobz (unused without U and V^T).
+      const auto ldu = static_cast<lapack_int>(compute_uv ? u_cols : m);
+      f = for_each_matrix(
+          count, static_cast<lapack_int>(std::max(m, n)), op, "gesdd", [&](int64_t b) {
+            T* matrix = matrices + b * m * n;
+            if (!std::all_of(matrix, matrix + m * n, [](T v) { return std::isfinite(v); }))
+              return kNotFinite;
+            return Lapack<T>::gesdd(jobz, lm, ln, matrix, values + b * k,
+                                    compute_uv ? us + b * m * u_cols : nullptr, ldu,
+                                    compute_uv ? vts + b * vt_rows * n : nullptr, ln);
+          });
+    });
+  KILN_CHECK(f.info != kNotFinite, op, ": matrix ", f.matrix, " of ", describe(a),
+             " holds an infinity or NaN, on which the algorithm cannot converge");
+  KILN_CHECK(f.matrix < 0, op, ": the algorithm did not converge for matrix ", f.matrix, " of ",
+             describe(a), " (LAPACK's gesdd: ", f.info, ")");
+  return {on_device_of(u, a), on_device_of(s, a), on_device_of(vt, a)};
+}
+
 // ------------------------------------------------------------------------------ checks, nodes
 
 void check_matrix(const char* op, const Tensor& a, const char* name) {
@@ -519,7 +579,7 @@ Shape check_pair(const char* op, const Tensor& a, const Tensor& b) {
 }
 
 detail::OpHandle solve_def, inv_def, solve_triangular_def, det_def, slogdet_def, cholesky_def,
-    cofactor_def, eigh_def, qr_def;
+    cofactor_def, eigh_def, qr_def, svd_def;
 
 // Whether a call that may raise on its operands' values records: only while jit::trace records,
 // so that otherwise a singular or indefinite matrix raises at the call, as in eager mode (its
@@ -713,6 +773,71 @@ std::vector<Tensor> qr_node(const Tensor& a, const std::string& mode) {
         });
   return out;
 }
+// torch's gradient of A = U diag(S) V^T from the reduced factors (U m x k, V^T k x n) and the
+// gradients of any of them (undefined when unused): with E_ij = S_j^2 - S_i^2 and
+// skew(X) = X - X^T, gA = U [(skew(U^T gU) S + S skew(V^T gV)) / E + diag(gS)] V^T, plus, for
+// m > n, (I - U U^T) gU S^-1 V^T, and for m < n, U S^-1 gV^T (I - V V^T).
+Tensor svd_backward(const Tensor& gu, const Tensor& gs, const Tensor& gvt, const Tensor& u,
+                    const Tensor& s, const Tensor& vt) {
+  const int64_t m = u.size(-2), n = vt.size(-1), k = s.size(-1);
+  const Tensor identity = eye(k, TensorOptions(s.dtype()).device(s.device()));
+  if (!gu.defined() && !gvt.defined())  // svdvals: U diag(gS) V^T
+    return matmul(u * gs.unsqueeze(-2), vt);
+  const Tensor s_row = s.unsqueeze(-2), s_col = s.unsqueeze(-1);
+  const Tensor squares = s * s;
+  // 1 on the diagonal, where the skew parts are 0.
+  const Tensor gaps =
+      masked_fill(squares.unsqueeze(-2) - squares.unsqueeze(-1), ne(identity, 0), 1);
+  auto skew = [](const Tensor& x) { return x - mT(x); };
+  Tensor inner = zeros_like(gaps);
+  if (gu.defined()) inner = inner + skew(matmul(mT(u), gu)) * s_row;
+  if (gvt.defined()) inner = inner + s_col * skew(matmul(vt, mT(gvt)));
+  inner = inner / gaps;
+  if (gs.defined()) inner = inner + gs.unsqueeze(-1) * identity;
+  if (m > n && gu.defined()) {
+    const Tensor gu_sinv = gu / s_row;
+    const Tensor left = matmul(u, inner) + gu_sinv - matmul(u, matmul(mT(u), gu_sinv));
+    return matmul(left, vt);
+  }
+  if (m < n && gvt.defined()) {
+    const Tensor sinv_gvt = gvt / s_col;
+    const Tensor right = matmul(inner, vt) + sinv_gvt - matmul(matmul(sinv_gvt, mT(vt)), vt);
+    return matmul(u, right);
+  }
+  return matmul(matmul(u, inner), vt);
+}
+
+// U, S, V^T (checked A); without compute_uv, U and V^T are empty.
+std::vector<Tensor> svd_node(const Tensor& a, bool full_matrices, bool compute_uv) {
+  const int64_t m = a.size(-2), n = a.size(-1), k = std::min(m, n);
+  const Shape batch = leading(a.sizes(), 2);
+  std::vector<Tensor> out;
+  if (records_checked({a})) {
+    Shape s_shape = batch;
+    s_shape.push_back(k);
+    const Shape none{0};
+    out = detail::lazy_record(
+        svd_def, {a}, {full_matrices, compute_uv},
+        {{compute_uv ? with_matrix(batch, m, full_matrices ? m : k) : none, a.dtype()},
+         {s_shape, a.dtype()},
+         {compute_uv ? with_matrix(batch, full_matrices ? n : k, n) : none, a.dtype()}});
+  } else {
+    const KernelScope kernel;
+    out = svd_kernel(a, full_matrices, compute_uv);
+  }
+  if (detail::needs_grad(a))
+    // Of full matrices, only the first k columns of U (rows of V^T) take part, as in torch.
+    detail::record(
+        "linalg.svd", {a}, out, out, [full_matrices, k](const detail::BackwardContext& c) {
+          auto reduced = [&](const Tensor& t, int64_t dim) {
+            return full_matrices && t.defined() ? t.narrow(dim, 0, k) : t;
+          };
+          return std::vector<Tensor>{svd_backward(reduced(c.grad(0), -1), c.grad(1),
+                                                  reduced(c.grad(2), -2), reduced(c.saved(0), -1),
+                                                  c.saved(1), reduced(c.saved(2), -2))};
+        });
+  return out;
+}
 }  // namespace
 
 void registration::register_matrix_functions() {
@@ -752,6 +877,12 @@ void registration::register_matrix_functions() {
       "qr", 1,
       [](const Inputs& in, const Attrs& a) { return qr_node(in[0], detail::attr_string(a.at(0))); },
       {"mode"}));
+  svd_def.bind(*def("svd", 1,
+                    [](const Inputs& in, const Attrs& a) {
+                      return svd_node(in[0], detail::attr_bool(a.at(0)),
+                                      detail::attr_bool(a.at(1)));
+                    },
+                    {"full_matrices", "compute_uv"}));
   eigh_def.bind(*def(
       "eigh", 1,
       [](const Inputs& in, const Attrs& a) { return eigh_node(in[0], detail::attr_bool(a.at(0))); },
@@ -865,6 +996,21 @@ std::tuple<Tensor, Tensor> qr(const Tensor& a, const std::string& mode) {
 
 Tensor eigvalsh(const Tensor& a, const std::string& uplo) {
   return std::get<0>(eigh(a, uplo));
+}
+
+std::tuple<Tensor, Tensor, Tensor> svd(const Tensor& a, bool full_matrices) {
+  const char* op = "linalg.svd";
+  check_matrix(op, a, "A");
+  const int64_t side = full_matrices ? std::max(a.size(-2), a.size(-1)) : 0;
+  KILN_CHECK(side * side <= std::numeric_limits<lapack_int>::max(), op, ": A ", describe(a),
+             " would have a U or V^T of more elements than LAPACK's 32-bit sizes allow");
+  const std::vector<Tensor> out = svd_node(a, full_matrices, true);
+  return {out[0], out[1], out[2]};
+}
+
+Tensor svdvals(const Tensor& a) {
+  check_matrix("linalg.svdvals", a, "A");
+  return svd_node(a, false, detail::needs_grad(a))[1];  // the gradient needs U and V^T
 }
 
 }  // namespace linalg

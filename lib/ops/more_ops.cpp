@@ -268,35 +268,90 @@ Tensor square(const Tensor& x) {
 }
 
 // ------------------------------------------------------------------------------------------ norm
-Tensor norm(const Tensor& x, const Scalar& p, const std::vector<int64_t>& dims, bool keepdim) {
-  detail::check_defined(x, "norm");
-  KILN_CHECK(x.is_floating_point(), "norm: expected a floating-point input, got ", describe(x));
-  const double q = p.to_double();
-  KILN_CHECK(q > 0, "norm: p must be positive (1, 2, any other or infinity), got ", p, " for ",
-             describe(x));
-  // The output's shape with the reduced dims kept as size 1, for the gradient.
+namespace {
+// x's shape with the reduced dims (checked) kept as size 1, for the gradient; the count of
+// elements each output reduces.
+Shape kept_shape(const Tensor& x, const std::vector<int64_t>& dims, const char* op,
+                 int64_t* reduced = nullptr) {
   Shape kept = x.sizes();
   for (int64_t d = 0; d < x.dim(); ++d)
     if (dims.empty()) kept[d] = 1;
   for (int64_t d : dims)
-    if (x.dim() > 0) kept[detail::wrap_dim(d, x.dim(), "norm", &x)] = 1;
-  if (std::isinf(q)) return amax(abs(x), dims, keepdim);
-  if (q == 1) return sum(abs(x), dims, keepdim);
+    if (x.dim() > 0) kept[detail::wrap_dim(d, x.dim(), op, &x)] = 1;
+  if (reduced) {
+    *reduced = 1;
+    for (int64_t d = 0; d < x.dim(); ++d)  // a kept dim of size 1 multiplies by 1
+      if (kept[d] == 1) *reduced *= x.size(d);
+  }
+  return kept;
+}
+
+// The q-norm for a finite q other than 0 and 1 (negative too), with torch's gradient
+// x |x|^(q-2) / norm^(q-1), 0 where the norm (or x, for q < 2) is 0: the composition's would be
+// NaN there.
+Tensor p_norm(const Tensor& x, double q, const std::vector<int64_t>& dims, bool keepdim,
+              const char* op) {
+  const Shape kept = kept_shape(x, dims, op);
   Tensor out;
   {
     NoGradGuard no_grad;
     out =
         q == 2 ? sqrt(sum(x * x, dims, keepdim)) : pow(sum(pow(abs(x), q), dims, keepdim), 1.0 / q);
   }
-  // x |x|^(p-2) / norm^(p-1), and 0 where the norm (or x, for p < 2) is 0, as torch's: the
-  // composition's gradient would be NaN there.
   if (detail::needs_grad(x))
-    detail::record("norm", {x}, {out}, {x, out}, [q, kept](const detail::BackwardContext& c) {
+    detail::record(op, {x}, {out}, {x, out}, [q, kept](const detail::BackwardContext& c) {
       const Tensor &x = c.saved(0), y = c.saved(1).reshape(kept), g = c.grad().reshape(kept);
       const Tensor scale = q == 2 ? x / y : x * pow(abs(x), q - 2) / pow(y, q - 1);
       const Tensor zero = q < 2 ? logical_or(eq(y, 0), eq(x, 0)) : eq(y, 0);
       return std::vector<Tensor>{where(zero, zeros({}, x.dtype()), g * scale)};
     });
+  return out;
+}
+}  // namespace
+
+Tensor norm(const Tensor& x, const Scalar& p, const std::vector<int64_t>& dims, bool keepdim) {
+  detail::check_defined(x, "norm");
+  KILN_CHECK(x.is_floating_point(), "norm: expected a floating-point input, got ", describe(x));
+  const double q = p.to_double();
+  KILN_CHECK(q > 0, "norm: p must be positive (1, 2, any other or infinity), got ", p, " for ",
+             describe(x));
+  kept_shape(x, dims, "norm");  // checks the dims
+  if (std::isinf(q)) return amax(abs(x), dims, keepdim);
+  if (q == 1) return sum(abs(x), dims, keepdim);
+  return p_norm(x, q, dims, keepdim, "norm");
+}
+
+Tensor linalg::vector_norm(const Tensor& x_in, const Scalar& ord, const std::vector<int64_t>& dims,
+                           bool keepdim, std::optional<DType> dtype) {
+  const char* op = "linalg.vector_norm";
+  detail::check_defined(x_in, op);
+  KILN_CHECK(x_in.is_floating_point(), op, ": expected a floating-point input, got ",
+             describe(x_in));
+  KILN_CHECK(!dtype || is_floating_point(*dtype), op, ": dtype must be floating, got ", *dtype);
+  const Tensor x = dtype ? x_in.to(*dtype) : x_in;
+  const double q = ord.to_double();
+  KILN_CHECK(q == q, op, ": ord must be a number, got NaN");
+  int64_t reduced = 0;
+  kept_shape(x, dims, op, &reduced);
+  // The largest |x| and negative orders have no value over no elements.
+  KILN_CHECK(reduced > 0 || (q >= 0 && q != INFINITY), op, ": cannot compute the ", ord,
+             "-norm of ", describe(x), " over no elements (the operation has no identity)");
+  if (q == INFINITY) return amax(abs(x), dims, keepdim);
+  if (q == -INFINITY) return amin(abs(x), dims, keepdim);
+  if (q == 1) return sum(abs(x), dims, keepdim);
+  if (q != 0) return p_norm(x, q, dims, keepdim, op);
+  // The count of nonzeros: its gradient is 0, as torch's.
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = sum(ne(x, 0), dims, keepdim).to(x.dtype());
+  }
+  if (detail::needs_grad(x))
+    detail::record(
+        op, {x}, {out}, {},
+        [shape = x.sizes(), dtype = x.dtype()](const detail::BackwardContext& c) {
+          return std::vector<Tensor>{zeros(shape, TensorOptions(dtype).device(c.grad().device()))};
+        });
   return out;
 }
 

@@ -1,13 +1,17 @@
-// Sorting and scans: sort, argsort, topk, cumsum and cumprod.
+// Sorting and scans: sort, argsort, topk, cumsum, cumprod, cummax, cummin and logcumsumexp.
 //
 // sort finds the permutation on the host (a stable sort of each line along dim, NaN as the largest
 // value, as torch) and gathers the values with gather, so that gradients flow through gather's.
 // The permutation depends on the data, so sorting a pending (lazy) tensor makes it concrete.
-// cumsum and cumprod are table ops (OpKind::NN, no formula: the fuser leaves them to their own
-// kernel), recorded lazily and traced as one node each; floating sums accumulate in double and
-// integer ones in int64, as torch's CPU kernels. cumprod's gradient handles zeros as torch's.
+// The scans are table ops (OpKind::NN, no formula: the fuser leaves them to their own kernel),
+// recorded lazily and traced as one node each (cummax and cummin with two outputs, the values and
+// their indices); floating sums accumulate in double and integer ones in int64, as torch's CPU
+// kernels, and logcumsumexp accumulates in double. cumprod's gradient handles zeros as torch's;
+// cummax's and cummin's scatter the gradient to the indices; logcumsumexp's is torch's, computed
+// in log space with g split by sign so that it neither overflows nor underflows.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -37,6 +41,13 @@ struct Lines {
   }
   int64_t start(int64_t o, int64_t i) const { return o * size * inner + i; }
 };
+
+// Calls f(first) for the index of each line's first element.
+template <typename F>
+void for_each_line(const Lines& lines, const F& f) {
+  for (int64_t o = 0; o < lines.outer; ++o)
+    for (int64_t i = 0; i < lines.inner; ++i) f(lines.start(o, i));
+}
 
 template <typename T>
 bool is_nan(T v) {
@@ -105,7 +116,18 @@ std::tuple<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim, bool la
 namespace {
 using Inputs = std::vector<Tensor>;
 
-template <bool Product>
+enum class Scan { Sum, Prod, LogSumExp };
+
+// log(e^a + e^b) of two running values, a itself where both are the same infinity (and NaN where
+// either is NaN).
+double log_add_exp(double a, double b) {
+  if (a != a || b != b) return a + b;
+  if (a == b && std::isinf(a)) return a;
+  return std::max(a, b) + std::log1p(std::exp(-std::abs(a - b)));
+}
+
+// cumsum, cumprod or logcumsumexp of each line along d, in x's dtype.
+template <Scan kind>
 Tensor scan_kernel(const Tensor& x, int64_t d) {
   const Tensor c = x.to(kCPU).contiguous();
   Tensor out = detail::make_empty(x.sizes(), x.dtype());
@@ -116,59 +138,100 @@ Tensor scan_kernel(const Tensor& x, int64_t d) {
                                    std::conditional_t<std::is_same_v<T, bool>, bool, int64_t>>;
     const T* p = c.data_ptr<T>();
     T* q = out.data_ptr<T>();
-    for (int64_t o = 0; o < lines.outer; ++o) {
-      for (int64_t i = 0; i < lines.inner; ++i) {
-        Acc acc = Product ? Acc(1) : Acc(0);
-        for (int64_t k = 0; k < lines.size; ++k) {
-          const int64_t at = lines.start(o, i) + k * lines.inner;
-          if constexpr (std::is_same_v<Acc, bool>)
-            acc = Product ? (acc && p[at]) : (acc || p[at]);
-          else if constexpr (std::is_integral_v<Acc>)  // wraps, as torch's
-            acc = static_cast<Acc>(Product ? static_cast<uint64_t>(acc) * uint64_t(p[at])
-                                           : static_cast<uint64_t>(acc) + uint64_t(p[at]));
-          else
-            acc = Product ? acc * Acc(p[at]) : acc + Acc(p[at]);
-          q[at] = static_cast<T>(acc);
-        }
+    constexpr bool product = kind == Scan::Prod;
+    constexpr bool log_sum = kind == Scan::LogSumExp && std::is_floating_point_v<T>;
+    for_each_line(lines, [&](int64_t first) {
+      Acc acc = product ? Acc(1) : Acc(0);
+      if constexpr (log_sum) acc = -std::numeric_limits<double>::infinity();
+      for (int64_t k = 0; k < lines.size; ++k) {
+        const int64_t at = first + k * lines.inner;
+        if constexpr (log_sum)
+          acc = log_add_exp(acc, double(p[at]));
+        else if constexpr (std::is_same_v<Acc, bool>)
+          acc = product ? (acc && p[at]) : (acc || p[at]);
+        else if constexpr (std::is_integral_v<Acc>)  // wraps, as torch's
+          acc = static_cast<Acc>(product ? static_cast<uint64_t>(acc) * uint64_t(p[at])
+                                         : static_cast<uint64_t>(acc) + uint64_t(p[at]));
+        else
+          acc = product ? acc * Acc(p[at]) : acc + Acc(p[at]);
+        q[at] = static_cast<T>(acc);
       }
-    }
+    });
   });
   return out.to(x.device());
 }
 
-Tensor scan(const detail::OpDef& def, const Tensor& x, int64_t dim, std::optional<DType> dtype);
+// The running maximum (minimum) of each line along d and the index where it was reached, as
+// torch's: a NaN replaces anything, nothing but a NaN replaces a NaN, and equal values move the
+// index on.
+template <bool largest>
+Inputs extreme_kernel(const Tensor& x, int64_t d) {
+  const Tensor c = x.to(kCPU).contiguous();
+  Tensor values = detail::make_empty(x.sizes(), x.dtype());
+  Tensor indices = detail::make_empty(x.sizes(), kInt64);
+  const Lines lines(x.sizes(), d);
+  detail::dispatch_all(c.dtype(), [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    const T* p = c.data_ptr<T>();
+    T* v = values.data_ptr<T>();
+    int64_t* index = indices.data_ptr<int64_t>();
+    for_each_line(lines, [&](int64_t first) {
+      T best{};
+      int64_t best_at = 0;
+      for (int64_t k = 0; k < lines.size; ++k) {
+        const int64_t at = first + k * lines.inner;
+        const T value = p[at];
+        if (k == 0 || is_nan(value) || (!is_nan(best) && (largest ? value >= best : value <= best)))
+          best = value, best_at = k;
+        v[at] = best;
+        index[at] = best_at;
+      }
+    });
+  });
+  return {values.to(x.device()), indices.to(x.device())};
+}
 
-detail::OpHandle cumsum_def;
-detail::OpHandle cumprod_def;
+Tensor scan(const detail::OpDef& def, const Tensor& x, int64_t dim, std::optional<DType> dtype);
+Tensor log_scan(const Tensor& x, int64_t dim);
+std::tuple<Tensor, Tensor> extreme_scan(const detail::OpDef& def, const Tensor& x, int64_t dim);
+
+detail::OpHandle cumsum_def, cumprod_def, logcumsumexp_def, cummax_def, cummin_def;
 }  // namespace
 
-// cumsum's and cumprod's entries.
+// The scans' entries.
 void registration::register_scans() {
-  cumsum_def.bind(detail::register_op({"cumsum",
-                                       detail::OpKind::NN,
-                                       1,
-                                       detail::DTypeRule::Custom,
-                                       true,
-                                       [](const Inputs& in, const detail::Attrs& a) {
-                                         return Inputs{cumsum(in[0], detail::attr_int(a.at(0)))};
-                                       },
-                                       {"dim"}}));
-  cumprod_def.bind(detail::register_op({"cumprod",
-                                        detail::OpKind::NN,
-                                        1,
-                                        detail::DTypeRule::Custom,
-                                        true,
-                                        [](const Inputs& in, const detail::Attrs& a) {
-                                          return Inputs{cumprod(in[0], detail::attr_int(a.at(0)))};
-                                        },
-                                        {"dim"}}));
+  auto def = [](const char* name, detail::Invoke invoke) {
+    return &detail::register_op(
+        {name, detail::OpKind::NN, 1, detail::DTypeRule::Custom, true, std::move(invoke), {"dim"}});
+  };
+  cumsum_def.bind(*def("cumsum", [](const Inputs& in, const detail::Attrs& a) {
+    return Inputs{cumsum(in[0], detail::attr_int(a.at(0)))};
+  }));
+  cumprod_def.bind(*def("cumprod", [](const Inputs& in, const detail::Attrs& a) {
+    return Inputs{cumprod(in[0], detail::attr_int(a.at(0)))};
+  }));
+  logcumsumexp_def.bind(*def("logcumsumexp", [](const Inputs& in, const detail::Attrs& a) {
+    return Inputs{logcumsumexp(in[0], detail::attr_int(a.at(0)))};
+  }));
+  cummax_def.bind(*def("cummax", [](const Inputs& in, const detail::Attrs& a) {
+    auto [values, indices] = cummax(in[0], detail::attr_int(a.at(0)));
+    return Inputs{values, indices};
+  }));
+  cummin_def.bind(*def("cummin", [](const Inputs& in, const detail::Attrs& a) {
+    auto [values, indices] = cummin(in[0], detail::attr_int(a.at(0)));
+    return Inputs{values, indices};
+  }));
 }
 
 namespace {
 
+Tensor reverse(const Tensor& x, int64_t d) {
+  return flip(x, {d});
+}
+
 // The reversed cumulative sum along d: sum over k >= i.
 Tensor reverse_cumsum(const Tensor& g, int64_t d) {
-  return flip(cumsum(flip(g, {d}), d), {d});
+  return reverse(cumsum(reverse(g, d), d), d);
 }
 
 // d y_k / d x_i = prod over j <= k, j != i of x_j, summed against g over k >= i. Before a line's
@@ -184,19 +247,40 @@ Tensor cumprod_grad(const Tensor& g, const Tensor& x, const Tensor& y, int64_t d
   return where(before, reverse_cumsum(g * y, d) / where(before, x, ones_like(x)), at_first);
 }
 
+// d y_k / d x_i = e^(x_i - y_k) for k >= i: the gradient sum_{k >= i} g_k e^(x_i - y_k) is
+// e^(x_i + log sum_{k >= i} e^(log g_k - y_k)), taken apart for g's positive and negative parts.
+// Where a part is not positive its log is the dtype's lowest finite value, not -inf, as torch's:
+// -inf - y would be NaN where y is -inf, and the second derivative through the part's own
+// logcumsumexp would be NaN.
+Tensor logcumsumexp_grad(const Tensor& g, const Tensor& x, const Tensor& y, int64_t d) {
+  const double lowest = g.dtype() == kFloat64 ? std::numeric_limits<double>::lowest()
+                                              : double(std::numeric_limits<float>::lowest());
+  auto log_part = [&](const Tensor& part) {
+    const Tensor positive = gt(part, 0);
+    const Tensor logs = where(positive, log(where(positive, part, 1.0)), lowest);
+    return reverse(logcumsumexp(reverse(logs - y, d), d), d);
+  };
+  return exp(x + log_part(g)) - exp(x + log_part(-g));
+}
+
+// The line dim (0 for a 0-dim x, which is its own line) of x, checked.
+int64_t scan_dim(const Tensor& x, int64_t dim, const char* op) {
+  detail::check_defined(x, op);
+  return x.dim() == 0 ? (detail::wrap_dim(dim, 1, op, &x), 0)
+                      : detail::wrap_dim(dim, x.dim(), op, &x);
+}
+
 Tensor scan(const detail::OpDef& def, const Tensor& x, int64_t dim, std::optional<DType> dtype) {
   const char* op = def.name.c_str();
-  detail::check_defined(x, op);
-  const int64_t d =
-      x.dim() == 0 ? (detail::wrap_dim(dim, 1, op, &x), 0) : detail::wrap_dim(dim, x.dim(), op, &x);
+  const int64_t d = scan_dim(x, dim, op);
   // Integers and bool accumulate in int64 unless told otherwise, as torch.
   const DType target = dtype.value_or(is_floating_point(x.dtype()) ? x.dtype() : kInt64);
   const Tensor in = x.to(target);
   const bool product = &def == &cumprod_def.get();
   Tensor out = detail::should_record(in)
                    ? detail::lazy_record1(def, {in}, {d}, {in.sizes(), target})
-               : product ? scan_kernel<true>(in, d)
-                         : scan_kernel<false>(in, d);
+               : product ? scan_kernel<Scan::Prod>(in, d)
+                         : scan_kernel<Scan::Sum>(in, d);
   if (detail::needs_grad(in)) {
     if (!product) {
       detail::record(op, {in}, {out}, {}, [d](const detail::BackwardContext& c) {
@@ -212,6 +296,43 @@ Tensor scan(const detail::OpDef& def, const Tensor& x, int64_t dim, std::optiona
   }
   return out;
 }
+
+Tensor log_scan(const Tensor& x, int64_t dim) {
+  const char* op = "logcumsumexp";
+  const int64_t d = scan_dim(x, dim, op);
+  KILN_CHECK(x.is_floating_point(), op, ": expected a floating-point input, got ", describe(x));
+  Tensor out = detail::should_record(x)
+                   ? detail::lazy_record1(logcumsumexp_def, {x}, {d}, {x.sizes(), x.dtype()})
+                   : scan_kernel<Scan::LogSumExp>(x, d);
+  if (detail::needs_grad(x))
+    detail::record(op, {x}, {out}, {x, out}, [d](const detail::BackwardContext& c) {
+      const Tensor &g = c.grad(), &x = c.saved(0), &y = c.saved(1);
+      return std::vector<Tensor>{g.dim() == 0 ? g : logcumsumexp_grad(g, x, y, d)};
+    });
+  return out;
+}
+
+std::tuple<Tensor, Tensor> extreme_scan(const detail::OpDef& def, const Tensor& x, int64_t dim) {
+  const int64_t d = scan_dim(x, dim, def.name.c_str());
+  const bool largest = &def == &cummax_def.get();
+  std::vector<Tensor> out;
+  if (detail::should_record(x)) {
+    std::vector<detail::LazyType> types{{x.sizes(), x.dtype()}, {x.sizes(), kInt64}};
+    out = detail::lazy_record(def, {x}, {d}, std::move(types));
+  } else {
+    out = largest ? extreme_kernel<true>(x, d) : extreme_kernel<false>(x, d);
+  }
+  if (detail::needs_grad(x))
+    // Each g to the element its value came from (summed where several share one), as torch's.
+    detail::record(def.name.c_str(), {x}, {out[0]}, {out[1]},
+                   [d, shape = x.sizes()](const detail::BackwardContext& c) {
+                     const Tensor &g = c.grad(), &indices = c.saved(0);
+                     if (g.dim() == 0) return std::vector<Tensor>{g};
+                     const Tensor zero = zeros(shape, TensorOptions(g.dtype()).device(g.device()));
+                     return std::vector<Tensor>{scatter_add(zero, d, indices, g)};
+                   });
+  return {out[0], out[1]};
+}
 }  // namespace
 
 Tensor cumsum(const Tensor& x, int64_t dim, std::optional<DType> dtype) {
@@ -219,6 +340,15 @@ Tensor cumsum(const Tensor& x, int64_t dim, std::optional<DType> dtype) {
 }
 Tensor cumprod(const Tensor& x, int64_t dim, std::optional<DType> dtype) {
   return scan(cumprod_def, x, dim, dtype);
+}
+Tensor logcumsumexp(const Tensor& x, int64_t dim) {
+  return log_scan(x, dim);
+}
+std::tuple<Tensor, Tensor> cummax(const Tensor& x, int64_t dim) {
+  return extreme_scan(cummax_def, x, dim);
+}
+std::tuple<Tensor, Tensor> cummin(const Tensor& x, int64_t dim) {
+  return extreme_scan(cummin_def, x, dim);
 }
 
 }  // namespace kiln

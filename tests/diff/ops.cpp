@@ -1292,6 +1292,45 @@ Tensor gram(const Tensor& x) {
   return c.matmul(c.transpose(-2, -1));
 }
 
+// And p.i[0] in [-2, 3]: matrix_power's exponent (a negative one inverts).
+bool matrix_power_pick(Gen& g, Step& s) {
+  if (!square_pick(g, s)) return false;
+  s.p.i = {g.uniform(-2, 3)};
+  return true;
+}
+// A matrix [batch..., m, n] (m, n in [1, 4]) with values in [0, 1), for the singular values.
+bool rectangular_pick(Gen& g, Step& s) {
+  if (g.inputs_full()) return false;
+  Shape shape = g.random_shape(1);
+  shape.push_back(g.uniform(1, 4));
+  shape.push_back(g.uniform(1, 4));
+  s.args = {g.new_input(shape, g.random_float_dtype(), 0, 1)};
+  return true;
+}
+// ---------------------------------------------------------------- scans and searches
+// cummax and cummin of exact values only (deliberate difference otherwise): after inexact steps an
+// ulp decides which of two near values leads, and with it the index the gradient goes to.
+bool cum_extreme_pick(Gen& g, Step& s) {
+  return reduce_one(g, s) && !inexact_so_far(g);
+}
+bool float_reduce_one(Gen& g, Step& s) {
+  return reduce_one(g, s) && is_float(arg(g, s, 0));
+}
+// searchsorted of the values of b into the sorted values of a (one dtype): exact values without
+// NaN (deliberate difference: kiln sorts NaN as the largest value, libtorch's binary search
+// compares with it as unordered); p.i[0]: right.
+bool searchsorted_pick(Gen& g, Step& s) {
+  binary(g, s);
+  const auto& a = arg(g, s, 0);
+  const auto& b = arg(g, s, 1);
+  s.p.i = {g.uniform(0, 1)};
+  auto holds_nan = [](const torch::Tensor& t) {
+    return is_float(t) && torch::isnan(t.detach()).any().item<bool>();
+  };
+  return a.scalar_type() == b.scalar_type() && a.scalar_type() != torch::kBool && rank(a) > 0 &&
+         !inexact_so_far(g) && !holds_nan(a) && !holds_nan(b);
+}
+
 kiln::Reduction kiln_reduction(int64_t r) {
   return static_cast<kiln::Reduction>(r);  // None, Mean, Sum
 }
@@ -1545,6 +1584,26 @@ const std::vector<Op>& op_table() {
       // |R|: the signs of Householder's R are LAPACK's choice.
       DIFF_OP("linalg_qr_r", kInexact, square_pick,
               std::get<1>(linalg::qr(conditioned(a[0]), "reduced")).abs()),
+      DIFF_OP2("linalg_svdvals", kInexact, rectangular_pick, linalg::svdvals(a[0]),
+               torch::linalg::svdvals(a[0], c10::nullopt)),
+      DIFF_OP2("linalg_pinv", kInexact, square_pick, linalg::pinv(conditioned(a[0])),
+               torch::linalg_pinv(conditioned(a[0]), c10::optional<double>(),
+                                  c10::optional<double>(), false)),
+      DIFF_OP("linalg_matrix_power", kInexact, matrix_power_pick,
+              linalg::matrix_power(conditioned(a[0]), p.i[0])),
+      DIFF_OP2("linalg_matrix_norm_nuc", kInexact, rectangular_pick,
+               linalg::matrix_norm(a[0], "nuc"),
+               torch::linalg::matrix_norm(a[0], "nuc", {-2, -1}, false, c10::nullopt)),
+      DIFF_OP2(
+          "linalg_vector_norm", kInexact, float_reduce_one,
+          linalg::vector_norm(a[0], 3, {p.i[0]}, p.i[1] != 0),
+          torch::linalg::vector_norm(a[0], 3, at::IntArrayRef{p.i[0]}, p.i[1] != 0, c10::nullopt)),
+      // ------------------------------------------------ scans and searches
+      DIFF_OP("cummax", 0, cum_extreme_pick, std::get<0>(a[0].cummax(p.i[0]))),
+      DIFF_OP("cummin_index", 0, cum_extreme_pick, std::get<1>(a[0].cummin(p.i[0]))),
+      DIFF_OP("logcumsumexp", kInexact, float_reduce_one, a[0].logcumsumexp(p.i[0])),
+      DIFF_OP("searchsorted", 0, searchsorted_pick,
+              searchsorted(std::get<0>(sort(a[0].flatten())), a[1], false, p.i[0] != 0)),
       // ------------------------------------------------ indexing and joining
       DIFF_OP("index_select", 0, index_select_pick, index_select(a[0], p.i[0], a[1])),
       DIFF_OP("gather", 0, gather_pick, gather(a[0], p.i[0], a[1])),

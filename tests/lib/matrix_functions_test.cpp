@@ -11,6 +11,7 @@
 #include "kiln/jit.h"
 #include "kiln/testing.h"
 #include "lib/tensor_impl.h"
+#include "tests/lib/linalg_reference.h"
 #include "tests/testing.h"
 
 namespace kiln {
@@ -98,37 +99,6 @@ Values cholesky_ref(const Values& a, int64_t n) {
       l[i * n + j] = i == j ? std::sqrt(s) : s / l[j * n + j];
     }
   return l;
-}
-
-// The eigenvalues of symmetric a, ascending, by cyclic Jacobi rotations.
-Values eigenvalues_ref(Values a, int64_t n) {
-  for (int sweep = 0; sweep < 100; ++sweep) {
-    Real off = 0;
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = i + 1; j < n; ++j) off += a[i * n + j] * a[i * n + j];
-    if (off < 1e-36L) break;
-    for (int64_t p = 0; p < n; ++p)
-      for (int64_t q = p + 1; q < n; ++q) {
-        if (a[p * n + q] == 0) continue;
-        const Real theta = (a[q * n + q] - a[p * n + p]) / (2 * a[p * n + q]);
-        const Real t = (theta >= 0 ? 1 : -1) / (std::fabs(theta) + std::sqrt(theta * theta + 1));
-        const Real c = 1 / std::sqrt(t * t + 1), s = t * c;
-        for (int64_t k = 0; k < n; ++k) {  // columns p and q, then rows p and q
-          const Real kp = a[k * n + p], kq = a[k * n + q];
-          a[k * n + p] = c * kp - s * kq;
-          a[k * n + q] = s * kp + c * kq;
-        }
-        for (int64_t k = 0; k < n; ++k) {
-          const Real pk = a[p * n + k], qk = a[q * n + k];
-          a[p * n + k] = c * pk - s * qk;
-          a[q * n + k] = s * pk + c * qk;
-        }
-      }
-  }
-  Values values(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) values[i] = a[i * n + i];
-  std::sort(values.begin(), values.end());
-  return values;
 }
 
 Values transposed(const Values& a, int64_t rows, int64_t cols) {
@@ -345,7 +315,8 @@ TEST(LinalgEigh, MatchesTheReferenceAndReadsOnlyItsTriangle) {
     const int64_t count = detail::shape_numel(batch);
     const std::vector<double> av = values(a);
     std::vector<Values> expected;
-    for (int64_t m = 0; m < count; ++m) expected.push_back(eigenvalues_ref(slice(av, m, n * n), n));
+    for (int64_t m = 0; m < count; ++m)
+      expected.push_back(testing::symmetric_eigenvalues(slice(av, m, n * n), n));
     Shape values_shape = batch;
     values_shape.push_back(n);
     const Tensor strictly_upper = triu(ones({n, n}, kBool), 1);
