@@ -21,6 +21,7 @@
 #include "lib/lazy.h"
 #include "lib/op_registry.h"
 #include "lib/op_table.h"
+#include "lib/parallel.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln {
@@ -42,11 +43,15 @@ struct Lines {
   int64_t start(int64_t o, int64_t i) const { return o * size * inner + i; }
 };
 
-// Calls f(first) for the index of each line's first element.
+// Calls f(first) for the index of each line's first element, lines spread over the thread pool
+// (f must not throw: it runs inside an OpenMP region).
 template <typename F>
 void for_each_line(const Lines& lines, const F& f) {
-  for (int64_t o = 0; o < lines.outer; ++o)
-    for (int64_t i = 0; i < lines.inner; ++i) f(lines.start(o, i));
+  const int64_t grain =
+      std::max<int64_t>(detail::kParallelGrain / std::max<int64_t>(lines.size, 1), 1);
+  detail::parallel_for(lines.outer * lines.inner, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t l = begin; l < end; ++l) f(lines.start(l / lines.inner, l % lines.inner));
+  });
 }
 
 template <typename T>

@@ -580,8 +580,24 @@ bool overlaps(const Shape& sizes, const Shape& strides) {
   return false;
 }
 
+namespace {
+// The storage position (from `start`) of every element of the geometry, as an int64 tensor of
+// its sizes.
+Tensor element_positions(const Shape& sizes, const Shape& strides, int64_t start, Device device) {
+  Tensor positions = full({}, start, TensorOptions(kInt64).device(device));
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    Shape along(sizes.size(), 1);
+    along[i] = sizes[i];
+    positions = positions + arange(sizes[i], device).view(along) * strides[i];
+  }
+  return positions;
+}
+}  // namespace
+
 // The gradient of as_strided: each view element's gradient goes to the input element at the
-// same memory location, summed where view elements share one.
+// same memory location, summed where view elements share one. Where input elements share one
+// too (an expanded input), that sum is divided among them, as torch's: the gradient of the
+// expansion adds them up again.
 Tensor as_strided_backward(const Tensor& g, const Shape& in_sizes, const Shape& in_strides,
                            const Shape& sizes, const Shape& strides, int64_t rel) {
   // A scatter into zeros of the input's layout; for an input that is not contiguous, the sum of
@@ -590,18 +606,19 @@ Tensor as_strided_backward(const Tensor& g, const Shape& in_sizes, const Shape& 
     Tensor z = detail::make_zeros_strided(in_sizes, in_strides, g.dtype(), g.device());
     return as_strided_scatter(z, g, sizes, strides, rel);
   }
-  Tensor positions = full({}, rel, kInt64);
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    Shape along(sizes.size(), 1);
-    along[i] = sizes[i];
-    positions = positions + arange(sizes[i], g.device()).view(along) * strides[i];
-  }
   const int64_t in_extent = detail::checked_last_element(in_sizes, in_strides, 1, "as_strided");
   const int64_t last = detail::checked_last_element(sizes, strides, rel, "as_strided");
   const int64_t shift = std::max<int64_t>(0, -rel);
-  Tensor flat =
-      zeros({shift + std::max(in_extent, last + 1)}, TensorOptions(g.dtype()).device(g.device()));
-  flat = index_add(flat, 0, (positions + shift).reshape({-1}), g.reshape({-1}));
+  const TensorOptions options = TensorOptions(g.dtype()).device(g.device());
+  Tensor flat = zeros({shift + std::max(in_extent, last + 1)}, options);
+  const Tensor positions = element_positions(sizes, strides, rel + shift, g.device());
+  flat = index_add(flat, 0, positions.reshape({-1}), g.reshape({-1}));
+  if (overlaps(in_sizes, in_strides)) {
+    const Tensor in_positions = element_positions(in_sizes, in_strides, shift, g.device());
+    const Tensor counts = index_add(zeros(flat.sizes(), options), 0, in_positions.reshape({-1}),
+                                    ones(in_sizes, options).reshape({-1}));
+    flat = flat / clamp_min(counts, 1);  // a location no input element reads keeps its 0
+  }
   return as_strided(flat, in_sizes, in_strides, shift);
 }
 

@@ -552,6 +552,17 @@ TEST(Cuda, MatrixFunctionsMatchTheCpu) {
     expect_same_on_cuda(
         [](const In& in) { return linalg::solve_triangular(in[0], in[1], true, true, false); },
         {a, b});
+    expect_same_on_cuda([](const In& in) { return linalg::svdvals(in[0]); }, {a}, 1e-4, 1e-4);
+    expect_same_on_cuda([](const In& in) { return linalg::pinv(in[0]); }, {b}, 1e-4, 1e-4);
+    expect_same_on_cuda([](const In& in) { return linalg::matrix_power(in[0], -2); }, {a}, 1e-4,
+                        1e-5);
+    expect_same_on_cuda([](const In& in) { return linalg::matrix_norm(in[0], "nuc"); }, {a}, 1e-4,
+                        1e-4);
+    // The scans and searchsorted run on the host too.
+    expect_same_on_cuda([](const In& in) { return std::get<1>(cummax(in[0], 0)); }, {b});
+    expect_same_on_cuda([](const In& in) { return logcumsumexp(in[0], 1); }, {b});
+    expect_same_on_cuda(
+        [](const In& in) { return searchsorted(cumsum(abs(in[0]), 1) - 2.0, in[0]); }, {b});
     const Tensor ad = a.to(kCUDA).requires_grad_();
     linalg::det(ad).sum().backward();
     ASSERT_EQ(ad.grad().device(), kCUDA);

@@ -301,6 +301,12 @@ TEST(LinalgMatrixPower, MatchesRepeatedProductsForEveryExponent) {
   one.fill_(0.0);
   EXPECT_FALSE(all(eq(a, 0)).item<bool>());
   EXPECT_EQ(linalg::matrix_power(zeros({0, 2, 2}), 3).sizes(), (Shape{0, 2, 2}));
+  // n = 0: the identity, differentiable with a zero gradient (as torch's).
+  const Tensor leaf = a.clone().requires_grad_();
+  const Tensor power0 = linalg::matrix_power(leaf, 0);
+  EXPECT_TRUE(power0.requires_grad());
+  power0.sum().backward();
+  expect_close(leaf.grad(), std::vector<double>(18, 0.0), {2, 3, 3}, kFloat64, 0, 0);
   const Tensor g = a.clone().requires_grad_();
   for (int64_t n : {-2, 1, 3}) {
     SCOPED_TRACE("n = " + std::to_string(n));

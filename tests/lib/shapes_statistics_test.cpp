@@ -137,6 +137,20 @@ TEST(Diagonals, Gradients) {
   expect_close(autograd::grad({trace(tall)}, {tall})[0], {1, 0, 0, 0}, {4, 1}, kFloat64, 0, 0);
   EXPECT_TRUE(testing::gradcheck([](const In& in) { return trace(in[0].t()); }, {m}));
   EXPECT_TRUE(testing::gradgradcheck([](const In& in) { return trace(in[0] * in[0]); }, {m}));
+  // Of an expanded view (its elements share memory): each shared location's gradient is divided
+  // among the elements that read it, so the expansion's gradient sums it back once.
+  const Tensor row = testing::random_tensor({1, 1, 4}, kFloat64).requires_grad_();
+  for (int64_t offset : {0, 3, -1}) {
+    SCOPED_TRACE("offset " + std::to_string(offset));
+    auto f = [offset](const In& in) { return diagonal(in[0].expand({3, 4, 4}), offset, -2, 2); };
+    EXPECT_TRUE(testing::gradcheck(f, {row}));
+    EXPECT_TRUE(testing::gradgradcheck(f, {row}));
+    EXPECT_TRUE(testing::gradcheck(
+        [](const In& in) {
+          return as_strided(in[0].reshape({1, 4}).expand({2, 4}), {3}, {1}, 1);
+        },
+        {row}));
+  }
 }
 
 // ------------------------------------------------------------ repetitions
