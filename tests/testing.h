@@ -16,6 +16,11 @@ namespace kiln::testing {
 // A generator seeded per test from the test's name, so failures reproduce.
 std::mt19937_64& rng();
 
+// A uniform integer in [lo, hi] from rng().
+inline int64_t pick(int64_t lo, int64_t hi) {
+  return std::uniform_int_distribution<int64_t>(lo, hi)(rng());
+}
+
 // A random shape of rank in [min_rank, max_rank], each size in [0 or 1, max_size].
 Shape random_shape(int min_rank = 0, int max_rank = 4, int64_t max_size = 5,
                    bool allow_zero = true);

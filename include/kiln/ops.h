@@ -502,6 +502,12 @@ Tensor roll(const Tensor& x, const std::vector<int64_t>& shifts,
 Tensor repeat(const Tensor& x, const std::vector<int64_t>& repeats);
 // diag of a 1-D x: the square matrix with x on diagonal k; of a 2-D x: a copy of its diagonal k.
 Tensor diag(const Tensor& x, int64_t k = 0);
+// x's last dim on diagonal `offset` of dims dim1 and dim2 of a new tensor with one more dim, zeros
+// elsewhere: diagonal(diag_embed(x, o, d1, d2), o, d1, d2) is x.
+Tensor diag_embed(const Tensor& x, int64_t offset = 0, int64_t dim1 = -2, int64_t dim2 = -1);
+// The Kronecker product: each element of a times b, of shape a.sizes() * b.sizes() elementwise
+// (the shorter shape padded with leading 1s).
+Tensor kron(const Tensor& a, const Tensor& b);
 // repeat with dims padded with leading 1s to x's dims (torch.tile).
 Tensor tile(const Tensor& x, const std::vector<int64_t>& dims);
 // Each element `repeats` times in a row along dim (of the flattened x without a dim); a tensor of
@@ -660,6 +666,17 @@ Tensor matrix_norm(const Tensor& A, double ord, const std::vector<int64_t>& dims
                    bool keepdim = false);
 // The cross product of 3-vectors along dim (of size 3), broadcasting a and b.
 Tensor cross(const Tensor& a, const Tensor& b, int64_t dim = -1);
+// torch's linalg.norm: a string ord, or two dims, or a 2-D A with an ord and no dims, is
+// matrix_norm; otherwise vector_norm (of every element without dims; ord 2 when absent). No dims
+// (empty) is torch's dim=None.
+Tensor norm(const Tensor& A, std::optional<Scalar> ord = std::nullopt,
+            const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor norm(const Tensor& A, const std::string& ord, const std::vector<int64_t>& dims = {},
+            bool keepdim = false);
+// The number of singular values (absolute eigenvalues, hermitian) above max(atol, rtol * the
+// largest), int64, with pinv's defaults.
+Tensor matrix_rank(const Tensor& A, std::optional<double> atol = std::nullopt,
+                   std::optional<double> rtol = std::nullopt, bool hermitian = false);
 }  // namespace linalg
 // torch's older names: inverse is linalg::inv; logdet is log(det), NaN for a negative det.
 Tensor inverse(const Tensor& A);

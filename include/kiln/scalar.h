@@ -33,7 +33,9 @@ I float_to_int(F v) {
 class Scalar {
  public:
   Scalar() : Scalar(int64_t{0}) {}
-  Scalar(bool v) : kind_(kBool), i_(v), d_(v) {}
+  // A template, so that a pointer (a string literal) does not convert to a bool Scalar.
+  template <typename T, std::enable_if_t<std::is_same_v<T, bool>, int> = 0>
+  Scalar(T v) : kind_(kBool), i_(v), d_(v) {}
   template <typename T,
             std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>, int> = 0>
   Scalar(T v) : kind_(kInt64), i_(static_cast<int64_t>(v)), d_(static_cast<double>(v)) {}

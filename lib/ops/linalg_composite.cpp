@@ -1,5 +1,6 @@
 // Linear algebra composed of the matrix functions (lib/ops/matrix_functions.cpp) and tensor ops,
-// with libtorch's names and semantics: linalg::pinv, lstsq, matrix_power, matrix_norm and cross.
+// with libtorch's names and semantics: linalg::pinv, matrix_rank, lstsq, matrix_power, norm,
+// matrix_norm and cross.
 // They record, trace and differentiate through their parts (pinv and lstsq through svd's
 // gradient, as torch's composite implementations).
 #include <algorithm>
@@ -30,18 +31,39 @@ void check_floating_matrix(const Tensor& a, const char* op, const char* name = "
              ": expected a float32 or float64 tensor, got ", name, " ", describe(a));
 }
 
+// A and, when hermitian, its square shape.
+void check_decomposable(const Tensor& a, const char* op, bool hermitian) {
+  check_floating_matrix(a, op);
+  KILN_CHECK(!hermitian || a.size(-1) == a.size(-2), op,
+             ": hermitian needs batches of square matrices, got ", describe(a));
+}
+
 double epsilon(DType dtype) {
   return dtype == kFloat64 ? std::numeric_limits<double>::epsilon()
                            : double(std::numeric_limits<float>::epsilon());
 }
 
-// The reciprocals of the singular (or eigen) values above max(atol, rtol * the largest |value|),
-// 0 for the others; a gradient reaches only the kept ones.
-Tensor kept_reciprocals(const Tensor& values, double atol, double rtol) {
+// torch's tolerances: without atol (or with atol 0), rtol defaults to max(m, n) eps; with one, 0.
+struct Tolerances {
+  double atol, rtol;
+};
+Tolerances tolerances(const Tensor& a, std::optional<double> atol, std::optional<double> rtol) {
+  const double abs_tol = atol.value_or(0);
+  const double eps_rtol = double(std::max(a.size(-2), a.size(-1))) * epsilon(a.dtype());
+  return {abs_tol, rtol.value_or(abs_tol > 0 ? 0 : eps_rtol)};
+}
+
+// Where the singular (or eigen) values are above max(atol, rtol * the largest |value|).
+Tensor kept(const Tensor& values, Tolerances tol) {
   const Tensor magnitude = abs(values);
   const Tensor largest = values.size(-1) == 0 ? magnitude : amax(magnitude, -1, true);
-  const Tensor floor = full({}, atol, TensorOptions(values.dtype()).device(values.device()));
-  const Tensor keep = gt(magnitude, maximum(largest * rtol, floor));
+  const Tensor floor = full({}, tol.atol, TensorOptions(values.dtype()).device(values.device()));
+  return gt(magnitude, maximum(largest * tol.rtol, floor));
+}
+
+// The reciprocals of the kept values, 0 for the others; a gradient reaches only the kept ones.
+Tensor kept_reciprocals(const Tensor& values, Tolerances tol) {
+  const Tensor keep = kept(values, tol);
   return where(keep, reciprocal(where(keep, values, 1.0)), 0.0);
 }
 }  // namespace
@@ -49,19 +71,23 @@ Tensor kept_reciprocals(const Tensor& values, double atol, double rtol) {
 Tensor pinv(const Tensor& a, std::optional<double> atol, std::optional<double> rtol,
             bool hermitian) {
   const char* op = "linalg.pinv";
-  check_floating_matrix(a, op);
-  KILN_CHECK(!hermitian || a.size(-1) == a.size(-2), op,
-             ": hermitian needs batches of square matrices, got ", describe(a));
-  // torch's defaults: without atol (or with atol 0), rtol is max(m, n) eps; with one, rtol is 0.
-  const double abs_tol = atol.value_or(0);
-  const double rel_tol = rtol.value_or(
-      abs_tol > 0 ? 0 : double(std::max(a.size(-2), a.size(-1))) * epsilon(a.dtype()));
+  check_decomposable(a, op, hermitian);
+  const Tolerances tol = tolerances(a, atol, rtol);
   if (hermitian) {
     const auto [values, vectors] = eigh(a);
-    return matmul(vectors * kept_reciprocals(values, abs_tol, rel_tol).unsqueeze(-2), mT(vectors));
+    return matmul(vectors * kept_reciprocals(values, tol).unsqueeze(-2), mT(vectors));
   }
   const auto [u, s, vt] = svd(a, false);
-  return matmul(mT(vt) * kept_reciprocals(s, abs_tol, rel_tol).unsqueeze(-2), mT(u));
+  return matmul(mT(vt) * kept_reciprocals(s, tol).unsqueeze(-2), mT(u));
+}
+
+Tensor matrix_rank(const Tensor& a, std::optional<double> atol, std::optional<double> rtol,
+                   bool hermitian) {
+  const char* op = "linalg.matrix_rank";
+  check_decomposable(a, op, hermitian);
+  NoGradGuard no_grad;  // a count
+  const Tensor values = hermitian ? eigvalsh(a) : svdvals(a);
+  return sum(kept(values, tolerances(a, atol, rtol)), {-1});
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> lstsq(const Tensor& a, const Tensor& b_in,
@@ -84,9 +110,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstsq(const Tensor& a, const Tensor& 
   const Tensor b = vector ? b_in.unsqueeze(-1) : b_in;
   KILN_CHECK(b.dim() >= 2 && b.size(-2) == m, op, ": A ", describe(a), " and B ", describe(b_in),
              " must have the same number of rows");
-  const double tol = rcond.value_or(double(std::max(m, n)) * epsilon(a.dtype()));
   const auto [u, s, vt] = svd(a, false);
-  const Tensor reciprocals = kept_reciprocals(s, 0, tol);
+  const Tensor reciprocals = kept_reciprocals(s, tolerances(a, 0.0, rcond));
   Tensor solution = matmul(mT(vt) * reciprocals.unsqueeze(-2), matmul(mT(u), b));
   Tensor rank;
   {
@@ -180,6 +205,29 @@ Tensor matrix_norm(const Tensor& a, double ord, const std::vector<int64_t>& dims
   const Tensor sums = sum(abs(a), {summed}, true);
   return finish(largest ? amax(sums, {compared}, true) : amin(sums, {compared}, true), rows, cols,
                 keepdim);
+}
+
+Tensor norm(const Tensor& a, std::optional<Scalar> ord, const std::vector<int64_t>& dims,
+            bool keepdim) {
+  detail::check_defined(a, "linalg.norm");
+  KILN_CHECK(dims.size() <= 2, "linalg.norm: dims must name one or two dimensions, got ",
+             dims.size());
+  if (dims.size() == 2 || (dims.empty() && ord && a.dim() == 2)) {
+    const std::vector<int64_t> matrix = dims.empty() ? std::vector<int64_t>{-2, -1} : dims;
+    return ord ? matrix_norm(a, ord->to_double(), matrix, keepdim)
+               : matrix_norm(a, "fro", matrix, keepdim);
+  }
+  KILN_CHECK(!dims.empty() || !ord || a.dim() == 1,
+             "linalg.norm: an ord without dims needs a 1-D or 2-D A, got ", describe(a));
+  return vector_norm(a, ord.value_or(2), dims, keepdim);
+}
+
+Tensor norm(const Tensor& a, const std::string& ord, const std::vector<int64_t>& dims,
+            bool keepdim) {
+  detail::check_defined(a, "linalg.norm");
+  KILN_CHECK(!dims.empty() || a.dim() == 2, "linalg.norm: ord \"", ord,
+             "\" without dims needs a 2-D A, got ", describe(a));
+  return matrix_norm(a, ord, dims.empty() ? std::vector<int64_t>{-2, -1} : dims, keepdim);
 }
 
 Tensor cross(const Tensor& a, const Tensor& b, int64_t dim) {

@@ -1,6 +1,6 @@
-// Diagonals and repetitions with libtorch's names: diagonal (a view), diag, trace, tile and
-// repeat_interleave, composed of views, where and index_select, so that they record lazily, trace
-// and differentiate through their parts.
+// Diagonals and repetitions with libtorch's names: diagonal (a view), diag, diag_embed, kron,
+// trace, tile and repeat_interleave, composed of views, where and index_select, so that they record
+// lazily, trace and differentiate through their parts.
 #include <algorithm>
 #include <new>
 #include <vector>
@@ -41,15 +41,19 @@ Tensor diagonal(const Tensor& x, int64_t offset, int64_t dim1, int64_t dim2) {
 }
 
 namespace {
-// The square matrix with the 1-D v on diagonal k: where column - row is k, the element of v at
-// the row (k >= 0) or the column (k < 0), which the gradient of where sums back into v.
+// Square matrices with v's last dim on diagonal k (batched over v's other dims): where column -
+// row is k, the element of v at the row (k >= 0) or the column (k < 0), which the gradient of
+// where sums back into v.
 Tensor diagonal_matrix(const Tensor& v, int64_t k) {
-  const int64_t n = v.size(0), m = n + (k >= 0 ? k : -k);
-  const Tensor padded = cat({v, zeros({m - n}, TensorOptions(v.dtype()).device(v.device()))}, 0);
+  const int64_t n = v.size(-1), m = n + (k >= 0 ? k : -k);
+  Shape pad_shape = v.sizes();
+  pad_shape.back() = m - n;
+  const TensorOptions options = TensorOptions(v.dtype()).device(v.device());
+  const Tensor padded = cat({v, zeros(pad_shape, options)}, -1);
   const Tensor rows = arange(m, v.device()).unsqueeze(1), cols = arange(m, v.device()).unsqueeze(0);
   const Tensor on_diagonal = eq(cols - rows, k);
-  const Tensor values = k >= 0 ? padded.unsqueeze(1) : padded.unsqueeze(0);
-  return where(on_diagonal, values, zeros({}, TensorOptions(v.dtype()).device(v.device())));
+  const Tensor values = k >= 0 ? padded.unsqueeze(-1) : padded.unsqueeze(-2);
+  return where(on_diagonal, values, zeros({}, options));
 }
 }  // namespace
 
@@ -57,6 +61,33 @@ Tensor diag(const Tensor& x, int64_t k) {
   detail::check_defined(x, "diag");
   KILN_CHECK(x.dim() == 1 || x.dim() == 2, "diag: expected a 1-D or 2-D tensor, got ", describe(x));
   return x.dim() == 1 ? diagonal_matrix(x, k) : diagonal(x, k, 0, 1).clone();
+}
+
+Tensor diag_embed(const Tensor& x, int64_t offset, int64_t dim1, int64_t dim2) {
+  const char* op = "diag_embed";
+  detail::check_defined(x, op);
+  KILN_CHECK(x.dim() >= 1, op, ": expected at least one dim, got ", describe(x));
+  const int64_t d1 = detail::wrap_dim(dim1, x.dim() + 1, op, &x);
+  const int64_t d2 = detail::wrap_dim(dim2, x.dim() + 1, op, &x);
+  KILN_CHECK(d1 != d2, op, ": diagonal dimensions cannot be identical (", dim1, " and ", dim2,
+             ") for ", describe(x));
+  return movedim(diagonal_matrix(x, offset), {-2, -1}, {d1, d2});
+}
+
+Tensor kron(const Tensor& a, const Tensor& b) {
+  detail::check_defined(a, "kron", "a");
+  detail::check_defined(b, "kron", "b");
+  const int64_t rank = std::max(a.dim(), b.dim());
+  // a as [a0, 1, a1, 1, ...] and b as [1, b0, 1, b1, ...]: their product interleaves the dims.
+  Shape a_split, b_split, out;
+  for (int64_t d = 0; d < rank; ++d) {
+    const int64_t ad = d - (rank - a.dim()), bd = d - (rank - b.dim());
+    const int64_t as = ad >= 0 ? a.size(ad) : 1, bs = bd >= 0 ? b.size(bd) : 1;
+    a_split.insert(a_split.end(), {as, 1});
+    b_split.insert(b_split.end(), {1, bs});
+    out.push_back(as * bs);
+  }
+  return (a.reshape(a_split) * b.reshape(b_split)).reshape(out);
 }
 
 Tensor trace(const Tensor& x) {

@@ -20,16 +20,12 @@ namespace {
 
 using testing::expect_close;
 using testing::expect_error;
-using testing::rng;
+using testing::pick;
 using testing::values;
 using In = std::vector<Tensor>;
 
 const double kNan = std::numeric_limits<double>::quiet_NaN();
 const double kInf = std::numeric_limits<double>::infinity();
-
-int64_t pick(int64_t lo, int64_t hi) {
-  return std::uniform_int_distribution<int64_t>(lo, hi)(rng());
-}
 
 Shape with_matrix(Shape s, int64_t rows, int64_t cols) {
   s.push_back(rows);
@@ -474,6 +470,41 @@ TEST(LinalgMatrixNorm, MatchesTheReferenceForEveryOrderOverAnyTwoDims) {
         (void)linalg::matrix_norm(arange(0, 4).reshape({2, 2}));
       },
       {"linalg.matrix_norm", "floating"});
+}
+
+TEST(LinalgNormAndRank, NormDispatchesAsTorchAndMatrixRankCountsSingularValues) {
+  const Tensor m = testing::random_tensor({3, 4}, kFloat64);
+  const Tensor batch = testing::random_tensor({2, 3, 4}, kFloat64);
+  auto same = [](const Tensor& a, const Tensor& b) {
+    expect_close(a, values(b), b.sizes(), b.dtype(), 1e-14, 1e-14);
+  };
+  same(linalg::norm(m), linalg::vector_norm(m));                // flattened 2-norm
+  same(linalg::norm(m, "nuc"), linalg::matrix_norm(m, "nuc"));  // a string: matrix
+  same(linalg::norm(m, 2), linalg::matrix_norm(m, 2.0));        // 2-D with an ord: matrix
+  same(linalg::norm(m, 3, {1}), linalg::vector_norm(m, 3, {1}));
+  same(linalg::norm(batch, std::nullopt, {0, 2}, true),
+       linalg::matrix_norm(batch, "fro", {0, 2}, true));
+  same(linalg::norm(batch, -1, {2, 1}), linalg::matrix_norm(batch, -1.0, {2, 1}));
+  same(linalg::norm(batch), linalg::vector_norm(batch));
+  expect_error([&] { (void)linalg::norm(batch, 2); }, {"linalg.norm", "1-D or 2-D"});
+  expect_error([&] { (void)linalg::norm(batch, "fro"); }, {"linalg.norm", "2-D"});
+  expect_error([&] { (void)linalg::norm(batch, 2, {0, 1, 2}); }, {"linalg.norm", "one or two"});
+  // matrix_rank: full, deficient (an outer product, a zero matrix), batched, hermitian.
+  const Tensor outer =
+      matmul(testing::random_tensor({4, 1}, kFloat64), testing::random_tensor({1, 3}, kFloat64));
+  const Tensor stacked = stack({m.narrow(1, 0, 3), outer.narrow(0, 0, 3), zeros({3, 3}, kFloat64)});
+  expect_close(linalg::matrix_rank(stacked), {3, 1, 0}, {3}, kInt64, 0, 0);
+  expect_close(
+      linalg::matrix_rank(stacked + stacked.transpose(-2, -1), std::nullopt, std::nullopt, true),
+      {3, 2, 0}, {3}, kInt64, 0, 0);  // x y^T + y x^T has rank 2
+  EXPECT_EQ(linalg::matrix_rank(m).item<int64_t>(), 3);
+  // Tolerances: singular values 4 and 1e-3.
+  const Tensor d = from_vector(std::vector<double>{4, 0, 0, 1e-3}, {2, 2});
+  EXPECT_EQ(linalg::matrix_rank(d).item<int64_t>(), 2);
+  EXPECT_EQ(linalg::matrix_rank(d, 1e-2).item<int64_t>(), 1);
+  EXPECT_EQ(linalg::matrix_rank(d, std::nullopt, 1e-2).item<int64_t>(), 1);
+  expect_error([&] { (void)linalg::matrix_rank(m, std::nullopt, std::nullopt, true); },
+               {"linalg.matrix_rank", "hermitian", "square"});
 }
 
 // ------------------------------------------------------------ cross

@@ -16,16 +16,12 @@ namespace {
 
 using testing::expect_close;
 using testing::expect_error;
-using testing::rng;
+using testing::pick;
 using testing::values;
 using In = std::vector<Tensor>;
 
 const double kNan = std::numeric_limits<double>::quiet_NaN();
 const double kInf = std::numeric_limits<double>::infinity();
-
-int64_t pick(int64_t lo, int64_t hi) {
-  return std::uniform_int_distribution<int64_t>(lo, hi)(rng());
-}
 
 // Lines along dim d of a row-major tensor of `shape`: calls f(first, stride, size) for each.
 template <typename F>

@@ -153,6 +153,41 @@ TEST(Diagonals, Gradients) {
   }
 }
 
+TEST(Diagonals, DiagEmbedAndKronAgainstReferences) {
+  for (int trial = 0; trial < 20; ++trial) {
+    const Tensor x = testing::random_tensor(testing::random_shape(1, 3, 4), kFloat64);
+    const int64_t offset = pick(-2, 2);
+    const int64_t rank = x.dim() + 1;
+    const int64_t d1 = pick(0, rank - 1), d2 = (d1 + pick(1, rank - 1)) % rank;
+    SCOPED_TRACE(detail::describe(x) + " offset " + std::to_string(offset) + " dims " +
+                 std::to_string(d1) + ", " + std::to_string(d2));
+    const Tensor out = diag_embed(x, offset, d1, d2 - rank);  // a negative dim2 too
+    // x's last dim lies on that diagonal, and every other element is 0.
+    EXPECT_TRUE(equal(diagonal(out, offset, d1, d2), x));
+    EXPECT_EQ(sum(ne(out, 0)).item<int64_t>(), sum(ne(x, 0)).item<int64_t>());
+    EXPECT_EQ(out.size(d1), x.size(-1) + std::abs(offset));
+  }
+  const Tensor v = testing::random_tensor({2, 3}, kFloat64).requires_grad_();
+  EXPECT_TRUE(testing::gradcheck([](const In& in) { return diag_embed(in[0], 1, 0, 2); }, {v}));
+  expect_error([&] { (void)diag_embed(v, 0, 1, -2); }, {"diag_embed", "identical"});
+  // kron: (a (x) b)[i*p + k, j*q + l] = a[i, j] b[k, l], and a vector against a matrix.
+  const Tensor a = testing::random_tensor({2, 3}, kFloat64),
+               b = testing::random_tensor({4, 5}, kFloat64);
+  const std::vector<double> av = values(a), bv = values(b);
+  std::vector<double> expected(8 * 15);
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < 3; ++j)
+      for (int64_t k = 0; k < 4; ++k)
+        for (int64_t l = 0; l < 5; ++l)
+          expected[(i * 4 + k) * 15 + j * 5 + l] = av[i * 3 + j] * bv[k * 5 + l];
+  expect_close(kron(a, b), expected, {8, 15}, kFloat64, 0, 0);
+  EXPECT_EQ(kron(ones({3}), ones({2, 4})).sizes(), (Shape{2, 12}));
+  EXPECT_EQ(kron(ones({2, 1, 3}), ones({4, 2})).sizes(), (Shape{2, 4, 6}));
+  EXPECT_EQ(kron(full({}, 2.0), full({}, 3.0)).item<double>(), 6.0);
+  const Tensor ga = a.clone().requires_grad_(), gb = b.clone().requires_grad_();
+  EXPECT_TRUE(testing::gradcheck([](const In& in) { return kron(in[0], in[1]); }, {ga, gb}));
+}
+
 // ------------------------------------------------------------ repetitions
 
 TEST(Repetitions, TileAndRepeatInterleaveAgainstReference) {
