@@ -131,9 +131,9 @@ Tensor matrix_power(const Tensor& a, int64_t n) {
   detail::check_defined(a, op);
   KILN_CHECK(a.dim() >= 2 && a.size(-1) == a.size(-2), op,
              ": A must be batches of square matrices, got ", describe(a));
-  if (n == 0) {  // the identity, written over a copy of A: a zero gradient reaches A, as torch's
-    const Tensor identity = eye(a.size(-1), TensorOptions(a.dtype()).device(a.device()));
-    return a.clone().copy_(identity.expand(a.sizes()));
+  if (n == 0) {  // the identity, selected over A: a zero gradient reaches A, as torch's
+    const TensorOptions options = TensorOptions(a.dtype()).device(a.device());
+    return where(ones({}, TensorOptions(kBool).device(a.device())), eye(a.size(-1), options), a);
   }
   const Tensor base = n < 0 ? inv(a) : a;
   if (n == 1 || n == -1) return n == 1 ? base.clone() : base;

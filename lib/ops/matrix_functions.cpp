@@ -288,13 +288,12 @@ std::vector<Tensor> det_kernel(const Tensor& a, bool slogdet) {
   const char* op = slogdet ? "linalg.slogdet" : "linalg.det";
   Tensor lu = host_copy(a, a.sizes());
   const Shape batch_shape = leading(a.sizes(), 2);
-  Tensor first = empty(batch_shape, TensorOptions(a.dtype()));
-  Tensor second = empty(batch_shape, TensorOptions(a.dtype()));
   const Batch batch = batch_of(a.sizes());
-  if (batch.n == 0) {
-    first.fill_(1.0);   // det 1, sign 1
-    second.fill_(0.0);  // log|det| 0
-  }
+  // Empty matrices: det 1, sign 1, log|det| 0. Made so, not filled: an in-place write inside
+  // jit::trace would make the result unreadable there.
+  const TensorOptions options(a.dtype());
+  Tensor first = batch.n == 0 ? ones(batch_shape, options) : empty(batch_shape, options);
+  Tensor second = batch.n == 0 ? zeros(batch_shape, options) : empty(batch_shape, options);
   disable_nan_checks();
   float_dispatch(a.dtype(), [&](auto t) {
     using T = decltype(t);

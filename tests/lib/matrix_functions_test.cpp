@@ -646,6 +646,17 @@ TEST(LinalgModes, LazyAndTracedMatchEagerAndReplaysRaiseOnSingularMatrices) {
     testing::expect_lazy_equal(g_traced[0], g_eager[0], "traced gradient of A");
     testing::expect_lazy_equal(g_traced[1], g_eager[1], "traced gradient of B");
   }
+  // Results the kernels make for empty matrices, and matrix_power's identity, are readable inside
+  // the trace (sort reads them): nothing writes them in place.
+  const jit::Function reads = jit::trace(
+      [](const In& in) {
+        return In{std::get<0>(sort(linalg::det(in[0]).flatten())),
+                  std::get<0>(sort(linalg::matrix_power(in[1], 0).flatten()))};
+      },
+      {zeros({2, 0, 0}, kFloat64), b.detach().narrow(0, 0, 2)});
+  const In read = reads({zeros({2, 0, 0}, kFloat64), b.detach().narrow(0, 0, 2)});
+  expect_close(read[0], {1, 1}, {2}, kFloat64, 0, 0);
+  expect_close(read[1], {0, 0, 1, 1}, {4}, kFloat64, 0, 0);
   // A replay with a singular matrix raises, as eager mode does.
   const Tensor singular = zeros({2, 3, 3}, kFloat64).requires_grad_();
   expect_error([&] { (void)f({singular, b}); }, {"singular"});
