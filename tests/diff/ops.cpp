@@ -561,17 +561,27 @@ bool overlaps_itself(const torch::Tensor& t) {
     if (t.stride(d) == 0 && t.size(d) > 1) return true;
   return false;
 }
+// Whether t's matrices are laid out column-major (as libtorch's LAPACK results are; kiln's are
+// row-major).
+bool column_major(const torch::Tensor& t) {
+  return t.dim() >= 2 && !t.is_contiguous() && t.size(-2) > 1 && t.size(-1) > 1 &&
+         t.stride(-2) == 1 && t.stride(-1) == t.size(-2);
+}
 // The written value is computed by the program (never an input or a view of one, which are
 // leaves of the gradient), and the write goes through a slice of it. Not a value whose elements
 // share memory (open difference): libtorch refuses the write, and kiln's eager and traced modes
-// disagree on it.
+// disagree on it. Nor a column-major value (deliberate difference): libtorch's matrix functions
+// return column-major matrices and kiln's row-major ones, so a reshape of one taken before the
+// write is a copy in libtorch and a view in kiln (seed 10712278279345906917).
 bool inplace_target(Gen& g, Step& s) {
   std::vector<torch::Tensor> inputs;
   for (size_t i = 0; i < g.ids.size(); ++i)
     if (g.ids[i] < 0) inputs.push_back(g.values[i]);
   std::vector<int> found;
   for (size_t i = 0; i < g.ids.size(); ++i) {
-    if (g.ids[i] < 0 || g.values[i].dim() == 0 || overlaps_itself(g.values[i])) continue;
+    if (g.ids[i] < 0 || g.values[i].dim() == 0 || overlaps_itself(g.values[i]) ||
+        column_major(g.values[i]))
+      continue;
     bool aliased = std::any_of(inputs.begin(), inputs.end(), [&](const torch::Tensor& in) {
       return g.values[i].is_alias_of(in);
     });
