@@ -419,15 +419,23 @@ TEST(LinalgBatches, ManySmallMatricesMatchOneAtATimeAndNameTheFirstFailure) {
   }
 }
 
-// Several threads calling matrix functions at once (each call spreading its batch over the pool
-// too) get what one thread alone computes: LAPACK keeps no shared state between calls.
+// Several threads calling matrix functions, scans and searchsorted at once (each call spreading
+// its batch or lines over the pool too) get what one thread alone computes: LAPACK keeps no
+// shared state between calls.
 TEST(LinalgThreads, ConcurrentCallsMatchSequentialOnes) {
   const Tensor a = well_conditioned({64, 6, 6}, kFloat64);
   const Tensor b = testing::random_tensor({64, 6, 2}, kFloat64);
   const Tensor spd = matmul(a, a.transpose(1, 2));
   auto run = [&] {
-    return In{linalg::solve(a, b), linalg::det(a), linalg::cholesky(spd),
-              std::get<0>(linalg::eigh(spd)), std::get<1>(linalg::qr(a))};
+    return In{linalg::solve(a, b),
+              linalg::det(a),
+              linalg::cholesky(spd),
+              std::get<0>(linalg::eigh(spd)),
+              std::get<1>(linalg::qr(a)),
+              linalg::svdvals(a),
+              std::get<1>(cummax(a, 1)),
+              logcumsumexp(a, 2),
+              searchsorted(cumsum(abs(b), 2), a.narrow(2, 0, 2))};
   };
   const In expected = run();
   std::vector<In> got(4);
