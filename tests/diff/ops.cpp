@@ -561,27 +561,17 @@ bool overlaps_itself(const torch::Tensor& t) {
     if (t.stride(d) == 0 && t.size(d) > 1) return true;
   return false;
 }
-// Whether t's matrices are laid out column-major (as libtorch's LAPACK results are; kiln's are
-// row-major).
-bool column_major(const torch::Tensor& t) {
-  return t.dim() >= 2 && !t.is_contiguous() && t.size(-2) > 1 && t.size(-1) > 1 &&
-         t.stride(-2) == 1 && t.stride(-1) == t.size(-2);
-}
 // The written value is computed by the program (never an input or a view of one, which are
 // leaves of the gradient), and the write goes through a slice of it. Not a value whose elements
 // share memory (open difference): libtorch refuses the write, and kiln's eager and traced modes
-// disagree on it. Nor a column-major value (deliberate difference): libtorch's matrix functions
-// return column-major matrices and kiln's row-major ones, so a reshape of one taken before the
-// write is a copy in libtorch and a view in kiln (seed 10712278279345906917).
+// disagree on it.
 bool inplace_target(Gen& g, Step& s) {
   std::vector<torch::Tensor> inputs;
   for (size_t i = 0; i < g.ids.size(); ++i)
     if (g.ids[i] < 0) inputs.push_back(g.values[i]);
   std::vector<int> found;
   for (size_t i = 0; i < g.ids.size(); ++i) {
-    if (g.ids[i] < 0 || g.values[i].dim() == 0 || overlaps_itself(g.values[i]) ||
-        column_major(g.values[i]))
-      continue;
+    if (g.ids[i] < 0 || g.values[i].dim() == 0 || overlaps_itself(g.values[i])) continue;
     bool aliased = std::any_of(inputs.begin(), inputs.end(), [&](const torch::Tensor& in) {
       return g.values[i].is_alias_of(in);
     });
@@ -1578,22 +1568,27 @@ const std::vector<Op>& op_table() {
       DIFF_OP("linear", kInexact, linear_pick, linear(a[0], a[1], a[2])),
       DIFF_OP("addmm", kInexact, addmm_pick, addmm(a[0], a[1], a[2])),
       // ------------------------------------------------ matrix functions
+      // Made contiguous where libtorch's result is column-major and kiln's row-major (deliberate
+      // difference, docs/torch-differences.md): a reshape of it would be a copy in one library
+      // and a view in the other, which a later in-place write tells apart (seeds
+      // 10712278279345906917, 2009014446644838271).
       DIFF_OP("linalg_solve", kInexact, square_system_pick,
-              linalg::solve(conditioned(a[0]), a[1], true)),
+              linalg::solve(conditioned(a[0]), a[1], true).contiguous()),
       DIFF_OP(
           "linalg_solve_triangular", kInexact, square_system_pick,
           linalg::solve_triangular(conditioned(a[0]), p.i[1] != 0 ? a[1] : a[1].transpose(-2, -1),
-                                   p.i[0] != 0, p.i[1] != 0, p.i[2] != 0)),
-      DIFF_OP("linalg_inv", kInexact, square_pick, linalg::inv(conditioned(a[0]))),
+                                   p.i[0] != 0, p.i[1] != 0, p.i[2] != 0)
+              .contiguous()),
+      DIFF_OP("linalg_inv", kInexact, square_pick, linalg::inv(conditioned(a[0])).contiguous()),
       DIFF_OP("linalg_det", kInexact, square_pick, linalg::det(conditioned(a[0]))),
       DIFF_OP("linalg_slogdet", kInexact, square_pick,
               std::get<1>(linalg::slogdet(conditioned(a[0])))),
       DIFF_OP("logdet", kInexact, square_pick, logdet(gram(a[0]))),
-      DIFF_OP("linalg_cholesky", kInexact, square_pick, linalg::cholesky(gram(a[0]))),
+      DIFF_OP("linalg_cholesky", kInexact, square_pick, linalg::cholesky(gram(a[0])).contiguous()),
       DIFF_OP("linalg_eigvalsh", kInexact, square_pick, linalg::eigvalsh(gram(a[0]), "L")),
       // |R|: the signs of Householder's R are LAPACK's choice.
       DIFF_OP("linalg_qr_r", kInexact, square_pick,
-              std::get<1>(linalg::qr(conditioned(a[0]), "reduced")).abs()),
+              std::get<1>(linalg::qr(conditioned(a[0]), "reduced")).abs().contiguous()),
       DIFF_OP2("linalg_svdvals", kInexact, rectangular_pick, linalg::svdvals(a[0]),
                torch::linalg::svdvals(a[0], c10::nullopt)),
       DIFF_OP2("linalg_pinv", kInexact, square_pick, linalg::pinv(conditioned(a[0])),
