@@ -1331,6 +1331,15 @@ bool searchsorted_pick(Gen& g, Step& s) {
          !inexact_so_far(g) && !holds_nan(a) && !holds_nan(b);
 }
 
+// A fresh row-major copy (the result of a matrix function that libtorch lays out column-major):
+// both libraries' later views and in-place writes then alias alike.
+kiln::Tensor row_major(const kiln::Tensor& t) {
+  return t.clone();
+}
+torch::Tensor row_major(const torch::Tensor& t) {
+  return t.clone(at::MemoryFormat::Contiguous);
+}
+
 kiln::Reduction kiln_reduction(int64_t r) {
   return static_cast<kiln::Reduction>(r);  // None, Mean, Sum
 }
@@ -1568,27 +1577,26 @@ const std::vector<Op>& op_table() {
       DIFF_OP("linear", kInexact, linear_pick, linear(a[0], a[1], a[2])),
       DIFF_OP("addmm", kInexact, addmm_pick, addmm(a[0], a[1], a[2])),
       // ------------------------------------------------ matrix functions
-      // Made contiguous where libtorch's result is column-major and kiln's row-major (deliberate
+      // Copied row-major where libtorch's result is column-major and kiln's row-major (deliberate
       // difference, docs/torch-differences.md): a reshape of it would be a copy in one library
       // and a view in the other, which a later in-place write tells apart (seeds
       // 10712278279345906917, 2009014446644838271).
       DIFF_OP("linalg_solve", kInexact, square_system_pick,
-              linalg::solve(conditioned(a[0]), a[1], true).contiguous()),
-      DIFF_OP(
-          "linalg_solve_triangular", kInexact, square_system_pick,
-          linalg::solve_triangular(conditioned(a[0]), p.i[1] != 0 ? a[1] : a[1].transpose(-2, -1),
-                                   p.i[0] != 0, p.i[1] != 0, p.i[2] != 0)
-              .contiguous()),
-      DIFF_OP("linalg_inv", kInexact, square_pick, linalg::inv(conditioned(a[0])).contiguous()),
+              row_major(linalg::solve(conditioned(a[0]), a[1], true))),
+      DIFF_OP("linalg_solve_triangular", kInexact, square_system_pick,
+              row_major(linalg::solve_triangular(conditioned(a[0]),
+                                                 p.i[1] != 0 ? a[1] : a[1].transpose(-2, -1),
+                                                 p.i[0] != 0, p.i[1] != 0, p.i[2] != 0))),
+      DIFF_OP("linalg_inv", kInexact, square_pick, row_major(linalg::inv(conditioned(a[0])))),
       DIFF_OP("linalg_det", kInexact, square_pick, linalg::det(conditioned(a[0]))),
       DIFF_OP("linalg_slogdet", kInexact, square_pick,
               std::get<1>(linalg::slogdet(conditioned(a[0])))),
       DIFF_OP("logdet", kInexact, square_pick, logdet(gram(a[0]))),
-      DIFF_OP("linalg_cholesky", kInexact, square_pick, linalg::cholesky(gram(a[0])).contiguous()),
+      DIFF_OP("linalg_cholesky", kInexact, square_pick, row_major(linalg::cholesky(gram(a[0])))),
       DIFF_OP("linalg_eigvalsh", kInexact, square_pick, linalg::eigvalsh(gram(a[0]), "L")),
       // |R|: the signs of Householder's R are LAPACK's choice.
       DIFF_OP("linalg_qr_r", kInexact, square_pick,
-              std::get<1>(linalg::qr(conditioned(a[0]), "reduced")).abs().contiguous()),
+              row_major(std::get<1>(linalg::qr(conditioned(a[0]), "reduced")).abs())),
       DIFF_OP2("linalg_svdvals", kInexact, rectangular_pick, linalg::svdvals(a[0]),
                torch::linalg::svdvals(a[0], c10::nullopt)),
       DIFF_OP2("linalg_pinv", kInexact, square_pick, linalg::pinv(conditioned(a[0])),
