@@ -256,8 +256,8 @@ Tensor cumprod_grad(const Tensor& g, const Tensor& x, const Tensor& y, int64_t d
 // e^(x_i + log sum_{k >= i} e^(log g_k - y_k)), taken apart for g's positive and negative parts.
 // Where a part is not positive its log is the dtype's lowest finite value, not -inf, as torch's:
 // -inf - y would be NaN where y is -inf, and the second derivative through the part's own
-// logcumsumexp would be NaN. A NaN in g, in neither part, is carried to the elements before it
-// (torch's formula drops it: a finite gradient out of a NaN one).
+// logcumsumexp would be NaN. A NaN in g is in neither part: it is dropped, as by torch's formula
+// (carrying it to the elements before it would be the IEEE reading; kept torch's for parity).
 Tensor logcumsumexp_grad(const Tensor& g, const Tensor& x, const Tensor& y, int64_t d) {
   const double lowest = g.dtype() == kFloat64 ? std::numeric_limits<double>::lowest()
                                               : double(std::numeric_limits<float>::lowest());
@@ -266,8 +266,7 @@ Tensor logcumsumexp_grad(const Tensor& g, const Tensor& x, const Tensor& y, int6
     const Tensor logs = where(positive, log(where(positive, part, 1.0)), lowest);
     return reverse(logcumsumexp(reverse(logs - y, d), d), d);
   };
-  const Tensor nan_so_far = reverse_cumsum(where(isnan(g), g, 0.0), d);  // NaN or 0
-  return exp(x + log_part(g)) - exp(x + log_part(-g)) + nan_so_far;
+  return exp(x + log_part(g)) - exp(x + log_part(-g));
 }
 
 // The line dim (0 for a 0-dim x, which is its own line) of x, checked.
