@@ -546,6 +546,8 @@ Tensor Tensor::any(const std::vector<int64_t>& dims, bool keepdim) const {
 KILN_UNARY_METHOD(sign)
 KILN_UNARY_METHOD(log1p)
 KILN_UNARY_METHOD(log2)
+KILN_UNARY_METHOD(log10)
+KILN_UNARY_METHOD(sinc)
 KILN_UNARY_METHOD(exp2)
 KILN_UNARY_METHOD(expm1)
 KILN_UNARY_METHOD(rsqrt)
@@ -791,6 +793,41 @@ std::tuple<Tensor, Tensor> Tensor::cummin(int64_t dim) const {
 }
 Tensor Tensor::logcumsumexp(int64_t dim) const {
   return kiln::logcumsumexp(*this, dim);
+}
+Tensor Tensor::msort() const {
+  return kiln::msort(*this);
+}
+Tensor Tensor::diff(int64_t n, int64_t dim, const Tensor& prepend, const Tensor& append) const {
+  return kiln::diff(*this, n, dim, prepend, append);
+}
+Tensor Tensor::rot90(int64_t k, const std::vector<int64_t>& dims) const {
+  return kiln::rot90(*this, k, dims);
+}
+Tensor Tensor::hypot(const Tensor& other) const {
+  return kiln::hypot(*this, other);
+}
+Tensor Tensor::heaviside(const Tensor& values) const {
+  return kiln::heaviside(*this, values);
+}
+Tensor Tensor::quantile(double q, std::optional<int64_t> dim, bool keepdim,
+                        std::string_view interpolation) const {
+  return kiln::quantile(*this, q, dim, keepdim, interpolation);
+}
+Tensor Tensor::nanquantile(double q, std::optional<int64_t> dim, bool keepdim,
+                           std::string_view interpolation) const {
+  return kiln::nanquantile(*this, q, dim, keepdim, interpolation);
+}
+Tensor Tensor::histc(int64_t bins, const Scalar& min, const Scalar& max) const {
+  return kiln::histc(*this, bins, min, max);
+}
+Tensor Tensor::bincount(const Tensor& weights, int64_t minlength) const {
+  return kiln::bincount(*this, weights, minlength);
+}
+Tensor Tensor::cov(int64_t correction, const Tensor& fweights, const Tensor& aweights) const {
+  return kiln::cov(*this, correction, fweights, aweights);
+}
+Tensor Tensor::corrcoef() const {
+  return kiln::corrcoef(*this);
 }
 Tensor Tensor::roll(const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims) const {
   return kiln::roll(*this, shifts, dims);

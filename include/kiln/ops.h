@@ -34,6 +34,12 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step = 1,
 Tensor linspace(double start, double end, int64_t steps, TensorOptions options = {});
 Tensor eye(int64_t n, TensorOptions options = {});
 Tensor eye(int64_t n, int64_t m, TensorOptions options = {});
+// The [2, N] int64 (row, column) indices of the lower (upper) triangle of a row x col matrix,
+// on and below (above) the diagonal `offset`, row by row.
+Tensor tril_indices(int64_t row, int64_t col, int64_t offset = 0,
+                    TensorOptions options = TensorOptions(kInt64));
+Tensor triu_indices(int64_t row, int64_t col, int64_t offset = 0,
+                    TensorOptions options = TensorOptions(kInt64));
 
 // Random factories draw from one process-wide generator; manual_seed makes them reproducible.
 void manual_seed(uint64_t seed);
@@ -99,6 +105,8 @@ Tensor exp(const Tensor& x);
 Tensor log(const Tensor& x);
 Tensor log1p(const Tensor& x);
 Tensor log2(const Tensor& x);
+// log(x) / ln(10).
+Tensor log10(const Tensor& x);
 Tensor exp2(const Tensor& x);
 Tensor expm1(const Tensor& x);
 Tensor sqrt(const Tensor& x);
@@ -123,6 +131,8 @@ Tensor gelu(const Tensor& x, const std::string& approximate = "none");
 Tensor silu(const Tensor& x);
 Tensor softplus(const Tensor& x, double beta = 1.0, double threshold = 20.0);
 Tensor erf(const Tensor& x);
+// sin(pi x) / (pi x), 1 at 0.
+Tensor sinc(const Tensor& x);
 Tensor floor(const Tensor& x);
 Tensor ceil(const Tensor& x);
 Tensor round(const Tensor& x);  // half to even, as torch
@@ -193,6 +203,13 @@ Tensor maximum(const Tensor& a, const Scalar& b);
 // atan2(a, b): the angle of the point (b, a), in (-pi, pi]; integer inputs give float32.
 Tensor atan2(const Tensor& a, const Tensor& b);
 Tensor atan2(const Tensor& a, const Scalar& b);
+// sqrt(a^2 + b^2) without overflow or underflow in between; inf where either is infinite.
+Tensor hypot(const Tensor& a, const Tensor& b);
+Tensor hypot(const Tensor& a, const Scalar& b);
+// 0 where a < 0, 1 where a > 0, b where a == 0 (and 0 for a NaN a, as torch). Piecewise
+// constant: zero gradients.
+Tensor heaviside(const Tensor& a, const Tensor& b);
+Tensor heaviside(const Tensor& a, const Scalar& b);
 Tensor eq(const Tensor& a, const Tensor& b);
 Tensor ne(const Tensor& a, const Tensor& b);
 Tensor lt(const Tensor& a, const Tensor& b);
@@ -287,6 +304,44 @@ std::tuple<Tensor, Tensor> kthvalue(const Tensor& x, int64_t k, int64_t dim = -1
                                     bool keepdim = false);
 // The sum of a matrix's main diagonal (integers sum in int64).
 Tensor trace(const Tensor& x);
+// The q-quantiles (q in [0, 1]: a number, or a 0-dim or 1-D tensor of x's dtype) of x's elements,
+// or along dim, from a sort: "linear" interpolates between the neighbouring order statistics
+// (torch's lerp), "lower", "higher", "nearest" (half to even) and "midpoint" pick or average them.
+// A tensor q puts its dim first. quantile of a slice holding NaN is NaN; nanquantile skips NaN
+// (NaN when a slice holds only NaN). The gradient flows to the picked elements.
+Tensor quantile(const Tensor& x, double q, std::optional<int64_t> dim = std::nullopt,
+                bool keepdim = false, std::string_view interpolation = "linear");
+Tensor quantile(const Tensor& x, const Tensor& q, std::optional<int64_t> dim = std::nullopt,
+                bool keepdim = false, std::string_view interpolation = "linear");
+Tensor nanquantile(const Tensor& x, double q, std::optional<int64_t> dim = std::nullopt,
+                   bool keepdim = false, std::string_view interpolation = "linear");
+Tensor nanquantile(const Tensor& x, const Tensor& q, std::optional<int64_t> dim = std::nullopt,
+                   bool keepdim = false, std::string_view interpolation = "linear");
+// The covariance matrix of the variables in x's rows (observations in its columns; a 1-D x is one
+// variable), torch's: fweights (integer counts) and aweights (floating weights) weight the
+// observations, correction 1 is Bessel's. corrcoef: the Pearson correlation coefficients, clipped
+// to [-1, 1].
+Tensor cov(const Tensor& x, int64_t correction = 1, const Tensor& fweights = {},
+           const Tensor& aweights = {});
+Tensor corrcoef(const Tensor& x);
+// The histogram of x's elements in `bins` equal bins over [min, max] (x's own range when both are
+// 0; one wider each way when that range is a point); elements outside it and NaN are not counted,
+// max falls in the last bin. x's floating dtype; no gradient.
+Tensor histc(const Tensor& x, int64_t bins = 100, const Scalar& min = 0, const Scalar& max = 0);
+// The count (or sum of weights) of each value of a 1-D tensor of non-negative integers, over
+// max(x.max() + 1, minlength) bins: int64 counts; weights of float32 give float32, others
+// float64, as torch.
+Tensor bincount(const Tensor& x, const Tensor& weights = {}, int64_t minlength = 0);
+// The trapezoidal rule along dim: samples y at the points x (broadcasting with y, or 1-D along
+// dim) or spaced dx apart; cumulative_trapezoid gives the running integrals (one fewer along dim).
+Tensor trapezoid(const Tensor& y, const Tensor& x, int64_t dim = -1);
+Tensor trapezoid(const Tensor& y, const Scalar& dx = 1, int64_t dim = -1);
+Tensor cumulative_trapezoid(const Tensor& y, const Tensor& x, int64_t dim = -1);
+Tensor cumulative_trapezoid(const Tensor& y, const Scalar& dx = 1, int64_t dim = -1);
+// The n-th forward difference along dim (logical_xor for bool), after joining prepend and append
+// to x along it.
+Tensor diff(const Tensor& x, int64_t n = 1, int64_t dim = -1, const Tensor& prepend = {},
+            const Tensor& append = {});
 
 // Single-dim overloads: sum(x, 1), mean(x, -1, true). Templates so that a braced list, even an
 // empty one ({} means every dim), always picks the list overload above.
@@ -373,6 +428,23 @@ std::tuple<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim = -1, bo
 // Stable; NaN sorts as the largest value, as torch.
 std::tuple<Tensor, Tensor> sort(const Tensor& x, int64_t dim = -1, bool descending = false);
 Tensor argsort(const Tensor& x, int64_t dim = -1, bool descending = false);
+// sort along dim 0, values only.
+Tensor msort(const Tensor& x);
+// (values, inverse, counts): the distinct elements of x in ascending order (slices along dim when
+// given, compared lexicographically), where each element (slice) of x went among them (x's shape,
+// or [x.size(dim)]; empty unless return_inverse) and how often each occurs (empty unless
+// return_counts). NaNs are all distinct, as torch's. Always sorted (sorted = false is allowed,
+// as torch's CPU unique also sorts). The results carry no gradient.
+std::tuple<Tensor, Tensor, Tensor> unique(const Tensor& x, bool sorted = true,
+                                          bool return_inverse = false, bool return_counts = false,
+                                          std::optional<int64_t> dim = std::nullopt);
+std::tuple<Tensor, Tensor, Tensor> unique_dim(const Tensor& x, int64_t dim, bool sorted = true,
+                                              bool return_inverse = false,
+                                              bool return_counts = false);
+// unique of runs: each run of equal consecutive elements (slices) once, in x's order.
+std::tuple<Tensor, Tensor, Tensor> unique_consecutive(const Tensor& x, bool return_inverse = false,
+                                                      bool return_counts = false,
+                                                      std::optional<int64_t> dim = std::nullopt);
 // Integer and bool inputs accumulate in int64 unless dtype says otherwise, as torch.
 Tensor cumsum(const Tensor& x, int64_t dim, std::optional<DType> dtype = std::nullopt);
 Tensor cumprod(const Tensor& x, int64_t dim, std::optional<DType> dtype = std::nullopt);
@@ -445,6 +517,16 @@ Tensor dot(const Tensor& a, const Tensor& b);
 // "ij,jk->ik", "bij,bjk->bik", "i,i->", "ij->ji", "bhqd,bhkd->bhqk", implicit outputs ("ij,jk").
 // Ellipses and repeated letters within one operand (diagonals) raise.
 Tensor einsum(const std::string& equation, const std::vector<Tensor>& operands);
+// Sums the products of a's dims_a with b's dims_b (pairwise): the result has a's other dims, then
+// b's. The number form contracts a's last `dims` dims with b's first.
+Tensor tensordot(const Tensor& a, const Tensor& b, const std::vector<int64_t>& dims_a,
+                 const std::vector<int64_t>& dims_b);
+Tensor tensordot(const Tensor& a, const Tensor& b, int64_t dims = 2);
+// The p-norm distances between the rows of x1 [..., P, M] and x2 [..., R, M] (batch dims
+// broadcast): [..., P, R]. For p = 2 compute_mode chooses torch's algorithm: 0 (default) the GEMM
+// expansion when P or R exceeds 25, 1 always, 2 never (direct differences, more accurate).
+Tensor cdist(const Tensor& x1, const Tensor& x2, double p = 2,
+             std::optional<int64_t> compute_mode = std::nullopt);
 
 // ---------------------------------------------------------------- indexing and joining
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
@@ -452,6 +534,15 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+// Coordinate grids of 0-D or 1-D tensors: each output has every input's length as a dim (views).
+// indexing "ij" (matrix) or "xy" (Cartesian: the first two dims swapped).
+std::vector<Tensor> meshgrid(const std::vector<Tensor>& tensors, std::string_view indexing = "ij");
+// Every combination of the 1-D tensors' elements, [N, k] (one tensor: itself).
+Tensor cartesian_prod(const std::vector<Tensor>& tensors);
+// The block-diagonal matrix of the tensors (0-D as 1 x 1, 1-D as one row, 2-D), dtype promoted.
+Tensor block_diag(const std::vector<Tensor>& tensors);
+// x rotated k quarter turns in the plane of dims, from the first dim toward the second.
+Tensor rot90(const Tensor& x, int64_t k = 1, const std::vector<int64_t>& dims = {0, 1});
 // A copy of self with src added at the given indices: out[..., index[i], ...] += src[..., i, ...]
 // along dim (the gradient of index_select and embedding).
 Tensor index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src);

@@ -272,6 +272,8 @@ class Tensor {
   Tensor sign() const;
   Tensor log1p() const;
   Tensor log2() const;
+  Tensor log10() const;
+  Tensor sinc() const;
   Tensor exp2() const;
   Tensor expm1() const;
   Tensor rsqrt() const;
@@ -394,6 +396,21 @@ class Tensor {
   std::tuple<Tensor, Tensor> cummax(int64_t dim) const;
   std::tuple<Tensor, Tensor> cummin(int64_t dim) const;
   Tensor logcumsumexp(int64_t dim) const;
+  Tensor msort() const;
+  Tensor diff(int64_t n = 1, int64_t dim = -1, const Tensor& prepend = {},
+              const Tensor& append = {}) const;
+  Tensor rot90(int64_t k = 1, const std::vector<int64_t>& dims = {0, 1}) const;
+  Tensor hypot(const Tensor& other) const;
+  Tensor heaviside(const Tensor& values) const;
+  Tensor quantile(double q, std::optional<int64_t> dim = std::nullopt, bool keepdim = false,
+                  std::string_view interpolation = "linear") const;
+  Tensor nanquantile(double q, std::optional<int64_t> dim = std::nullopt, bool keepdim = false,
+                     std::string_view interpolation = "linear") const;
+  Tensor histc(int64_t bins = 100, const Scalar& min = 0, const Scalar& max = 0) const;
+  Tensor bincount(const Tensor& weights = {}, int64_t minlength = 0) const;
+  Tensor cov(int64_t correction = 1, const Tensor& fweights = {},
+             const Tensor& aweights = {}) const;
+  Tensor corrcoef() const;
   Tensor flip(const std::vector<int64_t>& dims) const;
   Tensor roll(const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims = {}) const;
   Tensor repeat(const std::vector<int64_t>& repeats) const;

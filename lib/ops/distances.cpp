@@ -1,5 +1,5 @@
-// torch.nn.functional's normalize, cosine_similarity and pairwise_distance, and one_hot, composed
-// of norms, elementwise ops and comparisons (kiln/nn_functional.h).
+// torch.nn.functional's normalize, cosine_similarity and pairwise_distance, one_hot, and torch's
+// cdist, composed of norms, GEMMs, elementwise ops and comparisons (kiln/nn_functional.h).
 #include <algorithm>
 
 #include "kiln/autograd.h"
@@ -60,6 +60,52 @@ Tensor pairwise_distance(const Tensor& x1, const Tensor& x2, double p, double ep
   // The last dim of the broadcast shape, as torch's (eps keeps the norm's gradient finite).
   const int64_t d = std::max<int64_t>(std::max(x1.dim(), x2.dim()) - 1, 0);
   return norm(x1 - x2 + eps, p, {d}, keepdim);
+}
+
+namespace {
+// The Euclidean distances of the rows of x1 [..., P, M] and x2 [..., R, M] from one GEMM of
+// [-2 x1, |x1|^2, 1] and [x2, 1, |x2|^2] (torch's _euclidean_dist: fast, but cancellation costs
+// accuracy for nearby rows), with torch's gradient, which is 0 where a distance is 0.
+Tensor euclidean_by_gemm(const Tensor& x1, const Tensor& x2) {
+  Tensor result;
+  {
+    AutoGradMode no_grad(false);
+    const Tensor norm1 = x1.pow(2).sum(-1, true), norm2 = x2.pow(2).sum(-1, true);
+    const Tensor a = cat({x1 * -2, norm1, ones_like(norm1)}, -1);
+    const Tensor b = cat({x2, ones_like(norm2), norm2}, -1);
+    result = sqrt(clamp_min(matmul(a, b.transpose(-2, -1)), 0));
+  }
+  if (detail::needs_grad(x1, x2))
+    detail::record(
+        "cdist", {x1, x2}, {result}, {x1, x2, result}, [](const detail::BackwardContext& c) {
+          const Tensor &x1 = c.saved(0), &x2 = c.saved(1), &d = c.saved(2);
+          const Tensor ratio = where(ne(d, 0), c.grad() / d, 0.0);
+          const Tensor g1 = x1 * ratio.sum(-1, true) - matmul(ratio, x2);
+          const Tensor g2 = x2 * ratio.sum(-2).unsqueeze(-1) - matmul(ratio.transpose(-2, -1), x1);
+          return std::vector<Tensor>{sum_to_size(g1, x1.sizes()), sum_to_size(g2, x2.sizes())};
+        });
+  return result;
+}
+}  // namespace
+
+Tensor cdist(const Tensor& x1, const Tensor& x2, double p, std::optional<int64_t> compute_mode) {
+  const char* op = "cdist";
+  check_floating(x1, op, "x1");
+  check_floating(x2, op, "x2");
+  KILN_CHECK(x1.dim() >= 2 && x2.dim() >= 2 && x1.size(-1) == x2.size(-1), op,
+             ": expected x1 [..., P, M] and x2 [..., R, M], got ", describe(x1), " and ",
+             describe(x2));
+  KILN_CHECK(x1.dtype() == x2.dtype() && x1.device() == x2.device(), op,
+             ": expected x1 and x2 of one dtype and device, got ", describe(x1), " on ",
+             x1.device().str(), " and ", describe(x2), " on ", x2.device().str());
+  KILN_CHECK(p >= 0, op, ": p must be non-negative, got ", p);
+  const int64_t mode = compute_mode.value_or(0);
+  KILN_CHECK(mode >= 0 && mode <= 2, op, ": compute_mode must be 0, 1 or 2, got ", mode);
+  if (p == 2 && (mode == 1 || (mode == 0 && (x1.size(-2) > 25 || x2.size(-2) > 25))))
+    return euclidean_by_gemm(x1, x2);
+  // Direct differences [..., P, R, M], reduced by the p-norm (0 between rows of no elements).
+  if (x1.size(-1) == 0) return (x1.unsqueeze(-2) - x2.unsqueeze(-3)).sum(-1);
+  return linalg::vector_norm(x1.unsqueeze(-2) - x2.unsqueeze(-3), p, {-1});
 }
 
 Tensor one_hot(const Tensor& x, int64_t num_classes) {

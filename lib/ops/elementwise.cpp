@@ -76,6 +76,18 @@ KILN_MATH_INLINE T atan2_value(T y, T x) {
     return std::atan2(y, x);
 }
 
+// hypot's formula (lib/ops/binary_ops.inc), step for step.
+template <typename T>
+T hypot_value(T x, T y) {
+  const T ax = x < T(0) ? T(-x) : x, ay = y < T(0) ? T(-y) : y;
+  const T m = ax > ay ? ax : ay;
+  const T r = T((ax > ay ? ay : ax) / m);
+  const auto is_inf = [](T v) { return v == v && T(v - v) != T(0); };
+  if (is_inf(ax)) return ax;
+  if (is_inf(ay)) return ay;
+  return m == T(0) ? T(0) : T(m * T(std::sqrt(T(T(1) + T(r * r)))));
+}
+
 // pow's primitive, lib/math/primitives.h's single definition (the fused kernels instantiate the
 // same): pow_float for floats; pow_int for integers, wrapping, computed over the unsigned type of
 // their width (the caller rejects negative exponents).
@@ -134,6 +146,14 @@ enum class Saves { None, X, Y, XY };
 std::vector<Tensor> saved_for(Saves saves, const Tensor& x, const Tensor& y) {
   bool sx = saves == Saves::X || saves == Saves::XY, sy = saves == Saves::Y || saves == Saves::XY;
   return {sx ? x : Tensor(), sy ? y : Tensor()};
+}
+}  // namespace
+
+namespace {
+// torch's sinc_backward: g (pi x cos(pi x) - sin(pi x)) / (pi x^2), 0 where pi x^2 is 0.
+Tensor sinc_gradient(const Tensor& g, const Tensor& x) {
+  const Tensor pi_x = x * 3.141592653589793, pi_x2 = x * x * 3.141592653589793;
+  return where(ne(pi_x2, 0), g * (pi_x * cos(pi_x) - sin(pi_x)) / pi_x2, 0.0);
 }
 }  // namespace
 

@@ -100,7 +100,9 @@ Tensor lerp(const Tensor& start, const Tensor& end, const Tensor& weight) {
   KILN_CHECK(start.is_floating_point() && end.is_floating_point(),
              "lerp: expected floating-point start and end, got ", describe(start), " and ",
              describe(end));
-  return start + weight * (end - start);
+  // torch's two forms: from start for |weight| < 0.5, from end otherwise (exact at weight 1).
+  const Tensor difference = end - start;
+  return where(lt(abs(weight), 0.5), start + weight * difference, end - difference * (1 - weight));
 }
 
 Tensor addcmul(const Tensor& self, const Tensor& t1, const Tensor& t2, const Scalar& value) {

@@ -20,13 +20,13 @@
 
 namespace kiln_diff {
 
-using kiln::diff::Input;
-using kiln::diff::input_id;
-using kiln::diff::input_index;
-using kiln::diff::Params;
-using kiln::diff::Program;
-using kiln::diff::Step;
-using kiln::diff::ValueId;
+using kiln::differential::Input;
+using kiln::differential::input_id;
+using kiln::differential::input_index;
+using kiln::differential::Params;
+using kiln::differential::Program;
+using kiln::differential::Step;
+using kiln::differential::ValueId;
 using Shape = std::vector<int64_t>;
 
 torch::ScalarType to_torch(kiln::DType t);

@@ -9,7 +9,7 @@
 
 #include "kiln/dtype.h"
 
-namespace kiln::diff {
+namespace kiln::differential {
 
 // Parameters of one step: integers (dims, sizes, indices, flags), an integer list (dims, a shape
 // or a permutation) and scalar operands, all of one kind (as a Python literal would be).
@@ -51,4 +51,4 @@ struct Program {
   std::vector<Step> steps;
 };
 
-}  // namespace kiln::diff
+}  // namespace kiln::differential

@@ -365,6 +365,8 @@ TEST(AutogradOps, UnaryElementwise) {
       {"atanh", [](const Tensor& x) { return atanh(x); }, uniform(-0.9, 0.9)},
       {"exp2", [](const Tensor& x) { return exp2(x); }, uniform(-2, 2)},
       {"log2", [](const Tensor& x) { return log2(x); }, uniform(0.2, 3)},
+      {"log10", [](const Tensor& x) { return log10(x); }, uniform(0.2, 3)},
+      {"sinc", [](const Tensor& x) { return sinc(x); }, signed_mag(0.1, 2)},
       {"sigmoid", [](const Tensor& x) { return sigmoid(x); }, uniform(-3, 3)},
       {"relu", [](const Tensor& x) { return relu(x); }, signed_mag(0.1, 2)},
       {"gelu", [](const Tensor& x) { return gelu(x); }, uniform(-3, 3)},
@@ -452,6 +454,9 @@ TEST(AutogradOps, BinaryArithmetic) {
       "div", [](const Tensor& a, const Tensor& b) { return div(a, b); }, u, signed_mag(0.5, 2), c);
   check_binary(
       "atan2", [](const Tensor& a, const Tensor& b) { return atan2(a, b); }, u, signed_mag(0.5, 2),
+      c);
+  check_binary(
+      "hypot", [](const Tensor& a, const Tensor& b) { return hypot(a, b); }, signed_mag(0.5, 2), u,
       c);
   check_binary(
       "operators", [](const Tensor& a, const Tensor& b) { return (a + b) * a - b / 3.0; }, u, u, c);
