@@ -56,6 +56,7 @@ KILN_UNARY_MATH(Acosh, acosh)
 KILN_UNARY_MATH(Atanh, atanh)
 KILN_UNARY_MATH(Exp2, exp2)
 KILN_UNARY_MATH(Log2, log2)
+KILN_UNARY_MATH(Log10, log10)
 #undef KILN_UNARY_MATH
 
 template <>

@@ -1,7 +1,7 @@
 // kiln's float32 and float64 transcendental primitives, each defined once: exp, log, log1p,
 // expm1, sin, cos, tanh and erf (and whatever is built on them: sigmoid, silu, gelu, softplus),
 // pow (of floats and of integers), and, in lib/math/trig_hyperbolic.h (included at the end), tan,
-// atan, atan2, asin, acos, the hyperbolic functions, exp2 and log2.
+// atan, atan2, asin, acos, the hyperbolic functions, exp2, log2 and log10.
 //
 // Every function is a template over a value type F (the float or double of a value family), as
 // Dr.Jit's math library serves scalars and JIT values alike. One definition has four
@@ -171,7 +171,8 @@ inline constexpr UlpBound kUlpBounds[] = {
     {"exp", 1, 1},   {"log", 1, 1},   {"log1p", 1, 1}, {"expm1", 1, 1}, {"sin", 1, 1},
     {"cos", 1, 1},   {"tanh", 1, 2},  {"erf", 1, 1},   {"tan", 1, 2},   {"atan", 1, 1},
     {"atan2", 1, 2}, {"asin", 1, 2},  {"acos", 1, 2},  {"sinh", 1, 2},  {"cosh", 1, 2},
-    {"asinh", 1, 2}, {"acosh", 1, 2}, {"atanh", 1, 2}, {"exp2", 1, 1},  {"log2", 1, 2}};
+    {"asinh", 1, 2}, {"acosh", 1, 2}, {"atanh", 1, 2}, {"exp2", 1, 1},  {"log2", 1, 2},
+    {"log10", 1, 2}};
 
 // ---- Helpers over any family ----
 

@@ -1,9 +1,10 @@
 // kiln's tan, inverse trigonometric and hyperbolic primitives, each defined once over
 // lib/math/primitives.h's value families (whose rules they follow: branch-free, no contraction
 // but fmadd, libm's special values): tan, atan, atan2, asin, acos, sinh, cosh, asinh, acosh,
-// atanh, exp2 and log2. float64 follows fdlibm's algorithms; float32 evaluates the float64 function
-// of the (exactly) widened argument and rounds once (tan: sin_f32's reduction and polynomials in
-// double, then one rounding). Bounds: kUlpBounds, measured by tests/lib/ulp_test.cpp.
+// atanh, exp2, log2 and log10. float64 follows fdlibm's algorithms; float32 evaluates the float64
+// function of the (exactly) widened argument and rounds once (tan: sin_f32's reduction and
+// polynomials in double, then one rounding). Bounds: kUlpBounds, measured by
+// tests/lib/ulp_test.cpp.
 #pragma once
 
 #include <cstdint>
@@ -276,6 +277,42 @@ KILN_MATH_INLINE F log2_f64(F x) {
   return select((x == inf) | (x != x), x, r);
 }
 
+// ---- log10 ----
+
+struct Log10F64 {
+  static constexpr double kLog10Of2 = 3.01029995663981198017e-01;  // log10(2) and 1/ln 10 as
+  static constexpr double kLog10Of2Lo = -2.80372812778517040e-18;  // double-doubles
+  static constexpr double kInvLn10 = 4.34294481903251816668e-01;
+  static constexpr double kInvLn10Lo = 1.09831965021676500e-17;
+};
+
+// log10(x) = k log10(2) + log(m) / ln 10 with x = 2^k m as in log2_f64, both terms double-doubles
+// summed before the one rounding: the powers of ten that doubles hold give their exponent exactly.
+// NaN below 0, -inf at 0, inf at inf.
+template <typename F>
+KILN_MATH_INLINE F log10_f64(F x) {
+  using C = Log10F64;
+  using L = LogF64;
+  using U = Like<F, uint64_t>;
+  const auto subnormal = x < F(L::kSmallest);
+  const F xs = select(subnormal, x * F(L::kScale), x);
+  const U iu = log_offset_bits(bitcast<uint64_t>(xs));
+  const F k = convert<double>((iu >> 52) - U(1023)) - select(subnormal, F(54.0), F(0.0));
+  const F m = bitcast<double>((iu & U(0x000fffffffffffffu)) + U(L::kSqrtHalf));
+  const F l = log_f64(m);
+  const F k_hi = k * F(C::kLog10Of2);
+  const F k_lo = fmadd(k, F(C::kLog10Of2), -k_hi) + k * F(C::kLog10Of2Lo);
+  const F l_hi = l * F(C::kInvLn10);
+  const F l_lo = fmadd(l, F(C::kInvLn10), -l_hi) + l * F(C::kInvLn10Lo);
+  F e;
+  const F s = two_sum(k_hi, l_hi, &e);
+  F r = s + (e + (k_lo + l_lo));
+  const F inf = bitcast<double>(U(0x7ff0000000000000u));
+  r = select(x == F(0.0), -inf, r);
+  r = select(x < F(0.0), bitcast<double>(U(TrigF64::kNaN)), r);
+  return select((x == inf) | (x != x), x, r);
+}
+
 // ---- float32: the float64 definitions, rounded once ----
 
 #define KILN_THROUGH_F64(f)                                                           \
@@ -293,6 +330,7 @@ KILN_THROUGH_F64(acosh)
 KILN_THROUGH_F64(atanh)
 KILN_THROUGH_F64(exp2)
 KILN_THROUGH_F64(log2)
+KILN_THROUGH_F64(log10)
 #undef KILN_THROUGH_F64
 
 // tan(x) in double as sin_f32 reduces and evaluates, sin r / cos r (or -cos r / sin r in an odd

@@ -3,6 +3,7 @@
 // triu_indices. Composed of views, cat, flips, sorts and GEMMs, so that they record lazily, trace
 // and differentiate through their parts.
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -197,37 +198,58 @@ Tensor tensordot(const Tensor& a, const Tensor& b, int64_t dims) {
 }
 
 namespace {
-// The (row, column) pairs of a triangle, row by row: columns [first(r), last(r)) of each row r.
-template <typename First, typename Last>
-Tensor triangle_indices(const char* op, int64_t row, int64_t col, TensorOptions options,
-                        First first, Last last) {
+using Wide = __int128;  // sizes and offsets near the int64 limits, without overflow
+
+// sum over r in [0, n) of clamp(r + c, 0, m), m >= 0: 0 below r = -c, m from r = m - c on.
+Wide clamped_sum(Wide n, Wide c, Wide m) {
+  const Wide lo = std::clamp<Wide>(-c, 0, n), hi = std::clamp<Wide>(m - c, 0, n);
+  return (hi - lo) * (lo + hi - 1 + 2 * c) / 2 + (n - hi) * m;
+}
+
+// The (row, column) pairs of the lower (on and below diagonal `offset`) or upper triangle of a
+// row x col matrix, row by row. Counted in closed form first, and only the rows holding some
+// visited: hostile sizes fail at the allocation instead of looping.
+Tensor triangle_indices(const char* op, int64_t row, int64_t col, int64_t offset, bool lower,
+                        TensorOptions options) {
   KILN_CHECK(row >= 0 && col >= 0, op, ": row and col must be non-negative, got ", row, " and ",
              col);
   const DType dtype = options.dtype_or(kInt64);
   KILN_CHECK(dtype == kInt64 || dtype == kInt32, op, ": expected an int64 or int32 dtype, got ",
              dtype_name(dtype));
-  std::vector<int64_t> rows, cols;
-  for (int64_t r = 0; r < row; ++r)
-    for (int64_t c = std::max<int64_t>(first(r), 0); c < std::min(last(r), col); ++c) {
-      rows.push_back(r);
-      cols.push_back(c);
-    }
-  rows.insert(rows.end(), cols.begin(), cols.end());
-  const int64_t count = static_cast<int64_t>(cols.size());
-  return from_vector(rows, Shape{2, count}).to(dtype).to(options.device_);
+  const Wide count = lower ? clamped_sum(row, Wide(offset) + 1, col)
+                           : Wide(row) * col - clamped_sum(row, offset, col);
+  KILN_CHECK(count <= std::numeric_limits<int64_t>::max() / 2, op, ": ", row, " x ", col,
+             " with offset ", offset, " has too many indices");
+  Tensor out;
+  try {
+    out = empty({2, static_cast<int64_t>(count)}, kInt64);
+  } catch (const Error& e) {
+    KILN_FAIL(op, ": ", static_cast<int64_t>(count), " indices of ", row, " x ", col,
+              " with offset ", offset, ": ", e.what());
+  }
+  int64_t* rows = out.data_ptr<int64_t>();
+  int64_t* cols = rows + static_cast<int64_t>(count);
+  // Lower: the rows from -offset on, columns [0, r + offset + 1); upper: the rows before
+  // col - offset, columns [r + offset, col).
+  const auto first_row = static_cast<int64_t>(lower ? std::clamp<Wide>(-Wide(offset), 0, row) : 0);
+  const auto end_row =
+      static_cast<int64_t>(lower ? row : std::clamp<Wide>(Wide(col) - offset, 0, row));
+  for (int64_t r = first_row; r < end_row; ++r) {
+    const Wide diagonal = Wide(r) + offset;
+    const auto begin = static_cast<int64_t>(lower ? 0 : std::clamp<Wide>(diagonal, 0, col));
+    const auto end = static_cast<int64_t>(lower ? std::clamp<Wide>(diagonal + 1, 0, col) : col);
+    for (int64_t c = begin; c < end; ++c) *rows++ = r, *cols++ = c;
+  }
+  return out.to(dtype).to(options.device_);
 }
 }  // namespace
 
 Tensor tril_indices(int64_t row, int64_t col, int64_t offset, TensorOptions options) {
-  return triangle_indices(
-      "tril_indices", row, col, options, [](int64_t) { return int64_t{0}; },
-      [offset](int64_t r) { return r + offset + 1; });
+  return triangle_indices("tril_indices", row, col, offset, true, options);
 }
 
 Tensor triu_indices(int64_t row, int64_t col, int64_t offset, TensorOptions options) {
-  return triangle_indices(
-      "triu_indices", row, col, options, [offset](int64_t r) { return r + offset; },
-      [col](int64_t) { return col; });
+  return triangle_indices("triu_indices", row, col, offset, false, options);
 }
 
 }  // namespace kiln

@@ -65,6 +65,7 @@ KILN_MATH_VALUE(acosh)
 KILN_MATH_VALUE(atanh)
 KILN_MATH_VALUE(exp2)
 KILN_MATH_VALUE(log2)
+KILN_MATH_VALUE(log10)
 #undef KILN_MATH_VALUE
 template <typename T>
 KILN_MATH_INLINE T atan2_value(T y, T x) {

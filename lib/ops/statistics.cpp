@@ -2,6 +2,7 @@
 // corrcoef, histc and bincount (counts added with index_add), trapezoid and cumulative_trapezoid.
 // Composed of sorts, gathers, reductions and elementwise ops in torch's order of operations, so
 // that they record lazily, trace, differentiate through their parts and round as torch does.
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -215,7 +216,13 @@ Tensor bincount(const Tensor& x, const Tensor& weights, int64_t minlength) {
                                                     : kFloat64;
   const TensorOptions options = TensorOptions(dtype).device(x.device());
   const Tensor counts = weights.defined() ? weights.detach().to(dtype) : ones({x.numel()}, options);
-  return index_add(zeros({length}, options), 0, x.to(kInt64), counts);
+  Tensor bins;
+  try {
+    bins = zeros({length}, options);
+  } catch (const Error& e) {  // a hostile value asks for petabytes: say whose bins they are
+    KILN_FAIL(op, ": ", length, " bins for the largest value of ", describe(x), ": ", e.what());
+  }
+  return index_add(bins, 0, x.to(kInt64), counts);
 }
 
 // --------------------------------------------------------------------------------- integration
@@ -243,8 +250,8 @@ Tensor spacings(const Tensor& y, const Tensor& x, int64_t dim, const char* op) {
     shape.insert(shape.end(), x.sizes().begin(), x.sizes().end());
     points = x.reshape(shape);
   }
-  const int64_t n = points.size(dim);
-  return points.narrow(dim, 1, n - 1) - points.narrow(dim, 0, n - 1);
+  const int64_t n = points.size(dim), m = std::max<int64_t>(n - 1, 0);
+  return points.narrow(dim, std::min<int64_t>(n, 1), m) - points.narrow(dim, 0, m);
 }
 
 int64_t integration_dim(const Tensor& y, int64_t dim, const char* op) {
@@ -254,10 +261,10 @@ int64_t integration_dim(const Tensor& y, int64_t dim, const char* op) {
   return detail::wrap_dim(dim, y.dim(), op, &y);
 }
 
-// The sums of neighbouring samples along dim: y[1:] + y[:-1].
+// The sums of neighbouring samples along dim: y[:-1] + y[1:] (empty for no samples).
 Tensor neighbour_sums(const Tensor& y, int64_t dim) {
-  const int64_t n = y.size(dim);
-  return y.narrow(dim, 0, n - 1) + y.narrow(dim, 1, n - 1);
+  const int64_t n = y.size(dim), m = std::max<int64_t>(n - 1, 0);
+  return y.narrow(dim, 0, m) + y.narrow(dim, std::min<int64_t>(n, 1), m);
 }
 }  // namespace
 
@@ -276,13 +283,11 @@ Tensor trapezoid(const Tensor& y, const Scalar& dx, int64_t dim) {
 Tensor cumulative_trapezoid(const Tensor& y, const Tensor& x, int64_t dim) {
   const char* op = "cumulative_trapezoid";
   const int64_t d = integration_dim(y, dim, op);
-  if (y.size(d) == 0) return y;
   return (neighbour_sums(y, d) * spacings(y, x, d, op)).cumsum(d) / 2.0;
 }
 
 Tensor cumulative_trapezoid(const Tensor& y, const Scalar& dx, int64_t dim) {
   const int64_t d = integration_dim(y, dim, "cumulative_trapezoid");
-  if (y.size(d) == 0) return y;
   return (neighbour_sums(y, d) * (dx.to_double() / 2.0)).cumsum(d);
 }
 

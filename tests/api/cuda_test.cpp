@@ -535,6 +535,35 @@ TEST(Cuda, ScatterOpsMatchTheCpu) {
                           0);
 }
 
+// Statistics, grids, unique and the newer elementwise rows on a device: the CPU's values (the
+// sorts and data-dependent sizes go through the host, the elementwise parts run on the device).
+TEST(Cuda, StatisticsAndGridsMatchTheCpu) {
+  KILN_REQUIRE_GPU();
+  using In = std::vector<Tensor>;
+  for (DType dt : {kFloat32, kFloat64}) {
+    const Tensor a = testing::random_tensor({4, 6}, dt), b = testing::random_tensor({30, 6}, dt);
+    expect_same_on_cuda([](const In& in) { return quantile(in[0], 0.3, int64_t{1}); }, {a});
+    expect_same_on_cuda([](const In& in) { return nanquantile(in[0], 0.7); }, {a});
+    expect_same_on_cuda([](const In& in) { return cov(in[0]); }, {a}, 1e-5, 1e-5);
+    expect_same_on_cuda([](const In& in) { return corrcoef(in[0]); }, {a}, 1e-5, 1e-5);
+    expect_same_on_cuda([](const In& in) { return cdist(in[0], in[1]); }, {a, b}, 1e-4, 1e-4);
+    expect_same_on_cuda([](const In& in) { return cdist(in[0], in[1], 1); }, {a, b}, 1e-5, 1e-5);
+    expect_same_on_cuda([](const In& in) { return histc(in[0], 7); }, {a});
+    expect_same_on_cuda(
+        [](const In& in) { return std::get<2>(unique(in[0].round(), true, true, true)); }, {a});
+    expect_same_on_cuda([](const In& in) { return hypot(in[0], in[0] * 0.5); }, {a});
+    expect_same_on_cuda([](const In& in) { return log10(in[0].abs()) + sinc(in[0]); }, {a});
+    expect_same_on_cuda([](const In& in) { return trapezoid(in[0], 0.5) + diff(in[0]).sum(1); },
+                        {a}, 1e-5, 1e-5);
+    expect_same_on_cuda([](const In& in) { return tensordot(in[0], in[1], {1}, {1}); }, {a, b},
+                        1e-5, 1e-5);
+    expect_same_on_cuda([](const In& in) { return block_diag({in[0], rot90(in[0])}); }, {a});
+  }
+  const Tensor counts = bincount(testing::random_tensor({50}, kInt64, 0, 9).to(kCUDA));
+  EXPECT_EQ(counts.device(), kCUDA);
+  EXPECT_EQ(counts.sum().item<int64_t>(), 50);
+}
+
 // Matrix functions on a device run on the host's LAPACK (copied there and back): the CPU's
 // values, a device result, and gradients that come back to the device.
 TEST(Cuda, MatrixFunctionsMatchTheCpu) {

@@ -1331,6 +1331,97 @@ bool searchsorted_pick(Gen& g, Step& s) {
          !inexact_so_far(g) && !holds_nan(a) && !holds_nan(b);
 }
 
+// ---------------------------------------------------------------- statistics and grids
+// hypot of floating operands (libtorch's has no integer kernel).
+bool hypot_pick(Gen& g, Step& s) {
+  binary(g, s);
+  return is_float(arg(g, s, 0)) && is_float(arg(g, s, 1));
+}
+// heaviside of one non-bool dtype (libtorch's rejects two; kiln promotes them).
+bool heaviside_pick(Gen& g, Step& s) {
+  binary(g, s);
+  const auto& x = arg(g, s, 0);
+  return x.scalar_type() == arg(g, s, 1).scalar_type() && x.scalar_type() != torch::kBool;
+}
+// lerp of one floating dtype with a scalar weight in [-0.5, 1.5] (p.scalars[0]).
+bool lerp_pick(Gen& g, Step& s) {
+  binary(g, s);
+  const auto& x = arg(g, s, 0);
+  s.p.scalars = {double(g.uniform(-2, 6)) / 4};
+  s.p.scalar_kind = Params::ScalarKind::Float;
+  return is_float(x) && x.scalar_type() == arg(g, s, 1).scalar_type();
+}
+// quantile along p.i[0] (keepdim p.i[1]) of q = p.i[2] / 8 with interpolation p.i[3], of exact
+// non-empty floating values only (deliberate difference otherwise: after inexact steps an ulp
+// orders two near values, and with them the element the gradient goes to).
+const char* const kInterpolations[] = {"linear", "lower", "higher", "midpoint", "nearest"};
+bool quantile_pick(Gen& g, Step& s) {
+  reduce_one(g, s);
+  const auto& x = arg(g, s, 0);
+  s.p.i.push_back(g.uniform(0, 8));
+  s.p.i.push_back(g.uniform(0, 4));
+  return is_float(x) && x.numel() > 0 && !inexact_so_far(g);
+}
+// diff of order p.i[1] in [0, 3] along p.i[0], of a tensor with dims.
+bool diff_pick(Gen& g, Step& s) {
+  reduce_one(g, s);
+  s.p.i[1] = g.uniform(0, 3);
+  return rank(arg(g, s, 0)) > 0;
+}
+// trapezoid along p.i[0] of non-bool samples with dims.
+bool trapezoid_pick(Gen& g, Step& s) {
+  reduce_one(g, s);
+  const auto& x = arg(g, s, 0);
+  return rank(x) > 0 && x.scalar_type() != torch::kBool;
+}
+// cov of floating variables [vars, observations] or [observations], at least 2 observations
+// (fewer divide by 0 in both libraries; libtorch warns each time).
+bool cov_pick(Gen& g, Step& s) {
+  unary(g, s);
+  const auto& x = arg(g, s, 0);
+  return is_float(x) && rank(x) >= 1 && rank(x) <= 2 && x.size(-1) >= 2;
+}
+// rot90 by p.i[0] quarter turns in the plane of the first two dims.
+bool rot90_pick(Gen& g, Step& s) {
+  unary(g, s);
+  s.p.i = {g.uniform(-1, 4)};
+  return rank(arg(g, s, 0)) >= 2;
+}
+// block_diag of two tensors of at most 2 dims.
+bool block_diag_pick(Gen& g, Step& s) {
+  binary(g, s);
+  return rank(arg(g, s, 0)) <= 2 && rank(arg(g, s, 1)) <= 2;
+}
+// cdist of new row sets x1 [batch..., P, M] and x2 [R, M] (values in [0, 1)), with
+// p = {0, 1, 2, 3}[p.i[0]]: the direct algorithm in both libraries (P, R <= 4).
+bool cdist_pick(Gen& g, Step& s) {
+  if (g.inputs_full()) return false;
+  const int64_t m = g.uniform(1, 4);
+  Shape first = g.random_shape(1);
+  first.push_back(g.uniform(1, 4));
+  first.push_back(m);
+  const kiln::DType dtype = g.random_float_dtype();
+  s.args = {g.new_input(first, dtype, 0, 1)};
+  if (g.inputs_full()) return false;
+  s.args.push_back(g.new_input(Shape{g.uniform(1, 4), m}, dtype, 0, 1));
+  s.p.i = {g.uniform(0, 3)};
+  return true;
+}
+// tensordot of new tensors a [..., k] and b [k, ...] (values in [0, 1)) over their one shared
+// dim.
+bool tensordot_pick(Gen& g, Step& s) {
+  if (g.inputs_full()) return false;
+  const int64_t k = g.uniform(1, 4);
+  Shape a = g.random_shape(1), b{k};
+  a.push_back(k);
+  for (int64_t d : g.random_shape(1)) b.push_back(d);
+  const kiln::DType dtype = g.random_float_dtype();
+  s.args = {g.new_input(a, dtype, 0, 1)};
+  if (g.inputs_full()) return false;
+  s.args.push_back(g.new_input(b, dtype, 0, 1));
+  return true;
+}
+
 // A fresh row-major copy (the result of a matrix function that libtorch lays out column-major):
 // both libraries' later views and in-place writes then alias alike.
 kiln::Tensor row_major(const kiln::Tensor& t) {
@@ -1411,6 +1502,8 @@ const std::vector<Op>& op_table() {
       DIFF_OP("atanh", kInexact, near_one_pick, atanh(a[0])),
       DIFF_OP("exp2", kInexact, unary, exp2(a[0])),
       DIFF_OP("log2", kInexact, log_pick, log2(a[0])),
+      DIFF_OP("log10", kInexact, log_pick, log10(a[0])),
+      DIFF_OP("sinc", kInexact, periodic_pick, sinc(a[0])),
 
       DIFF_OP("sigmoid", kInexact, unary, sigmoid(a[0])),
       DIFF_OP("relu", 0, relu_pick, relu(a[0])),
@@ -1476,6 +1569,10 @@ const std::vector<Op>& op_table() {
       DIFF_OP("div_floor", 0, remainder_pick, div(a[0], a[1], "floor")),
       DIFF_OP("floor_divide", 0, remainder_pick, floor_divide(a[0], a[1])),
       DIFF_OP("atan2", kInexact, atan2_pick, atan2(a[0], a[1])),
+      DIFF_OP("hypot", kInexact, hypot_pick, hypot(a[0], a[1])),
+      // Detached: libtorch's heaviside has no derivative (its backward raises), kiln's is 0.
+      DIFF_OP("heaviside", 0, heaviside_pick, heaviside(a[0].detach(), a[1].detach())),
+      DIFF_OP("lerp", kInexact, lerp_pick, lerp(a[0], a[1], B::scalar(p, 0))),
       DIFF_OP("minimum", 0, extremum_binary_pick, minimum(a[0], a[1])),
       DIFF_OP("maximum", 0, extremum_binary_pick, maximum(a[0], a[1])),
       DIFF_OP("eq", 0, binary, eq(a[0], a[1])),
@@ -1617,6 +1714,21 @@ const std::vector<Op>& op_table() {
       DIFF_OP("logcumsumexp", kInexact, float_reduce_one, a[0].logcumsumexp(p.i[0])),
       DIFF_OP("searchsorted", 0, searchsorted_pick,
               searchsorted(std::get<0>(sort(a[0].flatten())), a[1], false, p.i[0] != 0)),
+      // ------------------------------------------------ statistics and grids
+      DIFF_OP("quantile", kInexact, quantile_pick,
+              quantile(a[0], double(p.i[2]) / 8, p.i[0], p.i[1] != 0, kInterpolations[p.i[3]])),
+      DIFF_OP("nanquantile", kInexact, quantile_pick,
+              nanquantile(a[0], double(p.i[2]) / 8, p.i[0], p.i[1] != 0, kInterpolations[p.i[3]])),
+      DIFF_OP("diff", 0, diff_pick, diff(a[0], p.i[1], p.i[0])),
+      DIFF_OP("trapezoid", kInexact, trapezoid_pick, trapezoid(a[0], 0.5, p.i[0])),
+      DIFF_OP("cumulative_trapezoid", kInexact, trapezoid_pick,
+              cumulative_trapezoid(a[0], 1, p.i[0])),
+      DIFF_OP("cov", kInexact, cov_pick, cov(a[0])),
+      DIFF_OP("corrcoef", kInexact, cov_pick, corrcoef(a[0])),
+      DIFF_OP("rot90", 0, rot90_pick, rot90(a[0], p.i[0], {0, 1})),
+      DIFF_OP("block_diag", 0, block_diag_pick, block_diag({a[0], a[1]})),
+      DIFF_OP("cdist", kInexact, cdist_pick, cdist(a[0], a[1], double(p.i[0]))),
+      DIFF_OP("tensordot", kInexact, tensordot_pick, tensordot(a[0], a[1], {-1}, {0})),
       // ------------------------------------------------ indexing and joining
       DIFF_OP("index_select", 0, index_select_pick, index_select(a[0], p.i[0], a[1])),
       DIFF_OP("gather", 0, gather_pick, gather(a[0], p.i[0], a[1])),

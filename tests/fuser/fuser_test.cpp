@@ -363,7 +363,7 @@ TEST(Fuser, ATranscendentalUsedTwiceIsOneFunctionAndMatchesEager) {
       {"sin", kiln::sin},     {"cos", kiln::cos},   {"tanh", kiln::tanh},   {"erf", kiln::erf},
       {"tan", kiln::tan},     {"atan", kiln::atan}, {"asin", kiln::asin},   {"acos", kiln::acos},
       {"sinh", kiln::sinh},   {"cosh", kiln::cosh}, {"asinh", kiln::asinh}, {"acosh", kiln::acosh},
-      {"atanh", kiln::atanh}, {"exp2", kiln::exp2}, {"log2", kiln::log2}};
+      {"atanh", kiln::atanh}, {"exp2", kiln::exp2}, {"log2", kiln::log2},   {"log10", kiln::log10}};
   for (DType dtype : {kFloat32, kFloat64}) {
     // 1000 elements: vectors of 16 (8 for float64 on AVX2) and a scalar remainder.
     Tensor x = testing::input({1000}, dtype, -40.0, 40.0);
@@ -468,7 +468,7 @@ TEST(Fuser, Float64TranscendentalsAreWithinTheirBoundsOverTheWholeRange) {
     const Tensor& a = in[0];
     return Inputs{tanh(a),  erf(a),   log1p(a), expm1(a), sin(a),  cos(a),
                   tan(a),   atan(a),  asin(a),  acos(a),  sinh(a), cosh(a),
-                  asinh(a), acosh(a), atanh(a), exp2(a),  log2(a)};
+                  asinh(a), acosh(a), atanh(a), exp2(a),  log2(a), log10(a)};
   };
   using Exact = long double (*)(long double);
   const std::pair<const char*, Exact> exact[] = {
@@ -488,7 +488,8 @@ TEST(Fuser, Float64TranscendentalsAreWithinTheirBoundsOverTheWholeRange) {
       {"acosh", [](long double v) { return std::acosh(v); }},
       {"atanh", [](long double v) { return std::atanh(v); }},
       {"exp2", [](long double v) { return std::exp2(v); }},
-      {"log2", [](long double v) { return std::log2(v); }}};
+      {"log2", [](long double v) { return std::log2(v); }},
+      {"log10", [](long double v) { return std::log10(v); }}};
   auto bound = [](const std::string& name) {
     for (const math::UlpBound& b : math::kUlpBounds)
       if (name == b.name) return b.f64;
@@ -570,7 +571,7 @@ TEST(Fuser, StridedKernelsWithTranscendentalsMatchEager) {
     const Tensor& a = in[0];
     return Inputs{tanh(a),  erf(a),   log1p(a), expm1(a), sin(a),  cos(a),
                   tan(a),   atan(a),  asin(a),  acos(a),  sinh(a), cosh(a),
-                  asinh(a), acosh(a), atanh(a), exp2(a),  log2(a)};
+                  asinh(a), acosh(a), atanh(a), exp2(a),  log2(a), log10(a)};
   };
   Fn twice = [](const Inputs& in) {
     const Tensor &a = in[0], b = in[0] * 2.0;

@@ -1,6 +1,8 @@
 // Every elementwise op against a float64 reference over random shapes, broadcasts, layouts and
 // dtypes.
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -1017,6 +1019,65 @@ TEST(Methods, ScalarFormsOfBinaryOps) {
   EXPECT_EQ(logical_or(x, false).to_vector<bool>(), (std::vector<bool>{true, true, true}));
   EXPECT_EQ(gt(x, 0).to_vector<bool>(), (std::vector<bool>{false, true, true}));
   EXPECT_EQ(minimum(arange(3), 1.5).dtype(), kFloat32);  // a float scalar promotes int tensors
+}
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+// Distance in representable values between two finite values of one floating type.
+template <typename T>
+int64_t ulp_distance(T a, T b) {
+  using I = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+  auto key = [](T f) {
+    I i;
+    std::memcpy(&i, &f, sizeof(T));
+    return i < 0 ? static_cast<long double>(std::numeric_limits<I>::min()) - i
+                 : static_cast<long double>(i);
+  };
+  return static_cast<int64_t>(std::fabs(key(a) - key(b)));
+}
+
+// hypot over random bit patterns, half of the pairs within 2^20 of each other in magnitude:
+// within 2 ulps of the long double hypot rounded (docs/numerics.md), infinities and NaN as
+// libm's. sinc on [-1/2, 1/2], against sin(p) / p of the same rounded p = pi x: within 2 ulps.
+template <typename T>
+void check_hypot_and_sinc_ulps() {
+  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  std::mt19937_64 gen(7);
+  std::vector<T> a, b, s;
+  for (int i = 0; i < 400000; ++i) {
+    const Bits p = static_cast<Bits>(gen()), q = static_cast<Bits>(gen());
+    T x, y;
+    std::memcpy(&x, &p, sizeof(T));
+    std::memcpy(&y, &q, sizeof(T));
+    if (i % 2) y = x * std::ldexp(T(1), int(gen() % 40) - 20) * T(int(gen() % 1000)) / T(500);
+    a.push_back(x), b.push_back(y);
+    s.push_back(std::uniform_real_distribution<T>(T(-0.5), T(0.5))(gen));
+  }
+  const std::vector<T> h = hypot(from_vector(a), from_vector(b)).template to_vector<T>();
+  const std::vector<T> sc = sinc(from_vector(s)).template to_vector<T>();
+  int64_t worst_hypot = 0, worst_sinc = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const T want = static_cast<T>(std::hypot(static_cast<long double>(a[i]), b[i]));
+    if (!std::isfinite(want)) {
+      EXPECT_TRUE(std::isnan(want) ? std::isnan(h[i]) : h[i] == want) << a[i] << " " << b[i];
+      continue;
+    }
+    worst_hypot = std::max(worst_hypot, ulp_distance(h[i], want));
+    const T p = s[i] * T(3.141592653589793);
+    const T ref = s[i] == 0 ? T(1) : static_cast<T>(std::sin(static_cast<long double>(p)) / p);
+    worst_sinc = std::max(worst_sinc, ulp_distance(sc[i], ref));
+  }
+  EXPECT_LE(worst_hypot, 2);
+  EXPECT_LE(worst_sinc, 2);
+  std::printf("%s: hypot at most %lld ulp, sinc at most %lld ulp\n", sizeof(T) == 4 ? "f32" : "f64",
+              static_cast<long long>(worst_hypot), static_cast<long long>(worst_sinc));
+}
+
+TEST(Ulps, HypotAndSincWithinTwoUlps) {
+  check_hypot_and_sinc_ulps<float>();
+  check_hypot_and_sinc_ulps<double>();
 }
 }  // namespace
 }  // namespace kiln

@@ -484,6 +484,13 @@ TEST(Rearrangements, Rot90TensordotTriangleIndicesAndMsortMatchReferences) {
                  kInt32, 0, 0);
   }
   expect_error([] { tril_indices(-1, 2); }, {"tril_indices", "non-negative"});
+  // Hostile sizes: a clear error, not a loop over 10^18 rows.
+  const int64_t huge = int64_t{1} << 60;
+  expect_error([&] { tril_indices(huge, huge); }, {"tril_indices", "too many"});
+  expect_error([&] { triu_indices(huge, 1 << 20); }, {"triu_indices"});
+  EXPECT_EQ(tril_indices(huge, 3, -huge + 2).size(1), 3);  // only the last 2 rows hold any
+  EXPECT_EQ(triu_indices(huge, 2, 1).size(1), 1);
+  expect_error([] { bincount(from_vector(std::vector<int64_t>{int64_t{1} << 50})); }, {"bincount"});
   expect_error([] { triu_indices(2, 2, 0, kFloat32); }, {"triu_indices", "float32"});
 
   const Tensor s = from_vector(std::vector<double>{3, kNan, 1, 2}, Shape{2, 2});
@@ -639,6 +646,40 @@ TEST(Unique, DimAndConsecutiveFormsCompareWholeSlices) {
   const Tensor g = from_vector(std::vector<double>{2, 1, 2}).requires_grad_();
   EXPECT_FALSE(std::get<0>(unique(g)).requires_grad());
   expect_error([] { unique_dim(scalar_tensor(1.0), 0); }, {"unique_dim"});
+}
+
+// ------------------------------------------------------------ method forms
+
+TEST(StatisticsMethods, EachMethodIsItsFunction) {
+  const Tensor x = testing::random_tensor({3, 4}, kFloat64, 0.5, 3);
+  const Tensor y = testing::random_tensor({3, 4}, kFloat64);
+  EXPECT_TRUE(equal(x.log10(), log10(x)));
+  EXPECT_TRUE(equal(y.sinc(), sinc(y)));
+  EXPECT_TRUE(equal(x.hypot(y), hypot(x, y)));
+  EXPECT_TRUE(equal(y.round().heaviside(x), heaviside(y.round(), x)));
+  EXPECT_TRUE(equal(y.msort(), msort(y)));
+  EXPECT_TRUE(equal(y.cov(0), cov(y, 0)));
+  EXPECT_TRUE(equal(y.diff(1, 0), diff(y, 1, 0)));
+  EXPECT_TRUE(equal(y.rot90(2), rot90(y, 2)));
+  // log10 of the powers of ten is exact in both dtypes; hypot neither overflows nor underflows.
+  expect_close(log10(from_vector(std::vector<double>{1, 10, 1e3, 1e22, 0, -1})),
+               {0, 1, 3, 22, -kInf, kNan}, {6}, kFloat64, 0, 0);
+  expect_close(log10(from_vector(std::vector<float>{1e3f, 1e10f})), {3, 10}, {2}, kFloat32, 0, 0);
+  expect_close(hypot(from_vector(std::vector<double>{3e300, 3e-300, kInf, kNan}),
+                     from_vector(std::vector<double>{4e300, 4e-300, kNan, 1})),
+               {5e300, 5e-300, kInf, kNan}, {4}, kFloat64, 1e-15, 0);
+  expect_close(sinc(from_vector(std::vector<double>{0, 0.5, 1})), {1, 2 / M_PI, 0}, {3}, kFloat64,
+               1e-15, 1e-15);
+  expect_close(
+      heaviside(from_vector(std::vector<double>{-1, 0, 2, kNan}), scalar_tensor(0.5, kFloat64)),
+      {0, 0.5, 1, 0}, {4}, kFloat64, 0, 0);
+  // Their gradients: hypot's g a / y, sinc's 0 at 0, heaviside's 0.
+  const Tensor s = from_vector(std::vector<double>{0, 0.5}).requires_grad_();
+  sinc(s).sum().backward();
+  expect_close(s.grad(), {0, -4 / M_PI}, {2}, kFloat64, 1e-12, 1e-12);
+  const Tensor h = from_vector(std::vector<double>{-1, 2}).requires_grad_();
+  heaviside(h, h).sum().backward();
+  expect_close(h.grad(), {0, 0}, {2}, kFloat64, 0, 0);
 }
 
 // ------------------------------------------------------------ lazy recording

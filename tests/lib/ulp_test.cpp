@@ -430,6 +430,24 @@ TEST(UlpF64, Exp2AndLog2) {
   }
 }
 
+TEST(UlpF32, Log10) {
+  sweep_f32(
+      "log10", [](float x) { return log10_f32(x); }, [](double x) { return std::log10(x); },
+      {around({1.0f, 0.70710677f, 1.4142135f, 10.0f, std::numeric_limits<float>::min()}, 20000)});
+}
+
+// log10 of the powers of ten that each dtype holds exactly is exact.
+TEST(UlpF64, Log10) {
+  sweep_f64(
+      "log10", [](double v) { return log10_f64(v); }, [](long double v) { return std::log10(v); },
+      double_sample({{0.0, 4.0}, {0.7, 1.5}, {1.0, 1e6}}));
+  double p = 1;
+  for (int k = 0; k <= 22; ++k, p *= 10) {  // 10^k is exact up to 10^22
+    ASSERT_EQ(log10_f64(p), double(k)) << k;
+    if (k <= 10) ASSERT_EQ(log10_f32(float(p)), float(k)) << k;
+  }
+}
+
 // atan2 over pairs: each y against x's of every sign and magnitude (random bit patterns and
 // values of either sign), and every pair of special values (signed zeros, infinities, NaN, the
 // extremes) exactly as libm gives them.

@@ -109,6 +109,7 @@ std::string Source::expr(const Instr& in) {
     case Prim::Atan2:
     case Prim::Exp2:
     case Prim::Log2:
+    case Prim::Log10:
       return math_call(in, t, x.a, x.b);
     case Prim::Sqrt:  // correctly rounded (NVRTC's default -prec-sqrt=true)
       return x.call(libm("sqrt", t));
