@@ -219,6 +219,15 @@ KILN_MATH_INLINE F atanh_f64(F x) {
   return select(ax < F(HyperbolicF64::kTiny), x, select(x < F(0.0), -r, r));  // +-0 kept
 }
 
+// a (b + b_lo) as a double-double: the rounded product, its error (Dekker's, through fmadd) plus
+// a b_lo in *lo.
+template <typename F>
+KILN_MATH_INLINE F times_double_double(F a, double b, double b_lo, F* lo) {
+  const F hi = a * F(b);
+  *lo = fmadd(a, F(b), -hi) + a * F(b_lo);
+  return hi;
+}
+
 // ---- exp2, log2 ----
 
 struct Exp2Log2F64 {
@@ -242,8 +251,8 @@ KILN_MATH_INLINE F exp2_f64(F x) {
   const F k = t - F(ExpF64::kMagic);
   const U ki = bitcast<uint64_t>(t) - U(ExpF64::kMagicBits);
   const F r = xc - k;
-  const F hi = r * F(C::kLn2);
-  const F lo = fmadd(r, F(C::kLn2), -hi) + r * F(C::kLn2Lo);
+  F lo;
+  const F hi = times_double_double(r, C::kLn2, C::kLn2Lo, &lo);
   const F e = exp_f64(hi);
   const F y = fmadd(e, lo, e);
   const U k1 = sar(ki, 1), k2 = ki - k1;
@@ -252,29 +261,39 @@ KILN_MATH_INLINE F exp2_f64(F x) {
   return (y * s1) * s2;
 }
 
-// log2(x) = k + log(m) / ln 2 with x = 2^k m, m in [sqrt(1/2), sqrt(2)) from the bits (subnormals
-// scaled by 2^54 first) and the quotient a double-double: powers of two give k exactly. NaN below
-// 0, -inf at 0, inf at inf.
+// x = 2^k m with m in [sqrt(1/2), sqrt(2)), from the bits (subnormals scaled by 2^54 first):
+// returns m, k in *k. The split of log2_f64 and log10_f64.
 template <typename F>
-KILN_MATH_INLINE F log2_f64(F x) {
-  using C = Exp2Log2F64;
+KILN_MATH_INLINE F log_split(F x, F* k) {
   using L = LogF64;
   using U = Like<F, uint64_t>;
   const auto subnormal = x < F(L::kSmallest);
   const F xs = select(subnormal, x * F(L::kScale), x);
   const U iu = log_offset_bits(bitcast<uint64_t>(xs));
-  const F k = convert<double>((iu >> 52) - U(1023)) - select(subnormal, F(54.0), F(0.0));
-  const F m = bitcast<double>((iu & U(0x000fffffffffffffu)) + U(L::kSqrtHalf));
-  const F l = log_f64(m);
-  const F hi = l * F(C::kInvLn2);
-  const F lo = fmadd(l, F(C::kInvLn2), -hi) + l * F(C::kInvLn2Lo);
-  F e;
-  const F s = two_sum(k, hi, &e);
-  F r = s + (e + lo);
+  *k = convert<double>((iu >> 52) - U(1023)) - select(subnormal, F(54.0), F(0.0));
+  return bitcast<double>((iu & U(0x000fffffffffffffu)) + U(L::kSqrtHalf));
+}
+
+// r with a logarithm's special values at x: NaN below 0, -inf at 0, x itself at inf and NaN.
+template <typename F>
+KILN_MATH_INLINE F with_log_specials(F x, F r) {
+  using U = Like<F, uint64_t>;
   const F inf = bitcast<double>(U(0x7ff0000000000000u));
   r = select(x == F(0.0), -inf, r);
   r = select(x < F(0.0), bitcast<double>(U(TrigF64::kNaN)), r);
   return select((x == inf) | (x != x), x, r);
+}
+
+// log2(x) = k + log(m) / ln 2 with x = 2^k m (log_split) and the quotient a double-double: powers
+// of two give k exactly.
+template <typename F>
+KILN_MATH_INLINE F log2_f64(F x) {
+  using C = Exp2Log2F64;
+  F k, lo, e;
+  const F m = log_split(x, &k);
+  const F hi = times_double_double(log_f64(m), C::kInvLn2, C::kInvLn2Lo, &lo);
+  const F s = two_sum(k, hi, &e);
+  return with_log_specials(x, s + (e + lo));
 }
 
 // ---- log10 ----
@@ -286,31 +305,17 @@ struct Log10F64 {
   static constexpr double kInvLn10Lo = 1.09831965021676500e-17;
 };
 
-// log10(x) = k log10(2) + log(m) / ln 10 with x = 2^k m as in log2_f64, both terms double-doubles
+// log10(x) = k log10(2) + log(m) / ln 10 with x = 2^k m (log_split), both terms double-doubles
 // summed before the one rounding: the powers of ten that doubles hold give their exponent exactly.
-// NaN below 0, -inf at 0, inf at inf.
 template <typename F>
 KILN_MATH_INLINE F log10_f64(F x) {
   using C = Log10F64;
-  using L = LogF64;
-  using U = Like<F, uint64_t>;
-  const auto subnormal = x < F(L::kSmallest);
-  const F xs = select(subnormal, x * F(L::kScale), x);
-  const U iu = log_offset_bits(bitcast<uint64_t>(xs));
-  const F k = convert<double>((iu >> 52) - U(1023)) - select(subnormal, F(54.0), F(0.0));
-  const F m = bitcast<double>((iu & U(0x000fffffffffffffu)) + U(L::kSqrtHalf));
-  const F l = log_f64(m);
-  const F k_hi = k * F(C::kLog10Of2);
-  const F k_lo = fmadd(k, F(C::kLog10Of2), -k_hi) + k * F(C::kLog10Of2Lo);
-  const F l_hi = l * F(C::kInvLn10);
-  const F l_lo = fmadd(l, F(C::kInvLn10), -l_hi) + l * F(C::kInvLn10Lo);
-  F e;
+  F k, k_lo, l_lo, e;
+  const F m = log_split(x, &k);
+  const F k_hi = times_double_double(k, C::kLog10Of2, C::kLog10Of2Lo, &k_lo);
+  const F l_hi = times_double_double(log_f64(m), C::kInvLn10, C::kInvLn10Lo, &l_lo);
   const F s = two_sum(k_hi, l_hi, &e);
-  F r = s + (e + (k_lo + l_lo));
-  const F inf = bitcast<double>(U(0x7ff0000000000000u));
-  r = select(x == F(0.0), -inf, r);
-  r = select(x < F(0.0), bitcast<double>(U(TrigF64::kNaN)), r);
-  return select((x == inf) | (x != x), x, r);
+  return with_log_specials(x, s + (e + (k_lo + l_lo)));
 }
 
 // ---- float32: the float64 definitions, rounded once ----

@@ -367,7 +367,7 @@ Tensor flip(const Tensor& x, const std::vector<int64_t>& dims) {
     KILN_CHECK(!seen[d], "flip: dim ", d, " appears more than once in the dims of ", describe(x));
     seen[d] = true;
     const int64_t n = x.size(d);
-    out = index_select(out, d, arange(n - 1, -1, -1));
+    out = index_select(out, d, arange(n - 1, -1, -1, x.device()));
   }
   return dims.empty() ? x.clone() : out;
 }
@@ -436,7 +436,8 @@ namespace {
 Tensor triangle_mask(const Tensor& x, int64_t diagonal, bool lower, const char* op) {
   detail::check_defined(x, op);
   KILN_CHECK(x.dim() >= 2, op, ": expected a tensor of at least 2 dims, got ", describe(x));
-  Tensor rows = arange(x.size(-2)).unsqueeze(1), cols = arange(x.size(-1)).unsqueeze(0);
+  Tensor rows = arange(x.size(-2), x.device()).unsqueeze(1);
+  Tensor cols = arange(x.size(-1), x.device()).unsqueeze(0);
   Tensor offset = cols - rows;
   return lower ? le(offset, diagonal) : ge(offset, diagonal);
 }

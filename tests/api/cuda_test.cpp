@@ -558,6 +558,8 @@ TEST(Cuda, StatisticsAndGridsMatchTheCpu) {
     expect_same_on_cuda([](const In& in) { return tensordot(in[0], in[1], {1}, {1}); }, {a, b},
                         1e-5, 1e-5);
     expect_same_on_cuda([](const In& in) { return block_diag({in[0], rot90(in[0])}); }, {a});
+    // flip and the triangles index on the tensor's device.
+    expect_same_on_cuda([](const In& in) { return flip(in[0], {0, 1}) + tril(in[0], 1); }, {a});
   }
   const Tensor counts = bincount(testing::random_tensor({50}, kInt64, 0, 9).to(kCUDA));
   EXPECT_EQ(counts.device(), kCUDA);

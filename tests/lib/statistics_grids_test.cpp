@@ -13,6 +13,7 @@
 #include "kiln/autograd.h"
 #include "kiln/testing.h"
 #include "lib/tensor_impl.h"
+#include "tests/lib/lines.h"
 #include "tests/testing.h"
 
 namespace kiln {
@@ -20,25 +21,13 @@ namespace {
 
 using testing::expect_close;
 using testing::expect_error;
+using testing::for_each_line;
 using testing::pick;
 using testing::values;
 using In = std::vector<Tensor>;
 
 const double kNan = std::numeric_limits<double>::quiet_NaN();
 const double kInf = std::numeric_limits<double>::infinity();
-
-// Lines along dim d of a row-major tensor of `shape`: calls f(first, stride, size) for each.
-template <typename F>
-void for_each_line(const Shape& shape, int64_t d, const F& f) {
-  int64_t outer = 1, inner = 1;
-  for (int64_t i = 0; i < static_cast<int64_t>(shape.size()); ++i) {
-    if (i < d) outer *= shape[i];
-    if (i > d) inner *= shape[i];
-  }
-  const int64_t size = shape.empty() ? 1 : shape[d];
-  for (int64_t o = 0; o < outer; ++o)
-    for (int64_t i = 0; i < inner; ++i) f(o * size * inner + i, inner, size);
-}
 
 // Small integers (many ties) with, when `special`, some NaN and infinities.
 Tensor tied_values(const Shape& shape, DType dtype, bool special) {
