@@ -1,7 +1,7 @@
 // Sorting and scans: sort, argsort, topk, cumsum, cumprod, cummax, cummin and logcumsumexp.
 //
 // sort finds the permutation on the host (a stable sort of each line along dim, NaN as the largest
-// value, as torch) and gathers the values with gather, so that gradients flow through gather's.
+// value, as torch: a radix sort of keys that order as the values do) and gathers the values with gather, so that gradients flow through gather's.
 // The permutation depends on the data, so sorting a pending (lazy) tensor makes it concrete.
 // The scans are table ops (OpKind::NN, no formula: the fuser leaves them to their own kernel),
 // recorded lazily and traced as one node each (cummax and cummin with two outputs, the values and
@@ -11,8 +11,11 @@
 // in log space with g split by sign so that it neither overflows nor underflows.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "kiln/ops.h"
@@ -62,30 +65,82 @@ bool is_nan(T v) {
     return false;
 }
 
-// The stable sorting permutation of every line, as int64 indices along dim.
+// A sort key: an unsigned integer whose order is the sort's (NaN the largest value, -0 equal to
+// +0; reversed for descending), so that a stable sort of the keys is the stable sort of the values.
+template <typename T>
+using KeyOf = std::conditional_t<sizeof(T) <= 4, uint32_t, uint64_t>;
+
+template <typename T>
+KeyOf<T> sort_key(T v, bool descending) {
+  using K = KeyOf<T>;
+  K key;
+  if constexpr (std::is_floating_point_v<T>) {
+    // The bits, sign-magnitude made monotone: negatives reversed below the positives.
+    const K sign = K(1) << (sizeof(K) * 8 - 1);
+    K bits;
+    const T value = v == T(0) ? T(0) : v;
+    std::memcpy(&bits, &value, sizeof bits);
+    key = v != v ? ~K(0) : (bits & sign) ? ~bits : (bits | sign);
+  } else if constexpr (std::is_same_v<T, bool>) {
+    key = v;
+  } else {
+    using U = std::make_unsigned_t<T>;
+    key = K(U(v) ^ (U(1) << (sizeof(U) * 8 - 1)));  // two's complement, offset to unsigned
+  }
+  return descending ? K(~key) : key;
+}
+
+// The stable sorting permutation of keys, in order: a least-significant-digit radix sort by bytes
+// (the bytes every key shares skipped), or for short lines a comparison sort.
+template <typename K>
+void stable_order(std::vector<K>& keys, std::vector<int64_t>& order) {
+  const size_t n = keys.size();
+  std::iota(order.begin(), order.end(), 0);
+  if (n < 64) {
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return keys[a] < keys[b]; });
+    return;
+  }
+  std::vector<K> next_keys(n);
+  std::vector<int64_t> next_order(n);
+  for (unsigned shift = 0; shift < sizeof(K) * 8; shift += 8) {
+    size_t start[257] = {};
+    for (K k : keys) ++start[((k >> shift) & 0xFF) + 1];
+    if (start[((keys[0] >> shift) & 0xFF) + 1] == n) continue;  // one byte value: order kept
+    for (int b = 0; b < 256; ++b) start[b + 1] += start[b];
+    for (size_t i = 0; i < n; ++i) {
+      const size_t at = start[(keys[i] >> shift) & 0xFF]++;
+      next_keys[at] = keys[i];
+      next_order[at] = order[i];
+    }
+    keys.swap(next_keys);
+    order.swap(next_order);
+  }
+}
+
+// The stable sorting permutation of every line, as int64 indices along dim. Lines of up to 64K
+// elements run on the thread pool (their buffers are small); longer ones one after another.
 Tensor sort_indices(const Tensor& x, int64_t d, bool descending) {
   const Tensor c = x.to(kCPU).contiguous();
   const Lines lines(x.sizes(), d);
-  std::vector<int64_t> out(static_cast<size_t>(x.numel()));
+  Tensor out = detail::make_empty(x.sizes(), kInt64);
+  int64_t* indices = out.data_ptr<int64_t>();
   detail::dispatch_all(c.dtype(), [&](auto tag) {
     using T = KILN_TYPE(tag);
     const T* p = c.data_ptr<T>();
-    std::vector<int64_t> perm(static_cast<size_t>(lines.size));
-    for (int64_t o = 0; o < lines.outer; ++o) {
-      for (int64_t i = 0; i < lines.inner; ++i) {
-        const T* line = p + lines.start(o, i);
-        auto at = [&](int64_t k) { return line[k * lines.inner]; };
-        std::iota(perm.begin(), perm.end(), 0);
-        std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) {
-          const T va = at(a), vb = at(b);
-          if (descending) return (is_nan(va) && !is_nan(vb)) || va > vb;
-          return (!is_nan(va) && is_nan(vb)) || va < vb;
-        });
-        for (int64_t k = 0; k < lines.size; ++k) out[lines.start(o, i) + k * lines.inner] = perm[k];
-      }
-    }
+    auto sort_line = [&](int64_t first) {
+      std::vector<KeyOf<T>> keys(static_cast<size_t>(lines.size));
+      std::vector<int64_t> order(keys.size());
+      for (int64_t k = 0; k < lines.size; ++k)
+        keys[k] = sort_key(p[first + k * lines.inner], descending);
+      stable_order(keys, order);
+      for (int64_t k = 0; k < lines.size; ++k) indices[first + k * lines.inner] = order[k];
+    };
+    if (lines.size <= (int64_t{1} << 16)) return for_each_line(lines, sort_line);
+    for (int64_t o = 0; o < lines.outer; ++o)
+      for (int64_t i = 0; i < lines.inner; ++i) sort_line(lines.start(o, i));
   });
-  return from_vector(out, x.sizes()).to(x.device());
+  return out.to(x.device());
 }
 }  // namespace
 

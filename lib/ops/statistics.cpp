@@ -184,13 +184,15 @@ Tensor histc(const Tensor& x, int64_t bins, const Scalar& min, const Scalar& max
   KILN_CHECK(std::isfinite(lo) && std::isfinite(hi), op, ": range of [", lo, ", ", hi,
              "] is not finite (input ", describe(x), ")");
   // In x's dtype, as torch's kernel: bin (x - lo) * bins / (hi - lo), max into the last bin.
+  // Elements outside [lo, hi] (and NaN) go to a spare bin past the end, dropped after counting.
   const TensorOptions options = TensorOptions(x.dtype()).device(x.device());
   const Tensor lo_t = scalar_tensor(lo, options), hi_t = scalar_tensor(hi, options);
   const Tensor flat = x.detach().reshape({-1});
-  const Tensor kept = masked_select(flat, logical_and(ge(flat, lo_t), le(flat, hi_t)));
-  const Tensor position = ((kept - lo_t) * bins / (hi_t - lo_t)).to(kInt64);
-  const Tensor bin = where(lt(position, bins), position, bins - 1);
-  return index_add(zeros({bins}, options), 0, bin, ones_like(kept));
+  const Tensor in_range = logical_and(ge(flat, lo_t), le(flat, hi_t));
+  const Tensor position =
+      where(in_range, (flat - lo_t) * bins / (hi_t - lo_t), double(bins + 1)).to(kInt64);
+  const Tensor bin = where(ne(position, bins), position, bins - 1);
+  return index_add(zeros({bins + 2}, options), 0, bin, ones_like(flat)).narrow(0, 0, bins);
 }
 
 Tensor bincount(const Tensor& x, const Tensor& weights, int64_t minlength) {

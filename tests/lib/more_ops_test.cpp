@@ -71,6 +71,41 @@ int64_t random_dim(const Tensor& x) {
   return std::uniform_int_distribution<int64_t>(-x.dim(), x.dim() - 1)(rng());
 }
 
+// Long lines (the radix sort's path): every dtype, both directions, ties, +-0, infinities, NaN of
+// both signs, and the extremes of each integer type, against the reference's stable order.
+TEST(MoreOps, SortOfLongLinesIsStableForEveryDtype) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (DType dtype : {kFloat32, kFloat64, kInt32, kInt64, kBool}) {
+    for (int trial = 0; trial < 4; ++trial) {
+      const int64_t n = std::uniform_int_distribution<int64_t>(64, 3000)(rng());
+      const int64_t rows = trial % 2 ? 3 : 1;
+      Tensor base = testing::random_tensor({rows, n}, kFloat64, -20, 20).round();
+      if (is_floating_point(dtype)) {
+        const Tensor u = testing::random_tensor({rows, n}, kFloat64, 0, 1);
+        // Later fills win: NaN of either sign, -0 (equal to +0), infinities.
+        base = masked_fill(masked_fill(base, lt(u, 0.1), inf), lt(u, 0.05), -inf);
+        base = masked_fill(masked_fill(base, lt(u, 0.2), 0.0 * -1.0), lt(u, 0.15), std::nan(""));
+        base = masked_fill(base, lt(u, 0.12), -std::nan(""));
+      } else if (dtype != kBool) {
+        const double lo = dtype == kInt32 ? -2147483648.0 : -9.2233720368547758e18;
+        base = masked_fill(masked_fill(base, eq(base, 7), lo), eq(base, -7), -lo - 1024);
+      }
+      const Tensor x = dtype == kBool ? gt(base, 0) : base.to(dtype);
+      const bool descending = trial >= 2;
+      const Tensor ref_values = x.to(kFloat64);
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " [" + std::to_string(rows) + ", " +
+                   std::to_string(n) + "]" + (descending ? " descending" : " ascending"));
+      const std::vector<double> idx = line_ref(ref_values, 1, n, [&](const Line& l) {
+        Line r;
+        for (int64_t k : order(l, descending)) r.push_back(double(k));
+        return r;
+      });
+      expect_close(argsort(x, 1, descending), idx, {rows, n}, kInt64, 0, 0);
+      expect_close(argsort(x.t().contiguous(), 0, descending).t(), idx, {rows, n}, kInt64, 0, 0);
+    }
+  }
+}
+
 TEST(MoreOps, SortArgsortTopkAgainstReference) {
   for (int trial = 0; trial < 30; ++trial) {
     const Tensor base = testing::random_tensor(testing::random_shape(1, 3, 5), kFloat64).round();
