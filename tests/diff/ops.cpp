@@ -1387,10 +1387,17 @@ bool rot90_pick(Gen& g, Step& s) {
   s.p.i = {g.uniform(-1, 4)};
   return rank(arg(g, s, 0)) >= 2;
 }
-// block_diag of two tensors of at most 2 dims.
+// block_diag of two tensors of at most 2 dims, neither an empty 1-D one (deliberate difference:
+// both place it as a 1 x 0 block, a row of zeros, but libtorch 1.13's backward skips it without
+// counting its row, so the blocks after it get the gradient of the row above; seed
+// 17861914602744155609).
 bool block_diag_pick(Gen& g, Step& s) {
   binary(g, s);
-  return rank(arg(g, s, 0)) <= 2 && rank(arg(g, s, 1)) <= 2;
+  for (int k : {0, 1}) {
+    const auto& t = arg(g, s, k);
+    if (rank(t) > 2 || (rank(t) == 1 && t.numel() == 0)) return false;
+  }
+  return true;
 }
 // cdist of new row sets x1 [batch..., P, M] and x2 [R, M] (values in [0, 1)), with
 // p = {0, 1, 2, 3}[p.i[0]]: the direct algorithm in both libraries (P, R <= 4).
