@@ -1,14 +1,15 @@
 // Sorting and scans: sort, argsort, topk, cumsum, cumprod, cummax, cummin and logcumsumexp.
 //
 // sort finds the permutation on the host (a stable sort of each line along dim, NaN as the largest
-// value, as torch: a radix sort of keys that order as the values do) and gathers the values with gather, so that gradients flow through gather's.
-// The permutation depends on the data, so sorting a pending (lazy) tensor makes it concrete.
-// The scans are table ops (OpKind::NN, no formula: the fuser leaves them to their own kernel),
-// recorded lazily and traced as one node each (cummax and cummin with two outputs, the values and
-// their indices); floating sums accumulate in double and integer ones in int64, as torch's CPU
-// kernels, and logcumsumexp accumulates in double. cumprod's gradient handles zeros as torch's;
-// cummax's and cummin's scatter the gradient to the indices; logcumsumexp's is torch's, computed
-// in log space with g split by sign so that it neither overflows nor underflows.
+// value, as torch: a radix sort of keys that order as the values do) and gathers the values with
+// gather, so that gradients flow through gather's. The permutation depends on the data, so sorting
+// a pending (lazy) tensor makes it concrete. The scans are table ops (OpKind::NN, no formula: the
+// fuser leaves them to their own kernel), recorded lazily and traced as one node each (cummax and
+// cummin with two outputs, the values and their indices); floating sums accumulate in double and
+// integer ones in int64, as torch's CPU kernels, and logcumsumexp accumulates in double. cumprod's
+// gradient handles zeros as torch's; cummax's and cummin's scatter the gradient to the indices;
+// logcumsumexp's is torch's, computed in log space with g split by sign so that it neither
+// overflows nor underflows.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
