@@ -32,19 +32,32 @@ indexing::TensorIndex::TensorIndex(const char* text) : kind_(Kind::Ellipsis) {
              "index: the only string index is \"...\" (Ellipsis), got \"", text ? text : "", "\"");
 }
 
+namespace {
+// The row-major flat positions where a bool tensor holds (read on the host: counted, then
+// written).
+std::vector<int64_t> true_positions(const Tensor& flags) {
+  const Tensor c = flags.to(kCPU).contiguous();
+  const bool* p = c.data_ptr<bool>();
+  const int64_t n = c.numel();
+  std::vector<int64_t> positions;
+  positions.reserve(static_cast<size_t>(std::count(p, p + n, true)));
+  for (int64_t i = 0; i < n; ++i)
+    if (p[i]) positions.push_back(i);
+  return positions;
+}
+}  // namespace
+
 Tensor nonzero(const Tensor& x) {
   detail::check_defined(x, "nonzero");
-  const std::vector<bool> flags = ne(x, 0).to_vector<bool>();
-  const Shape& sizes = x.sizes();
+  const std::vector<int64_t> positions = true_positions(ne(x, 0));
+  const auto count = static_cast<int64_t>(positions.size());
   const int64_t nd = x.dim();
-  std::vector<int64_t> out;
-  std::vector<int64_t> at(static_cast<size_t>(nd), 0);  // the multi-index of element i
-  for (size_t i = 0; i < flags.size(); ++i) {
-    if (flags[i]) out.insert(out.end(), at.begin(), at.end());
-    for (int64_t d = nd - 1; d >= 0 && ++at[d] == sizes[d]; --d) at[d] = 0;
-  }
-  const int64_t count = nd == 0 ? (flags[0] ? 1 : 0) : static_cast<int64_t>(out.size()) / nd;
-  return from_vector(out, Shape{count, nd}).to(x.device());
+  const Shape strides = detail::contiguous_strides(x.sizes());
+  Tensor out = detail::make_empty({count, nd}, kInt64);
+  int64_t* index = out.data_ptr<int64_t>();
+  for (int64_t position : positions)
+    for (int64_t d = 0; d < nd; ++d) *index++ = position / strides[d] % x.size(d);
+  return out.to(x.device());
 }
 
 Tensor masked_select(const Tensor& x, const Tensor& mask) {
@@ -53,10 +66,7 @@ Tensor masked_select(const Tensor& x, const Tensor& mask) {
   KILN_CHECK(mask.dtype() == kBool, "masked_select: expected a bool mask, got ", describe(mask),
              " (input ", describe(x), ")");
   const Shape shape = detail::broadcast_shapes(x.sizes(), mask.sizes(), "masked_select");
-  const std::vector<bool> flags = mask.expand(shape).to_vector<bool>();
-  std::vector<int64_t> picked;
-  for (size_t i = 0; i < flags.size(); ++i)
-    if (flags[i]) picked.push_back(static_cast<int64_t>(i));
+  const std::vector<int64_t> picked = true_positions(mask.expand(shape));
   return index_select(x.expand(shape).reshape({-1}), 0, from_vector(picked).to(x.device()));
 }
 

@@ -158,6 +158,27 @@ TEST(Indexing, NonzeroAgainstReference) {
   EXPECT_EQ(nonzero(full({}, 0.0)).sizes(), (Shape{0, 0}));
   const Tensor f = from_vector(std::vector<double>{0, std::nan(""), -0.0});
   expect_close(nonzero(f), {1}, {1, 1}, kInt64);  // NaN is nonzero, -0.0 is zero
+  // Random shapes (size 0 and 1) and layouts: each nonzero element's multi-index, row by row;
+  // masked_select of the same mask gives those elements.
+  for (int trial = 0; trial < 30; ++trial) {
+    const Shape shape = testing::random_shape(0, 4, 4);
+    const Tensor r = testing::random_tensor(shape, kInt64, -1, 2);
+    const std::vector<double> rv = values(r);
+    std::vector<double> expected, picked;
+    int64_t count = 0;
+    for (size_t i = 0; i < rv.size(); ++i) {
+      if (rv[i] == 0) continue;
+      ++count;
+      picked.push_back(rv[i]);
+      for (int64_t k : testing::unravel(static_cast<int64_t>(i), shape))
+        expected.push_back(double(k));
+    }
+    for (const auto& [layout, laid] : testing::layouts(r)) {
+      SCOPED_TRACE(layout + " " + ::testing::PrintToString(shape));
+      expect_close(nonzero(laid), expected, {count, int64_t(shape.size())}, kInt64, 0, 0);
+      expect_close(masked_select(laid, ne(laid, 0)), picked, {count}, kInt64, 0, 0);
+    }
+  }
 }
 
 TEST(Indexing, IndexPutAndMaskedFill) {
