@@ -21,8 +21,10 @@ namespace {
 // The permutation that sorts the rows of r lexicographically (stable).
 Tensor lexicographic_order(const Tensor& r) {
   const Tensor keys = r.dtype() == kBool ? r.to(kInt32) : r;
-  Tensor order = arange(r.size(0), r.device());
-  for (int64_t c = r.size(1) - 1; c >= 0; --c) {
+  if (r.size(1) == 0) return arange(r.size(0), r.device());  // empty rows are all equal
+  // The last column's sort needs no permutation before it.
+  Tensor order = std::get<1>(sort(keys.select(1, r.size(1) - 1), 0));
+  for (int64_t c = r.size(1) - 2; c >= 0; --c) {
     const Tensor column = keys.select(1, c).index_select(0, order);
     order = order.index_select(0, std::get<1>(sort(column, 0)));
   }
