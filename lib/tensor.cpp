@@ -862,6 +862,9 @@ std::tuple<Tensor, Tensor> Tensor::slogdet() const {
 Tensor Tensor::cholesky(bool upper) const {
   return kiln::cholesky(*this, upper);
 }
+Tensor Tensor::cholesky_solve(const Tensor& L, bool upper) const {
+  return kiln::cholesky_solve(*this, L, upper);
+}
 Tensor Tensor::matrix_power(int64_t n) const {
   return kiln::linalg::matrix_power(*this, n);
 }
@@ -876,6 +879,12 @@ Tensor Tensor::median() const {
 }
 std::tuple<Tensor, Tensor> Tensor::median(int64_t dim, bool keepdim) const {
   return kiln::median(*this, dim, keepdim);
+}
+Tensor Tensor::nanmedian() const {
+  return kiln::nanmedian(*this);
+}
+std::tuple<Tensor, Tensor> Tensor::nanmedian(int64_t dim, bool keepdim) const {
+  return kiln::nanmedian(*this, dim, keepdim);
 }
 std::tuple<Tensor, Tensor> Tensor::kthvalue(int64_t k, int64_t dim, bool keepdim) const {
   return kiln::kthvalue(*this, k, dim, keepdim);

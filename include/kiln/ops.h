@@ -300,6 +300,10 @@ Tensor nanmean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keep
 // equal to it, as torch's.
 Tensor median(const Tensor& x);
 std::tuple<Tensor, Tensor> median(const Tensor& x, int64_t dim, bool keepdim = false);
+// median skipping NaN: the lower median of the other elements (NaN where there are none, at the
+// first NaN's index along dim).
+Tensor nanmedian(const Tensor& x);
+std::tuple<Tensor, Tensor> nanmedian(const Tensor& x, int64_t dim, bool keepdim = false);
 std::tuple<Tensor, Tensor> kthvalue(const Tensor& x, int64_t k, int64_t dim = -1,
                                     bool keepdim = false);
 // The sum of a matrix's main diagonal (integers sum in int64).
@@ -775,6 +779,9 @@ Tensor det(const Tensor& A);
 Tensor logdet(const Tensor& A);
 std::tuple<Tensor, Tensor> slogdet(const Tensor& A);
 Tensor cholesky(const Tensor& A, bool upper = false);
+// X with A X = B for A = L L^T given its Cholesky factor L (or A = U^T U, upper): two triangular
+// solves reading only L's triangle; batch dims broadcast. torch's argument order (B first).
+Tensor cholesky_solve(const Tensor& B, const Tensor& L, bool upper = false);
 
 // ---------------------------------------------------------------- comparison helpers
 // Same shape and every |a - b| <= atol + rtol * |b| (NaNs equal when equal_nan).

@@ -425,6 +425,7 @@ class Tensor {
   Tensor logdet() const;
   std::tuple<Tensor, Tensor> slogdet() const;
   Tensor cholesky(bool upper = false) const;
+  Tensor cholesky_solve(const Tensor& L, bool upper = false) const;
   Tensor matrix_power(int64_t n) const;
   Tensor nansum(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;
   Tensor nanmean(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;
@@ -438,6 +439,8 @@ class Tensor {
   }
   Tensor median() const;
   std::tuple<Tensor, Tensor> median(int64_t dim, bool keepdim = false) const;
+  Tensor nanmedian() const;
+  std::tuple<Tensor, Tensor> nanmedian(int64_t dim, bool keepdim = false) const;
   std::tuple<Tensor, Tensor> kthvalue(int64_t k, int64_t dim = -1, bool keepdim = false) const;
   Tensor logit(std::optional<double> eps = std::nullopt) const;
   Tensor deg2rad() const;

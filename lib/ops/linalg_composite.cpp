@@ -1,6 +1,6 @@
 // Linear algebra composed of the matrix functions (lib/ops/matrix_functions.cpp) and tensor ops,
 // with libtorch's names and semantics: linalg::pinv, matrix_rank, lstsq, matrix_power, norm,
-// matrix_norm and cross.
+// matrix_norm and cross, and torch's cholesky_solve.
 // They record, trace and differentiate through their parts (pinv and lstsq through svd's
 // gradient, as torch's composite implementations).
 #include <algorithm>
@@ -247,3 +247,20 @@ Tensor cross(const Tensor& a, const Tensor& b, int64_t dim) {
 }
 
 }  // namespace kiln::linalg
+
+namespace kiln {
+
+Tensor cholesky_solve(const Tensor& B, const Tensor& L, bool upper) {
+  const char* op = "cholesky_solve";
+  linalg::check_floating_matrix(B, op, "B");
+  linalg::check_floating_matrix(L, op, "L");
+  KILN_CHECK(L.size(-1) == L.size(-2) && L.size(-1) == B.size(-2), op,
+             ": expected a square factor L [..., n, n] and B [..., n, k], got L ",
+             detail::describe(L), " and B ", detail::describe(B));
+  // A = L L^T: L Y = B, then L^T X = Y (A = U^T U: U^T Y = B, then U X = Y).
+  const Tensor first = upper ? L.transpose(-2, -1) : L;
+  const Tensor y = linalg::solve_triangular(first, B, false);
+  return linalg::solve_triangular(first.transpose(-2, -1), y, true);
+}
+
+}  // namespace kiln

@@ -1,7 +1,7 @@
-// Reductions that skip NaN (nansum, nanmean) and that select an element (median, kthvalue), with
-// libtorch's names and semantics, composed of where, sum, sort and gather: they record lazily,
-// trace and differentiate through their parts, except the whole-tensor median, whose gradient is
-// torch's (shared evenly among the elements equal to the median).
+// Reductions that skip NaN (nansum, nanmean) and that select an element (median, nanmedian,
+// kthvalue), with libtorch's names and semantics, composed of where, sum, sort and gather: they
+// record lazily, trace and differentiate through their parts, except the whole-tensor medians,
+// whose gradient is torch's (shared evenly among the elements equal to the median).
 #include <cmath>
 #include <limits>
 
@@ -121,6 +121,36 @@ std::tuple<Tensor, Tensor> median(const Tensor& x, int64_t dim, bool keepdim) {
   const Tensor nans = sum(isnan(in), {d}, true);
   const Tensor position =
       where(gt(nans, 0), n - nans, full({}, (n - 1) / 2, TensorOptions(kInt64).device(x.device())));
+  return select_sorted(in, d, position, keepdim, x.dim() == 0);
+}
+
+// The lower median of the elements that are not NaN: position (valid - 1) / 2 of the sorted
+// (NaN last) elements, 0 (a NaN) when there are none.
+Tensor nanmedian(const Tensor& x) {
+  check_selectable(x, "nanmedian");
+  KILN_CHECK(x.numel() > 0 || x.is_floating_point(),
+             "nanmedian: cannot take the median of an empty ", describe(x));
+  if (x.numel() == 0) return median(x);
+  Tensor value;
+  {
+    AutoGradMode no_grad(false);
+    const Tensor flat = x.reshape({-1});
+    const Tensor valid = sum(logical_not(isnan(flat)));
+    const Tensor position = clamp_min(div(valid - 1, 2, "floor"), 0).reshape({1});
+    value = gather(std::get<0>(sort(flat)), 0, position).reshape({});
+  }
+  if (detail::needs_grad(x))
+    detail::record("nanmedian", {x}, {value}, {x, value}, [](const detail::BackwardContext& c) {
+      return std::vector<Tensor>{evenly_distributed(c.grad(), c.saved(0), c.saved(1))};
+    });
+  return value;
+}
+
+std::tuple<Tensor, Tensor> nanmedian(const Tensor& x, int64_t dim, bool keepdim) {
+  int64_t d = 0;
+  const Tensor in = reduced_along(x, dim, d, "nanmedian");
+  const Tensor valid = sum(logical_not(isnan(in)), {d}, true);
+  const Tensor position = clamp_min(div(valid - 1, 2, "floor"), 0);
   return select_sorted(in, d, position, keepdim, x.dim() == 0);
 }
 

@@ -1668,6 +1668,9 @@ const std::vector<Op>& op_table() {
       DIFF_OP("median_all", 0, median_all_pick, a[0].median()),
       DIFF_OP("median_dim", 0, median_dim_pick, std::get<0>(a[0].median(p.i[0], p.i[1] != 0))),
       DIFF_OP("median_index", 0, median_dim_pick, std::get<1>(a[0].median(p.i[0], p.i[1] != 0))),
+      DIFF_OP("nanmedian_all", 0, median_all_pick, a[0].nanmedian()),
+      DIFF_OP("nanmedian_dim", 0, median_dim_pick,
+              std::get<0>(a[0].nanmedian(p.i[0], p.i[1] != 0))),
       DIFF_OP("kthvalue", 0, kth_pick, std::get<0>(a[0].kthvalue(p.i[2], p.i[0], p.i[1] != 0))),
       DIFF_OP("kthvalue_index", 0, kth_pick,
               std::get<1>(a[0].kthvalue(p.i[2], p.i[0], p.i[1] != 0))),
@@ -1697,6 +1700,12 @@ const std::vector<Op>& op_table() {
               std::get<1>(linalg::slogdet(conditioned(a[0])))),
       DIFF_OP("logdet", kInexact, square_pick, logdet(gram(a[0]))),
       DIFF_OP("linalg_cholesky", kInexact, square_pick, row_major(linalg::cholesky(gram(a[0])))),
+      // p.i[0]: the factor as U = L^T (upper).
+      DIFF_OP("cholesky_solve", kInexact, square_system_pick,
+              row_major(cholesky_solve(a[1],
+                                       p.i[0] != 0 ? linalg::cholesky(gram(a[0])).transpose(-2, -1)
+                                                   : linalg::cholesky(gram(a[0])),
+                                       p.i[0] != 0))),
       DIFF_OP("linalg_eigvalsh", kInexact, square_pick, linalg::eigvalsh(gram(a[0]), "L")),
       // |R|: the signs of Householder's R are LAPACK's choice.
       DIFF_OP("linalg_qr_r", kInexact, square_pick,

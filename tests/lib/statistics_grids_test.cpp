@@ -637,6 +637,83 @@ TEST(Unique, DimAndConsecutiveFormsCompareWholeSlices) {
   expect_error([] { unique_dim(scalar_tensor(1.0), 0); }, {"unique_dim"});
 }
 
+// ------------------------------------------------------------ nanmedian and cholesky_solve
+
+TEST(NanMedian, IsTheLowerMedianOfTheOtherElementsWithItsIndex) {
+  for (int trial = 0; trial < 40; ++trial) {
+    const DType dtype = trial % 2 ? kFloat32 : kFloat64;
+    const Shape shape = testing::random_shape(0, 3, 5, false);
+    const int64_t d = shape.empty() ? 0 : pick(0, int64_t(shape.size()) - 1);
+    const Tensor x = tied_values(shape, dtype, true);
+    const std::vector<double> xv = values(x);
+    std::vector<double> expected, expected_index;
+    for_each_line(shape, d, [&](int64_t first, int64_t stride, int64_t size) {
+      std::vector<std::pair<double, int64_t>> kept;  // (value, index) of the numbers
+      int64_t first_nan = -1;
+      for (int64_t k = 0; k < size; ++k) {
+        const double v = xv[first + k * stride];
+        if (v == v) kept.push_back({v, k});
+        if (v != v && first_nan < 0) first_nan = k;
+      }
+      std::stable_sort(kept.begin(), kept.end(),
+                       [](const auto& a, const auto& b) { return a.first < b.first; });
+      const bool none = kept.empty();
+      expected.push_back(none ? kNan : kept[(kept.size() - 1) / 2].first);
+      expected_index.push_back(double(none ? first_nan : kept[(kept.size() - 1) / 2].second));
+    });
+    Shape out_shape = shape;
+    if (!shape.empty()) out_shape.erase(out_shape.begin() + d);
+    for (const auto& [layout, laid] : testing::layouts(x)) {
+      SCOPED_TRACE(layout + " " + detail::describe(x) + " dim " + std::to_string(d));
+      const auto [v, i] = nanmedian(laid, d);
+      expect_close(v, expected, out_shape, dtype, 0, 0);
+      expect_close(i, expected_index, out_shape, kInt64, 0, 0);
+      // Over every element: the lower median of all the numbers.
+      std::vector<double> all;
+      for (double e : xv)
+        if (e == e) all.push_back(e);
+      std::sort(all.begin(), all.end());
+      expect_close(laid.nanmedian(), {all.empty() ? kNan : all[(all.size() - 1) / 2]}, {}, dtype, 0,
+                   0);
+    }
+  }
+  // Over all elements the gradient is shared among the elements equal to the median (torch's).
+  const Tensor y = from_vector(std::vector<double>{kNan, 2, 1, 2, kNan}).requires_grad_();
+  nanmedian(y).backward();
+  expect_close(y.grad(), {0, 0.5, 0, 0.5, 0}, {5}, kFloat64, 0, 0);  // the median 2, twice
+  const Tensor z = testing::random_tensor({3, 4}, kFloat64).requires_grad_();
+  EXPECT_TRUE(
+      testing::gradcheck([](const In& in) { return std::get<0>(nanmedian(in[0], 1)); }, {z}));
+  expect_error([] { nanmedian(ones({2, 0}), 1); }, {"nanmedian", "non-zero size"});
+}
+
+TEST(CholeskySolve, SolvesWithTheFactorReadingOnlyItsTriangle) {
+  for (bool upper : {false, true}) {
+    for (DType dtype : {kFloat32, kFloat64}) {
+      const Tensor m = testing::random_tensor({2, 4, 4}, kFloat64);
+      const Tensor a = matmul(m, m.transpose(-2, -1)) + eye(4, kFloat64) * 4.0;
+      const Tensor b = testing::random_tensor({3, 1, 4, 2}, kFloat64);  // batch dims broadcast
+      Tensor factor = linalg::cholesky(a, upper);
+      // The other triangle holds garbage: only the factor's is read.
+      const Tensor garbage = testing::random_tensor({2, 4, 4}, kFloat64, 5, 9);
+      factor = upper ? factor + tril(garbage, -1) : factor + triu(garbage, 1);
+      const Tensor x = cholesky_solve(b.to(dtype), factor.to(dtype), upper);
+      SCOPED_TRACE(std::string(upper ? "upper " : "lower ") + dtype_name(dtype));
+      const double tol = dtype == kFloat32 ? 1e-4 : 1e-11;
+      expect_close(x, values(linalg::solve(a, b)), {3, 2, 4, 2}, dtype, tol, tol);
+      expect_close(b.to(dtype).cholesky_solve(factor.to(dtype), upper), values(x), {3, 2, 4, 2},
+                   dtype, 0, 0);
+    }
+  }
+  const Tensor l = (linalg::cholesky(eye(3, kFloat64) * 2.0) +
+                    testing::random_tensor({3, 3}, kFloat64, 0, 0.1).tril(-1))
+                       .requires_grad_();
+  const Tensor rhs = testing::random_tensor({3, 2}, kFloat64).requires_grad_();
+  EXPECT_TRUE(testing::gradcheck([](const In& in) { return cholesky_solve(in[1], in[0].tril()); },
+                                 {l, rhs}));
+  expect_error([] { cholesky_solve(ones({3, 2}), ones({2, 2})); }, {"cholesky_solve", "[3, 2]"});
+}
+
 // ------------------------------------------------------------ method forms
 
 TEST(StatisticsMethods, EachMethodIsItsFunction) {
