@@ -130,7 +130,7 @@ Tensor diff(const Tensor& x, int64_t n, int64_t dim, const Tensor& prepend, cons
     const Tensor later = out.narrow(d, 1, length), earlier = out.narrow(d, 0, length);
     out = out.dtype() == kBool ? logical_xor(later, earlier) : later - earlier;
   }
-  return out;
+  return out.is_same(x) ? x.clone() : out;  // a new tensor, as torch's (n = 0 copies)
 }
 
 Tensor msort(const Tensor& x) {

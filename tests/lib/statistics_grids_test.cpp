@@ -369,6 +369,11 @@ TEST(Diff, TakesNthDifferencesAfterJoiningPrependAndAppend) {
   }
   const Tensor x = testing::random_tensor({3, 5}, kFloat64).requires_grad_();
   EXPECT_TRUE(testing::gradcheck([](const In& in) { return in[0].diff(2, 1); }, {x}));
+  // n = 0 (or nothing to difference) gives a new tensor, as torch's: writing it leaves x alone.
+  Tensor same = diff(x.detach(), 0);
+  EXPECT_FALSE(same.is_same(x.detach()));
+  same.zero_();
+  EXPECT_NE(x.abs().sum().item<double>(), 0.0);
   expect_error([] { diff(scalar_tensor(1.0)); }, {"diff", "1 dim"});
   expect_error([&] { diff(x, -1); }, {"diff", "non-negative"});
 }
