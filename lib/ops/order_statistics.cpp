@@ -55,6 +55,15 @@ Tensor evenly_distributed(const Tensor& grad, const Tensor& x, const Tensor& val
   return where(mask, grad / sum(mask), 0.0);
 }
 
+// value (a median of all of x's elements, computed without recording) with torch's gradient.
+Tensor with_median_gradient(const char* op, const Tensor& x, const Tensor& value) {
+  if (detail::needs_grad(x))
+    detail::record(op, {x}, {value}, {x, value}, [](const detail::BackwardContext& c) {
+      return std::vector<Tensor>{evenly_distributed(c.grad(), c.saved(0), c.saved(1))};
+    });
+  return value;
+}
+
 // The element at `position` (int64, x's shape with dim d of size 1) of each sorted slice along
 // d, with its index; NaN sorts last. Values are gathered from x, through which they differentiate.
 std::tuple<Tensor, Tensor> select_sorted(const Tensor& x, int64_t d, const Tensor& position,
@@ -106,11 +115,7 @@ Tensor median(const Tensor& x) {
       value = where(isnan(last), last, sorted.select(0, (n - 1) / 2));
     }
   }
-  if (detail::needs_grad(x))
-    detail::record("median", {x}, {value}, {x, value}, [](const detail::BackwardContext& c) {
-      return std::vector<Tensor>{evenly_distributed(c.grad(), c.saved(0), c.saved(1))};
-    });
-  return value;
+  return with_median_gradient("median", x, value);
 }
 
 std::tuple<Tensor, Tensor> median(const Tensor& x, int64_t dim, bool keepdim) {
@@ -139,11 +144,7 @@ Tensor nanmedian(const Tensor& x) {
     const Tensor position = clamp_min(div(valid - 1, 2, "floor"), 0).reshape({1});
     value = gather(std::get<0>(sort(flat)), 0, position).reshape({});
   }
-  if (detail::needs_grad(x))
-    detail::record("nanmedian", {x}, {value}, {x, value}, [](const detail::BackwardContext& c) {
-      return std::vector<Tensor>{evenly_distributed(c.grad(), c.saved(0), c.saved(1))};
-    });
-  return value;
+  return with_median_gradient("nanmedian", x, value);
 }
 
 std::tuple<Tensor, Tensor> nanmedian(const Tensor& x, int64_t dim, bool keepdim) {
