@@ -8,9 +8,11 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kiln/autograd.h"
+#include "kiln/jit.h"
 #include "kiln/testing.h"
 #include "lib/tensor_impl.h"
 #include "tests/lib/lines.h"
@@ -751,6 +753,36 @@ TEST(StatisticsMethods, EachMethodIsItsFunction) {
   const Tensor h = from_vector(std::vector<double>{-1, 2}).requires_grad_();
   heaviside(h, h).sum().backward();
   expect_close(h.grad(), {0, 0}, {2}, kFloat64, 0, 0);
+}
+
+// ------------------------------------------------------------ threads
+
+// Four threads calling the statistics (sorts on the thread pool inside) get the sequential results.
+TEST(StatisticsThreads, ConcurrentCallsMatchSequentialOnes) {
+  const Tensor x = testing::random_tensor({32, 300}, kFloat64).round();  // ties
+  const Tensor y = testing::random_tensor({40, 300}, kFloat64);
+  auto run = [&] {
+    return In{std::get<1>(sort(x, 1)),
+              quantile(x, 0.3, int64_t{1}),
+              std::get<1>(unique(x, true, true, false)),
+              histc(x, 11),
+              bincount(x.abs().to(kInt64).reshape({-1})),
+              cdist(x, y),
+              std::get<1>(nanmedian(x, 0))};
+  };
+  const In expected = run();
+  std::vector<In> got(4);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < got.size(); ++t)
+    threads.emplace_back([&, t] {
+      for (int repeat = 0; repeat < 3; ++repeat) {
+        got[t] = run();
+        eval(got[t]);  // computed on this thread
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (const In& g : got)
+    for (size_t k = 0; k < expected.size(); ++k) EXPECT_TRUE(equal(g[k], expected[k])) << k;
 }
 
 // ------------------------------------------------------------ lazy recording
