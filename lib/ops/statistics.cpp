@@ -169,6 +169,13 @@ Tensor corrcoef(const Tensor& x) {
 }
 
 // ---------------------------------------------------------------------------------- histograms
+namespace {
+// x's smallest and largest elements as a 2-element host tensor of x's dtype: one read of both.
+Tensor extremes(const Tensor& x) {
+  return stack({amin(x), amax(x)}).to(kCPU);
+}
+}  // namespace
+
 Tensor histc(const Tensor& x, int64_t bins, const Scalar& min, const Scalar& max) {
   const char* op = "histc";
   detail::check_defined(x, op);
@@ -177,8 +184,8 @@ Tensor histc(const Tensor& x, int64_t bins, const Scalar& min, const Scalar& max
   double lo = min.to_double(), hi = max.to_double();
   KILN_CHECK(lo <= hi, op, ": max must be at least min, got min ", lo, " and max ", hi);
   if (lo == hi && x.numel() > 0) {
-    lo = amin(x).to(kFloat64).item<double>();
-    hi = amax(x).to(kFloat64).item<double>();
+    const std::vector<double> ends = extremes(x).to(kFloat64).to_vector<double>();
+    lo = ends[0], hi = ends[1];
   }
   if (lo == hi) lo -= 1, hi += 1;
   KILN_CHECK(std::isfinite(lo) && std::isfinite(hi), op, ": range of [", lo, ", ", hi,
@@ -209,9 +216,9 @@ Tensor bincount(const Tensor& x, const Tensor& weights, int64_t minlength) {
              x.device().str());
   int64_t length = minlength;
   if (x.numel() > 0) {
-    KILN_CHECK(amin(x).item<int64_t>() >= 0, op, ": the input must be non-negative, got ",
-               describe(x));
-    length = std::max(length, amax(x).item<int64_t>() + 1);
+    const std::vector<int64_t> ends = extremes(x).to(kInt64).to_vector<int64_t>();
+    KILN_CHECK(ends[0] >= 0, op, ": the input must be non-negative, got ", describe(x));
+    length = std::max(length, ends[1] + 1);
   }
   const DType dtype = !weights.defined()            ? kInt64
                       : weights.dtype() == kFloat32 ? kFloat32

@@ -6,12 +6,12 @@
 #include <cmath>
 #include <limits>
 #include <string>
-#include <thread>
 
 #include "kiln/jit.h"
 #include "kiln/testing.h"
 #include "lib/tensor_impl.h"
 #include "tests/lib/linalg_reference.h"
+#include "tests/lib/threads.h"
 #include "tests/testing.h"
 
 namespace kiln {
@@ -437,19 +437,7 @@ TEST(LinalgThreads, ConcurrentCallsMatchSequentialOnes) {
               logcumsumexp(a, 2),
               searchsorted(cumsum(abs(b), 2), a.narrow(2, 0, 2))};
   };
-  const In expected = run();
-  std::vector<In> got(4);
-  std::vector<std::thread> threads;
-  for (size_t t = 0; t < got.size(); ++t)
-    threads.emplace_back([&, t] {
-      for (int repeat = 0; repeat < 5; ++repeat) {
-        got[t] = run();
-        eval(got[t]);  // computed on this thread
-      }
-    });
-  for (std::thread& t : threads) t.join();
-  for (const In& g : got)
-    for (size_t k = 0; k < expected.size(); ++k) EXPECT_TRUE(equal(g[k], expected[k])) << k;
+  testing::expect_concurrent_runs_match(run, 4, 5);
 }
 
 // ------------------------------------------------------------ gradients

@@ -8,7 +8,6 @@
 #include <limits>
 #include <map>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "kiln/autograd.h"
@@ -16,6 +15,7 @@
 #include "kiln/testing.h"
 #include "lib/tensor_impl.h"
 #include "tests/lib/lines.h"
+#include "tests/lib/threads.h"
 #include "tests/testing.h"
 
 namespace kiln {
@@ -770,19 +770,7 @@ TEST(StatisticsThreads, ConcurrentCallsMatchSequentialOnes) {
               cdist(x, y),
               std::get<1>(nanmedian(x, 0))};
   };
-  const In expected = run();
-  std::vector<In> got(4);
-  std::vector<std::thread> threads;
-  for (size_t t = 0; t < got.size(); ++t)
-    threads.emplace_back([&, t] {
-      for (int repeat = 0; repeat < 3; ++repeat) {
-        got[t] = run();
-        eval(got[t]);  // computed on this thread
-      }
-    });
-  for (std::thread& t : threads) t.join();
-  for (const In& g : got)
-    for (size_t k = 0; k < expected.size(); ++k) EXPECT_TRUE(equal(g[k], expected[k])) << k;
+  testing::expect_concurrent_runs_match(run, 4, 3);
 }
 
 // ------------------------------------------------------------ lazy recording
