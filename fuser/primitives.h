@@ -73,7 +73,8 @@ namespace kiln::fuser {
   X(Atan2,      "atan2",   2, kElementwise, kSame, kNone,    "atan2")    /* atan2(y, x) */                           \
   X(Exp2,       "exp2",    1, kElementwise, kSame, kNone,    "exp2")                                                 \
   X(Log2,       "log2",    1, kElementwise, kSame, kNone,    "log2")                                                 \
-  X(Log10,      "log10",   1, kElementwise, kSame, kNone,    "log10")
+  X(Log10,      "log10",   1, kElementwise, kSame, kNone,    "log10")                                                \
+  X(Signbit,    "signbit", 1, kElementwise, kBool, kNone,    nullptr)    /* the sign bit (-0.0, signed NaN); x < 0 for integers */
 // clang-format on
 
 enum class Prim : uint8_t {

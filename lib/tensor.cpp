@@ -568,6 +568,8 @@ KILN_UNARY_METHOD(floor)
 KILN_UNARY_METHOD(ceil)
 KILN_UNARY_METHOD(round)
 KILN_UNARY_METHOD(trunc)
+KILN_UNARY_METHOD(fix)
+KILN_UNARY_METHOD(signbit)
 KILN_UNARY_METHOD(frac)
 KILN_UNARY_METHOD(square)
 KILN_UNARY_METHOD(logical_not)
@@ -930,4 +932,66 @@ Tensor operator~(const Tensor& a) {
   return bitwise_not(a);
 }
 
+Tensor Tensor::take_along_dim(const Tensor& indices, std::optional<int64_t> dim) const {
+  return kiln::take_along_dim(*this, indices, dim);
+}
+Tensor Tensor::select_scatter(const Tensor& src, int64_t dim, int64_t index) const {
+  return kiln::select_scatter(*this, src, dim, index);
+}
+Tensor Tensor::diagonal_scatter(const Tensor& src, int64_t offset, int64_t dim1,
+                                int64_t dim2) const {
+  return kiln::diagonal_scatter(*this, src, offset, dim1, dim2);
+}
+Tensor Tensor::baddbmm(const Tensor& batch1, const Tensor& batch2, const Scalar& beta,
+                       const Scalar& alpha) const {
+  return kiln::baddbmm(*this, batch1, batch2, beta, alpha);
+}
+Tensor Tensor::addbmm(const Tensor& batch1, const Tensor& batch2, const Scalar& beta,
+                      const Scalar& alpha) const {
+  return kiln::addbmm(*this, batch1, batch2, beta, alpha);
+}
+Tensor Tensor::addmv(const Tensor& mat, const Tensor& vec, const Scalar& beta,
+                     const Scalar& alpha) const {
+  return kiln::addmv(*this, mat, vec, beta, alpha);
+}
+Tensor Tensor::addr(const Tensor& vec1, const Tensor& vec2, const Scalar& beta,
+                    const Scalar& alpha) const {
+  return kiln::addr(*this, vec1, vec2, beta, alpha);
+}
+Tensor Tensor::argwhere() const {
+  return kiln::argwhere(*this);
+}
+Tensor Tensor::copysign(const Tensor& other) const {
+  return kiln::copysign(*this, other);
+}
+Tensor Tensor::copysign(const Scalar& other) const {
+  return kiln::copysign(*this, other);
+}
+Tensor Tensor::fmax(const Tensor& other) const {
+  return kiln::fmax(*this, other);
+}
+Tensor Tensor::fmin(const Tensor& other) const {
+  return kiln::fmin(*this, other);
+}
+Tensor Tensor::float_power(const Tensor& exponent) const {
+  return kiln::float_power(*this, exponent);
+}
+Tensor Tensor::float_power(const Scalar& exponent) const {
+  return kiln::float_power(*this, exponent);
+}
+Tensor Tensor::true_divide(const Tensor& other) const {
+  return kiln::true_divide(*this, other);
+}
+Tensor Tensor::true_divide(const Scalar& other) const {
+  return kiln::true_divide(*this, other);
+}
+std::tuple<Tensor, Tensor> Tensor::aminmax(std::optional<int64_t> dim, bool keepdim) const {
+  return kiln::aminmax(*this, dim, keepdim);
+}
+Tensor Tensor::dist(const Tensor& other, const Scalar& p) const {
+  return kiln::dist(*this, other, p);
+}
+Tensor Tensor::renorm(const Scalar& p, int64_t dim, const Scalar& maxnorm) const {
+  return kiln::renorm(*this, p, dim, maxnorm);
+}
 }  // namespace kiln

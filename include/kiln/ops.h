@@ -138,6 +138,11 @@ Tensor ceil(const Tensor& x);
 Tensor round(const Tensor& x);  // half to even, as torch
 Tensor trunc(const Tensor& x);
 Tensor frac(const Tensor& x);  // x - trunc(x), floats only
+// trunc's other name.
+Tensor fix(const Tensor& x);
+// Whether the sign bit is set (bool): true for -0.0 and for NaNs with the sign bit, false for
+// unsigned and bool values.
+Tensor signbit(const Tensor& x);
 Tensor square(const Tensor& x);
 Tensor logical_not(const Tensor& x);
 Tensor isnan(const Tensor& x);
@@ -210,6 +215,23 @@ Tensor hypot(const Tensor& a, const Scalar& b);
 // constant: zero gradients.
 Tensor heaviside(const Tensor& a, const Tensor& b);
 Tensor heaviside(const Tensor& a, const Scalar& b);
+// |a| with the sign bit of b (-0.0 and signed NaNs count); integer inputs give float32.
+// torch's gradient: g copysign(a, b) / a for a, 0 where a is 0; none for b.
+Tensor copysign(const Tensor& a, const Tensor& b);
+Tensor copysign(const Tensor& a, const Scalar& b);
+// maximum and minimum ignoring NaN: the other operand where one is NaN (NaN only where both are).
+// Ties go to a, gradient and all (torch's).
+Tensor fmax(const Tensor& a, const Tensor& b);
+Tensor fmax(const Tensor& a, const Scalar& b);
+Tensor fmin(const Tensor& a, const Tensor& b);
+Tensor fmin(const Tensor& a, const Scalar& b);
+// pow in float64 (both operands converted first).
+Tensor float_power(const Tensor& a, const Tensor& b);
+Tensor float_power(const Tensor& a, const Scalar& b);
+Tensor float_power(const Scalar& a, const Tensor& b);
+// div's other name.
+Tensor true_divide(const Tensor& a, const Tensor& b);
+Tensor true_divide(const Tensor& a, const Scalar& b);
 Tensor eq(const Tensor& a, const Tensor& b);
 Tensor ne(const Tensor& a, const Tensor& b);
 Tensor lt(const Tensor& a, const Tensor& b);
@@ -272,6 +294,9 @@ Tensor min(const Tensor& x);
 std::tuple<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor amax(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor amin(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// (amin, amax) of every element, or along dim.
+std::tuple<Tensor, Tensor> aminmax(const Tensor& x, std::optional<int64_t> dim = std::nullopt,
+                                   bool keepdim = false);
 // Without a dim: the index into the flattened tensor.
 Tensor argmax(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
 Tensor argmin(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
@@ -512,10 +537,29 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 // beta * self + alpha * (m1 @ m2)
 Tensor addmm(const Tensor& self, const Tensor& m1, const Tensor& m2, const Scalar& beta = 1,
              const Scalar& alpha = 1);
+// The same for batches [b, n, m] @ [b, m, p]: baddbmm keeps the batch (self broadcasts to
+// [b, n, p]), addbmm sums it (self broadcasts to [n, p]); addmv multiplies a matrix [n, m] by a
+// vector [m] (self broadcasts to [n]); addr adds the outer product of two vectors. With beta 0,
+// self is ignored (its NaN and infinities do not propagate), as torch's.
+Tensor baddbmm(const Tensor& self, const Tensor& batch1, const Tensor& batch2,
+               const Scalar& beta = 1, const Scalar& alpha = 1);
+Tensor addbmm(const Tensor& self, const Tensor& batch1, const Tensor& batch2,
+              const Scalar& beta = 1, const Scalar& alpha = 1);
+Tensor addmv(const Tensor& self, const Tensor& mat, const Tensor& vec, const Scalar& beta = 1,
+             const Scalar& alpha = 1);
+Tensor addr(const Tensor& self, const Tensor& vec1, const Tensor& vec2, const Scalar& beta = 1,
+            const Scalar& alpha = 1);
+// torch's deprecated chain_matmul: linalg::multi_dot of 2-D matrices only (one gives a copy).
+Tensor chain_matmul(const std::vector<Tensor>& matrices);
 
 // a b^T of two 1-D tensors; the sum of products of two 1-D tensors of one dtype (a 0-dim result).
 Tensor outer(const Tensor& a, const Tensor& b);
 Tensor dot(const Tensor& a, const Tensor& b);
+// The p-norm of a - b (broadcast) over every element.
+Tensor dist(const Tensor& a, const Tensor& b, const Scalar& p = 2);
+// x with each slice along dim (x.select(dim, i)) whose p-norm exceeds maxnorm scaled down to
+// maxnorm (times 1 / (norm + 1e-7), as torch).
+Tensor renorm(const Tensor& x, const Scalar& p, int64_t dim, const Scalar& maxnorm);
 
 // Einstein summation over one to three operands, lowered to permutes, sums and batched GEMMs:
 // "ij,jk->ik", "bij,bjk->bik", "i,i->", "ij->ji", "bhqd,bhkd->bhqk", implicit outputs ("ij,jk").
@@ -576,6 +620,22 @@ Tensor masked_scatter(const Tensor& self, const Tensor& mask, const Tensor& sour
 // The elements of self, viewed as 1-D, at index (any shape; negative positions count from the
 // end): the result has index's shape.
 Tensor take(const Tensor& self, const Tensor& index);
+// gather along dim with self and indices broadcast to each other but along dim; without a dim,
+// the flattened self at the flattened indices.
+Tensor take_along_dim(const Tensor& self, const Tensor& indices,
+                      std::optional<int64_t> dim = std::nullopt);
+// Whether each element of elements is among test_elements (bool, elements' shape; dtypes
+// promoted; NaN is in nothing). invert negates. assume_unique is accepted and changes nothing.
+Tensor isin(const Tensor& elements, const Tensor& test_elements, bool assume_unique = false,
+            bool invert = false);
+Tensor isin(const Tensor& elements, const Scalar& test_element, bool assume_unique = false,
+            bool invert = false);
+Tensor isin(const Scalar& element, const Tensor& test_elements, bool assume_unique = false,
+            bool invert = false);
+// A copy of self with src written into self.select(dim, index), or into its diagonal.
+Tensor select_scatter(const Tensor& self, const Tensor& src, int64_t dim, int64_t index);
+Tensor diagonal_scatter(const Tensor& self, const Tensor& src, int64_t offset = 0, int64_t dim1 = 0,
+                        int64_t dim2 = 1);
 // A copy of self with src written into self.slice(dim, start, end, step) (the gradient of slice).
 Tensor slice_scatter(const Tensor& self, const Tensor& src, int64_t dim = 0,
                      std::optional<int64_t> start = std::nullopt,
@@ -588,6 +648,8 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, const Tensor& value);
 Tensor masked_select(const Tensor& x, const Tensor& mask);
 // The indices of the nonzero elements, int64 [count, x.dim()].
 Tensor nonzero(const Tensor& x);
+// nonzero's other name.
+Tensor argwhere(const Tensor& x);
 // Copies: flip reverses the given dims; roll shifts elements along dims (the flattened tensor when
 // dims is empty), wrapping around; repeat tiles x (torch's Tensor.repeat); tril/triu keep the
 // elements on and below (above) the given diagonal of the last two dims and zero the rest.
@@ -772,6 +834,23 @@ Tensor norm(const Tensor& A, const std::string& ord, const std::vector<int64_t>&
 // largest), int64, with pinv's defaults.
 Tensor matrix_rank(const Tensor& A, std::optional<double> atol = std::nullopt,
                    std::optional<double> rtol = std::nullopt, bool hermitian = false);
+// The sum of x * y along dim (broadcast), floating dtypes only.
+Tensor vecdot(const Tensor& x, const Tensor& y, int64_t dim = -1);
+// The product of the matrices in the order of fewest multiplications (the first and the last may
+// be vectors, their dims dropped from the result).
+Tensor multi_dot(const std::vector<Tensor>& tensors);
+// (LU, pivots) with A = P L U for m x n matrices by partial pivoting: L (unit diagonal, not stored)
+// below LU's diagonal, U on and above it; pivots int32 [..., min(m, n)], LAPACK's 1-based row
+// interchanges. A matrix whose U has a zero on its diagonal raises (as torch; linalg::lu does
+// not). pivot = false raises: kiln has no unpivoted LU (nor has torch on the CPU).
+std::tuple<Tensor, Tensor> lu_factor(const Tensor& A, bool pivot = true);
+// (P, L, U) with A = P L U: L m x k unit lower triangular, U k x n, k = min(m, n). torch's
+// gradient (through L and U).
+std::tuple<Tensor, Tensor, Tensor> lu(const Tensor& A, bool pivot = true);
+// X with A X = B (left) or X A = B, A^T in place of A with adjoint, from lu_factor's LU and
+// pivots; batch dims broadcast.
+Tensor lu_solve(const Tensor& LU, const Tensor& pivots, const Tensor& B, bool left = true,
+                bool adjoint = false);
 }  // namespace linalg
 // torch's older names: inverse is linalg::inv; logdet is log(det), NaN for a negative det.
 Tensor inverse(const Tensor& A);
@@ -782,6 +861,10 @@ Tensor cholesky(const Tensor& A, bool upper = false);
 // X with A X = B for A = L L^T given its Cholesky factor L (or A = U^T U, upper): two triangular
 // solves reading only L's triangle; batch dims broadcast. torch's argument order (B first).
 Tensor cholesky_solve(const Tensor& B, const Tensor& L, bool upper = false);
+// (P, L, U) from lu_factor's LU and pivots (as linalg::lu gives them); without unpack_data L and U
+// are empty, without unpack_pivots P is.
+std::tuple<Tensor, Tensor, Tensor> lu_unpack(const Tensor& LU, const Tensor& pivots,
+                                             bool unpack_data = true, bool unpack_pivots = true);
 
 // ---------------------------------------------------------------- comparison helpers
 // Same shape and every |a - b| <= atol + rtol * |b| (NaNs equal when equal_nan).

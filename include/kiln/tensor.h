@@ -295,6 +295,8 @@ class Tensor {
   Tensor round() const;
   Tensor trunc() const;
   Tensor frac() const;
+  Tensor fix() const;
+  Tensor signbit() const;
   Tensor square() const;
   Tensor logical_not() const;
   Tensor isnan() const;
@@ -360,6 +362,10 @@ class Tensor {
   Tensor index_fill(int64_t dim, const Tensor& index, const Tensor& value) const;
   Tensor masked_scatter(const Tensor& mask, const Tensor& source) const;
   Tensor take(const Tensor& index) const;
+  Tensor take_along_dim(const Tensor& indices, std::optional<int64_t> dim = std::nullopt) const;
+  Tensor select_scatter(const Tensor& src, int64_t dim, int64_t index) const;
+  Tensor diagonal_scatter(const Tensor& src, int64_t offset = 0, int64_t dim1 = 0,
+                          int64_t dim2 = 1) const;
   // In place: self becomes the out-of-place op's result (checked before anything is written).
   Tensor& index_add_(int64_t dim, const Tensor& index, const Tensor& source);
   Tensor& scatter_add_(int64_t dim, const Tensor& index, const Tensor& src);
@@ -379,12 +385,21 @@ class Tensor {
   Tensor sum_to_size(const Shape& shape) const;
   Tensor addmm(const Tensor& mat1, const Tensor& mat2, const Scalar& beta = 1,
                const Scalar& alpha = 1) const;
+  Tensor baddbmm(const Tensor& batch1, const Tensor& batch2, const Scalar& beta = 1,
+                 const Scalar& alpha = 1) const;
+  Tensor addbmm(const Tensor& batch1, const Tensor& batch2, const Scalar& beta = 1,
+                const Scalar& alpha = 1) const;
+  Tensor addmv(const Tensor& mat, const Tensor& vec, const Scalar& beta = 1,
+               const Scalar& alpha = 1) const;
+  Tensor addr(const Tensor& vec1, const Tensor& vec2, const Scalar& beta = 1,
+              const Scalar& alpha = 1) const;
   Tensor masked_fill(const Tensor& mask, const Scalar& value) const;
   Tensor masked_fill(const Tensor& mask, const Tensor& value) const;
   Tensor& masked_fill_(const Tensor& mask, const Scalar& value);
   Tensor& masked_fill_(const Tensor& mask, const Tensor& value);
   Tensor masked_select(const Tensor& mask) const;
   Tensor nonzero() const;
+  Tensor argwhere() const;
 
   // --- sorting, scans and rearrangements
   std::tuple<Tensor, Tensor> topk(int64_t k, int64_t dim = -1, bool largest = true,
@@ -402,6 +417,18 @@ class Tensor {
   Tensor rot90(int64_t k = 1, const std::vector<int64_t>& dims = {0, 1}) const;
   Tensor hypot(const Tensor& other) const;
   Tensor heaviside(const Tensor& values) const;
+  Tensor copysign(const Tensor& other) const;
+  Tensor copysign(const Scalar& other) const;
+  Tensor fmax(const Tensor& other) const;
+  Tensor fmin(const Tensor& other) const;
+  Tensor float_power(const Tensor& exponent) const;
+  Tensor float_power(const Scalar& exponent) const;
+  Tensor true_divide(const Tensor& other) const;
+  Tensor true_divide(const Scalar& other) const;
+  std::tuple<Tensor, Tensor> aminmax(std::optional<int64_t> dim = std::nullopt,
+                                     bool keepdim = false) const;
+  Tensor dist(const Tensor& other, const Scalar& p = 2) const;
+  Tensor renorm(const Scalar& p, int64_t dim, const Scalar& maxnorm) const;
   Tensor quantile(double q, std::optional<int64_t> dim = std::nullopt, bool keepdim = false,
                   std::string_view interpolation = "linear") const;
   Tensor nanquantile(double q, std::optional<int64_t> dim = std::nullopt, bool keepdim = false,

@@ -107,6 +107,14 @@ T pow_value(T x, T y) {
 // floor, ceil and round apply to floats and are the identity on integers (a detour through double
 // loses int64 bits). nearbyint rounds half to even in the default rounding mode, as torch.round
 // does.
+// torch.signbit: a float's sign bit (-0.0 and NaNs with it set count); x < 0 for integers.
+template <typename T>
+bool sign_bit(T x) {
+  if constexpr (kIsFloat<T>)
+    return std::signbit(x);
+  else
+    return x < T(0);
+}
 template <typename T, typename F>
 T on_floats(T x, F f) {
   if constexpr (kIsFloat<T>)

@@ -14,4 +14,7 @@ namespace kiln::detail {
 void gemm_into(const char* op, const Tensor& out, Tensor a, Tensor b, const Shape& batch,
                DType compute, const Scalar& alpha, const Scalar& beta);
 
+// Raises when an integral product is given a floating-point beta or alpha (named `name`), as torch.
+void check_scalar_kind(const char* op, DType compute, const Scalar& s, const char* name);
+
 }  // namespace kiln::detail

@@ -380,13 +380,8 @@ void detail::gemm_into(const char* op, const Tensor& out, Tensor a, Tensor b, co
 
 namespace {
 
+using detail::check_scalar_kind;
 using detail::gemm_into;
-
-void check_scalar_kind(const char* op, DType compute, const Scalar& s, const char* name) {
-  KILN_CHECK(!(is_integral(compute) && s.is_floating_point()), op,
-             ": for integral input tensors, argument ", name,
-             " must not be a floating point number (got ", s, " for ", dtype_name(compute), ")");
-}
 
 std::string pair_str(const Tensor& a, const Tensor& b) {
   return describe(a) + " and " + describe(b);
@@ -651,5 +646,13 @@ Tensor addmm(const Tensor& self, const Tensor& m1, const Tensor& m2, const Scala
         });
   return out;
 }
+
+namespace detail {
+void check_scalar_kind(const char* op, DType compute, const Scalar& s, const char* name) {
+  KILN_CHECK(!(is_integral(compute) && s.is_floating_point()), op,
+             ": for integral input tensors, argument ", name,
+             " must not be a floating point number (got ", s, " for ", dtype_name(compute), ")");
+}
+}  // namespace detail
 
 }  // namespace kiln

@@ -51,8 +51,9 @@ constexpr auto routine(D* for_double, S* for_float) {
 // LAPACK and BLAS entry points for element type T (float or double), on row-major matrices.
 template <typename T>
 struct Lapack {
-  static lapack_int getrf(lapack_int n, T* a, lapack_int* pivots) {
-    return routine<T>(LAPACKE_dgetrf, LAPACKE_sgetrf)(LAPACK_ROW_MAJOR, n, n, a, n, pivots);
+  static lapack_int getrf(lapack_int n, T* a, lapack_int* pivots) { return getrf(n, n, a, pivots); }
+  static lapack_int getrf(lapack_int m, lapack_int n, T* a, lapack_int* pivots) {
+    return routine<T>(LAPACKE_dgetrf, LAPACKE_sgetrf)(LAPACK_ROW_MAJOR, m, n, a, n, pivots);
   }
   static lapack_int getrs(lapack_int n, lapack_int k, const T* lu, const lapack_int* pivots, T* b) {
     return routine<T>(LAPACKE_dgetrs, LAPACKE_sgetrs)(LAPACK_ROW_MAJOR, 'N', n, k, lu, n, pivots, b,
@@ -493,6 +494,64 @@ std::vector<Tensor> qr_kernel(const Tensor& a, const std::string& mode) {
   return {on_device_of(q, a), on_device_of(r, a)};
 }
 
+// LU (m x n) and pivots (int32 [..., k], k = min(m, n)) of each m x n matrix by partial pivoting
+// (getrf). With check_singular a matrix whose U has a zero on its diagonal raises, as torch's
+// linalg.lu_factor.
+std::vector<Tensor> lu_factor_kernel(const Tensor& a, bool check_singular) {
+  static_assert(sizeof(lapack_int) == sizeof(int32_t), "pivots are stored as int32");
+  const char* op = check_singular ? "linalg.lu_factor" : "linalg.lu";
+  const int64_t m = a.size(-2), n = a.size(-1), k = std::min(m, n);
+  Tensor factors = host_copy(a, a.sizes());
+  const Shape batch_shape = leading(a.sizes(), 2);
+  const int64_t count = detail::shape_numel(batch_shape);
+  Shape pivots_shape = batch_shape;
+  pivots_shape.push_back(k);
+  Tensor pivots = zeros(pivots_shape, TensorOptions(kInt32));
+  disable_nan_checks();
+  Failure failure;
+  if (k > 0)
+    float_dispatch(a.dtype(), [&](auto t) {
+      using T = decltype(t);
+      T* matrices = factors.data_ptr<T>();
+      auto* rows = reinterpret_cast<lapack_int*>(pivots.data_ptr<int32_t>());
+      const auto lm = static_cast<lapack_int>(m), ln = static_cast<lapack_int>(n);
+      failure = for_each_matrix(
+          count, static_cast<lapack_int>(std::max(m, n)), op, "getrf",
+          [&](int64_t b) { return Lapack<T>::getrf(lm, ln, matrices + b * m * n, rows + b * k); });
+    });
+  KILN_CHECK(!check_singular || failure.matrix < 0, op, ": U[", failure.info, ",", failure.info,
+             "] of matrix ", failure.matrix, " of A ", describe(a),
+             " is zero, so solving with it would divide by zero; linalg::lu factors A without "
+             "this check");
+  return {on_device_of(factors, a), on_device_of(pivots, a)};
+}
+
+// The row permutation of each matrix's pivots (LAPACK's 1-based interchanges, applied in order):
+// int64 [..., rows] with row i of L U being row perm[i] of A. Pivots out of [1, rows] raise.
+Tensor lu_permutation_kernel(const Tensor& pivots_in, int64_t rows) {
+  const char* op = "lu_unpack";
+  const Tensor pivots = host_copy(pivots_in, pivots_in.sizes());
+  const int64_t k = pivots.size(-1);
+  Shape shape = leading(pivots.sizes(), 1);
+  const int64_t count = detail::shape_numel(shape);
+  shape.push_back(rows);
+  Tensor perm = empty(shape, TensorOptions(kInt64));
+  const int32_t* swaps = pivots.data_ptr<int32_t>();
+  int64_t* order = perm.data_ptr<int64_t>();
+  for (int64_t b = 0; b < count; ++b) {
+    int64_t* p = order + b * rows;
+    for (int64_t i = 0; i < rows; ++i) p[i] = i;
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t with = int64_t{swaps[b * k + i]} - 1;
+      KILN_CHECK(with >= i && with < rows, op, ": pivot ", with + 1, " at position ", i,
+                 " of matrix ", b, " is out of range [", i + 1, ", ", rows, "] (pivots ",
+                 describe(pivots_in), ")");
+      std::swap(p[i], p[with]);
+    }
+  }
+  return on_device_of(perm, pivots_in);
+}
+
 // U, S and V^T of each m x n matrix by LAPACK's divide and conquer (gesdd): U m x m and V^T n x n
 // with full_matrices, otherwise m x k and k x n (k = min(m, n)); S alone (U and V^T empty)
 // without compute_uv. A matrix holding an infinity or NaN raises: gesdd cannot converge on it.
@@ -578,7 +637,7 @@ Shape check_pair(const char* op, const Tensor& a, const Tensor& b) {
 }
 
 detail::OpHandle solve_def, inv_def, solve_triangular_def, det_def, slogdet_def, cholesky_def,
-    cofactor_def, eigh_def, qr_def, svd_def;
+    cofactor_def, eigh_def, qr_def, svd_def, lu_factor_def, lu_permutation_def;
 
 // Whether a call that may raise on its operands' values records: only while jit::trace records,
 // so that otherwise a singular or indefinite matrix raises at the call, as in eager mode (its
@@ -772,6 +831,65 @@ std::vector<Tensor> qr_node(const Tensor& a, const std::string& mode) {
         });
   return out;
 }
+// The gradient of A = P L U (L m x k, U k x n, k = min(m, n)) from those of L and U: with
+// A's first k rows (after P) L1 U and the rest L2 U, U = [U1 | U2] split after k columns,
+// phi = tril(L1^T gL1 - gU2 U2^T, -1) + triu(gU1 U1^T - L2^T gL2),
+// gA = P [L1^-T phi U1^-T, L1^-T gU2; gL2 U1^-T] (one of the off blocks is empty).
+Tensor lu_backward(const Tensor& gl, const Tensor& gu, const Tensor& p, const Tensor& l,
+                   const Tensor& u) {
+  const int64_t m = l.size(-2), n = u.size(-1), k = u.size(-2);
+  const Tensor l1 = l.narrow(-2, 0, k), l2 = l.narrow(-2, k, m - k);
+  const Tensor u1 = u.narrow(-1, 0, k), u2 = u.narrow(-1, k, n - k);
+  const Tensor gl1 = gl.narrow(-2, 0, k), gl2 = gl.narrow(-2, k, m - k);
+  const Tensor gu1 = gu.narrow(-1, 0, k), gu2 = gu.narrow(-1, k, n - k);
+  const Tensor phi = tril(matmul(mT(l1), gl1) - matmul(gu2, mT(u2)), -1) +
+                     triu(matmul(gu1, mT(u1)) - matmul(mT(l2), gl2));
+  // L1^-T X and X U1^-T by triangular solves.
+  auto left_l = [&](const Tensor& x) { return solve_triangular_node(mT(l1), x, true, true, true); };
+  auto right_u = [&](const Tensor& x) {
+    return solve_triangular_node(mT(u1), x, false, false, false);
+  };
+  Tensor gb = right_u(left_l(phi));
+  if (n > k) gb = cat({gb, left_l(gu2)}, -1);
+  if (m > k) gb = cat({gb, right_u(gl2)}, -2);
+  return matmul(p, gb);
+}
+
+// (LU, pivots), with torch's gradient through LU (its unpacked L and U's).
+std::vector<Tensor> lu_factor_node(const Tensor& a, bool check_singular) {
+  const int64_t m = a.size(-2), n = a.size(-1);
+  Shape pivots_shape = leading(a.sizes(), 2);
+  pivots_shape.push_back(std::min(m, n));
+  std::vector<Tensor> out;
+  if (records_checked({a})) {
+    out = detail::lazy_record(lu_factor_def, {a}, {check_singular},
+                              {{a.sizes(), a.dtype()}, {pivots_shape, kInt32}});
+  } else {
+    const KernelScope kernel;
+    out = lu_factor_kernel(a, check_singular);
+  }
+  if (detail::needs_grad(a))
+    detail::record(
+        "linalg.lu_factor", {a}, {out[0]}, {out[0], out[1]}, [](const detail::BackwardContext& c) {
+          const Tensor &lu = c.saved(0), &pivots = c.saved(1);
+          const auto [p, l, u] = lu_unpack(lu, pivots);
+          const Tensor g = c.grad();
+          const int64_t k = u.size(-2);
+          return std::vector<Tensor>{
+              lu_backward(tril(g.narrow(-1, 0, k), -1), triu(g.narrow(-2, 0, k)), p, l, u)};
+        });
+  return out;
+}
+
+Tensor lu_permutation(const Tensor& pivots, int64_t rows) {
+  Shape shape = leading(pivots.sizes(), 1);
+  shape.push_back(rows);
+  if (records_checked({pivots}))
+    return detail::lazy_record1(lu_permutation_def, {pivots}, {rows}, {shape, kInt64});
+  const KernelScope kernel;
+  return lu_permutation_kernel(pivots, rows);
+}
+
 // torch's gradient of A = U diag(S) V^T from the reduced factors (U m x k, V^T k x n) and the
 // gradients of any of them (undefined when unused): with E_ij = S_j^2 - S_i^2 and
 // skew(X) = X - X^T, gA = U [(skew(U^T gU) S + S skew(V^T gV)) / E + diag(gS)] V^T, plus, for
@@ -882,6 +1000,16 @@ void registration::register_matrix_functions() {
                                       detail::attr_bool(a.at(1)));
                     },
                     {"full_matrices", "compute_uv"}));
+  lu_factor_def.bind(*def("lu_factor", 1,
+                          [](const Inputs& in, const Attrs& a) {
+                            return lu_factor_node(in[0], detail::attr_bool(a.at(0)));
+                          },
+                          {"check_singular"}));
+  lu_permutation_def.bind(*def("lu_permutation", 1,
+                               [](const Inputs& in, const Attrs& a) {
+                                 return Inputs{lu_permutation(in[0], detail::attr_int(a.at(0)))};
+                               },
+                               {"rows"}));
   eigh_def.bind(*def(
       "eigh", 1,
       [](const Inputs& in, const Attrs& a) { return eigh_node(in[0], detail::attr_bool(a.at(0))); },
@@ -993,6 +1121,70 @@ std::tuple<Tensor, Tensor> qr(const Tensor& a, const std::string& mode) {
   return {out[0], out[1]};
 }
 
+std::tuple<Tensor, Tensor> lu_factor(const Tensor& a, bool pivot) {
+  const char* op = "linalg.lu_factor";
+  check_matrix(op, a, "A");
+  KILN_CHECK(pivot, op,
+             ": LU without pivoting is not implemented on the CPU (nor on CUDA "
+             "tensors, which kiln factors on the host)");
+  const std::vector<Tensor> out = lu_factor_node(a, true);
+  return {out[0], out[1]};
+}
+
+std::tuple<Tensor, Tensor, Tensor> lu(const Tensor& a, bool pivot) {
+  const char* op = "linalg.lu";
+  check_matrix(op, a, "A");
+  KILN_CHECK(pivot, op,
+             ": LU without pivoting is not implemented on the CPU (nor on CUDA "
+             "tensors, which kiln factors on the host)");
+  const std::vector<Tensor> out = lu_factor_node(a, false);
+  return lu_unpack(out[0], out[1]);
+}
+
+// A = P L U, L's unit diagonal implicit: unit-triangular solves read LU's strict lower triangle,
+// the others its upper one (LU^T's triangles for A^T). P moves rows (or columns) by gathers at
+// the pivots' permutation or its inverse. The gradient flows through the solves and gathers to
+// LU and B, as torch's.
+Tensor lu_solve(const Tensor& lu, const Tensor& pivots, const Tensor& b, bool left, bool adjoint) {
+  const char* op = "linalg.lu_solve";
+  check_square(op, lu);
+  check_matrix(op, b, "B");
+  const int64_t n = lu.size(-1);
+  KILN_CHECK((left ? b.size(-2) : b.size(-1)) == n, op,
+             ": incompatible shapes of LU and B for the equation ", left ? "AX = B" : "XA = B",
+             ": LU ", describe(lu), ", B ", describe(b));
+  KILN_CHECK(lu.dtype() == b.dtype(), op, ": expected LU and B of one dtype, got ", describe(lu),
+             " and ", describe(b));
+  std::ignore = lu_unpack(lu, pivots, false, false);  // checks the pivots
+  // Row i of P^T B is row perm[i] of B; row r of P Y is row inverse[r] of Y.
+  const Tensor perm = lu_permutation(pivots, n);
+  // x gathered along dim at `at` (whose batch dims broadcast with x's, padded to x's rank).
+  auto gathered = [](Tensor x, Tensor at, int64_t dim) {
+    while (at.dim() < x.dim()) at = at.unsqueeze(0);
+    while (x.dim() < at.dim()) x = x.unsqueeze(0);
+    return take_along_dim(x, at, dim);
+  };
+  auto rows_at = [&](const Tensor& x, const Tensor& at) {
+    return gathered(x, at.unsqueeze(-1), -2);
+  };
+  auto columns_at = [&](const Tensor& x, const Tensor& at) {
+    return gathered(x, at.unsqueeze(-2), -1);
+  };
+  auto with_l = [&](const Tensor& x, bool transposed, bool on_left) {
+    return solve_triangular(transposed ? mT(lu) : lu, x, transposed, on_left, true);
+  };
+  auto with_u = [&](const Tensor& x, bool transposed, bool on_left) {
+    return solve_triangular(transposed ? mT(lu) : lu, x, !transposed, on_left, false);
+  };
+  if (!left && adjoint)  // X U^T L^T P^T = B
+    return with_u(with_l(columns_at(b, perm), true, false), true, false);
+  const Tensor inverse = argsort(perm, -1);
+  if (left && !adjoint) return with_u(with_l(rows_at(b, perm), false, true), false, true);
+  if (left)
+    return rows_at(with_l(with_u(b, true, true), true, true), inverse);       // U^T L^T P^T X = B
+  return columns_at(with_l(with_u(b, false, false), false, false), inverse);  // X P L U = B
+}
+
 Tensor eigvalsh(const Tensor& a, const std::string& uplo) {
   return std::get<0>(eigh(a, uplo));
 }
@@ -1033,6 +1225,34 @@ Tensor logdet(const Tensor& a) {
 
 Tensor cholesky(const Tensor& a, bool upper) {
   return linalg::cholesky(a, upper);
+}
+
+std::tuple<Tensor, Tensor, Tensor> lu_unpack(const Tensor& lu, const Tensor& pivots,
+                                             bool unpack_data, bool unpack_pivots) {
+  const char* op = "lu_unpack";
+  check_matrix(op, lu, "LU");
+  detail::check_defined(pivots, op, "pivots");
+  const int64_t m = lu.size(-2), n = lu.size(-1), k = std::min(m, n);
+  Shape expected = leading(lu.sizes(), 2);
+  expected.push_back(k);
+  KILN_CHECK(pivots.dtype() == kInt32 && pivots.sizes() == expected, op,
+             ": expected int32 pivots of shape ", detail::shape_str(expected), " for LU ",
+             describe(lu), ", got ", describe(pivots));
+  KILN_CHECK(pivots.device() == lu.device(), op, ": expected LU and pivots on one device, got ",
+             lu.device(), " and ", pivots.device());
+  const TensorOptions options = TensorOptions(lu.dtype()).device(lu.device());
+  Tensor p = empty({0}, options), l = p, u = p;
+  if (unpack_pivots) {
+    // P[r][c] = 1 where row c of L U is row r of A.
+    const Tensor perm = lu_permutation(pivots, m);
+    p = eq(perm.unsqueeze(-2), arange(m, TensorOptions(kInt64).device(lu.device())).unsqueeze(-1))
+            .to(lu.dtype());
+  }
+  if (unpack_data) {
+    l = tril(lu.narrow(-1, 0, k), -1) + eye(m, k, options);
+    u = triu(lu.narrow(-2, 0, k));
+  }
+  return {p, l, u};
 }
 
 }  // namespace kiln

@@ -244,6 +244,30 @@ Tensor dot(const Tensor& a, const Tensor& b) {
              describe(a), " and ", describe(b));
   return (a * b).sum().to(a.dtype());
 }
+Tensor dist(const Tensor& a, const Tensor& b, const Scalar& p) {
+  detail::check_defined(a, "dist");
+  detail::check_defined(b, "dist", "other");
+  KILN_CHECK(a.is_floating_point() && b.is_floating_point(),
+             "dist: expected floating-point inputs, got ", describe(a), " and ", describe(b));
+  return linalg::vector_norm(a - b, p);
+}
+// torch's renorm: the factor min(1, maxnorm / (norm + 1e-7)) per slice, differentiated through the
+// norm (torch's renorm_backward is this composition's gradient).
+Tensor renorm(const Tensor& x, const Scalar& p, int64_t dim, const Scalar& maxnorm) {
+  const char* op = "renorm";
+  detail::check_defined(x, op);
+  KILN_CHECK(x.is_floating_point(), op, ": expected a floating-point input, got ", describe(x));
+  KILN_CHECK(x.dim() > 1, op, ": input needs at least 2 dimensions, got ", describe(x));
+  KILN_CHECK(p.to_double() > 0, op, ": non-positive norm not supported, got p = ", p);
+  KILN_CHECK(maxnorm.to_double() >= 0, op, ": expected maxnorm to be >= 0, got ", maxnorm);
+  const int64_t kept = detail::wrap_dim(dim, x.dim(), op, &x);
+  std::vector<int64_t> others;
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (d != kept) others.push_back(d);
+  const Tensor norm = linalg::vector_norm(x, p, others, true);
+  const double limit = maxnorm.to_double();
+  return x * where(gt(norm, limit), limit / (norm + 1e-7), 1.0);
+}
 Tensor count_nonzero(const Tensor& x, const std::vector<int64_t>& dims) {
   detail::check_defined(x, "count_nonzero");
   return ne(x, 0).sum(dims);
@@ -267,6 +291,45 @@ Tensor frac(const Tensor& x) {
 Tensor square(const Tensor& x) {
   detail::check_defined(x, "square");
   return pow(x.dtype() == kBool ? x.to(kInt64) : x, 2);
+}
+
+// torch's other names: fix is trunc, true_divide div, argwhere nonzero.
+Tensor fix(const Tensor& x) {
+  return trunc(x);
+}
+Tensor true_divide(const Tensor& a, const Tensor& b) {
+  return div(a, b);
+}
+Tensor true_divide(const Tensor& a, const Scalar& b) {
+  return div(a, b);
+}
+Tensor argwhere(const Tensor& x) {
+  return nonzero(x);
+}
+
+// pow with both operands in float64 (torch's float_power); the gradient converts back.
+Tensor float_power(const Tensor& a, const Tensor& b) {
+  detail::check_defined(a, "float_power");
+  detail::check_defined(b, "float_power", "exponent");
+  return pow(a.to(kFloat64), b.to(kFloat64));
+}
+Tensor float_power(const Tensor& a, const Scalar& b) {
+  detail::check_defined(a, "float_power");
+  return pow(a.to(kFloat64), b.to_double());
+}
+Tensor float_power(const Scalar& a, const Tensor& b) {
+  detail::check_defined(b, "float_power", "exponent");
+  return pow(a.to_double(), b.to(kFloat64));
+}
+
+std::tuple<Tensor, Tensor> aminmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
+  detail::check_defined(x, "aminmax");
+  const std::vector<int64_t> dims = dim ? std::vector<int64_t>{*dim} : std::vector<int64_t>{};
+  KILN_CHECK(dim ? x.dim() == 0 || x.size(detail::wrap_dim(*dim, x.dim(), "aminmax", &x)) > 0
+                 : x.numel() > 0,
+             "aminmax: cannot compute the extremes of an empty ", dim ? "dimension" : "tensor",
+             " (no identity), got ", describe(x));
+  return {amin(x, dims, keepdim), amax(x, dims, keepdim)};
 }
 
 // ------------------------------------------------------------------------------------------ norm

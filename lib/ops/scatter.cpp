@@ -274,4 +274,24 @@ Tensor take(const Tensor& self, const Tensor& index) {
   return index_select(self.reshape({-1}), 0, positions).reshape(index.sizes());
 }
 
+// torch's take_along_dim: gather along dim of self and indices broadcast to each other in every
+// other dim; without a dim, the flattened self at the flattened indices.
+Tensor take_along_dim(const Tensor& self, const Tensor& indices, std::optional<int64_t> dim) {
+  const char* op = "take_along_dim";
+  detail::check_defined(self, op, "self");
+  detail::check_defined(indices, op, "indices");
+  detail::check_index_dtype(indices, op, false);
+  if (!dim) return gather(self.reshape({-1}), 0, indices.reshape({-1}));
+  KILN_CHECK(self.dim() == indices.dim(), op,
+             ": input and indices should have the same number of dimensions, got ", describe(self),
+             " and ", describe(indices));
+  const int64_t d = detail::wrap_dim(*dim, std::max<int64_t>(self.dim(), 1), op, &self);
+  if (self.dim() == 0) return gather(self, 0, indices);
+  Shape self_sizes = self.sizes(), index_sizes = indices.sizes();
+  self_sizes[static_cast<size_t>(d)] = indices.size(d);
+  index_sizes[static_cast<size_t>(d)] = self.size(d);
+  return gather(self.expand(detail::broadcast_shapes(index_sizes, self.sizes(), op)), d,
+                indices.expand(detail::broadcast_shapes(self_sizes, indices.sizes(), op)));
+}
+
 }  // namespace kiln

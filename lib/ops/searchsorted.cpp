@@ -159,4 +159,43 @@ Tensor bucketize(const Scalar& value, const Tensor& boundaries, bool out_int32, 
   return searchsorted(boundaries, value, out_int32, right);
 }
 
+// Membership by binary search: the test elements sorted once, each element found where
+// searchsorted would insert it (or not). Equality is ==: NaN is in nothing, -0.0 and 0 match.
+Tensor isin(const Tensor& elements, const Tensor& test_elements, bool assume_unique, bool invert) {
+  (void)assume_unique;  // the search needs no uniqueness
+  const char* op = "isin";
+  detail::check_defined(elements, op, "elements");
+  detail::check_defined(test_elements, op, "test_elements");
+  KILN_CHECK(elements.device() == test_elements.device(), op,
+             ": expected elements and test_elements on one device, got ", describe(elements),
+             " on ", elements.device().str(), " and ", describe(test_elements), " on ",
+             test_elements.device().str());
+  DType common = detail::result_type(elements, test_elements);
+  if (common == kBool) common = kInt64;  // searched as 0 and 1
+  const Tensor values = elements.to(common);
+  const int64_t n = test_elements.numel();
+  Tensor found;
+  if (n == 0) {
+    found = zeros(elements.sizes(), TensorOptions(kBool).device(elements.device()));
+  } else {
+    const Tensor sorted = std::get<0>(sort(test_elements.to(common).reshape({-1})));
+    const Tensor at = searchsorted(sorted, values).clamp_max(n - 1);
+    found = eq(take(sorted, at), values);
+  }
+  return invert ? logical_not(found) : found;
+}
+
+Tensor isin(const Tensor& elements, const Scalar& test_element, bool assume_unique, bool invert) {
+  (void)assume_unique;
+  detail::check_defined(elements, "isin", "elements");
+  return invert ? ne(elements, test_element) : eq(elements, test_element);
+}
+
+Tensor isin(const Scalar& element, const Tensor& test_elements, bool assume_unique, bool invert) {
+  (void)assume_unique;
+  detail::check_defined(test_elements, "isin", "test_elements");
+  const Tensor found = any(eq(test_elements, element));
+  return invert ? logical_not(found) : found;
+}
+
 }  // namespace kiln

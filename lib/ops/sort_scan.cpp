@@ -2,14 +2,14 @@
 //
 // sort finds the permutation on the host (a stable sort of each line along dim, NaN as the largest
 // value, as torch: a radix sort of keys that order as the values do) and gathers the values with
-// gather, so that gradients flow through gather's. The permutation depends on the data, so sorting
-// a pending (lazy) tensor makes it concrete. The scans are table ops (OpKind::NN, no formula: the
-// fuser leaves them to their own kernel), recorded lazily and traced as one node each (cummax and
-// cummin with two outputs, the values and their indices); floating sums accumulate in double and
-// integer ones in int64, as torch's CPU kernels, and logcumsumexp accumulates in double. cumprod's
-// gradient handles zeros as torch's; cummax's and cummin's scatter the gradient to the indices;
-// logcumsumexp's is torch's, computed in log space with g split by sign so that it neither
-// overflows nor underflows.
+// gather, so that gradients flow through gather's. The permutation is a table op ("sort_indices",
+// OpKind::NN), recorded lazily and traced: a replay sorts its own values. The scans are table ops
+// (OpKind::NN, no formula: the fuser leaves them to their own kernel), recorded lazily and traced
+// as one node each (cummax and cummin with two outputs, the values and their indices); floating
+// sums accumulate in double and integer ones in int64, as torch's CPU kernels, and logcumsumexp
+// accumulates in double. cumprod's gradient handles zeros as torch's; cummax's and cummin's scatter
+// the gradient to the indices; logcumsumexp's is torch's, computed in log space with g split by
+// sign so that it neither overflows nor underflows.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -143,6 +143,8 @@ Tensor sort_indices(const Tensor& x, int64_t d, bool descending) {
   });
   return out.to(x.device());
 }
+
+detail::OpHandle sort_indices_def;
 }  // namespace
 
 std::tuple<Tensor, Tensor> sort(const Tensor& x, int64_t dim, bool descending) {
@@ -152,7 +154,11 @@ std::tuple<Tensor, Tensor> sort(const Tensor& x, int64_t dim, bool descending) {
     return {x.clone(), zeros({}, TensorOptions(kInt64).device(x.device()))};
   }
   const int64_t d = detail::wrap_dim(dim, x.dim(), "sort", &x);
-  Tensor indices = sort_indices(x, d, descending);
+  const Tensor keys = x.detach();
+  const Tensor indices =
+      detail::should_record(keys)
+          ? detail::lazy_record1(sort_indices_def, {keys}, {d, descending}, {x.sizes(), kInt64})
+          : sort_indices(keys, d, descending);
   return {gather(x, d, indices), indices};
 }
 
@@ -261,6 +267,16 @@ detail::OpHandle cumsum_def, cumprod_def, logcumsumexp_def, cummax_def, cummin_d
 
 // The scans' entries.
 void registration::register_scans() {
+  sort_indices_def.bind(detail::register_op(
+      {"sort_indices",
+       detail::OpKind::NN,
+       1,
+       detail::DTypeRule::Custom,
+       true,
+       [](const Inputs& in, const detail::Attrs& a) {
+         return Inputs{sort_indices(in[0], detail::attr_int(a.at(0)), detail::attr_bool(a.at(1)))};
+       },
+       {"dim", "descending"}}));
   auto def = [](const char* name, detail::Invoke invoke) {
     return &detail::register_op(
         {name, detail::OpKind::NN, 1, detail::DTypeRule::Custom, true, std::move(invoke), {"dim"}});

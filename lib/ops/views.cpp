@@ -734,6 +734,41 @@ Tensor slice_scatter(const Tensor& self, const Tensor& src, int64_t dim,
   return out;
 }
 
+// select_scatter is slice_scatter of the one-element slice; diagonal_scatter writes through the
+// diagonal's strides of a contiguous copy (as_strided_scatter). Both differentiate through those.
+Tensor select_scatter(const Tensor& self, const Tensor& src, int64_t dim, int64_t index) {
+  const char* op = "select_scatter";
+  detail::check_defined(self, op);
+  detail::check_defined(src, op, "src");
+  KILN_CHECK(self.dim() > 0, op, ": cannot select from a 0-dim tensor ", describe(self));
+  const int64_t pos = wrap_dim(dim, self.dim(), op, &self);
+  const int64_t n = self.size(pos);
+  KILN_CHECK(index >= -n && index < n, op, ": index ", index, " is out of range for dim ", pos,
+             " of ", describe(self));
+  const int64_t at = index < 0 ? index + n : index;
+  Shape selected = self.sizes();
+  selected.erase(selected.begin() + pos);
+  KILN_CHECK(src.sizes() == selected, op, ": src ", describe(src), " does not match the shape ",
+             shape_str(selected), " of the selected slice of ", describe(self));
+  return slice_scatter(self, src.unsqueeze(pos), pos, at, at + 1);
+}
+
+Tensor diagonal_scatter(const Tensor& self, const Tensor& src, int64_t offset, int64_t dim1,
+                        int64_t dim2) {
+  const char* op = "diagonal_scatter";
+  detail::check_defined(self, op);
+  detail::check_defined(src, op, "src");
+  KILN_CHECK(src.dtype() == self.dtype(), op, ": src ", describe(src),
+             " must have the dtype of self ", describe(self));
+  const Tensor base = self.contiguous();
+  const Tensor diagonal = base.diagonal(offset, dim1, dim2);
+  KILN_CHECK(src.sizes() == diagonal.sizes(), op, ": src ", describe(src),
+             " does not match the shape ", shape_str(diagonal.sizes()), " of the diagonal of ",
+             describe(self));
+  return as_strided_scatter(base, src, diagonal.sizes(), diagonal.strides(),
+                            diagonal.storage_offset());
+}
+
 // ------------------------------------------------------------------ free-function forms
 Tensor Tensor::swapaxes(int64_t axis0, int64_t axis1) const {
   return transpose(axis0, axis1);

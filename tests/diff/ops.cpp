@@ -1438,6 +1438,113 @@ bool tensordot_pick(Gen& g, Step& s) {
   return true;
 }
 
+// ---------------------------------------------------------------- products, LU and sign rows
+// New float inputs (values in [0, 1)) of one dtype for a scaled product: self of `self_shape`
+// (which broadcasts to the product's shape) and the two factors; p.i[0] picks (beta, alpha) from
+// kScalings.
+const double kScalings[][2] = {{1, 1}, {0.5, 2}, {0, 1}, {2, -1}};
+bool scaled_product_inputs(Gen& g, Step& s, const Shape& self_shape, const Shape& a,
+                           const Shape& b) {
+  if (g.program->inputs.size() + 3 > g.max_inputs) return false;
+  const kiln::DType dtype = g.random_float_dtype();
+  s.args = {g.new_input(self_shape, dtype, 0, 1), g.new_input(a, dtype, 0, 1),
+            g.new_input(b, dtype, 0, 1)};
+  s.p.i = {g.uniform(0, 3)};
+  return true;
+}
+// self: the product's shape, its trailing dims, or size-1 dims.
+Shape addend_of(Gen& g, Shape shape) {
+  const int64_t r = g.uniform(0, 2);
+  if (r == 0) return shape;
+  if (r == 1) return Shape(shape.begin() + 1, shape.end());
+  for (int64_t& d : shape) d = g.coin(0.5) ? 1 : d;
+  return shape;
+}
+bool addmv_pick(Gen& g, Step& s) {
+  const int64_t n = g.uniform(0, 4), m = g.uniform(0, 4);
+  return scaled_product_inputs(g, s, addend_of(g, {n}), {n, m}, {m});
+}
+bool addr_pick(Gen& g, Step& s) {
+  const int64_t n = g.uniform(0, 4), m = g.uniform(0, 4);
+  return scaled_product_inputs(g, s, addend_of(g, {n, m}), {n}, {m});
+}
+bool baddbmm_pick(Gen& g, Step& s) {
+  const int64_t b = g.uniform(0, 3), n = g.uniform(0, 3), m = g.uniform(0, 3), q = g.uniform(1, 3);
+  return scaled_product_inputs(g, s, addend_of(g, {b, n, q}), {b, n, m}, {b, m, q});
+}
+bool addbmm_pick(Gen& g, Step& s) {
+  const int64_t b = g.uniform(0, 3), n = g.uniform(0, 3), m = g.uniform(0, 3), q = g.uniform(1, 3);
+  return scaled_product_inputs(g, s, addend_of(g, {n, q}), {b, n, m}, {b, m, q});
+}
+// Three new matrices [a, b], [b, c], [c, d] of one float dtype (values in [0, 1)).
+bool multi_dot_pick(Gen& g, Step& s) {
+  const int64_t a = g.uniform(1, 4), b = g.uniform(0, 4), c = g.uniform(1, 4), d = g.uniform(1, 4);
+  return scaled_product_inputs(g, s, {a, b}, {b, c}, {c, d});
+}
+// vecdot of two floating tensors of one dtype and shape, at least 1-D.
+bool vecdot_pick(Gen& g, Step& s) {
+  return mse_pick(g, s) && rank(arg(g, s, 0)) >= 1;
+}
+// aminmax along a dim, without zeros of both signs (which one is the extreme is unspecified).
+bool aminmax_pick(Gen& g, Step& s) {
+  return reduce_one(g, s) && !zeros_of_both_signs(arg(g, s, 0));
+}
+// take_along_dim along p.i[0] with new int64 indices whose other dims are x's or 1.
+bool take_along_dim_pick(Gen& g, Step& s) {
+  if (g.inputs_full() || !one_value(g, s, [](const torch::Tensor& t) { return t.dim() > 0; }))
+    return false;
+  const auto& x = arg(g, s, 0);
+  const int64_t d = g.dim(rank(x)), n = x.size(d);
+  Shape shape = sizes(x);
+  for (int64_t k = 0; k < x.dim(); ++k)
+    shape[k] = k == wrap(d, x.dim()) ? (n ? g.uniform(0, 3) : 0) : (g.coin(0.3) ? 1 : shape[k]);
+  s.p.i = {d};
+  s.args.push_back(g.new_input(shape, kiln::kInt64, 0, n));
+  return true;
+}
+// select_scatter into x (at least 1-D, a nonempty dim p.i[0]) at index p.i[1] of a new src.
+bool select_scatter_pick(Gen& g, Step& s) {
+  if (g.inputs_full() || !one_value(g, s, [](const torch::Tensor& t) { return t.dim() > 0; }))
+    return false;
+  const auto& x = arg(g, s, 0);
+  const int64_t d = g.dim(rank(x)), n = x.size(d);
+  if (n == 0) return false;
+  Shape shape = sizes(x);
+  shape.erase(shape.begin() + wrap(d, x.dim()));
+  s.p.i = {d, g.uniform(-n, n - 1)};
+  s.args.push_back(g.new_input(shape, to_kiln(x.scalar_type())));
+  return true;
+}
+// diagonal_scatter into x (at least 2-D) along diagonal p.i[0] of dims 0 and 1, a new src.
+bool diagonal_scatter_pick(Gen& g, Step& s) {
+  if (g.inputs_full() || !one_value(g, s, [](const torch::Tensor& t) { return t.dim() > 1; }))
+    return false;
+  const auto& x = arg(g, s, 0);
+  const int64_t offset = g.uniform(-2, 2);
+  s.p.i = {offset};
+  s.args.push_back(g.new_input(sizes(x.diagonal(offset, 0, 1)), to_kiln(x.scalar_type())));
+  return true;
+}
+// renorm of a floating tensor of at least 2 dims along p.i[0].
+bool renorm_pick(Gen& g, Step& s) {
+  return float_reduce_one(g, s) && rank(arg(g, s, 0)) >= 2;
+}
+// signbit and copysign's sign operand without NaN (deliberate difference): the sign of a NaN
+// depends on the instruction that made it, which the two libraries choose differently.
+bool sign_source_pick(Gen& g, Step& s) {
+  return unary(g, s) && !torch::isnan(arg(g, s, 0)).any().item<bool>();
+}
+bool copysign_pick(Gen& g, Step& s) {
+  return binary(g, s) && !torch::isnan(arg(g, s, 1)).any().item<bool>();
+}
+// fmax and fmin without zeros of both signs (which one a tie keeps is each loop's choice in
+// libtorch).
+bool fmax_pick(Gen& g, Step& s) {
+  return binary(g, s) && !zeros_of_both_signs(arg(g, s, 0)) && !zeros_of_both_signs(arg(g, s, 1)) &&
+         !(torch::eq(arg(g, s, 0), 0).any().item<bool>() &&
+           torch::eq(arg(g, s, 1), 0).any().item<bool>());
+}
+
 // A fresh row-major copy (the result of a matrix function that libtorch lays out column-major):
 // both libraries' later views and in-place writes then alias alike.
 kiln::Tensor row_major(const kiln::Tensor& t) {
@@ -1754,6 +1861,47 @@ const std::vector<Op>& op_table() {
       DIFF_OP("block_diag", 0, block_diag_pick, block_diag({a[0], a[1]})),
       DIFF_OP("cdist", kInexact, cdist_pick, cdist(a[0], a[1], double(p.i[0]))),
       DIFF_OP("tensordot", kInexact, tensordot_pick, tensordot(a[0], a[1], {-1}, {0})),
+      // ------------------------------------------------ products, LU and sign rows
+      DIFF_OP("addmv", kInexact, addmv_pick,
+              addmv(a[0], a[1], a[2], kScalings[p.i[0]][0], kScalings[p.i[0]][1])),
+      DIFF_OP("addr", kInexact, addr_pick,
+              addr(a[0], a[1], a[2], kScalings[p.i[0]][0], kScalings[p.i[0]][1])),
+      DIFF_OP("baddbmm", kInexact, baddbmm_pick,
+              baddbmm(a[0], a[1], a[2], kScalings[p.i[0]][0], kScalings[p.i[0]][1])),
+      DIFF_OP("addbmm", kInexact, addbmm_pick,
+              addbmm(a[0], a[1], a[2], kScalings[p.i[0]][0], kScalings[p.i[0]][1])),
+      DIFF_OP("multi_dot", kInexact, multi_dot_pick, linalg::multi_dot({a[0], a[1], a[2]})),
+      DIFF_OP2("vecdot", kInexact, vecdot_pick, linalg::vecdot(a[0], a[1]),
+               torch::linalg_vecdot(a[0], a[1])),
+      DIFF_OP("aminmax_min", 0, aminmax_pick, std::get<0>(aminmax(a[0], p.i[0], p.i[1] != 0))),
+      DIFF_OP("aminmax_max", 0, aminmax_pick, std::get<1>(aminmax(a[0], p.i[0], p.i[1] != 0))),
+      DIFF_OP("take_along_dim", 0, take_along_dim_pick, take_along_dim(a[0], a[1], p.i[0])),
+      DIFF_OP("isin", 0, binary, isin(a[0], a[1])),
+      DIFF_OP("select_scatter", 0, select_scatter_pick, select_scatter(a[0], a[1], p.i[0], p.i[1])),
+      DIFF_OP("diagonal_scatter", 0, diagonal_scatter_pick, diagonal_scatter(a[0], a[1], p.i[0])),
+      DIFF_OP("dist", kInexact, mse_pick, dist(a[0], a[1], double(p.i[0] + 1))),
+      DIFF_OP("renorm", kInexact, renorm_pick, renorm(a[0], 2, p.i[0], 1.0)),
+      DIFF_OP("signbit", 0, sign_source_pick, signbit(a[0])),
+      DIFF_OP("copysign", 0, copysign_pick, copysign(a[0], a[1])),
+      DIFF_OP("fmax", 0, fmax_pick, fmax(a[0], a[1])),
+      DIFF_OP("fmin", 0, fmax_pick, fmin(a[0], a[1])),
+      DIFF_OP("float_power", kInexact, pow_pick, float_power(a[0], a[1])),
+      DIFF_OP("linalg_lu_l", kInexact, square_pick,
+              row_major(std::get<1>(linalg::lu(conditioned(a[0]))))),
+      DIFF_OP("linalg_lu_u", kInexact, square_pick,
+              row_major(std::get<2>(linalg::lu(conditioned(a[0]))))),
+      DIFF_OP("linalg_lu_factor", kInexact, square_pick,
+              row_major(std::get<0>(linalg::lu_factor(conditioned(a[0]))))),
+      // p.i[0]: adjoint; p.i[1]: left (B transposed for X A = B).
+      DIFF_OP2("linalg_lu_solve", kInexact, square_system_pick,
+               row_major(linalg::lu_solve(std::get<0>(linalg::lu_factor(conditioned(a[0]))),
+                                          std::get<1>(linalg::lu_factor(conditioned(a[0]))),
+                                          p.i[1] != 0 ? a[1] : a[1].transpose(-2, -1), p.i[1] != 0,
+                                          p.i[0] != 0)),
+               row_major(torch::linalg_lu_solve(
+                   std::get<0>(torch::linalg::lu_factor(conditioned(a[0]))),
+                   std::get<1>(torch::linalg::lu_factor(conditioned(a[0]))),
+                   p.i[1] != 0 ? a[1] : a[1].transpose(-2, -1), p.i[1] != 0, p.i[0] != 0))),
       // ------------------------------------------------ indexing and joining
       DIFF_OP("index_select", 0, index_select_pick, index_select(a[0], p.i[0], a[1])),
       DIFF_OP("gather", 0, gather_pick, gather(a[0], p.i[0], a[1])),

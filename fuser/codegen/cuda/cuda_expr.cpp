@@ -121,6 +121,11 @@ std::string Source::expr(const Instr& in) {
       return x.on_floats("rint", t);
     case Prim::Rem:  // fmod is exact; on bools LLVM's i1 remainder is always 0
       return x.fp ? x.call(libm("fmod", t)) : x.boolean ? "false" : x.call("kiln_rem");
+    case Prim::Signbit:  // a float's sign bit, read from its bits; x < 0 of an integer
+      if (x.boolean) return "(" + x.a + " != " + x.a + ")";  // false, naming the operand
+      if (!x.fp) return "(" + x.a + " < 0)";
+      return x.type == kFloat64 ? "(__double_as_longlong(" + x.a + ") < 0)"
+                                : "(__float_as_int(" + x.a + ") < 0)";
     case Prim::Pow:  // pow takes no bools; LLVM's i1 squaring loop gives 1
       return x.boolean ? "true" : math_call(in, x.type, x.a, x.b);
     // Bools promote to int and convert back to bool (0 or 1) in the declared value's type.

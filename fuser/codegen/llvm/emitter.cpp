@@ -333,6 +333,12 @@ llvm::Value* Emitter::compute(size_t n, const std::vector<llvm::Value*>& v,
       return o.boolean ? b_.getInt1(true) : math(in.prim, at, o.a, o.b);
     case Prim::Rem:
       return o.fp ? libm2("fmod", o.a, o.b, t) : int_rem(o.a, o.b);
+    case Prim::Signbit: {  // a float's sign bit, read from its bits; x < 0 of an integer
+      if (o.boolean) return b_.getInt1(false);
+      llvm::Value* bits =
+          o.fp ? b_.CreateBitCast(o.a, b_.getIntNTy(o.a->getType()->getScalarSizeInBits())) : o.a;
+      return b_.CreateICmpSLT(bits, llvm::Constant::getNullValue(bits->getType()));
+    }
     case Prim::ReduceSum:
     case Prim::ReduceMax:
     case Prim::ReduceMin:
