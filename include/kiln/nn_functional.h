@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <variant>
+#include <vector>
 
 #include "kiln/ops.h"
 #include "kiln/tensor.h"
@@ -52,6 +54,19 @@ Tensor pairwise_distance(const Tensor& x1, const Tensor& x2, double p = 2.0, dou
 // int64 [..., num_classes] with a 1 at each class index of the int64 x; num_classes = -1 takes
 // the largest index + 1 (reading x's values, as torch's).
 Tensor one_hot(const Tensor& x, int64_t num_classes = -1);
+// softmax of -x.
+Tensor softmin(const Tensor& x, int64_t dim);
+
+// ---------------------------------------------------------------- padding and pixel shuffles
+// torch.nn.functional.pad: pads = {left, right} of the last dim, then of the one before, ...
+// (negative values crop). mode "constant" (with value), "reflect" (mirrored without the edge;
+// each pad below the dim's size), "replicate" (the edge repeated) or "circular" (wrapped; each pad
+// at most the dim's size); the last three pad the last 1 to 3 dims of an input with 1 or 2 more.
+Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, std::string_view mode = "constant",
+           double value = 0.0);
+// [..., C r^2, H, W] -> [..., C, H r, W r], and back.
+Tensor pixel_shuffle(const Tensor& x, int64_t upscale_factor);
+Tensor pixel_unshuffle(const Tensor& x, int64_t downscale_factor);
 
 // ---------------------------------------------------------------- losses
 // torch's reduction="batchmean" (kl_div only): the sum divided by input.size(0).
@@ -92,5 +107,37 @@ Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction
 // input holds log-probabilities; target probabilities (log-probabilities with log_target).
 Tensor kl_div(const Tensor& input, const Tensor& target,
               const KLDivReduction& reduction = Reduction::Mean, bool log_target = false);
+// max(0, -y (x1 - x2) + margin), y = 1 or -1 per pair.
+Tensor margin_ranking_loss(const Tensor& input1, const Tensor& input2, const Tensor& target,
+                           double margin = 0.0, Reduction reduction = Reduction::Mean);
+// log(1 + exp(-y x)).
+Tensor soft_margin_loss(const Tensor& input, const Tensor& target,
+                        Reduction reduction = Reduction::Mean);
+// x where y = 1, max(0, margin - x) where y = -1 (both where y is neither, as torch).
+Tensor hinge_embedding_loss(const Tensor& input, const Tensor& target, double margin = 1.0,
+                            Reduction reduction = Reduction::Mean);
+// 1 - cos(x1, x2) where y = 1, max(0, cos - margin) where y = -1; rows of [N, D] inputs with a
+// [N] target, or one [D] pair with a 0-D target.
+Tensor cosine_embedding_loss(const Tensor& input1, const Tensor& input2, const Tensor& target,
+                             double margin = 0.0, Reduction reduction = Reduction::Mean);
+// max(0, margin + d(a, p) - d(a, n)) with pairwise_distance's p-norm (swap: d(a, n) is the smaller
+// of it and d(p, n)).
+Tensor triplet_margin_loss(const Tensor& anchor, const Tensor& positive, const Tensor& negative,
+                           double margin = 1.0, double p = 2.0, double eps = 1e-6,
+                           bool swap = false, Reduction reduction = Reduction::Mean);
+// 0.5 (log(var) + (x - t)^2 / var) (+ 0.5 log(2 pi) when full), var clamped to >= eps without
+// changing its gradient (torch's); var has the input's shape, or it without its last dim, or with
+// that dim 1. A negative var raises.
+Tensor gaussian_nll_loss(const Tensor& input, const Tensor& target, const Tensor& var,
+                         bool full = false, double eps = 1e-6,
+                         Reduction reduction = Reduction::Mean);
+// exp(x) - t x (log_input), else x - t log(x + eps); full adds Stirling's term where t > 1.
+Tensor poisson_nll_loss(const Tensor& input, const Tensor& target, bool log_input = true,
+                        bool full = false, double eps = 1e-8,
+                        Reduction reduction = Reduction::Mean);
+// -(t log_sigmoid(x) + (1 - t) log_sigmoid(-x)), weighted, averaged over the last (class) dim.
+Tensor multilabel_soft_margin_loss(const Tensor& input, const Tensor& target,
+                                   const Tensor& weight = {},
+                                   Reduction reduction = Reduction::Mean);
 
 }  // namespace kiln

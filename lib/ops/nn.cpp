@@ -43,14 +43,17 @@
 #include "lib/loops.h"
 #include "lib/op_registry.h"
 #include "lib/op_table.h"
+#include "lib/ops/losses.h"
 #include "lib/parallel.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln {
 
+using detail::check_loss_pair;
 using detail::describe;
 using detail::DTypeRule;
 using detail::OpKind;
+using detail::reduce_loss;
 using detail::shape_str;
 
 namespace {
@@ -485,13 +488,6 @@ void check_class_weight(const char* op, const Tensor& weight, const Tensor& inpu
              describe(input), ", got ", describe(weight));
   KILN_CHECK(weight.device() == input.device(), op, ": expected weight on the input's device ",
              input.device().str(), ", got ", describe(weight), " on ", weight.device().str());
-}
-
-// A loss's elementwise terms reduced as `reduction` says: the sum and the mean accumulate in
-// double (mean and sum's formulas), as the CPU kernels do; mean over no terms is NaN.
-Tensor reduce_loss(const Tensor& terms, Reduction reduction) {
-  if (reduction == Reduction::None) return terms;
-  return reduction == Reduction::Mean ? mean(terms) : sum(terms);
 }
 
 // The shape that puts a [C] tensor along the class dim of an input of `rank` dims.
@@ -1085,21 +1081,6 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
 // where the clamped logs have none); the others differentiate through their ops.
 namespace {
 
-// A loss's input and target: defined, the input floating-point (the target too for the binary
-// cross entropies, which also need the input's shape); others broadcast together, as torch's
-// (which warns where kiln accepts silently). Returns the shape of the elementwise terms.
-Shape check_loss_pair(const char* op, const Tensor& input, const Tensor& target, bool binary) {
-  detail::check_defined(input, op, "input");
-  detail::check_defined(target, op, "target");
-  KILN_CHECK(input.is_floating_point() && (!binary || target.is_floating_point()), op,
-             ": expected floating-point input", binary ? " and target" : "", ", got ",
-             describe(input), " and ", describe(target));
-  KILN_CHECK(!binary || input.sizes() == target.sizes(), op,
-             ": expected target of the input's shape ", shape_str(input.sizes()), ", got ",
-             describe(target));
-  return detail::broadcast_shapes(input.sizes(), target.sizes(), op);
-}
-
 // An optional weight must broadcast to the loss's elementwise shape (numpy's rule).
 void check_broadcasts_to(const char* op, const char* arg, const Tensor& t, const Shape& shape) {
   if (!t.defined()) return;
@@ -1313,5 +1294,24 @@ Tensor dropout(const Tensor& x, double p, bool train) {
   });
   return out;
 }
+
+namespace detail {
+Tensor reduce_loss(const Tensor& terms, Reduction reduction) {
+  if (reduction == Reduction::None) return terms;
+  return reduction == Reduction::Mean ? mean(terms) : sum(terms);
+}
+
+Shape check_loss_pair(const char* op, const Tensor& input, const Tensor& target, bool binary) {
+  check_defined(input, op, "input");
+  check_defined(target, op, "target");
+  KILN_CHECK(input.is_floating_point() && (!binary || target.is_floating_point()), op,
+             ": expected floating-point input", binary ? " and target" : "", ", got ",
+             describe(input), " and ", describe(target));
+  KILN_CHECK(!binary || input.sizes() == target.sizes(), op,
+             ": expected target of the input's shape ", shape_str(input.sizes()), ", got ",
+             describe(target));
+  return broadcast_shapes(input.sizes(), target.sizes(), op);
+}
+}  // namespace detail
 
 }  // namespace kiln

@@ -1485,9 +1485,17 @@ bool multi_dot_pick(Gen& g, Step& s) {
 bool vecdot_pick(Gen& g, Step& s) {
   return mse_pick(g, s) && rank(arg(g, s, 0)) >= 1;
 }
-// aminmax along a dim, without zeros of both signs (which one is the extreme is unspecified).
+// aminmax along a dim, without zeros of both signs (which one is the extreme is unspecified),
+// of at least 1-D tensors (deliberate difference: libtorch 1.13's aminmax of a 0-dim tensor with
+// keepdim gives shape [1], kiln's keeps [] as amin and amax do).
 bool aminmax_pick(Gen& g, Step& s) {
-  return reduce_one(g, s) && !zeros_of_both_signs(arg(g, s, 0));
+  return reduce_one(g, s) && !zeros_of_both_signs(arg(g, s, 0)) && rank(arg(g, s, 0)) > 0;
+}
+// isin of non-bool operands (deliberate difference: libtorch raises for bool, kiln compares
+// them as 0 and 1).
+bool isin_pick(Gen& g, Step& s) {
+  return binary(g, s) && arg(g, s, 0).scalar_type() != torch::kBool &&
+         arg(g, s, 1).scalar_type() != torch::kBool;
 }
 // take_along_dim along p.i[0] with new int64 indices whose other dims are x's or 1.
 bool take_along_dim_pick(Gen& g, Step& s) {
@@ -1543,6 +1551,39 @@ bool fmax_pick(Gen& g, Step& s) {
   return binary(g, s) && !zeros_of_both_signs(arg(g, s, 0)) && !zeros_of_both_signs(arg(g, s, 1)) &&
          !(torch::eq(arg(g, s, 0), 0).any().item<bool>() &&
            torch::eq(arg(g, s, 1), 0).any().item<bool>());
+}
+
+// ---------------------------------------------------------------- padding and pixel shuffles
+// pad of the last dim of x (at least 1-D) by p.i[0] and p.i[1] in [0, 2].
+bool pad_pick(Gen& g, Step& s) {
+  if (!one_value(g, s, [](const torch::Tensor& t) { return t.dim() > 0; })) return false;
+  s.p.i = {g.uniform(0, 2), g.uniform(0, 2)};
+  return true;
+}
+// reflect, replicate and circular padding of the last dim of a floating [C, W] or [N, C, W]
+// tensor (W >= 1), each pad below W (reflect: W - 1).
+bool border_pad_pick(Gen& g, Step& s, int64_t shrink) {
+  if (!one_value(g, s, [](const torch::Tensor& t) {
+        return is_float(t) && (t.dim() == 2 || t.dim() == 3) && t.size(-1) > 1;
+      }))
+    return false;
+  const int64_t w = arg(g, s, 0).size(-1);
+  s.p.i = {g.uniform(0, w - shrink), g.uniform(0, w - shrink)};
+  return true;
+}
+bool reflect_pad_pick(Gen& g, Step& s) {
+  return border_pad_pick(g, s, 1);
+}
+bool replicate_pad_pick(Gen& g, Step& s) {
+  return border_pad_pick(g, s, 0);
+}
+// pixel_shuffle by 2 of a new [N..., 4 C, H, W] input.
+bool pixel_shuffle_pick(Gen& g, Step& s) {
+  if (g.inputs_full()) return false;
+  Shape shape = g.random_shape(1);
+  for (int64_t d : {4 * g.uniform(0, 2), g.uniform(0, 3), g.uniform(0, 3)}) shape.push_back(d);
+  s.args = {g.new_input(shape, g.random_dtype())};
+  return true;
 }
 
 // A fresh row-major copy (the result of a matrix function that libtorch lays out column-major):
@@ -1873,10 +1914,14 @@ const std::vector<Op>& op_table() {
       DIFF_OP("multi_dot", kInexact, multi_dot_pick, linalg::multi_dot({a[0], a[1], a[2]})),
       DIFF_OP2("vecdot", kInexact, vecdot_pick, linalg::vecdot(a[0], a[1]),
                torch::linalg_vecdot(a[0], a[1])),
-      DIFF_OP("aminmax_min", 0, aminmax_pick, std::get<0>(aminmax(a[0], p.i[0], p.i[1] != 0))),
-      DIFF_OP("aminmax_max", 0, aminmax_pick, std::get<1>(aminmax(a[0], p.i[0], p.i[1] != 0))),
+      // Detached: libtorch's aminmax has no derivative (its backward raises), kiln's is amin's and
+      // amax's.
+      DIFF_OP("aminmax_min", 0, aminmax_pick,
+              std::get<0>(aminmax(a[0].detach(), p.i[0], p.i[1] != 0))),
+      DIFF_OP("aminmax_max", 0, aminmax_pick,
+              std::get<1>(aminmax(a[0].detach(), p.i[0], p.i[1] != 0))),
       DIFF_OP("take_along_dim", 0, take_along_dim_pick, take_along_dim(a[0], a[1], p.i[0])),
-      DIFF_OP("isin", 0, binary, isin(a[0], a[1])),
+      DIFF_OP("isin", 0, isin_pick, isin(a[0], a[1])),
       DIFF_OP("select_scatter", 0, select_scatter_pick, select_scatter(a[0], a[1], p.i[0], p.i[1])),
       DIFF_OP("diagonal_scatter", 0, diagonal_scatter_pick, diagonal_scatter(a[0], a[1], p.i[0])),
       DIFF_OP("dist", kInexact, mse_pick, dist(a[0], a[1], double(p.i[0] + 1))),
@@ -1902,6 +1947,35 @@ const std::vector<Op>& op_table() {
                    std::get<0>(torch::linalg::lu_factor(conditioned(a[0]))),
                    std::get<1>(torch::linalg::lu_factor(conditioned(a[0]))),
                    p.i[1] != 0 ? a[1] : a[1].transpose(-2, -1), p.i[1] != 0, p.i[0] != 0))),
+      // ------------------------------------------------ padding, pixel shuffles, margin losses
+      DIFF_OP2("pad_constant", 0, pad_pick, pad(a[0], {p.i[0], p.i[1]}, "constant", 1.5),
+               torch::constant_pad_nd(a[0], {p.i[0], p.i[1]}, 1.5)),
+      DIFF_OP2("pad_reflect", 0, reflect_pad_pick, pad(a[0], {p.i[0], p.i[1]}, "reflect"),
+               torch::reflection_pad1d(a[0], {p.i[0], p.i[1]})),
+      DIFF_OP2("pad_replicate", 0, replicate_pad_pick, pad(a[0], {p.i[0], p.i[1]}, "replicate"),
+               torch::replication_pad1d(a[0], {p.i[0], p.i[1]})),
+      DIFF_OP2("pad_circular", 0, replicate_pad_pick, pad(a[0], {p.i[0], p.i[1]}, "circular"),
+               torch::nn::functional::pad(
+                   a[0],
+                   torch::nn::functional::PadFuncOptions({p.i[0], p.i[1]}).mode(torch::kCircular))),
+      DIFF_OP("pixel_shuffle", 0, pixel_shuffle_pick, pixel_shuffle(a[0], 2)),
+      DIFF_OP2(
+          "margin_ranking_loss", kInexact, mse_pick,
+          margin_ranking_loss(a[0], a[1], a[1].sign(), 0.25, kiln_diff::kiln_reduction(p.i[0])),
+          torch::margin_ranking_loss(a[0], a[1], a[1].sign(), 0.25,
+                                     kiln_diff::torch_reduction(p.i[0]))),
+      DIFF_OP2("soft_margin_loss", kInexact, mse_pick,
+               soft_margin_loss(a[0], a[1].sign(), kiln_diff::kiln_reduction(p.i[0])),
+               torch::soft_margin_loss(a[0], a[1].sign(), kiln_diff::torch_reduction(p.i[0]))),
+      DIFF_OP2(
+          "hinge_embedding_loss", kInexact, mse_pick,
+          hinge_embedding_loss(a[0], a[1].sign(), 0.75, kiln_diff::kiln_reduction(p.i[0])),
+          torch::hinge_embedding_loss(a[0], a[1].sign(), 0.75, kiln_diff::torch_reduction(p.i[0]))),
+      DIFF_OP2(
+          "poisson_nll_loss", kInexact, mse_pick,
+          poisson_nll_loss(a[0], a[1].abs(), true, true, 1e-8, kiln_diff::kiln_reduction(p.i[0])),
+          torch::poisson_nll_loss(a[0], a[1].abs(), true, true, 1e-8,
+                                  kiln_diff::torch_reduction(p.i[0]))),
       // ------------------------------------------------ indexing and joining
       DIFF_OP("index_select", 0, index_select_pick, index_select(a[0], p.i[0], a[1])),
       DIFF_OP("gather", 0, gather_pick, gather(a[0], p.i[0], a[1])),

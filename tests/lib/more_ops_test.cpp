@@ -158,6 +158,29 @@ TEST(MoreOps, SortArgsortTopkAgainstReference) {
   EXPECT_EQ(si.item<int64_t>(), 0);
 }
 
+// sort's permutation is a node of the trace: a replay sorts the new values (and sort, topk,
+// quantile and the gradient through them follow).
+TEST(MoreOps, TracedSortFollowsNewValues) {
+  auto fn = [](const std::vector<Tensor>& in) {
+    auto [values, indices] = sort(in[0], 1, true);
+    return std::vector<Tensor>{values * 2.0, indices, std::get<0>(in[0].topk(2, 0)),
+                               quantile(in[0], 0.3)};
+  };
+  const Tensor example = testing::random_tensor({3, 5}, kFloat64);
+  jit::Function traced = jit::trace(fn, {example});
+  for (int i = 0; i < 3; ++i) {
+    const Tensor x = testing::random_tensor({3, 5}, kFloat64);
+    std::vector<Tensor> want;
+    {
+      LazyGuard eager(false);
+      want = fn({x});
+    }
+    const std::vector<Tensor> got = traced({x});
+    for (size_t k = 0; k < got.size(); ++k)
+      testing::expect_lazy_equal(got[k], want[k], "output " + std::to_string(k));
+  }
+}
+
 TEST(MoreOps, CumsumCumprodAgainstReference) {
   for (int trial = 0; trial < 30; ++trial) {
     const DType dtype = trial % 3 == 0 ? kInt32 : kFloat64;
