@@ -869,15 +869,17 @@ std::vector<Tensor> lu_factor_node(const Tensor& a, bool check_singular) {
     out = lu_factor_kernel(a, check_singular);
   }
   if (detail::needs_grad(a))
-    detail::record(
-        "linalg.lu_factor", {a}, {out[0]}, {out[0], out[1]}, [](const detail::BackwardContext& c) {
-          const Tensor &lu = c.saved(0), &pivots = c.saved(1);
-          const auto [p, l, u] = lu_unpack(lu, pivots);
-          const Tensor g = c.grad();
-          const int64_t k = u.size(-2);
-          return std::vector<Tensor>{
-              lu_backward(tril(g.narrow(-1, 0, k), -1), triu(g.narrow(-2, 0, k)), p, l, u)};
-        });
+    detail::record("linalg.lu_factor", {a}, {out[0]}, {out[0], out[1]},
+                   [](const detail::BackwardContext& c) {
+                     const Tensor &lu = c.saved(0), &pivots = c.saved(1);
+                     const auto [p, l, u] = lu_unpack(lu, pivots);
+                     const Tensor g = c.grad();
+                     const int64_t k = u.size(-2);
+                     return std::vector<Tensor>{
+                         // L's and U's parts unmasked, as torch's: lu_backward reads only their
+                         // triangles, but NaN and infinities elsewhere spread as in torch.
+                         lu_backward(g.narrow(-1, 0, k), g.narrow(-2, 0, k), p, l, u)};
+                   });
   return out;
 }
 

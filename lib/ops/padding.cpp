@@ -75,7 +75,8 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, std::string_view m
                  ") must be at most dim ", d, "'s size ", n, " of ", describe(x));
     out = pad_dim(out, d, before, after, mode, value);
   }
-  return out;
+  // A new tensor even when nothing was added (crops are views until then), as torch's.
+  return out.impl()->storage == x.impl()->storage ? out.clone() : out;
 }
 
 namespace {

@@ -503,6 +503,9 @@ const KnownError kKnownErrors[] = {
      "deliberate: kiln's floor_divide has div(a, b, \"floor\")'s gradient, 0"},
     {"modified by an inplace operation", nullptr,
      "deliberate: kiln's backward saves fewer tensors, so fewer in-place writes invalidate it"},
+    {nullptr, "saved by copysign",
+     "deliberate: kiln's copysign saves its sign operand (its gradient reads the sign bits; "
+     "libtorch saves the result), so an in-place write to it before backward raises"},
     {nullptr, "saved by cross_entropy",
      "deliberate: kiln's cross_entropy saves its logits (it never writes libtorch's saved "
      "log_softmax output), so an in-place write to the logits before backward raises"},

@@ -63,6 +63,11 @@ TEST(Pad, TwoDimsCropsGradientsAndErrors) {
   EXPECT_EQ(values(y)[0], values(x)[2 * 4 + 1]);  // row 2, column 1 of the first matrix
   // Negative constant pads crop.
   expect_close(pad(x, {-1, 0}), values(x.narrow(2, 1, 3).contiguous()), {2, 3, 3}, kFloat64, 0, 0);
+  // Always a new tensor: writing to a result without padding leaves x alone.
+  const std::vector<double> before = values(x);
+  pad(x, {0, 0}).fill_(7.0);
+  pad(x, {-1, 0}, "constant").fill_(7.0);
+  expect_close(x, before, x.sizes(), kFloat64, 0, 0);
   const Tensor leaf = x.clone().requires_grad_();
   for (const char* mode : {"constant", "reflect", "replicate", "circular"})
     EXPECT_TRUE(testing::gradcheck(
