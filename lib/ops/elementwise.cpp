@@ -86,7 +86,8 @@ T hypot_value(T x, T y) {
   const auto is_inf = [](T v) { return v == v && T(v - v) != T(0); };
   if (is_inf(ax)) return ax;
   if (is_inf(ay)) return ay;
-  return m == T(0) ? T(0) : T(m * T(std::sqrt(T(T(1) + T(r * r)))));
+  // m is 0 where the smaller is a zero and the other a zero or NaN (which a comparison skips).
+  return m == T(0) ? (ax != ax ? ax : T(0)) : T(m * T(std::sqrt(T(T(1) + T(r * r)))));
 }
 
 // pow's primitive, lib/math/primitives.h's single definition (the fused kernels instantiate the

@@ -1139,8 +1139,23 @@ std::tuple<Tensor, Tensor, Tensor> lu(const Tensor& a, bool pivot) {
   KILN_CHECK(pivot, op,
              ": LU without pivoting is not implemented on the CPU (nor on CUDA "
              "tensors, which kiln factors on the host)");
-  const std::vector<Tensor> out = lu_factor_node(a, false);
-  return lu_unpack(out[0], out[1]);
+  // Unpacked without a gradient: L's and U's gradients reach torch's formula as given (their
+  // zeros and unit diagonal's entries included, NaN and all, as torch's).
+  std::vector<Tensor> out;
+  Tensor p, l, u;
+  {
+    AutoGradMode no_grad(false);
+    out = lu_factor_node(a, false);
+    std::tie(p, l, u) = lu_unpack(out[0], out[1]);
+  }
+  if (detail::needs_grad(a))
+    detail::record("linalg.lu", {a}, {l, u}, {p, l, u}, [](const detail::BackwardContext& c) {
+      const Tensor &p = c.saved(0), &l = c.saved(1), &u = c.saved(2);
+      return std::vector<Tensor>{lu_backward(c.grad(0).defined() ? c.grad(0) : zeros_like(l),
+                                             c.grad(1).defined() ? c.grad(1) : zeros_like(u), p, l,
+                                             u)};
+    });
+  return {p, l, u};
 }
 
 // A = P L U, L's unit diagonal implicit: unit-triangular solves read LU's strict lower triangle,

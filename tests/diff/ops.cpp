@@ -1175,6 +1175,14 @@ bool median_dim_pick(Gen& g, Step& s) {
   const auto& x = arg(g, s, 0);
   return separated(g, x, rank(x) == 0 ? 0 : wrap(s.p.i[0], x.dim()), false);
 }
+// nanmedian along a dim without a line of only NaN (whose index, and so the gradient's place, is
+// each library's choice).
+bool nanmedian_dim_pick(Gen& g, Step& s) {
+  if (!median_dim_pick(g, s)) return false;
+  const auto& x = arg(g, s, 0);
+  return rank(x) == 0 || x.numel() == 0 || !is_float(x) ||
+         !torch::isnan(x).all(wrap(s.p.i[0], x.dim())).any().item<bool>();
+}
 bool diagonal_pick(Gen& g, Step& s) {
   if (!one_value(g, s, [](const torch::Tensor& t) { return t.dim() >= 2 || t.dim() == 1; }))
     return false;
@@ -1455,7 +1463,9 @@ bool scaled_product_inputs(Gen& g, Step& s, const Shape& self_shape, const Shape
   s.p.i = {g.uniform(0, 3)};
   return true;
 }
-// self: the product's shape, its trailing dims, or size-1 dims.
+// self: the product's shape, its trailing dims, or size-1 dims. With beta 0 the expressions
+// detach self (deliberate difference: kiln's gradient for an ignored self is 0, libtorch's
+// g * 0, NaN where g is).
 Shape addend_of(Gen& g, Shape shape) {
   const int64_t r = g.uniform(0, 2);
   if (r == 0) return shape;
@@ -1852,7 +1862,7 @@ const std::vector<Op>& op_table() {
       DIFF_OP("median_dim", 0, median_dim_pick, std::get<0>(a[0].median(p.i[0], p.i[1] != 0))),
       DIFF_OP("median_index", 0, median_dim_pick, std::get<1>(a[0].median(p.i[0], p.i[1] != 0))),
       DIFF_OP("nanmedian_all", 0, median_all_pick, a[0].nanmedian()),
-      DIFF_OP("nanmedian_dim", 0, median_dim_pick,
+      DIFF_OP("nanmedian_dim", 0, nanmedian_dim_pick,
               std::get<0>(a[0].nanmedian(p.i[0], p.i[1] != 0))),
       DIFF_OP("kthvalue", 0, kth_pick, std::get<0>(a[0].kthvalue(p.i[2], p.i[0], p.i[1] != 0))),
       DIFF_OP("kthvalue_index", 0, kth_pick,
@@ -1930,13 +1940,17 @@ const std::vector<Op>& op_table() {
       DIFF_OP("tensordot", kInexact, tensordot_pick, tensordot(a[0], a[1], {-1}, {0})),
       // ------------------------------------------------ products, LU and sign rows
       DIFF_OP("addmv", kInexact, addmv_pick,
-              addmv(a[0], a[1], a[2], kScalings[p.i[0]][0], kScalings[p.i[0]][1])),
+              addmv(kScalings[p.i[0]][0] == 0 ? a[0].detach() : a[0], a[1], a[2],
+                    kScalings[p.i[0]][0], kScalings[p.i[0]][1])),
       DIFF_OP("addr", kInexact, addr_pick,
-              addr(a[0], a[1], a[2], kScalings[p.i[0]][0], kScalings[p.i[0]][1])),
+              addr(kScalings[p.i[0]][0] == 0 ? a[0].detach() : a[0], a[1], a[2],
+                   kScalings[p.i[0]][0], kScalings[p.i[0]][1])),
       DIFF_OP("baddbmm", kInexact, baddbmm_pick,
-              baddbmm(a[0], a[1], a[2], kScalings[p.i[0]][0], kScalings[p.i[0]][1])),
+              baddbmm(kScalings[p.i[0]][0] == 0 ? a[0].detach() : a[0], a[1], a[2],
+                      kScalings[p.i[0]][0], kScalings[p.i[0]][1])),
       DIFF_OP("addbmm", kInexact, addbmm_pick,
-              addbmm(a[0], a[1], a[2], kScalings[p.i[0]][0], kScalings[p.i[0]][1])),
+              addbmm(kScalings[p.i[0]][0] == 0 ? a[0].detach() : a[0], a[1], a[2],
+                     kScalings[p.i[0]][0], kScalings[p.i[0]][1])),
       DIFF_OP("multi_dot", kInexact, multi_dot_pick, linalg::multi_dot({a[0], a[1], a[2]})),
       DIFF_OP2("vecdot", kInexact, vecdot_pick, linalg::vecdot(a[0], a[1]),
                torch::linalg_vecdot(a[0], a[1])),

@@ -395,6 +395,13 @@ TEST(SignRows, SignbitAndCopysignReadTheSignBitOfZerosAndNaNs) {
     }
   }
   expect_close(signbit(from_vector(std::vector<int64_t>{-3, 0, 4})), {1, 0, 0}, {3}, kBool, 0, 0);
+  // hypot of NaN and 0 is NaN (it was 0: the zero test met a NaN the comparisons skipped).
+  for (bool lazy : {false, true}) {
+    LazyGuard mode(lazy);
+    expect_close(hypot(from_vector(std::vector<double>{kNan, 0.0, -0.0, kNan}),
+                       from_vector(std::vector<double>{0.0, kNan, -0.0, kInf})),
+                 {kNan, kNan, 0.0, kInf}, {4}, kFloat64, 0, 0);
+  }
   expect_close(signbit(ones({2}, kBool)), {0, 0}, {2}, kBool, 0, 0);
   EXPECT_EQ(copysign(from_vector(std::vector<int64_t>{3}), -1).dtype(), kFloat32);
   // torch's gradient: sign-adjusted g, 0 at a = 0; none reaches b.
