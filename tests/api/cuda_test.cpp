@@ -566,6 +566,54 @@ TEST(Cuda, StatisticsAndGridsMatchTheCpu) {
   EXPECT_EQ(counts.sum().item<int64_t>(), 50);
 }
 
+// The products, LU, sign rows, indexing rows, padding and losses on a device: the CPU's values
+// (LU and the sorts behind isin go through the host; the rest runs on the device).
+TEST(Cuda, ProductsLuAndPaddingMatchTheCpu) {
+  KILN_REQUIRE_GPU();
+  using In = std::vector<Tensor>;
+  for (DType dt : {kFloat32, kFloat64}) {
+    const Tensor a = (testing::random_tensor({2, 4, 4}, dt, -1, 1) + eye(4, dt) * 4.0);
+    const Tensor b = testing::random_tensor({2, 4, 3}, dt), v = testing::random_tensor({4}, dt);
+    expect_same_on_cuda([](const In& in) { return baddbmm(in[1], in[0], in[1], 0.5, 2); }, {a, b},
+                        1e-5, 1e-5);
+    expect_same_on_cuda([](const In& in) { return addmv(in[1], in[0].select(0, 0), in[1], 0, 3); },
+                        {a, v}, 1e-5, 1e-5);
+    expect_same_on_cuda(
+        [](const In& in) {
+          return linalg::multi_dot({in[0].select(0, 0), in[0].select(0, 1), in[1]});
+        },
+        {a, v}, 1e-5, 1e-5);
+    expect_same_on_cuda(
+        [](const In& in) {
+          const auto [lu, pivots] = linalg::lu_factor(in[0]);
+          return linalg::lu_solve(lu, pivots, in[1], true, true);
+        },
+        {a, b}, 1e-5, 1e-5);
+    expect_same_on_cuda([](const In& in) { return std::get<0>(linalg::lu(in[0].flip({1}))); }, {a});
+    expect_same_on_cuda(
+        [](const In& in) { return copysign(in[0], in[0].flip({2})) + fmax(in[0], 0.5); }, {a});
+    expect_same_on_cuda([](const In& in) { return signbit(in[0] - 0.5); }, {a});
+    expect_same_on_cuda([](const In& in) { return isin(in[0].round(), in[1].round()); }, {a, b});
+    expect_same_on_cuda(
+        [](const In& in) {
+          return take_along_dim(in[0], argsort(in[0], 2), 2) + renorm(in[0], 2, 0, 1);
+        },
+        {a}, 1e-5, 1e-5);
+    expect_same_on_cuda(
+        [](const In& in) { return diagonal_scatter(in[0], in[1].select(2, 0), 0, 1, 2); },
+        {a, testing::random_tensor({2, 4, 3}, dt)});
+    expect_same_on_cuda([](const In& in) { return pad(in[0], {1, 2, 2, 1}, "reflect"); }, {a});
+    expect_same_on_cuda(
+        [](const In& in) {
+          return pixel_shuffle(in[0].reshape({1, 8, 1, 4}), 2);
+        },
+        {a});
+    expect_same_on_cuda(
+        [](const In& in) { return soft_margin_loss(in[0], in[1].sign(), Reduction::None); },
+        {a, a.flip({0})}, 1e-5, 1e-5);
+  }
+}
+
 // Matrix functions on a device run on the host's LAPACK (copied there and back): the CPU's
 // values, a device result, and gradients that come back to the device.
 TEST(Cuda, MatrixFunctionsMatchTheCpu) {
