@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <variant>
 #include <vector>
@@ -67,6 +68,13 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, std::string_view m
 // [..., C r^2, H, W] -> [..., C, H r, W r], and back.
 Tensor pixel_shuffle(const Tensor& x, int64_t upscale_factor);
 Tensor pixel_unshuffle(const Tensor& x, int64_t downscale_factor);
+// torch.nn.functional.interpolate of [N, C, ...] inputs (1 to 3 spatial dims) to `size`, or by
+// `scale_factor` (one for every dim or one each), with mode "nearest", "nearest-exact",
+// "linear", "bilinear" or "trilinear" (the linear mode of the input's spatial rank).
+Tensor interpolate(const Tensor& x, const std::vector<int64_t>& size,
+                   const std::vector<double>& scale_factor = {}, std::string_view mode = "nearest",
+                   std::optional<bool> align_corners = std::nullopt,
+                   std::optional<bool> recompute_scale_factor = std::nullopt);
 
 // ---------------------------------------------------------------- losses
 // torch's reduction="batchmean" (kl_div only): the sum divided by input.size(0).

@@ -48,6 +48,21 @@ Tensor randn(const Shape& shape, TensorOptions options = {});  // standard norma
 // Uniform integers in [low, high); int64 unless options say otherwise.
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options = {});
 Tensor randint(int64_t high, const Shape& shape, TensorOptions options = {});
+// A random permutation of 0 .. n-1 (int64 unless told).
+Tensor randperm(int64_t n, TensorOptions options = kInt64);
+// 1 with probability p (each element of p, or the number p for every element of x), else 0, in
+// p's (x's) dtype.
+Tensor bernoulli(const Tensor& p);
+Tensor bernoulli(const Tensor& x, double p);
+// Normal draws with the given means and standard deviations (broadcast); the tensor forms
+// differentiate to mean and std (mean + std z).
+Tensor normal(const Tensor& mean, const Tensor& std);
+Tensor normal(const Tensor& mean, double std = 1.0);
+Tensor normal(double mean, const Tensor& std);
+Tensor normal(double mean, double std, const Shape& size, TensorOptions options = {});
+// num_samples category indices (int64) per row of probs (1-D or 2-D, non-negative, not all 0;
+// need not sum to 1), with or without replacement.
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement = false);
 
 namespace detail {
 Tensor from_buffer(const void* data, int64_t count, DType dtype, const Shape& shape);

@@ -1621,6 +1621,15 @@ bool pixel_shuffle_pick(Gen& g, Step& s) {
   s.args = {g.new_input(shape, g.random_dtype())};
   return true;
 }
+// interpolate of a new floating [N, C, H, W] input (values in [0, 1)) to [p.i[0], p.i[1]]
+// (1 to 6 each); p.i[2]: align_corners for bilinear.
+bool interpolate_pick(Gen& g, Step& s) {
+  if (g.inputs_full()) return false;
+  const Shape shape{g.uniform(1, 2), g.uniform(1, 2), g.uniform(1, 4), g.uniform(1, 4)};
+  s.args = {g.new_input(shape, g.random_float_dtype(), 0, 1)};
+  s.p.i = {g.uniform(1, 6), g.uniform(1, 6), g.uniform(0, 1)};
+  return true;
+}
 
 // A fresh row-major copy (the result of a matrix function that libtorch lays out column-major):
 // both libraries' later views and in-place writes then alias alike.
@@ -2002,6 +2011,19 @@ const std::vector<Op>& op_table() {
                    a[0],
                    torch::nn::functional::PadFuncOptions({p.i[0], p.i[1]}).mode(torch::kCircular))),
       DIFF_OP("pixel_shuffle", 0, pixel_shuffle_pick, pixel_shuffle(a[0], 2)),
+      DIFF_OP2(
+          "interpolate_nearest", 0, interpolate_pick,
+          interpolate(a[0], {p.i[0], p.i[1]}, {}, "nearest"),
+          torch::nn::functional::interpolate(a[0], torch::nn::functional::InterpolateFuncOptions()
+                                                       .size(std::vector<int64_t>{p.i[0], p.i[1]})
+                                                       .mode(torch::kNearest))),
+      DIFF_OP2(
+          "interpolate_bilinear", kInexact, interpolate_pick,
+          interpolate(a[0], {p.i[0], p.i[1]}, {}, "bilinear", p.i[2] != 0),
+          torch::nn::functional::interpolate(a[0], torch::nn::functional::InterpolateFuncOptions()
+                                                       .size(std::vector<int64_t>{p.i[0], p.i[1]})
+                                                       .mode(torch::kBilinear)
+                                                       .align_corners(p.i[2] != 0))),
       DIFF_OP2(
           "margin_ranking_loss", kInexact, mse_pick,
           margin_ranking_loss(a[0], a[1], a[1].sign(), 0.25, kiln_diff::kiln_reduction(p.i[0])),
