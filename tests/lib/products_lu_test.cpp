@@ -13,7 +13,9 @@
 
 #include "kiln/autograd.h"
 #include "kiln/jit.h"
+#include "kiln/nn_functional.h"
 #include "kiln/testing.h"
+#include "tests/lib/threads.h"
 #include "tests/testing.h"
 
 namespace kiln {
@@ -579,6 +581,25 @@ TEST(IndexRows, SelectAndDiagonalScatterWriteTheirRegion) {
   expect_error([&] { select_scatter(x, src, 0, 3); }, {"select_scatter", "out of range"});
   expect_error([&] { select_scatter(x, ones({3}, kFloat64), 0, 0); }, {"select_scatter", "[3]"});
   expect_error([&] { diagonal_scatter(x, ones({4}, kFloat64)); }, {"diagonal_scatter", "[4]"});
+}
+
+// ------------------------------------------------------------ threads
+
+// Four threads calling the new ops at once get one thread's results (TSan runs it in CI).
+TEST(ProductsThreads, ConcurrentCallsMatchSequentialOnes) {
+  const Tensor a = random_matrices({3}, 5, 5);
+  const Tensor b = testing::random_tensor({3, 5, 2}, kFloat64);
+  const Tensor x = testing::random_tensor({2, 3, 4, 4}, kFloat64);
+  auto run = [&] {
+    const auto [lu, pivots] = linalg::lu_factor(a);
+    return std::vector<Tensor>{
+        linalg::lu_solve(lu, pivots, b), std::get<2>(linalg::lu(a)),
+        baddbmm(b, a, b, 0.5, 2),        linalg::multi_dot({a[0], a[1], b[2]}),
+        isin(x.round(), b.round()),      take_along_dim(x, argsort(x, -1), -1),
+        pad(x, {1, 1, 2, 0}, "reflect"), interpolate(x, {6, 3}, {}, "bilinear"),
+        copysign(x, b.sum() - x)};
+  };
+  testing::expect_concurrent_runs_match(run, 4, 3);
 }
 
 // ------------------------------------------------------------ lazy recording
