@@ -3,7 +3,8 @@
 // Every index is read and range-checked before anything is written, so a bad index raises
 // kiln::Error naming the op, the value and the valid range, and never reads out of bounds.
 // index_select and embedding copy whole rows: the source is viewed as [outer, size, inner]
-// (contiguous) and each output row is one memcpy of `inner` elements, in parallel over rows.
+// (contiguous) and each output row is one memcpy of `inner` elements, in parallel over rows
+// (rows of one element, a selection along the innermost dim, are a typed gather instead).
 // gather walks the output's rows and reads the source at its own strides. cat copies each piece
 // into its narrowed slice of the output with copy_kernel (which converts dtypes and parallelizes);
 // stack is cat of the pieces unsqueezed at the new dim. index_add and scatter_add copy self and add
@@ -102,12 +103,41 @@ void check_operand(const Tensor& t, const char* op, const char* arg) {
   detail::check_defined(t, op, arg);
 }
 
+// dst[j] = src[idx[j]] for j < n, elements of E's size.
+template <typename E>
+void gather_elements(const char* src, char* dst, const int64_t* idx, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    E v;
+    std::memcpy(&v, src + static_cast<size_t>(idx[j]) * sizeof(E), sizeof(E));
+    std::memcpy(dst + static_cast<size_t>(j) * sizeof(E), &v, sizeof(E));
+  }
+}
+
+// copy_rows of one-element rows (a selection along the innermost dim): a gather per outer row,
+// without a memcpy call and a division per element.
+void copy_elements(char* o, const char* s, const std::vector<int64_t>& idx, int64_t outer,
+                   int64_t size, size_t esz) {
+  const int64_t n = static_cast<int64_t>(idx.size());
+  const int64_t grain = std::max<int64_t>(1, detail::kParallelGrain / std::max<int64_t>(n, 1));
+  detail::parallel_for(outer, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const char* row = s + static_cast<size_t>(b * size) * esz;
+      char* dst = o + static_cast<size_t>(b * n) * esz;
+      if (esz == 8) gather_elements<uint64_t>(row, dst, idx.data(), n);
+      if (esz == 4) gather_elements<uint32_t>(row, dst, idx.data(), n);
+      if (esz == 1) gather_elements<uint8_t>(row, dst, idx.data(), n);
+    }
+  });
+}
+
 // out viewed as [outer, n, inner] (contiguous) gets rows src[outer, idx[j], inner], src being a
 // contiguous [outer, size, inner] tensor of out's dtype.
 void copy_rows(const Tensor& out, const Tensor& src, const std::vector<int64_t>& idx, int64_t outer,
                int64_t size, int64_t inner) {
   const int64_t n = static_cast<int64_t>(idx.size());
   const size_t esz = element_size(src.dtype());
+  if (inner == 1 && (esz == 8 || esz == 4 || esz == 1))
+    return copy_elements(out.impl()->data(), src.impl()->data(), idx, outer, size, esz);
   const size_t row_bytes = static_cast<size_t>(inner) * esz;
   const char* s = src.impl()->data();
   char* o = out.impl()->data();
