@@ -883,6 +883,31 @@ TEST(ReduceFusionEdges, NonContiguousInputs) {
   expect_fused_close_to_eager(fn, {xt}, "transposed view");
 }
 
+// A strided input (every other element) read by a rows kernel that stores two element outputs,
+// one of them a math call, and folds a column reduction: LLVM's loop vectorizer speculated the
+// stride to be 1 and read the input as contiguous (fresh fuzz seed 2490609331, program 337).
+TEST(ReduceFusionEdges, StridedRowsWithMathCalls) {
+  Tensor base = testing::input({17 * 66});
+  Tensor x, x3;
+  {
+    LazyGuard eager_mode(false);
+    x = base.as_strided({17, 33}, {66, 2});
+    x3 = base.as_strided({17, 33, 1}, {66, 2, 2});
+  }
+  for (const Tensor& in : {x, x3}) {
+    Fn with_cos = [](const Inputs& v) {
+      Tensor s = sigmoid(v[0]);
+      return Inputs{s, cos(v[0]), mean(s, {0}, true)};
+    };
+    Fn with_sin = [](const Inputs& v) {
+      Tensor s = sigmoid(v[0]);
+      return Inputs{s, sin(s) + cos(v[0]), mean(s, {0}, true)};
+    };
+    expect_fused_close_to_eager(with_cos, {in}, "cos of a strided input");
+    expect_fused_close_to_eager(with_sin, {in}, "sin of a value of a strided input");
+  }
+}
+
 TEST(ReduceFusionEdges, KeepdimOrNot) {
   Tensor x = testing::input({6, 11});
   for (bool keepdim : {false, true}) {

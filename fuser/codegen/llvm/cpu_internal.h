@@ -53,5 +53,7 @@ void emit_kernel(llvm::Module& m, const std::string& name, const Kernel& k, cons
 
 // Runs kiln's optimization pipeline over m (passes.cpp).
 void optimize(llvm::Module& m, llvm::TargetMachine& tm);
+// The pipeline and LLVM options optimize() runs with: part of every kernel's cache key.
+std::string optimization_key();
 
 }  // namespace kiln::fuser::cpu

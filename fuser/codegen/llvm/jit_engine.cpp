@@ -164,7 +164,8 @@ void JitEngine::read_host_features() {
   vector_lanes_ = wide_vectors_ ? 16 : target_->getTargetFeatureString().contains("+avx2") ? 8 : 0;
   // Everything besides the kernel that decides the machine code: part of every cache key.
   target_key_ = target_->getTargetTriple().str() + "|" + target_->getTargetCPU().str() + "|" +
-                target_->getTargetFeatureString().str() + "|LLVM " LLVM_VERSION_STRING;
+                target_->getTargetFeatureString().str() + "|LLVM " LLVM_VERSION_STRING + "|" +
+                optimization_key();
   build_ids_ = build_ids();
 }
 

@@ -1,5 +1,6 @@
 // The optimization pipeline that every CPU kernel goes through, and kiln's PrefetchPass in it.
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -7,6 +8,7 @@
 #include "llvm/IR/IRBuilder.h"
 #include "llvm/IR/Module.h"
 #include "llvm/Passes/PassBuilder.h"
+#include "llvm/Support/CommandLine.h"
 #include "llvm/Target/TargetMachine.h"
 
 namespace kiln::fuser::cpu {
@@ -25,6 +27,26 @@ namespace {
 constexpr const char* kPipeline =
     "function(sroa,early-cse,instcombine<no-verify-fixpoint>,simplifycfg,loop-simplify,lcssa,"
     "loop-mssa(licm),loop-vectorize,kiln-prefetch,instcombine<no-verify-fixpoint>,simplifycfg)";
+
+// LLVM's loop vectorizer may version a loop on a symbolic stride being 1 ("memory access
+// versioning"). kiln specializes every kernel on each pointer's innermost stride (unit or not)
+// already, and in its parallel loops (llvm.loop.parallel_accesses) that speculation read a
+// strided input as contiguous without checking (a rows kernel with a column reduction and a math
+// call, tests/fuser/reduce_fusion_test.cpp's StridedRowsWithMathCalls): it is turned off, once per
+// process, before the first kernel is optimized.
+constexpr const char* kVectorizerOptions = "enable-mem-access-versioning=false";
+
+void set_vectorizer_options() {
+  static const bool done = [] {
+    auto& options = llvm::cl::getRegisteredOptions();
+    auto it = options.find("enable-mem-access-versioning");
+    KILN_CHECK(it != options.end(),
+               "fuser: LLVM has no option enable-mem-access-versioning to turn off");
+    static_cast<llvm::cl::opt<bool>*>(it->second)->setValue(false);
+    return true;
+  }();
+  (void)done;
+}
 
 // How far ahead PrefetchPass prefetches, in elements of the access.
 constexpr int64_t kPrefetchAhead = 1024;
@@ -81,7 +103,12 @@ struct PrefetchPass : llvm::PassInfoMixin<PrefetchPass> {
 
 }  // namespace
 
+std::string optimization_key() {
+  return std::string(kPipeline) + "|" + kVectorizerOptions;
+}
+
 void optimize(llvm::Module& m, llvm::TargetMachine& tm) {
+  set_vectorizer_options();
   llvm::LoopAnalysisManager lam;
   llvm::FunctionAnalysisManager fam;
   llvm::CGSCCAnalysisManager cgam;
