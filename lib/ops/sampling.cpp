@@ -97,7 +97,9 @@ Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement) {
              " samples without replacement from ", categories, " categories");
   const Tensor p = probs.detach().dim() == 1 ? probs.detach().unsqueeze(0) : probs.detach();
   {
-    detail::ValueCheckScope checking;  // the distribution's validity, as torch checks it
+    // A validity check only, as torch's (the draws do not depend on it): inside jit::trace it
+    // checks the example's probabilities and leaves the trace unspecialized.
+    detail::ValueCheckScope checking;
     KILN_CHECK(all(logical_and(isfinite(p), ge(p, 0))).item<bool>(), op,
                ": probabilities must be finite and non-negative, got ", describe(probs));
     KILN_CHECK(all(gt(p.sum({1}), 0)).item<bool>(), op,
