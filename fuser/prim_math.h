@@ -57,6 +57,11 @@ KILN_UNARY_MATH(Atanh, atanh)
 KILN_UNARY_MATH(Exp2, exp2)
 KILN_UNARY_MATH(Log2, log2)
 KILN_UNARY_MATH(Log10, log10)
+KILN_UNARY_MATH(Erfc, erfc)
+KILN_UNARY_MATH(Erfinv, erfinv)
+KILN_UNARY_MATH(Lgamma, lgamma)
+KILN_UNARY_MATH(Digamma, digamma)
+KILN_UNARY_MATH(Trigamma, trigamma)
 #undef KILN_UNARY_MATH
 
 template <>

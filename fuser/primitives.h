@@ -74,7 +74,12 @@ namespace kiln::fuser {
   X(Exp2,       "exp2",    1, kElementwise, kSame, kNone,    "exp2")                                                 \
   X(Log2,       "log2",    1, kElementwise, kSame, kNone,    "log2")                                                 \
   X(Log10,      "log10",   1, kElementwise, kSame, kNone,    "log10")                                                \
-  X(Signbit,    "signbit", 1, kElementwise, kBool, kNone,    nullptr)    /* the sign bit (-0.0, signed NaN); x < 0 for integers */
+  X(Signbit,    "signbit", 1, kElementwise, kBool, kNone,    nullptr)    /* the sign bit (-0.0, signed NaN); x < 0 for integers */ \
+  X(Erfc,       "erfc",    1, kElementwise, kSame, kNone,    "erfc")                                                 \
+  X(Erfinv,     "erfinv",  1, kElementwise, kSame, kNone,    "erfinv")                                               \
+  X(Lgamma,     "lgamma",  1, kElementwise, kSame, kNone,    "lgamma")                                               \
+  X(Digamma,    "digamma", 1, kElementwise, kSame, kNone,    "digamma")                                              \
+  X(Trigamma,   "trigamma", 1, kElementwise, kSame, kNone,   "trigamma")
 // clang-format on
 
 enum class Prim : uint8_t {

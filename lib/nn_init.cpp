@@ -86,6 +86,17 @@ Tensor eye_(Tensor tensor) {
                    [&](TensorOptions o) { return eye(tensor.size(0), tensor.size(1), o); });
 }
 
+Tensor trunc_normal_(Tensor tensor, double mean, double std, double a, double b) {
+  KILN_CHECK(a < b && std > 0, "nn::init::trunc_normal_: expected a < b and std > 0, got a = ", a,
+             ", b = ", b, ", std = ", std, " for ", describe(tensor));
+  auto cdf = [&](double v) { return 0.5 * std::erfc((mean - v) / std * M_SQRT1_2); };
+  const double low = 2 * cdf(a) - 1, high = 2 * cdf(b) - 1;
+  return overwrite(tensor, "trunc_normal_", [&](TensorOptions options) {
+    const Tensor u = rand(tensor.sizes(), options) * (high - low) + low;
+    return clamp(erfinv(u) * (std * M_SQRT2) + mean, a, b);
+  });
+}
+
 Tensor xavier_uniform_(Tensor tensor, double gain) {
   auto [fan_in, fan_out] = _calculate_fan_in_and_fan_out(tensor);
   const double std = gain * std::sqrt(2.0 / static_cast<double>(fan_in + fan_out));

@@ -968,6 +968,11 @@ Tensor kaiming_uniform_(Tensor tensor, double a = 0.0, FanMode mode = FanMode::F
 // N(0, std), std = gain / sqrt(fan).
 Tensor kaiming_normal_(Tensor tensor, double a = 0.0, FanMode mode = FanMode::FanIn,
                        Nonlinearity nonlinearity = Nonlinearity::LeakyReLU);
+// N(mean, std) truncated to [a, b] (torch's method: uniform draws between the bounds' normal
+// distribution function values, mapped back through erfinv, then clamped to [a, b]); raises
+// unless a < b and std > 0.
+Tensor trunc_normal_(Tensor tensor, double mean = 0.0, double std = 1.0, double a = -2.0,
+                     double b = 2.0);
 // A (semi-)orthogonal matrix times gain over the tensor flattened to [size(0), rest], from the QR
 // decomposition of a standard normal draw (signs fixed so R's diagonal is positive), as torch.
 Tensor orthogonal_(Tensor tensor, double gain = 1.0);

@@ -146,6 +146,20 @@ Tensor gelu(const Tensor& x, const std::string& approximate = "none");
 Tensor silu(const Tensor& x);
 Tensor softplus(const Tensor& x, double beta = 1.0, double threshold = 20.0);
 Tensor erf(const Tensor& x);
+// The special functions (lib/math/special.h; accuracy in docs/numerics.md): erfc = 1 - erf without
+// its cancellation; erfinv (+-inf at +-1, NaN beyond); lgamma = log|Gamma(x)| (+inf at 0 and the
+// negative integers); digamma = Gamma'/Gamma (-inf at +0, +inf at -0, NaN at the negative
+// integers); trigamma = polygamma(1, x) (kiln's name; +inf at the poles, no gradient).
+Tensor erfc(const Tensor& x);
+Tensor erfinv(const Tensor& x);
+Tensor lgamma(const Tensor& x);
+Tensor digamma(const Tensor& x);
+Tensor trigamma(const Tensor& x);
+// The n-th derivative of digamma, for n = 0 (digamma) and 1 (trigamma); other orders raise.
+Tensor polygamma(int64_t n, const Tensor& x);
+// The multivariate log-gamma of dimension p: sum_j lgamma(x - j/2) over j < p, plus
+// p (p - 1) / 4 log(pi); raises unless every element exceeds (p - 1) / 2.
+Tensor mvlgamma(const Tensor& x, int64_t p);
 // sin(pi x) / (pi x), 1 at 0.
 Tensor sinc(const Tensor& x);
 Tensor floor(const Tensor& x);
@@ -782,6 +796,20 @@ Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight 
 // which broadcast between A and B. LAPACK runs them (a CUDA tensor's matrices go through the
 // host). A singular matrix (solve, inv) or one that is not positive-definite (cholesky) raises;
 // det of a singular matrix is 0 and its gradient the cofactor matrix, as for any other.
+// torch::special's names for kiln's special functions; ndtr is the standard normal's distribution
+// function, erfc(-x / sqrt(2)) / 2.
+namespace special {
+Tensor erf(const Tensor& x);
+Tensor erfc(const Tensor& x);
+Tensor erfinv(const Tensor& x);
+Tensor gammaln(const Tensor& x);
+Tensor digamma(const Tensor& x);
+Tensor psi(const Tensor& x);
+Tensor polygamma(int64_t n, const Tensor& x);
+Tensor multigammaln(const Tensor& x, int64_t p);
+Tensor ndtr(const Tensor& x);
+}  // namespace special
+
 namespace linalg {
 // X with A X = B (left) or X A = B. B is a vector when it has one dim, or A's shape without its
 // last dim.

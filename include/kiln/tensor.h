@@ -290,6 +290,11 @@ class Tensor {
   Tensor acosh() const;
   Tensor atanh() const;
   Tensor erf() const;
+  Tensor erfc() const;
+  Tensor erfinv() const;
+  Tensor lgamma() const;
+  Tensor digamma() const;
+  Tensor polygamma(int64_t n) const;  // orders 0 and 1
   Tensor floor() const;
   Tensor ceil() const;
   Tensor round() const;

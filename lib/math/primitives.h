@@ -168,11 +168,16 @@ struct UlpBound {
   int f64;
 };
 inline constexpr UlpBound kUlpBounds[] = {
-    {"exp", 1, 1},   {"log", 1, 1},   {"log1p", 1, 1}, {"expm1", 1, 1}, {"sin", 1, 1},
-    {"cos", 1, 1},   {"tanh", 1, 2},  {"erf", 1, 1},   {"tan", 1, 2},   {"atan", 1, 1},
-    {"atan2", 1, 2}, {"asin", 1, 2},  {"acos", 1, 2},  {"sinh", 1, 2},  {"cosh", 1, 2},
-    {"asinh", 1, 2}, {"acosh", 1, 2}, {"atanh", 1, 2}, {"exp2", 1, 1},  {"log2", 1, 2},
-    {"log10", 1, 2}};
+    {"exp", 1, 1},     {"log", 1, 1},   {"log1p", 1, 1},  {"expm1", 1, 1},  {"sin", 1, 1},
+    {"cos", 1, 1},     {"tanh", 1, 2},  {"erf", 1, 1},    {"tan", 1, 2},    {"atan", 1, 1},
+    {"atan2", 1, 2},   {"asin", 1, 2},  {"acos", 1, 2},   {"sinh", 1, 2},   {"cosh", 1, 2},
+    {"asinh", 1, 2},   {"acosh", 1, 2}, {"atanh", 1, 2},  {"exp2", 1, 1},   {"log2", 1, 2},
+    {"log10", 1, 2},   {"erfc", 1, 3},  {"erfinv", 1, 2}, {"lgamma", 1, 2}, {"digamma", 1, 3},
+    {"trigamma", 1, 5}};
+// lgamma and digamma of x < 0 are the reflection formula's difference of two terms, which cancel
+// near the functions' negative zeros: there the float64 error is bounded instead by
+// kReflectionSlack times 1 plus the larger term; the float32 bound holds everywhere.
+inline constexpr double kReflectionSlack = 8 * 0x1p-52;
 
 // ---- Helpers over any family ----
 
@@ -757,28 +762,34 @@ KILN_MATH_INLINE F horner_up_pick(F x, M use_b, const double (&a)[N], const doub
   return p;
 }
 
+// erfc(a) for a in [1.25, 28) (fdlibm's s_erf.c): exp(-z^2 - 0.5625) exp((z - a)(z + a) + R/S) / a,
+// z = a with its low 32 bits cleared (so z^2 is exact). Shared by erf and erfc.
+template <typename F>
+KILN_MATH_INLINE F erfc_tail_f64(F a) {
+  using C = ErfF64;
+  using U = Like<F, uint64_t>;
+  const auto far = a >= F(C::kFar);
+  const F v = F(1.0) / (a * a);
+  const F rs = horner_up_pick(v, far, C::kRa, C::kRb);
+  const F ss = horner_up_pick(v, far, C::kSa, C::kSb);
+  const F zh = bitcast<double>(bitcast<uint64_t>(a) & U(0xffffffff00000000u));
+  return exp_f64(-zh * zh - F(0.5625)) * exp_f64((zh - a) * (zh + a) + rs / ss) / a;
+}
+
 // erf(x) on |x| (fdlibm's s_erf.c, every interval computed and the right one selected), then
 // x's sign: |x| < 2^-28: x + efx x (as (8x + 8efx x) / 8, exact scalings that keep subnormals);
-// < 0.84375: x + x P/Q(x^2); < 1.25: erx + P/Q(|x| - 1); < 6: 1 - erfc(|x|) with erfc from
-// exp(-z^2 - 0.5625) exp((z - x)(z + x) + R/S), z = |x| with its low 32 bits cleared (so z^2 is
-// exact); from 6 on: 1.
+// < 0.84375: x + x P/Q(x^2); < 1.25: erx + P/Q(|x| - 1); < 6: 1 - erfc(|x|) (erfc_tail_f64);
+// from 6 on: 1.
 template <typename F>
 KILN_MATH_INLINE F erf_f64(F x) {
   using C = ErfF64;
-  using U = Like<F, uint64_t>;
   const F ax = abs_of(x);
   const F y_tiny = F(0.125) * fmadd(F(8.0), ax, F(C::kEfx8) * ax);
   const F z = ax * ax;
   const F y_small = fmadd(ax, horner_up(z, C::kPp) / horner_up(z, C::kQq), ax);
   const F s = ax - F(1.0);
   const F y_mid = F(C::kErx) + horner_up(s, C::kPa) / horner_up(s, C::kQa);
-  const auto far = ax >= F(C::kFar);
-  const F v = F(1.0) / z;
-  const F rs = horner_up_pick(v, far, C::kRa, C::kRb);
-  const F ss = horner_up_pick(v, far, C::kSa, C::kSb);
-  const F zh = bitcast<double>(bitcast<uint64_t>(ax) & U(0xffffffff00000000u));
-  const F ec = exp_f64(-zh * zh - F(0.5625)) * exp_f64((zh - ax) * (zh + ax) + rs / ss);
-  const F y_big = F(1.0) - ec / ax;
+  const F y_big = F(1.0) - erfc_tail_f64(ax);
   F y = select(ax < F(C::kBig), y_big, F(1.0));
   y = select(ax < F(C::kMid), y_mid, y);
   y = select(ax < F(C::kSmall), y_small, y);
@@ -1074,4 +1085,5 @@ KILN_MATH_INLINE F pow_float(F x, F y) {
 
 }  // namespace kiln::math
 
+#include "lib/math/special.h"          // erfc, erfinv, lgamma, digamma, trigamma
 #include "lib/math/trig_hyperbolic.h"  // tan, atan, atan2, asin, acos and the hyperbolic functions

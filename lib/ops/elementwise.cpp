@@ -67,6 +67,24 @@ KILN_MATH_VALUE(exp2)
 KILN_MATH_VALUE(log2)
 KILN_MATH_VALUE(log10)
 #undef KILN_MATH_VALUE
+// The special functions (lib/math/special.h), which libm lacks or has only for some: other types
+// compute in float64.
+#define KILN_SPECIAL_VALUE(f)                                       \
+  template <typename T>                                             \
+  KILN_MATH_INLINE T f##_value(T x) {                               \
+    if constexpr (std::is_same_v<math::ScalarOf<T>, float>)         \
+      return math::f##_f32(x);                                      \
+    else if constexpr (std::is_same_v<math::ScalarOf<T>, double>)   \
+      return math::f##_f64(x);                                      \
+    else                                                            \
+      return static_cast<T>(math::f##_f64(static_cast<double>(x))); \
+  }
+KILN_SPECIAL_VALUE(erfc)
+KILN_SPECIAL_VALUE(erfinv)
+KILN_SPECIAL_VALUE(lgamma)
+KILN_SPECIAL_VALUE(digamma)
+KILN_SPECIAL_VALUE(trigamma)
+#undef KILN_SPECIAL_VALUE
 template <typename T>
 KILN_MATH_INLINE T atan2_value(T y, T x) {
   if constexpr (std::is_same_v<math::ScalarOf<T>, float>)
@@ -160,6 +178,12 @@ std::vector<Tensor> saved_for(Saves saves, const Tensor& x, const Tensor& y) {
 }  // namespace
 
 namespace {
+// trigamma's gradient would be polygamma(2, x), which kiln does not compute.
+Tensor trigamma_gradient(const Tensor& x) {
+  KILN_FAIL("trigamma (polygamma(1, x)) of ", detail::describe(x),
+            ": its gradient, polygamma(2, x), is not implemented (kiln's polygamma has orders 0 "
+            "and 1)");
+}
 // torch's sinc_backward: g (pi x cos(pi x) - sin(pi x)) / (pi x^2), 0 where pi x^2 is 0.
 Tensor sinc_gradient(const Tensor& g, const Tensor& x) {
   const Tensor pi_x = x * 3.141592653589793, pi_x2 = x * x * 3.141592653589793;

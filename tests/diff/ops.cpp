@@ -296,6 +296,15 @@ bool erf_pick(Gen& g, Step& s) {
   const auto& x = arg(g, s, 0);
   return x.scalar_type() != torch::kFloat32 || !has_subnormal(x);
 }
+// lgamma and digamma of values below 0.05 after inexact steps: their poles at 0 and the negative
+// integers (where digamma's gradient, trigamma, is a double pole) and their negative zeros, where
+// the reflection formula's cancellation leaves each implementation its own ulps.
+bool gamma_pick(Gen& g, Step& s) {
+  unary(g, s);
+  const auto& x = arg(g, s, 0);
+  if (!inexact_so_far(g) || !is_float(x) || x.numel() == 0) return true;
+  return !(x.detach().to(torch::kFloat64) < 0.05).any().item<bool>();
+}
 // Whether a step so far computes transcendentals, GEMMs or reductions: its float32 values are
 // within ulps of libtorch's, not equal.
 bool inexact_so_far(const Gen& g) {
@@ -1749,6 +1758,10 @@ const std::vector<Op>& op_table() {
       DIFF_OP("pairwise_distance", kInexact, distance_pick,
               pairwise_distance(a[0], a[1], 2.0, 1e-6, p.i[1] != 0)),
       DIFF_OP("erf", kInexact, erf_pick, erf(a[0])),
+      DIFF_OP("erfc", kInexact, unary, erfc(a[0])),
+      DIFF_OP("erfinv", kInexact, near_one_pick, erfinv(a[0])),
+      DIFF_OP("lgamma", kInexact, gamma_pick, lgamma(a[0])),
+      DIFF_OP("digamma", kInexact, gamma_pick, digamma(a[0])),
       DIFF_OP("floor", 0, floor_ceil_pick, floor(a[0])),
       DIFF_OP("ceil", 0, floor_ceil_pick, ceil(a[0])),
       DIFF_OP("round", 0, round_pick, round(a[0])),

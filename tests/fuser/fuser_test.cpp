@@ -359,11 +359,15 @@ TEST(Fuser, ATranscendentalUsedTwiceIsOneFunctionAndMatchesEager) {
 
   using Unary = Tensor (*)(const Tensor&);
   const std::pair<const char*, Unary> prims[] = {
-      {"exp", kiln::exp},     {"log", kiln::log},   {"log1p", kiln::log1p}, {"expm1", kiln::expm1},
-      {"sin", kiln::sin},     {"cos", kiln::cos},   {"tanh", kiln::tanh},   {"erf", kiln::erf},
-      {"tan", kiln::tan},     {"atan", kiln::atan}, {"asin", kiln::asin},   {"acos", kiln::acos},
-      {"sinh", kiln::sinh},   {"cosh", kiln::cosh}, {"asinh", kiln::asinh}, {"acosh", kiln::acosh},
-      {"atanh", kiln::atanh}, {"exp2", kiln::exp2}, {"log2", kiln::log2},   {"log10", kiln::log10}};
+      {"exp", kiln::exp},          {"log", kiln::log},       {"log1p", kiln::log1p},
+      {"expm1", kiln::expm1},      {"sin", kiln::sin},       {"cos", kiln::cos},
+      {"tanh", kiln::tanh},        {"erf", kiln::erf},       {"tan", kiln::tan},
+      {"atan", kiln::atan},        {"asin", kiln::asin},     {"acos", kiln::acos},
+      {"sinh", kiln::sinh},        {"cosh", kiln::cosh},     {"asinh", kiln::asinh},
+      {"acosh", kiln::acosh},      {"atanh", kiln::atanh},   {"exp2", kiln::exp2},
+      {"log2", kiln::log2},        {"log10", kiln::log10},   {"erfc", kiln::erfc},
+      {"erfinv", kiln::erfinv},    {"lgamma", kiln::lgamma}, {"digamma", kiln::digamma},
+      {"trigamma", kiln::trigamma}};
   for (DType dtype : {kFloat32, kFloat64}) {
     // 1000 elements: vectors of 16 (8 for float64 on AVX2) and a scalar remainder.
     Tensor x = testing::input({1000}, dtype, -40.0, 40.0);

@@ -125,6 +125,38 @@ double gelu_tanh_ref(double x) {
 double softplus_ref(double x, double beta, double threshold) {
   return beta * x > threshold ? x : std::log1p(std::exp(beta * x)) / beta;
 }
+// erfinv by bisection on erf; digamma and trigamma by the recurrence up to 20 and their
+// asymptotic series there (reflected for x < 0).
+double erfinv_ref(double y) {
+  if (std::fabs(y) >= 1) return std::fabs(y) == 1 ? y * INFINITY : NAN;
+  double lo = -6, hi = 6;
+  for (int i = 0; i < 200 && lo < hi; ++i) {
+    const double mid = (lo + hi) / 2;
+    if (mid == lo || mid == hi) break;
+    (std::erf(mid) < y ? lo : hi) = mid;
+  }
+  return (lo + hi) / 2;
+}
+double digamma_ref(double x) {
+  if (x <= 0 && x == std::trunc(x)) return x == 0 ? -1 / x : NAN;  // torch's poles
+  if (x < 0) return digamma_ref(1 - x) - M_PI / std::tan(M_PI * (x - std::trunc(x)));
+  double shift = 0;
+  for (; x < 20; x += 1) shift -= 1 / x;
+  const double z = 1 / (x * x);
+  return shift + std::log(x) - 0.5 / x -
+         z * (1.0 / 12 - z * (1.0 / 120 - z * (1.0 / 252 - z * (1.0 / 240 - z / 132))));
+}
+double trigamma_ref(double x) {
+  if (x <= 0 && x == std::trunc(x)) return INFINITY;
+  if (x < 0) {
+    const double s = std::sin(M_PI * (x - std::trunc(x)));
+    return M_PI * M_PI / (s * s) - trigamma_ref(1 - x);
+  }
+  double shift = 0;
+  for (; x < 20; x += 1) shift += 1 / (x * x);
+  const double z = 1 / (x * x);
+  return shift + 1 / x + z / 2 + z / x * (1.0 / 6 - z * (1.0 / 30 - z * (1.0 / 42 - z / 30)));
+}
 double round_half_even(double x) {
   double f = std::floor(x), diff = x - f;
   if (diff > 0.5) return f + 1;
@@ -233,6 +265,13 @@ const std::vector<UnaryCase>& unary_cases() {
        [](double x) { return softplus_ref(x, 2, 1); }, Rule::Float},
       {"erf", [](const Tensor& x) { return erf(x); }, [](double x) { return std::erf(x); },
        Rule::Float},
+      {"erfc", [](const Tensor& x) { return erfc(x); }, [](double x) { return std::erfc(x); },
+       Rule::Float, wide},
+      {"erfinv", [](const Tensor& x) { return erfinv(x); }, erfinv_ref, Rule::Float, {-0.99, 0.99}},
+      {"lgamma", [](const Tensor& x) { return lgamma(x); }, [](double x) { return std::lgamma(x); },
+       Rule::Float, wide},
+      {"digamma", [](const Tensor& x) { return digamma(x); }, digamma_ref, Rule::Float, wide},
+      {"trigamma", [](const Tensor& x) { return trigamma(x); }, trigamma_ref, Rule::Float, wide},
       {"floor", [](const Tensor& x) { return floor(x); }, [](double x) { return std::floor(x); },
        Rule::Same},
       {"ceil", [](const Tensor& x) { return ceil(x); }, [](double x) { return std::ceil(x); },

@@ -110,6 +110,11 @@ std::string Source::expr(const Instr& in) {
     case Prim::Exp2:
     case Prim::Log2:
     case Prim::Log10:
+    case Prim::Erfc:
+    case Prim::Erfinv:
+    case Prim::Lgamma:
+    case Prim::Digamma:
+    case Prim::Trigamma:
       return math_call(in, t, x.a, x.b);
     case Prim::Sqrt:  // correctly rounded (NVRTC's default -prec-sqrt=true)
       return x.call(libm("sqrt", t));

@@ -328,6 +328,11 @@ llvm::Value* Emitter::compute(size_t n, const std::vector<llvm::Value*>& v,
     case Prim::Exp2:
     case Prim::Log2:
     case Prim::Log10:
+    case Prim::Erfc:
+    case Prim::Erfinv:
+    case Prim::Lgamma:
+    case Prim::Digamma:
+    case Prim::Trigamma:
       return math(in.prim, t, o.a, o.b);
     case Prim::Pow:  // pow takes no bools; a squaring loop over an i1 exponent gives 1
       return o.boolean ? b_.getInt1(true) : math(in.prim, at, o.a, o.b);
