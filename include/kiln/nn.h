@@ -639,6 +639,84 @@ class AdaptiveAvgPool2d : public Module {
   Shape output_size;
 };
 
+class MaxPool1d : public Module {
+ public:
+  explicit MaxPool1d(Shape kernel_size, Shape stride = {}, Shape padding = {0},
+                     Shape dilation = {1}, bool ceil_mode = false)
+      : kernel_size(std::move(kernel_size)),
+        stride(std::move(stride)),
+        padding(std::move(padding)),
+        dilation(std::move(dilation)),
+        ceil_mode(ceil_mode) {}
+  std::string name() const override { return "MaxPool1d"; }
+  Tensor forward(const Tensor& input) override {
+    return max_pool1d(input, kernel_size, stride, padding, dilation, ceil_mode);
+  }
+
+  Shape kernel_size, stride, padding, dilation;
+  bool ceil_mode;
+};
+
+class AvgPool1d : public Module {
+ public:
+  explicit AvgPool1d(Shape kernel_size, Shape stride = {}, Shape padding = {0},
+                     bool ceil_mode = false, bool count_include_pad = true)
+      : kernel_size(std::move(kernel_size)),
+        stride(std::move(stride)),
+        padding(std::move(padding)),
+        ceil_mode(ceil_mode),
+        count_include_pad(count_include_pad) {}
+  std::string name() const override { return "AvgPool1d"; }
+  Tensor forward(const Tensor& input) override {
+    return avg_pool1d(input, kernel_size, stride, padding, ceil_mode, count_include_pad);
+  }
+
+  Shape kernel_size, stride, padding;
+  bool ceil_mode, count_include_pad;
+};
+
+class AdaptiveAvgPool1d : public Module {
+ public:
+  explicit AdaptiveAvgPool1d(Shape output_size) : output_size(std::move(output_size)) {}
+  std::string name() const override { return "AdaptiveAvgPool1d"; }
+  Tensor forward(const Tensor& input) override { return adaptive_avg_pool1d(input, output_size); }
+
+  Shape output_size;
+};
+
+// im2col and col2im as modules (torch.nn.Unfold and Fold).
+class Unfold : public Module {
+ public:
+  explicit Unfold(Shape kernel_size, Shape dilation = {1}, Shape padding = {0}, Shape stride = {1})
+      : kernel_size(std::move(kernel_size)),
+        dilation(std::move(dilation)),
+        padding(std::move(padding)),
+        stride(std::move(stride)) {}
+  std::string name() const override { return "Unfold"; }
+  Tensor forward(const Tensor& input) override {
+    return unfold(input, kernel_size, dilation, padding, stride);
+  }
+
+  Shape kernel_size, dilation, padding, stride;
+};
+
+class Fold : public Module {
+ public:
+  explicit Fold(Shape output_size, Shape kernel_size, Shape dilation = {1}, Shape padding = {0},
+                Shape stride = {1})
+      : output_size(std::move(output_size)),
+        kernel_size(std::move(kernel_size)),
+        dilation(std::move(dilation)),
+        padding(std::move(padding)),
+        stride(std::move(stride)) {}
+  std::string name() const override { return "Fold"; }
+  Tensor forward(const Tensor& input) override {
+    return fold(input, output_size, kernel_size, dilation, padding, stride);
+  }
+
+  Shape output_size, kernel_size, dilation, padding, stride;
+};
+
 // Flattens dims start_dim..end_dim into one (by default all but the batch dim).
 class Flatten : public Module {
  public:

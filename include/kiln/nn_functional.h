@@ -65,6 +65,13 @@ Tensor softmin(const Tensor& x, int64_t dim);
 // at most the dim's size); the last three pad the last 1 to 3 dims of an input with 1 or 2 more.
 Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, std::string_view mode = "constant",
            double value = 0.0);
+// im2col: [N, C, H, W] (or [C, H, W]) -> [N, C kH kW, L], each column one window of the padded
+// input (L windows, row-major; channel-major rows, as torch's); fold is its adjoint (col2im:
+// overlapping windows add up) back to [N, C, output_size]. Each argument takes 1 or 2 values.
+Tensor unfold(const Tensor& input, const Shape& kernel_size, const Shape& dilation = {1},
+              const Shape& padding = {0}, const Shape& stride = {1});
+Tensor fold(const Tensor& input, const Shape& output_size, const Shape& kernel_size,
+            const Shape& dilation = {1}, const Shape& padding = {0}, const Shape& stride = {1});
 // [..., C r^2, H, W] -> [..., C, H r, W r], and back.
 Tensor pixel_shuffle(const Tensor& x, int64_t upscale_factor);
 Tensor pixel_unshuffle(const Tensor& x, int64_t downscale_factor);

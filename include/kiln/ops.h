@@ -779,6 +779,19 @@ Tensor avg_pool2d(const Tensor& input, const Shape& kernel_size, const Shape& st
                   const Shape& padding = {0}, bool ceil_mode = false,
                   bool count_include_pad = true);
 Tensor adaptive_avg_pool2d(const Tensor& input, const Shape& output_size);
+// The 1-D poolings over [N, C, L] (or [C, L]): the 2-D ones over a height of 1; each argument is
+// one value. max_pool1d's indices are positions along L.
+std::tuple<Tensor, Tensor> max_pool1d_with_indices(const Tensor& input, const Shape& kernel_size,
+                                                   const Shape& stride = {},
+                                                   const Shape& padding = {0},
+                                                   const Shape& dilation = {1},
+                                                   bool ceil_mode = false);
+Tensor max_pool1d(const Tensor& input, const Shape& kernel_size, const Shape& stride = {},
+                  const Shape& padding = {0}, const Shape& dilation = {1}, bool ceil_mode = false);
+Tensor avg_pool1d(const Tensor& input, const Shape& kernel_size, const Shape& stride = {},
+                  const Shape& padding = {0}, bool ceil_mode = false,
+                  bool count_include_pad = true);
+Tensor adaptive_avg_pool1d(const Tensor& input, const Shape& output_size);
 
 // ---------------------------------------------------------------- normalization over channels
 // input [N, C, ...]. Training: normalizes with the batch statistics over every dim but C and, when

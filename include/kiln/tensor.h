@@ -385,6 +385,9 @@ class Tensor {
   Tensor slice_scatter(const Tensor& src, int64_t dim = 0,
                        std::optional<int64_t> start = std::nullopt,
                        std::optional<int64_t> end = std::nullopt, int64_t step = 1) const;
+  // A view of every window of `size` elements along `dimension`, `step` apart: that dim becomes
+  // the windows' count and a last dim of `size` is added (torch's Tensor.unfold).
+  Tensor unfold(int64_t dimension, int64_t size, int64_t step) const;
   Tensor as_strided(const Shape& sizes, const Shape& strides,
                     std::optional<int64_t> storage_offset = std::nullopt) const;
   Tensor sum_to_size(const Shape& shape) const;

@@ -289,21 +289,17 @@ bool extremum_binary_pick(Gen& g, Step& s) {
               .any()
               .item<bool>();
 }
-// float32 erf of a subnormal (deliberate difference): kiln's rational approximation gives 0,
-// libtorch's a subnormal, whose sign a later op (abs's gradient) reads.
-bool erf_pick(Gen& g, Step& s) {
-  unary(g, s);
-  const auto& x = arg(g, s, 0);
-  return x.scalar_type() != torch::kFloat32 || !has_subnormal(x);
-}
-// lgamma and digamma of values below 0.05 after inexact steps: their poles at 0 and the negative
-// integers (where digamma's gradient, trigamma, is a double pole) and their negative zeros, where
-// the reflection formula's cancellation leaves each implementation its own ulps.
+// lgamma and digamma of the non-positive integers (deliberate difference: digamma's gradient
+// there, trigamma at a pole, is inf in kiln and a large finite number in libtorch 1.13), and of
+// values below 0.05 after inexact steps: their poles and their negative zeros, where the
+// reflection formula's cancellation leaves each implementation its own ulps.
 bool gamma_pick(Gen& g, Step& s) {
   unary(g, s);
   const auto& x = arg(g, s, 0);
-  if (!inexact_so_far(g) || !is_float(x) || x.numel() == 0) return true;
-  return !(x.detach().to(torch::kFloat64) < 0.05).any().item<bool>();
+  if (!is_float(x) || x.numel() == 0) return true;
+  const torch::Tensor v = x.detach().to(torch::kFloat64);
+  if (torch::logical_and(v <= 0, v == torch::trunc(v)).any().item<bool>()) return false;
+  return !inexact_so_far(g) || !(v < 0.05).any().item<bool>();
 }
 // Whether a step so far computes transcendentals, GEMMs or reductions: its float32 values are
 // within ulps of libtorch's, not equal.
@@ -1642,6 +1638,35 @@ bool interpolate_pick(Gen& g, Step& s) {
   return true;
 }
 
+// Tensor::unfold of a value of rank >= 1: dim p.i[0], window size p.i[1] (0 to the dim's size),
+// step p.i[2] (1 to 3).
+bool tensor_unfold_pick(Gen& g, Step& s) {
+  if (!one_value(g, s, [](const torch::Tensor& t) { return t.dim() > 0; })) return false;
+  const auto& x = arg(g, s, 0);
+  const int64_t d = g.dim(rank(x));
+  s.p.i = {d, g.uniform(0, x.size(d)), g.uniform(1, 3)};
+  return true;
+}
+// The 1-D poolings of a new floating [N, C, L] input: kernel p.i[0] (at most L), stride p.i[1],
+// padding p.i[2] (at most half the kernel).
+bool pool1d_pick(Gen& g, Step& s) {
+  if (g.inputs_full()) return false;
+  const Shape shape{g.uniform(1, 2), g.uniform(1, 3), g.uniform(1, 7)};
+  s.args = {g.new_input(shape, g.random_float_dtype())};
+  const int64_t k = g.uniform(1, shape[2]);
+  s.p.i = {k, g.uniform(1, 3), g.uniform(0, k / 2)};
+  return true;
+}
+// unfold (im2col) of a new floating [N, C, H, W] input: kernel p.i[0] x p.i[1] (fitting the
+// image), padding p.i[2] (0 or 1), stride p.i[3] (1 to 2).
+bool im2col_pick(Gen& g, Step& s) {
+  if (g.inputs_full()) return false;
+  const Shape shape{g.uniform(1, 2), g.uniform(1, 2), g.uniform(1, 4), g.uniform(1, 4)};
+  s.args = {g.new_input(shape, g.random_float_dtype())};
+  s.p.i = {g.uniform(1, shape[2]), g.uniform(1, shape[3]), g.uniform(0, 1), g.uniform(1, 2)};
+  return true;
+}
+
 // A fresh row-major copy (the result of a matrix function that libtorch lays out column-major):
 // both libraries' later views and in-place writes then alias alike.
 kiln::Tensor row_major(const kiln::Tensor& t) {
@@ -1757,7 +1782,7 @@ const std::vector<Op>& op_table() {
               cosine_similarity(a[0], a[1], p.i[0], 1e-8)),
       DIFF_OP("pairwise_distance", kInexact, distance_pick,
               pairwise_distance(a[0], a[1], 2.0, 1e-6, p.i[1] != 0)),
-      DIFF_OP("erf", kInexact, erf_pick, erf(a[0])),
+      DIFF_OP("erf", kInexact, unary, erf(a[0])),
       DIFF_OP("erfc", kInexact, unary, erfc(a[0])),
       DIFF_OP("erfinv", kInexact, near_one_pick, erfinv(a[0])),
       DIFF_OP("lgamma", kInexact, gamma_pick, lgamma(a[0])),
@@ -2026,6 +2051,16 @@ const std::vector<Op>& op_table() {
                    a[0],
                    torch::nn::functional::PadFuncOptions({p.i[0], p.i[1]}).mode(torch::kCircular))),
       DIFF_OP("pixel_shuffle", 0, pixel_shuffle_pick, pixel_shuffle(a[0], 2)),
+      DIFF_OP("tensor_unfold", 0, tensor_unfold_pick, a[0].unfold(p.i[0], p.i[1], p.i[2])),
+      DIFF_OP2("max_pool1d", 0, pool1d_pick, max_pool1d(a[0], {p.i[0]}, {p.i[1]}, {p.i[2]}),
+               torch::max_pool1d(a[0], {p.i[0]}, {p.i[1]}, {p.i[2]})),
+      DIFF_OP2("avg_pool1d", kInexact, pool1d_pick, avg_pool1d(a[0], {p.i[0]}, {p.i[1]}, {p.i[2]}),
+               torch::avg_pool1d(a[0], {p.i[0]}, {p.i[1]}, {p.i[2]})),
+      DIFF_OP2("im2col", 0, im2col_pick, unfold(a[0], {p.i[0], p.i[1]}, {1}, {p.i[2]}, {p.i[3]}),
+               torch::nn::functional::unfold(
+                   a[0], torch::nn::functional::UnfoldFuncOptions({p.i[0], p.i[1]})
+                             .padding(p.i[2])
+                             .stride(p.i[3]))),
       DIFF_OP2(
           "interpolate_nearest", 0, interpolate_pick,
           interpolate(a[0], {p.i[0], p.i[1]}, {}, "nearest"),

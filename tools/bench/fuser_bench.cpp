@@ -539,25 +539,29 @@ BENCHMARK_CAPTURE(BM_FuseMemoryFloor4096, copy, false)
 BENCHMARK_CAPTURE(BM_FuseMemoryFloor4096, read, true)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // Each math function on 16M float32 (float32 computed through float64 for the inverse
-// trigonometric and the hyperbolic functions) or float64 values: x = randn / 2 (1 + |x| for
-// acosh, 20 randn for exp, 10 randn for sin), lazy (one kernel), then eager (lib/math/lanes.h's
+// trigonometric, the hyperbolic and the special functions) or float64 values: x = randn / 2
+// (1 + |x| for acosh, 20 randn for exp, 10 randn for sin, tanh of it for erfinv, 8 |x| + 0.01 for
+// lgamma and digamma), lazy (one kernel), then eager (lib/math/lanes.h's
 // blocks). x_floor = time / the copy floor of 16M float32 measured in this run (float64 moves
 // twice the bytes); eager rows: x_lazy = time / the lazy row's.
 void BM_Math16M(benchmark::State& state, const std::string& name, kiln::DType dtype, bool lazy) {
   using Unary = Tensor (*)(const Tensor&);
   static const std::map<std::string, Unary> ops = {
-      {"exp", kiln::exp},        {"log", kiln::log},     {"tanh", kiln::tanh},
-      {"erf", kiln::erf},        {"sin", kiln::sin},     {"tan", kiln::tan},
-      {"atan", kiln::atan},      {"asin", kiln::asin},   {"sinh", kiln::sinh},
-      {"cosh", kiln::cosh},      {"asinh", kiln::asinh}, {"acosh", kiln::acosh},
-      {"atanh", kiln::atanh},    {"exp2", kiln::exp2},   {"log2", kiln::log2},
-      {"sigmoid", kiln::sigmoid}};
+      {"exp", kiln::exp},         {"log", kiln::log},        {"tanh", kiln::tanh},
+      {"erf", kiln::erf},         {"sin", kiln::sin},        {"tan", kiln::tan},
+      {"atan", kiln::atan},       {"asin", kiln::asin},      {"sinh", kiln::sinh},
+      {"cosh", kiln::cosh},       {"asinh", kiln::asinh},    {"acosh", kiln::acosh},
+      {"atanh", kiln::atanh},     {"exp2", kiln::exp2},      {"log2", kiln::log2},
+      {"sigmoid", kiln::sigmoid}, {"erfc", kiln::erfc},      {"erfinv", kiln::erfinv},
+      {"lgamma", kiln::lgamma},   {"digamma", kiln::digamma}};
   Tensor x;
   {
     kiln::LazyGuard eager(false);
     x = kiln::randn({k16M}) * 0.5;
     if (name == "acosh" || name == "log" || name == "log2") x = kiln::abs(x) + 1.0;
     if (name == "exp" || name == "sin") x = x * 20.0;
+    if (name == "erfinv") x = kiln::tanh(x);
+    if (name == "lgamma" || name == "digamma") x = kiln::abs(x) * 8.0 + 0.01;
     x = x.to(dtype);
   }
   const Unary op = ops.at(name);
@@ -598,6 +602,10 @@ KILN_MATH_BENCH(cosh, kFloat32, f32)
 KILN_MATH_BENCH(acosh, kFloat32, f32)
 KILN_MATH_BENCH(atanh, kFloat32, f32)
 KILN_MATH_BENCH(exp2, kFloat32, f32)
+KILN_MATH_BENCH(erfc, kFloat32, f32)
+KILN_MATH_BENCH(erfinv, kFloat32, f32)
+KILN_MATH_BENCH(lgamma, kFloat32, f32)
+KILN_MATH_BENCH(digamma, kFloat32, f32)
 KILN_MATH_BENCH(log2, kFloat32, f32)
 KILN_MATH_BENCH(exp, kFloat64, f64)
 KILN_MATH_BENCH(log, kFloat64, f64)
