@@ -594,94 +594,82 @@ class GroupNorm : public Module {
   Tensor weight, bias;
 };
 
-class MaxPool2d : public Module {
+// The pooling modules hold their function's arguments; Pool is the 1-D or 2-D function.
+template <Tensor (*Pool)(const Tensor&, const Shape&, const Shape&, const Shape&, const Shape&,
+                         bool)>
+class MaxPoolNd : public Module {
  public:
-  explicit MaxPool2d(Shape kernel_size, Shape stride = {}, Shape padding = {0},
+  explicit MaxPoolNd(Shape kernel_size, Shape stride = {}, Shape padding = {0},
                      Shape dilation = {1}, bool ceil_mode = false)
       : kernel_size(std::move(kernel_size)),
         stride(std::move(stride)),
         padding(std::move(padding)),
         dilation(std::move(dilation)),
         ceil_mode(ceil_mode) {}
+  Tensor forward(const Tensor& input) override {
+    return Pool(input, kernel_size, stride, padding, dilation, ceil_mode);
+  }
+
+  Shape kernel_size, stride, padding, dilation;
+  bool ceil_mode;
+};
+
+template <Tensor (*Pool)(const Tensor&, const Shape&, const Shape&, const Shape&, bool, bool)>
+class AvgPoolNd : public Module {
+ public:
+  explicit AvgPoolNd(Shape kernel_size, Shape stride = {}, Shape padding = {0},
+                     bool ceil_mode = false, bool count_include_pad = true)
+      : kernel_size(std::move(kernel_size)),
+        stride(std::move(stride)),
+        padding(std::move(padding)),
+        ceil_mode(ceil_mode),
+        count_include_pad(count_include_pad) {}
+  Tensor forward(const Tensor& input) override {
+    return Pool(input, kernel_size, stride, padding, ceil_mode, count_include_pad);
+  }
+
+  Shape kernel_size, stride, padding;
+  bool ceil_mode, count_include_pad;
+};
+
+template <Tensor (*Pool)(const Tensor&, const Shape&)>
+class AdaptiveAvgPoolNd : public Module {
+ public:
+  explicit AdaptiveAvgPoolNd(Shape output_size) : output_size(std::move(output_size)) {}
+  Tensor forward(const Tensor& input) override { return Pool(input, output_size); }
+
+  Shape output_size;
+};
+
+class MaxPool2d : public MaxPoolNd<max_pool2d> {
+ public:
+  using MaxPoolNd::MaxPoolNd;
   std::string name() const override { return "MaxPool2d"; }
-  Tensor forward(const Tensor& input) override {
-    return max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode);
-  }
-
-  Shape kernel_size, stride, padding, dilation;
-  bool ceil_mode;
 };
-
-class AvgPool2d : public Module {
+class AvgPool2d : public AvgPoolNd<avg_pool2d> {
  public:
-  explicit AvgPool2d(Shape kernel_size, Shape stride = {}, Shape padding = {0},
-                     bool ceil_mode = false, bool count_include_pad = true)
-      : kernel_size(std::move(kernel_size)),
-        stride(std::move(stride)),
-        padding(std::move(padding)),
-        ceil_mode(ceil_mode),
-        count_include_pad(count_include_pad) {}
+  using AvgPoolNd::AvgPoolNd;
   std::string name() const override { return "AvgPool2d"; }
-  Tensor forward(const Tensor& input) override {
-    return avg_pool2d(input, kernel_size, stride, padding, ceil_mode, count_include_pad);
-  }
-
-  Shape kernel_size, stride, padding;
-  bool ceil_mode, count_include_pad;
 };
-
-class AdaptiveAvgPool2d : public Module {
+class AdaptiveAvgPool2d : public AdaptiveAvgPoolNd<adaptive_avg_pool2d> {
  public:
-  explicit AdaptiveAvgPool2d(Shape output_size) : output_size(std::move(output_size)) {}
+  using AdaptiveAvgPoolNd::AdaptiveAvgPoolNd;
   std::string name() const override { return "AdaptiveAvgPool2d"; }
-  Tensor forward(const Tensor& input) override { return adaptive_avg_pool2d(input, output_size); }
-
-  Shape output_size;
 };
-
-class MaxPool1d : public Module {
+class MaxPool1d : public MaxPoolNd<max_pool1d> {
  public:
-  explicit MaxPool1d(Shape kernel_size, Shape stride = {}, Shape padding = {0},
-                     Shape dilation = {1}, bool ceil_mode = false)
-      : kernel_size(std::move(kernel_size)),
-        stride(std::move(stride)),
-        padding(std::move(padding)),
-        dilation(std::move(dilation)),
-        ceil_mode(ceil_mode) {}
+  using MaxPoolNd::MaxPoolNd;
   std::string name() const override { return "MaxPool1d"; }
-  Tensor forward(const Tensor& input) override {
-    return max_pool1d(input, kernel_size, stride, padding, dilation, ceil_mode);
-  }
-
-  Shape kernel_size, stride, padding, dilation;
-  bool ceil_mode;
 };
-
-class AvgPool1d : public Module {
+class AvgPool1d : public AvgPoolNd<avg_pool1d> {
  public:
-  explicit AvgPool1d(Shape kernel_size, Shape stride = {}, Shape padding = {0},
-                     bool ceil_mode = false, bool count_include_pad = true)
-      : kernel_size(std::move(kernel_size)),
-        stride(std::move(stride)),
-        padding(std::move(padding)),
-        ceil_mode(ceil_mode),
-        count_include_pad(count_include_pad) {}
+  using AvgPoolNd::AvgPoolNd;
   std::string name() const override { return "AvgPool1d"; }
-  Tensor forward(const Tensor& input) override {
-    return avg_pool1d(input, kernel_size, stride, padding, ceil_mode, count_include_pad);
-  }
-
-  Shape kernel_size, stride, padding;
-  bool ceil_mode, count_include_pad;
 };
-
-class AdaptiveAvgPool1d : public Module {
+class AdaptiveAvgPool1d : public AdaptiveAvgPoolNd<adaptive_avg_pool1d> {
  public:
-  explicit AdaptiveAvgPool1d(Shape output_size) : output_size(std::move(output_size)) {}
+  using AdaptiveAvgPoolNd::AdaptiveAvgPoolNd;
   std::string name() const override { return "AdaptiveAvgPool1d"; }
-  Tensor forward(const Tensor& input) override { return adaptive_avg_pool1d(input, output_size); }
-
-  Shape output_size;
 };
 
 // im2col and col2im as modules (torch.nn.Unfold and Fold).

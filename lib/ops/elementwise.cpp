@@ -33,18 +33,19 @@ T multiply(T x, T y) {
     return wrap_mul(x, y);
 }
 
-// Transcendentals: lib/math's single definitions (the code generators instantiate the same) for
-// float32 and float64, plain or in lib/math/lanes.h's blocks (Lanewise formulas); libm's for other
-// types. Always inlined, so that the multiversioned loops of lib/loops.h compile them with FMA.
-#define KILN_MATH_VALUE(f)                                        \
-  template <typename T>                                           \
-  KILN_MATH_INLINE T f##_value(T x) {                             \
-    if constexpr (std::is_same_v<math::ScalarOf<T>, float>)       \
-      return math::f##_f32(x);                                    \
-    else if constexpr (std::is_same_v<math::ScalarOf<T>, double>) \
-      return math::f##_f64(x);                                    \
-    else                                                          \
-      return std::f(x);                                           \
+// Transcendentals and special functions: lib/math's single definitions (the code generators
+// instantiate the same) for float32 and float64, plain or in lib/math/lanes.h's blocks (Lanewise
+// formulas); other types compute in float64. Always inlined, so that the multiversioned loops of
+// lib/loops.h compile them with FMA.
+#define KILN_MATH_VALUE(f)                                          \
+  template <typename T>                                             \
+  KILN_MATH_INLINE T f##_value(T x) {                               \
+    if constexpr (std::is_same_v<math::ScalarOf<T>, float>)         \
+      return math::f##_f32(x);                                      \
+    else if constexpr (std::is_same_v<math::ScalarOf<T>, double>)   \
+      return math::f##_f64(x);                                      \
+    else                                                            \
+      return static_cast<T>(math::f##_f64(static_cast<double>(x))); \
   }
 KILN_MATH_VALUE(exp)
 KILN_MATH_VALUE(log)
@@ -66,25 +67,12 @@ KILN_MATH_VALUE(atanh)
 KILN_MATH_VALUE(exp2)
 KILN_MATH_VALUE(log2)
 KILN_MATH_VALUE(log10)
+KILN_MATH_VALUE(erfc)
+KILN_MATH_VALUE(erfinv)
+KILN_MATH_VALUE(lgamma)
+KILN_MATH_VALUE(digamma)
+KILN_MATH_VALUE(trigamma)
 #undef KILN_MATH_VALUE
-// The special functions (lib/math/special.h), which libm lacks or has only for some: other types
-// compute in float64.
-#define KILN_SPECIAL_VALUE(f)                                       \
-  template <typename T>                                             \
-  KILN_MATH_INLINE T f##_value(T x) {                               \
-    if constexpr (std::is_same_v<math::ScalarOf<T>, float>)         \
-      return math::f##_f32(x);                                      \
-    else if constexpr (std::is_same_v<math::ScalarOf<T>, double>)   \
-      return math::f##_f64(x);                                      \
-    else                                                            \
-      return static_cast<T>(math::f##_f64(static_cast<double>(x))); \
-  }
-KILN_SPECIAL_VALUE(erfc)
-KILN_SPECIAL_VALUE(erfinv)
-KILN_SPECIAL_VALUE(lgamma)
-KILN_SPECIAL_VALUE(digamma)
-KILN_SPECIAL_VALUE(trigamma)
-#undef KILN_SPECIAL_VALUE
 template <typename T>
 KILN_MATH_INLINE T atan2_value(T y, T x) {
   if constexpr (std::is_same_v<math::ScalarOf<T>, float>)
