@@ -11,6 +11,7 @@
 
 #include "kiln/kiln.h"
 #include "kiln/testing.h"
+#include "tests/lib/threads.h"
 #include "tests/testing.h"
 
 namespace kiln {
@@ -242,6 +243,25 @@ TEST(Pool1d, AdaptiveAverageModulesAndErrors) {
   expect_error([&] { max_pool1d(x, {11}); }, {"max_pool1d", "does not fit"});
   expect_error([&] { max_pool1d(x.reshape({-1}), {2}); }, {"max_pool1d", "3-D (batched)"});
   expect_error([&] { adaptive_avg_pool1d(x, {0}); }, {"adaptive_avg_pool1d", "output_size"});
+}
+
+// Four threads computing windows and special functions at once (each with its gradients) get one
+// thread's results.
+TEST(WindowsThreads, ConcurrentCallsMatchOneThread) {
+  const Tensor x0 = testing::input({2, 3, 6, 5}, kFloat64, 0.1, 0.9);
+  testing::expect_concurrent_runs_match(
+      [&] {
+        Tensor x = x0.clone().requires_grad_();
+        const Tensor cols = unfold(x, {2, 3}, {1}, {1}, {2, 1});
+        const Tensor image = fold(cols, {6, 5}, {2, 3}, {1}, {1}, {2, 1});
+        const Tensor pooled =
+            max_pool1d(x.flatten(2), {3}, {2}) + avg_pool1d(x.flatten(2), {3}, {2});
+        Tensor y = lgamma(image + 1).sum() + digamma(erfinv(x * 0.5) + 1).sum() +
+                   erfc(pooled).sum() + x.unfold(3, 2, 1).sum();
+        y.backward();
+        return std::vector<Tensor>{y.detach(), x.grad()};
+      },
+      4, 3);
 }
 
 }  // namespace
