@@ -80,8 +80,8 @@ const Value* plain_reduction_input(const Node& n) {
 // The convolution passes and pools, which run lib/ops/conv_cuda.cpp's kernels on a device.
 bool is_conv_or_pool(const std::string& name) {
   return name == "conv2d" || name == "conv2d_grad_input" || name == "conv2d_grad_weight" ||
-         name == "max_pool2d_with_indices" || name == "max_pool2d_backward" ||
-         name == "avg_pool2d" || name == "avg_pool2d_backward";
+         name == "max_pool2d_with_indices" || name == "adaptive_max_pool2d" ||
+         name == "max_pool2d_backward" || name == "avg_pool2d" || name == "avg_pool2d_backward";
 }
 }  // namespace
 

@@ -251,6 +251,33 @@ Tensor Embedding::forward(const Tensor& indices) {
   return where(is_pad, out.detach(), out);
 }
 
+EmbeddingBag::EmbeddingBag(int64_t num, int64_t dim)
+    : EmbeddingBag(EmbeddingBagOptions(num, dim)) {}
+
+EmbeddingBag::EmbeddingBag(const EmbeddingBagOptions& options_) : options(options_) {
+  const int64_t num = options.num_embeddings(), dim = options.embedding_dim();
+  KILN_CHECK(num >= 0 && dim >= 0, "EmbeddingBag: sizes must be non-negative, got ", num, " x ",
+             dim);
+  const std::string& mode = options.mode();
+  KILN_CHECK(mode == "sum" || mode == "mean" || mode == "max",
+             "EmbeddingBag: mode must be \"sum\", \"mean\" or \"max\", got \"", mode, "\"");
+  Tensor w = randn({num, dim});
+  if (const auto& pad = options.padding_idx()) {
+    KILN_CHECK(*pad >= -num && *pad < num, "EmbeddingBag: padding_idx must be within [", -num, ", ",
+               num, ") for num_embeddings=", num, ", got ", *pad);
+    const int64_t row = *pad < 0 ? *pad + num : *pad;
+    options.padding_idx(row);
+    w.select(0, row).zero_();
+  }
+  weight = register_parameter("weight", w);
+}
+
+Tensor EmbeddingBag::forward(const Tensor& input, const Tensor& offsets,
+                             const Tensor& per_sample_weights) {
+  return embedding_bag(input, weight, offsets, options.mode(), per_sample_weights,
+                       options.include_last_offset(), options.padding_idx());
+}
+
 LayerNorm::LayerNorm(Shape shape, double eps_, bool elementwise_affine)
     : normalized_shape(std::move(shape)), eps(eps_) {
   for (int64_t d : normalized_shape)
@@ -477,6 +504,29 @@ Tensor ConvTranspose2d::forward(const Tensor& input) {
   return conv_transpose2d(input, weight, bias, stride, padding, output_padding, groups, dilation);
 }
 
+ConvTranspose1d::ConvTranspose1d(int64_t in, int64_t out, int64_t kernel, int64_t stride_,
+                                 int64_t padding_, int64_t output_padding_, int64_t groups_,
+                                 bool with_bias, int64_t dilation_)
+    : in_channels(in),
+      out_channels(out),
+      kernel_size(kernel),
+      stride(stride_),
+      padding(padding_),
+      output_padding(output_padding_),
+      groups(groups_),
+      dilation(dilation_) {
+  check_conv_channels("ConvTranspose1d", in, out, groups);
+  KILN_CHECK(kernel > 0, "ConvTranspose1d: expected a positive kernel_size, got ", kernel);
+  const double bound = conv_bound(out / groups * kernel);
+  weight = register_parameter("weight", uniform({in, out / groups, kernel}, bound));
+  if (with_bias) bias = register_parameter("bias", uniform({out}, bound));
+}
+
+Tensor ConvTranspose1d::forward(const Tensor& input) {
+  return conv_transpose1d(input, weight, bias, {stride}, {padding}, {output_padding}, groups,
+                          {dilation});
+}
+
 // ---------------------------------------------------------------------------- normalization
 
 BatchNorm::BatchNorm(int64_t features, double eps_, double momentum_, bool affine_,
@@ -530,6 +580,41 @@ GroupNorm::GroupNorm(int64_t groups, int64_t channels, double eps_, bool affine_
 
 Tensor GroupNorm::forward(const Tensor& input) {
   return group_norm(input, num_groups, weight, bias, eps);
+}
+
+InstanceNorm::InstanceNorm(int64_t features, double eps_, double momentum_, bool affine_,
+                           bool track_running_stats_, int64_t spatial_dims)
+    : num_features(features),
+      eps(eps_),
+      momentum(momentum_),
+      affine(affine_),
+      track_running_stats(track_running_stats_),
+      spatial_dims_(spatial_dims) {
+  KILN_CHECK(features > 0, "InstanceNorm: num_features must be positive, got ", features);
+  if (affine) {
+    weight = register_parameter("weight", ones({features}));
+    bias = register_parameter("bias", zeros({features}));
+  }
+  if (track_running_stats) {
+    running_mean = register_buffer("running_mean", zeros({features}));
+    running_var = register_buffer("running_var", ones({features}));
+    num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, TensorOptions(kInt64)));
+  }
+}
+
+Tensor InstanceNorm::forward(const Tensor& input) {
+  const int64_t batched = spatial_dims_ + 2;
+  KILN_CHECK(input.defined() && (input.dim() == batched || input.dim() == batched - 1), name(),
+             ": expected a ", batched - 1, "-D (unbatched) or ", batched,
+             "-D (batched) input, got ", describe(input));
+  if (input.dim() == batched - 1) return forward(input.unsqueeze(0)).squeeze(0);
+  // torch only warns of a channel count other than num_features when no parameter needs it.
+  KILN_CHECK(input.size(1) == num_features || (!affine && !track_running_stats), name(),
+             ": expected input with ", num_features, " channels (num_features), got ",
+             describe(input));
+  if (is_training() && track_running_stats) num_batches_tracked.add_(1);
+  return instance_norm(input, running_mean, running_var, weight, bias,
+                       is_training() || !track_running_stats, momentum, eps);
 }
 
 // ---------------------------------------------------------------------------- recurrent layers

@@ -166,6 +166,37 @@ class Embedding : public Module {
   Tensor weight;
 };
 
+// torch::nn::EmbeddingBagOptions: mode ("sum", "mean" or "max"), include_last_offset, padding_idx
+// (no max_norm, scale_grad_by_freq or sparse).
+class EmbeddingBagOptions {
+ public:
+  EmbeddingBagOptions(int64_t num_embeddings, int64_t embedding_dim)
+      : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim) {}
+  KILN_ARG(int64_t, num_embeddings);
+  KILN_ARG(int64_t, embedding_dim);
+  KILN_ARG(std::string, mode) = "mean";
+  KILN_ARG(bool, include_last_offset) = false;
+  KILN_ARG(std::optional<int64_t>, padding_idx) = std::nullopt;
+};
+
+// embedding_bag over a weight [num, dim] drawn from N(0, 1) (the padding_idx row zeros).
+class EmbeddingBag : public Module {
+ public:
+  EmbeddingBag(int64_t num_embeddings, int64_t embedding_dim);
+  explicit EmbeddingBag(const EmbeddingBagOptions& options);
+  std::string name() const override { return "EmbeddingBag"; }
+  Tensor forward(const Tensor& input) override { return forward(input, Tensor()); }
+  Tensor forward(const Tensor& input, const Tensor& offsets, const Tensor& per_sample_weights = {});
+  Tensor operator()(const Tensor& input, const Tensor& offsets,
+                    const Tensor& per_sample_weights = {}) {
+    return forward(input, offsets, per_sample_weights);
+  }
+  using Module::operator();
+
+  EmbeddingBagOptions options;
+  Tensor weight;
+};
+
 // Normalizes over the trailing normalized_shape dims; weight starts at ones, bias at zeros.
 class LayerNorm : public Module {
  public:
@@ -486,6 +517,23 @@ class KLDivLoss : public Loss {
   }
   KLDivLossOptions options;
 };
+
+struct MultiMarginLossOptions {
+  KILN_LOSS_ARG(int64_t, p) = 1;
+  KILN_LOSS_ARG(double, margin) = 1.0;
+  KILN_LOSS_ARG(Tensor, weight);
+  KILN_LOSS_ARG(Reduction, reduction) = Reduction::Mean;
+};
+class MultiMarginLoss : public Loss {
+ public:
+  explicit MultiMarginLoss(MultiMarginLossOptions options = {}) : options(std::move(options)) {}
+  std::string name() const override { return "MultiMarginLoss"; }
+  Tensor forward(const Tensor& input, const Tensor& target) override {
+    return multi_margin_loss(input, target, options.p(), options.margin(), options.weight(),
+                             options.reduction());
+  }
+  MultiMarginLossOptions options;
+};
 #undef KILN_LOSS_ARG
 
 // Convolutions with torch.nn's arguments. The weight [out, in / groups, k...] and the bias [out]
@@ -537,6 +585,20 @@ class ConvTranspose2d : public Module {
   Shape kernel_size, stride, padding, output_padding;
   int64_t groups;
   Shape dilation;
+  Tensor weight, bias;
+};
+
+// conv_transpose1d with torch.nn.ConvTranspose1d's arguments (one value each); weight
+// [in, out / groups, k], initialized as ConvTranspose2d's.
+class ConvTranspose1d : public Module {
+ public:
+  ConvTranspose1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size,
+                  int64_t stride = 1, int64_t padding = 0, int64_t output_padding = 0,
+                  int64_t groups = 1, bool bias = true, int64_t dilation = 1);
+  std::string name() const override { return "ConvTranspose1d"; }
+  Tensor forward(const Tensor& input) override;
+
+  int64_t in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, dilation;
   Tensor weight, bias;
 };
 
@@ -594,6 +656,62 @@ class GroupNorm : public Module {
   Tensor weight, bias;
 };
 
+// Instance normalization (instance_norm) of [N, C, ...] or one unbatched sample [C, ...]:
+// weight ones and bias zeros when affine; running_mean (zeros), running_var (ones) and
+// num_batches_tracked buffers when track_running_stats, used in eval. torch's defaults: neither.
+class InstanceNorm : public Module {
+ public:
+  InstanceNorm(int64_t num_features, double eps, double momentum, bool affine,
+               bool track_running_stats, int64_t spatial_dims);
+  Tensor forward(const Tensor& input) override;
+
+  int64_t num_features;
+  double eps, momentum;
+  bool affine, track_running_stats;
+  Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+
+ private:
+  int64_t spatial_dims_;
+};
+// Over [N, C, L] or [C, L].
+class InstanceNorm1d : public InstanceNorm {
+ public:
+  explicit InstanceNorm1d(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
+                          bool affine = false, bool track_running_stats = false)
+      : InstanceNorm(num_features, eps, momentum, affine, track_running_stats, 1) {}
+  std::string name() const override { return "InstanceNorm1d"; }
+};
+// Over [N, C, H, W] or [C, H, W].
+class InstanceNorm2d : public InstanceNorm {
+ public:
+  explicit InstanceNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
+                          bool affine = false, bool track_running_stats = false)
+      : InstanceNorm(num_features, eps, momentum, affine, track_running_stats, 2) {}
+  std::string name() const override { return "InstanceNorm2d"; }
+};
+// Over [N, C, D, H, W] or [C, D, H, W].
+class InstanceNorm3d : public InstanceNorm {
+ public:
+  explicit InstanceNorm3d(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
+                          bool affine = false, bool track_running_stats = false)
+      : InstanceNorm(num_features, eps, momentum, affine, track_running_stats, 3) {}
+  std::string name() const override { return "InstanceNorm3d"; }
+};
+
+// local_response_norm as a module.
+class LocalResponseNorm : public Module {
+ public:
+  explicit LocalResponseNorm(int64_t size, double alpha = 1e-4, double beta = 0.75, double k = 1.0)
+      : size(size), alpha(alpha), beta(beta), k(k) {}
+  std::string name() const override { return "LocalResponseNorm"; }
+  Tensor forward(const Tensor& input) override {
+    return local_response_norm(input, size, alpha, beta, k);
+  }
+
+  int64_t size;
+  double alpha, beta, k;
+};
+
 // The pooling modules hold their function's arguments; Pool is the 1-D or 2-D function.
 template <Tensor (*Pool)(const Tensor&, const Shape&, const Shape&, const Shape&, const Shape&,
                          bool)>
@@ -633,9 +751,9 @@ class AvgPoolNd : public Module {
 };
 
 template <Tensor (*Pool)(const Tensor&, const Shape&)>
-class AdaptiveAvgPoolNd : public Module {
+class AdaptivePoolNd : public Module {
  public:
-  explicit AdaptiveAvgPoolNd(Shape output_size) : output_size(std::move(output_size)) {}
+  explicit AdaptivePoolNd(Shape output_size) : output_size(std::move(output_size)) {}
   Tensor forward(const Tensor& input) override { return Pool(input, output_size); }
 
   Shape output_size;
@@ -651,9 +769,9 @@ class AvgPool2d : public AvgPoolNd<avg_pool2d> {
   using AvgPoolNd::AvgPoolNd;
   std::string name() const override { return "AvgPool2d"; }
 };
-class AdaptiveAvgPool2d : public AdaptiveAvgPoolNd<adaptive_avg_pool2d> {
+class AdaptiveAvgPool2d : public AdaptivePoolNd<adaptive_avg_pool2d> {
  public:
-  using AdaptiveAvgPoolNd::AdaptiveAvgPoolNd;
+  using AdaptivePoolNd::AdaptivePoolNd;
   std::string name() const override { return "AdaptiveAvgPool2d"; }
 };
 class MaxPool1d : public MaxPoolNd<max_pool1d> {
@@ -666,10 +784,21 @@ class AvgPool1d : public AvgPoolNd<avg_pool1d> {
   using AvgPoolNd::AvgPoolNd;
   std::string name() const override { return "AvgPool1d"; }
 };
-class AdaptiveAvgPool1d : public AdaptiveAvgPoolNd<adaptive_avg_pool1d> {
+class AdaptiveAvgPool1d : public AdaptivePoolNd<adaptive_avg_pool1d> {
  public:
-  using AdaptiveAvgPoolNd::AdaptiveAvgPoolNd;
+  using AdaptivePoolNd::AdaptivePoolNd;
   std::string name() const override { return "AdaptiveAvgPool1d"; }
+};
+// forward returns the values; adaptive_max_pool*_with_indices gives the indices too.
+class AdaptiveMaxPool2d : public AdaptivePoolNd<adaptive_max_pool2d> {
+ public:
+  using AdaptivePoolNd::AdaptivePoolNd;
+  std::string name() const override { return "AdaptiveMaxPool2d"; }
+};
+class AdaptiveMaxPool1d : public AdaptivePoolNd<adaptive_max_pool1d> {
+ public:
+  using AdaptivePoolNd::AdaptivePoolNd;
+  std::string name() const override { return "AdaptiveMaxPool1d"; }
 };
 
 // im2col and col2im as modules (torch.nn.Unfold and Fold).

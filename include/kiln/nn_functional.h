@@ -72,6 +72,15 @@ Tensor unfold(const Tensor& input, const Shape& kernel_size, const Shape& dilati
               const Shape& padding = {0}, const Shape& stride = {1});
 Tensor fold(const Tensor& input, const Shape& output_size, const Shape& kernel_size,
             const Shape& dilation = {1}, const Shape& padding = {0}, const Shape& stride = {1});
+// torch.nn.functional.affine_grid: the sampling grid [N, H, W, 2] ([N, D, H, W, 3]) of the affine
+// maps theta [N, 2, 3] ([N, 3, 4]) for an output of size [N, C, H, W] ([N, C, D, H, W]), in
+// grid_sample's normalized coordinates.
+Tensor affine_grid(const Tensor& theta, const Shape& size, bool align_corners = false);
+// torch.nn.functional.grid_sample of input [N, C, H, W] at grid [N, oH, oW, 2] ((x, y) in [-1, 1]
+// spanning the corner pixels' centres with align_corners, their outer edges without): mode
+// "bilinear" or "nearest" (half to even), padding_mode "zeros", "border" or "reflection".
+Tensor grid_sample(const Tensor& input, const Tensor& grid, std::string_view mode = "bilinear",
+                   std::string_view padding_mode = "zeros", bool align_corners = false);
 // [..., C r^2, H, W] -> [..., C, H r, W r], and back.
 Tensor pixel_shuffle(const Tensor& x, int64_t upscale_factor);
 Tensor pixel_unshuffle(const Tensor& x, int64_t downscale_factor);
@@ -82,6 +91,22 @@ Tensor interpolate(const Tensor& x, const std::vector<int64_t>& size,
                    const std::vector<double>& scale_factor = {}, std::string_view mode = "nearest",
                    std::optional<bool> align_corners = std::nullopt,
                    std::optional<bool> recompute_scale_factor = std::nullopt);
+
+// ---------------------------------------------------------------- normalization and embeddings
+// x / (k + alpha / size * sum of x^2 over the `size` neighbouring channels)^beta over
+// [N, C, ...] (the window zero-padded, as torch).
+Tensor local_response_norm(const Tensor& x, int64_t size, double alpha = 1e-4, double beta = 0.75,
+                           double k = 1.0);
+// torch.nn.functional.embedding_bag: sums ("sum"), means ("mean") or maxima ("max") of the rows of
+// weight [num, D] that input's indices select, one [D] row per bag: the rows of a 2-D input
+// [B, L], or a 1-D input cut at offsets [B] (int64; offsets[0] = 0, non-decreasing; with
+// include_last_offset offsets has B + 1 entries, the last the input's length). per_sample_weights
+// (the input's shape, "sum" only) scale each row; padding_idx entries are left out of every bag
+// (and its mean's count). An empty bag is zeros. Output [B, D].
+Tensor embedding_bag(const Tensor& input, const Tensor& weight, const Tensor& offsets = {},
+                     std::string_view mode = "mean", const Tensor& per_sample_weights = {},
+                     bool include_last_offset = false,
+                     std::optional<int64_t> padding_idx = std::nullopt);
 
 // ---------------------------------------------------------------- losses
 // torch's reduction="batchmean" (kl_div only): the sum divided by input.size(0).
@@ -154,5 +179,11 @@ Tensor poisson_nll_loss(const Tensor& input, const Tensor& target, bool log_inpu
 Tensor multilabel_soft_margin_loss(const Tensor& input, const Tensor& target,
                                    const Tensor& weight = {},
                                    Reduction reduction = Reduction::Mean);
+
+// The multi-class hinge loss of input [N, C] (or [C]) and class targets [N] (or 0-D): the sum over
+// j != y of max(0, margin - x[y] + x[j])^p (p = 1 or 2), times weight[y] when given, over C.
+Tensor multi_margin_loss(const Tensor& input, const Tensor& target, int64_t p = 1,
+                         double margin = 1.0, const Tensor& weight = {},
+                         Reduction reduction = Reduction::Mean);
 
 }  // namespace kiln

@@ -766,6 +766,12 @@ Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor&
                         const Shape& stride = {1}, const Shape& padding = {0},
                         const Shape& output_padding = {0}, int64_t groups = 1,
                         const Shape& dilation = {1});
+// conv_transpose1d: input [N, C, L] (or [C, L]), weight [C, O / groups, k]: conv_transpose2d
+// with H = 1; each argument is one value.
+Tensor conv_transpose1d(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
+                        const Shape& stride = {1}, const Shape& padding = {0},
+                        const Shape& output_padding = {0}, int64_t groups = 1,
+                        const Shape& dilation = {1});
 // Max pooling over [N, C, H, W] (or [C, H, W]); an empty stride means kernel_size. Indices are
 // int64 positions in each H * W plane, as torch's.
 std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, const Shape& kernel_size,
@@ -792,6 +798,14 @@ Tensor avg_pool1d(const Tensor& input, const Shape& kernel_size, const Shape& st
                   const Shape& padding = {0}, bool ceil_mode = false,
                   bool count_include_pad = true);
 Tensor adaptive_avg_pool1d(const Tensor& input, const Shape& output_size);
+// Adaptive max pooling: output o along a dim of size n takes the max over
+// [floor(o n / out), ceil((o + 1) n / out)), as torch; indices as max_pool2d's (max_pool1d's).
+std::tuple<Tensor, Tensor> adaptive_max_pool2d_with_indices(const Tensor& input,
+                                                            const Shape& output_size);
+Tensor adaptive_max_pool2d(const Tensor& input, const Shape& output_size);
+std::tuple<Tensor, Tensor> adaptive_max_pool1d_with_indices(const Tensor& input,
+                                                            const Shape& output_size);
+Tensor adaptive_max_pool1d(const Tensor& input, const Shape& output_size);
 
 // ---------------------------------------------------------------- normalization over channels
 // input [N, C, ...]. Training: normalizes with the batch statistics over every dim but C and, when
@@ -800,6 +814,14 @@ Tensor adaptive_avg_pool1d(const Tensor& input, const Shape& output_size);
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight = {}, const Tensor& bias = {}, bool training = false,
                   double momentum = 0.1, double eps = 1e-5);
+// torch.nn.functional.instance_norm: input [N, C, ...] normalized per sample and channel over the
+// spatial dims (batch_norm of [1, N C, ...], as torch). With use_input_stats the running
+// statistics (when defined) move toward the batch's mean over N of each instance's mean and
+// unbiased variance; without it they normalize (eval).
+Tensor instance_norm(const Tensor& input, const Tensor& running_mean = {},
+                     const Tensor& running_var = {}, const Tensor& weight = {},
+                     const Tensor& bias = {}, bool use_input_stats = true, double momentum = 0.1,
+                     double eps = 1e-5);
 // input [N, C, ...] normalized over each of num_groups groups of C / num_groups channels.
 Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight = {},
                   const Tensor& bias = {}, double eps = 1e-5);

@@ -1083,4 +1083,26 @@ Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor&
   return bias.defined() ? y + bias.reshape({1, C_out, 1, 1}) : y;
 }
 
+Tensor conv_transpose1d(const Tensor& input, const Tensor& weight, const Tensor& bias,
+                        const Shape& stride, const Shape& padding, const Shape& output_padding,
+                        int64_t groups, const Shape& dilation) {
+  const char* op = "conv_transpose1d";
+  detail::check_defined(input, op, "input");
+  detail::check_defined(weight, op, "weight");
+  KILN_CHECK(input.dim() == 2 || input.dim() == 3, op,
+             ": expected a 2-D (unbatched) or 3-D (batched) input, got ", describe(input));
+  KILN_CHECK(weight.dim() == 3, op, ": expected a 3-D weight [C, O / groups, k], got ",
+             describe(weight));
+  const Shape s = spatial_arg(op, "stride", stride, 1, 1);
+  const Shape p = spatial_arg(op, "padding", padding, 1, 0);
+  const Shape o = spatial_arg(op, "output_padding", output_padding, 1, 0);
+  const Shape d = spatial_arg(op, "dilation", dilation, 1, 1);
+  KILN_CHECK(o[0] < s[0], op, ": output_padding (", o[0], ") must be smaller than stride (", s[0],
+             ")");
+  // H = 1: the 1-D arguments are the W ones.
+  return conv_transpose2d(input.unsqueeze(-2), weight.unsqueeze(2), bias, {1, s[0]}, {0, p[0]},
+                          {0, o[0]}, groups, {1, d[0]})
+      .squeeze(-2);
+}
+
 }  // namespace kiln

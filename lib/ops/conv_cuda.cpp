@@ -172,20 +172,28 @@ const KernelText kBias{"conv_bias",
   }
 )"};
 
-// max_pool2d: the CPU kernel's loop per output element.
+// max_pool2d and adaptive_max_pool2d (flags & 2): the CPU kernel's loop per output element over
+// the rows and columns pool_norm.cpp's max_span gives.
 const KernelText kMaxPool{"max_pool2d",
                           {"long long n", "KilnGeom g", "const T* x", "T* out", "long long* index"},
                           R"(  KILN_FOR_EACH(e, n) {
     const I ow = e % g.oW, oh = e / g.oW % g.oH, plane = e / (g.oW * g.oH);
     const T* xp = x + plane / g.C * g.xs[0] + plane % g.C * g.xs[1];
-    const I h0 = oh * g.sH - g.pH, w0 = ow * g.sW - g.pW;
+    I h0 = oh * g.sH - g.pH, w0 = ow * g.sW - g.pW, kh = g.kH, kw = g.kW, dh = g.dH, dw = g.dW;
+    if (g.flags & 2) {
+      h0 = oh * g.H / g.oH;
+      w0 = ow * g.W / g.oW;
+      kh = ((oh + 1) * g.H + g.oH - 1) / g.oH - h0;
+      kw = ((ow + 1) * g.W + g.oW - 1) / g.oW - w0;
+      dh = dw = 1;
+    }
     T best = -(T)1 / (T)0;
     I at = -1;
-    for (I i = 0; i < g.kH; ++i) {
-      const I h = h0 + i * g.dH;
+    for (I i = 0; i < kh; ++i) {
+      const I h = h0 + i * dh;
       if (h < 0 || h >= g.H) continue;
-      for (I j = 0; j < g.kW; ++j) {
-        const I w = w0 + j * g.dW;
+      for (I j = 0; j < kw; ++j) {
+        const I w = w0 + j * dw;
         if (w < 0 || w >= g.W) continue;
         const T v = xp[h * g.xs[2] + w * g.xs[3]];
         if (at < 0 || v > best || v != v) {

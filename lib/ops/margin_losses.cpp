@@ -1,7 +1,7 @@
 // torch.nn.functional's margin and likelihood losses: margin_ranking_loss, soft_margin_loss,
 // hinge_embedding_loss, cosine_embedding_loss, triplet_margin_loss, gaussian_nll_loss,
-// poisson_nll_loss and multilabel_soft_margin_loss, each torch's formula term for term in kiln's
-// ops (so they round as torch's, fuse, and differentiate through their parts).
+// poisson_nll_loss, multilabel_soft_margin_loss and multi_margin_loss, each torch's formula term
+// for term in kiln's ops (so they round as torch's, fuse, and differentiate through their parts).
 #include <cmath>
 #include <string>
 #include <vector>
@@ -9,6 +9,7 @@
 #include "kiln/autograd.h"
 #include "kiln/nn_functional.h"
 #include "kiln/ops.h"
+#include "lib/lazy.h"
 #include "lib/ops/losses.h"
 #include "lib/tensor_impl.h"
 
@@ -120,6 +121,39 @@ Tensor multilabel_soft_margin_loss(const Tensor& input, const Tensor& target, co
   if (weight.defined()) terms = terms * weight;
   const int64_t classes = input.size(-1);
   return reduce_loss(terms.sum({-1}) / static_cast<double>(classes), reduction);
+}
+
+Tensor multi_margin_loss(const Tensor& input, const Tensor& target, int64_t p, double margin,
+                         const Tensor& weight, Reduction reduction) {
+  const char* op = "multi_margin_loss";
+  detail::check_defined(input, op, "input");
+  detail::check_defined(target, op, "target");
+  KILN_CHECK(p == 1 || p == 2, op, ": only p == 1 and p == 2 are supported, got ", p);
+  KILN_CHECK(
+      input.is_floating_point() && (input.dim() == 1 || input.dim() == 2) && input.size(-1) > 0, op,
+      ": expected a non-empty floating-point [C] or [N, C] input, got ", describe(input));
+  const int64_t frames = input.dim() == 2 ? input.size(0) : 1, classes = input.size(-1);
+  KILN_CHECK(target.dtype() == kInt64 && target.dim() <= 1 && target.numel() == frames, op,
+             ": expected an int64 target of ", frames, " class indices for input ", describe(input),
+             ", got ", describe(target));
+  KILN_CHECK(!weight.defined() || (weight.dim() == 1 && weight.numel() == classes &&
+                                   weight.dtype() == input.dtype()),
+             op, ": expected a weight of ", classes, " ", dtype_name(input.dtype()),
+             " values, got ", describe(weight));
+  {
+    detail::ValueCheckScope checking;
+    KILN_CHECK(all(logical_and(ge(target.detach(), 0), lt(target.detach(), classes))).item<bool>(),
+               op, ": target ", describe(target), " holds a class outside [0, ", classes, ")");
+  }
+  // torch's loop: z_j = margin - x_y + x_j for every class j but y, counted where z_j > 0.
+  const Tensor x = input.view({frames, classes}), y = target.reshape({frames, 1});
+  const Tensor z = relu(margin - gather(x, 1, y) + x);
+  Tensor terms = p == 1 ? z : z * z;
+  if (weight.defined()) terms = terms * index_select(weight, 0, y.view({-1})).view({frames, 1});
+  terms = where(eq(arange(classes, TensorOptions(kInt64).device(input.device())), y),
+                zeros_like(terms), terms);
+  const Tensor per_frame = terms.sum({1}) / static_cast<double>(classes);
+  return reduce_loss(per_frame.view(target.sizes()), reduction);
 }
 
 }  // namespace kiln

@@ -1,5 +1,6 @@
-// Pooling (max_pool2d with indices, avg_pool2d, adaptive_avg_pool2d) and normalization over
-// channels (batch_norm, group_norm), NCHW on the CPU.
+// Pooling (max_pool2d and adaptive_max_pool2d with indices, avg_pool2d, adaptive_avg_pool2d) and
+// normalization over channels (batch_norm, instance_norm, group_norm, local_response_norm), NCHW
+// on the CPU.
 //
 // Pooling runs dedicated kernels, one task per (n, c) plane (on a CUDA device,
 // lib/ops/conv_cuda.cpp's NVRTC kernels, one thread per output element). Every pooling op visits
@@ -14,6 +15,9 @@
 // fuses like any other expression; autograd differentiates group_norm (twice, too) through its
 // ops, and training batch_norm through a formula of its own whose ops differentiate again
 // (normalize), written so that its statistics and its backward's sums are one kernel each.
+// instance_norm is batch_norm of [1, N C, ...] (torch's construction), its running statistics the
+// mean over N of the repeated ones batch_norm updated; local_response_norm divides by an average
+// pool of the squares over neighbouring channels.
 // Eval batch_norm is a per-channel affine, which jit/passes/conv_fold.cpp folds into a
 // preceding convolution. batch_norm in training updates the running statistics in place with no
 // gradient, as torch: running = (1 - momentum) * running + momentum * batch statistic, the variance
@@ -25,6 +29,7 @@
 #include <vector>
 
 #include "kiln/autograd.h"
+#include "kiln/nn_functional.h"
 #include "kiln/ops.h"
 #include "lib/autograd.h"
 #include "lib/dispatch.h"
@@ -163,6 +168,20 @@ void for_planes(const PoolGeom& g, const F& f) {
 
 // ---------------------------------------------------------------------------------- max_pool2d
 
+// The rows (axis 0) or columns (axis 1) the max pools read for output o: `count` positions from
+// `start`, `step` apart, those in the padding skipped; an adaptive window is contiguous.
+struct MaxSpan {
+  int64_t start, count, step;
+};
+MaxSpan max_span(const PoolGeom& g, int axis, int64_t o) {
+  if (g.adaptive) {
+    const int64_t in = axis == 0 ? g.H : g.W, out = axis == 0 ? g.oH : g.oW;
+    const int64_t start = o * in / out;
+    return {start, ((o + 1) * in + out - 1) / out - start, 1};
+  }
+  return {o * g.stride[axis] - g.padding[axis], g.kernel[axis], g.dilation[axis]};
+}
+
 std::pair<Tensor, Tensor> max_pool_kernel(const Tensor& input, const PoolGeom& g) {
   if (input.device().is_cuda()) return detail::cuda_conv::max_pool(input, cuda_shape(g));
   const Tensor x = input.contiguous();
@@ -176,14 +195,14 @@ std::pair<Tensor, Tensor> max_pool_kernel(const Tensor& input, const PoolGeom& g
     for_planes(g, [&](int64_t in_off, int64_t out_off) {
       for (int64_t oh = 0; oh < g.oH; ++oh)
         for (int64_t ow = 0; ow < g.oW; ++ow) {
-          const int64_t h0 = oh * g.stride[0] - g.padding[0], w0 = ow * g.stride[1] - g.padding[1];
+          const MaxSpan rows = max_span(g, 0, oh), cols = max_span(g, 1, ow);
           T best = -std::numeric_limits<T>::infinity();
           int64_t at = -1;
-          for (int64_t i = 0; i < g.kernel[0]; ++i) {
-            const int64_t h = h0 + i * g.dilation[0];
+          for (int64_t i = 0; i < rows.count; ++i) {
+            const int64_t h = rows.start + i * rows.step;
             if (h < 0 || h >= g.H) continue;
-            for (int64_t j = 0; j < g.kernel[1]; ++j) {
-              const int64_t w = w0 + j * g.dilation[1];
+            for (int64_t j = 0; j < cols.count; ++j) {
+              const int64_t w = cols.start + j * cols.step;
               if (w < 0 || w >= g.W) continue;
               const T v = xp[in_off + h * g.W + w];
               if (at < 0 || v > best || std::isnan(v)) {  // as torch: the last NaN wins
@@ -231,6 +250,7 @@ Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices,
                            const Shape& input_size);
 
 detail::OpHandle max_pool_def;
+detail::OpHandle adaptive_max_pool_def;
 detail::OpHandle max_pool_backward_def;
 
 // Inputs (x); outputs (values, indices).
@@ -248,6 +268,18 @@ void register_max_pools() {
                              return Inputs{values, indices};
                            },
                            {"kernel_size", "stride", "padding", "dilation", "ceil_mode"}}));
+  adaptive_max_pool_def.bind(detail::register_op({"adaptive_max_pool2d",
+                                                  detail::OpKind::NN,
+                                                  1,
+                                                  detail::DTypeRule::Custom,
+                                                  false,
+                                                  [](const Inputs& in, const Attrs& a) {
+                                                    auto [values, indices] =
+                                                        adaptive_max_pool2d_with_indices(
+                                                            in[0], attr_ints(a.at(0)));
+                                                    return Inputs{values, indices};
+                                                  },
+                                                  {"output_size"}}));
   // Inputs (grad_output, indices).
   max_pool_backward_def.bind(
       detail::register_op({"max_pool2d_backward",
@@ -547,6 +579,28 @@ Tensor normalize(const Tensor& input, const Tensor& mean, const Tensor& invstd,
   return y;
 }
 
+// A max pool of batched input with geometry g: recorded as `def` with `attrs` in lazy mode.
+std::tuple<Tensor, Tensor> max_pool(const Tensor& input, const PoolGeom& g,
+                                    const detail::OpHandle& def, Attrs attrs) {
+  Tensor values, indices;
+  if (detail::should_record(input)) {
+    auto out = detail::lazy_record(
+        def, {input}, std::move(attrs),
+        {{{g.N, g.C, g.oH, g.oW}, input.dtype()}, {{g.N, g.C, g.oH, g.oW}, kInt64}});
+    values = out[0];
+    indices = out[1];
+  } else {
+    AutoGradMode kernel_only(false);
+    std::tie(values, indices) = max_pool_kernel(input, g);
+  }
+  if (detail::needs_grad(input))
+    detail::record("max_pool2d", {input}, {values}, {indices},
+                   [in_size = input.sizes()](const detail::BackwardContext& c) {
+                     return std::vector<Tensor>{max_pool2d_backward(c.grad(), c.saved(0), in_size)};
+                   });
+  return {values, indices};
+}
+
 }  // namespace
 
 void registration::register_pool_ops() {
@@ -565,23 +619,32 @@ std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, const Sh
     return {v.squeeze(0), i.squeeze(0)};
   }
   const PoolGeom g = fixed_geom(op, input, kernel_size, stride, padding, dilation, ceil_mode, true);
-  Tensor values, indices;
-  if (detail::should_record(input)) {
-    auto out = detail::lazy_record(
-        max_pool_def, {input}, {g.kernel, g.stride, g.padding, g.dilation, ceil_mode},
-        {{{g.N, g.C, g.oH, g.oW}, input.dtype()}, {{g.N, g.C, g.oH, g.oW}, kInt64}});
-    values = out[0];
-    indices = out[1];
-  } else {
-    AutoGradMode kernel_only(false);
-    std::tie(values, indices) = max_pool_kernel(input, g);
+  return max_pool(input, g, max_pool_def, {g.kernel, g.stride, g.padding, g.dilation, ceil_mode});
+}
+
+std::tuple<Tensor, Tensor> adaptive_max_pool2d_with_indices(const Tensor& input,
+                                                            const Shape& output_size) {
+  const char* op = "adaptive_max_pool2d";
+  detail::check_defined(input, op, "input");
+  if (input.dim() == 3) {
+    auto [v, i] = adaptive_max_pool2d_with_indices(input.unsqueeze(0), output_size);
+    return {v.squeeze(0), i.squeeze(0)};
   }
-  if (detail::needs_grad(input))
-    detail::record("max_pool2d", {input}, {values}, {indices},
-                   [in_size = input.sizes()](const detail::BackwardContext& c) {
-                     return std::vector<Tensor>{max_pool2d_backward(c.grad(), c.saved(0), in_size)};
-                   });
-  return {values, indices};
+  check_pool_input(op, input);
+  const Shape out = spatial2(op, "output_size", output_size, 1);
+  PoolGeom g;
+  g.N = input.size(0);
+  g.C = input.size(1);
+  g.H = input.size(2);
+  g.W = input.size(3);
+  g.oH = out[0];
+  g.oW = out[1];
+  g.adaptive = true;
+  return max_pool(input, g, adaptive_max_pool_def, {out});
+}
+
+Tensor adaptive_max_pool2d(const Tensor& input, const Shape& output_size) {
+  return std::get<0>(adaptive_max_pool2d_with_indices(input, output_size));
 }
 
 Tensor max_pool2d(const Tensor& input, const Shape& kernel_size, const Shape& stride,
@@ -672,6 +735,58 @@ Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight,
   if (weight.defined()) y = y * per_channel(weight, input.dim());
   if (bias.defined()) y = y + per_channel(bias, input.dim());
   return y;
+}
+
+Tensor instance_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
+                     const Tensor& weight, const Tensor& bias, bool use_input_stats,
+                     double momentum, double eps) {
+  const char* op = "instance_norm";
+  check_norm_input(op, input);
+  for (auto [p, name] : {std::pair{&running_mean, "running_mean"},
+                         {&running_var, "running_var"},
+                         {&weight, "weight"},
+                         {&bias, "bias"}})
+    check_channel_param(op, *p, name, input);
+  KILN_CHECK(running_mean.defined() == running_var.defined(), op,
+             ": running_mean and running_var must be both given or both undefined");
+  KILN_CHECK(use_input_stats || running_mean.defined(), op,
+             ": expected running_mean and running_var when use_input_stats is false");
+  const int64_t N = input.size(0), C = input.size(1);
+  KILN_CHECK(!use_input_stats || input.numel() == 0 || input.numel() / (N * C) > 1, op,
+             ": expected more than 1 spatial element when training, got input ", describe(input));
+  // Each (sample, channel) is a channel of one sample: batch_norm of [1, N C, ...] with the
+  // per-channel parameters repeated N times.
+  auto repeated = [N](const Tensor& t) { return t.defined() ? t.repeat({N}) : t; };
+  Shape folded = input.sizes();
+  folded.erase(folded.begin());
+  folded[0] = N * C;
+  folded.insert(folded.begin(), 1);
+  const Tensor rm = repeated(running_mean), rv = repeated(running_var);
+  const Tensor y = batch_norm(input.reshape(folded), rm, rv, repeated(weight), repeated(bias),
+                              use_input_stats, momentum, eps);
+  if (use_input_stats && running_mean.defined()) {
+    NoGradGuard no_grad;
+    Tensor mean_out = running_mean, var_out = running_var;  // handles: the buffers update in place
+    mean_out.copy_(mean(rm.view({N, C}), {0}));
+    var_out.copy_(mean(rv.view({N, C}), {0}));
+  }
+  return y.view(input.sizes());
+}
+
+Tensor local_response_norm(const Tensor& x, int64_t size, double alpha, double beta, double k) {
+  const char* op = "local_response_norm";
+  detail::check_defined(x, op, "input");
+  KILN_CHECK(x.dim() >= 3, op, ": expected an input of 3 or more dims [N, C, ...], got ",
+             describe(x));
+  KILN_CHECK(size > 0, op, ": expected a positive size, got ", size);
+  if (x.numel() == 0) return x * 1.0;
+  // The mean of x^2 over each zero-padded window of `size` channels: an average pool over the
+  // channels of [N, 1, C, rest].
+  const int64_t N = x.size(0), C = x.size(1);
+  const Tensor squares = (x * x).reshape({N, 1, C, -1});
+  const Tensor padded = pad(squares, {0, 0, size / 2, (size - 1) / 2});
+  const Tensor window_mean = avg_pool2d(padded, {size, 1}, {1, 1}).view(x.sizes());
+  return x / pow(window_mean * alpha + k, beta);
 }
 
 }  // namespace kiln

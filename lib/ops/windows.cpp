@@ -1,7 +1,7 @@
 // Sliding windows: Tensor::unfold (a view of every window along one dim), unfold and fold
 // (torch.nn.functional's im2col and col2im: an index_select and an index_add at the windows'
 // positions in the padded image, so each is the other's gradient), and the 1-D poolings (the 2-D
-// ones over a height of 1).
+// ones over a height of 1, adaptive ones too).
 #include <string>
 #include <tuple>
 
@@ -192,6 +192,20 @@ Tensor adaptive_avg_pool1d(const Tensor& input, const Shape& output_size) {
   const int64_t out = one_value(op, "output_size", output_size, 1);
   KILN_CHECK(input.size(-1) > 0, op, ": expected a non-empty input, got ", describe(input));
   return adaptive_avg_pool2d(input.unsqueeze(-2), {1, out}).squeeze(-2);
+}
+
+std::tuple<Tensor, Tensor> adaptive_max_pool1d_with_indices(const Tensor& input,
+                                                            const Shape& output_size) {
+  const char* op = "adaptive_max_pool1d";
+  check_image(op, input, 3, "a 2-D");
+  const int64_t out = one_value(op, "output_size", output_size, 1);
+  KILN_CHECK(input.size(-1) > 0, op, ": expected a non-empty input, got ", describe(input));
+  auto [values, indices] = adaptive_max_pool2d_with_indices(input.unsqueeze(-2), {1, out});
+  return {values.squeeze(-2), indices.squeeze(-2)};
+}
+
+Tensor adaptive_max_pool1d(const Tensor& input, const Shape& output_size) {
+  return std::get<0>(adaptive_max_pool1d_with_indices(input, output_size));
 }
 
 }  // namespace kiln

@@ -1678,6 +1678,89 @@ bool im2col_pick(Gen& g, Step& s) {
   return true;
 }
 
+// adaptive_max_pool2d of a new floating [N, C, H, W] input to p.i[0] x p.i[1] (1 to 5 each, so
+// larger than the input too).
+bool adaptive_pool_pick(Gen& g, Step& s) {
+  if (g.inputs_full()) return false;
+  const Shape shape{g.uniform(1, 2), g.uniform(1, 2), g.uniform(1, 4), g.uniform(1, 4)};
+  s.args = {g.new_input(shape, g.random_float_dtype())};
+  s.p.i = {g.uniform(1, 5), g.uniform(1, 5)};
+  return true;
+}
+// instance_norm of a new floating [N, C, L] input (L >= 3, so that no instance is nearly
+// constant) with new weight and bias [C].
+bool instance_norm_pick(Gen& g, Step& s) {
+  if (g.program->inputs.size() + 3 > g.max_inputs) return false;
+  const kiln::DType dtype = g.random_float_dtype();
+  const int64_t c = g.uniform(1, 3);
+  s.args = {g.new_input({g.uniform(1, 2), c, g.uniform(3, 6)}, dtype), g.new_input({c}, dtype),
+            g.new_input({c}, dtype)};
+  return true;
+}
+// local_response_norm of a new floating [N, C, L] input over p.i[0] (1 to 4) channels.
+bool local_response_norm_pick(Gen& g, Step& s) {
+  if (g.inputs_full()) return false;
+  s.args = {g.new_input({g.uniform(1, 2), g.uniform(1, 5), g.uniform(1, 3)}, g.random_float_dtype(),
+                        -1, 1)};
+  s.p.i = {g.uniform(1, 4)};
+  return true;
+}
+// conv_transpose1d of a new [N, C, L] input by a new [C, O, k] weight: stride p.i[0] (1 to 2),
+// padding p.i[1] (0 to 1), output_padding p.i[2] (below the stride); the output is non-empty.
+bool conv_transpose1d_pick(Gen& g, Step& s) {
+  if (g.program->inputs.size() + 2 > g.max_inputs) return false;
+  const kiln::DType dtype = g.random_float_dtype();
+  const int64_t c = g.uniform(1, 3), l = g.uniform(1, 4), k = g.uniform(1, 3);
+  s.p.i = {g.uniform(1, 2), g.uniform(0, 1), 0};
+  s.p.i[2] = g.uniform(0, s.p.i[0] - 1);
+  if ((l - 1) * s.p.i[0] - 2 * s.p.i[1] + k + s.p.i[2] <= 0) return false;
+  s.args = {g.new_input({g.uniform(1, 2), c, l}, dtype),
+            g.new_input({c, g.uniform(1, 3), k}, dtype)};
+  return true;
+}
+// multi_margin_loss of a floating [N, C] value (C > 0) and new class targets: reduction p.i[0],
+// p = p.i[1] (1 or 2).
+bool multi_margin_pick(Gen& g, Step& s) {
+  if (!cross_entropy_pick(g, s)) return false;
+  s.p.i.push_back(g.uniform(1, 2));
+  return true;
+}
+// grid_sample of a new floating [N, C, H, W] input at a new grid [N, oH, oW, 2] of points in
+// [-1.2, 1.2]: mode p.i[0] (bilinear, nearest), padding p.i[1] (zeros, border, reflection),
+// align_corners p.i[2].
+bool grid_sample_pick(Gen& g, Step& s) {
+  if (g.program->inputs.size() + 2 > g.max_inputs) return false;
+  const kiln::DType dtype = g.random_float_dtype();
+  const int64_t n = g.uniform(1, 2);
+  s.args = {g.new_input({n, g.uniform(1, 2), g.uniform(1, 4), g.uniform(1, 4)}, dtype),
+            g.new_input({n, g.uniform(1, 3), g.uniform(1, 3), 2}, dtype, -1.2, 1.2)};
+  s.p.i = {g.uniform(0, 1), g.uniform(0, 2), g.uniform(0, 1)};
+  return true;
+}
+// affine_grid of new theta [N, 2, 3] for an output [N, 1, p.i[0], p.i[1]] (1 to 4 each);
+// align_corners p.i[2].
+bool affine_grid_pick(Gen& g, Step& s) {
+  if (g.inputs_full()) return false;
+  const int64_t n = g.uniform(1, 2);
+  s.args = {g.new_input({n, 2, 3}, g.random_float_dtype())};
+  s.p.i = {n, g.uniform(1, 4), g.uniform(1, 4), g.uniform(0, 1)};
+  return true;
+}
+// embedding_bag of a floating matrix (the weight) at new indices [L] cut into three bags at
+// offsets {0, p.i[1], p.i[2]}: mode p.i[0] (sum, mean, max), padding_idx p.i[3] (-1: none).
+bool embedding_bag_pick(Gen& g, Step& s) {
+  if (!embedding_pick(g, s)) return false;
+  const auto& weight = arg(g, s, 0);
+  const int64_t count = g.uniform(0, 6), rows = weight.size(0);
+  s.args[1] = g.new_input({count}, kiln::kInt64, 0, rows);
+  const int64_t cut1 = g.uniform(0, count), cut2 = g.uniform(cut1, count);
+  s.p.i = {g.uniform(0, 2), cut1, cut2, g.coin(0.3) ? g.uniform(0, rows - 1) : -1};
+  return true;
+}
+std::optional<int64_t> padding_index(int64_t i) {
+  return i < 0 ? std::nullopt : std::optional<int64_t>(i);
+}
+
 // A fresh row-major copy (the result of a matrix function that libtorch lays out column-major):
 // both libraries' later views and in-place writes then alias alike.
 kiln::Tensor row_major(const kiln::Tensor& t) {
@@ -2072,6 +2155,30 @@ const std::vector<Op>& op_table() {
                    a[0], torch::nn::functional::UnfoldFuncOptions({p.i[0], p.i[1]})
                              .padding(p.i[2])
                              .stride(p.i[3]))),
+      DIFF_OP("adaptive_max_pool2d", 0, adaptive_pool_pick,
+              adaptive_max_pool2d(a[0], {p.i[0], p.i[1]})),
+      DIFF_OP2("conv_transpose1d", kInexact, conv_transpose1d_pick,
+               conv_transpose1d(a[0], a[1], {}, {p.i[0]}, {p.i[1]}, {p.i[2]}),
+               torch::conv_transpose1d(a[0], a[1], {}, {p.i[0]}, {p.i[1]}, {p.i[2]})),
+      DIFF_OP2("instance_norm", kInexact, instance_norm_pick,
+               instance_norm(a[0], {}, {}, a[1], a[2], true, 0.1, 1e-3),
+               torch::instance_norm(a[0], a[1], a[2], {}, {}, true, 0.1, 1e-3, false)),
+      DIFF_OP2(
+          "local_response_norm", kInexact, local_response_norm_pick,
+          local_response_norm(a[0], p.i[0], 0.5, 0.75, 2.0),
+          torch::nn::functional::local_response_norm(
+              a[0],
+              torch::nn::functional::LocalResponseNormFuncOptions(p.i[0]).alpha(0.5).beta(0.75).k(
+                  2.0))),
+      DIFF_OP2("grid_sample", kInexact, grid_sample_pick,
+               grid_sample(
+                   a[0], a[1], p.i[0] ? "nearest" : "bilinear",
+                   std::vector<std::string_view>{"zeros", "border", "reflection"}[size_t(p.i[1])],
+                   p.i[2] != 0),
+               torch::grid_sampler(a[0], a[1], p.i[0], p.i[1], p.i[2] != 0)),
+      DIFF_OP2("affine_grid", kInexact, affine_grid_pick,
+               affine_grid(a[0], {p.i[0], 1, p.i[1], p.i[2]}, p.i[3] != 0),
+               torch::affine_grid_generator(a[0], {p.i[0], 1, p.i[1], p.i[2]}, p.i[3] != 0)),
       DIFF_OP2(
           "interpolate_nearest", 0, interpolate_pick,
           interpolate(a[0], {p.i[0], p.i[1]}, {}, "nearest"),
@@ -2099,6 +2206,10 @@ const std::vector<Op>& op_table() {
           "hinge_embedding_loss", kInexact, mse_pick,
           hinge_embedding_loss(a[0], a[1].sign(), 0.75, kiln_diff::kiln_reduction(p.i[0])),
           torch::hinge_embedding_loss(a[0], a[1].sign(), 0.75, kiln_diff::torch_reduction(p.i[0]))),
+      DIFF_OP2("multi_margin_loss", kInexact, multi_margin_pick,
+               multi_margin_loss(a[0], a[1], p.i[1], 0.75, {}, kiln_diff::kiln_reduction(p.i[0])),
+               torch::multi_margin_loss(a[0], a[1], p.i[1], 0.75, {},
+                                        kiln_diff::torch_reduction(p.i[0]))),
       DIFF_OP2(
           "poisson_nll_loss", kInexact, mse_pick,
           poisson_nll_loss(a[0], a[1].abs(), true, true, 1e-8, kiln_diff::kiln_reduction(p.i[0])),
@@ -2108,6 +2219,13 @@ const std::vector<Op>& op_table() {
       DIFF_OP("index_select", 0, index_select_pick, index_select(a[0], p.i[0], a[1])),
       DIFF_OP("gather", 0, gather_pick, gather(a[0], p.i[0], a[1])),
       DIFF_OP("embedding", 0, embedding_pick, embedding(a[0], a[1])),
+      DIFF_OP2("embedding_bag", kInexact, embedding_bag_pick,
+               embedding_bag(a[1], a[0], from_vector<int64_t>({0, p.i[1], p.i[2]}),
+                             std::vector<std::string_view>{"sum", "mean", "max"}[size_t(p.i[0])],
+                             {}, false, kiln_diff::padding_index(p.i[3])),
+               std::get<0>(torch::embedding_bag(a[0], a[1], torch::tensor({0L, p.i[1], p.i[2]}),
+                                                false, p.i[0], false, {}, false,
+                                                kiln_diff::padding_index(p.i[3])))),
       DIFF_OP("cat", 0, cat_pick, cat({a[0], a[1]}, p.i[0])),
       DIFF_OP("stack", 0, stack_pick, stack({a[0], a[1]}, p.i[0])),
       DIFF_OP("scatter", 0, scatter_pick, scatter(a[0], p.i[0], a[1], a[2])),
