@@ -517,6 +517,11 @@ TEST(CudaConv, PoolsAndTheirGradientsMatchTheCpu) {
       EXPECT_EQ(testing::values(di.to(kCPU)), testing::values(mi)) << "max_pool2d indices";
       EXPECT_EQ(testing::bytes(dv.to(kCPU)), testing::bytes(mv)) << "max_pool2d values";
       const Shape ao{pick(1, 4), pick(1, 4)};
+      auto [amv, ami] = adaptive_max_pool2d_with_indices(x, ao);
+      auto [adv, adi] = adaptive_max_pool2d_with_indices(xd, ao);
+      EXPECT_EQ(testing::values(adi.to(kCPU)), testing::values(ami))
+          << "adaptive_max_pool2d indices";
+      EXPECT_EQ(testing::bytes(adv.to(kCPU)), testing::bytes(amv)) << "adaptive_max_pool2d values";
       // Each pool's gradient through autograd, with the same upstream gradient.
       struct Case {
         const char* name;
@@ -526,7 +531,8 @@ TEST(CudaConv, PoolsAndTheirGradientsMatchTheCpu) {
           {"max_pool2d", [&](const Tensor& t) { return max_pool2d(t, k, s, p, d, ceil); }},
           {"avg_pool2d",
            [&](const Tensor& t) { return avg_pool2d(t, k, s, p, ceil, include_pad); }},
-          {"adaptive_avg_pool2d", [&](const Tensor& t) { return adaptive_avg_pool2d(t, ao); }}};
+          {"adaptive_avg_pool2d", [&](const Tensor& t) { return adaptive_avg_pool2d(t, ao); }},
+          {"adaptive_max_pool2d", [&](const Tensor& t) { return adaptive_max_pool2d(t, ao); }}};
       for (const Case& c : cases) {
         if (i == 5) continue;  // NaN gradients compare badly
         Tensor xc = x.clone().requires_grad_();

@@ -1757,6 +1757,7 @@ bool embedding_bag_pick(Gen& g, Step& s) {
   s.p.i = {g.uniform(0, 2), cut1, cut2, g.coin(0.3) ? g.uniform(0, rows - 1) : -1};
   return true;
 }
+// kiln's padding_idx from embedding_bag_pick's p.i[3].
 std::optional<int64_t> padding_index(int64_t i) {
   return i < 0 ? std::nullopt : std::optional<int64_t>(i);
 }
@@ -2155,8 +2156,9 @@ const std::vector<Op>& op_table() {
                    a[0], torch::nn::functional::UnfoldFuncOptions({p.i[0], p.i[1]})
                              .padding(p.i[2])
                              .stride(p.i[3]))),
-      DIFF_OP("adaptive_max_pool2d", 0, adaptive_pool_pick,
-              adaptive_max_pool2d(a[0], {p.i[0], p.i[1]})),
+      DIFF_OP2("adaptive_max_pool2d", 0, adaptive_pool_pick,
+               adaptive_max_pool2d(a[0], {p.i[0], p.i[1]}),
+               std::get<0>(torch::adaptive_max_pool2d(a[0], {p.i[0], p.i[1]}))),
       DIFF_OP2("conv_transpose1d", kInexact, conv_transpose1d_pick,
                conv_transpose1d(a[0], a[1], {}, {p.i[0]}, {p.i[1]}, {p.i[2]}),
                torch::conv_transpose1d(a[0], a[1], {}, {p.i[0]}, {p.i[1]}, {p.i[2]})),
@@ -2223,9 +2225,9 @@ const std::vector<Op>& op_table() {
                embedding_bag(a[1], a[0], from_vector<int64_t>({0, p.i[1], p.i[2]}),
                              std::vector<std::string_view>{"sum", "mean", "max"}[size_t(p.i[0])],
                              {}, false, kiln_diff::padding_index(p.i[3])),
-               std::get<0>(torch::embedding_bag(a[0], a[1], torch::tensor({0L, p.i[1], p.i[2]}),
-                                                false, p.i[0], false, {}, false,
-                                                kiln_diff::padding_index(p.i[3])))),
+               std::get<0>(torch::embedding_bag(
+                   a[0], a[1], torch::tensor({0L, p.i[1], p.i[2]}), false, p.i[0], false, {}, false,
+                   p.i[3] < 0 ? c10::nullopt : c10::optional<int64_t>(p.i[3])))),
       DIFF_OP("cat", 0, cat_pick, cat({a[0], a[1]}, p.i[0])),
       DIFF_OP("stack", 0, stack_pick, stack({a[0], a[1]}, p.i[0])),
       DIFF_OP("scatter", 0, scatter_pick, scatter(a[0], p.i[0], a[1], a[2])),
