@@ -69,6 +69,8 @@ std::vector<EnvFlag> make_table() {
       {"KILN_TEST_SCALE", K::External, "", nullptr, 0,
        "tests: a factor that shortens the longest tests (sanitizers)"},
       {"KILN_DIFF_SECONDS", K::External, "", nullptr, 0, "tests: the fresh-seed diff run's time"},
+      {"KILN_DIFF_OPS", K::External, "", nullptr, 0,
+       "tests: the ops (comma-separated) a diff run's programs draw from"},
       {"KILN_DIFF_SEED", K::External, "", nullptr, 0, "tests: the fresh-seed diff run's seed"},
       {"KILN_DIFF_PROGRAMS", K::External, "", nullptr, 0, "tests: programs per diff run"},
       {"KILN_DIFF_PROGRAM", K::External, "", nullptr, 0, "tests: run one diff program"},

@@ -67,11 +67,10 @@ Tensor source_coordinate(const Tensor& c, int64_t size, Padding padding, bool al
   return pixel;
 }
 
-// The input's values [N, C, oH oW] at integral pixel coordinates (x, y) [N, oH, oW] times
-// weight [N, oH, oW]; zero where (x, y) lies outside the image (and there the
-// weight, even a NaN one, is not read).
-Tensor weighted_pixels(const Tensor& flat_input, int64_t height, int64_t width, const Tensor& x,
-                       const Tensor& y, const Tensor& weight) {
+// The input's values [N, C, oH oW] at integral pixel coordinates (x, y) [N, oH, oW]; zero where
+// (x, y) lies outside the image.
+Tensor pixels_at(const Tensor& flat_input, int64_t height, int64_t width, const Tensor& x,
+                 const Tensor& y) {
   const int64_t N = flat_input.size(0), C = flat_input.size(1), points = x.size(1) * x.size(2);
   const Tensor inside = logical_and(logical_and(ge(x, 0), le(x, static_cast<double>(width - 1))),
                                     logical_and(ge(y, 0), le(y, static_cast<double>(height - 1))))
@@ -82,7 +81,7 @@ Tensor weighted_pixels(const Tensor& flat_input, int64_t height, int64_t width, 
     return where(inside, c.view({N, 1, points}), 0).to(kInt64);
   };
   const Tensor index = (integral(y) * width + integral(x)).expand({N, C, points});
-  return where(inside, gather(flat_input, 2, index) * weight.view({N, 1, points}), 0);
+  return where(inside, gather(flat_input, 2, index), 0);
 }
 
 void check_grid_sample(const Tensor& input, const Tensor& grid) {
@@ -149,19 +148,22 @@ Tensor grid_sample(const Tensor& input, const Tensor& grid, std::string_view mod
   const Tensor x = source_coordinate(grid.select(3, 0), W, padding, align_corners);
   const Tensor y = source_coordinate(grid.select(3, 1), H, padding, align_corners);
   const Shape out{N, C, grid.size(1), grid.size(2)};
+  const int64_t points = grid.size(1) * grid.size(2);
+  auto per_point = [&](const Tensor& t) { return t.view({N, 1, points}); };
   if (mode == "nearest") {
     const Tensor nearest_x = round(x), nearest_y = round(y);
-    // Weight 1 tied to the grid through round's zero gradient: the grid's gradient is zeros, as
-    // torch's, rather than absent (where it lies inside the image, the weight is exactly 1).
-    const Tensor one = nearest_x * 0 + 1;
-    return weighted_pixels(flat, H, W, nearest_x, nearest_y, one).view(out);
+    // Times 1 tied to the grid through round's zero gradient, so that the grid's gradient is
+    // zeros (as torch's) rather than absent; exactly 1 for any coordinate, NaN too.
+    const Tensor one = where(isfinite(nearest_x), nearest_x * 0, 0) + 1;
+    return (pixels_at(flat, H, W, nearest_x, nearest_y) * per_point(one)).view(out);
   }
   const Tensor x0 = floor(x), y0 = floor(y), x1 = x0 + 1, y1 = y0 + 1;
   const Tensor west = x1 - x, east = x - x0, north = y1 - y, south = y - y0;  // the weights' parts
-  const Tensor sampled = weighted_pixels(flat, H, W, x0, y0, west * north) +
-                         weighted_pixels(flat, H, W, x1, y0, east * north) +
-                         weighted_pixels(flat, H, W, x0, y1, west * south) +
-                         weighted_pixels(flat, H, W, x1, y1, east * south);
+  // A NaN coordinate's weights are NaN, and so is its value (as torch's).
+  const Tensor sampled = pixels_at(flat, H, W, x0, y0) * per_point(west * north) +
+                         pixels_at(flat, H, W, x1, y0) * per_point(east * north) +
+                         pixels_at(flat, H, W, x0, y1) * per_point(west * south) +
+                         pixels_at(flat, H, W, x1, y1) * per_point(east * south);
   return sampled.view(out);
 }
 

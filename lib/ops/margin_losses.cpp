@@ -145,9 +145,11 @@ Tensor multi_margin_loss(const Tensor& input, const Tensor& target, int64_t p, d
     KILN_CHECK(all(logical_and(ge(target.detach(), 0), lt(target.detach(), classes))).item<bool>(),
                op, ": target ", describe(target), " holds a class outside [0, ", classes, ")");
   }
-  // torch's loop: z_j = margin - x_y + x_j for every class j but y, counted where z_j > 0.
+  // torch's loop: z_j = margin - x_y + x_j for every class j but y, counted where z_j > 0 (a NaN
+  // z_j is not).
   const Tensor x = input.view({frames, classes}), y = target.reshape({frames, 1});
-  const Tensor z = relu(margin - gather(x, 1, y) + x);
+  Tensor z = margin - gather(x, 1, y) + x;
+  z = where(gt(z, 0), z, 0);
   Tensor terms = p == 1 ? z : z * z;
   if (weight.defined()) terms = terms * index_select(weight, 0, y.view({-1})).view({frames, 1});
   terms = where(eq(arange(classes, TensorOptions(kInt64).device(input.device())), y),

@@ -1719,21 +1719,22 @@ bool conv_transpose1d_pick(Gen& g, Step& s) {
   return true;
 }
 // multi_margin_loss of a floating [N, C] value (C > 0) and new class targets: reduction p.i[0],
-// p = p.i[1] (1 or 2).
+// p = p.i[1] (1 or 2). Never an empty input: libtorch 1.13 then sums uninitialized memory.
 bool multi_margin_pick(Gen& g, Step& s) {
-  if (!cross_entropy_pick(g, s)) return false;
+  if (!cross_entropy_pick(g, s) || arg(g, s, 0).size(0) == 0) return false;
   s.p.i.push_back(g.uniform(1, 2));
   return true;
 }
 // grid_sample of a new floating [N, C, H, W] input at a new grid [N, oH, oW, 2] of points in
-// [-1.2, 1.2]: mode p.i[0] (bilinear, nearest), padding p.i[1] (zeros, border, reflection),
-// align_corners p.i[2].
+// [0, 2.4) (shifted to [-1.2, 1.2) by the rows): mode p.i[0] (bilinear, nearest), padding p.i[1]
+// (zeros, border, reflection), align_corners p.i[2]. Never a non-finite grid point: libtorch
+// 1.13's reflection then reads out of bounds (and crashes).
 bool grid_sample_pick(Gen& g, Step& s) {
   if (g.program->inputs.size() + 2 > g.max_inputs) return false;
   const kiln::DType dtype = g.random_float_dtype();
   const int64_t n = g.uniform(1, 2);
   s.args = {g.new_input({n, g.uniform(1, 2), g.uniform(1, 4), g.uniform(1, 4)}, dtype),
-            g.new_input({n, g.uniform(1, 3), g.uniform(1, 3), 2}, dtype, -1.2, 1.2)};
+            g.new_input({n, g.uniform(1, 3), g.uniform(1, 3), 2}, dtype, 0, 2.4)};
   s.p.i = {g.uniform(0, 1), g.uniform(0, 2), g.uniform(0, 1)};
   return true;
 }
@@ -2174,10 +2175,10 @@ const std::vector<Op>& op_table() {
                   2.0))),
       DIFF_OP2("grid_sample", kInexact, grid_sample_pick,
                grid_sample(
-                   a[0], a[1], p.i[0] ? "nearest" : "bilinear",
+                   a[0], a[1] - 1.2, p.i[0] ? "nearest" : "bilinear",
                    std::vector<std::string_view>{"zeros", "border", "reflection"}[size_t(p.i[1])],
                    p.i[2] != 0),
-               torch::grid_sampler(a[0], a[1], p.i[0], p.i[1], p.i[2] != 0)),
+               torch::grid_sampler(a[0], a[1] - 1.2, p.i[0], p.i[1], p.i[2] != 0)),
       DIFF_OP2("affine_grid", kInexact, affine_grid_pick,
                affine_grid(a[0], {p.i[0], 1, p.i[1], p.i[2]}, p.i[3] != 0),
                torch::affine_grid_generator(a[0], {p.i[0], 1, p.i[1], p.i[2]}, p.i[3] != 0)),

@@ -125,6 +125,27 @@ namespace {
 // ---------------------------------------------------------------- generation
 constexpr int kMaxSteps = 8;
 
+// The ops a program draws from: all of them, or those KILN_DIFF_OPS names (comma-separated), for
+// a hunt aimed at a few rows (its seeds name other programs than a full hunt's).
+const std::vector<int>& drawable_ops() {
+  static const std::vector<int> ops = [] {
+    const auto& table = op_table();
+    const char* names = std::getenv("KILN_DIFF_OPS");
+    std::vector<int> out;
+    for (size_t i = 0; i < table.size(); ++i) {
+      const std::string name = std::string(",") + table[i].name + ",";
+      if (!names || (std::string(",") + names + ",").find(name) != std::string::npos)
+        out.push_back(static_cast<int>(i));
+    }
+    if (out.empty()) {
+      std::fprintf(stderr, "torch_diff: KILN_DIFF_OPS=%s names no op\n", names);
+      std::exit(2);
+    }
+    return out;
+  }();
+  return ops;
+}
+
 // A program of 1 to kMaxSteps steps over 1 to 3 inputs of broadcast-compatible shapes (picks add
 // more). A step libtorch rejects ends the program: kiln must reject it too.
 Program generate(uint64_t seed, bool* grads) {
@@ -142,10 +163,11 @@ Program generate(uint64_t seed, bool* grads) {
     g.new_input(shape, g.random_dtype());
   }
   const auto& table = op_table();
+  const std::vector<int>& drawable = drawable_ops();
   for (int64_t n = g.uniform(1, kMaxSteps); n > 0; --n) {
     for (int attempt = 0; attempt < 50; ++attempt) {
       Step s;
-      s.op = static_cast<int>(g.uniform(0, static_cast<int64_t>(table.size()) - 1));
+      s.op = drawable[static_cast<size_t>(g.uniform(0, static_cast<int64_t>(drawable.size()) - 1))];
       if (!table[static_cast<size_t>(s.op)].pick(g, s)) continue;
       std::vector<torch::Tensor> args;
       for (ValueId id : s.args)

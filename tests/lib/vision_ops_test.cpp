@@ -383,12 +383,13 @@ TEST(GridSample, MatchesTheReferenceInEveryMode) {
                           grid_sample_reference(input, grid, mode, padding, align),
                           {n, c, grid.size(1), grid.size(2)}, kFloat64, 1e-12, 1e-12);
   }
-  // float32, and a NaN grid point reads nothing (zeros padding).
+  // float32; a NaN grid point samples NaN bilinearly and zero with "nearest" (zeros padding).
   const Tensor input = testing::input({1, 2, 3, 4});
   const Tensor grid = from_vector<float>({NAN, 0.2f, 0.3f, -0.4f}, {1, 1, 2, 2});
   const std::vector<double> got = values(grid_sample(input, grid));
-  EXPECT_EQ(got[0], 0.0);
+  EXPECT_TRUE(std::isnan(got[0]));
   EXPECT_NEAR(got[1], grid_sample_reference(input, grid, "bilinear", "zeros", false)[1], 1e-6);
+  EXPECT_EQ(values(grid_sample(input, grid, "nearest"))[0], 0.0);
 }
 
 TEST(GridSample, AffineGridAndIdentitySampling) {
