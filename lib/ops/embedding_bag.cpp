@@ -109,9 +109,13 @@ Tensor embedding_bag(const Tensor& input, const Tensor& weight, const Tensor& of
   const TensorOptions options = TensorOptions(weight.dtype()).device(weight.device());
   const Tensor kept_count = index_add(zeros({bags}, options), 0, bag, kept.to(weight.dtype()));
   if (mode == "max") {
-    rows = where(kept.unsqueeze(1), rows, -std::numeric_limits<double>::infinity());
-    const Tensor maxima = scatter_reduce(
-        zeros({bags, dim}, options), 0, bag.unsqueeze(1).expand({count, dim}), rows, "amax", false);
+    // Into -inf, never a row's value: amax's gradient is shared with a self equal to the result
+    // even when self is not included (torch's), and a zero self would take half of a -0 maximum's.
+    const double lowest = -std::numeric_limits<double>::infinity();
+    rows = where(kept.unsqueeze(1), rows, lowest);
+    const Tensor maxima =
+        scatter_reduce(full({bags, dim}, lowest, options), 0, bag.unsqueeze(1).expand({count, dim}),
+                       rows, "amax", false);
     return where(gt(kept_count, 0).unsqueeze(1), maxima, 0);  // an empty bag is zeros
   }
   if (padding_row) rows = where(kept.unsqueeze(1), rows, 0);

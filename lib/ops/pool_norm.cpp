@@ -482,7 +482,9 @@ struct BatchStats {
 };
 BatchStats batch_stats(const Tensor& input, double eps) {
   BatchStats st;
-  if (!detail::should_record(input)) {
+  // float64 takes the reference reductions recorded too: its squares overflow past 1e154 and
+  // there is no wider type to accumulate them in.
+  if (!detail::should_record(input) || input.dtype() == kFloat64) {
     const std::vector<int64_t> dims = non_channel_dims(input.dim());
     st.mean = mean(input, dims);
     st.var = kiln::var(input, dims, 0);

@@ -1688,13 +1688,15 @@ bool adaptive_pool_pick(Gen& g, Step& s) {
   return true;
 }
 // instance_norm of a new floating [N, C, L] input (L >= 3, so that no instance is nearly
-// constant) with new weight and bias [C].
+// constant) with new weight and bias [C] in [0, 2) (never huge: libtorch's x alpha + beta,
+// alpha = invstd weight, overflows to NaN where kiln's (x - mean) invstd weight + bias does not;
+// docs/torch-differences.md).
 bool instance_norm_pick(Gen& g, Step& s) {
   if (g.program->inputs.size() + 3 > g.max_inputs) return false;
   const kiln::DType dtype = g.random_float_dtype();
   const int64_t c = g.uniform(1, 3);
-  s.args = {g.new_input({g.uniform(1, 2), c, g.uniform(3, 6)}, dtype), g.new_input({c}, dtype),
-            g.new_input({c}, dtype)};
+  s.args = {g.new_input({g.uniform(1, 2), c, g.uniform(3, 6)}, dtype),
+            g.new_input({c}, dtype, 0, 2), g.new_input({c}, dtype, 0, 2)};
   return true;
 }
 // local_response_norm of a new floating [N, C, L] input over p.i[0] (1 to 4) channels.
@@ -1727,13 +1729,15 @@ bool multi_margin_pick(Gen& g, Step& s) {
 }
 // grid_sample of a new floating [N, C, H, W] input at a new grid [N, oH, oW, 2] of points in
 // [0, 2.4) (shifted to [-1.2, 1.2) by the rows): mode p.i[0] (bilinear, nearest), padding p.i[1]
-// (zeros, border, reflection), align_corners p.i[2]. Never a non-finite grid point: libtorch
-// 1.13's reflection then reads out of bounds (and crashes).
+// (zeros, border, reflection), align_corners p.i[2]. Never a non-finite grid point (libtorch
+// 1.13's reflection then reads out of bounds and crashes) nor input value (libtorch's grid
+// gradient multiplies a clip's zero by it: NaN where kiln's chain rule passes 0); the input's
+// values lie in [0, 3).
 bool grid_sample_pick(Gen& g, Step& s) {
   if (g.program->inputs.size() + 2 > g.max_inputs) return false;
   const kiln::DType dtype = g.random_float_dtype();
   const int64_t n = g.uniform(1, 2);
-  s.args = {g.new_input({n, g.uniform(1, 2), g.uniform(1, 4), g.uniform(1, 4)}, dtype),
+  s.args = {g.new_input({n, g.uniform(1, 2), g.uniform(1, 4), g.uniform(1, 4)}, dtype, 0, 3),
             g.new_input({n, g.uniform(1, 3), g.uniform(1, 3), 2}, dtype, 0, 2.4)};
   s.p.i = {g.uniform(0, 1), g.uniform(0, 2), g.uniform(0, 1)};
   return true;

@@ -175,6 +175,12 @@ TEST(InstanceNorm, GradientsModulesAndErrors) {
                        0, 0));
   EXPECT_EQ(nn::InstanceNorm3d(2).forward(testing::input({2, 2, 3, 2, 2})).sizes(),
             (Shape{2, 2, 3, 2, 2}));
+  // Lazy equals eager, float64 values whose squares overflow included.
+  const Tensor huge =
+      from_vector<double>({1.0, 1.7976931348623157e308, -2.0, 3.0, 0.5, 2.5}, {1, 2, 3});
+  testing::check_lazy("instance_norm of huge float64 values", [&] {
+    return std::vector<Tensor>{instance_norm(huge * 1.0)};
+  });
   expect_error([&] { instance_norm(ones({2, 3, 1})); }, {"instance_norm", "more than 1 spatial"});
   expect_error(
       [&] {
@@ -544,6 +550,12 @@ TEST(EmbeddingBag, GradientsModuleAndErrors) {
         return embedding_bag(input, in[0], offsets, "sum", in[1]);
       },
       {weight, scale}));
+  // A bag's maximum takes its whole gradient, a -0 one too (never shared with the initial value).
+  Tensor signed_zero = from_vector<double>({-0.0, 1.0}, {1, 2}).requires_grad_();
+  embedding_bag(from_vector<int64_t>({0}, {1}), signed_zero, from_vector<int64_t>({0}, {1}), "max")
+      .sum()
+      .backward();
+  EXPECT_EQ(values(signed_zero.grad()), (std::vector<double>{1, 1}));
   // The padding row gets no gradient.
   Tensor w2 = weight.detach().clone().requires_grad_();
   embedding_bag(input, w2, offsets, "mean", {}, false, -4).sum().backward();
