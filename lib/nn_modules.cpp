@@ -1,4 +1,5 @@
 // kiln::nn: the Module tree (registration, iterative traversal, modes) and the standard layers.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <unordered_set>
@@ -504,6 +505,41 @@ Tensor ConvTranspose2d::forward(const Tensor& input) {
   return conv_transpose2d(input, weight, bias, stride, padding, output_padding, groups, dilation);
 }
 
+Conv3d::Conv3d(int64_t in, int64_t out, Shape kernel, Shape stride_, Shape padding_,
+               Shape dilation_, int64_t groups_, bool with_bias)
+    : in_channels(in),
+      out_channels(out),
+      kernel_size(kernel.size() == 1 ? Shape(3, kernel[0]) : kernel),
+      stride(std::move(stride_)),
+      padding(std::move(padding_)),
+      dilation(std::move(dilation_)),
+      groups(groups_) {
+  check_conv_channels("Conv3d", in, out, groups);
+  KILN_CHECK(kernel_size.size() == 3 && std::all_of(kernel_size.begin(), kernel_size.end(),
+                                                    [](int64_t k) { return k > 0; }),
+             "Conv3d: expected kernel_size of 1 or 3 positive values, got ", shape_str(kernel));
+  const double bound = conv_bound(in / groups * prod(kernel_size));
+  Shape shape{out, in / groups};
+  shape.insert(shape.end(), kernel_size.begin(), kernel_size.end());
+  weight = register_parameter("weight", uniform(shape, bound));
+  if (with_bias) bias = register_parameter("bias", uniform({out}, bound));
+}
+
+Conv3d::Conv3d(int64_t in, int64_t out, Shape kernel, Shape stride_, PaddingMode mode,
+               Shape dilation_, int64_t groups_, bool with_bias)
+    : Conv3d(in, out, std::move(kernel), std::move(stride_), Shape{0}, std::move(dilation_),
+             groups_, with_bias) {
+  KILN_CHECK(mode.name == "same" || mode.name == "valid",
+             "Conv3d: padding must be \"same\" or \"valid\", got \"", mode.name, "\"");
+  padding_mode = mode.name;
+}
+
+Tensor Conv3d::forward(const Tensor& input) {
+  if (!padding_mode.empty())
+    return conv3d(input, weight, bias, stride, PaddingMode(padding_mode), dilation, groups);
+  return conv3d(input, weight, bias, stride, padding, dilation, groups);
+}
+
 ConvTranspose1d::ConvTranspose1d(int64_t in, int64_t out, int64_t kernel, int64_t stride_,
                                  int64_t padding_, int64_t output_padding_, int64_t groups_,
                                  bool with_bias, int64_t dilation_)
@@ -566,6 +602,11 @@ void BatchNorm1d::check_rank(const Tensor& input) const {
 void BatchNorm2d::check_rank(const Tensor& input) const {
   KILN_CHECK(input.defined() && input.dim() == 4, name(),
              ": expected a 4-D [N, C, H, W] input, got ", describe(input));
+}
+
+void BatchNorm3d::check_rank(const Tensor& input) const {
+  KILN_CHECK(input.defined() && input.dim() == 5, name(),
+             ": expected a 5-D [N, C, D, H, W] input, got ", describe(input));
 }
 
 GroupNorm::GroupNorm(int64_t groups, int64_t channels, double eps_, bool affine_)

@@ -588,6 +588,24 @@ class ConvTranspose2d : public Module {
   Tensor weight, bias;
 };
 
+// The same over [N, C, D, H, W] (conv3d); kernel_size, stride, padding and dilation have 1 or 3
+// values.
+class Conv3d : public Module {
+ public:
+  Conv3d(int64_t in_channels, int64_t out_channels, Shape kernel_size, Shape stride = {1},
+         Shape padding = {0}, Shape dilation = {1}, int64_t groups = 1, bool bias = true);
+  Conv3d(int64_t in_channels, int64_t out_channels, Shape kernel_size, Shape stride,
+         PaddingMode padding, Shape dilation = {1}, int64_t groups = 1, bool bias = true);
+  std::string name() const override { return "Conv3d"; }
+  Tensor forward(const Tensor& input) override;
+
+  int64_t in_channels, out_channels;
+  Shape kernel_size, stride, padding, dilation;
+  int64_t groups;
+  std::string padding_mode;  // empty, "same" or "valid"
+  Tensor weight, bias;
+};
+
 // conv_transpose1d with torch.nn.ConvTranspose1d's arguments (one value each); weight
 // [in, out / groups, k], initialized as ConvTranspose2d's.
 class ConvTranspose1d : public Module {
@@ -638,6 +656,18 @@ class BatchNorm2d : public BatchNorm {
                        bool affine = true, bool track_running_stats = true)
       : BatchNorm(num_features, eps, momentum, affine, track_running_stats) {}
   std::string name() const override { return "BatchNorm2d"; }
+
+ protected:
+  void check_rank(const Tensor& input) const override;
+};
+
+// Over [N, C, D, H, W].
+class BatchNorm3d : public BatchNorm {
+ public:
+  explicit BatchNorm3d(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
+                       bool affine = true, bool track_running_stats = true)
+      : BatchNorm(num_features, eps, momentum, affine, track_running_stats) {}
+  std::string name() const override { return "BatchNorm3d"; }
 
  protected:
   void check_rank(const Tensor& input) const override;
@@ -788,6 +818,26 @@ class AdaptiveAvgPool1d : public AdaptivePoolNd<adaptive_avg_pool1d> {
  public:
   using AdaptivePoolNd::AdaptivePoolNd;
   std::string name() const override { return "AdaptiveAvgPool1d"; }
+};
+class MaxPool3d : public MaxPoolNd<max_pool3d> {
+ public:
+  using MaxPoolNd::MaxPoolNd;
+  std::string name() const override { return "MaxPool3d"; }
+};
+class AvgPool3d : public AvgPoolNd<avg_pool3d> {
+ public:
+  using AvgPoolNd::AvgPoolNd;
+  std::string name() const override { return "AvgPool3d"; }
+};
+class AdaptiveAvgPool3d : public AdaptivePoolNd<adaptive_avg_pool3d> {
+ public:
+  using AdaptivePoolNd::AdaptivePoolNd;
+  std::string name() const override { return "AdaptiveAvgPool3d"; }
+};
+class AdaptiveMaxPool3d : public AdaptivePoolNd<adaptive_max_pool3d> {
+ public:
+  using AdaptivePoolNd::AdaptivePoolNd;
+  std::string name() const override { return "AdaptiveMaxPool3d"; }
 };
 // forward returns the values; adaptive_max_pool*_with_indices gives the indices too.
 class AdaptiveMaxPool2d : public AdaptivePoolNd<adaptive_max_pool2d> {

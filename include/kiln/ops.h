@@ -752,6 +752,13 @@ Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}
               int64_t groups = 1);
 Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Shape& stride,
               PaddingMode padding, const Shape& dilation = {1}, int64_t groups = 1);
+// conv3d: input [N, C, D, H, W] (or [C, D, H, W]), weight [O, C / groups, kD, kH, kW]; one
+// conv2d of the depth slices each output depth reads, gathered as channels.
+Tensor conv3d(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
+              const Shape& stride = {1}, const Shape& padding = {0}, const Shape& dilation = {1},
+              int64_t groups = 1);
+Tensor conv3d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Shape& stride,
+              PaddingMode padding, const Shape& dilation = {1}, int64_t groups = 1);
 // The gradients of conv2d (batched, 4-D): the input's, of shape input_size, from grad_output
 // [N, O, oH, oW] and weight; and the weight's, of shape weight_size, from grad_output and input.
 Tensor conv2d_grad_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_size,
@@ -806,6 +813,21 @@ Tensor adaptive_max_pool2d(const Tensor& input, const Shape& output_size);
 std::tuple<Tensor, Tensor> adaptive_max_pool1d_with_indices(const Tensor& input,
                                                             const Shape& output_size);
 Tensor adaptive_max_pool1d(const Tensor& input, const Shape& output_size);
+// The 3-D poolings over [N, C, D, H, W] (or [C, D, H, W]), torch's windows and divisors, composed
+// of the 2-D ones over depth slices (1 or 3 values per argument). max_pool3d's indices are
+// positions in each D * H * W volume; a window's first maximum in (d, h, w) order wins.
+std::tuple<Tensor, Tensor> max_pool3d_with_indices(const Tensor& input, const Shape& kernel_size,
+                                                   const Shape& stride = {},
+                                                   const Shape& padding = {0},
+                                                   const Shape& dilation = {1},
+                                                   bool ceil_mode = false);
+Tensor max_pool3d(const Tensor& input, const Shape& kernel_size, const Shape& stride = {},
+                  const Shape& padding = {0}, const Shape& dilation = {1}, bool ceil_mode = false);
+Tensor avg_pool3d(const Tensor& input, const Shape& kernel_size, const Shape& stride = {},
+                  const Shape& padding = {0}, bool ceil_mode = false,
+                  bool count_include_pad = true);
+Tensor adaptive_avg_pool3d(const Tensor& input, const Shape& output_size);
+Tensor adaptive_max_pool3d(const Tensor& input, const Shape& output_size);
 
 // ---------------------------------------------------------------- normalization over channels
 // input [N, C, ...]. Training: normalizes with the batch statistics over every dim but C and, when

@@ -1,5 +1,7 @@
-// Convolution ops (NCHW, float32 and float64): conv2d, conv1d, conv2d_grad_input,
-// conv2d_grad_weight and conv_transpose2d, lowered to GEMMs as Theano's GpuCorrMM and caffe do.
+// Convolution ops (NCHW, float32 and float64): conv2d, conv1d, conv3d, conv2d_grad_input,
+// conv2d_grad_weight, conv_transpose2d and conv_transpose1d, lowered to GEMMs as Theano's GpuCorrMM
+// and caffe do (conv1d and conv3d through conv2d: a height of 1, or the depth slices each output
+// depth reads gathered as channels).
 //
 // Each pass is its own op with its own gradient, so double backward never flips a kernel:
 //   forward      y  = conv2d(x, w)                       [N, O, oH, oW]
@@ -66,6 +68,7 @@
 #include <vector>
 
 #include "kiln/autograd.h"
+#include "kiln/nn_functional.h"
 #include "kiln/ops.h"
 #include "lib/autograd.h"
 #include "lib/dispatch.h"
@@ -831,7 +834,42 @@ Tensor conv2d_batched(const char* op, const Tensor& x, const Tensor& w, const Te
   return out;
 }
 
-// conv2d or conv1d (spatial = 1: a 2-D convolution with H = 1) with explicit padding.
+// conv3d of batched x [N, C, D, H, W] by w [O, C / groups, kD, kH, kW] over its depth: the kD
+// depth slices each output depth reads, gathered side by side as the channels of one conv2d over
+// [N oD, (group, kd, c), H, W] whose weight is the [O, kD C / groups, kH, kW] view of w's, so the
+// whole volume is one GEMM; autograd differentiates through the gather and the conv2d.
+Tensor conv3d_over_depth(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias,
+                         const Shape& s, const Shape& p, const Shape& d, int64_t groups,
+                         const std::string& what) {
+  KILN_CHECK(groups > 0, op, ": expected groups > 0, got ", groups);
+  const int64_t N = x.size(0), O = w.size(0), Cg = w.size(1), kD = w.size(2);
+  KILN_CHECK(x.size(1) == Cg * groups, op, ": expected input with ", Cg * groups,
+             " channels (weight's ", Cg, " per group times ", groups, " groups): ", what);
+  KILN_CHECK(O % groups == 0, op, ": groups (", groups, ") must divide the output channels (", O,
+             "): ", what);
+  for (int64_t i = 0; i < 3; ++i)
+    KILN_CHECK(x.size(2 + i) + 2 * p[i] >= d[i] * (w.size(2 + i) - 1) + 1, op,
+               ": the (dilated) kernel does not fit the padded input: ", what);
+  if (bias.defined())
+    KILN_CHECK(bias.size(0) == O, op, ": expected bias of shape [", O, "], got ", describe(bias));
+  const int64_t oD = (x.size(2) + 2 * p[0] - d[0] * (kD - 1) - 1) / s[0] + 1;
+  const Tensor padded = p[0] > 0 ? pad(x, {0, 0, 0, 0, p[0], p[0]}) : x;
+  const TensorOptions i64 = TensorOptions(kInt64).device(x.device());
+  const Tensor depths =
+      (arange(oD, i64) * s[0]).view({-1, 1}) + (arange(kD, i64) * d[0]).view({1, -1});
+  const int64_t H = x.size(3), W = x.size(4);
+  const Tensor slabs = index_select(padded, 2, depths.reshape({-1}))
+                           .view({N, groups, Cg, oD, kD, H, W})
+                           .permute({0, 3, 1, 4, 2, 5, 6})
+                           .reshape({N * oD, groups * kD * Cg, H, W});
+  const Tensor w2 = w.permute({0, 2, 1, 3, 4}).reshape({O, kD * Cg, w.size(3), w.size(4)});
+  const Tensor y = conv2d_batched(
+      op, slabs, w2, {}, conv_args(op, {s[1], s[2]}, {p[1], p[2]}, {d[1], d[2]}, groups), what);
+  const Tensor out = y.view({N, oD, O, y.size(2), y.size(3)}).permute({0, 2, 1, 3, 4});
+  return bias.defined() ? out + bias.view({1, O, 1, 1, 1}) : out.contiguous();
+}
+
+// conv2d, conv1d (spatial = 1: a 2-D convolution with H = 1) or conv3d with explicit padding.
 Tensor conv_nd(const char* op, int64_t spatial, const Tensor& input, const Tensor& weight,
                const Tensor& bias, const Shape& stride, const Shape& padding, const Shape& dilation,
                int64_t groups) {
@@ -852,6 +890,10 @@ Tensor conv_nd(const char* op, int64_t spatial, const Tensor& input, const Tenso
   const Shape p = spatial_arg(op, "padding", padding, spatial, 0);
   const Shape d = spatial_arg(op, "dilation", dilation, spatial, 1);
   Tensor x = rank == spatial + 1 ? input.unsqueeze(0) : input, w = weight;
+  if (spatial == 3) {
+    const Tensor y = conv3d_over_depth(op, x, w, bias, s, p, d, groups, what);
+    return rank == spatial + 1 ? y.squeeze(0) : y;
+  }
   if (spatial == 1) {  // H = 1: the 1-D arguments are the W ones
     x = x.unsqueeze(2);
     w = w.unsqueeze(2);
@@ -962,6 +1004,14 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
 Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Shape& stride,
               const Shape& padding, const Shape& dilation, int64_t groups) {
   return conv_nd("conv1d", 1, input, weight, bias, stride, padding, dilation, groups);
+}
+Tensor conv3d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Shape& stride,
+              const Shape& padding, const Shape& dilation, int64_t groups) {
+  return conv_nd("conv3d", 3, input, weight, bias, stride, padding, dilation, groups);
+}
+Tensor conv3d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Shape& stride,
+              PaddingMode padding, const Shape& dilation, int64_t groups) {
+  return conv_nd_mode("conv3d", 3, input, weight, bias, stride, padding.name, dilation, groups);
 }
 Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Shape& stride,
               PaddingMode padding, const Shape& dilation, int64_t groups) {

@@ -50,4 +50,9 @@ struct ConvChoiceStore {
 };
 ConvChoiceStore& conv_choice_store();
 
+// torch's pooling output size along a dim of `in` values: kernel k, stride s, padding p,
+// dilation d; floor or ceil division, where a ceil window must still start inside the input or
+// its left padding (lib/ops/pool_norm.cpp).
+int64_t pool_output_size(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode);
+
 }  // namespace kiln::detail

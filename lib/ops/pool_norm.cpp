@@ -36,6 +36,7 @@
 #include "lib/lazy.h"
 #include "lib/op_registry.h"
 #include "lib/op_table.h"
+#include "lib/ops/conv.h"
 #include "lib/ops/conv_cuda.h"
 #include "lib/parallel.h"
 #include "lib/tensor_impl.h"
@@ -91,15 +92,6 @@ Window pool_window(const PoolGeom& g, int64_t oh, int64_t ow) {
   return w;
 }
 
-// torch's pooling output size: floor or ceil division, where a ceil window must still start
-// inside the input or its left padding.
-int64_t pool_out_size(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode) {
-  const int64_t span = in + 2 * p - d * (k - 1) - 1;
-  int64_t out = (span + (ceil_mode ? s - 1 : 0)) / s + 1;
-  if (ceil_mode && (out - 1) * s >= in + p) --out;
-  return out;
-}
-
 Shape spatial2(const char* op, const char* name, const Shape& v, int64_t min) {
   KILN_CHECK(v.size() == 1 || v.size() == 2, op, ": expected ", name,
              " to have 1 or 2 values, got ", shape_str(v));
@@ -142,8 +134,8 @@ PoolGeom fixed_geom(const char* op, const Tensor& x, const Shape& kernel, const 
     const int64_t in = x.size(2 + i);
     KILN_CHECK(in + 2 * g.padding[i] >= extent, op, ": the (dilated) kernel ", shape_str(g.kernel),
                " is larger than the padded input of input ", describe(x));
-    (i == 0 ? g.oH : g.oW) =
-        pool_out_size(in, g.kernel[i], g.stride[i], g.padding[i], g.dilation[i], ceil_mode);
+    (i == 0 ? g.oH : g.oW) = detail::pool_output_size(in, g.kernel[i], g.stride[i], g.padding[i],
+                                                      g.dilation[i], ceil_mode);
   }
   return g;
 }
@@ -532,10 +524,13 @@ std::vector<Tensor> normalize_backward(const detail::BackwardContext& c) {
   const double n = per_channel_count(x);
   Tensor sum_g, sum_gxhat;
   if (!detail::should_record(g, x)) {
-    // Eager: the reference reductions over dims (0, 2, ...), as in batch_stats.
+    // Eager: the reference reductions over dims (0, 2, ...), as in batch_stats, of products
+    // formed in double as the recorded kernel's are (float32's overflow where the recorded sums do
+    // not).
     const std::vector<int64_t> over = non_channel_dims(rank);
     sum_g = g.sum(over);
-    sum_gxhat = (g * (x - per_channel(mean, rank))).sum(over) * invstd;
+    const Tensor centered = x.to(kFloat64) - per_channel(mean, rank).to(kFloat64);
+    sum_gxhat = ((g.to(kFloat64) * centered).sum(over) * invstd.to(kFloat64)).to(x.dtype());
   } else {
     const Tensor gt = g.transpose(0, 1).to(kFloat64), xt = x.transpose(0, 1).to(kFloat64);
     sum_g = gt.sum(dims).to(x.dtype());
@@ -604,6 +599,14 @@ std::tuple<Tensor, Tensor> max_pool(const Tensor& input, const PoolGeom& g,
 }
 
 }  // namespace
+
+int64_t detail::pool_output_size(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d,
+                                 bool ceil_mode) {
+  const int64_t span = in + 2 * p - d * (k - 1) - 1;
+  int64_t out = (span + (ceil_mode ? s - 1 : 0)) / s + 1;
+  if (ceil_mode && (out - 1) * s >= in + p) --out;
+  return out;
+}
 
 void registration::register_pool_ops() {
   register_max_pools();

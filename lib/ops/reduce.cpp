@@ -56,11 +56,13 @@ const detail::OpDef& def_reduction(const char* name, DTypeRule rule, bool suppor
                               std::move(attr_names), nullptr, formula});
 }
 
-// var and std: the corrected two-pass formula of var_like, NaN when n - correction <= 0.
-#define KILN_VAR_FORMULA(OPEN, CLOSE)                                                    \
-  "(let d (sub (widen x) (div (rsum (widen x)) n)) (let s (rsum d) (let den (sub n a1) " \
-  "(let v (div (sub (rsum (mul d d)) (div (mul s s) n)) den) "                           \
-  "(cast " OPEN "(select (gt den 0) (select (lt v 0) 0 v) nan)" CLOSE ")))))"
+// var and std: the corrected two-pass formula of var_like, NaN when n - correction <= 0; an
+// overflowing sum of squares is the result (inf), never inf minus the correction's inf.
+#define KILN_VAR_FORMULA(OPEN, CLOSE)                                                        \
+  "(let d (sub (widen x) (div (rsum (widen x)) n)) (let s (rsum d) (let q (rsum (mul d d)) " \
+  "(let den (sub n a1) "                                                                     \
+  "(let v (div (select (eq q inf) q (sub q (div (mul s s) n))) den) "                        \
+  "(cast " OPEN "(select (gt den 0) (select (lt v 0) 0 v) nan)" CLOSE "))))))"
 detail::OpHandle sum_def;
 detail::OpHandle mean_def;
 detail::OpHandle prod_def;
@@ -856,7 +858,10 @@ Tensor var_like(const detail::OpDef& def, const Tensor& x, const std::vector<int
         [&](int64_t i, const Acc& a) {
           double v = std::numeric_limits<double>::quiet_NaN();
           if (denom > 0) {
-            v = (a.second - a.first * a.first / count) / denom;
+            // An overflowing sum of squares is the result: the correction (sum d)^2 / n, at
+            // most it, may overflow too (its rounding residue squared) and give inf - inf.
+            const double squares = a.second;
+            v = (std::isinf(squares) ? squares : squares - a.first * a.first / count) / denom;
             if (v < 0) v = 0;
           }
           o[i] = static_cast<T>(take_sqrt ? std::sqrt(v) : v);

@@ -1707,8 +1707,10 @@ bool local_response_norm_pick(Gen& g, Step& s) {
   s.p.i = {g.uniform(1, 4)};
   return true;
 }
-// conv_transpose1d of a new [N, C, L] input by a new [C, O, k] weight: stride p.i[0] (1 to 2),
-// padding p.i[1] (0 to 1), output_padding p.i[2] (below the stride); the output is non-empty.
+// conv_transpose1d of a new [N, C, L] input by a new [C, O, k] weight, both of values in [0, 3)
+// (shifted to [-1.5, 1.5) by the rows: no special values, whose sums' order decides between inf
+// and NaN in either library's GEMM): stride p.i[0] (1 to 2), padding p.i[1] (0 to 1),
+// output_padding p.i[2] (below the stride); the output is non-empty.
 bool conv_transpose1d_pick(Gen& g, Step& s) {
   if (g.program->inputs.size() + 2 > g.max_inputs) return false;
   const kiln::DType dtype = g.random_float_dtype();
@@ -1716,8 +1718,8 @@ bool conv_transpose1d_pick(Gen& g, Step& s) {
   s.p.i = {g.uniform(1, 2), g.uniform(0, 1), 0};
   s.p.i[2] = g.uniform(0, s.p.i[0] - 1);
   if ((l - 1) * s.p.i[0] - 2 * s.p.i[1] + k + s.p.i[2] <= 0) return false;
-  s.args = {g.new_input({g.uniform(1, 2), c, l}, dtype),
-            g.new_input({c, g.uniform(1, 3), k}, dtype)};
+  s.args = {g.new_input({g.uniform(1, 2), c, l}, dtype, 0, 3),
+            g.new_input({c, g.uniform(1, 3), k}, dtype, 0, 3)};
   return true;
 }
 // multi_margin_loss of a floating [N, C] value (C > 0) and new class targets: reduction p.i[0],
@@ -1742,13 +1744,30 @@ bool grid_sample_pick(Gen& g, Step& s) {
   s.p.i = {g.uniform(0, 1), g.uniform(0, 2), g.uniform(0, 1)};
   return true;
 }
-// affine_grid of new theta [N, 2, 3] for an output [N, 1, p.i[0], p.i[1]] (1 to 4 each);
-// align_corners p.i[2].
+// affine_grid of new theta [N, 2, 3] of values in [0, 3) (shifted to [-1.5, 1.5) by the rows:
+// no special values, as conv_transpose1d_pick) for an output [N, 1, p.i[0], p.i[1]] (1 to 4
+// each); align_corners p.i[2].
 bool affine_grid_pick(Gen& g, Step& s) {
   if (g.inputs_full()) return false;
   const int64_t n = g.uniform(1, 2);
-  s.args = {g.new_input({n, 2, 3}, g.random_float_dtype())};
+  s.args = {g.new_input({n, 2, 3}, g.random_float_dtype(), 0, 3)};
   s.p.i = {n, g.uniform(1, 4), g.uniform(1, 4), g.uniform(0, 1)};
+  return true;
+}
+// Whether every "max" bag (positions [cuts[b], cuts[b + 1]) of indices) is free of NaN and of
+// ties between different rows in any column (deliberate differences: kiln's maximum shares its
+// gradient between tied rows and takes a NaN; libtorch's goes to the first and skips a NaN after
+// the first row).
+bool max_bags_distinct(const torch::Tensor& weight, const torch::Tensor& indices,
+                       const std::vector<int64_t>& cuts) {
+  const torch::Tensor w = weight.detach();
+  if (torch::isnan(w).any().item<bool>()) return false;
+  for (size_t b = 0; b + 1 < cuts.size(); ++b)
+    for (int64_t i = cuts[b]; i < cuts[b + 1]; ++i)
+      for (int64_t j = i + 1; j < cuts[b + 1]; ++j) {
+        const int64_t ri = indices[i].item<int64_t>(), rj = indices[j].item<int64_t>();
+        if (ri != rj && torch::eq(w[ri], w[rj]).any().item<bool>()) return false;
+      }
   return true;
 }
 // embedding_bag of a floating matrix (the weight) at new indices [L] cut into three bags at
@@ -1760,7 +1779,7 @@ bool embedding_bag_pick(Gen& g, Step& s) {
   s.args[1] = g.new_input({count}, kiln::kInt64, 0, rows);
   const int64_t cut1 = g.uniform(0, count), cut2 = g.uniform(cut1, count);
   s.p.i = {g.uniform(0, 2), cut1, cut2, g.coin(0.3) ? g.uniform(0, rows - 1) : -1};
-  return true;
+  return s.p.i[0] != 2 || max_bags_distinct(weight, arg(g, s, 1), {0, cut1, cut2, count});
 }
 // kiln's padding_idx from embedding_bag_pick's p.i[3].
 std::optional<int64_t> padding_index(int64_t i) {
@@ -2165,8 +2184,8 @@ const std::vector<Op>& op_table() {
                adaptive_max_pool2d(a[0], {p.i[0], p.i[1]}),
                std::get<0>(torch::adaptive_max_pool2d(a[0], {p.i[0], p.i[1]}))),
       DIFF_OP2("conv_transpose1d", kInexact, conv_transpose1d_pick,
-               conv_transpose1d(a[0], a[1], {}, {p.i[0]}, {p.i[1]}, {p.i[2]}),
-               torch::conv_transpose1d(a[0], a[1], {}, {p.i[0]}, {p.i[1]}, {p.i[2]})),
+               conv_transpose1d(a[0] - 1.5, a[1] - 1.5, {}, {p.i[0]}, {p.i[1]}, {p.i[2]}),
+               torch::conv_transpose1d(a[0] - 1.5, a[1] - 1.5, {}, {p.i[0]}, {p.i[1]}, {p.i[2]})),
       DIFF_OP2("instance_norm", kInexact, instance_norm_pick,
                instance_norm(a[0], {}, {}, a[1], a[2], true, 0.1, 1e-3),
                torch::instance_norm(a[0], a[1], a[2], {}, {}, true, 0.1, 1e-3, false)),
@@ -2184,8 +2203,8 @@ const std::vector<Op>& op_table() {
                    p.i[2] != 0),
                torch::grid_sampler(a[0], a[1] - 1.2, p.i[0], p.i[1], p.i[2] != 0)),
       DIFF_OP2("affine_grid", kInexact, affine_grid_pick,
-               affine_grid(a[0], {p.i[0], 1, p.i[1], p.i[2]}, p.i[3] != 0),
-               torch::affine_grid_generator(a[0], {p.i[0], 1, p.i[1], p.i[2]}, p.i[3] != 0)),
+               affine_grid(a[0] - 1.5, {p.i[0], 1, p.i[1], p.i[2]}, p.i[3] != 0),
+               torch::affine_grid_generator(a[0] - 1.5, {p.i[0], 1, p.i[1], p.i[2]}, p.i[3] != 0)),
       DIFF_OP2(
           "interpolate_nearest", 0, interpolate_pick,
           interpolate(a[0], {p.i[0], p.i[1]}, {}, "nearest"),

@@ -388,6 +388,20 @@ TEST(Reduce, VarStdMatchReference) {
       });
 }
 
+// A sum of squared deviations past the largest double is an infinite variance, eager and
+// fused: never NaN from the correction term's own overflow (its rounding residue squared).
+TEST(Reduce, VarOfOverflowingDeviationsIsInfinite) {
+  const double big = std::numeric_limits<double>::max();
+  for (bool lazy : {false, true}) {
+    LazyGuard mode(lazy);
+    const Tensor x = from_vector<double>({-2.07, big, -0.86, 0.79}) * 1.0;
+    EXPECT_EQ(var(x, {0}, 0).item<double>(), INFINITY) << "lazy " << lazy;
+    EXPECT_EQ(kiln::std(x, {0}, 1).item<double>(), INFINITY) << "lazy " << lazy;
+    const Tensor f = from_vector<float>({1.0f, 3.4e38f, -2.0f, 0.5f}) * 1.0f;
+    EXPECT_EQ(var(f, {0}, 0).item<float>(), INFINITY) << "lazy " << lazy;
+  }
+}
+
 TEST(Reduce, LogsumexpMatchesReference) {
   Options o;
   o.specials = true;

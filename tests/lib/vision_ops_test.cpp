@@ -178,8 +178,16 @@ TEST(InstanceNorm, GradientsModulesAndErrors) {
   // Lazy equals eager, float64 values whose squares overflow included.
   const Tensor huge =
       from_vector<double>({1.0, 1.7976931348623157e308, -2.0, 3.0, 0.5, 2.5}, {1, 2, 3});
-  testing::check_lazy("instance_norm of huge float64 values", [&] {
-    return std::vector<Tensor>{instance_norm(huge * 1.0)};
+  testing::check_lazy("instance_norm of huge float64 values",
+                      [&] { return std::vector<Tensor>{instance_norm(huge * 1.0)}; });
+  // float32 values whose products with the gradient overflow: eager's backward sums in double,
+  // as the recorded kernel's.
+  const Tensor big = from_vector<float>({1.2f, 3.4e38f, -2.0f, 0.5f, 1.5f, -1.0f}, {1, 2, 3});
+  testing::check_lazy("instance_norm of float32 values near the largest", [&] {
+    Tensor xi = big.clone().requires_grad_();
+    Tensor y = instance_norm(xi * 1.0f);
+    (y * 3.0f).sum().backward();
+    return std::vector<Tensor>{y.detach(), xi.grad()};
   });
   expect_error([&] { instance_norm(ones({2, 3, 1})); }, {"instance_norm", "more than 1 spatial"});
   expect_error(
