@@ -1687,6 +1687,33 @@ bool adaptive_pool_pick(Gen& g, Step& s) {
   s.p.i = {g.uniform(1, 5), g.uniform(1, 5)};
   return true;
 }
+// conv3d of a new [N, C, D, H, W] input by a new [O, C, kD, kH, kW] weight, values in [0, 3)
+// (shifted by the rows, as conv_transpose1d_pick): stride p.i[0] (1 to 2), padding p.i[1] (0 to
+// 1); the kernel fits the padded input.
+bool conv3d_pick(Gen& g, Step& s) {
+  if (g.program->inputs.size() + 2 > g.max_inputs) return false;
+  const kiln::DType dtype = g.random_float_dtype();
+  const int64_t c = g.uniform(1, 2);
+  const Shape input{g.uniform(1, 2), c, g.uniform(1, 3), g.uniform(1, 3), g.uniform(1, 3)};
+  const Shape weight{g.uniform(1, 2), c, g.uniform(1, 2), g.uniform(1, 2), g.uniform(1, 2)};
+  s.p.i = {g.uniform(1, 2), g.uniform(0, 1)};
+  for (size_t i = 2; i < 5; ++i)
+    if (input[i] + 2 * s.p.i[1] < weight[i]) return false;
+  s.args = {g.new_input(input, dtype, 0, 3), g.new_input(weight, dtype, 0, 3)};
+  return true;
+}
+// The 3-D poolings of a new floating [N, C, D, H, W] input: kernel p.i[0] (fitting every dim),
+// stride p.i[1], padding p.i[2] (at most half the kernel), ceil_mode p.i[3]; the adaptive ones to
+// p.i[4] per dim.
+bool pool3d_pick(Gen& g, Step& s) {
+  if (g.inputs_full()) return false;
+  const Shape shape{g.uniform(1, 2), g.uniform(1, 2), g.uniform(1, 4), g.uniform(1, 4),
+                    g.uniform(1, 4)};
+  s.args = {g.new_input(shape, g.random_float_dtype())};
+  const int64_t k = g.uniform(1, std::min({shape[2], shape[3], shape[4]}));
+  s.p.i = {k, g.uniform(1, 2), g.uniform(0, k / 2), g.uniform(0, 1), g.uniform(1, 4)};
+  return true;
+}
 // instance_norm of a new floating [N, C, L] input (L >= 3, so that no instance is nearly
 // constant) with new weight and bias [C] in [0, 2) (never huge: libtorch's x alpha + beta,
 // alpha = invstd weight, overflows to NaN where kiln's (x - mean) invstd weight + bias does not;
@@ -1774,7 +1801,7 @@ bool max_bags_distinct(const torch::Tensor& weight, const torch::Tensor& indices
 // offsets {0, p.i[1], p.i[2]}: mode p.i[0] (sum, mean, max), padding_idx p.i[3] (-1: none).
 bool embedding_bag_pick(Gen& g, Step& s) {
   if (!embedding_pick(g, s)) return false;
-  const auto& weight = arg(g, s, 0);
+  const torch::Tensor weight = arg(g, s, 0);  // a handle: new_input may move g's values
   const int64_t count = g.uniform(0, 6), rows = weight.size(0);
   s.args[1] = g.new_input({count}, kiln::kInt64, 0, rows);
   const int64_t cut1 = g.uniform(0, count), cut2 = g.uniform(cut1, count);
@@ -2183,6 +2210,20 @@ const std::vector<Op>& op_table() {
       DIFF_OP2("adaptive_max_pool2d", 0, adaptive_pool_pick,
                adaptive_max_pool2d(a[0], {p.i[0], p.i[1]}),
                std::get<0>(torch::adaptive_max_pool2d(a[0], {p.i[0], p.i[1]}))),
+      DIFF_OP2("conv3d", kInexact, conv3d_pick,
+               conv3d(a[0] - 1.5, a[1] - 1.5, {}, {p.i[0]}, {p.i[1]}),
+               torch::conv3d(a[0] - 1.5, a[1] - 1.5, {}, {p.i[0]}, {p.i[1]})),
+      DIFF_OP("max_pool3d", 0, pool3d_pick,
+              max_pool3d(a[0], {p.i[0]}, {p.i[1]}, {p.i[2]}, {1}, p.i[3] != 0)),
+      DIFF_OP2("avg_pool3d", kInexact, pool3d_pick,
+               avg_pool3d(a[0], {p.i[0]}, {p.i[1]}, {p.i[2]}, p.i[3] != 0),
+               torch::avg_pool3d(a[0], {p.i[0]}, {p.i[1]}, {p.i[2]}, p.i[3] != 0)),
+      DIFF_OP2("adaptive_avg_pool3d", kInexact, pool3d_pick,
+               adaptive_avg_pool3d(a[0], {p.i[4], p.i[4], p.i[4]}),
+               torch::adaptive_avg_pool3d(a[0], {p.i[4], p.i[4], p.i[4]})),
+      DIFF_OP2("adaptive_max_pool3d", 0, pool3d_pick,
+               adaptive_max_pool3d(a[0], {p.i[4], p.i[4], p.i[4]}),
+               std::get<0>(torch::adaptive_max_pool3d(a[0], {p.i[4], p.i[4], p.i[4]}))),
       DIFF_OP2("conv_transpose1d", kInexact, conv_transpose1d_pick,
                conv_transpose1d(a[0] - 1.5, a[1] - 1.5, {}, {p.i[0]}, {p.i[1]}, {p.i[2]}),
                torch::conv_transpose1d(a[0] - 1.5, a[1] - 1.5, {}, {p.i[0]}, {p.i[1]}, {p.i[2]})),
