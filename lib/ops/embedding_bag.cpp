@@ -1,8 +1,9 @@
 // torch.nn.functional.embedding_bag composed of kiln's indexing ops: every index's row is looked
 // up (index_select, whose gradient adds into weight's rows), each position is assigned its bag
 // (row of a 2-D input, or the last offset at or before it), and the rows are added into their
-// bags (index_add) or reduced to their maximum (scatter_reduce "amax"). padding_idx entries are
-// masked rather than removed, so shapes never depend on values and a traced step replays.
+// bags (index_add) or reduced to their maximum (the first row holding it, found with
+// scatter_reduce's "amax" and "amin"). padding_idx entries are masked rather than removed, so
+// shapes never depend on values and a traced step replays.
 #include <algorithm>
 #include <limits>
 #include <string>
@@ -77,6 +78,31 @@ void check_arguments(const Tensor& input, const Tensor& weight, std::string_view
       describe(weight));
 }
 
+// The "max" bags: per bag and column the value of the first kept row holding the bag's maximum
+// (NaN counting as it), read from `rows` at that position so that the gradient goes to that row
+// alone, as torch's; an empty bag is zeros.
+Tensor bag_maxima(const Tensor& rows, const Tensor& kept, const Tensor& bag,
+                  const Tensor& kept_count, int64_t bags) {
+  const int64_t count = rows.size(0), dim = rows.size(1);
+  const TensorOptions options = TensorOptions(rows.dtype()).device(rows.device());
+  if (count == 0) return zeros({bags, dim}, options);
+  const double lowest = -std::numeric_limits<double>::infinity();
+  const Tensor kept_rows = kept.unsqueeze(1).expand({count, dim});
+  const Tensor values = where(kept_rows, rows.detach(), lowest);
+  const Tensor bag_rows = bag.unsqueeze(1).expand({count, dim});
+  const Tensor maxima =
+      scatter_reduce(full({bags, dim}, lowest, options), 0, bag_rows, values, "amax", false);
+  const Tensor bag_max = index_select(maxima, 0, bag);
+  const Tensor hit = logical_and(
+      kept_rows, logical_or(eq(values, bag_max), logical_and(isnan(values), isnan(bag_max))));
+  const TensorOptions i64 = TensorOptions(kInt64).device(rows.device());
+  const Tensor position = arange(count, i64).unsqueeze(1).expand({count, dim});
+  const Tensor first = scatter_reduce(zeros({bags, dim}, i64), 0, bag_rows,
+                                      where(hit, position, count), "amin", false);
+  const Tensor chosen = gather(rows, 0, clamp_max(first, count - 1));
+  return where(gt(kept_count, 0).unsqueeze(1), chosen, 0);
+}
+
 }  // namespace
 
 Tensor embedding_bag(const Tensor& input, const Tensor& weight, const Tensor& offsets,
@@ -108,16 +134,7 @@ Tensor embedding_bag(const Tensor& input, const Tensor& weight, const Tensor& of
                                   : ones({count}, TensorOptions(kBool).device(input.device()));
   const TensorOptions options = TensorOptions(weight.dtype()).device(weight.device());
   const Tensor kept_count = index_add(zeros({bags}, options), 0, bag, kept.to(weight.dtype()));
-  if (mode == "max") {
-    // Into -inf, never a row's value: amax's gradient is shared with a self equal to the result
-    // even when self is not included (torch's), and a zero self would take half of a -0 maximum's.
-    const double lowest = -std::numeric_limits<double>::infinity();
-    rows = where(kept.unsqueeze(1), rows, lowest);
-    const Tensor maxima =
-        scatter_reduce(full({bags, dim}, lowest, options), 0, bag.unsqueeze(1).expand({count, dim}),
-                       rows, "amax", false);
-    return where(gt(kept_count, 0).unsqueeze(1), maxima, 0);  // an empty bag is zeros
-  }
+  if (mode == "max") return bag_maxima(rows, kept, bag, kept_count, bags);
   if (padding_row) rows = where(kept.unsqueeze(1), rows, 0);
   const Tensor sums = index_add(zeros({bags, dim}, options), 0, bag, rows);
   if (mode == "sum") return sums;

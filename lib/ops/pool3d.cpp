@@ -1,11 +1,11 @@
 // The volumetric (3-D) poolings over [N, C, D, H, W], composed of the 2-D ones over depth slices.
 // Output depth od's window reads kD slices of the depth-padded input; the slices kernel depth kd
-// reads for every od go side by side as the channels of one 2-D pool, and the kD results are
-// reduced across the window: max_pool3d keeps the first maximum (the max over kd, so the first in
-// torch's (d, h, w) scan), avg_pool3d adds the 2-D averages and divides by the window's depth
-// count (torch's divisor is a product of per-dim counts, so that is its average). The adaptive
-// pools reduce each output depth's window of slices first (mean, max) and pool the result in 2-D.
-// Autograd differentiates all of them through their parts.
+// reads for every od go side by side as the channels of one 2-D pool. The max pools then choose,
+// per output, the depth torch's (d, h, w) scan keeps among the 2-D results (the first maximum, or
+// the last NaN) and read the input at that position, so the gradient goes to exactly the element
+// the index names; avg_pool3d adds the 2-D averages and divides by the window's depth count
+// (torch's divisor is a product of per-dim counts, so that is its average), differentiated through
+// its parts. The adaptive pools reduce each output depth's window of slices.
 #include <algorithm>
 #include <limits>
 #include <tuple>
@@ -108,6 +108,22 @@ Tensor per_depth(const std::vector<T>& v, const Tensor& x, DType dtype) {
   return from_vector(v).to(dtype).to(x.device()).view({1, 1, n, 1, 1});
 }
 
+// The position along dim 0 of candidates [K, ...] that torch's (d, h, w) scan keeps when the K
+// are successive depths: the last NaN (each NaN replaces the maximum), else the first maximum.
+Tensor scan_winner(const Tensor& candidates) {
+  Shape along(static_cast<size_t>(candidates.dim()), 1);
+  along[0] = candidates.size(0);
+  const Tensor k = arange(candidates.size(0), TensorOptions(kInt64).device(candidates.device()));
+  const Tensor last_nan = amax(where(isnan(candidates), k.view(along), -1), {0});
+  return where(ge(last_nan, 0), last_nan, std::get<1>(max(candidates, 0)));
+}
+
+// x's values [N, C, oD, oH, oW] at `index`, positions in each D * H * W volume: the gradient goes
+// to exactly the element each index names, as torch's max pools' backward.
+Tensor values_at(const Tensor& x, const Tensor& index) {
+  return gather(x.flatten(2), 2, index.flatten(2)).view(index.sizes());
+}
+
 }  // namespace
 
 std::tuple<Tensor, Tensor> max_pool3d_with_indices(const Tensor& input, const Shape& kernel_size,
@@ -118,7 +134,8 @@ std::tuple<Tensor, Tensor> max_pool3d_with_indices(const Tensor& input, const Sh
     const Geometry g = geometry(op, x, kernel_size, stride, padding, dilation, ceil_mode);
     const int64_t N = x.size(0), C = x.size(1), plane = x.size(3) * x.size(4);
     const Shape out{N, C, g.out[0], g.out[1], g.out[2]};
-    const Tensor padded = pad(x, {0, 0, 0, 0, g.padding[0], g.depth_after}, "constant",
+    // The candidates come from the values alone; the result reads x at the chosen positions.
+    const Tensor padded = pad(x.detach(), {0, 0, 0, 0, g.padding[0], g.depth_after}, "constant",
                               -std::numeric_limits<double>::infinity());
     std::vector<Tensor> values, indices;
     for (int64_t kd = 0; kd < g.kernel[0]; ++kd) {
@@ -131,7 +148,7 @@ std::tuple<Tensor, Tensor> max_pool3d_with_indices(const Tensor& input, const Sh
       values.push_back(v.view(out));
       indices.push_back(i.view(out) + per_depth(offset, x, kInt64));
     }
-    auto [best, which] = max(stack(values), 0);
+    const Tensor candidates = stack(values);
     // A window whose every value is -inf keeps torch's first position inside the input (padding
     // slices read -inf too).
     std::vector<int64_t> first_inside;
@@ -141,9 +158,10 @@ std::tuple<Tensor, Tensor> max_pool3d_with_indices(const Tensor& input, const Sh
       while (start + kd * g.dilation[0] < 0) ++kd;
       first_inside.push_back(kd);
     }
-    which = where(eq(best, -std::numeric_limits<double>::infinity()),
-                  per_depth(first_inside, x, kInt64), which);
+    const Tensor which = where(eq(amax(candidates, {0}), -std::numeric_limits<double>::infinity()),
+                               per_depth(first_inside, x, kInt64), scan_winner(candidates));
     const Tensor index = gather(stack(indices), 0, which.unsqueeze(0)).squeeze(0);
+    const Tensor best = values_at(x, index);
     return std::tuple<Tensor, Tensor>{best, index};
   });
 }
@@ -179,39 +197,44 @@ Tensor avg_pool3d(const Tensor& input, const Shape& kernel_size, const Shape& st
   });
 }
 
-namespace {
-
-// An adaptive 3-D pool: each output depth's window of slices reduced by `across` ([N, C, d, H,
-// W] -> [N, C, H, W]) and pooled in 2-D by `pool2d` to [N, C, oH, oW].
-template <typename Across, typename Pool2d>
-Tensor adaptive_pool3d(const char* op, const Tensor& input, const Shape& output_size,
-                       const Across& across, const Pool2d& pool2d) {
+Tensor adaptive_avg_pool3d(const Tensor& input, const Shape& output_size) {
+  const char* op = "adaptive_avg_pool3d";
   return batched(input, [&](const Tensor& x) {
     check_volume(op, x);
     const Shape out = three_values(op, "output_size", output_size, 1);
     const int64_t D = x.size(2);
+    // Each output depth's window of slices averaged, then pooled in 2-D (both linear).
     std::vector<Tensor> depths;
     for (int64_t od = 0; od < out[0]; ++od) {
       const int64_t start = od * D / out[0], end = ((od + 1) * D + out[0] - 1) / out[0];
-      depths.push_back(pool2d(across(x.narrow(2, start, end - start)), Shape{out[1], out[2]}));
+      depths.push_back(
+          adaptive_avg_pool2d(mean(x.narrow(2, start, end - start), {2}), {out[1], out[2]}));
     }
     return stack(depths, 2);
   });
 }
 
-}  // namespace
-
-Tensor adaptive_avg_pool3d(const Tensor& input, const Shape& output_size) {
-  return adaptive_pool3d(
-      "adaptive_avg_pool3d", input, output_size,
-      [](const Tensor& window) { return mean(window, {2}); }, adaptive_avg_pool2d);
-}
-
 Tensor adaptive_max_pool3d(const Tensor& input, const Shape& output_size) {
-  return adaptive_pool3d(
-      "adaptive_max_pool3d", input, output_size,
-      [](const Tensor& window) { return std::get<0>(max(window, 2)); },
-      [](const Tensor& x, const Shape& size) { return adaptive_max_pool2d(x, size); });
+  const char* op = "adaptive_max_pool3d";
+  return batched(input, [&](const Tensor& x) {
+    check_volume(op, x);
+    const Shape out = three_values(op, "output_size", output_size, 1);
+    const int64_t N = x.size(0), C = x.size(1), D = x.size(2), H = x.size(3), W = x.size(4);
+    // Every depth slice pooled in 2-D, then each output depth's window of them reduced as torch's
+    // scan; the result reads x at the chosen positions.
+    auto [v, i] =
+        adaptive_max_pool2d_with_indices(x.detach().reshape({N, C * D, H, W}), {out[1], out[2]});
+    const Tensor slice_max = v.view({N, C, D, out[1], out[2]}).movedim(2, 0);
+    const Tensor slice_index = i.view({N, C, D, out[1], out[2]}).movedim(2, 0);
+    std::vector<Tensor> index;
+    for (int64_t od = 0; od < out[0]; ++od) {
+      const int64_t start = od * D / out[0], end = ((od + 1) * D + out[0] - 1) / out[0];
+      const Tensor which = scan_winner(slice_max.narrow(0, start, end - start));
+      const Tensor at = gather(slice_index.narrow(0, start, end - start), 0, which.unsqueeze(0));
+      index.push_back(at.squeeze(0) + (which + start) * (H * W));
+    }
+    return values_at(x, stack(index, 2));
+  });
 }
 
 }  // namespace kiln

@@ -564,6 +564,12 @@ TEST(EmbeddingBag, GradientsModuleAndErrors) {
       .sum()
       .backward();
   EXPECT_EQ(values(signed_zero.grad()), (std::vector<double>{1, 1}));
+  // Tied rows: the first holding the maximum takes the gradient (torch's), a -inf one too.
+  Tensor tied = from_vector<double>({2, -INFINITY, 2, -INFINITY}, {2, 2}).requires_grad_();
+  embedding_bag(from_vector<int64_t>({1, 0}, {2}), tied, from_vector<int64_t>({0}, {1}), "max")
+      .sum()
+      .backward();
+  EXPECT_EQ(values(tied.grad()), (std::vector<double>{0, 0, 1, 1}));
   // The padding row gets no gradient.
   Tensor w2 = weight.detach().clone().requires_grad_();
   embedding_bag(input, w2, offsets, "mean", {}, false, -4).sum().backward();

@@ -255,6 +255,18 @@ TEST(Pool3d, GradientsLazyModulesAndErrors) {
   const Tensor lowest = full({1, 1, 2, 1, 1}, -INFINITY, kFloat64);
   auto [v, i] = max_pool3d_with_indices(lowest, {2, 1, 1}, {1}, {1, 0, 0});
   EXPECT_EQ(values(i), (std::vector<double>{0, 0, 1}));
+  // The gradient goes to the element the index names: the first maximum in (d, h, w) order, the
+  // -inf ones beside padding too.
+  Tensor ties =
+      from_vector<double>({1, 5, 5, 0, 5, 2, -INFINITY, 5}, {1, 1, 2, 2, 2}).requires_grad_();
+  max_pool3d(ties, {2}).sum().backward();
+  EXPECT_EQ(values(ties.grad()), (std::vector<double>{0, 1, 0, 0, 0, 0, 0, 0}));
+  Tensor edge = from_vector<double>({-INFINITY, -2}, {1, 1, 1, 1, 2}).requires_grad_();
+  max_pool3d(edge, {2, 1, 1}, {1}, {1, 0, 0}).sum().backward();
+  EXPECT_EQ(values(edge.grad()), (std::vector<double>{2, 2}));
+  Tensor adaptive = ties.detach().clone().requires_grad_();
+  adaptive_max_pool3d(adaptive, {1}).sum().backward();
+  EXPECT_EQ(values(adaptive.grad()), (std::vector<double>{0, 1, 0, 0, 0, 0, 0, 0}));
   EXPECT_TRUE(equal(nn::MaxPool3d({2}).forward(x), max_pool3d(x, {2})));
   EXPECT_TRUE(equal(nn::AvgPool3d({2}, {1}).forward(x), avg_pool3d(x, {2}, {1})));
   EXPECT_TRUE(equal(nn::AdaptiveAvgPool3d({1}).forward(x), adaptive_avg_pool3d(x, {1})));
