@@ -85,7 +85,8 @@ Tensor bag_maxima(const Tensor& rows, const Tensor& kept, const Tensor& bag,
                   const Tensor& kept_count, int64_t bags) {
   const int64_t count = rows.size(0), dim = rows.size(1);
   const TensorOptions options = TensorOptions(rows.dtype()).device(rows.device());
-  if (count == 0) return zeros({bags, dim}, options);
+  // No rows: zeros, still on the graph of the weight (as torch's result requires grad).
+  if (count == 0) return index_add(zeros({bags, dim}, options), 0, bag, rows);
   const double lowest = -std::numeric_limits<double>::infinity();
   const Tensor kept_rows = kept.unsqueeze(1).expand({count, dim});
   const Tensor values = where(kept_rows, rows.detach(), lowest);

@@ -570,6 +570,9 @@ TEST(EmbeddingBag, GradientsModuleAndErrors) {
       .sum()
       .backward();
   EXPECT_EQ(values(tied.grad()), (std::vector<double>{0, 0, 1, 1}));
+  // No indices: zero bags that still require grad.
+  EXPECT_TRUE(embedding_bag(zeros({0}, kInt64), weight, from_vector<int64_t>({0, 0}, {2}), "max")
+                  .requires_grad());
   // The padding row gets no gradient.
   Tensor w2 = weight.detach().clone().requires_grad_();
   embedding_bag(input, w2, offsets, "mean", {}, false, -4).sum().backward();
