@@ -1,8 +1,9 @@
 // torch.nn.functional's affine_grid and grid_sample (2-D), composed of kiln's ops: the grid is a
-// matmul of the output's pixel coordinates by theta, and sampling gathers the (up to four)
-// neighbouring pixels of each grid point from the flattened input and adds them with the bilinear
-// weights. Autograd differentiates both through their ops: the input's gradient is the gathers'
-// scatter-add, the grid's flows through the weights (floor and round pass none, as torch's).
+// matmul of the output's pixel coordinates by theta, and sampling selects the (up to four)
+// neighbouring pixels' channel rows of each grid point from the channels-last input and adds them
+// with the bilinear weights. Autograd differentiates both through their ops: the input's gradient
+// is the selections' index_add, the grid's flows through the weights (floor and round pass none,
+// as torch's).
 // Coordinates follow torch's grid sampler term for term: unnormalized, then clipped (border) or
 // reflected and clipped (reflection), each clip passing gradient only strictly inside the image.
 #include <string>
@@ -67,21 +68,24 @@ Tensor source_coordinate(const Tensor& c, int64_t size, Padding padding, bool al
   return pixel;
 }
 
-// The input's values [N, C, oH oW] at integral pixel coordinates (x, y) [N, oH, oW]; zero where
-// (x, y) lies outside the image.
-Tensor pixels_at(const Tensor& flat_input, int64_t height, int64_t width, const Tensor& x,
+// The input's channels [N oH oW, C] at integral pixel coordinates (x, y) [N, oH, oW], rows of
+// `pixels`, the channels-last [N H W, C] view of the input; zero where (x, y) lies outside the
+// image. One index_select of whole channel rows (and an index_add of them for the gradient).
+Tensor pixels_at(const Tensor& pixels, int64_t height, int64_t width, const Tensor& x,
                  const Tensor& y) {
-  const int64_t N = flat_input.size(0), C = flat_input.size(1), points = x.size(1) * x.size(2);
+  const int64_t N = x.size(0), points = x.size(1) * x.size(2);
   const Tensor inside = logical_and(logical_and(ge(x, 0), le(x, static_cast<double>(width - 1))),
                                     logical_and(ge(y, 0), le(y, static_cast<double>(height - 1))))
-                            .view({N, 1, points});
-  // Outside points read pixel 0 (never a NaN or huge coordinate cast to an integer); the position
-  // is computed in integers, exact for any image size.
+                            .reshape({N * points, 1});
+  // Outside points read their image's pixel 0 (never a NaN or huge coordinate cast to an
+  // integer); the row is computed in integers, exact for any image size.
   auto integral = [&](const Tensor& c) {
-    return where(inside, c.view({N, 1, points}), 0).to(kInt64);
+    return where(inside, c.reshape({N * points, 1}), 0).to(kInt64);
   };
-  const Tensor index = (integral(y) * width + integral(x)).expand({N, C, points});
-  return where(inside, gather(flat_input, 2, index), 0);
+  const TensorOptions i64 = TensorOptions(kInt64).device(x.device());
+  const Tensor image = (arange(N, i64) * (height * width)).view({N, 1}).expand({N, points});
+  const Tensor row = image.reshape({N * points, 1}) + integral(y) * width + integral(x);
+  return where(inside, index_select(pixels, 0, row.view({-1})), 0);
 }
 
 void check_grid_sample(const Tensor& input, const Tensor& grid) {
@@ -144,27 +148,29 @@ Tensor grid_sample(const Tensor& input, const Tensor& grid, std::string_view mod
   const Padding padding = padding_named(padding_mode);
   check_grid_sample(input, grid);
   const int64_t N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
-  const Tensor flat = input.reshape({N, C, H * W});
+  const Tensor pixels = input.permute({0, 2, 3, 1}).reshape({N * H * W, C});
   const Tensor x = source_coordinate(grid.select(3, 0), W, padding, align_corners);
   const Tensor y = source_coordinate(grid.select(3, 1), H, padding, align_corners);
-  const Shape out{N, C, grid.size(1), grid.size(2)};
   const int64_t points = grid.size(1) * grid.size(2);
-  auto per_point = [&](const Tensor& t) { return t.view({N, 1, points}); };
+  auto per_point = [&](const Tensor& t) { return t.reshape({N * points, 1}); };
+  // [N oH oW, C] back to [N, C, oH, oW].
+  auto image = [&](const Tensor& t) {
+    return t.view({N, grid.size(1), grid.size(2), C}).permute({0, 3, 1, 2}).contiguous();
+  };
   if (mode == "nearest") {
     const Tensor nearest_x = round(x), nearest_y = round(y);
     // Times 1 tied to the grid through round's zero gradient, so that the grid's gradient is
     // zeros (as torch's) rather than absent; exactly 1 for any coordinate, NaN too.
     const Tensor one = where(isfinite(nearest_x), nearest_x * 0, 0) + 1;
-    return (pixels_at(flat, H, W, nearest_x, nearest_y) * per_point(one)).view(out);
+    return image(pixels_at(pixels, H, W, nearest_x, nearest_y) * per_point(one));
   }
   const Tensor x0 = floor(x), y0 = floor(y), x1 = x0 + 1, y1 = y0 + 1;
   const Tensor west = x1 - x, east = x - x0, north = y1 - y, south = y - y0;  // the weights' parts
   // A NaN coordinate's weights are NaN, and so is its value (as torch's).
-  const Tensor sampled = pixels_at(flat, H, W, x0, y0) * per_point(west * north) +
-                         pixels_at(flat, H, W, x1, y0) * per_point(east * north) +
-                         pixels_at(flat, H, W, x0, y1) * per_point(west * south) +
-                         pixels_at(flat, H, W, x1, y1) * per_point(east * south);
-  return sampled.view(out);
+  return image(pixels_at(pixels, H, W, x0, y0) * per_point(west * north) +
+               pixels_at(pixels, H, W, x1, y0) * per_point(east * north) +
+               pixels_at(pixels, H, W, x0, y1) * per_point(west * south) +
+               pixels_at(pixels, H, W, x1, y1) * per_point(east * south));
 }
 
 }  // namespace kiln
