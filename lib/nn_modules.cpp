@@ -565,14 +565,14 @@ Tensor ConvTranspose1d::forward(const Tensor& input) {
 
 // ---------------------------------------------------------------------------- normalization
 
-BatchNorm::BatchNorm(int64_t features, double eps_, double momentum_, bool affine_,
-                     bool track_running_stats_)
+NormBase::NormBase(const char* module, int64_t features, double eps_, double momentum_,
+                   bool affine_, bool track_running_stats_)
     : num_features(features),
       eps(eps_),
       momentum(momentum_),
       affine(affine_),
       track_running_stats(track_running_stats_) {
-  KILN_CHECK(features > 0, "BatchNorm: num_features must be positive, got ", features);
+  KILN_CHECK(features > 0, module, ": num_features must be positive, got ", features);
   if (affine) {
     weight = register_parameter("weight", ones({features}));
     bias = register_parameter("bias", zeros({features}));
@@ -621,26 +621,6 @@ GroupNorm::GroupNorm(int64_t groups, int64_t channels, double eps_, bool affine_
 
 Tensor GroupNorm::forward(const Tensor& input) {
   return group_norm(input, num_groups, weight, bias, eps);
-}
-
-InstanceNorm::InstanceNorm(int64_t features, double eps_, double momentum_, bool affine_,
-                           bool track_running_stats_, int64_t spatial_dims)
-    : num_features(features),
-      eps(eps_),
-      momentum(momentum_),
-      affine(affine_),
-      track_running_stats(track_running_stats_),
-      spatial_dims_(spatial_dims) {
-  KILN_CHECK(features > 0, "InstanceNorm: num_features must be positive, got ", features);
-  if (affine) {
-    weight = register_parameter("weight", ones({features}));
-    bias = register_parameter("bias", zeros({features}));
-  }
-  if (track_running_stats) {
-    running_mean = register_buffer("running_mean", zeros({features}));
-    running_var = register_buffer("running_var", ones({features}));
-    num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, TensorOptions(kInt64)));
-  }
 }
 
 Tensor InstanceNorm::forward(const Tensor& input) {

@@ -620,20 +620,29 @@ class ConvTranspose1d : public Module {
   Tensor weight, bias;
 };
 
-// Batch normalization over the channels of [N, C, ...]: weight ones, bias zeros (when affine);
-// buffers running_mean (zeros), running_var (ones) and num_batches_tracked (int64) when
-// track_running_stats. Training normalizes with batch statistics and updates the running ones;
-// eval uses the running ones (or batch statistics without them).
-class BatchNorm : public Module {
+// The state of a normalization over num_features channels (torch's _NormBase): weight ones and
+// bias zeros when affine; buffers running_mean (zeros), running_var (ones) and
+// num_batches_tracked (int64) when track_running_stats.
+class NormBase : public Module {
  public:
-  BatchNorm(int64_t num_features, double eps, double momentum, bool affine,
-            bool track_running_stats);
-  Tensor forward(const Tensor& input) override;
+  NormBase(const char* module, int64_t num_features, double eps, double momentum, bool affine,
+           bool track_running_stats);
 
   int64_t num_features;
   double eps, momentum;
   bool affine, track_running_stats;
   Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+};
+
+// Batch normalization over the channels of [N, C, ...]. Training normalizes with batch
+// statistics and updates the running ones; eval uses the running ones (or batch statistics
+// without them).
+class BatchNorm : public NormBase {
+ public:
+  BatchNorm(int64_t num_features, double eps, double momentum, bool affine,
+            bool track_running_stats)
+      : NormBase("BatchNorm", num_features, eps, momentum, affine, track_running_stats) {}
+  Tensor forward(const Tensor& input) override;
 
  protected:
   virtual void check_rank(const Tensor& input) const = 0;
@@ -686,19 +695,15 @@ class GroupNorm : public Module {
   Tensor weight, bias;
 };
 
-// Instance normalization (instance_norm) of [N, C, ...] or one unbatched sample [C, ...]:
-// weight ones and bias zeros when affine; running_mean (zeros), running_var (ones) and
-// num_batches_tracked buffers when track_running_stats, used in eval. torch's defaults: neither.
-class InstanceNorm : public Module {
+// Instance normalization (instance_norm) of [N, C, ...] or one unbatched sample [C, ...]; the
+// running statistics, when tracked, serve eval. torch's defaults: no affine, no statistics.
+class InstanceNorm : public NormBase {
  public:
   InstanceNorm(int64_t num_features, double eps, double momentum, bool affine,
-               bool track_running_stats, int64_t spatial_dims);
+               bool track_running_stats, int64_t spatial_dims)
+      : NormBase("InstanceNorm", num_features, eps, momentum, affine, track_running_stats),
+        spatial_dims_(spatial_dims) {}
   Tensor forward(const Tensor& input) override;
-
-  int64_t num_features;
-  double eps, momentum;
-  bool affine, track_running_stats;
-  Tensor weight, bias, running_mean, running_var, num_batches_tracked;
 
  private:
   int64_t spatial_dims_;

@@ -85,6 +85,7 @@ using detail::ConvAlgo;
 using detail::ConvGeom;
 using detail::describe;
 using detail::shape_str;
+using detail::spatial_arg;
 
 namespace {
 
@@ -144,16 +145,6 @@ void registration::register_conv_ops() {
 namespace {
 
 // ------------------------------------------------------------------------------------ geometry
-
-// A spatial argument with one value per spatial dim (a single value applies to each).
-Shape spatial_arg(const char* op, const char* name, const Shape& v, size_t dims, int64_t min) {
-  KILN_CHECK(v.size() == 1 || v.size() == dims, op, ": expected ", name, " to have 1 or ", dims,
-             " values, got ", shape_str(v));
-  Shape out = v.size() == 1 ? Shape(dims, v[0]) : v;
-  for (int64_t x : out)
-    KILN_CHECK(x >= min, op, ": expected ", name, " values >= ", min, ", got ", shape_str(v));
-  return out;
-}
 
 // Stride, padding and dilation of a 2-D convolution, checked.
 struct ConvArgs {
@@ -1153,6 +1144,16 @@ Tensor conv_transpose1d(const Tensor& input, const Tensor& weight, const Tensor&
   return conv_transpose2d(input.unsqueeze(-2), weight.unsqueeze(2), bias, {1, s[0]}, {0, p[0]},
                           {0, o[0]}, groups, {1, d[0]})
       .squeeze(-2);
+}
+
+Shape detail::spatial_arg(const char* op, const char* name, const Shape& v, size_t dims,
+                          int64_t min) {
+  KILN_CHECK(v.size() == 1 || v.size() == dims, op, ": expected ", name, " to have 1 or ", dims,
+             " values, got ", shape_str(v));
+  Shape out = v.size() == 1 ? Shape(dims, v[0]) : v;
+  for (int64_t x : out)
+    KILN_CHECK(x >= min, op, ": expected ", name, " values >= ", min, ", got ", shape_str(v));
+  return out;
 }
 
 }  // namespace kiln

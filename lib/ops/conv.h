@@ -1,9 +1,12 @@
 // Internals of the convolution ops (lib/ops/conv.cpp) that tests and tools reach: the algorithm
-// each pass runs and the chooser's memory of measured choices.
+// each pass runs and the chooser's memory of measured choices; the argument and output-size rules
+// the pooling files share.
 #pragma once
 
 #include <cstdint>
 #include <string>
+
+#include "kiln/tensor.h"
 
 namespace kiln::detail {
 
@@ -49,6 +52,10 @@ struct ConvChoiceStore {
   void (*store)(const std::string& key, const std::string& choice) = nullptr;
 };
 ConvChoiceStore& conv_choice_store();
+
+// A spatial argument of op with one value per spatial dim (a single value applies to each), each
+// at least min (lib/ops/conv.cpp).
+Shape spatial_arg(const char* op, const char* name, const Shape& v, size_t dims, int64_t min);
 
 // torch's pooling output size along a dim of `in` values: kernel k, stride s, padding p,
 // dilation d; floor or ceil division, where a ceil window must still start inside the input or

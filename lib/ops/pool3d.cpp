@@ -21,17 +21,9 @@ namespace kiln {
 
 using detail::describe;
 using detail::shape_str;
+using detail::spatial_arg;
 
 namespace {
-
-Shape three_values(const char* op, const char* name, const Shape& v, int64_t min) {
-  KILN_CHECK(v.size() == 1 || v.size() == 3, op, ": expected ", name,
-             " to have 1 or 3 values, got ", shape_str(v));
-  const Shape out = v.size() == 1 ? Shape(3, v[0]) : v;
-  for (int64_t x : out)
-    KILN_CHECK(x >= min, op, ": expected ", name, " values >= ", min, ", got ", shape_str(v));
-  return out;
-}
 
 void check_volume(const char* op, const Tensor& x) {
   detail::check_defined(x, op, "input");
@@ -69,10 +61,10 @@ Geometry geometry(const char* op, const Tensor& x, const Shape& kernel_size, con
                   const Shape& padding, const Shape& dilation, bool ceil_mode) {
   check_volume(op, x);
   Geometry g;
-  g.kernel = three_values(op, "kernel_size", kernel_size, 1);
-  g.stride = stride.empty() ? g.kernel : three_values(op, "stride", stride, 1);
-  g.padding = three_values(op, "padding", padding, 0);
-  g.dilation = three_values(op, "dilation", dilation, 1);
+  g.kernel = spatial_arg(op, "kernel_size", kernel_size, 3, 1);
+  g.stride = stride.empty() ? g.kernel : spatial_arg(op, "stride", stride, 3, 1);
+  g.padding = spatial_arg(op, "padding", padding, 3, 0);
+  g.dilation = spatial_arg(op, "dilation", dilation, 3, 1);
   for (size_t i = 0; i < 3; ++i) {
     const int64_t extent = (g.kernel[i] - 1) * g.dilation[i] + 1, in = x.size(2 + int64_t(i));
     KILN_CHECK(2 * g.padding[i] <= extent, op, ": padding ", shape_str(g.padding),
@@ -201,7 +193,7 @@ Tensor adaptive_avg_pool3d(const Tensor& input, const Shape& output_size) {
   const char* op = "adaptive_avg_pool3d";
   return batched(input, [&](const Tensor& x) {
     check_volume(op, x);
-    const Shape out = three_values(op, "output_size", output_size, 1);
+    const Shape out = spatial_arg(op, "output_size", output_size, 3, 1);
     const int64_t D = x.size(2);
     // Each output depth's window of slices averaged, then pooled in 2-D (both linear).
     std::vector<Tensor> depths;
@@ -218,7 +210,7 @@ Tensor adaptive_max_pool3d(const Tensor& input, const Shape& output_size) {
   const char* op = "adaptive_max_pool3d";
   return batched(input, [&](const Tensor& x) {
     check_volume(op, x);
-    const Shape out = three_values(op, "output_size", output_size, 1);
+    const Shape out = spatial_arg(op, "output_size", output_size, 3, 1);
     const int64_t N = x.size(0), C = x.size(1), D = x.size(2), H = x.size(3), W = x.size(4);
     // Every depth slice pooled in 2-D, then each output depth's window of them reduced as torch's
     // scan; the result reads x at the chosen positions.

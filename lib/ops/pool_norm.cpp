@@ -92,15 +92,6 @@ Window pool_window(const PoolGeom& g, int64_t oh, int64_t ow) {
   return w;
 }
 
-Shape spatial2(const char* op, const char* name, const Shape& v, int64_t min) {
-  KILN_CHECK(v.size() == 1 || v.size() == 2, op, ": expected ", name,
-             " to have 1 or 2 values, got ", shape_str(v));
-  Shape out = v.size() == 1 ? Shape(2, v[0]) : v;
-  for (int64_t x : out)
-    KILN_CHECK(x >= min, op, ": expected ", name, " values >= ", min, ", got ", shape_str(v));
-  return out;
-}
-
 void check_pool_input(const char* op, const Tensor& x) {
   detail::check_defined(x, op, "input");
   KILN_CHECK(x.dim() == 4, op, ": expected a 3-D (unbatched) or 4-D (batched) input, got ",
@@ -120,10 +111,10 @@ PoolGeom fixed_geom(const char* op, const Tensor& x, const Shape& kernel, const 
   g.C = x.size(1);
   g.H = x.size(2);
   g.W = x.size(3);
-  g.kernel = spatial2(op, "kernel_size", kernel, 1);
-  g.stride = stride.empty() ? g.kernel : spatial2(op, "stride", stride, 1);
-  g.padding = spatial2(op, "padding", padding, 0);
-  g.dilation = spatial2(op, "dilation", dilation, 1);
+  g.kernel = detail::spatial_arg(op, "kernel_size", kernel, 2, 1);
+  g.stride = stride.empty() ? g.kernel : detail::spatial_arg(op, "stride", stride, 2, 1);
+  g.padding = detail::spatial_arg(op, "padding", padding, 2, 0);
+  g.dilation = detail::spatial_arg(op, "dilation", dilation, 2, 1);
   g.ceil_mode = ceil_mode;
   g.count_include_pad = count_include_pad;
   for (int i = 0; i < 2; ++i) {
@@ -137,6 +128,21 @@ PoolGeom fixed_geom(const char* op, const Tensor& x, const Shape& kernel, const 
     (i == 0 ? g.oH : g.oW) = detail::pool_output_size(in, g.kernel[i], g.stride[i], g.padding[i],
                                                       g.dilation[i], ceil_mode);
   }
+  return g;
+}
+
+// The checked geometry of an adaptive pooling of batched x to output_size (1 or 2 values).
+PoolGeom adaptive_geom(const char* op, const Tensor& x, const Shape& output_size) {
+  check_pool_input(op, x);
+  const Shape out = detail::spatial_arg(op, "output_size", output_size, 2, 1);
+  PoolGeom g;
+  g.N = x.size(0);
+  g.C = x.size(1);
+  g.H = x.size(2);
+  g.W = x.size(3);
+  g.oH = out[0];
+  g.oW = out[1];
+  g.adaptive = true;
   return g;
 }
 
@@ -468,15 +474,14 @@ std::vector<int64_t> non_channel_dims(int64_t rank) {
 // so the mean, the variance and invstd are all outputs of that one kernel; a variance computed
 // beside the mean would leave the mean's rounding to a kernel of its own. Eager mode runs the
 // reference reductions over dims (0, 2, ...) in place instead (mean, and var's two passes):
-// widened copies of the input would only cost it time.
+// widened copies of the input would only cost it time. float64 has no wider type: recorded, its
+// squares overflow past 1e154 (an open difference, docs/torch-differences.md).
 struct BatchStats {
   Tensor mean, var, invstd;  // [C], of the input's dtype; var biased
 };
 BatchStats batch_stats(const Tensor& input, double eps) {
   BatchStats st;
-  // float64 takes the reference reductions recorded too: its squares overflow past 1e154 and
-  // there is no wider type to accumulate them in.
-  if (!detail::should_record(input) || input.dtype() == kFloat64) {
+  if (!detail::should_record(input)) {
     const std::vector<int64_t> dims = non_channel_dims(input.dim());
     st.mean = mean(input, dims);
     st.var = kiln::var(input, dims, 0);
@@ -635,17 +640,8 @@ std::tuple<Tensor, Tensor> adaptive_max_pool2d_with_indices(const Tensor& input,
     auto [v, i] = adaptive_max_pool2d_with_indices(input.unsqueeze(0), output_size);
     return {v.squeeze(0), i.squeeze(0)};
   }
-  check_pool_input(op, input);
-  const Shape out = spatial2(op, "output_size", output_size, 1);
-  PoolGeom g;
-  g.N = input.size(0);
-  g.C = input.size(1);
-  g.H = input.size(2);
-  g.W = input.size(3);
-  g.oH = out[0];
-  g.oW = out[1];
-  g.adaptive = true;
-  return max_pool(input, g, adaptive_max_pool_def, {out});
+  const PoolGeom g = adaptive_geom(op, input, output_size);
+  return max_pool(input, g, adaptive_max_pool_def, {Shape{g.oH, g.oW}});
 }
 
 Tensor adaptive_max_pool2d(const Tensor& input, const Shape& output_size) {
@@ -671,17 +667,7 @@ Tensor avg_pool2d(const Tensor& input, const Shape& kernel_size, const Shape& st
 Tensor adaptive_avg_pool2d(const Tensor& input, const Shape& output_size) {
   const char* op = "adaptive_avg_pool2d";
   return batched(input, [&](const Tensor& x) {
-    check_pool_input(op, x);
-    const Shape out = spatial2(op, "output_size", output_size, 1);
-    PoolGeom g;
-    g.N = x.size(0);
-    g.C = x.size(1);
-    g.H = x.size(2);
-    g.W = x.size(3);
-    g.oH = out[0];
-    g.oW = out[1];
-    g.adaptive = true;
-    return avg_pool(x, g, false);
+    return avg_pool(x, adaptive_geom(op, x, output_size), false);
   });
 }
 

@@ -175,11 +175,6 @@ TEST(InstanceNorm, GradientsModulesAndErrors) {
                        0, 0));
   EXPECT_EQ(nn::InstanceNorm3d(2).forward(testing::input({2, 2, 3, 2, 2})).sizes(),
             (Shape{2, 2, 3, 2, 2}));
-  // Lazy equals eager, float64 values whose squares overflow included.
-  const Tensor huge =
-      from_vector<double>({1.0, 1.7976931348623157e308, -2.0, 3.0, 0.5, 2.5}, {1, 2, 3});
-  testing::check_lazy("instance_norm of huge float64 values",
-                      [&] { return std::vector<Tensor>{instance_norm(huge * 1.0)}; });
   // float32 values whose products with the gradient overflow: eager's backward sums in double,
   // as the recorded kernel's.
   const Tensor big = from_vector<float>({1.2f, 3.4e38f, -2.0f, 0.5f, 1.5f, -1.0f}, {1, 2, 3});
