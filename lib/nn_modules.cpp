@@ -414,6 +414,13 @@ int64_t prod(const Shape& s) {
 Shape pair(const Shape& s) {
   return s.size() == 1 ? Shape{s[0], s[0]} : s;
 }
+
+// A convolution module's padding mode by name: "same" or "valid".
+std::string padding_mode_named(const char* module, const PaddingMode& mode) {
+  KILN_CHECK(mode.name == "same" || mode.name == "valid", module,
+             ": padding must be \"same\" or \"valid\", got \"", mode.name, "\"");
+  return mode.name;
+}
 }  // namespace
 
 Conv2d::Conv2d(int64_t in, int64_t out, Shape kernel, Shape stride_, Shape padding_,
@@ -438,9 +445,7 @@ Conv2d::Conv2d(int64_t in, int64_t out, Shape kernel, Shape stride_, PaddingMode
                Shape dilation_, int64_t groups_, bool with_bias)
     : Conv2d(in, out, std::move(kernel), std::move(stride_), Shape{0}, std::move(dilation_),
              groups_, with_bias) {
-  KILN_CHECK(mode.name == "same" || mode.name == "valid",
-             "Conv2d: padding must be \"same\" or \"valid\", got \"", mode.name, "\"");
-  padding_mode = mode.name;
+  padding_mode = padding_mode_named("Conv2d", mode);
 }
 
 Tensor Conv2d::forward(const Tensor& input) {
@@ -468,9 +473,7 @@ Conv1d::Conv1d(int64_t in, int64_t out, int64_t kernel, int64_t stride_, int64_t
 Conv1d::Conv1d(int64_t in, int64_t out, int64_t kernel, int64_t stride_, PaddingMode mode,
                int64_t dilation_, int64_t groups_, bool with_bias)
     : Conv1d(in, out, kernel, stride_, 0, dilation_, groups_, with_bias) {
-  KILN_CHECK(mode.name == "same" || mode.name == "valid",
-             "Conv1d: padding must be \"same\" or \"valid\", got \"", mode.name, "\"");
-  padding_mode = mode.name;
+  padding_mode = padding_mode_named("Conv1d", mode);
 }
 
 Tensor Conv1d::forward(const Tensor& input) {
@@ -529,9 +532,7 @@ Conv3d::Conv3d(int64_t in, int64_t out, Shape kernel, Shape stride_, PaddingMode
                Shape dilation_, int64_t groups_, bool with_bias)
     : Conv3d(in, out, std::move(kernel), std::move(stride_), Shape{0}, std::move(dilation_),
              groups_, with_bias) {
-  KILN_CHECK(mode.name == "same" || mode.name == "valid",
-             "Conv3d: padding must be \"same\" or \"valid\", got \"", mode.name, "\"");
-  padding_mode = mode.name;
+  padding_mode = padding_mode_named("Conv3d", mode);
 }
 
 Tensor Conv3d::forward(const Tensor& input) {
