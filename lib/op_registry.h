@@ -20,22 +20,23 @@ void ensure_ops_registered();
 // Their own namespace, directly under kiln's: their bodies look names up as the defining files'
 // namespace-scope code does (a name of kiln::detail never hides a public op).
 namespace kiln::registration {
-void register_factories();         // lib/ops/factories.cpp
-void register_tensor_ops();        // lib/tensor.cpp: to, to_device, clone
-void register_views();             // lib/ops/views.cpp
-void register_elementwise_ops();   // lib/ops/elementwise.cpp
-void register_bitwise_ops();       // lib/ops/more_ops.cpp
-void register_reductions();        // lib/ops/reduce.cpp
-void register_scans();             // lib/ops/sort_scan.cpp
-void register_searchsorted();      // lib/ops/searchsorted.cpp
-void register_index_ops();         // lib/ops/index.cpp
-void register_scatter_ops();       // lib/ops/scatter.cpp
-void register_linalg_ops();        // lib/ops/linalg.cpp
-void register_matrix_functions();  // lib/ops/matrix_functions.cpp
-void register_nn_ops();            // lib/ops/nn.cpp
-void register_pool_ops();          // lib/ops/pool_norm.cpp
-void register_conv_ops();          // lib/ops/conv.cpp
-void register_collective_ops();    // lib/distributed/functional.cpp
+void register_factories();          // lib/ops/factories.cpp
+void register_tensor_ops();         // lib/tensor.cpp: to, to_device, clone
+void register_views();              // lib/ops/views.cpp
+void register_elementwise_ops();    // lib/ops/elementwise.cpp
+void register_bitwise_ops();        // lib/ops/more_ops.cpp
+void register_reductions();         // lib/ops/reduce.cpp
+void register_scans();              // lib/ops/sort_scan.cpp
+void register_searchsorted();       // lib/ops/searchsorted.cpp
+void register_index_ops();          // lib/ops/index.cpp
+void register_scatter_ops();        // lib/ops/scatter.cpp
+void register_linalg_ops();         // lib/ops/linalg.cpp
+void register_matrix_functions();   // lib/ops/matrix_functions.cpp
+void register_nn_ops();             // lib/ops/nn.cpp
+void register_pool_ops();           // lib/ops/pool_norm.cpp
+void register_conv_ops();           // lib/ops/conv.cpp
+void register_embedding_bag_ops();  // lib/ops/embedding_bag.cpp
+void register_collective_ops();     // lib/distributed/functional.cpp
 }  // namespace kiln::registration
 
 namespace kiln::detail {

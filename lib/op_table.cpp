@@ -45,6 +45,7 @@ void register_lib_ops() {
   register_nn_ops();
   register_pool_ops();
   register_conv_ops();
+  register_embedding_bag_ops();
   register_collective_ops();
 }
 }  // namespace

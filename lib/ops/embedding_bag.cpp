@@ -1,9 +1,12 @@
-// torch.nn.functional.embedding_bag composed of kiln's indexing ops: every index's row is looked
-// up (index_select, whose gradient adds into weight's rows), each position is assigned its bag
-// (row of a 2-D input, or the last offset at or before it), and the rows are added into their
-// bags (index_add) or reduced to their maximum (the first row holding it, found with
-// scatter_reduce's "amax" and "amin"). padding_idx entries are masked rather than removed, so
-// shapes never depend on values and a traced step replays.
+// torch.nn.functional.embedding_bag. Each position of the input is assigned its bag (row of a
+// 2-D input, or the last offset at or before it). Sums and means run one kernel op,
+// "embedding_bag_sum": each bag's run of positions adds its rows of weight (times the per-sample
+// weights) as it reads them, one task per bag, skipping padding_idx rows; its gradient is an
+// index_add of the output's gradient rows into the looked-up rows (and their dot products for the
+// per-sample weights), composed of ops. "max" is a composition: each bag's first row holding its
+// maximum, found with scatter_reduce's "amax" and "amin" and read with gather, so the gradient
+// goes to that row. padding_idx entries are masked rather than removed, so shapes never depend
+// on values and a traced step replays.
 #include <algorithm>
 #include <limits>
 #include <string>
@@ -11,9 +14,15 @@
 #include <tuple>
 #include <utility>
 
+#include "kiln/autograd.h"
 #include "kiln/nn_functional.h"
 #include "kiln/ops.h"
+#include "lib/autograd.h"
+#include "lib/dispatch.h"
 #include "lib/lazy.h"
+#include "lib/op_registry.h"
+#include "lib/op_table.h"
+#include "lib/parallel.h"
 #include "lib/tensor_impl.h"
 
 namespace kiln {
@@ -23,6 +32,103 @@ using detail::describe;
 namespace {
 
 constexpr const char* kOp = "embedding_bag";
+using Inputs = std::vector<Tensor>;
+detail::OpHandle bag_sum_def;
+
+// out += row (times scale when scaled): restrict, so that the compiler vectorizes it.
+template <typename T>
+void add_row(T* __restrict out, const T* __restrict row, T scale, bool scaled, int64_t n) {
+  if (scaled) {
+    for (int64_t d = 0; d < n; ++d) out[d] += row[d] * scale;
+  } else {
+    for (int64_t d = 0; d < n; ++d) out[d] += row[d];
+  }
+}
+
+// out [bags, D]: weight's row indices[p] (padding_row's skipped) times scale[p] (when defined)
+// added into row bag[p], for bag numbers that never decrease: each bag's run summed in order.
+Tensor bag_sum_kernel(const Tensor& weight, const Tensor& indices, const Tensor& bag,
+                      const Tensor& scale, int64_t bags, int64_t padding_row) {
+  const Tensor w = weight.contiguous(), idx = indices.contiguous(), at = bag.contiguous();
+  const Tensor sc = scale.defined() ? scale.contiguous() : scale;
+  const int64_t count = idx.numel(), num = w.size(0), dim = w.size(1);
+  const int64_t* ip = std::as_const(idx).data_ptr<int64_t>();
+  const int64_t* bp = std::as_const(at).data_ptr<int64_t>();
+  for (int64_t p = 0; p < count; ++p)
+    KILN_CHECK(ip[p] >= 0 && ip[p] < num, kOp, ": index ", ip[p], " is out of bounds for weight ",
+               describe(weight));
+  std::vector<int64_t> start(static_cast<size_t>(bags) + 1, count);  // each bag's first position
+  for (int64_t k = 0, p = 0; k <= bags; ++k) {
+    while (p < count && bp[p] < k) ++p;
+    start[static_cast<size_t>(k)] = p;
+  }
+  Tensor out = zeros({bags, dim}, TensorOptions(w.dtype()));
+  detail::dispatch_floating(w.dtype(), kOp, [&](auto tag) {
+    using T = KILN_TYPE(tag);
+    const T* wp = std::as_const(w).data_ptr<T>();
+    const T* sp = sc.defined() ? std::as_const(sc).data_ptr<T>() : nullptr;
+    T* op = out.data_ptr<T>();
+    const int64_t grain = std::max<int64_t>(
+        1, detail::kParallelGrain /
+               std::max<int64_t>(1, dim * (count / std::max<int64_t>(1, bags) + 1)));
+    detail::parallel_for(bags, grain, [&](int64_t first, int64_t last) {
+      for (int64_t k = first; k < last; ++k) {
+        T* o = op + k * dim;
+        for (int64_t p = start[size_t(k)]; p < start[size_t(k) + 1]; ++p) {
+          if (ip[p] == padding_row) continue;
+          add_row(o, wp + ip[p] * dim, sp ? sp[p] : T(1), sp != nullptr, dim);
+        }
+      }
+    });
+  });
+  return out;
+}
+
+Tensor bag_sum(const Tensor& weight, const Tensor& indices, const Tensor& bag, const Tensor& scale,
+               int64_t bags, int64_t padding_row);
+
+// weight's gradient: the output's gradient row of each position's bag (times its scale) added
+// into the position's row, padding positions left out; scale's: those rows' dot products.
+std::vector<Tensor> bag_sum_backward(const detail::BackwardContext& c, int64_t padding_row) {
+  const Tensor &g = c.grad(), &weight = c.saved(0), &indices = c.saved(1), &bag = c.saved(2),
+               &scale = c.saved(3);
+  const Tensor kept = ne(indices, padding_row).unsqueeze(1);
+  const Tensor upstream = index_select(g, 0, bag);
+  std::vector<Tensor> grads(2);
+  if (c.needs_grad(0)) {
+    const Tensor rows = scale.defined() ? upstream * scale.unsqueeze(1) : upstream;
+    grads[0] = index_add(zeros_like(weight), 0, indices, where(kept, rows, 0));
+  }
+  if (c.needs_grad(1))
+    grads[1] = where(kept, upstream * index_select(weight, 0, indices), 0).sum({1});
+  return grads;
+}
+
+Tensor bag_sum(const Tensor& weight, const Tensor& indices, const Tensor& bag, const Tensor& scale,
+               int64_t bags, int64_t padding_row) {
+  Tensor out;
+  if (!weight.device().is_cpu()) {  // composed: index_select, then index_add into the bags
+    Tensor rows = index_select(weight, 0, indices);
+    if (scale.defined()) rows = rows * scale.unsqueeze(1);
+    rows = where(ne(indices, padding_row).unsqueeze(1), rows, 0);
+    return index_add(
+        zeros({bags, weight.size(1)}, TensorOptions(weight.dtype()).device(weight.device())), 0,
+        bag, rows);
+  }
+  if (detail::should_record({weight, indices, bag, scale})) {
+    out = detail::lazy_record1(bag_sum_def, {weight, indices, bag, scale}, {bags, padding_row},
+                               {{bags, weight.size(1)}, weight.dtype()});
+  } else {
+    AutoGradMode kernel_only(false);
+    out = bag_sum_kernel(weight, indices, bag, scale, bags, padding_row);
+  }
+  if (detail::needs_grad(weight, scale))
+    detail::record("embedding_bag", {weight, scale}, {out}, {weight, indices, bag, scale},
+                   [padding_row](const detail::BackwardContext& c) {
+                     return bag_sum_backward(c, padding_row);
+                   });
+  return out;
+}
 
 bool is_index_dtype(DType t) {
   return t == kInt64 || t == kInt32;
@@ -106,11 +212,26 @@ Tensor bag_maxima(const Tensor& rows, const Tensor& kept, const Tensor& bag,
 
 }  // namespace
 
+// Inputs (weight, indices, bag, scale), the scale optional.
+void registration::register_embedding_bag_ops() {
+  bag_sum_def.bind(detail::register_op({"embedding_bag_sum",
+                                        detail::OpKind::NN,
+                                        4,
+                                        detail::DTypeRule::Custom,
+                                        false,
+                                        [](const Inputs& in, const detail::Attrs& a) {
+                                          return Inputs{bag_sum(in[0], in[1], in[2], in[3],
+                                                                detail::attr_int(a.at(0)),
+                                                                detail::attr_int(a.at(1)))};
+                                        },
+                                        {"bags", "padding_row"}}));
+}
+
 Tensor embedding_bag(const Tensor& input, const Tensor& weight, const Tensor& offsets,
                      std::string_view mode, const Tensor& per_sample_weights,
                      bool include_last_offset, std::optional<int64_t> padding_idx) {
   check_arguments(input, weight, mode, per_sample_weights);
-  const int64_t count = input.numel(), num = weight.size(0), dim = weight.size(1);
+  const int64_t count = input.numel(), num = weight.size(0);
   const TensorOptions i64 = TensorOptions(kInt64).device(input.device());
   Tensor bag;
   int64_t bags = 0;
@@ -129,17 +250,25 @@ Tensor embedding_bag(const Tensor& input, const Tensor& weight, const Tensor& of
     if (*padding_row < 0) *padding_row += num;
   }
   const Tensor indices = input.reshape({count}).to(kInt64);
-  Tensor rows = index_select(weight, 0, indices);
-  if (per_sample_weights.defined()) rows = rows * per_sample_weights.reshape({count, 1});
-  const Tensor kept = padding_row ? ne(indices, *padding_row)
-                                  : ones({count}, TensorOptions(kBool).device(input.device()));
+  if (count > 0) {  // checked now (the kernel checks again on every replay)
+    detail::ValueCheckScope checking;
+    const Tensor i = indices.detach();
+    KILN_CHECK(all(logical_and(ge(i, 0), lt(i, num))).item<bool>(), kOp, ": input ",
+               describe(input), " holds an index outside [0, ", num, ") for weight ",
+               describe(weight));
+  }
+  const int64_t padding = padding_row.value_or(-1);
+  if (mode == "sum") {
+    const Tensor scale =
+        per_sample_weights.defined() ? per_sample_weights.reshape({count}) : Tensor();
+    return bag_sum(weight, indices, bag, scale, bags, padding);
+  }
+  const Tensor kept = ne(indices, padding);
   const TensorOptions options = TensorOptions(weight.dtype()).device(weight.device());
   const Tensor kept_count = index_add(zeros({bags}, options), 0, bag, kept.to(weight.dtype()));
-  if (mode == "max") return bag_maxima(rows, kept, bag, kept_count, bags);
-  if (padding_row) rows = where(kept.unsqueeze(1), rows, 0);
-  const Tensor sums = index_add(zeros({bags, dim}, options), 0, bag, rows);
-  if (mode == "sum") return sums;
-  return sums / clamp_min(kept_count, 1).unsqueeze(1);
+  if (mode == "max")
+    return bag_maxima(index_select(weight, 0, indices), kept, bag, kept_count, bags);
+  return bag_sum(weight, indices, bag, {}, bags, padding) / clamp_min(kept_count, 1).unsqueeze(1);
 }
 
 }  // namespace kiln

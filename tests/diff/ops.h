@@ -141,6 +141,10 @@ using Pick = bool (*)(Gen&, Step&);
 
 enum OpFlags : unsigned {
   kInexact = 1,  // not bit-exact between kiln's modes (transcendentals, reordered sums)
+  // Ends the program: libtorch's backward multiplies the op's zero local gradients by the
+  // incoming gradient, so an infinite or NaN one from a later step gives NaN where kiln's chain
+  // rule gives 0 (deliberate difference); only the finite random weights reach it.
+  kLast = 2,
 };
 
 struct Op {

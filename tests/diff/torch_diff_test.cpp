@@ -180,6 +180,7 @@ Program generate(uint64_t seed, bool* grads) {
       } catch (const std::exception&) {
         return prog;
       }
+      if (table[static_cast<size_t>(s.op)].flags & kLast) return prog;
       break;
     }
   }

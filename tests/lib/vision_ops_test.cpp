@@ -572,12 +572,17 @@ TEST(EmbeddingBag, GradientsModuleAndErrors) {
   Tensor w2 = weight.detach().clone().requires_grad_();
   embedding_bag(input, w2, offsets, "mean", {}, false, -4).sum().backward();
   EXPECT_EQ(values(w2.grad()[2]), std::vector<double>(3, 0.0));
-  testing::check_lazy("embedding_bag", [&] {
-    Tensor w = weight.detach().clone().requires_grad_();
-    Tensor y = embedding_bag(input, w * 2, offsets, "max");
-    (y * y).sum().backward();
-    return std::vector<Tensor>{y.detach(), w.grad()};
-  });
+  for (const char* mode : {"sum", "mean", "max"})
+    testing::check_lazy(std::string("embedding_bag ") + mode, [&] {
+      Tensor w = weight.detach().clone().requires_grad_();
+      Tensor sc = scale.detach().clone().requires_grad_();
+      const bool summed = std::string(mode) == "sum";
+      Tensor y = embedding_bag(input, w * 2, offsets, mode, summed ? sc * 1.0 : Tensor(), false,
+                               summed ? std::optional<int64_t>(2) : std::nullopt);
+      (y * y).sum().backward();
+      return summed ? std::vector<Tensor>{y.detach(), w.grad(), sc.grad()}
+                    : std::vector<Tensor>{y.detach(), w.grad()};
+    });
   nn::EmbeddingBag module(nn::EmbeddingBagOptions(6, 3).mode("sum").padding_idx(-1));
   EXPECT_EQ(values(module.weight[5]), std::vector<double>(3, 0.0));
   EXPECT_TRUE(equal(module(input, offsets),
@@ -612,7 +617,8 @@ TEST(EmbeddingBag, GradientsModuleAndErrors) {
   expect_error([&] { embedding_bag(input, weight, offsets, "mean", scale); },
                {"embedding_bag", "per_sample_weights"});
   expect_error([&] { embedding_bag(input, weight, offsets, "median"); }, {"embedding_bag", "mode"});
-  expect_error([&] { embedding_bag(input + 3, weight, offsets); }, {"index_select"});
+  expect_error([&] { embedding_bag(input + 3, weight, offsets); },
+               {"embedding_bag", "outside [0, 6)"});
   expect_error([&] { nn::EmbeddingBag(nn::EmbeddingBagOptions(3, 2).mode("min")); },
                {"EmbeddingBag", "mode"});
 }
