@@ -1725,11 +1725,12 @@ bool pool3d_pick(Gen& g, Step& s) {
 bool avg_pool3d_pick(Gen& g, Step& s) {
   return pool3d_geometry(g, s, 0);
 }
-// instance_norm of a new floating [N, C, L] input in [0, 3) (L >= 3, so that no instance is
-// nearly constant; no special values: libtorch's backward gives NaN where an infinite deviation
-// meets a zero invstd, kiln's 0) with new weight and bias [C] in [0, 2) (never huge: libtorch's x
-// alpha + beta, alpha = invstd weight, overflows to NaN where kiln's (x - mean) invstd weight +
-// bias does not; docs/torch-differences.md).
+// instance_norm of a new floating [N, C, L] input in [0, 3), centred by the row (L >= 3, so that
+// no instance is nearly constant; centred, since recorded batch_norm's one-pass sums lose
+// relative |mean| / std to cancellation; no special values: libtorch's backward gives NaN where an
+// infinite deviation meets a zero invstd, kiln's 0) with new weight and bias [C] in [0, 2) (never
+// huge: libtorch's x alpha + beta, alpha = invstd weight, overflows to NaN where kiln's (x - mean)
+// invstd weight + bias does not; docs/torch-differences.md).
 bool instance_norm_pick(Gen& g, Step& s) {
   if (g.program->inputs.size() + 3 > g.max_inputs) return false;
   const kiln::DType dtype = g.random_float_dtype();
@@ -2228,8 +2229,8 @@ const std::vector<Op>& op_table() {
                conv_transpose1d(a[0] - 1.5, a[1] - 1.5, {}, {p.i[0]}, {p.i[1]}, {p.i[2]}),
                torch::conv_transpose1d(a[0] - 1.5, a[1] - 1.5, {}, {p.i[0]}, {p.i[1]}, {p.i[2]})),
       DIFF_OP2("instance_norm", kInexact | kLast, instance_norm_pick,
-               instance_norm(a[0], {}, {}, a[1], a[2], true, 0.1, 1e-3),
-               torch::instance_norm(a[0], a[1], a[2], {}, {}, true, 0.1, 1e-3, false)),
+               instance_norm(a[0] - 1.5, {}, {}, a[1], a[2], true, 0.1, 1e-3),
+               torch::instance_norm(a[0] - 1.5, a[1], a[2], {}, {}, true, 0.1, 1e-3, false)),
       DIFF_OP2(
           "local_response_norm", kInexact | kLast, local_response_norm_pick,
           local_response_norm(a[0], p.i[0], 0.5, 0.75, 2.0),
