@@ -3,8 +3,11 @@
 // loop written from torch's definition over random shapes (sizes 0 and 1, outputs larger than
 // inputs, empty bags), gradients by gradcheck, lazy against eager, the modules, and errors that
 // name the op.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <random>
 #include <string>
@@ -621,6 +624,41 @@ TEST(EmbeddingBag, GradientsModuleAndErrors) {
                {"embedding_bag", "outside [0, 6)"});
   expect_error([&] { nn::EmbeddingBag(nn::EmbeddingBagOptions(3, 2).mode("min")); },
                {"EmbeddingBag", "mode"});
+}
+
+// A traced step replays with new weights, indices and grids (and after save and load).
+TEST(VisionOpsTrace, ReplaysFollowNewInputs) {
+  const Tensor offsets = from_vector<int64_t>({0, 2, 2, 5}, {4});
+  auto fn = [offsets](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{embedding_bag(in[1], in[0], offsets, "sum"),
+                               embedding_bag(in[1], in[0], offsets, "mean", {}, false, 3),
+                               grid_sample(in[2], in[3], "bilinear", "border")};
+  };
+  auto inputs = [](int64_t seed) {
+    manual_seed(seed);
+    return std::vector<Tensor>{testing::input({6, 3}, kFloat64), randint(0, 6, {7}),
+                               testing::input({1, 2, 3, 4}, kFloat64),
+                               testing::input({1, 2, 3, 2}, kFloat64, -1.1, 1.1)};
+  };
+  jit::Function traced = jit::trace(fn, inputs(1));
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("kiln_vision_ops_" + std::to_string(::getpid()) + ".kiln"))
+                               .string();
+  traced.save(path);
+  jit::Function loaded = jit::load(path);
+  std::filesystem::remove(path);
+  const std::vector<Tensor> fresh = inputs(2);
+  std::vector<Tensor> want;
+  {
+    LazyGuard eager(false);
+    want = fn(fresh);
+  }
+  const std::vector<Tensor> got = traced(fresh), got_loaded = loaded(fresh);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    testing::expect_lazy_equal(got[i], want[i], "replayed output " + std::to_string(i));
+    testing::expect_lazy_equal(got_loaded[i], want[i], "loaded output " + std::to_string(i));
+  }
 }
 
 // Four threads sampling, pooling and bagging at once (with gradients) get one thread's results.
