@@ -90,6 +90,11 @@ void check_pixels(const char* op, const Tensor& x, int64_t factor) {
 Shape leading_dims(const Tensor& x) {
   return Shape(x.sizes().begin(), x.sizes().end() - 3);
 }
+// torch's pixel shuffles return new tensors: a rearrangement that is still a view of x (a factor
+// of 1, or sizes of 1 that make it one) is copied, so that writing it never changes x.
+Tensor own(const Tensor& rearranged, const Tensor& x) {
+  return rearranged.impl()->storage == x.impl()->storage ? rearranged.clone() : rearranged;
+}
 }  // namespace
 
 Tensor pixel_shuffle(const Tensor& x, int64_t r) {
@@ -107,7 +112,7 @@ Tensor pixel_shuffle(const Tensor& x, int64_t r) {
   for (int64_t i : {0, 3, 1, 4, 2}) order.push_back(k + i);  // C, H, r, W, r
   Shape out = lead;
   for (int64_t s : {c / (r * r), h * r, w * r}) out.push_back(s);
-  return x.reshape(split).permute(order).reshape(out);
+  return own(x.reshape(split).permute(order).reshape(out), x);
 }
 
 Tensor pixel_unshuffle(const Tensor& x, int64_t r) {
@@ -125,7 +130,7 @@ Tensor pixel_unshuffle(const Tensor& x, int64_t r) {
   for (int64_t i : {0, 2, 4, 1, 3}) order.push_back(k + i);  // C, r, r, H, W
   Shape out = lead;
   for (int64_t s : {c * r * r, h / r, w / r}) out.push_back(s);
-  return x.reshape(split).permute(order).reshape(out);
+  return own(x.reshape(split).permute(order).reshape(out), x);
 }
 
 }  // namespace kiln

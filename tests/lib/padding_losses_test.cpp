@@ -100,6 +100,17 @@ TEST(PixelShuffle, RearrangesChannelsIntoBlocksAndBack) {
         }
   expect_close(pixel_unshuffle(y, r), xv, x.sizes(), kFloat64, 0, 0);
   EXPECT_EQ(pixel_shuffle(ones({9, 1, 1}), 3).sizes(), (Shape{1, 3, 3}));
+  // New tensors, as torch's, even where the rearrangement is a view: writing one leaves x as it
+  // was (and a leaf that requires grad can be shuffled and then written).
+  for (const Shape& shape : {Shape{1, 4, 1, 1}, Shape{2, 3, 2, 2}}) {
+    const Tensor leaf = testing::random_tensor(shape, kFloat64).requires_grad_();
+    const std::vector<double> before = values(leaf);
+    const int64_t factor = shape[1] == 4 ? 2 : 1;
+    Tensor shuffled = pixel_shuffle(leaf, factor), unshuffled = pixel_unshuffle(leaf, 1);
+    shuffled.mul_(2.5);
+    unshuffled.mul_(2.5);
+    EXPECT_EQ(values(leaf), before);
+  }
   expect_error([] { pixel_shuffle(ones({1, 3, 2, 2}), 2); }, {"pixel_shuffle", "divisible"});
   expect_error([] { pixel_unshuffle(ones({1, 1, 3, 2}), 2); }, {"pixel_unshuffle", "divisible"});
   expect_error([] { pixel_shuffle(ones({4, 2}), 2); }, {"pixel_shuffle", "3 dims"});
